@@ -1,0 +1,20 @@
+//! tern-codec: the sans-IO HTTP/1.1 layer.
+//!
+//! Bytes in, events out. Nothing here touches a socket, a thread or a clock: the caller hands
+//! in buffers (and the pre-formatted `Date` line), and gets back parsed request heads, decoded
+//! body bytes, or a precise [`RequestError`] that says which status to answer with. Every rule
+//! about bad input lives in this crate so that it can be unit-tested and fuzzed on byte slices.
+
+mod body;
+mod date;
+mod error;
+mod request;
+mod response;
+
+pub use body::{BodyDecoder, BodyKind, ChunkedDecoder, Decoded};
+pub use date::{format_date_line, DATE_LINE_LEN};
+pub use error::RequestError;
+pub use request::{
+    parse_request, Limits, Method, Parsed, RequestHead, Version, MAX_HEADERS_DEFAULT,
+};
+pub use response::{reason_phrase, ConnectionHeader, ResponseHead, CONTINUE_100};

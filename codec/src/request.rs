@@ -1,0 +1,419 @@
+use std::mem::MaybeUninit;
+
+use crate::body::BodyKind;
+use crate::error::RequestError;
+
+/// Default cap on header fields per request (more is answered 431).
+pub const MAX_HEADERS_DEFAULT: usize = 100;
+
+/// Per-request limits. The caller owns them so each server (or route) can tighten them.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Request line + headers, in bytes.
+    pub max_head: usize,
+    /// Number of header fields. Values above [`MAX_HEADERS_DEFAULT`] are clamped to it because
+    /// the parser's header array lives on the stack.
+    pub max_headers: usize,
+    /// Request body, in bytes (declared Content-Length or decoded chunked total).
+    pub max_body: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_head: 32 * 1024,
+            max_headers: MAX_HEADERS_DEFAULT,
+            max_body: 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    Http10,
+    Http11,
+}
+
+/// The request method. Unknown but well-formed tokens are `Other`; routes answer them 405/501.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Post,
+    Put,
+    Delete,
+    Options,
+    Patch,
+    Trace,
+    Connect,
+    Other,
+}
+
+impl Method {
+    fn from_token(token: &str) -> Method {
+        match token {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "POST" => Method::Post,
+            "PUT" => Method::Put,
+            "DELETE" => Method::Delete,
+            "OPTIONS" => Method::Options,
+            "PATCH" => Method::Patch,
+            "TRACE" => Method::Trace,
+            "CONNECT" => Method::Connect,
+            _ => Method::Other,
+        }
+    }
+}
+
+/// A parsed request head. Borrows the caller's read buffer; nothing is copied.
+#[derive(Debug)]
+pub struct RequestHead<'a> {
+    pub method: Method,
+    /// The method token exactly as sent.
+    pub method_str: &'a str,
+    /// The request-target exactly as sent.
+    pub target: &'a str,
+    /// The path of the target, still percent-encoded (`/` for asterisk-form).
+    pub path: &'a str,
+    /// The query string without the `?`, if any.
+    pub query: Option<&'a str>,
+    pub version: Version,
+    /// Bytes of the head including the final CRLF; the body (if any) starts here.
+    pub head_len: usize,
+    pub body: BodyKind,
+    /// Whether the connection may stay open after this exchange (from version + Connection).
+    pub keep_alive: bool,
+    pub expect_continue: bool,
+    pub host: Option<&'a [u8]>,
+    // Headers the built-in handlers read on every request, found in the single header pass so
+    // that handlers don't rescan.
+    pub accept: Option<&'a [u8]>,
+    pub accept_encoding: Option<&'a [u8]>,
+    pub if_none_match: Option<&'a [u8]>,
+    pub if_modified_since: Option<&'a [u8]>,
+    pub range: Option<&'a [u8]>,
+    pub if_range: Option<&'a [u8]>,
+    pub headers: &'a [httparse::Header<'a>],
+}
+
+impl<'a> RequestHead<'a> {
+    /// First value of a header, by case-insensitive name.
+    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
+        self.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    }
+
+    /// Every value of a header, in order.
+    pub fn header_all<'s>(&'s self, name: &'s str) -> impl Iterator<Item = &'a [u8]> + 's {
+        self.headers
+            .iter()
+            .filter(move |h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    }
+}
+
+/// Outcome of feeding the bytes received so far.
+#[derive(Debug)]
+pub enum Parsed<'a> {
+    Complete(RequestHead<'a>),
+    /// More bytes are needed; the buffer is still under the head limit.
+    Partial,
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+
+/// Parses one request head from the start of `buf`.
+///
+/// `headers` is scratch space (uninitialised is fine) whose length caps the header count.
+/// On success the returned head borrows `buf` and `headers`.
+pub fn parse_request<'a>(
+    buf: &'a [u8],
+    headers: &'a mut [MaybeUninit<httparse::Header<'a>>],
+    limits: &Limits,
+) -> Result<Parsed<'a>, RequestError> {
+    // HTTP/2 prior knowledge: say so precisely rather than "bad request line".
+    let probe = buf.len().min(H2_PREFACE.len());
+    if probe >= 4 && buf[..probe] == H2_PREFACE[..probe] {
+        return if probe == H2_PREFACE.len() {
+            Err(RequestError::Http2Preface)
+        } else {
+            Ok(Parsed::Partial)
+        };
+    }
+
+    let max_headers = limits.max_headers.min(headers.len());
+    let mut req = httparse::Request::new(&mut []);
+    let status = req.parse_with_uninit_headers(buf, &mut headers[..max_headers]);
+    let head_len = match status {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() >= limits.max_head {
+                return Err(RequestError::HeadTooLarge);
+            }
+            return Ok(Parsed::Partial);
+        }
+        Err(e) => return Err(classify_parse_error(e, buf)),
+    };
+    if head_len > limits.max_head {
+        return Err(RequestError::HeadTooLarge);
+    }
+    if has_bare_lf(&buf[..head_len]) {
+        return Err(RequestError::BareLf);
+    }
+
+    let method_str = req.method.ok_or(RequestError::BadRequestLine)?;
+    let target = req.path.ok_or(RequestError::BadRequestLine)?;
+    let version = match req.version {
+        Some(0) => Version::Http10,
+        Some(1) => Version::Http11,
+        _ => return Err(RequestError::UnsupportedVersion),
+    };
+    let method = Method::from_token(method_str);
+    let (path, query) = split_target(method, target)?;
+
+    let headers: &'a [httparse::Header<'a>] = req.headers;
+    let mut head = RequestHead {
+        method,
+        method_str,
+        target,
+        path,
+        query,
+        version,
+        head_len,
+        body: BodyKind::None,
+        keep_alive: version == Version::Http11,
+        expect_continue: false,
+        host: None,
+        accept: None,
+        accept_encoding: None,
+        if_none_match: None,
+        if_modified_since: None,
+        range: None,
+        if_range: None,
+        headers,
+    };
+    scan_headers(&mut head, limits)?;
+    Ok(Parsed::Complete(head))
+}
+
+/// One pass over the header fields: framing (Content-Length / Transfer-Encoding), connection
+/// management, and the handful of fields the built-in handlers need.
+fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), RequestError> {
+    let mut host_count = 0u32;
+    let mut content_length: Option<u64> = None;
+    let mut chunked = false;
+    let mut saw_te = false;
+    let mut conn_close = false;
+    let mut conn_keep_alive = false;
+
+    for h in head.headers {
+        let name = h.name.as_bytes();
+        let value = h.value;
+        // httparse already rejects CR, LF and NUL in values; obs-text is allowed (RFC 9110).
+        match name.len() {
+            4 if name.eq_ignore_ascii_case(b"host") => {
+                host_count += 1;
+                head.host = Some(value);
+            }
+            5 if name.eq_ignore_ascii_case(b"range") => head.range = Some(value),
+            6 if name.eq_ignore_ascii_case(b"accept") => head.accept = Some(value),
+            6 if name.eq_ignore_ascii_case(b"expect") => {
+                if trim(value).eq_ignore_ascii_case(b"100-continue") {
+                    head.expect_continue = true;
+                } else {
+                    return Err(RequestError::BadExpectation);
+                }
+            }
+            8 if name.eq_ignore_ascii_case(b"if-range") => head.if_range = Some(value),
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                for token in value.split(|&b| b == b',').map(trim) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        conn_close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        conn_keep_alive = true;
+                    }
+                }
+            }
+            13 if name.eq_ignore_ascii_case(b"if-none-match") => head.if_none_match = Some(value),
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                let n = parse_content_length(value)?;
+                if content_length.is_some_and(|prev| prev != n) {
+                    return Err(RequestError::BadContentLength);
+                }
+                content_length = Some(n);
+            }
+            15 if name.eq_ignore_ascii_case(b"accept-encoding") => {
+                head.accept_encoding = Some(value)
+            }
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                saw_te = true;
+                chunked = parse_transfer_encoding(value, chunked)?;
+            }
+            17 if name.eq_ignore_ascii_case(b"if-modified-since") => {
+                head.if_modified_since = Some(value)
+            }
+            _ => {}
+        }
+    }
+
+    if head.version == Version::Http11 && host_count != 1 {
+        return Err(RequestError::MissingHost);
+    }
+    if host_count > 1 {
+        return Err(RequestError::MissingHost);
+    }
+    if saw_te {
+        if content_length.is_some() {
+            return Err(RequestError::LengthAndChunked);
+        }
+        // RFC 9112 §6.1: a server MUST treat Transfer-Encoding in an HTTP/1.0 request as
+        // faulty framing. The last coding must be chunked or the length is unknowable.
+        if head.version == Version::Http10 || !chunked {
+            return Err(RequestError::BadTransferEncoding);
+        }
+        head.body = BodyKind::Chunked;
+    } else if let Some(n) = content_length {
+        if n > limits.max_body {
+            return Err(RequestError::BodyTooLarge);
+        }
+        if n > 0 {
+            head.body = BodyKind::Length(n);
+        }
+    }
+    head.keep_alive = match head.version {
+        Version::Http11 => !conn_close,
+        Version::Http10 => conn_keep_alive && !conn_close,
+    };
+    // Only meaningful when a body follows; a bodiless request ignores it (RFC 9110 §10.1.1).
+    head.expect_continue &= head.body != BodyKind::None;
+    Ok(())
+}
+
+/// Content-Length: 1*DIGIT, or a comma list of identical values (RFC 9110 §8.6).
+fn parse_content_length(value: &[u8]) -> Result<u64, RequestError> {
+    let mut result: Option<u64> = None;
+    for part in value.split(|&b| b == b',') {
+        let digits = trim(part);
+        if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+            return Err(RequestError::BadContentLength);
+        }
+        let n = digits
+            .iter()
+            .fold(0u64, |acc, &d| acc * 10 + u64::from(d - b'0'));
+        if result.is_some_and(|prev| prev != n) {
+            return Err(RequestError::BadContentLength);
+        }
+        result = Some(n);
+    }
+    result.ok_or(RequestError::BadContentLength)
+}
+
+/// Folds one Transfer-Encoding field into the running state. Returns whether the final coding
+/// so far is `chunked`. Any coding after chunked, chunked twice, or a coding we cannot decode is
+/// refused: we never guess at framing.
+fn parse_transfer_encoding(value: &[u8], mut chunked: bool) -> Result<bool, RequestError> {
+    for coding in value.split(|&b| b == b',').map(trim) {
+        if coding.is_empty() {
+            continue;
+        }
+        if chunked {
+            // Something after chunked (or chunked repeated).
+            return Err(RequestError::BadTransferEncoding);
+        }
+        if coding.eq_ignore_ascii_case(b"chunked") {
+            chunked = true;
+        } else {
+            return Err(RequestError::BadTransferEncoding);
+        }
+    }
+    Ok(chunked)
+}
+
+fn split_target(method: Method, target: &str) -> Result<(&str, Option<&str>), RequestError> {
+    let bytes = target.as_bytes();
+    let path_and_query = match bytes.first() {
+        Some(b'/') => target,
+        Some(b'*') if target == "*" && method == Method::Options => return Ok(("*", None)),
+        // absolute-form: servers MUST accept it (RFC 9112 §3.2.2); the authority is ignored
+        // in favour of Host only for routing, which is what proxies expect.
+        Some(_)
+            if starts_with_ignore_case(bytes, b"http://")
+                || starts_with_ignore_case(bytes, b"https://") =>
+        {
+            let after_scheme = target.find("://").map(|i| i + 3).unwrap_or(0);
+            let rest = &target[after_scheme..];
+            match rest.find(['/', '?']) {
+                Some(i) if rest.as_bytes()[i] == b'/' => &rest[i..],
+                Some(i) => return Ok(("/", Some(&rest[i + 1..]))),
+                None => "/",
+            }
+        }
+        // authority-form is only for CONNECT, which we route (and refuse) like any method.
+        Some(_) if method == Method::Connect => return Ok((target, None)),
+        _ => return Err(RequestError::BadRequestLine),
+    };
+    if path_and_query.contains('#') {
+        return Err(RequestError::BadRequestLine);
+    }
+    Ok(match path_and_query.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path_and_query, None),
+    })
+}
+
+fn classify_parse_error(e: httparse::Error, buf: &[u8]) -> RequestError {
+    match e {
+        httparse::Error::TooManyHeaders => RequestError::TooManyHeaders,
+        httparse::Error::Version => {
+            // "HTTP/2.0", "HTTP/3" etc. are versions we don't speak; anything else (HTTP/0.9
+            // has no version at all) is a malformed request line.
+            let line_end = memchr::memchr(b'\n', buf).unwrap_or(buf.len());
+            let line = &buf[..line_end];
+            if memchr::memmem::find(line, b" HTTP/").is_some() {
+                RequestError::UnsupportedVersion
+            } else {
+                RequestError::BadRequestLine
+            }
+        }
+        httparse::Error::HeaderName | httparse::Error::HeaderValue => {
+            if memchr::memmem::find(buf, b"\n ").is_some()
+                || memchr::memmem::find(buf, b"\n\t").is_some()
+            {
+                RequestError::ObsFold
+            } else {
+                RequestError::BadHeader
+            }
+        }
+        httparse::Error::NewLine => {
+            if has_bare_lf(buf) {
+                RequestError::BareLf
+            } else {
+                RequestError::BadRequestLine
+            }
+        }
+        _ => RequestError::BadRequestLine,
+    }
+}
+
+/// True if any LF in `head` is not preceded by CR. httparse tolerates bare LF (RFC 9112 allows
+/// it as a MAY); we refuse it because front-end proxies that disagree enable smuggling.
+fn has_bare_lf(head: &[u8]) -> bool {
+    memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
+}
+
+pub(crate) fn trim(mut s: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = s {
+        s = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = s {
+        s = rest;
+    }
+    s
+}
+
+fn starts_with_ignore_case(s: &[u8], prefix: &[u8]) -> bool {
+    s.len() >= prefix.len() && s[..prefix.len()].eq_ignore_ascii_case(prefix)
+}

@@ -1,0 +1,27 @@
+//! tern-runtime: thread per core, shared nothing.
+//!
+//! Each worker thread owns a `mio` event loop, its own `SO_REUSEPORT` listener (the kernel
+//! spreads connections across workers, so there is no shared accept lock), a timer wheel, a
+//! buffer pool, a clock that formats the `Date` line once per second, and an [`Inbox`] through
+//! which other threads hand it finished work. The runtime knows nothing about HTTP: the layer
+//! above plugs in through [`WorkerApp`].
+
+mod bufpool;
+mod clock;
+mod inbox;
+mod listener;
+mod rlimit;
+mod signals;
+mod timer;
+mod worker;
+
+pub use bufpool::{BufPool, ReadBuf};
+pub use clock::Clock;
+pub use inbox::{Inbox, InboxSender};
+pub use listener::bind_reuseport;
+pub use rlimit::raise_fd_limit;
+pub use signals::{spawn_signal_thread, SignalAction};
+pub use timer::{TimerKey, TimerWheel};
+pub use worker::{
+    available_cpus, Context, Runtime, RuntimeConfig, RuntimeHandle, WorkerApp, FIRST_CONN_TOKEN,
+};

@@ -1,0 +1,452 @@
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use mio::event::Event;
+use mio::{Events, Interest, Poll, Registry, Token};
+
+use crate::bufpool::BufPool;
+use crate::clock::Clock;
+use crate::inbox::{Inbox, InboxSender};
+use crate::listener::bind_reuseport;
+use crate::timer::{TimerKey, TimerWheel};
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+/// Tokens below this are the runtime's own; the app numbers its connections from here.
+pub const FIRST_CONN_TOKEN: usize = 2;
+
+/// Accepts per loop turn before serving existing connections again, so an accept flood cannot
+/// starve established clients.
+const ACCEPT_BUDGET: usize = 128;
+/// How long to stop accepting after EMFILE/ENFILE before trying again.
+const ACCEPT_BACKOFF_MS: u64 = 100;
+
+/// Start-up settings of the runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    pub listen: SocketAddr,
+    pub workers: usize,
+    /// Pin worker `i` to the `i`-th CPU this process may use.
+    pub pin: bool,
+    pub backlog: i32,
+    pub inbox_capacity: usize,
+    pub read_buf_size: usize,
+    pub write_buf_size: usize,
+    /// How long draining may take after a shutdown request before connections are dropped.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            workers: available_cpus().len().max(1),
+            pin: false,
+            backlog: 4096,
+            inbox_capacity: 65536,
+            read_buf_size: 16 * 1024,
+            write_buf_size: 16 * 1024,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the event loop lends the app on every callback: registry, clock, timers, buffers and
+/// the worker's own inbox sender (to hand to other threads).
+pub struct Context<'w, M> {
+    pub registry: &'w Registry,
+    pub clock: &'w Clock,
+    pub timers: &'w mut TimerWheel,
+    pub buffers: &'w mut BufPool,
+    pub inbox: &'w InboxSender<M>,
+    pub worker_id: usize,
+    /// True once shutdown began: finish in-flight work, keep no connection alive.
+    pub draining: bool,
+}
+
+/// The layer above the runtime (the HTTP server) implements this once per worker.
+pub trait WorkerApp: 'static {
+    /// What other threads send this worker through its inbox.
+    type Message: Send + 'static;
+
+    fn on_accept(
+        &mut self,
+        cx: &mut Context<'_, Self::Message>,
+        stream: mio::net::TcpStream,
+        peer: SocketAddr,
+    );
+    /// Readiness for a token `>= FIRST_CONN_TOKEN` that the app registered.
+    fn on_ready(&mut self, cx: &mut Context<'_, Self::Message>, event: &Event);
+    fn on_timer(&mut self, cx: &mut Context<'_, Self::Message>, key: TimerKey, at_ms: u64);
+    fn on_message(&mut self, cx: &mut Context<'_, Self::Message>, msg: Self::Message);
+    /// Shutdown began: close idle connections, mark busy ones to close when done.
+    fn on_shutdown(&mut self, cx: &mut Context<'_, Self::Message>);
+    /// Called once per loop turn after events, timers and messages.
+    fn after_turn(&mut self, _cx: &mut Context<'_, Self::Message>) {}
+    /// Open connections; draining ends when this reaches zero.
+    fn connections(&self) -> usize;
+}
+
+/// A started runtime: the bound address, each worker's inbox, and the way to stop it.
+pub struct RuntimeHandle<M> {
+    local_addr: SocketAddr,
+    inboxes: Vec<InboxSender<M>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl<M: Send + 'static> RuntimeHandle<M> {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn inboxes(&self) -> &[InboxSender<M>] {
+        &self.inboxes
+    }
+
+    /// A cloneable function that begins graceful shutdown (for signal threads).
+    pub fn stopper(&self) -> impl Fn() + Send + Sync + Clone + 'static {
+        let stop = self.stop.clone();
+        let inboxes = self.inboxes.clone();
+        move || {
+            stop.store(true, Ordering::SeqCst);
+            for inbox in &inboxes {
+                inbox.nudge();
+            }
+        }
+    }
+
+    pub fn shutdown(&self) {
+        (self.stopper())()
+    }
+
+    /// Waits until every worker has drained and exited.
+    pub fn join(self) {
+        for t in self.threads {
+            if t.join().is_err() {
+                tracing::error!("a worker thread panicked");
+            }
+        }
+    }
+}
+
+pub struct Runtime;
+
+impl Runtime {
+    /// Binds every worker's listener on the calling thread (so a bad address or a port in use
+    /// is reported before anything starts), then starts the workers. `make_app` runs on each
+    /// worker thread with the worker's index and its inbox sender.
+    pub fn start<A, F>(config: RuntimeConfig, make_app: F) -> io::Result<RuntimeHandle<A::Message>>
+    where
+        A: WorkerApp,
+        F: Fn(usize, InboxSender<A::Message>) -> A + Send + Sync + 'static,
+    {
+        let workers = config.workers.max(1);
+        // Port 0 means "any": the first bind picks the port and the others join it.
+        let first = bind_reuseport(config.listen, config.backlog)?;
+        let local_addr = first.local_addr()?;
+        let mut listeners = vec![first];
+        for _ in 1..workers {
+            listeners.push(bind_reuseport(local_addr, config.backlog)?);
+        }
+
+        let cpus = available_cpus();
+        let stop = Arc::new(AtomicBool::new(false));
+        let make_app = Arc::new(make_app);
+        let mut inboxes = Vec::with_capacity(workers);
+        let mut threads = Vec::with_capacity(workers);
+        for (id, listener) in listeners.into_iter().enumerate() {
+            let poll = Poll::new()?;
+            let waker = mio::Waker::new(poll.registry(), WAKER)?;
+            let inbox = Arc::new(Inbox::new(waker, config.inbox_capacity));
+            let sender = InboxSender::new(inbox.clone());
+            inboxes.push(sender.clone());
+            let make_app = make_app.clone();
+            let stop = stop.clone();
+            let config = config.clone();
+            let cpu = config
+                .pin
+                .then(|| cpus.get(id % cpus.len().max(1)).copied())
+                .flatten();
+            let thread = std::thread::Builder::new()
+                .name(format!("tern-worker-{id}"))
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        pin_to_cpu(cpu);
+                    }
+                    let app = make_app(id, sender.clone());
+                    let mut worker = Worker::new(id, poll, listener, inbox, sender, stop, &config);
+                    if let Err(e) = worker.run(app) {
+                        tracing::error!(worker = id, "event loop failed: {e}");
+                    }
+                })?;
+            threads.push(thread);
+        }
+        Ok(RuntimeHandle {
+            local_addr,
+            inboxes,
+            stop,
+            threads,
+        })
+    }
+}
+
+struct Worker<M> {
+    id: usize,
+    poll: Poll,
+    listener: Option<mio::net::TcpListener>,
+    inbox: Arc<Inbox<M>>,
+    sender: InboxSender<M>,
+    stop: Arc<AtomicBool>,
+    clock: Clock,
+    timers: TimerWheel,
+    buffers: BufPool,
+    grace_ms: u64,
+}
+
+impl<M: Send + 'static> Worker<M> {
+    fn new(
+        id: usize,
+        poll: Poll,
+        listener: mio::net::TcpListener,
+        inbox: Arc<Inbox<M>>,
+        sender: InboxSender<M>,
+        stop: Arc<AtomicBool>,
+        config: &RuntimeConfig,
+    ) -> Worker<M> {
+        Worker {
+            id,
+            poll,
+            listener: Some(listener),
+            inbox,
+            sender,
+            stop,
+            clock: Clock::new(),
+            // 100 ms ticks × 1024 slots ≈ 100 s horizon; timeouts are seconds, not millis.
+            timers: TimerWheel::new(100, 1024),
+            buffers: BufPool::new(config.read_buf_size, config.write_buf_size, 1024),
+            grace_ms: config.shutdown_grace.as_millis() as u64,
+        }
+    }
+
+    fn run<A: WorkerApp<Message = M>>(&mut self, mut app: A) -> io::Result<()> {
+        if let Some(l) = self.listener.as_mut() {
+            self.poll
+                .registry()
+                .register(l, LISTENER, Interest::READABLE)?;
+        }
+        let mut events = Events::with_capacity(1024);
+        let mut fired = Vec::new();
+        let mut draining = false;
+        let mut drain_deadline = u64::MAX;
+        let mut accept_more = false;
+        let mut accept_paused_until: Option<u64> = None;
+        self.clock.update();
+
+        loop {
+            let now = self.clock.now_ms();
+            let mut timeout = self.timers.poll_timeout_ms(now);
+            if let Some(until) = accept_paused_until {
+                timeout = Some(timeout.unwrap_or(u64::MAX).min(until.saturating_sub(now)));
+            }
+            if draining {
+                timeout = Some(
+                    timeout
+                        .unwrap_or(u64::MAX)
+                        .min(drain_deadline.saturating_sub(now)),
+                );
+            }
+            if accept_more {
+                timeout = Some(0);
+            }
+            match self
+                .poll
+                .poll(&mut events, timeout.map(Duration::from_millis))
+            {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            self.clock.update();
+
+            let mut cx = Context {
+                registry: self.poll.registry(),
+                clock: &self.clock,
+                timers: &mut self.timers,
+                buffers: &mut self.buffers,
+                inbox: &self.sender,
+                worker_id: self.id,
+                draining,
+            };
+
+            let mut listener_ready = accept_more;
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => listener_ready = true,
+                    WAKER => self.inbox.drain(|m| app.on_message(&mut cx, m)),
+                    _ => app.on_ready(&mut cx, event),
+                }
+            }
+            // A waker event may have been coalesced with an earlier turn; draining an empty
+            // queue is one atomic load, so always look.
+            if !self.inbox.is_empty() {
+                self.inbox.drain(|m| app.on_message(&mut cx, m));
+            }
+
+            if let Some(until) = accept_paused_until {
+                if cx.clock.now_ms() >= until {
+                    accept_paused_until = None;
+                    listener_ready = true; // the backlog may hold connections with no new edge
+                }
+            }
+            accept_more = false;
+            if listener_ready && accept_paused_until.is_none() {
+                if let Some(listener) = self.listener.as_ref() {
+                    match accept_batch(listener, &mut app, &mut cx) {
+                        AcceptOutcome::Drained => {}
+                        AcceptOutcome::BudgetSpent => accept_more = true,
+                        AcceptOutcome::OutOfFds => {
+                            accept_paused_until = Some(cx.clock.now_ms() + ACCEPT_BACKOFF_MS)
+                        }
+                    }
+                }
+            }
+
+            cx.timers.expire(cx.clock.now_ms(), &mut fired);
+            for (key, at) in fired.drain(..) {
+                app.on_timer(&mut cx, key, at);
+            }
+
+            if !draining && self.stop.load(Ordering::SeqCst) {
+                draining = true;
+                cx.draining = true;
+                drain_deadline = cx.clock.now_ms() + self.grace_ms;
+                // Closing our listener makes the kernel route new connections to any other
+                // listener on the port (another tern during a restart).
+                if let Some(mut l) = self.listener.take() {
+                    let _ = cx.registry.deregister(&mut l);
+                }
+                accept_more = false;
+                accept_paused_until = None;
+                app.on_shutdown(&mut cx);
+            }
+            app.after_turn(&mut cx);
+
+            if draining && (app.connections() == 0 || cx.clock.now_ms() >= drain_deadline) {
+                if app.connections() > 0 {
+                    tracing::warn!(
+                        worker = self.id,
+                        open = app.connections(),
+                        "shutdown grace expired; dropping connections"
+                    );
+                }
+                return Ok(());
+            }
+        }
+    }
+}
+
+enum AcceptOutcome {
+    Drained,
+    BudgetSpent,
+    OutOfFds,
+}
+
+fn accept_batch<A: WorkerApp>(
+    listener: &mio::net::TcpListener,
+    app: &mut A,
+    cx: &mut Context<'_, A::Message>,
+) -> AcceptOutcome {
+    for _ in 0..ACCEPT_BUDGET {
+        match listener.accept() {
+            Ok((stream, peer)) => app.on_accept(cx, stream, peer),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return AcceptOutcome::Drained,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // The peer gave up before we accepted; nothing to do.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
+            Err(e) if is_resource_exhaustion(&e) => {
+                log_fd_exhaustion(cx.worker_id, &e, cx.clock.unix_secs());
+                return AcceptOutcome::OutOfFds;
+            }
+            Err(e) => {
+                tracing::warn!(worker = cx.worker_id, "accept failed: {e}");
+                return AcceptOutcome::OutOfFds;
+            }
+        }
+    }
+    AcceptOutcome::BudgetSpent
+}
+
+fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// At most one line per second per worker: an fd flood must not become a disk flood.
+fn log_fd_exhaustion(worker: usize, e: &io::Error, unix_secs: u64) {
+    thread_local!(static LAST: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+    LAST.with(|last| {
+        if last.get() != unix_secs {
+            last.set(unix_secs);
+            tracing::warn!(
+                worker,
+                "accept: {e}; pausing accepts for {ACCEPT_BACKOFF_MS} ms"
+            );
+        }
+    });
+}
+
+/// The CPUs this process may run on (respects taskset/cgroup affinity).
+pub fn available_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most size_of::<cpu_set_t>()
+    // bytes into it, and CPU_ISSET only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            let n = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1);
+            return (0..n).collect();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: as above; the set is fully initialised before sched_setaffinity reads it, and
+    // pid 0 means the calling thread.
+    let ok = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    };
+    if !ok {
+        tracing::warn!(cpu, "could not pin worker: {}", io::Error::last_os_error());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affinity_lists_at_least_one_cpu_and_pinning_sticks() {
+        let cpus = available_cpus();
+        assert!(!cpus.is_empty());
+        let target = *cpus.last().unwrap();
+        std::thread::spawn(move || {
+            pin_to_cpu(target);
+            assert_eq!(available_cpus(), vec![target]);
+        })
+        .join()
+        .unwrap();
+    }
+}
