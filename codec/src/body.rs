@@ -110,6 +110,8 @@ pub struct ChunkedDecoder {
     total: u64,
     max_body: u64,
     in_quote: bool,
+    /// Just saw a backslash inside a quoted extension value.
+    in_escape: bool,
     in_ext: bool,
 }
 
@@ -124,6 +126,7 @@ impl ChunkedDecoder {
             total: 0,
             max_body,
             in_quote: false,
+            in_escape: false,
             in_ext: false,
         }
     }
@@ -164,6 +167,14 @@ impl ChunkedDecoder {
                         b' ' | b'\t' if !self.in_ext => {}
                         b';' if !self.in_ext => self.in_ext = true,
                         _ if !self.in_ext => return Err(RequestError::BadChunk),
+                        // quoted-pair (RFC 9110 §5.6.4): the byte after a backslash inside a
+                        // quoted string is literal. Without this, `a="x\""` was refused and the
+                        // unterminated `a="x\"` accepted, because `\"` toggled the quote state.
+                        _ if self.in_escape => match b {
+                            b'\t' | b' '..=b'~' | 0x80..=0xff => self.in_escape = false,
+                            _ => return Err(RequestError::BadChunk),
+                        },
+                        b'\\' if self.in_quote => self.in_escape = true,
                         b'"' => self.in_quote = !self.in_quote,
                         b'\t' | b' '..=b'~' | 0x80..=0xff => {}
                         _ => return Err(RequestError::BadChunk),
@@ -270,5 +281,104 @@ fn hex_value(b: u8) -> Option<u8> {
         b'a'..=b'f' => Some(b - b'a' + 10),
         b'A'..=b'F' => Some(b - b'A' + 10),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decodes `input` in one go; `Ok(None)` means it needs more input.
+    fn run(input: &[u8], max_body: u64) -> Result<Option<Vec<u8>>, RequestError> {
+        let mut d = ChunkedDecoder::new(max_body);
+        let mut rest = input;
+        let mut out = Vec::new();
+        loop {
+            let step = d.decode(rest)?;
+            out.extend_from_slice(step.data);
+            rest = &rest[step.consumed..];
+            if step.done {
+                return Ok(Some(out));
+            }
+            if step.consumed == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    #[test]
+    fn hex_digits() {
+        for (b, v) in [
+            (b'0', 0),
+            (b'9', 9),
+            (b'a', 10),
+            (b'f', 15),
+            (b'A', 10),
+            (b'F', 15),
+        ] {
+            assert_eq!(hex_value(b), Some(v));
+        }
+        for b in [b'g', b'G', b'x', b' ', b'/', b':', b'@', b'`'] {
+            assert_eq!(hex_value(b), None);
+        }
+    }
+
+    #[test]
+    fn size_line_length_cap_is_exact() {
+        // The size line, digits through CR, may be MAX_CHUNK_LINE bytes long.
+        let pad = MAX_CHUNK_LINE - "1;\r".len();
+        let ok = format!("1;{}\r\nx\r\n0\r\n\r\n", "a".repeat(pad));
+        assert_eq!(run(ok.as_bytes(), 100), Ok(Some(b"x".to_vec())));
+        let over = format!("1;{}\r\nx\r\n0\r\n\r\n", "a".repeat(pad + 1));
+        assert_eq!(run(over.as_bytes(), 100), Err(RequestError::BadChunk));
+    }
+
+    #[test]
+    fn size_digit_cap_is_fifteen() {
+        let fifteen = format!("{}1\r\nx\r\n0\r\n\r\n", "0".repeat(14));
+        assert_eq!(run(fifteen.as_bytes(), 100), Ok(Some(b"x".to_vec())));
+        let sixteen = format!("{}1\r\nx\r\n0\r\n\r\n", "0".repeat(15));
+        assert_eq!(run(sixteen.as_bytes(), 100), Err(RequestError::BadChunk));
+        // The largest 15-digit size fits a u64 and only trips the body limit.
+        assert_eq!(run(b"fffffffffffffff\r\n", u64::MAX), Ok(None));
+        assert_eq!(run(b"fffffffffffffff\r\n", u64::MAX - 1), Ok(None));
+    }
+
+    #[test]
+    fn trailer_cap_is_exact() {
+        // MAX_TRAILERS counts every trailer byte including each line's CR.
+        let line = format!("X: {}\r\n", "a".repeat(MAX_TRAILERS - "X: \r".len()));
+        let ok = format!("0\r\n{line}\r\n");
+        assert_eq!(run(ok.as_bytes(), 100), Ok(Some(Vec::new())));
+        let line = format!("X: {}\r\n", "a".repeat(MAX_TRAILERS - "X: \r".len() + 1));
+        let over = format!("0\r\n{line}\r\n");
+        assert_eq!(run(over.as_bytes(), 100), Err(RequestError::BadChunk));
+    }
+
+    #[test]
+    fn quote_and_escape_state_reset_between_size_lines() {
+        let body = b"1;a=\"\\\\\";b=\"\\\"\"\r\nx\r\n1;c\r\ny\r\n0\r\n\r\n";
+        assert_eq!(run(body, 100), Ok(Some(b"xy".to_vec())));
+        let d = ChunkedDecoder::new(100);
+        assert!(!d.in_quote && !d.in_escape && !d.in_ext);
+    }
+
+    #[test]
+    fn payload_is_returned_per_run_without_copying() {
+        let input = b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+        let mut d = ChunkedDecoder::new(100);
+        let first = d.decode(input).unwrap();
+        assert_eq!(
+            (first.consumed, first.data, first.done),
+            (6, &b"abc"[..], false)
+        );
+        assert_eq!(first.data.as_ptr(), input[3..].as_ptr());
+        let second = d.decode(&input[6..]).unwrap();
+        assert_eq!(
+            (second.consumed, second.data, second.done),
+            (7, &b"de"[..], false)
+        );
+        let last = d.decode(&input[13..]).unwrap();
+        assert_eq!((last.consumed, last.data, last.done), (7, &b""[..], true));
     }
 }

@@ -144,6 +144,12 @@ pub fn parse_request<'a>(
         };
     }
 
+    // Only the first `max_head` bytes can hold an acceptable head, so only they are parsed.
+    // That makes the verdict a function of those bytes alone. Before, a head still incomplete
+    // at the limit was answered 431 if the bytes stopped there, but 400 if a bad byte beyond
+    // the limit had arrived in the same read: the status depended on segmentation.
+    let buf = &buf[..buf.len().min(limits.max_head)];
+
     let max_headers = limits.max_headers.min(headers.len());
     let mut req = httparse::Request::new(&mut []);
     let status = req.parse_with_uninit_headers(buf, &mut headers[..max_headers]);
@@ -157,9 +163,7 @@ pub fn parse_request<'a>(
         }
         Err(e) => return Err(classify_parse_error(e, buf)),
     };
-    if head_len > limits.max_head {
-        return Err(RequestError::HeadTooLarge);
-    }
+    // head_len <= buf.len() <= max_head here, thanks to the truncation above.
     if has_bare_lf(&buf[..head_len]) {
         return Err(RequestError::BareLf);
     }
@@ -288,7 +292,9 @@ fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), Reque
         Version::Http10 => conn_keep_alive && !conn_close,
     };
     // Only meaningful when a body follows; a bodiless request ignores it (RFC 9110 §10.1.1).
-    head.expect_continue &= head.body != BodyKind::None;
+    // An HTTP/1.0 client cannot read a 1xx response, so there the expectation MUST be ignored
+    // (same section); otherwise we would send it an `HTTP/1.1 100 Continue` it cannot parse.
+    head.expect_continue &= head.body != BodyKind::None && head.version == Version::Http11;
     Ok(())
 }
 
@@ -333,6 +339,11 @@ fn parse_transfer_encoding(value: &[u8], mut chunked: bool) -> Result<bool, Requ
 }
 
 fn split_target(method: Method, target: &str) -> Result<(&str, Option<&str>), RequestError> {
+    // A fragment is never sent (RFC 9112 §3.2). Checked over the whole target up front because
+    // the absolute-form branch below can return early (`http://host?q#f` slipped through).
+    if target.contains('#') {
+        return Err(RequestError::BadRequestLine);
+    }
     let bytes = target.as_bytes();
     let path_and_query = match bytes.first() {
         Some(b'/') => target,
@@ -355,9 +366,6 @@ fn split_target(method: Method, target: &str) -> Result<(&str, Option<&str>), Re
         Some(_) if method == Method::Connect => return Ok((target, None)),
         _ => return Err(RequestError::BadRequestLine),
     };
-    if path_and_query.contains('#') {
-        return Err(RequestError::BadRequestLine);
-    }
     Ok(match path_and_query.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (path_and_query, None),
@@ -368,11 +376,13 @@ fn classify_parse_error(e: httparse::Error, buf: &[u8]) -> RequestError {
     match e {
         httparse::Error::TooManyHeaders => RequestError::TooManyHeaders,
         httparse::Error::Version => {
-            // "HTTP/2.0", "HTTP/3" etc. are versions we don't speak; anything else (HTTP/0.9
-            // has no version at all) is a malformed request line.
-            let line_end = memchr::memchr(b'\n', buf).unwrap_or(buf.len());
-            let line = &buf[..line_end];
-            if memchr::memmem::find(line, b" HTTP/").is_some() {
+            // "HTTP/2.0", "HTTP/3" etc. are versions we don't speak; anything else in the
+            // version field is a malformed request line. (HTTP/0.9 has no version field at all
+            // and fails earlier, as a bad token.) Only the version field itself is looked at:
+            // searching the whole line for " HTTP/" answered `GET /a b HTTP/1.1` and
+            // `GET /  HTTP/1.1` with 505 once the line was complete but 400 while it was still
+            // partial, so the status depended on how the bytes happened to be segmented.
+            if version_field(buf).starts_with(b"HTTP/") {
                 RequestError::UnsupportedVersion
             } else {
                 RequestError::BadRequestLine
@@ -388,7 +398,14 @@ fn classify_parse_error(e: httparse::Error, buf: &[u8]) -> RequestError {
             }
         }
         httparse::Error::NewLine => {
-            if has_bare_lf(buf) {
+            // httparse accepts bare LF; `NewLine` means a CR not followed by LF, and it is the
+            // first such CR (an earlier one would have failed earlier). Only a bare LF before
+            // that point is what went wrong first: looking at the whole buffer made the answer
+            // depend on how much had arrived (`\rGET \n` vs its prefix `\rG`).
+            let lone_cr = memchr::memchr_iter(b'\r', buf)
+                .find(|&i| buf.get(i + 1).is_some_and(|&b| b != b'\n'))
+                .unwrap_or(buf.len());
+            if has_bare_lf(&buf[..lone_cr]) {
                 RequestError::BareLf
             } else {
                 RequestError::BadRequestLine
@@ -396,6 +413,19 @@ fn classify_parse_error(e: httparse::Error, buf: &[u8]) -> RequestError {
         }
         _ => RequestError::BadRequestLine,
     }
+}
+
+/// The version field of the request line: what follows the second SP, up to the line end. This
+/// is exactly where httparse reports `Error::Version` (it skips leading empty lines first, and
+/// neither the method token nor the target may contain a SP).
+fn version_field(buf: &[u8]) -> &[u8] {
+    let start = buf
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(buf.len());
+    let line = &buf[start..];
+    let line = &line[..memchr::memchr(b'\n', line).unwrap_or(line.len())];
+    line.splitn(3, |&b| b == b' ').nth(2).unwrap_or(&[])
 }
 
 /// True if any LF in `head` is not preceded by CR. httparse tolerates bare LF (RFC 9112 allows
@@ -416,4 +446,168 @@ pub(crate) fn trim(mut s: &[u8]) -> &[u8] {
 
 fn starts_with_ignore_case(s: &[u8], prefix: &[u8]) -> bool {
     s.len() >= prefix.len() && s[..prefix.len()].eq_ignore_ascii_case(prefix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trim_strips_only_spaces_and_tabs_at_both_ends() {
+        assert_eq!(trim(b""), b"");
+        assert_eq!(trim(b" \t "), b"");
+        assert_eq!(trim(b" \ta b\t "), b"a b");
+        assert_eq!(trim(b"\r\nx\r\n"), b"\r\nx\r\n");
+    }
+
+    #[test]
+    fn content_length_values() {
+        assert_eq!(parse_content_length(b"0"), Ok(0));
+        assert_eq!(parse_content_length(b"007"), Ok(7));
+        assert_eq!(parse_content_length(b"5, 5 ,5"), Ok(5));
+        // 18 digits is the most we take; it cannot overflow a u64.
+        assert_eq!(
+            parse_content_length(b"999999999999999999"),
+            Ok(999_999_999_999_999_999)
+        );
+        for bad in [
+            &b""[..],
+            b" ",
+            b",",
+            b"5,",
+            b"5, 6",
+            b"1000000000000000000",
+            b"0x1",
+            b"5 5",
+        ] {
+            assert_eq!(
+                parse_content_length(bad),
+                Err(RequestError::BadContentLength),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn transfer_encoding_values() {
+        assert_eq!(parse_transfer_encoding(b"chunked", false), Ok(true));
+        assert_eq!(parse_transfer_encoding(b" , chunked ,", false), Ok(true));
+        assert_eq!(parse_transfer_encoding(b"", false), Ok(false));
+        assert_eq!(parse_transfer_encoding(b"", true), Ok(true));
+        // State carries across fields: a second field after chunked is "after chunked".
+        assert_eq!(
+            parse_transfer_encoding(b"chunked", true),
+            Err(RequestError::BadTransferEncoding)
+        );
+        for bad in [
+            &b"gzip"[..],
+            b"chunked, gzip",
+            b"gzip, chunked",
+            b"chunked;q=1",
+            b"identity",
+        ] {
+            assert_eq!(
+                parse_transfer_encoding(bad, false),
+                Err(RequestError::BadTransferEncoding)
+            );
+        }
+    }
+
+    #[test]
+    fn split_target_forms() {
+        use Method::*;
+        assert_eq!(split_target(Get, "/"), Ok(("/", None)));
+        assert_eq!(split_target(Get, "/a?b?c"), Ok(("/a", Some("b?c"))));
+        assert_eq!(split_target(Get, "/a?"), Ok(("/a", Some(""))));
+        assert_eq!(split_target(Options, "*"), Ok(("*", None)));
+        assert_eq!(split_target(Get, "*"), Err(RequestError::BadRequestLine));
+        assert_eq!(split_target(Get, "http://h"), Ok(("/", None)));
+        assert_eq!(split_target(Get, "hTTpS://h/x?y"), Ok(("/x", Some("y"))));
+        assert_eq!(split_target(Get, "http://h?y"), Ok(("/", Some("y"))));
+        assert_eq!(split_target(Connect, "h:443"), Ok(("h:443", None)));
+        assert_eq!(
+            split_target(Get, "h:443"),
+            Err(RequestError::BadRequestLine)
+        );
+        assert_eq!(split_target(Get, ""), Err(RequestError::BadRequestLine));
+        for t in ["/#", "/a?b#", "http://h#", "http://h?q#f", "http://h/p#f"] {
+            assert_eq!(
+                split_target(Get, t),
+                Err(RequestError::BadRequestLine),
+                "{t}"
+            );
+        }
+        assert_eq!(
+            split_target(Connect, "h:443#x"),
+            Err(RequestError::BadRequestLine)
+        );
+    }
+
+    #[test]
+    fn version_field_is_what_follows_the_second_space() {
+        assert_eq!(version_field(b"GET / HTTP/1.2\r\n"), b"HTTP/1.2\r");
+        assert_eq!(version_field(b"\r\n\r\nGET / HTTP/2"), b"HTTP/2");
+        assert_eq!(version_field(b"GET /a b HTTP/1.1\r\n"), b"b HTTP/1.1\r");
+        assert_eq!(version_field(b"GET /  HTTP/1.1"), b" HTTP/1.1");
+        assert_eq!(version_field(b"GET /"), b"");
+        assert_eq!(version_field(b""), b"");
+    }
+
+    #[test]
+    fn bare_lf_detection() {
+        assert!(!has_bare_lf(b""));
+        assert!(!has_bare_lf(b"a\r\nb\r\n\r\n"));
+        assert!(has_bare_lf(b"\n"));
+        assert!(has_bare_lf(b"a\r\nb\n"));
+        assert!(has_bare_lf(b"a\r\n\n"));
+    }
+
+    #[test]
+    fn parse_errors_are_classified() {
+        use httparse::Error as E;
+        assert_eq!(
+            classify_parse_error(E::TooManyHeaders, b""),
+            RequestError::TooManyHeaders
+        );
+        assert_eq!(
+            classify_parse_error(E::Version, b"GET / HTTP/3.0\r\n"),
+            RequestError::UnsupportedVersion
+        );
+        assert_eq!(
+            classify_parse_error(E::Version, b"GET / XTTP"),
+            RequestError::BadRequestLine
+        );
+        assert_eq!(
+            classify_parse_error(E::HeaderName, b"G / HTTP/1.1\r\n x"),
+            RequestError::ObsFold
+        );
+        assert_eq!(
+            classify_parse_error(E::HeaderName, b"G / HTTP/1.1\r\n\tx"),
+            RequestError::ObsFold
+        );
+        assert_eq!(
+            classify_parse_error(E::HeaderValue, b"G / HTTP/1.1\r\nX: \0"),
+            RequestError::BadHeader
+        );
+        assert_eq!(
+            classify_parse_error(E::NewLine, b"G / HTTP/1.1\n\r"),
+            RequestError::BareLf
+        );
+        assert_eq!(
+            classify_parse_error(E::NewLine, b"G / HTTP/1.1\rx"),
+            RequestError::BadRequestLine
+        );
+        assert_eq!(
+            classify_parse_error(E::Token, b"G@T"),
+            RequestError::BadRequestLine
+        );
+    }
+
+    #[test]
+    fn method_tokens() {
+        assert_eq!(Method::from_token("GET"), Method::Get);
+        assert_eq!(Method::from_token("CONNECT"), Method::Connect);
+        assert_eq!(Method::from_token("Get"), Method::Other);
+        assert_eq!(Method::from_token(""), Method::Other);
+    }
 }

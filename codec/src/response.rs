@@ -56,6 +56,10 @@ impl ResponseHead<'_> {
 
 fn write_status_line(out: &mut Vec<u8>, status: u16) {
     let line: &[u8] = match status {
+        // status-code is exactly three digits (RFC 9112 §4). A status outside 100..=999 is a
+        // handler bug; writing it would put a malformed status line on the wire (`HTTP/1.1 42 `)
+        // that clients and proxies handle unpredictably, so it is answered as what it is.
+        0..=99 | 1000.. => b"HTTP/1.1 500 Internal Server Error\r\n",
         200 => b"HTTP/1.1 200 OK\r\n",
         204 => b"HTTP/1.1 204 No Content\r\n",
         206 => b"HTTP/1.1 206 Partial Content\r\n",

@@ -87,6 +87,11 @@ pub trait WorkerApp: 'static {
     fn on_shutdown(&mut self, cx: &mut Context<'_, Self::Message>);
     /// Called once per loop turn after events, timers and messages.
     fn after_turn(&mut self, _cx: &mut Context<'_, Self::Message>) {}
+    /// True if the app has work it postponed for fairness: the loop then polls without
+    /// sleeping and calls `after_turn` again.
+    fn wants_another_turn(&self) -> bool {
+        false
+    }
     /// Open connections; draining ends when this reaches zero.
     fn connections(&self) -> usize;
 }
@@ -260,7 +265,7 @@ impl<M: Send + 'static> Worker<M> {
                         .min(drain_deadline.saturating_sub(now)),
                 );
             }
-            if accept_more {
+            if accept_more || app.wants_another_turn() {
                 timeout = Some(0);
             }
             match self

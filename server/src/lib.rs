@@ -1,1 +1,116 @@
+//! tern-server: connections, routing and handlers on top of tern-runtime and tern-codec.
+//!
+//! A [`Server`] is a [`Router`] plus settings; [`Server::start`] binds the port and runs one
+//! [`worker::HttpWorker`] per runtime worker thread. Handlers return a [`Response`] now or a
+//! [`Pending`] reply completed later from any thread.
 
+mod connection;
+mod handler;
+mod output;
+mod response;
+mod router;
+//TMP pub mod static_files;
+mod stats;
+mod worker;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use handler::{Handler, HandlerContext, Pending, Reply, Request, WorkerMessage};
+pub use response::{Body, FileBody, Response};
+pub use router::Router;
+pub use stats::{Counter, Stats, StatsSnapshot, WorkerStats};
+pub use tern_codec::{Limits, Method, RequestError, RequestHead, Version};
+pub use tern_runtime::{RuntimeConfig, SignalAction};
+
+/// Everything a server needs to know at start-up.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub runtime: RuntimeConfig,
+    pub limits: Limits,
+    /// From the first byte of a request head to its end.
+    pub header_timeout: Duration,
+    /// Between progress while reading a request body.
+    pub body_timeout: Duration,
+    /// An idle keep-alive connection is closed after this.
+    pub idle_timeout: Duration,
+    /// A client that accepts none of our output for this long is dropped.
+    pub write_timeout: Duration,
+    /// Open connections per worker; above it new ones are closed at once.
+    pub max_connections_per_worker: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            runtime: RuntimeConfig::default(),
+            limits: Limits::default(),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
+            max_connections_per_worker: 16_384,
+        }
+    }
+}
+
+/// A router plus its settings, ready to start.
+pub struct Server {
+    config: ServerConfig,
+    router: Router,
+}
+
+impl Server {
+    pub fn new(config: ServerConfig, router: Router) -> Server {
+        Server { config, router }
+    }
+
+    /// Binds the listen address on every worker and starts serving. Errors (address in use,
+    /// permission) come back here, before any thread has started.
+    pub fn start(self) -> io::Result<ServerHandle> {
+        let workers = self.config.runtime.workers.max(1);
+        let stats = Stats::new(workers);
+        let shared = Arc::new(worker::Shared {
+            router: self.router,
+            config: self.config.clone(),
+            stats: stats.clone(),
+        });
+        let runtime =
+            tern_runtime::Runtime::start(self.config.runtime.clone(), move |id, inbox| {
+                worker::HttpWorker::new(id, shared.clone(), inbox)
+            })?;
+        Ok(ServerHandle { runtime, stats })
+    }
+}
+
+/// A running server.
+pub struct ServerHandle {
+    runtime: tern_runtime::RuntimeHandle<WorkerMessage>,
+    stats: Stats,
+}
+
+impl ServerHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.runtime.local_addr()
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// A function that begins graceful shutdown; safe to call from any thread, repeatedly.
+    pub fn stopper(&self) -> impl Fn() + Send + Sync + Clone + 'static {
+        self.runtime.stopper()
+    }
+
+    pub fn shutdown(&self) {
+        self.runtime.shutdown();
+    }
+
+    /// Blocks until every worker has drained and exited.
+    pub fn join(self) {
+        self.runtime.join();
+    }
+}

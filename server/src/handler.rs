@@ -1,0 +1,155 @@
+use std::net::SocketAddr;
+
+use tern_codec::{Method, RequestHead};
+use tern_runtime::InboxSender;
+
+use crate::response::Response;
+
+/// What a handler sees of a request: the parsed head (borrowing the read buffer), the complete
+/// body, the peer address, and the worker's cached time.
+pub struct Request<'a> {
+    pub head: &'a RequestHead<'a>,
+    pub body: &'a [u8],
+    pub peer: SocketAddr,
+    /// Wall-clock seconds (the worker's per-turn clock; no syscall).
+    pub unix_secs: u64,
+    /// Monotonic milliseconds of the worker's clock.
+    pub now_ms: u64,
+}
+
+impl<'a> Request<'a> {
+    pub fn method(&self) -> Method {
+        self.head.method
+    }
+
+    /// The path, still percent-encoded.
+    pub fn path(&self) -> &'a str {
+        self.head.path
+    }
+
+    pub fn query(&self) -> Option<&'a str> {
+        self.head.query
+    }
+
+    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
+        self.head.header(name)
+    }
+}
+
+/// A handler's answer: a response now, or a promise that a [`Pending`] taken from the context
+/// will deliver one later (from any thread).
+pub enum Reply {
+    Now(Response),
+    Later,
+}
+
+impl From<Response> for Reply {
+    fn from(r: Response) -> Reply {
+        Reply::Now(r)
+    }
+}
+
+/// A message a worker receives in its inbox.
+pub enum WorkerMessage {
+    /// A pending reply is ready for connection `conn`.
+    Complete {
+        conn: u64,
+        seq: u32,
+        response: Response,
+    },
+}
+
+/// Handed to a handler for one request. `defer()` turns the reply into a pending one.
+pub struct HandlerContext<'a> {
+    pub(crate) inbox: &'a InboxSender<WorkerMessage>,
+    pub(crate) conn: u64,
+    pub(crate) seq: u32,
+    pub(crate) deferred: bool,
+    pub worker_id: usize,
+}
+
+impl HandlerContext<'_> {
+    /// Takes a handle that completes this request later; the handler must then return
+    /// [`Reply::Later`]. The connection stays parked (no further pipelined request is
+    /// processed) until the reply arrives, so answers stay in order.
+    pub fn defer(&mut self) -> Pending {
+        self.deferred = true;
+        Pending {
+            inbox: Some(self.inbox.clone()),
+            conn: self.conn,
+            seq: self.seq,
+        }
+    }
+}
+
+/// A reply to be completed from any thread. Dropping it unanswered sends a 500, so a
+/// forgotten or panicking completion never leaves a client hanging.
+pub struct Pending {
+    inbox: Option<InboxSender<WorkerMessage>>,
+    conn: u64,
+    /// Which request of the connection this answers, so a stale reply is never mistaken
+    /// for the answer to a later request.
+    seq: u32,
+}
+
+impl Pending {
+    /// Delivers the response to the connection's worker. Returns the response if the worker's
+    /// inbox is full (the caller may retry; dropping the `Pending` would then answer 500).
+    pub fn complete(mut self, response: Response) -> Result<(), (Pending, Response)> {
+        let inbox = self.inbox.take().expect("pending reply completed twice");
+        match inbox.send(WorkerMessage::Complete {
+            conn: self.conn,
+            seq: self.seq,
+            response,
+        }) {
+            Ok(()) => Ok(()),
+            Err(WorkerMessage::Complete { response, .. }) => {
+                self.inbox = Some(inbox);
+                Err((self, response))
+            }
+        }
+    }
+
+    /// Completes, retrying (with a yield) while the worker's inbox is full. For background
+    /// threads that must not lose an acknowledged result.
+    pub fn complete_retrying(self, response: Response) {
+        let mut state = (self, response);
+        loop {
+            match state.0.complete(state.1) {
+                Ok(()) => return,
+                Err(back) => {
+                    state = back;
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(inbox) = self.inbox.take() {
+            let response = Response::text(500, "reply was never completed\n").close();
+            let _ = inbox.send(WorkerMessage::Complete {
+                conn: self.conn,
+                seq: self.seq,
+                response,
+            });
+        }
+    }
+}
+
+/// A request handler. Runs on a worker thread: it must never block, never do disk or database
+/// I/O; anything slow goes to a background thread through `cx.defer()`.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply;
+}
+
+impl<F> Handler for F
+where
+    F: Fn(&Request<'_>, &mut HandlerContext<'_>) -> Reply + Send + Sync + 'static,
+{
+    fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
+        self(req, cx)
+    }
+}

@@ -1,0 +1,154 @@
+use std::fs::File;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+/// A response body. The connection decides how each kind reaches the socket: small bodies are
+/// copied next to the head so head and body leave in one write, large shared ones go out with
+/// `writev` without copying, and files go out with `sendfile`.
+#[derive(Debug, Default)]
+pub enum Body {
+    #[default]
+    Empty,
+    Static(&'static [u8]),
+    Owned(Vec<u8>),
+    Shared(Bytes),
+    File(FileBody),
+}
+
+/// A byte range of an open file, sent with `sendfile` (zero copy) in bounded chunks.
+#[derive(Debug, Clone)]
+pub struct FileBody {
+    pub file: Arc<File>,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Body {
+    pub fn len(&self) -> u64 {
+        match self {
+            Body::Empty => 0,
+            Body::Static(b) => b.len() as u64,
+            Body::Owned(b) => b.len() as u64,
+            Body::Shared(b) => b.len() as u64,
+            Body::File(f) => f.len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A response a handler returns: status, extra header lines, body. Date, Server,
+/// Content-Length and Connection are added by the connection when the head is written.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    headers: Vec<u8>,
+    pub body: Body,
+    /// Close the connection after this response.
+    pub close: bool,
+}
+
+impl Response {
+    pub fn new(status: u16) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body: Body::Empty,
+            close: false,
+        }
+    }
+
+    /// A short `text/plain` response, the shape every error answer takes.
+    pub fn text(status: u16, body: &'static str) -> Response {
+        Response::new(status)
+            .with_header("Content-Type", "text/plain; charset=utf-8")
+            .with_body(Body::Static(body.as_bytes()))
+    }
+
+    pub fn with_body(mut self, body: Body) -> Response {
+        self.body = body;
+        self
+    }
+
+    pub fn with_header(mut self, name: &str, value: &str) -> Response {
+        self.push_header(name, value.as_bytes());
+        self
+    }
+
+    /// Appends `name: value`. A name or value that could split the head (CR, LF, NUL, or a
+    /// colon/space in the name) is refused and logged: header injection is never possible,
+    /// even from a handler that copies client input into a header.
+    pub fn push_header(&mut self, name: &str, value: &[u8]) {
+        let bad_name =
+            name.is_empty() || name.bytes().any(|b| !(b.is_ascii_graphic() && b != b':'));
+        let bad_value = value.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0);
+        if bad_name || bad_value {
+            tracing::error!(
+                header = name,
+                "refusing a header that would corrupt the response head"
+            );
+            return;
+        }
+        self.headers.reserve(name.len() + value.len() + 4);
+        self.headers.extend_from_slice(name.as_bytes());
+        self.headers.extend_from_slice(b": ");
+        self.headers.extend_from_slice(value);
+        self.headers.extend_from_slice(b"\r\n");
+    }
+
+    /// Appends already-serialized header lines (each `Name: value\r\n`), e.g. a block a cache
+    /// prepared once. The caller guarantees they are well-formed.
+    pub fn push_raw_headers(&mut self, lines: &[u8]) {
+        debug_assert!(lines.is_empty() || lines.ends_with(b"\r\n"));
+        self.headers.extend_from_slice(lines);
+    }
+
+    pub fn headers(&self) -> &[u8] {
+        &self.headers
+    }
+
+    pub fn close(mut self) -> Response {
+        self.close = true;
+        self
+    }
+}
+
+/// Statuses that never carry a body or Content-Length (RFC 9110 §6.4.1, §8.6).
+pub fn status_has_no_body(status: u16) -> bool {
+    (100..200).contains(&status) || status == 204 || status == 304
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_serialize_in_order() {
+        let r = Response::new(200)
+            .with_header("A", "1")
+            .with_header("B-C", "two");
+        assert_eq!(r.headers(), b"A: 1\r\nB-C: two\r\n");
+    }
+
+    #[test]
+    fn header_injection_is_refused() {
+        let r = Response::new(200)
+            .with_header("X", "a\r\nSet-Cookie: evil=1")
+            .with_header("Bad Name", "v")
+            .with_header("Nul", "a\0b")
+            .with_header("Ok", "fine");
+        assert_eq!(r.headers(), b"Ok: fine\r\n");
+    }
+
+    #[test]
+    fn no_body_statuses() {
+        assert!(status_has_no_body(304));
+        assert!(status_has_no_body(204));
+        assert!(status_has_no_body(101));
+        assert!(!status_has_no_body(200));
+        assert!(!status_has_no_body(404));
+    }
+}

@@ -1,0 +1,216 @@
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tern_codec::RequestError;
+
+/// Every counter a worker keeps. Names double as metric names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Counter {
+    ConnectionsAccepted,
+    ConnectionsClosed,
+    /// Accepted and closed at once because the worker was at its connection limit.
+    ConnectionsRefused,
+    Requests,
+    Responses1xx,
+    Responses2xx,
+    Responses3xx,
+    Responses4xx,
+    Responses5xx,
+    TimeoutHeader,
+    TimeoutBody,
+    TimeoutIdle,
+    TimeoutWrite,
+    HandlerPanics,
+    /// Read or write errors from the socket (resets, broken pipes).
+    IoErrors,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 15] = [
+        Counter::ConnectionsAccepted,
+        Counter::ConnectionsClosed,
+        Counter::ConnectionsRefused,
+        Counter::Requests,
+        Counter::Responses1xx,
+        Counter::Responses2xx,
+        Counter::Responses3xx,
+        Counter::Responses4xx,
+        Counter::Responses5xx,
+        Counter::TimeoutHeader,
+        Counter::TimeoutBody,
+        Counter::TimeoutIdle,
+        Counter::TimeoutWrite,
+        Counter::HandlerPanics,
+        Counter::IoErrors,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::ConnectionsAccepted => "connections_accepted",
+            Counter::ConnectionsClosed => "connections_closed",
+            Counter::ConnectionsRefused => "connections_refused",
+            Counter::Requests => "requests",
+            Counter::Responses1xx => "responses_1xx",
+            Counter::Responses2xx => "responses_2xx",
+            Counter::Responses3xx => "responses_3xx",
+            Counter::Responses4xx => "responses_4xx",
+            Counter::Responses5xx => "responses_5xx",
+            Counter::TimeoutHeader => "timeouts_header",
+            Counter::TimeoutBody => "timeouts_body",
+            Counter::TimeoutIdle => "timeouts_idle",
+            Counter::TimeoutWrite => "timeouts_write",
+            Counter::HandlerPanics => "handler_panics",
+            Counter::IoErrors => "io_errors",
+        }
+    }
+
+    pub fn help(self) -> &'static str {
+        match self {
+            Counter::ConnectionsAccepted => "TCP connections accepted",
+            Counter::ConnectionsClosed => "TCP connections closed",
+            Counter::ConnectionsRefused => "connections closed at once at the connection limit",
+            Counter::Requests => "requests whose head was parsed",
+            Counter::Responses1xx => "1xx responses",
+            Counter::Responses2xx => "2xx responses",
+            Counter::Responses3xx => "3xx responses",
+            Counter::Responses4xx => "4xx responses",
+            Counter::Responses5xx => "5xx responses",
+            Counter::TimeoutHeader => "connections cut off for a slow request head",
+            Counter::TimeoutBody => "connections cut off for a slow request body",
+            Counter::TimeoutIdle => "idle keep-alive connections closed",
+            Counter::TimeoutWrite => "connections closed because the client stopped reading",
+            Counter::HandlerPanics => "handler panics answered with 500",
+            Counter::IoErrors => "socket read/write errors",
+        }
+    }
+}
+
+const N_COUNTERS: usize = Counter::ALL.len();
+const N_BAD: usize = RequestError::ALL.len();
+
+/// One worker's counters, alone on its cache lines so workers never contend. Each worker is the
+/// only writer of its block, so increments are a plain load + store (no locked instruction);
+/// readers sum all blocks with relaxed loads.
+#[repr(align(128))]
+pub struct WorkerStats {
+    counters: [AtomicU64; N_COUNTERS],
+    bad_requests: [AtomicU64; N_BAD],
+}
+
+impl WorkerStats {
+    fn new() -> WorkerStats {
+        WorkerStats {
+            counters: std::array::from_fn(|_| AtomicU64::new(0)),
+            bad_requests: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    #[inline]
+    pub fn bump(&self, c: Counter) {
+        bump(&self.counters[c as usize]);
+    }
+
+    #[inline]
+    pub fn bad_request(&self, e: RequestError) {
+        bump(&self.bad_requests[e.index()]);
+    }
+
+    #[inline]
+    pub fn response(&self, status: u16) {
+        let c = match status {
+            100..=199 => Counter::Responses1xx,
+            200..=299 => Counter::Responses2xx,
+            300..=399 => Counter::Responses3xx,
+            400..=499 => Counter::Responses4xx,
+            _ => Counter::Responses5xx,
+        };
+        self.bump(c);
+    }
+}
+
+#[inline]
+fn bump(a: &AtomicU64) {
+    // Single writer: load + store is enough and avoids a locked read-modify-write.
+    a.store(a.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
+/// All workers' counters; cheap to clone, summed on demand for /statusz and /metrics.
+#[derive(Clone)]
+pub struct Stats {
+    workers: Arc<[WorkerStats]>,
+}
+
+/// A point-in-time sum over all workers.
+#[derive(Debug, Clone)]
+pub struct StatsSnapshot {
+    pub counters: [u64; N_COUNTERS],
+    pub bad_requests: [u64; N_BAD],
+}
+
+impl StatsSnapshot {
+    pub fn get(&self, c: Counter) -> u64 {
+        self.counters[c as usize]
+    }
+
+    pub fn bad(&self, e: RequestError) -> u64 {
+        self.bad_requests[e.index()]
+    }
+
+    pub fn open_connections(&self) -> u64 {
+        self.get(Counter::ConnectionsAccepted)
+            .saturating_sub(self.get(Counter::ConnectionsClosed))
+    }
+}
+
+impl Stats {
+    pub fn new(workers: usize) -> Stats {
+        Stats {
+            workers: (0..workers.max(1)).map(|_| WorkerStats::new()).collect(),
+        }
+    }
+
+    pub fn worker(&self, id: usize) -> &WorkerStats {
+        &self.workers[id]
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let mut s = StatsSnapshot {
+            counters: [0; N_COUNTERS],
+            bad_requests: [0; N_BAD],
+        };
+        for w in self.workers.iter() {
+            for (sum, c) in s.counters.iter_mut().zip(&w.counters) {
+                *sum += c.load(Ordering::Relaxed);
+            }
+            for (sum, c) in s.bad_requests.iter_mut().zip(&w.bad_requests) {
+                *sum += c.load(Ordering::Relaxed);
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_sums_workers() {
+        let stats = Stats::new(3);
+        stats.worker(0).bump(Counter::Requests);
+        stats.worker(2).bump(Counter::Requests);
+        stats.worker(1).response(404);
+        stats.worker(1).bad_request(RequestError::BareLf);
+        let s = stats.snapshot();
+        assert_eq!(s.get(Counter::Requests), 2);
+        assert_eq!(s.get(Counter::Responses4xx), 1);
+        assert_eq!(s.bad(RequestError::BareLf), 1);
+    }
+
+    #[test]
+    fn worker_blocks_do_not_share_cache_lines() {
+        assert!(std::mem::align_of::<WorkerStats>() >= 128);
+        assert_eq!(std::mem::size_of::<WorkerStats>() % 128, 0);
+    }
+}

@@ -1,0 +1,257 @@
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use mio::event::Event;
+use mio::{Interest, Token};
+use tern_runtime::{Context, InboxSender, TimerKey, WorkerApp};
+
+use crate::connection::{Conn, ConnCx, Status};
+use crate::handler::WorkerMessage;
+use crate::router::Router;
+use crate::stats::{Counter, Stats};
+use crate::ServerConfig;
+
+/// What every worker shares, read-only.
+pub(crate) struct Shared {
+    pub router: Router,
+    pub config: ServerConfig,
+    pub stats: Stats,
+}
+
+/// Connections of one worker, addressed by `generation << 32 | index`. The generation makes
+/// a key (in a timer, a pending reply or a mio token) refer to one connection only, never to
+/// a later one that reuses the slot.
+#[derive(Default)]
+struct Slab {
+    slots: Vec<(u32, Option<Conn>)>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl Slab {
+    fn insert(&mut self, make: impl FnOnce(u64) -> Conn) -> u64 {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push((0, None));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.0 = slot.0.wrapping_add(1).max(1);
+        let key = u64::from(slot.0) << 32 | u64::from(index);
+        slot.1 = Some(make(key));
+        self.len += 1;
+        key
+    }
+
+    fn get_mut(&mut self, key: u64) -> Option<&mut Conn> {
+        let (gen, conn) = self.slots.get_mut((key & 0xffff_ffff) as usize)?;
+        if u64::from(*gen) == key >> 32 {
+            conn.as_mut()
+        } else {
+            None
+        }
+    }
+
+    fn remove(&mut self, key: u64) -> Option<Conn> {
+        let index = (key & 0xffff_ffff) as usize;
+        let (gen, conn) = self.slots.get_mut(index)?;
+        if u64::from(*gen) != key >> 32 {
+            return None;
+        }
+        let conn = conn.take()?;
+        self.free.push(index as u32);
+        self.len -= 1;
+        Some(conn)
+    }
+
+    fn keys(&self) -> Vec<u64> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, c))| c.is_some())
+            .map(|(i, (gen, _))| u64::from(*gen) << 32 | i as u64)
+            .collect()
+    }
+}
+
+/// The HTTP server on one worker thread.
+pub(crate) struct HttpWorker {
+    id: usize,
+    shared: Arc<Shared>,
+    inbox: InboxSender<WorkerMessage>,
+    conns: Slab,
+    /// Connections whose flush yielded to be fair to others; driven again next turn.
+    yielded: Vec<u64>,
+    near_limit_at: usize,
+}
+
+impl HttpWorker {
+    pub fn new(id: usize, shared: Arc<Shared>, inbox: InboxSender<WorkerMessage>) -> HttpWorker {
+        let max = shared.config.max_connections_per_worker;
+        HttpWorker {
+            id,
+            inbox,
+            conns: Slab::default(),
+            yielded: Vec::new(),
+            near_limit_at: max - max / 10,
+            shared,
+        }
+    }
+
+    /// Runs `f` on the connection with its borrowed context, then applies the outcome:
+    /// close it, queue it for another turn, or (re)arm its timer.
+    fn with_conn(
+        &mut self,
+        cx: &mut Context<'_, WorkerMessage>,
+        key: u64,
+        f: impl FnOnce(&mut Conn, &mut ConnCx<'_>) -> Status,
+    ) {
+        let near_limit = self.conns.len >= self.near_limit_at;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let mut ccx = ConnCx {
+            shared: &self.shared,
+            stats: self.shared.stats.worker(self.id),
+            clock: cx.clock,
+            buffers: cx.buffers,
+            inbox: &self.inbox,
+            worker_id: self.id,
+            draining: cx.draining,
+            near_limit,
+        };
+        match f(conn, &mut ccx) {
+            Status::Close => {
+                self.close(cx, key);
+                return;
+            }
+            Status::Yielded => self.yielded.push(key),
+            Status::Open => {}
+        }
+        let (deadline, _) = conn.next_deadline(&ccx);
+        conn.deadline_ms = deadline;
+        if deadline < conn.armed_ms {
+            conn.armed_ms = deadline;
+            cx.timers.schedule(key, deadline);
+        }
+    }
+
+    fn close(&mut self, cx: &mut Context<'_, WorkerMessage>, key: u64) {
+        if let Some(conn) = self.conns.remove(key) {
+            // Dropping the stream closes the fd, which also removes it from epoll.
+            conn.recycle(cx.buffers);
+            self.shared
+                .stats
+                .worker(self.id)
+                .bump(Counter::ConnectionsClosed);
+        }
+    }
+}
+
+impl WorkerApp for HttpWorker {
+    type Message = WorkerMessage;
+
+    fn on_accept(
+        &mut self,
+        cx: &mut Context<'_, WorkerMessage>,
+        stream: mio::net::TcpStream,
+        peer: SocketAddr,
+    ) {
+        let stats = self.shared.stats.worker(self.id);
+        if self.conns.len >= self.shared.config.max_connections_per_worker || cx.draining {
+            stats.bump(Counter::ConnectionsRefused);
+            return; // dropping the stream closes it
+        }
+        // Responses are written whole; Nagle would only delay the last segment.
+        let _ = stream.set_nodelay(true);
+        let key = self.conns.insert(|key| Conn::new(stream, peer, key));
+        let conn = self.conns.get_mut(key).expect("just inserted");
+        if let Err(e) = cx.registry.register(
+            &mut conn.stream,
+            Token(key as usize),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            tracing::warn!("register failed: {e}");
+            self.conns.remove(key);
+            return;
+        }
+        stats.bump(Counter::ConnectionsAccepted);
+        // Arm the idle timer: a client that connects and sends nothing is cut off too.
+        self.with_conn(cx, key, |_, _| Status::Open);
+    }
+
+    fn on_ready(&mut self, cx: &mut Context<'_, WorkerMessage>, event: &Event) {
+        let key = event.token().0 as u64;
+        let readable = event.is_readable() || event.is_read_closed() || event.is_error();
+        self.with_conn(cx, key, |conn, ccx| conn.drive(readable, ccx));
+    }
+
+    fn on_timer(&mut self, cx: &mut Context<'_, WorkerMessage>, key: TimerKey, at_ms: u64) {
+        let now = cx.clock.now_ms();
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if conn.armed_ms != at_ms {
+            return; // superseded by an earlier arm
+        }
+        conn.armed_ms = u64::MAX;
+        if conn.deadline_ms > now {
+            // The deadline moved later since this was armed: re-arm (lazy cancellation).
+            conn.armed_ms = conn.deadline_ms;
+            cx.timers.schedule(key, conn.deadline_ms);
+            return;
+        }
+        let stats = self.shared.stats.worker(self.id);
+        let mut ccx = ConnCx {
+            shared: &self.shared,
+            stats,
+            clock: cx.clock,
+            buffers: cx.buffers,
+            inbox: &self.inbox,
+            worker_id: self.id,
+            draining: cx.draining,
+            near_limit: false,
+        };
+        conn.time_out(&mut ccx);
+        self.close(cx, key);
+    }
+
+    fn on_message(&mut self, cx: &mut Context<'_, WorkerMessage>, msg: WorkerMessage) {
+        match msg {
+            WorkerMessage::Complete {
+                conn,
+                seq,
+                response,
+            } => {
+                self.with_conn(cx, conn, |c, ccx| c.complete(seq, response, ccx));
+            }
+        }
+    }
+
+    fn on_shutdown(&mut self, cx: &mut Context<'_, WorkerMessage>) {
+        for key in self.conns.keys() {
+            if self.conns.get_mut(key).is_some_and(|c| c.begin_drain()) {
+                self.close(cx, key);
+            }
+        }
+    }
+
+    fn after_turn(&mut self, cx: &mut Context<'_, WorkerMessage>) {
+        if self.yielded.is_empty() {
+            return;
+        }
+        for key in std::mem::take(&mut self.yielded) {
+            self.with_conn(cx, key, |conn, ccx| conn.drive(true, ccx));
+        }
+    }
+
+    fn wants_another_turn(&self) -> bool {
+        !self.yielded.is_empty()
+    }
+
+    fn connections(&self) -> usize {
+        self.conns.len
+    }
+}
