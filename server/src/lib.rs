@@ -9,7 +9,7 @@ mod handler;
 mod output;
 mod response;
 mod router;
-//TMP pub mod static_files;
+pub mod static_files;
 mod stats;
 mod worker;
 

@@ -1,0 +1,302 @@
+//! Opening files strictly beneath the static root, and the `stat` identity the cache validates
+//! against.
+//!
+//! On Linux every open goes through `openat2(root_fd, rel, RESOLVE_BENEATH |
+//! RESOLVE_NO_MAGICLINKS)`: the kernel refuses any resolution (a `..` or a symlink, relative or
+//! absolute) that would leave the root, atomically, so no race with a concurrent rename or
+//! symlink swap can reach a file outside it. Kernels without `openat2` (before 5.6, or a seccomp
+//! filter that answers ENOSYS) fall back to `canonicalize` + prefix check + `O_NOFOLLOW`, which
+//! is correct but not race-free against someone who can write inside the root.
+
+use std::ffi::{CStr, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Flags for every file we open to serve: read-only, never our controlling terminal, and
+/// non-blocking so that opening a FIFO someone left in the root cannot hang a worker (we then
+/// refuse it after `fstat`; for regular files O_NONBLOCK has no effect).
+const OPEN_FLAGS: libc::c_int =
+    libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
+
+/// Set once `openat2` answered ENOSYS; from then on the fallback is used directly.
+static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    File,
+    Dir,
+    Other,
+}
+
+/// What `stat` says about a file: enough to notice any replacement or modification (inode,
+/// size, mtime to the nanosecond) and to derive the ETag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileStat {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_sec: i64,
+    pub mtime_nsec: i64,
+    pub kind: Kind,
+}
+
+impl FileStat {
+    // The stat field types differ between targets (e.g. 32-bit st_dev), hence the casts.
+    #[allow(clippy::unnecessary_cast)]
+    fn from_libc(st: &libc::stat) -> FileStat {
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            _ => Kind::Other,
+        };
+        FileStat {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+            size: st.st_size as u64,
+            mtime_sec: st.st_mtime as i64,
+            mtime_nsec: st.st_mtime_nsec as i64,
+            kind,
+        }
+    }
+
+    /// Modification time in whole seconds since the epoch (0 for pre-1970 times).
+    pub fn mtime_secs(&self) -> u64 {
+        self.mtime_sec.max(0) as u64
+    }
+
+    /// Modification time in nanoseconds, for the ETag.
+    pub fn mtime_ns(&self) -> u128 {
+        (self.mtime_sec as i128 * 1_000_000_000 + self.mtime_nsec as i128).max(0) as u128
+    }
+}
+
+/// The static root: an open directory descriptor every lookup resolves against.
+#[derive(Debug)]
+pub(crate) struct Root {
+    fd: OwnedFd,
+    /// (dev, ino) of the directory, to notice when the configured path names another one.
+    id: (u64, u64),
+    /// Canonical path, used only by the fallback.
+    canonical: PathBuf,
+}
+
+impl Root {
+    pub fn open(path: &Path) -> io::Result<Root> {
+        let ctx = |e: io::Error, what: &str| {
+            io::Error::new(
+                e.kind(),
+                format!("static root {}: {what}: {e}", path.display()),
+            )
+        };
+        let meta = std::fs::metadata(path).map_err(|e| ctx(e, "cannot access"))?;
+        if !meta.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("static root {}: not a directory", path.display()),
+            ));
+        }
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| ctx(e, "cannot open"))?;
+        // Listing proves the directory is readable (opening alone does not need `x`).
+        std::fs::read_dir(path).map_err(|e| ctx(e, "cannot read"))?;
+        let canonical = std::fs::canonicalize(path).map_err(|e| ctx(e, "cannot resolve"))?;
+        let st = fstat(&dir).map_err(|e| ctx(e, "cannot stat"))?;
+        Ok(Root {
+            fd: OwnedFd::from(dir),
+            id: (st.dev, st.ino),
+            canonical,
+        })
+    }
+
+    /// Whether `path` (followed through symlinks) still names this directory. False when it
+    /// cannot be checked.
+    pub fn is_still(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == self.id)
+    }
+
+    /// Opens `rel` (relative, no leading slash; `.` for the root itself) for reading, refusing
+    /// anything that resolves outside the root.
+    pub fn open_beneath(&self, rel: &CStr) -> io::Result<File> {
+        #[cfg(target_os = "linux")]
+        if !OPENAT2_MISSING.load(Ordering::Relaxed) {
+            match self.open_openat2(rel) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                    OPENAT2_MISSING.store(true, Ordering::Relaxed);
+                    tracing::warn!("openat2 unavailable; static files fall back to canonicalize");
+                }
+                other => return other,
+            }
+        }
+        self.open_fallback(rel)
+    }
+
+    #[cfg(target_os = "linux")]
+    pub fn open_openat2(&self, rel: &CStr) -> io::Result<File> {
+        // `open_how` is non_exhaustive in libc, so build it zeroed and fill the fields in.
+        // SAFETY: open_how is a plain C struct of three u64s; all-zero is a valid value.
+        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+        how.flags = OPEN_FLAGS as u64;
+        how.mode = 0;
+        how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+        // SAFETY: openat2(2) takes (dirfd, NUL-terminated path, *const open_how, size). `rel`
+        // is a valid C string that outlives the call, `how` is a live, initialised open_how
+        // and we pass its exact size; the root fd stays open for as long as `self` lives. The
+        // kernel only reads these pointers. On success the returned fd is new and owned by
+        // nobody else, so wrapping it in a File (which closes it) is sound.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                self.fd.as_raw_fd(),
+                rel.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: see above: a fresh descriptor we now own.
+        Ok(unsafe { File::from_raw_fd(ret as libc::c_int) })
+    }
+
+    /// Canonicalize + prefix check. `rel` contains no `..` (paths are normalised first), so only
+    /// symlinks can lead outside, and canonicalize resolves all of them. O_NOFOLLOW refuses a
+    /// symlink swapped in after the check at the last component.
+    pub fn open_fallback(&self, rel: &CStr) -> io::Result<File> {
+        let joined = self.canonical.join(OsStr::from_bytes(rel.to_bytes()));
+        let canonical = std::fs::canonicalize(joined)?;
+        if !canonical.starts_with(&self.canonical) {
+            return Err(io::Error::from_raw_os_error(libc::EXDEV));
+        }
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(OPEN_FLAGS | libc::O_NOFOLLOW)
+            .open(canonical)
+    }
+
+    /// `stat` of `rel` relative to the root, following symlinks like the open does. Used only
+    /// to revalidate an entry that was opened safely: a changed resolution shows up as a
+    /// different identity and sends the request back through `open_beneath`.
+    pub fn stat_at(&self, rel: &CStr) -> io::Result<FileStat> {
+        // SAFETY: all-zero is a valid `struct stat`; fstatat fills it in on success.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: the dirfd is open for the life of `self`, `rel` is a valid C string and `st`
+        // a writable stat buffer; the kernel writes only into `st`.
+        let ret = unsafe { libc::fstatat(self.fd.as_raw_fd(), rel.as_ptr(), &mut st, 0) };
+        if ret != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(FileStat::from_libc(&st))
+    }
+}
+
+pub(crate) fn fstat(file: &File) -> io::Result<FileStat> {
+    // SAFETY: all-zero is a valid `struct stat`; fstat fills it in on success.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `file` keeps the descriptor open across the call; `st` is writable.
+    let ret = unsafe { libc::fstat(file.as_raw_fd(), &mut st) };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(FileStat::from_libc(&st))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+    use std::io::Read;
+
+    fn c(s: &str) -> CString {
+        CString::new(s).unwrap()
+    }
+
+    fn setup() -> (tempfile::TempDir, Root) {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/in.txt"), "inside").unwrap();
+        std::fs::write(tmp.path().join("secret.txt"), "secret").unwrap();
+        std::os::unix::fs::symlink("../secret.txt", root.join("rel-out")).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("secret.txt"), root.join("abs-out")).unwrap();
+        std::os::unix::fs::symlink("..", root.join("up")).unwrap();
+        std::os::unix::fs::symlink("sub/in.txt", root.join("rel-in")).unwrap();
+        std::os::unix::fs::symlink("/proc/self/root/etc/hostname", root.join("magic")).unwrap();
+        let r = Root::open(&root).unwrap();
+        (tmp, r)
+    }
+
+    fn read(f: io::Result<File>) -> io::Result<String> {
+        let mut s = String::new();
+        f?.read_to_string(&mut s)?;
+        Ok(s)
+    }
+
+    fn check_escapes(open: impl Fn(&CStr) -> io::Result<File>) {
+        assert_eq!(read(open(&c("sub/in.txt"))).unwrap(), "inside");
+        assert_eq!(read(open(&c("rel-in"))).unwrap(), "inside");
+        for bad in [
+            "rel-out",
+            "abs-out",
+            "up/secret.txt",
+            "../secret.txt",
+            "magic",
+            "/etc/passwd",
+        ] {
+            let r = read(open(&c(bad)));
+            assert!(r.is_err(), "{bad} must not open: {r:?}");
+        }
+        assert!(open(&c("missing")).is_err());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn openat2_refuses_everything_outside_the_root() {
+        let (_tmp, root) = setup();
+        check_escapes(|p| root.open_openat2(p));
+        let err = root.open_openat2(&c("rel-out")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EXDEV));
+    }
+
+    #[test]
+    fn fallback_refuses_everything_outside_the_root() {
+        let (_tmp, root) = setup();
+        check_escapes(|p| root.open_fallback(p));
+    }
+
+    #[test]
+    fn open_beneath_and_stat() {
+        let (_tmp, root) = setup();
+        check_escapes(|p| root.open_beneath(p));
+        let f = root.open_beneath(&c("sub/in.txt")).unwrap();
+        let a = fstat(&f).unwrap();
+        let b = root.stat_at(&c("sub/in.txt")).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.kind, Kind::File);
+        assert_eq!(a.size, 6);
+        assert_eq!(root.stat_at(&c("sub")).unwrap().kind, Kind::Dir);
+        assert_eq!(
+            fstat(&root.open_beneath(&c(".")).unwrap()).unwrap().kind,
+            Kind::Dir
+        );
+    }
+
+    #[test]
+    fn root_errors_are_clear() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = Root::open(&tmp.path().join("nope")).unwrap_err();
+        assert!(missing.to_string().contains("nope"), "{missing}");
+        std::fs::write(tmp.path().join("f"), "x").unwrap();
+        let not_dir = Root::open(&tmp.path().join("f")).unwrap_err();
+        assert!(not_dir.to_string().contains("not a directory"), "{not_dir}");
+    }
+}

@@ -1,0 +1,517 @@
+//! Static files: `tern serve DIR`.
+//!
+//! A request goes: method check → path decode/normalise ([`path`]) → this worker's front cache
+//! ([`cache`]). A hit whose entry was checked less than 500 ms ago is answered from memory:
+//! pre-serialised header blocks, a body handle (`Bytes` or an open file for sendfile), the
+//! Accept-Encoding choice, conditionals and ranges evaluated on the request's pre-extracted
+//! header values. No syscall, no lock, one small allocation (the response's header vector).
+//!
+//! Otherwise the file is opened with `openat2(RESOLVE_BENEATH)` ([`fs`]), matched against the
+//! shared map (so each file is read and compressed once for all workers), built if needed
+//! ([`entry`]) and put in the front cache.
+//!
+//! Freshness: a cached entry is re-`stat`ed (the file and its `.gz`/`.br` siblings: inode, size,
+//! mtime in ns) when a request finds it unchecked for 500 ms on that worker's clock; misses are
+//! never cached, so new files are served at once. The root path itself is re-checked every
+//! 500 ms (on misses/revalidations) and re-opened when it names another directory, so a deploy
+//! that switches a `current -> releases/N` symlink is followed.
+//!
+//! Known limits: a large file rewritten *in place* (same inode) may be sent with its old length
+//! during the ≤ 500 ms before revalidation (deploys that write a new file and rename it over the
+//! old one are always safe); absolute symlinks inside the root are refused (RESOLVE_BENEATH),
+//! relative ones that stay inside are followed.
+
+mod cache;
+mod conditional;
+mod encoding;
+mod entry;
+mod fs;
+mod path;
+mod range;
+
+#[cfg(test)]
+mod tests;
+
+use std::ffi::CString;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use tern_codec::Method;
+
+use crate::handler::{Handler, HandlerContext, Reply, Request};
+use crate::response::{Body, FileBody, Response};
+
+pub use cache::CacheStats;
+use cache::{Front, Shared, Slot, REVALIDATE_MS};
+
+/// How often (at most) the root path is checked for naming another directory.
+const ROOT_CHECK_MS: u64 = 500;
+use encoding::{BR, GZIP, IDENTITY};
+use entry::{BuildOpts, Entry, Found, Source};
+use fs::{fstat, Kind, Root};
+use path::PathError;
+use range::RangeSpec;
+
+/// Configuration of a [`StaticFiles`] handler.
+#[derive(Debug, Clone)]
+pub struct StaticOptions {
+    /// The directory served. Nothing outside it is ever reachable.
+    pub root: PathBuf,
+    /// Serve files and directories whose name starts with `.` (default: 404 for them).
+    pub serve_dotfiles: bool,
+    /// `Cache-Control` value sent on 200, 206 and 304 answers.
+    pub cache_control: Option<String>,
+    /// Files up to this size are held in memory (with gzip/br variants); larger ones are sent
+    /// from disk with sendfile.
+    pub max_cached_size: u64,
+    /// File served for a directory request (`/dir/`).
+    pub index_file: String,
+}
+
+impl StaticOptions {
+    pub fn new(root: impl Into<PathBuf>) -> StaticOptions {
+        StaticOptions {
+            root: root.into(),
+            ..StaticOptions::default()
+        }
+    }
+}
+
+impl Default for StaticOptions {
+    fn default() -> Self {
+        StaticOptions {
+            root: PathBuf::from("."),
+            serve_dotfiles: false,
+            cache_control: None,
+            max_cached_size: 64 * 1024,
+            index_file: "index.html".to_owned(),
+        }
+    }
+}
+
+/// Serves the files under a directory. See the module docs for the request path.
+pub struct StaticFiles {
+    /// Distinguishes instances in the per-thread front caches.
+    id: u64,
+    /// The open root directory. Re-opened when the configured path comes to name another
+    /// directory (a `current -> releases/N` symlink switched by a deploy).
+    root: ArcSwap<Root>,
+    started: Instant,
+    /// Milliseconds after `started` of the last check of the root path.
+    root_checked_ms: AtomicU64,
+    opts: StaticOptions,
+    shared: Shared,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl std::fmt::Debug for StaticFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StaticFiles")
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StaticFiles {
+    /// Opens the root directory. Fails with a message naming the path when it is missing,
+    /// unreadable or not a directory, or when an option is unusable.
+    pub fn new(opts: StaticOptions) -> io::Result<StaticFiles> {
+        Self::with_cache_limits(
+            opts,
+            cache::DEFAULT_MAX_CACHE_BYTES,
+            cache::DEFAULT_MAX_OPEN_FILES,
+        )
+    }
+
+    /// Like [`new`](Self::new) with explicit bounds on the cache: bytes held in memory (bodies,
+    /// compressed variants, header blocks; default 256 MiB) and descriptors of large files kept
+    /// open (default 1024).
+    pub fn with_cache_limits(
+        mut opts: StaticOptions,
+        max_cache_bytes: u64,
+        max_open_files: u64,
+    ) -> io::Result<StaticFiles> {
+        let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+        let idx = &opts.index_file;
+        if idx.is_empty() || idx == "." || idx == ".." || idx.contains(['/', '\\', '\0']) {
+            return Err(invalid(format!(
+                "index file {idx:?} must be a plain file name"
+            )));
+        }
+        if opts.cache_control.as_deref().is_some_and(str::is_empty) {
+            opts.cache_control = None;
+        }
+        if let Some(cc) = &opts.cache_control {
+            if cc.bytes().any(|b| b.is_ascii_control()) {
+                return Err(invalid(format!(
+                    "Cache-Control value {cc:?} has control characters"
+                )));
+            }
+        }
+        let root = Root::open(&opts.root)?;
+        Ok(StaticFiles {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            root: ArcSwap::from_pointee(root),
+            started: Instant::now(),
+            root_checked_ms: AtomicU64::new(0),
+            opts,
+            shared: Shared::new(max_cache_bytes, max_open_files),
+        })
+    }
+
+    pub fn options(&self) -> &StaticOptions {
+        &self.opts
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.shared.stats()
+    }
+
+    /// Answers a request. GET and HEAD get the same response (the connection omits HEAD's
+    /// body); other methods get 405.
+    pub fn serve(&self, req: &Request<'_>) -> Response {
+        let method = req.method();
+        if method != Method::Get && method != Method::Head {
+            return method_not_allowed();
+        }
+        let key = match path::normalize(req.path(), self.opts.serve_dotfiles) {
+            Ok(k) => k,
+            Err(PathError::BadRequest) => return bad_request(),
+            Err(PathError::NotFound) => return not_found(),
+        };
+        cache::with_front(self.id, |front| {
+            if let Some(slot) = front.map.get_mut(&key[..]) {
+                if req.now_ms.saturating_sub(slot.checked_ms) < REVALIDATE_MS {
+                    return respond(slot, req);
+                }
+                if slot.entry.still_valid(&self.root()) {
+                    slot.checked_ms = req.now_ms;
+                    return respond(slot, req);
+                }
+                if let Some(stale) = front.map.remove(&key[..]) {
+                    self.shared.forget(&stale.entry);
+                }
+            }
+            self.miss(front, &key, req)
+        })
+    }
+
+    fn miss(&self, front: &mut Front, key: &[u8], req: &Request<'_>) -> Response {
+        front.sweep(self.shared.epoch());
+        match self.lookup(key) {
+            Lookup::Found(entry, true) => {
+                let slot = Slot::new(entry, req.now_ms);
+                let resp = respond(&slot, req);
+                front.map.insert(key.into(), slot);
+                resp
+            }
+            Lookup::Found(entry, false) => respond(&Slot::transient(entry), req),
+            Lookup::Redirect => redirect(key, req.query()),
+            Lookup::Fail(resp) => resp,
+        }
+    }
+
+    /// The root directory, re-checking (at most every [`ROOT_CHECK_MS`], by one thread) that
+    /// the configured path still names it. Called on misses and revalidations only.
+    fn root(&self) -> arc_swap::Guard<Arc<Root>> {
+        let now = self.started.elapsed().as_millis() as u64;
+        let last = self.root_checked_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= ROOT_CHECK_MS
+            && self
+                .root_checked_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            && !self.root.load().is_still(&self.opts.root)
+        {
+            match Root::open(&self.opts.root) {
+                Ok(new) => {
+                    tracing::info!(root = %self.opts.root.display(), "static root changed; reopened");
+                    self.root.store(Arc::new(new));
+                }
+                Err(e) => tracing::warn!(error = %e, "static root changed but cannot be opened"),
+            }
+        }
+        self.root.load()
+    }
+
+    /// Resolves a key on disk (safely) and finds or builds its entry.
+    fn lookup(&self, key: &[u8]) -> Lookup {
+        let root = self.root();
+        let dir_request = key.len() > 1 && key.ends_with(b"/");
+        let rel = if key.len() == 1 { &b"."[..] } else { &key[1..] };
+        let Ok(rel_c) = CString::new(rel) else {
+            return Lookup::Fail(bad_request());
+        };
+        let (mut file, mut stat) = match open(&root, &rel_c) {
+            Ok(x) => x,
+            Err(resp) => return Lookup::Fail(resp),
+        };
+        let mut served = rel_c;
+        match stat.kind {
+            Kind::File if !dir_request => {}
+            Kind::Dir if !dir_request && key.len() > 1 => return Lookup::Redirect,
+            Kind::Dir => {
+                let mut index = if key.len() == 1 {
+                    Vec::new()
+                } else {
+                    rel.to_vec()
+                };
+                index.extend_from_slice(self.opts.index_file.as_bytes());
+                let Ok(index) = CString::new(index) else {
+                    return Lookup::Fail(bad_request());
+                };
+                (file, stat) = match open(&root, &index) {
+                    Ok(x) if x.1.kind == Kind::File => x,
+                    Ok(_) => return Lookup::Fail(not_found()),
+                    Err(resp) => return Lookup::Fail(resp),
+                };
+                served = index;
+            }
+            _ => return Lookup::Fail(not_found()),
+        }
+
+        let siblings = if served.as_bytes().ends_with(b".gz") || served.as_bytes().ends_with(b".br")
+        {
+            None
+        } else {
+            Some([
+                sibling(&root, &served, b".gz"),
+                sibling(&root, &served, b".br"),
+            ])
+        };
+        let mut stats = vec![Some(stat)];
+        if let Some(s) = &siblings {
+            stats.extend(s.iter().map(|f| f.stat));
+        }
+        if let Some(entry) = self.shared.find(served.as_bytes(), &stats) {
+            return Lookup::Found(entry, true);
+        }
+        let opts = BuildOpts {
+            max_cached_size: self.opts.max_cached_size,
+            cache_control: self.opts.cache_control.as_deref(),
+        };
+        let main = Found {
+            rel: served,
+            file: Some(file),
+            stat: Some(stat),
+        };
+        match Entry::build(main, siblings, &opts, &self.shared.compressions) {
+            Ok(entry) => {
+                let rel = entry.watch[0].rel.clone();
+                let (entry, cached) = self.shared.insert(rel.as_bytes(), entry);
+                Lookup::Found(entry, cached)
+            }
+            Err(e) => Lookup::Fail(io_failure(&e)),
+        }
+    }
+}
+
+fn open(root: &Root, rel: &CString) -> Result<(std::fs::File, fs::FileStat), Response> {
+    let file = root.open_beneath(rel).map_err(|e| io_failure(&e))?;
+    let stat = fstat(&file).map_err(|e| io_failure(&e))?;
+    Ok((file, stat))
+}
+
+/// `rel` + suffix if it exists as a regular file; otherwise a candidate with no file (still
+/// watched, so that adding it later is noticed).
+fn sibling(root: &Root, rel: &CString, suffix: &[u8]) -> Found {
+    let mut name = rel.as_bytes().to_vec();
+    name.extend_from_slice(suffix);
+    // A C string plus a suffix without NUL is still a valid C string.
+    let rel = CString::new(name).unwrap_or_default();
+    match root
+        .open_beneath(&rel)
+        .and_then(|f| fstat(&f).map(|s| (f, s)))
+    {
+        Ok((f, s)) if s.kind == Kind::File => Found {
+            rel,
+            file: Some(f),
+            stat: Some(s),
+        },
+        _ => Found {
+            rel,
+            file: None,
+            stat: None,
+        },
+    }
+}
+
+impl Drop for StaticFiles {
+    fn drop(&mut self) {
+        cache::drop_front(self.id);
+    }
+}
+
+impl Handler for StaticFiles {
+    fn handle(&self, req: &Request<'_>, _cx: &mut HandlerContext<'_>) -> Reply {
+        Reply::Now(self.serve(req))
+    }
+}
+
+enum Lookup {
+    /// The entry, and whether it is cached (else serve it once).
+    Found(Arc<Entry>, bool),
+    /// A directory requested without its trailing slash.
+    Redirect,
+    Fail(Response),
+}
+
+/// The hot path: everything here works on memory this worker already has.
+fn respond(slot: &Slot, req: &Request<'_>) -> Response {
+    let e = &*slot.entry;
+    let head = req.head;
+    let v = if e.has_encodings() {
+        encoding::choose(head.accept_encoding, e.available())
+    } else {
+        IDENTITY
+    };
+    let variant = e.variant(v);
+
+    // RFC 9110 §13.2.2: If-None-Match, else If-Modified-Since.
+    let not_modified = match head.if_none_match {
+        Some(inm) => conditional::none_match_hits(inm, &variant.etag),
+        None => head.if_modified_since.is_some_and(|ims| {
+            conditional::not_modified_since(ims, &e.last_modified, e.mtime_secs)
+        }),
+    };
+    if not_modified {
+        let mut r = Response::new(304);
+        r.push_raw_headers(&variant.head_304);
+        return r;
+    }
+
+    // Ranges: GET only (RFC 9110 §14.2), always on the identity representation.
+    if req.method() == Method::Get {
+        if let Some(range) = head.range {
+            let id = &e.identity;
+            let honoured = head.if_range.is_none_or(|ir| {
+                conditional::if_range_allows(ir, &id.etag, &e.last_modified, e.mtime_secs)
+            });
+            if honoured {
+                match range::parse(range, id.len) {
+                    RangeSpec::Ignore => {}
+                    RangeSpec::Satisfiable { start, end } => {
+                        let mut r = Response::new(206);
+                        r.push_raw_headers(&id.head_200);
+                        let mut buf = [0u8; 80];
+                        let n = content_range(&mut buf, Some((start, end)), id.len);
+                        r.push_header("Content-Range", &buf[..n]);
+                        r.body = body(slot, IDENTITY, start, end - start + 1);
+                        return r;
+                    }
+                    RangeSpec::Unsatisfiable => {
+                        let mut r = Response::text(416, "range not satisfiable\n");
+                        let mut buf = [0u8; 80];
+                        let n = content_range(&mut buf, None, id.len);
+                        r.push_header("Content-Range", &buf[..n]);
+                        return r;
+                    }
+                }
+            }
+        }
+    }
+
+    let mut r = Response::new(200);
+    r.push_raw_headers(&variant.head_200);
+    r.body = body(slot, v, 0, variant.len);
+    r
+}
+
+fn body(slot: &Slot, v: usize, offset: u64, len: u64) -> Body {
+    match (&slot.entry.variant(v).source, &slot.bodies[v]) {
+        (Source::Memory(_), Some(local)) => {
+            if offset == 0 && len == local.len() as u64 {
+                Body::Shared(local.clone())
+            } else {
+                Body::Shared(local.slice(offset as usize..(offset + len) as usize))
+            }
+        }
+        (Source::Memory(shared), None) => {
+            Body::Shared(shared.slice(offset as usize..(offset + len) as usize))
+        }
+        (Source::File(file), _) => Body::File(FileBody {
+            file: file.clone(),
+            offset,
+            len,
+        }),
+    }
+}
+
+/// `bytes START-END/LEN` or `bytes */LEN`, formatted without allocating.
+fn content_range(buf: &mut [u8; 80], range: Option<(u64, u64)>, len: u64) -> usize {
+    let mut n = 0;
+    let mut put = |s: &[u8]| {
+        buf[n..n + s.len()].copy_from_slice(s);
+        n += s.len();
+    };
+    let mut num = itoa::Buffer::new();
+    put(b"bytes ");
+    match range {
+        Some((start, end)) => {
+            put(num.format(start).as_bytes());
+            put(b"-");
+            put(num.format(end).as_bytes());
+        }
+        None => put(b"*"),
+    }
+    put(b"/");
+    put(num.format(len).as_bytes());
+    n
+}
+
+const NOT_FOUND_HTML: &str = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\
+<title>404 Not Found</title></head>\n<body><h1>404 Not Found</h1>\n\
+<p>The requested URL was not found on this server.</p>\n<hr><p>tern</p></body></html>\n";
+
+fn not_found() -> Response {
+    let mut r = Response::new(404).with_body(Body::Static(NOT_FOUND_HTML.as_bytes()));
+    r.push_raw_headers(b"Content-Type: text/html; charset=utf-8\r\n");
+    r
+}
+
+fn bad_request() -> Response {
+    Response::text(400, "bad request\n")
+}
+
+fn method_not_allowed() -> Response {
+    let mut r = Response::text(405, "method not allowed\n");
+    r.push_raw_headers(b"Allow: GET, HEAD\r\n");
+    r
+}
+
+fn redirect(key: &[u8], query: Option<&str>) -> Response {
+    let loc = path::directory_location(key, query);
+    let mut r = Response::text(301, "moved permanently\n");
+    r.push_header("Location", &loc);
+    r
+}
+
+/// Maps a filesystem error to an answer. Absence (including an escape attempt refused by
+/// `openat2`, EXDEV, or a symlink loop) is a plain 404 so that probing learns nothing.
+fn io_failure(e: &io::Error) -> Response {
+    if entry::is_absent(e) {
+        return not_found();
+    }
+    match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => Response::text(403, "forbidden\n"),
+        Some(libc::ENXIO | libc::ENODEV | libc::EISDIR) => not_found(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EAGAIN) => {
+            let mut r = Response::text(503, "service unavailable\n");
+            r.push_raw_headers(b"Retry-After: 1\r\n");
+            r
+        }
+        _ => {
+            tracing::warn!(error = %e, "static file lookup failed");
+            Response::text(500, "internal server error\n")
+        }
+    }
+}
+
+// The variant indices are used as array positions in `Slot::bodies`.
+const _: () = assert!(IDENTITY == 0 && GZIP == 1 && BR == 2);
