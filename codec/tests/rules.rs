@@ -878,6 +878,23 @@ fn a_body_beyond_the_head_limit_does_not_count_against_it() {
     assert_eq!(ok_with(&buf, &limits).body, BodyKind::Length(200));
 }
 
+#[test]
+fn verdict_depends_only_on_the_first_max_head_bytes() {
+    // Regression: a head still incomplete at the limit was 431 when the bytes stopped there but
+    // 400 when a bad byte beyond the limit arrived in the same read.
+    let limits = Limits {
+        max_head: 64,
+        ..Limits::default()
+    };
+    let mut buf = head_of_len(100);
+    buf[80] = 0;
+    rejects_with(&buf[..64], &limits, RequestError::HeadTooLarge, 431);
+    rejects_with(&buf, &limits, RequestError::HeadTooLarge, 431);
+    // A bad byte inside the limit is still reported as what it is.
+    buf[40] = 0;
+    rejects_with(&buf, &limits, RequestError::BadHeader, 400);
+}
+
 fn with_n_headers(n: usize) -> Vec<u8> {
     let lines: Vec<String> = std::iter::once("Host: a".to_owned())
         .chain((1..n).map(|i| format!("X-{i}: v")))
