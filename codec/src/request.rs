@@ -228,7 +228,7 @@ fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), Reque
             5 if name.eq_ignore_ascii_case(b"range") => head.range = Some(value),
             6 if name.eq_ignore_ascii_case(b"accept") => head.accept = Some(value),
             6 if name.eq_ignore_ascii_case(b"expect") => {
-                if trim(value).eq_ignore_ascii_case(b"100-continue") {
+                if trim_ows(value).eq_ignore_ascii_case(b"100-continue") {
                     head.expect_continue = true;
                 } else {
                     return Err(RequestError::BadExpectation);
@@ -236,7 +236,7 @@ fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), Reque
             }
             8 if name.eq_ignore_ascii_case(b"if-range") => head.if_range = Some(value),
             10 if name.eq_ignore_ascii_case(b"connection") => {
-                for token in value.split(|&b| b == b',').map(trim) {
+                for token in value.split(|&b| b == b',').map(trim_ows) {
                     if token.eq_ignore_ascii_case(b"close") {
                         conn_close = true;
                     } else if token.eq_ignore_ascii_case(b"keep-alive") {
@@ -305,7 +305,7 @@ fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), Reque
 fn parse_content_length(value: &[u8]) -> Result<u64, RequestError> {
     let mut result: Option<u64> = None;
     for part in value.split(|&b| b == b',') {
-        let digits = trim(part);
+        let digits = trim_ows(part);
         if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
             return Err(RequestError::BadContentLength);
         }
@@ -324,7 +324,7 @@ fn parse_content_length(value: &[u8]) -> Result<u64, RequestError> {
 /// so far is `chunked`. Any coding after chunked, chunked twice, or a coding we cannot decode is
 /// refused: we never guess at framing.
 fn parse_transfer_encoding(value: &[u8], mut chunked: bool) -> Result<bool, RequestError> {
-    for coding in value.split(|&b| b == b',').map(trim) {
+    for coding in value.split(|&b| b == b',').map(trim_ows) {
         if coding.is_empty() {
             continue;
         }
@@ -430,7 +430,8 @@ fn has_bare_lf(head: &[u8]) -> bool {
     memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
 }
 
-pub(crate) fn trim(mut s: &[u8]) -> &[u8] {
+/// Strips optional whitespace (SP / HTAB, RFC 9110 §5.6.3) from both ends of a field value.
+pub fn trim_ows(mut s: &[u8]) -> &[u8] {
     while let [b' ' | b'\t', rest @ ..] = s {
         s = rest;
     }
@@ -450,10 +451,10 @@ mod tests {
 
     #[test]
     fn trim_strips_only_spaces_and_tabs_at_both_ends() {
-        assert_eq!(trim(b""), b"");
-        assert_eq!(trim(b" \t "), b"");
-        assert_eq!(trim(b" \ta b\t "), b"a b");
-        assert_eq!(trim(b"\r\nx\r\n"), b"\r\nx\r\n");
+        assert_eq!(trim_ows(b""), b"");
+        assert_eq!(trim_ows(b" \t "), b"");
+        assert_eq!(trim_ows(b" \ta b\t "), b"a b");
+        assert_eq!(trim_ows(b"\r\nx\r\n"), b"\r\nx\r\n");
     }
 
     #[test]

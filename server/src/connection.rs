@@ -576,3 +576,16 @@ fn feed_body(
     }
     Ok(used)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Idle keep-alive connections must stay cheap (the target is ≤ 512 bytes of RSS each,
+    /// slab slot and kernel-side bookkeeping in user space included).
+    #[test]
+    fn an_idle_connection_is_small() {
+        let size = std::mem::size_of::<Conn>();
+        assert!(size <= 256, "Conn is {size} bytes");
+    }
+}

@@ -42,7 +42,7 @@ pub(crate) fn none_match_hits(header: &[u8], etag: &[u8]) -> bool {
 /// If-Modified-Since: true when the file has not changed since the given date. An exact copy of
 /// our Last-Modified (what browsers send back) is recognised without parsing the date.
 pub(crate) fn not_modified_since(header: &[u8], last_modified: &[u8], mtime_secs: u64) -> bool {
-    let h = trim(header);
+    let h = tern_codec::trim_ows(header);
     if h == last_modified {
         return true;
     }
@@ -60,7 +60,7 @@ pub(crate) fn if_range_allows(
     last_modified: &[u8],
     mtime_secs: u64,
 ) -> bool {
-    let h = trim(header);
+    let h = tern_codec::trim_ows(header);
     if h.starts_with(b"W/") {
         return false;
     }
@@ -76,16 +76,6 @@ fn parse_http_date(b: &[u8]) -> Option<u64> {
     t.duration_since(std::time::UNIX_EPOCH)
         .ok()
         .map(|d| d.as_secs())
-}
-
-fn trim(mut s: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = s {
-        s = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = s {
-        s = rest;
-    }
-    s
 }
 
 #[cfg(test)]

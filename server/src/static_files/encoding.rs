@@ -100,26 +100,46 @@ pub(crate) fn choose(accept_encoding: Option<&[u8]>, available: [bool; 3]) -> us
     }
     // q in thousandths; None = not mentioned.
     let (mut br, mut gzip, mut identity, mut star) = (None, None, None, None);
-    for item in header.split(|&c| c == b',') {
-        let mut parts = item.split(|&c| c == b';');
-        let coding = trim(parts.next().unwrap_or_default());
+    // One pass, no iterator adaptors: this runs on every request that sends the header.
+    let h = header;
+    let n = h.len();
+    let mut i = 0;
+    while i < n {
+        while i < n && CLASS[h[i] as usize] == SEP {
+            i += 1;
+        }
+        let start = i;
+        while i < n && CLASS[h[i] as usize] == TOKEN {
+            i += 1;
+        }
+        let coding = &h[start..i];
+        // Parameters up to the next comma; only `q` matters (RFC 9110 §12.4.2).
         let mut q = 1000u16;
-        for param in parts {
-            let param = trim(param);
-            if param.len() >= 2 && param[..2].eq_ignore_ascii_case(b"q=") {
-                q = parse_q(trim(&param[2..])).unwrap_or(0);
+        while i < n && h[i] != b',' {
+            if h[i] != b';' {
+                i += 1;
+                continue;
+            }
+            i += 1;
+            while i < n && (h[i] == b' ' || h[i] == b'\t') {
+                i += 1;
+            }
+            if i + 1 < n && h[i] | 0x20 == b'q' && h[i + 1] == b'=' {
+                i += 2;
+                let value = i;
+                while i < n && CLASS[h[i] as usize] == TOKEN {
+                    i += 1;
+                }
+                q = parse_q(&h[value..i]).unwrap_or(0);
             }
         }
-        let slot = if coding.eq_ignore_ascii_case(b"br") {
-            &mut br
-        } else if coding.eq_ignore_ascii_case(b"gzip") || coding.eq_ignore_ascii_case(b"x-gzip") {
-            &mut gzip
-        } else if coding.eq_ignore_ascii_case(b"identity") {
-            &mut identity
-        } else if coding == b"*" {
-            &mut star
-        } else {
-            continue;
+        let slot = match coding.len() {
+            1 if coding[0] == b'*' => &mut star,
+            2 if coding.eq_ignore_ascii_case(b"br") => &mut br,
+            4 if coding.eq_ignore_ascii_case(b"gzip") => &mut gzip,
+            6 if coding.eq_ignore_ascii_case(b"x-gzip") => &mut gzip,
+            8 if coding.eq_ignore_ascii_case(b"identity") => &mut identity,
+            _ => continue,
         };
         // A coding listed twice keeps its highest q.
         *slot = Some(slot.map_or(q, |old: u16| old.max(q)));
@@ -139,6 +159,22 @@ pub(crate) fn choose(accept_encoding: Option<&[u8]>, available: [bool; 3]) -> us
     best
 }
 
+const TOKEN: u8 = 0;
+/// OWS and `,`: skipped before a coding.
+const SEP: u8 = 1;
+/// `;`: starts a parameter.
+const SEMI: u8 = 2;
+
+/// Byte classes for the Accept-Encoding scanner.
+static CLASS: [u8; 256] = {
+    let mut t = [TOKEN; 256];
+    t[b' ' as usize] = SEP;
+    t[b'\t' as usize] = SEP;
+    t[b',' as usize] = SEP;
+    t[b';' as usize] = SEMI;
+    t
+};
+
 fn parse_q(s: &[u8]) -> Option<u16> {
     match s {
         [b'1'] | [b'1', b'.'] => Some(1000),
@@ -153,16 +189,6 @@ fn parse_q(s: &[u8]) -> Option<u16> {
         }
         _ => None,
     }
-}
-
-fn trim(mut s: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = s {
-        s = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = s {
-        s = rest;
-    }
-    s
 }
 
 thread_local! {
@@ -240,6 +266,18 @@ mod tests {
         assert_eq!(choose(Some(b"br"), [true, true, false]), IDENTITY);
         assert_eq!(choose(Some(b"br, gzip"), [true, true, false]), GZIP);
         assert_eq!(choose(Some(b"gzip"), [true, false, true]), IDENTITY);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn choice_is_always_available(
+            header in proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+            gz in proptest::bool::ANY,
+            br in proptest::bool::ANY,
+        ) {
+            let v = choose(Some(&header), [true, gz, br]);
+            proptest::prop_assert!([true, gz, br][v]);
+        }
     }
 
     #[test]

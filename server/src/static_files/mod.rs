@@ -1,14 +1,14 @@
 //! Static files: `tern serve DIR`.
 //!
-//! A request goes: method check → path decode/normalise ([`path`]) → this worker's front cache
-//! ([`cache`]). A hit whose entry was checked less than 500 ms ago is answered from memory:
+//! A request goes: method check → path decode/normalise (`path.rs`) → this worker's front cache
+//! (`cache.rs`). A hit whose entry was checked less than 500 ms ago is answered from memory:
 //! pre-serialised header blocks, a body handle (`Bytes` or an open file for sendfile), the
 //! Accept-Encoding choice, conditionals and ranges evaluated on the request's pre-extracted
 //! header values. No syscall, no lock, one small allocation (the response's header vector).
 //!
-//! Otherwise the file is opened with `openat2(RESOLVE_BENEATH)` ([`fs`]), matched against the
+//! Otherwise the file is opened with `openat2(RESOLVE_BENEATH)` (`fs.rs`), matched against the
 //! shared map (so each file is read and compressed once for all workers), built if needed
-//! ([`entry`]) and put in the front cache.
+//! (`entry.rs`) and put in the front cache.
 //!
 //! Freshness: a cached entry is re-`stat`ed (the file and its `.gz`/`.br` siblings: inode, size,
 //! mtime in ns) when a request finds it unchecked for 500 ms on that worker's clock; misses are
@@ -48,14 +48,14 @@ use crate::response::{Body, FileBody, Response};
 
 pub use cache::CacheStats;
 use cache::{Front, Shared, Slot, REVALIDATE_MS};
-
-/// How often (at most) the root path is checked for naming another directory.
-const ROOT_CHECK_MS: u64 = 500;
 use encoding::{BR, GZIP, IDENTITY};
 use entry::{BuildOpts, Entry, Found, Source};
 use fs::{fstat, Kind, Root};
 use path::PathError;
 use range::RangeSpec;
+
+/// How often (at most) the root path is checked for naming another directory.
+const ROOT_CHECK_MS: u64 = 500;
 
 /// Configuration of a [`StaticFiles`] handler.
 #[derive(Debug, Clone)]
@@ -231,7 +231,8 @@ impl StaticFiles {
         {
             match Root::open(&self.opts.root) {
                 Ok(new) => {
-                    tracing::info!(root = %self.opts.root.display(), "static root changed; reopened");
+                    let root = self.opts.root.display();
+                    tracing::info!(%root, "static root changed; reopened");
                     self.root.store(Arc::new(new));
                 }
                 Err(e) => tracing::warn!(error = %e, "static root changed but cannot be opened"),
@@ -334,11 +335,21 @@ fn sibling(root: &Root, rel: &CString, suffix: &[u8]) -> Found {
             file: Some(f),
             stat: Some(s),
         },
-        _ => Found {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Found {
             rel,
             file: None,
             stat: None,
         },
+        _ => {
+            // There but not servable (unreadable, a symlink out of the root, a directory):
+            // record what revalidation's `stat` will see so it does not count as a change.
+            let stat = root.stat_at(&rel).ok().filter(|s| s.kind == Kind::File);
+            Found {
+                rel,
+                file: None,
+                stat,
+            }
+        }
     }
 }
 

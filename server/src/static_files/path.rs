@@ -27,17 +27,26 @@ pub(crate) fn normalize(raw: &str, serve_dotfiles: bool) -> Result<Cow<'_, [u8]>
     if b.first() != Some(&b'/') {
         return Err(PathError::BadRequest);
     }
-    let mut prev = 0u8;
-    let clean = b.iter().all(|&c| {
-        let ok = c != b'%' && c != b'\\' && c != 0 && !(prev == b'/' && (c == b'/' || c == b'.'));
-        prev = c;
-        ok
-    });
-    if clean {
-        return Ok(Cow::Borrowed(b));
+    // Fast check: one table lookup per byte; only `/` needs a look at its successor.
+    let mut i = 0;
+    while i < b.len() {
+        if SPECIAL[b[i] as usize] && (b[i] != b'/' || matches!(b.get(i + 1), Some(b'/' | b'.'))) {
+            return normalize_slow(b, serve_dotfiles).map(Cow::Owned);
+        }
+        i += 1;
     }
-    normalize_slow(b, serve_dotfiles).map(Cow::Owned)
+    Ok(Cow::Borrowed(b))
 }
+
+/// Bytes the fast check stops at: `%`, `\`, NUL and `/`.
+static SPECIAL: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'%' as usize] = true;
+    t[b'\\' as usize] = true;
+    t[0] = true;
+    t[b'/' as usize] = true;
+    t
+};
 
 fn normalize_slow(b: &[u8], serve_dotfiles: bool) -> Result<Vec<u8>, PathError> {
     // 1. Percent-decode. An encoded `/` must never become a separator and an encoded `\` or
@@ -216,6 +225,24 @@ mod tests {
             String::from_utf8(normalize("/.env", true).unwrap().into_owned()).unwrap(),
             "/.env"
         );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn keys_are_always_normal(
+            raw in "/[a-z.%/2eEfF5cC0\\\\]{0,24}",
+            dot in proptest::bool::ANY,
+        ) {
+            if let Ok(key) = normalize(&raw, dot) {
+                proptest::prop_assert!(key.starts_with(b"/"));
+                proptest::prop_assert!(!key.contains(&0) && !key.contains(&b'\\'));
+                proptest::prop_assert!(memchr::memmem::find(&key, b"//").is_none());
+                for seg in key[1..].split(|&c| c == b'/') {
+                    proptest::prop_assert!(seg != b"." && seg != b"..", "{:?}", key);
+                    proptest::prop_assert!(dot || !seg.starts_with(b"."), "{:?}", key);
+                }
+            }
+        }
     }
 
     #[test]

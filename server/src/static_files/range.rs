@@ -12,14 +12,14 @@ pub(crate) enum RangeSpec {
 }
 
 pub(crate) fn parse(value: &[u8], len: u64) -> RangeSpec {
-    let v = trim(value);
+    let v = tern_codec::trim_ows(value);
     let Some(eq) = v.iter().position(|&c| c == b'=') else {
         return RangeSpec::Ignore;
     };
-    if !trim(&v[..eq]).eq_ignore_ascii_case(b"bytes") {
+    if !tern_codec::trim_ows(&v[..eq]).eq_ignore_ascii_case(b"bytes") {
         return RangeSpec::Ignore;
     }
-    let spec = trim(&v[eq + 1..]);
+    let spec = tern_codec::trim_ows(&v[eq + 1..]);
     if spec.contains(&b',') {
         // Multiple ranges (multipart/byteranges) are not worth their cost: send it all.
         return RangeSpec::Ignore;
@@ -27,7 +27,10 @@ pub(crate) fn parse(value: &[u8], len: u64) -> RangeSpec {
     let Some(dash) = spec.iter().position(|&c| c == b'-') else {
         return RangeSpec::Ignore;
     };
-    let (first, last) = (trim(&spec[..dash]), trim(&spec[dash + 1..]));
+    let (first, last) = (
+        tern_codec::trim_ows(&spec[..dash]),
+        tern_codec::trim_ows(&spec[dash + 1..]),
+    );
     match (first.is_empty(), last.is_empty()) {
         (true, true) => RangeSpec::Ignore,
         // suffix-range: the last n bytes.
@@ -76,16 +79,6 @@ fn digits(s: &[u8]) -> Option<u64> {
     }))
 }
 
-fn trim(mut s: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = s {
-        s = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = s {
-        s = rest;
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +112,15 @@ mod tests {
         assert_eq!(p("bytes=0-0", 0), Unsatisfiable);
         assert_eq!(p("bytes=-5", 0), Unsatisfiable);
         assert_eq!(p("bytes=99999999999999999999999-", 10), Unsatisfiable);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn satisfiable_ranges_lie_inside(value in "[bytes= 0-9,-]{0,24}", len in 0u64..2000) {
+            if let Satisfiable { start, end } = parse(value.as_bytes(), len) {
+                proptest::prop_assert!(start <= end && end < len);
+            }
+        }
     }
 
     #[test]

@@ -1261,3 +1261,46 @@ fn last_modified_covers_precompressed_siblings() {
         200
     );
 }
+
+#[test]
+fn unservable_sibling_is_ignored_and_stable() {
+    let site = Site::new();
+    let js = prose(5000);
+    site.write("app.js", &js);
+    std::os::unix::fs::symlink("../secret.txt", site.root().join("app.js.gz")).unwrap();
+    std::fs::create_dir(site.root().join("app.js.br")).unwrap();
+    let sf = site.serve();
+    let gz = |ms: u64| {
+        call(
+            &sf,
+            Method::Get,
+            "/app.js",
+            H {
+                ae: Some("gzip, br"),
+                ..H::default()
+            },
+            ms,
+        )
+    };
+    let r = gz(0);
+    // Neither the escaping .gz nor the .br directory is used: a computed br is sent.
+    assert_eq!(header(&r, "Content-Encoding").unwrap(), "br");
+    assert_eq!(unbrotli(&body(&r)), js.as_bytes());
+    let r = call(
+        &sf,
+        Method::Get,
+        "/app.js",
+        H {
+            ae: Some("gzip"),
+            ..H::default()
+        },
+        0,
+    );
+    assert_eq!(gunzip(&body(&r)), js.as_bytes());
+    let compressions = sf.cache_stats().compressions;
+    // Revalidation does not mistake them for changes (no rebuild, no recompression).
+    for ms in [600, 1200, 1800] {
+        assert_eq!(gz(ms).status, 200);
+    }
+    assert_eq!(sf.cache_stats().compressions, compressions);
+}
