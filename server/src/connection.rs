@@ -523,12 +523,11 @@ impl Conn {
             Timeout::Linger => return,
         };
         cx.stats.bump(counter);
-        if matches!(kind, Timeout::Header | Timeout::Body) {
-            use std::io::Write;
-            let _ = self.stream.write(
-                b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            );
-            cx.stats.response(408);
+        if matches!(kind, Timeout::Header | Timeout::Body) && self.out.is_empty() {
+            // Best effort, one non-blocking write: the connection closes right after.
+            let ex = Exchange { head_only: false, keep_alive: false, http10: false, seq: self.seq };
+            self.respond(Response::text(408, "request timeout\n"), ex, cx);
+            let _ = self.out.flush(&mut self.stream);
         }
     }
 
