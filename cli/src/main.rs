@@ -18,7 +18,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(
     name = "tern",
     version,
-    about = "A thread-per-core web server that lets one cheap machine serve the world."
+    about = "A thread-per-core web server that lets one cheap machine serve the world.",
+    after_help = "Quick start:\n  tern serve ./site --listen 127.0.0.1:8080 [--workers N]\n\nSee `tern serve --help` for every option."
 )]
 struct Cli {
     #[command(subcommand)]

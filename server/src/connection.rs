@@ -167,6 +167,14 @@ impl Conn {
             if matches!(self.state, State::Awaiting(_)) {
                 return Status::Open;
             }
+            if cx.draining
+                && matches!(self.state, State::Head)
+                && self.rbuf.as_ref().is_none_or(|b| b.is_empty())
+            {
+                // Shutting down and between requests: an answer that began before the drain
+                // (with keep-alive) has just finished, so this connection is done.
+                return Status::Close;
+            }
             if self.peer_eof {
                 // The client finished sending; whatever is buffered is an incomplete request.
                 return Status::Close;
@@ -525,7 +533,12 @@ impl Conn {
         cx.stats.bump(counter);
         if matches!(kind, Timeout::Header | Timeout::Body) && self.out.is_empty() {
             // Best effort, one non-blocking write: the connection closes right after.
-            let ex = Exchange { head_only: false, keep_alive: false, http10: false, seq: self.seq };
+            let ex = Exchange {
+                head_only: false,
+                keep_alive: false,
+                http10: false,
+                seq: self.seq,
+            };
             self.respond(Response::text(408, "request timeout\n"), ex, cx);
             let _ = self.out.flush(&mut self.stream);
         }
