@@ -233,9 +233,9 @@ impl<M: Send + 'static> Worker<M> {
             clock: Clock::new(),
             // 100 ms ticks × 1024 slots ≈ 100 s horizon; timeouts are seconds, not millis.
             timers: TimerWheel::new(100, 1024),
-            // Keep only a small reserve: a burst of thousands of requests must not leave thousands
+            // Keep only a small reserve (32 × 32 KiB): a burst of thousands of requests must not leave thousands
             // of 16 KiB buffers parked (idle connections are budgeted at < 512 bytes each).
-            buffers: BufPool::new(config.read_buf_size, config.write_buf_size, 64),
+            buffers: BufPool::new(config.read_buf_size, config.write_buf_size, 32),
             grace_ms: config.shutdown_grace.as_millis() as u64,
         }
     }

@@ -559,7 +559,7 @@ impl Conn {
     }
 
     /// Gives back buffers when the connection closes.
-    pub fn recycle(mut self, pool: &mut BufPool) {
+    pub fn recycle(mut self: Box<Self>, pool: &mut BufPool) {
         if let Some(b) = self.rbuf.take() {
             pool.give_read(b);
         }

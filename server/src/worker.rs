@@ -20,10 +20,12 @@ pub(crate) struct Shared {
 
 /// Connections of one worker, addressed by `generation << 32 | index`. The generation makes
 /// a key (in a timer, a pending reply or a mio token) refer to one connection only, never to
-/// a later one that reuses the slot.
+/// a later one that reuses the slot. Connections are boxed so that the slot vector stays
+/// small: growing it by doubling then copies 16-byte slots, not whole connections, and
+/// leaves little freed-but-resident memory behind (idle connections are budgeted in bytes).
 #[derive(Default)]
 struct Slab {
-    slots: Vec<(u32, Option<Conn>)>,
+    slots: Vec<(u32, Option<Box<Conn>>)>,
     free: Vec<u32>,
     len: usize,
 }
@@ -40,7 +42,7 @@ impl Slab {
         let slot = &mut self.slots[index as usize];
         slot.0 = slot.0.wrapping_add(1).max(1);
         let key = u64::from(slot.0) << 32 | u64::from(index);
-        slot.1 = Some(make(key));
+        slot.1 = Some(Box::new(make(key)));
         self.len += 1;
         key
     }
@@ -48,13 +50,13 @@ impl Slab {
     fn get_mut(&mut self, key: u64) -> Option<&mut Conn> {
         let (gen, conn) = self.slots.get_mut((key & 0xffff_ffff) as usize)?;
         if u64::from(*gen) == key >> 32 {
-            conn.as_mut()
+            conn.as_deref_mut()
         } else {
             None
         }
     }
 
-    fn remove(&mut self, key: u64) -> Option<Conn> {
+    fn remove(&mut self, key: u64) -> Option<Box<Conn>> {
         let index = (key & 0xffff_ffff) as usize;
         let (gen, conn) = self.slots.get_mut(index)?;
         if u64::from(*gen) != key >> 32 {
