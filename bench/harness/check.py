@@ -1,0 +1,164 @@
+"""Before a scenario is measured, every server answers its request once and the
+answers are compared: a benchmark of a wrong answer is worthless. Status,
+body length, Content-Encoding, the body itself (against the fixture), the
+number of answers to a pipelined write and, for `close`, that the server
+really closes, must all agree; otherwise the run fails naming the servers."""
+
+import gzip
+import os
+import socket
+
+from .servers import BenchError
+
+
+class Response:
+    def __init__(self, status, headers, body, head_bytes):
+        self.status, self.headers, self.body, self.head_bytes = status, headers, body, head_bytes
+
+    def header(self, name, default=""):
+        return self.headers.get(name.lower(), default)
+
+
+def build_request(port, path, headers, method="GET"):
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+class _Reader:
+    def __init__(self, sock):
+        self.sock, self.buf = sock, b""
+
+    def _more(self):
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("connection closed mid-response")
+        self.buf += data
+
+    def until(self, marker):
+        while marker not in self.buf:
+            self._more()
+        i = self.buf.index(marker) + len(marker)
+        out, self.buf = self.buf[:i], self.buf[i:]
+        return out
+
+    def exactly(self, n):
+        while len(self.buf) < n:
+            self._more()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def read_response(self, method="GET"):
+        head = self.until(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+            raise ConnectionError(f"bad status line {lines[0]!r}")
+        status = int(parts[1])
+        headers = {}
+        for line in lines[1:]:
+            if ":" in line:
+                k, v = line.split(":", 1)
+                headers[k.strip().lower()] = v.strip()
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            body = b""
+        elif "content-length" in headers:
+            body = self.exactly(int(headers["content-length"]))
+        elif headers.get("transfer-encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int(self.until(b"\r\n").split(b";")[0].strip(), 16)
+                if size == 0:
+                    self.until(b"\r\n")  # no trailers expected
+                    break
+                body += self.exactly(size)
+                self.exactly(2)
+        else:
+            raise ConnectionError("response without Content-Length or chunked body")
+        return Response(status, headers, body, len(head))
+
+
+def fetch(port, path, headers, count=1, expect_close=False, timeout=5.0):
+    """Send `count` identical requests in one write; return (responses, closed)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(build_request(port, path, headers) * count)
+        reader = _Reader(sock)
+        responses = [reader.read_response() for _ in range(count)]
+        closed = None
+        if expect_close:
+            sock.settimeout(2.0)
+            try:
+                closed = reader.buf == b"" and sock.recv(1) == b""
+            except (socket.timeout, ConnectionResetError):
+                closed = False
+        return responses, closed
+
+
+def resolve_headers(scenario, server, port):
+    """The scenario's headers for this server ({etag} filled in from its own answer)."""
+    headers = dict(scenario.headers)
+    if any("{etag}" in v for v in headers.values()):
+        (first,), _ = fetch(port, scenario.path, {})
+        etag = first.header("etag")
+        if not etag:
+            raise BenchError(f"{scenario.name}: {server.name} sent no ETag for {scenario.path}")
+        headers = {k: v.replace("{etag}", etag) for k, v in headers.items()}
+    return headers
+
+
+def check_scenario(scenario, servers, docroot):
+    """Fetch the scenario's request from every server; return per-server facts
+    (status, lengths, resolved headers) or raise BenchError naming who differs."""
+    with open(os.path.join(docroot, scenario.path.lstrip("/")), "rb") as f:
+        expected_body = f.read()
+    facts, problems = {}, []
+    for server in servers:
+        port = server.port_for(scenario)
+        try:
+            headers = resolve_headers(scenario, server, port)
+            responses, closed = fetch(
+                port, scenario.path, headers, count=scenario.pipeline, expect_close=scenario.close
+            )
+        except (OSError, ConnectionError, ValueError) as e:
+            problems.append(f"{server.name}: no valid answer ({e})")
+            continue
+        r = responses[0]
+        enc = r.header("content-encoding")
+        body = r.body
+        if enc == "gzip":
+            try:
+                body = gzip.decompress(body)
+            except OSError:
+                problems.append(f"{server.name}: Content-Encoding gzip but the body is not gzip")
+        facts[server.name] = {
+            "status": r.status,
+            "body_bytes": len(r.body),
+            "head_bytes": r.head_bytes,
+            "encoding": enc,
+            "content_type": r.header("content-type"),
+            "headers": headers,
+        }
+        if r.status != scenario.expect_status:
+            problems.append(f"{server.name}: status {r.status}, expected {scenario.expect_status}")
+        if enc != scenario.expect_encoding:
+            problems.append(
+                f"{server.name}: Content-Encoding {enc or 'none'!r}, "
+                f"expected {scenario.expect_encoding or 'none'!r}"
+            )
+        if r.status == 200 and body != expected_body:
+            problems.append(f"{server.name}: body differs from {scenario.path} ({len(body)} bytes)")
+        for i, other in enumerate(responses[1:], 2):
+            if other.status != r.status or len(other.body) != len(r.body):
+                problems.append(f"{server.name}: pipelined answer {i} differs from the first")
+        if scenario.close and not closed:
+            problems.append(f"{server.name}: did not close the connection after Connection: close")
+    lengths = {n: (f["status"], f["body_bytes"]) for n, f in facts.items()}
+    if len(set(lengths.values())) > 1:
+        problems.append(
+            "servers disagree on (status, body length): "
+            + ", ".join(f"{n}={v}" for n, v in lengths.items())
+        )
+    if problems:
+        raise BenchError(f"scenario {scenario.name}: the servers' answers are wrong or differ:\n  "
+                         + "\n  ".join(problems))
+    return facts

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The idle-rss client: open N keep-alive connections to 127.0.0.1:PORT, send
+one request on each, read the whole response, and keep them all open and
+idle. Prints `READY {json}` once every connection is idle (or failed), then
+waits for a line on stdin, closes everything and prints `DONE {json}`.
+
+    idle_client.py PORT CONNECTIONS PATH
+
+Connections are opened at most `INFLIGHT` at a time so the listen backlog never
+overflows. Raises its own RLIMIT_NOFILE to the hard limit; bounded in time.
+"""
+
+import errno
+import json
+import resource
+import selectors
+import socket
+import sys
+import time
+
+INFLIGHT = 200
+DEADLINE_S = 60
+
+
+def main():
+    port, total, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if total + 64 > hard:
+        total = hard - 64
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+
+    sel = selectors.DefaultSelector()
+    idle, failed, started, inflight = [], 0, 0, 0
+    bufs = {}
+    t0 = time.monotonic()
+
+    def fail(sock):
+        nonlocal failed, inflight
+        sel.unregister(sock)
+        sock.close()
+        failed += 1
+        inflight -= 1
+
+    while (started < total or inflight) and time.monotonic() - t0 < DEADLINE_S:
+        while started < total and inflight < INFLIGHT:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            err = s.connect_ex(("127.0.0.1", port))
+            started += 1
+            inflight += 1
+            if err not in (0, errno.EINPROGRESS):
+                sel.register(s, selectors.EVENT_WRITE)
+                fail(s)
+                continue
+            sel.register(s, selectors.EVENT_WRITE)
+        for key, ev in sel.select(timeout=1.0):
+            s = key.fileobj
+            if ev & selectors.EVENT_WRITE:
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    fail(s)
+                    continue
+                try:
+                    s.send(request)
+                except OSError:
+                    fail(s)
+                    continue
+                bufs[s] = b""
+                sel.modify(s, selectors.EVENT_READ)
+                continue
+            try:
+                data = s.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                bufs.pop(s, None)
+                fail(s)
+                continue
+            buf = bufs[s] + data
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                bufs[s] = buf
+                continue
+            head = buf[:end].split(b"\r\n")
+            if head[0].split(b" ")[1:2] != [b"200"]:
+                bufs.pop(s, None)
+                fail(s)
+                continue
+            length = 0
+            for line in head[1:]:
+                k, _, v = line.partition(b":")
+                if k.strip().lower() == b"content-length":
+                    length = int(v)
+            if len(buf) - end - 4 < length:
+                bufs[s] = buf
+                continue
+            del bufs[s]
+            sel.unregister(s)
+            idle.append(s)
+            inflight -= 1
+
+    elapsed = time.monotonic() - t0
+    failed = total - len(idle)  # includes anything unfinished at the deadline
+    print("READY " + json.dumps({"open": len(idle), "failed": failed, "seconds": round(elapsed, 2)}),
+          flush=True)
+    sys.stdin.readline()
+    # the server must still be holding them: a closed one reads as EOF now
+    dropped = 0
+    for s in idle:
+        s.setblocking(False)
+        try:
+            if s.recv(1) == b"":
+                dropped += 1
+        except BlockingIOError:
+            pass
+        except OSError:
+            dropped += 1
+        s.close()
+    print("DONE " + json.dumps({"dropped_by_server": dropped}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

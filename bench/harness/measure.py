@@ -1,0 +1,261 @@
+"""Running the load: wrk for request scenarios, the idle client for idle-rss.
+Each run records the server's CPU time (utime+stime of its process tree)
+before and after, and samples its RSS while the load runs."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from . import procs
+from .check import check_scenario, fetch
+from .servers import CLIENT_CPU, BenchError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def _wrk_script(scenario, ctx):
+    """wrk takes one script: the scenario's Lua (if any) followed by report.lua."""
+    path = os.path.join(ctx.workdir, f"wrk-{scenario.name}.lua")
+    parts = []
+    if scenario.lua:
+        parts.append(os.path.join(ctx.bench_dir, "lua", scenario.lua))
+    parts.append(os.path.join(ctx.bench_dir, "lua", "report.lua"))
+    with open(path, "w") as out:
+        out.write(f"BENCH_CONNECTIONS = {scenario.connections}\n")
+        for p in parts:
+            with open(p) as f:
+                out.write(f.read() + "\n")
+    return path
+
+
+def run_wrk(scenario, server, headers, duration, ctx):
+    inst = server.instance(scenario)
+    argv = [
+        "taskset", "-c", CLIENT_CPU,
+        "wrk", "-t1", f"-c{scenario.connections}", f"-d{duration}s", "--timeout", "5s",
+        "-s", _wrk_script(scenario, ctx),
+    ]
+    for k, v in headers.items():
+        argv += ["-H", f"{k}: {v}"]
+    argv.append(f"http://127.0.0.1:{inst.port}{scenario.path}")
+
+    pids = inst.pids()
+    t0 = time.monotonic()
+    busy0, self0 = procs.machine_busy_seconds(), procs.self_cpu_seconds()
+    wrk0, cpu0 = procs.children_cpu_seconds(), procs.cpu_seconds(pids)
+    with procs.RssSampler(pids) as rss:
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"wrk hung against {server.name} in {scenario.name}")
+    cpu = procs.cpu_seconds(pids) - cpu0
+    wrk_cpu = procs.children_cpu_seconds() - wrk0
+    wall = time.monotonic() - t0
+    # CPU time that neither the server, wrk nor this harness used: something else
+    # was busy on the machine during the run, and the numbers are suspect
+    others = procs.machine_busy_seconds() - busy0 - cpu - wrk_cpu - (procs.self_cpu_seconds() - self0)
+    if not inst.alive():
+        raise BenchError(f"{server.name} died during {scenario.name}:\n{inst.log_tail()}")
+    line = next((l for l in out.stdout.splitlines() if l.startswith("BENCHJSON ")), None)
+    if line is None:
+        raise BenchError(
+            f"wrk gave no result for {server.name} in {scenario.name} (exit {out.returncode}):\n"
+            f"  $ {' '.join(argv)}\n{out.stdout[-1500:]}{out.stderr[-1500:]}"
+        )
+    w = json.loads(line[len("BENCHJSON "):])
+    secs = w["duration_us"] / 1e6
+    reqs = w["requests"]
+    return {
+        "requests": reqs,
+        "req_s": reqs / secs if secs else 0.0,
+        "mb_s": w["bytes"] / secs / 1e6 if secs else 0.0,
+        "p50_ms": w["p50_us"] / 1000,
+        "p99_ms": w["p99_us"] / 1000,
+        "latency_wrk_corrected": bool(w["wrk_corrected"]),
+        "cpu_s": round(cpu, 3),
+        "cpu_us_per_req": cpu * 1e6 / reqs if reqs else None,
+        "peak_rss": rss.peak,
+        "wrk_cpu_pct": round(100 * wrk_cpu / wall, 1),
+        "other_cpu_pct": max(0.0, round(100 * others / wall, 1)),
+        "errors": {k: w[k] for k in ("connect", "read", "write", "timeout", "status")},
+    }
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+NOISY_PCT = 10  # a run during which other processes used more than this % of a core is disturbed
+
+
+def _clean(runs):
+    return [r for r in runs if r["other_cpu_pct"] <= NOISY_PCT]
+
+
+def _enough_clean(runs):
+    """At least half of the rounds (and at least one) were undisturbed."""
+    n = len(_clean(runs))
+    return n > 0 and 2 * n >= len(runs)
+
+
+def summarize(runs):
+    """Medians over the undisturbed rounds when they are the majority (over all rounds
+    otherwise); errors summed over all rounds; every round kept for the record."""
+    used = _clean(runs) if _enough_clean(runs) else runs
+    errors = {}
+    for r in runs:
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    return {
+        "req_s": _median([r["req_s"] for r in used]),
+        "mb_s": _median([r["mb_s"] for r in used]),
+        "p50_ms": _median([r["p50_ms"] for r in used]),
+        "p99_ms": _median([r["p99_ms"] for r in used]),
+        "cpu_us_per_req": _median([r["cpu_us_per_req"] for r in used]),
+        "peak_rss": max(r["peak_rss"] for r in runs),
+        "wrk_cpu_pct": _median([r["wrk_cpu_pct"] for r in used]),
+        "other_cpu_pct": max(r["other_cpu_pct"] for r in used),
+        "rounds_used": len(used),
+        "requests": sum(r["requests"] for r in runs),
+        "errors": {k: v for k, v in errors.items() if v},
+        "ok": not any(errors.values()),
+        "rounds_req_s": [round(r["req_s"]) for r in runs],
+        "rounds_p99_ms": [round(r["p99_ms"], 2) for r in runs],
+        "rounds_cpu_us_per_req": [
+            round(r["cpu_us_per_req"], 2) if r["cpu_us_per_req"] else None for r in runs
+        ],
+        "rounds_other_cpu_pct": [r["other_cpu_pct"] for r in runs],
+    }
+
+
+def _fmt_k(v):
+    return f"{v / 1000:.1f}k" if v >= 1000 else f"{v:.0f}"
+
+
+def wrk_scenario(scenario, servers, settings, ctx):
+    facts = check_scenario(scenario, servers, ctx.docroot)
+    log(f"  answers agree: " + ", ".join(
+        f"{n} {f['status']}/{f['body_bytes']}B (head {f['head_bytes']}B)" for n, f in facts.items()))
+    if settings.warmup:
+        for s in servers:
+            run_wrk(scenario, s, facts[s.name]["headers"], settings.warmup, ctx)
+    runs = {s.name: [] for s in servers}
+    planned, extra = settings.rounds, settings.extra_rounds
+    r = 0
+    while r < planned or (extra and not all(_enough_clean(rs) for rs in runs.values())):
+        if r >= planned:
+            extra -= 1
+            log("  disturbed by other processes: one more round")
+        r += 1
+        for s in servers:  # interleaved: A B C D, A B C D, ...
+            runs[s.name].append(run_wrk(scenario, s, facts[s.name]["headers"], settings.duration, ctx))
+        label = f"round {r}/{planned}" if r <= planned else f"round {r} (extra)"
+        log(f"  {label}: " + "  ".join(
+            f"{n} {_fmt_k(rs[-1]['req_s'])}/s {rs[-1]['cpu_us_per_req'] or 0:.1f}µs"
+            + ("" if not any(rs[-1]["errors"].values()) else " (errors)")
+            + (f" (others {rs[-1]['other_cpu_pct']:.0f}%)" if rs[-1]["other_cpu_pct"] > NOISY_PCT else "")
+            for n, rs in runs.items()))
+    results = {n: summarize(rs) for n, rs in runs.items()}
+    return {"facts": facts, "results": results}
+
+
+class IdleClient:
+    """harness/idle_client.py on CPU 1: `with IdleClient(...) as c:` holds c.opened
+    idle keep-alive connections (each after one request) until the block ends."""
+
+    def __init__(self, server, port, n, path):
+        self.server, self.argv = server, [
+            "taskset", "-c", CLIENT_CPU, sys.executable, os.path.join(HERE, "idle_client.py"),
+            str(port), str(n), path,
+        ]
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = self.proc.stdout.readline()
+        if not ready.startswith("READY "):
+            self._kill()
+            raise BenchError(f"idle client failed against {self.server}: {ready!r}")
+        r = json.loads(ready[6:])
+        self.opened, self.failed, self.seconds = r["open"], r["failed"], r["seconds"]
+        self.dropped = 0
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.proc.stdin.write("close\n")
+            self.proc.stdin.flush()
+            done = self.proc.stdout.readline()
+            if done.startswith("DONE "):
+                self.dropped = json.loads(done[5:])["dropped_by_server"]
+            self.proc.wait(timeout=60)
+        finally:
+            self._kill()
+
+    def _kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+IDLE_WARMUP = 1000
+
+
+def _settled_rss(inst, timeout=5.0):
+    """The server's RSS once it has stopped changing (two equal readings 0.25 s apart)."""
+    time.sleep(0.5)
+    last = procs.rss_bytes(inst.pids())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = procs.rss_bytes(inst.pids())
+        if now == last:
+            break
+        last = now
+    return last
+
+
+def idle_scenario(scenario, servers, settings, ctx):
+    """RSS per idle keep-alive connection, on freshly restarted servers."""
+    n = settings.idle_connections
+    for s in servers:
+        s.restart()  # fresh processes: earlier scenarios' buffers don't hide the cost
+    facts = check_scenario(scenario, servers, ctx.docroot)
+    results = {}
+    for s in servers:
+        inst = s.instance(scenario)
+        # Warm-up: 1000 connections come and go first, so start-up transients (lazily
+        # built caches, allocator purges) are over before the baseline is read.
+        with IdleClient(s.name, inst.port, IDLE_WARMUP, scenario.path):
+            pass
+        before = _settled_rss(inst)
+        with IdleClient(s.name, inst.port, n, scenario.path) as c:
+            after = _settled_rss(inst)
+        if not inst.alive():
+            raise BenchError(f"{s.name} died during idle-rss:\n{inst.log_tail()}")
+        time.sleep(0.2)
+        fetch(inst.port, scenario.path, {})  # still answering after the crowd left?
+        errors = {k: v for k, v in (("failed", c.failed), ("dropped", c.dropped)) if v}
+        bpc = (after - before) / c.opened if c.opened else None
+        results[s.name] = {
+            "connections": c.opened,
+            "rss_before": before,
+            "rss_after": after,
+            "bytes_per_conn": bpc,
+            "connect_seconds": c.seconds,
+            "errors": errors,
+            "ok": not errors,
+        }
+        log(f"  {s.name}: {c.opened} idle connections, RSS {before / 2**20:.1f} → {after / 2**20:.1f} MiB"
+            f" = {bpc or 0:.0f} B/conn" + (f"  errors {errors}" if errors else ""))
+    return {"facts": facts, "results": results}
+
+
+RUNNERS = {"wrk": wrk_scenario, "idle": idle_scenario}

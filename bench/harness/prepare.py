@@ -1,0 +1,180 @@
+"""Getting ready: Debian packages, matplotlib, the floor, tern, the docroot."""
+
+import gzip
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+from . import procs
+from .servers import BenchError
+
+# command -> Debian package that provides it
+PACKAGES = {
+    "wrk": "wrk",
+    "nginx": "nginx-light",
+    "h2o": "h2o",
+    "h2load": "nghttp2-client",
+    "gcc": "gcc",
+    "taskset": "util-linux",
+}
+
+INDEX_SIZE = 953
+LARGE_SIZE = 1 << 20
+FIXED_MTIME = 1767225600  # 2026-01-01: stable Last-Modified and ETags across runs
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def _apt_has(pkg):
+    out = subprocess.run(["apt-cache", "policy", pkg], capture_output=True, text=True)
+    return "Candidate:" in out.stdout and "Candidate: (none)" not in out.stdout
+
+
+def ensure_packages():
+    missing = sorted({pkg for cmd, pkg in PACKAGES.items() if shutil.which(cmd) is None})
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise BenchError(f"missing {', '.join(missing)}: run `apt-get install -y {' '.join(missing)}` as root")
+    log(f"installing {' '.join(missing)} (apt-get)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
+    # nginx-light is gone from newer Debian releases; plain nginx has gzip_static too
+    missing = [p if p != "nginx-light" or _apt_has(p) else "nginx" for p in missing]
+    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    still = [cmd for cmd in PACKAGES if shutil.which(cmd) is None]
+    if still:
+        raise BenchError(f"still missing after apt-get: {', '.join(still)}")
+
+
+def ensure_matplotlib():
+    """matplotlib draws the PNG; pip-install it for this interpreter if missing."""
+    try:
+        import matplotlib  # noqa: F401
+        return
+    except ImportError:
+        pass
+    log("installing matplotlib (pip)")
+    base = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "matplotlib"]
+    for extra in ([], ["--user", "--break-system-packages"]):
+        if subprocess.run(base + extra).returncode == 0:
+            break
+    import importlib
+    import site
+
+    importlib.invalidate_caches()
+    user_site = site.getusersitepackages()
+    if os.path.isdir(user_site) and user_site not in sys.path:
+        sys.path.append(user_site)
+    try:
+        import matplotlib  # noqa: F401,F811
+    except ImportError as e:
+        raise BenchError(f"matplotlib is needed for the chart and could not be installed: {e}")
+
+
+def build_floor(bench_dir, out_dir):
+    out = os.path.join(out_dir, "floor")
+    subprocess.run(
+        ["gcc", "-O2", "-Wall", "-o", out, os.path.join(bench_dir, "floor", "floor.c")], check=True
+    )
+    return out
+
+
+def build_tern(repo_dir):
+    if not os.path.exists(os.path.join(repo_dir, "cli", "Cargo.toml")):
+        raise BenchError("cli/Cargo.toml does not exist yet: tern cannot be built "
+                         "(bench without it: --servers nginx,h2o,floor)")
+    log("building tern (cargo build --release -p tern)")
+    target = os.path.join(repo_dir, "target")
+    r = subprocess.run(["cargo", "build", "--release", "-p", "tern", "--target-dir", target], cwd=repo_dir)
+    if r.returncode != 0:
+        raise BenchError("cargo build --release -p tern failed (bench without it: --servers nginx,h2o,floor)")
+    return os.path.join(target, "release", "tern")
+
+
+def _index_html():
+    """A plausible small page, padded to exactly INDEX_SIZE bytes."""
+    head = (
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        "<title>tern bench</title>\n<link rel=\"stylesheet\" href=\"/style.css\">\n</head>\n<body>\n"
+        "<header><h1>tern</h1><nav><a href=\"/\">home</a> <a href=\"/about\">about</a></nav></header>\n"
+        "<main>\n<p>One binary that lets a single cheap machine serve a popular site: static files "
+        "faster than nginx and h2o per core, and a write-heavy game on embedded SQLite.</p>\n"
+        "<p>This page is the benchmark's small file. Every server sends exactly these bytes.</p>\n"
+    )
+    tail = "</main>\n<footer>tern bench fixture</footer>\n</body>\n</html>\n"
+    pad = INDEX_SIZE - len(head) - len(tail) - len("<!--  -->\n")
+    text = head + "<!-- " + ("padding " * 200)[:pad] + " -->\n" + tail
+    data = text.encode()
+    assert len(data) == INDEX_SIZE, len(data)
+    return data
+
+
+def make_docroot(path):
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o755)
+    index = _index_html()
+    files = {
+        "index.html": index,
+        "index.html.gz": gzip.compress(index, compresslevel=9, mtime=0),
+        # incompressible, deterministic
+        "large.bin": random.Random(1).randbytes(LARGE_SIZE),
+    }
+    for name, data in files.items():
+        p = os.path.join(path, name)
+        with open(p, "wb") as f:
+            f.write(data)
+        os.chmod(p, 0o644)
+        os.utime(p, (FIXED_MTIME, FIXED_MTIME))
+
+
+def machine_info():
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    osname = "?"
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    osname = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    b0 = procs.machine_busy_seconds()
+    time.sleep(1.0)
+    busy_pct = 100 * (procs.machine_busy_seconds() - b0)
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "os": osname,
+        "loadavg_start": " ".join(load),
+        "busy_pct_start": round(busy_pct, 1),  # % of one core busy in the second before the run
+    }
+
+
+def tool_versions():
+    def first(argv, strip=""):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            return (out.stdout + out.stderr).strip().splitlines()[0].replace(strip, "").strip()
+        except (OSError, IndexError, subprocess.SubprocessError):
+            return "?"
+
+    return {"wrk": first(["wrk", "-v"]).split(" [")[0].replace("wrk ", "")}

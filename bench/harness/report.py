@@ -1,0 +1,233 @@
+"""Results: ratios and ranks, then latest.json, latest.md, latest.png and the
+table in bench/README.md."""
+
+import json
+import os
+import re
+
+from .measure import NOISY_PCT
+from .servers import REFERENCES
+
+NA = "n/a"
+CLIENT_BOUND_PCT = 95  # wrk CPU % from which the client is the bottleneck
+
+
+def _ratio(a, b):
+    return round(a / b, 3) if a and b else None
+
+
+def annotate(scenarios):
+    """Add ×nginx / ×h2o ratios and ranks. A server with errors is marked, not
+    ranked; the floor is the limit, not a contestant."""
+    for sc in scenarios:
+        res = sc["results"]
+        idle = sc["kind"] == "idle"
+        key = "bytes_per_conn" if idle else "req_s"
+        for name, r in res.items():
+            for ref in REFERENCES:
+                ref_r = res.get(ref)
+                ok = ref_r and ref_r["ok"] and ref != name and r["ok"]
+                r[f"x_{ref}"] = _ratio(r[key], ref_r[key]) if ok else None
+                if not idle:  # CPU per request relative to the reference: lower is better
+                    r[f"cpu_x_{ref}"] = _ratio(r["cpu_us_per_req"], ref_r["cpu_us_per_req"]) if ok else None
+        contestants = [n for n, r in res.items() if r["ok"] and n != "floor" and r[key] is not None]
+        contestants.sort(key=lambda n: res[n][key], reverse=not idle)
+        for n, r in res.items():
+            r["rank"] = contestants.index(n) + 1 if n in contestants else None
+
+
+def _k(v):
+    if v is None:
+        return "–"
+    if v >= 100_000:
+        return f"{v / 1000:.0f}k"
+    if v >= 1000:
+        return f"{v / 1000:.1f}k"
+    return f"{v:.0f}"
+
+
+def _x(v):
+    return f"{v:.2f}×" if v else "–"
+
+
+def _errs(r):
+    return ", ".join(f"{v} {k}" for k, v in r["errors"].items()) if r["errors"] else ""
+
+
+def _mib(b):
+    return f"{b / 2**20:.1f}"
+
+
+def markdown(doc):
+    m = doc["machine"]
+    servers = doc["servers"]
+    lines = [
+        f"**{doc['date']}** · mode `{doc['mode']}` · {m['cores']} cores ({m['cpu']}), "
+        f"Linux {m['kernel']}, {m['os']}",
+        "",
+        f"Command: `{doc['command']}` · servers pinned to CPU 0, wrk (`-t1`) to CPU 1 · "
+        f"{doc['settings']['rounds']} interleaved round(s) of {doc['settings']['duration_s']} s "
+        f"per server and scenario, medians shown · "
+        + ", ".join(f"{n} {v}" for n, v in doc["versions"].items()),
+        "",
+    ]
+    noise = max((r.get("other_cpu_pct", 0) for sc in doc["scenarios"] for r in sc["results"].values()),
+                default=0)
+    if noise > NOISY_PCT:
+        lines += [f"⚠ other processes used up to {noise:.0f} % of a core during some of the runs "
+                  "these numbers come from: they are disturbed.", ""]
+    wrk = [s for s in doc["scenarios"] if s["kind"] != "idle"]
+    idle = [s for s in doc["scenarios"] if s["kind"] == "idle"]
+    if wrk:
+        refs = [r for r in REFERENCES if "tern" in servers and r in servers]
+        ratio_cols = [f"tern/{r} req/s" for r in refs] + [f"tern/{r} CPU" for r in refs]
+        lines += [
+            "req/s (MB/s for large), median of the rounds, and server CPU µs per request. "
+            f"† = wrk was at ≥ {CLIENT_BOUND_PCT} % of its core: the load generator, not the "
+            "server, was the limit, so compare CPU µs/request. ✗ = had errors, not ranked. "
+            "tern/X req/s: higher is better; tern/X CPU (per request): lower is better.",
+            "",
+            "| " + " | ".join(["scenario", *servers, *ratio_cols]) + " |",
+            "|---" * (1 + len(servers) + len(ratio_cols)) + "|",
+        ]
+        for sc in wrk:
+            cells = []
+            for n in servers:
+                r = sc["results"].get(n)
+                if r is None:
+                    cells.append(NA)
+                    continue
+                cell = f"{r['mb_s']:.0f} MB/s" if sc["throughput"] else _k(r["req_s"])
+                if r["cpu_us_per_req"]:
+                    cell += f" · {r['cpu_us_per_req']:.1f} µs"
+                if r.get("wrk_cpu_pct", 0) >= CLIENT_BOUND_PCT:
+                    cell += " †"
+                if not r["ok"]:
+                    cell += " ✗"
+                cells.append(cell)
+            t = sc["results"].get("tern")
+            rcells = [_x(t and t.get(f"x_{ref}")) for ref in refs] + \
+                [_x(t and t.get(f"cpu_x_{ref}")) for ref in refs]
+            lines.append(f"| {sc['name']} | " + " | ".join(cells + rcells) + " |")
+        lines += [
+            "",
+            "<details><summary>details: latency, CPU, memory, errors</summary>",
+            "",
+            "| scenario | server | req/s | MB/s | p50 ms | p99 ms | CPU µs/req | peak RSS MiB "
+            "| ×nginx | ×h2o | rank | errors | wrk CPU % |",
+            "|---" * 13 + "|",
+        ]
+        for sc in wrk:
+            for n in servers:
+                r = sc["results"].get(n)
+                if r is None:
+                    continue
+                rank = "limit" if n == "floor" else (str(r["rank"]) if r["rank"] else "✗ not ranked")
+                cpu = r["cpu_us_per_req"]
+                lines.append(
+                    f"| {sc['name']} | {n} | {_k(r['req_s'])} | {r['mb_s']:.0f} | {r['p50_ms']:.2f} "
+                    f"| {r['p99_ms']:.2f} | {f'{cpu:.2f}' if cpu else '–'} | {_mib(r['peak_rss'])} "
+                    f"| {_x(r.get('x_nginx'))} | {_x(r.get('x_h2o'))} | {rank} | {_errs(r)} "
+                    f"| {r['wrk_cpu_pct']:.0f} |"
+                )
+        lines += ["", "</details>", ""]
+    for sc in idle:
+        lines += [
+            f"Idle keep-alive connections ({sc['name']}): RSS of a fresh server before and after "
+            "the connections, each after one request:",
+            "",
+            "| server | connections | RSS before MiB | RSS after MiB | bytes/conn | ×nginx | ×h2o | errors |",
+            "|---" * 8 + "|",
+        ]
+        for n in servers:
+            r = sc["results"].get(n)
+            if r is None:
+                continue
+            bpc = r["bytes_per_conn"]
+            lines.append(
+                f"| {n} | {r['connections']} | {_mib(r['rss_before'])} | {_mib(r['rss_after'])} "
+                f"| {f'{bpc:.0f}' if bpc is not None else '–'} | {_x(r.get('x_nginx'))} "
+                f"| {_x(r.get('x_h2o'))} | {_errs(r)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+COLORS = {"nginx": "#2e7d32", "h2o": "#1565c0", "tern": "#e65100", "floor": "#9e9e9e"}
+
+
+def chart(doc, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scs = doc["scenarios"]
+    servers = doc["servers"]
+    fig, axes = plt.subplots(2, len(scs), figsize=(2.0 * len(scs) + 1.5, 5.6), squeeze=False)
+    for i, sc in enumerate(scs):
+        idle = sc["kind"] == "idle"
+        names = [n for n in servers if n in sc["results"]]
+        colors = [COLORS.get(n, "#555555") for n in names]
+        res = [sc["results"][n] for n in names]
+        if idle:
+            rows = [([r["bytes_per_conn"] or 0 for r in res], "bytes / idle conn"),
+                    ([r["rss_after"] / 2**20 for r in res], f"RSS MiB, {res[0]['connections']} idle")]
+        else:
+            top = ([r["mb_s"] for r in res], "MB/s") if sc["throughput"] else (
+                [r["req_s"] / 1000 for r in res], "k req/s")
+            rows = [top, ([r["cpu_us_per_req"] or 0 for r in res], "CPU µs / req")]
+        for j, (vals, unit) in enumerate(rows):
+            ax = axes[j][i]
+            bars = ax.bar(range(len(names)), vals, color=colors)
+            for b, r in zip(bars, res):
+                if not r["ok"]:
+                    b.set_hatch("xx")
+                    b.set_edgecolor("red")
+            for k, v in enumerate(vals):
+                ax.text(k, v, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center", va="bottom", fontsize=7)
+            ax.set_xticks(range(len(names)))
+            ax.set_xticklabels(names, fontsize=7, rotation=30)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.set_ylim(0, max(vals + [1e-9]) * 1.18)
+            ax.set_title(sc["name"] if j == 0 else "", fontsize=9)
+            ax.set_ylabel(unit, fontsize=7)
+            ax.spines[["top", "right"]].set_visible(False)
+    m = doc["machine"]
+    fig.suptitle(
+        f"tern bench {doc['date']} ({doc['mode']}) · {m['cores']} cores, Linux {m['kernel']} · "
+        "servers on CPU 0, load on CPU 1 · hatched = had errors",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+
+
+def write_all(doc, out_dir, png=True):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "latest.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    md = markdown(doc)
+    with open(os.path.join(out_dir, "latest.md"), "w") as f:
+        f.write("# tern bench: latest results\n\n" + md + "\n![chart](latest.png)\n")
+    if png:
+        chart(doc, os.path.join(out_dir, "latest.png"))
+    return md
+
+
+BEGIN, END = "<!-- latest-results:begin -->", "<!-- latest-results:end -->"
+
+
+def update_readme(readme, md):
+    """Replace the block between the markers in bench/README.md."""
+    with open(readme) as f:
+        text = f.read()
+    block = f"{BEGIN}\n{md}\n![req/s and CPU µs per request](results/latest.png)\n{END}"
+    if BEGIN in text and END in text:
+        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    else:
+        text += "\n" + block + "\n"
+    with open(readme, "w") as f:
+        f.write(text)

@@ -1,0 +1,97 @@
+"""The scenario table. Every scenario is selectable by name on the command line
+(`bench/run small-50 gzip`).
+
+Adding one is adding a row:
+  * a wrk scenario needs a path, headers and/or a Lua script under bench/lua/
+    (the script must not define `done`: bench/lua/report.lua is appended to it);
+  * `servers=(...)` restricts it to some servers (for example a future
+    `Scenario("claims", ..., kind="wrk", path="/claim", lua="claims.lua",
+    servers=("tern-demo",))` for the IPv4 Games, once a `tern demo` server
+    class exists in servers.py, with X-Forwarded-For set per request in Lua);
+  * a new load generator (h2load for HTTP/2, wrk over https for TLS) is a new
+    `kind` plus a runner function registered in measure.RUNNERS.
+Header values may use {etag}: it is replaced by the ETag each server itself
+returned for `path` (servers make different ETags).
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    kind: str = "wrk"  # wrk | idle (see measure.RUNNERS)
+    path: str = "/index.html"
+    connections: int = 50
+    headers: dict = field(default_factory=dict)
+    lua: str = ""  # file under bench/lua/
+    pipeline: int = 1  # requests per write (the Lua script must agree)
+    close: bool = False  # Connection: close; the server must close after answering
+    floor: bool = False  # a canned answer is meaningful here, so the floor takes part
+    servers: tuple = ()  # restrict to these servers (empty: all)
+    expect_status: int = 200
+    expect_encoding: str = ""  # Content-Encoding every server must answer with
+    throughput: bool = False  # MB/s is the headline number
+
+    def applies_to(self, server):
+        if self.servers:
+            return server.name in self.servers
+        return self.floor or not server.canned
+
+
+SCENARIOS = [
+    Scenario(
+        "small-50",
+        "953-byte index.html, keep-alive, 50 connections",
+        connections=50,
+        floor=True,
+    ),
+    Scenario(
+        "small-1000",
+        "953-byte index.html, keep-alive, 1000 connections",
+        connections=1000,
+        floor=True,
+    ),
+    Scenario(
+        "pipelined",
+        "953-byte index.html, 16 requests per write (lua/pipeline.lua), 50 connections",
+        lua="pipeline.lua",
+        pipeline=16,
+        floor=True,
+    ),
+    Scenario(
+        "gzip",
+        "index.html with Accept-Encoding: gzip; every server sends the precompressed index.html.gz",
+        headers={"Accept-Encoding": "gzip"},
+        expect_encoding="gzip",
+    ),
+    Scenario(
+        "large",
+        "1 MiB file (large.bin), keep-alive, 50 connections",
+        path="/large.bin",
+        throughput=True,
+    ),
+    Scenario(
+        "not-modified",
+        "If-None-Match with the server's own ETag, answered 304",
+        headers={"If-None-Match": "{etag}"},
+        expect_status=304,
+    ),
+    Scenario(
+        "close",
+        "Connection: close on every request: accept, answer, close (50 connections)",
+        headers={"Connection": "close"},
+        close=True,
+        floor=True,
+    ),
+    Scenario(
+        "idle-rss",
+        "10 000 keep-alive connections, one request each, then idle: server RSS per connection",
+        kind="idle",
+        connections=10000,
+        floor=True,
+    ),
+]
+
+BY_NAME = {s.name: s for s in SCENARIOS}

@@ -1,0 +1,243 @@
+"""The servers under test. Each one is started once, pinned to CPU 0, on its own
+free loopback port, with an equivalent configuration (one worker, no access
+log, sendfile and an open-file cache where the server has them, precompressed
+gzip only). To add a server: subclass Server, give it `name`, `start()` and
+`version()`, and list it in SERVERS."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from . import procs
+
+SERVER_CPU = "0"  # every server runs here
+CLIENT_CPU = "1"  # wrk, h2load, the idle client and this harness run here
+
+
+class BenchError(Exception):
+    """A failure that must stop the run loudly (wrong answers, dead servers)."""
+
+
+_handed_out = set()
+
+
+def free_port():
+    """A free loopback port, never the same one twice in a run."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+
+
+class Instance:
+    """One running process (tree) of a server, listening on one port."""
+
+    def __init__(self, name, argv, port, workdir):
+        self.name, self.argv, self.port = name, argv, port
+        self.log_path = os.path.join(workdir, f"{name}.log")
+        self.proc = None
+
+    def start(self):
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", SERVER_CPU, *self.argv],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: we stop exactly what we started
+        )
+        log.close()
+        if not procs.wait_port(self.port, self.proc):
+            self.stop()
+            raise BenchError(
+                f"{self.name} did not start on port {self.port}:\n  $ {' '.join(self.argv)}\n"
+                + self.log_tail()
+            )
+
+    def log_tail(self, n=15):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def pids(self):
+        return procs.process_tree(self.proc.pid)
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group we created for it
+            self.proc.wait(timeout=5)
+        # nginx's worker may linger a moment after the master exits
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+
+
+class Server:
+    name = "?"
+    canned = False  # True for the floor: takes part only where a canned answer is meaningful
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.instances = {}
+
+    def instance(self, scenario):
+        return self.instances["main"]
+
+    def port_for(self, scenario):
+        return self.instance(scenario).port
+
+    def start(self):
+        for inst in self.instances.values():
+            inst.start()
+
+    def stop(self):
+        for inst in self.instances.values():
+            inst.stop()
+
+    def restart(self):
+        self.stop()
+        self.instances = {}
+        self.setup()
+        self.start()
+
+    def setup(self):
+        raise NotImplementedError
+
+    def version(self):
+        return ""
+
+
+def _render(template_path, out_path, values):
+    with open(template_path) as f:
+        text = f.read()
+    for k, v in values.items():
+        text = text.replace(f"@{k}@", str(v))
+    with open(out_path, "w") as f:
+        f.write(text)
+
+
+def _first_line(argv):
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        return (out.stdout + out.stderr).strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "?"
+
+
+class Nginx(Server):
+    """conf/nginx.conf. Two processes: tcp_nopush on (Debian's default, nginx's best
+    for plain requests) and off for pipelined scenarios, where TCP_CORK + pipelining
+    trips Nagle and delayed ACKs (40 ms stalls): nginx gets its best in each."""
+
+    name = "nginx"
+
+    def _instance(self, label, nopush):
+        port = free_port()
+        d = os.path.join(self.ctx.workdir, label)
+        os.makedirs(d, exist_ok=True)
+        conf = os.path.join(d, "nginx.conf")
+        _render(
+            os.path.join(self.ctx.bench_dir, "conf", "nginx.conf"),
+            conf,
+            {"PORT": port, "DOCROOT": self.ctx.docroot, "WORKDIR": d, "TCP_NOPUSH": nopush},
+        )
+        argv = ["nginx", "-p", d, "-c", conf, "-e", os.path.join(d, "nginx-error.log")]
+        return Instance(label, argv, port, self.ctx.workdir)
+
+    def setup(self):
+        self.instances = {
+            "main": self._instance("nginx", "on"),
+            "pipelined": self._instance("nginx-nopush-off", "off"),
+        }
+
+    def instance(self, scenario):
+        return self.instances["pipelined" if scenario.pipeline > 1 else "main"]
+
+    def version(self):
+        return _first_line(["nginx", "-v"]).replace("nginx version: ", "")
+
+
+class H2o(Server):
+    name = "h2o"
+
+    def setup(self):
+        port = free_port()
+        d = os.path.join(self.ctx.workdir, "h2o")
+        os.makedirs(d, exist_ok=True)
+        conf = os.path.join(d, "h2o.conf")
+        _render(
+            os.path.join(self.ctx.bench_dir, "conf", "h2o.conf"),
+            conf,
+            {"PORT": port, "DOCROOT": self.ctx.docroot, "WORKDIR": d},
+        )
+        self.instances = {"main": Instance("h2o", ["h2o", "-c", conf], port, self.ctx.workdir)}
+
+    def version(self):
+        return _first_line(["h2o", "--version"]).replace("h2o version ", "")
+
+
+class Tern(Server):
+    name = "tern"
+
+    def setup(self):
+        port = free_port()
+        argv = [
+            self.ctx.tern_bin, "serve", self.ctx.docroot,
+            "--listen", f"127.0.0.1:{port}", "--workers", "1",
+        ]
+        self.instances = {"main": Instance("tern", argv, port, self.ctx.workdir)}
+
+    def version(self):
+        rev = subprocess.run(
+            ["git", "-C", self.ctx.repo_dir, "describe", "--always", "--dirty"],
+            capture_output=True, text=True,
+        ).stdout.strip()
+        return rev or "?"
+
+
+class Floor(Server):
+    """bench/floor/floor.c: canned bytes, no parsing. A second instance sends
+    `Connection: close` and closes, for the `close` scenario."""
+
+    name = "floor"
+    canned = True
+
+    def setup(self):
+        body = os.path.join(self.ctx.docroot, "index.html")
+        ka, cl = free_port(), free_port()
+        self.instances = {
+            "main": Instance("floor", [self.ctx.floor_bin, str(ka), body], ka, self.ctx.workdir),
+            "close": Instance(
+                "floor-close", [self.ctx.floor_bin, str(cl), body, "--close"], cl, self.ctx.workdir
+            ),
+        }
+
+    def instance(self, scenario):
+        return self.instances["close" if scenario.close else "main"]
+
+    def version(self):
+        return "bench/floor/floor.c"
+
+
+# Display and interleaving order. nginx and h2o are the references for ratios.
+SERVERS = {cls.name: cls for cls in (Nginx, H2o, Tern, Floor)}
+REFERENCES = ("nginx", "h2o")
