@@ -205,19 +205,10 @@ impl WorkerApp for HttpWorker {
             cx.timers.schedule(key, conn.deadline_ms);
             return;
         }
-        let stats = self.shared.stats.worker(self.id);
-        let mut ccx = ConnCx {
-            shared: &self.shared,
-            stats,
-            clock: cx.clock,
-            buffers: cx.buffers,
-            inbox: &self.inbox,
-            worker_id: self.id,
-            draining: cx.draining,
-            near_limit: false,
-        };
-        conn.time_out(&mut ccx);
-        self.close(cx, key);
+        self.with_conn(cx, key, |conn, ccx| {
+            conn.time_out(ccx);
+            Status::Close
+        });
     }
 
     fn on_message(&mut self, cx: &mut Context<'_, WorkerMessage>, msg: WorkerMessage) {
