@@ -73,6 +73,18 @@ struct Exchange {
     seq: u32,
 }
 
+impl Exchange {
+    /// An answer the server sends on its own (bad input, timeout) before closing.
+    fn last_answer(seq: u32) -> Exchange {
+        Exchange {
+            head_only: false,
+            keep_alive: false,
+            http10: false,
+            seq,
+        }
+    }
+}
+
 /// Which timeout a deadline stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Timeout {
@@ -437,12 +449,7 @@ impl Conn {
     fn reject(&mut self, e: RequestError, cx: &mut ConnCx<'_>) {
         cx.stats.bad_request(e);
         self.state = State::Head;
-        let ex = Exchange {
-            head_only: false,
-            keep_alive: false,
-            http10: false,
-            seq: self.seq,
-        };
+        let ex = Exchange::last_answer(self.seq);
         self.respond(Response::text(e.status(), e.message()), ex, cx);
         self.linger_on_close = true;
     }
@@ -533,12 +540,7 @@ impl Conn {
         cx.stats.bump(counter);
         if matches!(kind, Timeout::Header | Timeout::Body) && self.out.is_empty() {
             // Best effort, one non-blocking write: the connection closes right after.
-            let ex = Exchange {
-                head_only: false,
-                keep_alive: false,
-                http10: false,
-                seq: self.seq,
-            };
+            let ex = Exchange::last_answer(self.seq);
             self.respond(Response::text(408, "request timeout\n"), ex, cx);
             let _ = self.out.flush(&mut self.stream);
         }
