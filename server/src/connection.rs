@@ -106,6 +106,8 @@ pub(crate) struct Conn {
     closing: bool,
     /// Close by lingering (half-close, drain) rather than at once.
     linger_on_close: bool,
+    /// Close at once, without an answer or lingering (a handler chose `Reply::Drop`).
+    abort: bool,
     peer_eof: bool,
     /// The socket may hold unread bytes (an event came, and no short read since).
     may_read: bool,
@@ -128,6 +130,7 @@ impl Conn {
             state: State::Head,
             closing: false,
             linger_on_close: false,
+            abort: false,
             peer_eof: false,
             may_read: true,
             head_started_ms: None,
@@ -381,6 +384,11 @@ impl Conn {
         match catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx))) {
             Ok(Reply::Now(response)) => self.respond(response, exchange, cx),
             Ok(Reply::Later) if hcx.deferred => self.state = State::Awaiting(exchange),
+            Ok(Reply::Drop) => {
+                cx.stats.bump(Counter::ConnectionsDropped);
+                self.closing = true;
+                self.abort = true;
+            }
             Ok(Reply::Later) => {
                 tracing::error!(path = head.path, "handler returned Later without defer()");
                 self.respond(
@@ -456,7 +464,7 @@ impl Conn {
 
     fn finish_close(&mut self, cx: &mut ConnCx<'_>) -> Status {
         let unread = self.rbuf.as_ref().is_some_and(|b| !b.is_empty());
-        if !(self.linger_on_close || unread) || self.peer_eof {
+        if self.abort || !(self.linger_on_close || unread) || self.peer_eof {
             return Status::Close;
         }
         // Half-close so the client sees the end of our answer, then drain its input for a

@@ -41,6 +41,10 @@ impl<'a> Request<'a> {
 pub enum Reply {
     Now(Response),
     Later,
+    /// Close the connection at once without answering (answers already sent for earlier
+    /// pipelined requests still go out). For clients far over a rate limit: an answer would
+    /// cost us more than it is worth to them.
+    Drop,
 }
 
 impl From<Response> for Reply {
@@ -111,13 +115,22 @@ impl Pending {
     }
 
     /// Completes, retrying (with a yield) while the worker's inbox is full. For background
-    /// threads that must not lose an acknowledged result.
+    /// threads that must not lose an acknowledged result. An inbox that stays full for two
+    /// seconds belongs to a worker that has exited (shutdown grace expired) or is wedged; the
+    /// reply is then given up rather than spinning forever.
     pub fn complete_retrying(self, response: Response) {
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(2);
         let mut state = (self, response);
         loop {
             match state.0.complete(state.1) {
                 Ok(()) => return,
                 Err(back) => {
+                    if std::time::Instant::now() > give_up {
+                        let (mut pending, _) = back;
+                        pending.inbox = None;
+                        tracing::warn!("a worker's inbox stayed full for 2 s; reply dropped");
+                        return;
+                    }
                     state = back;
                     std::thread::yield_now();
                 }

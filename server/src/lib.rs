@@ -6,6 +6,7 @@
 
 mod connection;
 mod handler;
+pub mod negotiate;
 mod output;
 mod response;
 mod router;
@@ -22,7 +23,9 @@ pub use handler::{Handler, HandlerContext, Pending, Reply, Request, WorkerMessag
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
 pub use stats::{Counter, Stats, StatsSnapshot, WorkerStats};
-pub use tern_codec::{Limits, Method, RequestError, RequestHead, Version};
+pub use tern_codec::{
+    parse_request, trim_ows, Limits, Method, Parsed, RequestError, RequestHead, Version,
+};
 pub use tern_runtime::{RuntimeConfig, SignalAction};
 
 /// Everything a server needs to know at start-up.
@@ -60,18 +63,61 @@ impl Default for ServerConfig {
 pub struct Server {
     config: ServerConfig,
     router: Router,
+    stats: Stats,
+    background: Vec<(String, BackgroundTask)>,
+}
+
+type BackgroundTask = Box<dyn FnOnce(StopSignal) + Send + 'static>;
+
+/// Tells a background thread that the server is stopping. It is raised only after every worker
+/// has drained, so a background thread that completes pending replies (a database writer) keeps
+/// serving them until no request can still be waiting.
+#[derive(Clone, Default)]
+pub struct StopSignal(Arc<std::sync::atomic::AtomicBool>);
+
+impl StopSignal {
+    pub fn is_stopped(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn raise(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release)
+    }
 }
 
 impl Server {
     pub fn new(config: ServerConfig, router: Router) -> Server {
-        Server { config, router }
+        let stats = Stats::new(config.runtime.workers.max(1));
+        Server {
+            config,
+            router,
+            stats,
+            background: Vec::new(),
+        }
+    }
+
+    /// The server's per-worker counters, available before start so handlers (a /metrics page)
+    /// can hold a clone.
+    pub fn stats(&self) -> Stats {
+        self.stats.clone()
+    }
+
+    /// Adds a background thread owned by the server: started after the listeners are bound,
+    /// stopped (via its [`StopSignal`]) and joined after the workers have drained. The thread
+    /// should poll `is_stopped()` at least every few hundred milliseconds.
+    pub fn background(
+        &mut self,
+        name: &str,
+        run: impl FnOnce(StopSignal) + Send + 'static,
+    ) -> &mut Server {
+        self.background.push((name.to_string(), Box::new(run)));
+        self
     }
 
     /// Binds the listen address on every worker and starts serving. Errors (address in use,
     /// permission) come back here, before any thread has started.
     pub fn start(self) -> io::Result<ServerHandle> {
-        let workers = self.config.runtime.workers.max(1);
-        let stats = Stats::new(workers);
+        let stats = self.stats;
         let shared = Arc::new(worker::Shared {
             router: self.router,
             config: self.config.clone(),
@@ -81,7 +127,21 @@ impl Server {
             tern_runtime::Runtime::start(self.config.runtime.clone(), move |id, inbox| {
                 worker::HttpWorker::new(id, shared.clone(), inbox)
             })?;
-        Ok(ServerHandle { runtime, stats })
+        let stop = StopSignal::default();
+        let mut background = Vec::new();
+        for (name, run) in self.background {
+            let signal = stop.clone();
+            let thread = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || run(signal))?;
+            background.push((name, thread));
+        }
+        Ok(ServerHandle {
+            runtime,
+            stats,
+            stop,
+            background,
+        })
     }
 }
 
@@ -89,6 +149,8 @@ impl Server {
 pub struct ServerHandle {
     runtime: tern_runtime::RuntimeHandle<WorkerMessage>,
     stats: Stats,
+    stop: StopSignal,
+    background: Vec<(String, std::thread::JoinHandle<()>)>,
 }
 
 impl ServerHandle {
@@ -109,8 +171,15 @@ impl ServerHandle {
         self.runtime.shutdown();
     }
 
-    /// Blocks until every worker has drained and exited.
+    /// Blocks until every worker has drained and exited, then stops and joins the background
+    /// threads (in the order they were added).
     pub fn join(self) {
         self.runtime.join();
+        self.stop.raise();
+        for (name, thread) in self.background {
+            if thread.join().is_err() {
+                tracing::error!(thread = %name, "background thread panicked");
+            }
+        }
     }
 }

@@ -11,6 +11,8 @@ pub enum Counter {
     ConnectionsClosed,
     /// Accepted and closed at once because the worker was at its connection limit.
     ConnectionsRefused,
+    /// Closed without an answer by a handler (`Reply::Drop`), e.g. far over a rate limit.
+    ConnectionsDropped,
     Requests,
     Responses1xx,
     Responses2xx,
@@ -27,10 +29,11 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 15] = [
+    pub const ALL: [Counter; 16] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
+        Counter::ConnectionsDropped,
         Counter::Requests,
         Counter::Responses1xx,
         Counter::Responses2xx,
@@ -50,6 +53,7 @@ impl Counter {
             Counter::ConnectionsAccepted => "connections_accepted",
             Counter::ConnectionsClosed => "connections_closed",
             Counter::ConnectionsRefused => "connections_refused",
+            Counter::ConnectionsDropped => "connections_dropped",
             Counter::Requests => "requests",
             Counter::Responses1xx => "responses_1xx",
             Counter::Responses2xx => "responses_2xx",
@@ -70,6 +74,7 @@ impl Counter {
             Counter::ConnectionsAccepted => "TCP connections accepted",
             Counter::ConnectionsClosed => "TCP connections closed",
             Counter::ConnectionsRefused => "connections closed at once at the connection limit",
+            Counter::ConnectionsDropped => "connections closed without an answer by a handler",
             Counter::Requests => "requests whose head was parsed",
             Counter::Responses1xx => "1xx responses",
             Counter::Responses2xx => "2xx responses",

@@ -22,8 +22,8 @@
 //! relative ones that stay inside are followed.
 
 mod cache;
-mod conditional;
-mod encoding;
+pub(crate) mod conditional;
+pub(crate) mod encoding;
 mod entry;
 mod fs;
 mod path;

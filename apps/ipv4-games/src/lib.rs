@@ -1,0 +1,1 @@
+//! The IPv4 Games (being written).

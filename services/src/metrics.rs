@@ -1,0 +1,270 @@
+//! Counters for `/statusz` (plain `key: value` lines) and `/metrics` (Prometheus text format).
+//!
+//! Counting is per worker (each on its own cache lines, single writer, no locked instruction);
+//! the pages sum on demand, which is rare next to the increments.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_utils::CachePadded;
+use tern_server::{Counter, RequestError, StatsSnapshot};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+}
+
+/// One value for the pages. `label` adds one `key="value"` pair (e.g. the cause of a 400).
+#[derive(Debug, Clone)]
+pub struct Metric {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub kind: MetricKind,
+    pub label: Option<(&'static str, &'static str)>,
+    pub value: f64,
+}
+
+impl Metric {
+    pub fn counter(name: &'static str, help: &'static str, value: u64) -> Metric {
+        Metric {
+            name,
+            help,
+            kind: MetricKind::Counter,
+            label: None,
+            value: value as f64,
+        }
+    }
+
+    pub fn gauge(name: &'static str, help: &'static str, value: f64) -> Metric {
+        Metric {
+            name,
+            help,
+            kind: MetricKind::Gauge,
+            label: None,
+            value,
+        }
+    }
+
+    pub fn with_label(mut self, key: &'static str, value: &'static str) -> Metric {
+        self.label = Some((key, value));
+        self
+    }
+}
+
+fn write_value(out: &mut String, v: f64) {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        let _ = write!(out, "{}", v as i64);
+    } else {
+        let _ = write!(out, "{v:.3}");
+    }
+}
+
+/// `name: value` per line; labelled values as `name{key="value"}: value`.
+pub fn render_statusz(metrics: &[Metric]) -> String {
+    let mut out = String::with_capacity(metrics.len() * 32);
+    for m in metrics {
+        out.push_str(m.name);
+        if let Some((k, v)) = m.label {
+            let _ = write!(out, "{{{k}=\"{v}\"}}");
+        }
+        out.push_str(": ");
+        write_value(&mut out, m.value);
+        out.push('\n');
+    }
+    out
+}
+
+/// Prometheus text exposition format 0.0.4: `# HELP` and `# TYPE` once per metric name
+/// (labelled series of one name must be adjacent), names prefixed with `prefix`.
+pub fn render_prometheus(prefix: &str, metrics: &[Metric]) -> String {
+    let mut out = String::with_capacity(metrics.len() * 96);
+    let mut last: Option<&str> = None;
+    for m in metrics {
+        if last != Some(m.name) {
+            let kind = match m.kind {
+                MetricKind::Counter => "counter",
+                MetricKind::Gauge => "gauge",
+            };
+            let _ = writeln!(out, "# HELP {prefix}{} {}", m.name, m.help);
+            let _ = writeln!(out, "# TYPE {prefix}{} {kind}", m.name);
+            last = Some(m.name);
+        }
+        out.push_str(prefix);
+        out.push_str(m.name);
+        if let Some((k, v)) = m.label {
+            let _ = write!(out, "{{{k}=\"{v}\"}}");
+        }
+        out.push(' ');
+        write_value(&mut out, m.value);
+        out.push('\n');
+    }
+    out
+}
+
+/// The server layer's counters: connections, requests, responses by class, timeouts, and
+/// bad requests by cause.
+pub fn server_metrics(s: &StatsSnapshot) -> Vec<Metric> {
+    let mut out: Vec<Metric> = Counter::ALL
+        .iter()
+        .map(|&c| Metric::counter(c.name(), c.help(), s.get(c)))
+        .collect();
+    out.push(Metric::gauge(
+        "connections_open",
+        "TCP connections open now",
+        s.open_connections() as f64,
+    ));
+    for e in RequestError::ALL {
+        out.push(
+            Metric::counter(
+                "bad_requests",
+                "requests refused as malformed, by cause",
+                s.bad(e),
+            )
+            .with_label("cause", e.name()),
+        );
+    }
+    out
+}
+
+/// Uptime and resident memory of this process.
+pub fn process_metrics(started: Instant) -> Vec<Metric> {
+    vec![
+        Metric::gauge(
+            "uptime_seconds",
+            "seconds since the server started",
+            started.elapsed().as_secs() as f64,
+        ),
+        Metric::gauge(
+            "resident_memory_bytes",
+            "resident set size of the process",
+            rss_bytes() as f64,
+        ),
+    ]
+}
+
+/// Resident set size from /proc/self/statm (0 where unavailable).
+pub fn rss_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
+        return 0;
+    };
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no memory-safety preconditions; it only reads a constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * page.max(0) as u64
+}
+
+/// An app's own counters: `N` named values per slot (one slot per worker, plus any for
+/// background threads), each slot written by one thread only.
+pub struct AppCounters<const N: usize> {
+    names: &'static [(&'static str, &'static str); N],
+    slots: Arc<[CachePadded<[AtomicU64; N]>]>,
+}
+
+impl<const N: usize> Clone for AppCounters<N> {
+    fn clone(&self) -> Self {
+        AppCounters {
+            names: self.names,
+            slots: self.slots.clone(),
+        }
+    }
+}
+
+impl<const N: usize> AppCounters<N> {
+    /// `names` are (metric name, help) pairs; index `i` of `add` is `names[i]`.
+    pub fn new(names: &'static [(&'static str, &'static str); N], slots: usize) -> Self {
+        AppCounters {
+            names,
+            slots: (0..slots.max(1))
+                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+        }
+    }
+
+    /// Adds `n` to counter `index` of `slot`. Only one thread may write a given slot.
+    #[inline]
+    pub fn add(&self, slot: usize, index: usize, n: u64) {
+        let a = &self.slots[slot][index];
+        a.store(a.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
+
+    /// Sets counter `index` of `slot` (for a gauge such as the last batch size).
+    pub fn set(&self, slot: usize, index: usize, v: u64) {
+        self.slots[slot][index].store(v, Ordering::Relaxed);
+    }
+
+    pub fn sum(&self, index: usize) -> u64 {
+        self.slots
+            .iter()
+            .map(|s| s[index].load(Ordering::Relaxed))
+            .sum()
+    }
+
+    pub fn metrics(&self) -> Vec<Metric> {
+        self.names
+            .iter()
+            .enumerate()
+            .map(|(i, (name, help))| Metric::counter(name, help, self.sum(i)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static NAMES: [(&str, &str); 2] = [("claims", "claims committed"), ("batches", "batches")];
+
+    #[test]
+    fn counters_sum_over_slots() {
+        let c = AppCounters::new(&NAMES, 3);
+        c.add(0, 0, 2);
+        c.add(2, 0, 3);
+        c.add(1, 1, 1);
+        assert_eq!(c.sum(0), 5);
+        assert_eq!(c.sum(1), 1);
+        c.set(1, 1, 7);
+        assert_eq!(c.sum(1), 7);
+    }
+
+    #[test]
+    fn slots_do_not_share_cache_lines() {
+        let c = AppCounters::new(&NAMES, 2);
+        let a = &c.slots[0] as *const _ as usize;
+        let b = &c.slots[1] as *const _ as usize;
+        assert!(b - a >= 64);
+    }
+
+    #[test]
+    fn pages_render() {
+        let m = vec![
+            Metric::counter("requests", "requests served", 42),
+            Metric::counter("bad_requests", "by cause", 1).with_label("cause", "bare_lf"),
+            Metric::counter("bad_requests", "by cause", 2).with_label("cause", "no_host"),
+            Metric::gauge("uptime_seconds", "uptime", 1.5),
+        ];
+        assert_eq!(
+            render_statusz(&m),
+            "requests: 42\nbad_requests{cause=\"bare_lf\"}: 1\n\
+             bad_requests{cause=\"no_host\"}: 2\nuptime_seconds: 1.500\n"
+        );
+        let p = render_prometheus("tern_", &m);
+        assert!(p.starts_with(
+            "# HELP tern_requests requests served\n# TYPE tern_requests counter\ntern_requests 42\n"
+        ));
+        assert_eq!(p.matches("# TYPE tern_bad_requests counter").count(), 1);
+        assert!(p.contains("tern_bad_requests{cause=\"no_host\"} 2\n"));
+        assert!(p.contains("# TYPE tern_uptime_seconds gauge\ntern_uptime_seconds 1.500\n"));
+    }
+
+    #[test]
+    fn rss_is_measured() {
+        assert!(rss_bytes() > 1024 * 1024);
+    }
+}
