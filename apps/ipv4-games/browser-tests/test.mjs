@@ -1,0 +1,328 @@
+// Real headless-Chromium tests of the IPv4 Games pages against a real server.
+//
+//   node test.mjs
+//
+// Server under test, first match wins:
+//   TERN_TEST_URL=http://127.0.0.1:PORT   use a server that is already running (nothing is started)
+//   TERN_TEST_MOCK=1                      start ./mock.mjs (the in-memory stand-in)
+//   otherwise                             start `${TERN_BIN:-<repo>/target/release/tern} demo
+//                                         --listen 127.0.0.1:0 --data <fresh temp dir>`
+// Browser: CHROMIUM (default /usr/bin/chromium); no browser is downloaded.
+// Screenshots go to ./artifacts/ (git-ignored); their paths are printed.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repo = path.resolve(here, '..', '..', '..');
+const artifacts = path.join(here, 'artifacts');
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const CHROMIUM_ARGS = ['--headless=new', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+  '--disable-background-networking', '--disable-component-update', '--disable-sync'];
+
+// A name no earlier run used; '+' and '@' check that the pages encode names in URLs.
+const NAME = 'pw-' + Date.now().toString(36) + Math.floor(Math.random() * 1e4).toString(36) + '+t@x';
+const enc = encodeURIComponent;
+
+let base; // http://127.0.0.1:PORT
+let server; // child process, when we started one
+let serverLog = '';
+let dataDir;
+let browser;
+
+// ---- the server ---------------------------------------------------------------------------------
+
+function startServer() {
+  let cmd, args;
+  if (process.env.TERN_TEST_MOCK) {
+    cmd = process.execPath;
+    args = [path.join(here, 'mock.mjs'), '--listen', '127.0.0.1:0'];
+  } else {
+    cmd = process.env.TERN_BIN || path.join(repo, 'target', 'release', 'tern');
+    dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'ipv4-games-test-'));
+    args = ['demo', '--listen', '127.0.0.1:0', '--data', dataDir];
+    if (!fs.existsSync(cmd)) throw new Error(`no tern binary at ${cmd}: build it (cargo build --release -p tern) or set TERN_BIN`);
+  }
+  console.log(`# starting: ${cmd} ${args.join(' ')}`);
+  server = spawn(cmd, args, { cwd: repo, stdio: ['ignore', 'pipe', 'pipe'] });
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`no start-up line with http://127.0.0.1:PORT within 30 s; output:\n${serverLog}`)), 30000);
+    const onData = (chunk) => {
+      serverLog += chunk;
+      if (serverLog.length > 200000) serverLog = serverLog.slice(-100000);
+      const m = serverLog.match(/http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m && !base) {
+        clearTimeout(timer);
+        resolve(`http://127.0.0.1:${m[1]}`);
+      }
+    };
+    server.stdout.setEncoding('utf8').on('data', onData);
+    server.stderr.setEncoding('utf8').on('data', onData);
+    server.on('error', (e) => { clearTimeout(timer); reject(e); });
+    server.on('exit', (code, sig) => {
+      if (!base) { clearTimeout(timer); reject(new Error(`server exited (${code ?? sig}) before it listened; output:\n${serverLog}`)); }
+    });
+  });
+}
+
+function stopServer() {
+  if (server && server.exitCode === null && server.signalCode === null) {
+    server.kill('SIGTERM');
+    const t = setTimeout(() => server.kill('SIGKILL'), 5000);
+    return new Promise((r) => server.once('exit', () => { clearTimeout(t); r(); }));
+  }
+}
+
+// Whatever happens, never leave the server behind.
+process.on('exit', () => {
+  if (server && server.exitCode === null && server.signalCode === null) server.kill('SIGKILL');
+  if (dataDir) fs.rmSync(dataDir, { recursive: true, force: true });
+});
+for (const s of ['SIGINT', 'SIGTERM']) process.on(s, () => process.exit(130));
+
+before(async () => {
+  fs.mkdirSync(artifacts, { recursive: true });
+  base = process.env.TERN_TEST_URL ? process.env.TERN_TEST_URL.replace(/\/+$/, '') : await startServer();
+  console.log(`# server: ${base}`);
+  browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_ARGS });
+  console.log(`# browser: Chromium ${browser.version()}`);
+});
+
+after(async () => {
+  if (browser) await browser.close().catch(() => {});
+  await stopServer();
+  if (dataDir) fs.rmSync(dataDir, { recursive: true, force: true });
+});
+
+// ---- pages with error tracking ------------------------------------------------------------------
+
+// Opens a page that records console errors, page errors, failed requests and 4xx/5xx answers.
+// `allow(url, status)` may excuse deliberate ones. `problems()` stops recording and returns them.
+async function openPage(opts = {}) {
+  const context = await browser.newContext({ viewport: opts.viewport || { width: 1280, height: 900 },
+    deviceScaleFactor: opts.deviceScaleFactor || 1, isMobile: !!opts.isMobile, hasTouch: !!opts.isMobile });
+  const page = await context.newPage();
+  const seen = [];
+  const requests = [];
+  let recording = true;
+  const allow = opts.allow || (() => false);
+  const note = (s) => { if (recording) seen.push(s); };
+  page.on('console', (m) => {
+    if (m.type() !== 'error') return;
+    // Chromium logs every 4xx/5xx answer as a console error; those are judged by status below.
+    if (/Failed to load resource: the server responded with a status of/.test(m.text())) return;
+    note(`console error: ${m.text()} (${m.location().url})`);
+  });
+  page.on('pageerror', (e) => note(`page error: ${e.message}`));
+  page.on('request', (r) => requests.push(r.url()));
+  page.on('requestfailed', (r) => note(`request failed: ${r.method()} ${r.url()}: ${r.failure()?.errorText}`));
+  page.on('response', (r) => {
+    if (r.status() >= 400 && !allow(r.url(), r.status())) note(`HTTP ${r.status()}: ${r.request().method()} ${r.url()}`);
+  });
+  return {
+    page,
+    requests,
+    problems() { recording = false; return seen.slice(); },
+    async close() { recording = false; await context.close(); },
+  };
+}
+
+async function assertClean(p) {
+  const problems = p.problems();
+  await p.close();
+  assert.deepEqual(problems, [], 'console errors or failed requests');
+}
+
+async function shot(page, name, fullPage = true) {
+  const file = path.join(artifacts, name);
+  await page.screenshot({ path: file, fullPage });
+  console.log(`# screenshot: ${file}`);
+}
+
+const cell = (page, b) => page.locator(`#map .cell[data-block="${b}"]`);
+
+// ---- scenarios ----------------------------------------------------------------------------------
+
+test('static files: pages, scripts, styles and a real /favicon.ico', async () => {
+  for (const [p, type] of [['/', 'text/html'], ['/index.html', 'text/html'], ['/user.html', 'text/html'],
+    ['/about.html', 'text/html'], ['/style.css', 'text/css'], ['/app.js', 'javascript'],
+    ['/index.js', 'javascript'], ['/user.js', 'javascript'], ['/favicon.ico', 'image/'], ['/favicon.svg', 'image/svg']]) {
+    const r = await fetch(base + p);
+    assert.equal(r.status, 200, `${p} status`);
+    assert.match(r.headers.get('content-type') || '', new RegExp(type.replace('/', '\\/')), `${p} content type`);
+    assert.ok((await r.arrayBuffer()).byteLength > 0, `${p} is not empty`);
+  }
+});
+
+test('index shows your address, a 16×16 map and the claim form', async () => {
+  const p = await openPage();
+  const { page } = p;
+  await page.goto(base + '/');
+  await assert.doesNotReject(page.waitForFunction(() => document.getElementById('ip').textContent === '127.0.0.1', null, { timeout: 5000 }),
+    'own address 127.0.0.1 shown');
+  assert.equal(await page.locator('#map .cell').count(), 256);
+  assert.equal(await page.locator('#name').getAttribute('maxlength'), '40');
+  assert.ok(await page.locator('#name').getAttribute('pattern'));
+  assert.equal(await page.locator('label[for="name"]').count(), 1, 'the name input has a label');
+  await page.waitForFunction(() => !/Loading/.test(document.getElementById('score-status').textContent), null, { timeout: 10000 });
+  await page.waitForFunction(() => !/Loading/.test(document.getElementById('feed-status').textContent), null, { timeout: 10000 });
+  await assertClean(p);
+});
+
+test('an invalid name shows the validation message and sends no request', async () => {
+  const p = await openPage();
+  const { page } = p;
+  await page.goto(base + '/');
+  for (const [bad, expect] of [['', /enter a name/i], ['bad name', /not allowed: space/i], ['héllo<b>', /not allowed: “é”, “<”, “>”/i]]) {
+    await page.fill('#name', bad);
+    await page.click('#claim-btn');
+    await assert.doesNotReject(page.waitForFunction((re) => new RegExp(re, 'i').test(document.getElementById('claim-msg').textContent),
+      expect.source, { timeout: 2000 }), `message for ${JSON.stringify(bad)}`);
+    assert.equal(await page.getAttribute('#name', 'aria-invalid'), 'true');
+    assert.match(await page.getAttribute('#claim-msg', 'class'), /err/);
+  }
+  // Typing a valid name clears the error.
+  await page.fill('#name', 'fine');
+  assert.equal(await page.getAttribute('#name', 'aria-invalid'), null);
+  await page.waitForTimeout(300);
+  assert.deepEqual(p.requests.filter((u) => new URL(u).pathname.startsWith('/claim')), [], 'no /claim request was made');
+  await assertClean(p);
+});
+
+test('a claim through the form shows in the feed, on the map and on the leaderboard', async () => {
+  const p = await openPage();
+  const { page } = p;
+  await page.goto(base + '/');
+  await page.waitForFunction(() => !/Loading/.test(document.getElementById('feed-status').textContent), null, { timeout: 10000 });
+  const t0 = Date.now();
+  await page.fill('#name', NAME);
+  await page.click('#claim-btn');
+  await assert.doesNotReject(page.waitForFunction((n) => document.getElementById('claim-msg').textContent.includes('127.0.0.1 is now claimed by ' + n),
+    NAME, { timeout: 10000 }), 'the server\'s answer is shown');
+  assert.match(await page.getAttribute('#claim-msg', 'class'), /ok/);
+  assert.ok(p.requests.some((u) => u === `${base}/claim?name=${enc(NAME)}`), 'claim request with the encoded name');
+
+  // Live feed, within 5 s, highlighted as new.
+  const feedClass = await page.waitForFunction((n) => {
+    const li = [...document.querySelectorAll('#feed li')].find((l) => l.querySelector('.who')?.textContent === n);
+    return li && li.querySelector('.addr').textContent === '127.0.0.1' && (li.className || 'none');
+  }, NAME, { timeout: 5000 }).then((h) => h.jsonValue());
+  console.log(`# feed: claim shown after ${Date.now() - t0} ms`);
+  assert.equal(feedClass, 'new', 'a new feed item is highlighted');
+  assert.equal(await page.locator('#feed li .who', { hasText: NAME }).first().getAttribute('href'), `user.html?name=${enc(NAME)}`);
+
+  // The feed is updated in place: the same <li> survives the next polls (no re-render flicker).
+  await page.evaluate(() => { document.querySelector('#feed li').dataset.probe = 'kept'; });
+  const before = await page.locator('#feed li').count();
+  await page.waitForTimeout(4500);
+  assert.equal(await page.evaluate(() => document.querySelector('#feed li').dataset.probe), 'kept', 'feed items are not re-created');
+  assert.ok(await page.locator('#feed li').count() >= before);
+
+  // Map: block 127 coloured and titled with the name, within the score rebuild time.
+  await assert.doesNotReject(page.waitForFunction((n) => {
+    const c = document.querySelector('#map .cell[data-block="127"]');
+    return c.title.startsWith('127.0.0.0/8 — ' + n + ' (') && c.style.background !== '';
+  }, NAME, { timeout: 15000 }), 'block 127 shows the claim');
+  console.log(`# map: block 127 shows the claim after ${Date.now() - t0} ms`);
+  assert.equal(await cell(page, 127).getAttribute('href'), `user.html?name=${enc(NAME)}`);
+  assert.match(await cell(page, 127).getAttribute('class'), /\bmine\b/, 'own /8 is outlined');
+
+  // Leaderboard.
+  const row = page.locator('#lb-body tr', { has: page.locator('a', { hasText: NAME }) });
+  await assert.doesNotReject(row.first().waitFor({ timeout: 5000 }), 'leaderboard lists the name');
+  assert.equal(await row.first().locator('a').getAttribute('href'), `user.html?name=${enc(NAME)}`);
+  const cols = await row.first().locator('td').allTextContents();
+  assert.equal(Number(cols[2]), 1, 'count');
+  assert.ok(Number(cols[3]) >= 1, 'leads at least block 127');
+
+  // The window selector switches the /score URL; the claim is within the hour.
+  await page.check('input[name="window"][value="hour"]');
+  await page.waitForURL(/\?window=hour$/);
+  await assert.doesNotReject(page.waitForFunction((n) => document.querySelector('#map .cell[data-block="127"]').title.includes('— ' + n + ' ('),
+    NAME, { timeout: 15000 }), 'hour window shows the claim');
+  assert.ok(p.requests.some((u) => new URL(u).pathname === '/score/hour'), '/score/hour was requested');
+  assert.match(await page.textContent('#score-status'), /last hour/);
+  await shot(page, 'index.png');
+
+  // Clicking the cell opens the leader's page.
+  await cell(page, 127).click();
+  await page.waitForURL((u) => u.pathname.endsWith('/user.html') && u.searchParams.get('name') === NAME);
+  await page.locator('#player-status', { hasText: 'holds 1 address' }).waitFor({ timeout: 10000 });
+  await assertClean(p);
+});
+
+test('user.html shows the player\'s /8s and recent claims', async () => {
+  const p = await openPage();
+  const { page } = p;
+  await page.goto(`${base}/user.html?name=${enc(NAME)}`);
+  await page.locator('#player-status', { hasText: `${NAME} holds 1 address in 1 /8` }).waitFor({ timeout: 10000 });
+  assert.equal(await page.textContent('#player-name'), NAME);
+  assert.equal(await page.title(), `${NAME} — IPv4 Games`);
+  const c = cell(page, 127);
+  assert.match(await c.getAttribute('class'), /\bheld\b/);
+  assert.match(await c.getAttribute('title'), new RegExp(`^127\\.0\\.0\\.0/8 — ${NAME.replace(/[+.]/g, '\\$&')} \\(1\\)`));
+  assert.match(await c.textContent(), /1$/);
+  assert.equal(await page.locator('#map .cell.held').count(), 1, 'only block 127 is highlighted');
+  assert.equal(await page.locator('#recent li .addr').first().textContent(), '127.0.0.1');
+  assert.equal(await page.locator('a.back').getAttribute('href'), './');
+  await shot(page, 'user.png');
+  await assertClean(p);
+});
+
+test('user.html with an unknown, an invalid or no name', async () => {
+  let p = await openPage();
+  await p.page.goto(`${base}/user.html?name=nobody-${Date.now().toString(36)}`);
+  await p.page.locator('#player-status', { hasText: 'holds no addresses yet' }).waitFor({ timeout: 10000 });
+  assert.equal(await p.page.locator('#map .cell.held').count(), 0);
+  await assertClean(p);
+
+  p = await openPage();
+  await p.page.goto(`${base}/user.html?name=${enc('no spaces<allowed>')}`);
+  await p.page.locator('#player-status', { hasText: 'not a valid name' }).waitFor({ timeout: 5000 });
+  assert.equal(await p.page.isVisible('#lookup'), true);
+  assert.deepEqual(p.requests.filter((u) => new URL(u).pathname.startsWith('/player')), [], 'no /player request');
+  await assertClean(p);
+
+  p = await openPage();
+  await p.page.goto(`${base}/user.html`);
+  await p.page.locator('#player-status', { hasText: 'Enter a name' }).waitFor({ timeout: 5000 });
+  await p.page.fill('#lookup-name', NAME);
+  await p.page.click('#lookup button');
+  await p.page.locator('#player-status', { hasText: 'holds 1 address' }).waitFor({ timeout: 10000 });
+  await assertClean(p);
+});
+
+test('about.html loads with the rules and the API', async () => {
+  const p = await openPage();
+  const { page } = p;
+  await page.goto(`${base}/about.html`);
+  assert.equal(await page.title(), 'About — IPv4 Games');
+  const text = await page.textContent('main');
+  for (const s of ['Rules', '1–40 characters', 'GET /claim', 'GET /score', 'GET /player/NAME', 'SQLite', 'group commit', 'on disk']) {
+    assert.ok(text.includes(s), `about mentions ${s}`);
+  }
+  await page.click('a.back');
+  await page.waitForURL(`${base}/`);
+  await page.waitForFunction(() => document.getElementById('ip').textContent === '127.0.0.1', null, { timeout: 5000 });
+  await assertClean(p);
+});
+
+test('on a phone-sized screen the board fits without sideways scrolling', async () => {
+  const p = await openPage({ viewport: { width: 360, height: 740 }, deviceScaleFactor: 2, isMobile: true });
+  const { page } = p;
+  await page.goto(base + '/');
+  await page.waitForFunction((n) => document.querySelector('#map .cell[data-block="127"]').title.includes('— ' + n + ' ('), NAME, { timeout: 15000 });
+  const { sw, cw, cellW } = await page.evaluate(() => ({
+    sw: document.documentElement.scrollWidth, cw: document.documentElement.clientWidth,
+    cellW: document.querySelector('#map .cell').getBoundingClientRect().width,
+  }));
+  assert.ok(sw <= cw, `page is ${sw}px wide in a ${cw}px viewport`);
+  assert.ok(cellW >= 16, `map cells are ${cellW}px wide`);
+  await shot(page, 'index-mobile.png');
+  await assertClean(p);
+});
