@@ -84,6 +84,8 @@ process.on('exit', () => {
   if (dataDir) fs.rmSync(dataDir, { recursive: true, force: true });
 });
 for (const s of ['SIGINT', 'SIGTERM']) process.on(s, () => process.exit(130));
+// A hung browser or server must not hang the suite: give up after 4 minutes.
+setTimeout(() => { console.error('# browser tests: gave up after 240 s'); process.exit(1); }, 240000).unref();
 
 before(async () => {
   fs.mkdirSync(artifacts, { recursive: true });
