@@ -62,13 +62,18 @@ impl CommonArgs {
 
 /// Starts the server, prints the one start-up line, and waits for a signal to stop.
 pub fn run(config: ServerConfig, router: Router, what: &str) -> Result<(), String> {
+    run_server(Server::new(config, router), what)
+}
+
+/// Like [`run`], for a server an app has already assembled (routes plus background threads).
+pub fn run_server(server: Server, what: &str) -> Result<(), String> {
     match tern_runtime::raise_fd_limit() {
         Ok((before, after)) => tracing::info!("open-file limit raised from {before} to {after}"),
         Err(e) => tracing::warn!("could not raise the open-file limit: {e}"),
     }
-    let workers = config.runtime.workers;
-    let listen = config.runtime.listen;
-    let server = Server::new(config, router)
+    let workers = server.config().runtime.workers;
+    let listen = server.config().runtime.listen;
+    let server = server
         .start()
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let stop = server.stopper();

@@ -4,6 +4,7 @@
 //! server commands share (the common flags and the start/wait loop) is in `common.rs`.
 
 mod common;
+mod demo;
 mod serve;
 
 use std::process::ExitCode;
@@ -20,7 +21,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     name = "tern",
     version,
     about = "A thread-per-core web server that lets one cheap machine serve the world.",
-    after_help = "Quick start:\n  tern serve ./site --listen 127.0.0.1:8080 [--workers N]\n\nSee `tern serve --help` for every option."
+    after_help = "Quick start:\n  tern demo                      # the IPv4 Games on http://127.0.0.1:8080\n  tern serve ./site --listen 127.0.0.1:8080 [--workers N]\n\nSee `tern serve --help` for every option."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -31,6 +32,8 @@ struct Cli {
 enum Command {
     /// Serve the files of DIR over HTTP/1.1.
     Serve(serve::ServeArgs),
+    /// Run the IPv4 Games (claim your address for a name) on embedded SQLite.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve(args) => serve::serve(args),
+        Command::Demo(args) => demo::demo(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -114,6 +114,12 @@ impl Pending {
         }
     }
 
+    /// Gives the reply back to the handler: for a handler that deferred, then found it can
+    /// answer at once after all (a full queue) and returns `Reply::Now` instead.
+    pub fn cancel(mut self) {
+        self.inbox = None;
+    }
+
     /// Completes, retrying (with a yield) while the worker's inbox is full. For background
     /// threads that must not lose an acknowledged result. An inbox that stays full for two
     /// seconds belongs to a worker that has exited (shutdown grace expired) or is wedged; the

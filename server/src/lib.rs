@@ -96,6 +96,15 @@ impl Server {
         }
     }
 
+    /// The routes, for adding handlers that need something only the server has (its stats).
+    pub fn router_mut(&mut self) -> &mut Router {
+        &mut self.router
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
     /// The server's per-worker counters, available before start so handlers (a /metrics page)
     /// can hold a clone.
     pub fn stats(&self) -> Stats {

@@ -38,6 +38,10 @@ impl TrustedProxies {
         self.nets.is_empty()
     }
 
+    pub fn into_nets(self) -> Vec<IpNet> {
+        self.nets
+    }
+
     pub fn is_trusted(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         self.nets.iter().any(|n| n.contains(&ip))
@@ -149,7 +153,10 @@ mod tests {
     #[test]
     fn untrusted_peers_cannot_spoof() {
         let spoof = "X-Forwarded-For: 1.1.1.1\r\nForwarded: for=2.2.2.2\r\n";
-        assert_eq!(client("10.0.0.0/8", "203.0.113.5:9", spoof), ip("203.0.113.5"));
+        assert_eq!(
+            client("10.0.0.0/8", "203.0.113.5:9", spoof),
+            ip("203.0.113.5")
+        );
         assert_eq!(client("", "127.0.0.1:9", spoof), ip("127.0.0.1"));
     }
 
@@ -196,7 +203,11 @@ mod tests {
     #[test]
     fn mapped_v4_peers_are_canonical() {
         assert_eq!(
-            client("127.0.0.1", "[::ffff:127.0.0.1]:5", "X-Forwarded-For: 9.9.9.9\r\n"),
+            client(
+                "127.0.0.1",
+                "[::ffff:127.0.0.1]:5",
+                "X-Forwarded-For: 9.9.9.9\r\n"
+            ),
             ip("9.9.9.9")
         );
     }

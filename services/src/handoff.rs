@@ -146,7 +146,10 @@ mod tests {
         assert_eq!(rx.recv_batch(&mut batch, 100, Duration::ZERO), Some(6));
         batch.clear();
         let t = std::time::Instant::now();
-        assert_eq!(rx.recv_batch(&mut batch, 100, Duration::from_millis(20)), Some(0));
+        assert_eq!(
+            rx.recv_batch(&mut batch, 100, Duration::from_millis(20)),
+            Some(0)
+        );
         assert!(t.elapsed() >= Duration::from_millis(20));
         drop(tx);
         assert_eq!(rx.recv_batch(&mut batch, 100, Duration::ZERO), None);

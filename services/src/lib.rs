@@ -9,6 +9,7 @@
 //!   proxies.
 //! - [`metrics`]: /statusz and /metrics pages from per-worker counters.
 
+pub mod background;
 pub mod client_addr;
 pub mod handoff;
 pub mod metrics;

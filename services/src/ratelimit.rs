@@ -129,7 +129,9 @@ impl PrefixLimiter {
             return;
         }
         table.refilled_at.store(now_secs, Ordering::Relaxed);
-        let amount = (now_secs - last).saturating_mul(self.refill as u64).min(255) as u8;
+        let amount = (now_secs - last)
+            .saturating_mul(self.refill as u64)
+            .min(255) as u8;
         // One pass over the table once a second (64 KiB by default): cheaper than keeping a
         // timestamp per bucket, and keeps each bucket to one byte.
         for slot in table.debt.iter() {
@@ -194,7 +196,10 @@ mod tests {
     fn the_whole_prefix_shares_a_bucket_and_others_do_not() {
         let l = limiter(10, 3);
         for last in 1..=3 {
-            assert_eq!(l.check(0, ip(&format!("198.51.100.{last}")), 5), RateDecision::Allow);
+            assert_eq!(
+                l.check(0, ip(&format!("198.51.100.{last}")), 5),
+                RateDecision::Allow
+            );
         }
         assert_eq!(l.check(0, ip("198.51.100.200"), 5), RateDecision::Reject);
         assert_eq!(l.check(0, ip("198.51.101.1"), 5), RateDecision::Allow);
@@ -202,7 +207,10 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(l.check(0, ip("2001:db8:1::1"), 5), RateDecision::Allow);
         }
-        assert_eq!(l.check(0, ip("2001:db8:1:ffff::9"), 5), RateDecision::Reject);
+        assert_eq!(
+            l.check(0, ip("2001:db8:1:ffff::9"), 5),
+            RateDecision::Reject
+        );
         assert_eq!(l.check(0, ip("2001:db8:2::1"), 5), RateDecision::Allow);
     }
 

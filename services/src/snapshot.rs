@@ -100,7 +100,9 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     // for static files, which are compressed once per change.
     let mut c = libdeflater::Compressor::new(libdeflater::CompressionLvl::new(6).unwrap());
     let mut out = vec![0; c.gzip_compress_bound(data.len())];
-    let n = c.gzip_compress(data, &mut out).expect("bound is large enough");
+    let n = c
+        .gzip_compress(data, &mut out)
+        .expect("bound is large enough");
     out.truncate(n);
     out
 }

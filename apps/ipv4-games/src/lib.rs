@@ -1,1 +1,135 @@
-//! The IPv4 Games (being written).
+//! The IPv4 Games: every visitor claims the IPv4 address they come from for a name; the board
+//! shows who holds the most of each /8.
+//!
+//! Built only on tern's public API: routes and pending replies (tern-server), snapshots, a
+//! bounded hand-off queue, per-prefix token buckets, trusted-proxy addresses and counters
+//! (tern-services). One writer thread owns the SQLite database and commits claims in batches,
+//! answering each claim only after its batch is committed.
+//!
+//! ```no_run
+//! use tern_ipv4_games::{build, GameConfig};
+//! let server = build(tern_server::ServerConfig::default(), GameConfig::new("data", "site")).unwrap();
+//! let running = server.start().unwrap();
+//! running.join();
+//! ```
+
+mod answer;
+mod game;
+mod name;
+mod player;
+pub mod store;
+mod views;
+mod writer;
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tern_server::static_files::{StaticFiles, StaticOptions};
+use tern_server::{Router, Server, ServerConfig};
+use tern_services::{
+    handoff, AppCounters, RateLimitConfig, Snapshot, SnapshotCell, TrustedProxies,
+};
+
+pub use store::SyncMode;
+
+/// The game's settings.
+#[derive(Debug, Clone)]
+pub struct GameConfig {
+    /// Where the database lives (created if missing).
+    pub data_dir: PathBuf,
+    /// The pages (index.html, user.html, about.html, …), served with hot reload.
+    pub site_dir: PathBuf,
+    pub sync: SyncMode,
+    /// Most claims per transaction.
+    pub batch_max: usize,
+    /// Claims that may wait for the writer; beyond it claims are answered 503 at once.
+    pub queue_capacity: usize,
+    pub proxies: TrustedProxies,
+    pub rate_limit: RateLimitConfig,
+    /// How often the short score windows are rebuilt (long ones: three times this).
+    pub score_interval: Duration,
+}
+
+impl GameConfig {
+    pub fn new(data_dir: impl Into<PathBuf>, site_dir: impl Into<PathBuf>) -> GameConfig {
+        GameConfig {
+            data_dir: data_dir.into(),
+            site_dir: site_dir.into(),
+            sync: SyncMode::Normal,
+            batch_max: 1024,
+            queue_capacity: 65_536,
+            proxies: TrustedProxies::default(),
+            rate_limit: RateLimitConfig::default(),
+            score_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The pages shipped with the game, for running from a source checkout.
+pub fn bundled_site() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/site"))
+}
+
+/// Opens the database, prepares the threads and routes; `start()` the result to play.
+pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
+    std::fs::create_dir_all(&game.data_dir)
+        .map_err(|e| format!("cannot create data dir {}: {e}", game.data_dir.display()))?;
+    let db = store::db_path(&game.data_dir);
+    let writer_conn = store::open_writer(&db, game.sync)
+        .map_err(|e| format!("cannot open database {}: {e}", db.display()))?;
+    let views_conn =
+        store::open_reader(&db).map_err(|e| format!("cannot open {}: {e}", db.display()))?;
+    let lookup_conn =
+        store::open_reader(&db).map_err(|e| format!("cannot open {}: {e}", db.display()))?;
+    let site = StaticFiles::new(StaticOptions::new(&game.site_dir))
+        .map_err(|e| format!("cannot serve {}: {e}", game.site_dir.display()))?;
+
+    let workers = config.runtime.workers.max(1);
+    let mut server = Server::new(config, Router::new());
+    let (claims, claims_rx) = handoff(game.queue_capacity.max(1));
+    let (lookups, lookups_rx) = handoff(256);
+    let now = game::unix_now();
+    let empty_score = |w: views::Window| {
+        let json = views::Tally::new(now, &[w]).render().remove(0).1;
+        SnapshotCell::new(views::score_snapshot(json, now, game.score_interval))
+    };
+    let state = Arc::new(game::Game {
+        workers,
+        counters: AppCounters::new(&game::COUNTER_NAMES, workers + 3),
+        recent: SnapshotCell::new(Snapshot::new(
+            "application/json",
+            views::recent_json([].iter(), now),
+            now,
+            1,
+        )),
+        scores: views::Window::ALL.map(empty_score),
+        claims,
+        lookups,
+        limiter: tern_services::PrefixLimiter::new(game.rate_limit.clone(), workers),
+        proxies: game.proxies.clone(),
+        stats: server.stats(),
+        started: Instant::now(),
+        last_batch: AtomicU64::new(0),
+        largest_batch: AtomicU64::new(0),
+        rss: AtomicU64::new(tern_services::metrics::rss_bytes()),
+    });
+    let router = std::mem::take(server.router_mut());
+    *server.router_mut() = game::routes(state.clone(), router.fallback(site));
+
+    let s = state.clone();
+    let batch_max = game.batch_max.max(1);
+    server.background("claim-writer", move |stop| {
+        writer::run(writer_conn, claims_rx, s, batch_max, stop)
+    });
+    let s = state.clone();
+    let interval = game.score_interval;
+    server.background("score-views", move |stop| {
+        game::run_views(views_conn, s, interval, stop)
+    });
+    server.background("player-lookup", move |stop| {
+        player::run(lookup_conn, lookups_rx, state, stop)
+    });
+    Ok(server)
+}

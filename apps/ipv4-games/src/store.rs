@@ -1,0 +1,145 @@
+//! The SQLite database: schema, connections, the claim upsert and the read queries.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection, OpenFlags};
+
+pub const FILE_NAME: &str = "ipv4-games.sqlite";
+
+/// How hard a commit presses data towards the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// WAL with synchronous=NORMAL: a commit survives the process being killed (it is in the
+    /// kernel's page cache); the last commits may be lost on power failure.
+    Normal,
+    /// synchronous=FULL: every commit is fsynced before it is acknowledged.
+    Full,
+}
+
+pub fn db_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(FILE_NAME)
+}
+
+/// Opens (creating if needed) the writer's connection and the schema.
+pub fn open_writer(path: &Path, sync: SyncMode) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    let sync = match sync {
+        SyncMode::Normal => "NORMAL",
+        SyncMode::Full => "FULL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    conn.pragma_update(None, "cache_size", -65536)?; // 64 MiB
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS land(
+             ip INTEGER PRIMARY KEY,
+             nick TEXT NOT NULL,
+             created INTEGER
+         );
+         CREATE INDEX IF NOT EXISTS land_nick ON land(nick);
+         CREATE INDEX IF NOT EXISTS land_created ON land(created);",
+    )?;
+    Ok(conn)
+}
+
+/// A read-only connection for rebuilding views; WAL lets it read while the writer commits.
+pub fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.pragma_update(None, "cache_size", -32768)?;
+    Ok(conn)
+}
+
+/// The upsert: a new name replaces the old one; the same name only refreshes `created` when
+/// the old claim is over an hour old (so re-claiming cannot be used to stay on top of
+/// "recent" or to make us write).
+pub const UPSERT: &str = "INSERT INTO land(ip, nick, created) VALUES (?1, ?2, ?3)
+     ON CONFLICT(ip) DO UPDATE SET nick = excluded.nick, created = excluded.created
+     WHERE land.nick <> excluded.nick OR land.created < excluded.created - 3600";
+
+/// One claim as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub ip: u32,
+    pub nick: String,
+    pub created: u64,
+}
+
+/// The `n` latest claims, newest first.
+pub fn latest(conn: &Connection, n: usize) -> rusqlite::Result<Vec<Claim>> {
+    let mut stmt =
+        conn.prepare_cached("SELECT ip, nick, created FROM land ORDER BY created DESC LIMIT ?1")?;
+    let rows = stmt.query_map(params![n as i64], |r| {
+        Ok(Claim {
+            ip: r.get::<_, i64>(0)? as u32,
+            nick: r.get(1)?,
+            created: r.get::<_, i64>(2)? as u64,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Looks up one claim (tests and tools).
+pub fn claim_of(conn: &Connection, ip: u32) -> rusqlite::Result<Option<Claim>> {
+    let mut stmt = conn.prepare_cached("SELECT nick, created FROM land WHERE ip = ?1")?;
+    let mut rows = stmt.query(params![ip as i64])?;
+    match rows.next()? {
+        Some(r) => Ok(Some(Claim {
+            ip,
+            nick: r.get(0)?,
+            created: r.get::<_, i64>(1)? as u64,
+        })),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upsert(conn: &Connection, ip: u32, nick: &str, at: u64) -> usize {
+        conn.execute(UPSERT, params![ip as i64, nick, at as i64])
+            .unwrap()
+    }
+
+    #[test]
+    fn upsert_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer(&db_path(dir.path()), SyncMode::Normal).unwrap();
+        assert_eq!(upsert(&conn, 1, "alice", 1000), 1);
+        // Same name within the hour: nothing changes.
+        assert_eq!(upsert(&conn, 1, "alice", 2000), 0);
+        assert_eq!(claim_of(&conn, 1).unwrap().unwrap().created, 1000);
+        // Same name after more than an hour: refreshed.
+        assert_eq!(upsert(&conn, 1, "alice", 4601), 1);
+        assert_eq!(claim_of(&conn, 1).unwrap().unwrap().created, 4601);
+        // Exactly an hour is not "over an hour".
+        assert_eq!(upsert(&conn, 1, "alice", 8201), 0);
+        // A new name replaces at once.
+        assert_eq!(upsert(&conn, 1, "bob", 4602), 1);
+        let c = claim_of(&conn, 1).unwrap().unwrap();
+        assert_eq!((c.nick.as_str(), c.created), ("bob", 4602));
+        upsert(&conn, 2, "carol", 5000);
+        let latest = latest(&conn, 50).unwrap();
+        assert_eq!(latest[0].nick, "carol");
+        assert_eq!(latest[1].nick, "bob");
+    }
+
+    #[test]
+    fn reader_sees_commits_while_writer_is_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db_path(dir.path());
+        let w = open_writer(&path, SyncMode::Full).unwrap();
+        upsert(&w, 7, "dave", 1);
+        let r = open_reader(&path).unwrap();
+        assert_eq!(claim_of(&r, 7).unwrap().unwrap().nick, "dave");
+        let mode: String = w
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+}

@@ -1,0 +1,360 @@
+//! The read side: JSON renderings of the latest claims and of the scores per window, rebuilt
+//! off the request path and published as snapshots.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection};
+use serde::Serialize;
+use tern_services::Snapshot;
+
+use crate::store::Claim;
+
+#[derive(Serialize)]
+struct RecentJson<'a> {
+    generated: u64,
+    claims: Vec<RecentItem<'a>>,
+}
+
+#[derive(Serialize)]
+struct RecentItem<'a> {
+    ip: String,
+    name: &'a str,
+    time: u64,
+}
+
+pub fn recent_json<'a>(claims: impl Iterator<Item = &'a Claim>, now: u64) -> Vec<u8> {
+    let json = RecentJson {
+        generated: now,
+        claims: claims
+            .map(|c| RecentItem {
+                ip: Ipv4Addr::from(c.ip).to_string(),
+                name: &c.nick,
+                time: c.created,
+            })
+            .collect(),
+    };
+    serde_json::to_vec(&json).expect("plain data serialises")
+}
+
+/// The score windows, longest first; `secs == 0` means all time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    All,
+    Month,
+    Week,
+    Day,
+    Hour,
+}
+
+impl Window {
+    pub const ALL: [Window; 5] = [
+        Window::All,
+        Window::Month,
+        Window::Week,
+        Window::Day,
+        Window::Hour,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Window::All => "all",
+            Window::Month => "month",
+            Window::Week => "week",
+            Window::Day => "day",
+            Window::Hour => "hour",
+        }
+    }
+
+    pub fn path(self) -> &'static str {
+        match self {
+            Window::All => "/score",
+            Window::Month => "/score/month",
+            Window::Week => "/score/week",
+            Window::Day => "/score/day",
+            Window::Hour => "/score/hour",
+        }
+    }
+
+    pub fn secs(self) -> u64 {
+        match self {
+            Window::All => 0,
+            Window::Month => 30 * 86_400,
+            Window::Week => 7 * 86_400,
+            Window::Day => 86_400,
+            Window::Hour => 3_600,
+        }
+    }
+
+    /// Short windows change faster, so they are rebuilt more often.
+    pub fn is_short(self) -> bool {
+        matches!(self, Window::Day | Window::Hour)
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Counts per (name, /8) for several windows, filled in one pass over the rows.
+pub struct Tally {
+    now: u64,
+    windows: Vec<Window>,
+    names: HashMap<String, u32>,
+    name_list: Vec<String>,
+    /// `counts[w][block]`: name id → claims.
+    counts: Vec<Vec<HashMap<u32, u64>>>,
+}
+
+const TOP_PER_BLOCK: usize = 5;
+const LEADERBOARD: usize = 50;
+
+#[derive(Serialize)]
+struct ScoreJson<'a> {
+    window: &'static str,
+    generated: u64,
+    total: u64,
+    blocks: Vec<BlockJson<'a>>,
+    leaderboard: Vec<LeaderJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct BlockJson<'a> {
+    block: u8,
+    total: u64,
+    leaders: Vec<NameCount<'a>>,
+}
+
+#[derive(Serialize)]
+struct NameCount<'a> {
+    name: &'a str,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct LeaderJson<'a> {
+    name: &'a str,
+    count: u64,
+    blocks: u32,
+}
+
+impl Tally {
+    pub fn new(now: u64, windows: &[Window]) -> Tally {
+        Tally {
+            now,
+            windows: windows.to_vec(),
+            names: HashMap::new(),
+            name_list: Vec::new(),
+            counts: windows
+                .iter()
+                .map(|_| (0..256).map(|_| HashMap::new()).collect())
+                .collect(),
+        }
+    }
+
+    pub fn add(&mut self, ip: u32, nick: &str, created: u64) {
+        let id = match self.names.get(nick) {
+            Some(&id) => id,
+            None => {
+                let id = self.name_list.len() as u32;
+                self.names.insert(nick.to_string(), id);
+                self.name_list.push(nick.to_string());
+                id
+            }
+        };
+        let block = (ip >> 24) as usize;
+        for (w, window) in self.windows.iter().enumerate() {
+            let secs = window.secs();
+            if secs == 0 || created + secs >= self.now {
+                *self.counts[w][block].entry(id).or_default() += 1;
+            }
+        }
+    }
+
+    /// Reads the rows that can count for the windows of this tally (the oldest window bounds
+    /// the scan; the `created` index serves the short windows).
+    pub fn fill(&mut self, conn: &Connection) -> rusqlite::Result<()> {
+        let longest = self.windows.iter().map(|w| w.secs()).max().unwrap_or(0);
+        let all_time = self.windows.iter().any(|w| w.secs() == 0);
+        let mut stmt;
+        let mut rows = if all_time {
+            stmt = conn.prepare_cached("SELECT ip, nick, created FROM land")?;
+            stmt.query([])?
+        } else {
+            stmt = conn.prepare_cached("SELECT ip, nick, created FROM land WHERE created >= ?1")?;
+            stmt.query(params![self.now.saturating_sub(longest) as i64])?
+        };
+        while let Some(r) = rows.next()? {
+            let ip = r.get::<_, i64>(0)? as u32;
+            let created = r.get::<_, Option<i64>>(2)?.unwrap_or(0) as u64;
+            let nick = r.get_ref(1)?.as_str()?;
+            self.add(ip, nick, created);
+        }
+        Ok(())
+    }
+
+    /// The JSON for each window of the tally, in the order given to `new`.
+    pub fn render(&self) -> Vec<(Window, Vec<u8>)> {
+        self.windows
+            .iter()
+            .enumerate()
+            .map(|(w, &window)| (window, self.render_window(w, window)))
+            .collect()
+    }
+
+    fn render_window(&self, w: usize, window: Window) -> Vec<u8> {
+        let mut blocks = Vec::new();
+        let mut totals: HashMap<u32, (u64, u32)> = HashMap::new();
+        let mut total = 0;
+        for (block, counts) in self.counts[w].iter().enumerate() {
+            if counts.is_empty() {
+                continue;
+            }
+            let mut v: Vec<(u32, u64)> = counts.iter().map(|(&id, &n)| (id, n)).collect();
+            v.sort_unstable_by(|a, b| {
+                b.1.cmp(&a.1)
+                    .then_with(|| self.name_list[a.0 as usize].cmp(&self.name_list[b.0 as usize]))
+            });
+            let block_total: u64 = v.iter().map(|x| x.1).sum();
+            total += block_total;
+            for &(id, n) in &v {
+                totals.entry(id).or_default().0 += n;
+            }
+            totals.entry(v[0].0).or_default().1 += 1;
+            blocks.push(BlockJson {
+                block: block as u8,
+                total: block_total,
+                leaders: v
+                    .iter()
+                    .take(TOP_PER_BLOCK)
+                    .map(|&(id, count)| NameCount {
+                        name: &self.name_list[id as usize],
+                        count,
+                    })
+                    .collect(),
+            });
+        }
+        let mut board: Vec<(u32, u64, u32)> =
+            totals.into_iter().map(|(id, (n, b))| (id, n, b)).collect();
+        board.sort_unstable_by(|a, b| {
+            b.1.cmp(&a.1)
+                .then_with(|| self.name_list[a.0 as usize].cmp(&self.name_list[b.0 as usize]))
+        });
+        board.truncate(LEADERBOARD);
+        let json = ScoreJson {
+            window: window.name(),
+            generated: self.now,
+            total,
+            blocks,
+            leaderboard: board
+                .iter()
+                .map(|&(id, count, blocks)| LeaderJson {
+                    name: &self.name_list[id as usize],
+                    count,
+                    blocks,
+                })
+                .collect(),
+        };
+        serde_json::to_vec(&json).expect("plain data serialises")
+    }
+}
+
+/// When each kind of pass runs: at least `base` apart, and never busier than one fifth of a
+/// core (the interval stretches to five times the last pass's duration as the table grows).
+pub struct Schedule {
+    pub base: Duration,
+    pub next: Instant,
+}
+
+impl Schedule {
+    pub fn new(base: Duration) -> Schedule {
+        Schedule {
+            base,
+            next: Instant::now(),
+        }
+    }
+
+    pub fn due(&self, now: Instant) -> bool {
+        now >= self.next
+    }
+
+    pub fn done(&mut self, started: Instant, took: Duration) {
+        self.next = started + self.base.max(took * 5);
+    }
+}
+
+/// The snapshot for a rendering of a window; max-age is half the rebuild interval.
+pub fn score_snapshot(json: Vec<u8>, now: u64, interval: Duration) -> Snapshot {
+    Snapshot::new(
+        "application/json",
+        json,
+        now,
+        (interval.as_secs() / 2).max(1) as u32,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(a: u8, b: u8) -> u32 {
+        u32::from_be_bytes([a, b, 0, 1])
+    }
+
+    #[test]
+    fn tally_counts_blocks_windows_and_leaders() {
+        let now = 100_000_000;
+        let mut t = Tally::new(now, &Window::ALL);
+        t.add(ip(1, 1), "alice", now - 10);
+        t.add(ip(1, 2), "alice", now - 10);
+        t.add(ip(1, 3), "bob", now - 5000);
+        t.add(ip(2, 1), "bob", now - 90_000);
+        t.add(ip(3, 1), "carol", now - 40 * 86_400);
+        let out = t.render();
+        let parse = |w: Window| -> serde_json::Value {
+            serde_json::from_slice(&out.iter().find(|(x, _)| *x == w).unwrap().1).unwrap()
+        };
+        let all = parse(Window::All);
+        assert_eq!(all["window"], "all");
+        assert_eq!(all["total"], 5);
+        assert_eq!(all["blocks"][0]["block"], 1);
+        assert_eq!(all["blocks"][0]["leaders"][0]["name"], "alice");
+        assert_eq!(all["blocks"][0]["leaders"][0]["count"], 2);
+        assert_eq!(all["blocks"][0]["leaders"][1]["name"], "bob");
+        assert_eq!(all["leaderboard"][0]["name"], "alice");
+        // bob: 2 claims, leads block 2; alice: 2 claims, leads block 1; carol leads block 3.
+        assert_eq!(all["leaderboard"][0]["blocks"], 1);
+        assert_eq!(all["leaderboard"].as_array().unwrap().len(), 3);
+        let hour = parse(Window::Hour);
+        assert_eq!(hour["total"], 2);
+        let day = parse(Window::Day);
+        assert_eq!(day["total"], 3);
+        let month = parse(Window::Month);
+        assert_eq!(month["total"], 4);
+    }
+
+    #[test]
+    fn recent_shape() {
+        let c = [Claim {
+            ip: u32::from_be_bytes([9, 8, 7, 6]),
+            nick: "zed".into(),
+            created: 42,
+        }];
+        let v: serde_json::Value = serde_json::from_slice(&recent_json(c.iter(), 50)).unwrap();
+        assert_eq!(v["generated"], 50);
+        assert_eq!(v["claims"][0]["ip"], "9.8.7.6");
+        assert_eq!(v["claims"][0]["name"], "zed");
+        assert_eq!(v["claims"][0]["time"], 42);
+    }
+
+    #[test]
+    fn schedule_stretches_with_slow_passes() {
+        let mut s = Schedule::new(Duration::from_secs(2));
+        let t = Instant::now();
+        s.done(t, Duration::from_millis(100));
+        assert_eq!(s.next, t + Duration::from_secs(2));
+        s.done(t, Duration::from_secs(1));
+        assert_eq!(s.next, t + Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,75 @@
+//! `tern demo`: the IPv4 Games, with its database in a local data folder.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use tern_ipv4_games::{build, bundled_site, GameConfig, SyncMode};
+use tern_services::{RateLimitConfig, TrustedProxies};
+
+use crate::common::{run_server, CommonArgs};
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Sync {
+    /// A commit survives the process being killed (WAL, synchronous=NORMAL).
+    Normal,
+    /// Every commit is fsynced before the claim is answered: survives power loss.
+    Full,
+}
+
+#[derive(Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Folder for the database (created if missing).
+    #[arg(long, value_name = "DIR", default_value = "data")]
+    data: PathBuf,
+    /// The game's pages [default: the pages in the source tree].
+    #[arg(long, value_name = "DIR")]
+    site: Option<PathBuf>,
+    /// How durable a commit is before the claim is answered.
+    #[arg(long, value_enum, default_value = "normal")]
+    sync: Sync,
+    /// Most claims per transaction (group commit).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    batch_max: usize,
+    /// Claims that may wait for the writer; more are answered 503 at once.
+    #[arg(long, value_name = "N", default_value_t = 65_536)]
+    queue: usize,
+    /// Proxies whose X-Forwarded-For / Forwarded headers are believed, e.g. "127.0.0.1,10.0.0.0/8".
+    #[arg(long, value_name = "CIDRS", default_value = "")]
+    trusted_proxies: String,
+    /// Claims per second each /24 (IPv6: /48) may make over time.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    rate: u32,
+    /// Claims a /24 may make at once after being quiet.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    burst: u32,
+    /// Networks never rate-limited (loopback never is), e.g. "192.0.2.0/24".
+    #[arg(long, value_name = "CIDRS", default_value = "")]
+    rate_exempt: String,
+}
+
+pub fn demo(args: DemoArgs) -> Result<(), String> {
+    let proxies = TrustedProxies::parse(&args.trusted_proxies)
+        .map_err(|e| format!("--trusted-proxies: {e}"))?;
+    let exempt = TrustedProxies::parse(&args.rate_exempt)
+        .map_err(|e| format!("--rate-exempt: {e}"))?
+        .into_nets();
+    let mut game = GameConfig::new(&args.data, args.site.unwrap_or_else(bundled_site));
+    game.sync = match args.sync {
+        Sync::Normal => SyncMode::Normal,
+        Sync::Full => SyncMode::Full,
+    };
+    game.batch_max = args.batch_max;
+    game.queue_capacity = args.queue;
+    game.proxies = proxies;
+    game.rate_limit = RateLimitConfig {
+        per_second: args.rate,
+        burst: args.burst,
+        exempt,
+        ..RateLimitConfig::default()
+    };
+    let data = args.data.display().to_string();
+    let server = build(args.common.server_config(), game)?;
+    run_server(server, &format!("IPv4 Games (data in {data})"))
+}
