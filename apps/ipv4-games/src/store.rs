@@ -23,6 +23,9 @@ pub fn db_path(data_dir: &Path) -> PathBuf {
 /// Opens (creating if needed) the writer's connection and the schema.
 pub fn open_writer(path: &Path, sync: SyncMode) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
+    // Another process (a backup, an operator's sqlite3 shell) may hold the lock briefly;
+    // waiting beats failing a whole batch.
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     let sync = match sync {
         SyncMode::Normal => "NORMAL",
