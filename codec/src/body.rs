@@ -90,7 +90,9 @@ enum ChunkState {
     DataLf,
     /// At the start of a trailer line (or the final empty line).
     TrailerStart,
-    /// Inside a trailer line, skipping to CR.
+    /// Inside a trailer field name, up to its colon.
+    TrailerName,
+    /// Inside a trailer field value, up to CR.
     Trailer,
     TrailerLf,
     /// Saw CR of the final empty line; expect LF.
@@ -98,8 +100,29 @@ enum ChunkState {
     Done,
 }
 
+/// Where the decoder is inside the extensions of a chunk-size line (RFC 9112 §7.1.1):
+/// `chunk-ext = *( BWS ";" BWS chunk-ext-name [ BWS "=" BWS chunk-ext-val ] )`, with whitespace
+/// also tolerated before the CR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ext {
+    /// After the size digits, before any `;`.
+    None,
+    /// After `;`: a name must follow.
+    BeforeName,
+    Name,
+    AfterName,
+    /// After `=`: a token or a quoted string must follow.
+    BeforeValue,
+    Token,
+    Quoted,
+    /// Just saw a backslash inside a quoted string.
+    Escape,
+    AfterValue,
+}
+
 /// Incremental decoder for `Transfer-Encoding: chunked` (RFC 9112 §7.1). Extensions are
-/// validated and ignored, trailers are skipped, bare LF is refused, and sizes are capped.
+/// checked against their grammar and ignored, trailers are checked to be field lines and
+/// skipped, bare LF is refused, and sizes are capped.
 #[derive(Debug, Clone)]
 pub struct ChunkedDecoder {
     state: ChunkState,
@@ -109,10 +132,7 @@ pub struct ChunkedDecoder {
     trailer_len: usize,
     total: u64,
     max_body: u64,
-    in_quote: bool,
-    /// Just saw a backslash inside a quoted extension value.
-    in_escape: bool,
-    in_ext: bool,
+    ext: Ext,
 }
 
 impl ChunkedDecoder {
@@ -125,9 +145,7 @@ impl ChunkedDecoder {
             trailer_len: 0,
             total: 0,
             max_body,
-            in_quote: false,
-            in_escape: false,
-            in_ext: false,
+            ext: Ext::None,
         }
     }
 
@@ -160,25 +178,39 @@ impl ChunkedDecoder {
                     if self.line_len > MAX_CHUNK_LINE {
                         return Err(RequestError::BadChunk);
                     }
-                    match b {
-                        b'\r' if !self.in_quote => self.state = SizeLf,
-                        // Between the digits and the first ';' only whitespace (BWS) may appear:
-                        // "5x" or "5 5" must not be read as a size of 5.
-                        b' ' | b'\t' if !self.in_ext => {}
-                        b';' if !self.in_ext => self.in_ext = true,
-                        _ if !self.in_ext => return Err(RequestError::BadChunk),
-                        // quoted-pair (RFC 9110 §5.6.4): the byte after a backslash inside a
-                        // quoted string is literal. Without this, `a="x\""` was refused and the
-                        // unterminated `a="x\"` accepted, because `\"` toggled the quote state.
-                        _ if self.in_escape => match b {
-                            b'\t' | b' '..=b'~' | 0x80..=0xff => self.in_escape = false,
-                            _ => return Err(RequestError::BadChunk),
-                        },
-                        b'\\' if self.in_quote => self.in_escape = true,
-                        b'"' => self.in_quote = !self.in_quote,
-                        b'\t' | b' '..=b'~' | 0x80..=0xff => {}
+                    // Anything the grammar does not allow is refused rather than skipped: "5x"
+                    // or "5 5" must not be read as a size of 5, a bare `;` or `;=v` is no
+                    // extension, and only CRLF (never a CR or LF inside a quoted string) ends
+                    // the line. Whitespace before the CR is tolerated.
+                    use Ext::*;
+                    let ws = b == b' ' || b == b'\t';
+                    self.ext = match (self.ext, b) {
+                        (None | AfterName | AfterValue | Name | Token, b'\r') => {
+                            self.state = SizeLf;
+                            None
+                        }
+                        (None | BeforeName | AfterName | BeforeValue | AfterValue, _) if ws => {
+                            self.ext
+                        }
+                        (Name | Token, _) if ws => {
+                            if self.ext == Name {
+                                AfterName
+                            } else {
+                                AfterValue
+                            }
+                        }
+                        (None | Name | AfterName | Token | AfterValue, b';') => BeforeName,
+                        (BeforeName | Name, _) if is_tchar(b) => Name,
+                        (Name | AfterName, b'=') => BeforeValue,
+                        (BeforeValue | Token, _) if is_tchar(b) => Token,
+                        (BeforeValue, b'"') => Quoted,
+                        (Quoted, b'"') => AfterValue,
+                        (Quoted, b'\\') => Escape,
+                        // qdtext, and after a backslash any HTAB / SP / VCHAR / obs-text
+                        // (quoted-pair, RFC 9110 §5.6.4): `\"` does not end the string.
+                        (Quoted | Escape, b'\t' | b' '..=b'~' | 0x80..=0xff) => Quoted,
                         _ => return Err(RequestError::BadChunk),
-                    }
+                    };
                 }
                 SizeLf => {
                     if b != b'\n' {
@@ -190,7 +222,7 @@ impl ChunkedDecoder {
                     }
                     self.size_digits = 0;
                     self.line_len = 0;
-                    self.in_ext = false;
+                    self.ext = Ext::None;
                     self.state = if self.chunk_remaining == 0 {
                         TrailerStart
                     } else {
@@ -223,21 +255,28 @@ impl ChunkedDecoder {
                 }
                 TrailerStart => match b {
                     b'\r' => self.state = FinalLf,
-                    b'\n' => return Err(RequestError::BadChunk),
-                    _ => {
-                        self.state = Trailer;
+                    // A trailer line is a field line: `token ":" value`. Anything else (a
+                    // request line, obs-fold, a space before the colon) is refused, not
+                    // skipped: a front end that ended the body at `0\r\n` would otherwise
+                    // read those bytes as a request we silently swallowed.
+                    _ if is_tchar(b) => {
+                        self.state = TrailerName;
                         continue;
                     }
+                    _ => return Err(RequestError::BadChunk),
                 },
-                Trailer => {
+                TrailerName | Trailer => {
                     self.trailer_len += 1;
                     if self.trailer_len > MAX_TRAILERS {
                         return Err(RequestError::BadChunk);
                     }
-                    match b {
-                        b'\r' => self.state = TrailerLf,
-                        b'\n' | 0 => return Err(RequestError::BadChunk),
-                        _ => {}
+                    match (self.state, b) {
+                        (TrailerName, b':') => self.state = Trailer,
+                        (TrailerName, _) if is_tchar(b) => {}
+                        (Trailer, b'\r') => self.state = TrailerLf,
+                        // field-vchar, SP, HTAB, obs-text: the same bytes header values allow.
+                        (Trailer, b'\t' | b' '..=b'~' | 0x80..=0xff) => {}
+                        _ => return Err(RequestError::BadChunk),
                     }
                 }
                 TrailerLf => {
@@ -273,6 +312,11 @@ impl ChunkedDecoder {
             done: self.state == Done,
         })
     }
+}
+
+/// tchar (RFC 9110 §5.6.2): the bytes of a token such as a field or extension name.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 fn hex_value(b: u8) -> Option<u8> {
@@ -360,7 +404,7 @@ mod tests {
         let body = b"1;a=\"\\\\\";b=\"\\\"\"\r\nx\r\n1;c\r\ny\r\n0\r\n\r\n";
         assert_eq!(run(body, 100), Ok(Some(b"xy".to_vec())));
         let d = ChunkedDecoder::new(100);
-        assert!(!d.in_quote && !d.in_escape && !d.in_ext);
+        assert_eq!(d.ext, Ext::None);
     }
 
     #[test]

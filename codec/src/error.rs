@@ -7,7 +7,8 @@ use std::fmt;
 pub enum RequestError {
     /// Malformed request line (bad method token, bad target, garbage).
     BadRequestLine,
-    /// Malformed header name or value, including NUL/CR/LF inside a value.
+    /// Malformed header name or value, including NUL/CR/LF inside a value, or a Host value
+    /// that is not `uri-host [":" port]`.
     BadHeader,
     /// A line ended with a bare LF instead of CRLF.
     BareLf,

@@ -222,6 +222,10 @@ fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), Reque
         // httparse already rejects CR, LF and NUL in values; obs-text is allowed (RFC 9110).
         match name.len() {
             4 if name.eq_ignore_ascii_case(b"host") => {
+                // RFC 9112 §3.2: a Host with an invalid field value MUST be answered 400.
+                if !valid_host(value) {
+                    return Err(RequestError::BadHeader);
+                }
                 host_count += 1;
                 head.host = Some(value);
             }
@@ -411,6 +415,64 @@ fn classify_parse_error(e: httparse::Error, buf: &[u8]) -> RequestError {
     }
 }
 
+/// `Host = uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2), possibly empty. Anything
+/// else (a path, userinfo, whitespace, a second colon) would let the authority we see differ
+/// from what a proxy or a URL built from it sees.
+fn valid_host(value: &[u8]) -> bool {
+    let value = trim_ows(value);
+    let (host_ok, rest) = if let Some(lit) = value.strip_prefix(b"[") {
+        // IP-literal: IPv6address or IPvFuture, checked for its alphabet only.
+        let Some(end) = memchr::memchr(b']', lit) else {
+            return false;
+        };
+        let ok = end > 0
+            && lit[..end]
+                .iter()
+                .all(|&b| b == b':' || is_unreserved(b) || is_sub_delim(b));
+        (ok, &lit[end + 1..])
+    } else {
+        let end = memchr::memchr(b':', value).unwrap_or(value.len());
+        (valid_reg_name(&value[..end]), &value[end..])
+    };
+    host_ok
+        && match rest.split_first() {
+            None => true,
+            Some((b':', port)) => port.iter().all(u8::is_ascii_digit),
+            Some(_) => false,
+        }
+}
+
+/// reg-name = *( unreserved / pct-encoded / sub-delims ); this also covers IPv4 addresses.
+fn valid_reg_name(name: &[u8]) -> bool {
+    let mut i = 0;
+    while i < name.len() {
+        let b = name[i];
+        if b == b'%' {
+            let hex = |j: usize| name.get(j).is_some_and(u8::is_ascii_hexdigit);
+            if !(hex(i + 1) && hex(i + 2)) {
+                return false;
+            }
+            i += 3;
+        } else if is_unreserved(b) || is_sub_delim(b) {
+            i += 1;
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+fn is_sub_delim(b: u8) -> bool {
+    matches!(
+        b,
+        b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'='
+    )
+}
+
 /// The version field of the request line: what follows the second SP, up to the line end. This
 /// is exactly where httparse reports `Error::Version` (it skips leading empty lines first, and
 /// neither the method token nor the target may contain a SP).
@@ -598,6 +660,50 @@ mod tests {
             classify_parse_error(E::Token, b"G@T"),
             RequestError::BadRequestLine
         );
+    }
+
+    #[test]
+    fn host_values() {
+        for good in [
+            &b""[..],
+            b"a",
+            b"example.com",
+            b"example.com:8080",
+            b"example.com:",
+            b"127.0.0.1:80",
+            b"[::1]",
+            b"[::1]:8080",
+            b"[v1.fe80::a+en1]",
+            b"xn--caf-dma.example",
+            b"a_b~c",
+            b"%41b",
+            b"a!$&'()*+,;=b",
+        ] {
+            assert!(valid_host(good), "{:?}", String::from_utf8_lossy(good));
+        }
+        for bad in [
+            &b"a b"[..],
+            b"a/b",
+            b"a\\b",
+            b"user@a",
+            b"a:http",
+            b"a:80:80",
+            b"a?b",
+            b"a#b",
+            b"[]",
+            b"[::1",
+            b"[::1]x",
+            b"[::1]:x",
+            b"[::1]]",
+            b"[a/b]",
+            b"%4",
+            b"%zz",
+            b"a\"b",
+            b"caf\xc3\xa9",
+            b"\x7f",
+        ] {
+            assert!(!valid_host(bad), "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]

@@ -562,6 +562,30 @@ fn chunked_trailers_refuse_bare_lf_nul_and_bare_cr() {
 }
 
 #[test]
+fn chunked_trailers_must_be_field_lines() {
+    // Regression: trailer lines were skipped up to CR without a look at their shape, so a
+    // request hidden after `0\r\n` was silently swallowed as a "trailer". A front end that
+    // ends the body at `0\r\n` would read it as a request: refuse instead.
+    for trailer in [
+        &b"GET /smuggled HTTP/1.1\r\nHost: x\r\n"[..],
+        b"X-Sum : abc\r\n",
+        b": abc\r\n",
+        b"X-Sum\r\n",
+        b"X@Sum: abc\r\n",
+        b"X-Sum: a\r\n b\r\n",
+        b" X-Sum: a\r\n",
+        b"X-Sum: a\x01b\r\n",
+        b"X-Sum: a\x7fb\r\n",
+    ] {
+        let mut body = b"5\r\nhello\r\n0\r\n".to_vec();
+        body.extend_from_slice(trailer);
+        body.extend_from_slice(b"\r\n");
+        chunked_rejects(&body, RequestError::BadChunk, 400);
+    }
+    chunked_ok(b"0\r\nX-Empty:\r\nX-Ws: \t a b \t\r\n\r\n", b"");
+}
+
+#[test]
 fn chunked_trailers_are_capped() {
     let mut body = b"0\r\n".to_vec();
     for _ in 0..200 {
@@ -609,6 +633,40 @@ fn chunked_extensions_with_control_bytes_or_open_quotes_are_400() {
         body.extend_from_slice(ext);
         body.extend_from_slice(b"\r\nhello\r\n0\r\n\r\n");
         chunked_rejects(&body, RequestError::BadChunk, 400);
+    }
+}
+
+#[test]
+fn chunked_extensions_must_follow_the_grammar() {
+    // Regression: only control bytes and open quotes were refused; a bare `;`, a missing
+    // name or bytes outside the token alphabet were skipped (RFC 9112 §7.1.1).
+    for ext in [
+        ";",
+        "; ",
+        ";;a",
+        ";=a",
+        "; =a",
+        ";a=",
+        ";a= ",
+        ";a=;b",
+        ";a@b",
+        ";a=b@c",
+        ";a=b c",
+        ";a b",
+        ";a=\"x\"y",
+        ";a=\"x\" y",
+        ";a==b",
+        ";\"a\"",
+        ";a=\"\x7f\"",
+        " x",
+    ] {
+        let body = format!("5{ext}\r\nhello\r\n0\r\n\r\n");
+        chunked_rejects(body.as_bytes(), RequestError::BadChunk, 400);
+    }
+    // Whitespace before the CR is tolerated.
+    for ext in [" ", "\t", ";a ", ";a=b\t", ";a=\"b\" "] {
+        let body = format!("5{ext}\r\nhello\r\n0\r\n\r\n");
+        chunked_ok(body.as_bytes(), b"hello");
     }
 }
 
@@ -1090,6 +1148,34 @@ fn missing_host_on_http11_is_400() {
         ok(b"GET / HTTP/1.1\r\nhOsT: x\r\n\r\n").host,
         Some(b"x".to_vec())
     );
+}
+
+#[test]
+fn invalid_host_is_400() {
+    // Regression: RFC 9112 §3.2 says a Host with an invalid field value MUST be answered 400;
+    // any value was accepted, so `Host: a/b`, `Host: user@a` or `Host: a b` reached handlers.
+    for v in [
+        "a b", "a/b", "user@a", "a:http", "a:1:2", "a?b", "[::1", "[::1]x", "%zz", "a\"b",
+    ] {
+        rejects(
+            &get11_no_host(&[&format!("Host: {v}")]),
+            RequestError::BadHeader,
+            400,
+        );
+    }
+    for v in [
+        "",
+        "a",
+        "a:80",
+        "a:",
+        "127.0.0.1:8080",
+        "[::1]:8080",
+        "xn--d-a.b_c~",
+        "%41",
+    ] {
+        let h = ok(&get11_no_host(&[&format!("Host: {v}")]));
+        assert_eq!(h.host, Some(v.as_bytes().to_vec()));
+    }
 }
 
 #[test]
