@@ -51,6 +51,7 @@ use cache::{Front, Shared, Slot, REVALIDATE_MS};
 use encoding::{BR, GZIP, IDENTITY};
 use entry::{BuildOpts, Entry, Found, Source};
 use fs::{fstat, Kind, Root};
+pub use path::normalize_path; // doc-hidden, for the path_normalize fuzz target
 use path::PathError;
 use range::RangeSpec;
 

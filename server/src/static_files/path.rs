@@ -38,6 +38,17 @@ pub(crate) fn normalize(raw: &str, serve_dotfiles: bool) -> Result<Cow<'_, [u8]>
     Ok(Cow::Borrowed(b))
 }
 
+/// [`normalize`] for the fuzz target (`fuzz/fuzz_targets/path_normalize.rs`); not an API.
+/// The error is the status the static handler answers: 400 (hostile or malformed) or 404 (a
+/// dotfile while dotfiles are off).
+#[doc(hidden)]
+pub fn normalize_path(raw: &str, serve_dotfiles: bool) -> Result<Cow<'_, [u8]>, u16> {
+    normalize(raw, serve_dotfiles).map_err(|e| match e {
+        PathError::BadRequest => 400,
+        PathError::NotFound => 404,
+    })
+}
+
 /// Bytes the fast check stops at: `%`, `\`, NUL and `/`.
 static SPECIAL: [bool; 256] = {
     let mut t = [false; 256];

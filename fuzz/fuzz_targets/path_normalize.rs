@@ -1,0 +1,152 @@
+//! Static-file path normalisation (`tern_server::static_files::normalize_path`) on arbitrary
+//! request paths. The first byte's low bit says whether dotfiles are served; the rest is the
+//! path (lossily made UTF-8, as the codec only hands over `&str` targets).
+//!
+//! Checked: it never panics; an accepted key starts with exactly one `/`, never holds NUL, a
+//! backslash, an empty, `.` or `..` segment (so `key[1..]` is a safe relative path), nor a
+//! dot-segment when dotfiles are off; the verdict agrees with a simple reference model;
+//! switching dotfiles on only ever turns a 404 into a key; and normalising a key again gives the
+//! key back (when it is still a valid, %-free path), via the allocation-free fast path.
+#![no_main]
+
+use std::borrow::Cow;
+
+use libfuzzer_sys::fuzz_target;
+use tern_server::static_files::normalize_path;
+
+/// Straightforward reference: decode everything, then resolve segments on a stack.
+fn model(raw: &[u8], dotfiles: bool) -> Result<Vec<u8>, u16> {
+    if raw.first() != Some(&b'/') {
+        return Err(400);
+    }
+    let mut dec = Vec::new();
+    let mut i = 0;
+    while i < raw.len() {
+        let c = raw[i];
+        if c == b'%' {
+            let hex = |j: usize| {
+                raw.get(j)
+                    .and_then(|&h| (h as char).to_digit(16))
+                    .map(|d| d as u8)
+            };
+            let (Some(hi), Some(lo)) = (hex(i + 1), hex(i + 2)) else {
+                return Err(400);
+            };
+            let v = hi * 16 + lo;
+            if v == b'/' || v == b'\\' || v == 0 {
+                return Err(400);
+            }
+            dec.push(v);
+            i += 3;
+        } else if c == b'\\' || c == 0 {
+            return Err(400);
+        } else {
+            dec.push(c);
+            i += 1;
+        }
+    }
+    let mut stack: Vec<&[u8]> = Vec::new();
+    let mut dir = false;
+    for seg in dec[1..].split(|&c| c == b'/') {
+        match seg {
+            b"" | b"." => dir = true,
+            b".." => {
+                if stack.pop().is_none() {
+                    return Err(400);
+                }
+                dir = true;
+            }
+            s => {
+                stack.push(s);
+                dir = false;
+            }
+        }
+    }
+    if !dotfiles && stack.iter().any(|s| s.starts_with(b".")) {
+        return Err(404);
+    }
+    let mut out = b"/".to_vec();
+    out.extend_from_slice(&stack.join(&b'/'));
+    if dir && !stack.is_empty() {
+        out.push(b'/');
+    }
+    Ok(out)
+}
+
+fn check_key(key: &[u8], dotfiles: bool, raw: &str) {
+    assert!(key.starts_with(b"/"), "{raw:?} -> {key:?}: not rooted");
+    assert!(
+        !key.starts_with(b"//"),
+        "{raw:?} -> {key:?}: protocol-relative"
+    );
+    assert!(!key.contains(&0), "{raw:?} -> {key:?}: NUL");
+    assert!(!key.contains(&b'\\'), "{raw:?} -> {key:?}: backslash");
+    let body = &key[1..];
+    let body = body.strip_suffix(b"/").unwrap_or(body);
+    if body.is_empty() {
+        return;
+    }
+    for seg in body.split(|&c| c == b'/') {
+        assert!(!seg.is_empty(), "{raw:?} -> {key:?}: empty segment");
+        assert!(
+            seg != b"." && seg != b"..",
+            "{raw:?} -> {key:?}: dot segment"
+        );
+        assert!(
+            dotfiles || !seg.starts_with(b"."),
+            "{raw:?} -> {key:?}: dotfile served with dotfiles off"
+        );
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let dotfiles = flags & 1 == 1;
+    let raw = String::from_utf8_lossy(rest);
+    let raw: &str = &raw;
+
+    let got = normalize_path(raw, dotfiles);
+    let want = model(raw.as_bytes(), dotfiles);
+    assert_eq!(
+        got.as_deref().map_err(|&e| e),
+        want.as_deref().map_err(|&e| e),
+        "{raw:?} (dotfiles {dotfiles}) disagrees with the model"
+    );
+
+    if let Ok(key) = &got {
+        check_key(key, dotfiles, raw);
+        if let Cow::Borrowed(b) = key {
+            assert_eq!(*b, raw.as_bytes(), "a borrowed key is the raw path itself");
+        }
+        // Normalising a key again is the identity, without allocating, unless the key holds
+        // a `%` (from `%25`, which would decode again) or bytes that are not UTF-8.
+        if let Ok(s) = std::str::from_utf8(key) {
+            if !s.contains('%') {
+                let again = normalize_path(s, dotfiles);
+                assert_eq!(again.as_deref(), Ok(&key[..]), "{raw:?}: not idempotent");
+                if !s.contains("/.") {
+                    assert!(
+                        matches!(again, Ok(Cow::Borrowed(_))),
+                        "{raw:?}: a normal key took the slow path"
+                    );
+                }
+            }
+        }
+    }
+
+    // Dotfiles only decide between 404 and serving; they never change a 400 or a key.
+    let other = normalize_path(raw, !dotfiles);
+    let (off, on) = if dotfiles {
+        (&other, &got)
+    } else {
+        (&got, &other)
+    };
+    match (off, on) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "{raw:?}"),
+        (Err(400), Err(400)) => {}
+        (Err(404), Ok(_)) => {}
+        (a, b) => panic!("{raw:?}: dotfiles off {a:?}, on {b:?}"),
+    }
+});
