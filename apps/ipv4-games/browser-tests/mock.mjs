@@ -34,6 +34,7 @@ for (let i = 0; i < seed; i++) {
   const ip = `${b}.${(Math.random() * 256) | 0}.${(Math.random() * 256) | 0}.${(Math.random() * 256) | 0}`;
   claim(ip, names[Math.floor(Math.random() ** 2 * names.length)], now() - Math.floor(Math.random() * 40 * 86400));
 }
+history.sort((a, b) => a.time - b.time);
 
 function buildScore(window) {
   const since = now() - WINDOWS[window];
