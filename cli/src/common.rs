@@ -1,72 +1,104 @@
 //! What every server command shares: the common flags and the start/wait loop.
+//!
+//! The flags are `Option`s so that a command with a config file can tell "not given" from a
+//! default; [`CommonArgs::server_config`] applies the defaults for commands without one.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Args;
-use tern_server::{Router, Server, ServerConfig, SignalAction};
+use tern_server::{Server, ServerConfig, SignalAction};
 
 /// Settings every server command shares.
-#[derive(Args)]
+#[derive(Args, Debug, Clone, Default)]
 pub struct CommonArgs {
-    /// Address and port to listen on (port 0 picks a free port).
-    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+    /// Address and port to listen on (port 0 picks a free port) [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<SocketAddr>,
     /// Worker threads, one event loop each [default: the CPUs this process may use].
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Pin each worker to its own CPU.
     #[arg(long)]
     pub pin: bool,
-    /// Seconds a client may take to send a request head, from its first byte.
-    #[arg(long, value_name = "SECS", default_value_t = 10)]
-    pub header_timeout: u64,
-    /// Seconds between progress while reading a request body.
-    #[arg(long, value_name = "SECS", default_value_t = 10)]
-    pub body_timeout: u64,
-    /// Seconds an idle keep-alive connection stays open.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
-    pub idle_timeout: u64,
-    /// Seconds a client may go without reading any of our output.
-    #[arg(long, value_name = "SECS", default_value_t = 30)]
-    pub write_timeout: u64,
-    /// Largest request body in bytes (larger is answered 413).
-    #[arg(long, value_name = "BYTES", default_value_t = 1024 * 1024)]
-    pub max_body: u64,
-    /// Open connections per worker; above it new connections are closed at once.
-    #[arg(long, value_name = "N", default_value_t = 16_384)]
-    pub max_connections: usize,
-    /// Seconds to let in-flight requests finish after SIGTERM/SIGINT.
-    #[arg(long, value_name = "SECS", default_value_t = 5)]
-    pub shutdown_grace: u64,
+    /// Seconds a client may take to send a request head, from its first byte [default: 10].
+    #[arg(long, value_name = "SECS")]
+    pub header_timeout: Option<u64>,
+    /// Seconds between progress while reading a request body [default: 10].
+    #[arg(long, value_name = "SECS")]
+    pub body_timeout: Option<u64>,
+    /// Seconds an idle keep-alive connection stays open [default: 60].
+    #[arg(long, value_name = "SECS")]
+    pub idle_timeout: Option<u64>,
+    /// Seconds a client may go without reading any of our output [default: 30].
+    #[arg(long, value_name = "SECS")]
+    pub write_timeout: Option<u64>,
+    /// Largest request body in bytes (larger is answered 413) [default: 1048576].
+    #[arg(long, value_name = "BYTES")]
+    pub max_body: Option<u64>,
+    /// Open connections per worker; above it new connections are closed at once
+    /// [default: 16384].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Seconds to let in-flight requests finish after SIGTERM/SIGINT [default: 5].
+    #[arg(long, value_name = "SECS")]
+    pub shutdown_grace: Option<u64>,
 }
 
 impl CommonArgs {
+    /// The server config these flags ask for, defaults filling what is not given (for
+    /// commands without a config file; `tern serve` resolves through `config.rs`).
     pub fn server_config(&self) -> ServerConfig {
         let mut config = ServerConfig::default();
-        config.runtime.listen = self.listen;
+        if let Some(listen) = self.listen {
+            config.runtime.listen = listen;
+        }
         if let Some(n) = self.workers {
             config.runtime.workers = n.max(1);
         }
         config.runtime.pin = self.pin;
-        config.runtime.shutdown_grace = Duration::from_secs(self.shutdown_grace);
-        config.header_timeout = Duration::from_secs(self.header_timeout);
-        config.body_timeout = Duration::from_secs(self.body_timeout);
-        config.idle_timeout = Duration::from_secs(self.idle_timeout);
-        config.write_timeout = Duration::from_secs(self.write_timeout);
-        config.limits.max_body = self.max_body;
-        config.max_connections_per_worker = self.max_connections.max(1);
+        let secs = |flag: Option<u64>, default: Duration| flag.map_or(default, Duration::from_secs);
+        config.runtime.shutdown_grace = secs(self.shutdown_grace, config.runtime.shutdown_grace);
+        config.header_timeout = secs(self.header_timeout, config.header_timeout);
+        config.body_timeout = secs(self.body_timeout, config.body_timeout);
+        config.idle_timeout = secs(self.idle_timeout, config.idle_timeout);
+        config.write_timeout = secs(self.write_timeout, config.write_timeout);
+        if let Some(n) = self.max_body {
+            config.limits.max_body = n;
+        }
+        if let Some(n) = self.max_connections {
+            config.max_connections_per_worker = n.max(1);
+        }
         config
     }
 }
 
-/// Starts the server, prints the one start-up line, and waits for a signal to stop.
-pub fn run(config: ServerConfig, router: Router, what: &str) -> Result<(), String> {
-    run_server(Server::new(config, router), what)
+/// Applies a reload to the running server: the settings that can change while running (see
+/// `ServerHandle::reloader`); every worker also drops its static-file front caches.
+pub type ServerReload<'a> = &'a dyn Fn(&ServerConfig);
+
+/// What a command does on `SIGHUP`, on the signal thread: re-read its settings, apply them
+/// (calling the [`ServerReload`] with the new server config) and log one line.
+pub type OnReload = Box<dyn FnMut(ServerReload<'_>) + Send>;
+
+/// Starts an assembled server (routes plus background threads), prints the one start-up line,
+/// and waits for a signal to stop. `SIGHUP` re-applies the start-up config (dropping every
+/// worker's cached files) and logs one line.
+pub fn run_server(server: Server, what: &str) -> Result<(), String> {
+    let same = server.config().clone();
+    let on_reload: OnReload = Box::new(move |reload: ServerReload<'_>| {
+        reload(&same);
+        tracing::info!("reload (SIGHUP): nothing to re-read; cached files dropped");
+    });
+    run_server_with_reload(server, what, on_reload)
 }
 
-/// Like [`run`], for a server an app has already assembled (routes plus background threads).
-pub fn run_server(server: Server, what: &str) -> Result<(), String> {
+/// Like [`run_server`], with the command's own `SIGHUP` handling.
+pub fn run_server_with_reload(
+    server: Server,
+    what: &str,
+    mut on_reload: OnReload,
+) -> Result<(), String> {
     match tern_runtime::raise_fd_limit() {
         Ok((before, after)) => tracing::info!("open-file limit raised from {before} to {after}"),
         Err(e) => tracing::warn!("could not raise the open-file limit: {e}"),
@@ -77,14 +109,13 @@ pub fn run_server(server: Server, what: &str) -> Result<(), String> {
         .start()
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let stop = server.stopper();
+    let reload = server.reloader();
     tern_runtime::spawn_signal_thread(move |action| match action {
         SignalAction::Shutdown => {
             tracing::info!("shutting down: finishing in-flight requests");
             stop();
         }
-        SignalAction::Reload => {
-            tracing::info!("SIGHUP: files are re-checked continuously; nothing to reload")
-        }
+        SignalAction::Reload => on_reload(&reload),
     })
     .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     println!(

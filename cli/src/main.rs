@@ -4,6 +4,7 @@
 //! server commands share (the common flags and the start/wait loop) is in `common.rs`.
 
 mod common;
+mod config;
 mod demo;
 mod serve;
 

@@ -10,6 +10,7 @@ mod bufpool;
 mod clock;
 mod inbox;
 mod listener;
+pub mod ratelog;
 mod rlimit;
 mod signals;
 mod timer;

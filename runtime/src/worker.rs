@@ -85,6 +85,9 @@ pub trait WorkerApp: 'static {
     fn on_message(&mut self, cx: &mut Context<'_, Self::Message>, msg: Self::Message);
     /// Shutdown began: close idle connections, mark busy ones to close when done.
     fn on_shutdown(&mut self, cx: &mut Context<'_, Self::Message>);
+    /// Called once per loop turn before its events: the place to pick up, with one cheap check,
+    /// what other threads published for this worker (a reload), so the turn's events see it.
+    fn before_turn(&mut self, _cx: &mut Context<'_, Self::Message>) {}
     /// Called once per loop turn after events, timers and messages.
     fn after_turn(&mut self, _cx: &mut Context<'_, Self::Message>) {}
     /// True if the app has work it postponed for fairness: the loop then polls without
@@ -289,6 +292,7 @@ impl<M: Send + 'static> Worker<M> {
                 worker_id: self.id,
                 draining,
             };
+            app.before_turn(&mut cx);
 
             let mut listener_ready = accept_more;
             for event in events.iter() {
@@ -327,6 +331,8 @@ impl<M: Send + 'static> Worker<M> {
             for (key, at) in fired.drain(..) {
                 app.on_timer(&mut cx, key, at);
             }
+            // Summaries of rate-limited log lines whose window ended (a no-op when quiet).
+            crate::ratelog::flush(cx.clock.now_ms());
 
             if !draining && self.stop.load(Ordering::SeqCst) {
                 draining = true;
@@ -376,7 +382,13 @@ fn accept_batch<A: WorkerApp>(
             // The peer gave up before we accepted; nothing to do.
             Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
             Err(e) if is_resource_exhaustion(&e) => {
-                log_fd_exhaustion(cx.worker_id, &e, cx.clock.unix_secs());
+                // Rate-limited: an fd flood must not become a disk flood.
+                if crate::ratelog::admit("accept_out_of_fds", cx.clock.now_ms()) {
+                    tracing::warn!(
+                        worker = cx.worker_id,
+                        "accept: {e}; pausing accepts for {ACCEPT_BACKOFF_MS} ms"
+                    );
+                }
                 return AcceptOutcome::OutOfFds;
             }
             Err(e) => {
@@ -393,20 +405,6 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
     )
-}
-
-/// At most one line per second per worker: an fd flood must not become a disk flood.
-fn log_fd_exhaustion(worker: usize, e: &io::Error, unix_secs: u64) {
-    thread_local!(static LAST: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
-    LAST.with(|last| {
-        if last.get() != unix_secs {
-            last.set(unix_secs);
-            tracing::warn!(
-                worker,
-                "accept: {e}; pausing accepts for {ACCEPT_BACKOFF_MS} ms"
-            );
-        }
-    });
 }
 
 /// The CPUs this process may run on (respects taskset/cgroup affinity).

@@ -8,7 +8,7 @@ use tern_codec::{
     parse_request, BodyDecoder, BodyKind, ConnectionHeader, Method, Parsed, RequestError,
     RequestHead, ResponseHead, Version, CONTINUE_100, MAX_HEADERS_DEFAULT,
 };
-use tern_runtime::{BufPool, Clock, InboxSender, ReadBuf};
+use tern_runtime::{ratelog, BufPool, Clock, InboxSender, ReadBuf};
 
 use crate::handler::{HandlerContext, Reply, Request, WorkerMessage};
 use crate::output::{Flush, Output};
@@ -16,6 +16,7 @@ use crate::response::{status_has_no_body, Response};
 use crate::router::RouteMatch;
 use crate::stats::{Counter, WorkerStats};
 use crate::worker::Shared;
+use crate::ServerConfig;
 
 /// Above this much unsent output, stop answering pipelined requests until the client reads.
 const OUTPUT_HIGH_WATER: usize = 256 * 1024;
@@ -27,6 +28,8 @@ const LINGER_MAX_BYTES: usize = 256 * 1024;
 /// Borrowed worker state a connection needs while it runs.
 pub(crate) struct ConnCx<'a> {
     pub shared: &'a Shared,
+    /// The worker's settings in force (timeouts, limits; changed by reloads between turns).
+    pub config: &'a ServerConfig,
     pub stats: &'a WorkerStats,
     pub clock: &'a Clock,
     pub buffers: &'a mut BufPool,
@@ -210,7 +213,7 @@ impl Conn {
 
     /// One read into the connection's buffer. `Ok(false)` means nothing more to read now.
     fn read(&mut self, cx: &mut ConnCx<'_>) -> io::Result<bool> {
-        let limit = cx.shared.config.limits.max_head;
+        let limit = cx.config.limits.max_head;
         let rbuf = self.rbuf.get_or_insert_with(|| cx.buffers.take_read());
         if rbuf.spare_mut().is_empty() {
             // A partial head filled a standard buffer; heads may be up to the limit.
@@ -285,7 +288,7 @@ impl Conn {
     /// Returns the bytes consumed (0: need more input).
     fn process_head(&mut self, data: &[u8], cx: &mut ConnCx<'_>) -> usize {
         let mut headers = [MaybeUninit::uninit(); MAX_HEADERS_DEFAULT];
-        let limits = &cx.shared.config.limits;
+        let limits = &cx.config.limits;
         let head = match parse_request(data, &mut headers, limits) {
             Ok(Parsed::Complete(head)) => head,
             Ok(Parsed::Partial) => return 0,
@@ -343,7 +346,7 @@ impl Conn {
             return;
         };
         let mut headers = [MaybeUninit::uninit(); MAX_HEADERS_DEFAULT];
-        match parse_request(&saved.head, &mut headers, &cx.shared.config.limits) {
+        match parse_request(&saved.head, &mut headers, &cx.config.limits) {
             Ok(Parsed::Complete(head)) => self.dispatch(&head, &saved.body, cx),
             _ => unreachable!("a head that parsed once parses again"),
         }
@@ -390,7 +393,9 @@ impl Conn {
                 self.abort = true;
             }
             Ok(Reply::Later) => {
-                tracing::error!(path = head.path, "handler returned Later without defer()");
+                if ratelog::admit("handler_later_without_defer", cx.clock.now_ms()) {
+                    tracing::error!(path = head.path, "handler returned Later without defer()");
+                }
                 self.respond(
                     Response::text(500, "internal error\n").close(),
                     exchange,
@@ -399,7 +404,10 @@ impl Conn {
             }
             Err(_) => {
                 cx.stats.bump(Counter::HandlerPanics);
-                tracing::error!(path = head.path, "handler panicked; answered 500");
+                if ratelog::admit("handler_panic", cx.clock.now_ms()) {
+                    let peer = self.peer;
+                    tracing::error!(path = head.path, %peer, "handler panicked; answered 500");
+                }
                 self.respond(
                     Response::text(500, "internal error\n").close(),
                     exchange,
@@ -456,6 +464,11 @@ impl Conn {
     /// client may still be sending).
     fn reject(&mut self, e: RequestError, cx: &mut ConnCx<'_>) {
         cx.stats.bad_request(e);
+        // Sampled: at most a few lines a second per cause (an outsider chooses how many).
+        if ratelog::admit(e.name(), cx.clock.now_ms()) {
+            let cause = e.message().trim_end();
+            tracing::info!(peer = %self.peer, status = e.status(), "bad request: {cause}");
+        }
         self.state = State::Head;
         let ex = Exchange::last_answer(self.seq);
         self.respond(Response::text(e.status(), e.message()), ex, cx);
@@ -521,7 +534,7 @@ impl Conn {
     /// The deadline the connection's current state calls for, and which timeout it is.
     pub fn next_deadline(&self, cx: &ConnCx<'_>) -> (u64, Timeout) {
         let now = cx.clock.now_ms();
-        let cfg = &cx.shared.config;
+        let cfg = cx.config;
         let ms = |d: std::time::Duration| d.as_millis() as u64;
         match &self.state {
             State::Lingering { until_ms, .. } => (*until_ms, Timeout::Linger),
@@ -538,14 +551,19 @@ impl Conn {
     /// The deadline passed. Counts the timeout; a slow head gets a best-effort 408.
     pub fn time_out(&mut self, cx: &mut ConnCx<'_>) {
         let (_, kind) = self.next_deadline(cx);
-        let counter = match kind {
-            Timeout::Header => Counter::TimeoutHeader,
-            Timeout::Body => Counter::TimeoutBody,
-            Timeout::Idle => Counter::TimeoutIdle,
-            Timeout::Write => Counter::TimeoutWrite,
+        let (counter, what) = match kind {
+            Timeout::Header => (Counter::TimeoutHeader, "request head not received in time"),
+            Timeout::Body => (Counter::TimeoutBody, "request body stalled"),
+            Timeout::Idle => (Counter::TimeoutIdle, ""),
+            Timeout::Write => (Counter::TimeoutWrite, "client stopped reading our answer"),
             Timeout::Linger => return,
         };
         cx.stats.bump(counter);
+        // Idle keep-alive connections timing out is normal; the others may be slowloris-style
+        // abuse, so they are logged, rate-limited.
+        if kind != Timeout::Idle && ratelog::admit(counter.name(), cx.clock.now_ms()) {
+            tracing::info!(peer = %self.peer, "timeout: {what}; closing");
+        }
         if matches!(kind, Timeout::Header | Timeout::Body) && self.out.is_empty() {
             // Best effort, one non-blocking write: the connection closes right after.
             let ex = Exchange::last_answer(self.seq);

@@ -131,10 +131,13 @@ impl Server {
             router: self.router,
             config: self.config.clone(),
             stats: stats.clone(),
+            live: arc_swap::ArcSwap::from_pointee(self.config.clone()),
+            reloads: std::sync::atomic::AtomicU64::new(0),
         });
+        let for_workers = shared.clone();
         let runtime =
             tern_runtime::Runtime::start(self.config.runtime.clone(), move |id, inbox| {
-                worker::HttpWorker::new(id, shared.clone(), inbox)
+                worker::HttpWorker::new(id, for_workers.clone(), inbox)
             })?;
         let stop = StopSignal::default();
         let mut background = Vec::new();
@@ -150,6 +153,7 @@ impl Server {
             stats,
             stop,
             background,
+            shared,
         })
     }
 }
@@ -160,6 +164,7 @@ pub struct ServerHandle {
     stats: Stats,
     stop: StopSignal,
     background: Vec<(String, std::thread::JoinHandle<()>)>,
+    shared: Arc<worker::Shared>,
 }
 
 impl ServerHandle {
@@ -178,6 +183,32 @@ impl ServerHandle {
 
     pub fn shutdown(&self) {
         self.runtime.shutdown();
+    }
+
+    /// A function that applies a reload (`SIGHUP`); safe to call from any thread, repeatedly.
+    /// Of the config it takes what can change while running: the header, body, idle and write
+    /// timeouts, the request limits (`max_body`, ...) and the connections per worker.
+    /// `config.runtime` is ignored: listen address, workers, pinning and shutdown grace need a
+    /// restart. Every worker also drops its static-file front caches.
+    ///
+    /// Each worker picks the reload up at the start of its next loop turn (it is woken for
+    /// it), by comparing a counter once per turn; requests never look at shared state.
+    /// Connections keep the deadlines and body limits already armed for their current request.
+    pub fn reloader(&self) -> impl Fn(&ServerConfig) + Send + Sync + Clone + 'static {
+        let shared = self.shared.clone();
+        let inboxes = self.runtime.inboxes().to_vec();
+        move |config| {
+            let mut live = config.clone();
+            live.runtime = shared.config.runtime.clone();
+            live.max_connections_per_worker = live.max_connections_per_worker.max(1);
+            shared.live.store(Arc::new(live));
+            shared
+                .reloads
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
+            for inbox in &inboxes {
+                inbox.nudge();
+            }
+        }
     }
 
     /// Blocks until every worker has drained and exited, then stops and joins the background

@@ -1,6 +1,8 @@
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use mio::event::Event;
 use mio::{Interest, Token};
 use tern_runtime::{Context, InboxSender, TimerKey, WorkerApp};
@@ -11,11 +13,16 @@ use crate::router::Router;
 use crate::stats::{Counter, Stats};
 use crate::ServerConfig;
 
-/// What every worker shares, read-only.
+/// What every worker shares, read-only (but for reloads).
 pub(crate) struct Shared {
     pub router: Router,
+    /// The start-up config.
     pub config: ServerConfig,
     pub stats: Stats,
+    /// The config of the latest reload (its `runtime` part is the start-up one).
+    pub live: ArcSwap<ServerConfig>,
+    /// Bumped after `live` is stored; workers compare it once per loop turn.
+    pub reloads: AtomicU64,
 }
 
 /// Connections of one worker, addressed by `generation << 32 | index`. The generation makes
@@ -87,19 +94,38 @@ pub(crate) struct HttpWorker {
     /// Connections whose flush yielded to be fair to others; driven again next turn.
     yielded: Vec<u64>,
     near_limit_at: usize,
+    /// This worker's copy of the settings in force (replaced on reload, between turns).
+    config: Arc<ServerConfig>,
+    /// The `Shared::reloads` value `config` reflects.
+    seen_reloads: u64,
 }
 
 impl HttpWorker {
     pub fn new(id: usize, shared: Arc<Shared>, inbox: InboxSender<WorkerMessage>) -> HttpWorker {
-        let max = shared.config.max_connections_per_worker;
+        let seen_reloads = shared.reloads.load(Ordering::Acquire);
+        let config = shared.live.load_full();
+        let max = config.max_connections_per_worker;
         HttpWorker {
             id,
             inbox,
             conns: Slab::default(),
             yielded: Vec::new(),
             near_limit_at: max - max / 10,
+            config,
+            seen_reloads,
             shared,
         }
+    }
+
+    /// A reload happened since the last turn: take the new settings and drop this thread's
+    /// static-file front caches (their files may come from an old root or old options).
+    #[cold]
+    fn apply_reload(&mut self, reloads: u64) {
+        self.seen_reloads = reloads;
+        self.config = self.shared.live.load_full();
+        let max = self.config.max_connections_per_worker;
+        self.near_limit_at = max - max / 10;
+        crate::static_files::forget_thread_caches();
     }
 
     /// Runs `f` on the connection with its borrowed context, then applies the outcome:
@@ -116,6 +142,7 @@ impl HttpWorker {
         };
         let mut ccx = ConnCx {
             shared: &self.shared,
+            config: &self.config,
             stats: self.shared.stats.worker(self.id),
             clock: cx.clock,
             buffers: cx.buffers,
@@ -162,7 +189,7 @@ impl WorkerApp for HttpWorker {
         peer: SocketAddr,
     ) {
         let stats = self.shared.stats.worker(self.id);
-        if self.conns.len >= self.shared.config.max_connections_per_worker || cx.draining {
+        if self.conns.len >= self.config.max_connections_per_worker || cx.draining {
             stats.bump(Counter::ConnectionsRefused);
             return; // dropping the stream closes it
         }
@@ -228,6 +255,14 @@ impl WorkerApp for HttpWorker {
             if self.conns.get_mut(key).is_some_and(|c| c.begin_drain()) {
                 self.close(cx, key);
             }
+        }
+    }
+
+    fn before_turn(&mut self, _cx: &mut Context<'_, WorkerMessage>) {
+        // One uncontended load per turn (written only by a reload).
+        let reloads = self.shared.reloads.load(Ordering::Acquire);
+        if reloads != self.seen_reloads {
+            self.apply_reload(reloads);
         }
     }
 

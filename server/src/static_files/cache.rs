@@ -12,6 +12,10 @@
 //! evicted (marked, removed, and the eviction epoch bumped); fronts drop evicted entries at their
 //! next revalidation of that key or their next miss (a sweep), and the new entry is served
 //! uncached until the memory is actually released.
+//!
+//! A reload empties the shared map and gives it a new settings generation: an entry built
+//! under other settings is neither found nor cached. Fronts carry the settings they were made
+//! with and are dropped by their worker after a reload.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -23,6 +27,7 @@ use bytes::Bytes;
 
 use super::entry::{Entry, Source};
 use super::fs::FileStat;
+use super::Settings;
 
 /// A cached entry is re-`stat`ed when a request finds it older than this (per worker), so a
 /// change on disk is seen within ~0.5 s plus the clock's tick.
@@ -117,6 +122,8 @@ impl Budget {
 struct SharedEntry {
     entry: Arc<Entry>,
     seq: u64,
+    /// The settings generation the entry was built under.
+    gen: u64,
 }
 
 #[derive(Default)]
@@ -126,6 +133,8 @@ struct SharedMap {
     next_seq: u64,
     /// Bytes charged by the entries currently in the map.
     bytes: u64,
+    /// The settings generation of the entries the map accepts (see [`Shared::clear`]).
+    gen: u64,
 }
 
 /// Cache statistics, for /statusz.
@@ -188,21 +197,29 @@ impl Shared {
         }
     }
 
-    /// The entry for `rel` if it was built from exactly these files.
-    pub fn find(&self, rel: &[u8], stats: &[Option<FileStat>]) -> Option<Arc<Entry>> {
+    /// The entry for `rel` if it was built from exactly these files under settings `gen`.
+    pub fn find(&self, rel: &[u8], stats: &[Option<FileStat>], gen: u64) -> Option<Arc<Entry>> {
         let map = self.lock();
-        let e = &map.entries.get(rel)?.entry;
-        (e.same_files(stats) && !e.evicted.load(Ordering::Acquire)).then(|| e.clone())
+        let se = map.entries.get(rel)?;
+        let e = &se.entry;
+        (se.gen == gen && e.same_files(stats) && !e.evicted.load(Ordering::Acquire))
+            .then(|| e.clone())
     }
 
     /// Caches a freshly built entry. Returns the entry to serve and whether it is cached (an
     /// uncached one is served once and dropped). If another worker cached the same files
-    /// meanwhile, that entry is returned and ours dropped.
-    pub fn insert(&self, rel: &[u8], mut entry: Entry) -> (Arc<Entry>, bool) {
+    /// meanwhile, that entry is returned and ours dropped. An entry built under settings
+    /// older (or newer) than the map's (a reload raced with the build) is served uncached.
+    pub fn insert(&self, rel: &[u8], mut entry: Entry, gen: u64) -> (Arc<Entry>, bool) {
         let mut map = self.lock();
+        if gen != map.gen {
+            return (Arc::new(entry), false);
+        }
         if let Some(existing) = map.entries.get(rel) {
             let stats: Vec<_> = entry.watch.iter().map(|w| w.stat).collect();
-            if existing.entry.same_files(&stats) && !existing.entry.evicted.load(Ordering::Acquire)
+            if existing.gen == gen
+                && existing.entry.same_files(&stats)
+                && !existing.entry.evicted.load(Ordering::Acquire)
             {
                 return (existing.entry.clone(), true);
             }
@@ -226,12 +243,25 @@ impl Shared {
             SharedEntry {
                 entry: entry.clone(),
                 seq,
+                gen,
             },
         );
         if let Some(old) = old {
             self.retire(&mut map, &old.entry);
         }
         (entry, true)
+    }
+
+    /// Empties the map (a reload) and from now on accepts only entries built under settings
+    /// `gen`. Fronts drop the removed entries at their next sweep; bodies still being sent
+    /// stay alive until their responses are done.
+    pub fn clear(&self, gen: u64) {
+        let mut map = self.lock();
+        map.gen = gen;
+        for (_, old) in std::mem::take(&mut map.entries) {
+            self.retire(&mut map, &old.entry);
+        }
+        map.bytes = 0;
     }
 
     /// Removes `entry` from the map if it is still there (its file changed or vanished).
@@ -328,9 +358,18 @@ pub(crate) struct Front {
     instance: u64,
     pub map: FxMap<Slot>,
     seen_epoch: u64,
+    /// The settings this front's slots were made under; read on every request, so a hit
+    /// touches no shared state.
+    pub settings: Arc<Settings>,
 }
 
 impl Front {
+    /// Forgets every slot and takes newer settings (a reload this thread had not seen).
+    pub fn reset(&mut self, settings: Arc<Settings>) {
+        self.map = FxMap::default();
+        self.settings = settings;
+    }
+
     /// Drops slots whose entries left the shared map since the last sweep.
     pub fn sweep(&mut self, epoch: u64) {
         if epoch != self.seen_epoch {
@@ -345,8 +384,13 @@ thread_local! {
     static FRONTS: RefCell<Vec<Front>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` on this thread's front cache for the `StaticFiles` instance `instance`.
-pub(crate) fn with_front<R>(instance: u64, f: impl FnOnce(&mut Front) -> R) -> R {
+/// Runs `f` on this thread's front cache for the `StaticFiles` instance `instance`; a new
+/// front takes its settings from `settings`.
+pub(crate) fn with_front<R>(
+    instance: u64,
+    settings: impl FnOnce() -> Arc<Settings>,
+    f: impl FnOnce(&mut Front) -> R,
+) -> R {
     FRONTS.with(|cell| {
         let mut fronts = cell.borrow_mut();
         let idx = match fronts.iter().position(|fr| fr.instance == instance) {
@@ -356,12 +400,22 @@ pub(crate) fn with_front<R>(instance: u64, f: impl FnOnce(&mut Front) -> R) -> R
                     instance,
                     map: FxMap::default(),
                     seen_epoch: 0,
+                    settings: settings(),
                 });
                 fronts.len() - 1
             }
         };
         f(&mut fronts[idx])
     })
+}
+
+/// Forgets every front cache of this thread (after a reload).
+pub(crate) fn forget_thread_fronts() {
+    let _ = FRONTS.try_with(|cell| {
+        if let Ok(mut fronts) = cell.try_borrow_mut() {
+            fronts.clear();
+        }
+    });
 }
 
 /// Forgets this thread's front cache for `instance` (when a `StaticFiles` is dropped).

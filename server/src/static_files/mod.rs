@@ -16,6 +16,12 @@
 //! 500 ms (on misses/revalidations) and re-opened when it names another directory, so a deploy
 //! that switches a `current -> releases/N` symlink is followed.
 //!
+//! Reload (`SIGHUP`): [`StaticFiles::reload`] re-opens the root (possibly a new path) and takes
+//! new options; the shared map is emptied and tagged with a new generation, so nothing built
+//! under the old settings is found again. Each worker drops its front caches at its next loop
+//! turn ([`forget_thread_caches`], called by the server worker); a thread that is not a tern
+//! worker notices the new generation on its next miss or revalidation.
+//!
 //! Known limits: a large file rewritten *in place* (same inode) may be sent with its old length
 //! during the ≤ 500 ms before revalidation (deploys that write a new file and rename it over the
 //! old one are always safe); absolute symlinks inside the root are refused (RESOLVE_BENEATH),
@@ -36,7 +42,7 @@ use std::ffi::CString;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -95,18 +101,34 @@ impl Default for StaticOptions {
     }
 }
 
+/// The options in force and the reload that set them (0: the constructor's).
+pub(crate) struct Settings {
+    pub gen: u64,
+    pub opts: StaticOptions,
+}
+
+/// The open root directory and the path it was opened from.
+struct Rooted {
+    path: PathBuf,
+    dir: Root,
+}
+
 /// Serves the files under a directory. See the module docs for the request path.
 pub struct StaticFiles {
     /// Distinguishes instances in the per-thread front caches.
     id: u64,
+    /// Options, replaced whole by [`reload`](Self::reload). Workers read their front cache's
+    /// snapshot of it, never this, on a cache hit.
+    settings: ArcSwap<Settings>,
     /// The open root directory. Re-opened when the configured path comes to name another
-    /// directory (a `current -> releases/N` symlink switched by a deploy).
-    root: ArcSwap<Root>,
+    /// directory (a `current -> releases/N` symlink switched by a deploy), or on reload.
+    root: ArcSwap<Rooted>,
     started: Instant,
     /// Milliseconds after `started` of the last check of the root path.
     root_checked_ms: AtomicU64,
-    opts: StaticOptions,
     shared: Shared,
+    /// Serialises reloads (signal thread only; never taken on the request path).
+    reload_lock: Mutex<()>,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -114,9 +136,31 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 impl std::fmt::Debug for StaticFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StaticFiles")
-            .field("opts", &self.opts)
+            .field("opts", &self.settings.load().opts)
             .finish_non_exhaustive()
     }
+}
+
+/// Checks and normalises options (an empty Cache-Control means none).
+fn validate(mut opts: StaticOptions) -> io::Result<StaticOptions> {
+    let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+    let idx = &opts.index_file;
+    if idx.is_empty() || idx == "." || idx == ".." || idx.contains(['/', '\\', '\0']) {
+        return Err(invalid(format!(
+            "index file {idx:?} must be a plain file name"
+        )));
+    }
+    if opts.cache_control.as_deref().is_some_and(str::is_empty) {
+        opts.cache_control = None;
+    }
+    if let Some(cc) = &opts.cache_control {
+        if cc.bytes().any(|b| b.is_ascii_control()) {
+            return Err(invalid(format!(
+                "Cache-Control value {cc:?} has control characters"
+            )));
+        }
+    }
+    Ok(opts)
 }
 
 impl StaticFiles {
@@ -134,40 +178,50 @@ impl StaticFiles {
     /// compressed variants, header blocks; default 256 MiB) and descriptors of large files kept
     /// open (default 1024).
     pub fn with_cache_limits(
-        mut opts: StaticOptions,
+        opts: StaticOptions,
         max_cache_bytes: u64,
         max_open_files: u64,
     ) -> io::Result<StaticFiles> {
-        let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
-        let idx = &opts.index_file;
-        if idx.is_empty() || idx == "." || idx == ".." || idx.contains(['/', '\\', '\0']) {
-            return Err(invalid(format!(
-                "index file {idx:?} must be a plain file name"
-            )));
-        }
-        if opts.cache_control.as_deref().is_some_and(str::is_empty) {
-            opts.cache_control = None;
-        }
-        if let Some(cc) = &opts.cache_control {
-            if cc.bytes().any(|b| b.is_ascii_control()) {
-                return Err(invalid(format!(
-                    "Cache-Control value {cc:?} has control characters"
-                )));
-            }
-        }
-        let root = Root::open(&opts.root)?;
+        let opts = validate(opts)?;
+        let dir = Root::open(&opts.root)?;
         Ok(StaticFiles {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            root: ArcSwap::from_pointee(root),
+            root: ArcSwap::from_pointee(Rooted {
+                path: opts.root.clone(),
+                dir,
+            }),
+            settings: ArcSwap::from_pointee(Settings { gen: 0, opts }),
             started: Instant::now(),
             root_checked_ms: AtomicU64::new(0),
-            opts,
             shared: Shared::new(max_cache_bytes, max_open_files),
+            reload_lock: Mutex::new(()),
         })
     }
 
-    pub fn options(&self) -> &StaticOptions {
-        &self.opts
+    /// The options in force (a copy: a reload may replace them at any time).
+    pub fn options(&self) -> StaticOptions {
+        self.settings.load().opts.clone()
+    }
+
+    /// Takes new options (`SIGHUP`), callable from any thread while requests are served.
+    /// The root is re-opened and checked first: if it is unusable, or an option is, nothing
+    /// changes and the error (naming the path) is returned. Otherwise every cached file is
+    /// dropped, even when nothing changed, so a directory replaced under the same path is seen
+    /// at once. Responses already under way keep the files they hold.
+    pub fn reload(&self, opts: StaticOptions) -> io::Result<()> {
+        let _serial = self.reload_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let opts = validate(opts)?;
+        let dir = Root::open(&opts.root)?;
+        let gen = self.settings.load().gen + 1;
+        // The shared map first: from here on, entries built under older settings are neither
+        // found nor cached (their generation differs), whichever thread built them.
+        self.shared.clear(gen);
+        self.root.store(Arc::new(Rooted {
+            path: opts.root.clone(),
+            dir,
+        }));
+        self.settings.store(Arc::new(Settings { gen, opts }));
+        Ok(())
     }
 
     pub fn cache_stats(&self) -> CacheStats {
@@ -181,31 +235,49 @@ impl StaticFiles {
         if method != Method::Get && method != Method::Head {
             return method_not_allowed();
         }
-        let key = match path::normalize(req.path(), self.opts.serve_dotfiles) {
+        cache::with_front(
+            self.id,
+            || self.settings.load_full(),
+            |front| self.serve_from(front, req, true),
+        )
+    }
+
+    /// `may_refresh`: the front's settings were not yet compared with the latest reload.
+    fn serve_from(&self, front: &mut Front, req: &Request<'_>, may_refresh: bool) -> Response {
+        let key = match path::normalize(req.path(), front.settings.opts.serve_dotfiles) {
             Ok(k) => k,
             Err(PathError::BadRequest) => return bad_request(),
             Err(PathError::NotFound) => return not_found(),
         };
-        cache::with_front(self.id, |front| {
-            if let Some(slot) = front.map.get_mut(&key[..]) {
-                if req.now_ms.saturating_sub(slot.checked_ms) < REVALIDATE_MS {
-                    return respond(slot, req);
-                }
-                if slot.entry.still_valid(&self.root()) {
-                    slot.checked_ms = req.now_ms;
-                    return respond(slot, req);
-                }
-                if let Some(stale) = front.map.remove(&key[..]) {
-                    self.shared.forget(&stale.entry);
-                }
+        if let Some(slot) = front.map.get_mut(&key[..]) {
+            if req.now_ms.saturating_sub(slot.checked_ms) < REVALIDATE_MS {
+                return respond(slot, req);
             }
-            self.miss(front, &key, req)
-        })
+        }
+        // Off the hit path (a revalidation or a miss, both about to make syscalls): follow a
+        // reload this thread has not seen yet (workers normally drop their fronts first).
+        if may_refresh {
+            let current = self.settings.load();
+            if current.gen != front.settings.gen {
+                front.reset(arc_swap::Guard::into_inner(current));
+                return self.serve_from(front, req, false);
+            }
+        }
+        if let Some(slot) = front.map.get_mut(&key[..]) {
+            if slot.entry.still_valid(&self.root().dir) {
+                slot.checked_ms = req.now_ms;
+                return respond(slot, req);
+            }
+            if let Some(stale) = front.map.remove(&key[..]) {
+                self.shared.forget(&stale.entry);
+            }
+        }
+        self.miss(front, &key, req)
     }
 
     fn miss(&self, front: &mut Front, key: &[u8], req: &Request<'_>) -> Response {
         front.sweep(self.shared.epoch());
-        match self.lookup(key) {
+        match self.lookup(key, &front.settings, req.now_ms) {
             Lookup::Found(entry, true) => {
                 let slot = Slot::new(entry, req.now_ms);
                 let resp = respond(&slot, req);
@@ -220,7 +292,7 @@ impl StaticFiles {
 
     /// The root directory, re-checking (at most every [`ROOT_CHECK_MS`], by one thread) that
     /// the configured path still names it. Called on misses and revalidations only.
-    fn root(&self) -> arc_swap::Guard<Arc<Root>> {
+    fn root(&self) -> arc_swap::Guard<Arc<Rooted>> {
         let now = self.started.elapsed().as_millis() as u64;
         let last = self.root_checked_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= ROOT_CHECK_MS
@@ -228,29 +300,42 @@ impl StaticFiles {
                 .root_checked_ms
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
-            && !self.root.load().is_still(&self.opts.root)
         {
-            match Root::open(&self.opts.root) {
-                Ok(new) => {
-                    let root = self.opts.root.display();
-                    tracing::info!(%root, "static root changed; reopened");
-                    self.root.store(Arc::new(new));
+            let current = self.root.load_full();
+            if !current.dir.is_still(&current.path) {
+                match Root::open(&current.path) {
+                    Ok(dir) => {
+                        let new = Arc::new(Rooted {
+                            path: current.path.clone(),
+                            dir,
+                        });
+                        // Only if no reload replaced the root meanwhile.
+                        let prev = self.root.compare_and_swap(&current, new);
+                        if Arc::ptr_eq(&prev, &current) {
+                            let root = current.path.display();
+                            tracing::info!(%root, "static root changed; reopened");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "static root changed but cannot be opened")
+                    }
                 }
-                Err(e) => tracing::warn!(error = %e, "static root changed but cannot be opened"),
             }
         }
         self.root.load()
     }
 
     /// Resolves a key on disk (safely) and finds or builds its entry.
-    fn lookup(&self, key: &[u8]) -> Lookup {
-        let root = self.root();
+    fn lookup(&self, key: &[u8], settings: &Settings, now_ms: u64) -> Lookup {
+        let rooted = self.root();
+        let root = &rooted.dir;
+        let opts = &settings.opts;
         let dir_request = key.len() > 1 && key.ends_with(b"/");
         let rel = if key.len() == 1 { &b"."[..] } else { &key[1..] };
         let Ok(rel_c) = CString::new(rel) else {
             return Lookup::Fail(bad_request());
         };
-        let (mut file, mut stat) = match open(&root, &rel_c) {
+        let (mut file, mut stat) = match open(root, &rel_c, now_ms) {
             Ok(x) => x,
             Err(resp) => return Lookup::Fail(resp),
         };
@@ -264,11 +349,11 @@ impl StaticFiles {
                 } else {
                     rel.to_vec()
                 };
-                index.extend_from_slice(self.opts.index_file.as_bytes());
+                index.extend_from_slice(opts.index_file.as_bytes());
                 let Ok(index) = CString::new(index) else {
                     return Lookup::Fail(bad_request());
                 };
-                (file, stat) = match open(&root, &index) {
+                (file, stat) = match open(root, &index, now_ms) {
                     Ok(x) if x.1.kind == Kind::File => x,
                     Ok(_) => return Lookup::Fail(not_found()),
                     Err(resp) => return Lookup::Fail(resp),
@@ -283,40 +368,44 @@ impl StaticFiles {
             None
         } else {
             Some([
-                sibling(&root, &served, b".gz"),
-                sibling(&root, &served, b".br"),
+                sibling(root, &served, b".gz"),
+                sibling(root, &served, b".br"),
             ])
         };
         let mut stats = vec![Some(stat)];
         if let Some(s) = &siblings {
             stats.extend(s.iter().map(|f| f.stat));
         }
-        if let Some(entry) = self.shared.find(served.as_bytes(), &stats) {
+        if let Some(entry) = self.shared.find(served.as_bytes(), &stats, settings.gen) {
             return Lookup::Found(entry, true);
         }
-        let opts = BuildOpts {
-            max_cached_size: self.opts.max_cached_size,
-            cache_control: self.opts.cache_control.as_deref(),
+        let build = BuildOpts {
+            max_cached_size: opts.max_cached_size,
+            cache_control: opts.cache_control.as_deref(),
         };
         let main = Found {
             rel: served,
             file: Some(file),
             stat: Some(stat),
         };
-        match Entry::build(main, siblings, &opts, &self.shared.compressions) {
+        match Entry::build(main, siblings, &build, &self.shared.compressions) {
             Ok(entry) => {
                 let rel = entry.watch[0].rel.clone();
-                let (entry, cached) = self.shared.insert(rel.as_bytes(), entry);
+                let (entry, cached) = self.shared.insert(rel.as_bytes(), entry, settings.gen);
                 Lookup::Found(entry, cached)
             }
-            Err(e) => Lookup::Fail(io_failure(&e)),
+            Err(e) => Lookup::Fail(io_failure(&e, now_ms)),
         }
     }
 }
 
-fn open(root: &Root, rel: &CString) -> Result<(std::fs::File, fs::FileStat), Response> {
-    let file = root.open_beneath(rel).map_err(|e| io_failure(&e))?;
-    let stat = fstat(&file).map_err(|e| io_failure(&e))?;
+fn open(
+    root: &Root,
+    rel: &CString,
+    now_ms: u64,
+) -> Result<(std::fs::File, fs::FileStat), Response> {
+    let file = root.open_beneath(rel).map_err(|e| io_failure(&e, now_ms))?;
+    let stat = fstat(&file).map_err(|e| io_failure(&e, now_ms))?;
     Ok((file, stat))
 }
 
@@ -352,6 +441,12 @@ fn sibling(root: &Root, rel: &CString, suffix: &[u8]) -> Found {
             }
         }
     }
+}
+
+/// Drops every front cache of the calling thread (all `StaticFiles` instances). A worker calls
+/// this at its first loop turn after a reload, so that no cache hit serves an old file.
+pub(crate) fn forget_thread_caches() {
+    cache::forget_thread_fronts();
 }
 
 impl Drop for StaticFiles {
@@ -506,7 +601,8 @@ fn redirect(key: &[u8], query: Option<&str>) -> Response {
 
 /// Maps a filesystem error to an answer. Absence (including an escape attempt refused by
 /// `openat2`, EXDEV, or a symlink loop) is a plain 404 so that probing learns nothing.
-fn io_failure(e: &io::Error) -> Response {
+/// Unexpected errors are logged, rate-limited (requests choose how often they happen).
+fn io_failure(e: &io::Error, now_ms: u64) -> Response {
     if entry::is_absent(e) {
         return not_found();
     }
@@ -519,7 +615,9 @@ fn io_failure(e: &io::Error) -> Response {
             r
         }
         _ => {
-            tracing::warn!(error = %e, "static file lookup failed");
+            if tern_runtime::ratelog::admit("static_lookup_failed", now_ms) {
+                tracing::warn!(error = %e, "static file lookup failed");
+            }
             Response::text(500, "internal server error\n")
         }
     }

@@ -1304,3 +1304,127 @@ fn unservable_sibling_is_ignored_and_stable() {
     }
     assert_eq!(sf.cache_stats().compressions, compressions);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Reload (SIGHUP)
+// ---------------------------------------------------------------------------------------------
+
+/// Two sites side by side: `tmp/a` and `tmp/b`, each with `index.html` and `f.txt` naming it.
+fn two_roots() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    for (dir, name) in [(&a, "A"), (&b, "B")] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::write(dir.join("index.html"), format!("index {name}")).unwrap();
+        std::fs::write(dir.join("f.txt"), format!("file {name}")).unwrap();
+        std::fs::write(dir.join(".hidden"), format!("hidden {name}")).unwrap();
+    }
+    (tmp, a, b)
+}
+
+#[test]
+fn reload_switches_root_at_once_on_a_worker() {
+    let (_tmp, a, b) = two_roots();
+    let sf = StaticFiles::new(StaticOptions::new(&a)).unwrap();
+    assert_eq!(text(&get(&sf, "/f.txt")), "file A");
+    assert_eq!(text(&get(&sf, "/")), "index A");
+    assert_eq!(sf.cache_stats().entries, 2);
+
+    sf.reload(StaticOptions::new(&b)).unwrap();
+    assert_eq!(sf.cache_stats().entries, 0, "the shared cache is emptied");
+    assert_eq!(sf.options().root, b);
+    // What a worker does at its next loop turn.
+    forget_thread_caches();
+    assert_eq!(text(&get(&sf, "/f.txt")), "file B");
+    assert_eq!(text(&get(&sf, "/")), "index B");
+}
+
+#[test]
+fn reload_is_followed_by_other_threads_at_their_next_revalidation() {
+    let (_tmp, a, b) = two_roots();
+    let sf = StaticFiles::new(StaticOptions::new(&a)).unwrap();
+    assert_eq!(
+        text(&call(&sf, Method::Get, "/f.txt", H::default(), 0)),
+        "file A"
+    );
+    sf.reload(StaticOptions::new(&b)).unwrap();
+    // Not a tern worker: no front reset, so a fresh front hit may still answer...
+    assert_eq!(
+        text(&call(&sf, Method::Get, "/f.txt", H::default(), 1)),
+        "file A"
+    );
+    // ...but a miss or a revalidation notices the new generation.
+    assert_eq!(
+        text(&call(&sf, Method::Get, "/", H::default(), 2)),
+        "index B"
+    );
+    assert_eq!(
+        text(&call(&sf, Method::Get, "/f.txt", H::default(), 3)),
+        "file B",
+        "the front was reset by the miss"
+    );
+}
+
+#[test]
+fn reload_to_unusable_root_keeps_the_old_one() {
+    let (tmp, a, _b) = two_roots();
+    let sf = StaticFiles::new(StaticOptions::new(&a)).unwrap();
+    assert_eq!(text(&get(&sf, "/f.txt")), "file A");
+    let missing = tmp.path().join("missing");
+    let err = sf.reload(StaticOptions::new(&missing)).unwrap_err();
+    assert!(err.to_string().contains("missing"), "{err}");
+    let file = a.join("f.txt");
+    assert!(sf.reload(StaticOptions::new(&file)).is_err());
+    let bad_cc = StaticOptions {
+        cache_control: Some("a\nb".into()),
+        ..StaticOptions::new(&a)
+    };
+    assert!(sf.reload(bad_cc).is_err());
+    assert_eq!(sf.options().root, a);
+    forget_thread_caches();
+    assert_eq!(
+        text(&call(&sf, Method::Get, "/f.txt", H::default(), 10_000)),
+        "file A"
+    );
+    assert!(header(&get(&sf, "/f.txt"), "Cache-Control").is_none());
+}
+
+#[test]
+fn reload_applies_options() {
+    let (_tmp, a, _b) = two_roots();
+    let sf = StaticFiles::new(StaticOptions::new(&a)).unwrap();
+    assert_eq!(get(&sf, "/.hidden").status, 404);
+    assert!(header(&get(&sf, "/f.txt"), "Cache-Control").is_none());
+    sf.reload(StaticOptions {
+        serve_dotfiles: true,
+        cache_control: Some("public, max-age=60".into()),
+        max_cached_size: 0,
+        ..StaticOptions::new(&a)
+    })
+    .unwrap();
+    forget_thread_caches();
+    assert_eq!(text(&get(&sf, "/.hidden")), "hidden A");
+    let r = get(&sf, "/f.txt");
+    assert_eq!(header(&r, "Cache-Control").unwrap(), "public, max-age=60");
+    assert!(
+        matches!(r.body, Body::File(_)),
+        "max_cached_size 0: sent from disk"
+    );
+}
+
+#[test]
+fn reload_with_same_options_sees_a_replaced_directory_at_once() {
+    let (tmp, a, _b) = two_roots();
+    let sf = StaticFiles::new(StaticOptions::new(&a)).unwrap();
+    assert_eq!(text(&get(&sf, "/f.txt")), "file A");
+    // Swap another directory in under the same path.
+    let fresh = tmp.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    std::fs::write(fresh.join("f.txt"), "file fresh").unwrap();
+    std::fs::rename(&a, tmp.path().join("old")).unwrap();
+    std::fs::rename(&fresh, &a).unwrap();
+    // Same clock value: without the reload this would be a fresh front hit.
+    sf.reload(sf.options()).unwrap();
+    forget_thread_caches();
+    assert_eq!(text(&get(&sf, "/f.txt")), "file fresh");
+}
