@@ -24,9 +24,37 @@ pub fn bind_reuseport(addr: SocketAddr, backlog: i32) -> io::Result<mio::net::Tc
     Ok(mio::net::TcpListener::from_std(socket.into()))
 }
 
+/// Where Linux exposes `net.ipv4.tcp_migrate_req` (per network namespace; it covers IPv6 too).
+const MIGRATE_REQ_SYSCTL: &str = "/proc/sys/net/ipv4/tcp_migrate_req";
+
+/// A one-line hint when `net.ipv4.tcp_migrate_req` exists and is 0, else `None`.
+///
+/// When a `SO_REUSEPORT` listener closes, Linux resets the connections still in its accept
+/// queue and the half-open ones, unless this sysctl (Linux 5.14+) is 1: then they move to
+/// another listener of the group, e.g. the new tern of a restart. tern accepts what is queued
+/// before it closes a listener, but only the kernel can close the last small window.
+pub fn migrate_req_hint() -> Option<String> {
+    hint_for(std::fs::read_to_string(MIGRATE_REQ_SYSCTL).ok().as_deref())
+}
+
+fn hint_for(sysctl: Option<&str>) -> Option<String> {
+    (sysctl?.trim() == "0").then(|| {
+        "hint: net.ipv4.tcp_migrate_req=0; set it to 1 so that restarting tern on the same \
+         port (new process first, then SIGTERM to the old) resets no queued connection"
+            .to_string()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn migrate_hint_only_when_the_sysctl_is_off() {
+        assert!(hint_for(Some("0\n")).is_some());
+        assert_eq!(hint_for(Some("1\n")), None);
+        assert_eq!(hint_for(None), None);
+    }
 
     #[test]
     fn two_listeners_share_one_port() {

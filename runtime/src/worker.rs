@@ -11,7 +11,7 @@ use mio::{Events, Interest, Poll, Registry, Token};
 use crate::bufpool::BufPool;
 use crate::clock::Clock;
 use crate::inbox::{Inbox, InboxSender};
-use crate::listener::bind_reuseport;
+use crate::listener::{bind_reuseport, migrate_req_hint};
 use crate::timer::{TimerKey, TimerWheel};
 
 const LISTENER: Token = Token(0);
@@ -24,6 +24,14 @@ pub const FIRST_CONN_TOKEN: usize = 2;
 const ACCEPT_BUDGET: usize = 128;
 /// How long to stop accepting after EMFILE/ENFILE before trying again.
 const ACCEPT_BACKOFF_MS: u64 = 100;
+/// At shutdown, the most connections taken from the accept queue before the listener closes
+/// (the queue holds at most `backlog`; this only bounds a flood that keeps refilling it).
+const SHUTDOWN_ACCEPT_LIMIT: usize = 16_384;
+/// At shutdown, how long the worker keeps serving normally after its last accept before it
+/// starts draining. Connections taken from the accept queue at shutdown have usually not been
+/// read yet; draining at once would close them as idle, and closing a socket with an unread
+/// request resets it. One short period lets their requests arrive and be answered.
+const SHUTDOWN_SETTLE_MS: u64 = 100;
 
 /// Start-up settings of the runtime.
 #[derive(Debug, Clone)]
@@ -156,6 +164,13 @@ impl Runtime {
         let workers = config.workers.max(1);
         // Port 0 means "any": the first bind picks the port and the others join it.
         let first = bind_reuseport(config.listen, config.backlog)?;
+        // Once per process, and only when the sysctl exists and is off.
+        static HINT: std::sync::Once = std::sync::Once::new();
+        HINT.call_once(|| {
+            if let Some(hint) = migrate_req_hint() {
+                tracing::info!("{hint}");
+            }
+        });
         let local_addr = first.local_addr()?;
         let mut listeners = vec![first];
         for _ in 1..workers {
@@ -253,6 +268,8 @@ impl<M: Send + 'static> Worker<M> {
         let mut fired = Vec::new();
         let mut draining = false;
         let mut drain_deadline = u64::MAX;
+        // Set once the stop flag is seen: the listener is closed, draining begins at this time.
+        let mut settle_until: Option<u64> = None;
         let mut accept_more = false;
         let mut accept_paused_until: Option<u64> = None;
         self.clock.update();
@@ -261,6 +278,9 @@ impl<M: Send + 'static> Worker<M> {
             let now = self.clock.now_ms();
             let mut timeout = self.timers.poll_timeout_ms(now);
             if let Some(until) = accept_paused_until {
+                timeout = Some(timeout.unwrap_or(u64::MAX).min(until.saturating_sub(now)));
+            }
+            if let Some(until) = settle_until {
                 timeout = Some(timeout.unwrap_or(u64::MAX).min(until.saturating_sub(now)));
             }
             if draining {
@@ -317,7 +337,7 @@ impl<M: Send + 'static> Worker<M> {
             accept_more = false;
             if listener_ready && accept_paused_until.is_none() {
                 if let Some(listener) = self.listener.as_ref() {
-                    match accept_batch(listener, &mut app, &mut cx) {
+                    match accept_batch(listener, &mut app, &mut cx, ACCEPT_BUDGET) {
                         AcceptOutcome::Drained => {}
                         AcceptOutcome::BudgetSpent => accept_more = true,
                         AcceptOutcome::OutOfFds => {
@@ -334,17 +354,32 @@ impl<M: Send + 'static> Worker<M> {
             // Summaries of rate-limited log lines whose window ended (a no-op when quiet).
             crate::ratelog::flush(cx.clock.now_ms());
 
-            if !draining && self.stop.load(Ordering::SeqCst) {
-                draining = true;
-                cx.draining = true;
-                drain_deadline = cx.clock.now_ms() + self.grace_ms;
+            if !draining && settle_until.is_none() && self.stop.load(Ordering::SeqCst) {
+                let now = cx.clock.now_ms();
+                drain_deadline = now + self.grace_ms;
                 // Closing our listener makes the kernel route new connections to any other
-                // listener on the port (another tern during a restart).
+                // listener on the port (another tern during a restart). But Linux resets the
+                // connections still waiting in a closed listener's accept queue (unless
+                // net.ipv4.tcp_migrate_req=1 moves them to another listener), so first take
+                // everything queued and serve it like any other connection.
                 if let Some(mut l) = self.listener.take() {
                     let _ = cx.registry.deregister(&mut l);
+                    let _ = accept_batch(&l, &mut app, &mut cx, SHUTDOWN_ACCEPT_LIMIT);
                 }
                 accept_more = false;
                 accept_paused_until = None;
+                // Nothing open: nothing to settle. Never settle past the grace period.
+                let settle = if app.connections() == 0 {
+                    0
+                } else {
+                    SHUTDOWN_SETTLE_MS.min(self.grace_ms)
+                };
+                settle_until = Some(now + settle);
+            }
+            if settle_until.is_some_and(|until| cx.clock.now_ms() >= until) {
+                settle_until = None;
+                draining = true;
+                cx.draining = true;
                 app.on_shutdown(&mut cx);
             }
             app.after_turn(&mut cx);
@@ -373,8 +408,9 @@ fn accept_batch<A: WorkerApp>(
     listener: &mio::net::TcpListener,
     app: &mut A,
     cx: &mut Context<'_, A::Message>,
+    budget: usize,
 ) -> AcceptOutcome {
-    for _ in 0..ACCEPT_BUDGET {
+    for _ in 0..budget {
         match listener.accept() {
             Ok((stream, peer)) => app.on_accept(cx, stream, peer),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return AcceptOutcome::Drained,
@@ -453,5 +489,102 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+}
+
+#[cfg(test)]
+mod shutdown_tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::io::{Read, Write};
+
+    /// Answers "ok" to the first bytes of each connection and closes it; on shutdown it closes
+    /// connections that have sent nothing yet, as an HTTP server closes idle ones. A message
+    /// keeps the worker busy for the given time (so connections queue in the backlog).
+    struct Answerer {
+        conns: HashMap<usize, mio::net::TcpStream>,
+        next: usize,
+    }
+
+    impl WorkerApp for Answerer {
+        type Message = Duration;
+
+        fn on_accept(
+            &mut self,
+            cx: &mut Context<'_, Duration>,
+            mut s: mio::net::TcpStream,
+            _: SocketAddr,
+        ) {
+            let token = FIRST_CONN_TOKEN + self.next;
+            self.next += 1;
+            cx.registry
+                .register(&mut s, Token(token), Interest::READABLE)
+                .unwrap();
+            self.conns.insert(token, s);
+        }
+
+        fn on_ready(&mut self, _: &mut Context<'_, Duration>, event: &Event) {
+            let token = event.token().0;
+            if let Some(s) = self.conns.get_mut(&token) {
+                let mut buf = [0u8; 64];
+                if matches!(s.read(&mut buf), Ok(n) if n > 0) {
+                    let _ = s.write_all(b"ok");
+                }
+                self.conns.remove(&token);
+            }
+        }
+
+        fn on_timer(&mut self, _: &mut Context<'_, Duration>, _: TimerKey, _: u64) {}
+
+        fn on_message(&mut self, _: &mut Context<'_, Duration>, busy: Duration) {
+            std::thread::sleep(busy);
+        }
+
+        fn on_shutdown(&mut self, _: &mut Context<'_, Duration>) {
+            self.conns.clear();
+        }
+
+        fn connections(&self) -> usize {
+            self.conns.len()
+        }
+    }
+
+    /// Connections that are still in the listener's accept queue when shutdown begins are
+    /// accepted and served, not reset by the kernel when the listener closes.
+    #[test]
+    fn connections_queued_at_shutdown_are_served() {
+        let config = RuntimeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            workers: 1,
+            shutdown_grace: Duration::from_secs(3),
+            ..RuntimeConfig::default()
+        };
+        let handle = Runtime::start(config, |_, _| Answerer {
+            conns: HashMap::new(),
+            next: 0,
+        })
+        .unwrap();
+        let addr = handle.local_addr();
+        // Keep the worker busy, then queue clients behind it and ask for shutdown; the worker
+        // sees the stop request in the same turn that it wakes up in.
+        handle.inboxes()[0]
+            .send(Duration::from_millis(400))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut clients: Vec<std::net::TcpStream> = (0..20)
+            .map(|_| {
+                let mut c = std::net::TcpStream::connect(addr).unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                c.write_all(b"hi").unwrap();
+                c
+            })
+            .collect();
+        handle.shutdown();
+        for (i, c) in clients.iter_mut().enumerate() {
+            let mut got = Vec::new();
+            let r = c.read_to_end(&mut got);
+            assert!(r.is_ok() && got == b"ok", "client {i}: {r:?}, got {got:?}");
+        }
+        handle.join();
     }
 }
