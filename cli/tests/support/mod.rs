@@ -600,3 +600,73 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `tern demo --data DATA --listen 127.0.0.1:0 --workers 2 EXTRA...` (the IPv4 Games).
+pub fn demo_command(data: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(TERN);
+    cmd.arg("demo")
+        .arg("--data")
+        .arg(data)
+        .args(["--listen", "127.0.0.1:0"]);
+    if !extra.contains(&"--workers") {
+        cmd.args(["--workers", "2"]);
+    }
+    cmd.args(extra).stdin(Stdio::null()).env_remove("TERN_LOG");
+    cmd
+}
+
+/// `tern: IPv4 Games (data in DIR) on http://127.0.0.1:PORT with N workers` → the address.
+pub fn parse_demo_startup_line(line: &str) -> Option<SocketAddr> {
+    let rest = line.trim_end().strip_prefix("tern: IPv4 Games (data in ")?;
+    let (_, rest) = rest.split_once(") on http://")?;
+    let (addr, _) = rest.split_once(" with ")?;
+    addr.parse().ok()
+}
+
+impl Tern {
+    /// Starts `tern demo` on `data` (see [`demo_command`]), waiting for the start-up line;
+    /// returns the running process and that line.
+    pub fn start_demo(data: &Path, extra: &[&str]) -> (Tern, String) {
+        let mut cmd = demo_command(data, extra);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn tern demo");
+        let stderr = drain(child.stderr.take().unwrap());
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            let _ = tx.send(line);
+            let _ = std::io::copy(&mut reader, &mut std::io::sink());
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(15)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("tern demo printed no start-up line within 15 s");
+            }
+        };
+        let mut tern = Tern {
+            child,
+            addr: "0.0.0.0:0".parse().unwrap(),
+            stderr,
+            status: None,
+        };
+        let Some(addr) = parse_demo_startup_line(&line) else {
+            let status = tern.wait_exit(Duration::from_secs(2));
+            panic!(
+                "unexpected start-up line {line:?} (exit {status:?}); stderr:\n{}",
+                tern.stderr_text()
+            );
+        };
+        tern.addr = addr;
+        (tern, line)
+    }
+
+    /// Runs `tern demo` expecting it to fail at start-up; returns how it ended.
+    pub fn demo_failing(data: &Path, extra: &[&str]) -> Failed {
+        run_to_end(&mut demo_command(data, extra), Duration::from_secs(10))
+    }
+}
