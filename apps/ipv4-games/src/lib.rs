@@ -83,6 +83,8 @@ pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
         store::open_reader(&db).map_err(|e| format!("cannot open {}: {e}", db.display()))?;
     let lookup_conn =
         store::open_reader(&db).map_err(|e| format!("cannot open {}: {e}", db.display()))?;
+    let checkpoint_conn =
+        store::open_checkpointer(&db).map_err(|e| format!("cannot open {}: {e}", db.display()))?;
     let site = StaticFiles::new(StaticOptions::new(&game.site_dir))
         .map_err(|e| format!("cannot serve {}: {e}", game.site_dir.display()))?;
 
@@ -128,8 +130,52 @@ pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
     server.background("score-views", move |stop| {
         game::run_views(views_conn, s, interval, stop)
     });
+    server.background("wal-checkpoint", move |stop| {
+        checkpointer(checkpoint_conn, stop)
+    });
     server.background("player-lookup", move |stop| {
         player::run(lookup_conn, lookups_rx, state, stop)
     });
     Ok(server)
+}
+
+/// Keeps the WAL short: a passive checkpoint every 100 ms copies what the writer committed
+/// back into the database file without blocking it; once the WAL passes 64 MiB a RESTART
+/// checkpoint finishes the job and lets the WAL start over. Runs at normal priority so it
+/// keeps up under sustained load; a WAL that still grows past 1 GiB is logged.
+fn checkpointer(conn: rusqlite::Connection, stop: tern_server::StopSignal) {
+    const RESTART_FRAMES: i64 = 16_384;
+    let mut warned_at: Option<Instant> = None;
+    loop {
+        let mut result = store::checkpoint(&conn);
+        if matches!(result, Ok((frames, _)) if frames > RESTART_FRAMES) {
+            // Busy (a long read is in progress) is normal; the next round tries again.
+            result = match store::checkpoint_restart(&conn) {
+                Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
+                    Ok((RESTART_FRAMES, 0))
+                }
+                other => other,
+            };
+        }
+        match result {
+            Ok((frames, _)) if frames > 262_144 => {
+                if warned_at.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                    tracing::warn!(
+                        frames,
+                        "the WAL is not shrinking: checkpoints cannot keep up"
+                    );
+                    warned_at = Some(Instant::now());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!("checkpoint failed: {e}"),
+        }
+        if stop.is_stopped() {
+            // Fold the WAL back on the way out. A last commit the writer makes after this
+            // stays in the WAL, which SQLite replays when the database is next opened.
+            let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
