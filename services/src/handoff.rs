@@ -90,18 +90,22 @@ impl<T> HandoffReceiver<T> {
             Err(RecvTimeoutError::Timeout) => return Some(0),
             Err(RecvTimeoutError::Disconnected) => return None,
         };
+        let before = out.len();
         out.push(first);
-        let mut n = 1;
-        while n < max {
+        self.drain_into(out, before + max);
+        Some(out.len() - before)
+    }
+
+    /// Takes what is queued right now, until `out` holds `max` items; never waits.
+    pub fn drain_into(&self, out: &mut Vec<T>, max: usize) -> usize {
+        let before = out.len();
+        while out.len() < max {
             match self.rx.try_recv() {
-                Ok(item) => {
-                    out.push(item);
-                    n += 1;
-                }
+                Ok(item) => out.push(item),
                 Err(_) => break,
             }
         }
-        Some(n)
+        out.len() - before
     }
 
     pub fn len(&self) -> usize {

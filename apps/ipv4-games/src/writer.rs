@@ -59,6 +59,14 @@ pub fn run(
             Some(n) => n,
             None => break,
         };
+        if got > 0 && got < batch_max {
+            // Let the workers finish their turn before committing. Sharing a core, the first
+            // claim's wake-up may have preempted a worker mid-turn; yielding lets it queue the
+            // rest of the turn's claims into this batch. With a core of its own this returns
+            // at once.
+            std::thread::yield_now();
+            rx.drain_into(&mut batch, batch_max);
+        }
         if got == 0 {
             if dirty {
                 game.publish_recent(&recent);
