@@ -109,15 +109,18 @@ def resolve_headers(scenario, server, port):
 def check_scenario(scenario, servers, docroot):
     """Fetch the scenario's request from every server; return per-server facts
     (status, lengths, resolved headers) or raise BenchError naming who differs."""
-    with open(os.path.join(docroot, scenario.path.lstrip("/")), "rb") as f:
-        expected_body = f.read()
+    expected_body = None
+    if not scenario.expect_text:
+        with open(os.path.join(docroot, scenario.path.lstrip("/")), "rb") as f:
+            expected_body = f.read()
     facts, problems = {}, []
     for server in servers:
         port = server.port_for(scenario)
         try:
             headers = resolve_headers(scenario, server, port)
             responses, closed = fetch(
-                port, scenario.path, headers, count=scenario.pipeline, expect_close=scenario.close
+                port, scenario.path, {**headers, **scenario.check_headers},
+                count=scenario.pipeline, expect_close=scenario.close
             )
         except (OSError, ConnectionError, ValueError) as e:
             problems.append(f"{server.name}: no valid answer ({e})")
@@ -145,8 +148,11 @@ def check_scenario(scenario, servers, docroot):
                 f"{server.name}: Content-Encoding {enc or 'none'!r}, "
                 f"expected {scenario.expect_encoding or 'none'!r}"
             )
-        if r.status == 200 and body != expected_body:
+        if r.status == 200 and expected_body is not None and body != expected_body:
             problems.append(f"{server.name}: body differs from {scenario.path} ({len(body)} bytes)")
+        if scenario.expect_text and scenario.expect_text.encode() not in body:
+            problems.append(f"{server.name}: the answer does not contain {scenario.expect_text!r}: "
+                            f"{body[:200]!r}")
         for i, other in enumerate(responses[1:], 2):
             if other.status != r.status or len(other.body) != len(r.body):
                 problems.append(f"{server.name}: pipelined answer {i} differs from the first")

@@ -1,7 +1,9 @@
-"""Running the load: wrk for request scenarios, the idle client for idle-rss.
-Each run records the server's CPU time (utime+stime of its process tree)
-before and after, and samples its RSS while the load runs."""
+"""Running the load: wrk for request scenarios (and for claims, with the app's
+own account from /statusz), the idle client for idle-rss. Each run records the
+server's CPU time (utime+stime of its process tree) before and after, and
+samples its RSS while the load runs."""
 
+import itertools
 import json
 import os
 import statistics
@@ -20,8 +22,13 @@ def log(msg):
     print(msg, flush=True)
 
 
+_wrk_runs = itertools.count()
+
+
 def _wrk_script(scenario, ctx):
-    """wrk takes one script: the scenario's Lua (if any) followed by report.lua."""
+    """wrk takes one script: the scenario's Lua (if any) followed by report.lua.
+    BENCH_RUN numbers the wrk runs of this invocation (lua/claims.lua gives each
+    run its own addresses)."""
     path = os.path.join(ctx.workdir, f"wrk-{scenario.name}.lua")
     parts = []
     if scenario.lua:
@@ -29,6 +36,7 @@ def _wrk_script(scenario, ctx):
     parts.append(os.path.join(ctx.bench_dir, "lua", "report.lua"))
     with open(path, "w") as out:
         out.write(f"BENCH_CONNECTIONS = {scenario.connections}\n")
+        out.write(f"BENCH_RUN = {next(_wrk_runs)}\n")
         for p in parts:
             with open(p) as f:
                 out.write(f.read() + "\n")
@@ -140,13 +148,25 @@ def _fmt_k(v):
     return f"{v / 1000:.1f}k" if v >= 1000 else f"{v:.0f}"
 
 
-def wrk_scenario(scenario, servers, settings, ctx):
+def _check(scenario, servers, ctx):
     facts = check_scenario(scenario, servers, ctx.docroot)
     log(f"  answers agree: " + ", ".join(
         f"{n} {f['status']}/{f['body_bytes']}B (head {f['head_bytes']}B)" for n, f in facts.items()))
+    return facts
+
+
+def wrk_scenario(scenario, servers, settings, ctx):
+    facts = _check(scenario, servers, ctx)
+    results, _ = _wrk_rounds(scenario, servers, facts, settings, ctx)
+    return {"facts": facts, "results": results}
+
+
+def _wrk_rounds(scenario, servers, facts, settings, ctx):
+    """Warm-up, then interleaved rounds; returns (summaries, every run incl. warm-up)."""
+    warmups = {s.name: [] for s in servers}
     if settings.warmup:
         for s in servers:
-            run_wrk(scenario, s, facts[s.name]["headers"], settings.warmup, ctx)
+            warmups[s.name].append(run_wrk(scenario, s, facts[s.name]["headers"], settings.warmup, ctx))
     runs = {s.name: [] for s in servers}
     planned, extra = settings.rounds, settings.extra_rounds
     r = 0
@@ -164,6 +184,110 @@ def wrk_scenario(scenario, servers, settings, ctx):
             + (f" (others {rs[-1]['other_cpu_pct']:.0f}%)" if rs[-1]["other_cpu_pct"] > NOISY_PCT else "")
             for n, rs in runs.items()))
     results = {n: summarize(rs) for n, rs in runs.items()}
+    return results, {n: warmups[n] + rs for n, rs in runs.items()}
+
+
+def read_statusz(port):
+    """/statusz of tern demo as {name: number} (`name: value` lines)."""
+    (r,), _ = fetch(port, "/statusz", {})
+    if r.status != 200:
+        raise BenchError(f"/statusz answered {r.status}")
+    out = {}
+    for line in r.body.decode("utf-8", "replace").splitlines():
+        k, sep, v = line.partition(": ")
+        if sep:
+            try:
+                out[k.strip()] = float(v)
+            except ValueError:
+                pass
+    return out
+
+
+def _settled_statusz(port, timeout=5.0):
+    """/statusz once the writer is idle: the claims still in flight when wrk stopped
+    are committed (queue empty, claims_committed unchanged over 0.2 s)."""
+    last = read_statusz(port)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = read_statusz(port)
+        if now.get("claims_queue_length", 0) == 0 and now.get("claims_committed") == last.get("claims_committed"):
+            return now
+        last = now
+    return last
+
+
+# /statusz counters recorded for the claims rounds (differences over the rounds)
+CLAIM_COUNTERS = {
+    "claims_committed": "committed",
+    "claim_batches": "batches",
+    "claims_queue_full": "queue_full",
+    "claims_unchanged": "unchanged",
+    "claims_rate_limited": "rate_limited",
+    "claims_rate_dropped": "rate_dropped",
+    "claims_invalid_name": "invalid_names",
+    "claim_commit_errors": "commit_errors",
+}
+
+
+def claims_scenario(scenario, servers, settings, ctx):
+    """A wrk scenario against tern demo, plus the app's own account: /statusz is read
+    after the answer check and again once the writer is idle after the rounds, and the
+    difference gives the batches (group commits), their average and largest size and
+    the queue-full refusals. Sanity: every claim wrk saw acknowledged (2xx) must have
+    been committed, so committed ≥ acknowledged; committed may exceed it by the claims
+    in flight when wrk stopped each run (at most one per connection per run), which
+    the server commits and answers after wrk stopped counting."""
+    facts = _check(scenario, servers, ctx)
+    before = {s.name: read_statusz(s.port_for(scenario)) for s in servers}
+    threads0 = {s.name: procs.thread_cpu_seconds(s.instance(scenario).pids()) for s in servers}
+    results, all_runs = _wrk_rounds(scenario, servers, facts, settings, ctx)
+    for s in servers:
+        after = _settled_statusz(s.port_for(scenario))
+        threads = procs.thread_cpu_seconds(s.instance(scenario).pids())
+        missing = [k for k in ("claims_committed", "claim_batches", "claim_batch_largest") if k not in after]
+        if missing:
+            raise BenchError(f"{s.name}: /statusz lacks {', '.join(missing)}")
+        runs = all_runs[s.name]
+        # wrk counts every complete response; errors.status those with status > 399
+        acked = sum(r["requests"] - r["errors"]["status"] for r in runs)
+        d = {v: int(after.get(k, 0) - before[s.name].get(k, 0)) for k, v in CLAIM_COUNTERS.items()}
+        slack = len(runs) * scenario.connections
+        c = {
+            **d,
+            "acknowledged": acked,
+            "unacknowledged": d["committed"] - acked,
+            "in_flight_bound": slack,
+            "wrk_runs": len(runs),
+            "avg_batch": d["committed"] / d["batches"] if d["batches"] else None,
+            "largest_batch": int(after.get("claim_batch_largest", 0)),
+            "last_batch": int(after.get("claim_batch_last", 0)),
+            "committed_total": int(after["claims_committed"]),
+            # server CPU per committed claim by thread (worker, claim-writer, …), over all the
+            # claims runs (warm-up included); CLK_TCK resolution (10 ms over the whole scenario)
+            "cpu_us_per_claim_by_thread": {
+                t: round((sec - threads0[s.name].get(t, 0)) * 1e6 / d["committed"], 2)
+                for t, sec in sorted(threads.items(), key=lambda kv: -kv[1])
+                if d["committed"] and sec - threads0[s.name].get(t, 0) > 0
+            },
+        }
+        if hasattr(s, "setting"):
+            c.update(s.setting())
+        results[s.name]["claims"] = c
+        log(f"  {s.name}: {d['committed']} claims committed in {d['batches']} batches "
+            f"(avg {c['avg_batch'] or 0:.1f}, largest {c['largest_batch']}), "
+            f"{acked} acknowledged by wrk, {d['queue_full']} queue-full; CPU µs/claim by thread: "
+            + ", ".join(f"{t} {v:.1f}" for t, v in c["cpu_us_per_claim_by_thread"].items()))
+        if d["committed"] < acked:
+            raise BenchError(
+                f"claims: {s.name} acknowledged {acked} claims but committed only {d['committed']}: "
+                "answers went out for claims that are not in the database (or it answered "
+                "non-2xx statuses below 400, which wrk does not count as errors)")
+        if d["unchanged"]:
+            log(f"  warning: {d['unchanged']} claims changed nothing: lua/claims.lua repeated addresses")
+        if d["committed"] > acked + slack:
+            log(f"  warning: {s.name} committed {d['committed'] - acked} claims more than wrk saw "
+                f"acknowledged, more than the {slack} that can be in flight when wrk stops")
     return {"facts": facts, "results": results}
 
 
@@ -258,4 +382,4 @@ def idle_scenario(scenario, servers, settings, ctx):
     return {"facts": facts, "results": results}
 
 
-RUNNERS = {"wrk": wrk_scenario, "idle": idle_scenario}
+RUNNERS = {"wrk": wrk_scenario, "claims": claims_scenario, "idle": idle_scenario}

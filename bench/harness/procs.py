@@ -122,3 +122,62 @@ def wait_port(port, proc, timeout=10.0):
         except OSError:
             time.sleep(0.05)
     return False
+
+
+def thread_cpus(pid):
+    """{thread id: Cpus_allowed_list} for every thread of a process."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("Cpus_allowed_list:"):
+                        out[int(tid)] = line.split(":", 1)[1].strip()
+        except OSError:
+            continue  # exited
+    return out
+
+
+def fs_type(path):
+    """The type of the file system holding path (ext4, tmpfs, …), from /proc/mounts."""
+    path = os.path.realpath(path)
+    best, kind = "", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mnt = fields[1].replace("\\040", " ")
+                inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best):
+                    best, kind = mnt, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+def thread_cpu_seconds(pids):
+    """utime + stime per thread name (/proc/PID/task/TID/comm, summed over threads of
+    one name), in seconds: where a multi-threaded server spends its CPU."""
+    out = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    data = f.read()
+            except OSError:
+                continue  # exited
+            fields = data[data.rindex(")") + 2 :].split()
+            out[comm] = out.get(comm, 0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out

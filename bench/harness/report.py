@@ -34,6 +34,27 @@ def annotate(scenarios):
         contestants.sort(key=lambda n: res[n][key], reverse=not idle)
         for n, r in res.items():
             r["rank"] = contestants.index(n) + 1 if n in contestants else None
+    # claims: durable claims/s against nginx's static small-file req/s of the same run
+    small = next((sc for sc in scenarios if sc["name"] == STATIC_REF_SCENARIO), None)
+    ref = small["results"].get("nginx") if small else None
+    for sc in scenarios:
+        if sc["kind"] != "claims":
+            continue
+        sc["static_ref"] = {
+            "scenario": STATIC_REF_SCENARIO,
+            "server": "nginx",
+            "ran": ref is not None,
+            "ok": bool(ref and ref["ok"]),
+            "req_s": ref["req_s"] if ref else None,
+        }
+        for r in sc["results"].values():
+            ok = ref and ref["ok"] and r["ok"]
+            r["x_nginx_small_50"] = _ratio(r["req_s"], ref["req_s"]) if ok else None
+
+
+STATIC_REF_SCENARIO = "small-50"
+CLAIMS_TARGET_X = 1.0  # claims/s ≥ 1.0 × nginx small-50 req/s …
+CLAIMS_TARGET_P99_MS = 2.0  # … with p99 ≤ 2 ms at 50 connections
 
 
 def _k(v):
@@ -76,8 +97,11 @@ def markdown(doc):
     if noise > NOISY_PCT:
         lines += [f"⚠ other processes used up to {noise:.0f} % of a core during some of the runs "
                   "these numbers come from: they are disturbed.", ""]
-    wrk = [s for s in doc["scenarios"] if s["kind"] != "idle"]
+    wrk = [s for s in doc["scenarios"] if s["kind"] == "wrk"]
+    claims = [s for s in doc["scenarios"] if s["kind"] == "claims"]
     idle = [s for s in doc["scenarios"] if s["kind"] == "idle"]
+    # app servers (tern-demo) have their own table: no column of n/a in the static ones
+    servers = [n for n in doc["servers"] if any(n in sc["results"] for sc in wrk + idle)]
     if wrk:
         refs = [r for r in REFERENCES if "tern" in servers and r in servers]
         ratio_cols = [f"tern/{r} req/s" for r in refs] + [f"tern/{r} CPU" for r in refs]
@@ -131,6 +155,8 @@ def markdown(doc):
                     f"| {r['wrk_cpu_pct']:.0f} |"
                 )
         lines += ["", "</details>", ""]
+    for sc in claims:
+        lines += _claims_markdown(sc)
     for sc in idle:
         lines += [
             f"Idle keep-alive connections ({sc['name']}): RSS of a fresh server before and after "
@@ -153,7 +179,64 @@ def markdown(doc):
     return "\n".join(lines)
 
 
-COLORS = {"nginx": "#2e7d32", "h2o": "#1565c0", "tern": "#e65100", "floor": "#9e9e9e"}
+def _claims_markdown(sc):
+    ref = sc.get("static_ref") or {}
+    lines = [
+        f"IPv4 Games claims ({sc['name']}): `tern demo`, the whole process (worker and SQLite "
+        "writer thread) on CPU 0; each request claims a fresh address (X-Forwarded-For from a "
+        "trusted loopback proxy) and is answered only after its commit (group commit). "
+        f"Target: claims/s ≥ {CLAIMS_TARGET_X:.1f}× nginx's {ref.get('scenario', STATIC_REF_SCENARIO)} "
+        f"req/s of the same run, p99 ≤ {CLAIMS_TARGET_P99_MS:.0f} ms at {sc['connections']} connections. "
+        "Batches, sizes and queue-full from the server's /statusz over the claims runs.",
+        "",
+        "| server | claims/s | p50 ms | p99 ms | CPU µs/claim | ×nginx small-50 | batches "
+        "| avg batch | largest batch | queue full | committed | acknowledged | errors | wrk CPU % |",
+        "|---" * 14 + "|",
+    ]
+    notes = []
+    for n, r in sc["results"].items():
+        c = r.get("claims") or {}
+        cpu = r["cpu_us_per_req"]
+        avg = c.get("avg_batch")
+        lines.append(
+            f"| {n} | {_k(r['req_s'])} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
+            f"| {f'{cpu:.2f}' if cpu else '–'} | {_x(r.get('x_nginx_small_50'))} "
+            f"| {c.get('batches', '–')} | {f'{avg:.1f}' if avg else '–'} | {c.get('largest_batch', '–')} "
+            f"| {c.get('queue_full', '–')} | {c.get('committed', '–')} | {c.get('acknowledged', '–')} "
+            f"| {_errs(r)} | {r['wrk_cpu_pct']:.0f} |"
+        )
+        if not ref.get("ran"):
+            notes.append(f"{n}: {STATIC_REF_SCENARIO} was not run in this invocation, so there is no "
+                         f"ratio to nginx's static req/s (run `bench/run {sc['name']} {STATIC_REF_SCENARIO}`).")
+        elif not ref.get("ok"):
+            notes.append(f"{n}: nginx had errors in {STATIC_REF_SCENARIO}: no ratio.")
+        elif r.get("x_nginx_small_50") is None:
+            notes.append(f"{n}: had errors: no ratio.")
+        else:
+            x, p99 = r["x_nginx_small_50"], r["p99_ms"]
+            met = x >= CLAIMS_TARGET_X and p99 <= CLAIMS_TARGET_P99_MS
+            notes.append(
+                f"{n}: {_k(r['req_s'])} claims/s ÷ nginx {STATIC_REF_SCENARIO} {_k(ref['req_s'])} req/s "
+                f"= **{x:.2f}×**, p99 {p99:.2f} ms: target {'met' if met else 'not met'}.")
+        by_thread = c.get("cpu_us_per_claim_by_thread")
+        if by_thread:
+            notes.append(f"{n}: server CPU µs per claim by thread (all claims runs): "
+                         + ", ".join(f"{t} {v:.1f}" for t, v in by_thread.items()) + ".")
+        if c:
+            notes.append(
+                f"{n}: committed − acknowledged = {c['unacknowledged']} over {c['wrk_runs']} wrk run(s): "
+                "claims in flight when wrk stopped are committed and answered after it stopped "
+                f"counting (at most one per connection per run, ≤ {c['in_flight_bound']}); "
+                "committed < acknowledged would fail the run. "
+                f"Data on {c.get('data_fs', '?')}, `--sync {c.get('sync', '?')}`"
+                + (" (WAL: a commit survives the process being killed, not a power loss)."
+                   if c.get("sync") == "normal" else "."))
+    lines += [""] + [f"- {t}" for t in notes] + [""]
+    return lines
+
+
+COLORS = {"nginx": "#2e7d32", "h2o": "#1565c0", "tern": "#e65100", "floor": "#9e9e9e",
+          "tern-demo": "#6a1b9a"}
 
 
 def chart(doc, path):
@@ -174,9 +257,10 @@ def chart(doc, path):
             rows = [([r["bytes_per_conn"] or 0 for r in res], "bytes / idle conn"),
                     ([r["rss_after"] / 2**20 for r in res], f"RSS MiB, {res[0]['connections']} idle")]
         else:
+            unit = "claim" if sc["kind"] == "claims" else "req"
             top = ([r["mb_s"] for r in res], "MB/s") if sc["throughput"] else (
-                [r["req_s"] / 1000 for r in res], "k req/s")
-            rows = [top, ([r["cpu_us_per_req"] or 0 for r in res], "CPU µs / req")]
+                [r["req_s"] / 1000 for r in res], f"k {unit}/s")
+            rows = [top, ([r["cpu_us_per_req"] or 0 for r in res], f"CPU µs / {unit}")]
         for j, (vals, unit) in enumerate(rows):
             ax = axes[j][i]
             bars = ax.bar(range(len(names)), vals, color=colors)

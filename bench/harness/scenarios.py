@@ -4,10 +4,12 @@
 Adding one is adding a row:
   * a wrk scenario needs a path, headers and/or a Lua script under bench/lua/
     (the script must not define `done`: bench/lua/report.lua is appended to it);
-  * `servers=(...)` restricts it to some servers (for example a future
-    `Scenario("claims", ..., kind="wrk", path="/claim", lua="claims.lua",
-    servers=("tern-demo",))` for the IPv4 Games, once a `tern demo` server
-    class exists in servers.py, with X-Forwarded-For set per request in Lua);
+  * `servers=(...)` restricts it to some servers; an application server
+    (`app = True` in servers.py, e.g. tern-demo) takes part only in the
+    scenarios that name it there;
+  * an answer that is not a docroot file is checked with `expect_text` (a
+    string its body must contain) instead of the fixture, and `check_headers`
+    are sent with the check's request only (not by wrk);
   * a new load generator (h2load for HTTP/2, wrk over https for TLS) is a new
     `kind` plus a runner function registered in measure.RUNNERS.
 Header values may use {etag}: it is replaced by the ETag each server itself
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 class Scenario:
     name: str
     description: str
-    kind: str = "wrk"  # wrk | idle (see measure.RUNNERS)
+    kind: str = "wrk"  # wrk | claims | idle (see measure.RUNNERS)
     path: str = "/index.html"
     connections: int = 50
     headers: dict = field(default_factory=dict)
@@ -33,10 +35,14 @@ class Scenario:
     expect_status: int = 200
     expect_encoding: str = ""  # Content-Encoding every server must answer with
     throughput: bool = False  # MB/s is the headline number
+    expect_text: str = ""  # the body must contain this (not a docroot file: no fixture compare)
+    check_headers: dict = field(default_factory=dict)  # added to the answer check's request only
 
     def applies_to(self, server):
         if self.servers:
             return server.name in self.servers
+        if server.app:
+            return False
         return self.floor or not server.canned
 
 
@@ -84,6 +90,18 @@ SCENARIOS = [
         headers={"Connection": "close"},
         close=True,
         floor=True,
+    ),
+    Scenario(
+        "claims",
+        "IPv4 Games (tern demo): GET /claim?name=… from a fresh X-Forwarded-For address per "
+        "request (lua/claims.lua), answered after the SQLite commit, 50 connections",
+        kind="claims",
+        path="/claim?name=bench-check",
+        headers={"Accept": "text/plain"},
+        check_headers={"X-Forwarded-For": "192.0.2.1"},
+        expect_text="192.0.2.1 is now claimed by bench-check",
+        lua="claims.lua",
+        servers=("tern-demo",),
     ),
     Scenario(
         "idle-rss",

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 from . import procs
@@ -94,6 +95,7 @@ class Instance:
 class Server:
     name = "?"
     canned = False  # True for the floor: takes part only where a canned answer is meaningful
+    app = False  # True for an application (tern demo): takes part only where a scenario names it
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -214,6 +216,46 @@ class Tern(Server):
         return rev or "?"
 
 
+class TernDemo(Tern):
+    """`tern demo`, the IPv4 Games: a claim is answered only after its SQLite commit by
+    the one writer thread (group commit). The whole process (worker, writer, views and
+    lookup threads) is pinned to CPU 0, so the writer shares the worker's one core: that
+    is the "one core" of the claims target. Each start gets a fresh data folder under the
+    workdir; X-Forwarded-For from loopback is believed (--trusted-proxies 127.0.0.1), so
+    wrk can claim any address."""
+
+    name = "tern-demo"
+    app = True
+    # normal: WAL, synchronous=NORMAL, a commit survives the process being killed (the
+    # app's default); full would fsync every batch before answering
+    sync = "normal"
+
+    def setup(self):
+        port = free_port()
+        self.data_dir = tempfile.mkdtemp(prefix="tern-demo-data-", dir=self.ctx.workdir)
+        self.argv = [
+            self.ctx.tern_bin, "demo",
+            "--listen", f"127.0.0.1:{port}", "--workers", "1",
+            "--data", self.data_dir, "--trusted-proxies", "127.0.0.1",
+            "--sync", self.sync,
+        ]
+        self.instances = {"main": Instance("tern-demo", self.argv, port, self.ctx.workdir)}
+
+    def start(self):
+        super().start()
+        # every thread (the writer too) must be confined to the servers' CPU
+        inst = self.instances["main"]
+        for pid in inst.pids():
+            for tid, cpus in procs.thread_cpus(pid).items():
+                if cpus != SERVER_CPU:
+                    self.stop()
+                    raise BenchError(f"tern-demo thread {tid} may run on CPUs {cpus}, not only {SERVER_CPU}")
+
+    def setting(self):
+        """How it was started, for the results."""
+        return {"argv": self.argv[1:], "sync": self.sync, "data_fs": procs.fs_type(self.data_dir)}
+
+
 class Floor(Server):
     """bench/floor/floor.c: canned bytes, no parsing. A second instance sends
     `Connection: close` and closes, for the `close` scenario."""
@@ -239,5 +281,5 @@ class Floor(Server):
 
 
 # Display and interleaving order. nginx and h2o are the references for ratios.
-SERVERS = {cls.name: cls for cls in (Nginx, H2o, Tern, Floor)}
+SERVERS = {cls.name: cls for cls in (Nginx, H2o, Tern, Floor, TernDemo)}
 REFERENCES = ("nginx", "h2o")
