@@ -16,11 +16,15 @@ const GZIP_MIN: usize = 256;
 pub struct Snapshot {
     body: Bytes,
     gzip: Option<Bytes>,
+    /// Strong tags differ per encoding (RFC 9110 §8.8.3): the gzip variant's ends in `-gz`.
     etag: String,
+    etag_gzip: String,
     last_modified: String,
     modified_secs: u64,
-    /// Content-Type, Cache-Control, ETag, Last-Modified and Vary lines, serialised once.
+    /// Content-Type, Cache-Control, ETag, Last-Modified and Vary lines, serialised once per
+    /// variant (the gzip one with Content-Encoding).
     headers: Vec<u8>,
+    headers_gzip: Vec<u8>,
 }
 
 impl Snapshot {
@@ -32,30 +36,42 @@ impl Snapshot {
             .filter(|z| z.len() < body.len());
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         body.hash(&mut hasher);
-        let etag = format!("\"s{:016x}\"", hasher.finish());
+        let tag = hasher.finish();
+        let etag = format!("\"s{tag:016x}\"");
+        let etag_gzip = format!("\"s{tag:016x}-gz\"");
         let last_modified = httpdate::fmt_http_date(
             std::time::UNIX_EPOCH + std::time::Duration::from_secs(modified_secs),
         );
-        let mut headers = Vec::with_capacity(160);
-        for (name, value) in [
-            ("Content-Type", content_type),
-            ("Cache-Control", &format!("public, max-age={max_age_secs}")),
-            ("ETag", &etag),
-            ("Last-Modified", &last_modified),
-            ("Vary", "Accept-Encoding"),
-        ] {
-            headers.extend_from_slice(name.as_bytes());
-            headers.extend_from_slice(b": ");
-            headers.extend_from_slice(value.as_bytes());
-            headers.extend_from_slice(b"\r\n");
-        }
+        let cache_control = format!("public, max-age={max_age_secs}");
+        let block = |etag: &str, encoding: Option<&str>| {
+            let mut headers = Vec::with_capacity(192);
+            let lines = [
+                ("Content-Type", content_type),
+                ("Cache-Control", &cache_control),
+                ("ETag", etag),
+                ("Last-Modified", &last_modified),
+                ("Vary", "Accept-Encoding"),
+            ];
+            for (name, value) in lines
+                .into_iter()
+                .chain(encoding.map(|e| ("Content-Encoding", e)))
+            {
+                headers.extend_from_slice(name.as_bytes());
+                headers.extend_from_slice(b": ");
+                headers.extend_from_slice(value.as_bytes());
+                headers.extend_from_slice(b"\r\n");
+            }
+            headers
+        };
         Snapshot {
+            headers: block(&etag, None),
+            headers_gzip: block(&etag_gzip, Some("gzip")),
             body: Bytes::from(body),
             gzip: gzip.map(Bytes::from),
             etag,
+            etag_gzip,
             last_modified,
             modified_secs,
-            headers,
         }
     }
 
@@ -67,31 +83,37 @@ impl Snapshot {
         self.gzip.as_ref()
     }
 
+    /// The identity representation's entity tag.
     pub fn etag(&self) -> &str {
         &self.etag
     }
 
-    /// The response for `req`: 304 when the client's copy is current, otherwise the body,
-    /// gzipped when the client prefers it.
+    /// The response for `req`: 304 when the client's copy (of either encoding) is current,
+    /// otherwise the body, gzipped when the client prefers it.
     pub fn respond(&self, req: &Request<'_>) -> Response {
+        let gzip = self
+            .gzip
+            .as_ref()
+            .filter(|_| negotiate::prefers_gzip(req.head.accept_encoding));
         let mut response = Response::new(200);
-        response.push_raw_headers(&self.headers);
-        if negotiate::not_modified(
-            req.head,
-            self.etag.as_bytes(),
-            self.last_modified.as_bytes(),
-            self.modified_secs,
-        ) {
+        response.push_raw_headers(if gzip.is_some() {
+            &self.headers_gzip
+        } else {
+            &self.headers
+        });
+        let fresh = |etag: &str| {
+            negotiate::not_modified(
+                req.head,
+                etag.as_bytes(),
+                self.last_modified.as_bytes(),
+                self.modified_secs,
+            )
+        };
+        if fresh(&self.etag) || (self.gzip.is_some() && fresh(&self.etag_gzip)) {
             response.status = 304;
             return response;
         }
-        match &self.gzip {
-            Some(z) if negotiate::prefers_gzip(req.head.accept_encoding) => {
-                response.push_raw_headers(b"Content-Encoding: gzip\r\n");
-                response.with_body(Body::Shared(z.clone()))
-            }
-            _ => response.with_body(Body::Shared(self.body.clone())),
-        }
+        response.with_body(Body::Shared(gzip.unwrap_or(&self.body).clone()))
     }
 }
 
@@ -149,6 +171,60 @@ mod tests {
         assert_eq!(a.etag(), b.etag());
         assert_ne!(a.etag(), c.etag());
         assert!(a.etag().starts_with('"') && a.etag().ends_with('"'));
+    }
+
+    fn respond(snapshot: &Snapshot, extra: &str) -> Response {
+        let raw = format!("GET /x HTTP/1.1\r\nHost: x\r\n{extra}\r\n");
+        let mut headers = [std::mem::MaybeUninit::uninit(); 16];
+        let limits = tern_server::Limits::default();
+        let Ok(tern_server::Parsed::Complete(head)) =
+            tern_server::parse_request(raw.as_bytes(), &mut headers, &limits)
+        else {
+            panic!("test request must parse");
+        };
+        let req = Request {
+            head: &head,
+            body: &[],
+            peer: "127.0.0.1:1".parse().unwrap(),
+            unix_secs: 0,
+            now_ms: 0,
+        };
+        snapshot.respond(&req)
+    }
+
+    fn header<'r>(r: &'r Response, name: &str) -> Option<&'r str> {
+        let text = std::str::from_utf8(r.headers()).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(": "))
+    }
+
+    #[test]
+    fn responses_negotiate_gzip_and_answer_304_for_either_tag() {
+        let s = Snapshot::new("application/json", vec![b'x'; 4000], 1_700_000_000, 5);
+        let plain = respond(&s, "");
+        assert_eq!(plain.status, 200);
+        assert_eq!(plain.body.len(), 4000);
+        assert_eq!(header(&plain, "ETag"), Some(s.etag()));
+        assert_eq!(header(&plain, "Content-Encoding"), None);
+        assert_eq!(header(&plain, "Cache-Control"), Some("public, max-age=5"));
+
+        let zipped = respond(&s, "Accept-Encoding: gzip, br\r\n");
+        assert_eq!(header(&zipped, "Content-Encoding"), Some("gzip"));
+        let gz_tag = header(&zipped, "ETag").unwrap().to_string();
+        assert_ne!(gz_tag, s.etag());
+        assert!(zipped.body.len() < 100);
+
+        for tag in [s.etag().to_string(), gz_tag] {
+            let again = respond(
+                &s,
+                &format!("If-None-Match: {tag}\r\nAccept-Encoding: gzip\r\n"),
+            );
+            assert_eq!(again.status, 304, "{tag}");
+        }
+        let stale = respond(&s, "If-None-Match: \"other\"\r\n");
+        assert_eq!(stale.status, 200);
+        let since = respond(&s, "If-Modified-Since: Tue, 14 Nov 2023 22:13:20 GMT\r\n");
+        assert_eq!(since.status, 304);
     }
 
     #[test]

@@ -87,6 +87,8 @@ var IG = (function () {
   // fetch + JSON; rejects with HttpError on a non-2xx answer, TypeError on a network failure.
   function fetchJSON(url) {
     return fetch(url, { headers: { Accept: 'application/json' }, cache: 'no-store' }).then(function (r) {
+      var date = Date.parse(r.headers.get('Date') || '');
+      if (!isNaN(date)) noteServerTime(date / 1000);
       if (!r.ok) {
         return r.text().then(function (t) { throw new HttpError(r.status, t.trim()); });
       }
@@ -117,13 +119,17 @@ var IG = (function () {
     return n;
   }
 
-  // Server time minus local time, learnt from each answer's "generated".
-  var skew = 0;
-  function noteServerTime(generated) {
-    if (typeof generated === 'number') skew = generated - Date.now() / 1000;
+  // Server time minus local time. Every server time we see (a Date header, a "generated"
+  // field) is at most the server's clock now: snapshots are only re-published when their
+  // content changes, so "generated" may be old. The largest estimate is the best one.
+  var skew = null;
+  function noteServerTime(t) {
+    if (typeof t !== 'number') return;
+    var est = t - Date.now() / 1000;
+    if (skew === null || est > skew) skew = est;
   }
   function serverNow() {
-    return Date.now() / 1000 + skew;
+    return Date.now() / 1000 + (skew || 0);
   }
 
   function ago(t) {

@@ -343,6 +343,7 @@ pub fn run_views(
     let mut short = views::Schedule::new(base);
     let mut long = views::Schedule::new(base * 3);
     let mut rss_at = Instant::now();
+    let mut published: [Option<u64>; 5] = [None; 5];
     while !stop.is_stopped() {
         let now = Instant::now();
         if now >= rss_at {
@@ -361,9 +362,14 @@ pub fn run_views(
         let mut tally = views::Tally::new(unix, windows);
         match tally.fill(&conn) {
             Ok(()) => {
-                for (window, json) in tally.render() {
-                    let interval = if window.is_short() { base } else { base * 3 };
-                    game.scores[window.index()].store(views::score_snapshot(json, unix, interval));
+                for r in tally.render() {
+                    let slot = r.window.index();
+                    if published[slot] == Some(r.content_hash) {
+                        continue; // unchanged: keep the ETag clients already hold
+                    }
+                    published[slot] = Some(r.content_hash);
+                    let interval = if r.window.is_short() { base } else { base * 3 };
+                    game.scores[slot].store(views::score_snapshot(r.json, unix, interval));
                     game.counters.add(game.views_slot(), C_SCORE_REBUILDS, 1);
                 }
             }

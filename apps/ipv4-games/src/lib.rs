@@ -94,7 +94,7 @@ pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
     let (lookups, lookups_rx) = handoff(256);
     let now = game::unix_now();
     let empty_score = |w: views::Window| {
-        let json = views::Tally::new(now, &[w]).render().remove(0).1;
+        let json = views::Tally::new(now, &[w]).render().remove(0).json;
         SnapshotCell::new(views::score_snapshot(json, now, game.score_interval))
     };
     let state = Arc::new(game::Game {

@@ -2,6 +2,7 @@
 //! off the request path and published as snapshots.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -110,13 +111,20 @@ pub struct Tally {
 const TOP_PER_BLOCK: usize = 5;
 const LEADERBOARD: usize = 50;
 
+/// Everything of a score rendering except its window and time; compared between rebuilds so
+/// an unchanged board keeps its ETag (and clients their 304s).
 #[derive(Serialize)]
-struct ScoreJson<'a> {
-    window: &'static str,
-    generated: u64,
+struct ScoreContent<'a> {
     total: u64,
     blocks: Vec<BlockJson<'a>>,
     leaderboard: Vec<LeaderJson<'a>>,
+}
+
+/// One window's rendering: the JSON, and a hash of everything in it but `generated`.
+pub struct Rendered {
+    pub window: Window,
+    pub json: Vec<u8>,
+    pub content_hash: u64,
 }
 
 #[derive(Serialize)]
@@ -195,15 +203,15 @@ impl Tally {
     }
 
     /// The JSON for each window of the tally, in the order given to `new`.
-    pub fn render(&self) -> Vec<(Window, Vec<u8>)> {
+    pub fn render(&self) -> Vec<Rendered> {
         self.windows
             .iter()
             .enumerate()
-            .map(|(w, &window)| (window, self.render_window(w, window)))
+            .map(|(w, &window)| self.render_window(w, window))
             .collect()
     }
 
-    fn render_window(&self, w: usize, window: Window) -> Vec<u8> {
+    fn render_window(&self, w: usize, window: Window) -> Rendered {
         let mut blocks = Vec::new();
         let mut totals: HashMap<u32, (u64, u32)> = HashMap::new();
         let mut total = 0;
@@ -242,9 +250,7 @@ impl Tally {
                 .then_with(|| self.name_list[a.0 as usize].cmp(&self.name_list[b.0 as usize]))
         });
         board.truncate(LEADERBOARD);
-        let json = ScoreJson {
-            window: window.name(),
-            generated: self.now,
+        let content = ScoreContent {
             total,
             blocks,
             leaderboard: board
@@ -256,7 +262,22 @@ impl Tally {
                 })
                 .collect(),
         };
-        serde_json::to_vec(&json).expect("plain data serialises")
+        let content = serde_json::to_vec(&content).expect("plain data serialises");
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        content.hash(&mut hasher);
+        // `{"window":…,"generated":…,` + the content object without its opening brace.
+        let mut json = format!(
+            "{{\"window\":\"{}\",\"generated\":{},",
+            window.name(),
+            self.now
+        )
+        .into_bytes();
+        json.extend_from_slice(&content[1..]);
+        Rendered {
+            window,
+            json,
+            content_hash: hasher.finish(),
+        }
     }
 }
 
@@ -313,7 +334,7 @@ mod tests {
         t.add(ip(3, 1), "carol", now - 40 * 86_400);
         let out = t.render();
         let parse = |w: Window| -> serde_json::Value {
-            serde_json::from_slice(&out.iter().find(|(x, _)| *x == w).unwrap().1).unwrap()
+            serde_json::from_slice(&out.iter().find(|r| r.window == w).unwrap().json).unwrap()
         };
         let all = parse(Window::All);
         assert_eq!(all["window"], "all");
@@ -332,6 +353,28 @@ mod tests {
         assert_eq!(day["total"], 3);
         let month = parse(Window::Month);
         assert_eq!(month["total"], 4);
+    }
+
+    #[test]
+    fn content_hash_ignores_only_the_time() {
+        let render = |now: u64, extra: bool| {
+            let mut t = Tally::new(now, &[Window::All]);
+            t.add(ip(1, 1), "alice", 5);
+            if extra {
+                t.add(ip(1, 2), "bob", 5);
+            }
+            t.render().remove(0)
+        };
+        let a = render(100, false);
+        let b = render(200, false);
+        let c = render(200, true);
+        assert_eq!(a.content_hash, b.content_hash);
+        assert_ne!(a.json, b.json);
+        assert_ne!(b.content_hash, c.content_hash);
+        let v: serde_json::Value = serde_json::from_slice(&b.json).unwrap();
+        assert_eq!(v["window"], "all");
+        assert_eq!(v["generated"], 200);
+        assert_eq!(v["total"], 1);
     }
 
     #[test]
