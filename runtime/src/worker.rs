@@ -72,7 +72,10 @@ pub struct Context<'w, M> {
     pub buffers: &'w mut BufPool,
     pub inbox: &'w InboxSender<M>,
     pub worker_id: usize,
-    /// True once shutdown began: finish in-flight work, keep no connection alive.
+    /// True once a stop was requested: answers no longer keep connections alive (the worker
+    /// still reads and answers for a short settle time before draining).
+    pub stopping: bool,
+    /// True once shutdown began: finish in-flight work, close idle connections.
     pub draining: bool,
 }
 
@@ -310,6 +313,7 @@ impl<M: Send + 'static> Worker<M> {
                 buffers: &mut self.buffers,
                 inbox: &self.sender,
                 worker_id: self.id,
+                stopping: draining || settle_until.is_some(),
                 draining,
             };
             app.before_turn(&mut cx);
@@ -375,6 +379,7 @@ impl<M: Send + 'static> Worker<M> {
                     SHUTDOWN_SETTLE_MS.min(self.grace_ms)
                 };
                 settle_until = Some(now + settle);
+                cx.stopping = true;
             }
             if settle_until.is_some_and(|until| cx.clock.now_ms() >= until) {
                 settle_until = None;

@@ -35,6 +35,8 @@ pub(crate) struct ConnCx<'a> {
     pub buffers: &'a mut BufPool,
     pub inbox: &'a InboxSender<WorkerMessage>,
     pub worker_id: usize,
+    /// A stop was requested: no answer keeps its connection alive.
+    pub stopping: bool,
     pub draining: bool,
     /// The worker is near its connection limit: answer, but do not keep alive.
     pub near_limit: bool,
@@ -188,9 +190,11 @@ impl Conn {
             if cx.draining
                 && matches!(self.state, State::Head)
                 && self.rbuf.as_ref().is_none_or(|b| b.is_empty())
+                && !self.may_read
             {
-                // Shutting down and between requests: an answer that began before the drain
-                // (with keep-alive) has just finished, so this connection is done.
+                // Shutting down, between requests, and the socket is drained: this connection
+                // is done. (With bytes possibly waiting we read first: closing a socket with an
+                // unread request would reset it; instead the request is answered, with close.)
                 return Status::Close;
             }
             if self.peer_eof {
@@ -202,6 +206,8 @@ impl Conn {
             }
             match self.read(cx) {
                 Ok(true) => {}
+                // Draining: go round once more so an idle connection is closed now.
+                Ok(false) if cx.draining => {}
                 Ok(false) => return Status::Open,
                 Err(_) => {
                     cx.stats.bump(Counter::IoErrors);
@@ -355,7 +361,7 @@ impl Conn {
     fn dispatch(&mut self, head: &RequestHead<'_>, body: &[u8], cx: &mut ConnCx<'_>) {
         let exchange = Exchange {
             head_only: head.method == Method::Head,
-            keep_alive: head.keep_alive && !cx.draining && !cx.near_limit && !self.peer_eof,
+            keep_alive: head.keep_alive && !cx.stopping && !cx.near_limit && !self.peer_eof,
             http10: head.version == Version::Http10,
             seq: self.seq.wrapping_add(1),
         };
@@ -432,7 +438,7 @@ impl Conn {
     }
 
     fn respond(&mut self, response: Response, ex: Exchange, cx: &mut ConnCx<'_>) {
-        let keep = ex.keep_alive && !response.close && !cx.draining;
+        let keep = ex.keep_alive && !response.close && !cx.stopping;
         let connection = match (keep, ex.http10) {
             (false, _) => ConnectionHeader::Close,
             (true, true) => ConnectionHeader::KeepAlive,
@@ -518,9 +524,13 @@ impl Conn {
     /// Shutdown began: idle connections close now, busy ones after their current answer.
     /// Returns true if the connection can be closed immediately.
     pub fn begin_drain(&mut self) -> bool {
+        // `may_read`: a request may be waiting unread in the socket (a fresh connection, or
+        // one whose last read filled the buffer); such a connection is driven once more
+        // instead, so the request is answered rather than reset.
         let idle = matches!(self.state, State::Head)
             && self.out.is_empty()
-            && self.rbuf.as_ref().is_none_or(|b| b.is_empty());
+            && self.rbuf.as_ref().is_none_or(|b| b.is_empty())
+            && !self.may_read;
         if idle || matches!(self.state, State::Lingering { .. }) {
             return true;
         }

@@ -148,6 +148,7 @@ impl HttpWorker {
             buffers: cx.buffers,
             inbox: &self.inbox,
             worker_id: self.id,
+            stopping: cx.stopping,
             draining: cx.draining,
             near_limit,
         };
@@ -254,6 +255,10 @@ impl WorkerApp for HttpWorker {
         for key in self.conns.keys() {
             if self.conns.get_mut(key).is_some_and(|c| c.begin_drain()) {
                 self.close(cx, key);
+            } else {
+                // Reads what may be waiting (answering it with `Connection: close`), or
+                // closes the connection if nothing was; busy connections just go on.
+                self.with_conn(cx, key, |conn, ccx| conn.drive(false, ccx));
             }
         }
     }

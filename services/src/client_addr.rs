@@ -53,31 +53,36 @@ impl TrustedProxies {
         if !self.is_trusted(peer) {
             return peer;
         }
-        // Several header lines form one list, in order (RFC 9110 §5.3).
-        let xff: Vec<&[u8]> = head.header_all("x-forwarded-for").collect();
-        if !xff.is_empty() {
-            let hops = xff
+        // Several header lines form one list, in order (RFC 9110 §5.3); walking them from the
+        // last line backwards, each split from the right, visits the hops right to left
+        // without collecting them (this runs on every request from a proxy).
+        let lines = |name: &'static str| {
+            head.headers
                 .iter()
-                .flat_map(|line| line.split(|&b| b == b','))
+                .rev()
+                .filter(move |h| h.name.eq_ignore_ascii_case(name))
+                .map(|h| h.value)
+        };
+        if lines("x-forwarded-for").next().is_some() {
+            let hops = lines("x-forwarded-for")
+                .flat_map(|line| line.rsplit(|&b| b == b','))
                 .map(parse_xff_hop);
             return self.walk(peer, hops);
         }
-        let fwd: Vec<&[u8]> = head.header_all("forwarded").collect();
-        if !fwd.is_empty() {
-            let hops = fwd
-                .iter()
-                .flat_map(|line| line.split(|&b| b == b','))
+        if lines("forwarded").next().is_some() {
+            let hops = lines("forwarded")
+                .flat_map(|line| line.rsplit(|&b| b == b','))
                 .map(parse_forwarded_for);
             return self.walk(peer, hops);
         }
         peer
     }
 
-    /// Walks hops from the right: the first one we do not trust is the client. An unparsable
-    /// hop ends the walk at the last address we trust (we cannot look past it).
-    fn walk(&self, peer: IpAddr, hops: impl DoubleEndedIterator<Item = Option<IpAddr>>) -> IpAddr {
+    /// Walks hops given right to left: the first one we do not trust is the client. An
+    /// unparsable hop ends the walk at the last address we trust (we cannot look past it).
+    fn walk(&self, peer: IpAddr, hops: impl Iterator<Item = Option<IpAddr>>) -> IpAddr {
         let mut current = peer;
-        for hop in hops.rev() {
+        for hop in hops {
             let Some(ip) = hop else {
                 return current;
             };
