@@ -72,6 +72,25 @@ impl<M> InboxSender<M> {
         Ok(())
     }
 
+    /// Queues a message without waking the worker: for a thread that delivers a batch and
+    /// then calls [`InboxSender::wake`] once. Sharing a core with the worker, a wake-up per
+    /// message would let the worker preempt the sender after every message.
+    pub fn send_quiet(&self, msg: M) -> Result<(), M> {
+        self.0.queue.push(msg)
+    }
+
+    /// Wakes the worker if it has not been woken since its last drain.
+    pub fn wake(&self) {
+        if let Err(e) = self.0.wake() {
+            tracing::warn!("inbox wake failed: {e}");
+        }
+    }
+
+    /// True when both senders lead to the same worker.
+    pub fn same_inbox(&self, other: &InboxSender<M>) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Wakes the worker without a message (used for shutdown).
     pub fn nudge(&self) {
         self.0.notified.store(false, Ordering::SeqCst);
@@ -87,6 +106,29 @@ impl<M> InboxSender<M> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn quiet_sends_wake_once_when_asked() {
+        let mut poll = mio::Poll::new().unwrap();
+        let waker = mio::Waker::new(poll.registry(), mio::Token(7)).unwrap();
+        let inbox = Arc::new(Inbox::new(waker, 16));
+        let sender = InboxSender::new(inbox.clone());
+        assert!(sender.same_inbox(&sender.clone()));
+        for i in 0..3u32 {
+            sender.send_quiet(i).unwrap();
+        }
+        let mut events = mio::Events::with_capacity(4);
+        poll.poll(&mut events, Some(Duration::from_millis(20)))
+            .unwrap();
+        assert!(events.is_empty(), "quiet sends must not wake the worker");
+        sender.wake();
+        poll.poll(&mut events, Some(Duration::from_secs(1)))
+            .unwrap();
+        assert_eq!(events.iter().count(), 1);
+        let mut got = Vec::new();
+        inbox.drain(|m| got.push(m));
+        assert_eq!(got, [0, 1, 2]);
+    }
 
     #[test]
     fn messages_from_other_threads_wake_the_poll_and_arrive_in_order() {

@@ -145,6 +145,38 @@ impl Pending {
     }
 }
 
+/// Completes many replies, waking each worker once at the end rather than once per reply: a
+/// writer thread finishing a batch of commits while sharing a core with the workers would
+/// otherwise be preempted after every reply. Like [`Pending::complete_retrying`], it waits
+/// (waking the worker) while an inbox is full, and gives a reply up after two seconds.
+pub fn complete_all(replies: impl IntoIterator<Item = (Pending, Response)>) {
+    let mut woken: Vec<InboxSender<WorkerMessage>> = Vec::new();
+    for (mut pending, response) in replies {
+        let inbox = pending.inbox.take().expect("pending reply completed twice");
+        let mut msg = WorkerMessage::Complete {
+            conn: pending.conn,
+            seq: pending.seq,
+            response,
+        };
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while let Err(back) = inbox.send_quiet(msg) {
+            if std::time::Instant::now() > give_up {
+                tracing::warn!("a worker's inbox stayed full for 2 s; reply dropped");
+                break;
+            }
+            inbox.wake();
+            std::thread::yield_now();
+            msg = back;
+        }
+        if !woken.iter().any(|w| w.same_inbox(&inbox)) {
+            woken.push(inbox);
+        }
+    }
+    for inbox in woken {
+        inbox.wake();
+    }
+}
+
 impl Drop for Pending {
     fn drop(&mut self) {
         if let Some(inbox) = self.inbox.take() {

@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use handler::{Handler, HandlerContext, Pending, Reply, Request, WorkerMessage};
+pub use handler::{complete_all, Handler, HandlerContext, Pending, Reply, Request, WorkerMessage};
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
 pub use stats::{Counter, Stats, StatsSnapshot, WorkerStats};

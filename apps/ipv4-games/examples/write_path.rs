@@ -23,6 +23,12 @@ fn main() {
                     // page_size must be set before the first table is created.
                     let c = rusqlite::Connection::open(&path).unwrap();
                     c.pragma_update(None, "page_size", page).unwrap();
+                    // Creating the table fixes the page size (open_writer's own choice then
+                    // no longer applies).
+                    c.execute_batch(
+                        "CREATE TABLE land(ip INTEGER PRIMARY KEY, nick TEXT NOT NULL, created INTEGER)",
+                    )
+                    .unwrap();
                     drop(c);
                     store::open_writer(&path, SyncMode::Normal).unwrap()
                 };

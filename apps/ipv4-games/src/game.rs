@@ -86,6 +86,9 @@ pub struct Game {
     pub largest_batch: AtomicU64,
     /// Refreshed by the views thread once a second so /metrics never reads /proc on a worker.
     pub rss: AtomicU64,
+    /// The views thread is reading the table: a RESTART checkpoint would wait for it while
+    /// holding off the writer, so the checkpointer does not try one then.
+    pub scanning: std::sync::atomic::AtomicBool,
 }
 
 impl Game {
@@ -360,7 +363,10 @@ pub fn run_views(
         };
         let unix = unix_now();
         let mut tally = views::Tally::new(unix, windows);
-        match tally.fill(&conn) {
+        game.scanning.store(true, Ordering::Release);
+        let filled = tally.fill(&conn);
+        game.scanning.store(false, Ordering::Release);
+        match filled {
             Ok(()) => {
                 for r in tally.render() {
                     let slot = r.window.index();

@@ -116,6 +116,7 @@ pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
         last_batch: AtomicU64::new(0),
         largest_batch: AtomicU64::new(0),
         rss: AtomicU64::new(tern_services::metrics::rss_bytes()),
+        scanning: std::sync::atomic::AtomicBool::new(false),
     });
     let router = std::mem::take(server.router_mut());
     *server.router_mut() = game::routes(state.clone(), router.fallback(site));
@@ -130,8 +131,9 @@ pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
     server.background("score-views", move |stop| {
         game::run_views(views_conn, s, interval, stop)
     });
+    let s = state.clone();
     server.background("wal-checkpoint", move |stop| {
-        checkpointer(checkpoint_conn, stop)
+        checkpointer(checkpoint_conn, s, stop)
     });
     server.background("player-lookup", move |stop| {
         player::run(lookup_conn, lookups_rx, state, stop)
@@ -141,24 +143,30 @@ pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
 
 /// Keeps the WAL short: a passive checkpoint every 100 ms copies what the writer committed
 /// back into the database file without blocking it; once the WAL passes 64 MiB a RESTART
-/// checkpoint finishes the job and lets the WAL start over. Runs at normal priority so it
-/// keeps up under sustained load; a WAL that still grows past 1 GiB is logged.
-fn checkpointer(conn: rusqlite::Connection, stop: tern_server::StopSignal) {
-    const RESTART_FRAMES: i64 = 16_384;
+/// checkpoint finishes the job and lets the WAL start over (never while the views thread is
+/// scanning: the restart would wait for that reader while holding off the writer). Runs at
+/// normal priority so it keeps up under sustained load; a WAL past 1 GiB is logged.
+fn checkpointer(conn: rusqlite::Connection, game: Arc<game::Game>, stop: tern_server::StopSignal) {
+    let page: i64 = conn
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap_or(4096);
+    let restart_frames = (64 << 20) / page.max(512);
+    let warn_frames = (1 << 30) / page.max(512);
     let mut warned_at: Option<Instant> = None;
     loop {
         let mut result = store::checkpoint(&conn);
-        if matches!(result, Ok((frames, _)) if frames > RESTART_FRAMES) {
-            // Busy (a long read is in progress) is normal; the next round tries again.
+        let scanning = game.scanning.load(std::sync::atomic::Ordering::Acquire);
+        if !scanning && matches!(result, Ok((frames, _)) if frames > restart_frames) {
+            // Busy (a reader is in the way) is normal; the next round tries again.
             result = match store::checkpoint_restart(&conn) {
                 Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
-                    Ok((RESTART_FRAMES, 0))
+                    Ok((restart_frames, 0))
                 }
                 other => other,
             };
         }
         match result {
-            Ok((frames, _)) if frames > 262_144 => {
+            Ok((frames, _)) if frames > warn_frames => {
                 if warned_at.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
                     tracing::warn!(
                         frames,

@@ -87,28 +87,29 @@ pub fn run(
                 game.counters.add(slot, C_UNCHANGED, unchanged);
                 game.counters.add(slot, C_BATCHES, 1);
                 game.note_batch(batch.len());
-                for (claim, &did_change) in batch.drain(..).zip(&changed) {
+                let answers = batch.drain(..).zip(&changed).map(|(claim, &did_change)| {
+                    let response = answer::claimed(claim.answer, claim.ip, &claim.nick);
                     if did_change {
                         recent.push_front(Claim {
                             ip: claim.ip,
-                            nick: claim.nick.clone(),
+                            nick: claim.nick,
                             created: claim.at,
                         });
                         dirty = true;
                     }
-                    let response = answer::claimed(claim.answer, claim.ip, &claim.nick);
-                    claim.pending.complete_retrying(response);
-                }
+                    (claim.pending, response)
+                });
+                tern_server::complete_all(answers);
                 recent.truncate(RECENT_LEN);
             }
             Err(e) => {
                 game.counters.add(slot, C_COMMIT_ERRORS, 1);
                 tracing::error!(claims = batch.len(), "commit failed: {e}");
-                for claim in batch.drain(..) {
+                tern_server::complete_all(batch.drain(..).map(|claim| {
                     let r = Response::text(503, "could not save the claim; try again\n")
                         .with_header("Retry-After", "1");
-                    claim.pending.complete_retrying(r);
-                }
+                    (claim.pending, r)
+                }));
             }
         }
         if dirty && last_render.elapsed() >= RECENT_EVERY {
