@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import heapq
 import random
 import selectors
@@ -35,12 +36,18 @@ def main() -> int:
     ap.add_argument("--min-gap", type=float, default=1.0, help="seconds between bytes, low")
     ap.add_argument("--max-gap", type=float, default=2.0, help="seconds between bytes, high")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--p99-ms", type=float, default=10.0)
+    ap.add_argument("--p99-ms", type=float, default=None,
+                    help="goal for the normal client's p99 during the attack "
+                         "(default 10; 20 with --quick, see README)")
     ap.add_argument("--rss-slack-mib", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     if a.quick:
         a.conns, a.header_timeout = min(a.conns, 2000), min(a.header_timeout, 3)
+    if a.p99_ms is None:
+        # --quick runs in CI on 2 shared cores, where the 0.2 s connect burst alone has cost
+        # the probe 13 ms at p99 once in ~10 runs; the full run keeps the 10 ms.
+        a.p99_ms = 20.0 if a.quick else 10.0
     random.seed(a.seed)
     limit = common.raise_nofile()
     if limit < a.conns + 100:
@@ -57,6 +64,11 @@ def main() -> int:
     rss_start = srv.rss_kb()
     sampler = common.RssSampler(srv.pid)
     probe = common.Probe(srv.addr, keep_alive_conns=2, pause=0.005)
+    # A real attacker runs elsewhere; here it shares the 2 cores with tern and the probe, and
+    # opening 5 000 sockets keeps Python at 100 % of a core for 0.3 s. Lower its priority (the
+    # server and the probe, already started, keep theirs) so the probe measures tern rather
+    # than this process's CPU use.
+    os.nice(10)
     time.sleep(0.5)
 
     sel = selectors.DefaultSelector()
