@@ -137,7 +137,7 @@ impl Output {
     }
 
     /// One `write`/`writev` of the memory segments before the first file. `None` = would block.
-    fn write_memory<S: Write>(&mut self, sock: &mut S) -> io::Result<Option<usize>> {
+    fn write_memory<S: Write + AsRawFd>(&mut self, sock: &mut S) -> io::Result<Option<usize>> {
         let result = if self.segments.is_empty() {
             // The common case: only the contiguous buffer. One plain write.
             sock.write(&self.buf[self.buf_pos..])
@@ -167,7 +167,13 @@ impl Output {
                 iov[n] = IoSlice::new(&self.buf[pos..]);
                 n += 1;
             }
-            sock.write_vectored(&iov[..n])
+            if reached_file {
+                // A file follows (a head before sendfile): MSG_MORE lets the kernel fill the
+                // head's packet with the file's first bytes instead of sending the head alone.
+                send_more(sock.as_raw_fd(), &iov[..n])
+            } else {
+                sock.write_vectored(&iov[..n])
+            }
         };
         match result {
             Ok(0) => Err(io::ErrorKind::WriteZero.into()),
@@ -264,6 +270,24 @@ impl Output {
     }
 }
 
+/// `sendmsg` with `MSG_MORE`: queue these bytes, more follow at once.
+fn send_more(fd: std::os::fd::RawFd, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees it); the slices
+    // outlive the call; the msghdr names no address and no control data; `fd` is the
+    // caller's open socket.
+    let n = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = iov.len() as _;
+        libc::sendmsg(fd, &msg, libc::MSG_MORE | libc::MSG_NOSIGNAL)
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,6 +352,39 @@ mod tests {
         assert_eq!(out.pending(), expected.len());
         let (a, b) = UnixStream::pair().unwrap();
         assert_eq!(drain(out, a, b), expected);
+    }
+
+    /// Over TCP the head before a file goes out with `sendmsg(MSG_MORE)`; the bytes must still
+    /// arrive whole and in order, and the last packet must not be held back.
+    #[test]
+    fn head_then_file_over_tcp_arrives_whole() {
+        let mut file = tempfile::tempfile().unwrap();
+        let content: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        file.write_all(&content).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut b, _) = listener.accept().unwrap();
+        let mut out = Output::default();
+        let before = out.head_buf(Vec::new).len();
+        out.head_buf(Vec::new).extend_from_slice(b"HEAD\r\n");
+        out.commit(before);
+        out.push_body(Body::File(FileBody {
+            file: Arc::new(file),
+            offset: 0,
+            len: content.len() as u64,
+        }));
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; 6 + 200_000];
+            b.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .unwrap();
+            b.read_exact(&mut got).unwrap();
+            got
+        });
+        while !matches!(out.flush(&mut a).unwrap(), Flush::Done) {}
+        // The connection stays open: the reader must get everything without an EOF push.
+        let got = reader.join().unwrap();
+        assert_eq!(&got[..6], b"HEAD\r\n");
+        assert!(got[6..] == content[..]);
     }
 
     #[test]
