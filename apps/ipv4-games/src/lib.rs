@@ -16,6 +16,7 @@
 mod answer;
 mod game;
 mod name;
+pub mod page_cache;
 mod player;
 pub mod store;
 mod views;

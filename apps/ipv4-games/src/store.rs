@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OpenFlags};
 
+use crate::page_cache;
+
 pub const FILE_NAME: &str = "ipv4-games.sqlite";
 
 /// How hard a commit presses data towards the disk.
@@ -22,6 +24,7 @@ pub fn db_path(data_dir: &Path) -> PathBuf {
 
 /// Opens (creating if needed) the writer's connection and the schema.
 pub fn open_writer(path: &Path, sync: SyncMode) -> rusqlite::Result<Connection> {
+    page_cache::install();
     let conn = Connection::open(path)?;
     // The checkpointer (or another process: a backup, an operator's sqlite3 shell) may hold
     // the lock briefly; waiting beats failing a whole batch. SQLite's own busy timeout sleeps
@@ -68,6 +71,7 @@ fn retry_briefly(attempt: i32) -> bool {
 
 /// A read-only connection for rebuilding views; WAL lets it read while the writer commits.
 pub fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    page_cache::install();
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -79,6 +83,7 @@ pub fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
 
 /// A connection that only checkpoints. Opened after the writer has set up the database.
 pub fn open_checkpointer(path: &Path) -> rusqlite::Result<Connection> {
+    page_cache::install();
     let conn = Connection::open(path)?;
     // Short: a RESTART checkpoint holds off the writer while it waits for readers.
     conn.busy_timeout(std::time::Duration::from_millis(5))?;
