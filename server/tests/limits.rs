@@ -1,0 +1,409 @@
+//! Timeouts and connection limits over real sockets: a real server on an ephemeral port, raw
+//! TCP clients. Every read has a timeout, so a broken server fails a test instead of hanging it.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use tern_server::{
+    Body, Counter, HandlerContext, Reply, Request, Response, Router, Server, ServerConfig,
+    ServerHandle, Stats,
+};
+
+/// Large enough that the kernel's socket buffers (send and receive side together, a few MiB on
+/// loopback) cannot hold it: a client that never reads stalls the server's writes.
+const BIG: usize = 32 << 20;
+/// A generous bound for what should happen within about a second, even on a loaded machine.
+const SOON: Duration = Duration::from_secs(5);
+/// The longest any one read helper keeps reading: a server that never stops sending (say, one
+/// answer after another) fails the test instead of hanging it.
+const GIVE_UP: Duration = Duration::from_secs(15);
+
+fn start(tweak: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
+    let mut config = ServerConfig::default();
+    config.runtime.listen = "127.0.0.1:0".parse().unwrap();
+    config.runtime.workers = 2;
+    tweak(&mut config);
+    Server::new(config, router())
+        .start()
+        .expect("server starts")
+}
+
+fn router() -> Router {
+    Router::new()
+        .get("/hello", |_: &Request<'_>, _: &mut HandlerContext<'_>| {
+            Reply::Now(Response::text(200, "hello\n"))
+        })
+        .post("/echo", |req: &Request<'_>, _: &mut HandlerContext<'_>| {
+            Reply::Now(Response::new(200).with_body(Body::Owned(req.body.to_vec())))
+        })
+        .get("/big", |_: &Request<'_>, _: &mut HandlerContext<'_>| {
+            Reply::Now(Response::new(200).with_body(Body::Owned(vec![b'x'; BIG])))
+        })
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+/// How a stream ended for the client.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    /// The server closed (FIN).
+    Eof,
+    /// The server reset the connection (or similar hard error).
+    Reset(io::ErrorKind),
+    /// Nothing arrived for the read timeout, or data kept coming past `GIVE_UP`: the server
+    /// kept the connection open.
+    TimedOut,
+}
+
+/// Reads until the stream ends; returns the byte count, the first 64 KiB, and how it ended.
+fn read_until_end(s: &mut TcpStream) -> (usize, Vec<u8>, End) {
+    let mut total = 0;
+    let mut prefix = Vec::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let started = Instant::now();
+    loop {
+        if started.elapsed() > GIVE_UP {
+            return (total, prefix, End::TimedOut);
+        }
+        match s.read(&mut buf) {
+            Ok(0) => return (total, prefix, End::Eof),
+            Ok(n) => {
+                let keep = n.min((64 * 1024usize).saturating_sub(prefix.len()));
+                prefix.extend_from_slice(&buf[..keep]);
+                total += n;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return (total, prefix, End::TimedOut)
+            }
+            Err(e) => return (total, prefix, End::Reset(e.kind())),
+        }
+    }
+}
+
+/// Reads one response (head + Content-Length body). Panics on EOF, error or timeout.
+fn read_response(s: &mut TcpStream, pending: &mut Vec<u8>) -> (u16, String, Vec<u8>) {
+    let started = Instant::now();
+    loop {
+        assert!(started.elapsed() < GIVE_UP, "no complete response");
+        if let Some(end) = find(pending, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&pending[..end + 4]).to_string();
+            let status: u16 = head[9..12].parse().unwrap();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .map(|v| v.trim().parse::<usize>().unwrap())
+                .unwrap_or(0);
+            let total = end + 4 + len;
+            while pending.len() < total {
+                assert!(started.elapsed() < GIVE_UP, "no complete response");
+                fill(s, pending);
+            }
+            let body = pending[end + 4..total].to_vec();
+            pending.drain(..total);
+            return (status, head, body);
+        }
+        fill(s, pending);
+    }
+}
+
+fn fill(s: &mut TcpStream, pending: &mut Vec<u8>) {
+    let mut buf = [0u8; 16 * 1024];
+    match s.read(&mut buf) {
+        Ok(0) => panic!(
+            "connection closed mid-response; got {:?}",
+            String::from_utf8_lossy(pending)
+        ),
+        Ok(n) => pending.extend_from_slice(&buf[..n]),
+        Err(e) => panic!(
+            "read failed ({e}); got {:?}",
+            String::from_utf8_lossy(pending)
+        ),
+    }
+}
+
+/// One keep-alive GET on an open connection.
+fn get_hello(s: &mut TcpStream) -> (u16, String) {
+    s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut pending = Vec::new();
+    let (status, head, body) = read_response(s, &mut pending);
+    assert_eq!(body, b"hello\n");
+    assert!(pending.is_empty(), "nothing beyond the response");
+    (status, head)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Polls the server's counters until `ok` holds or `limit` passes; returns whether it held.
+fn wait_for(
+    stats: &Stats,
+    limit: Duration,
+    ok: impl Fn(&tern_server::StatsSnapshot) -> bool,
+) -> bool {
+    let t = Instant::now();
+    loop {
+        if ok(&stats.snapshot()) {
+            return true;
+        }
+        if t.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn body_timeout_answers_408_and_closes_a_stalled_upload() {
+    let server = start(|c| c.body_timeout = Duration::from_secs(1));
+    let mut s = connect(server.local_addr());
+    // A complete head announcing 100 bytes, then only 10 of them.
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+        .unwrap();
+    let sent = Instant::now();
+    let (_, all, end) = read_until_end(&mut s);
+    let waited = sent.elapsed();
+    let text = String::from_utf8_lossy(&all);
+    assert_eq!(end, End::Eof, "closed cleanly after the answer: {text:?}");
+    assert!(
+        text.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+        "{text:?}"
+    );
+    assert!(text.contains("\r\nConnection: close\r\n"), "{text:?}");
+    assert!(text.contains("\r\nDate: "), "{text:?}");
+    assert!(text.ends_with("\r\n\r\nrequest timeout\n"), "{text:?}");
+    assert!(
+        waited >= Duration::from_millis(800),
+        "cut off before the timeout: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "cut off too late: {waited:?}"
+    );
+
+    let stats = server.stats();
+    assert!(wait_for(stats, SOON, |s| s.get(Counter::TimeoutBody) >= 1));
+    let snap = stats.snapshot();
+    assert_eq!(snap.get(Counter::TimeoutBody), 1);
+    assert_eq!(snap.get(Counter::TimeoutHeader), 0);
+    assert_eq!(snap.get(Counter::TimeoutWrite), 0);
+    assert_eq!(snap.get(Counter::Requests), 1);
+    assert_eq!(snap.get(Counter::Responses2xx), 0);
+    assert_eq!(snap.get(Counter::Responses4xx), 1);
+    assert!(wait_for(stats, SOON, |s| s.open_connections() == 0));
+}
+
+#[test]
+fn body_timeout_is_measured_between_progress_not_in_total() {
+    let server = start(|c| c.body_timeout = Duration::from_secs(1));
+    let mut s = connect(server.local_addr());
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n")
+        .unwrap();
+    // 2.5 s in all, well past the timeout, but never more than 250 ms without progress.
+    for chunk in b"abcdefghijklmnopqrst".chunks(2) {
+        std::thread::sleep(Duration::from_millis(250));
+        s.write_all(chunk).unwrap();
+    }
+    let (status, head, body) = read_response(&mut s, &mut Vec::new());
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(body, b"abcdefghijklmnopqrst");
+    assert!(!head.contains("Connection: close"), "{head}");
+    assert_eq!(server.stats().snapshot().get(Counter::TimeoutBody), 0);
+}
+
+#[test]
+fn write_timeout_drops_a_client_that_stops_reading() {
+    let server = start(|c| c.write_timeout = Duration::from_secs(1));
+    let stats = server.stats();
+    let head_len;
+
+    // Control: a client that reads gets the whole body, and no timeout is counted.
+    {
+        let mut s = connect(server.local_addr());
+        s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let (n, prefix, end) = read_until_end(&mut s);
+        assert_eq!(end, End::Eof);
+        head_len = find(&prefix, b"\r\n\r\n").expect("a head") + 4;
+        let head = String::from_utf8_lossy(&prefix[..head_len]);
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(
+            head.contains(&format!("\r\nContent-Length: {BIG}\r\n")),
+            "{head}"
+        );
+        assert_eq!(n, head_len + BIG);
+        assert!(wait_for(stats, SOON, |s| s.open_connections() == 0));
+        assert_eq!(stats.snapshot().get(Counter::TimeoutWrite), 0);
+    }
+
+    // A client that asks for the big body and then reads nothing.
+    let mut s = connect(server.local_addr());
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let sent = Instant::now();
+    assert!(
+        wait_for(stats, SOON, |s| s.get(Counter::TimeoutWrite) >= 1),
+        "no write timeout within {SOON:?}"
+    );
+    let fired = sent.elapsed();
+    assert!(
+        fired >= Duration::from_millis(800),
+        "timed out before the write timeout: {fired:?}"
+    );
+    assert!(
+        fired < Duration::from_secs(5),
+        "timed out too late: {fired:?}"
+    );
+    assert!(
+        wait_for(stats, SOON, |s| s.open_connections() == 0),
+        "the stalled connection was closed"
+    );
+
+    // Reading now yields what the kernel had buffered, then the end: never the whole body.
+    let (n, prefix, end) = read_until_end(&mut s);
+    assert!(
+        matches!(end, End::Eof | End::Reset(_)),
+        "the server closed the connection: {end:?} after {n} bytes"
+    );
+    assert!(prefix.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    assert!(
+        n < head_len + BIG,
+        "the whole body arrived ({n} bytes): the connection was not cut off"
+    );
+    let snap = stats.snapshot();
+    assert_eq!(snap.get(Counter::TimeoutWrite), 1);
+    assert_eq!(snap.get(Counter::TimeoutIdle), 0);
+}
+
+#[test]
+fn connection_limit_refuses_extras_and_near_it_keep_alive_stops() {
+    const MAX: usize = 20;
+    const NEAR: usize = MAX - MAX / 10; // 18: from here on, answers close their connection
+    const EXTRA: usize = 3;
+    let server = start(|c| {
+        c.runtime.workers = 1;
+        c.max_connections_per_worker = MAX;
+    });
+    let addr = server.local_addr();
+    let stats = server.stats();
+
+    // Below the threshold, answers keep their connections alive.
+    let mut open = Vec::new();
+    for i in 1..NEAR {
+        let mut s = connect(addr);
+        let (status, head) = get_hello(&mut s);
+        assert_eq!(status, 200);
+        assert!(
+            !head.contains("Connection: close"),
+            "connection {i}: {head}"
+        );
+        open.push(s);
+    }
+    // The connection that reaches the threshold is answered, with close, and closed.
+    let mut s = connect(addr);
+    let (status, head) = get_hello(&mut s);
+    assert_eq!(status, 200);
+    assert!(
+        head.contains("\r\nConnection: close\r\n"),
+        "connection {NEAR}: {head}"
+    );
+    assert_eq!(read_until_end(&mut s), (0, Vec::new(), End::Eof));
+    drop(s);
+
+    // Fill up to the limit with idle connections and wait until the worker holds them all.
+    for _ in NEAR..=MAX {
+        open.push(connect(addr));
+    }
+    assert_eq!(open.len(), MAX);
+    assert!(
+        wait_for(stats, SOON, |s| {
+            s.get(Counter::ConnectionsAccepted) == MAX as u64 + 1
+                && s.open_connections() == MAX as u64
+        }),
+        "{:?}",
+        stats.snapshot()
+    );
+
+    // Over the limit: closed at once, without an answer.
+    for i in 0..EXTRA {
+        let mut s = connect(addr);
+        let t = Instant::now();
+        // The write may fail if the server has already closed; the read tells.
+        let _ = s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+        let (n, got, end) = read_until_end(&mut s);
+        assert_eq!(
+            n,
+            0,
+            "extra {i} got an answer: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        assert!(
+            matches!(end, End::Eof | End::Reset(_)),
+            "extra {i} was not closed: {end:?}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "extra {i}: {:?}",
+            t.elapsed()
+        );
+    }
+    assert!(wait_for(stats, SOON, |s| {
+        s.get(Counter::ConnectionsRefused) == EXTRA as u64
+    }));
+    let snap = stats.snapshot();
+    assert_eq!(snap.get(Counter::ConnectionsAccepted), MAX as u64 + 1);
+    assert_eq!(snap.open_connections(), MAX as u64);
+
+    // The connections already open are still served. While the worker holds NEAR or more,
+    // each answer closes its connection; below that, keep-alive is back.
+    let mut still_open = Vec::new();
+    for (i, mut s) in open.into_iter().enumerate() {
+        let (status, head) = get_hello(&mut s);
+        assert_eq!(status, 200, "connection {i}");
+        let held = MAX - i; // connections the worker holds while answering this one
+        if held >= NEAR {
+            assert!(
+                head.contains("\r\nConnection: close\r\n"),
+                "connection {i}: {head}"
+            );
+            assert_eq!(read_until_end(&mut s).2, End::Eof, "connection {i}");
+        } else {
+            assert!(
+                !head.contains("Connection: close"),
+                "connection {i}: {head}"
+            );
+            still_open.push(s);
+        }
+    }
+    assert_eq!(still_open.len(), NEAR - 1);
+    // They stay usable, and the limit has room again: a new connection is served.
+    for s in &mut still_open {
+        let (status, head) = get_hello(s);
+        assert_eq!(status, 200);
+        assert!(!head.contains("Connection: close"), "{head}");
+    }
+    let mut s = connect(addr);
+    let (status, head) = get_hello(&mut s);
+    assert_eq!(status, 200);
+    assert!(
+        head.contains("\r\nConnection: close\r\n"),
+        "at the threshold again: {head}"
+    );
+    assert_eq!(
+        stats.snapshot().get(Counter::ConnectionsRefused),
+        EXTRA as u64
+    );
+}
