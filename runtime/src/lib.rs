@@ -13,6 +13,7 @@ mod listener;
 pub mod ratelog;
 mod rlimit;
 mod signals;
+mod sockstat;
 mod timer;
 mod worker;
 
@@ -22,6 +23,7 @@ pub use inbox::{Inbox, InboxSender};
 pub use listener::bind_reuseport;
 pub use rlimit::raise_fd_limit;
 pub use signals::{spawn_signal_thread, SignalAction};
+pub use sockstat::unacked_bytes;
 pub use timer::{TimerKey, TimerWheel};
 pub use worker::{
     available_cpus, Context, Runtime, RuntimeConfig, RuntimeHandle, WorkerApp, FIRST_CONN_TOKEN,

@@ -122,6 +122,9 @@ pub(crate) struct Conn {
     /// Current deadline and the deadline of the live timer-wheel entry (see TimerWheel).
     pub deadline_ms: u64,
     pub armed_ms: u64,
+    /// While output waits: the kernel's unacknowledged bytes when the write deadline was
+    /// last set, to tell a slow reader (it shrinks) from one that stopped (it does not).
+    unacked_mark: u32,
 }
 
 impl Conn {
@@ -142,6 +145,7 @@ impl Conn {
             seq: 0,
             deadline_ms: u64::MAX,
             armed_ms: u64::MAX,
+            unacked_mark: 0,
         }
     }
 
@@ -556,6 +560,24 @@ impl Conn {
                 None => (now + ms(cfg.idle_timeout), Timeout::Idle),
             },
         }
+    }
+
+    /// Called whenever the deadline is set: remembers how much output the client has yet to
+    /// acknowledge, if output is waiting.
+    pub fn mark_progress(&mut self, kind: Timeout) {
+        if kind == Timeout::Write {
+            // An error leaves 0, which nothing can undercut: the stall then times out.
+            self.unacked_mark = tern_runtime::unacked_bytes(&self.stream).unwrap_or(0);
+        }
+    }
+
+    /// The write deadline passed, but the client acknowledged some of our output since it
+    /// was set: it is reading, only slower than the kernel wakes us (epoll reports a socket
+    /// writable only once a third of its send buffer is free). Such a client gets another
+    /// period; one that acknowledged nothing is cut off.
+    pub fn still_reading(&self, cx: &ConnCx<'_>) -> bool {
+        self.next_deadline(cx).1 == Timeout::Write
+            && tern_runtime::unacked_bytes(&self.stream).is_ok_and(|n| n < self.unacked_mark)
     }
 
     /// The deadline passed. Counts the timeout; a slow head gets a best-effort 408.

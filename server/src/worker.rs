@@ -160,8 +160,9 @@ impl HttpWorker {
             Status::Yielded => self.yielded.push(key),
             Status::Open => {}
         }
-        let (deadline, _) = conn.next_deadline(&ccx);
+        let (deadline, kind) = conn.next_deadline(&ccx);
         conn.deadline_ms = deadline;
+        conn.mark_progress(kind);
         if deadline < conn.armed_ms {
             conn.armed_ms = deadline;
             cx.timers.schedule(key, deadline);
@@ -234,6 +235,9 @@ impl WorkerApp for HttpWorker {
             return;
         }
         self.with_conn(cx, key, |conn, ccx| {
+            if conn.still_reading(ccx) {
+                return Status::Open; // with_conn sets a fresh deadline and mark
+            }
             conn.time_out(ccx);
             Status::Close
         });

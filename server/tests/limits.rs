@@ -289,6 +289,37 @@ fn write_timeout_drops_a_client_that_stops_reading() {
 }
 
 #[test]
+fn write_timeout_spares_a_client_that_reads_slowly() {
+    // 16 KiB every 100 ms: far slower than the kernel's "writable" wake-ups (a third of a
+    // multi-MiB send buffer), so only the client's acknowledgements show it is reading.
+    let server = start(|c| c.write_timeout = Duration::from_secs(1));
+    let stats = server.stats();
+    let mut s = connect(server.local_addr());
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut got = 0usize;
+    while started.elapsed() < Duration::from_millis(3500) {
+        std::thread::sleep(Duration::from_millis(100));
+        let n = s.read(&mut buf).expect("the slow reader is still served");
+        assert!(n > 0, "closed after {got} bytes in {:?}", started.elapsed());
+        got += n;
+    }
+    assert_eq!(
+        stats.snapshot().get(Counter::TimeoutWrite),
+        0,
+        "a reading client was timed out ({got} bytes read)"
+    );
+    assert_eq!(stats.snapshot().open_connections(), 1);
+    // Now it stops reading altogether: cut off after the timeout like any stalled client.
+    assert!(
+        wait_for(stats, SOON, |s| s.get(Counter::TimeoutWrite) == 1),
+        "the stalled reader was not timed out"
+    );
+}
+
+#[test]
 fn connection_limit_refuses_extras_and_near_it_keep_alive_stops() {
     const MAX: usize = 20;
     const NEAR: usize = MAX - MAX / 10; // 18: from here on, answers close their connection
