@@ -33,8 +33,9 @@ pub const C_IPV6_REFUSED: usize = 8;
 pub const C_COMMIT_ERRORS: usize = 9;
 pub const C_LOOKUPS: usize = 10;
 pub const C_SCORE_REBUILDS: usize = 11;
+pub const C_WAL_RESETS: usize = 12;
 
-pub static COUNTER_NAMES: [(&str, &str); 12] = [
+pub static COUNTER_NAMES: [(&str, &str); 13] = [
     ("claims_queued", "claims handed to the writer"),
     (
         "claims_committed",
@@ -68,12 +69,16 @@ pub static COUNTER_NAMES: [(&str, &str); 12] = [
     ),
     ("player_lookups", "player pages looked up"),
     ("score_rebuilds", "score snapshots rebuilt"),
+    (
+        "wal_resets",
+        "times the checkpointer folded the WAL back and started it over",
+    ),
 ];
 
 /// Everything the handlers and background threads share.
 pub struct Game {
     pub workers: usize,
-    pub counters: AppCounters<12>,
+    pub counters: AppCounters<13>,
     pub recent: SnapshotCell,
     pub scores: [SnapshotCell; 5],
     pub claims: HandoffSender<ClaimRequest>,
@@ -89,6 +94,11 @@ pub struct Game {
     /// The views thread is reading the table: a RESTART checkpoint would wait for it while
     /// holding off the writer, so the checkpointer does not try one then.
     pub scanning: std::sync::atomic::AtomicBool,
+    /// The checkpointer is resetting the WAL: the writer starts no transaction until this
+    /// is clear again (see `lib::checkpointer`).
+    pub hold_writer: std::sync::atomic::AtomicBool,
+    /// The WAL is due for a reset: the views thread starts no scan until it is done.
+    pub restart_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Game {
@@ -102,6 +112,10 @@ impl Game {
 
     pub fn lookup_slot(&self) -> usize {
         self.workers + 2
+    }
+
+    pub fn checkpoint_slot(&self) -> usize {
+        self.workers + 3
     }
 
     pub fn note_batch(&self, n: usize) {
@@ -363,9 +377,22 @@ pub fn run_views(
         };
         let unix = unix_now();
         let mut tally = views::Tally::new(unix, windows);
-        game.scanning.store(true, Ordering::Release);
-        let filled = tally.fill(&conn);
-        game.scanning.store(false, Ordering::Release);
+        let filled = tally.fill(&conn, |reading| {
+            if !reading {
+                game.scanning.store(false, Ordering::SeqCst);
+                return;
+            }
+            // Raise `scanning` before looking at `restart_pending` (the checkpointer does
+            // the reverse), so a WAL reset and a chunk's read never both start.
+            loop {
+                game.scanning.store(true, Ordering::SeqCst);
+                if !game.restart_pending.load(Ordering::SeqCst) {
+                    return;
+                }
+                game.scanning.store(false, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
         match filled {
             Ok(()) => {
                 for r in tally.render() {

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OpenFlags};
 
-use crate::page_cache;
+use crate::{page_cache, wal_buffer};
 
 pub const FILE_NAME: &str = "ipv4-games.sqlite";
 
@@ -24,8 +24,7 @@ pub fn db_path(data_dir: &Path) -> PathBuf {
 
 /// Opens (creating if needed) the writer's connection and the schema.
 pub fn open_writer(path: &Path, sync: SyncMode) -> rusqlite::Result<Connection> {
-    page_cache::install();
-    let conn = Connection::open(path)?;
+    let conn = open_with(path, OpenFlags::default())?;
     // The checkpointer (or another process: a backup, an operator's sqlite3 shell) may hold
     // the lock briefly; waiting beats failing a whole batch. SQLite's own busy timeout sleeps
     // 1, 2, 5, 10, 15, 20, 25 … ms between tries, which turned an 8 ms checkpoint into a 40 ms
@@ -64,15 +63,31 @@ pub fn open_writer(path: &Path, sync: SyncMode) -> rusqlite::Result<Connection> 
     Ok(conn)
 }
 
+/// Every connection of the game goes through the page-cache wrapper and the WAL write
+/// buffer (`wal_buffer`: one write per commit instead of two per page); if either cannot be
+/// installed, SQLite's defaults serve unchanged.
+fn open_with(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
+    page_cache::install();
+    if wal_buffer::register() {
+        Connection::open_with_flags_and_vfs(path, flags, wal_buffer::VFS_NAME)
+    } else {
+        Connection::open_with_flags(path, flags)
+    }
+}
+
 fn retry_briefly(attempt: i32) -> bool {
     std::thread::sleep(std::time::Duration::from_micros(100));
     attempt < 50_000
 }
 
+fn retry_for_5ms(attempt: i32) -> bool {
+    std::thread::sleep(std::time::Duration::from_micros(100));
+    attempt < 50
+}
+
 /// A read-only connection for rebuilding views; WAL lets it read while the writer commits.
 pub fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
-    page_cache::install();
-    let conn = Connection::open_with_flags(
+    let conn = open_with(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
@@ -83,10 +98,10 @@ pub fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
 
 /// A connection that only checkpoints. Opened after the writer has set up the database.
 pub fn open_checkpointer(path: &Path) -> rusqlite::Result<Connection> {
-    page_cache::install();
-    let conn = Connection::open(path)?;
-    // Short: a RESTART checkpoint holds off the writer while it waits for readers.
-    conn.busy_timeout(std::time::Duration::from_millis(5))?;
+    let conn = open_with(path, OpenFlags::default())?;
+    // Short, and polled finely: a RESTART checkpoint holds off the writer (which waits for
+    // it between batches) while it waits for readers.
+    conn.busy_handler(Some(retry_for_5ms))?;
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     Ok(conn)
 }
@@ -97,12 +112,16 @@ pub fn checkpoint(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
     checkpoint_mode(conn, "PASSIVE")
 }
 
-/// Finishes a checkpoint and makes the writer start the WAL from the top (RESTART). Under
-/// continuous commits a passive checkpoint is never complete at the moment a transaction
-/// begins, so the WAL would only grow; this briefly holds off the writer (at most the
-/// connection's busy timeout, plus copying what passive runs have not yet copied).
-pub fn checkpoint_restart(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
-    checkpoint_mode(conn, "RESTART")
+/// Finishes a checkpoint and starts the WAL over from the top (TRUNCATE): copies what passive
+/// runs have not yet copied, waits (the connection's busy handler) for readers of the old
+/// frames, then resets the WAL. Under continuous commits a passive checkpoint is never
+/// complete at the moment a transaction begins, so without this the WAL would only grow.
+/// The WAL must then have no write transaction (see `lib::checkpointer`). Returns whether
+/// the WAL was reset (false: a reader or the writer was in the way; try again later).
+pub fn checkpoint_truncate(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
+        Ok(r.get::<_, i64>(0)? == 0)
+    })
 }
 
 fn checkpoint_mode(conn: &Connection, mode: &str) -> rusqlite::Result<(i64, i64)> {

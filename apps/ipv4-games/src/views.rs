@@ -147,6 +147,9 @@ struct LeaderJson<'a> {
     blocks: u32,
 }
 
+/// Rows read per read transaction while rebuilding the boards (see `Tally::fill`).
+const SCAN_CHUNK: i64 = 4096;
+
 impl Tally {
     pub fn new(now: u64, windows: &[Window]) -> Tally {
         Tally {
@@ -182,23 +185,77 @@ impl Tally {
 
     /// Reads the rows that can count for the windows of this tally (the oldest window bounds
     /// the scan; the `created` index serves the short windows).
-    pub fn fill(&mut self, conn: &Connection) -> rusqlite::Result<()> {
+    ///
+    /// The scan goes in chunks of `SCAN_CHUNK` rows, each its own short read transaction,
+    /// resuming after the last key seen. One transaction over the whole table would pin the
+    /// WAL for the scan's length: no checkpoint can copy past a reader's snapshot, and this
+    /// thread runs at low priority beside a busy writer, so a scan of a million rows took
+    /// seconds while the WAL grew by hundreds of MiB. The price: a row changed between chunks
+    /// may be seen in its old or new state, or (short windows) twice if its claim was
+    /// refreshed meanwhile: a few rows in a board rebuilt every few seconds.
+    ///
+    /// `gate(true)` is called before each chunk's read transaction and `gate(false)` after
+    /// it, so the caller can keep chunks out of the way of a WAL reset.
+    pub fn fill(&mut self, conn: &Connection, mut gate: impl FnMut(bool)) -> rusqlite::Result<()> {
         let longest = self.windows.iter().map(|w| w.secs()).max().unwrap_or(0);
         let all_time = self.windows.iter().any(|w| w.secs() == 0);
-        let mut stmt;
-        let mut rows = if all_time {
-            stmt = conn.prepare_cached("SELECT ip, nick, created FROM land")?;
-            stmt.query([])?
-        } else {
-            stmt = conn.prepare_cached("SELECT ip, nick, created FROM land WHERE created >= ?1")?;
-            stmt.query(params![self.now.saturating_sub(longest) as i64])?
-        };
-        while let Some(r) = rows.next()? {
-            let ip = r.get::<_, i64>(0)? as u32;
-            let created = r.get::<_, Option<i64>>(2)?.unwrap_or(0) as u64;
-            let nick = r.get_ref(1)?.as_str()?;
-            self.add(ip, nick, created);
+        if all_time {
+            let mut stmt = conn.prepare_cached(
+                "SELECT ip, nick, created FROM land WHERE ip > ?1 ORDER BY ip LIMIT ?2",
+            )?;
+            let mut after = -1i64;
+            loop {
+                gate(true);
+                let mut seen = 0;
+                let read = (|| -> rusqlite::Result<()> {
+                    let mut rows = stmt.query(params![after, SCAN_CHUNK])?;
+                    while let Some(r) = rows.next()? {
+                        after = r.get(0)?;
+                        self.add_row(r)?;
+                        seen += 1;
+                    }
+                    Ok(())
+                })();
+                gate(false);
+                read?;
+                if seen < SCAN_CHUNK {
+                    return Ok(());
+                }
+            }
         }
+        let oldest = self.now.saturating_sub(longest) as i64;
+        let mut stmt = conn.prepare_cached(
+            "SELECT ip, nick, created FROM land
+             WHERE created >= ?1 AND (created, ip) > (?2, ?3)
+             ORDER BY created, ip LIMIT ?4",
+        )?;
+        let (mut created, mut ip) = (oldest, -1i64);
+        loop {
+            gate(true);
+            let mut seen = 0;
+            let read = (|| -> rusqlite::Result<()> {
+                let mut rows = stmt.query(params![oldest, created, ip, SCAN_CHUNK])?;
+                while let Some(r) = rows.next()? {
+                    ip = r.get(0)?;
+                    created = r.get::<_, Option<i64>>(2)?.unwrap_or(0);
+                    self.add_row(r)?;
+                    seen += 1;
+                }
+                Ok(())
+            })();
+            gate(false);
+            read?;
+            if seen < SCAN_CHUNK {
+                return Ok(());
+            }
+        }
+    }
+
+    fn add_row(&mut self, r: &rusqlite::Row<'_>) -> rusqlite::Result<()> {
+        let ip = r.get::<_, i64>(0)? as u32;
+        let created = r.get::<_, Option<i64>>(2)?.unwrap_or(0) as u64;
+        let nick = r.get_ref(1)?.as_str()?;
+        self.add(ip, nick, created);
         Ok(())
     }
 
@@ -353,6 +410,69 @@ mod tests {
         assert_eq!(day["total"], 3);
         let month = parse(Window::Month);
         assert_eq!(month["total"], 4);
+    }
+
+    #[test]
+    fn chunked_scans_count_every_row_once() {
+        // More rows than several chunks, with equal `created` values straddling chunk
+        // boundaries (the short windows resume after (created, ip)).
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::open_writer(
+            &crate::store::db_path(dir.path()),
+            crate::store::SyncMode::Normal,
+        )
+        .unwrap();
+        let now = 100_000_000u64;
+        let rows = 3 * SCAN_CHUNK as u32 + 123;
+        let tx = conn.unchecked_transaction().unwrap();
+        for i in 0..rows {
+            let created = if i % 2 == 0 {
+                now - 10 - (i as u64 % 7)
+            } else {
+                now - 2 * 86_400
+            };
+            tx.execute(
+                crate::store::UPSERT,
+                params![
+                    i.wrapping_mul(0x9E37_79B1) as i64,
+                    format!("n{}", i % 5),
+                    created as i64
+                ],
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
+        let mut t = Tally::new(now, &Window::ALL);
+        let (mut opened, mut closed) = (0, 0);
+        t.fill(
+            &conn,
+            |reading| if reading { opened += 1 } else { closed += 1 },
+        )
+        .unwrap();
+        assert!(
+            opened > 3 && opened == closed,
+            "{opened} chunks opened, {closed} closed"
+        );
+        let total = |w: Window| -> u64 {
+            let out = t.render();
+            let r = out.iter().find(|r| r.window == w).unwrap();
+            serde_json::from_slice::<serde_json::Value>(&r.json).unwrap()["total"]
+                .as_u64()
+                .unwrap()
+        };
+        assert_eq!(total(Window::All), rows as u64);
+        assert_eq!(total(Window::Week), rows as u64);
+        assert_eq!(total(Window::Hour), rows.div_ceil(2) as u64);
+        // A short-window tally alone takes the `created` index path.
+        let mut short = Tally::new(now, &[Window::Day, Window::Hour]);
+        short.fill(&conn, |_| {}).unwrap();
+        let hour = short
+            .render()
+            .into_iter()
+            .find(|r| r.window == Window::Hour)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&hour.json).unwrap();
+        assert_eq!(v["total"].as_u64().unwrap(), rows.div_ceil(2) as u64);
     }
 
     #[test]

@@ -78,6 +78,7 @@ pub fn run(
             }
             continue;
         }
+        hold_while_restarting(&game);
         changed.clear();
         match commit(&conn, &batch, &mut changed) {
             Ok(()) => {
@@ -122,6 +123,15 @@ pub fn run(
         game.publish_recent(&recent);
     }
     tracing::info!("claim writer stopped");
+}
+
+/// Waits (at most 50 ms) while the checkpointer restarts the WAL, which needs a moment with
+/// no write transaction.
+fn hold_while_restarting(game: &Game) {
+    let until = Instant::now() + Duration::from_millis(50);
+    while game.hold_writer.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < until {
+        std::thread::sleep(Duration::from_micros(100));
+    }
 }
 
 /// Writes one batch in one transaction; `changed[i]` says whether claim `i` changed a row.
