@@ -205,19 +205,12 @@ impl Tally {
             )?;
             let mut after = -1i64;
             loop {
-                gate(true);
-                let mut seen = 0;
-                let read = (|| -> rusqlite::Result<()> {
-                    let mut rows = stmt.query(params![after, SCAN_CHUNK])?;
-                    while let Some(r) = rows.next()? {
+                let from = after;
+                let seen =
+                    self.read_chunk(&mut stmt, params![from, SCAN_CHUNK], &mut gate, |r| {
                         after = r.get(0)?;
-                        self.add_row(r)?;
-                        seen += 1;
-                    }
-                    Ok(())
-                })();
-                gate(false);
-                read?;
+                        Ok(())
+                    })?;
                 if seen < SCAN_CHUNK {
                     return Ok(());
                 }
@@ -231,24 +224,41 @@ impl Tally {
         )?;
         let (mut created, mut ip) = (oldest, -1i64);
         loop {
-            gate(true);
-            let mut seen = 0;
-            let read = (|| -> rusqlite::Result<()> {
-                let mut rows = stmt.query(params![oldest, created, ip, SCAN_CHUNK])?;
-                while let Some(r) = rows.next()? {
-                    ip = r.get(0)?;
-                    created = r.get::<_, Option<i64>>(2)?.unwrap_or(0);
-                    self.add_row(r)?;
-                    seen += 1;
-                }
+            let from = (created, ip);
+            let chunk = params![oldest, from.0, from.1, SCAN_CHUNK];
+            let seen = self.read_chunk(&mut stmt, chunk, &mut gate, |r| {
+                ip = r.get(0)?;
+                created = r.get::<_, Option<i64>>(2)?.unwrap_or(0);
                 Ok(())
-            })();
-            gate(false);
-            read?;
+            })?;
             if seen < SCAN_CHUNK {
                 return Ok(());
             }
         }
+    }
+
+    /// Reads one chunk in its own read transaction, between `gate(true)` and `gate(false)`;
+    /// `resume` notes each row's key for the next chunk. Returns the rows seen.
+    fn read_chunk(
+        &mut self,
+        stmt: &mut rusqlite::CachedStatement<'_>,
+        chunk: impl rusqlite::Params,
+        gate: &mut impl FnMut(bool),
+        mut resume: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
+    ) -> rusqlite::Result<i64> {
+        gate(true);
+        let mut seen = 0;
+        let read = (|| -> rusqlite::Result<()> {
+            let mut rows = stmt.query(chunk)?;
+            while let Some(r) = rows.next()? {
+                resume(r)?;
+                self.add_row(r)?;
+                seen += 1;
+            }
+            Ok(())
+        })();
+        gate(false);
+        read.map(|()| seen)
     }
 
     fn add_row(&mut self, r: &rusqlite::Row<'_>) -> rusqlite::Result<()> {
