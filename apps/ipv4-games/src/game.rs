@@ -91,8 +91,8 @@ pub struct Game {
     pub largest_batch: AtomicU64,
     /// Refreshed by the views thread once a second so /metrics never reads /proc on a worker.
     pub rss: AtomicU64,
-    /// The views thread is reading the table: a RESTART checkpoint would wait for it while
-    /// holding off the writer, so the checkpointer does not try one then.
+    /// The views thread is inside one of its chunk reads: a RESTART checkpoint would wait for
+    /// it while holding off the writer, so the checkpointer waits for the chunk to end.
     pub scanning: std::sync::atomic::AtomicBool,
     /// The checkpointer is resetting the WAL: the writer starts no transaction until this
     /// is clear again (see `lib::checkpointer`).

@@ -146,8 +146,8 @@ pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
 }
 
 /// Keeps the WAL short: a passive checkpoint every 100 ms copies what the writer committed
-/// back into the database file without blocking it; once the WAL passes 64 MiB a TRUNCATE
-/// checkpoint finishes the job and starts the WAL over. That needs a moment with no write
+/// back into the database file without blocking it; once the WAL passes 64 MiB a RESTART
+/// checkpoint finishes the job and the WAL starts over. That needs a moment with no write
 /// transaction and no reader of old frames, which a busy writer and a long score scan never
 /// leave on their own (under the claims benchmark the WAL grew past 1 GiB), so the restart
 /// is arranged: `restart_pending` keeps the views thread from starting a scan, and once no
@@ -192,9 +192,9 @@ fn checkpointer(conn: rusqlite::Connection, game: Arc<game::Game>, stop: tern_se
 /// A checkpoint pass this short left little behind for the writer to wait for.
 const QUICK_PASS: Duration = Duration::from_millis(3);
 
-/// Folds the WAL back into the database and starts it over (see `checkpointer`). Returns
-/// whether it did; if not, `restart_pending` stays up and the next round tries again.
-fn reset_wal(conn: &rusqlite::Connection, game: &game::Game) -> bool {
+/// Folds the WAL back into the database so it starts over (see `checkpointer`). If that
+/// cannot happen now, `restart_pending` stays up and the next round tries again.
+fn reset_wal(conn: &rusqlite::Connection, game: &game::Game) {
     use std::sync::atomic::Ordering::SeqCst;
     // Announce first, then look: the views thread raises `scanning` before it looks at
     // `restart_pending`, so one of us always sees the other.
@@ -202,7 +202,7 @@ fn reset_wal(conn: &rusqlite::Connection, game: &game::Game) -> bool {
     let since = Instant::now();
     while game.scanning.load(SeqCst) {
         if since.elapsed() > Duration::from_secs(1) {
-            return false;
+            return;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -213,26 +213,22 @@ fn reset_wal(conn: &rusqlite::Connection, game: &game::Game) -> bool {
         let t = Instant::now();
         if let Err(e) = store::checkpoint(conn) {
             tracing::error!("checkpoint failed: {e}");
-            return false;
+            return;
         }
         if t.elapsed() <= QUICK_PASS {
             break;
         }
     }
     game.hold_writer.store(true, SeqCst);
-    let reset = store::checkpoint_truncate(conn);
+    let reset = store::checkpoint_restart(conn);
     game.hold_writer.store(false, SeqCst);
     match reset {
         Ok(true) => {
             game.restart_pending.store(false, SeqCst);
             game.counters
                 .add(game.checkpoint_slot(), game::C_WAL_RESETS, 1);
-            true
         }
-        Ok(false) => false, // a reader was in the way
-        Err(e) => {
-            tracing::error!("checkpoint failed: {e}");
-            false
-        }
+        Ok(false) => {} // a reader was in the way
+        Err(e) => tracing::error!("checkpoint failed: {e}"),
     }
 }

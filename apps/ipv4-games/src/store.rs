@@ -29,7 +29,7 @@ pub fn open_writer(path: &Path, sync: SyncMode) -> rusqlite::Result<Connection> 
     // the lock briefly; waiting beats failing a whole batch. SQLite's own busy timeout sleeps
     // 1, 2, 5, 10, 15, 20, 25 … ms between tries, which turned an 8 ms checkpoint into a 40 ms
     // stall of every claim in flight; this handler retries every 100 µs, for up to 5 s.
-    conn.busy_handler(Some(retry_briefly))?;
+    conn.busy_handler(Some(retry_every_100us::<50_000>))?;
     // Claims land at random addresses, so every claim dirties its own leaf pages, and each
     // dirty page is written whole to the WAL and again by the checkpoint. 1 KiB pages write a
     // quarter of the bytes of the default 4 KiB for the same claims (takes effect for a new
@@ -75,14 +75,10 @@ fn open_with(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
     }
 }
 
-fn retry_briefly(attempt: i32) -> bool {
+/// A busy handler that retries every 100 µs, `TRIES` times.
+fn retry_every_100us<const TRIES: i32>(attempt: i32) -> bool {
     std::thread::sleep(std::time::Duration::from_micros(100));
-    attempt < 50_000
-}
-
-fn retry_for_5ms(attempt: i32) -> bool {
-    std::thread::sleep(std::time::Duration::from_micros(100));
-    attempt < 50
+    attempt < TRIES
 }
 
 /// A read-only connection for rebuilding views; WAL lets it read while the writer commits.
@@ -101,7 +97,7 @@ pub fn open_checkpointer(path: &Path) -> rusqlite::Result<Connection> {
     let conn = open_with(path, OpenFlags::default())?;
     // Short, and polled finely: a RESTART checkpoint holds off the writer (which waits for
     // it between batches) while it waits for readers.
-    conn.busy_handler(Some(retry_for_5ms))?;
+    conn.busy_handler(Some(retry_every_100us::<50>))?;
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     Ok(conn)
 }
@@ -112,13 +108,15 @@ pub fn checkpoint(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
     checkpoint_mode(conn, "PASSIVE")
 }
 
-/// Finishes a checkpoint and starts the WAL over from the top (TRUNCATE): copies what passive
-/// runs have not yet copied, waits (the connection's busy handler) for readers of the old
-/// frames, then resets the WAL. Under continuous commits a passive checkpoint is never
-/// complete at the moment a transaction begins, so without this the WAL would only grow.
-/// The WAL must then have no write transaction (see `lib::checkpointer`). Returns whether
-/// the WAL was reset (false: a reader or the writer was in the way; try again later).
-pub fn checkpoint_truncate(conn: &Connection) -> rusqlite::Result<bool> {
+/// Finishes a checkpoint so that the writer's next transaction starts the WAL over from the
+/// top (RESTART): copies what passive runs have not yet copied and waits (the connection's
+/// busy handler) for the writer and for readers of the old frames. Under continuous commits
+/// a passive checkpoint is never complete at the moment a transaction begins, so without
+/// this the WAL would only grow (see `lib::checkpointer` for how the writer makes room).
+/// RESTART rather than TRUNCATE: the file keeps its blocks, so the next frames overwrite
+/// them instead of growing it again. Returns whether the checkpoint completed (false: the
+/// writer or a reader was in the way; try again later).
+pub fn checkpoint_restart(conn: &Connection) -> rusqlite::Result<bool> {
     conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
         Ok(r.get::<_, i64>(0)? == 0)
     })

@@ -126,7 +126,7 @@ fn checkpoints_and_wal_restarts_keep_every_row() {
         }
         if round % 10 == 9 {
             // The WAL starts over; the writer's next frames go to the top of the file.
-            assert!(store::checkpoint_truncate(&checkpointer).unwrap());
+            assert!(store::checkpoint_restart(&checkpointer).unwrap());
         }
         assert_eq!(count(&reader), expected, "after round {round}");
     }
