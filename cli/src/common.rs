@@ -6,8 +6,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use clap::Args;
-use tern_server::{Server, ServerConfig, SignalAction};
+use tern_server::{Server, ServerConfig, SignalAction, TlsAcceptor};
+
+use crate::tls::{describe_listeners, TlsPlan};
 
 /// Settings every server command shares.
 #[derive(Args, Debug, Clone, Default)]
@@ -51,7 +55,7 @@ impl CommonArgs {
     pub fn server_config(&self) -> ServerConfig {
         let mut config = ServerConfig::default();
         if let Some(listen) = self.listen {
-            config.runtime.listen = listen;
+            config.runtime.listen = vec![listen];
         }
         if let Some(n) = self.workers {
             config.runtime.workers = n.max(1);
@@ -84,13 +88,28 @@ pub type OnReload = Box<dyn FnMut(ServerReload<'_>) + Send>;
 /// Starts an assembled server (routes plus background threads), prints the one start-up line,
 /// and waits for a signal to stop. `SIGHUP` re-applies the start-up config (dropping every
 /// worker's cached files) and logs one line.
-pub fn run_server(server: Server, what: &str) -> Result<(), String> {
+pub fn run_server(
+    server: Server,
+    what: &str,
+    tls: Option<(Arc<TlsAcceptor>, TlsPlan)>,
+) -> Result<(), String> {
     let same = server.config().clone();
+    let acceptor = tls.as_ref().map(|(a, _)| a.clone());
     let on_reload: OnReload = Box::new(move |reload: ServerReload<'_>| {
         reload(&same);
-        tracing::info!("reload (SIGHUP): nothing to re-read; cached files dropped");
+        match &tls {
+            None => tracing::info!("reload (SIGHUP): nothing to re-read; cached files dropped"),
+            Some((acceptor, plan)) => match acceptor.reload(&plan.options) {
+                Ok(()) => {
+                    tracing::info!("reload (SIGHUP): certificates re-read; cached files dropped")
+                }
+                Err(e) => tracing::error!(
+                    "reload (SIGHUP): certificates unchanged: {e}; cached files dropped"
+                ),
+            },
+        }
     });
-    run_server_with_reload(server, what, on_reload)
+    run_server_with_reload(server, what, on_reload, acceptor.as_deref())
 }
 
 /// Like [`run_server`], with the command's own `SIGHUP` handling.
@@ -98,16 +117,17 @@ pub fn run_server_with_reload(
     server: Server,
     what: &str,
     mut on_reload: OnReload,
+    tls: Option<&TlsAcceptor>,
 ) -> Result<(), String> {
     match tern_runtime::raise_fd_limit() {
         Ok((before, after)) => tracing::info!("open-file limit raised from {before} to {after}"),
         Err(e) => tracing::warn!("could not raise the open-file limit: {e}"),
     }
     let workers = server.config().runtime.workers;
-    let listen = server.config().runtime.listen;
+    let kinds = server.config().listener_kinds.clone();
     let server = server
         .start()
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        .map_err(|e| format!("cannot listen on {e}"))?;
     let stop = server.stopper();
     let reload = server.reloader();
     tern_runtime::spawn_signal_thread(move |action| match action {
@@ -118,9 +138,13 @@ pub fn run_server_with_reload(
         SignalAction::Reload => on_reload(&reload),
     })
     .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let fingerprint = tls
+        .and_then(TlsAcceptor::self_signed_fingerprint)
+        .map(|f| format!("; self-signed certificate SHA-256 {f}"))
+        .unwrap_or_default();
     println!(
-        "tern: {what} on http://{} with {workers} worker{}",
-        server.local_addr(),
+        "tern: {what} on {} with {workers} worker{}{fingerprint}",
+        describe_listeners(server.local_addrs(), &kinds),
         if workers == 1 { "" } else { "s" }
     );
     server.join();

@@ -15,6 +15,16 @@
 //! workers = 2                # restart only
 //! pin = false                # restart only
 //! shutdown_grace = 5         # restart only
+//!
+//! [tls]                      # HTTPS (certificates are re-read on SIGHUP; the rest: restart)
+//! listen = "127.0.0.1:8443"
+//! ticket_keys = "tls-ticket-keys"
+//! redirect_http = "127.0.0.1:8080"
+//! hsts = 31536000
+//! self_signed = false
+//! [[tls.certificates]]       # the first is the default; others are chosen by SNI
+//! cert = "fullchain.pem"
+//! key = "key.pem"
 //! ```
 //!
 //! A flag on the command line wins over the file, the file over the defaults. Unknown keys and
@@ -50,6 +60,18 @@ pub struct FileConfig {
     workers: Option<Spanned<usize>>,
     pin: Option<bool>,
     shutdown_grace: Option<u64>,
+    tls: Option<crate::tls::FileTls>,
+}
+
+impl FileConfig {
+    /// The file names a plain listener (with TLS on, plain HTTP is served only when asked).
+    pub fn listen_given(&self) -> bool {
+        self.listen.is_some()
+    }
+
+    pub fn tls(&self) -> Option<&crate::tls::FileTls> {
+        self.tls.as_ref()
+    }
 }
 
 /// Reads and checks a config file. Errors are one line: `config FILE: line N: what`.
@@ -222,7 +244,7 @@ impl Settings {
                 .or(f.max_connections.as_ref().map(|v| *v.get_ref()))
                 .unwrap_or(defaults.max_connections_per_worker)
                 .max(1),
-            listen: c.listen.or(f.listen).unwrap_or(defaults.runtime.listen),
+            listen: c.listen.or(f.listen).unwrap_or(defaults.runtime.listen[0]),
             workers: c
                 .workers
                 .or(f.workers.as_ref().map(|v| *v.get_ref()))
@@ -248,7 +270,7 @@ impl Settings {
 
     pub fn server_config(&self) -> ServerConfig {
         let mut config = ServerConfig::default();
-        config.runtime.listen = self.listen;
+        config.runtime.listen = vec![self.listen];
         config.runtime.workers = self.workers;
         config.runtime.pin = self.pin;
         config.runtime.shutdown_grace = Duration::from_secs(self.shutdown_grace);

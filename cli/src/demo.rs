@@ -1,12 +1,13 @@
 //! `tern demo`: the IPv4 Games, with its database in a local data folder.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use tern_ipv4_games::{build, bundled_site, GameConfig, SyncMode};
 use tern_services::{RateLimitConfig, TrustedProxies};
 
 use crate::common::{run_server, CommonArgs};
+use crate::tls::TlsArgs;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Sync {
@@ -20,6 +21,8 @@ enum Sync {
 pub struct DemoArgs {
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Folder for the database (created if missing).
     #[arg(long, value_name = "DIR", default_value = "data")]
     data: PathBuf,
@@ -70,6 +73,25 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         ..RateLimitConfig::default()
     };
     let data = args.data.display().to_string();
-    let server = build(args.common.server_config(), game)?;
-    run_server(server, &format!("IPv4 Games (data in {data})"))
+    // Ticket keys live beside the database by default, so resumption survives restarts.
+    std::fs::create_dir_all(&args.data)
+        .map_err(|e| format!("cannot create data dir {data}: {e}"))?;
+    let plan = args
+        .tls
+        .plan(None, Path::new(""), Some(args.data.join("tls-ticket-keys")))?;
+    let acceptor = plan.as_ref().map(crate::tls::acceptor).transpose()?;
+    let mut config = args.common.server_config();
+    let plain = config.runtime.listen[0];
+    crate::tls::configure(
+        &mut config,
+        plain,
+        args.common.listen.is_some(),
+        plan.as_ref(),
+    );
+    let mut server = build(config, game)?;
+    if let Some(acceptor) = &acceptor {
+        server = server.with_tls(acceptor.clone());
+    }
+    let tls = acceptor.zip(plan);
+    run_server(server, &format!("IPv4 Games (data in {data})"), tls)
 }

@@ -7,6 +7,7 @@ mod common;
 mod config;
 mod demo;
 mod serve;
+mod tls;
 
 use std::process::ExitCode;
 
@@ -31,7 +32,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the files of DIR over HTTP/1.1.
+    /// Serve the files of DIR over HTTP/1.1 and HTTPS.
     Serve(serve::ServeArgs),
     /// Run the IPv4 Games (claim your address for a name) on embedded SQLite.
     Demo(demo::DemoArgs),

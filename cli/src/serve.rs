@@ -14,7 +14,8 @@ use tern_server::static_files::StaticFiles;
 use tern_server::{Handler, HandlerContext, Reply, Request, Router, Server};
 
 use crate::common::{run_server_with_reload, CommonArgs, OnReload, ServerReload};
-use crate::config::{self, Flags, Settings};
+use crate::config::{self, FileConfig, Flags, Settings};
+use crate::tls::{TlsArgs, TlsPlan};
 
 #[derive(Args)]
 #[command(
@@ -29,6 +30,8 @@ pub struct ServeArgs {
     config: Option<PathBuf>,
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Serve files and directories whose name starts with a dot.
     #[arg(long)]
     serve_dotfiles: bool,
@@ -42,14 +45,19 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// Reads the config file (if any) and resolves every setting.
-    fn settings(&self) -> Result<Settings, String> {
+    /// Reads the config file (if any) and resolves every setting, HTTPS included.
+    fn settings(&self) -> Result<(Settings, Option<TlsPlan>, bool), String> {
         let file = self.config.as_deref().map(config::load).transpose()?;
         let file_dir = self
             .config
             .as_deref()
             .and_then(Path::parent)
             .unwrap_or(Path::new(""));
+        let tls = self
+            .tls
+            .plan(file.as_ref().and_then(FileConfig::tls), file_dir, None)?;
+        let plain_given =
+            self.common.listen.is_some() || file.as_ref().is_some_and(FileConfig::listen_given);
         let flags = Flags {
             dir: self.dir.as_deref(),
             serve_dotfiles: self.serve_dotfiles,
@@ -57,7 +65,11 @@ impl ServeArgs {
             max_cached_size: self.max_cached_size,
             common: &self.common,
         };
-        Settings::resolve(&flags, file.as_ref(), file_dir)
+        Ok((
+            Settings::resolve(&flags, file.as_ref(), file_dir)?,
+            tls,
+            plain_given,
+        ))
     }
 }
 
@@ -71,15 +83,17 @@ impl Handler for Files {
 }
 
 pub fn serve(args: ServeArgs) -> Result<(), String> {
-    let settings = args.settings()?;
+    let (settings, tls, plain_given) = args.settings()?;
+    let acceptor = tls.as_ref().map(crate::tls::acceptor).transpose()?;
     let files = StaticFiles::new(settings.static_options())
         .map_err(|e| format!("cannot serve {}: {e}", settings.root.display()))?;
     let files = Arc::new(files);
     let root = std::fs::canonicalize(&settings.root).unwrap_or(settings.root.clone());
     let mut current = settings.clone();
     let reloader = files.clone();
+    let reload_tls = acceptor.clone();
     let on_reload: OnReload = Box::new(move |server: ServerReload<'_>| {
-        match reload(&args, &current, &reloader, server) {
+        match reload(&args, &current, &reloader, reload_tls.as_deref(), server) {
             Ok((applied, changes)) => {
                 current = applied;
                 tracing::info!("reload (SIGHUP): {changes}");
@@ -87,13 +101,17 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
             Err(e) => tracing::error!("reload (SIGHUP) failed, nothing changed: {e}"),
         }
     });
+    let mut config = settings.server_config();
+    crate::tls::configure(&mut config, settings.listen, plain_given, tls.as_ref());
+    let mut server = Server::new(config, Router::new().fallback(Files(files)));
+    if let Some(acceptor) = &acceptor {
+        server = server.with_tls(acceptor.clone());
+    }
     run_server_with_reload(
-        Server::new(
-            settings.server_config(),
-            Router::new().fallback(Files(files)),
-        ),
+        server,
         &format!("serving {}", root.display()),
         on_reload,
+        acceptor.as_deref(),
     )
 }
 
@@ -103,9 +121,20 @@ fn reload(
     args: &ServeArgs,
     current: &Settings,
     files: &StaticFiles,
+    tls: Option<&tern_server::TlsAcceptor>,
     server: ServerReload<'_>,
 ) -> Result<(Settings, String), String> {
-    let new = args.settings()?;
+    let (new, new_tls, _) = args.settings()?;
+    // Certificates first: a bad one changes nothing at all.
+    let tls_note = match (tls, &new_tls) {
+        (Some(acceptor), Some(plan)) => {
+            acceptor.reload(&plan.options)?;
+            "; certificates re-read"
+        }
+        (Some(_), None) => "; HTTPS settings removed (needs a restart, ignored)",
+        (None, Some(_)) => "; HTTPS settings added (needs a restart, ignored)",
+        (None, None) => "",
+    };
     let applied = current.reloadable_part_of(&new);
     files
         .reload(applied.static_options())
@@ -115,5 +144,8 @@ fn reload(
     if changes.is_empty() {
         changes = "no setting changed".into();
     }
-    Ok((applied, format!("{changes}; cached files dropped")))
+    Ok((
+        applied,
+        format!("{changes}; cached files dropped{tls_note}"),
+    ))
 }

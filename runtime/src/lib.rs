@@ -27,4 +27,5 @@ pub use sockstat::unacked_bytes;
 pub use timer::{TimerKey, TimerWheel};
 pub use worker::{
     available_cpus, Context, Runtime, RuntimeConfig, RuntimeHandle, WorkerApp, FIRST_CONN_TOKEN,
+    MAX_LISTENERS,
 };

@@ -16,10 +16,13 @@ use crate::timer::{TimerKey, TimerWheel};
 
 /// Expired timers handled per loop turn; the rest wait for the next turn (taken at once).
 const TIMERS_PER_TURN: usize = 256;
-const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
+/// Listener `i` of a worker has token `FIRST_LISTENER_TOKEN + i`.
+const FIRST_LISTENER_TOKEN: usize = 2;
+/// The most addresses a runtime listens on (plain, TLS, redirect, ...).
+pub const MAX_LISTENERS: usize = 32;
 /// Tokens below this are the runtime's own; the app numbers its connections from here.
-pub const FIRST_CONN_TOKEN: usize = 2;
+pub const FIRST_CONN_TOKEN: usize = FIRST_LISTENER_TOKEN + MAX_LISTENERS;
 
 /// Accepts per loop turn before serving existing connections again, so an accept flood cannot
 /// starve established clients.
@@ -38,7 +41,9 @@ const SHUTDOWN_SETTLE_MS: u64 = 100;
 /// Start-up settings of the runtime.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
-    pub listen: SocketAddr,
+    /// Every address to listen on; the app learns which one a connection came in on by its
+    /// index here.
+    pub listen: Vec<SocketAddr>,
     pub workers: usize,
     /// Pin worker `i` to the `i`-th CPU this process may use.
     pub pin: bool,
@@ -53,7 +58,7 @@ pub struct RuntimeConfig {
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 8080))],
             workers: available_cpus().len().max(1),
             pin: false,
             backlog: 4096,
@@ -89,11 +94,13 @@ pub trait WorkerApp: 'static {
     /// What other threads send this worker through its inbox.
     type Message: Send + 'static;
 
+    /// A connection arrived on `listener` (its index in `RuntimeConfig::listen`).
     fn on_accept(
         &mut self,
         cx: &mut Context<'_, Self::Message>,
         stream: mio::net::TcpStream,
         peer: SocketAddr,
+        listener: usize,
     );
     /// Readiness for a token `>= FIRST_CONN_TOKEN` that the app registered.
     fn on_ready(&mut self, cx: &mut Context<'_, Self::Message>, event: &Event);
@@ -117,15 +124,21 @@ pub trait WorkerApp: 'static {
 
 /// A started runtime: the bound address, each worker's inbox, and the way to stop it.
 pub struct RuntimeHandle<M> {
-    local_addr: SocketAddr,
+    local_addrs: Vec<SocketAddr>,
     inboxes: Vec<InboxSender<M>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl<M: Send + 'static> RuntimeHandle<M> {
+    /// The first listener's address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.local_addrs[0]
+    }
+
+    /// Every listener's bound address, in the order of `RuntimeConfig::listen`.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local_addrs
     }
 
     pub fn inboxes(&self) -> &[InboxSender<M>] {
@@ -170,8 +183,12 @@ impl Runtime {
         F: Fn(usize, InboxSender<A::Message>) -> A + Send + Sync + 'static,
     {
         let workers = config.workers.max(1);
-        // Port 0 means "any": the first bind picks the port and the others join it.
-        let first = bind_reuseport(config.listen, config.backlog)?;
+        if config.listen.is_empty() || config.listen.len() > MAX_LISTENERS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("between 1 and {MAX_LISTENERS} listen addresses are needed"),
+            ));
+        }
         // Once per process, and only when the sysctl exists and is off.
         static HINT: std::sync::Once = std::sync::Once::new();
         HINT.call_once(|| {
@@ -179,10 +196,19 @@ impl Runtime {
                 tracing::info!("{hint}");
             }
         });
-        let local_addr = first.local_addr()?;
-        let mut listeners = vec![first];
-        for _ in 1..workers {
-            listeners.push(bind_reuseport(local_addr, config.backlog)?);
+        // Port 0 means "any": the first bind picks the port and the other workers join it.
+        let mut local_addrs = Vec::with_capacity(config.listen.len());
+        let mut per_worker: Vec<Vec<mio::net::TcpListener>> =
+            (0..workers).map(|_| Vec::new()).collect();
+        for &addr in &config.listen {
+            let first = bind_reuseport(addr, config.backlog)
+                .map_err(|e| io::Error::new(e.kind(), format!("{addr}: {e}")))?;
+            let bound = first.local_addr()?;
+            local_addrs.push(bound);
+            per_worker[0].push(first);
+            for listeners in per_worker.iter_mut().skip(1) {
+                listeners.push(bind_reuseport(bound, config.backlog)?);
+            }
         }
 
         let cpus = available_cpus();
@@ -190,7 +216,7 @@ impl Runtime {
         let make_app = Arc::new(make_app);
         let mut inboxes = Vec::with_capacity(workers);
         let mut threads = Vec::with_capacity(workers);
-        for (id, listener) in listeners.into_iter().enumerate() {
+        for (id, listeners) in per_worker.into_iter().enumerate() {
             let poll = Poll::new()?;
             let waker = mio::Waker::new(poll.registry(), WAKER)?;
             let inbox = Arc::new(Inbox::new(waker, config.inbox_capacity));
@@ -210,7 +236,7 @@ impl Runtime {
                         pin_to_cpu(cpu);
                     }
                     let app = make_app(id, sender.clone());
-                    let mut worker = Worker::new(id, poll, listener, inbox, sender, stop, &config);
+                    let mut worker = Worker::new(id, poll, listeners, inbox, sender, stop, &config);
                     if let Err(e) = worker.run(app) {
                         tracing::error!(worker = id, "event loop failed: {e}");
                     }
@@ -218,7 +244,7 @@ impl Runtime {
             threads.push(thread);
         }
         Ok(RuntimeHandle {
-            local_addr,
+            local_addrs,
             inboxes,
             stop,
             threads,
@@ -229,7 +255,8 @@ impl Runtime {
 struct Worker<M> {
     id: usize,
     poll: Poll,
-    listener: Option<mio::net::TcpListener>,
+    /// Closed (taken) when shutdown begins.
+    listeners: Vec<mio::net::TcpListener>,
     inbox: Arc<Inbox<M>>,
     sender: InboxSender<M>,
     stop: Arc<AtomicBool>,
@@ -243,7 +270,7 @@ impl<M: Send + 'static> Worker<M> {
     fn new(
         id: usize,
         poll: Poll,
-        listener: mio::net::TcpListener,
+        listeners: Vec<mio::net::TcpListener>,
         inbox: Arc<Inbox<M>>,
         sender: InboxSender<M>,
         stop: Arc<AtomicBool>,
@@ -252,7 +279,7 @@ impl<M: Send + 'static> Worker<M> {
         Worker {
             id,
             poll,
-            listener: Some(listener),
+            listeners,
             inbox,
             sender,
             stop,
@@ -267,11 +294,14 @@ impl<M: Send + 'static> Worker<M> {
     }
 
     fn run<A: WorkerApp<Message = M>>(&mut self, mut app: A) -> io::Result<()> {
-        if let Some(l) = self.listener.as_mut() {
-            self.poll
-                .registry()
-                .register(l, LISTENER, Interest::READABLE)?;
+        for (i, l) in self.listeners.iter_mut().enumerate() {
+            self.poll.registry().register(
+                l,
+                Token(FIRST_LISTENER_TOKEN + i),
+                Interest::READABLE,
+            )?;
         }
+        let all_listeners: u64 = (1u64 << self.listeners.len()) - 1;
         let mut events = Events::with_capacity(1024);
         // Expired timers not yet handled (kept in order; the wheel appends newer ones).
         let mut fired = Vec::new();
@@ -280,7 +310,8 @@ impl<M: Send + 'static> Worker<M> {
         let mut drain_deadline = u64::MAX;
         // Set once the stop flag is seen: the listener is closed, draining begins at this time.
         let mut settle_until: Option<u64> = None;
-        let mut accept_more = false;
+        // Bit i: listener i may have connections waiting.
+        let mut accept_more: u64 = 0;
         let mut accept_paused_until: Option<u64> = None;
         self.clock.update();
 
@@ -300,7 +331,7 @@ impl<M: Send + 'static> Worker<M> {
                         .min(drain_deadline.saturating_sub(now)),
                 );
             }
-            if accept_more || timers_pending || app.wants_another_turn() {
+            if accept_more != 0 || timers_pending || app.wants_another_turn() {
                 timeout = Some(0);
             }
             match self
@@ -328,8 +359,10 @@ impl<M: Send + 'static> Worker<M> {
             let mut listener_ready = accept_more;
             for event in events.iter() {
                 match event.token() {
-                    LISTENER => listener_ready = true,
                     WAKER => self.inbox.drain(|m| app.on_message(&mut cx, m)),
+                    Token(t) if t < FIRST_CONN_TOKEN => {
+                        listener_ready |= 1 << (t - FIRST_LISTENER_TOKEN);
+                    }
                     _ => app.on_ready(&mut cx, event),
                 }
             }
@@ -342,17 +375,21 @@ impl<M: Send + 'static> Worker<M> {
             if let Some(until) = accept_paused_until {
                 if cx.clock.now_ms() >= until {
                     accept_paused_until = None;
-                    listener_ready = true; // the backlog may hold connections with no new edge
+                    listener_ready = all_listeners; // backlogs may hold connections with no new edge
                 }
             }
-            accept_more = false;
-            if listener_ready && accept_paused_until.is_none() {
-                if let Some(listener) = self.listener.as_ref() {
-                    match accept_batch(listener, &mut app, &mut cx, ACCEPT_BUDGET) {
+            accept_more = 0;
+            if listener_ready != 0 && accept_paused_until.is_none() {
+                for (i, listener) in self.listeners.iter().enumerate() {
+                    if listener_ready & (1 << i) == 0 {
+                        continue;
+                    }
+                    match accept_batch(listener, i, &mut app, &mut cx, ACCEPT_BUDGET) {
                         AcceptOutcome::Drained => {}
-                        AcceptOutcome::BudgetSpent => accept_more = true,
+                        AcceptOutcome::BudgetSpent => accept_more |= 1 << i,
                         AcceptOutcome::OutOfFds => {
-                            accept_paused_until = Some(cx.clock.now_ms() + ACCEPT_BACKOFF_MS)
+                            accept_paused_until = Some(cx.clock.now_ms() + ACCEPT_BACKOFF_MS);
+                            break;
                         }
                     }
                 }
@@ -378,11 +415,11 @@ impl<M: Send + 'static> Worker<M> {
                 // connections still waiting in a closed listener's accept queue (unless
                 // net.ipv4.tcp_migrate_req=1 moves them to another listener), so first take
                 // everything queued and serve it like any other connection.
-                if let Some(mut l) = self.listener.take() {
+                for (i, mut l) in std::mem::take(&mut self.listeners).into_iter().enumerate() {
                     let _ = cx.registry.deregister(&mut l);
-                    let _ = accept_batch(&l, &mut app, &mut cx, SHUTDOWN_ACCEPT_LIMIT);
+                    let _ = accept_batch(&l, i, &mut app, &mut cx, SHUTDOWN_ACCEPT_LIMIT);
                 }
-                accept_more = false;
+                accept_more = 0;
                 accept_paused_until = None;
                 // Nothing open: nothing to settle. Never settle past the grace period.
                 let settle = if app.connections() == 0 {
@@ -423,13 +460,14 @@ enum AcceptOutcome {
 
 fn accept_batch<A: WorkerApp>(
     listener: &mio::net::TcpListener,
+    index: usize,
     app: &mut A,
     cx: &mut Context<'_, A::Message>,
     budget: usize,
 ) -> AcceptOutcome {
     for _ in 0..budget {
         match listener.accept() {
-            Ok((stream, peer)) => app.on_accept(cx, stream, peer),
+            Ok((stream, peer)) => app.on_accept(cx, stream, peer, index),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return AcceptOutcome::Drained,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             // The peer gave up before we accepted; nothing to do.
@@ -531,6 +569,7 @@ mod shutdown_tests {
             cx: &mut Context<'_, Duration>,
             mut s: mio::net::TcpStream,
             _: SocketAddr,
+            _: usize,
         ) {
             let token = FIRST_CONN_TOKEN + self.next;
             self.next += 1;
@@ -571,7 +610,7 @@ mod shutdown_tests {
     #[test]
     fn connections_queued_at_shutdown_are_served() {
         let config = RuntimeConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
             workers: 1,
             shutdown_grace: Duration::from_secs(3),
             ..RuntimeConfig::default()
@@ -622,7 +661,14 @@ mod timer_tests {
     impl WorkerApp for Burst {
         type Message = u64;
 
-        fn on_accept(&mut self, _: &mut Context<'_, u64>, _: mio::net::TcpStream, _: SocketAddr) {}
+        fn on_accept(
+            &mut self,
+            _: &mut Context<'_, u64>,
+            _: mio::net::TcpStream,
+            _: SocketAddr,
+            _: usize,
+        ) {
+        }
         fn on_ready(&mut self, _: &mut Context<'_, u64>, _: &Event) {}
 
         fn on_timer(&mut self, _: &mut Context<'_, u64>, _: TimerKey, _: u64) {
@@ -656,7 +702,7 @@ mod timer_tests {
         let per_turn = Arc::new(Mutex::new(Vec::new()));
         let total = Arc::new(AtomicUsize::new(0));
         let config = RuntimeConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
             workers: 1,
             ..RuntimeConfig::default()
         };

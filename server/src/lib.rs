@@ -4,10 +4,11 @@
 //! [`worker::HttpWorker`] per runtime worker thread. Handlers return a [`Response`] now or a
 //! [`Pending`] reply completed later from any thread.
 
-mod connection;
+mod conn;
+mod driver;
+mod exchange;
 mod handler;
 pub mod negotiate;
-mod output;
 mod response;
 mod router;
 pub mod static_files;
@@ -27,6 +28,19 @@ pub use tern_codec::{
     parse_request, trim_ows, Limits, Method, Parsed, RequestError, RequestHead, Version,
 };
 pub use tern_runtime::{RuntimeConfig, SignalAction};
+pub use tern_tls::{CertFiles, TlsAcceptor, TlsOptions};
+
+/// What a listener serves (by its index in `RuntimeConfig::listen`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenerKind {
+    /// Plain HTTP.
+    Http,
+    /// HTTP over TLS (needs [`Server::with_tls`]).
+    Https,
+    /// Plain HTTP that answers every request with 308 to the same host and path on the
+    /// first `Https` listener.
+    RedirectToHttps,
+}
 
 /// Everything a server needs to know at start-up.
 #[derive(Debug, Clone)]
@@ -43,6 +57,10 @@ pub struct ServerConfig {
     pub write_timeout: Duration,
     /// Open connections per worker; above it new ones are closed at once.
     pub max_connections_per_worker: usize,
+    /// What each address of `runtime.listen` serves; missing entries are plain HTTP.
+    pub listener_kinds: Vec<ListenerKind>,
+    /// `Strict-Transport-Security: max-age=N` on answers over TLS.
+    pub hsts_max_age: Option<u64>,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +73,8 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(60),
             write_timeout: Duration::from_secs(30),
             max_connections_per_worker: 16_384,
+            listener_kinds: Vec::new(),
+            hsts_max_age: None,
         }
     }
 }
@@ -65,6 +85,7 @@ pub struct Server {
     router: Router,
     stats: Stats,
     background: Vec<(String, BackgroundTask)>,
+    tls: Option<Arc<TlsAcceptor>>,
 }
 
 type BackgroundTask = Box<dyn FnOnce(StopSignal) + Send + 'static>;
@@ -93,7 +114,14 @@ impl Server {
             router,
             stats,
             background: Vec::new(),
+            tls: None,
         }
+    }
+
+    /// Certificates and session settings for the `Https` listeners.
+    pub fn with_tls(mut self, tls: Arc<TlsAcceptor>) -> Server {
+        self.tls = Some(tls);
+        self
     }
 
     /// The routes, for adding handlers that need something only the server has (its stats).
@@ -127,18 +155,41 @@ impl Server {
     /// permission) come back here, before any thread has started.
     pub fn start(self) -> io::Result<ServerHandle> {
         let stats = self.stats;
+        let kinds = &self.config.listener_kinds;
+        if kinds.contains(&ListenerKind::Https) && self.tls.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an HTTPS listener needs a certificate",
+            ));
+        }
+        let hsts_line = self
+            .config
+            .hsts_max_age
+            .map(|secs| format!("Strict-Transport-Security: max-age={secs}\r\n").into_bytes());
         let shared = Arc::new(worker::Shared {
             router: self.router,
             config: self.config.clone(),
             stats: stats.clone(),
             live: arc_swap::ArcSwap::from_pointee(self.config.clone()),
             reloads: std::sync::atomic::AtomicU64::new(0),
+            listener_kinds: self.config.listener_kinds.clone(),
+            tls: self.tls,
+            hsts_line,
+            https_port: std::sync::atomic::AtomicU16::new(0),
         });
         let for_workers = shared.clone();
         let runtime =
             tern_runtime::Runtime::start(self.config.runtime.clone(), move |id, inbox| {
                 worker::HttpWorker::new(id, for_workers.clone(), inbox)
             })?;
+        let https = (0..runtime.local_addrs().len())
+            .find(|&i| self.config.listener_kinds.get(i) == Some(&ListenerKind::Https));
+        if let Some(i) = https {
+            let port = runtime.local_addrs()[i].port();
+            shared
+                .https_port
+                .store(port, std::sync::atomic::Ordering::Relaxed);
+        }
         let stop = StopSignal::default();
         let mut background = Vec::new();
         for (name, run) in self.background {
@@ -168,8 +219,14 @@ pub struct ServerHandle {
 }
 
 impl ServerHandle {
+    /// The first listener's address.
     pub fn local_addr(&self) -> SocketAddr {
         self.runtime.local_addr()
+    }
+
+    /// Every listener's bound address, in the order of `RuntimeConfig::listen`.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        self.runtime.local_addrs()
     }
 
     pub fn stats(&self) -> &Stats {

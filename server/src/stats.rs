@@ -26,10 +26,25 @@ pub enum Counter {
     HandlerPanics,
     /// Read or write errors from the socket (resets, broken pipes).
     IoErrors,
+    /// TLS handshakes completed.
+    TlsHandshakes,
+    /// Plain HTTP sent to a TLS port (answered 400 in plain HTTP).
+    TlsFailedPlainHttp,
+    /// Handshakes not completed within the header timeout.
+    TlsFailedTimeout,
+    /// Garbage, truncated or unexpected records, bad MACs, protocol violations.
+    TlsFailedBadRecord,
+    /// No protocol version, cipher suite, group or signature scheme in common.
+    TlsFailedNoSharedParams,
+    /// The client sent a fatal alert (e.g. it does not trust the certificate).
+    TlsFailedPeerAlert,
+    /// The client closed the connection in the middle of the handshake.
+    TlsFailedClosed,
+    TlsFailedOther,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 16] = [
+    pub const ALL: [Counter; 24] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -46,6 +61,14 @@ impl Counter {
         Counter::TimeoutWrite,
         Counter::HandlerPanics,
         Counter::IoErrors,
+        Counter::TlsHandshakes,
+        Counter::TlsFailedPlainHttp,
+        Counter::TlsFailedTimeout,
+        Counter::TlsFailedBadRecord,
+        Counter::TlsFailedNoSharedParams,
+        Counter::TlsFailedPeerAlert,
+        Counter::TlsFailedClosed,
+        Counter::TlsFailedOther,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +89,14 @@ impl Counter {
             Counter::TimeoutWrite => "timeouts_write",
             Counter::HandlerPanics => "handler_panics",
             Counter::IoErrors => "io_errors",
+            Counter::TlsHandshakes => "tls_handshakes",
+            Counter::TlsFailedPlainHttp => "tls_handshake_failures_plain_http",
+            Counter::TlsFailedTimeout => "tls_handshake_failures_timeout",
+            Counter::TlsFailedBadRecord => "tls_handshake_failures_bad_record",
+            Counter::TlsFailedNoSharedParams => "tls_handshake_failures_no_shared_params",
+            Counter::TlsFailedPeerAlert => "tls_handshake_failures_peer_alert",
+            Counter::TlsFailedClosed => "tls_handshake_failures_closed",
+            Counter::TlsFailedOther => "tls_handshake_failures_other",
         }
     }
 
@@ -87,6 +118,16 @@ impl Counter {
             Counter::TimeoutWrite => "connections closed because the client stopped reading",
             Counter::HandlerPanics => "handler panics answered with 500",
             Counter::IoErrors => "socket read/write errors",
+            Counter::TlsHandshakes => "TLS handshakes completed",
+            Counter::TlsFailedPlainHttp => "plain HTTP requests on a TLS port (answered 400)",
+            Counter::TlsFailedTimeout => "TLS handshakes cut off by the header timeout",
+            Counter::TlsFailedBadRecord => "TLS sessions failed on bad or unexpected records",
+            Counter::TlsFailedNoSharedParams => {
+                "TLS handshakes with no version, suite or group in common"
+            }
+            Counter::TlsFailedPeerAlert => "TLS sessions ended by a fatal alert from the client",
+            Counter::TlsFailedClosed => "TLS handshakes the client abandoned (connection closed)",
+            Counter::TlsFailedOther => "TLS sessions failed for another reason",
         }
     }
 }

@@ -7,11 +7,22 @@ use mio::event::Event;
 use mio::{Interest, Token};
 use tern_runtime::{Context, InboxSender, TimerKey, WorkerApp};
 
-use crate::connection::{Conn, ConnCx, Status};
+use crate::conn::{Conn, ConnCx, Link, Status};
+use crate::driver::{self, Socket};
 use crate::handler::WorkerMessage;
 use crate::router::Router;
 use crate::stats::{Counter, Stats};
-use crate::ServerConfig;
+use crate::{ListenerKind, ServerConfig};
+
+/// A connection in the worker's slab: the socket (driver side), the sans-IO connection, and
+/// its timer bookkeeping.
+pub(crate) struct Entry {
+    pub sock: Socket,
+    pub conn: Conn,
+    /// Current deadline and the deadline of the live timer-wheel entry (see TimerWheel).
+    pub deadline_ms: u64,
+    pub armed_ms: u64,
+}
 
 /// What every worker shares, read-only (but for reloads).
 pub(crate) struct Shared {
@@ -23,6 +34,13 @@ pub(crate) struct Shared {
     pub live: ArcSwap<ServerConfig>,
     /// Bumped after `live` is stored; workers compare it once per loop turn.
     pub reloads: AtomicU64,
+    /// What each listener (by index in `config.runtime.listen`) serves.
+    pub listener_kinds: Vec<ListenerKind>,
+    pub tls: Option<Arc<tern_tls::TlsAcceptor>>,
+    /// `Strict-Transport-Security: ...\r\n`, added to answers over TLS.
+    pub hsts_line: Option<Vec<u8>>,
+    /// The bound port of the first TLS listener (for `--redirect-http`); 0 until known.
+    pub https_port: std::sync::atomic::AtomicU16,
 }
 
 /// Connections of one worker, addressed by `generation << 32 | index`. The generation makes
@@ -32,13 +50,13 @@ pub(crate) struct Shared {
 /// leaves little freed-but-resident memory behind (idle connections are budgeted in bytes).
 #[derive(Default)]
 struct Slab {
-    slots: Vec<(u32, Option<Box<Conn>>)>,
+    slots: Vec<(u32, Option<Box<Entry>>)>,
     free: Vec<u32>,
     len: usize,
 }
 
 impl Slab {
-    fn insert(&mut self, make: impl FnOnce(u64) -> Conn) -> u64 {
+    fn insert(&mut self, make: impl FnOnce(u64) -> Entry) -> u64 {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -54,7 +72,7 @@ impl Slab {
         key
     }
 
-    fn get_mut(&mut self, key: u64) -> Option<&mut Conn> {
+    fn get_mut(&mut self, key: u64) -> Option<&mut Entry> {
         let (gen, conn) = self.slots.get_mut((key & 0xffff_ffff) as usize)?;
         if u64::from(*gen) == key >> 32 {
             conn.as_deref_mut()
@@ -63,7 +81,7 @@ impl Slab {
         }
     }
 
-    fn remove(&mut self, key: u64) -> Option<Box<Conn>> {
+    fn remove(&mut self, key: u64) -> Option<Box<Entry>> {
         let index = (key & 0xffff_ffff) as usize;
         let (gen, conn) = self.slots.get_mut(index)?;
         if u64::from(*gen) != key >> 32 {
@@ -98,6 +116,8 @@ pub(crate) struct HttpWorker {
     config: Arc<ServerConfig>,
     /// The `Shared::reloads` value `config` reflects.
     seen_reloads: u64,
+    /// File bytes on their way into TLS (see conn/tls.rs); grown on first use.
+    scratch: Vec<u8>,
 }
 
 impl HttpWorker {
@@ -114,6 +134,7 @@ impl HttpWorker {
             config,
             seen_reloads,
             shared,
+            scratch: Vec::new(),
         }
     }
 
@@ -134,10 +155,10 @@ impl HttpWorker {
         &mut self,
         cx: &mut Context<'_, WorkerMessage>,
         key: u64,
-        f: impl FnOnce(&mut Conn, &mut ConnCx<'_>) -> Status,
+        f: impl FnOnce(&mut Entry, &mut ConnCx<'_>) -> Status,
     ) {
         let near_limit = self.conns.len >= self.near_limit_at;
-        let Some(conn) = self.conns.get_mut(key) else {
+        let Some(entry) = self.conns.get_mut(key) else {
             return;
         };
         let mut ccx = ConnCx {
@@ -146,37 +167,34 @@ impl HttpWorker {
             stats: self.shared.stats.worker(self.id),
             clock: cx.clock,
             buffers: cx.buffers,
+            scratch: &mut self.scratch,
             inbox: &self.inbox,
             worker_id: self.id,
             stopping: cx.stopping,
             draining: cx.draining,
             near_limit,
         };
-        match f(conn, &mut ccx) {
+        match f(entry, &mut ccx) {
             Status::Close => {
-                self.close(cx, key);
+                // close_notify on an established TLS session (and a 408 a timeout queued):
+                // one attempt, nobody waits for the peer.
+                entry.conn.prepare_close();
+                driver::send_best_effort(&mut entry.conn, &mut entry.sock, &mut ccx);
+                entry.conn.recycle(ccx.buffers);
+                // Dropping the stream closes the fd, which also removes it from epoll.
+                self.conns.remove(key);
+                ccx.stats.bump(Counter::ConnectionsClosed);
                 return;
             }
             Status::Yielded => self.yielded.push(key),
             Status::Open => {}
         }
-        let (deadline, kind) = conn.next_deadline(&ccx);
-        conn.deadline_ms = deadline;
-        conn.mark_progress(kind);
-        if deadline < conn.armed_ms {
-            conn.armed_ms = deadline;
+        let (deadline, kind) = entry.conn.next_deadline(&ccx);
+        entry.deadline_ms = deadline;
+        driver::mark_progress(&mut entry.sock, kind);
+        if deadline < entry.armed_ms {
+            entry.armed_ms = deadline;
             cx.timers.schedule(key, deadline);
-        }
-    }
-
-    fn close(&mut self, cx: &mut Context<'_, WorkerMessage>, key: u64) {
-        if let Some(conn) = self.conns.remove(key) {
-            // Dropping the stream closes the fd, which also removes it from epoll.
-            conn.recycle(cx.buffers);
-            self.shared
-                .stats
-                .worker(self.id)
-                .bump(Counter::ConnectionsClosed);
         }
     }
 }
@@ -189,6 +207,7 @@ impl WorkerApp for HttpWorker {
         cx: &mut Context<'_, WorkerMessage>,
         stream: mio::net::TcpStream,
         peer: SocketAddr,
+        listener: usize,
     ) {
         let stats = self.shared.stats.worker(self.id);
         if self.conns.len >= self.config.max_connections_per_worker || cx.draining {
@@ -197,10 +216,39 @@ impl WorkerApp for HttpWorker {
         }
         // Responses are written whole; Nagle would only delay the last segment.
         let _ = stream.set_nodelay(true);
-        let key = self.conns.insert(|key| Conn::new(stream, peer, key));
-        let conn = self.conns.get_mut(key).expect("just inserted");
+        let kind = self
+            .shared
+            .listener_kinds
+            .get(listener)
+            .copied()
+            .unwrap_or(ListenerKind::Http);
+        let tls = match (kind, &self.shared.tls) {
+            (ListenerKind::Https, Some(acceptor)) => Some(acceptor.accept()),
+            _ => None,
+        };
+        let redirect_to_https = (kind == ListenerKind::RedirectToHttps).then(|| {
+            match self.shared.https_port.load(Ordering::Relaxed) {
+                0 => 443,
+                port => port,
+            }
+        });
+        let key = self.conns.insert(|key| Entry {
+            conn: Conn::new(
+                Link {
+                    peer,
+                    key,
+                    secure: tls.is_some(),
+                    redirect_to_https,
+                },
+                tls,
+            ),
+            sock: Socket::new(stream),
+            deadline_ms: u64::MAX,
+            armed_ms: u64::MAX,
+        });
+        let entry = self.conns.get_mut(key).expect("just inserted");
         if let Err(e) = cx.registry.register(
-            &mut conn.stream,
+            &mut entry.sock.stream,
             Token(key as usize),
             Interest::READABLE | Interest::WRITABLE,
         ) {
@@ -216,29 +264,31 @@ impl WorkerApp for HttpWorker {
     fn on_ready(&mut self, cx: &mut Context<'_, WorkerMessage>, event: &Event) {
         let key = event.token().0 as u64;
         let readable = event.is_readable() || event.is_read_closed() || event.is_error();
-        self.with_conn(cx, key, |conn, ccx| conn.drive(readable, ccx));
+        self.with_conn(cx, key, |e, ccx| {
+            driver::drive(&mut e.conn, &mut e.sock, readable, ccx)
+        });
     }
 
     fn on_timer(&mut self, cx: &mut Context<'_, WorkerMessage>, key: TimerKey, at_ms: u64) {
         let now = cx.clock.now_ms();
-        let Some(conn) = self.conns.get_mut(key) else {
+        let Some(entry) = self.conns.get_mut(key) else {
             return;
         };
-        if conn.armed_ms != at_ms {
+        if entry.armed_ms != at_ms {
             return; // superseded by an earlier arm
         }
-        conn.armed_ms = u64::MAX;
-        if conn.deadline_ms > now {
+        entry.armed_ms = u64::MAX;
+        if entry.deadline_ms > now {
             // The deadline moved later since this was armed: re-arm (lazy cancellation).
-            conn.armed_ms = conn.deadline_ms;
-            cx.timers.schedule(key, conn.deadline_ms);
+            entry.armed_ms = entry.deadline_ms;
+            cx.timers.schedule(key, entry.deadline_ms);
             return;
         }
-        self.with_conn(cx, key, |conn, ccx| {
-            if conn.still_reading(ccx) {
+        self.with_conn(cx, key, |e, ccx| {
+            if driver::still_reading(&e.conn, &e.sock, ccx) {
                 return Status::Open; // with_conn sets a fresh deadline and mark
             }
-            conn.time_out(ccx);
+            e.conn.time_out(ccx);
             Status::Close
         });
     }
@@ -250,20 +300,28 @@ impl WorkerApp for HttpWorker {
                 seq,
                 response,
             } => {
-                self.with_conn(cx, conn, |c, ccx| c.complete(seq, response, ccx));
+                self.with_conn(cx, conn, |e, ccx| {
+                    if e.conn.complete(seq, response, ccx) {
+                        driver::drive(&mut e.conn, &mut e.sock, false, ccx)
+                    } else {
+                        Status::Open
+                    }
+                });
             }
         }
     }
 
     fn on_shutdown(&mut self, cx: &mut Context<'_, WorkerMessage>) {
         for key in self.conns.keys() {
-            if self.conns.get_mut(key).is_some_and(|c| c.begin_drain()) {
-                self.close(cx, key);
-            } else {
-                // Reads what may be waiting (answering it with `Connection: close`), or
-                // closes the connection if nothing was; busy connections just go on.
-                self.with_conn(cx, key, |conn, ccx| conn.drive(false, ccx));
-            }
+            self.with_conn(cx, key, |e, ccx| {
+                if e.conn.begin_drain(e.sock.may_read()) {
+                    Status::Close
+                } else {
+                    // Reads what may be waiting (answering it with `Connection: close`), or
+                    // closes the connection if nothing was; busy connections just go on.
+                    driver::drive(&mut e.conn, &mut e.sock, false, ccx)
+                }
+            });
         }
     }
 
@@ -280,7 +338,9 @@ impl WorkerApp for HttpWorker {
             return;
         }
         for key in std::mem::take(&mut self.yielded) {
-            self.with_conn(cx, key, |conn, ccx| conn.drive(true, ccx));
+            self.with_conn(cx, key, |e, ccx| {
+                driver::drive(&mut e.conn, &mut e.sock, true, ccx)
+            });
         }
     }
 

@@ -10,7 +10,7 @@ use tern_server::{
 
 fn start(router: Router, tweak: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
     let mut config = ServerConfig::default();
-    config.runtime.listen = "127.0.0.1:0".parse().unwrap();
+    config.runtime.listen = vec!["127.0.0.1:0".parse().unwrap()];
     config.runtime.workers = 2;
     tweak(&mut config);
     Server::new(config, router).start().expect("server starts")

@@ -21,7 +21,7 @@ const GIVE_UP: Duration = Duration::from_secs(15);
 
 fn start(tweak: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
     let mut config = ServerConfig::default();
-    config.runtime.listen = "127.0.0.1:0".parse().unwrap();
+    config.runtime.listen = vec!["127.0.0.1:0".parse().unwrap()];
     config.runtime.workers = 2;
     tweak(&mut config);
     Server::new(config, router())

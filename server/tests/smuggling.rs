@@ -983,7 +983,7 @@ fn cases() -> Vec<Case> {
 
 fn start() -> ServerHandle {
     let mut config = ServerConfig::default();
-    config.runtime.listen = "127.0.0.1:0".parse().unwrap();
+    config.runtime.listen = vec!["127.0.0.1:0".parse().unwrap()];
     config.runtime.workers = 2;
     let router = Router::new()
         .get("/hello", |_: &Request<'_>, _: &mut HandlerContext<'_>| {

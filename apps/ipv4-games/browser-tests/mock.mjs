@@ -1,8 +1,10 @@
 // A throwaway stand-in for `tern demo`: implements the IPv4 Games API contract with in-memory
 // data and serves ../site, so the pages and tests can be developed before the real server exists.
 //   node mock.mjs [--listen 127.0.0.1:0] [--seed N]
-// Prints "mock: IPv4 Games on http://127.0.0.1:PORT" once listening (same shape as tern's line).
+//   node mock.mjs --listen-tls 127.0.0.1:0 --tls-cert FULLCHAIN.pem --tls-key KEY.pem [--seed N]
+// Prints "mock: IPv4 Games on http[s]://127.0.0.1:PORT" once listening (same shape as tern's line).
 import http from 'node:http';
+import https from 'node:https';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -10,7 +12,8 @@ import { fileURLToPath } from 'node:url';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const args = process.argv.slice(2);
 const opt = (k, d) => { const i = args.indexOf(k); return i >= 0 ? args[i + 1] : d; };
-const [host, port] = opt('--listen', '127.0.0.1:0').split(':');
+const tls = args.includes('--listen-tls');
+const [host, port] = (tls ? opt('--listen-tls') : opt('--listen', '127.0.0.1:0')).split(':');
 const site = path.resolve(opt('--site', path.join(here, '..', 'site')));
 const NAME_RE = /^[A-Za-z0-9@\/:.^+!\-_*]{1,40}$/;
 const WINDOWS = { all: Infinity, hour: 3600, day: 86400, week: 7 * 86400, month: 30 * 86400 };
@@ -79,7 +82,7 @@ function send(res, status, type, body, extra = {}) {
 const json = (res, v) => send(res, 200, 'application/json', typeof v === 'string' ? v : JSON.stringify(v));
 const text = (res, status, t) => send(res, status, 'text/plain; charset=utf-8', t + '\n');
 
-const server = http.createServer((req, res) => {
+const handler = (req, res) => {
   const url = new URL(req.url, 'http://x');
   const p = url.pathname;
   const ip = (req.socket.remoteAddress || '').replace(/^::ffff:/, '');
@@ -127,9 +130,13 @@ const server = http.createServer((req, res) => {
     if (err) return text(res, 404, 'not found');
     send(res, 200, TYPES[path.extname(file)] || 'application/octet-stream', data);
   });
-});
+};
+const server = tls
+  ? https.createServer({ cert: fs.readFileSync(opt('--tls-cert')), key: fs.readFileSync(opt('--tls-key')),
+    minVersion: 'TLSv1.2', ALPNProtocols: ['http/1.1'] }, handler)
+  : http.createServer(handler);
 
 server.listen(Number(port), host, () => {
-  console.log(`mock: IPv4 Games on http://${host}:${server.address().port}`);
+  console.log(`mock: IPv4 Games on ${tls ? 'https' : 'http'}://${host}:${server.address().port}`);
 });
 for (const s of ['SIGINT', 'SIGTERM']) process.on(s, () => process.exit(0));

@@ -1,18 +1,29 @@
 // Real headless-Chromium tests of the IPv4 Games pages against a real server.
 //
-//   node test.mjs
+//   node test.mjs                    plain HTTP pass
+//   TERN_TEST_TLS=1 node test.mjs    HTTPS pass (`run` does both)
 //
 // Server under test, first match wins:
-//   TERN_TEST_URL=http://127.0.0.1:PORT   use a server that is already running (nothing is started)
+//   TERN_TEST_URL=http://127.0.0.1:PORT   use a server that is already running (nothing is started);
+//                                         in the HTTPS pass also TERN_TEST_TLS_DIR=the directory
+//                                         scripts/tls-test-certs made for that server's certificate
 //   TERN_TEST_MOCK=1                      start ./mock.mjs (the in-memory stand-in)
 //   otherwise                             start `${TERN_BIN:-<repo>/target/release/tern} demo
-//                                         --listen 127.0.0.1:0 --data <fresh temp dir>`
+//                                         --listen 127.0.0.1:0 --data <fresh temp dir>`, or in the
+//                                         HTTPS pass `... demo --listen-tls 127.0.0.1:0
+//                                         --tls-cert leaf-fullchain.pem --tls-key leaf.key ...`
+// HTTPS pass: a fresh test CA and ECDSA P-256 leaf for localhost/127.0.0.1 (scripts/tls-test-certs).
+// Chromium accepts exactly that leaf key (--ignore-certificate-errors-spki-list=<its SPKI
+// SHA-256>), not every certificate; node-side requests trust the test CA. One test checks that
+// without the pin Chromium refuses the certificate, and one that the pages really are on https.
 // Browser: CHROMIUM (default /usr/bin/chromium); no browser is downloaded.
-// Screenshots go to ./artifacts/ (git-ignored); their paths are printed.
+// Screenshots go to ./artifacts/ (git-ignored; https-*.png in the HTTPS pass); their paths are printed.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -29,36 +40,74 @@ const CHROMIUM_ARGS = ['--headless=new', '--no-sandbox', '--disable-gpu', '--dis
 const NAME = 'pw-' + Date.now().toString(36) + Math.floor(Math.random() * 1e4).toString(36) + '+t@x';
 const enc = encodeURIComponent;
 
-let base; // http://127.0.0.1:PORT
+const TLS = !!process.env.TERN_TEST_TLS;
+const scheme = TLS ? 'https' : 'http';
+let pki; // HTTPS pass: { dir, made, ca, fullchain, key, spki }
+
+let base; // http[s]://127.0.0.1:PORT
 let server; // child process, when we started one
 let serverLog = '';
 let dataDir;
 let browser;
 
+// ---- the certificate (HTTPS pass) ---------------------------------------------------------------
+
+function loadPki() {
+  let dir = process.env.TERN_TEST_TLS_DIR;
+  let made = false;
+  if (!dir) {
+    if (process.env.TERN_TEST_URL) throw new Error('TERN_TEST_URL with TERN_TEST_TLS needs TERN_TEST_TLS_DIR (made by scripts/tls-test-certs) for the server\'s certificate');
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ipv4-games-tls-'));
+    made = true;
+    execFileSync(path.join(repo, 'scripts', 'tls-test-certs'), [dir], { stdio: ['ignore', 'inherit', 'inherit'] });
+  }
+  const f = (n) => path.join(dir, n);
+  return { dir, made, ca: fs.readFileSync(f('ca.pem')), fullchain: f('leaf-fullchain.pem'), key: f('leaf.key'),
+    spki: fs.readFileSync(f('leaf.spki-sha256'), 'utf8').trim() };
+}
+
+// GET from node (not the browser): trusts the test CA in the HTTPS pass, nothing else.
+function get(url) {
+  return new Promise((resolve, reject) => {
+    const opts = { agent: false, ...(url.startsWith('https:') ? { ca: pki.ca } : {}) };
+    const req = (url.startsWith('https:') ? https : http).get(url, opts, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(chunks), socket: res.socket }));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.setTimeout(10000, () => req.destroy(new Error(`GET ${url}: no answer within 10 s`)));
+  });
+}
+
 // ---- the server ---------------------------------------------------------------------------------
 
 function startServer() {
   let cmd, args;
+  const listen = TLS ? ['--listen-tls', '127.0.0.1:0', '--tls-cert', pki.fullchain, '--tls-key', pki.key]
+    : ['--listen', '127.0.0.1:0'];
   if (process.env.TERN_TEST_MOCK) {
     cmd = process.execPath;
-    args = [path.join(here, 'mock.mjs'), '--listen', '127.0.0.1:0'];
+    args = [path.join(here, 'mock.mjs'), ...listen];
   } else {
     cmd = process.env.TERN_BIN || path.join(repo, 'target', 'release', 'tern');
     dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'ipv4-games-test-'));
-    args = ['demo', '--listen', '127.0.0.1:0', '--data', dataDir];
+    args = ['demo', ...listen, '--data', dataDir];
     if (!fs.existsSync(cmd)) throw new Error(`no tern binary at ${cmd}: build it (cargo build --release -p tern) or set TERN_BIN`);
   }
+  const startup = new RegExp(`${scheme}://127\\.0\\.0\\.1:(\\d+)`);
   console.log(`# starting: ${cmd} ${args.join(' ')}`);
   server = spawn(cmd, args, { cwd: repo, stdio: ['ignore', 'pipe', 'pipe'] });
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`no start-up line with http://127.0.0.1:PORT within 30 s; output:\n${serverLog}`)), 30000);
+    const timer = setTimeout(() => reject(new Error(`no start-up line with ${scheme}://127.0.0.1:PORT within 30 s; output:\n${serverLog}`)), 30000);
     const onData = (chunk) => {
       serverLog += chunk;
       if (serverLog.length > 200000) serverLog = serverLog.slice(-100000);
-      const m = serverLog.match(/http:\/\/127\.0\.0\.1:(\d+)/);
+      const m = serverLog.match(startup);
       if (m && !base) {
         clearTimeout(timer);
-        resolve(`http://127.0.0.1:${m[1]}`);
+        resolve(`${scheme}://127.0.0.1:${m[1]}`);
       }
     };
     server.stdout.setEncoding('utf8').on('data', onData);
@@ -82,17 +131,23 @@ function stopServer() {
 process.on('exit', () => {
   if (server && server.exitCode === null && server.signalCode === null) server.kill('SIGKILL');
   if (dataDir) fs.rmSync(dataDir, { recursive: true, force: true });
+  if (pki?.made) fs.rmSync(pki.dir, { recursive: true, force: true });
 });
 for (const s of ['SIGINT', 'SIGTERM']) process.on(s, () => process.exit(130));
 // A hung browser or server must not hang the suite: give up after 4 minutes.
 setTimeout(() => { console.error('# browser tests: gave up after 240 s'); process.exit(1); }, 240000).unref();
 
+// The HTTPS pass pins the leaf's public key: Chromium accepts that key and still refuses others.
+const browserArgs = () => (TLS ? [...CHROMIUM_ARGS, `--ignore-certificate-errors-spki-list=${pki.spki}`] : CHROMIUM_ARGS);
+
 before(async () => {
   fs.mkdirSync(artifacts, { recursive: true });
+  if (TLS) pki = loadPki();
   base = process.env.TERN_TEST_URL ? process.env.TERN_TEST_URL.replace(/\/+$/, '') : await startServer();
   console.log(`# server: ${base}`);
-  browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_ARGS });
-  console.log(`# browser: Chromium ${browser.version()}`);
+  assert.ok(base.startsWith(`${scheme}://`), `the ${TLS ? 'HTTPS' : 'plain'} pass needs a ${scheme}:// server, got ${base}`);
+  browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: browserArgs() });
+  console.log(`# browser: Chromium ${browser.version()}${TLS ? `, accepting the leaf with SPKI SHA-256 ${pki.spki}` : ''}`);
 });
 
 after(async () => {
@@ -141,7 +196,7 @@ async function assertClean(p) {
 }
 
 async function shot(page, name, fullPage = true) {
-  const file = path.join(artifacts, name);
+  const file = path.join(artifacts, (TLS ? 'https-' : '') + name);
   await page.screenshot({ path: file, fullPage });
   console.log(`# screenshot: ${file}`);
 }
@@ -154,12 +209,49 @@ test('static files: pages, scripts, styles and a real /favicon.ico', async () =>
   for (const [p, type] of [['/', 'text/html'], ['/index.html', 'text/html'], ['/user.html', 'text/html'],
     ['/about.html', 'text/html'], ['/style.css', 'text/css'], ['/app.js', 'javascript'],
     ['/index.js', 'javascript'], ['/user.js', 'javascript'], ['/favicon.ico', 'image/'], ['/favicon.svg', 'image/svg']]) {
-    const r = await fetch(base + p);
+    const r = await get(base + p);
     assert.equal(r.status, 200, `${p} status`);
-    assert.match(r.headers.get('content-type') || '', new RegExp(type.replace('/', '\\/')), `${p} content type`);
-    assert.ok((await r.arrayBuffer()).byteLength > 0, `${p} is not empty`);
+    assert.match(r.headers['content-type'] || '', new RegExp(type.replace('/', '\\/')), `${p} content type`);
+    assert.ok(r.body.length > 0, `${p} is not empty`);
+    if (TLS) assert.equal(r.socket.authorized, true, `${p}: the certificate verified against the test CA`);
   }
 });
+
+if (TLS) {
+  test('HTTPS: the pages are really served over TLS, every request too', async () => {
+    const p = await openPage();
+    const { page } = p;
+    const resp = await page.goto(base + '/');
+    await page.waitForFunction(() => document.getElementById('ip').textContent === '127.0.0.1', null, { timeout: 5000 });
+    await page.waitForFunction(() => !/Loading/.test(document.getElementById('score-status').textContent), null, { timeout: 10000 });
+    await page.waitForFunction(() => !/Loading/.test(document.getElementById('feed-status').textContent), null, { timeout: 10000 });
+    const w = await page.evaluate(() => ({ protocol: location.protocol, secure: window.isSecureContext,
+      alpn: performance.getEntriesByType('navigation')[0]?.nextHopProtocol }));
+    assert.equal(w.protocol, 'https:', 'location.protocol');
+    // (127.0.0.1 counts as a secure context over plain HTTP too; protocol and securityDetails are the proof.)
+    assert.equal(w.secure, true, 'window.isSecureContext');
+    const sd = await resp.securityDetails();
+    assert.ok(sd, 'the document came with TLS security details');
+    console.log(`# tls: ${sd.protocol}, ALPN ${w.alpn}, certificate ${sd.subjectName} issued by ${sd.issuer}`);
+    assert.equal(sd.protocol, 'TLS 1.3', 'Chromium negotiated TLS 1.3');
+    assert.equal(sd.subjectName, 'localhost', 'the test leaf was served');
+    assert.equal(sd.issuer, 'tern test intermediate CA', 'with its intermediate');
+    assert.match(w.alpn || '', /^(http\/1\.1|h2)$/, 'ALPN');
+    assert.ok(p.requests.length >= 5, `the page made its requests (${p.requests.length})`);
+    assert.deepEqual(p.requests.filter((u) => !u.startsWith(base + '/')), [], 'every request went to the https origin');
+    await assertClean(p);
+  });
+
+  test('HTTPS: without the key pin Chromium refuses the certificate (nothing else is trusted)', async () => {
+    const strict = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_ARGS });
+    try {
+      const page = await (await strict.newContext()).newPage();
+      await assert.rejects(page.goto(base + '/'), /net::ERR_CERT_AUTHORITY_INVALID/);
+    } finally {
+      await strict.close();
+    }
+  });
+}
 
 test('index shows your address, a 16×16 map and the claim form', async () => {
   const p = await openPage();

@@ -265,7 +265,7 @@ impl Game {
 
     fn start_with(game: GameConfig, workers: usize) -> Game {
         let mut config = ServerConfig::default();
-        config.runtime.listen = "127.0.0.1:0".parse().unwrap();
+        config.runtime.listen = vec!["127.0.0.1:0".parse().unwrap()];
         config.runtime.workers = workers;
         config.runtime.shutdown_grace = Duration::from_secs(2);
         let db = store::db_path(&game.data_dir);

@@ -1,6 +1,5 @@
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, Write};
-use std::os::fd::AsRawFd;
+use std::io::IoSlice;
 
 use bytes::Bytes;
 
@@ -9,11 +8,8 @@ use crate::response::{Body, FileBody};
 /// Bodies up to this size are copied next to their head, so head and body leave in one
 /// write; above it they are queued by reference and gathered with `writev`.
 const COPY_BODY_MAX: usize = 16 * 1024;
-/// Largest `sendfile` per call: bounds how long one connection holds the worker.
-const SENDFILE_CHUNK: usize = 1 << 20;
-/// Bytes one flush may write before yielding to other connections.
-pub const FLUSH_BUDGET: usize = 4 << 20;
-const MAX_IOVECS: usize = 64;
+/// Most slices handed out for one `writev`.
+pub const MAX_IOVECS: usize = 64;
 
 enum Segment {
     /// Bytes of `buf` up to this index.
@@ -32,6 +28,8 @@ enum Segment {
 
 /// Pending output of one connection: heads and small bodies in a contiguous buffer (borrowed
 /// from the worker's pool), large bodies by reference, files by descriptor, all in order.
+/// It does no I/O: the driver sends what [`Output::memory_slices`] and [`Output::front_file`]
+/// describe (or the TLS transport encrypts it) and reports progress with [`Output::advance`].
 #[derive(Default)]
 pub struct Output {
     buf: Vec<u8>,
@@ -41,15 +39,6 @@ pub struct Output {
     open_run: usize,
     segments: VecDeque<Segment>,
     pending: usize,
-}
-
-pub enum Flush {
-    /// Everything was written.
-    Done,
-    /// The socket is full; wait for writability.
-    Blocked,
-    /// The budget ran out with the socket still writable; come back next turn.
-    Yielded,
 }
 
 impl Output {
@@ -116,114 +105,76 @@ impl Output {
         }
     }
 
-    /// Writes as much as the socket takes, up to the budget.
-    pub fn flush<S: Write + AsRawFd>(&mut self, sock: &mut S) -> io::Result<Flush> {
-        let mut written = 0usize;
-        while self.pending > 0 {
-            if written >= FLUSH_BUDGET {
-                return Ok(Flush::Yielded);
+    /// The memory segments before the first file, as slices for one `writev` (or one TLS
+    /// write), at most `max_bytes` of them. Returns how many slices were filled and whether a
+    /// file follows them (its head can then go out with `MSG_MORE`).
+    pub fn memory_slices<'a>(&'a self, iov: &mut [IoSlice<'a>], max_bytes: usize) -> (usize, bool) {
+        let mut n = 0;
+        let mut total = 0;
+        let mut pos = self.buf_pos;
+        let mut push = |iov: &mut [IoSlice<'a>], n: &mut usize, bytes: &'a [u8]| -> bool {
+            if *n == iov.len() || total >= max_bytes {
+                return false;
             }
-            let n = match self.segments.front() {
-                Some(Segment::File { .. }) => self.send_file(sock)?,
-                _ => self.write_memory(sock)?,
-            };
-            match n {
-                Some(n) => written += n,
-                None => return Ok(Flush::Blocked),
+            let take = bytes.len().min(max_bytes - total);
+            if take > 0 {
+                iov[*n] = IoSlice::new(&bytes[..take]);
+                *n += 1;
+                total += take;
+            }
+            true
+        };
+        for seg in &self.segments {
+            match seg {
+                Segment::Mem { end } => {
+                    if !push(iov, &mut n, &self.buf[pos..*end]) {
+                        return (n, false);
+                    }
+                    pos = *end;
+                }
+                Segment::Shared { bytes, pos: p } => {
+                    if !push(iov, &mut n, &bytes[*p..]) {
+                        return (n, false);
+                    }
+                }
+                Segment::File { .. } => return (n, true),
             }
         }
-        self.reset();
-        Ok(Flush::Done)
+        if self.buf.len() > pos {
+            push(iov, &mut n, &self.buf[pos..]);
+        }
+        (n, false)
     }
 
-    /// One `write`/`writev` of the memory segments before the first file. `None` = would block.
-    fn write_memory<S: Write + AsRawFd>(&mut self, sock: &mut S) -> io::Result<Option<usize>> {
-        let result = if self.segments.is_empty() {
-            // The common case: only the contiguous buffer. One plain write.
-            sock.write(&self.buf[self.buf_pos..])
+    /// The file at the front of the output, if the next bytes to send come from one: the file,
+    /// the offset of its next byte and how many bytes of it remain.
+    pub fn front_file(&self) -> Option<(&std::fs::File, u64, u64)> {
+        match self.segments.front() {
+            Some(Segment::File { body, sent }) => {
+                Some((&body.file, body.offset + *sent, body.len - *sent))
+            }
+            _ => None,
+        }
+    }
+
+    /// Marks `n` bytes as sent: from the file at the front if there is one (see
+    /// [`Self::front_file`]), else from the memory segments.
+    pub fn advance(&mut self, n: usize) {
+        if let Some(Segment::File { body, sent }) = self.segments.front_mut() {
+            *sent += n as u64;
+            self.pending -= n;
+            if *sent >= body.len {
+                self.segments.pop_front();
+            }
         } else {
-            let mut iov: [IoSlice<'_>; MAX_IOVECS] = [IoSlice::new(&[]); MAX_IOVECS];
-            let mut n = 0;
-            let mut pos = self.buf_pos;
-            let mut reached_file = false;
-            for seg in &self.segments {
-                if n == MAX_IOVECS {
-                    break;
-                }
-                match seg {
-                    Segment::Mem { end } => {
-                        iov[n] = IoSlice::new(&self.buf[pos..*end]);
-                        pos = *end;
-                    }
-                    Segment::Shared { bytes, pos: p } => iov[n] = IoSlice::new(&bytes[*p..]),
-                    Segment::File { .. } => {
-                        reached_file = true;
-                        break;
-                    }
-                }
-                n += 1;
-            }
-            if !reached_file && n < MAX_IOVECS && self.buf.len() > pos {
-                iov[n] = IoSlice::new(&self.buf[pos..]);
-                n += 1;
-            }
-            if reached_file {
-                // A file follows (a head before sendfile): MSG_MORE lets the kernel fill the
-                // head's packet with the file's first bytes instead of sending the head alone.
-                send_more(sock.as_raw_fd(), &iov[..n])
-            } else {
-                sock.write_vectored(&iov[..n])
-            }
-        };
-        match result {
-            Ok(0) => Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                self.advance(n);
-                Ok(Some(n))
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Some(0)),
-            Err(e) => Err(e),
+            self.advance_memory(n);
+        }
+        if self.pending == 0 {
+            self.reset();
         }
     }
 
-    fn send_file<S: AsRawFd>(&mut self, sock: &mut S) -> io::Result<Option<usize>> {
-        let Some(Segment::File { body, sent }) = self.segments.front_mut() else {
-            return Ok(Some(0));
-        };
-        let remaining = body.len - *sent;
-        let count = remaining.min(SENDFILE_CHUNK as u64) as usize;
-        let mut offset = (body.offset + *sent) as libc::off_t;
-        // SAFETY: both descriptors are open for the duration of the call (the socket is
-        // borrowed, the file is held by the Arc in this segment); `offset` is a valid,
-        // exclusively borrowed off_t that the kernel updates; no memory is shared otherwise.
-        let n =
-            unsafe { libc::sendfile(sock.as_raw_fd(), body.file.as_raw_fd(), &mut offset, count) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock => Ok(None),
-                io::ErrorKind::Interrupted => Ok(Some(0)),
-                _ => Err(e),
-            };
-        }
-        if n == 0 {
-            // The file shrank under us: the promised Content-Length can no longer be met.
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "file truncated while sending",
-            ));
-        }
-        let n = n as usize;
-        *sent += n as u64;
-        self.pending -= n;
-        if *sent == body.len {
-            self.segments.pop_front();
-        }
-        Ok(Some(n))
-    }
-
-    fn advance(&mut self, mut n: usize) {
+    fn advance_memory(&mut self, mut n: usize) {
         self.pending -= n;
         while n > 0 {
             match self.segments.front_mut() {
@@ -250,7 +201,7 @@ impl Output {
                     n -= avail;
                     self.segments.pop_front();
                 }
-                Some(Segment::File { .. }) => unreachable!("writev never covers a file segment"),
+                Some(Segment::File { .. }) => unreachable!("memory slices never cover a file"),
             }
         }
     }
@@ -270,44 +221,38 @@ impl Output {
     }
 }
 
-/// `sendmsg` with `MSG_MORE`: queue these bytes, more follow at once.
-fn send_more(fd: std::os::fd::RawFd, iov: &[IoSlice<'_>]) -> io::Result<usize> {
-    // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees it); the slices
-    // outlive the call; the msghdr names no address and no control data; `fd` is the
-    // caller's open socket.
-    let n = unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-        msg.msg_iovlen = iov.len() as _;
-        libc::sendmsg(fd, &msg, libc::MSG_MORE | libc::MSG_NOSIGNAL)
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
+    use std::io::{self, Read, Write};
+    use std::os::fd::{AsRawFd, RawFd};
     use std::os::unix::net::UnixStream;
     use std::sync::Arc;
 
-    fn drain(mut out: Output, mut a: UnixStream, mut b: UnixStream) -> Vec<u8> {
+    /// Sends the output the way the driver does for a plain connection: `Ok(true)` when all
+    /// of it went out, `Ok(false)` when the socket was full.
+    fn flush(out: &mut Output, fd: RawFd) -> io::Result<bool> {
+        loop {
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let t = crate::conn::plain_transmit(out, &mut iov);
+            if matches!(t, crate::conn::Transmit::Nothing) {
+                return Ok(true);
+            }
+            match crate::driver::send_once(fd, &t, &iov)? {
+                Some(n) => out.advance(n),
+                None => return Ok(false),
+            }
+        }
+    }
+
+    fn drain(mut out: Output, a: UnixStream, mut b: UnixStream) -> Vec<u8> {
         let reader = std::thread::spawn(move || {
             let mut got = Vec::new();
             b.read_to_end(&mut got).unwrap();
             got
         });
         a.set_nonblocking(false).unwrap();
-        loop {
-            match out.flush(&mut a).unwrap() {
-                Flush::Done => break,
-                Flush::Blocked | Flush::Yielded => continue,
-            }
-        }
+        while !flush(&mut out, a.as_raw_fd()).unwrap() {}
         drop(a);
         reader.join().unwrap()
     }
@@ -362,7 +307,7 @@ mod tests {
         let content: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
         file.write_all(&content).unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (mut b, _) = listener.accept().unwrap();
         let mut out = Output::default();
         let before = out.head_buf(Vec::new).len();
@@ -380,7 +325,7 @@ mod tests {
             b.read_exact(&mut got).unwrap();
             got
         });
-        while !matches!(out.flush(&mut a).unwrap(), Flush::Done) {}
+        while !flush(&mut out, a.as_raw_fd()).unwrap() {}
         // The connection stays open: the reader must get everything without an EOF push.
         let got = reader.join().unwrap();
         assert_eq!(&got[..6], b"HEAD\r\n");
@@ -396,7 +341,7 @@ mod tests {
             offset: 0,
             len: 10,
         }));
-        let (mut a, _b) = UnixStream::pair().unwrap();
-        assert!(out.flush(&mut a).is_err());
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert!(flush(&mut out, a.as_raw_fd()).is_err());
     }
 }

@@ -1,0 +1,509 @@
+//! The HTTP/1.1 protocol of a connection: plaintext bytes in (its read buffer), exchanges run,
+//! answers written into the connection's [`Output`]. Keep-alive, pipelining (answers in
+//! order, one at a time while a reply is pending), `100 Continue`, bad-input answers and the
+//! lingering close after them live here. It knows nothing of sockets or TLS.
+
+use std::mem::MaybeUninit;
+
+use tern_codec::{
+    parse_request, BodyDecoder, BodyKind, ConnectionHeader, Method, Parsed, RequestError,
+    RequestHead, ResponseHead, Version, CONTINUE_100, MAX_HEADERS_DEFAULT,
+};
+use tern_runtime::{ratelog, BufPool, ReadBuf};
+
+use super::output::Output;
+use super::{ConnCx, Link, Timeout};
+use crate::exchange::{self, Origin, Outcome};
+use crate::response::{status_has_no_body, Response};
+use crate::stats::Counter;
+
+/// Above this much unsent output, stop answering pipelined requests until the client reads.
+pub(crate) const OUTPUT_HIGH_WATER: usize = 256 * 1024;
+/// After an error answer, how long to keep reading (and discarding) so that closing with
+/// unread input does not reset the connection before the client has read our answer.
+const LINGER_MS: u64 = 2_000;
+const LINGER_MAX_BYTES: usize = 256 * 1024;
+
+#[derive(Default)]
+enum State {
+    /// Waiting for (more of) a request head.
+    #[default]
+    Head,
+    /// The head arrived, the body is still coming in.
+    Body(Box<BodyState>),
+    /// A handler deferred its reply; nothing else is processed until it arrives.
+    Awaiting(Exchange),
+    /// We answered and half-closed; reading and discarding until the client closes.
+    Lingering { until_ms: u64, discarded: usize },
+}
+
+struct BodyState {
+    /// The head, copied out of the read buffer so the body can stream through it.
+    head: Vec<u8>,
+    decoder: BodyDecoder,
+    body: Vec<u8>,
+}
+
+/// The facts about a request its response needs.
+#[derive(Clone, Copy)]
+struct Exchange {
+    head_only: bool,
+    keep_alive: bool,
+    http10: bool,
+    seq: u32,
+}
+
+impl Exchange {
+    /// An answer the server sends on its own (bad input, timeout) before closing.
+    fn last_answer(seq: u32) -> Exchange {
+        Exchange {
+            head_only: false,
+            keep_alive: false,
+            http10: false,
+            seq,
+        }
+    }
+}
+
+/// What the connection should do once the output is sent.
+pub(crate) enum Next {
+    /// Read more input.
+    Read,
+    /// Nothing until a pending reply arrives.
+    Wait,
+    /// No more requests: close (see [`Http1::close_kind`]).
+    Close,
+}
+
+/// How to close.
+pub(crate) enum CloseKind {
+    /// At once.
+    Now,
+    /// Half-close, then read and discard for a moment (see LINGER_MS).
+    Linger,
+}
+
+#[derive(Default)]
+pub(crate) struct Http1 {
+    rbuf: Option<ReadBuf>,
+    state: State,
+    /// No more requests: close once the output is flushed.
+    closing: bool,
+    /// Close by lingering (half-close, drain) rather than at once.
+    linger_on_close: bool,
+    /// Close at once, without an answer or lingering (a handler chose `Reply::Drop`).
+    abort: bool,
+    peer_eof: bool,
+    /// When the first byte of the current, incomplete head arrived.
+    head_started_ms: Option<u64>,
+    seq: u32,
+}
+
+impl Http1 {
+    /// Where plaintext input goes: the free tail of the read buffer (taken from the pool when
+    /// needed). Empty when no input is wanted now.
+    pub fn recv_buf(&mut self, cx: &mut ConnCx<'_>) -> &mut [u8] {
+        let limit = cx.config.limits.max_head;
+        let rbuf = self.rbuf.get_or_insert_with(|| cx.buffers.take_read());
+        if rbuf.spare_mut().is_empty() && !matches!(self.state, State::Lingering { .. }) {
+            // A partial head filled a standard buffer; heads may be up to the limit. (At the
+            // limit the codec rejects it as too large on the next parse.)
+            rbuf.grow_to(limit + 1);
+        }
+        if let State::Lingering { .. } = self.state {
+            rbuf.consume(rbuf.len());
+        }
+        rbuf.spare_mut()
+    }
+
+    /// `n` bytes were placed in [`Self::recv_buf`].
+    pub fn filled(&mut self, n: usize, now_ms: u64) {
+        if let State::Lingering { discarded, .. } = &mut self.state {
+            *discarded += n;
+            if *discarded > LINGER_MAX_BYTES {
+                self.abort = true;
+            }
+            return;
+        }
+        if let Some(rbuf) = self.rbuf.as_mut() {
+            rbuf.filled(n);
+        }
+        self.mark_head_start(now_ms);
+    }
+
+    /// The transport saw the first bytes of what will be a request (for the TLS handshake:
+    /// the header timeout covers it too).
+    pub fn mark_head_start(&mut self, now_ms: u64) {
+        if self.head_started_ms.is_none() && matches!(self.state, State::Head) {
+            self.head_started_ms = Some(now_ms);
+        }
+    }
+
+    pub fn handle_eof(&mut self) {
+        self.peer_eof = true;
+        if let State::Lingering { .. } = self.state {
+            self.abort = true;
+        }
+    }
+
+    pub fn is_lingering(&self) -> bool {
+        matches!(self.state, State::Lingering { .. })
+    }
+
+    /// Between requests with nothing buffered.
+    pub fn is_idle(&self) -> bool {
+        matches!(self.state, State::Head) && self.rbuf.as_ref().is_none_or(|b| b.is_empty())
+    }
+
+    /// True if the protocol would take more plaintext now.
+    pub fn wants_input(&self, out: &Output) -> bool {
+        !self.closing
+            && out.pending() < OUTPUT_HIGH_WATER
+            && matches!(self.state, State::Head | State::Body(_))
+    }
+
+    /// Answers every complete request in the buffer (pipelining), in order.
+    pub fn process_input(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        let Some(mut rbuf) = self.rbuf.take() else {
+            return;
+        };
+        while !self.closing && out.pending() < OUTPUT_HIGH_WATER && !rbuf.is_empty() {
+            match &mut self.state {
+                State::Head => {
+                    let consumed = self.process_head(rbuf.data(), out, link, cx);
+                    rbuf.consume(consumed);
+                    if consumed == 0 {
+                        break;
+                    }
+                    self.head_started_ms = (!rbuf.is_empty()).then(|| cx.clock.now_ms());
+                }
+                State::Body(body) => {
+                    match feed_body(&mut body.decoder, rbuf.data(), &mut body.body) {
+                        Err(e) => self.reject(e, out, link, cx),
+                        Ok(used) => {
+                            rbuf.consume(used);
+                            if body.decoder.is_done() {
+                                self.finish_body(out, link, cx);
+                            }
+                        }
+                    }
+                }
+                State::Awaiting(_) | State::Lingering { .. } => break,
+            }
+        }
+        self.rbuf = Some(rbuf);
+    }
+
+    /// What to do once the output is sent.
+    pub fn next(&self) -> Next {
+        if self.closing || self.abort {
+            return Next::Close;
+        }
+        match self.state {
+            State::Awaiting(_) => Next::Wait,
+            State::Lingering { .. } => Next::Read,
+            _ if self.peer_eof => Next::Close, // whatever is buffered is an incomplete request
+            _ => Next::Read,
+        }
+    }
+
+    pub fn close_kind(&self) -> CloseKind {
+        let unread = self.rbuf.as_ref().is_some_and(|b| !b.is_empty());
+        if self.abort || !(self.linger_on_close || unread) || self.peer_eof {
+            CloseKind::Now
+        } else {
+            CloseKind::Linger
+        }
+    }
+
+    /// The write side was shut down: discard input for a moment, then close.
+    pub fn start_lingering(&mut self, now_ms: u64) {
+        if let Some(b) = self.rbuf.as_mut() {
+            b.consume(b.len());
+        }
+        self.closing = false;
+        self.state = State::Lingering {
+            until_ms: now_ms + LINGER_MS,
+            discarded: 0,
+        };
+    }
+
+    /// Close at once, no answer (the transport failed).
+    pub fn abort(&mut self) {
+        self.closing = true;
+        self.abort = true;
+    }
+
+    /// Parses one head at the start of `data` and answers it if its body is here too.
+    /// Returns the bytes consumed (0: need more input).
+    fn process_head(
+        &mut self,
+        data: &[u8],
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) -> usize {
+        let mut headers = [MaybeUninit::uninit(); MAX_HEADERS_DEFAULT];
+        let limits = &cx.config.limits;
+        let head = match parse_request(data, &mut headers, limits) {
+            Ok(Parsed::Complete(head)) => head,
+            Ok(Parsed::Partial) => return 0,
+            Err(e) => {
+                self.reject(e, out, link, cx);
+                return 0;
+            }
+        };
+        cx.stats.bump(Counter::Requests);
+        let head_len = head.head_len;
+        let available = (data.len() - head_len) as u64;
+        match head.body {
+            BodyKind::None => {
+                self.dispatch(&head, &[], out, link, cx);
+                head_len
+            }
+            BodyKind::Length(n) if available >= n => {
+                let end = head_len + n as usize;
+                self.dispatch(&head, &data[head_len..end], out, link, cx);
+                end
+            }
+            kind => {
+                let mut decoder = BodyDecoder::new(kind, limits.max_body);
+                let mut body = Vec::new();
+                let used = match feed_body(&mut decoder, &data[head_len..], &mut body) {
+                    Ok(used) => used,
+                    Err(e) => {
+                        self.reject(e, out, link, cx);
+                        return 0;
+                    }
+                };
+                if decoder.is_done() {
+                    self.dispatch(&head, &body, out, link, cx);
+                } else {
+                    if head.expect_continue {
+                        out.head_buf(|| cx.buffers.take_write());
+                        out.push_copy(CONTINUE_100);
+                    }
+                    let head = data[..head_len].to_vec();
+                    self.state = State::Body(Box::new(BodyState {
+                        head,
+                        decoder,
+                        body,
+                    }));
+                }
+                head_len + used
+            }
+        }
+    }
+
+    /// The body is complete: parse the saved head again (cheap, and keeps the fast path
+    /// zero-copy) and answer.
+    fn finish_body(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        let State::Body(saved) = std::mem::replace(&mut self.state, State::Head) else {
+            return;
+        };
+        let mut headers = [MaybeUninit::uninit(); MAX_HEADERS_DEFAULT];
+        match parse_request(&saved.head, &mut headers, &cx.config.limits) {
+            Ok(Parsed::Complete(head)) => self.dispatch(&head, &saved.body, out, link, cx),
+            _ => unreachable!("a head that parsed once parses again"),
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        head: &RequestHead<'_>,
+        body: &[u8],
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let exchange = Exchange {
+            head_only: head.method == Method::Head,
+            keep_alive: head.keep_alive && !cx.stopping && !cx.near_limit && !self.peer_eof,
+            http10: head.version == Version::Http10,
+            seq: self.seq.wrapping_add(1),
+        };
+        self.seq = exchange.seq;
+        if let Some(port) = link.redirect_to_https {
+            let response = exchange::redirect_to_https(head, port);
+            return self.respond(response, exchange, out, link, cx);
+        }
+        let from = Origin {
+            peer: link.peer,
+            conn: link.key,
+            seq: exchange.seq,
+        };
+        match exchange::run(head, body, from, cx) {
+            Outcome::Respond(response) => self.respond(response, exchange, out, link, cx),
+            Outcome::Deferred => self.state = State::Awaiting(exchange),
+            Outcome::Drop => self.abort(),
+        }
+    }
+
+    /// A deferred reply arrived. False if it was stale (the request was already answered,
+    /// e.g. the handler panicked after deferring).
+    pub fn complete(
+        &mut self,
+        seq: u32,
+        response: Response,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) -> bool {
+        match self.state {
+            State::Awaiting(exchange) if exchange.seq == seq => {
+                self.state = State::Head;
+                self.respond(response, exchange, out, link, cx);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn respond(
+        &mut self,
+        mut response: Response,
+        ex: Exchange,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let keep = ex.keep_alive && !response.close && !cx.stopping;
+        let connection = match (keep, ex.http10) {
+            (false, _) => ConnectionHeader::Close,
+            (true, true) => ConnectionHeader::KeepAlive,
+            (true, false) => ConnectionHeader::Persistent,
+        };
+        if link.secure {
+            if let Some(line) = &cx.shared.hsts_line {
+                response.push_raw_headers(line);
+            }
+        }
+        let no_body = status_has_no_body(response.status);
+        let head = ResponseHead {
+            status: response.status,
+            date_line: cx.clock.date_line(),
+            headers: response.headers(),
+            content_length: (!no_body).then(|| response.body.len()),
+            chunked: false,
+            connection,
+        };
+        let buf = out.head_buf(|| cx.buffers.take_write());
+        let before = buf.len();
+        head.write_to(buf);
+        out.commit(before);
+        if !ex.head_only && !no_body {
+            out.push_body(response.body);
+        }
+        cx.stats.response(response.status);
+        if !keep {
+            self.closing = true;
+        }
+    }
+
+    /// Bad input: answer its precise status, count it, and close (lingering, since the
+    /// client may still be sending).
+    pub fn reject(&mut self, e: RequestError, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        cx.stats.bad_request(e);
+        // Sampled: at most a few lines a second per cause (an outsider chooses how many).
+        if ratelog::admit(e.name(), cx.clock.now_ms()) {
+            let cause = e.message().trim_end();
+            tracing::info!(peer = %link.peer, status = e.status(), "bad request: {cause}");
+        }
+        self.answer_and_close(Response::text(e.status(), e.message()), out, link, cx);
+    }
+
+    /// Sends one answer of the server's own (bad input, plain HTTP on the TLS port) and
+    /// closes with a linger.
+    pub fn answer_and_close(
+        &mut self,
+        response: Response,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        self.state = State::Head;
+        let ex = Exchange::last_answer(self.seq);
+        self.respond(response, ex, out, link, cx);
+        self.linger_on_close = true;
+    }
+
+    /// Shutdown began: idle connections close now, busy ones after their current answer.
+    /// Returns true if the connection can be closed immediately (`may_read`: the socket may
+    /// hold an unread request; such a connection is driven once more instead, so the request
+    /// is answered rather than reset).
+    pub fn begin_drain(&mut self, out: &Output, may_read: bool) -> bool {
+        let idle = self.is_idle() && out.is_empty() && !may_read;
+        if idle || self.is_lingering() {
+            return true;
+        }
+        // Whatever is being answered now is the last answer on this connection.
+        if let State::Awaiting(ex) = &mut self.state {
+            ex.keep_alive = false;
+        }
+        false
+    }
+
+    /// The deadline the protocol's state calls for, and which timeout it is.
+    pub fn next_deadline(&self, out_waiting: bool, cx: &ConnCx<'_>) -> (u64, Timeout) {
+        let now = cx.clock.now_ms();
+        let cfg = cx.config;
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        match &self.state {
+            State::Lingering { until_ms, .. } => (*until_ms, Timeout::Linger),
+            _ if out_waiting => (now + ms(cfg.write_timeout), Timeout::Write),
+            State::Awaiting(_) => (u64::MAX, Timeout::Idle),
+            State::Body(_) => (now + ms(cfg.body_timeout), Timeout::Body),
+            State::Head => match self.head_started_ms {
+                Some(t) => (t + ms(cfg.header_timeout), Timeout::Header),
+                None => (now + ms(cfg.idle_timeout), Timeout::Idle),
+            },
+        }
+    }
+
+    /// A slow head or body gets a best-effort 408 (the connection closes right after).
+    pub fn answer_timeout(
+        &mut self,
+        kind: Timeout,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        if matches!(kind, Timeout::Header | Timeout::Body) && out.is_empty() {
+            let ex = Exchange::last_answer(self.seq);
+            self.respond(Response::text(408, "request timeout\n"), ex, out, link, cx);
+        }
+    }
+
+    /// Idle connections hold no read buffer: give it back to the worker's pool.
+    pub fn release_idle_buffer(&mut self, pool: &mut BufPool) {
+        if self.rbuf.as_ref().is_some_and(|b| b.is_empty()) {
+            if let Some(b) = self.rbuf.take() {
+                pool.give_read(b);
+            }
+        }
+    }
+
+    pub fn recycle(&mut self, pool: &mut BufPool) {
+        if let Some(b) = self.rbuf.take() {
+            pool.give_read(b);
+        }
+    }
+}
+
+/// Feeds `input` to the decoder, appending payload to `body`; returns bytes consumed.
+fn feed_body(
+    decoder: &mut BodyDecoder,
+    input: &[u8],
+    body: &mut Vec<u8>,
+) -> Result<usize, RequestError> {
+    let mut used = 0;
+    while used < input.len() && !decoder.is_done() {
+        let step = decoder.decode(&input[used..])?;
+        body.extend_from_slice(step.data);
+        used += step.consumed;
+        if step.consumed == 0 {
+            break;
+        }
+    }
+    Ok(used)
+}

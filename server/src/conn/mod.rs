@@ -1,0 +1,432 @@
+//! One connection as a state machine over bytes, with no I/O of its own: a *transport*
+//! (plain, or a TLS session) under a *protocol* (HTTP/1.1) under the *exchanges* handlers see.
+//!
+//! The driver (`driver.rs`) owns the socket and calls, in a loop:
+//! 1. [`Conn::poll_transmit`] and sends what it describes (memory slices or a file range),
+//!    reporting progress with [`Conn::handle_sent`], until nothing is left or the socket is
+//!    full;
+//! 2. [`Conn::poll_action`]: read, wait, shut down the write side, or close;
+//! 3. to read: [`Conn::recv_buf`], then [`Conn::handle_recv`] (or [`Conn::handle_eof`]),
+//!    which runs the transport, the protocol and the handlers.
+//!
+//! Deadlines come from [`Conn::next_deadline`]; a reply completed by another thread comes in
+//! through [`Conn::complete`]. The connection reads the worker's cached clock (passed in),
+//! never the system's.
+
+pub(crate) mod http1;
+pub(crate) mod output;
+mod tls;
+
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+
+use tern_runtime::{ratelog, BufPool, Clock, InboxSender};
+
+use crate::handler::WorkerMessage;
+use crate::response::Response;
+use crate::stats::{Counter, WorkerStats};
+use crate::worker::Shared;
+use crate::ServerConfig;
+use http1::{CloseKind, Http1, Next};
+use output::Output;
+use tls::Tls;
+
+/// Borrowed worker state a connection needs while it runs.
+pub(crate) struct ConnCx<'a> {
+    pub shared: &'a Shared,
+    /// The worker's settings in force (timeouts, limits; changed by reloads between turns).
+    pub config: &'a ServerConfig,
+    pub stats: &'a WorkerStats,
+    pub clock: &'a Clock,
+    pub buffers: &'a mut BufPool,
+    /// The worker's buffer for file bytes on their way into TLS.
+    pub scratch: &'a mut Vec<u8>,
+    pub inbox: &'a InboxSender<WorkerMessage>,
+    pub worker_id: usize,
+    /// A stop was requested: no answer keeps its connection alive.
+    pub stopping: bool,
+    pub draining: bool,
+    /// The worker is near its connection limit: answer, but do not keep alive.
+    pub near_limit: bool,
+}
+
+/// What a connection asks of its worker after an event.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    Open,
+    /// Sending was cut short by the fairness budget; drive again next turn.
+    Yielded,
+    Close,
+}
+
+/// Which timeout a deadline stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Timeout {
+    Header,
+    Body,
+    Idle,
+    Write,
+    Linger,
+}
+
+/// What to send next.
+#[must_use]
+pub(crate) enum Transmit {
+    Nothing,
+    /// The first `count` slices given to `poll_transmit`; `more`: a file follows at once.
+    Memory {
+        count: usize,
+        more: bool,
+    },
+    /// `len` bytes of `file` from `offset` (sendfile).
+    File {
+        file: RawFd,
+        offset: u64,
+        len: u64,
+    },
+    /// The output cannot be produced (a file shrank under us): close.
+    Failed,
+}
+
+/// What the driver should do once everything is sent.
+#[must_use]
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Read into `recv_buf` (if the socket may have bytes).
+    Read,
+    /// Nothing to do until readiness or a reply.
+    Wait,
+    /// New output was queued (e.g. close_notify): transmit again.
+    Transmit,
+    /// Half-close the socket, then call `handle_write_shutdown` and keep reading.
+    ShutdownWrite,
+    Close,
+}
+
+/// Who the connection is, for exchanges.
+pub(crate) struct Link {
+    pub peer: SocketAddr,
+    pub key: u64,
+    /// Over TLS (HSTS goes on answers).
+    pub secure: bool,
+    /// A `--redirect-http` listener: every request is answered 308 to this https port.
+    pub redirect_to_https: Option<u16>,
+}
+
+enum Transport {
+    Plain,
+    Tls(Box<Tls>),
+}
+
+pub(crate) struct Conn {
+    link: Link,
+    transport: Transport,
+    http: Http1,
+    out: Output,
+}
+
+impl Conn {
+    pub fn new(link: Link, tls: Option<tern_tls::TlsSession>) -> Conn {
+        Conn {
+            transport: match tls {
+                Some(session) => Transport::Tls(Box::new(Tls::new(session))),
+                None => Transport::Plain,
+            },
+            link,
+            http: Http1::default(),
+            out: Output::default(),
+        }
+    }
+
+    /// Describes the next bytes to send, filling `iov` for memory. Over TLS, plaintext is
+    /// encrypted here (a bounded batch at a time) and the records are what is offered.
+    pub fn poll_transmit<'a>(
+        &'a mut self,
+        cx: &mut ConnCx<'_>,
+        iov: &mut [IoSlice<'a>],
+    ) -> Transmit {
+        if let Transport::Tls(tls) = &mut self.transport {
+            if tls.fill(&mut self.out, cx).is_err() {
+                return Transmit::Failed;
+            }
+        }
+        let this: &'a Conn = self;
+        match &this.transport {
+            Transport::Tls(tls) => tls.transmit(iov),
+            Transport::Plain => plain_transmit(&this.out, iov),
+        }
+    }
+
+    /// `n` bytes of what `poll_transmit` described were sent.
+    pub fn handle_sent(&mut self, n: usize) {
+        match &mut self.transport {
+            Transport::Tls(tls) => tls.sent(n),
+            Transport::Plain => self.out.advance(n),
+        }
+    }
+
+    /// What next, once everything is sent.
+    pub fn poll_action(&mut self, cx: &mut ConnCx<'_>) -> Action {
+        // Input may be waiting inside the transport (decrypted data a reply held back, or
+        // pipelined requests past the output high-water mark): process it first.
+        if self.process(cx) {
+            return Action::Transmit;
+        }
+        match self.http.next() {
+            Next::Read => Action::Read,
+            Next::Wait => Action::Wait,
+            Next::Close => {
+                if let Transport::Tls(tls) = &mut self.transport {
+                    if tls.close_notify() {
+                        return Action::Transmit;
+                    }
+                }
+                match self.http.close_kind() {
+                    CloseKind::Now => Action::Close,
+                    CloseKind::Linger => Action::ShutdownWrite,
+                }
+            }
+        }
+    }
+
+    /// The driver shut the write side down: discard input for a moment, then close.
+    pub fn handle_write_shutdown(&mut self, cx: &mut ConnCx<'_>) {
+        self.http.start_lingering(cx.clock.now_ms());
+    }
+
+    /// Where the driver should read into. Empty: take no input now.
+    pub fn recv_buf(&mut self, cx: &mut ConnCx<'_>) -> &mut [u8] {
+        match &mut self.transport {
+            Transport::Tls(tls) if !self.http.is_lingering() => tls.recv_buf(cx.buffers),
+            _ => self.http.recv_buf(cx),
+        }
+    }
+
+    /// `n` bytes were read into `recv_buf`.
+    pub fn handle_recv(&mut self, n: usize, cx: &mut ConnCx<'_>) {
+        let now = cx.clock.now_ms();
+        match &mut self.transport {
+            Transport::Tls(tls) if !self.http.is_lingering() => {
+                tls.filled(n);
+                self.http.mark_head_start(now);
+                if tls.looks_like_plain_http() {
+                    return self.answer_plain_http_on_tls_port(cx);
+                }
+            }
+            _ => self.http.filled(n, now),
+        }
+        self.process(cx);
+    }
+
+    /// The peer closed its side of the TCP stream.
+    pub fn handle_eof(&mut self, cx: &mut ConnCx<'_>) {
+        if let Transport::Tls(tls) = &mut self.transport {
+            if tls.is_handshaking() && !self.http.is_lingering() {
+                if tls.started() {
+                    cx.stats.bump(Counter::TlsFailedClosed);
+                }
+                self.http.abort();
+            }
+        }
+        self.http.handle_eof();
+    }
+
+    /// Runs the transport and the protocol on the input they hold. True if output was queued.
+    fn process(&mut self, cx: &mut ConnCx<'_>) -> bool {
+        let before = self.out.pending();
+        match &mut self.transport {
+            Transport::Plain => self.http.process_input(&mut self.out, &self.link, cx),
+            Transport::Tls(tls) => loop {
+                // Ciphertext in, plaintext out into the protocol's buffer, protocol runs;
+                // again while it takes more and the session has more.
+                if let Err(failure) = tls.decrypt() {
+                    tls_failed(failure, tls.is_handshaking(), &self.link, cx);
+                    self.http.abort();
+                    return tls.wants_write(); // the alert, sent before closing
+                }
+                if tls.just_established() {
+                    cx.stats.bump(Counter::TlsHandshakes);
+                }
+                if !self.http.wants_input(&self.out) {
+                    break;
+                }
+                let moved = tls.read_plaintext(|| self.http.recv_buf(cx));
+                match moved {
+                    tls::Moved::Bytes(n) => {
+                        self.http.filled(n, cx.clock.now_ms());
+                        self.http.process_input(&mut self.out, &self.link, cx);
+                    }
+                    tls::Moved::PeerClosed => {
+                        self.http.handle_eof();
+                        break;
+                    }
+                    tls::Moved::Nothing => break,
+                }
+            },
+        }
+        self.out.pending() != before || self.tls_wants_write()
+    }
+
+    fn tls_wants_write(&self) -> bool {
+        matches!(&self.transport, Transport::Tls(tls) if tls.wants_write())
+    }
+
+    /// Plain HTTP sent to the TLS port: say so in plain HTTP (as nginx does), then close.
+    #[cold]
+    fn answer_plain_http_on_tls_port(&mut self, cx: &mut ConnCx<'_>) {
+        cx.stats.bump(Counter::TlsFailedPlainHttp);
+        if ratelog::admit("tls_plain_http", cx.clock.now_ms()) {
+            tracing::info!(peer = %self.link.peer, "plain HTTP request on the TLS port");
+        }
+        self.transport = Transport::Plain;
+        self.link.secure = false;
+        let response = Response::text(400, "This port speaks HTTPS: use an https:// URL.\n");
+        self.http
+            .answer_and_close(response, &mut self.out, &self.link, cx);
+    }
+
+    /// A deferred reply arrived from the inbox. False if it was stale.
+    pub fn complete(&mut self, seq: u32, response: Response, cx: &mut ConnCx<'_>) -> bool {
+        self.http
+            .complete(seq, response, &mut self.out, &self.link, cx)
+    }
+
+    /// Between requests with nothing buffered (shutdown may close it).
+    pub fn is_idle(&self) -> bool {
+        self.http.is_idle()
+            && self.out.is_empty()
+            && match &self.transport {
+                Transport::Tls(tls) => tls.is_idle(),
+                Transport::Plain => true,
+            }
+    }
+
+    pub fn is_lingering(&self) -> bool {
+        self.http.is_lingering()
+    }
+
+    /// Shutdown began. True if the connection can be closed at once.
+    pub fn begin_drain(&mut self, may_read: bool) -> bool {
+        let may_read = may_read || !self.is_idle();
+        self.http.begin_drain(&self.out, may_read)
+    }
+
+    /// The deadline the connection's state calls for, and which timeout it is.
+    pub fn next_deadline(&self, cx: &ConnCx<'_>) -> (u64, Timeout) {
+        let waiting = !self.out.is_empty()
+            || matches!(&self.transport, Transport::Tls(tls) if tls.has_unsent());
+        self.http.next_deadline(waiting, cx)
+    }
+
+    /// The deadline passed. Counts the timeout and queues what is owed before closing (a
+    /// 408 for a slow head or body, close_notify); the driver makes one attempt to send it.
+    pub fn time_out(&mut self, cx: &mut ConnCx<'_>) {
+        let (_, kind) = self.next_deadline(cx);
+        let handshaking = matches!(&self.transport, Transport::Tls(tls) if tls.is_handshaking());
+        let (counter, what) = match kind {
+            Timeout::Header if handshaking => (
+                Counter::TlsFailedTimeout,
+                "TLS handshake not completed in time",
+            ),
+            Timeout::Header => (Counter::TimeoutHeader, "request head not received in time"),
+            Timeout::Body => (Counter::TimeoutBody, "request body stalled"),
+            Timeout::Idle => (Counter::TimeoutIdle, ""),
+            Timeout::Write => (Counter::TimeoutWrite, "client stopped reading our answer"),
+            Timeout::Linger => return,
+        };
+        cx.stats.bump(counter);
+        // Idle keep-alive connections timing out is normal; the others may be slowloris-style
+        // abuse, so they are logged, rate-limited.
+        if kind != Timeout::Idle && ratelog::admit(counter.name(), cx.clock.now_ms()) {
+            tracing::info!(peer = %self.link.peer, "timeout: {what}; closing");
+        }
+        if handshaking {
+            return;
+        }
+        self.http
+            .answer_timeout(kind, &mut self.out, &self.link, cx);
+        self.prepare_close();
+    }
+
+    /// The connection is about to be closed by the worker: queue close_notify if the session
+    /// is established (the driver then makes one attempt to send it; nobody waits for the
+    /// peer's).
+    pub fn prepare_close(&mut self) {
+        if let Transport::Tls(tls) = &mut self.transport {
+            let _ = tls.close_notify();
+        }
+    }
+
+    /// Idle connections hold no buffers: return them to the worker's pool.
+    pub fn release_idle_buffers(&mut self, pool: &mut BufPool) {
+        self.http.release_idle_buffer(pool);
+        if self.out.is_empty() {
+            if let Some(b) = self.out.take_buf() {
+                pool.give_write(b);
+            }
+        }
+        if let Transport::Tls(tls) = &mut self.transport {
+            tls.release_idle_buffers(pool);
+        }
+    }
+
+    /// Gives back buffers when the connection closes.
+    pub fn recycle(&mut self, pool: &mut BufPool) {
+        self.http.recycle(pool);
+        if self.out.is_empty() {
+            if let Some(b) = self.out.take_buf() {
+                pool.give_write(b);
+            }
+        }
+        if let Transport::Tls(tls) = &mut self.transport {
+            tls.recycle(pool);
+        }
+    }
+}
+
+/// The plain transport sends the protocol's output as it is: memory by `writev`, files by
+/// `sendfile`.
+pub(crate) fn plain_transmit<'a>(out: &'a Output, iov: &mut [IoSlice<'a>]) -> Transmit {
+    if out.is_empty() {
+        return Transmit::Nothing;
+    }
+    if let Some((file, offset, len)) = out.front_file() {
+        return Transmit::File {
+            file: file.as_raw_fd(),
+            offset,
+            len,
+        };
+    }
+    let (count, more) = out.memory_slices(iov, usize::MAX);
+    Transmit::Memory { count, more }
+}
+
+/// Counts and logs (rate-limited) a failed TLS session.
+fn tls_failed(failure: tern_tls::TlsFailure, handshaking: bool, link: &Link, cx: &mut ConnCx<'_>) {
+    use tern_tls::TlsFailure as F;
+    let counter = match failure {
+        F::BadRecord => Counter::TlsFailedBadRecord,
+        F::NoSharedParams => Counter::TlsFailedNoSharedParams,
+        F::PeerAlert => Counter::TlsFailedPeerAlert,
+        F::Other => Counter::TlsFailedOther,
+    };
+    cx.stats.bump(counter);
+    if ratelog::admit(counter.name(), cx.clock.now_ms()) {
+        let when = if handshaking { "handshake" } else { "session" };
+        tracing::info!(peer = %link.peer, "TLS {when} failed: {}", counter.name());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Idle keep-alive connections must stay cheap (the target is ≤ 512 bytes of RSS each,
+    /// slab slot and kernel-side bookkeeping in user space included).
+    #[test]
+    fn an_idle_connection_is_small() {
+        let size = std::mem::size_of::<Conn>() + std::mem::size_of::<crate::driver::Socket>();
+        assert!(size <= 256, "Conn and its socket are {size} bytes");
+    }
+}

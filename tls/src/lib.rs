@@ -1,0 +1,154 @@
+//! tern-tls: the TLS transport of tern (layer 3 of DESIGN.md, under the HTTP protocols).
+//!
+//! - [`TlsAcceptor`] holds what every handshake shares: the rustls server config (TLS 1.3 and
+//!   1.2 with Mozilla's "intermediate" suites and groups, no 0-RTT), the SNI certificate
+//!   resolver (reloadable) and the rotating session-ticket keys (optionally kept on disk).
+//! - [`TlsSession`] is one connection's TLS state, driven without I/O by the server's
+//!   connection: it never touches a socket.
+//!
+//! Crypto: aws-lc-rs, chosen by measurement (ARCHITECTURE.md, `examples/providers.rs`).
+
+mod certs;
+mod resolver;
+mod self_signed;
+mod session;
+mod tickets;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rustls::crypto::{aws_lc_rs as provider, CryptoProvider};
+use rustls::server::NoServerSessionStorage;
+use rustls::ServerConfig;
+
+pub use certs::LoadedCert;
+pub use resolver::{CertSet, SniResolver};
+pub use session::{Plaintext, TlsFailure, TlsSession};
+pub use tickets::TicketKeys;
+
+/// A certificate chain file and its key file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// What a TLS listener needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// The first pair is the default certificate; the others are chosen by SNI.
+    pub certs: Vec<CertFiles>,
+    /// Make a certificate for localhost at start-up (added after `certs`, or the default).
+    pub self_signed: bool,
+    /// Where session-ticket keys are kept; `None` keeps them in memory.
+    pub ticket_keys: Option<PathBuf>,
+    /// ALPN protocols, preferred first.
+    pub alpn: Vec<Vec<u8>>,
+}
+
+/// Shared by every worker: makes a [`TlsSession`] per accepted connection.
+pub struct TlsAcceptor {
+    config: Arc<ServerConfig>,
+    resolver: Arc<SniResolver>,
+    self_signed: Option<(LoadedCert, String)>,
+}
+
+impl std::fmt::Debug for TlsAcceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsAcceptor").finish_non_exhaustive()
+    }
+}
+
+/// aws-lc-rs with Mozilla's "intermediate" configuration (v5.7): TLS 1.3 suites, the ECDHE
+/// AEAD suites of TLS 1.2 (rustls has no DHE or CBC suites, so nothing weaker can be
+/// offered), and the groups X25519, P-256 and P-384.
+pub fn crypto_provider() -> CryptoProvider {
+    use provider::cipher_suite as cs;
+    CryptoProvider {
+        cipher_suites: vec![
+            cs::TLS13_AES_128_GCM_SHA256,
+            cs::TLS13_AES_256_GCM_SHA384,
+            cs::TLS13_CHACHA20_POLY1305_SHA256,
+            cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+            cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+            cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+            cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+        ],
+        kx_groups: vec![
+            provider::kx_group::X25519,
+            provider::kx_group::SECP256R1,
+            provider::kx_group::SECP384R1,
+        ],
+        ..provider::default_provider()
+    }
+}
+
+impl TlsAcceptor {
+    pub fn new(options: &TlsOptions) -> Result<TlsAcceptor, String> {
+        let provider = Arc::new(crypto_provider());
+        let self_signed = options
+            .self_signed
+            .then(|| self_signed::make(&provider))
+            .transpose()?;
+        let set = cert_set(options, self_signed.as_ref(), &provider)?;
+        let resolver = Arc::new(SniResolver::new(set));
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| format!("TLS configuration: {e}"))?
+            .with_no_client_auth()
+            .with_cert_resolver(resolver.clone());
+        config.alpn_protocols = options.alpn.clone();
+        config.ticketer = match &options.ticket_keys {
+            Some(path) => TicketKeys::with_file(path)?,
+            None => TicketKeys::in_memory()?,
+        };
+        // Stateless tickets only: no session cache shared (and locked) between workers.
+        config.session_storage = Arc::new(NoServerSessionStorage {});
+        // One ticket per full handshake is what a browser uses; the second that rustls
+        // sends by default costs an encryption and a record on every handshake.
+        config.send_tls13_tickets = 1;
+        config.max_early_data_size = 0;
+        Ok(TlsAcceptor {
+            config: Arc::new(config),
+            resolver,
+            self_signed,
+        })
+    }
+
+    /// A fresh server session for an accepted connection.
+    pub fn accept(&self) -> TlsSession {
+        TlsSession::new(
+            rustls::ServerConnection::new(self.config.clone()).expect("a valid server config"),
+        )
+    }
+
+    /// Re-reads the certificate files; new handshakes use them, open connections keep theirs.
+    /// On any error nothing changes.
+    pub fn reload(&self, options: &TlsOptions) -> Result<(), String> {
+        let provider = self.config.crypto_provider();
+        let set = cert_set(options, self.self_signed.as_ref(), provider)?;
+        self.resolver.replace(set);
+        Ok(())
+    }
+
+    /// The SHA-256 fingerprint of the certificate made by `--tls-self-signed`.
+    pub fn self_signed_fingerprint(&self) -> Option<&str> {
+        self.self_signed.as_ref().map(|(_, f)| f.as_str())
+    }
+}
+
+fn cert_set(
+    options: &TlsOptions,
+    self_signed: Option<&(LoadedCert, String)>,
+    provider: &CryptoProvider,
+) -> Result<CertSet, String> {
+    let mut loaded = options
+        .certs
+        .iter()
+        .map(|f| certs::load_pair(&f.cert, &f.key, provider))
+        .collect::<Result<Vec<_>, _>>()?;
+    loaded.extend(self_signed.map(|(c, _)| c.clone()));
+    CertSet::new(loaded).map_err(|_| "no TLS certificate given".into())
+}
