@@ -473,7 +473,7 @@ shutdown_grace = 9
         assert_eq!(none.max_body, 1024 * 1024);
         assert_eq!(none.max_connections, 16_384);
         assert_eq!(none.max_cached_size, 64 * 1024);
-        assert_eq!(none.listen, d.runtime.listen);
+        assert_eq!(none.listen, d.runtime.listen[0]);
         assert_eq!(none.workers, d.runtime.workers);
         assert_eq!(none.shutdown_grace, 5);
         assert!(!none.serve_dotfiles && !none.pin && none.cache_control.is_none());
