@@ -2,13 +2,28 @@
 answers are compared: a benchmark of a wrong answer is worthless. Status,
 body length, Content-Encoding, the body itself (against the fixture), the
 number of answers to a pipelined write and, for `close`, that the server
-really closes, must all agree; otherwise the run fails naming the servers."""
+really closes, must all agree; otherwise the run fails naming the servers.
+Over TLS the certificate must verify against the bench's CA for "localhost",
+and every server must negotiate the same parameters with a default OpenSSL
+client (bench/tlsload -m info)."""
 
 import gzip
+import json
 import os
 import socket
+import ssl
+import subprocess
 
 from .servers import BenchError
+
+TLS_NAME = "localhost"  # SNI and the name the certificate is checked for
+
+
+def tls_context(tls):
+    """A client context that trusts only the bench's CA (tls: prepare.TlsFiles)."""
+    context = ssl.create_default_context(cafile=tls.ca)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
 
 
 class Response:
@@ -78,27 +93,29 @@ class _Reader:
         return Response(status, headers, body, len(head))
 
 
-def fetch(port, path, headers, count=1, expect_close=False, timeout=5.0):
-    """Send `count` identical requests in one write; return (responses, closed)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+def fetch(port, path, headers, count=1, expect_close=False, timeout=5.0, tls=None):
+    """Send `count` identical requests in one write; return (responses, closed).
+    With tls (an ssl.SSLContext) over HTTPS, the certificate verified."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+        sock = tls.wrap_socket(raw, server_hostname=TLS_NAME) if tls else raw
         sock.sendall(build_request(port, path, headers) * count)
         reader = _Reader(sock)
         responses = [reader.read_response() for _ in range(count)]
         closed = None
         if expect_close:
             sock.settimeout(2.0)
-            try:
+            try:  # over TLS, close_notify or the bare end of the stream both read as b""
                 closed = reader.buf == b"" and sock.recv(1) == b""
-            except (socket.timeout, ConnectionResetError):
+            except (socket.timeout, ConnectionResetError, ssl.SSLError):
                 closed = False
         return responses, closed
 
 
-def resolve_headers(scenario, server, port):
+def resolve_headers(scenario, server, port, tls=None):
     """The scenario's headers for this server ({etag} filled in from its own answer)."""
     headers = dict(scenario.headers)
     if any("{etag}" in v for v in headers.values()):
-        (first,), _ = fetch(port, scenario.path, {})
+        (first,), _ = fetch(port, scenario.path, {}, tls=tls)
         etag = first.header("etag")
         if not etag:
             raise BenchError(f"{scenario.name}: {server.name} sent no ETag for {scenario.path}")
@@ -106,9 +123,11 @@ def resolve_headers(scenario, server, port):
     return headers
 
 
-def check_scenario(scenario, servers, docroot):
+def check_scenario(scenario, servers, docroot, tls=None):
     """Fetch the scenario's request from every server; return per-server facts
-    (status, lengths, resolved headers) or raise BenchError naming who differs."""
+    (status, lengths, resolved headers) or raise BenchError naming who differs.
+    tls: the certificate files (prepare.TlsFiles), for scenarios over HTTPS."""
+    context = tls_context(tls) if scenario.tls else None
     expected_body = None
     if not scenario.expect_text:
         with open(os.path.join(docroot, scenario.path.lstrip("/")), "rb") as f:
@@ -117,12 +136,12 @@ def check_scenario(scenario, servers, docroot):
     for server in servers:
         port = server.port_for(scenario)
         try:
-            headers = resolve_headers(scenario, server, port)
+            headers = resolve_headers(scenario, server, port, context)
             responses, closed = fetch(
                 port, scenario.path, {**headers, **scenario.check_headers},
-                count=scenario.pipeline, expect_close=scenario.close
+                count=scenario.pipeline, expect_close=scenario.close, tls=context
             )
-        except (OSError, ConnectionError, ValueError) as e:
+        except (OSError, ConnectionError, ValueError) as e:  # ssl.SSLError is an OSError
             problems.append(f"{server.name}: no valid answer ({e})")
             continue
         r = responses[0]
@@ -167,4 +186,43 @@ def check_scenario(scenario, servers, docroot):
     if problems:
         raise BenchError(f"scenario {scenario.name}: the servers' answers are wrong or differ:\n  "
                          + "\n  ".join(problems))
+    return facts
+
+
+# what every server must negotiate alike with the same client (tlsload -m info)
+TLS_AGREE = ("protocol", "cipher", "group", "signature", "key", "alpn")
+
+
+def check_tls(scenario, servers, tlsload_bin, facts):
+    """`tlsload -m info` against every server's HTTPS listener: a full handshake with
+    OpenSSL's default client settings (wrk's), then one offering its session. The
+    servers must agree on protocol, suite, group, signature and ALPN, and for a
+    resumption scenario each must resume. Adds facts[name]["tls"]."""
+    problems = []
+    for server in servers:
+        port = server.port_for(scenario)
+        argv = [tlsload_bin, "-m", "info", "-n", TLS_NAME, str(port), scenario.path]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            problems.append(f"{server.name}: tlsload -m info hung")
+            continue
+        line = next((l for l in out.stdout.splitlines() if l.startswith("TLSINFO ")), None)
+        if line is None:
+            problems.append(f"{server.name}: no TLS handshake ({out.stderr.strip()[-300:]})")
+            continue
+        info = json.loads(line[len("TLSINFO "):])
+        facts[server.name]["tls"] = info
+        if info["status"] != scenario.expect_status:
+            problems.append(f"{server.name}: status {info['status']} over TLS, expected {scenario.expect_status}")
+        if scenario.handshake == "resume" and not info["resumed"]:
+            problems.append(f"{server.name}: did not resume the session of its own ticket "
+                            f"({info['tickets']} ticket(s) after a full handshake)")
+    seen = {n: tuple(f["tls"].get(k) for k in TLS_AGREE) for n, f in facts.items() if "tls" in f}
+    if len(set(seen.values())) > 1:
+        problems.append("servers negotiated different TLS parameters with the same client ("
+                        + ", ".join(TLS_AGREE) + "): "
+                        + "; ".join(f"{n}={' '.join(map(str, v))}" for n, v in seen.items()))
+    if problems:
+        raise BenchError(f"scenario {scenario.name}: TLS check failed:\n  " + "\n  ".join(problems))
     return facts

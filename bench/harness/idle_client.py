@@ -4,10 +4,13 @@ one request on each, read the whole response, and keep them all open and
 idle. Prints `READY {json}` once every connection is idle (or failed), then
 waits for a line on stdin, closes everything and prints `DONE {json}`.
 
-    idle_client.py PORT CONNECTIONS PATH
+    idle_client.py PORT CONNECTIONS PATH [--tls SNI]
 
-Connections are opened at most `INFLIGHT` at a time so the listen backlog never
-overflows. Raises its own RLIMIT_NOFILE to the hard limit; bounded in time.
+With --tls every connection first makes a full TLS handshake (SNI as given,
+certificate not verified: the bench's answer check does that; no session is
+offered). Connections are opened at most `INFLIGHT` at a time (connecting,
+handshaking or waiting for the answer) so the listen backlog never overflows.
+Raises its own RLIMIT_NOFILE to the hard limit; bounded in time.
 """
 
 import errno
@@ -15,6 +18,7 @@ import json
 import resource
 import selectors
 import socket
+import ssl
 import sys
 import time
 
@@ -22,8 +26,19 @@ INFLIGHT = 200
 DEADLINE_S = 60
 
 
+def tls_client(argv):
+    """(context, server name) for --tls NAME, else (None, None)."""
+    if "--tls" not in argv:
+        return None, None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context, argv[argv.index("--tls") + 1]
+
+
 def main():
     port, total, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    tls, sni = tls_client(sys.argv[4:])
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if total + 64 > hard:
@@ -33,6 +48,7 @@ def main():
     sel = selectors.DefaultSelector()
     idle, failed, started, inflight = [], 0, 0, 0
     bufs = {}
+    handshaking = set()  # TLS sockets whose handshake is not done
     t0 = time.monotonic()
 
     def fail(sock):
@@ -41,6 +57,19 @@ def main():
         sock.close()
         failed += 1
         inflight -= 1
+
+    def handshake(s):
+        """Advance a TLS handshake; True once it is done (the request is then sent)."""
+        try:
+            s.do_handshake()
+        except ssl.SSLWantReadError:
+            sel.modify(s, selectors.EVENT_READ)
+            return False
+        except ssl.SSLWantWriteError:
+            sel.modify(s, selectors.EVENT_WRITE)
+            return False
+        handshaking.discard(s)
+        return True
 
     while (started < total or inflight) and time.monotonic() - t0 < DEADLINE_S:
         while started < total and inflight < INFLIGHT:
@@ -56,13 +85,22 @@ def main():
             sel.register(s, selectors.EVENT_WRITE)
         for key, ev in sel.select(timeout=1.0):
             s = key.fileobj
-            if ev & selectors.EVENT_WRITE:
-                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-                    fail(s)
-                    continue
+            if s in handshaking or (ev & selectors.EVENT_WRITE and s not in bufs):
                 try:
+                    if s not in handshaking:  # connected (or not)
+                        if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                            fail(s)
+                            continue
+                        if tls:
+                            sel.unregister(s)
+                            s = tls.wrap_socket(s, server_hostname=sni, do_handshake_on_connect=False)
+                            sel.register(s, selectors.EVENT_WRITE)
+                            handshaking.add(s)
+                    if s in handshaking and not handshake(s):
+                        continue
                     s.send(request)
-                except OSError:
+                except OSError:  # ssl.SSLError included
+                    handshaking.discard(s)
                     fail(s)
                     continue
                 bufs[s] = b""
@@ -70,6 +108,10 @@ def main():
                 continue
             try:
                 data = s.recv(65536)
+                while tls and s.pending():  # decrypted bytes the selector cannot see
+                    data += s.recv(65536)
+            except ssl.SSLWantReadError:  # a record not yet complete, or only tickets
+                continue
             except OSError:
                 data = b""
             if not data:
@@ -111,7 +153,7 @@ def main():
         try:
             if s.recv(1) == b"":
                 dropped += 1
-        except BlockingIOError:
+        except (BlockingIOError, ssl.SSLWantReadError):
             pass
         except OSError:
             dropped += 1

@@ -1,5 +1,6 @@
-"""Running the load: wrk for request scenarios (and for claims, with the app's
-own account from /statusz), the idle client for idle-rss. Each run records the
+"""Running the load: wrk for request scenarios (over https for TLS ones; and for
+claims, with the app's own account from /statusz), bench/tlsload for the TLS
+handshake scenarios, the idle client for idle-rss. Each run records the
 server's CPU time (utime+stime of its process tree) before and after, and
 samples its RSS while the load runs."""
 
@@ -12,7 +13,7 @@ import sys
 import time
 
 from . import procs
-from .check import check_scenario, fetch
+from .check import TLS_NAME, check_scenario, check_tls, fetch, tls_context
 from .servers import CLIENT_CPU, BenchError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,8 +53,41 @@ def run_wrk(scenario, server, headers, duration, ctx):
     ]
     for k, v in headers.items():
         argv += ["-H", f"{k}: {v}"]
-    argv.append(f"http://127.0.0.1:{inst.port}{scenario.path}")
+    # over TLS, "localhost" so that wrk sends it as SNI (the name of the certificate)
+    origin = f"https://{TLS_NAME}" if scenario.tls else "http://127.0.0.1"
+    argv.append(f"{origin}:{inst.port}{scenario.path}")
+    run, _ = _run_client(scenario, server, argv, duration, "wrk")
+    return run
 
+
+def run_tlsload(scenario, server, headers, duration, ctx):
+    """bench/tlsload: every request on a new TLS connection, `scenario.handshake`
+    full or resumed; it counts each connection's kind of handshake, and one of the
+    wrong kind fails the run."""
+    inst = server.instance(scenario)
+    argv = [
+        "taskset", "-c", CLIENT_CPU,
+        ctx.tlsload_bin, "-m", scenario.handshake, "-c", str(scenario.connections),
+        "-d", str(duration), "-t", "5", "-n", TLS_NAME,
+    ]
+    for k, v in headers.items():
+        argv += ["-H", f"{k}: {v}"]
+    argv += [str(inst.port), scenario.path]
+    run, out = _run_client(scenario, server, argv, duration, "tlsload")
+    run["handshakes"] = {k: out[k] for k in ("handshakes", "resumed", "not_resumed", "tickets")}
+    if scenario.handshake == "full" and out["resumed"]:
+        raise BenchError(f"{scenario.name}: {out['resumed']} of {out['handshakes']} handshakes with "
+                         f"{server.name} resumed a session, though tlsload offered none")
+    if scenario.handshake == "resume" and (out["not_resumed"] or not out["handshakes"]):
+        raise BenchError(f"{scenario.name}: {server.name} did not resume {out['not_resumed']} of "
+                         f"{out['handshakes']} sessions offered (a ticket it issued seconds before)")
+    return run
+
+
+def _run_client(scenario, server, argv, duration, what):
+    """Run a load generator that prints BENCHJSON (wrk with lua/report.lua, or
+    tlsload) against one server; returns (the run's numbers, the parsed line)."""
+    inst = server.instance(scenario)
     pids = inst.pids()
     t0 = time.monotonic()
     busy0, self0 = procs.machine_busy_seconds(), procs.self_cpu_seconds()
@@ -62,7 +96,7 @@ def run_wrk(scenario, server, headers, duration, ctx):
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
         except subprocess.TimeoutExpired:
-            raise BenchError(f"wrk hung against {server.name} in {scenario.name}")
+            raise BenchError(f"{what} hung against {server.name} in {scenario.name}")
     cpu = procs.cpu_seconds(pids) - cpu0
     wrk_cpu = procs.children_cpu_seconds() - wrk0
     wall = time.monotonic() - t0
@@ -74,12 +108,13 @@ def run_wrk(scenario, server, headers, duration, ctx):
     line = next((l for l in out.stdout.splitlines() if l.startswith("BENCHJSON ")), None)
     if line is None:
         raise BenchError(
-            f"wrk gave no result for {server.name} in {scenario.name} (exit {out.returncode}):\n"
+            f"{what} gave no result for {server.name} in {scenario.name} (exit {out.returncode}):\n"
             f"  $ {' '.join(argv)}\n{out.stdout[-1500:]}{out.stderr[-1500:]}"
         )
     w = json.loads(line[len("BENCHJSON "):])
     secs = w["duration_us"] / 1e6
     reqs = w["requests"]
+    errors = ("connect", "handshake", "read", "write", "timeout", "status")
     return {
         "requests": reqs,
         "req_s": reqs / secs if secs else 0.0,
@@ -89,11 +124,12 @@ def run_wrk(scenario, server, headers, duration, ctx):
         "latency_wrk_corrected": bool(w["wrk_corrected"]),
         "cpu_s": round(cpu, 3),
         "cpu_us_per_req": cpu * 1e6 / reqs if reqs else None,
+        "server_cpu_pct": round(100 * cpu / wall, 1),
         "peak_rss": rss.peak,
-        "wrk_cpu_pct": round(100 * wrk_cpu / wall, 1),
+        "wrk_cpu_pct": round(100 * wrk_cpu / wall, 1),  # the load generator's (wrk or tlsload)
         "other_cpu_pct": max(0.0, round(100 * others / wall, 1)),
-        "errors": {k: w[k] for k in ("connect", "read", "write", "timeout", "status")},
-    }
+        "errors": {k: w[k] for k in errors if k in w},
+    }, w
 
 
 def _median(values):
@@ -129,6 +165,7 @@ def summarize(runs):
         "p99_ms": _median([r["p99_ms"] for r in used]),
         "cpu_us_per_req": _median([r["cpu_us_per_req"] for r in used]),
         "peak_rss": max(r["peak_rss"] for r in runs),
+        "server_cpu_pct": _median([r["server_cpu_pct"] for r in used]),
         "wrk_cpu_pct": _median([r["wrk_cpu_pct"] for r in used]),
         "other_cpu_pct": max(r["other_cpu_pct"] for r in used),
         "rounds_used": len(used),
@@ -141,6 +178,8 @@ def summarize(runs):
             round(r["cpu_us_per_req"], 2) if r["cpu_us_per_req"] else None for r in runs
         ],
         "rounds_other_cpu_pct": [r["other_cpu_pct"] for r in runs],
+        **({"handshakes": {k: sum(r["handshakes"][k] for r in runs) for k in runs[0]["handshakes"]}}
+           if "handshakes" in runs[0] else {}),
     }
 
 
@@ -149,9 +188,16 @@ def _fmt_k(v):
 
 
 def _check(scenario, servers, ctx):
-    facts = check_scenario(scenario, servers, ctx.docroot)
+    facts = check_scenario(scenario, servers, ctx.docroot, ctx.tls)
     log(f"  answers agree: " + ", ".join(
         f"{n} {f['status']}/{f['body_bytes']}B (head {f['head_bytes']}B)" for n, f in facts.items()))
+    if scenario.tls:
+        check_tls(scenario, servers, ctx.tlsload_bin, facts)
+        t = next(iter(facts.values()))["tls"]
+        log(f"  TLS agrees (OpenSSL client defaults): {t['protocol']} {t['cipher']} {t['group']} "
+            f"{t['signature']}, ALPN {t['alpn'] or 'none'}; tickets after a full handshake / a resumption: "
+            + ", ".join(f"{n} {f['tls']['tickets']}/{f['tls']['tickets_on_resumption']}"
+                        + ("" if f["tls"]["resumed"] else " (no resumption)") for n, f in facts.items()))
     return facts
 
 
@@ -161,12 +207,19 @@ def wrk_scenario(scenario, servers, settings, ctx):
     return {"facts": facts, "results": results}
 
 
-def _wrk_rounds(scenario, servers, facts, settings, ctx):
+def tlsload_scenario(scenario, servers, settings, ctx):
+    """Handshakes: bench/tlsload instead of wrk, otherwise as a wrk scenario."""
+    facts = _check(scenario, servers, ctx)
+    results, _ = _wrk_rounds(scenario, servers, facts, settings, ctx, run=run_tlsload)
+    return {"facts": facts, "results": results}
+
+
+def _wrk_rounds(scenario, servers, facts, settings, ctx, run=run_wrk):
     """Warm-up, then interleaved rounds; returns (summaries, every run incl. warm-up)."""
     warmups = {s.name: [] for s in servers}
     if settings.warmup:
         for s in servers:
-            warmups[s.name].append(run_wrk(scenario, s, facts[s.name]["headers"], settings.warmup, ctx))
+            warmups[s.name].append(run(scenario, s, facts[s.name]["headers"], settings.warmup, ctx))
     runs = {s.name: [] for s in servers}
     planned, extra = settings.rounds, settings.extra_rounds
     r = 0
@@ -176,7 +229,7 @@ def _wrk_rounds(scenario, servers, facts, settings, ctx):
             log("  disturbed by other processes: one more round")
         r += 1
         for s in servers:  # interleaved: A B C D, A B C D, ...
-            runs[s.name].append(run_wrk(scenario, s, facts[s.name]["headers"], settings.duration, ctx))
+            runs[s.name].append(run(scenario, s, facts[s.name]["headers"], settings.duration, ctx))
         label = f"round {r}/{planned}" if r <= planned else f"round {r} (extra)"
         log(f"  {label}: " + "  ".join(
             f"{n} {_fmt_k(rs[-1]['req_s'])}/s {rs[-1]['cpu_us_per_req'] or 0:.1f}µs"
@@ -293,12 +346,13 @@ def claims_scenario(scenario, servers, settings, ctx):
 
 class IdleClient:
     """harness/idle_client.py on CPU 1: `with IdleClient(...) as c:` holds c.opened
-    idle keep-alive connections (each after one request) until the block ends."""
+    idle keep-alive connections (each after one request, over TLS if tls) until the
+    block ends."""
 
-    def __init__(self, server, port, n, path):
+    def __init__(self, server, port, n, path, tls=False):
         self.server, self.argv = server, [
             "taskset", "-c", CLIENT_CPU, sys.executable, os.path.join(HERE, "idle_client.py"),
-            str(port), str(n), path,
+            str(port), str(n), path, *(["--tls", TLS_NAME] if tls else []),
         ]
 
     def __enter__(self):
@@ -351,21 +405,22 @@ def idle_scenario(scenario, servers, settings, ctx):
     n = settings.idle_connections
     for s in servers:
         s.restart()  # fresh processes: earlier scenarios' buffers don't hide the cost
-    facts = check_scenario(scenario, servers, ctx.docroot)
+    facts = check_scenario(scenario, servers, ctx.docroot, ctx.tls)
+    context = tls_context(ctx.tls) if scenario.tls else None
     results = {}
     for s in servers:
         inst = s.instance(scenario)
         # Warm-up: 1000 connections come and go first, so start-up transients (lazily
         # built caches, allocator purges) are over before the baseline is read.
-        with IdleClient(s.name, inst.port, IDLE_WARMUP, scenario.path):
+        with IdleClient(s.name, inst.port, IDLE_WARMUP, scenario.path, scenario.tls):
             pass
         before = _settled_rss(inst)
-        with IdleClient(s.name, inst.port, n, scenario.path) as c:
+        with IdleClient(s.name, inst.port, n, scenario.path, scenario.tls) as c:
             after = _settled_rss(inst)
         if not inst.alive():
-            raise BenchError(f"{s.name} died during idle-rss:\n{inst.log_tail()}")
+            raise BenchError(f"{s.name} died during {scenario.name}:\n{inst.log_tail()}")
         time.sleep(0.2)
-        fetch(inst.port, scenario.path, {})  # still answering after the crowd left?
+        fetch(inst.port, scenario.path, {}, tls=context)  # still answering after the crowd left?
         errors = {k: v for k, v in (("failed", c.failed), ("dropped", c.dropped)) if v}
         bpc = (after - before) / c.opened if c.opened else None
         results[s.name] = {
@@ -382,4 +437,4 @@ def idle_scenario(scenario, servers, settings, ctx):
     return {"facts": facts, "results": results}
 
 
-RUNNERS = {"wrk": wrk_scenario, "claims": claims_scenario, "idle": idle_scenario}
+RUNNERS = {"wrk": wrk_scenario, "tlsload": tlsload_scenario, "claims": claims_scenario, "idle": idle_scenario}

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from . import procs
 from .servers import BenchError
@@ -20,6 +21,11 @@ PACKAGES = {
     "h2load": "nghttp2-client",
     "gcc": "gcc",
     "taskset": "util-linux",
+    "openssl": "openssl",  # makes the TLS scenarios' certificates
+}
+# file -> Debian package that provides it (build dependencies without a command)
+FILES = {
+    "/usr/include/openssl/ssl.h": "libssl-dev",  # bench/tlsload/tlsload.c
 }
 
 INDEX_SIZE = 953
@@ -36,8 +42,13 @@ def _apt_has(pkg):
     return "Candidate:" in out.stdout and "Candidate: (none)" not in out.stdout
 
 
+def _missing():
+    return sorted({pkg for cmd, pkg in PACKAGES.items() if shutil.which(cmd) is None}
+                  | {pkg for path, pkg in FILES.items() if not os.path.exists(path)})
+
+
 def ensure_packages():
-    missing = sorted({pkg for cmd, pkg in PACKAGES.items() if shutil.which(cmd) is None})
+    missing = _missing()
     if not missing:
         return
     if os.geteuid() != 0:
@@ -49,7 +60,7 @@ def ensure_packages():
     missing = [p if p != "nginx-light" or _apt_has(p) else "nginx" for p in missing]
     subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
                    check=True, env=env, stdout=subprocess.DEVNULL)
-    still = [cmd for cmd in PACKAGES if shutil.which(cmd) is None]
+    still = _missing()
     if still:
         raise BenchError(f"still missing after apt-get: {', '.join(still)}")
 
@@ -85,6 +96,60 @@ def build_floor(bench_dir, out_dir):
         ["gcc", "-O2", "-Wall", "-o", out, os.path.join(bench_dir, "floor", "floor.c")], check=True
     )
     return out
+
+
+def build_tlsload(bench_dir, out_dir):
+    out = os.path.join(out_dir, "tlsload")
+    subprocess.run(
+        ["gcc", "-O2", "-Wall", "-o", out, os.path.join(bench_dir, "tlsload", "tlsload.c"), "-lssl", "-lcrypto"],
+        check=True,
+    )
+    return out
+
+
+@dataclass
+class TlsFiles:
+    """The TLS scenarios' certificate: a self-made CA and a leaf for localhost and
+    127.0.0.1 signed by it, both ECDSA P-256, shared by every server."""
+
+    ca: str  # the CA certificate: what clients that verify trust
+    cert: str  # the leaf alone (servers send it; the CA is the trust anchor)
+    key: str  # the leaf's private key, PKCS#8 PEM
+
+
+def make_certs(workdir):
+    """Generate the CA and the leaf with the openssl CLI into WORKDIR/tls."""
+    d = os.path.join(workdir, "tls")
+    os.makedirs(d, exist_ok=True)
+
+    def p(name):
+        return os.path.join(d, name)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    with open(p("leaf.ext"), "w") as f:
+        f.write("basicConstraints = critical, CA:FALSE\n"
+                "keyUsage = critical, digitalSignature\n"
+                "extendedKeyUsage = serverAuth\n"
+                "subjectAltName = DNS:localhost, IP:127.0.0.1\n"
+                "subjectKeyIdentifier = hash\n"
+                "authorityKeyIdentifier = keyid\n")
+    steps = [
+        ["openssl", "req", "-x509", "-new", *ec, "-keyout", p("ca.key"), "-out", p("ca.pem"),
+         "-subj", "/CN=tern bench CA", "-days", "30",
+         "-addext", "basicConstraints = critical, CA:TRUE",
+         "-addext", "keyUsage = critical, keyCertSign, cRLSign"],
+        ["openssl", "req", "-new", *ec, "-keyout", p("leaf.key"), "-out", p("leaf.csr"), "-subj", "/CN=localhost"],
+        ["openssl", "x509", "-req", "-in", p("leaf.csr"), "-CA", p("ca.pem"), "-CAkey", p("ca.key"),
+         "-CAcreateserial", "-days", "30", "-extfile", p("leaf.ext"), "-out", p("leaf.pem")],
+        ["openssl", "verify", "-CAfile", p("ca.pem"), p("leaf.pem")],
+    ]
+    for argv in steps:
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise BenchError(f"making the TLS certificate failed:\n  $ {' '.join(argv)}\n{r.stdout}{r.stderr}")
+    for name in ("ca.key", "leaf.key"):
+        os.chmod(p(name), 0o600)
+    return TlsFiles(ca=p("ca.pem"), cert=p("leaf.pem"), key=p("leaf.key"))
 
 
 def build_tern(repo_dir):
@@ -177,4 +242,8 @@ def tool_versions():
         except (OSError, IndexError, subprocess.SubprocessError):
             return "?"
 
-    return {"wrk": first(["wrk", "-v"]).split(" [")[0].replace("wrk ", "")}
+    return {
+        "wrk": first(["wrk", "-v"]).split(" [")[0].replace("wrk ", ""),
+        # libssl of nginx, h2o, wrk and tlsload (Debian's; tern has rustls)
+        "openssl": first(["openssl", "version"]),
+    }

@@ -86,7 +86,7 @@ def markdown(doc):
         f"**{doc['date']}** · mode `{doc['mode']}` · {m['cores']} cores ({m['cpu']}), "
         f"Linux {m['kernel']}, {m['os']}",
         "",
-        f"Command: `{doc['command']}` · servers pinned to CPU 0, wrk (`-t1`) to CPU 1 · "
+        f"Command: `{doc['command']}` · servers pinned to CPU 0, wrk (`-t1`) and tlsload to CPU 1 · "
         f"{doc['settings']['rounds']} interleaved round(s) of {doc['settings']['duration_s']} s "
         f"per server and scenario, medians shown · "
         + ", ".join(f"{n} {v}" for n, v in doc["versions"].items()),
@@ -97,7 +97,9 @@ def markdown(doc):
     if noise > NOISY_PCT:
         lines += [f"⚠ other processes used up to {noise:.0f} % of a core during some of the runs "
                   "these numbers come from: they are disturbed.", ""]
-    wrk = [s for s in doc["scenarios"] if s["kind"] == "wrk"]
+    lines += [f"Note: {t}." for t in doc.get("notes", [])] + ([""] if doc.get("notes") else [])
+    # request scenarios in one table: wrk's (over http or https) and tlsload's (handshakes)
+    wrk = [s for s in doc["scenarios"] if s["kind"] in ("wrk", "tlsload")]
     claims = [s for s in doc["scenarios"] if s["kind"] == "claims"]
     idle = [s for s in doc["scenarios"] if s["kind"] == "idle"]
     # app servers (tern-demo) have their own table: no column of n/a in the static ones
@@ -105,11 +107,16 @@ def markdown(doc):
     if wrk:
         refs = [r for r in REFERENCES if "tern" in servers and r in servers]
         ratio_cols = [f"tern/{r} req/s" for r in refs] + [f"tern/{r} CPU" for r in refs]
+        mb = [sc["name"] for sc in wrk if sc["throughput"]]
+        hs = [sc["name"] for sc in wrk if sc.get("unit") == "handshake"]
+        units = ([f"MB/s for {' and '.join(mb)}"] if mb else []) + (
+            [f"handshakes/s and CPU µs per handshake for {' and '.join(hs)}"] if hs else [])
+        units = f" ({'; '.join(units)})" if units else ""
         lines += [
-            "req/s (MB/s for large), median of the rounds, and server CPU µs per request. "
-            f"† = wrk was at ≥ {CLIENT_BOUND_PCT} % of its core: the load generator, not the "
-            "server, was the limit, so compare CPU µs/request. ✗ = had errors, not ranked. "
-            "tern/X req/s: higher is better; tern/X CPU (per request): lower is better.",
+            f"req/s{units}, median of the rounds, and server CPU "
+            f"µs per request. † = the load generator (wrk, or tlsload) was at ≥ {CLIENT_BOUND_PCT} % "
+            "of its core: it, not the server, was the limit, so compare CPU µs/request. ✗ = had "
+            "errors, not ranked. tern/X req/s: higher is better; tern/X CPU (per request): lower is better.",
             "",
             "| " + " | ".join(["scenario", *servers, *ratio_cols]) + " |",
             "|---" * (1 + len(servers) + len(ratio_cols)) + "|",
@@ -137,9 +144,9 @@ def markdown(doc):
             "",
             "<details><summary>details: latency, CPU, memory, errors</summary>",
             "",
-            "| scenario | server | req/s | MB/s | p50 ms | p99 ms | CPU µs/req | peak RSS MiB "
-            "| ×nginx | ×h2o | rank | errors | wrk CPU % |",
-            "|---" * 13 + "|",
+            "| scenario | server | req/s | MB/s | p50 ms | p99 ms | CPU µs/req | server CPU % "
+            "| peak RSS MiB | ×nginx | ×h2o | rank | errors | client CPU % |",
+            "|---" * 14 + "|",
         ]
         for sc in wrk:
             for n in servers:
@@ -148,13 +155,16 @@ def markdown(doc):
                     continue
                 rank = "limit" if n == "floor" else (str(r["rank"]) if r["rank"] else "✗ not ranked")
                 cpu = r["cpu_us_per_req"]
+                server_cpu = r.get("server_cpu_pct")
                 lines.append(
                     f"| {sc['name']} | {n} | {_k(r['req_s'])} | {r['mb_s']:.0f} | {r['p50_ms']:.2f} "
-                    f"| {r['p99_ms']:.2f} | {f'{cpu:.2f}' if cpu else '–'} | {_mib(r['peak_rss'])} "
+                    f"| {r['p99_ms']:.2f} | {f'{cpu:.2f}' if cpu else '–'} "
+                    f"| {f'{server_cpu:.0f}' if server_cpu is not None else '–'} | {_mib(r['peak_rss'])} "
                     f"| {_x(r.get('x_nginx'))} | {_x(r.get('x_h2o'))} | {rank} | {_errs(r)} "
                     f"| {r['wrk_cpu_pct']:.0f} |"
                 )
         lines += ["", "</details>", ""]
+        lines += _tls_notes([sc for sc in wrk if sc.get("tls")], servers)
     for sc in claims:
         lines += _claims_markdown(sc)
     for sc in idle:
@@ -177,6 +187,39 @@ def markdown(doc):
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def _tls_notes(scs, servers):
+    """What the TLS rows ran with: the negotiated parameters (the answer check's
+    OpenSSL client, i.e. wrk's) and tlsload's handshake counts."""
+    if not scs:
+        return []
+    facts = scs[0]["answers"]
+    notes = []
+    first = next((f["tls"] for f in facts.values() if "tls" in f), None)
+    if first:
+        notes.append(
+            "TLS rows: one ECDSA P-256 certificate for every server (a leaf for localhost/127.0.0.1 "
+            "from a CA the harness makes); wrk (tls-small-50, tls-large) negotiates with every server "
+            f"{first['protocol']} {first['cipher']}, {first['group']}, {first['signature']}, "
+            f"ALPN {first['alpn'] or 'none'} (checked alike for all before each TLS scenario); "
+            "session tickets sent after a full handshake / after a resumption: "
+            + ", ".join(f"{n} {facts[n]['tls']['tickets']}/{facts[n]['tls']['tickets_on_resumption']}"
+                        for n in servers if "tls" in facts.get(n, {})) + ".")
+    for sc in scs:
+        if sc["kind"] != "tlsload":
+            continue
+        counts = ", ".join(
+            f"{n} {r['handshakes']['handshakes']} ({r['handshakes']['resumed']} resumed)"
+            for n in servers if (r := sc["results"].get(n)) and "handshakes" in r)
+        notes.append(
+            f"{sc['name']}: bench/tlsload, a new connection per request, {sc['connections']} at a time; "
+            "TLS 1.3, TLS_AES_128_GCM_SHA256, x25519; "
+            + ("no session offered: full handshakes only" if sc.get("handshake") != "resume" else
+               "every connection offers the session ticket of one earlier connection (psk_dhe_ke: "
+               "an x25519 exchange still) and must resume")
+            + f". Handshakes over all runs: {counts}.")
+    return [f"- {t}" for t in notes] + [""]
 
 
 def _claims_markdown(sc):
@@ -257,9 +300,10 @@ def chart(doc, path):
             rows = [([r["bytes_per_conn"] or 0 for r in res], "bytes / idle conn"),
                     ([r["rss_after"] / 2**20 for r in res], f"RSS MiB, {res[0]['connections']} idle")]
         else:
-            unit = "claim" if sc["kind"] == "claims" else "req"
+            unit = {"claim": "claim", "handshake": "handshake"}.get(
+                sc.get("unit") or ("claim" if sc["kind"] == "claims" else ""), "req")
             top = ([r["mb_s"] for r in res], "MB/s") if sc["throughput"] else (
-                [r["req_s"] / 1000 for r in res], f"k {unit}/s")
+                [r["req_s"] / 1000 for r in res], f"k {unit}s/s" if unit == "handshake" else f"k {unit}/s")
             rows = [top, ([r["cpu_us_per_req"] or 0 for r in res], f"CPU µs / {unit}")]
         for j, (vals, unit) in enumerate(rows):
             ax = axes[j][i]

@@ -10,8 +10,13 @@ Adding one is adding a row:
   * an answer that is not a docroot file is checked with `expect_text` (a
     string its body must contain) instead of the fixture, and `check_headers`
     are sent with the check's request only (not by wrk);
-  * a new load generator (h2load for HTTP/2, wrk over https for TLS) is a new
-    `kind` plus a runner function registered in measure.RUNNERS.
+  * `tls=True` runs it against each server's HTTPS listener (same certificate
+    for all, made by prepare.make_certs): a wrk scenario then runs wrk over
+    https; kind "tlsload" makes every request on a new connection with
+    bench/tlsload (`handshake` "full" or "resume"), and kind "idle" holds TLS
+    connections. Only servers with `tls = True` take part;
+  * a new load generator (h2load for HTTP/2) is a new `kind` plus a runner
+    function registered in measure.RUNNERS.
 Header values may use {etag}: it is replaced by the ETag each server itself
 returned for `path` (servers make different ETags).
 """
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 class Scenario:
     name: str
     description: str
-    kind: str = "wrk"  # wrk | claims | idle (see measure.RUNNERS)
+    kind: str = "wrk"  # wrk | tlsload | claims | idle (see measure.RUNNERS)
     path: str = "/index.html"
     connections: int = 50
     headers: dict = field(default_factory=dict)
@@ -37,8 +42,17 @@ class Scenario:
     throughput: bool = False  # MB/s is the headline number
     expect_text: str = ""  # the body must contain this (not a docroot file: no fixture compare)
     check_headers: dict = field(default_factory=dict)  # added to the answer check's request only
+    tls: bool = False  # over HTTPS, against each server's TLS listener
+    handshake: str = ""  # tlsload: "full" (no session offered) or "resume" (every one resumes)
+
+    @property
+    def unit(self):
+        """What one counted request is: the tlsload scenarios count handshakes."""
+        return "handshake" if self.kind == "tlsload" else "claim" if self.kind == "claims" else "request"
 
     def applies_to(self, server):
+        if self.tls and not server.tls:
+            return False
         if self.servers:
             return server.name in self.servers
         if server.app:
@@ -92,6 +106,38 @@ SCENARIOS = [
         floor=True,
     ),
     Scenario(
+        "tls-small-50",
+        "HTTPS: 953-byte index.html, keep-alive, 50 connections (wrk over https)",
+        tls=True,
+    ),
+    Scenario(
+        "tls-handshake",
+        "HTTPS, a full handshake per request (ECDSA P-256 certificate, x25519): new connection, "
+        "no session offered, Connection: close, 50 connections (bench/tlsload)",
+        kind="tlsload",
+        headers={"Connection": "close"},
+        close=True,
+        tls=True,
+        handshake="full",
+    ),
+    Scenario(
+        "tls-resume",
+        "HTTPS, a resumed TLS 1.3 session per request (ticket, psk_dhe_ke): new connection, "
+        "Connection: close, 50 connections (bench/tlsload)",
+        kind="tlsload",
+        headers={"Connection": "close"},
+        close=True,
+        tls=True,
+        handshake="resume",
+    ),
+    Scenario(
+        "tls-large",
+        "HTTPS: 1 MiB file (large.bin), keep-alive, 50 connections (wrk over https)",
+        path="/large.bin",
+        throughput=True,
+        tls=True,
+    ),
+    Scenario(
         "claims",
         "IPv4 Games (tern demo): GET /claim?name=… from a fresh X-Forwarded-For address per "
         "request (lua/claims.lua), answered after the SQLite commit, 50 connections",
@@ -109,6 +155,13 @@ SCENARIOS = [
         kind="idle",
         connections=10000,
         floor=True,
+    ),
+    Scenario(
+        "tls-idle-rss",
+        "idle-rss over HTTPS: 10 000 TLS connections, one request each, then idle",
+        kind="idle",
+        connections=10000,
+        tls=True,
     ),
 ]
 

@@ -96,13 +96,14 @@ class Server:
     name = "?"
     canned = False  # True for the floor: takes part only where a canned answer is meaningful
     app = False  # True for an application (tern demo): takes part only where a scenario names it
+    tls = False  # speaks HTTPS: has a "tls" instance when ctx.tls (the certificate) is set
 
     def __init__(self, ctx):
         self.ctx = ctx
         self.instances = {}
 
     def instance(self, scenario):
-        return self.instances["main"]
+        return self.instances["tls" if scenario.tls else "main"]
 
     def port_for(self, scenario):
         return self.instance(scenario).port
@@ -145,23 +146,31 @@ def _first_line(argv):
         return "?"
 
 
+def _tls_values(ctx):
+    return {"CERT": ctx.tls.cert, "KEY": ctx.tls.key}
+
+
 class Nginx(Server):
     """conf/nginx.conf. Two processes: tcp_nopush on (Debian's default, nginx's best
     for plain requests) and off for pipelined scenarios, where TCP_CORK + pipelining
-    trips Nagle and delayed ACKs (40 ms stalls): nginx gets its best in each."""
+    trips Nagle and delayed ACKs (40 ms stalls): nginx gets its best in each. A third
+    one speaks only HTTPS (conf/nginx-tls.conf) for the TLS scenarios."""
 
     name = "nginx"
+    tls = True
 
-    def _instance(self, label, nopush):
+    def _instance(self, label, nopush, tls=False):
         port = free_port()
         d = os.path.join(self.ctx.workdir, label)
         os.makedirs(d, exist_ok=True)
         conf = os.path.join(d, "nginx.conf")
-        _render(
-            os.path.join(self.ctx.bench_dir, "conf", "nginx.conf"),
-            conf,
-            {"PORT": port, "DOCROOT": self.ctx.docroot, "WORKDIR": d, "TCP_NOPUSH": nopush},
-        )
+        values = {"PORT": port, "DOCROOT": self.ctx.docroot, "WORKDIR": d, "TCP_NOPUSH": nopush,
+                  "LISTEN_SSL": "", "TLS": ""}
+        if tls:
+            tls_conf = os.path.join(d, "tls.conf")
+            _render(os.path.join(self.ctx.bench_dir, "conf", "nginx-tls.conf"), tls_conf, _tls_values(self.ctx))
+            values.update(LISTEN_SSL=" ssl", TLS=f"        include {tls_conf};")
+        _render(os.path.join(self.ctx.bench_dir, "conf", "nginx.conf"), conf, values)
         argv = ["nginx", "-p", d, "-c", conf, "-e", os.path.join(d, "nginx-error.log")]
         return Instance(label, argv, port, self.ctx.workdir)
 
@@ -170,8 +179,12 @@ class Nginx(Server):
             "main": self._instance("nginx", "on"),
             "pipelined": self._instance("nginx-nopush-off", "off"),
         }
+        if self.ctx.tls:
+            self.instances["tls"] = self._instance("nginx-tls", "on", tls=True)
 
     def instance(self, scenario):
+        if scenario.tls:
+            return self.instances["tls"]
         return self.instances["pipelined" if scenario.pipeline > 1 else "main"]
 
     def version(self):
@@ -179,26 +192,43 @@ class Nginx(Server):
 
 
 class H2o(Server):
-    name = "h2o"
+    """conf/h2o.conf; for the TLS scenarios a second h2o whose listener has the
+    `ssl:` mapping of conf/h2o-tls.conf."""
 
-    def setup(self):
+    name = "h2o"
+    tls = True
+
+    def _instance(self, label, tls=False):
         port = free_port()
-        d = os.path.join(self.ctx.workdir, "h2o")
+        d = os.path.join(self.ctx.workdir, label)
         os.makedirs(d, exist_ok=True)
         conf = os.path.join(d, "h2o.conf")
-        _render(
-            os.path.join(self.ctx.bench_dir, "conf", "h2o.conf"),
-            conf,
-            {"PORT": port, "DOCROOT": self.ctx.docroot, "WORKDIR": d},
-        )
-        self.instances = {"main": Instance("h2o", ["h2o", "-c", conf], port, self.ctx.workdir)}
+        values = {"PORT": port, "DOCROOT": self.ctx.docroot, "WORKDIR": d, "SSL": ""}
+        if tls:
+            ssl = os.path.join(d, "tls.yaml")
+            _render(os.path.join(self.ctx.bench_dir, "conf", "h2o-tls.conf"), ssl, _tls_values(self.ctx))
+            values["SSL"] = f"  ssl: !file {ssl}"
+        _render(os.path.join(self.ctx.bench_dir, "conf", "h2o.conf"), conf, values)
+        return Instance(label, ["h2o", "-c", conf], port, self.ctx.workdir)
+
+    def setup(self):
+        self.instances = {"main": self._instance("h2o")}
+        if self.ctx.tls:
+            self.instances["tls"] = self._instance("h2o-tls", tls=True)
 
     def version(self):
         return _first_line(["h2o", "--version"]).replace("h2o version ", "")
 
 
 class Tern(Server):
+    """`tern serve`; for the TLS scenarios a second process with only an HTTPS
+    listener (--listen-tls), if this binary has one."""
+
     name = "tern"
+
+    @property
+    def tls(self):
+        return tern_has_tls(self.ctx.tern_bin)
 
     def setup(self):
         port = free_port()
@@ -207,6 +237,14 @@ class Tern(Server):
             "--listen", f"127.0.0.1:{port}", "--workers", "1",
         ]
         self.instances = {"main": Instance("tern", argv, port, self.ctx.workdir)}
+        if self.ctx.tls and self.tls:
+            port = free_port()
+            argv = [
+                self.ctx.tern_bin, "serve", self.ctx.docroot,
+                "--listen-tls", f"127.0.0.1:{port}",
+                "--tls-cert", self.ctx.tls.cert, "--tls-key", self.ctx.tls.key, "--workers", "1",
+            ]
+            self.instances["tls"] = Instance("tern-tls", argv, port, self.ctx.workdir)
 
     def version(self):
         rev = subprocess.run(
@@ -214,6 +252,20 @@ class Tern(Server):
             capture_output=True, text=True,
         ).stdout.strip()
         return rev or "?"
+
+
+_tern_tls = {}
+
+
+def tern_has_tls(tern_bin):
+    """Whether this tern binary serves HTTPS (`tern serve --help` names --listen-tls)."""
+    if tern_bin not in _tern_tls:
+        try:
+            out = subprocess.run([tern_bin, "serve", "--help"], capture_output=True, text=True, timeout=10)
+            _tern_tls[tern_bin] = "--listen-tls" in out.stdout + out.stderr
+        except (OSError, subprocess.SubprocessError):
+            _tern_tls[tern_bin] = False
+    return _tern_tls[tern_bin]
 
 
 class TernDemo(Tern):
@@ -226,6 +278,7 @@ class TernDemo(Tern):
 
     name = "tern-demo"
     app = True
+    tls = False  # (claims is over plain HTTP)
     # normal: WAL, synchronous=NORMAL, a commit survives the process being killed (the
     # app's default); full would fsync every batch before answering
     sync = "normal"

@@ -13,6 +13,8 @@ mod response;
 mod router;
 pub mod static_files;
 mod stats;
+#[doc(hidden)]
+pub mod testing;
 mod worker;
 
 use std::io;

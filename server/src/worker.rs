@@ -241,6 +241,7 @@ impl WorkerApp for HttpWorker {
                     redirect_to_https,
                 },
                 tls,
+                cx.clock.now_ms(),
             ),
             sock: Socket::new(stream),
             deadline_ms: u64::MAX,

@@ -126,3 +126,25 @@ impl TlsSession {
         self.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{TlsAcceptor, TlsFailure, TlsOptions};
+
+    #[test]
+    fn garbage_fails_with_an_alert_for_the_peer() {
+        let acceptor = TlsAcceptor::new(&TlsOptions {
+            self_signed: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut s = acceptor.accept();
+        let err = s
+            .feed(&[0x16, 0x03, 0x01, 0x00, 0x04, 1, 0, 0, 0])
+            .unwrap_err();
+        assert_eq!(err, TlsFailure::BadRecord);
+        let mut out = Vec::new();
+        s.encode(&mut out);
+        assert_eq!(out.first(), Some(&0x15), "{out:?}");
+    }
+}

@@ -127,14 +127,20 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub fn new(link: Link, tls: Option<tern_tls::TlsSession>) -> Conn {
+    /// A connection accepted at `now_ms`. Over TLS the header timeout runs from here: a
+    /// client must finish its handshake (and first request head) within it, as in nginx.
+    pub fn new(link: Link, tls: Option<tern_tls::TlsSession>, now_ms: u64) -> Conn {
+        let mut http = Http1::default();
+        if tls.is_some() {
+            http.mark_head_start(now_ms);
+        }
         Conn {
             transport: match tls {
                 Some(session) => Transport::Tls(Box::new(Tls::new(session))),
                 None => Transport::Plain,
             },
             link,
-            http: Http1::default(),
+            http,
             out: Output::default(),
         }
     }
@@ -205,16 +211,14 @@ impl Conn {
 
     /// `n` bytes were read into `recv_buf`.
     pub fn handle_recv(&mut self, n: usize, cx: &mut ConnCx<'_>) {
-        let now = cx.clock.now_ms();
         match &mut self.transport {
             Transport::Tls(tls) if !self.http.is_lingering() => {
                 tls.filled(n);
-                self.http.mark_head_start(now);
                 if tls.looks_like_plain_http() {
                     return self.answer_plain_http_on_tls_port(cx);
                 }
             }
-            _ => self.http.filled(n, now),
+            _ => self.http.filled(n, cx.clock.now_ms()),
         }
         self.process(cx);
     }
