@@ -206,7 +206,12 @@ fn survives_emfile_and_recovers() {
     let mut held = Vec::new();
     for _ in 0..100 {
         match TcpStream::connect_timeout(&tern.addr, Duration::from_millis(500)) {
-            Ok(s) => held.push(s),
+            Ok(mut s) => {
+                // The listener defers accepts until data arrives (TCP_DEFER_ACCEPT): a
+                // byte of a request makes the kernel hand the connection over.
+                let _ = s.write_all(b"G");
+                held.push(s)
+            }
             Err(_) => break,
         }
     }

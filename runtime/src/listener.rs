@@ -19,9 +19,38 @@ pub fn bind_reuseport(addr: SocketAddr, backlog: i32) -> io::Result<mio::net::Tc
     )?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
+    // Accepted sockets inherit TCP_NODELAY from the listener: one setsockopt per listener
+    // instead of one per connection. (Answers are written whole; Nagle would only delay the
+    // last segment.)
+    socket.set_tcp_nodelay(true)?;
+    // TCP_DEFER_ACCEPT: the kernel hands a connection to accept() only once its first bytes
+    // (a request, a ClientHello) arrived, so the worker can read and answer right after
+    // accepting, without waiting for a readiness event; a peer that connects and sends
+    // nothing costs no descriptor until the timeout (1 s, as nginx's `deferred`).
+    set_defer_accept(&socket, 1)?;
     socket.bind(&addr.into())?;
     socket.listen(backlog)?;
     Ok(mio::net::TcpListener::from_std(socket.into()))
+}
+
+fn set_defer_accept(socket: &Socket, seconds: libc::c_int) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is the open socket borrowed for the call; the option value is a
+    // c_int on the stack whose size is passed with it. socket2 has no wrapper for this option.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&seconds as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Where Linux exposes `net.ipv4.tcp_migrate_req` (per network namespace; it covers IPv6 too).
@@ -54,6 +83,23 @@ mod tests {
         assert!(hint_for(Some("0\n")).is_some());
         assert_eq!(hint_for(Some("1\n")), None);
         assert_eq!(hint_for(None), None);
+    }
+
+    #[test]
+    fn accepted_sockets_inherit_nodelay() {
+        let l = bind_reuseport("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        std::io::Write::write_all(&mut c, b"x").unwrap(); // deferred accept waits for data
+        let accepted = loop {
+            match l.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert!(accepted.nodelay().unwrap());
     }
 
     #[test]

@@ -214,8 +214,6 @@ impl WorkerApp for HttpWorker {
             stats.bump(Counter::ConnectionsRefused);
             return; // dropping the stream closes it
         }
-        // Responses are written whole; Nagle would only delay the last segment.
-        let _ = stream.set_nodelay(true);
         let kind = self
             .shared
             .listener_kinds
@@ -247,7 +245,18 @@ impl WorkerApp for HttpWorker {
             deadline_ms: u64::MAX,
             armed_ms: u64::MAX,
         });
-        let entry = self.conns.get_mut(key).expect("just inserted");
+        stats.bump(Counter::ConnectionsAccepted);
+        // The listeners defer accepts until data arrived (TCP_DEFER_ACCEPT), so the request or
+        // ClientHello is usually here already: serve it now, without waiting for an event. A
+        // connection that is done by then (`Connection: close`) is closed without ever being
+        // registered with epoll; the others are registered (edge-triggered, once), and with_conn
+        // has armed their timer.
+        self.with_conn(cx, key, |e, ccx| {
+            driver::drive(&mut e.conn, &mut e.sock, true, ccx)
+        });
+        let Some(entry) = self.conns.get_mut(key) else {
+            return;
+        };
         if let Err(e) = cx.registry.register(
             &mut entry.sock.stream,
             Token(key as usize),
@@ -255,11 +264,7 @@ impl WorkerApp for HttpWorker {
         ) {
             tracing::warn!("register failed: {e}");
             self.conns.remove(key);
-            return;
         }
-        stats.bump(Counter::ConnectionsAccepted);
-        // Arm the idle timer: a client that connects and sends nothing is cut off too.
-        self.with_conn(cx, key, |_, _| Status::Open);
     }
 
     fn on_ready(&mut self, cx: &mut Context<'_, WorkerMessage>, event: &Event) {

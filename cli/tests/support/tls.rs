@@ -21,7 +21,7 @@ use rustls::{
     StreamOwned, SupportedProtocolVersion,
 };
 
-use crate::support::{find, eventually, Failed, Resp, READ_TIMEOUT, TERN};
+use crate::support::{eventually, find, Failed, Resp, READ_TIMEOUT, TERN};
 
 // ---------------------------------------------------------------------------------------------
 // Certificates
@@ -376,7 +376,10 @@ impl TlsClient {
         self.tls.sock.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
         match r {
             Ok(0) => Ok(()),
-            Ok(n) => Err(format!("{n} more bytes: {:?}", String::from_utf8_lossy(&chunk[..n]))),
+            Ok(n) => Err(format!(
+                "{n} more bytes: {:?}",
+                String::from_utf8_lossy(&chunk[..n])
+            )),
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
                 Err("TCP closed without close_notify".into())
             }
@@ -616,9 +619,7 @@ impl Drop for TlsServer {
 
 /// The HTTPS, plain and redirect listeners named in a start-up line such as
 /// `tern: serving /d on http://A and https://B and http://C (redirect to https) with 2 workers`.
-pub fn parse_listeners(
-    line: &str,
-) -> Option<(SocketAddr, Option<SocketAddr>, Option<SocketAddr>)> {
+pub fn parse_listeners(line: &str) -> Option<(SocketAddr, Option<SocketAddr>, Option<SocketAddr>)> {
     let (_, rest) = line.split_once(" on ")?;
     let (listeners, _) = rest.split_once(" with ")?;
     let (mut https, mut http, mut redirect) = (None, None, None);
