@@ -24,6 +24,9 @@ pub(crate) struct Socket {
     pub stream: TcpStream,
     /// The socket may hold unread bytes (an event came, and no short read since).
     may_read: bool,
+    /// epoll reported the peer's FIN: a short read does not mean drained then, the EOF still
+    /// has to be read (edge-triggered epoll will not report it again).
+    peer_fin: bool,
     /// While output waits: the kernel's unacknowledged bytes when the write deadline was
     /// last set, to tell a slow reader (it shrinks) from one that stopped (it does not).
     unacked_mark: u32,
@@ -34,6 +37,7 @@ impl Socket {
         Socket {
             stream,
             may_read: true,
+            peer_fin: false,
             unacked_mark: 0,
         }
     }
@@ -45,14 +49,19 @@ impl Socket {
 }
 
 /// Readiness (or a retry after a yield, or a completed reply): send, read, answer, repeat.
+/// `peer_fin`: the event said the peer closed its side.
 pub(crate) fn drive(
     conn: &mut Conn,
     sock: &mut Socket,
     readable: bool,
+    peer_fin: bool,
     cx: &mut ConnCx<'_>,
 ) -> Status {
     if readable {
         sock.may_read = true;
+    }
+    if peer_fin {
+        sock.peer_fin = true;
     }
     let status = run(conn, sock, cx);
     if status != Status::Close {
@@ -103,8 +112,9 @@ fn run(conn: &mut Conn, sock: &mut Socket, cx: &mut ConnCx<'_>) -> Status {
                         conn.handle_eof(cx);
                     }
                     Ok(n) => {
-                        // A short read drained the socket: skip the read that would say EAGAIN.
-                        if n < want {
+                        // A short read drained the socket: skip the read that would say EAGAIN
+                        // (unless a FIN is known to follow the data).
+                        if n < want && !sock.peer_fin {
                             sock.may_read = false;
                         }
                         conn.handle_recv(n, cx);

@@ -252,7 +252,7 @@ impl WorkerApp for HttpWorker {
         // registered with epoll; the others are registered (edge-triggered, once), and with_conn
         // has armed their timer.
         self.with_conn(cx, key, |e, ccx| {
-            driver::drive(&mut e.conn, &mut e.sock, true, ccx)
+            driver::drive(&mut e.conn, &mut e.sock, true, false, ccx)
         });
         let Some(entry) = self.conns.get_mut(key) else {
             return;
@@ -270,8 +270,9 @@ impl WorkerApp for HttpWorker {
     fn on_ready(&mut self, cx: &mut Context<'_, WorkerMessage>, event: &Event) {
         let key = event.token().0 as u64;
         let readable = event.is_readable() || event.is_read_closed() || event.is_error();
+        let fin = event.is_read_closed();
         self.with_conn(cx, key, |e, ccx| {
-            driver::drive(&mut e.conn, &mut e.sock, readable, ccx)
+            driver::drive(&mut e.conn, &mut e.sock, readable, fin, ccx)
         });
     }
 
@@ -308,7 +309,7 @@ impl WorkerApp for HttpWorker {
             } => {
                 self.with_conn(cx, conn, |e, ccx| {
                     if e.conn.complete(seq, response, ccx) {
-                        driver::drive(&mut e.conn, &mut e.sock, false, ccx)
+                        driver::drive(&mut e.conn, &mut e.sock, false, false, ccx)
                     } else {
                         Status::Open
                     }
@@ -325,7 +326,7 @@ impl WorkerApp for HttpWorker {
                 } else {
                     // Reads what may be waiting (answering it with `Connection: close`), or
                     // closes the connection if nothing was; busy connections just go on.
-                    driver::drive(&mut e.conn, &mut e.sock, false, ccx)
+                    driver::drive(&mut e.conn, &mut e.sock, false, false, ccx)
                 }
             });
         }
@@ -345,7 +346,7 @@ impl WorkerApp for HttpWorker {
         }
         for key in std::mem::take(&mut self.yielded) {
             self.with_conn(cx, key, |e, ccx| {
-                driver::drive(&mut e.conn, &mut e.sock, true, ccx)
+                driver::drive(&mut e.conn, &mut e.sock, true, false, ccx)
             });
         }
     }

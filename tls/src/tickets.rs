@@ -166,7 +166,7 @@ impl TicketKeys {
 /// Drops keys past their acceptance window, adds a key if none is young enough to encrypt.
 fn refreshed(mut keys: Vec<Key>, now: u64) -> Result<Vec<Key>, String> {
     keys.retain(|k| k.created <= now && now - k.created < ACCEPT_SECS);
-    keys.sort_by(|a, b| b.created.cmp(&a.created));
+    keys.sort_by_key(|k| std::cmp::Reverse(k.created));
     if keys.first().is_none_or(|k| now - k.created >= ROTATE_SECS) {
         keys.insert(0, Key::random(now)?);
     }

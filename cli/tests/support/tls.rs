@@ -265,6 +265,45 @@ impl TlsClient {
         })
     }
 
+    /// Runs the handshake writing our records at most `piece` bytes at a time, with `pause`
+    /// between the pieces (a client on a slow or fragmenting network).
+    pub fn handshake_dribbled(
+        mut sock: TcpStream,
+        config: &Arc<ClientConfig>,
+        name: &str,
+        piece: usize,
+        pause: Duration,
+    ) -> Result<TlsClient, String> {
+        sock.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+        sock.set_nodelay(true).unwrap();
+        let server_name = ServerName::try_from(name.to_owned()).unwrap();
+        let mut conn = ClientConnection::new(config.clone(), server_name).unwrap();
+        loop {
+            while conn.wants_write() {
+                let mut out = Vec::new();
+                conn.write_tls(&mut out).map_err(|e| e.to_string())?;
+                for chunk in out.chunks(piece) {
+                    sock.write_all(chunk).map_err(|e| format!("write: {e}"))?;
+                    std::thread::sleep(pause);
+                }
+            }
+            if !conn.is_handshaking() {
+                break;
+            }
+            match conn.read_tls(&mut sock) {
+                Ok(0) => return Err("the server closed during the handshake".into()),
+                Ok(_) => {}
+                Err(e) => return Err(format!("read: {e}")),
+            }
+            conn.process_new_packets()
+                .map_err(|e| format!("handshake: {e}"))?;
+        }
+        Ok(TlsClient {
+            tls: StreamOwned::new(conn, sock),
+            buf: Vec::new(),
+        })
+    }
+
     pub fn conn(&self) -> &ClientConnection {
         &self.tls.conn
     }

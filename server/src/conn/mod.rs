@@ -252,15 +252,14 @@ impl Conn {
                 if tls.just_established() {
                     cx.stats.bump(Counter::TlsHandshakes);
                 }
+                // First what the protocol already holds (requests held back behind a pending
+                // reply or the output high-water mark), then more from the session.
+                self.http.process_input(&mut self.out, &self.link, cx);
                 if !self.http.wants_input(&self.out) {
                     break;
                 }
-                let moved = tls.read_plaintext(|| self.http.recv_buf(cx));
-                match moved {
-                    tls::Moved::Bytes(n) => {
-                        self.http.filled(n, cx.clock.now_ms());
-                        self.http.process_input(&mut self.out, &self.link, cx);
-                    }
+                match tls.read_plaintext(|| self.http.recv_buf(cx)) {
+                    tls::Moved::Bytes(n) => self.http.filled(n, cx.clock.now_ms()),
                     tls::Moved::PeerClosed => {
                         self.http.handle_eof();
                         break;

@@ -33,6 +33,8 @@ pub(super) struct Tls {
     /// The handshake completed (and was counted).
     established: bool,
     failed: bool,
+    /// close_notify was asked for: it follows the last of the protocol's output.
+    close_requested: bool,
     close_sent: bool,
 }
 
@@ -53,6 +55,7 @@ impl Tls {
             started: false,
             established: false,
             failed: false,
+            close_requested: false,
             close_sent: false,
         }
     }
@@ -145,7 +148,8 @@ impl Tls {
         self.outbuf.clear();
         self.out_pos = 0;
         let plaintext = self.established && !self.failed && !out.is_empty();
-        if !plaintext && !self.session.wants_write() {
+        let close_due = self.close_requested && !self.close_sent;
+        if !plaintext && !close_due && !self.session.wants_write() {
             return Ok(());
         }
         if self.outbuf.capacity() == 0 {
@@ -175,6 +179,11 @@ impl Tls {
                 break; // rustls takes nothing even with its buffer flushed: try again later
             }
         }
+        // close_notify goes after everything the protocol queued (a 408 before closing).
+        if close_due && out.is_empty() {
+            self.close_sent = true;
+            self.session.close();
+        }
         // Handshake messages, alerts, close_notify.
         self.session.encode(&mut self.outbuf);
         Ok(())
@@ -199,22 +208,24 @@ impl Tls {
         }
     }
 
-    /// Records are queued or waiting in the session.
+    /// Records are queued or waiting in the session (or close_notify is due).
     pub fn wants_write(&self) -> bool {
-        self.out_pos < self.outbuf.len() || self.session.wants_write()
+        self.out_pos < self.outbuf.len()
+            || self.session.wants_write()
+            || (self.close_requested && !self.close_sent)
     }
 
     pub fn has_unsent(&self) -> bool {
         self.wants_write()
     }
 
-    /// Queues close_notify once, on an established session. True if it was queued now.
+    /// Asks for close_notify once, on an established session; it is encrypted after the
+    /// output still queued. True if it was asked for now.
     pub fn close_notify(&mut self) -> bool {
-        if self.close_sent || self.failed || !self.established {
+        if self.close_requested || self.failed || !self.established {
             return false;
         }
-        self.close_sent = true;
-        self.session.close();
+        self.close_requested = true;
         true
     }
 
