@@ -9,7 +9,7 @@ from .measure import NOISY_PCT
 from .servers import REFERENCES
 
 NA = "n/a"
-CLIENT_BOUND_PCT = 95  # wrk CPU % from which the client is the bottleneck
+CLIENT_BOUND_PCT = 95  # load generator (wrk, tlsload) CPU % from which the client is the bottleneck
 
 
 def _ratio(a, b):
@@ -200,10 +200,10 @@ def _tls_notes(scs, servers):
     if first:
         notes.append(
             "TLS rows: one ECDSA P-256 certificate for every server (a leaf for localhost/127.0.0.1 "
-            "from a CA the harness makes); wrk (tls-small-50, tls-large) negotiates with every server "
-            f"{first['protocol']} {first['cipher']}, {first['group']}, {first['signature']}, "
-            f"ALPN {first['alpn'] or 'none'} (checked alike for all before each TLS scenario); "
-            "session tickets sent after a full handshake / after a resumption: "
+            "from a CA the harness makes); OpenSSL's default client, as wrk in the keep-alive TLS "
+            f"rows, negotiates {first['protocol']} {first['cipher']}, {first['group']}, "
+            f"{first['signature']}, ALPN {first['alpn'] or 'none'} with every server (checked alike "
+            "before each TLS scenario); session tickets sent after a full handshake / after a resumption: "
             + ", ".join(f"{n} {facts[n]['tls']['tickets']}/{facts[n]['tls']['tickets_on_resumption']}"
                         for n in servers if "tls" in facts.get(n, {})) + ".")
     for sc in scs:
