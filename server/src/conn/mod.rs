@@ -282,6 +282,9 @@ impl Conn {
         if ratelog::admit("tls_plain_http", cx.clock.now_ms()) {
             tracing::info!(peer = %self.link.peer, "plain HTTP request on the TLS port");
         }
+        if let Transport::Tls(tls) = &mut self.transport {
+            tls.recycle(cx.buffers);
+        }
         self.transport = Transport::Plain;
         self.link.secure = false;
         let response = Response::text(400, "This port speaks HTTPS: use an https:// URL.\n");
