@@ -129,7 +129,100 @@ impl TlsSession {
 
 #[cfg(test)]
 mod tests {
-    use crate::{TlsAcceptor, TlsFailure, TlsOptions};
+    use std::io::{IoSlice, Read};
+    use std::sync::Arc;
+
+    use super::Plaintext;
+    use crate::{CertFiles, TlsAcceptor, TlsFailure, TlsOptions};
+
+    /// A server session with a rustls client in memory, handshake done.
+    fn connected() -> (super::TlsSession, rustls::ClientConnection) {
+        let dir = tempfile::tempdir().unwrap();
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        let acceptor = TlsAcceptor::new(&TlsOptions {
+            certs: vec![CertFiles { cert, key }],
+            ..Default::default()
+        })
+        .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(made.cert.der().clone()).unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let mut server = acceptor.accept();
+        for _ in 0..10 {
+            let mut to_server = Vec::new();
+            while client.wants_write() {
+                client.write_tls(&mut to_server).unwrap();
+            }
+            server.feed(&to_server).unwrap();
+            let mut to_client = Vec::new();
+            server.encode(&mut to_client);
+            let mut rest = &to_client[..];
+            while !rest.is_empty() {
+                client.read_tls(&mut rest).unwrap();
+                client.process_new_packets().unwrap();
+            }
+        }
+        assert!(!server.is_handshaking() && !client.is_handshaking());
+        (server, client)
+    }
+
+    /// rustls takes only what fits its output buffer; a write that takes 0 means "encode the
+    /// pending records first", after which writing goes on. Every byte must arrive.
+    #[test]
+    fn a_full_output_buffer_means_encode_then_write_more() {
+        let (mut server, mut client) = connected();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let mut offset = 0;
+        let mut wire = Vec::new();
+        let mut zero_takes = 0;
+        while offset < data.len() {
+            let taken = server.write_plaintext(&[IoSlice::new(&data[offset..])]);
+            if taken == 0 {
+                zero_takes += 1;
+                server.encode(&mut wire);
+                assert!(zero_takes < 100, "no progress after encoding");
+            }
+            offset += taken;
+        }
+        server.encode(&mut wire);
+        assert!(
+            zero_takes > 0,
+            "300 KB should overflow rustls's 64 KiB output buffer"
+        );
+        let mut got = Vec::new();
+        let mut rest = &wire[..];
+        let mut buf = vec![0u8; 65536];
+        while !rest.is_empty() {
+            client.read_tls(&mut rest).unwrap();
+            client.process_new_packets().unwrap();
+            while let Ok(n) = client.reader().read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+        assert!(got == data, "got {} of {} bytes", got.len(), data.len());
+        // And the other way: what the client sends comes out as plaintext.
+        std::io::Write::write_all(&mut client.writer(), b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut to_server = Vec::new();
+        client.write_tls(&mut to_server).unwrap();
+        server.feed(&to_server).unwrap();
+        let mut out = [0u8; 64];
+        assert_eq!(server.read_plaintext(&mut out), Plaintext::Data(18));
+        assert_eq!(server.read_plaintext(&mut out), Plaintext::Empty);
+    }
 
     #[test]
     fn garbage_fails_with_an_alert_for_the_peer() {
