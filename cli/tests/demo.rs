@@ -23,8 +23,9 @@ fn db_path(data: &Path) -> std::path::PathBuf {
 fn demo_prints_its_address_and_plays() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let (tern, line) = Tern::start_demo(&data, &[]);
-    let want = format!("http://127.0.0.1:{}", tern.addr.port());
+    let tern = Tern::start_demo(&data, &[]);
+    let line = &tern.line;
+    let want = format!("http://127.0.0.1:{}", tern.addr().port());
     assert!(line.contains(&want), "{line:?} lacks {want}");
     assert!(line.starts_with("tern: IPv4 Games"), "{line:?}");
     // The data folder is created and the game answers.
@@ -76,8 +77,8 @@ fn claims_until_sigkill(extra: &[&str], load: Duration) -> KillRun {
     let data = tmp.path().join("data");
     let mut args = vec!["--trusted-proxies", "127.0.0.1"];
     args.extend_from_slice(extra);
-    let (mut tern, _) = Tern::start_demo(&data, &args);
-    let addr = tern.addr;
+    let mut tern = Tern::start_demo(&data, &args);
+    let addr = tern.addr();
     let killed = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let threads: Vec<_> = (0..THREADS)
@@ -140,7 +141,7 @@ fn claims_until_sigkill(extra: &[&str], load: Duration) -> KillRun {
     assert!(acked.len() > 100, "only {} claims answered", acked.len());
 
     // Start again on the same data: SQLite recovers the WAL; the game serves the claims.
-    let (tern, _) = Tern::start_demo(&data, &args);
+    let tern = Tern::start_demo(&data, &args);
     let db = Connection::open_with_flags(db_path(&data), OpenFlags::SQLITE_OPEN_READ_ONLY)
         .expect("open the database read-only");
     db.busy_timeout(Duration::from_secs(5)).unwrap();

@@ -11,21 +11,6 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
-/// A compressible text body a few KiB long, distinguishable by `tag`.
-fn text_body(tag: &str) -> String {
-    (0..120)
-        .map(|i| format!("{tag} line {i}: the quick brown fox jumps over the lazy dog\n"))
-        .collect()
-}
-
-fn gunzip(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(data)
-        .read_to_end(&mut out)
-        .expect("valid gzip body");
-    out
-}
-
 fn gzip(data: &[u8]) -> Vec<u8> {
     use std::io::Write;
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
@@ -74,39 +59,10 @@ fn keep_alive_serves_100_requests_on_one_connection() {
 #[test]
 fn sixteen_pipelined_requests_are_answered_in_order() {
     let site = Site::new();
-    for i in 0..16 {
-        site.write(&format!("n{i:02}.txt"), format!("file number {i}\n"));
-    }
+    site.write_numbered(16);
     let tern = site.start(&[]);
     let mut c = tern.client();
-    let mut batch = Vec::new();
-    for i in 0..16 {
-        // Request 7 asks for a missing file and 11 is a HEAD: both must keep their place.
-        let (method, path) = match i {
-            7 => ("GET", "/missing.txt".to_owned()),
-            11 => ("HEAD", format!("/n{i:02}.txt")),
-            _ => ("GET", format!("/n{i:02}.txt")),
-        };
-        batch.extend(request_bytes(method, &path, &[]));
-    }
-    c.send(&batch);
-    for i in 0..16 {
-        let r = c.read_response(i == 11);
-        match i {
-            7 => assert_eq!(r.status, 404, "response {i}"),
-            11 => {
-                assert_eq!(r.status, 200);
-                assert_eq!(
-                    r.content_length(),
-                    Some(format!("file number {i}\n").len() as u64)
-                );
-            }
-            _ => {
-                assert_eq!(r.status, 200, "response {i}");
-                assert_eq!(r.text(), format!("file number {i}\n"), "response {i}");
-            }
-        }
-    }
+    sixteen_pipelined(&mut c);
     // Nothing more: the connection is idle and open.
     let r = c.get("/n00.txt", &[]);
     assert_eq!(r.text(), "file number 0\n");

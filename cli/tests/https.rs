@@ -60,24 +60,28 @@ impl Fixture {
         self.site.base()
     }
 
-    /// `--tls-cert/--tls-key` for the first `n` certificates (the first is the default).
-    fn cert_args(&self, n: usize) -> Vec<String> {
-        let mut args = Vec::new();
-        for (cert, key) in &self.files[..n] {
-            args.push("--tls-cert".to_owned());
-            args.push(cert.to_str().unwrap().to_owned());
-            args.push("--tls-key".to_owned());
-            args.push(key.to_str().unwrap().to_owned());
-        }
+    /// `--tls-cert/--tls-key` for the first `n` certificates (the first is the default), then
+    /// `extra`.
+    fn cert_args(&self, n: usize, extra: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = self.files[..n]
+            .iter()
+            .flat_map(|(cert, key)| cert_key_args(cert, key))
+            .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
         args
     }
 
     /// `tern serve` with all three certificates and `extra`.
-    fn start(&self, extra: &[&str]) -> TlsServer {
-        let mut args = self.cert_args(3);
+    fn start(&self, extra: &[&str]) -> Tern {
+        Tern::serve_tls(&self.site.root, &self.cert_args(3, extra))
+    }
+
+    /// `tern demo` on `DIR/data` with the default certificate, a plain listener too, and
+    /// `extra`.
+    fn demo(&self, extra: &[&str]) -> Tern {
+        let mut args = self.cert_args(1, LISTEN);
         args.extend(extra.iter().map(|s| s.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        TlsServer::serve(&self.site.root, &args)
+        Tern::demo_tls(&self.base().join("data"), &args)
     }
 
     /// A verifying client (trusts the test CA only) for `versions`.
@@ -88,20 +92,6 @@ impl Fixture {
     fn leaves(&self) -> [&Leaf; 3] {
         [&self.default, &self.exact, &self.wild]
     }
-}
-
-fn text_body(tag: &str) -> String {
-    (0..120)
-        .map(|i| format!("{tag} line {i}: the quick brown fox jumps over the lazy dog\n"))
-        .collect()
-}
-
-fn gunzip(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(data)
-        .read_to_end(&mut out)
-        .expect("valid gzip body");
-    out
 }
 
 /// Reads raw bytes until the server closes (EOF or reset), at most `limit`; `None` if the
@@ -163,7 +153,7 @@ fn tls13_and_tls12_handshakes_negotiate_http11() {
             "tern: serving {}",
             fx.site.root.canonicalize().unwrap().display()
         )) && tern.line.ends_with(" with 2 workers")
-            && tern.http.is_none(),
+            && tern.http().is_none(),
         "start-up line {:?}: HTTPS only when --listen is not given",
         tern.line
     );
@@ -283,10 +273,7 @@ fn sessions_resume_over_tls13_and_tls12() {
 #[test]
 fn keep_alive_and_pipelining_over_tls() {
     let fx = Fixture::new();
-    for i in 0..16 {
-        fx.site
-            .write(&format!("n{i:02}.txt"), format!("file number {i}\n"));
-    }
+    fx.site.write_numbered(16);
     let tern = fx.start(&[]);
     let config = fx.client(&[TLS13]);
     let mut c = tern.tls(&config, "localhost");
@@ -297,27 +284,7 @@ fn keep_alive_and_pipelining_over_tls() {
         assert!(!r.closes(), "request {i} closed the connection");
     }
     // Sixteen requests in one write (a 404 and a HEAD among them), answered in order.
-    let mut batch = Vec::new();
-    for i in 0..16 {
-        let (method, path) = match i {
-            7 => ("GET", "/missing.txt".to_owned()),
-            11 => ("HEAD", format!("/n{i:02}.txt")),
-            _ => ("GET", format!("/n{i:02}.txt")),
-        };
-        batch.extend(request_bytes(method, &path, &[]));
-    }
-    c.send(&batch);
-    for i in 0..16 {
-        let r = c.read_response(i == 11);
-        match i {
-            7 => assert_eq!(r.status, 404),
-            11 => assert_eq!(
-                r.content_length(),
-                Some(format!("file number {i}\n").len() as u64)
-            ),
-            _ => assert_eq!(r.text(), format!("file number {i}\n"), "response {i}"),
-        }
-    }
+    sixteen_pipelined(&mut c);
     // A deep pipeline: 1000 requests (far more than one TLS record or rustls's plaintext
     // buffer) in one write, over TLS 1.2 this time.
     let mut c = tern.tls(&fx.client(&[TLS12]), "localhost");
@@ -344,7 +311,7 @@ fn keep_alive_and_pipelining_over_tls() {
     }
     assert_eq!(c.read_response(false).text(), "file number 3\n");
     // A TLS 1.3 key update (ours, asking for the server's) in the middle of a session.
-    c.tls.conn.refresh_traffic_keys().unwrap();
+    c.stream.conn.refresh_traffic_keys().unwrap();
     for i in 0..3 {
         assert_eq!(
             c.get("/n04.txt", &[]).text(),
@@ -376,7 +343,7 @@ fn pipelined_requests_behind_a_large_answer_are_answered_over_tls() {
         &[("Range", "bytes=70000-70999")],
     ));
     // Over plain HTTP first: the reference behaviour.
-    let mut p = Client::connect(tern.http.unwrap());
+    let mut p = Client::connect(tern.http().unwrap());
     p.send(&batch);
     assert_eq!(p.read_response(false).body.len() as u64, SIZE);
     assert_eq!(p.read_response(false).text(), "hello over tls\n");
@@ -415,7 +382,7 @@ fn a_handshake_and_request_dribbled_a_few_bytes_at_a_time_are_served() {
     let fx = Fixture::new();
     let tern = fx.start(&[]);
     for (version, piece) in [(TLS13, 1), (TLS13, 7), (TLS12, 5)] {
-        let sock = TcpStream::connect(tern.https).unwrap();
+        let sock = TcpStream::connect(tern.https()).unwrap();
         let mut c = TlsClient::handshake_dribbled(
             sock,
             &fx.client(&[version]),
@@ -437,7 +404,7 @@ fn many_concurrent_tls_clients_are_served() {
             .write(&format!("t{i}.txt"), format!("thread {i}\n").repeat(50 + i));
     }
     let tern = fx.start(&[]);
-    let addr = tern.https;
+    let addr = tern.https();
     let threads: Vec<_> = (0..8)
         .map(|i| {
             // Half the threads share a session cache (and resume), half use their own.
@@ -445,7 +412,7 @@ fn many_concurrent_tls_clients_are_served() {
             std::thread::spawn(move || {
                 let want = format!("thread {i}\n").repeat(50 + i);
                 for _ in 0..10 {
-                    let mut c = TlsClient::connect(addr, &config, "localhost");
+                    let mut c = TlsClient::connect_tls(addr, &config, "localhost");
                     for _ in 0..3 {
                         assert_eq!(c.get(&format!("/t{i}.txt"), &[]).text(), want);
                     }
@@ -516,20 +483,14 @@ fn a_large_file_reaches_a_slow_reader_intact() {
     let fx = Fixture::new();
     write_pattern_file(&fx.site.root.join("big.bin"), SIZE);
     let tern = fx.start(&[]);
-    let sock = TcpStream::connect(tern.https).unwrap();
-    Client::from_stream(sock.try_clone().unwrap()).small_receive_buffer(16 * 1024);
-    let mut c = TlsClient::handshake(sock, &fx.client(&[TLS13]), "localhost").unwrap();
-    c.send(&request_bytes("GET", "/big.bin", &[]));
-    let head = c.read_response(true);
-    assert_eq!(head.status, 200);
-    assert_eq!(head.content_length(), Some(SIZE));
+    let mut c = slow_download(&tern, &fx.client(&[TLS13]), SIZE);
     // Let the server fill every buffer and wait on us, then read in small pieces with pauses.
     std::thread::sleep(Duration::from_millis(300));
     let mut at = 0u64;
     let mut pieces = 0;
     while at < SIZE {
         let n = (SIZE - at).min(16 * 1024) as usize;
-        let got = c.read_exact_raw(n, 4096);
+        let got = c.read_exact_raw_by(n, 4096);
         check_pattern(&got, at);
         at += n as u64;
         pieces += 1;
@@ -553,7 +514,7 @@ fn a_large_file_reaches_a_slow_reader_intact() {
 fn plain_http_on_the_tls_port_gets_400_and_close() {
     let fx = Fixture::new();
     let tern = fx.start(&["--hsts", "600"]);
-    let mut c = Client::connect(tern.https);
+    let mut c = Client::connect(tern.https());
     let r = c.get("/hello.txt", &[]);
     assert_eq!(r.status, 400);
     assert_eq!(r.version, "HTTP/1.1");
@@ -568,7 +529,7 @@ fn plain_http_on_the_tls_port_gets_400_and_close() {
     );
     assert!(c.at_eof(), "closed after the 400");
     // Sent a byte at a time, and as HTTP/1.0.
-    let mut c = Client::connect(tern.https);
+    let mut c = Client::connect(tern.https());
     for b in b"HEAD / HTTP/1.0\r\n\r\n" {
         c.send(std::slice::from_ref(b));
         std::thread::sleep(Duration::from_millis(2));
@@ -608,7 +569,7 @@ fn garbage_records_close_the_connection() {
         ),
     ];
     for (what, bytes) in cases {
-        let mut sock = TcpStream::connect(tern.https).unwrap();
+        let mut sock = TcpStream::connect(tern.https()).unwrap();
         sock.write_all(&bytes).unwrap();
         let got = read_until_closed(&mut sock, limit)
             .unwrap_or_else(|| panic!("{what}: the connection is still open after {limit:?}"));
@@ -616,25 +577,15 @@ fn garbage_records_close_the_connection() {
     }
     // A record corrupted after the handshake: the session ends with an alert (bad_record_mac),
     // not an answer.
-    let mut c = tern.tls(&config, "localhost");
-    assert_eq!(c.get("/hello.txt", &[]).status, 200);
-    c.tls
-        .conn
-        .writer()
-        .write_all(&request_bytes("GET", "/hello.txt", &[]))
-        .unwrap();
-    let mut record = Vec::new();
-    while c.tls.conn.wants_write() {
-        c.tls.conn.write_tls(&mut record).unwrap();
-    }
+    let (mut c, mut record) = served_then_sealed(&tern, &config);
     let last = record.len() - 1;
     record[last] ^= 0x55;
-    c.tls.sock.write_all(&record).unwrap();
-    let mut sock = c.tls.sock.try_clone().unwrap();
+    c.stream.sock.write_all(&record).unwrap();
+    let mut sock = c.stream.sock.try_clone().unwrap();
     let got = read_until_closed(&mut sock, limit).expect("closed after a corrupted record");
     // The alert is encrypted (TLS 1.3): let the client's session read it.
-    c.tls.conn.read_tls(&mut &got[..]).unwrap();
-    match c.tls.conn.process_new_packets() {
+    c.stream.conn.read_tls(&mut &got[..]).unwrap();
+    match c.stream.conn.process_new_packets() {
         Err(rustls::Error::AlertReceived(rustls::AlertDescription::BadRecordMac)) => {}
         other => panic!("after a corrupted record: {other:?}, not a bad_record_mac alert"),
     }
@@ -643,11 +594,41 @@ fn garbage_records_close_the_connection() {
     assert_eq!(c.get("/hello.txt", &[]).text(), "hello over tls\n");
 }
 
+/// A TLS 1.3 connection that has been served one request, and the records of a second
+/// `GET /hello.txt`, encrypted but not sent.
+fn served_then_sealed(tern: &Tern, config: &Arc<ClientConfig>) -> (TlsClient, Vec<u8>) {
+    let mut c = tern.tls(config, "localhost");
+    assert_eq!(c.get("/hello.txt", &[]).status, 200);
+    let record = c.seal(&request_bytes("GET", "/hello.txt", &[]));
+    (c, record)
+}
+
+/// A connection to `tern`'s HTTPS port that has sent the first half of a ClientHello.
+fn half_a_hello(tern: &Tern, config: &Arc<ClientConfig>) -> TcpStream {
+    let hello = client_hello(config);
+    let mut sock = TcpStream::connect(tern.https()).unwrap();
+    sock.write_all(&hello[..hello.len() / 2]).unwrap();
+    sock
+}
+
+/// A TLS 1.3 connection with a small receive buffer that has asked for `/big.bin` (`size`
+/// bytes) and read the answer's head only, so the server has to wait for us.
+fn slow_download(tern: &Tern, config: &Arc<ClientConfig>, size: u64) -> TlsClient {
+    let sock = TcpStream::connect(tern.https()).unwrap();
+    small_receive_buffer(&sock, 16 * 1024);
+    let mut c = TlsClient::handshake(sock, config, "localhost").unwrap();
+    c.send(&request_bytes("GET", "/big.bin", &[]));
+    let head = c.read_response(true);
+    assert_eq!(head.status, 200);
+    assert_eq!(head.content_length(), Some(size));
+    c
+}
+
 /// Opens a connection to `tern` and sends a truncated record, then closes our write side
 /// `fin_after` later. The cases: half a ClientHello, a lone record header, and (after a
 /// completed handshake) half an application-data record.
 fn send_truncated(
-    tern: &TlsServer,
+    tern: &Tern,
     config: &Arc<ClientConfig>,
     case: usize,
     fin_after: Duration,
@@ -655,24 +636,17 @@ fn send_truncated(
     let hello = client_hello(config);
     let (mut sock, bytes) = match case {
         0 => (
-            TcpStream::connect(tern.https).unwrap(),
+            TcpStream::connect(tern.https()).unwrap(),
             hello[..hello.len() / 2].to_vec(),
         ),
-        1 => (TcpStream::connect(tern.https).unwrap(), hello[..5].to_vec()),
+        1 => (
+            TcpStream::connect(tern.https()).unwrap(),
+            hello[..5].to_vec(),
+        ),
         _ => {
-            let mut c = tern.tls(config, "localhost");
-            assert_eq!(c.get("/hello.txt", &[]).status, 200);
-            c.tls
-                .conn
-                .writer()
-                .write_all(&request_bytes("GET", "/hello.txt", &[]))
-                .unwrap();
-            let mut record = Vec::new();
-            while c.tls.conn.wants_write() {
-                c.tls.conn.write_tls(&mut record).unwrap();
-            }
+            let (c, record) = served_then_sealed(tern, config);
             let half = record.len() / 2;
-            (c.tls.sock.try_clone().unwrap(), record[..half].to_vec())
+            (c.stream.sock.try_clone().unwrap(), record[..half].to_vec())
         }
     };
     if fin_after.is_zero() {
@@ -687,19 +661,7 @@ fn send_truncated(
 /// Holds what is written back (TCP_CORK), so that the shutdown sends it and the FIN in one
 /// segment: the server's socket becomes readable with both already there.
 fn cork(sock: &TcpStream) {
-    use std::os::fd::AsRawFd;
-    let on: libc::c_int = 1;
-    // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CORK,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0, "setsockopt(TCP_CORK)");
+    set_int_option(sock, libc::IPPROTO_TCP, libc::TCP_CORK, 1, "TCP_CORK");
 }
 
 const TRUNCATED: [&str; 3] = [
@@ -756,10 +718,8 @@ fn a_stalled_handshake_is_cut_off_by_the_header_timeout() {
     let fx = Fixture::new();
     let tern = fx.start(&["--header-timeout", "1"]);
     let config = fx.client(&[TLS13]);
-    let hello = client_hello(&config);
     let started = Instant::now();
-    let mut sock = TcpStream::connect(tern.https).unwrap();
-    sock.write_all(&hello[..hello.len() / 2]).unwrap();
+    let mut sock = half_a_hello(&tern, &config);
     let got = read_until_closed(&mut sock, Duration::from_secs(6))
         .expect("a handshake stalled midway is cut off");
     let took = started.elapsed();
@@ -769,7 +729,7 @@ fn a_stalled_handshake_is_cut_off_by_the_header_timeout() {
     );
     assert_only_alerts(&got, "a stalled handshake");
     // A client that connects and sends nothing is cut off too.
-    let mut sock = TcpStream::connect(tern.https).unwrap();
+    let mut sock = TcpStream::connect(tern.https()).unwrap();
     let got = read_until_closed(&mut sock, Duration::from_secs(6));
     assert!(
         got.is_some_and(|g| g.is_empty()),
@@ -861,12 +821,7 @@ fn shutdown_finishes_a_download_and_ends_sessions_with_close_notify() {
     let config = fx.client(&[TLS13]);
     let mut idle = tern.tls(&config, "localhost");
     assert_eq!(idle.get("/hello.txt", &[]).status, 200);
-    let sock = TcpStream::connect(tern.https).unwrap();
-    Client::from_stream(sock.try_clone().unwrap()).small_receive_buffer(16 * 1024);
-    let mut busy = TlsClient::handshake(sock, &config, "localhost").unwrap();
-    busy.send(&request_bytes("GET", "/big.bin", &[]));
-    let head = busy.read_response(true);
-    assert_eq!(head.content_length(), Some(SIZE));
+    let mut busy = slow_download(&tern, &config, SIZE);
     std::thread::sleep(Duration::from_millis(100));
     tern.signal(libc::SIGTERM);
     // The idle connection is ended at once, cleanly.
@@ -876,7 +831,7 @@ fn shutdown_finishes_a_download_and_ends_sessions_with_close_notify() {
         "idle connection at shutdown"
     );
     // The download in flight completes, then ends cleanly too.
-    let body = busy.read_exact_raw(SIZE as usize, 64 * 1024);
+    let body = busy.read_exact_raw(SIZE as usize);
     check_pattern(&body, 0);
     assert_eq!(
         busy.end(Duration::from_secs(3)),
@@ -900,15 +855,7 @@ fn sighup_swaps_the_certificate_and_keeps_open_connections() {
     let new = fx.ca.issue("new", &["localhost"]);
     let broken = fx.ca.issue("broken", &["localhost"]);
     old.write_to(&cert, &key);
-    let tern = TlsServer::serve(
-        &fx.site.root,
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-    );
+    let tern = Tern::serve_tls(&fx.site.root, &cert_key_args(&cert, &key));
     let leaves = [&old, &new, &broken];
     let config = fx.client(&[TLS13, TLS12]);
     let mut kept = tern.tls(&config, "localhost");
@@ -921,7 +868,7 @@ fn sighup_swaps_the_certificate_and_keeps_open_connections() {
     // The connection opened before keeps working (its session is unchanged)...
     assert_eq!(kept.get("/hello.txt", &[]).text(), "hello over tls\n");
     // ...and a new one gets the new certificate.
-    let fresh = Arc::new(client_config(&fx.ca, &[TLS13]));
+    let fresh = fx.client(&[TLS13]);
     let mut c = tern.tls(&fresh, "localhost");
     assert_eq!(which(&c.leaf(), &leaves), "new");
     assert_eq!(c.get("/hello.txt", &[]).status, 200);
@@ -935,7 +882,7 @@ fn sighup_swaps_the_certificate_and_keeps_open_connections() {
     let line = tern.reload(3);
     assert!(line.contains("nothing changed"), "{line}");
     for _ in 0..3 {
-        let mut c = tern.tls(&Arc::new(client_config(&fx.ca, &[TLS13])), "localhost");
+        let mut c = tern.tls(&fx.client(&[TLS13]), "localhost");
         assert_eq!(which(&c.leaf(), &leaves), "new", "after a failed reload");
         assert_eq!(c.get("/hello.txt", &[]).status, 200);
     }
@@ -944,7 +891,7 @@ fn sighup_swaps_the_certificate_and_keeps_open_connections() {
     broken.write_to(&cert, &key);
     let line = tern.reload(4);
     assert!(line.contains("certificates re-read"), "{line}");
-    let c = tern.tls(&Arc::new(client_config(&fx.ca, &[TLS13])), "localhost");
+    let c = tern.tls(&fx.client(&[TLS13]), "localhost");
     assert_eq!(which(&c.leaf(), &leaves), "broken");
     assert_eq!(kept.get("/hello.txt", &[]).status, 200);
 }
@@ -1038,52 +985,37 @@ fn bad_certificates_and_keys_are_one_line_start_up_errors() {
     let cases: Vec<(&str, Vec<String>, String)> = vec![
         (
             "missing certificate file",
-            vec!["--tls-cert".into(), s(&missing), "--tls-key".into(), s(key)],
+            cert_key_args(&missing, key),
             s(&missing),
         ),
         (
             "missing key file",
-            vec![
-                "--tls-cert".into(),
-                s(cert),
-                "--tls-key".into(),
-                s(&missing),
-            ],
+            cert_key_args(cert, &missing),
             s(&missing),
         ),
         (
             "key of another certificate",
-            vec![
-                "--tls-cert".into(),
-                s(cert),
-                "--tls-key".into(),
-                s(other_key),
-            ],
+            cert_key_args(cert, other_key),
             "does not belong".into(),
         ),
         (
             "garbage PEM certificate",
-            vec!["--tls-cert".into(), s(&garbage), "--tls-key".into(), s(key)],
+            cert_key_args(&garbage, key),
             s(&garbage),
         ),
         (
             "garbage PEM key",
-            vec![
-                "--tls-cert".into(),
-                s(cert),
-                "--tls-key".into(),
-                s(&garbage),
-            ],
+            cert_key_args(cert, &garbage),
             s(&garbage),
         ),
         (
             "empty certificate file",
-            vec!["--tls-cert".into(), s(&empty), "--tls-key".into(), s(key)],
+            cert_key_args(&empty, key),
             s(&empty),
         ),
         (
             "a key given as the certificate",
-            vec!["--tls-cert".into(), s(key), "--tls-key".into(), s(key)],
+            cert_key_args(key, key),
             s(key),
         ),
         (
@@ -1098,14 +1030,11 @@ fn bad_certificates_and_keys_are_one_line_start_up_errors() {
         ),
         (
             "a damaged ticket key file",
-            vec![
-                "--tls-cert".into(),
-                s(cert),
-                "--tls-key".into(),
-                s(key),
-                "--tls-ticket-keys".into(),
-                s(&damaged_keys),
-            ],
+            [
+                cert_key_args(cert, key),
+                vec!["--tls-ticket-keys".into(), s(&damaged_keys)],
+            ]
+            .concat(),
             s(&damaged_keys),
         ),
         (
@@ -1114,24 +1043,16 @@ fn bad_certificates_and_keys_are_one_line_start_up_errors() {
             "certificate".into(),
         ),
     ];
+    let one_worker = || vec!["--workers".to_owned(), "1".to_owned()];
     for (what, args, want) in cases {
-        let mut cmd = Command::new(TERN);
-        cmd.arg("serve")
-            .arg(&fx.site.root)
-            .args(["--listen-tls", "127.0.0.1:0", "--workers", "1"])
-            .args(&args)
-            .env_remove("TERN_LOG");
+        let extra = [one_worker(), args].concat();
+        let mut cmd = serve_command(&fx.site.root, LISTEN_TLS, &extra);
         let f = run_to_end(&mut cmd, Duration::from_secs(10));
         assert_one_line_error(&f, what, &want);
     }
     // `tern demo` too.
-    let mut cmd = Command::new(TERN);
-    cmd.arg("demo")
-        .arg("--data")
-        .arg(base.join("data"))
-        .args(["--listen-tls", "127.0.0.1:0", "--workers", "1"])
-        .args(["--tls-cert", &s(cert), "--tls-key", &s(other_key)])
-        .env_remove("TERN_LOG");
+    let extra = [one_worker(), cert_key_args(cert, other_key)].concat();
+    let mut cmd = demo_command(&base.join("data"), LISTEN_TLS, &extra);
     let f = run_to_end(&mut cmd, Duration::from_secs(10));
     assert_one_line_error(&f, "demo with a mismatched key", "does not belong");
 }
@@ -1156,8 +1077,8 @@ fn the_config_file_tls_section_serves_https() {
         .arg("--config")
         .arg(&config)
         .args(["--workers", "1"]);
-    let tern = TlsServer::start(cmd);
-    assert!(tern.http.is_none(), "{}", tern.line);
+    let tern = Tern::spawn(cmd);
+    assert!(tern.http().is_none(), "{}", tern.line);
     assert!(
         fx.base().join("keys").exists(),
         "ticket keys beside the config file"
@@ -1195,17 +1116,17 @@ fn redirect_http_answers_308_and_hsts_is_on_https_answers_only() {
         "--hsts",
         "600",
     ]);
-    let plain = tern.http.expect("a plain listener with --listen");
-    let redirect = tern.redirect.expect("a redirect listener");
+    let plain = tern.http().expect("a plain listener with --listen");
+    let redirect = tern.redirect().expect("a redirect listener");
     assert!(
         tern.line.contains(&format!(
             "http://{plain} and https://{} and http://{redirect} (redirect to https)",
-            tern.https
+            tern.https()
         )),
         "{}",
         tern.line
     );
-    let port = tern.https.port();
+    let port = tern.https().port();
     let mut c = Client::connect(redirect);
     for (path, host, want) in [
         (
@@ -1253,7 +1174,7 @@ fn redirect_http_answers_308_and_hsts_is_on_https_answers_only() {
 fn self_signed_prints_its_fingerprint_and_serves_localhost() {
     let site = Site::new();
     site.write("hello.txt", "hello\n");
-    let tern = TlsServer::serve(&site.root, &["--tls-self-signed"]);
+    let tern = Tern::serve_tls(&site.root, &["--tls-self-signed"]);
     let (_, fp) = tern
         .line
         .split_once("; self-signed certificate SHA-256 ")
@@ -1291,15 +1212,12 @@ fn self_signed_prints_its_fingerprint_and_serves_localhost() {
 fn demo_over_https_counts_handshakes_and_failures() {
     let fx = Fixture::new();
     let data = fx.base().join("data");
-    let mut args = fx.cert_args(1);
-    args.extend(["--listen", "127.0.0.1:0", "--header-timeout", "1"].map(String::from));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let tern = TlsServer::demo(&data, &args);
+    let tern = fx.demo(&["--header-timeout", "1"]);
     assert!(
         tern.line.starts_with("tern: IPv4 Games (data in ")
             && tern
                 .line
-                .contains(&format!(" and https://{} with 2 workers", tern.https)),
+                .contains(&format!(" and https://{} with 2 workers", tern.https())),
         "{}",
         tern.line
     );
@@ -1338,23 +1256,21 @@ fn demo_over_https_counts_handshakes_and_failures() {
         assert_eq!(t.get("/ip", &[]).status, 200);
     }
     for _ in 0..2 {
-        let r = Client::connect(tern.https).get("/statusz", &[]);
+        let r = Client::connect(tern.https()).get("/statusz", &[]);
         assert_eq!(r.status, 400);
     }
-    let mut sock = TcpStream::connect(tern.https).unwrap();
+    let mut sock = TcpStream::connect(tern.https()).unwrap();
     sock.write_all(&[0x16, 0x03, 0x01, 0x00, 0x04, 0xde, 0xad, 0xbe, 0xef])
         .unwrap();
     read_until_closed(&mut sock, Duration::from_secs(5)).expect("closed on a bad record");
     let mut sock = send_truncated(&tern, &config, 0, Duration::from_millis(200));
     read_until_closed(&mut sock, Duration::from_secs(5)).expect("closed on a truncated hello");
     // A handshake stalled past --header-timeout 1.
-    let hello = client_hello(&config);
-    let mut sock = TcpStream::connect(tern.https).unwrap();
-    sock.write_all(&hello[..hello.len() / 2]).unwrap();
+    let mut sock = half_a_hello(&tern, &config);
     read_until_closed(&mut sock, Duration::from_secs(5)).expect("a stalled handshake cut off");
     // A client that does not trust the certificate (another CA) sends an alert.
     let stranger = Arc::new(client_config(&Ca::new(), &[TLS13]));
-    let e = TlsClient::try_connect(tern.https, &stranger, "localhost").err();
+    let e = TlsClient::try_connect_tls(tern.https(), &stranger, "localhost").err();
     assert!(
         e.is_some(),
         "a client of another CA completed the handshake"
@@ -1362,7 +1278,7 @@ fn demo_over_https_counts_handshakes_and_failures() {
     // A client that speaks only h2 shares no ALPN protocol with tern (yet).
     let mut h2_only = client_config(&fx.ca, &[TLS13]);
     h2_only.alpn_protocols = vec![b"h2".to_vec()];
-    let e = TlsClient::try_connect(tern.https, &Arc::new(h2_only), "localhost").err();
+    let e = TlsClient::try_connect_tls(tern.https(), &Arc::new(h2_only), "localhost").err();
     assert!(e.is_some(), "an h2-only client completed the handshake");
 
     let delta =
@@ -1417,11 +1333,7 @@ fn demo_pipelined_claims_over_tls_are_all_answered() {
     // A claim is answered later (by the writer thread, through the worker's inbox): requests
     // pipelined behind it wait in the connection and must be answered once it is.
     let fx = Fixture::new();
-    let data = fx.base().join("data");
-    let mut args = fx.cert_args(1);
-    args.extend(["--listen".into(), "127.0.0.1:0".into()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let tern = TlsServer::demo(&data, &args);
+    let tern = fx.demo(&[]);
     let mut batch = Vec::new();
     for name in ["alpha", "beta", "gamma"] {
         batch.extend(request_bytes(
@@ -1432,7 +1344,7 @@ fn demo_pipelined_claims_over_tls_are_all_answered() {
     }
     batch.extend(request_bytes("GET", "/ip", &[]));
     // Plain HTTP, the reference.
-    let mut p = Client::connect(tern.http.unwrap());
+    let mut p = Client::connect(tern.http().unwrap());
     p.send(&batch);
     for name in ["alpha", "beta", "gamma"] {
         let r = p.read_response(false);
@@ -1457,8 +1369,8 @@ fn demo_pipelined_claims_over_tls_are_all_answered() {
 // ---------------------------------------------------------------------------------------------
 
 /// `curl -sS -v --cacert CA --resolve localhost:PORT:127.0.0.1 ARGS...`.
-fn curl(fx: &Fixture, tern: &TlsServer, args: &[&str]) -> Failed {
-    let port = tern.https.port();
+fn curl(fx: &Fixture, tern: &Tern, args: &[&str]) -> Failed {
+    let port = tern.https().port();
     let mut cmd = Command::new("curl");
     cmd.args(["-sS", "-v", "--max-time", "10", "--cacert"])
         .arg(&fx.ca_file)
@@ -1477,7 +1389,7 @@ fn curl_fetches_over_tls13_and_tls12() {
     let body = text_body("curl");
     fx.site.write("page.txt", &body);
     let tern = fx.start(&[]);
-    let url = |path: &str| format!("https://localhost:{}{path}", tern.https.port());
+    let url = |path: &str| format!("https://localhost:{}{path}", tern.https().port());
 
     let f = curl(&fx, &tern, &[&url("/hello.txt")]);
     assert!(f.status.success(), "curl: {}", f.stderr);
@@ -1554,7 +1466,10 @@ fn curl_fetches_over_tls13_and_tls12() {
     let mut cmd = Command::new("curl");
     cmd.args(["-sS", "--max-time", "10", "--cacert"])
         .arg(&fx.ca_file)
-        .arg(format!("https://127.0.0.1:{}/hello.txt", tern.https.port()));
+        .arg(format!(
+            "https://127.0.0.1:{}/hello.txt",
+            tern.https().port()
+        ));
     let f = run_to_end(&mut cmd, Duration::from_secs(15));
     assert!(f.status.success(), "{}", f.stderr);
     assert_eq!(f.stdout, "hello over tls\n");
@@ -1562,7 +1477,7 @@ fn curl_fetches_over_tls13_and_tls12() {
     // Without the CA, curl refuses the certificate (exit 60); the server is unharmed.
     let mut cmd = Command::new("curl");
     cmd.args(["-sS", "--max-time", "10", "--resolve"])
-        .arg(format!("localhost:{}:127.0.0.1", tern.https.port()))
+        .arg(format!("localhost:{}:127.0.0.1", tern.https().port()))
         .arg(url("/hello.txt"));
     let f = run_to_end(&mut cmd, Duration::from_secs(15));
     assert_eq!(f.status.code(), Some(60), "{}", f.stderr);
@@ -1577,7 +1492,7 @@ fn curl_follows_the_redirect_to_https_and_sees_hsts() {
     }
     let fx = Fixture::new();
     let tern = fx.start(&["--redirect-http", "127.0.0.1:0", "--hsts", "31536000"]);
-    let redirect = tern.redirect.unwrap();
+    let redirect = tern.redirect().unwrap();
     let f = curl(
         &fx,
         &tern,
@@ -1596,7 +1511,7 @@ fn curl_follows_the_redirect_to_https_and_sees_hsts() {
     assert!(
         heads.contains(&format!(
             "location: https://localhost:{}/hello.txt",
-            tern.https.port()
+            tern.https().port()
         )),
         "{}",
         f.stdout
@@ -1617,10 +1532,10 @@ fn curl_follows_the_redirect_to_https_and_sees_hsts() {
 
 /// `openssl s_client -connect 127.0.0.1:PORT -CAfile CA ARGS...` sending one request with
 /// `Connection: close` and waiting for the server to close.
-fn s_client(fx: &Fixture, tern: &TlsServer, args: &[&str], path: &str) -> Failed {
+fn s_client(fx: &Fixture, tern: &Tern, args: &[&str], path: &str) -> Failed {
     let mut cmd = Command::new("openssl");
     cmd.args(["s_client", "-connect"])
-        .arg(tern.https.to_string())
+        .arg(tern.https().to_string())
         .arg("-CAfile")
         .arg(&fx.ca_file)
         .arg("-ign_eof")

@@ -33,7 +33,7 @@ fn download_through_sigterm(prompt: bool) {
     write_pattern_file(&site.root.join("big.bin"), BIG);
     site.write("a.txt", "alpha\n");
     let mut tern = site.start(&["--shutdown-grace", &GRACE_SECS.to_string()]);
-    let addr = tern.addr;
+    let addr = tern.addr();
 
     // An idle keep-alive connection: it must be closed, not waited for.
     let mut idle = tern.client();
@@ -142,7 +142,7 @@ fn sigint_with_only_idle_connections_exits_0_at_once() {
         assert_eq!(c.get("/a.txt", &[]).text(), "alpha\n");
     }
     // One connection that sent nothing at all.
-    let _silent = TcpStream::connect(tern.addr).unwrap();
+    let _silent = TcpStream::connect(tern.addr()).unwrap();
     let t = Instant::now();
     tern.signal(libc::SIGINT);
     let status = tern
@@ -205,7 +205,7 @@ fn survives_emfile_and_recovers() {
 
     let mut held = Vec::new();
     for _ in 0..100 {
-        match TcpStream::connect_timeout(&tern.addr, Duration::from_millis(500)) {
+        match TcpStream::connect_timeout(&tern.addr(), Duration::from_millis(500)) {
             Ok(mut s) => {
                 // The listener defers accepts until data arrives (TCP_DEFER_ACCEPT): a
                 // byte of a request makes the kernel hand the connection over.
@@ -240,7 +240,7 @@ fn survives_emfile_and_recovers() {
     drop(first);
     let t = Instant::now();
     let ok = eventually(Duration::from_secs(2), || {
-        let Ok(s) = TcpStream::connect_timeout(&tern.addr, Duration::from_millis(500)) else {
+        let Ok(s) = TcpStream::connect_timeout(&tern.addr(), Duration::from_millis(500)) else {
             return false;
         };
         let mut c = Client::from_stream(s);

@@ -3,11 +3,8 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::process::Command;
 use std::time::Duration;
 
 use support::*;
@@ -45,113 +42,16 @@ impl Dirs {
     }
 }
 
-/// A `tern serve` started with arbitrary arguments, killed when dropped.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    stderr: Arc<Mutex<Vec<u8>>>,
+/// `tern serve ARGS... --listen 127.0.0.1:0` (no `--workers`: the config file may set it).
+fn serve(args: &[&str]) -> Command {
+    let mut cmd = Command::new(TERN);
+    cmd.arg("serve").args(args).args(LISTEN);
+    cmd
 }
 
-impl Server {
-    /// `tern serve ARGS... --listen 127.0.0.1:0`, waiting for the start-up line.
-    fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(TERN)
-            .arg("serve")
-            .args(args)
-            .args(["--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env_remove("TERN_LOG")
-            .spawn()
-            .expect("spawn tern");
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let sink = stderr.clone();
-        let mut err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut chunk = [0u8; 4096];
-            while let Ok(n) = err.read(&mut chunk) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().extend_from_slice(&chunk[..n]);
-            }
-        });
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let _ = tx.send(line);
-            let _ = std::io::copy(&mut reader, &mut std::io::sink());
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(15))
-            .expect("no start-up line within 15 s");
-        let mut server = Server {
-            child,
-            addr: "0.0.0.0:0".parse().unwrap(),
-            stderr,
-        };
-        let addr = line
-            .split(" on http://")
-            .nth(1)
-            .and_then(|rest| rest.split(' ').next())
-            .and_then(|a| a.parse().ok());
-        match addr {
-            Some(addr) => server.addr = addr,
-            None => panic!(
-                "unexpected start-up line {line:?}; stderr:\n{}",
-                server.stderr_text()
-            ),
-        }
-        server
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(self.addr)
-    }
-
-    fn sighup(&self) {
-        // SAFETY: kill(2) on our own child, which is reaped only in Drop.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGHUP) };
-        assert_eq!(rc, 0);
-    }
-
-    fn stderr_text(&self) -> String {
-        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
-    }
-
-    /// Lines of stderr containing `needle`.
-    fn log_lines(&self, needle: &str) -> Vec<String> {
-        self.stderr_text()
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// Sends SIGHUP and waits for the reload's log line (the `n`-th reload); returns it.
-    fn reload(&self, n: usize) -> String {
-        self.sighup();
-        let found = eventually(Duration::from_secs(5), || {
-            self.log_lines("reload (SIGHUP)").len() >= n
-        });
-        assert!(
-            found,
-            "no log line for reload {n} within 5 s; stderr:\n{}",
-            self.stderr_text()
-        );
-        self.log_lines("reload (SIGHUP)")[n - 1].clone()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// [`serve`], waiting for the start-up line.
+fn start(args: &[&str]) -> Tern {
+    Tern::spawn(serve(args))
 }
 
 fn config_for(root: &Path, extra: &str) -> String {
@@ -163,7 +63,7 @@ fn sighup_switches_root_on_an_open_keep_alive_connection() {
     let dirs = Dirs::new();
     write_pattern_file(&dirs.path("a/big.bin"), 32 << 20);
     dirs.write_config(&config_for(&dirs.path("a"), "workers = 2\n"));
-    let tern = Server::start(&["--config", dirs.config().to_str().unwrap()]);
+    let tern = start(&["--config", dirs.config().to_str().unwrap()]);
 
     let mut kept = tern.client();
     let r = kept.get("/who.txt", &[]);
@@ -226,7 +126,7 @@ fn sighup_switches_root_on_an_open_keep_alive_connection() {
 fn bad_config_on_sighup_keeps_serving_and_logs_the_error() {
     let dirs = Dirs::new();
     dirs.write_config(&config_for(&dirs.path("a"), ""));
-    let tern = Server::start(&["--config", dirs.config().to_str().unwrap()]);
+    let tern = start(&["--config", dirs.config().to_str().unwrap()]);
     let mut c = tern.client();
     assert_eq!(c.get("/who.txt", &[]).text(), "site a\n");
 
@@ -268,7 +168,7 @@ fn bad_config_on_sighup_keeps_serving_and_logs_the_error() {
 fn sighup_without_config_sees_a_replaced_directory_at_once() {
     let dirs = Dirs::new();
     let site = dirs.path("a");
-    let tern = Server::start(&[site.to_str().unwrap()]);
+    let tern = start(&[site.to_str().unwrap()]);
     let mut c = tern.client();
     assert_eq!(c.get("/who.txt", &[]).text(), "site a\n");
     assert_eq!(c.get("/who.txt", &[]).text(), "site a\n");
@@ -294,7 +194,7 @@ fn flags_override_the_config_file() {
         "cache_control = \"from-file\"\nserve_dotfiles = false\n",
     ));
     std::fs::write(dirs.path("b/.env"), "dot\n").unwrap();
-    let tern = Server::start(&[
+    let tern = start(&[
         dirs.path("b").to_str().unwrap(),
         "--config",
         dirs.config().to_str().unwrap(),
@@ -334,13 +234,7 @@ fn assert_one_line_error(f: &Failed, want: &str) {
 }
 
 fn start_failing(args: &[&str]) -> Failed {
-    run_to_end(
-        Command::new(TERN)
-            .arg("serve")
-            .args(args)
-            .args(["--listen", "127.0.0.1:0"]),
-        Duration::from_secs(10),
-    )
+    run_to_end(&mut serve(args), Duration::from_secs(10))
 }
 
 #[test]
@@ -381,7 +275,7 @@ fn bad_config_files_are_one_line_start_up_errors() {
 #[test]
 fn bad_request_flood_is_logged_rate_limited() {
     let dirs = Dirs::new();
-    let tern = Server::start(&[dirs.path("a").to_str().unwrap(), "--workers", "1"]);
+    let tern = start(&[dirs.path("a").to_str().unwrap(), "--workers", "1"]);
     const FLOOD: usize = 300;
     for _ in 0..FLOOD {
         let mut c = tern.client();

@@ -4,7 +4,8 @@
 //! Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -49,17 +50,41 @@ impl Site {
         path
     }
 
+    /// `n00.txt`, `n01.txt`, ... (`count` files), each `file number I\n`.
+    pub fn write_numbered(&self, count: usize) {
+        for i in 0..count {
+            self.write(&format!("n{i:02}.txt"), format!("file number {i}\n"));
+        }
+    }
+
     pub fn start(&self, extra: &[&str]) -> Tern {
         Tern::start(&self.root, extra)
     }
 }
 
-/// A running `tern serve`, killed (SIGKILL) and reaped when dropped.
+/// A running `tern serve` or `tern demo` (plain HTTP, HTTPS or both), killed (SIGKILL) and
+/// reaped when dropped.
 pub struct Tern {
     pub child: Child,
-    pub addr: SocketAddr,
+    /// The start-up line, without its line end.
+    pub line: String,
+    /// The listeners the start-up line names, in its order.
+    pub listeners: Vec<Listener>,
+    /// The worker count the start-up line names.
+    pub workers: usize,
     pub stderr: Arc<Mutex<Vec<u8>>>,
     status: Option<ExitStatus>,
+}
+
+/// One listener named in a start-up line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// `http://ADDR`: plain HTTP (`--listen`).
+    Http(SocketAddr),
+    /// `https://ADDR` (`--listen-tls`).
+    Https(SocketAddr),
+    /// `http://ADDR (redirect to https)` (`--redirect-http`).
+    Redirect(SocketAddr),
 }
 
 /// How a `tern` run that was expected to fail ended.
@@ -69,16 +94,74 @@ pub struct Failed {
     pub stderr: String,
 }
 
+/// `--listen 127.0.0.1:0`: a plain HTTP listener on a free port.
+pub const LISTEN: &[&str] = &["--listen", "127.0.0.1:0"];
+
 impl Tern {
     /// `tern serve DIR --listen 127.0.0.1:0 --workers 2 EXTRA...`, waiting for the start-up line.
     pub fn start(dir: &Path, extra: &[&str]) -> Tern {
         Tern::start_with(dir, extra, None)
     }
 
-    /// Like [`start`](Self::start); `fd_limit` runs tern under `ulimit -n LIMIT`.
+    /// Like [`start`](Self::start); `fd_limit` runs tern under `ulimit -n LIMIT`. Checks that
+    /// the start-up line names the canonical root, a plain listener and the worker count.
     pub fn start_with(dir: &Path, extra: &[&str], fd_limit: Option<u32>) -> Tern {
-        let mut cmd = command(dir, extra, fd_limit);
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let tern = Tern::spawn(command(Sub::Serve(dir), LISTEN, extra, fd_limit));
+        let canonical = std::fs::canonicalize(dir).unwrap();
+        assert!(
+            tern.line
+                .starts_with(&format!("tern: serving {} on ", canonical.display())),
+            "start-up line {:?} names the canonical root {canonical:?}",
+            tern.line
+        );
+        assert!(
+            tern.http().is_some(),
+            "no plain listener in {:?}",
+            tern.line
+        );
+        let workers = match extra.iter().position(|a| *a == "--workers") {
+            Some(i) => extra[i + 1].parse().unwrap(),
+            None => 2,
+        };
+        assert_eq!(tern.workers, workers, "start-up line {:?}", tern.line);
+        tern
+    }
+
+    /// Runs `tern serve` expecting it to fail at start-up; returns how it ended.
+    pub fn start_failing(dir: &Path, extra: &[&str]) -> Failed {
+        run_to_end(
+            &mut command(Sub::Serve(dir), LISTEN, extra, None),
+            Duration::from_secs(10),
+        )
+    }
+
+    /// `tern demo --data DATA --listen 127.0.0.1:0 --workers 2 EXTRA...` (the IPv4 Games),
+    /// waiting for the start-up line.
+    pub fn start_demo(data: &Path, extra: &[&str]) -> Tern {
+        let tern = Tern::spawn(demo_command(data, LISTEN, extra));
+        assert!(
+            tern.line.starts_with("tern: IPv4 Games (data in ") && tern.http().is_some(),
+            "start-up line {:?}",
+            tern.line
+        );
+        tern
+    }
+
+    /// Runs `tern demo` expecting it to fail at start-up; returns how it ended.
+    pub fn demo_failing(data: &Path, extra: &[&str]) -> Failed {
+        run_to_end(
+            &mut demo_command(data, LISTEN, extra),
+            Duration::from_secs(10),
+        )
+    }
+
+    /// Spawns `cmd` (a `tern serve` or `tern demo` command line) and waits (15 s at most) for
+    /// its start-up line, which must parse (see [`parse_startup_line`]).
+    pub fn spawn(mut cmd: Command) -> Tern {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_remove("TERN_LOG");
         let mut child = cmd.spawn().expect("spawn tern");
         let stderr = drain(child.stderr.take().unwrap());
         let stdout = child.stdout.take().unwrap();
@@ -91,35 +174,68 @@ impl Tern {
             // Keep draining so tern can never block on a full stdout pipe.
             let _ = std::io::copy(&mut reader, &mut std::io::sink());
         });
-        let line = match rx.recv_timeout(Duration::from_secs(15)) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("tern printed no start-up line within 15 s");
-            }
-        };
         let mut tern = Tern {
             child,
-            addr: "0.0.0.0:0".parse().unwrap(),
+            line: String::new(),
+            listeners: Vec::new(),
+            workers: 0,
             stderr,
             status: None,
         };
-        let Some(addr) = parse_startup_line(&line, dir) else {
+        // (On a panic, Drop kills the process.)
+        let Ok(line) = rx.recv_timeout(Duration::from_secs(15)) else {
+            panic!(
+                "tern printed no start-up line within 15 s; stderr:\n{}",
+                tern.stderr_text()
+            )
+        };
+        tern.line = line.trim_end().to_owned();
+        let Some((listeners, workers)) = parse_startup_line(&tern.line) else {
             let status = tern.wait_exit(Duration::from_secs(2));
             panic!(
-                "unexpected start-up line {line:?} (exit {status:?}); stderr:\n{}",
+                "unexpected start-up line {:?} (exit {status:?}); stderr:\n{}",
+                tern.line,
                 tern.stderr_text()
             );
         };
-        tern.addr = addr;
+        tern.listeners = listeners;
+        tern.workers = workers;
         tern
     }
 
-    /// Runs `tern serve` expecting it to fail at start-up; returns how it ended.
-    pub fn start_failing(dir: &Path, extra: &[&str]) -> Failed {
-        let mut cmd = command(dir, extra, None);
-        run_to_end(&mut cmd, Duration::from_secs(10))
+    fn find_listener(&self, pick: impl Fn(&Listener) -> Option<SocketAddr>) -> Option<SocketAddr> {
+        self.listeners.iter().find_map(pick)
+    }
+
+    /// The plain HTTP listener (`--listen`), if there is one.
+    pub fn http(&self) -> Option<SocketAddr> {
+        self.find_listener(|l| match l {
+            Listener::Http(a) => Some(*a),
+            _ => None,
+        })
+    }
+
+    /// The `--redirect-http` listener, if there is one.
+    pub fn redirect(&self) -> Option<SocketAddr> {
+        self.find_listener(|l| match l {
+            Listener::Redirect(a) => Some(*a),
+            _ => None,
+        })
+    }
+
+    /// The plain HTTP listener; panics when there is none.
+    pub fn addr(&self) -> SocketAddr {
+        self.http()
+            .unwrap_or_else(|| panic!("no plain HTTP listener in {:?}", self.line))
+    }
+
+    /// The HTTPS listener; panics when there is none.
+    pub fn https(&self) -> SocketAddr {
+        self.find_listener(|l| match l {
+            Listener::Https(a) => Some(*a),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no HTTPS listener in {:?}", self.line))
     }
 
     pub fn pid(&self) -> libc::pid_t {
@@ -162,8 +278,32 @@ impl Tern {
         String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
     }
 
+    /// Lines of stderr containing `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        self.stderr_text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Sends SIGHUP and waits for the `n`-th reload's log line; returns it.
+    pub fn reload(&self, n: usize) -> String {
+        self.signal(libc::SIGHUP);
+        let found = eventually(Duration::from_secs(5), || {
+            self.log_lines("reload (SIGHUP)").len() >= n
+        });
+        assert!(
+            found,
+            "no log line for reload {n} within 5 s; stderr:\n{}",
+            self.stderr_text()
+        );
+        self.log_lines("reload (SIGHUP)")[n - 1].clone()
+    }
+
+    /// A plain HTTP connection to [`addr`](Self::addr).
     pub fn client(&self) -> Client {
-        Client::connect(self.addr)
+        Client::connect(self.addr())
     }
 
     /// One GET on a fresh connection.
@@ -186,17 +326,22 @@ impl Drop for Tern {
     }
 }
 
-fn command(dir: &Path, extra: &[&str], fd_limit: Option<u32>) -> Command {
-    let mut args: Vec<String> = vec![
-        "serve".into(),
-        dir.to_str().unwrap().into(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-    ];
-    if !extra.contains(&"--workers") {
-        args.extend(["--workers".into(), "2".into()]);
-    }
-    args.extend(extra.iter().map(|s| s.to_string()));
+/// What `tern` is asked to run.
+enum Sub<'a> {
+    /// `serve DIR`
+    Serve(&'a Path),
+    /// `demo --data DATA`
+    Demo(&'a Path),
+}
+
+/// `tern SUB LISTEN... [--workers 2 unless EXTRA has --workers] EXTRA...`, under
+/// `ulimit -n LIMIT` with `fd_limit`.
+fn command<S: AsRef<OsStr>>(
+    sub: Sub,
+    listen: &[&str],
+    extra: &[S],
+    fd_limit: Option<u32>,
+) -> Command {
     let mut cmd = match fd_limit {
         None => Command::new(TERN),
         Some(n) => {
@@ -207,18 +352,57 @@ fn command(dir: &Path, extra: &[&str], fd_limit: Option<u32>) -> Command {
             c
         }
     };
-    cmd.args(args).stdin(Stdio::null()).env_remove("TERN_LOG");
+    match sub {
+        Sub::Serve(dir) => cmd.arg("serve").arg(dir),
+        Sub::Demo(data) => cmd.arg("demo").arg("--data").arg(data),
+    };
+    cmd.args(listen);
+    if !extra.iter().any(|a| a.as_ref() == OsStr::new("--workers")) {
+        cmd.args(["--workers", "2"]);
+    }
+    cmd.args(extra).stdin(Stdio::null()).env_remove("TERN_LOG");
     cmd
+}
+
+/// `tern serve DIR LISTEN... --workers 2 EXTRA...` (no `--workers 2` if EXTRA has one).
+pub fn serve_command<S: AsRef<OsStr>>(dir: &Path, listen: &[&str], extra: &[S]) -> Command {
+    command(Sub::Serve(dir), listen, extra, None)
+}
+
+/// `tern demo --data DATA LISTEN... --workers 2 EXTRA...` (no `--workers 2` if EXTRA has one).
+pub fn demo_command<S: AsRef<OsStr>>(data: &Path, listen: &[&str], extra: &[S]) -> Command {
+    command(Sub::Demo(data), listen, extra, None)
 }
 
 /// Runs a command to its end (bounded), capturing both streams.
 pub fn run_to_end(cmd: &mut Command, limit: Duration) -> Failed {
-    cmd.stdin(Stdio::null())
+    run(cmd, None, limit)
+}
+
+/// Runs `cmd` with `input` on its stdin (then closed), bounded by `limit`.
+pub fn run_with_input(cmd: &mut Command, input: &[u8], limit: Duration) -> Failed {
+    run(cmd, Some(input), limit)
+}
+
+fn run(cmd: &mut Command, input: Option<&[u8]>, limit: Duration) -> Failed {
+    let stdin = if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    };
+    cmd.stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn");
     let out = drain(child.stdout.take().unwrap());
     let err = drain(child.stderr.take().unwrap());
+    if let Some(input) = input {
+        let mut stdin = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+    }
     let deadline = Instant::now() + limit;
     let status = loop {
         if let Some(st) = child.try_wait().unwrap() {
@@ -246,6 +430,21 @@ pub fn run_to_end(cmd: &mut Command, limit: Duration) -> Failed {
     }
 }
 
+/// Whether `tool` can be run (`tool ARG` exits at all). Tests print why they skip.
+pub fn have(tool: &str, arg: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg(arg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !ok {
+        eprintln!("SKIPPED: `{tool}` is not installed");
+    }
+    ok
+}
+
 fn drain(mut r: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
     let buf = Arc::new(Mutex::new(Vec::new()));
     let b = buf.clone();
@@ -261,23 +460,38 @@ fn drain(mut r: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
     buf
 }
 
-/// `tern: serving /abs/dir on http://127.0.0.1:PORT with N workers` → the address.
-fn parse_startup_line(line: &str, dir: &Path) -> Option<SocketAddr> {
-    let rest = line.trim_end().strip_prefix("tern: serving ")?;
-    let (served, rest) = rest.split_once(" on http://")?;
-    let canonical = std::fs::canonicalize(dir).ok()?;
-    assert_eq!(
-        Path::new(served),
-        canonical,
-        "start-up line names the canonical root"
-    );
-    let (addr, rest) = rest.split_once(" with ")?;
-    let n: usize = rest.split(' ').next()?.parse().ok()?;
-    assert!(
-        rest == format!("{n} workers") || (n == 1 && rest == "1 worker"),
-        "start-up line ends {rest:?}"
-    );
-    addr.parse().ok()
+/// The listeners and worker count of a start-up line,
+/// `tern: WHAT on LISTENER and LISTENER... with N workers`, where a listener is
+/// `http://ADDR`, `https://ADDR` or `http://ADDR (redirect to https)`, `1 worker` is singular,
+/// and `; self-signed certificate SHA-256 FINGERPRINT` may follow.
+pub fn parse_startup_line(line: &str) -> Option<(Vec<Listener>, usize)> {
+    let rest = line.trim_end().strip_prefix("tern: ")?;
+    let (_what, rest) = rest.rsplit_once(" on ")?;
+    let (listeners, rest) = rest.rsplit_once(" with ")?;
+    let listeners = listeners
+        .split(" and ")
+        .map(|part| {
+            if let Some(addr) = part.strip_prefix("https://") {
+                Some(Listener::Https(addr.parse().ok()?))
+            } else if let Some(part) = part.strip_suffix(" (redirect to https)") {
+                Some(Listener::Redirect(
+                    part.strip_prefix("http://")?.parse().ok()?,
+                ))
+            } else {
+                Some(Listener::Http(part.strip_prefix("http://")?.parse().ok()?))
+            }
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let count = match rest.split_once("; ") {
+        Some((count, more)) => {
+            more.strip_prefix("self-signed certificate SHA-256 ")?;
+            count
+        }
+        None => rest,
+    };
+    let n: usize = count.split(' ').next()?.parse().ok()?;
+    let workers_ok = count == format!("{n} workers") || (n == 1 && count == "1 worker");
+    workers_ok.then_some((listeners, n))
 }
 
 /// A parsed response.
@@ -320,9 +534,22 @@ impl Resp {
     }
 }
 
-/// One keep-alive connection that can pipeline.
-pub struct Client {
-    pub stream: TcpStream,
+/// What a [`Client`] talks over: a `TcpStream`, or (support/tls.rs) a TLS session on one.
+pub trait Transport: Read + Write {
+    /// The TCP socket underneath.
+    fn socket(&self) -> &TcpStream;
+}
+
+impl Transport for TcpStream {
+    fn socket(&self) -> &TcpStream {
+        self
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection that can pipeline, over plain TCP or (as
+/// `tls_support::TlsClient`) over TLS.
+pub struct Client<S: Transport = TcpStream> {
+    pub stream: S,
     buf: Vec<u8>,
 }
 
@@ -334,33 +561,62 @@ impl Client {
     }
 
     pub fn from_stream(stream: TcpStream) -> Client {
-        stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-        stream.set_nodelay(true).unwrap();
+        Client::over(stream)
+    }
+}
+
+/// Shrinks a socket's receive buffer (which also turns off its autotuning), so that a large
+/// answer cannot fit in the kernel's buffers and the server must wait for us.
+pub fn small_receive_buffer(sock: &TcpStream, bytes: libc::c_int) {
+    set_int_option(sock, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes, "SO_RCVBUF");
+}
+
+/// `setsockopt(sock, level, name, &value)` for an `int` option; panics (naming `what`) if it
+/// fails.
+pub fn set_int_option(
+    sock: &TcpStream,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+    what: &str,
+) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "setsockopt({what})");
+}
+
+impl<S: Transport> Client<S> {
+    /// A client on a connected (and, for TLS, handshaken) stream: the read timeout is
+    /// [`READ_TIMEOUT`] and Nagle is off.
+    pub fn over(stream: S) -> Client<S> {
+        stream
+            .socket()
+            .set_read_timeout(Some(READ_TIMEOUT))
+            .unwrap();
+        stream.socket().set_nodelay(true).unwrap();
         Client {
             stream,
             buf: Vec::new(),
         }
     }
 
-    /// Shrinks the socket's receive buffer (which also turns off its autotuning), so that a
-    /// large answer cannot fit in the kernel's buffers and the server must wait for us.
+    /// See [`small_receive_buffer`].
     pub fn small_receive_buffer(&self, bytes: libc::c_int) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.stream.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&bytes as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "setsockopt(SO_RCVBUF)");
+        small_receive_buffer(self.stream.socket(), bytes);
     }
 
     pub fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).unwrap();
+        self.stream.flush().unwrap();
     }
 
     /// Sends a request with `Host` and the given headers, and reads its response.
@@ -384,7 +640,7 @@ impl Client {
             if let Some(end) = find(&self.buf, b"\r\n\r\n") {
                 break end;
             }
-            if self.fill()? == 0 {
+            if self.fill(FILL)? == 0 {
                 return Err(format!(
                     "connection closed before a full head; got {:?}",
                     String::from_utf8_lossy(&self.buf)
@@ -429,7 +685,7 @@ impl Client {
             Some(len) => {
                 let len = len as usize;
                 while self.buf.len() < len {
-                    if self.fill()? == 0 {
+                    if self.fill(FILL)? == 0 {
                         return Err(format!(
                             "connection closed after {} of {len} body bytes",
                             self.buf.len()
@@ -439,7 +695,7 @@ impl Client {
                 resp.body = self.take(len);
             }
             None => {
-                while self.fill()? > 0 {}
+                while self.fill(FILL)? > 0 {}
                 resp.body = std::mem::take(&mut self.buf);
             }
         }
@@ -448,9 +704,17 @@ impl Client {
 
     /// Reads exactly `n` raw bytes (after whatever was already buffered).
     pub fn read_exact_raw(&mut self, n: usize) -> Vec<u8> {
+        self.read_exact_raw_by(n, FILL)
+    }
+
+    /// Reads exactly `n` raw bytes (after whatever was already buffered), at most `step` bytes
+    /// a read.
+    pub fn read_exact_raw_by(&mut self, n: usize, step: usize) -> Vec<u8> {
         while self.buf.len() < n {
-            if self.fill().unwrap() == 0 {
-                panic!("connection closed after {} of {n} bytes", self.buf.len());
+            match self.fill(step.min(n - self.buf.len())) {
+                Ok(0) => panic!("connection closed after {} of {n} bytes", self.buf.len()),
+                Ok(_) => {}
+                Err(e) => panic!("after {} of {n} bytes: {e}", self.buf.len()),
             }
         }
         self.take(n)
@@ -480,9 +744,12 @@ impl Client {
         if !self.buf.is_empty() {
             return false;
         }
-        self.stream.set_read_timeout(Some(limit)).unwrap();
-        let r = self.fill();
-        self.stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+        self.stream.socket().set_read_timeout(Some(limit)).unwrap();
+        let r = self.fill(FILL);
+        self.stream
+            .socket()
+            .set_read_timeout(Some(READ_TIMEOUT))
+            .unwrap();
         matches!(r, Ok(0))
     }
 
@@ -491,21 +758,34 @@ impl Client {
         self.buf.len()
     }
 
-    fn fill(&mut self) -> Result<usize, String> {
-        let mut chunk = [0u8; 64 * 1024];
+    /// Reads at most `max` (up to [`FILL`]) bytes into the buffer; `Ok(0)` when the server has
+    /// closed (EOF, a reset, or over TLS a TCP close without close_notify).
+    fn fill(&mut self, max: usize) -> Result<usize, String> {
+        let mut chunk = [0u8; FILL];
+        let max = max.min(FILL);
         loop {
-            match self.stream.read(&mut chunk) {
+            match self.stream.read(&mut chunk[..max]) {
                 Ok(n) => {
                     self.buf.extend_from_slice(&chunk[..n]);
                     return Ok(n);
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(0),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof
+                    ) =>
+                {
+                    return Ok(0)
+                }
                 Err(e) => return Err(format!("read: {e}")),
             }
         }
     }
 }
+
+/// The most a client reads at once.
+const FILL: usize = 64 * 1024;
 
 pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
     let mut r = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
@@ -601,72 +881,50 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// `tern demo --data DATA --listen 127.0.0.1:0 --workers 2 EXTRA...` (the IPv4 Games).
-pub fn demo_command(data: &Path, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(TERN);
-    cmd.arg("demo")
-        .arg("--data")
-        .arg(data)
-        .args(["--listen", "127.0.0.1:0"]);
-    if !extra.contains(&"--workers") {
-        cmd.args(["--workers", "2"]);
+/// A compressible text body a few KiB long, distinguishable by `tag`.
+pub fn text_body(tag: &str) -> String {
+    (0..120)
+        .map(|i| format!("{tag} line {i}: the quick brown fox jumps over the lazy dog\n"))
+        .collect()
+}
+
+pub fn gunzip(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(data)
+        .read_to_end(&mut out)
+        .expect("valid gzip body");
+    out
+}
+
+/// Sends sixteen requests for `n00.txt`..`n15.txt` (see [`Site::write_numbered`]) in one write
+/// and checks that they are answered in order: request 7 asks for a missing file and 11 is a
+/// HEAD, and both must keep their place.
+pub fn sixteen_pipelined<S: Transport>(c: &mut Client<S>) {
+    let mut batch = Vec::new();
+    for i in 0..16 {
+        let (method, path) = match i {
+            7 => ("GET", "/missing.txt".to_owned()),
+            11 => ("HEAD", format!("/n{i:02}.txt")),
+            _ => ("GET", format!("/n{i:02}.txt")),
+        };
+        batch.extend(request_bytes(method, &path, &[]));
     }
-    cmd.args(extra).stdin(Stdio::null()).env_remove("TERN_LOG");
-    cmd
-}
-
-/// `tern: IPv4 Games (data in DIR) on http://127.0.0.1:PORT with N workers` → the address.
-pub fn parse_demo_startup_line(line: &str) -> Option<SocketAddr> {
-    let rest = line.trim_end().strip_prefix("tern: IPv4 Games (data in ")?;
-    let (_, rest) = rest.split_once(") on http://")?;
-    let (addr, _) = rest.split_once(" with ")?;
-    addr.parse().ok()
-}
-
-impl Tern {
-    /// Starts `tern demo` on `data` (see [`demo_command`]), waiting for the start-up line;
-    /// returns the running process and that line.
-    pub fn start_demo(data: &Path, extra: &[&str]) -> (Tern, String) {
-        let mut cmd = demo_command(data, extra);
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn tern demo");
-        let stderr = drain(child.stderr.take().unwrap());
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let _ = tx.send(line);
-            let _ = std::io::copy(&mut reader, &mut std::io::sink());
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(15)) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("tern demo printed no start-up line within 15 s");
+    c.send(&batch);
+    for i in 0..16 {
+        let r = c.read_response(i == 11);
+        match i {
+            7 => assert_eq!(r.status, 404, "response {i}"),
+            11 => {
+                assert_eq!(r.status, 200);
+                assert_eq!(
+                    r.content_length(),
+                    Some(format!("file number {i}\n").len() as u64)
+                );
             }
-        };
-        let mut tern = Tern {
-            child,
-            addr: "0.0.0.0:0".parse().unwrap(),
-            stderr,
-            status: None,
-        };
-        let Some(addr) = parse_demo_startup_line(&line) else {
-            let status = tern.wait_exit(Duration::from_secs(2));
-            panic!(
-                "unexpected start-up line {line:?} (exit {status:?}); stderr:\n{}",
-                tern.stderr_text()
-            );
-        };
-        tern.addr = addr;
-        (tern, line)
-    }
-
-    /// Runs `tern demo` expecting it to fail at start-up; returns how it ended.
-    pub fn demo_failing(data: &Path, extra: &[&str]) -> Failed {
-        run_to_end(&mut demo_command(data, extra), Duration::from_secs(10))
+            _ => {
+                assert_eq!(r.status, 200, "response {i}");
+                assert_eq!(r.text(), format!("file number {i}\n"), "response {i}");
+            }
+        }
     }
 }

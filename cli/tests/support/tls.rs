@@ -1,14 +1,15 @@
-//! Helpers for the HTTPS end-to-end tests (`tests/https.rs`): a test CA and certificates made
-//! with rcgen, `tern serve`/`tern demo` started with HTTPS listeners, a blocking rustls client
-//! that speaks HTTP/1.1 (keep-alive, pipelining), and runners for `curl` and `openssl`.
+//! Helpers for the HTTPS end-to-end tests (`tests/https.rs`), on top of `support` (whose
+//! `Tern` runs the server and whose `Client` speaks HTTP/1.1 over any `Transport`): a test CA
+//! and certificates made with rcgen, rustls client configurations, the TLS `Client`
+//! (`TlsClient`), and `tern serve`/`tern demo` started with an HTTPS listener.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::ffi::OsStr;
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
@@ -21,7 +22,7 @@ use rustls::{
     StreamOwned, SupportedProtocolVersion,
 };
 
-use crate::support::{eventually, find, Failed, Resp, READ_TIMEOUT, TERN};
+use crate::support::{demo_command, serve_command, Client, Tern, Transport, READ_TIMEOUT};
 
 // ---------------------------------------------------------------------------------------------
 // Certificates
@@ -122,6 +123,16 @@ pub fn replace_file(path: &Path, data: &[u8]) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
+/// `--tls-cert CERT --tls-key KEY`.
+pub fn cert_key_args(cert: &Path, key: &Path) -> Vec<String> {
+    vec![
+        "--tls-cert".into(),
+        cert.to_str().unwrap().into(),
+        "--tls-key".into(),
+        key.to_str().unwrap().into(),
+    ]
+}
+
 /// Which of `leaves` a connection's server certificate is (by DER), as its label.
 pub fn which<'a>(got: &CertificateDer<'_>, leaves: &[&'a Leaf]) -> &'a str {
     leaves
@@ -219,20 +230,26 @@ impl ServerCertVerifier for AnyCert {
 // The client connection
 // ---------------------------------------------------------------------------------------------
 
-/// One HTTPS connection (blocking rustls over a `TcpStream`) that can keep alive and pipeline.
-pub struct TlsClient {
-    pub tls: StreamOwned<ClientConnection, TcpStream>,
-    buf: Vec<u8>,
+/// A blocking rustls session over a `TcpStream`.
+pub type TlsStream = StreamOwned<ClientConnection, TcpStream>;
+
+impl Transport for TlsStream {
+    fn socket(&self) -> &TcpStream {
+        &self.sock
+    }
 }
 
-impl TlsClient {
+/// One HTTPS connection that can keep alive and pipeline (`support::Client` over TLS).
+pub type TlsClient = Client<TlsStream>;
+
+impl Client<TlsStream> {
     /// Connects and completes the handshake, sending `name` as SNI (if the config enables it).
-    pub fn connect(addr: SocketAddr, config: &Arc<ClientConfig>, name: &str) -> TlsClient {
-        TlsClient::try_connect(addr, config, name)
+    pub fn connect_tls(addr: SocketAddr, config: &Arc<ClientConfig>, name: &str) -> TlsClient {
+        TlsClient::try_connect_tls(addr, config, name)
             .unwrap_or_else(|e| panic!("TLS connection to {addr} as {name:?}: {e}"))
     }
 
-    pub fn try_connect(
+    pub fn try_connect_tls(
         addr: SocketAddr,
         config: &Arc<ClientConfig>,
         name: &str,
@@ -259,10 +276,7 @@ impl TlsClient {
                 .complete_io(&mut tls.sock)
                 .map_err(|e| format!("handshake: {e}"))?;
         }
-        Ok(TlsClient {
-            tls,
-            buf: Vec::new(),
-        })
+        Ok(Client::over(tls))
     }
 
     /// Runs the handshake writing our records at most `piece` bytes at a time, with `pause`
@@ -298,14 +312,11 @@ impl TlsClient {
             conn.process_new_packets()
                 .map_err(|e| format!("handshake: {e}"))?;
         }
-        Ok(TlsClient {
-            tls: StreamOwned::new(conn, sock),
-            buf: Vec::new(),
-        })
+        Ok(Client::over(StreamOwned::new(conn, sock)))
     }
 
     pub fn conn(&self) -> &ClientConnection {
-        &self.tls.conn
+        &self.stream.conn
     }
 
     pub fn resumed(&self) -> bool {
@@ -329,90 +340,35 @@ impl TlsClient {
             .clone()
     }
 
-    pub fn send(&mut self, bytes: &[u8]) {
-        self.tls.write_all(bytes).unwrap();
-        self.tls.flush().unwrap();
-    }
-
-    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
-        self.send(&crate::support::request_bytes(method, path, headers));
-        self.read_response(method == "HEAD")
-    }
-
-    pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Resp {
-        self.request("GET", path, headers)
-    }
-
-    pub fn read_response(&mut self, head_only: bool) -> Resp {
-        self.try_read_response(head_only)
-            .unwrap_or_else(|e| panic!("reading a response over TLS: {e}"))
-    }
-
-    pub fn try_read_response(&mut self, head_only: bool) -> Result<Resp, String> {
-        let end = loop {
-            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
-                break end;
-            }
-            if self.fill(64 * 1024)? == 0 {
-                return Err(format!(
-                    "connection closed before a full head; got {:?}",
-                    String::from_utf8_lossy(&self.buf)
-                ));
-            }
-        };
-        let head = String::from_utf8(self.buf[..end].to_vec()).map_err(|e| e.to_string())?;
-        self.buf.drain(..end + 4);
-        let mut resp = parse_head(&head)?;
-        let no_body =
-            head_only || matches!(resp.status, 304 | 204) || (100..200).contains(&resp.status);
-        if no_body {
-            return Ok(resp);
+    /// `bytes` encrypted into TLS records as the session would send them, but not sent.
+    pub fn seal(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let conn = &mut self.stream.conn;
+        conn.writer().write_all(bytes).unwrap();
+        let mut records = Vec::new();
+        while conn.wants_write() {
+            conn.write_tls(&mut records).unwrap();
         }
-        let len = resp
-            .content_length()
-            .ok_or("no Content-Length on a response with a body")? as usize;
-        while self.buf.len() < len {
-            if self.fill(64 * 1024)? == 0 {
-                return Err(format!(
-                    "connection closed after {} of {len} body bytes",
-                    self.buf.len()
-                ));
-            }
-        }
-        let rest = self.buf.split_off(len);
-        resp.body = std::mem::replace(&mut self.buf, rest);
-        Ok(resp)
-    }
-
-    /// Reads exactly `n` plaintext bytes (after what is buffered), at most `step` per read.
-    pub fn read_exact_raw(&mut self, n: usize, step: usize) -> Vec<u8> {
-        while self.buf.len() < n {
-            let want = step.min(n - self.buf.len());
-            match self.fill(want) {
-                Ok(0) => panic!("connection closed after {} of {n} bytes", self.buf.len()),
-                Ok(_) => {}
-                Err(e) => panic!("after {} of {n} bytes: {e}", self.buf.len()),
-            }
-        }
-        let rest = self.buf.split_off(n);
-        std::mem::replace(&mut self.buf, rest)
+        records
     }
 
     /// How the server ended the connection, waiting up to `limit`: `Ok(())` for close_notify
     /// (a clean TLS end), `Err` naming what else happened (data, a bare TCP close, a timeout).
     pub fn end(&mut self, limit: Duration) -> Result<(), String> {
-        if !self.buf.is_empty() {
-            return Err(format!("{} unread bytes", self.buf.len()));
+        if self.buffered() > 0 {
+            return Err(format!("{} unread bytes", self.buffered()));
         }
-        self.tls.sock.set_read_timeout(Some(limit)).unwrap();
+        self.stream.sock.set_read_timeout(Some(limit)).unwrap();
         let mut chunk = [0u8; 4096];
         let r = loop {
-            match self.tls.read(&mut chunk) {
+            match self.stream.read(&mut chunk) {
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 r => break r,
             }
         };
-        self.tls.sock.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+        self.stream
+            .sock
+            .set_read_timeout(Some(READ_TIMEOUT))
+            .unwrap();
         match r {
             Ok(0) => Ok(()),
             Ok(n) => Err(format!(
@@ -428,55 +384,9 @@ impl TlsClient {
 
     /// Sends our close_notify (a polite client's goodbye).
     pub fn close(&mut self) {
-        self.tls.conn.send_close_notify();
-        let _ = self.tls.conn.complete_io(&mut self.tls.sock);
+        self.stream.conn.send_close_notify();
+        let _ = self.stream.conn.complete_io(&mut self.stream.sock);
     }
-
-    pub fn buffered(&self) -> usize {
-        self.buf.len()
-    }
-
-    fn fill(&mut self, max: usize) -> Result<usize, String> {
-        let mut chunk = vec![0u8; max];
-        loop {
-            match self.tls.read(&mut chunk) {
-                Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
-                    return Ok(n);
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(0),
-                Err(e) => return Err(format!("read: {e}")),
-            }
-        }
-    }
-}
-
-fn parse_head(head: &str) -> Result<Resp, String> {
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let mut parts = status_line.splitn(3, ' ');
-    let version = parts.next().unwrap_or_default().to_owned();
-    let status: u16 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-    if !version.starts_with("HTTP/1.") {
-        return Err(format!("bad status line {status_line:?}"));
-    }
-    let mut headers = Vec::new();
-    for line in lines {
-        let (n, v) = line
-            .split_once(':')
-            .ok_or_else(|| format!("bad header line {line:?}"))?;
-        headers.push((n.to_owned(), v.trim().to_owned()));
-    }
-    Ok(Resp {
-        status,
-        version,
-        headers,
-        body: Vec::new(),
-    })
 }
 
 /// The first flight of a TLS 1.3 client (its ClientHello records), for tests that send a
@@ -495,254 +405,23 @@ pub fn client_hello(config: &Arc<ClientConfig>) -> Vec<u8> {
 // The server process
 // ---------------------------------------------------------------------------------------------
 
-/// A running `tern serve`/`tern demo` with HTTPS, killed (SIGKILL) and reaped when dropped.
-pub struct TlsServer {
-    pub child: Child,
-    /// The start-up line.
-    pub line: String,
-    pub https: SocketAddr,
-    /// Plain HTTP, when `--listen` was given.
-    pub http: Option<SocketAddr>,
-    /// The `--redirect-http` listener.
-    pub redirect: Option<SocketAddr>,
-    stderr: Arc<Mutex<Vec<u8>>>,
-    status: Option<ExitStatus>,
-}
+/// `--listen-tls 127.0.0.1:0`: an HTTPS listener on a free port.
+pub const LISTEN_TLS: &[&str] = &["--listen-tls", "127.0.0.1:0"];
 
-impl TlsServer {
-    /// `tern serve DIR --workers 2 --listen-tls 127.0.0.1:0 EXTRA...`.
-    pub fn serve(dir: &Path, extra: &[&str]) -> TlsServer {
-        let mut cmd = Command::new(TERN);
-        cmd.arg("serve")
-            .arg(dir)
-            .args(["--workers", "2", "--listen-tls", "127.0.0.1:0"])
-            .args(extra);
-        TlsServer::start(cmd)
+impl Tern {
+    /// `tern serve DIR --listen-tls 127.0.0.1:0 --workers 2 EXTRA...` (plain HTTP too only if
+    /// EXTRA has `--listen`), waiting for the start-up line.
+    pub fn serve_tls<S: AsRef<OsStr>>(dir: &Path, extra: &[S]) -> Tern {
+        Tern::spawn(serve_command(dir, LISTEN_TLS, extra))
     }
 
-    /// `tern demo --data DATA --workers 2 --listen-tls 127.0.0.1:0 EXTRA...`.
-    pub fn demo(data: &Path, extra: &[&str]) -> TlsServer {
-        let mut cmd = Command::new(TERN);
-        cmd.arg("demo")
-            .arg("--data")
-            .arg(data)
-            .args(["--workers", "2", "--listen-tls", "127.0.0.1:0"])
-            .args(extra);
-        TlsServer::start(cmd)
+    /// `tern demo --data DATA --listen-tls 127.0.0.1:0 --workers 2 EXTRA...`.
+    pub fn demo_tls<S: AsRef<OsStr>>(data: &Path, extra: &[S]) -> Tern {
+        Tern::spawn(demo_command(data, LISTEN_TLS, extra))
     }
 
-    /// Spawns `cmd` and waits (15 s at most) for its start-up line.
-    pub fn start(mut cmd: Command) -> TlsServer {
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env_remove("TERN_LOG");
-        let mut child = cmd.spawn().expect("spawn tern");
-        let stderr = drain(child.stderr.take().unwrap());
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let _ = tx.send(line);
-            let _ = std::io::copy(&mut reader, &mut std::io::sink());
-        });
-        let line = rx.recv_timeout(Duration::from_secs(15));
-        let mut server = TlsServer {
-            child,
-            line: String::new(),
-            https: "0.0.0.0:0".parse().unwrap(),
-            http: None,
-            redirect: None,
-            stderr,
-            status: None,
-        };
-        let Ok(line) = line else {
-            panic!("tern printed no start-up line within 15 s")
-        };
-        server.line = line.trim_end().to_owned();
-        match parse_listeners(&server.line) {
-            Some((https, http, redirect)) => {
-                server.https = https;
-                server.http = http;
-                server.redirect = redirect;
-            }
-            None => {
-                let _ = server.wait_exit(Duration::from_secs(2));
-                panic!(
-                    "unexpected start-up line {:?} (exit {:?}); stderr:\n{}",
-                    server.line,
-                    server.status,
-                    server.stderr_text()
-                );
-            }
-        }
-        server
-    }
-
-    pub fn pid(&self) -> libc::pid_t {
-        self.child.id() as libc::pid_t
-    }
-
-    pub fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill(2) on our own child's pid; the child is reaped only in Drop or wait.
-        let rc = unsafe { libc::kill(self.pid(), sig) };
-        assert_eq!(rc, 0, "kill({}, {sig})", self.pid());
-    }
-
-    pub fn alive(&mut self) -> bool {
-        if self.status.is_some() {
-            return false;
-        }
-        match self.child.try_wait().unwrap() {
-            Some(st) => {
-                self.status = Some(st);
-                false
-            }
-            None => true,
-        }
-    }
-
-    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        while self.alive() {
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.status
-    }
-
-    pub fn stderr_text(&self) -> String {
-        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
-    }
-
-    /// Lines of stderr containing `needle`.
-    pub fn log_lines(&self, needle: &str) -> Vec<String> {
-        self.stderr_text()
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// Sends SIGHUP and waits for the `n`-th log line of a reload; returns it.
-    pub fn reload(&self, n: usize) -> String {
-        self.signal(libc::SIGHUP);
-        let found = eventually(Duration::from_secs(5), || {
-            self.log_lines("reload (SIGHUP)").len() >= n
-        });
-        assert!(
-            found,
-            "no log line for reload {n} within 5 s; stderr:\n{}",
-            self.stderr_text()
-        );
-        self.log_lines("reload (SIGHUP)")[n - 1].clone()
-    }
-
+    /// A TLS connection to the HTTPS listener, as `name`.
     pub fn tls(&self, config: &Arc<ClientConfig>, name: &str) -> TlsClient {
-        TlsClient::connect(self.https, config, name)
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        if self.status.is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// The HTTPS, plain and redirect listeners named in a start-up line such as
-/// `tern: serving /d on http://A and https://B and http://C (redirect to https) with 2 workers`.
-pub fn parse_listeners(line: &str) -> Option<(SocketAddr, Option<SocketAddr>, Option<SocketAddr>)> {
-    let (_, rest) = line.split_once(" on ")?;
-    let (listeners, _) = rest.split_once(" with ")?;
-    let (mut https, mut http, mut redirect) = (None, None, None);
-    for part in listeners.split(" and ") {
-        if let Some(addr) = part.strip_prefix("https://") {
-            https = Some(addr.parse().ok()?);
-        } else if let Some(addr) = part.strip_suffix(" (redirect to https)") {
-            redirect = Some(addr.strip_prefix("http://")?.parse().ok()?);
-        } else {
-            http = Some(part.strip_prefix("http://")?.parse().ok()?);
-        }
-    }
-    Some((https?, http, redirect))
-}
-
-fn drain(mut r: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
-    let buf = Arc::new(Mutex::new(Vec::new()));
-    let b = buf.clone();
-    std::thread::spawn(move || {
-        let mut chunk = [0u8; 4096];
-        loop {
-            match r.read(&mut chunk) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => b.lock().unwrap().extend_from_slice(&chunk[..n]),
-            }
-        }
-    });
-    buf
-}
-
-// ---------------------------------------------------------------------------------------------
-// External tools
-// ---------------------------------------------------------------------------------------------
-
-/// Whether `tool` can be run (`tool ARG` exits at all). Tests print why they skip.
-pub fn have(tool: &str, arg: &str) -> bool {
-    let ok = Command::new(tool)
-        .arg(arg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !ok {
-        eprintln!("SKIPPED: `{tool}` is not installed");
-    }
-    ok
-}
-
-/// Runs `cmd` with `input` on its stdin (then closed), bounded by `limit`.
-pub fn run_with_input(cmd: &mut Command, input: &[u8], limit: Duration) -> Failed {
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn");
-    let out = drain(child.stdout.take().unwrap());
-    let err = drain(child.stderr.take().unwrap());
-    let mut stdin = child.stdin.take().unwrap();
-    let input = input.to_vec();
-    std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{cmd:?} still running after {limit:?}; stdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.lock().unwrap()),
-                String::from_utf8_lossy(&err.lock().unwrap())
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    std::thread::sleep(Duration::from_millis(50));
-    let stdout = String::from_utf8_lossy(&out.lock().unwrap()).into_owned();
-    let stderr = String::from_utf8_lossy(&err.lock().unwrap()).into_owned();
-    Failed {
-        status,
-        stdout,
-        stderr,
+        TlsClient::connect_tls(self.https(), config, name)
     }
 }
