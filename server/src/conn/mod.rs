@@ -364,29 +364,35 @@ impl Conn {
         }
     }
 
-    /// Idle connections hold no buffers: return them to the worker's pool.
+    /// Idle connections hold no buffers: return the empty ones to the worker's pool.
     pub fn release_idle_buffers(&mut self, pool: &mut BufPool) {
-        self.http.release_idle_buffer(pool);
-        if self.out.is_empty() {
-            if let Some(b) = self.out.take_buf() {
-                pool.give_write(b);
-            }
-        }
-        if let Transport::Tls(tls) = &mut self.transport {
-            tls.release_idle_buffers(pool);
-        }
+        self.give_back_buffers(pool, false);
     }
 
     /// Gives back buffers when the connection closes.
     pub fn recycle(&mut self, pool: &mut BufPool) {
-        self.http.recycle(pool);
+        self.give_back_buffers(pool, true);
+    }
+
+    /// `all`: the connection is closing, so buffers still holding input go back too (output
+    /// buffers only once sent: a queued segment may still point into them).
+    fn give_back_buffers(&mut self, pool: &mut BufPool, all: bool) {
+        if all {
+            self.http.recycle(pool);
+        } else {
+            self.http.release_idle_buffer(pool);
+        }
         if self.out.is_empty() {
             if let Some(b) = self.out.take_buf() {
                 pool.give_write(b);
             }
         }
         if let Transport::Tls(tls) = &mut self.transport {
-            tls.recycle(pool);
+            if all {
+                tls.recycle(pool);
+            } else {
+                tls.release_idle_buffers(pool);
+            }
         }
     }
 }
