@@ -1,6 +1,7 @@
 """Shared helpers for the stress scripts: find/build the binary, start tern on an ephemeral
-port, read its RSS, make plain HTTP/1.1 requests over raw sockets, and make sure every child
-process dies when the script ends (normally, by an exception, or by SIGINT/SIGTERM).
+port (plain HTTP, or HTTPS with a throwaway PKI from scripts/tls-test-certs), read its RSS, make
+HTTP/1.1 requests over raw sockets or Python's ssl module, and make sure every child process
+dies when the script ends (normally, by an exception, or by SIGINT/SIGTERM).
 
 Python 3.11 standard library only.
 """
@@ -13,6 +14,7 @@ import re
 import resource
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -22,7 +24,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-START_LINE = re.compile(r"tern: .* on http://(\S+):(\d+) with (\d+) workers?")
+# "tern: serving DIR on http://A:1 and https://B:2 with 2 workers[; self-signed ...]"
+START_LINE = re.compile(r"tern: .* on (.+?) with (\d+) workers?")
+LISTENER = re.compile(r"(https?)://(\S+?):(\d+)")
 
 # A small page the normal clients fetch; its length is checked on every response.
 PAGE = b"<!doctype html><title>stress</title><p>hello from the stress suite</p>\n"
@@ -110,8 +114,86 @@ def _rmtree(d: str) -> None:
     shutil.rmtree(d, ignore_errors=True)
 
 
+# ----------------------------------------------------------------------------- TLS
+
+
+class TlsFiles:
+    """A throwaway PKI made by scripts/tls-test-certs (root CA -> intermediate -> ECDSA P-256
+    leaf for localhost, 127.0.0.1 and ::1), removed when the script ends. `ticket_keys` is a
+    path for --tls-ticket-keys (tern creates it 0600 on first use)."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="tern-stress-tls-")
+        atexit.register(lambda: _rmtree(self.dir))
+        subprocess.run(
+            [str(REPO / "scripts" / "tls-test-certs"), self.dir],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self.ca = os.path.join(self.dir, "ca.pem")
+        self.cert = os.path.join(self.dir, "leaf-fullchain.pem")
+        self.key = os.path.join(self.dir, "leaf.key")
+        self.ticket_keys = os.path.join(self.dir, "tls-ticket-keys")
+
+    def server_args(self) -> list[str]:
+        return ["--tls-cert", self.cert, "--tls-key", self.key]
+
+    def client(self, max_version: ssl.TLSVersion | None = None) -> "ClientTls":
+        return ClientTls(self.ca, max_version=max_version)
+
+
+_CTX_LOCK = threading.Lock()
+
+
+class ClientTls:
+    """How a normal client speaks TLS: trusts the test CA, verifies the name `localhost`
+    (sent as SNI), offers ALPN http/1.1. Picklable; the SSLContext is made lazily once per
+    process (so a forked client does not share the parent's), and a session can only be
+    offered on a connection made from the context that made it."""
+
+    def __init__(self, ca: str, hostname: str = "localhost",
+                 max_version: ssl.TLSVersion | None = None):
+        self.ca, self.hostname, self.max_version = ca, hostname, max_version
+        self._ctx: ssl.SSLContext | None = None
+        self._pid = 0
+
+    def __getstate__(self):
+        return {"ca": self.ca, "hostname": self.hostname, "max_version": self.max_version,
+                "_ctx": None, "_pid": 0}
+
+    def context(self) -> ssl.SSLContext:
+        with _CTX_LOCK:  # one context per process, even when threads ask at once
+            if self._ctx is None or self._pid != os.getpid():
+                ctx = ssl.create_default_context(cafile=self.ca)
+                ctx.set_alpn_protocols(["http/1.1"])
+                if self.max_version is not None:
+                    ctx.maximum_version = self.max_version
+                self._ctx, self._pid = ctx, os.getpid()
+            return self._ctx
+
+    def wrap(self, sock: socket.socket, session: ssl.SSLSession | None = None) -> ssl.SSLSocket:
+        """Handshakes on a connected blocking socket (closing it if the handshake fails)."""
+        try:
+            return self.context().wrap_socket(sock, server_hostname=self.hostname,
+                                              session=session)
+        except BaseException:
+            sock.close()
+            raise
+
+
+def connect(addr, timeout: float = 5.0, tls: ClientTls | None = None,
+            session: ssl.SSLSession | None = None) -> socket.socket:
+    """A new connection with TCP_NODELAY; over TLS, handshaken (offering `session` if given)."""
+    s = socket.create_connection(addr, timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return tls.wrap(s, session) if tls is not None else s
+
+
 class Tern:
-    """One running `tern serve` process."""
+    """One running `tern serve` process. With `tls` (a TlsFiles) it listens only for HTTPS
+    (`--listen-tls LISTEN` and the test certificate; `args` may add --tls-ticket-keys etc.)
+    and `addr` is the HTTPS listener; `scheme` says which."""
 
     def __init__(
         self,
@@ -122,14 +204,18 @@ class Tern:
         nofile: int | None = None,
         start_timeout: float = 10.0,
         log_level: str = "info",
+        tls: TlsFiles | None = None,
     ):
         self.site = site or make_site()
+        self.scheme = "https" if tls is not None else "http"
+        listen_args = (
+            ["--listen-tls", listen, *tls.server_args()] if tls is not None else ["--listen", listen]
+        )
         cmd = [
             tern_binary(),
             "serve",
             self.site,
-            "--listen",
-            listen,
+            *listen_args,
             "--workers",
             str(workers),
             *(args or []),
@@ -155,10 +241,12 @@ class Tern:
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         line = self._read_start_line(start_timeout)
         m = START_LINE.search(line)
-        if not m:
+        listeners = [l for l in LISTENER.findall(m.group(1)) if l[0] == self.scheme] if m else []
+        if not listeners:
             self.kill()
             raise RuntimeError(f"unexpected start-up line {line!r}; log: {self.log_lines}")
-        self.host, self.port, self.workers = m.group(1), int(m.group(2)), int(m.group(3))
+        _, self.host, port = listeners[0]
+        self.port, self.workers = int(port), int(m.group(2))
         self.addr = (self.host, self.port)
         threading.Thread(target=self._drain_stdout, daemon=True).start()
 
@@ -300,20 +388,21 @@ def read_response(sock: socket.socket) -> tuple[int, bytes, bool]:
         raise (Truncated if got_any else NoResponse)(repr(e)) from e
 
 
-def get_once(addr, timeout: float = 2.0, path: str = PAGE_PATH) -> tuple[int, bytes]:
-    """One request on a new connection (Connection: close)."""
-    with socket.create_connection(addr, timeout=timeout) as s:
+def get_once(addr, timeout: float = 2.0, path: str = PAGE_PATH,
+             tls: ClientTls | None = None) -> tuple[int, bytes]:
+    """One request on a new connection (Connection: close); over TLS if `tls` is given."""
+    with connect(addr, timeout=timeout, tls=tls) as s:
         s.sendall(request_bytes(path, close=True))
         status, body, _ = read_response(s)
         return status, body
 
 
-def wait_until_served(addr, within: float) -> float | None:
+def wait_until_served(addr, within: float, tls: ClientTls | None = None) -> float | None:
     """Tries a fresh request every 50 ms; returns seconds until the first success, or None."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < within:
         try:
-            status, body = get_once(addr, timeout=0.5)
+            status, body = get_once(addr, timeout=0.5, tls=tls)
             if status == 200 and body == PAGE:
                 return time.monotonic() - t0
         except Exception:
@@ -366,25 +455,27 @@ def mib(kb: int) -> str:
 # ----------------------------------------------------------------------------- probe
 
 
-def _probe_thread(addr, keep_alive: bool, pause: float, stop, out: list) -> None:
-    """Makes requests until `stop` is set; appends (t_start, latency_s, error_or_None)."""
+def _probe_thread(addr, keep_alive: bool, pause: float, stop, out: list, tls=None) -> None:
+    """Makes requests until `stop` is set; appends (t_start, latency_s, error_or_None, kind)
+    where kind is "keep-alive" or "new-conn". Over TLS a new connection makes a full handshake
+    (no session is kept: the costliest normal client), counted in its request's latency."""
+    kind = "keep-alive" if keep_alive else "new-conn"
     sock = None
     while not stop.is_set():
         t0 = time.monotonic()
         try:
             if sock is None:
-                sock = socket.create_connection(addr, timeout=5)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = connect(addr, timeout=5, tls=tls)
             sock.sendall(request_bytes(close=not keep_alive))
             status, body, closes = read_response(sock)
             lat = time.monotonic() - t0
             err = None if status == 200 and body == PAGE else f"status {status}, {len(body)} bytes"
-            out.append((t0, lat, err))
+            out.append((t0, lat, err, kind))
             if closes or not keep_alive:
                 sock.close()
                 sock = None
         except Exception as e:  # every error is a probe failure here
-            out.append((t0, time.monotonic() - t0, f"{type(e).__name__}: {e}"))
+            out.append((t0, time.monotonic() - t0, f"{type(e).__name__}: {e}", kind))
             if sock is not None:
                 sock.close()
                 sock = None
@@ -394,17 +485,18 @@ def _probe_thread(addr, keep_alive: bool, pause: float, stop, out: list) -> None
         sock.close()
 
 
-def _probe_main(addr, keep_alive_conns: int, new_conn_clients: int, pause: float, stop, pipe):
+def _probe_main(addr, keep_alive_conns: int, new_conn_clients: int, pause: float, stop, pipe,
+                tls=None):
     # A forked child: the parent's servers are not ours to kill.
     _children.clear()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     out: list = []
     threads = [
-        threading.Thread(target=_probe_thread, args=(addr, True, pause, stop, out))
+        threading.Thread(target=_probe_thread, args=(addr, True, pause, stop, out, tls))
         for _ in range(keep_alive_conns)
     ] + [
-        threading.Thread(target=_probe_thread, args=(addr, False, pause, stop, out))
+        threading.Thread(target=_probe_thread, args=(addr, False, pause, stop, out, tls))
         for _ in range(new_conn_clients)
     ]
     for t in threads:
@@ -419,9 +511,10 @@ class Probe:
     """A normal client in its own process (so the attacker's Python loop does not add GIL
     waits to its latencies): `keep_alive_conns` connections making keep-alive requests and
     `new_conn_clients` making one request per new connection, each pausing `pause` s between
-    requests. `results()` stops it and returns [(t_start_monotonic, latency_s, error|None)]."""
+    requests, over TLS if `tls` (a ClientTls) is given. `results()` stops it and returns
+    [(t_start_monotonic, latency_s, error|None, kind)]."""
 
-    def __init__(self, addr, keep_alive_conns=2, new_conn_clients=0, pause=0.005):
+    def __init__(self, addr, keep_alive_conns=2, new_conn_clients=0, pause=0.005, tls=None):
         import multiprocessing as mp
 
         ctx = mp.get_context("fork")
@@ -429,7 +522,7 @@ class Probe:
         self._rx, tx = ctx.Pipe(duplex=False)
         self._p = ctx.Process(
             target=_probe_main,
-            args=(addr, keep_alive_conns, new_conn_clients, pause, self._stop, tx),
+            args=(addr, keep_alive_conns, new_conn_clients, pause, self._stop, tx, tls),
             daemon=True,
         )
         self._p.start()
@@ -444,8 +537,12 @@ class Probe:
         return out
 
 
-def latency_summary(samples: list, since: float = 0.0, until: float = float("inf")) -> dict:
-    window = [s for s in samples if since <= s[0] <= until]
+def latency_summary(samples: list, since: float = 0.0, until: float = float("inf"),
+                    kind: str | None = None) -> dict:
+    """Summary of the samples started in [since, until] (of one kind: "keep-alive" or
+    "new-conn", if given)."""
+    window = [s for s in samples
+              if since <= s[0] <= until and (kind is None or len(s) < 4 or s[3] == kind)]
     ok = sorted(s[1] for s in window if s[2] is None)
     errors = [s[2] for s in window if s[2] is not None]
     return {

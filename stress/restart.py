@@ -18,6 +18,15 @@ When run as root the test runs twice, each time inside a fresh network namespace
   - net.ipv4.tcp_migrate_req=0: for information (what tern's own shutdown path achieves).
 Without root (or with --no-netns) it runs once in the current namespace with whatever the
 host has; the zero-failure goal then applies only if the host's tcp_migrate_req is 1.
+
+--tls: the same over HTTPS (Python's ssl module: TLS 1.3, the test CA, SNI localhost). Every
+process gets the same certificate and the same --tls-ticket-keys file, so a session ticket
+issued by one process is accepted by the next. Each client keeps its latest session and offers
+it on every new connection (as browsers do); a TLS handshake that fails on a new connection is
+a failed request. Counted: new connections, how many offered a session, how many resumed it
+(goal: all). And, made deterministic: before each restart the orchestrator takes 20 sessions
+(10 TLS 1.3, 10 TLS 1.2) from the old process while it is the only one listening, and after
+the old process has exited offers them to the new one (goal: all resumed).
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -43,9 +52,23 @@ SYSCTL = Path("/proc/sys/net/ipv4/tcp_migrate_req")
 # ----------------------------------------------------------------------------- load
 
 
-def _client(addr, keep_alive: bool, stop, counts: dict, lock: threading.Lock, failures: list):
+def _client(addr, keep_alive: bool, stop, counts: dict, lock: threading.Lock, failures: list,
+            tls: common.ClientTls | None = None, misses: list | None = None):
+    """One client thread. Whatever goes wrong in it (even a bug of this script) is a failed
+    request, never a thread that silently stops counting."""
+    try:
+        _client_loop(addr, keep_alive, stop, counts, lock, failures, tls, misses)
+    except BaseException as e:
+        with lock:
+            counts["failed"] += 1
+            counts["client_crashed"] = counts.get("client_crashed", 0) + 1
+            failures.append(f"{time.monotonic():.3f} client thread crashed: {e!r}")
+
+
+def _client_loop(addr, keep_alive, stop, counts, lock, failures, tls, misses):
     sock = None
     used = False  # the connection has carried at least one full response
+    session = None  # over TLS: the latest session with a ticket, offered on new connections
 
     def fail(why: str):
         with lock:
@@ -54,9 +77,26 @@ def _client(addr, keep_alive: bool, stop, counts: dict, lock: threading.Lock, fa
                 failures.append(f"{time.monotonic():.3f} {why}")
 
     def new_conn():
-        s = socket.create_connection(addr, timeout=5)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        nonlocal session
+        s = common.connect(addr, timeout=5, tls=tls, session=session)
+        if tls is not None:
+            with lock:
+                counts["tls_conns"] += 1
+                if session is not None:
+                    counts["tls_offered"] += 1
+                    if s.session_reused:
+                        counts["tls_resumed"] += 1
+                    elif misses is not None and len(misses) < 20:
+                        misses.append(f"{time.monotonic():.3f} {s.version()}")
         return s
+
+    def keep_session():
+        # After a response the server's tickets have been read; keep the newest session.
+        nonlocal session
+        if tls is not None and sock is not None:
+            latest = sock.session
+            if latest is not None and latest.has_ticket:
+                session = latest
 
     while not stop.is_set():
         attempt_reused = sock is not None and used
@@ -100,6 +140,8 @@ def _client(addr, keep_alive: bool, stop, counts: dict, lock: threading.Lock, fa
         else:
             with lock:
                 counts["ok"] += 1
+        if not used:
+            keep_session()
         used = True
         if closes or not keep_alive:
             with lock:
@@ -110,35 +152,39 @@ def _client(addr, keep_alive: bool, stop, counts: dict, lock: threading.Lock, fa
         sock.close()
 
 
-def _load_main(addr, keep_alive: int, new_conn: int, stop, pipe):
+def _load_main(addr, keep_alive: int, new_conn: int, stop, pipe, tls=None):
     common._children.clear()  # forked: the parent's servers are not ours to kill
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    counts = {"ok": 0, "failed": 0, "retried": 0, "server_close": 0, "closed_by_us": 0}
+    counts = {"ok": 0, "failed": 0, "retried": 0, "server_close": 0, "closed_by_us": 0,
+              "tls_conns": 0, "tls_offered": 0, "tls_resumed": 0}
     failures: list = []
+    misses: list = []  # over TLS: when a session was offered and not resumed
     lock = threading.Lock()
     threads = [
-        threading.Thread(target=_client, args=(addr, ka, stop, counts, lock, failures))
+        threading.Thread(target=_client,
+                         args=(addr, ka, stop, counts, lock, failures, tls, misses))
         for ka in [True] * keep_alive + [False] * new_conn
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    pipe.send((counts, failures))
+    pipe.send((counts, failures, misses))
 
 
 class Load:
     """Two processes (keep-alive clients, new-connection clients) so neither waits on the
     other's GIL and the orchestrator stays responsive."""
 
-    def __init__(self, addr, keep_alive: int, new_conn: int):
+    def __init__(self, addr, keep_alive: int, new_conn: int, tls=None):
         ctx = mp.get_context("fork")
         self.stop = ctx.Event()
         self.parts = []
         for ka, nc in ((keep_alive, 0), (0, new_conn)):
             rx, tx = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_load_main, args=(addr, ka, nc, self.stop, tx), daemon=True)
+            p = ctx.Process(target=_load_main, args=(addr, ka, nc, self.stop, tx, tls),
+                            daemon=True)
             p.start()
             tx.close()
             self.parts.append((p, rx))
@@ -147,18 +193,68 @@ class Load:
         self.stop.set()
         total: dict = {}
         failures: list = []
+        misses: list = []
         for p, rx in self.parts:
             if rx.poll(20):
-                counts, f = rx.recv()
+                counts, f, m = rx.recv()
                 for k, v in counts.items():
                     total[k] = total.get(k, 0) + v
                 failures += f
+                misses += m
             else:
                 total["load_process_hung"] = total.get("load_process_hung", 0) + 1
             p.join(5)
             if p.is_alive():
                 p.kill()
-        return total, failures
+        return total, failures, misses
+
+
+# ----------------------------------------------------------------------------- cross-process
+
+
+class CrossProcess:
+    """Sessions taken from the old process while it alone listens, offered to the new one once
+    the old has exited: resumption across a restart, made deterministic (TLS 1.3 and 1.2)."""
+
+    def __init__(self, tls: common.TlsFiles, per_version: int):
+        self.clients = {"TLSv1.3": tls.client(),
+                        "TLSv1.2": tls.client(max_version=ssl.TLSVersion.TLSv1_2)}
+        self.per_version = per_version
+        self.held: list = []
+        self.tried = {v: 0 for v in self.clients}
+        self.resumed = {v: 0 for v in self.clients}
+        self.failed: list[str] = []
+
+    def _request(self, addr, client, session=None):
+        with common.connect(addr, timeout=5, tls=client, session=session) as s:
+            s.sendall(common.request_bytes(close=True))
+            status, body, _ = common.read_response(s)
+            if status != 200 or body != common.PAGE:
+                raise RuntimeError(f"status {status}, {len(body)} bytes")
+            return s.version(), s.session_reused, s.session
+
+    def take(self, addr) -> None:
+        self.held = []
+        for want, client in self.clients.items():
+            for _ in range(self.per_version):
+                try:
+                    version, _, session = self._request(addr, client)
+                    if version != want or not session.has_ticket:
+                        self.failed.append(f"take: {version}, ticket {session.has_ticket}")
+                        continue
+                    self.held.append((want, client, session))
+                except Exception as e:
+                    self.failed.append(f"take: {e!r}")
+
+    def offer(self, addr) -> None:
+        for want, client, session in self.held:
+            self.tried[want] += 1
+            try:
+                _, reused, _ = self._request(addr, client, session)
+                self.resumed[want] += reused
+            except Exception as e:
+                self.failed.append(f"offer: {e!r}")
+        self.held = []
 
 
 # ----------------------------------------------------------------------------- one run
@@ -170,23 +266,40 @@ def run_once(a) -> dict:
     migrate = SYSCTL.read_text().strip() if SYSCTL.exists() else "absent"
     site = common.make_site()
     args = ["--shutdown-grace", "5"]
-    old = common.Tern(args, workers=a.workers, site=site)
+    tls = common.TlsFiles() if a.tls else None
+    if tls is not None:
+        # Every process gets the same ticket-key file (created 0600 by the first one).
+        args += ["--tls-ticket-keys", tls.ticket_keys]
+    cross = CrossProcess(tls, per_version=10) if tls else None
+    old = common.Tern(args, workers=a.workers, site=site, tls=tls)
     port = old.port
     hint_seen = [bool(old.log_matching("tcp_migrate_req"))]
-    load = Load(old.addr, a.keep_alive, a.new_conn)
+    load = Load(old.addr, a.keep_alive, a.new_conn, tls=tls.client() if tls else None)
     time.sleep(a.interval)
-    exits, stop_ms = [], []
+    exits, stop_ms, restart_times = [], [], []
     for _ in range(a.restarts):
-        new = common.Tern(args, listen=f"127.0.0.1:{port}", workers=a.workers, site=site)
+        if cross:
+            cross.take(old.addr)  # the old process is the only one listening
+        new = common.Tern(args, listen=f"127.0.0.1:{port}", workers=a.workers, site=site,
+                          tls=tls)
         hint_seen.append(bool(new.log_matching("tcp_migrate_req")))
         t0 = time.monotonic()
         exits.append(old.terminate(timeout=15))
         stop_ms.append((time.monotonic() - t0) * 1000)
+        restart_times.append(f"{t0:.3f}-{time.monotonic():.3f}")
         old = new
+        if cross:
+            cross.offer(old.addr)  # the old one has exited: only the new one listens
         time.sleep(a.interval)
-    counts, failures = load.finish()
+    counts, failures, misses = load.finish()
     old.terminate()
+    if cross:
+        counts["failed"] += len(cross.failed)
+        failures += [f"cross-process check: {f}" for f in cross.failed]
     return {
+        "tls": bool(tls),
+        "cross_tried": cross.tried if cross else {},
+        "cross_resumed": cross.resumed if cross else {},
         "tcp_migrate_req": migrate,
         "restarts": a.restarts,
         "exit_codes": exits,
@@ -194,6 +307,8 @@ def run_once(a) -> dict:
         "hint_lines": hint_seen,
         "counts": counts,
         "failures": failures,
+        "not_resumed": misses,
+        "restart_times": restart_times,
     }
 
 
@@ -210,7 +325,7 @@ def in_netns(a, migrate: int) -> dict:
         "unshare", "--net", "--", sys.executable, os.path.abspath(__file__), "--inner",
         "--migrate", str(migrate), "--restarts", str(a.restarts), "--interval", str(a.interval),
         "--keep-alive", str(a.keep_alive), "--new-conn", str(a.new_conn),
-        "--workers", str(a.workers),
+        "--workers", str(a.workers), *(["--tls"] if a.tls else []),
     ]
     env = dict(os.environ, TERN_BIN=common.tern_binary())
     p = common.track(subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True))
@@ -229,8 +344,28 @@ def describe(rep: Report, label: str, r: dict) -> None:
     rep.add(f"{label} exits", f"old processes exited {r['exit_codes']}, slowest "
             f"{r['old_exit_ms_max']} ms after SIGTERM; start-up hint logged: "
             f"{'yes' if any(r['hint_lines']) else 'no'}")
+    if r.get("tls"):
+        conns, offered = c.get("tls_conns", 0), c.get("tls_offered", 0)
+        rep.add(f"{label} TLS", f"{conns} new connections, {offered} offered a session, "
+                f"{c.get('tls_resumed', 0)} resumed (the other {conns - offered} had no session "
+                "yet: each client's first)")
+        tried, resumed = r["cross_tried"], r["cross_resumed"]
+        rep.add(f"{label} cross-process", "sessions from the old process resumed on the new "
+                "one: " + ", ".join(f"{v} {resumed[v]}/{tried[v]}" for v in tried))
     for f in r["failures"][:5]:
         rep.add(f"{label} failure", f)
+    if r.get("not_resumed"):
+        rep.add(f"{label} not resumed", f"at {r['not_resumed'][:5]}; old processes stopped "
+                f"at {r['restart_times']}")
+
+
+def tls_goals(rep: Report, r: dict) -> None:
+    c = r["counts"]
+    rep.goal(c.get("tls_offered", 0) > 0 and c.get("tls_resumed", 0) == c.get("tls_offered", 0),
+             "every new HTTPS connection that offered a session resumed it (shared ticket keys)")
+    tried, resumed = r["cross_tried"], r["cross_resumed"]
+    rep.goal(sum(tried.values()) > 0 and resumed == tried,
+             "every session taken from an old process resumed on its successor (TLS 1.3, 1.2)")
 
 
 def main() -> int:
@@ -241,6 +376,8 @@ def main() -> int:
     ap.add_argument("--keep-alive", type=int, default=6, help="keep-alive client threads")
     ap.add_argument("--new-conn", type=int, default=6, help="new-connection client threads")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--tls", action="store_true",
+                    help="over HTTPS, every process with the same --tls-ticket-keys file")
     ap.add_argument("--no-netns", action="store_true", help="run once in this namespace")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--migrate", type=int, default=1, help=argparse.SUPPRESS)
@@ -250,8 +387,9 @@ def main() -> int:
     if a.inner:
         return inner(a)
 
-    rep = Report(f"restart: {a.restarts} restarts under load ({a.keep_alive} keep-alive + "
-                 f"{a.new_conn} new-connection clients)")
+    rep = Report(f"restart{' over TLS' if a.tls else ''}: {a.restarts} restarts under load "
+                 f"({a.keep_alive} keep-alive + {a.new_conn} new-connection "
+                 f"{'HTTPS ' if a.tls else ''}clients)")
     use_netns = not a.no_netns and os.geteuid() == 0 and SYSCTL.exists()
     if use_netns:
         on = in_netns(a, 1)
@@ -265,6 +403,8 @@ def main() -> int:
                  "every old process exited 0 after SIGTERM")
         rep.goal(not any(on["hint_lines"]) and all(off["hint_lines"]),
                  "tcp_migrate_req hint logged exactly when the sysctl is 0")
+        if a.tls:
+            tls_goals(rep, on)
         rep.add("note", "the migrate=0 result is information, not a goal: without migration "
                 "Linux resets connections that reach the old listener between tern's last "
                 "accept and its close (a window of microseconds)")
@@ -276,6 +416,8 @@ def main() -> int:
         rep.goal(all(c == 0 for c in r["exit_codes"]), "every old process exited 0 after SIGTERM")
         if r["tcp_migrate_req"] == "1":
             rep.goal(r["counts"].get("failed", 1) == 0, "zero failed requests")
+        if a.tls:
+            tls_goals(rep, r)
         else:
             rep.add("note", "zero-failure goal not checked: tcp_migrate_req is not 1 here")
     return rep.finish()
