@@ -2,6 +2,10 @@
 /// above packs a connection slot and generation into it.
 pub type TimerKey = u64;
 
+/// Entries a slot keeps room for after it empties (shrinking below this would only make the
+/// next arms reallocate).
+const SLOT_KEEP: usize = 64;
+
 /// A hashed timing wheel with lazy cancellation.
 ///
 /// Entries are never removed early: a connection that extends its deadline simply keeps a
@@ -59,6 +63,12 @@ impl TimerWheel {
                 }
             });
             self.len -= before - entries.len();
+            // A burst (thousands of connections arming in one tick) must not leave its peak
+            // capacity in the slot for good: over hours every slot would hold one (up to
+            // 1024 × the largest burst). Shrinking happens only after such a burst.
+            if entries.capacity() > SLOT_KEEP && entries.len() < entries.capacity() / 4 {
+                entries.shrink_to((entries.len() * 2).max(SLOT_KEEP));
+            }
         }
         self.current_tick = now_tick;
     }
@@ -120,6 +130,20 @@ mod tests {
         got.sort();
         assert_eq!(got, (0..20).collect::<Vec<_>>());
         assert_eq!(w.len(), 0);
+    }
+
+    #[test]
+    fn a_burst_does_not_leave_its_peak_capacity_behind() {
+        let mut w = TimerWheel::new(10, 8);
+        for k in 0..10_000 {
+            w.schedule(k, 50);
+        }
+        assert_eq!(fire(&mut w, 60).len(), 10_000);
+        let kept: usize = w.slots.iter().map(Vec::capacity).sum();
+        assert!(
+            kept <= 8 * SLOT_KEEP,
+            "{kept} entries of room kept after the burst"
+        );
     }
 
     #[test]
