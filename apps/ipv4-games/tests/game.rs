@@ -989,6 +989,10 @@ fn a_full_writer_queue_answers_503_at_once() {
         let s = game.statusz();
         s["claims_queued"] == 1.0 && s["claims_queue_length"] == 0.0
     }));
+    // The writer took it, then yields once and drains what else is queued into the same
+    // batch before it reaches the lock: give it time to get there, or a fast second claim
+    // joins the first batch and never waits in the queue.
+    std::thread::sleep(Duration::from_millis(300));
     // Second: waits in the queue (room for one).
     let mut second = claim("198.51.100.2", "second");
     assert!(eventually(Duration::from_secs(3), || game
