@@ -174,7 +174,6 @@ impl Server {
             stats: stats.clone(),
             live: arc_swap::ArcSwap::from_pointee(self.config.clone()),
             reloads: std::sync::atomic::AtomicU64::new(0),
-            listener_kinds: self.config.listener_kinds.clone(),
             tls: self.tls,
             hsts_line,
             https_port: std::sync::atomic::AtomicU16::new(0),

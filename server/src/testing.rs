@@ -34,7 +34,14 @@ pub struct MemoryConn {
 impl MemoryConn {
     /// A connection as if accepted on a TLS listener (with `tls`) or a plain one.
     pub fn new(router: Router, tls: Option<Arc<TlsAcceptor>>) -> io::Result<MemoryConn> {
-        let config = ServerConfig::default();
+        let config = ServerConfig {
+            listener_kinds: vec![if tls.is_some() {
+                ListenerKind::Https
+            } else {
+                ListenerKind::Http
+            }],
+            ..ServerConfig::default()
+        };
         let poll = mio::Poll::new()?;
         let waker = mio::Waker::new(poll.registry(), mio::Token(0))?;
         let inbox = InboxSender::new(Arc::new(Inbox::new(waker, 16)));
@@ -45,11 +52,6 @@ impl MemoryConn {
             live: arc_swap::ArcSwap::from_pointee(config.clone()),
             config,
             reloads: AtomicU64::new(0),
-            listener_kinds: vec![if tls.is_some() {
-                ListenerKind::Https
-            } else {
-                ListenerKind::Http
-            }],
             hsts_line: None,
             https_port: AtomicU16::new(0),
             tls,

@@ -34,8 +34,6 @@ pub(crate) struct Shared {
     pub live: ArcSwap<ServerConfig>,
     /// Bumped after `live` is stored; workers compare it once per loop turn.
     pub reloads: AtomicU64,
-    /// What each listener (by index in `config.runtime.listen`) serves.
-    pub listener_kinds: Vec<ListenerKind>,
     pub tls: Option<Arc<tern_tls::TlsAcceptor>>,
     /// `Strict-Transport-Security: ...\r\n`, added to answers over TLS.
     pub hsts_line: Option<Vec<u8>>,
@@ -214,8 +212,10 @@ impl WorkerApp for HttpWorker {
             stats.bump(Counter::ConnectionsRefused);
             return; // dropping the stream closes it
         }
+        // What the listener serves (`config.listener_kinds`, by index in `runtime.listen`).
         let kind = self
             .shared
+            .config
             .listener_kinds
             .get(listener)
             .copied()

@@ -105,13 +105,12 @@ impl Http1 {
     pub fn recv_buf(&mut self, cx: &mut ConnCx<'_>) -> &mut [u8] {
         let limit = cx.config.limits.max_head;
         let rbuf = self.rbuf.get_or_insert_with(|| cx.buffers.take_read());
-        if rbuf.spare_mut().is_empty() && !matches!(self.state, State::Lingering { .. }) {
+        if let State::Lingering { .. } = self.state {
+            rbuf.consume(rbuf.len()); // discarded input
+        } else if rbuf.spare_mut().is_empty() {
             // A partial head filled a standard buffer; heads may be up to the limit. (At the
             // limit the codec rejects it as too large on the next parse.)
             rbuf.grow_to(limit + 1);
-        }
-        if let State::Lingering { .. } = self.state {
-            rbuf.consume(rbuf.len());
         }
         rbuf.spare_mut()
     }
@@ -167,7 +166,7 @@ impl Http1 {
         let Some(mut rbuf) = self.rbuf.take() else {
             return;
         };
-        while !self.closing && out.pending() < OUTPUT_HIGH_WATER && !rbuf.is_empty() {
+        while self.wants_input(out) && !rbuf.is_empty() {
             match &mut self.state {
                 State::Head => {
                     let consumed = self.process_head(rbuf.data(), out, link, cx);

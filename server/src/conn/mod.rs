@@ -321,7 +321,7 @@ impl Conn {
     /// The deadline the connection's state calls for, and which timeout it is.
     pub fn next_deadline(&self, cx: &ConnCx<'_>) -> (u64, Timeout) {
         let waiting = !self.out.is_empty()
-            || matches!(&self.transport, Transport::Tls(tls) if tls.has_unsent());
+            || matches!(&self.transport, Transport::Tls(tls) if tls.wants_write());
         self.http.next_deadline(waiting, cx)
     }
 

@@ -215,10 +215,6 @@ impl Tls {
             || (self.close_requested && !self.close_sent)
     }
 
-    pub fn has_unsent(&self) -> bool {
-        self.wants_write()
-    }
-
     /// Asks for close_notify once, on an established session; it is encrypted after the
     /// output still queued. True if it was asked for now.
     pub fn close_notify(&mut self) -> bool {
