@@ -127,7 +127,8 @@ impl TlsArgs {
                 certs,
                 self_signed,
                 ticket_keys,
-                alpn: vec![b"http/1.1".to_vec()],
+                // HTTP/2 preferred; a client that offers neither gets HTTP/1.1 too.
+                alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
             },
             listen: self
                 .listen_tls

@@ -32,6 +32,8 @@ impl Default for Limits {
 pub enum Version {
     Http10,
     Http11,
+    /// HTTP/2: the fields came from HPACK (see [`head_from_fields`]), not a request line.
+    Http2,
 }
 
 /// The request method. Unknown but well-formed tokens are `Other`; routes answer them 405/501.
@@ -50,7 +52,7 @@ pub enum Method {
 }
 
 impl Method {
-    fn from_token(token: &str) -> Method {
+    pub fn from_token(token: &str) -> Method {
         match token {
             "GET" => Method::Get,
             "HEAD" => Method::Head,
@@ -206,6 +208,54 @@ pub fn parse_request<'a>(
     Ok(Parsed::Complete(head))
 }
 
+/// A request head from fields another protocol decoded (HTTP/2's pseudo-headers and HPACK
+/// fields): the target is split and checked, and the fields scanned, exactly as for HTTP/1.1,
+/// so handlers see the same head whatever the protocol. `authority` stands in for Host when
+/// the request has none. The caller has already applied its own protocol's field rules.
+pub fn head_from_fields<'a>(
+    method_str: &'a str,
+    target: &'a str,
+    authority: Option<&'a [u8]>,
+    headers: &'a [httparse::Header<'a>],
+    limits: &Limits,
+) -> Result<RequestHead<'a>, RequestError> {
+    if target.is_empty() || !target.bytes().all(|b| b.is_ascii_graphic() || b >= 0x80) {
+        return Err(RequestError::BadRequestLine);
+    }
+    let method = Method::from_token(method_str);
+    let (path, query) = split_target(method, target)?;
+    let mut head = RequestHead {
+        method,
+        method_str,
+        target,
+        path,
+        query,
+        version: Version::Http2,
+        head_len: 0,
+        body: BodyKind::None,
+        keep_alive: true,
+        expect_continue: false,
+        host: None,
+        accept: None,
+        accept_encoding: None,
+        if_none_match: None,
+        if_modified_since: None,
+        range: None,
+        if_range: None,
+        headers,
+    };
+    scan_headers(&mut head, limits)?;
+    if head.host.is_none() {
+        if let Some(a) = authority {
+            if !valid_host(a) {
+                return Err(RequestError::BadHeader);
+            }
+            head.host = Some(a);
+        }
+    }
+    Ok(head)
+}
+
 /// One pass over the header fields: framing (Content-Length / Transfer-Encoding), connection
 /// management, and the handful of fields the built-in handlers need.
 fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), RequestError> {
@@ -297,6 +347,7 @@ fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), Reque
     head.keep_alive = match head.version {
         Version::Http11 => !conn_close,
         Version::Http10 => conn_keep_alive && !conn_close,
+        Version::Http2 => true,
     };
     // Only meaningful when a body follows; a bodiless request ignores it (RFC 9110 §10.1.1).
     // An HTTP/1.0 client cannot read a 1xx response, so there the expectation MUST be ignored

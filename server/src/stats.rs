@@ -41,10 +41,18 @@ pub enum Counter {
     /// The client closed the connection in the middle of the handshake.
     TlsFailedClosed,
     TlsFailedOther,
+    /// Connections that spoke HTTP/2 (ALPN h2, or the preface on a plain port).
+    Http2Connections,
+    /// HTTP/2 streams we reset for the peer's fault (malformed fields, flow control, ...).
+    Http2StreamErrors,
+    /// HTTP/2 connections closed with a GOAWAY error for the peer's fault.
+    Http2ConnectionErrors,
+    /// HTTP/2 connections closed with ENHANCE_YOUR_CALM (rapid reset, floods).
+    Http2Floods,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 24] = [
+    pub const ALL: [Counter; 28] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -69,6 +77,10 @@ impl Counter {
         Counter::TlsFailedPeerAlert,
         Counter::TlsFailedClosed,
         Counter::TlsFailedOther,
+        Counter::Http2Connections,
+        Counter::Http2StreamErrors,
+        Counter::Http2ConnectionErrors,
+        Counter::Http2Floods,
     ];
 
     pub fn name(self) -> &'static str {
@@ -97,6 +109,10 @@ impl Counter {
             Counter::TlsFailedPeerAlert => "tls_handshake_failures_peer_alert",
             Counter::TlsFailedClosed => "tls_handshake_failures_closed",
             Counter::TlsFailedOther => "tls_handshake_failures_other",
+            Counter::Http2Connections => "http2_connections",
+            Counter::Http2StreamErrors => "http2_stream_errors",
+            Counter::Http2ConnectionErrors => "http2_connection_errors",
+            Counter::Http2Floods => "http2_floods",
         }
     }
 
@@ -128,6 +144,12 @@ impl Counter {
             Counter::TlsFailedPeerAlert => "TLS sessions ended by a fatal alert from the client",
             Counter::TlsFailedClosed => "TLS handshakes the client abandoned (connection closed)",
             Counter::TlsFailedOther => "TLS sessions failed for another reason",
+            Counter::Http2Connections => "connections that spoke HTTP/2",
+            Counter::Http2StreamErrors => "HTTP/2 streams reset for a peer's protocol error",
+            Counter::Http2ConnectionErrors => "HTTP/2 connections closed for a protocol error",
+            Counter::Http2Floods => {
+                "HTTP/2 connections closed for rapid reset or control-frame floods"
+            }
         }
     }
 }

@@ -321,7 +321,7 @@ impl WorkerApp for HttpWorker {
     fn on_shutdown(&mut self, cx: &mut Context<'_, WorkerMessage>) {
         for key in self.conns.keys() {
             self.with_conn(cx, key, |e, ccx| {
-                if e.conn.begin_drain(e.sock.may_read()) {
+                if e.conn.begin_drain(e.sock.may_read(), ccx) {
                     Status::Close
                 } else {
                     // Reads what may be waiting (answering it with `Connection: close`), or

@@ -115,6 +115,21 @@ impl Http1 {
         rbuf.spare_mut()
     }
 
+    /// The input of a connection that has answered nothing yet (to look for the HTTP/2
+    /// preface).
+    pub fn unanswered_start(&self) -> Option<&[u8]> {
+        let fresh = self.seq == 0 && matches!(self.state, State::Head);
+        self.rbuf
+            .as_ref()
+            .filter(|b| fresh && !b.is_empty())
+            .map(|b| b.data())
+    }
+
+    /// Hands the read buffer (and what it holds) to the protocol taking over.
+    pub fn take_read_buf(&mut self) -> Option<ReadBuf> {
+        self.rbuf.take()
+    }
+
     /// `n` bytes were placed in [`Self::recv_buf`].
     pub fn filled(&mut self, n: usize, now_ms: u64) {
         if let State::Lingering { discarded, .. } = &mut self.state {

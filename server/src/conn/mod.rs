@@ -14,7 +14,9 @@
 //! never the system's.
 
 pub(crate) mod http1;
+mod http2;
 pub(crate) mod output;
+mod protocol;
 mod tls;
 
 use std::io::IoSlice;
@@ -30,6 +32,7 @@ use crate::worker::Shared;
 use crate::ServerConfig;
 use http1::{CloseKind, Http1, Next};
 use output::Output;
+use protocol::{Preface, Protocol};
 use tls::Tls;
 
 /// Borrowed worker state a connection needs while it runs.
@@ -122,7 +125,7 @@ enum Transport {
 pub(crate) struct Conn {
     link: Link,
     transport: Transport,
-    http: Http1,
+    http: Protocol,
     out: Output,
 }
 
@@ -140,7 +143,7 @@ impl Conn {
                 None => Transport::Plain,
             },
             link,
-            http,
+            http: Protocol::Http1(http),
             out: Output::default(),
         }
     }
@@ -240,7 +243,14 @@ impl Conn {
     fn process(&mut self, cx: &mut ConnCx<'_>) -> bool {
         let before = self.out.pending();
         match &mut self.transport {
-            Transport::Plain => self.http.process_input(&mut self.out, &self.link, cx),
+            Transport::Plain => {
+                match self.http.sniff_preface() {
+                    Preface::Yes => self.http.upgrade_to_h2(&mut self.out, cx),
+                    Preface::Undecided => return false,
+                    Preface::No => {}
+                }
+                self.http.process_input(&mut self.out, &self.link, cx)
+            }
             Transport::Tls(tls) => loop {
                 // Ciphertext in, plaintext out into the protocol's buffer, protocol runs;
                 // again while it takes more and the session has more.
@@ -251,6 +261,9 @@ impl Conn {
                 }
                 if tls.just_established() {
                     cx.stats.bump(Counter::TlsHandshakes);
+                    if tls.chose_h2() {
+                        self.http.upgrade_to_h2(&mut self.out, cx);
+                    }
                 }
                 // First what the protocol already holds (requests held back behind a pending
                 // reply or the output high-water mark), then more from the session.
@@ -288,8 +301,9 @@ impl Conn {
         self.transport = Transport::Plain;
         self.link.secure = false;
         let response = Response::text(400, "This port speaks HTTPS: use an https:// URL.\n");
-        self.http
-            .answer_and_close(response, &mut self.out, &self.link, cx);
+        if let Protocol::Http1(http) = &mut self.http {
+            http.answer_and_close(response, &mut self.out, &self.link, cx);
+        }
     }
 
     /// A deferred reply arrived from the inbox. False if it was stale.
@@ -313,9 +327,9 @@ impl Conn {
     }
 
     /// Shutdown began. True if the connection can be closed at once.
-    pub fn begin_drain(&mut self, may_read: bool) -> bool {
+    pub fn begin_drain(&mut self, may_read: bool, cx: &mut ConnCx<'_>) -> bool {
         let may_read = may_read || !self.is_idle();
-        self.http.begin_drain(&self.out, may_read)
+        self.http.begin_drain(&mut self.out, may_read, cx)
     }
 
     /// The deadline the connection's state calls for, and which timeout it is.

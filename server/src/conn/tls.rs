@@ -123,6 +123,11 @@ impl Tls {
         true
     }
 
+    /// The client chose HTTP/2 by ALPN.
+    pub fn chose_h2(&self) -> bool {
+        self.session.alpn() == Some(b"h2")
+    }
+
     pub fn is_handshaking(&self) -> bool {
         !self.established
     }

@@ -1,0 +1,410 @@
+//! A request's fields as HPACK decodes them, checked against RFC 9113 §8 as they arrive, and
+//! turned into the same [`RequestHead`] an HTTP/1.1 request gives handlers.
+
+use std::ops::Range;
+
+use tern_codec::{head_from_fields, Limits, RequestError, RequestHead};
+
+/// Why a header block cannot be a request (each is a stream error of type PROTOCOL_ERROR).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Malformed {
+    BadName,
+    BadValue,
+    UnknownPseudo,
+    PseudoAfterRegular,
+    DuplicatePseudo,
+    PseudoInTrailers,
+    ConnectionSpecific,
+    BadTe,
+    MissingPseudo,
+    EmptyPath,
+    BadContentLength,
+    ContentLengthMismatch,
+}
+
+impl Malformed {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Malformed::BadName => "field name not lowercase or not a token",
+            Malformed::BadValue => "field value with NUL, CR, LF or surrounding whitespace",
+            Malformed::UnknownPseudo => "unknown or response pseudo-header",
+            Malformed::PseudoAfterRegular => "pseudo-header after a regular field",
+            Malformed::DuplicatePseudo => "pseudo-header repeated",
+            Malformed::PseudoInTrailers => "pseudo-header in trailers",
+            Malformed::ConnectionSpecific => "connection-specific field",
+            Malformed::BadTe => "te other than trailers",
+            Malformed::MissingPseudo => "required pseudo-header missing",
+            Malformed::EmptyPath => "empty :path",
+            Malformed::BadContentLength => "bad content-length",
+            Malformed::ContentLengthMismatch => "content-length disagrees with DATA",
+        }
+    }
+}
+
+/// The decoded fields of one request, in one arena (reused between requests).
+#[derive(Default)]
+pub struct Fields {
+    arena: Vec<u8>,
+    /// Regular fields: name range, value range.
+    regular: Vec<(Range<u32>, Range<u32>)>,
+    method: Option<Range<u32>>,
+    scheme: Option<Range<u32>>,
+    path: Option<Range<u32>>,
+    authority: Option<Range<u32>>,
+    pub(crate) content_length: Option<u64>,
+    cookies: u32,
+    /// Set once a field broke a rule; later fields are not stored.
+    pub(crate) malformed: Option<Malformed>,
+    /// More fields than the limit (answered 431).
+    pub(crate) too_many: bool,
+}
+
+impl Fields {
+    pub(crate) fn clear(&mut self) {
+        self.arena.clear();
+        self.regular.clear();
+        self.method = None;
+        self.scheme = None;
+        self.path = None;
+        self.authority = None;
+        self.content_length = None;
+        self.cookies = 0;
+        self.malformed = None;
+        self.too_many = false;
+    }
+
+    fn store(&mut self, bytes: &[u8]) -> Range<u32> {
+        let start = self.arena.len() as u32;
+        self.arena.extend_from_slice(bytes);
+        start..self.arena.len() as u32
+    }
+
+    /// Takes one decoded field of a request head. Err: stop storing (the block is malformed).
+    pub(crate) fn push(&mut self, name: &[u8], value: &[u8], max_fields: usize) -> Result<(), ()> {
+        if let Err(m) = self.check(name, value, max_fields) {
+            self.malformed = Some(m);
+            return Err(());
+        }
+        Ok(())
+    }
+
+    fn check(&mut self, name: &[u8], value: &[u8], max_fields: usize) -> Result<(), Malformed> {
+        check_value(value)?;
+        if let Some(pseudo) = name.strip_prefix(b":") {
+            if !self.regular.is_empty() {
+                return Err(Malformed::PseudoAfterRegular);
+            }
+            let slot = match pseudo {
+                b"method" => &mut self.method,
+                b"scheme" => &mut self.scheme,
+                b"path" => &mut self.path,
+                b"authority" => &mut self.authority,
+                _ => return Err(Malformed::UnknownPseudo),
+            };
+            if slot.is_some() {
+                return Err(Malformed::DuplicatePseudo);
+            }
+            let start = self.arena.len() as u32;
+            self.arena.extend_from_slice(value);
+            *slot = Some(start..self.arena.len() as u32);
+            return Ok(());
+        }
+        check_regular_name(name)?;
+        match name {
+            b"te" if value != b"trailers" => return Err(Malformed::BadTe),
+            b"content-length" => {
+                let n = parse_length(value).ok_or(Malformed::BadContentLength)?;
+                if self.content_length.is_some_and(|prev| prev != n) {
+                    return Err(Malformed::BadContentLength);
+                }
+                self.content_length = Some(n);
+            }
+            b"cookie" => self.cookies += 1,
+            _ => {}
+        }
+        if self.regular.len() >= max_fields {
+            self.too_many = true;
+            return Ok(());
+        }
+        let n = self.store(name);
+        let v = self.store(value);
+        self.regular.push((n, v));
+        Ok(())
+    }
+
+    /// The block is complete: are the required pseudo-headers there (RFC 9113 §8.3.1)?
+    pub(crate) fn finish(&mut self) -> Result<(), Malformed> {
+        if let Some(m) = self.malformed {
+            return Err(m);
+        }
+        let Some(method) = &self.method else {
+            return Err(Malformed::MissingPseudo);
+        };
+        if &self.arena[method.start as usize..method.end as usize] == b"CONNECT" {
+            // CONNECT names only an authority (§8.5); tern routes it (and refuses it) like
+            // any other method.
+            if self.authority.is_none() || self.scheme.is_some() || self.path.is_some() {
+                return Err(Malformed::MissingPseudo);
+            }
+        } else {
+            match &self.path {
+                None => return Err(Malformed::MissingPseudo),
+                Some(p) if p.is_empty() => return Err(Malformed::EmptyPath),
+                Some(_) => {}
+            }
+            if self.scheme.is_none() {
+                return Err(Malformed::MissingPseudo);
+            }
+        }
+        if self.cookies > 1 {
+            self.join_cookies();
+        }
+        Ok(())
+    }
+
+    /// HTTP/2 may split Cookie into one field per crumb (§8.2.3); handlers expect one field,
+    /// so they are joined with "; " as an HTTP/1.1 request would carry them.
+    fn join_cookies(&mut self) {
+        let mut joined = Vec::new();
+        self.regular.retain(|(n, v)| {
+            if &self.arena[n.start as usize..n.end as usize] != b"cookie" {
+                return true;
+            }
+            if !joined.is_empty() {
+                joined.extend_from_slice(b"; ");
+            }
+            joined.extend_from_slice(&self.arena[v.start as usize..v.end as usize]);
+            false
+        });
+        let n = self.store(b"cookie");
+        let v = self.store(&joined);
+        self.regular.push((n, v));
+    }
+
+    fn get(&self, r: &Range<u32>) -> &[u8] {
+        &self.arena[r.start as usize..r.end as usize]
+    }
+
+    /// The regular fields, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.regular.iter().map(|(n, v)| (self.get(n), self.get(v)))
+    }
+
+    pub fn field_count(&self) -> usize {
+        self.regular.len()
+    }
+}
+
+/// Checks a trailer field (no pseudo-headers; the values are not kept).
+pub(crate) fn check_trailer(name: &[u8], value: &[u8]) -> Result<(), Malformed> {
+    if name.starts_with(b":") {
+        return Err(Malformed::PseudoInTrailers);
+    }
+    check_value(value)?;
+    check_regular_name(name)
+}
+
+fn check_regular_name(name: &[u8]) -> Result<(), Malformed> {
+    // Lowercase tchar only (RFC 9113 §8.2.1, RFC 9110 §5.6.2).
+    let ok = !name.is_empty()
+        && name.iter().all(|&b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || matches!(
+                    b,
+                    b'!' | b'#'
+                        | b'$'
+                        | b'%'
+                        | b'&'
+                        | b'\''
+                        | b'*'
+                        | b'+'
+                        | b'-'
+                        | b'.'
+                        | b'^'
+                        | b'_'
+                        | b'`'
+                        | b'|'
+                        | b'~'
+                )
+        });
+    if !ok {
+        return Err(Malformed::BadName);
+    }
+    // §8.2.2: fields that only mean something to one HTTP/1.1 connection.
+    match name {
+        b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding" | b"upgrade" => {
+            Err(Malformed::ConnectionSpecific)
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_value(value: &[u8]) -> Result<(), Malformed> {
+    let bad_edge = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+    if bad_edge(value.first())
+        || bad_edge(value.last())
+        || value.iter().any(|&b| b == 0 || b == b'\r' || b == b'\n')
+    {
+        return Err(Malformed::BadValue);
+    }
+    Ok(())
+}
+
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 18 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(
+        v.iter()
+            .fold(0u64, |acc, &d| acc * 10 + u64::from(d - b'0')),
+    )
+}
+
+/// A complete request taken from its stream: fields and body. Give it back with
+/// `Session::recycle` so its buffers are reused.
+#[derive(Default)]
+pub struct RequestData {
+    pub stream: u32,
+    pub fields: Fields,
+    pub body: Vec<u8>,
+}
+
+/// Most header fields a request may carry (the HTTP/1.1 default too).
+pub const MAX_FIELDS: usize = tern_codec::MAX_HEADERS_DEFAULT;
+
+impl RequestData {
+    /// The request as handlers see it. `headers` is the caller's scratch array for the field
+    /// list (on the stack: no allocation per request).
+    pub fn head<'a>(
+        &'a self,
+        headers: &'a mut [httparse::Header<'a>; MAX_FIELDS],
+        limits: &Limits,
+    ) -> Result<RequestHead<'a>, RequestError> {
+        let f = &self.fields;
+        let text = |r: &Option<Range<u32>>| -> Result<&'a str, RequestError> {
+            let bytes = r.as_ref().map_or(&b""[..], |r| f.get(r));
+            std::str::from_utf8(bytes).map_err(|_| RequestError::BadRequestLine)
+        };
+        let method = text(&f.method)?;
+        // CONNECT's target is its authority (authority-form).
+        let target = match &f.path {
+            Some(_) => text(&f.path)?,
+            None => text(&f.authority)?,
+        };
+        let authority = f.authority.as_ref().map(|r| f.get(r));
+        let mut n = 0;
+        for (name, value) in &f.regular {
+            // Names were checked to be lowercase ASCII tokens.
+            let name = std::str::from_utf8(f.get(name)).map_err(|_| RequestError::BadHeader)?;
+            headers[n] = httparse::Header {
+                name,
+                value: f.get(value),
+            };
+            n += 1;
+        }
+        head_from_fields(method, target, authority, &headers[..n], limits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(list: &[(&str, &str)]) -> Result<Fields, Malformed> {
+        let mut f = Fields::default();
+        for (n, v) in list {
+            if f.push(n.as_bytes(), v.as_bytes(), MAX_FIELDS).is_err() {
+                return Err(f.malformed.unwrap());
+            }
+        }
+        f.finish()?;
+        Ok(f)
+    }
+
+    const BASE: [(&str, &str); 4] = [
+        (":method", "GET"),
+        (":scheme", "https"),
+        (":path", "/a?b=1"),
+        (":authority", "example.org"),
+    ];
+
+    #[test]
+    fn a_request_becomes_a_head() {
+        let mut list = BASE.to_vec();
+        list.push(("accept-encoding", "gzip"));
+        list.push(("cookie", "a=1"));
+        list.push(("cookie", "b=2"));
+        let data = RequestData {
+            stream: 1,
+            fields: fields(&list).unwrap(),
+            body: Vec::new(),
+        };
+        let mut hs = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let head = data.head(&mut hs, &Limits::default()).unwrap();
+        assert_eq!(head.method, tern_codec::Method::Get);
+        assert_eq!(head.path, "/a");
+        assert_eq!(head.query, Some("b=1"));
+        assert_eq!(head.host, Some(&b"example.org"[..]));
+        assert_eq!(head.accept_encoding, Some(&b"gzip"[..]));
+        assert_eq!(head.header("cookie"), Some(&b"a=1; b=2"[..]));
+        assert_eq!(head.version, tern_codec::Version::Http2);
+    }
+
+    #[test]
+    fn rules_of_section_8() {
+        let with = |extra: (&str, &str)| {
+            let mut l = BASE.to_vec();
+            l.push(extra);
+            fields(&l).err()
+        };
+        assert_eq!(with(("Accept", "x")), Some(Malformed::BadName));
+        assert_eq!(
+            with(("connection", "close")),
+            Some(Malformed::ConnectionSpecific)
+        );
+        assert_eq!(with(("te", "gzip")), Some(Malformed::BadTe));
+        assert_eq!(with(("te", "trailers")), None);
+        assert_eq!(with(("x", " padded")), Some(Malformed::BadValue));
+        assert_eq!(with(("x", "a\nb")), Some(Malformed::BadValue));
+        assert_eq!(with((":path", "/again")), Some(Malformed::DuplicatePseudo));
+        let mut l = BASE[..3].to_vec();
+        l.push(("x", "y"));
+        l.push((":authority", "h"));
+        assert_eq!(fields(&l).err(), Some(Malformed::PseudoAfterRegular));
+        assert_eq!(
+            with(("content-length", "1x")),
+            Some(Malformed::BadContentLength)
+        );
+        let mut l = vec![(":status", "200")];
+        l.extend(BASE);
+        assert_eq!(fields(&l).err(), Some(Malformed::UnknownPseudo));
+        let mut l = BASE.to_vec();
+        l.insert(1, (":method", "GET"));
+        assert_eq!(fields(&l).err(), Some(Malformed::DuplicatePseudo));
+        assert_eq!(
+            fields(&BASE[..2]).err(),
+            Some(Malformed::MissingPseudo),
+            "no :path"
+        );
+        let l = [(":method", "GET"), (":scheme", "https"), (":path", "")];
+        assert_eq!(fields(&l).err(), Some(Malformed::EmptyPath));
+        assert_eq!(
+            check_trailer(b":path", b"/"),
+            Err(Malformed::PseudoInTrailers)
+        );
+    }
+
+    #[test]
+    fn field_count_is_capped() {
+        let mut f = Fields::default();
+        for (n, v) in BASE {
+            f.push(n.as_bytes(), v.as_bytes(), 2).unwrap();
+        }
+        for _ in 0..3 {
+            f.push(b"x", b"y", 2).unwrap();
+        }
+        assert!(f.too_many);
+        assert_eq!(f.field_count(), 2);
+    }
+}

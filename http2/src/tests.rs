@@ -1,0 +1,493 @@
+//! Session tests on byte slices: a scripted client writes frames, the session answers.
+
+use crate::frame::{self, flag, kind, setting, ErrorCode, FrameHeader, HEADER_LEN, PREFACE};
+use crate::session::{Config, Event, Session};
+
+/// A header block of literal fields without indexing (RFC 7541 §6.2.2), no Huffman: enough to
+/// drive the session without depending on our own encoder.
+fn block(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for (n, v) in fields {
+        b.push(0x00);
+        push_str(&mut b, n.as_bytes());
+        push_str(&mut b, v.as_bytes());
+    }
+    b
+}
+
+fn push_str(b: &mut Vec<u8>, s: &[u8]) {
+    // 7-bit prefix integer.
+    let mut n = s.len();
+    if n < 127 {
+        b.push(n as u8);
+    } else {
+        b.push(127);
+        n -= 127;
+        while n >= 128 {
+            b.push((n % 128) as u8 | 0x80);
+            n /= 128;
+        }
+        b.push(n as u8);
+    }
+    b.extend_from_slice(s);
+}
+
+const GET: [(&str, &str); 4] = [
+    (":method", "GET"),
+    (":scheme", "https"),
+    (":path", "/"),
+    (":authority", "localhost"),
+];
+
+fn post(len: usize) -> Vec<(&'static str, String)> {
+    vec![
+        (":method", "POST".into()),
+        (":scheme", "https".into()),
+        (":path", "/p".into()),
+        (":authority", "localhost".into()),
+        ("content-length", len.to_string()),
+    ]
+}
+
+fn frame_bytes(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    frame::write_header(&mut v, payload.len(), kind, flags, stream);
+    v.extend_from_slice(payload);
+    v
+}
+
+fn headers(stream: u32, fields: &[(&str, &str)], end_stream: bool) -> Vec<u8> {
+    let flags = flag::END_HEADERS | if end_stream { flag::END_STREAM } else { 0 };
+    frame_bytes(kind::HEADERS, flags, stream, &block(fields))
+}
+
+struct Peer {
+    session: Session,
+    out: Vec<u8>,
+    events: Vec<Event>,
+}
+
+impl Peer {
+    fn new(cfg: Config) -> Peer {
+        let mut out = Vec::new();
+        let session = Session::new(cfg, &mut out);
+        let mut p = Peer {
+            session,
+            out,
+            events: Vec::new(),
+        };
+        let mut hello = PREFACE.to_vec();
+        hello.extend(frame_bytes(kind::SETTINGS, 0, 0, &[]));
+        p.send(&hello).unwrap();
+        p.out.clear();
+        p
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> Result<(), crate::ConnError> {
+        let n = self.session.recv(bytes, &mut self.out)?;
+        assert_eq!(n, bytes.len(), "whole frames are consumed");
+        while let Some(e) = self.session.poll_event() {
+            self.events.push(e);
+        }
+        Ok(())
+    }
+
+    /// The frames the session wrote since the last call.
+    fn frames(&mut self) -> Vec<(FrameHeader, Vec<u8>)> {
+        let mut v = Vec::new();
+        let mut pos = 0;
+        while pos + HEADER_LEN <= self.out.len() {
+            let h = FrameHeader::parse(self.out[pos..pos + HEADER_LEN].try_into().unwrap());
+            let end = pos + HEADER_LEN + h.len as usize;
+            v.push((h, self.out[pos + HEADER_LEN..end].to_vec()));
+            pos = end;
+        }
+        self.out.clear();
+        v
+    }
+
+    fn goaway_code(&mut self) -> Option<u32> {
+        self.frames()
+            .into_iter()
+            .find(|(h, _)| h.kind == kind::GOAWAY)
+            .map(|(_, p)| u32::from_be_bytes(p[4..8].try_into().unwrap()))
+    }
+
+    fn rst_codes(&mut self) -> Vec<(u32, u32)> {
+        self.frames()
+            .into_iter()
+            .filter(|(h, _)| h.kind == kind::RST_STREAM)
+            .map(|(h, p)| (h.stream, u32::from_be_bytes(p[..4].try_into().unwrap())))
+            .collect()
+    }
+}
+
+#[test]
+fn settings_come_first_and_are_acknowledged() {
+    let mut out = Vec::new();
+    let mut s = Session::new(Config::default(), &mut out);
+    let h = FrameHeader::parse(out[..9].try_into().unwrap());
+    assert_eq!(h.kind, kind::SETTINGS);
+    out.clear();
+    let mut hello = PREFACE.to_vec();
+    hello.extend(frame_bytes(kind::SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 10]));
+    assert_eq!(s.recv(&hello, &mut out), Ok(hello.len()));
+    let h = FrameHeader::parse(out[..9].try_into().unwrap());
+    assert_eq!((h.kind, h.flags), (kind::SETTINGS, flag::ACK));
+}
+
+#[test]
+fn the_preface_may_arrive_in_pieces_and_must_be_exact() {
+    let mut out = Vec::new();
+    let mut s = Session::new(Config::default(), &mut out);
+    assert_eq!(s.recv(&PREFACE[..10], &mut out), Ok(0));
+    let mut out = Vec::new();
+    let mut s = Session::new(Config::default(), &mut out);
+    let err = s.recv(b"GET / HTTP/1.1\r\n\r\n", &mut out).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Protocol);
+}
+
+#[test]
+fn a_get_becomes_a_request_event_and_its_answer_closes_the_stream() {
+    let mut p = Peer::new(Config::default());
+    p.send(&headers(1, &GET, true)).unwrap();
+    assert_eq!(p.events, [Event::Request(1)]);
+    let req = p.session.take_request(1).unwrap();
+    let mut hs = [httparse::EMPTY_HEADER; crate::MAX_FIELDS];
+    let head = req.head(&mut hs, &Default::default()).unwrap();
+    assert_eq!(head.path, "/");
+    let mut out = Vec::new();
+    let mut h = p.session.response(1, 200, &mut out);
+    h.field(b"Content-Type", b"text/plain");
+    h.finish(false);
+    let hdr = p.session.data_frame(1, 5, true);
+    out.extend_from_slice(&hdr);
+    out.extend_from_slice(b"hello");
+    p.session.answer_sent(1, &mut out);
+    assert_eq!(p.session.open_streams(), 0);
+    let first = FrameHeader::parse(out[..9].try_into().unwrap());
+    assert_eq!(first.kind, kind::HEADERS);
+    assert!(first.has(flag::END_HEADERS) && !first.has(flag::END_STREAM));
+}
+
+#[test]
+fn a_bad_field_resets_only_its_stream() {
+    let mut p = Peer::new(Config::default());
+    let mut bad = GET.to_vec();
+    bad.push(("Upper", "x"));
+    p.send(&headers(1, &bad, true)).unwrap();
+    assert_eq!(p.rst_codes(), [(1, ErrorCode::Protocol as u32)]);
+    p.send(&headers(3, &GET, true)).unwrap();
+    assert!(p.events.contains(&Event::Request(3)));
+    let mut conn = GET.to_vec();
+    conn.push(("connection", "keep-alive"));
+    p.send(&headers(5, &conn, true)).unwrap();
+    assert_eq!(p.rst_codes(), [(5, ErrorCode::Protocol as u32)]);
+}
+
+#[test]
+fn rapid_reset_is_stopped() {
+    let cfg = Config::default();
+    let mut p = Peer::new(cfg);
+    let mut id = 1;
+    let result = loop {
+        let mut bytes = headers(id, &GET, false);
+        bytes.extend(frame_bytes(kind::RST_STREAM, 0, id, &8u32.to_be_bytes()));
+        if let Err(e) = p.send(&bytes) {
+            break e;
+        }
+        id += 2;
+        assert!(id < 10_000, "never stopped");
+    };
+    assert_eq!(result.code, ErrorCode::EnhanceYourCalm);
+    assert!(
+        id / 2 <= cfg.reset_budget as u32 + 1,
+        "stopped after {} streams",
+        id / 2
+    );
+    assert_eq!(p.goaway_code(), Some(ErrorCode::EnhanceYourCalm as u32));
+}
+
+#[test]
+fn completed_streams_earn_back_the_reset_budget() {
+    let mut p = Peer::new(Config::default());
+    // A browser that cancels one request in two never runs out.
+    for i in 0..1000u32 {
+        let id = 2 * i + 1;
+        if i % 2 == 0 {
+            let mut bytes = headers(id, &GET, false);
+            bytes.extend(frame_bytes(kind::RST_STREAM, 0, id, &8u32.to_be_bytes()));
+            p.send(&bytes).unwrap();
+        } else {
+            p.send(&headers(id, &GET, true)).unwrap();
+            let mut out = Vec::new();
+            p.session.take_request(id).unwrap();
+            p.session.response(id, 204, &mut out).finish(true);
+        }
+    }
+}
+
+#[test]
+fn a_continuation_flood_is_stopped() {
+    let mut p = Peer::new(Config::default());
+    let mut bytes = frame_bytes(kind::HEADERS, 0, 1, &block(&GET));
+    for _ in 0..100 {
+        bytes.extend(frame_bytes(kind::CONTINUATION, 0, 1, &[]));
+    }
+    let err = p.session.recv(&bytes, &mut p.out).unwrap_err();
+    assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
+}
+
+#[test]
+fn a_huge_header_block_is_stopped_by_bytes() {
+    let mut p = Peer::new(Config::default());
+    let mut bytes = frame_bytes(kind::HEADERS, 0, 1, &block(&GET));
+    for _ in 0..4 {
+        bytes.extend(frame_bytes(kind::CONTINUATION, 0, 1, &[0x40; 16_000]));
+    }
+    let err = p.session.recv(&bytes, &mut p.out).unwrap_err();
+    assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
+}
+
+#[test]
+fn a_header_list_over_the_limit_is_answered_431() {
+    let cfg = Config {
+        max_header_list: 1000,
+        ..Config::default()
+    };
+    let mut p = Peer::new(cfg);
+    let big = "x".repeat(900);
+    let mut f = GET.to_vec();
+    f.push(("a", &big));
+    f.push(("b", &big));
+    p.send(&headers(1, &f, true)).unwrap();
+    assert_eq!(
+        p.events,
+        [Event::Refuse {
+            stream: 1,
+            status: 431
+        }]
+    );
+}
+
+#[test]
+fn a_ping_flood_is_stopped() {
+    let mut p = Peer::new(Config::default());
+    let ping = frame_bytes(kind::PING, 0, 0, &[0; 8]);
+    let mut n = 0;
+    let err = loop {
+        if let Err(e) = p.send(&ping) {
+            break e;
+        }
+        n += 1;
+        assert!(n < 100_000);
+    };
+    assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
+    assert!(n >= 100, "ordinary pings are answered");
+}
+
+#[test]
+fn streams_over_the_limit_are_refused() {
+    let cfg = Config {
+        max_concurrent_streams: 2,
+        ..Config::default()
+    };
+    let mut p = Peer::new(cfg);
+    for id in [1, 3, 5] {
+        p.send(&headers(id, &GET, true)).unwrap();
+    }
+    assert_eq!(p.rst_codes(), [(5, ErrorCode::RefusedStream as u32)]);
+    assert_eq!(p.events[..2], [Event::Request(1), Event::Request(3)]);
+    assert!(matches!(p.events[2], Event::StreamError(_)));
+}
+
+#[test]
+fn a_body_arrives_and_windows_are_returned_in_batches() {
+    let mut p = Peer::new(Config::default());
+    let len = 300_000;
+    let f = post(len);
+    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    p.send(&headers(1, &f, false)).unwrap();
+    let chunk = vec![7u8; 10_000];
+    for i in 0..30 {
+        let end = if i == 29 { flag::END_STREAM } else { 0 };
+        p.send(&frame_bytes(kind::DATA, end, 1, &chunk)).unwrap();
+    }
+    let updates = p
+        .frames()
+        .into_iter()
+        .filter(|(h, _)| h.kind == kind::WINDOW_UPDATE)
+        .count();
+    assert!(
+        (1..=4).contains(&updates),
+        "{updates} WINDOW_UPDATEs for 30 frames"
+    );
+    assert_eq!(p.events, [Event::Request(1)]);
+    assert_eq!(p.session.take_request(1).unwrap().body.len(), len);
+}
+
+#[test]
+fn a_body_over_the_limit_is_refused_413() {
+    let cfg = Config {
+        max_body: 1000,
+        ..Config::default()
+    };
+    let mut p = Peer::new(cfg);
+    let f = post(5000);
+    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    p.send(&headers(1, &f, false)).unwrap();
+    assert_eq!(
+        p.events,
+        [Event::Refuse {
+            stream: 1,
+            status: 413
+        }]
+    );
+    // Undeclared length: refused once the DATA passes the limit.
+    let mut f = post(0);
+    f.pop();
+    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    p.events.clear();
+    p.send(&headers(3, &f, false)).unwrap();
+    p.send(&frame_bytes(kind::DATA, 0, 3, &[0; 1500])).unwrap();
+    assert_eq!(
+        p.events,
+        [Event::Refuse {
+            stream: 3,
+            status: 413
+        }]
+    );
+}
+
+#[test]
+fn content_length_must_match_the_data() {
+    let mut p = Peer::new(Config::default());
+    let f = post(10);
+    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    p.send(&headers(1, &f, false)).unwrap();
+    p.send(&frame_bytes(kind::DATA, flag::END_STREAM, 1, &[0; 5]))
+        .unwrap();
+    assert_eq!(p.rst_codes(), [(1, ErrorCode::Protocol as u32)]);
+}
+
+#[test]
+fn data_beyond_the_connection_window_is_a_connection_error() {
+    let cfg = Config {
+        stream_window: 1 << 20,
+        connection_window: 65_535,
+        // Nothing is returned while bodies are held, so the peer must stop at the window.
+        max_buffered_bodies: 0,
+        ..Config::default()
+    };
+    let mut p = Peer::new(cfg);
+    let mut f = post(0);
+    f.pop();
+    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    p.send(&headers(1, &f, false)).unwrap();
+    let chunk = [0u8; 16_384];
+    let mut err = None;
+    for _ in 0..5 {
+        if let Err(e) = p.send(&frame_bytes(kind::DATA, 0, 1, &chunk)) {
+            err = Some(e);
+            break;
+        }
+    }
+    assert_eq!(err.map(|e| e.code), Some(ErrorCode::FlowControl));
+}
+
+#[test]
+fn send_windows_follow_settings_and_updates() {
+    let mut p = Peer::new(Config::default());
+    p.send(&frame_bytes(
+        kind::SETTINGS,
+        0,
+        0,
+        &[0, setting::INITIAL_WINDOW_SIZE as u8, 0, 0, 0, 10],
+    ))
+    .unwrap();
+    p.send(&headers(1, &GET, true)).unwrap();
+    assert_eq!(p.session.send_capacity(1), 10);
+    p.send(&frame_bytes(
+        kind::WINDOW_UPDATE,
+        0,
+        1,
+        &100u32.to_be_bytes(),
+    ))
+    .unwrap();
+    assert_eq!(p.session.send_capacity(1), 110);
+    let err = p
+        .send(&frame_bytes(
+            kind::WINDOW_UPDATE,
+            0,
+            0,
+            &0x7fff_ffffu32.to_be_bytes(),
+        ))
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::FlowControl);
+}
+
+#[test]
+fn frames_on_idle_and_closed_streams() {
+    let mut p = Peer::new(Config::default());
+    let err = p.send(&frame_bytes(kind::DATA, 0, 1, b"x")).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Protocol, "DATA on an idle stream");
+
+    let mut p = Peer::new(Config::default());
+    p.send(&headers(5, &GET, true)).unwrap();
+    let err = p.send(&headers(3, &GET, true)).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Protocol, "a lower stream id");
+
+    let mut p = Peer::new(Config::default());
+    p.send(&headers(1, &GET, true)).unwrap();
+    p.send(&frame_bytes(kind::DATA, 0, 1, b"x")).unwrap();
+    assert_eq!(p.rst_codes(), [(1, ErrorCode::StreamClosed as u32)]);
+}
+
+#[test]
+fn goaway_ignores_later_streams_but_answers_earlier_ones() {
+    let mut p = Peer::new(Config::default());
+    p.send(&headers(1, &GET, false)).unwrap();
+    let mut out = Vec::new();
+    p.session.go_away(&mut out);
+    p.send(&headers(3, &GET, true)).unwrap();
+    assert!(p.events.is_empty());
+    assert!(!p.session.is_finished());
+    p.send(&frame_bytes(kind::DATA, flag::END_STREAM, 1, &[]))
+        .unwrap();
+    assert_eq!(p.events, [Event::Request(1)]);
+}
+
+#[test]
+fn priority_comes_from_the_field_and_from_priority_update() {
+    let mut p = Peer::new(Config::default());
+    let mut f = GET.to_vec();
+    f.push(("priority", "u=1, i"));
+    p.send(&headers(1, &f, true)).unwrap();
+    let pr = p.session.priority(1);
+    assert_eq!((pr.urgency, pr.incremental), (1, true));
+    let mut payload = 3u32.to_be_bytes().to_vec();
+    payload.extend_from_slice(b"u=0");
+    p.send(&frame_bytes(kind::PRIORITY_UPDATE, 0, 0, &payload))
+        .unwrap();
+    p.send(&headers(3, &GET, true)).unwrap();
+    assert_eq!(p.session.priority(3).urgency, 0);
+}
+
+#[test]
+fn large_response_headers_are_split_into_continuations() {
+    let mut p = Peer::new(Config::default());
+    p.send(&headers(1, &GET, true)).unwrap();
+    let mut out = Vec::new();
+    let mut h = p.session.response(1, 200, &mut out);
+    let v = "v".repeat(10_000);
+    h.field(b"x-a", v.as_bytes());
+    h.field(b"x-b", v.as_bytes());
+    h.finish(true);
+    let first = FrameHeader::parse(out[..9].try_into().unwrap());
+    assert_eq!(first.kind, kind::HEADERS);
+    assert!(!first.has(flag::END_HEADERS) && first.has(flag::END_STREAM));
+    let second_at = 9 + first.len as usize;
+    let second = FrameHeader::parse(out[second_at..second_at + 9].try_into().unwrap());
+    assert_eq!(second.kind, kind::CONTINUATION);
+    assert!(second.has(flag::END_HEADERS));
+}

@@ -1,0 +1,564 @@
+//! The HTTP/2 protocol of a connection: plaintext in (its read buffer), the sans-IO session
+//! of `tern-http2` turns it into requests, exchanges run as for HTTP/1.1, and answers go out
+//! as HEADERS and DATA frames in the connection's [`Output`]. Here live what the session does
+//! not know: which answers are waiting for window, their order (RFC 9218 urgency, then
+//! incremental round-robin), pending replies, timeouts and closing.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tern_codec::Method;
+use tern_http2::{Config, ErrorCode, Event, Priority, RequestData, Session, MAX_FIELDS};
+use tern_runtime::{ratelog, BufPool, ReadBuf};
+
+use super::output::Output;
+use super::{ConnCx, Link, Timeout};
+use crate::exchange::{self, Origin, Outcome};
+use crate::response::{status_has_no_body, Body, FileBody, Response};
+use crate::stats::Counter;
+
+/// Body bytes queued ahead of the socket: enough to keep a TLS batch full, little enough that
+/// a late urgent answer is not stuck behind a queue.
+const PUMP_TARGET: usize = 128 * 1024;
+/// Above this much unsent output, stop reading (h2o's soft limit): control-frame floods and
+/// readers that never read cannot grow our memory.
+const READ_HIGH_WATER: usize = 512 * 1024;
+const LINGER_MS: u64 = 2_000;
+const LINGER_MAX_BYTES: usize = 256 * 1024;
+
+/// The rest of an answer's body, waiting for flow-control window.
+struct Sending {
+    stream: u32,
+    body: Remaining,
+    priority: Priority,
+}
+
+enum Remaining {
+    Memory(Bytes),
+    File { body: FileBody },
+}
+
+impl Remaining {
+    fn len(&self) -> u64 {
+        match self {
+            Remaining::Memory(b) => b.len() as u64,
+            Remaining::File { body } => body.len,
+        }
+    }
+}
+
+pub(crate) struct Http2 {
+    session: Session,
+    rbuf: Option<ReadBuf>,
+    sending: Vec<Sending>,
+    /// Streams whose handler deferred its reply.
+    awaiting: Vec<u32>,
+    /// The stream served last among incremental ones (round-robin position).
+    last_served: u32,
+    /// Close once the output is sent (connection error, timeout, Drop).
+    closing: bool,
+    /// Close at once rather than lingering.
+    abort: bool,
+    peer_eof: bool,
+    /// When the bytes of an incomplete frame (or the preface) started to arrive.
+    partial_since_ms: Option<u64>,
+    lingering: Option<(u64, usize)>,
+}
+
+/// What to do once the output is sent (as for HTTP/1.1).
+pub(crate) use super::http1::{CloseKind, Next};
+
+impl Http2 {
+    /// A new HTTP/2 connection; `rbuf` holds what was already read (on a plain port, the
+    /// preface and maybe more). Our SETTINGS go out first.
+    pub fn new(rbuf: Option<ReadBuf>, out: &mut Output, cx: &mut ConnCx<'_>) -> Http2 {
+        cx.stats.bump(Counter::Http2Connections);
+        let limits = &cx.config.limits;
+        let cfg = Config {
+            max_header_list: limits.max_head as u32,
+            max_body: limits.max_body,
+            ..Config::default()
+        };
+        let buf = out.head_buf(|| cx.buffers.take_write());
+        let before = buf.len();
+        let session = Session::new(cfg, buf);
+        out.commit(before);
+        Http2 {
+            session,
+            rbuf,
+            sending: Vec::new(),
+            awaiting: Vec::new(),
+            last_served: 0,
+            closing: false,
+            abort: false,
+            peer_eof: false,
+            partial_since_ms: Some(cx.clock.now_ms()),
+            lingering: None,
+        }
+    }
+
+    /// Where plaintext goes: the read buffer's free tail, grown to hold a whole frame.
+    pub fn recv_buf(&mut self, cx: &mut ConnCx<'_>) -> &mut [u8] {
+        let rbuf = self.rbuf.get_or_insert_with(|| cx.buffers.take_read());
+        if self.lingering.is_some() {
+            rbuf.consume(rbuf.len());
+        } else if rbuf.spare_mut().is_empty() {
+            let need = self.session.frame_len(rbuf.data()).unwrap_or(0);
+            rbuf.grow_to(need.max(rbuf.capacity()) + tern_http2::frame::HEADER_LEN);
+        }
+        rbuf.spare_mut()
+    }
+
+    pub fn filled(&mut self, n: usize, now_ms: u64) {
+        if let Some((_, discarded)) = &mut self.lingering {
+            *discarded += n;
+            if *discarded > LINGER_MAX_BYTES {
+                self.abort = true;
+            }
+            return;
+        }
+        if let Some(rbuf) = self.rbuf.as_mut() {
+            rbuf.filled(n);
+        }
+        if self.partial_since_ms.is_none() {
+            self.partial_since_ms = Some(now_ms);
+        }
+    }
+
+    pub fn handle_eof(&mut self) {
+        self.peer_eof = true;
+        if self.lingering.is_some() {
+            self.abort = true;
+        }
+    }
+
+    pub fn is_lingering(&self) -> bool {
+        self.lingering.is_some()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.session.open_streams() == 0
+            && self.sending.is_empty()
+            && self.rbuf.as_ref().is_none_or(|b| b.is_empty())
+    }
+
+    /// True if the protocol would take more plaintext now.
+    pub fn wants_input(&self, out: &Output) -> bool {
+        !self.closing && self.lingering.is_none() && out.pending() < READ_HIGH_WATER
+    }
+
+    /// Runs the session on the buffered input, answers what it can, and queues DATA.
+    pub fn process_input(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        if let Some(mut rbuf) = self.rbuf.take() {
+            if self.wants_input(out) && !rbuf.is_empty() {
+                let buf = out.head_buf(|| cx.buffers.take_write());
+                let before = buf.len();
+                let result = self.session.recv(rbuf.data(), buf);
+                out.commit(before);
+                match result {
+                    Ok(n) => rbuf.consume(n),
+                    Err(e) => {
+                        rbuf.consume(rbuf.len());
+                        let counter = if e.code == ErrorCode::EnhanceYourCalm {
+                            Counter::Http2Floods
+                        } else {
+                            Counter::Http2ConnectionErrors
+                        };
+                        cx.stats.bump(counter);
+                        if ratelog::admit(counter.name(), cx.clock.now_ms()) {
+                            tracing::info!(peer = %link.peer, code = e.code.name(), "HTTP/2 connection error: {}", e.reason);
+                        }
+                        self.closing = true;
+                    }
+                }
+                self.partial_since_ms = (!rbuf.is_empty()).then(|| cx.clock.now_ms());
+            }
+            self.rbuf = Some(rbuf);
+        }
+        while let Some(event) = self.session.poll_event() {
+            self.on_event(event, out, link, cx);
+        }
+        self.pump(out, cx);
+    }
+
+    fn on_event(&mut self, event: Event, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        match event {
+            Event::Request(id) => {
+                if let Some(data) = self.session.take_request(id) {
+                    self.dispatch(data, out, link, cx);
+                }
+            }
+            Event::Refuse { stream, status } => {
+                let e = if status == 413 {
+                    tern_codec::RequestError::BodyTooLarge
+                } else {
+                    tern_codec::RequestError::HeadTooLarge
+                };
+                cx.stats.bump(Counter::Requests);
+                cx.stats.bad_request(e);
+                self.respond(
+                    stream,
+                    Response::text(e.status(), e.message()),
+                    false,
+                    out,
+                    link,
+                    cx,
+                );
+            }
+            Event::Reset(id) => {
+                self.sending.retain(|s| s.stream != id);
+                self.awaiting.retain(|&s| s != id);
+            }
+            Event::Reprioritize(id) => {
+                let p = self.session.priority(id);
+                for s in self.sending.iter_mut().filter(|s| s.stream == id) {
+                    s.priority = p;
+                }
+            }
+            Event::StreamError(reason) => {
+                cx.stats.bump(Counter::Http2StreamErrors);
+                if ratelog::admit("http2_stream_error", cx.clock.now_ms()) {
+                    tracing::info!(peer = %link.peer, "HTTP/2 stream error: {reason}");
+                }
+            }
+        }
+    }
+
+    fn dispatch(&mut self, data: RequestData, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        cx.stats.bump(Counter::Requests);
+        let id = data.stream;
+        let mut headers = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let (outcome, head_only) = match data.head(&mut headers, &cx.config.limits) {
+            Err(e) => {
+                cx.stats.bad_request(e);
+                if ratelog::admit(e.name(), cx.clock.now_ms()) {
+                    let cause = e.message().trim_end();
+                    tracing::info!(peer = %link.peer, status = e.status(), "bad HTTP/2 request: {cause}");
+                }
+                (
+                    Outcome::Respond(Response::text(e.status(), e.message())),
+                    false,
+                )
+            }
+            Ok(head) => {
+                let head_only = head.method == Method::Head;
+                let outcome = match link.redirect_to_https {
+                    Some(port) => Outcome::Respond(exchange::redirect_to_https(&head, port)),
+                    None => {
+                        let from = Origin {
+                            peer: link.peer,
+                            conn: link.key,
+                            seq: id,
+                        };
+                        exchange::run(&head, &data.body, from, cx)
+                    }
+                };
+                (outcome, head_only)
+            }
+        };
+        self.session.recycle(data);
+        match outcome {
+            Outcome::Respond(r) => self.respond(id, r, head_only, out, link, cx),
+            Outcome::Deferred => self.awaiting.push(id),
+            Outcome::Drop => {
+                self.fail(
+                    ErrorCode::EnhanceYourCalm,
+                    "handler dropped the connection",
+                    out,
+                    cx,
+                );
+                self.abort = true;
+            }
+        }
+    }
+
+    /// A deferred reply arrived. False if its stream is gone (reset meanwhile) or unknown.
+    pub fn complete(
+        &mut self,
+        seq: u32,
+        response: Response,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) -> bool {
+        let Some(i) = self.awaiting.iter().position(|&s| s == seq) else {
+            return false;
+        };
+        self.awaiting.swap_remove(i);
+        // HEAD is rare on deferred routes; the body is dropped below if the status has none.
+        self.respond(seq, response, false, out, link, cx);
+        self.pump(out, cx);
+        true
+    }
+
+    fn respond(
+        &mut self,
+        id: u32,
+        response: Response,
+        head_only: bool,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        cx.stats.response(response.status);
+        let no_body = status_has_no_body(response.status);
+        let len = response.body.len();
+        let end_stream = no_body || head_only || len == 0;
+        let buf = out.head_buf(|| cx.buffers.take_write());
+        let before = buf.len();
+        let mut h = self.session.response(id, response.status, buf);
+        // The Date line without its name and CRLF ("Date: " ... "\r\n").
+        let date = cx.clock.date_line();
+        h.field(b"date", &date[6..date.len() - 2]);
+        h.field(b"server", b"tern");
+        if !no_body {
+            h.field(
+                b"content-length",
+                itoa::Buffer::new().format(len).as_bytes(),
+            );
+        }
+        for line in response.headers().split(|&b| b == b'\n') {
+            add_line(&mut h, line);
+        }
+        if link.secure {
+            if let Some(line) = &cx.shared.hsts_line {
+                add_line(&mut h, line.strip_suffix(b"\r\n").unwrap_or(line));
+            }
+        }
+        h.finish(end_stream);
+        out.commit(before);
+        if response.close {
+            // What HTTP/1.1 would end with `Connection: close`: no new streams.
+            self.go_away(out, cx);
+        }
+        if end_stream {
+            return;
+        }
+        let body = match response.body {
+            Body::Empty => return,
+            Body::Static(b) => Remaining::Memory(Bytes::from_static(b)),
+            Body::Owned(b) => Remaining::Memory(Bytes::from(b)),
+            Body::Shared(b) => Remaining::Memory(b),
+            Body::File(f) => Remaining::File { body: f },
+        };
+        let priority = self.session.priority(id);
+        self.sending.push(Sending {
+            stream: id,
+            body,
+            priority,
+        });
+    }
+
+    /// Queues DATA frames while there is window and the output is short, by priority: the
+    /// lowest urgency first; within it, non-incremental answers one after another in stream
+    /// order, incremental ones a frame each in turn (RFC 9218 §4).
+    fn pump(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
+        while out.pending() < PUMP_TARGET && !self.session.is_closed() {
+            let Some(i) = self.next_to_send() else {
+                return;
+            };
+            let s = &mut self.sending[i];
+            let cap = self.session.send_capacity(s.stream);
+            let n = (cap as u64).min(s.body.len()) as usize;
+            let end = n as u64 == s.body.len();
+            let id = s.stream;
+            let header = self.session.data_frame(id, n, end);
+            out.head_buf(|| cx.buffers.take_write());
+            out.push_copy(&header);
+            match &mut s.body {
+                Remaining::Memory(b) => {
+                    let chunk = b.split_to(n);
+                    out.push_body(Body::Shared(chunk));
+                }
+                Remaining::File { body } => {
+                    out.push_body(Body::File(FileBody {
+                        file: Arc::clone(&body.file),
+                        offset: body.offset,
+                        len: n as u64,
+                    }));
+                    body.offset += n as u64;
+                    body.len -= n as u64;
+                }
+            }
+            self.last_served = id;
+            if end {
+                self.sending.swap_remove(i);
+                let buf = out.head_buf(|| cx.buffers.take_write());
+                let before = buf.len();
+                self.session.answer_sent(id, buf);
+                out.commit(before);
+            }
+        }
+    }
+
+    fn next_to_send(&self) -> Option<usize> {
+        let ready = |s: &&Sending| self.session.send_capacity(s.stream) > 0 || s.body.len() == 0;
+        let urgency = self
+            .sending
+            .iter()
+            .filter(ready)
+            .map(|s| s.priority.urgency)
+            .min()?;
+        let candidates = || {
+            self.sending
+                .iter()
+                .enumerate()
+                .filter(move |(_, s)| s.priority.urgency == urgency && ready(s))
+        };
+        if let Some((i, _)) = candidates()
+            .filter(|(_, s)| !s.priority.incremental)
+            .min_by_key(|(_, s)| s.stream)
+        {
+            return Some(i);
+        }
+        // Incremental: the next stream id after the one served last, wrapping around.
+        candidates()
+            .min_by_key(|(_, s)| (s.stream <= self.last_served, s.stream))
+            .map(|(i, _)| i)
+    }
+
+    /// What to do once the output is sent.
+    pub fn next(&self) -> Next {
+        if self.closing || self.abort || self.session.is_closed() {
+            return Next::Close;
+        }
+        if self.lingering.is_some() {
+            return Next::Read;
+        }
+        let busy = !self.awaiting.is_empty() || !self.sending.is_empty();
+        if self.session.is_finished() && !busy {
+            return Next::Close;
+        }
+        if self.peer_eof {
+            // Nothing more can arrive; answers still owed are waited for.
+            return if self.awaiting.is_empty() {
+                Next::Close
+            } else {
+                Next::Wait
+            };
+        }
+        Next::Read
+    }
+
+    pub fn close_kind(&self) -> CloseKind {
+        let unread = self.rbuf.as_ref().is_some_and(|b| !b.is_empty());
+        if self.abort || self.peer_eof || !(self.session.is_closed() || unread) {
+            CloseKind::Now
+        } else {
+            CloseKind::Linger
+        }
+    }
+
+    pub fn start_lingering(&mut self, now_ms: u64) {
+        if let Some(b) = self.rbuf.as_mut() {
+            b.consume(b.len());
+        }
+        self.closing = false;
+        self.lingering = Some((now_ms + LINGER_MS, 0));
+    }
+
+    pub fn abort(&mut self) {
+        self.closing = true;
+        self.abort = true;
+    }
+
+    /// Sends GOAWAY(NO_ERROR): streams already started are answered, then the connection
+    /// closes.
+    fn go_away(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
+        let buf = out.head_buf(|| cx.buffers.take_write());
+        let before = buf.len();
+        self.session.go_away(buf);
+        out.commit(before);
+    }
+
+    fn fail(
+        &mut self,
+        code: ErrorCode,
+        reason: &'static str,
+        out: &mut Output,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let buf = out.head_buf(|| cx.buffers.take_write());
+        let before = buf.len();
+        self.session.abort(code, reason, buf);
+        out.commit(before);
+        self.sending.clear();
+        self.awaiting.clear();
+        self.closing = true;
+    }
+
+    /// Shutdown began: GOAWAY, then close once the streams already started are answered.
+    /// True if the connection can be closed at once.
+    pub fn begin_drain(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) -> bool {
+        if self.is_lingering() {
+            return true;
+        }
+        self.go_away(out, cx);
+        false
+    }
+
+    pub fn next_deadline(&self, out_waiting: bool, cx: &ConnCx<'_>) -> (u64, Timeout) {
+        let now = cx.clock.now_ms();
+        let cfg = cx.config;
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        if let Some((until, _)) = self.lingering {
+            return (until, Timeout::Linger);
+        }
+        // An answer stalled by a window the peer never opens counts as not reading.
+        if out_waiting || !self.sending.is_empty() {
+            return (now + ms(cfg.write_timeout), Timeout::Write);
+        }
+        if let Some(t) = self.partial_since_ms {
+            if self.session.is_mid_head() || self.rbuf.as_ref().is_some_and(|b| !b.is_empty()) {
+                return (t + ms(cfg.header_timeout), Timeout::Header);
+            }
+        }
+        if self.session.is_receiving_body() {
+            return (now + ms(cfg.body_timeout), Timeout::Body);
+        }
+        if self.session.open_streams() > 0 || !self.awaiting.is_empty() {
+            return (u64::MAX, Timeout::Idle);
+        }
+        (now + ms(cfg.idle_timeout), Timeout::Idle)
+    }
+
+    /// A timeout: GOAWAY (NO_ERROR when idle) and close.
+    pub fn answer_timeout(&mut self, kind: Timeout, out: &mut Output, cx: &mut ConnCx<'_>) {
+        match kind {
+            Timeout::Idle => self.go_away(out, cx),
+            Timeout::Linger => {}
+            _ => {
+                let reason = "timeout";
+                self.fail(ErrorCode::NoError, reason, out, cx);
+            }
+        }
+        self.closing = true;
+    }
+
+    pub fn release_idle_buffer(&mut self, pool: &mut BufPool) {
+        if self.rbuf.as_ref().is_some_and(|b| b.is_empty()) {
+            if let Some(b) = self.rbuf.take() {
+                pool.give_read(b);
+            }
+        }
+    }
+
+    pub fn recycle(&mut self, pool: &mut BufPool) {
+        if let Some(b) = self.rbuf.take() {
+            pool.give_read(b);
+        }
+    }
+}
+
+/// One `Name: value` line of a response's serialized headers, as an HTTP/2 field.
+fn add_line(h: &mut tern_http2::ResponseHeaders<'_>, line: &[u8]) {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.is_empty() {
+        return;
+    }
+    if let Some(colon) = line.iter().position(|&b| b == b':') {
+        let value = &line[colon + 1..];
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        h.field(&line[..colon], value);
+    }
+}
