@@ -537,6 +537,16 @@ fn version_field(buf: &[u8]) -> &[u8] {
     line.splitn(3, |&b| b == b' ').nth(2).unwrap_or(&[])
 }
 
+/// True if the request line names a protocol that is not HTTP at all (its version field is
+/// there but does not start with `HTTP/`, as in `INVALID CONNECTION PREFACE`). On a port that
+/// also speaks HTTP/2 by prior knowledge such bytes may come from a broken HTTP/2 client, so
+/// the server closes rather than answer in a protocol the peer may not speak.
+pub fn names_foreign_protocol(buf: &[u8]) -> bool {
+    let v = version_field(buf);
+    let v = v.strip_suffix(b"\r").unwrap_or(v);
+    !v.is_empty() && !(v.len() >= 5 && v[..5].eq_ignore_ascii_case(b"HTTP/"))
+}
+
 /// True if any LF in `head` is not preceded by CR. httparse tolerates bare LF (RFC 9112 allows
 /// it as a MAY); we refuse it because front-end proxies that disagree enable smuggling.
 fn has_bare_lf(head: &[u8]) -> bool {
@@ -661,6 +671,16 @@ mod tests {
         assert_eq!(version_field(b"GET /  HTTP/1.1"), b" HTTP/1.1");
         assert_eq!(version_field(b"GET /"), b"");
         assert_eq!(version_field(b""), b"");
+    }
+
+    #[test]
+    fn foreign_protocols_are_recognised() {
+        assert!(names_foreign_protocol(
+            b"INVALID CONNECTION PREFACE\r\n\r\n"
+        ));
+        assert!(!names_foreign_protocol(b"GET / HTTP/1.1\r\n"));
+        assert!(!names_foreign_protocol(b"GET / http/1.1\r\n"));
+        assert!(!names_foreign_protocol(b"GET /hello\r\n"));
     }
 
     #[test]

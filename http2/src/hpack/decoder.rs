@@ -70,8 +70,14 @@ enum Str {
 pub struct Decoder {
     table: DynTable,
     max_table_size: usize,
+    /// Huffman-decoded strings of the current field. Its length only grows (zero-filled once),
+    /// the part in use is tracked separately.
     scratch: Vec<u8>,
 }
+
+/// A scratch buffer grown past this by one big block is freed after it, so that a connection
+/// does not keep it for its lifetime.
+const SCRATCH_KEEP: usize = 16 * 1024;
 
 impl Decoder {
     /// `max_table_size`: our SETTINGS_HEADER_TABLE_SIZE (the most a size update may ask for).
@@ -155,9 +161,9 @@ impl Decoder {
                 let incremental = b & 0x40 != 0;
                 let index = read_int(block, &mut pos, if incremental { 6 } else { 4 })?;
                 field_seen = true;
-                scratch.clear();
+                let mut used = 0;
                 let name = if index == 0 {
-                    read_string(block, &mut pos, scratch)?
+                    read_string(block, &mut pos, scratch, &mut used)?
                 } else if let Some((name, _)) = STATIC_TABLE.get(index - 1) {
                     Str::Static(name)
                 } else {
@@ -166,13 +172,17 @@ impl Decoder {
                     if incremental {
                         // Inserting may evict and overwrite the entry the name comes from
                         // (§4.4), so keep a copy.
-                        scratch.extend_from_slice(name);
-                        Str::Scratch(0, name.len())
+                        used = name.len();
+                        if scratch.len() < used {
+                            scratch.resize(used, 0);
+                        }
+                        scratch[..used].copy_from_slice(name);
+                        Str::Scratch(0, used)
                     } else {
                         Str::DynName(i)
                     }
                 };
-                let value = read_string(block, &mut pos, scratch)?;
+                let value = read_string(block, &mut pos, scratch, &mut used)?;
                 if incremental {
                     let name = resolve(name, block, scratch, None);
                     let value = resolve(value, block, scratch, None);
@@ -186,6 +196,9 @@ impl Decoder {
                     );
                 }
             }
+        }
+        if scratch.len() > SCRATCH_KEEP {
+            *scratch = Vec::new();
         }
         Ok(out)
     }
@@ -238,9 +251,15 @@ fn read_int(block: &[u8], pos: &mut usize, prefix_bits: u32) -> Result<usize, De
     Ok(value as usize)
 }
 
-/// §5.2: a string literal; Huffman-coded ones are decoded onto the end of `scratch`.
+/// §5.2: a string literal; Huffman-coded ones are decoded into `scratch` after its first
+/// `used` bytes (which then count them too).
 #[inline]
-fn read_string(block: &[u8], pos: &mut usize, scratch: &mut Vec<u8>) -> Result<Str, DecodeError> {
+fn read_string(
+    block: &[u8],
+    pos: &mut usize,
+    scratch: &mut Vec<u8>,
+    used: &mut usize,
+) -> Result<Str, DecodeError> {
     let huffman = *block.get(*pos).ok_or(DecodeError::Truncated)? & 0x80 != 0;
     let len = read_int(block, pos, 7)?;
     let start = *pos;
@@ -249,13 +268,16 @@ fn read_string(block: &[u8], pos: &mut usize, scratch: &mut Vec<u8>) -> Result<S
     }
     let end = start + len;
     *pos = end;
-    if huffman {
-        let a = scratch.len();
-        huffman::decode(&block[start..end], scratch)?;
-        Ok(Str::Scratch(a, scratch.len()))
-    } else {
-        Ok(Str::Block(start, end))
+    if !huffman {
+        return Ok(Str::Block(start, end));
     }
+    let need = *used + huffman::decode_bound(len);
+    if scratch.len() < need {
+        scratch.resize(need, 0);
+    }
+    let a = *used;
+    *used += huffman::decode_into(&block[start..end], &mut scratch[a..])?;
+    Ok(Str::Scratch(a, *used))
 }
 
 #[cfg(test)]

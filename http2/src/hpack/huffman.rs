@@ -1,11 +1,12 @@
 //! The HPACK Huffman code (RFC 7541 §5.2, Appendix B): encoder, encoded length, and a
 //! table-driven decoder.
 //!
-//! The decoder looks at the next 8 bits of input at a time: one 256-entry table resolves every
-//! code of up to 8 bits (all the common header characters) in a single lookup. Longer codes all
-//! start with 0xfe or 0xff and are resolved with the canonical-code limits (the Appendix B code
-//! is canonical: codes of one length are consecutive and ordered by symbol, which a test
-//! checks), a short loop that only rare bytes reach. Both tables are built at compile time from
+//! The decoder looks at the next 12 bits of input at a time: one 4096-entry table gives the one
+//! or two whole codes they start with (typical header text is 5- and 6-bit codes, so usually
+//! two symbols per lookup). Codes longer than 12 bits (control characters, bytes ≥ 0x80 and a
+//! few rare punctuation marks) are resolved with the canonical-code limits (the Appendix B
+//! code is canonical: codes of one length are consecutive and ordered by symbol, which a test
+//! checks), a short loop only rare bytes reach. The tables are built at compile time from
 //! [`CODES`].
 
 use super::DecodeError;
@@ -90,23 +91,59 @@ const EOS: u16 = 256;
 /// The longest code, in bits: the decoder's look-ahead window.
 const MAX_LEN: u32 = 30;
 
-/// Codes of up to 8 bits by their 8-bit prefix: `len << 9 | symbol`, 0 for longer codes.
-static SHORT: [u16; 256] = build_short();
+/// Bits of look-ahead of the main decoding table.
+const PEEK: u32 = 12;
 
-const fn build_short() -> [u16; 256] {
-    let mut t = [0u16; 256];
+/// Codes of up to `PEEK` bits by their `PEEK`-bit prefix: `len << 9 | symbol`, 0 for longer
+/// codes. Only used to build [`PAIRS`].
+const SINGLE: [u16; 1 << PEEK] = build_single();
+
+const fn build_single() -> [u16; 1 << PEEK] {
+    let mut t = [0u16; 1 << PEEK];
     let mut sym = 0;
     while sym < 257 {
         let (code, len) = CODES[sym];
-        if len <= 8 {
-            let base = (code << (8 - len)) as usize;
+        if len as u32 <= PEEK {
+            let base = (code << (PEEK - len as u32)) as usize;
             let mut j = 0;
-            while j < 1 << (8 - len) {
+            while j < 1 << (PEEK - len as u32) {
                 t[base + j] = ((len as u16) << 9) | sym as u16;
                 j += 1;
             }
         }
         sym += 1;
+    }
+    t
+}
+
+/// The main decoding table, by the next `PEEK` bits: the one or two whole codes they start
+/// with. Bits 0..8 both codes' length, 8..16 first symbol, 16..24 second symbol, 24..26 how
+/// many symbols (0: the first code is longer than `PEEK` bits), 26..31 first code's length.
+/// Two symbols per lookup halve the loop's dependency chain (load, then shift by its length;
+/// the length sits in the low bits so the shift needs no extraction): typical header text is
+/// mostly 5- and 6-bit codes.
+static PAIRS: [u32; 1 << PEEK] = build_pairs();
+
+const fn build_pairs() -> [u32; 1 << PEEK] {
+    let mut t = [0u32; 1 << PEEK];
+    let mut i = 0;
+    while i < 1 << PEEK {
+        let first = SINGLE[i];
+        if first != 0 {
+            let l1 = (first >> 9) as u32;
+            let s1 = (first & 0xff) as u32;
+            let mut e = l1 | (s1 << 8) | (1 << 24) | (l1 << 26);
+            // The bits after the first code, left-aligned: a second code if it fits.
+            let rest = (i << l1) & ((1 << PEEK) - 1);
+            let second = SINGLE[rest];
+            let l2 = (second >> 9) as u32;
+            if second != 0 && l1 + l2 <= PEEK {
+                let s2 = (second & 0xff) as u32;
+                e = (l1 + l2) | (s1 << 8) | (s2 << 16) | (2 << 24) | (l1 << 26);
+            }
+            t[i] = e;
+        }
+        i += 1;
     }
     t
 }
@@ -159,16 +196,16 @@ const fn build_canonical() -> Canonical {
 /// Resolves the code at the top of a 30-bit window: (symbol, length).
 #[inline(always)]
 fn lookup(window: u32) -> (u16, u32) {
-    let e = SHORT[(window >> (MAX_LEN - 8)) as usize & 0xff];
+    let e = PAIRS[(window >> (MAX_LEN - PEEK)) as usize];
     if e != 0 {
-        return (e & 0x1ff, u32::from(e >> 9));
+        return (((e >> 8) & 0xff) as u16, e >> 26);
     }
     long_lookup(window)
 }
 
 #[cold]
 fn long_lookup(window: u32) -> (u16, u32) {
-    let mut len = 9;
+    let mut len = PEEK + 1;
     while len <= MAX_LEN {
         let c = window >> (MAX_LEN - len);
         let l = len as usize;
@@ -215,55 +252,99 @@ pub fn encoded_len(src: &[u8]) -> usize {
 /// Appends the decoding of `src` to `out`. Errors (all [`DecodeError::BadHuffman`]): the EOS
 /// symbol inside the string, padding longer than 7 bits, padding that is not all ones (§5.2).
 pub fn decode(src: &[u8], out: &mut Vec<u8>) -> Result<(), DecodeError> {
-    // Every code is at least 5 bits long.
-    out.reserve(src.len() * 8 / 5 + 1);
+    let start = out.len();
+    out.resize(start + decode_bound(src.len()), 0);
+    match decode_into(src, &mut out[start..]) {
+        Ok(n) => {
+            out.truncate(start + n);
+            Ok(())
+        }
+        Err(e) => {
+            out.truncate(start);
+            Err(e)
+        }
+    }
+}
+
+/// The room [`decode_into`] needs for `n` coded bytes: every code is at least 5 bits long, and
+/// symbols are stored two bytes at a time.
+pub(crate) fn decode_bound(n: usize) -> usize {
+    n * 8 / 5 + 2
+}
+
+/// Decodes `src` into the start of `buf`, which must hold [`decode_bound`] bytes (the decoder
+/// reuses one zeroed buffer rather than growing and zeroing a `Vec` per string). Returns the
+/// decoded length.
+pub(crate) fn decode_into(src: &[u8], buf: &mut [u8]) -> Result<usize, DecodeError> {
+    let mut o = 0;
+    // Pending bits are the top `bits` bits of `acc`. Below them may sit a copy of the start
+    // of byte `src[pos]` (from the word-wide refill); it is ORed in again at the same place,
+    // and never read before then.
     let mut acc: u64 = 0;
     let mut bits: u32 = 0;
     let mut pos = 0;
     loop {
-        while bits <= 56 {
-            match src.get(pos) {
-                Some(&b) => {
-                    acc = (acc << 8) | u64::from(b);
-                    bits += 8;
-                    pos += 1;
-                }
-                None => break,
+        if let Some(word) = src.get(pos..pos + 8) {
+            let word = u64::from_be_bytes(word.try_into().unwrap_or([0; 8]));
+            acc |= word >> bits;
+            let take = (63 - bits) / 8;
+            pos += take as usize;
+            bits += take * 8;
+        } else {
+            while bits <= 56 {
+                let Some(&b) = src.get(pos) else { break };
+                acc |= u64::from(b) << (56 - bits);
+                bits += 8;
+                pos += 1;
             }
         }
-        if bits < MAX_LEN {
-            break;
-        }
-        // Whole window available: no end-of-input checks needed until it runs low.
-        while bits >= MAX_LEN {
-            let window = (acc >> (bits - MAX_LEN)) as u32 & 0x3fff_ffff;
-            let (sym, len) = lookup(window);
+        // Codes of up to PEEK bits need only that many real bits; longer ones need the whole
+        // window (or the end of the input, handled below).
+        while bits >= PEEK {
+            let e = PAIRS[(acc >> (64 - PEEK)) as usize];
+            if e != 0 {
+                buf[o..o + 2].copy_from_slice(&((e >> 8) as u16).to_le_bytes());
+                o += ((e >> 24) & 3) as usize;
+                acc = acc.wrapping_shl(e);
+                bits -= e & 0xff;
+                continue;
+            }
+            if bits < MAX_LEN {
+                break;
+            }
+            let (sym, len) = long_lookup((acc >> (64 - MAX_LEN)) as u32);
             if sym == EOS {
                 return Err(DecodeError::BadHuffman);
             }
-            out.push(sym as u8);
+            buf[o] = sym as u8;
+            o += 1;
+            acc <<= len;
             bits -= len;
         }
+        if pos >= src.len() {
+            break;
+        }
     }
-    // The input is used up: fewer than 30 bits remain. Fill the window with ones (the EOS
+    // The input is used up: fewer than 30 bits remain (under 12, or a long code's start). Fill the window with ones (the EOS
     // prefix) and accept codes that end within the real bits; what is left must be padding.
     while bits > 0 {
-        let pad = MAX_LEN - bits;
-        let window = (((acc << pad) as u32) | ((1u32 << pad) - 1)) & 0x3fff_ffff;
+        let real = (acc >> (64 - MAX_LEN)) as u32 & !((1u32 << (MAX_LEN - bits)) - 1);
+        let window = real | ((1u32 << (MAX_LEN - bits)) - 1);
         let (sym, len) = lookup(window);
         if len > bits {
-            let mask = (1u64 << bits) - 1;
-            return if bits <= 7 && acc & mask == mask {
-                Ok(())
-            } else {
-                Err(DecodeError::BadHuffman)
-            };
+            // Ones all the way (the real bits included) and less than a byte of them.
+            if bits <= 7 && window == (1 << MAX_LEN) - 1 {
+                break;
+            }
+            return Err(DecodeError::BadHuffman);
         }
         // EOS is 30 bits long, more than remain here, so `sym` is a byte.
-        out.push(sym as u8);
+        buf[o] = sym as u8;
+        o += 1;
+        acc <<= len;
         bits -= len;
     }
-    Ok(())
+    Ok(o)
 }
 
 #[cfg(test)]
@@ -301,12 +382,6 @@ mod tests {
             assert_eq!(code, CANON.first[l] + rank, "symbol {sym}");
             assert!(code < CANON.limit[l]);
         }
-        // Codes longer than 8 bits all start with 0xfe or 0xff (the short table's blind spot).
-        for &(code, len) in &CODES {
-            if len > 8 {
-                assert!(code >> (len - 8) >= 0xfe);
-            }
-        }
     }
 
     #[test]
@@ -318,6 +393,19 @@ mod tests {
                 encode(&src, &mut enc);
                 assert_eq!(enc.len(), encoded_len(&src));
                 assert_eq!(dec(&enc).unwrap(), src, "byte {b} x{n}");
+            }
+        }
+        // Every pair, also after a prefix that shifts it across the refill boundaries.
+        let mut enc = Vec::new();
+        for a in 0..=255u8 {
+            for b in 0..=255u8 {
+                for prefix in [&b""[..], b"abc", b"0123456789"] {
+                    let mut src = prefix.to_vec();
+                    src.extend_from_slice(&[a, b, a]);
+                    enc.clear();
+                    encode(&src, &mut enc);
+                    assert_eq!(dec(&enc).unwrap(), src);
+                }
             }
         }
     }

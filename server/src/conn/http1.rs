@@ -262,6 +262,15 @@ impl Http1 {
         let head = match parse_request(data, &mut headers, limits) {
             Ok(Parsed::Complete(head)) => head,
             Ok(Parsed::Partial) => return 0,
+            Err(RequestError::BadRequestLine)
+                if self.seq == 0 && tern_codec::names_foreign_protocol(data) =>
+            {
+                // Not HTTP/1 at all on a port that also takes HTTP/2's preface: close
+                // without guessing which protocol to answer in.
+                cx.stats.bad_request(RequestError::BadRequestLine);
+                self.abort();
+                return 0;
+            }
             Err(e) => {
                 self.reject(e, out, link, cx);
                 return 0;

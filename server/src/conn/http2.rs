@@ -419,11 +419,14 @@ impl Http2 {
 
     /// What to do once the output is sent.
     pub fn next(&self) -> Next {
-        if self.closing || self.abort || self.session.is_closed() {
+        if self.abort {
             return Next::Close;
         }
         if self.lingering.is_some() {
             return Next::Read;
+        }
+        if self.closing || self.session.is_closed() {
+            return Next::Close;
         }
         let busy = !self.awaiting.is_empty() || !self.sending.is_empty();
         if self.session.is_finished() && !busy {
