@@ -5,7 +5,10 @@ number of answers to a pipelined write and, for `close`, that the server
 really closes, must all agree; otherwise the run fails naming the servers.
 Over TLS the certificate must verify against the bench's CA for "localhost",
 and every server must negotiate the same parameters with a default OpenSSL
-client (bench/tlsload -m info)."""
+client (bench/tlsload -m info). The HTTP/2 scenarios check the same over h2
+(ALPN h2, certificate verified) or h2c with the bench's own client
+(harness/h2wire.py), and h2load's first connection must negotiate the same
+protocol, suite and key exchange with every server."""
 
 import gzip
 import json
@@ -14,16 +17,25 @@ import socket
 import ssl
 import subprocess
 
-from .servers import BenchError
+from . import h2load, h2wire
+from .servers import REFERENCES, BenchError
 
 TLS_NAME = "localhost"  # SNI and the name the certificate is checked for
 
 
-def tls_context(tls):
-    """A client context that trusts only the bench's CA (tls: prepare.TlsFiles)."""
+def tls_context(tls, alpn=None):
+    """A client context that trusts only the bench's CA (tls: prepare.TlsFiles),
+    offering the ALPN protocols alpn (a list) if given."""
     context = ssl.create_default_context(cafile=tls.ca)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if alpn:
+        context.set_alpn_protocols(alpn)
     return context
+
+
+class NoHttp2(Exception):
+    """The server does not speak HTTP/2 here (ALPN chose something else, or the
+    cleartext preface got an HTTP/1 answer or none): it is left out of the scenario."""
 
 
 class Response:
@@ -187,6 +199,118 @@ def check_scenario(scenario, servers, docroot, tls=None):
         raise BenchError(f"scenario {scenario.name}: the servers' answers are wrong or differ:\n  "
                          + "\n  ".join(problems))
     return facts
+
+
+def fetch_h2(port, path, headers, tls=None, timeout=5.0):
+    """GET path on stream 1 of a new HTTP/2 connection: over TLS (tls: an
+    ssl.SSLContext offering h2 and http/1.1, certificate verified) or h2c with prior
+    knowledge. Returns (Response, protocol), the Response with the server's SETTINGS
+    as `settings`; raises NoHttp2 if the server does not answer in HTTP/2,
+    h2wire.H2Error or ConnectionError if it answers wrongly."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+        if tls:
+            sock = tls.wrap_socket(raw, server_hostname=TLS_NAME)
+            alpn = sock.selected_alpn_protocol()
+            if alpn != "h2":
+                raise NoHttp2(f"ALPN: offered h2 and http/1.1, it chose {alpn or 'none'}")
+        else:
+            sock = raw
+        ex = h2wire.Exchange("https" if tls else "http", f"{TLS_NAME if tls else '127.0.0.1'}:{port}",
+                             path, headers)
+        sock.sendall(ex.start())
+        first = True
+        while not ex.done:
+            data = sock.recv(65536)
+            if first and not tls and data.startswith(b"HTTP/"):
+                line = data.split(b"\r\n", 1)[0].decode("latin-1")
+                raise NoHttp2(f"answered the h2c preface with {line!r}")
+            if not data:
+                if first and not tls:
+                    raise NoHttp2("closed the connection on the h2c preface")
+                raise ConnectionError("connection closed mid-response")
+            first = False
+            out = ex.feed(data)
+            if out:
+                sock.sendall(out)
+        r = Response(ex.status, ex.headers, bytes(ex.body), ex.head_bytes)
+        r.settings = ex.settings
+        return r, "h2" if tls else "h2c"
+
+
+# what h2load's first connection must negotiate alike with every server
+H2LOAD_AGREE = ("protocol", "tls_protocol", "cipher", "temp_key")
+
+
+def check_h2(scenario, servers, docroot, tls=None):
+    """The answer check of an HTTP/2 scenario (h2 over TLS, or h2c): every server
+    answers the scenario's GET once with the bench's own HTTP/2 client, which must
+    get the fixture byte for byte (as check_scenario), and then once to h2load
+    (-n1 -c1), whose negotiated protocol (and over TLS the suite and key exchange)
+    must be the same for all. Returns (facts, skipped): a server that does not
+    speak HTTP/2 there is skipped, {name: why}, unless it is a reference (nginx,
+    h2o: configured for HTTP/2, so that is a harness failure)."""
+    context = tls_context(tls, alpn=["h2", "http/1.1"]) if scenario.tls else None
+    with open(os.path.join(docroot, scenario.path.lstrip("/")), "rb") as f:
+        expected_body = f.read()
+    facts, skipped, problems = {}, {}, []
+    for server in servers:
+        port = server.port_for(scenario)
+        try:
+            r, protocol = fetch_h2(port, scenario.path, scenario.headers, tls=context)
+        except NoHttp2 as e:
+            if server.name in REFERENCES:
+                problems.append(f"{server.name}: no HTTP/2 ({e})")
+            else:
+                skipped[server.name] = f"no HTTP/2 {'over TLS' if scenario.tls else '(h2c)'}: {e}"
+            continue
+        except (OSError, ConnectionError, ValueError, h2wire.H2Error) as e:  # ssl.SSLError is an OSError
+            problems.append(f"{server.name}: no valid HTTP/2 answer ({type(e).__name__}: {e})")
+            continue
+        enc = r.header("content-encoding")
+        facts[server.name] = {
+            "status": r.status,
+            "body_bytes": len(r.body),
+            "head_bytes": r.head_bytes,  # the HPACK-compressed header block
+            "encoding": enc,
+            "content_type": r.header("content-type"),
+            "headers": dict(scenario.headers),
+            "protocol": protocol,
+            "settings": r.settings,  # the server's SETTINGS (max_concurrent_streams: h2load's -m cap)
+        }
+        if r.status != scenario.expect_status:
+            problems.append(f"{server.name}: status {r.status}, expected {scenario.expect_status}")
+        if enc != scenario.expect_encoding:
+            problems.append(f"{server.name}: Content-Encoding {enc or 'none'!r}, "
+                            f"expected {scenario.expect_encoding or 'none'!r}")
+        if r.status == 200 and r.body != expected_body:
+            problems.append(f"{server.name}: body differs from {scenario.path} ({len(r.body)} bytes)")
+        if scenario.kind != "h2load":
+            continue
+        argv = h2load.argv(port, scenario.path, 1, 1, tls_name=TLS_NAME if scenario.tls else None)
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            problems.append(f"{server.name}: h2load -n1 hung")
+            continue
+        info = h2load.parse(out.stdout)
+        if not info or info["requests"] != 1 or info["status"] or info["failed"]:
+            problems.append(f"{server.name}: h2load -n1 did not get one good answer:\n    $ {' '.join(argv)}\n"
+                            + (out.stdout + out.stderr)[-600:])
+            continue
+        facts[server.name]["h2load"] = {k: info[k] for k in H2LOAD_AGREE}
+    lengths = {n: (f["status"], f["body_bytes"]) for n, f in facts.items()}
+    if len(set(lengths.values())) > 1:
+        problems.append("servers disagree on (status, body length): "
+                        + ", ".join(f"{n}={v}" for n, v in lengths.items()))
+    seen = {n: tuple(f["h2load"][k] for k in H2LOAD_AGREE) for n, f in facts.items() if "h2load" in f}
+    if len(set(seen.values())) > 1:
+        problems.append("h2load negotiated different parameters with different servers ("
+                        + ", ".join(H2LOAD_AGREE) + "): "
+                        + "; ".join(f"{n}={' / '.join(v)}" for n, v in seen.items()))
+    if problems:
+        raise BenchError(f"scenario {scenario.name}: the servers' HTTP/2 answers are wrong or differ:\n  "
+                         + "\n  ".join(problems))
+    return facts, skipped
 
 
 # what every server must negotiate alike with the same client (tlsload -m info)

@@ -1,8 +1,8 @@
 """Running the load: wrk for request scenarios (over https for TLS ones; and for
 claims, with the app's own account from /statusz), bench/tlsload for the TLS
-handshake scenarios, the idle client for idle-rss. Each run records the
-server's CPU time (utime+stime of its process tree) before and after, and
-samples its RSS while the load runs."""
+handshake scenarios, h2load for the HTTP/2 ones, the idle client for idle-rss.
+Each run records the server's CPU time (utime+stime of its process tree) before
+and after, and samples its RSS while the load runs."""
 
 import itertools
 import json
@@ -12,8 +12,9 @@ import subprocess
 import sys
 import time
 
-from . import procs
-from .check import TLS_NAME, check_scenario, check_tls, fetch, tls_context
+from . import h2load, procs
+from .check import TLS_NAME, NoHttp2, check_h2, check_scenario, check_tls, fetch, fetch_h2, tls_context
+from .h2wire import H2Error
 from .servers import CLIENT_CPU, BenchError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -84,9 +85,49 @@ def run_tlsload(scenario, server, headers, duration, ctx):
     return run
 
 
-def _run_client(scenario, server, argv, duration, what):
-    """Run a load generator that prints BENCHJSON (wrk with lua/report.lua, or
-    tlsload) against one server; returns (the run's numbers, the parsed line)."""
+_h2load_runs = itertools.count()
+
+
+def run_h2load(scenario, server, headers, duration, ctx):
+    """h2load -t1 -cC -mM for `duration` seconds (harness/h2load.py); p50/p99 from
+    its per-request log."""
+    inst = server.instance(scenario)
+    log_file = os.path.join(ctx.workdir, f"h2load-{scenario.name}-{server.name}-{next(_h2load_runs)}.tsv")
+    argv = ["taskset", "-c", CLIENT_CPU, *h2load.argv(
+        inst.port, scenario.path, scenario.connections, scenario.streams,
+        tls_name=TLS_NAME if scenario.tls else None, duration=duration, log_file=log_file)]
+    for k, v in headers.items():
+        argv += ["-H", f"{k}: {v}"]
+    run, out = _run_client(scenario, server, argv, duration, "h2load", parse=lambda o: _h2load_result(o, log_file))
+    run["h2load_mean_ms"] = out.get("mean_us", 0) / 1000
+    run["protocol"] = out["protocol"]
+    if out["protocol"] != ("h2" if scenario.tls else "h2c"):
+        raise BenchError(f"{scenario.name}: h2load spoke {out['protocol'] or 'nothing'} with {server.name}")
+    return run
+
+
+def _h2load_result(stdout, log_file):
+    """h2load's output in the shape of a BENCHJSON line, p50/p99 from its log file
+    (then deleted: a 3 s run logs some 300 000 lines)."""
+    w = h2load.parse(stdout)
+    if w is None:
+        return None
+    p50 = p99 = 0
+    if os.path.exists(log_file):  # (h2load writes it unless it failed at the start)
+        (p50, p99), _ = h2load.percentiles(log_file)
+        os.unlink(log_file)
+    return {**w, "p50_us": p50, "p99_us": p99, "wrk_corrected": 0}
+
+
+def _benchjson(stdout):
+    line = next((l for l in stdout.splitlines() if l.startswith("BENCHJSON ")), None)
+    return json.loads(line[len("BENCHJSON "):]) if line else None
+
+
+def _run_client(scenario, server, argv, duration, what, parse=_benchjson):
+    """Run a load generator against one server: one that prints BENCHJSON (wrk with
+    lua/report.lua, or tlsload), or h2load with its own `parse`; returns (the run's
+    numbers, the parsed result)."""
     inst = server.instance(scenario)
     pids = inst.pids()
     t0 = time.monotonic()
@@ -105,16 +146,17 @@ def _run_client(scenario, server, argv, duration, what):
     others = procs.machine_busy_seconds() - busy0 - cpu - wrk_cpu - (procs.self_cpu_seconds() - self0)
     if not inst.alive():
         raise BenchError(f"{server.name} died during {scenario.name}:\n{inst.log_tail()}")
-    line = next((l for l in out.stdout.splitlines() if l.startswith("BENCHJSON ")), None)
-    if line is None:
+    w = parse(out.stdout)
+    if w is None:
         raise BenchError(
             f"{what} gave no result for {server.name} in {scenario.name} (exit {out.returncode}):\n"
             f"  $ {' '.join(argv)}\n{out.stdout[-1500:]}{out.stderr[-1500:]}"
         )
-    w = json.loads(line[len("BENCHJSON "):])
     secs = w["duration_us"] / 1e6
     reqs = w["requests"]
-    errors = ("connect", "handshake", "read", "write", "timeout", "status")
+    # wrk's and tlsload's kinds of errors, and h2load's failed requests (errored and
+    # timed-out streams included)
+    errors = ("connect", "handshake", "read", "write", "timeout", "status", "failed")
     return {
         "requests": reqs,
         "req_s": reqs / secs if secs else 0.0,
@@ -212,6 +254,40 @@ def tlsload_scenario(scenario, servers, settings, ctx):
     facts = _check(scenario, servers, ctx)
     results, _ = _wrk_rounds(scenario, servers, facts, settings, ctx, run=run_tlsload)
     return {"facts": facts, "results": results}
+
+
+def h2load_scenario(scenario, servers, settings, ctx):
+    """HTTP/2: check_h2 (a server without HTTP/2 is skipped), then h2load in
+    interleaved rounds as wrk."""
+    facts, skipped = check_h2(scenario, servers, ctx.docroot, ctx.tls)
+    _log_h2_check(scenario, facts, skipped)
+    servers = [s for s in servers if s.name in facts]
+    results = {}
+    if servers:
+        results, _ = _wrk_rounds(scenario, servers, facts, settings, ctx, run=run_h2load)
+    return {"facts": facts, "results": results, "skipped": skipped}
+
+
+def _log_h2_check(scenario, facts, skipped):
+    if facts:
+        log("  answers agree: " + ", ".join(
+            f"{n} {f['protocol']} {f['status']}/{f['body_bytes']}B (HPACK head {f['head_bytes']}B)"
+            for n, f in facts.items()))
+    h = next((f["h2load"] for f in facts.values() if "h2load" in f), None)
+    if h:
+        log(f"  h2load negotiates alike: {h['protocol']}"
+            + (f", {h['tls_protocol']} {h['cipher']} {h['temp_key']}" if h["tls_protocol"] else ""))
+    if facts:
+        log("  their SETTINGS: " + "; ".join(
+            f"{n} " + (", ".join(f"{k} {v}" for k, v in f["settings"].items()) or "none (defaults)")
+            for n, f in facts.items()))
+    for n, f in facts.items():
+        cap = f["settings"].get("max_concurrent_streams")
+        if scenario.kind == "h2load" and cap is not None and cap < scenario.streams:
+            log(f"  warning: {n} allows {cap} concurrent streams: h2load runs {cap}, not {scenario.streams}, "
+                "per connection there")
+    for n, why in skipped.items():
+        log(f"  {n}: skipped, {why}")
 
 
 def _wrk_rounds(scenario, servers, facts, settings, ctx, run=run_wrk):
@@ -349,10 +425,10 @@ class IdleClient:
     idle keep-alive connections (each after one request, over TLS if tls) until the
     block ends."""
 
-    def __init__(self, server, port, n, path, tls=False):
+    def __init__(self, server, port, n, path, tls=False, h2=False):
         self.server, self.argv = server, [
-            "taskset", "-c", CLIENT_CPU, sys.executable, os.path.join(HERE, "idle_client.py"),
-            str(port), str(n), path, *(["--tls", TLS_NAME] if tls else []),
+            "taskset", "-c", CLIENT_CPU, sys.executable, "-B", os.path.join(HERE, "idle_client.py"),
+            str(port), str(n), path, *(["--tls", TLS_NAME] if tls else []), *(["--h2"] if h2 else []),
         ]
 
     def __enter__(self):
@@ -401,26 +477,41 @@ def _settled_rss(inst, timeout=5.0):
 
 
 def idle_scenario(scenario, servers, settings, ctx):
-    """RSS per idle keep-alive connection, on freshly restarted servers."""
+    """RSS per idle keep-alive connection (HTTP/1.1, or HTTP/2 if scenario.h2), on
+    freshly restarted servers."""
     n = settings.idle_connections
     for s in servers:
         s.restart()  # fresh processes: earlier scenarios' buffers don't hide the cost
-    facts = check_scenario(scenario, servers, ctx.docroot, ctx.tls)
-    context = tls_context(ctx.tls) if scenario.tls else None
+    skipped = {}
+    if scenario.h2:
+        facts, skipped = check_h2(scenario, servers, ctx.docroot, ctx.tls)
+        _log_h2_check(scenario, facts, skipped)
+        servers = [s for s in servers if s.name in facts]
+        context = tls_context(ctx.tls, alpn=["h2"]) if scenario.tls else None
+    else:
+        facts = check_scenario(scenario, servers, ctx.docroot, ctx.tls)
+        context = tls_context(ctx.tls) if scenario.tls else None
     results = {}
     for s in servers:
         inst = s.instance(scenario)
         # Warm-up: 1000 connections come and go first, so start-up transients (lazily
         # built caches, allocator purges) are over before the baseline is read.
-        with IdleClient(s.name, inst.port, IDLE_WARMUP, scenario.path, scenario.tls):
+        with IdleClient(s.name, inst.port, IDLE_WARMUP, scenario.path, scenario.tls, scenario.h2):
             pass
         before = _settled_rss(inst)
-        with IdleClient(s.name, inst.port, n, scenario.path, scenario.tls) as c:
+        with IdleClient(s.name, inst.port, n, scenario.path, scenario.tls, scenario.h2) as c:
             after = _settled_rss(inst)
         if not inst.alive():
             raise BenchError(f"{s.name} died during {scenario.name}:\n{inst.log_tail()}")
         time.sleep(0.2)
-        fetch(inst.port, scenario.path, {}, tls=context)  # still answering after the crowd left?
+        try:  # still answering after the crowd left?
+            if scenario.h2:
+                fetch_h2(inst.port, scenario.path, {}, tls=context)
+            else:
+                fetch(inst.port, scenario.path, {}, tls=context)
+        except (OSError, ConnectionError, ValueError, NoHttp2, H2Error) as e:
+            raise BenchError(f"{s.name} no longer answers after {scenario.name}'s idle connections: "
+                             f"{type(e).__name__}: {e}")
         errors = {k: v for k, v in (("failed", c.failed), ("dropped", c.dropped)) if v}
         bpc = (after - before) / c.opened if c.opened else None
         results[s.name] = {
@@ -434,7 +525,8 @@ def idle_scenario(scenario, servers, settings, ctx):
         }
         log(f"  {s.name}: {c.opened} idle connections, RSS {before / 2**20:.1f} → {after / 2**20:.1f} MiB"
             f" = {bpc or 0:.0f} B/conn" + (f"  errors {errors}" if errors else ""))
-    return {"facts": facts, "results": results}
+    return {"facts": facts, "results": results, "skipped": skipped}
 
 
-RUNNERS = {"wrk": wrk_scenario, "tlsload": tlsload_scenario, "claims": claims_scenario, "idle": idle_scenario}
+RUNNERS = {"wrk": wrk_scenario, "tlsload": tlsload_scenario, "claims": claims_scenario, "idle": idle_scenario,
+           "h2load": h2load_scenario}

@@ -18,7 +18,7 @@ PACKAGES = {
     "wrk": "wrk",
     "nginx": "nginx-light",
     "h2o": "h2o",
-    "h2load": "nghttp2-client",
+    "h2load": "nghttp2-client",  # the HTTP/2 scenarios' load generator
     "gcc": "gcc",
     "taskset": "util-linux",
     "openssl": "openssl",  # makes the TLS scenarios' certificates
@@ -244,6 +244,7 @@ def tool_versions():
 
     return {
         "wrk": first(["wrk", "-v"]).split(" [")[0].replace("wrk ", ""),
+        "h2load": first(["h2load", "--version"], strip="h2load"),  # the HTTP/2 scenarios' client
         # libssl of nginx, h2o, wrk and tlsload (Debian's; tern has rustls)
         "openssl": first(["openssl", "version"]),
     }

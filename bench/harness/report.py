@@ -9,7 +9,8 @@ from .measure import NOISY_PCT
 from .servers import REFERENCES
 
 NA = "n/a"
-CLIENT_BOUND_PCT = 95  # load generator (wrk, tlsload) CPU % from which the client is the bottleneck
+CLIENT_BOUND_PCT = 95  # load generator (wrk, tlsload, h2load) CPU % from which the client is the bottleneck
+SKIPPED = "skipped"  # the cell of a server left out of a scenario (no HTTP/2): see the notes
 
 
 def _ratio(a, b):
@@ -86,7 +87,8 @@ def markdown(doc):
         f"**{doc['date']}** · mode `{doc['mode']}` · {m['cores']} cores ({m['cpu']}), "
         f"Linux {m['kernel']}, {m['os']}",
         "",
-        f"Command: `{doc['command']}` · servers pinned to CPU 0, wrk (`-t1`) and tlsload to CPU 1 · "
+        f"Command: `{doc['command']}` · servers pinned to CPU 0, wrk (`-t1`), tlsload and h2load (`-t1`) "
+        "to CPU 1 · "
         f"{doc['settings']['rounds']} interleaved round(s) of {doc['settings']['duration_s']} s "
         f"per server and scenario, medians shown · "
         + ", ".join(f"{n} {v}" for n, v in doc["versions"].items()),
@@ -98,12 +100,14 @@ def markdown(doc):
         lines += [f"⚠ other processes used up to {noise:.0f} % of a core during some of the runs "
                   "these numbers come from: they are disturbed.", ""]
     lines += [f"Note: {t}." for t in doc.get("notes", [])] + ([""] if doc.get("notes") else [])
-    # request scenarios in one table: wrk's (over http or https) and tlsload's (handshakes)
-    wrk = [s for s in doc["scenarios"] if s["kind"] in ("wrk", "tlsload")]
+    # request scenarios in one table: wrk's (over http or https), tlsload's (handshakes) and
+    # h2load's (HTTP/2)
+    wrk = [s for s in doc["scenarios"] if s["kind"] in ("wrk", "tlsload", "h2load")]
     claims = [s for s in doc["scenarios"] if s["kind"] == "claims"]
     idle = [s for s in doc["scenarios"] if s["kind"] == "idle"]
     # app servers (tern-demo) have their own table: no column of n/a in the static ones
-    servers = [n for n in doc["servers"] if any(n in sc["results"] for sc in wrk + idle)]
+    servers = [n for n in doc["servers"]
+               if any(n in sc["results"] or n in sc.get("skipped", {}) for sc in wrk + idle)]
     if wrk:
         refs = [r for r in REFERENCES if "tern" in servers and r in servers]
         ratio_cols = [f"tern/{r} req/s" for r in refs] + [f"tern/{r} CPU" for r in refs]
@@ -114,9 +118,10 @@ def markdown(doc):
         units = f" ({'; '.join(units)})" if units else ""
         lines += [
             f"req/s{units}, median of the rounds, and server CPU "
-            f"µs per request. † = the load generator (wrk, or tlsload) was at ≥ {CLIENT_BOUND_PCT} % "
+            f"µs per request. † = the load generator (wrk, tlsload or h2load) was at ≥ {CLIENT_BOUND_PCT} % "
             "of its core: it, not the server, was the limit, so compare CPU µs/request. ✗ = had "
-            "errors, not ranked. tern/X req/s: higher is better; tern/X CPU (per request): lower is better.",
+            f"errors, not ranked; {SKIPPED} = does not speak the scenario's protocol (see the notes). "
+            "tern/X req/s: higher is better; tern/X CPU (per request): lower is better.",
             "",
             "| " + " | ".join(["scenario", *servers, *ratio_cols]) + " |",
             "|---" * (1 + len(servers) + len(ratio_cols)) + "|",
@@ -126,7 +131,7 @@ def markdown(doc):
             for n in servers:
                 r = sc["results"].get(n)
                 if r is None:
-                    cells.append(NA)
+                    cells.append(SKIPPED if n in sc.get("skipped", {}) else NA)
                     continue
                 cell = f"{r['mb_s']:.0f} MB/s" if sc["throughput"] else _k(r["req_s"])
                 if r["cpu_us_per_req"]:
@@ -164,7 +169,8 @@ def markdown(doc):
                     f"| {r['wrk_cpu_pct']:.0f} |"
                 )
         lines += ["", "</details>", ""]
-        lines += _tls_notes([sc for sc in wrk if sc.get("tls")], servers)
+        lines += _tls_notes([sc for sc in wrk if sc.get("tls") and not sc.get("h2")], servers)
+        lines += _h2_notes([sc for sc in wrk if sc.get("h2")], servers)
     for sc in claims:
         lines += _claims_markdown(sc)
     for sc in idle:
@@ -178,6 +184,8 @@ def markdown(doc):
         for n in servers:
             r = sc["results"].get(n)
             if r is None:
+                if n in sc.get("skipped", {}):
+                    lines.append(f"| {n} | {SKIPPED}: {sc['skipped'][n]} |" + " |" * 6)
                 continue
             bpc = r["bytes_per_conn"]
             lines.append(
@@ -219,6 +227,35 @@ def _tls_notes(scs, servers):
                "every connection offers the session ticket of one earlier connection (psk_dhe_ke: "
                "an x25519 exchange still) and must resume")
             + f". Handshakes over all runs: {counts}.")
+    return [f"- {t}" for t in notes] + [""]
+
+
+def _h2_notes(scs, servers):
+    """How the HTTP/2 rows ran: h2load's settings and what its first connection
+    negotiated (the same with every server: checked before each scenario), and who
+    was left out for not speaking HTTP/2."""
+    if not scs:
+        return []
+    notes = []
+    for sc in scs:
+        h = next((f["h2load"] for f in sc["answers"].values() if "h2load" in f), None)
+        if h and h["tls_protocol"]:
+            got = f"{h['tls_protocol']} {h['cipher']}, {h['temp_key']}, ALPN {h['protocol']}"
+        else:
+            got = f"{h['protocol']} with prior knowledge" if h else "?"
+        answers = {n: sc["answers"][n] for n in servers if n in sc["answers"]}
+        heads = ", ".join(f"{n} {f['head_bytes']} B" for n, f in answers.items())
+        caps = ", ".join(f"{n} {f.get('settings', {}).get('max_concurrent_streams', 'unlimited')}"
+                         for n, f in answers.items())
+        notes.append(
+            f"{sc['name']}: h2load -t1 -c{sc['connections']} -m{sc.get('streams', 1)}"
+            f"{' --npn-list=h2' if sc.get('tls') else ''} (windows 2^30 - 1) for the run's duration; "
+            f"negotiated {got} with every server; p50/p99 from h2load's per-request log; "
+            f"HPACK-compressed answer head: {heads}; concurrent streams the servers allow "
+            f"(SETTINGS, h2load's -m is capped by it): {caps}.")
+    for sc in scs:
+        for n, why in sc.get("skipped", {}).items():
+            notes.append(f"{sc['name']}: {n} {SKIPPED}, {why}.")
     return [f"- {t}" for t in notes] + [""]
 
 
@@ -288,8 +325,10 @@ def chart(doc, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scs = doc["scenarios"]
+    scs = [sc for sc in doc["scenarios"] if sc["results"]]  # (all servers skipped: nothing to draw)
     servers = doc["servers"]
+    if not scs:
+        return
     fig, axes = plt.subplots(2, len(scs), figsize=(2.0 * len(scs) + 1.5, 5.6), squeeze=False)
     for i, sc in enumerate(scs):
         idle = sc["kind"] == "idle"

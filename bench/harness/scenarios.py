@@ -15,8 +15,13 @@ Adding one is adding a row:
     https; kind "tlsload" makes every request on a new connection with
     bench/tlsload (`handshake` "full" or "resume"), and kind "idle" holds TLS
     connections. Only servers with `tls = True` take part;
-  * a new load generator (h2load for HTTP/2) is a new `kind` plus a runner
-    function registered in measure.RUNNERS.
+  * `h2=True` speaks HTTP/2: over TLS with ALPN h2 when `tls=True` (the
+    servers' HTTPS listeners), else h2c with prior knowledge (their plain
+    ones). Kind "h2load" runs h2load with `streams` concurrent streams per
+    connection; kind "idle" holds HTTP/2 connections. A server that does not
+    speak HTTP/2 there is left out with a note (never nginx or h2o);
+  * a new load generator is a new `kind` plus a runner function registered
+    in measure.RUNNERS.
 Header values may use {etag}: it is replaced by the ETag each server itself
 returned for `path` (servers make different ETags).
 """
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 class Scenario:
     name: str
     description: str
-    kind: str = "wrk"  # wrk | tlsload | claims | idle (see measure.RUNNERS)
+    kind: str = "wrk"  # wrk | tlsload | claims | idle | h2load (see measure.RUNNERS)
     path: str = "/index.html"
     connections: int = 50
     headers: dict = field(default_factory=dict)
@@ -44,6 +49,8 @@ class Scenario:
     check_headers: dict = field(default_factory=dict)  # added to the answer check's request only
     tls: bool = False  # over HTTPS, against each server's TLS listener
     handshake: str = ""  # tlsload: "full" (no session offered) or "resume" (every one resumes)
+    h2: bool = False  # HTTP/2: h2 over TLS (ALPN) if tls, else h2c with prior knowledge
+    streams: int = 1  # h2load -m: concurrent streams per connection
 
     @property
     def unit(self):
@@ -138,6 +145,34 @@ SCENARIOS = [
         tls=True,
     ),
     Scenario(
+        "h2-small",
+        "HTTP/2 over TLS (ALPN h2): 953-byte index.html, 50 connections × 32 concurrent streams "
+        "(h2load -c50 -m32)",
+        kind="h2load",
+        tls=True,
+        h2=True,
+        streams=32,
+    ),
+    Scenario(
+        "h2c-small",
+        "h2-small over cleartext HTTP/2 (h2c with prior knowledge) on the plain listener",
+        kind="h2load",
+        h2=True,
+        streams=32,
+    ),
+    Scenario(
+        "h2-large",
+        "HTTP/2 over TLS: 1 MiB file (large.bin), 10 connections × 5 streams: as many in "
+        "flight as tls-large's 50 (h2load -c10 -m5)",
+        kind="h2load",
+        path="/large.bin",
+        connections=10,
+        streams=5,
+        throughput=True,
+        tls=True,
+        h2=True,
+    ),
+    Scenario(
         "claims",
         "IPv4 Games (tern demo): GET /claim?name=… from a fresh X-Forwarded-For address per "
         "request (lua/claims.lua), answered after the SQLite commit, 50 connections",
@@ -162,6 +197,15 @@ SCENARIOS = [
         kind="idle",
         connections=10000,
         tls=True,
+    ),
+    Scenario(
+        "h2-idle-rss",
+        "idle-rss over HTTP/2 (TLS, ALPN h2): 10 000 connections, preface + SETTINGS and one "
+        "request each, then idle",
+        kind="idle",
+        connections=10000,
+        tls=True,
+        h2=True,
     ),
 ]
 

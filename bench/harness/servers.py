@@ -154,22 +154,25 @@ class Nginx(Server):
     """conf/nginx.conf. Two processes: tcp_nopush on (Debian's default, nginx's best
     for plain requests) and off for pipelined scenarios, where TCP_CORK + pipelining
     trips Nagle and delayed ACKs (40 ms stalls): nginx gets its best in each. A third
-    one speaks only HTTPS (conf/nginx-tls.conf) for the TLS scenarios."""
+    one speaks only HTTPS (conf/nginx-tls.conf) for the TLS scenarios. For the HTTP/2
+    scenarios, `listen … http2`: a fourth with `ssl http2` (ALPN h2, preferred, and
+    http/1.1), and a fifth with a plain `http2` listener, which in nginx 1.22 speaks
+    only h2c with prior knowledge; the HTTP/1.1 ones stay as they were."""
 
     name = "nginx"
     tls = True
 
-    def _instance(self, label, nopush, tls=False):
+    def _instance(self, label, nopush, tls=False, http2=False):
         port = free_port()
         d = os.path.join(self.ctx.workdir, label)
         os.makedirs(d, exist_ok=True)
         conf = os.path.join(d, "nginx.conf")
         values = {"PORT": port, "DOCROOT": self.ctx.docroot, "WORKDIR": d, "TCP_NOPUSH": nopush,
-                  "LISTEN_SSL": "", "TLS": ""}
+                  "LISTEN": " http2" if http2 else "", "TLS": ""}
         if tls:
             tls_conf = os.path.join(d, "tls.conf")
             _render(os.path.join(self.ctx.bench_dir, "conf", "nginx-tls.conf"), tls_conf, _tls_values(self.ctx))
-            values.update(LISTEN_SSL=" ssl", TLS=f"        include {tls_conf};")
+            values.update(LISTEN=" ssl" + values["LISTEN"], TLS=f"        include {tls_conf};")
         _render(os.path.join(self.ctx.bench_dir, "conf", "nginx.conf"), conf, values)
         argv = ["nginx", "-p", d, "-c", conf, "-e", os.path.join(d, "nginx-error.log")]
         return Instance(label, argv, port, self.ctx.workdir)
@@ -181,8 +184,14 @@ class Nginx(Server):
         }
         if self.ctx.tls:
             self.instances["tls"] = self._instance("nginx-tls", "on", tls=True)
+        if self.ctx.tls and "h2" in self.ctx.h2:
+            self.instances["h2"] = self._instance("nginx-h2", "on", tls=True, http2=True)
+        if "h2c" in self.ctx.h2:
+            self.instances["h2c"] = self._instance("nginx-h2c", "on", http2=True)
 
     def instance(self, scenario):
+        if scenario.h2:
+            return self.instances["h2" if scenario.tls else "h2c"]
         if scenario.tls:
             return self.instances["tls"]
         return self.instances["pipelined" if scenario.pipeline > 1 else "main"]
@@ -193,17 +202,21 @@ class Nginx(Server):
 
 class H2o(Server):
     """conf/h2o.conf; for the TLS scenarios a second h2o whose listener has the
-    `ssl:` mapping of conf/h2o-tls.conf."""
+    `ssl:` mapping of conf/h2o-tls.conf, which also serves the HTTP/2 scenarios over
+    TLS: h2o offers ALPN h2 (preferred) by default. For h2c a third h2o with
+    `http1-upgrade-to-http2: ON`: h2o 2.2 takes h2c with prior knowledge on a plain
+    listener only then (the HTTP/1.1 one keeps it OFF, as before)."""
 
     name = "h2o"
     tls = True
 
-    def _instance(self, label, tls=False):
+    def _instance(self, label, tls=False, h2c=False):
         port = free_port()
         d = os.path.join(self.ctx.workdir, label)
         os.makedirs(d, exist_ok=True)
         conf = os.path.join(d, "h2o.conf")
-        values = {"PORT": port, "DOCROOT": self.ctx.docroot, "WORKDIR": d, "SSL": ""}
+        values = {"PORT": port, "DOCROOT": self.ctx.docroot, "WORKDIR": d, "SSL": "",
+                  "H2C": "ON" if h2c else "OFF"}
         if tls:
             ssl = os.path.join(d, "tls.yaml")
             _render(os.path.join(self.ctx.bench_dir, "conf", "h2o-tls.conf"), ssl, _tls_values(self.ctx))
@@ -215,6 +228,13 @@ class H2o(Server):
         self.instances = {"main": self._instance("h2o")}
         if self.ctx.tls:
             self.instances["tls"] = self._instance("h2o-tls", tls=True)
+        if "h2c" in self.ctx.h2:
+            self.instances["h2c"] = self._instance("h2o-h2c", h2c=True)
+
+    def instance(self, scenario):
+        if scenario.h2 and not scenario.tls:
+            return self.instances["h2c"]
+        return super().instance(scenario)
 
     def version(self):
         return _first_line(["h2o", "--version"]).replace("h2o version ", "")
@@ -222,7 +242,9 @@ class H2o(Server):
 
 class Tern(Server):
     """`tern serve`; for the TLS scenarios a second process with only an HTTPS
-    listener (--listen-tls), if this binary has one."""
+    listener (--listen-tls), if this binary has one. The HTTP/2 scenarios use the
+    same two (ALPN h2 on the TLS one, h2c with prior knowledge on the plain one);
+    a tern without HTTP/2 is left out of them with a note."""
 
     name = "tern"
 
