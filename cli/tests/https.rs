@@ -179,12 +179,11 @@ fn tls13_and_tls12_handshakes_negotiate_http11() {
     let mut c = tern.tls(&Arc::new(config), "localhost");
     assert_eq!(c.alpn(), None);
     assert_eq!(c.get("/hello.txt", &[]).status, 200);
-    // A client offering h2 and http/1.1 gets http/1.1 (h2 is not offered yet).
+    // A client offering h2 and http/1.1 gets h2 (cli/tests/http2.rs speaks it).
     let mut config = client_config(&fx.ca, &[TLS13]);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let mut c = tern.tls(&Arc::new(config), "localhost");
-    assert_eq!(c.alpn(), Some(&b"http/1.1"[..]));
-    assert_eq!(c.get("/hello.txt", &[]).status, 200);
+    let c = tern.tls(&Arc::new(config), "localhost");
+    assert_eq!(c.alpn(), Some(&b"h2"[..]));
 }
 
 #[test]
@@ -1275,11 +1274,14 @@ fn demo_over_https_counts_handshakes_and_failures() {
         e.is_some(),
         "a client of another CA completed the handshake"
     );
-    // A client that speaks only h2 shares no ALPN protocol with tern (yet).
-    let mut h2_only = client_config(&fx.ca, &[TLS13]);
-    h2_only.alpn_protocols = vec![b"h2".to_vec()];
-    let e = TlsClient::try_connect_tls(tern.https(), &Arc::new(h2_only), "localhost").err();
-    assert!(e.is_some(), "an h2-only client completed the handshake");
+    // A client that speaks only a protocol tern does not shares no ALPN protocol with it.
+    let mut foreign = client_config(&fx.ca, &[TLS13]);
+    foreign.alpn_protocols = vec![b"spdy/3.1".to_vec()];
+    let e = TlsClient::try_connect_tls(tern.https(), &Arc::new(foreign), "localhost").err();
+    assert!(
+        e.is_some(),
+        "a client of another protocol completed the handshake"
+    );
 
     let delta =
         |after: &std::collections::HashMap<String, u64>, name: &str| after[name] - before[name];
@@ -1402,7 +1404,7 @@ fn curl_fetches_over_tls13_and_tls12() {
     assert!(
         f.stderr
             .lines()
-            .any(|l| l.contains("ALPN") && l.contains("accepted") && l.contains("http/1.1")),
+            .any(|l| l.contains("ALPN") && l.contains("accepted") && l.contains("h2")),
         "{}",
         f.stderr
     );
@@ -1453,7 +1455,7 @@ fn curl_fetches_over_tls13_and_tls12() {
     // HEAD and a range.
     let f = curl(&fx, &tern, &["-I", &url("/page.txt")]);
     assert!(f.status.success());
-    assert!(f.stdout.starts_with("HTTP/1.1 200"), "{}", f.stdout);
+    assert!(f.stdout.starts_with("HTTP/2 200"), "{}", f.stdout);
     assert!(f
         .stdout
         .to_ascii_lowercase()
@@ -1518,7 +1520,8 @@ fn curl_follows_the_redirect_to_https_and_sees_hsts() {
     );
     let (first, second) = heads.split_once("\r\n\r\n").unwrap();
     assert!(!first.contains("strict-transport-security"));
-    assert!(second.starts_with("http/1.1 200"), "{}", f.stdout);
+    // curl offers h2 over TLS, and tern takes it.
+    assert!(second.starts_with("http/2 200"), "{}", f.stdout);
     assert!(
         second.contains("strict-transport-security: max-age=31536000"),
         "{}",

@@ -544,7 +544,8 @@ fn version_field(buf: &[u8]) -> &[u8] {
 pub fn names_foreign_protocol(buf: &[u8]) -> bool {
     let v = version_field(buf);
     let v = v.strip_suffix(b"\r").unwrap_or(v);
-    !v.is_empty() && !(v.len() >= 5 && v[..5].eq_ignore_ascii_case(b"HTTP/"))
+    let http = v.get(..5).is_some_and(|p| p.eq_ignore_ascii_case(b"HTTP/"));
+    !v.is_empty() && !http
 }
 
 /// True if any LF in `head` is not preceded by CR. httparse tolerates bare LF (RFC 9112 allows

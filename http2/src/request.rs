@@ -275,10 +275,11 @@ pub const MAX_FIELDS: usize = tern_codec::MAX_HEADERS_DEFAULT;
 
 impl RequestData {
     /// The request as handlers see it. `headers` is the caller's scratch array for the field
-    /// list (on the stack: no allocation per request).
+    /// list (on its stack: no allocation per request); it must hold
+    /// [`Fields::field_count`] entries.
     pub fn head<'a>(
         &'a self,
-        headers: &'a mut [httparse::Header<'a>; MAX_FIELDS],
+        headers: &'a mut [httparse::Header<'a>],
         limits: &Limits,
     ) -> Result<RequestHead<'a>, RequestError> {
         let f = &self.fields;
@@ -294,6 +295,9 @@ impl RequestData {
         };
         let authority = f.authority.as_ref().map(|r| f.get(r));
         let mut n = 0;
+        if headers.len() < f.regular.len() {
+            return Err(RequestError::TooManyHeaders);
+        }
         for (name, value) in &f.regular {
             // Names were checked to be lowercase ASCII tokens.
             let name = std::str::from_utf8(f.get(name)).map_err(|_| RequestError::BadHeader)?;

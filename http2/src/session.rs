@@ -518,7 +518,7 @@ impl Session {
         if let Some(i) = self.find(id) {
             return self.trailers(i, block, end_stream, out);
         }
-        if id <= self.last_peer_stream || id % 2 == 0 {
+        if id <= self.last_peer_stream || id.is_multiple_of(2) {
             self.discard_block(block)?;
             return match self.recent.find(id) {
                 Some(_) => conn_err(ErrorCode::StreamClosed, "HEADERS on a closed stream"),
@@ -584,7 +584,8 @@ impl Session {
             return self.stream_error(id, ErrorCode::Protocol, "stream depends on itself", out);
         }
         if too_large {
-            return Ok(self.refuse(i, 431));
+            self.refuse(i, 431);
+            return Ok(());
         }
         if end_stream {
             if content_length.is_some_and(|n| n != 0) {
@@ -814,7 +815,7 @@ impl Session {
             }
             return self.overhead();
         }
-        if p.len() % 6 != 0 {
+        if !p.len().is_multiple_of(6) {
             return conn_err(ErrorCode::FrameSize, "SETTINGS of wrong size");
         }
         for chunk in p.chunks_exact(6) {
@@ -916,7 +917,7 @@ impl Session {
             return conn_err(ErrorCode::FrameSize, "short PRIORITY_UPDATE");
         }
         let id = u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
-        if id == 0 || id % 2 == 0 {
+        if id == 0 || id.is_multiple_of(2) {
             return conn_err(ErrorCode::Protocol, "PRIORITY_UPDATE for a bad stream id");
         }
         self.overhead()?;
@@ -991,9 +992,9 @@ impl Session {
     /// [`Self::answer_sent`].
     pub fn data_frame(&mut self, id: u32, len: usize, end_stream: bool) -> [u8; HEADER_LEN] {
         self.send_window -= len as i64;
-        // One budget point back per full frame of answer: long downloads earn the
-        // WINDOW_UPDATEs they cause.
-        if len >= DEFAULT_MAX_FRAME_SIZE as usize {
+        // Each frame of answer earns a budget point back: a download paced by a small window
+        // earns the WINDOW_UPDATEs it needs (one in, one out is no amplification).
+        if len > 0 {
             self.overhead_budget = (self.overhead_budget + 1).min(self.cfg.overhead_budget);
         }
         if let Some(i) = self.find(id) {

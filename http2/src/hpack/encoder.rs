@@ -166,7 +166,7 @@ impl Encoder {
                 return;
             }
             if len < s.len() {
-                let mut prefix = [0u8; 10];
+                let mut prefix = [0u8; 11];
                 let n = int_bytes(&mut prefix, 0x80, 7, len);
                 out.splice(at..at + 1, prefix[..n].iter().copied());
                 return;
@@ -191,13 +191,13 @@ fn write_int(out: &mut Vec<u8>, flags: u8, prefix_bits: u32, value: usize) {
         out.push(flags | value as u8);
         return;
     }
-    let mut buf = [0u8; 10];
+    let mut buf = [0u8; 11];
     let n = int_bytes(&mut buf, flags, prefix_bits, value);
     out.extend_from_slice(&buf[..n]);
 }
 
-/// [`write_int`] into `buf` (10 bytes hold any `usize`); returns the length.
-fn int_bytes(buf: &mut [u8; 10], flags: u8, prefix_bits: u32, value: usize) -> usize {
+/// [`write_int`] into `buf` (11 bytes hold any `usize`); returns the length.
+fn int_bytes(buf: &mut [u8; 11], flags: u8, prefix_bits: u32, value: usize) -> usize {
     let mask = (1usize << prefix_bits) - 1;
     if value < mask {
         buf[0] = flags | value as u8;
@@ -251,10 +251,7 @@ mod tests {
         assert_eq!(out, [0x3f, 0x00]);
         out.clear();
         write_int(&mut out, 0x80, 7, usize::MAX);
-        assert_eq!(out.len(), 10);
-        let mut pos = 0;
-        let d = super::super::decoder::read_int_for_tests(&out, &mut pos, 7);
-        assert_eq!(d, Err(DecodeError::IntegerOverflow));
+        assert_eq!(out.len(), 11);
     }
 
     /// C.3 and C.4 with incremental indexing give the RFC's bytes exactly; C.5 and C.6 too,
@@ -404,6 +401,24 @@ mod tests {
             small.decode(&out, 1000, |_, _| Ok(())).unwrap_err(),
             DecodeError::SizeUpdateTooLarge
         );
+    }
+
+    #[test]
+    fn long_strings() {
+        // Huffman lengths around the 1-byte prefix limit (127), and plain ones.
+        let mut d = Decoder::new(4096);
+        for n in [0, 1, 100, 126, 127, 128, 202, 203, 204, 205, 1000, 20000] {
+            let text = "abcde".repeat(n)[..n].to_string();
+            let upper = "\x01".repeat(n); // 28-bit codes: plain is shorter
+            let mut e = Encoder::new();
+            let out = encode_block(
+                &mut e,
+                &[("x-t", &text), ("x-u", &upper)],
+                Indexing::Without,
+            );
+            let got = decode_all(&mut d, &out).unwrap();
+            assert_eq!(got, fields(&[("x-t", &text), ("x-u", &upper)]), "{n}");
+        }
     }
 
     #[test]

@@ -165,8 +165,11 @@ impl Slot {
 
 /// The dynamic table: newest entry is index 0 (HPACK index 62).
 pub(crate) struct DynTable {
-    /// Empty until the first insertion; then a power of two ≥ 2 × `max_size`.
+    /// The ring, `cap` bytes once full-grown. Allocated at the first insertion; its length
+    /// grows as entries are first written (rather than zeroing the whole ring up front).
     buf: Vec<u8>,
+    /// 0 until the first insertion; then a power of two ≥ 2 × `max_size`.
+    cap: usize,
     /// Oldest at the front.
     slots: VecDeque<Slot>,
     /// Virtual position where the next entry's bytes go.
@@ -180,6 +183,7 @@ impl DynTable {
     pub(crate) fn new(max_size: usize) -> DynTable {
         DynTable {
             buf: Vec::new(),
+            cap: 0,
             slots: VecDeque::new(),
             head: 0,
             size: 0,
@@ -200,7 +204,7 @@ impl DynTable {
     }
 
     fn slot_bytes(&self, s: &Slot) -> (&[u8], &[u8]) {
-        let p = s.start & (self.buf.len().wrapping_sub(1));
+        let p = s.start & (self.cap.wrapping_sub(1));
         let n = s.name_len as usize;
         let bytes = &self.buf[p..p + s.len()];
         bytes.split_at(n)
@@ -245,12 +249,15 @@ impl DynTable {
         if self.slots.is_empty() {
             self.head = 0;
         }
-        let cap = self.buf.len();
+        let cap = self.cap;
         let mut start = self.head;
         let mut p = start & (cap - 1);
         if p + len > cap {
             start = start.wrapping_add(cap - p);
             p = 0;
+        }
+        if self.buf.len() < p + len {
+            self.buf.resize(p + len, 0);
         }
         self.buf[p..p + name.len()].copy_from_slice(name);
         self.buf[p + name.len()..p + len].copy_from_slice(value);
@@ -264,24 +271,24 @@ impl DynTable {
         debug_assert!(self.head.wrapping_sub(self.slots[0].start) <= cap);
     }
 
-    /// Makes the buffer at least 2 × `max_size`, moving live entries to the front of a new one.
+    /// Makes the ring at least 2 × `max_size`, moving live entries to the front of a new one.
     fn reserve(&mut self) {
         let need = (2 * self.max_size).next_power_of_two().max(64);
-        if self.buf.len() >= need {
+        if self.cap >= need {
             return;
         }
-        let mut buf = vec![0u8; need];
-        let mut pos = 0;
+        let mut buf = Vec::with_capacity(need);
         for i in 0..self.slots.len() {
             let s = self.slots[i];
+            let start = buf.len();
             let (n, v) = self.slot_bytes(&s);
-            buf[pos..pos + n.len()].copy_from_slice(n);
-            buf[pos + n.len()..pos + s.len()].copy_from_slice(v);
-            self.slots[i].start = pos;
-            pos += s.len();
+            buf.extend_from_slice(n);
+            buf.extend_from_slice(v);
+            self.slots[i].start = start;
         }
+        self.head = buf.len();
         self.buf = buf;
-        self.head = pos;
+        self.cap = need;
     }
 
     /// The newest entries matching `name` (and `value`): (exact match, name match), 0-based.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tern_codec::Method;
-use tern_http2::{Config, ErrorCode, Event, Priority, RequestData, Session, MAX_FIELDS};
+use tern_http2::{Config, ErrorCode, Event, Priority, RequestData, Session};
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
 use super::output::Output;
@@ -227,8 +227,16 @@ impl Http2 {
     fn dispatch(&mut self, data: RequestData, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
         cx.stats.bump(Counter::Requests);
         let id = data.stream;
-        let mut headers = [httparse::EMPTY_HEADER; MAX_FIELDS];
-        let (outcome, head_only) = match data.head(&mut headers, &cx.config.limits) {
+        // The field list on the stack for the usual request, on the heap for a long one.
+        let mut few = [httparse::EMPTY_HEADER; 24];
+        let mut many;
+        let slots: &mut [httparse::Header<'_>] = if data.fields.field_count() <= few.len() {
+            &mut few
+        } else {
+            many = vec![httparse::EMPTY_HEADER; data.fields.field_count()];
+            &mut many
+        };
+        let (outcome, head_only) = match data.head(slots, &cx.config.limits) {
             Err(e) => {
                 cx.stats.bad_request(e);
                 if ratelog::admit(e.name(), cx.clock.now_ms()) {
@@ -332,6 +340,21 @@ impl Http2 {
             self.go_away(out, cx);
         }
         if end_stream {
+            return;
+        }
+        // The usual case: nothing queued before it and the window takes the whole body, so
+        // it goes out at once, right behind its head.
+        if self.sending.is_empty()
+            && out.pending() < PUMP_TARGET
+            && len <= self.session.send_capacity(id) as u64
+        {
+            let header = self.session.data_frame(id, len as usize, true);
+            out.push_copy(&header);
+            out.push_body(response.body);
+            let buf = out.head_buf(|| cx.buffers.take_write());
+            let before = buf.len();
+            self.session.answer_sent(id, buf);
+            out.commit(before);
             return;
         }
         let body = match response.body {
