@@ -1080,11 +1080,48 @@ impl ResponseHeaders<'_> {
     }
 
     /// Closes the block (split into CONTINUATION frames if larger than the peer's frame
-    /// size). `end_stream`: the answer has no body.
-    pub fn finish(self, end_stream: bool) {
-        let block_len = self.out.len() - self.start - HEADER_LEN;
-        let max = self.session.peer.max_frame_size as usize;
+    /// size). `end_stream`: the answer has no body. Returns where the block's bytes are in
+    /// `out` when it went out in one frame (a caller may send it again with
+    /// [`Session::response_block`] while the encoder's generation stays the same).
+    pub fn finish(self, end_stream: bool) -> Option<std::ops::Range<usize>> {
+        self.session
+            .frame_block(self.start, self.stream, end_stream, self.out)
+    }
+}
+
+impl Session {
+    /// Changes whenever the HPACK encoder's table does: an earlier block is valid again
+    /// only while this stays the same.
+    pub fn encoder_generation(&self) -> u64 {
+        self.encoder.generation()
+    }
+
+    /// Sends a header block encoded earlier (see [`ResponseHeaders::finish`]) for `stream`.
+    pub fn response_block(
+        &mut self,
+        stream: u32,
+        block: &[u8],
+        end_stream: bool,
+        out: &mut Vec<u8>,
+    ) {
+        let start = out.len();
+        out.extend_from_slice(&[0; HEADER_LEN]);
+        out.extend_from_slice(block);
+        self.frame_block(start, stream, end_stream, out);
+    }
+
+    /// Puts the frame header(s) around the block written at `start + HEADER_LEN..`.
+    fn frame_block(
+        &mut self,
+        start: usize,
+        stream: u32,
+        end_stream: bool,
+        out: &mut Vec<u8>,
+    ) -> Option<std::ops::Range<usize>> {
+        let block_len = out.len() - start - HEADER_LEN;
+        let max = self.peer.max_frame_size as usize;
         let end_flag = if end_stream { flag::END_STREAM } else { 0 };
+        let mut single = None;
         if block_len <= max {
             let mut h = Vec::with_capacity(HEADER_LEN);
             frame::write_header(
@@ -1092,12 +1129,13 @@ impl ResponseHeaders<'_> {
                 block_len,
                 kind::HEADERS,
                 flag::END_HEADERS | end_flag,
-                self.stream,
+                stream,
             );
-            self.out[self.start..self.start + HEADER_LEN].copy_from_slice(&h);
+            out[start..start + HEADER_LEN].copy_from_slice(&h);
+            single = Some(start + HEADER_LEN..out.len());
         } else {
-            let block = self.out.split_off(self.start + HEADER_LEN);
-            self.out.truncate(self.start);
+            let block = out.split_off(start + HEADER_LEN);
+            out.truncate(start);
             let mut chunks = block.chunks(max).peekable();
             let mut first = true;
             while let Some(chunk) = chunks.next() {
@@ -1110,16 +1148,17 @@ impl ResponseHeaders<'_> {
                 if last {
                     flags |= flag::END_HEADERS;
                 }
-                frame::write_header(self.out, chunk.len(), k, flags, self.stream);
-                self.out.extend_from_slice(chunk);
+                frame::write_header(out, chunk.len(), k, flags, stream);
+                out.extend_from_slice(chunk);
                 first = false;
             }
         }
         if end_stream {
-            if let Some(i) = self.session.find(self.stream) {
-                self.session.end_of_answer(i, self.out);
+            if let Some(i) = self.find(stream) {
+                self.end_of_answer(i, out);
             }
         }
+        single
     }
 }
 

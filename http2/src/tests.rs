@@ -491,3 +491,38 @@ fn large_response_headers_are_split_into_continuations() {
     assert_eq!(second.kind, kind::CONTINUATION);
     assert!(second.has(flag::END_HEADERS));
 }
+
+#[test]
+fn a_head_block_that_moved_nothing_can_be_sent_again() {
+    let mut p = Peer::new(Config::default());
+    let fields = |p: &mut Peer, id: u32, out: &mut Vec<u8>| {
+        let mut h = p.session.response(id, 200, out);
+        h.field(b"content-type", b"text/html");
+        h.field(b"server", b"tern");
+        h.finish(true)
+    };
+    for id in [1, 3, 5] {
+        p.send(&headers(id, &GET, true)).unwrap();
+    }
+    let mut out = Vec::new();
+    let g0 = p.session.encoder_generation();
+    fields(&mut p, 1, &mut out);
+    let g1 = p.session.encoder_generation();
+    assert_ne!(g0, g1, "the first answer adds its fields to the table");
+    out.clear();
+    let range = fields(&mut p, 3, &mut out).expect("one frame");
+    assert_eq!(
+        p.session.encoder_generation(),
+        g1,
+        "the second only refers to them"
+    );
+    let block = out[range].to_vec();
+    assert!(block.len() <= 3, "indexed fields: {block:?}");
+    let mut again = Vec::new();
+    p.session.response_block(5, &block, true, &mut again);
+    assert_eq!(&again[9..], &block[..]);
+    let h = FrameHeader::parse(again[..9].try_into().unwrap());
+    assert_eq!((h.kind, h.stream), (kind::HEADERS, 5));
+    assert!(h.has(flag::END_STREAM) && h.has(flag::END_HEADERS));
+    assert_eq!(p.session.open_streams(), 0);
+}

@@ -701,6 +701,52 @@ pub(crate) mod tests {
         assert_eq!(d.table_size(), 57);
     }
 
+    /// §5.1 integer, for building blocks by hand.
+    fn int(flags: u8, prefix_bits: u32, v: usize) -> Vec<u8> {
+        let mask = (1usize << prefix_bits) - 1;
+        if v < mask {
+            return vec![flags | v as u8];
+        }
+        let mut out = vec![flags | mask as u8];
+        let mut v = v - mask;
+        while v >= 128 {
+            out.push(0x80 | (v & 0x7f) as u8);
+            v >>= 7;
+        }
+        out.push(v as u8);
+        out
+    }
+
+    #[test]
+    fn big_table_wraps_around() {
+        // A 100 000-byte table (ring over 64 KiB, past the up-front reservation), filled and
+        // cycled several times; every live entry stays readable.
+        let mut d = Decoder::new(100_000);
+        decode_all(&mut d, &int(0x20, 5, 100_000)).unwrap();
+        for i in 0..5000usize {
+            let value = format!("{i:0>width$}", width = 20 + (i * 7) % 90);
+            let mut block = vec![0x40, 0x03, b'x', b'-', b'a', value.len() as u8];
+            block.extend_from_slice(value.as_bytes());
+            decode_all(&mut d, &block).unwrap();
+            assert!(d.table_size() <= 100_000);
+            // The newest and the oldest entries.
+            let got = decode_all(&mut d, &[0xbe]).unwrap();
+            assert_eq!(got, fields(&[("x-a", &value)]));
+            let oldest = 62 + d.table.len() - 1;
+            let got = decode_all(&mut d, &int(0x80, 7, oldest)).unwrap();
+            assert_eq!(got[0].0, b"x-a");
+            let n: usize = got[0].1.iter().take_while(|&&c| c == b'0').count();
+            let j: usize = std::str::from_utf8(&got[0].1[n..])
+                .unwrap_or("0")
+                .parse()
+                .unwrap_or(0);
+            assert_eq!(j, i + 1 - d.table.len());
+        }
+        assert!(d.table_size() > 90_000);
+        let past = int(0x80, 7, 62 + d.table.len());
+        assert_eq!(decode_all(&mut d, &past), Err(DecodeError::BadIndex));
+    }
+
     #[test]
     fn empty_block() {
         let mut d = Decoder::new(4096);

@@ -28,6 +28,9 @@ pub struct Encoder {
     pending_min: Option<usize>,
     /// Off only in tests, to reproduce the RFC's plain-string examples.
     huffman: bool,
+    /// Counts changes to the table's contents or size: a block encoded while it did not
+    /// move refers only to entries that are still where they were, so it can be sent again.
+    generation: u64,
 }
 
 impl Default for Encoder {
@@ -44,6 +47,7 @@ impl Encoder {
             table: DynTable::new(DEFAULT_TABLE_SIZE),
             pending_min: None,
             huffman: true,
+            generation: 0,
         }
     }
 
@@ -56,12 +60,14 @@ impl Encoder {
             return;
         }
         self.pending_min = Some(self.pending_min.map_or(size, |m| m.min(size)));
+        self.generation += 1;
         self.table.set_max_size(size);
     }
 
     /// Call once at the start of each header block: emits a pending size update.
     pub fn begin_block(&mut self, out: &mut Vec<u8>) {
         if let Some(min) = self.pending_min.take() {
+            self.generation += 1;
             let size = self.table.max_size();
             if min < size {
                 write_int(out, 0x20, 5, min);
@@ -144,7 +150,13 @@ impl Encoder {
         self.write_string(out, value);
         if indexing == Indexing::Incremental {
             self.table.insert(name, value);
+            self.generation += 1;
         }
+    }
+
+    /// Changes whenever the dynamic table does (see the field).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Current dynamic table size in bytes (§4.1).

@@ -213,8 +213,11 @@ impl DynTable {
     /// Entry `i`, 0 being the newest.
     #[inline]
     pub(crate) fn get(&self, i: usize) -> Option<(&[u8], &[u8])> {
-        let k = self.slots.len().checked_sub(i + 1)?;
-        Some(self.slot_bytes(&self.slots[k]))
+        let len = self.slots.len();
+        if i >= len {
+            return None;
+        }
+        Some(self.slot_bytes(&self.slots[len - 1 - i]))
     }
 
     /// §4.3: a new maximum evicts entries until the table fits.
@@ -273,11 +276,17 @@ impl DynTable {
 
     /// Makes the ring at least 2 × `max_size`, moving live entries to the front of a new one.
     fn reserve(&mut self) {
-        let need = (2 * self.max_size).next_power_of_two().max(64);
+        let need = self
+            .max_size
+            .saturating_mul(2)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << (usize::BITS - 1))
+            .max(64);
         if self.cap >= need {
             return;
         }
-        let mut buf = Vec::with_capacity(need);
+        // Reserved up front for the usual sizes; a huge table grows as it is used.
+        let mut buf = Vec::with_capacity(need.min(1 << 16));
         for i in 0..self.slots.len() {
             let s = self.slots[i];
             let start = buf.len();

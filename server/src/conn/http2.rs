@@ -63,6 +63,19 @@ pub(crate) struct Http2 {
     /// When the bytes of an incomplete frame (or the preface) started to arrive.
     partial_since_ms: Option<u64>,
     lingering: Option<(u64, usize)>,
+    head_memo: Box<HeadMemo>,
+}
+
+/// The last response head block that changed nothing in the HPACK table, and what it was
+/// made from.
+#[derive(Default)]
+struct HeadMemo {
+    valid: bool,
+    generation: u64,
+    last_key: Vec<u8>,
+    block: Vec<u8>,
+    /// Scratch for the key of the answer being written.
+    key: Vec<u8>,
 }
 
 /// What to do once the output is sent (as for HTTP/1.1).
@@ -94,6 +107,7 @@ impl Http2 {
             peer_eof: false,
             partial_since_ms: Some(cx.clock.now_ms()),
             lingering: None,
+            head_memo: Box::default(),
         }
     }
 
@@ -312,28 +326,58 @@ impl Http2 {
         let no_body = status_has_no_body(response.status);
         let len = response.body.len();
         let end_stream = no_body || head_only || len == 0;
+        // The Date line without its name and CRLF ("Date: " ... "\r\n").
+        let date_line = cx.clock.date_line();
+        let date = &date_line[6..date_line.len() - 2];
+        let mut length = itoa::Buffer::new();
+        let length = length.format(len).as_bytes();
+        let hsts = match (&cx.shared.hsts_line, link.secure) {
+            (Some(line), true) => &line[..],
+            _ => &[][..],
+        };
+        // Answers on a connection repeat (the same file, the same second): when everything
+        // that goes into the head is what it was last time and the HPACK table has not moved,
+        // last time's block is sent again instead of encoding each field.
+        let memo = &mut self.head_memo;
+        memo.key.clear();
+        memo.key.extend_from_slice(&response.status.to_be_bytes());
+        memo.key.push(u8::from(no_body));
+        for part in [date, length, response.headers(), hsts] {
+            memo.key
+                .extend_from_slice(&(part.len() as u32).to_be_bytes());
+            memo.key.extend_from_slice(part);
+        }
         let buf = out.head_buf(|| cx.buffers.take_write());
         let before = buf.len();
-        let mut h = self.session.response(id, response.status, buf);
-        // The Date line without its name and CRLF ("Date: " ... "\r\n").
-        let date = cx.clock.date_line();
-        h.field(b"date", &date[6..date.len() - 2]);
-        h.field(b"server", b"tern");
-        if !no_body {
-            h.field(
-                b"content-length",
-                itoa::Buffer::new().format(len).as_bytes(),
-            );
-        }
-        for line in response.headers().split(|&b| b == b'\n') {
-            add_line(&mut h, line);
-        }
-        if link.secure {
-            if let Some(line) = &cx.shared.hsts_line {
-                add_line(&mut h, line.strip_suffix(b"\r\n").unwrap_or(line));
+        let generation = self.session.encoder_generation();
+        if memo.valid && memo.generation == generation && memo.key == memo.last_key {
+            self.session
+                .response_block(id, &memo.block, end_stream, buf);
+        } else {
+            let mut h = self.session.response(id, response.status, buf);
+            h.field(b"date", date);
+            h.field(b"server", b"tern");
+            if !no_body {
+                h.field(b"content-length", length);
+            }
+            for line in response.headers().split(|&b| b == b'\n') {
+                add_line(&mut h, line);
+            }
+            if !hsts.is_empty() {
+                add_line(&mut h, hsts.strip_suffix(b"\r\n").unwrap_or(hsts));
+            }
+            let block = h.finish(end_stream);
+            memo.valid = false;
+            if let Some(range) = block {
+                if self.session.encoder_generation() == generation {
+                    memo.block.clear();
+                    memo.block.extend_from_slice(&buf[range]);
+                    std::mem::swap(&mut memo.key, &mut memo.last_key);
+                    memo.generation = generation;
+                    memo.valid = true;
+                }
             }
         }
-        h.finish(end_stream);
         out.commit(before);
         if response.close {
             // What HTTP/1.1 would end with `Connection: close`: no new streams.
