@@ -1087,3 +1087,28 @@ fn nghttp_shows_the_frames_over_tls_and_prior_knowledge() {
     let missing = format!("http://{}/missing", tern.addr());
     check_nghttp(&nghttp(&[&missing]), "404", 1, 404);
 }
+
+#[test]
+fn a_peer_that_never_opens_its_window_is_cut_off_at_the_write_timeout() {
+    let fx = Fixture::new();
+    write_pattern_file(&fx.site.root.join("big.bin"), 1 << 20);
+    let tern = fx.start(&["--write-timeout", "1"]);
+    // A zero stream window: the answer's head goes out, its body never can.
+    let mut raw = RawH2::connect(tern.addr(), &[(SETTINGS_INITIAL_WINDOW_SIZE, 0)]);
+    raw.request(1, "GET", "/big.bin", &[], false);
+    raw.until("the answer's HEADERS", |f| f.ty == HEADERS);
+    let stalled = Instant::now();
+    assert!(
+        raw.closed_within(Duration::from_secs(5)),
+        "a connection stalled on a shut window stayed open"
+    );
+    let waited = stalled.elapsed();
+    assert!(
+        waited > Duration::from_millis(500),
+        "closed after {waited:?}, before the write timeout"
+    );
+    // The server is fine: another connection is answered.
+    let mut ok = RawH2::connect(tern.addr(), &[]);
+    ok.request(1, "GET", "/hello.txt", &[], false);
+    assert_eq!(ok.response_body(1), HELLO.as_bytes());
+}

@@ -526,3 +526,59 @@ fn a_head_block_that_moved_nothing_can_be_sent_again() {
     assert!(h.has(flag::END_STREAM) && h.has(flag::END_HEADERS));
     assert_eq!(p.session.open_streams(), 0);
 }
+
+#[test]
+fn made_you_reset_is_stopped() {
+    // CVE-2025-8671: requests that are cheap to send and make the server reset the stream
+    // (here a malformed field) cost the same budget as the peer's own resets.
+    let mut p = Peer::new(Config::default());
+    let mut bad = GET.to_vec();
+    bad.push(("te", "gzip"));
+    let mut id = 1;
+    let err = loop {
+        if let Err(e) = p.send(&headers(id, &bad, true)) {
+            break e;
+        }
+        id += 2;
+        assert!(id < 10_000, "never stopped");
+    };
+    assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
+    // WINDOW_UPDATE of 0 on a stream, another stream error the peer can cause at will.
+    let mut p = Peer::new(Config::default());
+    let mut id = 1;
+    let err = loop {
+        let mut bytes = headers(id, &GET, false);
+        bytes.extend(frame_bytes(kind::WINDOW_UPDATE, 0, id, &0u32.to_be_bytes()));
+        if let Err(e) = p.send(&bytes) {
+            break e;
+        }
+        id += 2;
+        assert!(id < 10_000, "never stopped");
+    };
+    assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
+}
+
+#[test]
+fn empty_data_and_window_update_floods_are_stopped() {
+    let mut f = post(0);
+    f.pop();
+    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    for flood in [
+        frame_bytes(kind::DATA, 0, 1, &[]),
+        frame_bytes(kind::WINDOW_UPDATE, 0, 0, &1u32.to_be_bytes()),
+        frame_bytes(kind::SETTINGS, 0, 0, &[]),
+        frame_bytes(kind::PRIORITY, 0, 1, &[0, 0, 0, 0, 16]),
+    ] {
+        let mut p = Peer::new(Config::default());
+        p.send(&headers(1, &f, false)).unwrap();
+        let mut n = 0;
+        let err = loop {
+            if let Err(e) = p.send(&flood) {
+                break e;
+            }
+            n += 1;
+            assert!(n < 100_000, "never stopped");
+        };
+        assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
+    }
+}

@@ -459,29 +459,11 @@ impl Http2 {
     }
 
     fn next_to_send(&self) -> Option<usize> {
-        let ready = |s: &&Sending| self.session.send_capacity(s.stream) > 0 || s.body.len() == 0;
-        let urgency = self
-            .sending
-            .iter()
-            .filter(ready)
-            .map(|s| s.priority.urgency)
-            .min()?;
-        let candidates = || {
-            self.sending
-                .iter()
-                .enumerate()
-                .filter(move |(_, s)| s.priority.urgency == urgency && ready(s))
-        };
-        if let Some((i, _)) = candidates()
-            .filter(|(_, s)| !s.priority.incremental)
-            .min_by_key(|(_, s)| s.stream)
-        {
-            return Some(i);
-        }
-        // Incremental: the next stream id after the one served last, wrapping around.
-        candidates()
-            .min_by_key(|(_, s)| (s.stream <= self.last_served, s.stream))
-            .map(|(i, _)| i)
+        let ready = self.sending.iter().map(|s| {
+            let ready = self.session.send_capacity(s.stream) > 0;
+            (s.stream, s.priority, ready)
+        });
+        pick(ready, self.last_served)
     }
 
     /// What to do once the output is sent.
@@ -620,6 +602,30 @@ impl Http2 {
     }
 }
 
+/// Which answer sends its next frame (RFC 9218 §4), by position in `queue` (stream id,
+/// priority, whether its window is open): the lowest urgency among the ready ones; within
+/// it, a non-incremental answer before incremental ones, the lowest stream id first (one
+/// after another); incremental ones take turns, the next stream id after the one served
+/// last.
+fn pick(
+    queue: impl Iterator<Item = (u32, Priority, bool)> + Clone,
+    last_served: u32,
+) -> Option<usize> {
+    let ready = queue.enumerate().filter(|(_, (_, _, ready))| *ready);
+    let urgency = ready.clone().map(|(_, (_, p, _))| p.urgency).min()?;
+    let candidates = ready.filter(move |(_, (_, p, _))| p.urgency == urgency);
+    if let Some((i, _)) = candidates
+        .clone()
+        .filter(|(_, (_, p, _))| !p.incremental)
+        .min_by_key(|(_, (id, _, _))| *id)
+    {
+        return Some(i);
+    }
+    candidates
+        .min_by_key(|(_, (id, _, _))| (*id <= last_served, *id))
+        .map(|(i, _)| i)
+}
+
 /// One `Name: value` line of a response's serialized headers, as an HTTP/2 field.
 fn add_line(h: &mut tern_http2::ResponseHeaders<'_>, line: &[u8]) {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -630,5 +636,38 @@ fn add_line(h: &mut tern_http2::ResponseHeaders<'_>, line: &[u8]) {
         let value = &line[colon + 1..];
         let value = value.strip_prefix(b" ").unwrap_or(value);
         h.field(&line[..colon], value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(urgency: u8, incremental: bool) -> Priority {
+        Priority {
+            urgency,
+            incremental,
+        }
+    }
+
+    #[test]
+    fn urgent_answers_go_first_and_incremental_ones_take_turns() {
+        // An image (default priority) queued before a stylesheet (u=0): the stylesheet first.
+        let q = [(1, p(3, false), true), (3, p(0, false), true)];
+        assert_eq!(pick(q.iter().copied(), 0), Some(1));
+        // A stylesheet whose window is shut does not hold the image back.
+        let q = [(1, p(3, false), true), (3, p(0, false), false)];
+        assert_eq!(pick(q.iter().copied(), 0), Some(0));
+        // Non-incremental answers of one urgency go one after another, by stream id.
+        let q = [(7, p(3, false), true), (5, p(3, false), true)];
+        assert_eq!(pick(q.iter().copied(), 7), Some(1));
+        // Incremental ones round-robin: after 5 comes 7, after 7 comes 5 again.
+        let q = [(5, p(3, true), true), (7, p(3, true), true)];
+        assert_eq!(pick(q.iter().copied(), 5), Some(1));
+        assert_eq!(pick(q.iter().copied(), 7), Some(0));
+        // Of one urgency, a non-incremental answer goes before incremental ones.
+        let q = [(5, p(3, true), true), (9, p(3, false), true)];
+        assert_eq!(pick(q.iter().copied(), 0), Some(1));
+        assert_eq!(pick([(1, p(3, false), false)].iter().copied(), 0), None);
     }
 }
