@@ -1,0 +1,95 @@
+//! A whole HTTP/2 server session on hostile bytes: the input (after the client preface) is
+//! fed in pieces; every request is answered (a head, sometimes a body in DATA frames), so the
+//! send side and the stream states run too. The session must never panic, must stop taking
+//! input once it has closed, and everything it writes must parse as frames.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tern_http2::frame::{FrameHeader, HEADER_LEN, PREFACE};
+use tern_http2::{Config, Event, Session};
+
+fuzz_target!(|data: &[u8]| {
+    let cfg = Config {
+        max_header_list: 4096,
+        max_body: 4096,
+        reset_budget: 20,
+        overhead_budget: 50,
+        ..Config::default()
+    };
+    let mut out = Vec::new();
+    let mut session = Session::new(cfg, &mut out);
+    let mut input = PREFACE.to_vec();
+    input.extend_from_slice(data);
+    // Cut the input at a few places chosen by the input itself: partial frames must wait.
+    let step = 1 + data.first().copied().unwrap_or(7) as usize * 13;
+    let mut fed = 0;
+    let mut pending = Vec::new();
+    while fed < input.len() {
+        let end = (fed + step).min(input.len());
+        pending.extend_from_slice(&input[fed..end]);
+        fed = end;
+        match session.recv(&pending, &mut out) {
+            Ok(n) => {
+                assert!(n <= pending.len());
+                pending.drain(..n);
+            }
+            Err(_) => {
+                assert!(session.is_closed());
+                break;
+            }
+        }
+        while let Some(event) = session.poll_event() {
+            answer(&mut session, event, &mut out);
+        }
+    }
+    check_frames(&out);
+});
+
+fn answer(session: &mut Session, event: Event, out: &mut Vec<u8>) {
+    let (id, status) = match event {
+        Event::Request(id) => {
+            let Some(req) = session.take_request(id) else {
+                return;
+            };
+            let mut slots = vec![httparse::EMPTY_HEADER; req.fields.field_count()];
+            let status = match req.head(&mut slots, &Default::default()) {
+                Ok(head) => 200 + (head.path.len() % 3) as u16,
+                Err(e) => e.status(),
+            };
+            session.recycle(req);
+            (id, status)
+        }
+        Event::Refuse { stream, status } => (stream, status),
+        _ => return,
+    };
+    let body_len = (id as usize * 37) % 40_000;
+    let mut h = session.response(id, status, out);
+    h.field(b"Content-Type", b"text/plain");
+    h.field(b"content-length", body_len.to_string().as_bytes());
+    h.finish(body_len == 0);
+    let mut left = body_len;
+    while left > 0 {
+        let n = session.send_capacity(id).min(left);
+        if n == 0 {
+            break; // waits for window; a server would keep it queued
+        }
+        left -= n;
+        let header = session.data_frame(id, n, left == 0);
+        out.extend_from_slice(&header);
+        out.resize(out.len() + n, b'x');
+        if left == 0 {
+            session.answer_sent(id, out);
+        }
+    }
+}
+
+/// Everything the session wrote is a sequence of whole frames.
+fn check_frames(out: &[u8]) {
+    let mut pos = 0;
+    while pos < out.len() {
+        let header: &[u8; HEADER_LEN] = out[pos..pos + HEADER_LEN].try_into().unwrap();
+        let h = FrameHeader::parse(header);
+        pos += HEADER_LEN + h.len as usize;
+    }
+    assert_eq!(pos, out.len());
+}
