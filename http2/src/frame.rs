@@ -110,21 +110,24 @@ impl FrameHeader {
     }
 }
 
-/// Appends a frame header. `len` must fit 24 bits (callers keep frames under the peer's
+/// A frame header as bytes. `len` must fit 24 bits (callers keep frames under the peer's
 /// SETTINGS_MAX_FRAME_SIZE).
-pub fn write_header(out: &mut Vec<u8>, len: usize, kind: u8, flags: u8, stream: u32) {
+pub fn header_bytes(len: usize, kind: u8, flags: u8, stream: u32) -> [u8; HEADER_LEN] {
     debug_assert!(len <= MAX_FRAME_SIZE_LIMIT as usize);
     let l = (len as u32).to_be_bytes();
     let s = stream.to_be_bytes();
-    out.extend_from_slice(&[l[1], l[2], l[3], kind, flags, s[0], s[1], s[2], s[3]]);
+    [l[1], l[2], l[3], kind, flags, s[0], s[1], s[2], s[3]]
+}
+
+/// Appends a frame header.
+pub fn write_header(out: &mut Vec<u8>, len: usize, kind: u8, flags: u8, stream: u32) {
+    out.extend_from_slice(&header_bytes(len, kind, flags, stream));
 }
 
 /// The header of a DATA frame, as bytes (for output queued beside a body it does not copy).
 pub fn data_header(len: usize, end_stream: bool, stream: u32) -> [u8; HEADER_LEN] {
-    let l = (len as u32).to_be_bytes();
-    let s = stream.to_be_bytes();
     let flags = if end_stream { flag::END_STREAM } else { 0 };
-    [l[1], l[2], l[3], kind::DATA, flags, s[0], s[1], s[2], s[3]]
+    header_bytes(len, kind::DATA, flags, stream)
 }
 
 pub fn write_settings(out: &mut Vec<u8>, settings: &[(u16, u32)]) {

@@ -204,31 +204,38 @@ pub(crate) fn check_trailer(name: &[u8], value: &[u8]) -> Result<(), Malformed> 
     check_regular_name(name)
 }
 
+/// Bytes allowed in a field name: lowercase tchar (RFC 9113 §8.2.1, RFC 9110 §5.6.2).
+const NAME_BYTE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_lowercase()
+            || c.is_ascii_digit()
+            || matches!(
+                c,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        b += 1;
+    }
+    t
+};
+
 fn check_regular_name(name: &[u8]) -> Result<(), Malformed> {
-    // Lowercase tchar only (RFC 9113 §8.2.1, RFC 9110 §5.6.2).
-    let ok = !name.is_empty()
-        && name.iter().all(|&b| {
-            b.is_ascii_lowercase()
-                || b.is_ascii_digit()
-                || matches!(
-                    b,
-                    b'!' | b'#'
-                        | b'$'
-                        | b'%'
-                        | b'&'
-                        | b'\''
-                        | b'*'
-                        | b'+'
-                        | b'-'
-                        | b'.'
-                        | b'^'
-                        | b'_'
-                        | b'`'
-                        | b'|'
-                        | b'~'
-                )
-        });
-    if !ok {
+    if name.is_empty() || !name.iter().all(|&b| NAME_BYTE[b as usize]) {
         return Err(Malformed::BadName);
     }
     // §8.2.2: fields that only mean something to one HTTP/1.1 connection.
@@ -244,7 +251,7 @@ fn check_value(value: &[u8]) -> Result<(), Malformed> {
     let bad_edge = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
     if bad_edge(value.first())
         || bad_edge(value.last())
-        || value.iter().any(|&b| b == 0 || b == b'\r' || b == b'\n')
+        || memchr::memchr3(0, b'\r', b'\n', value).is_some()
     {
         return Err(Malformed::BadValue);
     }

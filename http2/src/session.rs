@@ -1123,9 +1123,7 @@ impl Session {
         let end_flag = if end_stream { flag::END_STREAM } else { 0 };
         let mut single = None;
         if block_len <= max {
-            let mut h = Vec::with_capacity(HEADER_LEN);
-            frame::write_header(
-                &mut h,
+            let h = frame::header_bytes(
                 block_len,
                 kind::HEADERS,
                 flag::END_HEADERS | end_flag,
