@@ -939,6 +939,20 @@ impl Session {
         Some(std::mem::replace(&mut self.streams[i].data, spare))
     }
 
+    /// No stream is open: give back what only busy connections need (stream slots, spare
+    /// request buffers, queues), so an idle HTTP/2 connection stays small.
+    pub fn release_idle_memory(&mut self) {
+        if !self.streams.is_empty() || self.continuation.is_some() {
+            return;
+        }
+        self.streams = Vec::new();
+        self.spare = Vec::new();
+        self.block = Vec::new();
+        self.events = VecDeque::new();
+        self.early_priorities = Vec::new();
+        self.decoder.release_scratch();
+    }
+
     /// Gives a request's buffers back for the next one.
     pub fn recycle(&mut self, mut data: RequestData) {
         if data.body.capacity() <= 64 * 1024 && self.spare.len() < 8 {

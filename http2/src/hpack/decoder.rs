@@ -90,6 +90,11 @@ impl Decoder {
         }
     }
 
+    /// Frees the Huffman scratch buffer (the connection is idle).
+    pub fn release_scratch(&mut self) {
+        self.scratch = Vec::new();
+    }
+
     /// Current dynamic table size in bytes (§4.1).
     pub fn table_size(&self) -> usize {
         self.table.size()

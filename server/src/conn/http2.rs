@@ -4,10 +4,11 @@
 //! not know: which answers are waiting for window, their order (RFC 9218 urgency, then
 //! incremental round-robin), pending replies, timeouts and closing.
 
-use std::sync::Arc;
+use std::os::unix::fs::FileExt;
 
 use bytes::Bytes;
 use tern_codec::Method;
+use tern_http2::frame::HEADER_LEN;
 use tern_http2::{Config, ErrorCode, Event, Priority, RequestData, Session};
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
@@ -429,20 +430,36 @@ impl Http2 {
             let n = (cap as u64).min(s.body.len()) as usize;
             let end = n as u64 == s.body.len();
             let id = s.stream;
-            let header = self.session.data_frame(id, n, end);
-            out.head_buf(|| cx.buffers.take_write());
-            out.push_copy(&header);
             match &mut s.body {
                 Remaining::Memory(b) => {
-                    let chunk = b.split_to(n);
-                    out.push_body(Body::Shared(chunk));
+                    let header = self.session.data_frame(id, n, end);
+                    out.head_buf(|| cx.buffers.take_write());
+                    out.push_copy(&header);
+                    out.push_body(Body::Shared(b.split_to(n)));
                 }
                 Remaining::File { body } => {
-                    out.push_body(Body::File(FileBody {
-                        file: Arc::clone(&body.file),
-                        offset: body.offset,
-                        len: n as u64,
-                    }));
+                    // Read next to its frame header: the frame is then one contiguous piece of
+                    // output, so TLS makes full records of it (a file segment would be a record
+                    // of its own after a 9-byte one) and plain TCP sends many frames per write.
+                    let buf = out.head_buf(|| cx.buffers.take_write());
+                    let before = buf.len();
+                    buf.resize(before + HEADER_LEN + n, 0);
+                    if let Err(e) = body
+                        .file
+                        .read_exact_at(&mut buf[before + HEADER_LEN..], body.offset)
+                    {
+                        buf.truncate(before);
+                        if ratelog::admit("http2_file_read", cx.clock.now_ms()) {
+                            tracing::warn!("file read failed mid-answer ({e}); stream reset");
+                        }
+                        self.sending.swap_remove(i);
+                        self.session.reset(id, ErrorCode::Internal, buf);
+                        out.commit(before);
+                        continue;
+                    }
+                    let header = self.session.data_frame(id, n, end);
+                    buf[before..before + HEADER_LEN].copy_from_slice(&header);
+                    out.commit(before);
                     body.offset += n as u64;
                     body.len -= n as u64;
                 }
@@ -592,6 +609,13 @@ impl Http2 {
             if let Some(b) = self.rbuf.take() {
                 pool.give_read(b);
             }
+        }
+        // Nothing in flight: keep only what the next request needs to be fast (the session's
+        // HPACK tables and the response-head memo).
+        if self.sending.is_empty() && self.awaiting.is_empty() && self.rbuf.is_none() {
+            self.sending = Vec::new();
+            self.awaiting = Vec::new();
+            self.session.release_idle_memory();
         }
     }
 
