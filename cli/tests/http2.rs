@@ -16,7 +16,7 @@ mod support;
 #[path = "support/tls.rs"]
 mod tls_support;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -1111,4 +1111,37 @@ fn a_peer_that_never_opens_its_window_is_cut_off_at_the_write_timeout() {
     let mut ok = RawH2::connect(tern.addr(), &[]);
     ok.request(1, "GET", "/hello.txt", &[], false);
     assert_eq!(ok.response_body(1), HELLO.as_bytes());
+}
+
+#[test]
+fn a_frame_dribbled_byte_by_byte_is_cut_off_at_the_header_timeout() {
+    let fx = Fixture::new();
+    let tern = fx.start(&["--header-timeout", "1"]);
+    let mut raw = RawH2::connect(tern.addr(), &[]);
+    raw.request(1, "GET", "/hello.txt", &[], false);
+    assert_eq!(raw.response_body(1), HELLO.as_bytes());
+    // A HEADERS frame of 200 bytes, sent one byte every 100 ms: it never completes in time.
+    let frame = frame_bytes(HEADERS, END_HEADERS | END_STREAM, 3, &[0x82; 200]);
+    let started = Instant::now();
+    let mut closed = false;
+    for b in &frame {
+        if raw.sock.write_all(std::slice::from_ref(b)).is_err() {
+            closed = true;
+            break;
+        }
+        if raw.closed_within(Duration::from_millis(100)) {
+            closed = true;
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still open after 5 s"
+        );
+    }
+    assert!(closed, "the whole frame went in");
+    let waited = started.elapsed();
+    assert!(
+        waited > Duration::from_millis(700) && waited < Duration::from_secs(4),
+        "closed after {waited:?} with --header-timeout 1"
+    );
 }

@@ -52,8 +52,8 @@ pub(crate) struct Http2 {
     session: Session,
     rbuf: Option<ReadBuf>,
     sending: Vec<Sending>,
-    /// Streams whose handler deferred its reply.
-    awaiting: Vec<u32>,
+    /// Streams whose handler deferred its reply, and whether each asked for the head only.
+    awaiting: Vec<(u32, bool)>,
     /// The stream served last among incremental ones (round-robin position).
     last_served: u32,
     /// Close once the output is sent (connection error, timeout, Drop).
@@ -170,8 +170,18 @@ impl Http2 {
                 let before = buf.len();
                 let result = self.session.recv(rbuf.data(), buf);
                 out.commit(before);
+                let now = cx.clock.now_ms();
                 match result {
-                    Ok(n) => rbuf.consume(n),
+                    Ok(0) => {
+                        // Still the same incomplete frame: its clock keeps running (a peer
+                        // dribbling one frame byte by byte is a slow head).
+                        self.partial_since_ms.get_or_insert(now);
+                    }
+                    Ok(n) => {
+                        rbuf.consume(n);
+                        let waiting = !rbuf.is_empty() || self.session.is_mid_head();
+                        self.partial_since_ms = waiting.then_some(now);
+                    }
                     Err(e) => {
                         rbuf.consume(rbuf.len());
                         let counter = if e.code == ErrorCode::EnhanceYourCalm {
@@ -186,7 +196,6 @@ impl Http2 {
                         self.closing = true;
                     }
                 }
-                self.partial_since_ms = (!rbuf.is_empty()).then(|| cx.clock.now_ms());
             }
             self.rbuf = Some(rbuf);
         }
@@ -222,7 +231,7 @@ impl Http2 {
             }
             Event::Reset(id) => {
                 self.sending.retain(|s| s.stream != id);
-                self.awaiting.retain(|&s| s != id);
+                self.awaiting.retain(|&(s, _)| s != id);
             }
             Event::Reprioritize(id) => {
                 let p = self.session.priority(id);
@@ -280,9 +289,13 @@ impl Http2 {
             }
         };
         self.session.recycle(data);
+        if cx.stopping || cx.near_limit {
+            // As HTTP/1.1 stops keep-alive there: this connection takes no new streams.
+            self.go_away(out, cx);
+        }
         match outcome {
             Outcome::Respond(r) => self.respond(id, r, head_only, out, link, cx),
-            Outcome::Deferred => self.awaiting.push(id),
+            Outcome::Deferred => self.awaiting.push((id, head_only)),
             Outcome::Drop => {
                 self.fail(
                     ErrorCode::EnhanceYourCalm,
@@ -304,12 +317,11 @@ impl Http2 {
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) -> bool {
-        let Some(i) = self.awaiting.iter().position(|&s| s == seq) else {
+        let Some(i) = self.awaiting.iter().position(|&(s, _)| s == seq) else {
             return false;
         };
-        self.awaiting.swap_remove(i);
-        // HEAD is rare on deferred routes; the body is dropped below if the status has none.
-        self.respond(seq, response, false, out, link, cx);
+        let (_, head_only) = self.awaiting.swap_remove(i);
+        self.respond(seq, response, head_only, out, link, cx);
         self.pump(out, cx);
         true
     }
