@@ -15,7 +15,7 @@ pub use body::{BodyDecoder, BodyKind, ChunkedDecoder, Decoded};
 pub use date::{format_date_line, DATE_LINE_LEN};
 pub use error::RequestError;
 pub use request::{
-    head_from_fields, names_foreign_protocol, parse_request, trim_ows, Limits, Method, Parsed,
+    first_line, head_from_fields, parse_request, trim_ows, FirstLine, Limits, Method, Parsed,
     RequestHead, Version, MAX_HEADERS_DEFAULT,
 };
 pub use response::{reason_phrase, ConnectionHeader, ResponseHead, CONTINUE_100};

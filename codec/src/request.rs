@@ -537,15 +537,48 @@ fn version_field(buf: &[u8]) -> &[u8] {
     line.splitn(3, |&b| b == b' ').nth(2).unwrap_or(&[])
 }
 
-/// True if the request line names a protocol that is not HTTP at all (its version field is
-/// there but does not start with `HTTP/`, as in `INVALID CONNECTION PREFACE`). On a port that
-/// also speaks HTTP/2 by prior knowledge such bytes may come from a broken HTTP/2 client, so
-/// the server closes rather than answer in a protocol the peer may not speak.
-pub fn names_foreign_protocol(buf: &[u8]) -> bool {
-    let v = version_field(buf);
-    let v = v.strip_suffix(b"\r").unwrap_or(v);
-    let http = v.get(..5).is_some_and(|p| p.eq_ignore_ascii_case(b"HTTP/"));
-    !v.is_empty() && !http
+/// What the first line of a connection's bytes says about its protocol, once it is whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstLine {
+    /// No line end yet: too early to tell.
+    Incomplete,
+    /// The line names an HTTP version somewhere (`HTTP/`), has fewer than three fields
+    /// (HTTP/0.9), or is binary: answer it as HTTP/1 (400 if malformed).
+    Http,
+    /// Three fields but no `HTTP/` anywhere (as in `INVALID CONNECTION PREFACE`): not HTTP/1.
+    /// On a port that also speaks HTTP/2 by prior knowledge such bytes may come from a
+    /// broken HTTP/2 client, so the server closes rather than answer in a protocol the peer
+    /// may not speak.
+    Foreign,
+}
+
+/// Classifies the first request line of a connection (see [`FirstLine`]). Judged on a whole
+/// line only, so the verdict does not depend on how the bytes were split.
+pub fn first_line(buf: &[u8]) -> FirstLine {
+    let start = buf
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(buf.len());
+    let rest = &buf[start..];
+    let end = memchr::memchr(b'\n', rest);
+    // Binary bytes (a TLS ClientHello, say) are not a line being typed: judge them now.
+    let text = &rest[..end.unwrap_or(rest.len())];
+    if text
+        .iter()
+        .any(|&b| !(b.is_ascii_graphic() || b == b' ' || b == b'\r'))
+    {
+        return FirstLine::Http;
+    }
+    let Some(end) = end else {
+        return FirstLine::Incomplete;
+    };
+    let line = &rest[..end];
+    let http = line.windows(5).any(|w| w.eq_ignore_ascii_case(b"HTTP/"));
+    if version_field(buf).is_empty() || http {
+        FirstLine::Http
+    } else {
+        FirstLine::Foreign
+    }
 }
 
 /// True if any LF in `head` is not preceded by CR. httparse tolerates bare LF (RFC 9112 allows
@@ -675,13 +708,20 @@ mod tests {
     }
 
     #[test]
-    fn foreign_protocols_are_recognised() {
-        assert!(names_foreign_protocol(
-            b"INVALID CONNECTION PREFACE\r\n\r\n"
-        ));
-        assert!(!names_foreign_protocol(b"GET / HTTP/1.1\r\n"));
-        assert!(!names_foreign_protocol(b"GET / http/1.1\r\n"));
-        assert!(!names_foreign_protocol(b"GET /hello\r\n"));
+    fn first_lines_are_classified() {
+        use FirstLine::*;
+        assert_eq!(first_line(b"INVALID CONNECTION PREFACE\r\n\r\n"), Foreign);
+        assert_eq!(first_line(b"NOT HTTP AT ALL\r\n\r\n"), Foreign);
+        assert_eq!(first_line(b"GET / HTTP/1.1\r\n"), Http);
+        assert_eq!(first_line(b"GET / http/1.1\r\n"), Http);
+        assert_eq!(first_line(b"GET /hello\r\n"), Http);
+        assert_eq!(first_line(b"GET /a b HTTP/1.1\r\n"), Http);
+        assert_eq!(first_line(b"GET  /h"), Incomplete);
+        assert_eq!(
+            first_line(b"\x16\x03\x01\x02\x00"),
+            Http,
+            "binary is judged at once"
+        );
     }
 
     #[test]

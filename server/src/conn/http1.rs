@@ -6,8 +6,8 @@
 use std::mem::MaybeUninit;
 
 use tern_codec::{
-    parse_request, BodyDecoder, BodyKind, ConnectionHeader, Method, Parsed, RequestError,
-    RequestHead, ResponseHead, Version, CONTINUE_100, MAX_HEADERS_DEFAULT,
+    parse_request, BodyDecoder, BodyKind, ConnectionHeader, FirstLine, Method, Parsed,
+    RequestError, RequestHead, ResponseHead, Version, CONTINUE_100, MAX_HEADERS_DEFAULT,
 };
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
@@ -262,14 +262,26 @@ impl Http1 {
         let head = match parse_request(data, &mut headers, limits) {
             Ok(Parsed::Complete(head)) => head,
             Ok(Parsed::Partial) => return 0,
-            Err(RequestError::BadRequestLine)
-                if self.seq == 0 && tern_codec::names_foreign_protocol(data) =>
-            {
-                // Not HTTP/1 at all on a port that also takes HTTP/2's preface: close
-                // without guessing which protocol to answer in.
-                cx.stats.bad_request(RequestError::BadRequestLine);
-                self.abort();
-                return 0;
+            // A connection's first line is judged whole (the verdict must not depend on how
+            // the bytes were split): one naming no HTTP version at all, on a port that also
+            // takes HTTP/2's preface, is closed without guessing which protocol to answer in.
+            Err(RequestError::BadRequestLine) if self.seq == 0 => {
+                match tern_codec::first_line(&data[..data.len().min(limits.max_head)]) {
+                    FirstLine::Incomplete if data.len() < limits.max_head => return 0,
+                    FirstLine::Foreign => {
+                        let e = RequestError::BadRequestLine;
+                        cx.stats.bad_request(e);
+                        if ratelog::admit(e.name(), cx.clock.now_ms()) {
+                            tracing::info!(peer = %link.peer, "bad request: no HTTP version; closed");
+                        }
+                        self.abort();
+                        return 0;
+                    }
+                    _ => {
+                        self.reject(RequestError::BadRequestLine, out, link, cx);
+                        return 0;
+                    }
+                }
             }
             Err(e) => {
                 self.reject(e, out, link, cx);
