@@ -99,7 +99,45 @@ pub struct RequestHead<'a> {
     pub headers: &'a [httparse::Header<'a>],
 }
 
+/// What the request line (or HTTP/2's pseudo-headers) says.
+struct RequestLine<'a> {
+    method: Method,
+    method_str: &'a str,
+    target: &'a str,
+    path: &'a str,
+    query: Option<&'a str>,
+    version: Version,
+}
+
 impl<'a> RequestHead<'a> {
+    /// A head before [`scan_headers`] fills in framing and the fields handlers read.
+    fn unscanned(
+        line: RequestLine<'a>,
+        head_len: usize,
+        headers: &'a [httparse::Header<'a>],
+    ) -> RequestHead<'a> {
+        RequestHead {
+            method: line.method,
+            method_str: line.method_str,
+            target: line.target,
+            path: line.path,
+            query: line.query,
+            version: line.version,
+            head_len,
+            body: BodyKind::None,
+            keep_alive: line.version != Version::Http10,
+            expect_continue: false,
+            host: None,
+            accept: None,
+            accept_encoding: None,
+            if_none_match: None,
+            if_modified_since: None,
+            range: None,
+            if_range: None,
+            headers,
+        }
+    }
+
     /// First value of a header, by case-insensitive name.
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
         self.headers
@@ -184,26 +222,15 @@ pub fn parse_request<'a>(
     let (path, query) = split_target(method, target)?;
 
     let headers: &'a [httparse::Header<'a>] = req.headers;
-    let mut head = RequestHead {
+    let line = RequestLine {
         method,
         method_str,
         target,
         path,
         query,
         version,
-        head_len,
-        body: BodyKind::None,
-        keep_alive: version == Version::Http11,
-        expect_continue: false,
-        host: None,
-        accept: None,
-        accept_encoding: None,
-        if_none_match: None,
-        if_modified_since: None,
-        range: None,
-        if_range: None,
-        headers,
     };
+    let mut head = RequestHead::unscanned(line, head_len, headers);
     scan_headers(&mut head, limits)?;
     Ok(Parsed::Complete(head))
 }
@@ -224,26 +251,15 @@ pub fn head_from_fields<'a>(
     }
     let method = Method::from_token(method_str);
     let (path, query) = split_target(method, target)?;
-    let mut head = RequestHead {
+    let line = RequestLine {
         method,
         method_str,
         target,
         path,
         query,
         version: Version::Http2,
-        head_len: 0,
-        body: BodyKind::None,
-        keep_alive: true,
-        expect_continue: false,
-        host: None,
-        accept: None,
-        accept_encoding: None,
-        if_none_match: None,
-        if_modified_since: None,
-        range: None,
-        if_range: None,
-        headers,
     };
+    let mut head = RequestHead::unscanned(line, 0, headers);
     scan_headers(&mut head, limits)?;
     if head.host.is_none() {
         if let Some(a) = authority {

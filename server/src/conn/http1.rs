@@ -11,6 +11,7 @@ use tern_codec::{
 };
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
+use super::linger::{self, Linger};
 use super::output::Output;
 use super::{ConnCx, Link, Timeout};
 use crate::exchange::{self, Origin, Outcome};
@@ -19,10 +20,6 @@ use crate::stats::Counter;
 
 /// Above this much unsent output, stop answering pipelined requests until the client reads.
 pub(crate) const OUTPUT_HIGH_WATER: usize = 256 * 1024;
-/// After an error answer, how long to keep reading (and discarding) so that closing with
-/// unread input does not reset the connection before the client has read our answer.
-const LINGER_MS: u64 = 2_000;
-const LINGER_MAX_BYTES: usize = 256 * 1024;
 
 #[derive(Default)]
 enum State {
@@ -34,7 +31,7 @@ enum State {
     /// A handler deferred its reply; nothing else is processed until it arrives.
     Awaiting(Exchange),
     /// We answered and half-closed; reading and discarding until the client closes.
-    Lingering { until_ms: u64, discarded: usize },
+    Lingering(Linger),
 }
 
 struct BodyState {
@@ -79,7 +76,7 @@ pub(crate) enum Next {
 pub(crate) enum CloseKind {
     /// At once.
     Now,
-    /// Half-close, then read and discard for a moment (see LINGER_MS).
+    /// Half-close, then read and discard for a moment (see `linger.rs`).
     Linger,
 }
 
@@ -105,7 +102,7 @@ impl Http1 {
     pub fn recv_buf(&mut self, cx: &mut ConnCx<'_>) -> &mut [u8] {
         let limit = cx.config.limits.max_head;
         let rbuf = self.rbuf.get_or_insert_with(|| cx.buffers.take_read());
-        if let State::Lingering { .. } = self.state {
+        if let State::Lingering(_) = self.state {
             rbuf.consume(rbuf.len()); // discarded input
         } else if rbuf.spare_mut().is_empty() {
             // A partial head filled a standard buffer; heads may be up to the limit. (At the
@@ -132,9 +129,8 @@ impl Http1 {
 
     /// `n` bytes were placed in [`Self::recv_buf`].
     pub fn filled(&mut self, n: usize, now_ms: u64) {
-        if let State::Lingering { discarded, .. } = &mut self.state {
-            *discarded += n;
-            if *discarded > LINGER_MAX_BYTES {
+        if let State::Lingering(linger) = &mut self.state {
+            if !linger.discard(n) {
                 self.abort = true;
             }
             return;
@@ -155,13 +151,13 @@ impl Http1 {
 
     pub fn handle_eof(&mut self) {
         self.peer_eof = true;
-        if let State::Lingering { .. } = self.state {
+        if let State::Lingering(_) = self.state {
             self.abort = true;
         }
     }
 
     pub fn is_lingering(&self) -> bool {
-        matches!(self.state, State::Lingering { .. })
+        matches!(self.state, State::Lingering(_))
     }
 
     /// Between requests with nothing buffered.
@@ -202,7 +198,7 @@ impl Http1 {
                         }
                     }
                 }
-                State::Awaiting(_) | State::Lingering { .. } => break,
+                State::Awaiting(_) | State::Lingering(_) => break,
             }
         }
         self.rbuf = Some(rbuf);
@@ -215,7 +211,7 @@ impl Http1 {
         }
         match self.state {
             State::Awaiting(_) => Next::Wait,
-            State::Lingering { .. } => Next::Read,
+            State::Lingering(_) => Next::Read,
             _ if self.peer_eof => Next::Close, // whatever is buffered is an incomplete request
             _ => Next::Read,
         }
@@ -223,11 +219,7 @@ impl Http1 {
 
     pub fn close_kind(&self) -> CloseKind {
         let unread = self.rbuf.as_ref().is_some_and(|b| !b.is_empty());
-        if self.abort || !(self.linger_on_close || unread) || self.peer_eof {
-            CloseKind::Now
-        } else {
-            CloseKind::Linger
-        }
+        linger::close_kind(self.abort, self.peer_eof, self.linger_on_close || unread)
     }
 
     /// The write side was shut down: discard input for a moment, then close.
@@ -236,10 +228,7 @@ impl Http1 {
             b.consume(b.len());
         }
         self.closing = false;
-        self.state = State::Lingering {
-            until_ms: now_ms + LINGER_MS,
-            discarded: 0,
-        };
+        self.state = State::Lingering(Linger::start(now_ms));
     }
 
     /// Close at once, no answer (the transport failed).
@@ -484,7 +473,7 @@ impl Http1 {
         let cfg = cx.config;
         let ms = |d: std::time::Duration| d.as_millis() as u64;
         match &self.state {
-            State::Lingering { until_ms, .. } => (*until_ms, Timeout::Linger),
+            State::Lingering(linger) => (linger.until_ms, Timeout::Linger),
             _ if out_waiting => (now + ms(cfg.write_timeout), Timeout::Write),
             State::Awaiting(_) => (u64::MAX, Timeout::Idle),
             State::Body(_) => (now + ms(cfg.body_timeout), Timeout::Body),

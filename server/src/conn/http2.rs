@@ -12,6 +12,7 @@ use tern_http2::frame::HEADER_LEN;
 use tern_http2::{Config, ErrorCode, Event, Priority, RequestData, Session};
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
+use super::linger::{self, Linger};
 use super::output::Output;
 use super::{ConnCx, Link, Timeout};
 use crate::exchange::{self, Origin, Outcome};
@@ -24,8 +25,6 @@ const PUMP_TARGET: usize = 128 * 1024;
 /// Above this much unsent output, stop reading (h2o's soft limit): control-frame floods and
 /// readers that never read cannot grow our memory.
 const READ_HIGH_WATER: usize = 512 * 1024;
-const LINGER_MS: u64 = 2_000;
-const LINGER_MAX_BYTES: usize = 256 * 1024;
 
 /// The rest of an answer's body, waiting for flow-control window.
 struct Sending {
@@ -63,7 +62,7 @@ pub(crate) struct Http2 {
     peer_eof: bool,
     /// When the bytes of an incomplete frame (or the preface) started to arrive.
     partial_since_ms: Option<u64>,
-    lingering: Option<(u64, usize)>,
+    lingering: Option<Linger>,
     head_memo: Box<HeadMemo>,
 }
 
@@ -125,9 +124,8 @@ impl Http2 {
     }
 
     pub fn filled(&mut self, n: usize, now_ms: u64) {
-        if let Some((_, discarded)) = &mut self.lingering {
-            *discarded += n;
-            if *discarded > LINGER_MAX_BYTES {
+        if let Some(linger) = &mut self.lingering {
+            if !linger.discard(n) {
                 self.abort = true;
             }
             return;
@@ -523,11 +521,11 @@ impl Http2 {
 
     pub fn close_kind(&self) -> CloseKind {
         let unread = self.rbuf.as_ref().is_some_and(|b| !b.is_empty());
-        if self.abort || self.peer_eof || !(self.session.is_closed() || unread) {
-            CloseKind::Now
-        } else {
-            CloseKind::Linger
-        }
+        linger::close_kind(
+            self.abort,
+            self.peer_eof,
+            self.session.is_closed() || unread,
+        )
     }
 
     pub fn start_lingering(&mut self, now_ms: u64) {
@@ -535,7 +533,7 @@ impl Http2 {
             b.consume(b.len());
         }
         self.closing = false;
-        self.lingering = Some((now_ms + LINGER_MS, 0));
+        self.lingering = Some(Linger::start(now_ms));
     }
 
     pub fn abort(&mut self) {
@@ -582,8 +580,8 @@ impl Http2 {
         let now = cx.clock.now_ms();
         let cfg = cx.config;
         let ms = |d: std::time::Duration| d.as_millis() as u64;
-        if let Some((until, _)) = self.lingering {
-            return (until, Timeout::Linger);
+        if let Some(linger) = self.lingering {
+            return (linger.until_ms, Timeout::Linger);
         }
         // An answer stalled by a window the peer never opens counts as not reading.
         if out_waiting || !self.sending.is_empty() {

@@ -15,6 +15,7 @@
 
 pub(crate) mod http1;
 mod http2;
+mod linger;
 pub(crate) mod output;
 mod protocol;
 mod tls;
