@@ -1145,3 +1145,76 @@ fn a_frame_dribbled_byte_by_byte_is_cut_off_at_the_header_timeout() {
         "closed after {waited:?} with --header-timeout 1"
     );
 }
+
+/// The order in which DATA frames of two answers on one connection arrive.
+fn data_order(tern: &Tern, second_priority: Option<&str>) -> Vec<u32> {
+    let mut raw = RawH2::connect(tern.addr(), &[(SETTINGS_INITIAL_WINDOW_SIZE, 1 << 30)]);
+    raw.window_update(0, 1 << 30);
+    // Both requests in one write, so the server knows of both before it sends any DATA.
+    let mut both = frame_bytes(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &header_block(&[
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":authority", "localhost"),
+            (":path", "/one.bin"),
+        ]),
+    );
+    let mut second = vec![
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", "localhost"),
+        (":path", "/two.bin"),
+    ];
+    if let Some(p) = second_priority {
+        second.push(("priority", p));
+    }
+    both.extend(frame_bytes(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        3,
+        &header_block(&second),
+    ));
+    raw.write(&both);
+    let mut order = Vec::new();
+    let mut ended = 0;
+    while ended < 2 {
+        let f = raw.until("DATA of the two answers", |f| f.ty == DATA);
+        order.push(f.stream);
+        if f.end_stream() {
+            ended += 1;
+        }
+    }
+    order
+}
+
+#[test]
+fn answers_share_the_connection_and_urgent_ones_go_first() {
+    let fx = Fixture::new();
+    write_pattern_file(&fx.site.root.join("one.bin"), 1 << 20);
+    write_pattern_file(&fx.site.root.join("two.bin"), 1 << 20);
+    let tern = fx.start(&[]);
+    // No priority signal: the two take turns (neither waits for the other to finish).
+    let order = data_order(&tern, None);
+    let first_of_3 = order.iter().position(|&s| s == 3).unwrap();
+    let last_of_1 = order.iter().rposition(|&s| s == 1).unwrap();
+    assert!(
+        first_of_3 < last_of_1,
+        "stream 3 waited for stream 1 to finish: {order:?}"
+    );
+    // `priority: u=0` (say, a stylesheet behind an image): all of it before the rest of 1.
+    let order = data_order(&tern, Some("u=0"));
+    let last_of_3 = order.iter().rposition(|&s| s == 3).unwrap();
+    let last_of_1 = order.iter().rposition(|&s| s == 1).unwrap();
+    assert!(
+        last_of_3 < last_of_1,
+        "the urgent answer finished last: {order:?}"
+    );
+    let frames_of_1_before = order[..last_of_3].iter().filter(|&&s| s == 1).count();
+    assert!(
+        frames_of_1_before <= 12,
+        "{frames_of_1_before} frames of the less urgent answer went first: {order:?}"
+    );
+}

@@ -19,6 +19,14 @@ impl Default for Priority {
 }
 
 impl Priority {
+    /// A stream whose client sent no priority at all: the default urgency, sharing the
+    /// connection round-robin with the others (fair interleaving, as with RFC 7540's equal
+    /// weights) rather than RFC 9218's one-after-another default.
+    pub const UNSIGNALLED: Priority = Priority {
+        urgency: 3,
+        incremental: true,
+    };
+
     /// Parses a Structured Fields dictionary loosely: unknown keys and bad values are ignored
     /// (§4: a field that cannot be parsed leaves the defaults).
     pub fn parse(value: &[u8], mut base: Priority) -> Priority {

@@ -549,10 +549,13 @@ impl Session {
                 code: ErrorCode::Compression,
                 reason: "bad HPACK block",
             })?;
-        let mut priority = Priority::default();
+        // Without any signal, answers share the connection in turn (a client that says
+        // nothing, like h2load or curl, gets no head-of-line blocking between its streams);
+        // a `priority` field means RFC 9218's defaults for what it leaves out.
+        let mut priority = Priority::UNSIGNALLED;
         for (name, value) in data.fields_iter() {
             if name == b"priority" {
-                priority = Priority::parse(value, priority);
+                priority = Priority::parse(value, Priority::default());
             }
         }
         if let Some(i) = self.early_priorities.iter().position(|(s, _)| *s == id) {
@@ -923,7 +926,8 @@ impl Session {
         self.overhead()?;
         if let Some(i) = self.find(id) {
             let s = &mut self.streams[i];
-            s.priority = Priority::parse(&p[4..], s.priority);
+            // An update replaces the whole signal: what it leaves out takes the defaults.
+            s.priority = Priority::parse(&p[4..], Priority::default());
             self.events.push_back(Event::Reprioritize(id));
         } else if id > self.last_peer_stream && self.early_priorities.len() < 16 {
             let prio = Priority::parse(&p[4..], Priority::default());

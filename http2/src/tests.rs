@@ -471,6 +471,13 @@ fn priority_comes_from_the_field_and_from_priority_update() {
         .unwrap();
     p.send(&headers(3, &GET, true)).unwrap();
     assert_eq!(p.session.priority(3).urgency, 0);
+    assert!(
+        !p.session.priority(3).incremental,
+        "an update's omitted i is false"
+    );
+    // No signal at all: the default urgency, taking turns with the others.
+    p.send(&headers(5, &GET, true)).unwrap();
+    assert_eq!(p.session.priority(5), crate::Priority::UNSIGNALLED);
 }
 
 #[test]
