@@ -1,7 +1,8 @@
-"""Shared helpers for the stress scripts: find/build the binary, start tern on an ephemeral
-port (plain HTTP, or HTTPS with a throwaway PKI from scripts/tls-test-certs), read its RSS, make
-HTTP/1.1 requests over raw sockets or Python's ssl module, and make sure every child process
-dies when the script ends (normally, by an exception, or by SIGINT/SIGTERM).
+"""Shared helpers for the stress scripts: find/build the binary, start tern (`serve`, or `demo`
+for its /statusz) on an ephemeral port (plain HTTP, HTTPS with a throwaway PKI from
+scripts/tls-test-certs, or both), read its RSS, make HTTP/1.1 requests over raw sockets or
+Python's ssl module, and make sure every child process dies when the script ends (normally,
+by an exception, or by SIGINT/SIGTERM).
 
 Python 3.11 standard library only.
 """
@@ -193,7 +194,12 @@ def connect(addr, timeout: float = 5.0, tls: ClientTls | None = None,
 class Tern:
     """One running `tern serve` process. With `tls` (a TlsFiles) it listens only for HTTPS
     (`--listen-tls LISTEN` and the test certificate; `args` may add --tls-ticket-keys etc.)
-    and `addr` is the HTTPS listener; `scheme` says which."""
+    and `addr` is the HTTPS listener; `scheme` says which. `plain_too` adds a plain listener
+    (`--listen 127.0.0.1:0`) beside the HTTPS one. `listeners` maps each scheme in the
+    start-up line to its (host, port).
+
+    `demo=True` runs `tern demo` instead (the same site as `--site`, its database in a
+    throwaway `--data` folder): the only command with /statusz and /metrics."""
 
     def __init__(
         self,
@@ -205,16 +211,25 @@ class Tern:
         start_timeout: float = 10.0,
         log_level: str = "info",
         tls: TlsFiles | None = None,
+        plain_too: bool = False,
+        demo: bool = False,
     ):
         self.site = site or make_site()
         self.scheme = "https" if tls is not None else "http"
         listen_args = (
             ["--listen-tls", listen, *tls.server_args()] if tls is not None else ["--listen", listen]
         )
+        if tls is not None and plain_too:
+            listen_args += ["--listen", "127.0.0.1:0"]
+        if demo:
+            data = tempfile.mkdtemp(prefix="tern-stress-data-")
+            atexit.register(lambda: _rmtree(data))
+            command = ["demo", "--site", self.site, "--data", data]
+        else:
+            command = ["serve", self.site]
         cmd = [
             tern_binary(),
-            "serve",
-            self.site,
+            *command,
             *listen_args,
             "--workers",
             str(workers),
@@ -241,7 +256,9 @@ class Tern:
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         line = self._read_start_line(start_timeout)
         m = START_LINE.search(line)
-        listeners = [l for l in LISTENER.findall(m.group(1)) if l[0] == self.scheme] if m else []
+        found = LISTENER.findall(m.group(1)) if m else []
+        self.listeners = {scheme: (host, int(port)) for scheme, host, port in found}
+        listeners = [l for l in found if l[0] == self.scheme]
         if not listeners:
             self.kill()
             raise RuntimeError(f"unexpected start-up line {line!r}; log: {self.log_lines}")

@@ -1218,3 +1218,31 @@ fn answers_share_the_connection_and_urgent_ones_go_first() {
         "{frames_of_1_before} frames of the less urgent answer went first: {order:?}"
     );
 }
+
+#[test]
+fn a_header_block_spread_over_slow_continuations_is_one_head() {
+    let fx = Fixture::new();
+    let tern = fx.start(&["--header-timeout", "1"]);
+    let mut raw = RawH2::connect(tern.addr(), &[]);
+    raw.request(1, "GET", "/hello.txt", &[], false);
+    assert_eq!(raw.response_body(1), HELLO.as_bytes());
+    // HEADERS without END_HEADERS, then an empty CONTINUATION every 400 ms: each frame is
+    // whole, but the head is not, and its clock runs from the HEADERS.
+    let block = header_block(&[(":method", "GET")]);
+    raw.frame(HEADERS, END_STREAM, 3, &block);
+    let started = Instant::now();
+    let mut closed = false;
+    for _ in 0..6 {
+        if raw.closed_within(Duration::from_millis(400)) {
+            closed = true;
+            break;
+        }
+        let _ = raw.sock.write_all(&frame_bytes(CONTINUATION, 0, 3, &[]));
+    }
+    assert!(closed, "a slow header block outlived the header timeout");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_millis(2500),
+        "closed after {waited:?} with --header-timeout 1"
+    );
+}

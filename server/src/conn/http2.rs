@@ -177,8 +177,14 @@ impl Http2 {
                     }
                     Ok(n) => {
                         rbuf.consume(n);
-                        let waiting = !rbuf.is_empty() || self.session.is_mid_head();
-                        self.partial_since_ms = waiting.then_some(now);
+                        if self.session.is_mid_head() {
+                            // A header block split over CONTINUATIONs is one head: its clock
+                            // runs from its first frame, whatever the frames in between.
+                            self.partial_since_ms.get_or_insert(now);
+                        } else {
+                            // Progress: a partial frame left over starts its own clock.
+                            self.partial_since_ms = (!rbuf.is_empty()).then_some(now);
+                        }
                     }
                     Err(e) => {
                         rbuf.consume(rbuf.len());
