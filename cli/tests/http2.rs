@@ -1246,3 +1246,19 @@ fn a_header_block_spread_over_slow_continuations_is_one_head() {
         "closed after {waited:?} with --header-timeout 1"
     );
 }
+
+#[test]
+fn a_connection_idle_long_enough_to_give_back_memory_still_serves() {
+    let fx = Fixture::new();
+    let tern = fx.start(&[]);
+    let mut raw = RawH2::connect(tern.addr(), &[]);
+    raw.request(1, "GET", "/hello.txt", &[], false);
+    assert_eq!(raw.response_body(1), HELLO.as_bytes());
+    // Past the trim delay (1 s): the connection gives back its busy-time buffers, stays open,
+    // and answers the next requests with its HPACK state intact.
+    std::thread::sleep(Duration::from_millis(1500));
+    for id in [3, 5] {
+        raw.request(id, "GET", "/hello.txt", &[], false);
+        assert_eq!(raw.response_body(id), HELLO.as_bytes());
+    }
+}

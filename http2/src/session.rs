@@ -183,6 +183,10 @@ pub struct Session {
 
 type Step = Result<(), ConnError>;
 
+/// Request buffers kept for reuse: enough for a client's usual batch of streams, so a busy
+/// connection allocates nothing per request (an idle one gives them back).
+const SPARE_REQUESTS: usize = 32;
+
 fn conn_err(code: ErrorCode, reason: &'static str) -> Step {
     Err(ConnError { code, reason })
 }
@@ -442,7 +446,8 @@ impl Session {
             self.buffered -= s.data.body.len();
         }
         let mut data = s.data;
-        if data.body.capacity() <= 64 * 1024 && self.spare.len() < 8 {
+        // (A dispatched request's buffers were taken; what is left here is empty.)
+        if !s.dispatched && data.body.capacity() <= 64 * 1024 && self.spare.len() < SPARE_REQUESTS {
             data.fields.clear();
             data.body.clear();
             self.spare.push(data);
@@ -939,8 +944,8 @@ impl Session {
     /// Takes a complete request out of its stream (after [`Event::Request`]).
     pub fn take_request(&mut self, id: u32) -> Option<RequestData> {
         let i = self.find(id)?;
-        let spare = self.spare.pop().unwrap_or_default();
-        Some(std::mem::replace(&mut self.streams[i].data, spare))
+        // The stream needs no buffers any more (empty vectors allocate nothing).
+        Some(std::mem::take(&mut self.streams[i].data))
     }
 
     /// No stream is open: give back what only busy connections need (stream slots, spare
@@ -959,7 +964,7 @@ impl Session {
 
     /// Gives a request's buffers back for the next one.
     pub fn recycle(&mut self, mut data: RequestData) {
-        if data.body.capacity() <= 64 * 1024 && self.spare.len() < 8 {
+        if data.body.capacity() <= 64 * 1024 && self.spare.len() < SPARE_REQUESTS {
             data.fields.clear();
             data.body.clear();
             self.spare.push(data);

@@ -295,6 +295,9 @@ impl WorkerApp for HttpWorker {
             if driver::still_reading(&e.conn, &e.sock, ccx) {
                 return Status::Open; // with_conn sets a fresh deadline and mark
             }
+            if e.conn.trim_if_due(ccx) {
+                return Status::Open; // idle memory given back; with_conn sets the next deadline
+            }
             e.conn.time_out(ccx);
             Status::Close
         });

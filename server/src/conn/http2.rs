@@ -25,6 +25,8 @@ const PUMP_TARGET: usize = 128 * 1024;
 /// Above this much unsent output, stop reading (h2o's soft limit): control-frame floods and
 /// readers that never read cannot grow our memory.
 const READ_HIGH_WATER: usize = 512 * 1024;
+/// How long a connection with nothing in flight keeps its busy-time buffers.
+const TRIM_AFTER_MS: u64 = 1_000;
 
 /// The rest of an answer's body, waiting for flow-control window.
 struct Sending {
@@ -64,6 +66,8 @@ pub(crate) struct Http2 {
     partial_since_ms: Option<u64>,
     lingering: Option<Linger>,
     head_memo: Box<HeadMemo>,
+    /// Memory for busy times was given back since the last request (see [`Http2::trim`]).
+    trimmed: bool,
 }
 
 /// The last response head block that changed nothing in the HPACK table, and what it was
@@ -108,6 +112,7 @@ impl Http2 {
             partial_since_ms: Some(cx.clock.now_ms()),
             lingering: None,
             head_memo: Box::default(),
+            trimmed: false,
         }
     }
 
@@ -254,6 +259,7 @@ impl Http2 {
 
     fn dispatch(&mut self, data: RequestData, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
         cx.stats.bump(Counter::Requests);
+        self.trimmed = false;
         let id = data.stream;
         // The field list on the stack for the usual request, on the heap for a long one.
         let mut few = [httparse::EMPTY_HEADER; 24];
@@ -601,8 +607,11 @@ impl Http2 {
         if self.session.is_receiving_body() {
             return (now + ms(cfg.body_timeout), Timeout::Body);
         }
-        if self.session.open_streams() > 0 || !self.awaiting.is_empty() {
+        if !self.is_quiet() {
             return (u64::MAX, Timeout::Idle);
+        }
+        if !self.trimmed {
+            return (now + TRIM_AFTER_MS, Timeout::Trim);
         }
         (now + ms(cfg.idle_timeout), Timeout::Idle)
     }
@@ -626,13 +635,21 @@ impl Http2 {
                 pool.give_read(b);
             }
         }
-        // Nothing in flight: keep only what the next request needs to be fast (the session's
-        // HPACK tables and the response-head memo).
-        if self.sending.is_empty() && self.awaiting.is_empty() && self.rbuf.is_none() {
-            self.sending = Vec::new();
-            self.awaiting = Vec::new();
-            self.session.release_idle_memory();
-        }
+    }
+
+    /// Idle for [`TRIM_AFTER_MS`]: give back what only a busy connection needs (stream slots,
+    /// spare request buffers, queues), keeping what makes the next request fast (the HPACK
+    /// tables and the response-head memo). Not at once: a busy client is idle between every
+    /// two batches of requests, and freeing there would cost allocations on every batch.
+    pub fn trim(&mut self) {
+        self.sending = Vec::new();
+        self.awaiting = Vec::new();
+        self.session.release_idle_memory();
+        self.trimmed = true;
+    }
+
+    fn is_quiet(&self) -> bool {
+        self.session.open_streams() == 0 && self.awaiting.is_empty() && self.sending.is_empty()
     }
 
     pub fn recycle(&mut self, pool: &mut BufPool) {

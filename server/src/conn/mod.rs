@@ -72,6 +72,9 @@ pub(crate) enum Timeout {
     Idle,
     Write,
     Linger,
+    /// Not a timeout: an idle connection gives back memory it kept for the next request
+    /// (`Conn::trim_if_due`), and stays open.
+    Trim,
 }
 
 /// What to send next.
@@ -354,7 +357,7 @@ impl Conn {
             Timeout::Body => (Counter::TimeoutBody, "request body stalled"),
             Timeout::Idle => (Counter::TimeoutIdle, ""),
             Timeout::Write => (Counter::TimeoutWrite, "client stopped reading our answer"),
-            Timeout::Linger => return,
+            Timeout::Linger | Timeout::Trim => return,
         };
         cx.stats.bump(counter);
         // Idle keep-alive connections timing out is normal; the others may be slowloris-style
@@ -368,6 +371,16 @@ impl Conn {
         self.http
             .answer_timeout(kind, &mut self.out, &self.link, cx);
         self.prepare_close();
+    }
+
+    /// The deadline passed and it was a `Trim`: memory is given back and the connection stays
+    /// open (true); any other deadline is a real timeout (false).
+    pub fn trim_if_due(&mut self, cx: &ConnCx<'_>) -> bool {
+        if self.next_deadline(cx).1 != Timeout::Trim {
+            return false;
+        }
+        self.http.trim();
+        true
     }
 
     /// The connection is about to be closed by the worker: queue close_notify if the session

@@ -141,6 +141,13 @@ impl Protocol {
         }
     }
 
+    /// The `Trim` deadline passed (HTTP/2 only: see `Http2::trim`).
+    pub fn trim(&mut self) {
+        if let Protocol::Http2(h) = self {
+            h.trim();
+        }
+    }
+
     pub fn release_idle_buffer(&mut self, pool: &mut BufPool) {
         forward!(self, p => p.release_idle_buffer(pool))
     }
