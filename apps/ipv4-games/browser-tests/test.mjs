@@ -250,6 +250,43 @@ if (TLS) {
     await assertClean(p);
   });
 
+  if (!process.env.TERN_TEST_MOCK && !process.env.TERN_TEST_URL) {
+    test('HTTPS: `tern serve` gives a browser the sample site over HTTP/2', async () => {
+      const cmd = process.env.TERN_BIN || path.join(repo, 'target', 'release', 'tern');
+      const child = spawn(cmd, ['serve', path.join(repo, 'site'), '--listen-tls', '127.0.0.1:0',
+        '--tls-cert', pki.fullchain, '--tls-key', pki.key], { cwd: repo, stdio: ['ignore', 'pipe', 'pipe'] });
+      let log = '';
+      try {
+        const url = await new Promise((resolve, reject) => {
+          const timer = setTimeout(() => reject(new Error(`tern serve printed no https:// line in 30 s:\n${log}`)), 30000);
+          const onData = (chunk) => {
+            log += chunk;
+            const m = log.match(/https:\/\/127\.0\.0\.1:(\d+)/);
+            if (m) { clearTimeout(timer); resolve(`https://127.0.0.1:${m[1]}`); }
+          };
+          child.stdout.setEncoding('utf8').on('data', onData);
+          child.stderr.setEncoding('utf8').on('data', onData);
+          child.on('exit', (code) => { clearTimeout(timer); reject(new Error(`tern serve exited (${code}):\n${log}`)); });
+        });
+        const p = await openPage();
+        const resp = await p.page.goto(url + '/');
+        assert.equal(resp.status(), 200, 'the sample site\'s index');
+        await p.page.waitForLoadState('load');
+        const w = await p.page.evaluate(() => ({
+          alpn: performance.getEntriesByType('navigation')[0]?.nextHopProtocol,
+          resources: performance.getEntriesByType('resource').map((e) => [e.name, e.nextHopProtocol]) }));
+        console.log(`# tern serve: ALPN ${w.alpn}, ${w.resources.length} resources`);
+        assert.equal(w.alpn, 'h2', 'the document came over h2');
+        assert.ok(w.resources.length >= 1, 'the page loaded its stylesheet and image');
+        assert.deepEqual(w.resources.filter(([, proto]) => proto !== 'h2'), [], 'resources not fetched over h2');
+        await assertClean(p);
+      } finally {
+        child.removeAllListeners('exit');
+        child.kill('SIGTERM');
+      }
+    });
+  }
+
   test('HTTPS: without the key pin Chromium refuses the certificate (nothing else is trusted)', async () => {
     const strict = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_ARGS });
     try {
