@@ -519,6 +519,44 @@ async fn a_body_over_the_limit_is_refused_and_the_connection_lives_on() {
     }
 }
 
+#[tokio::test]
+async fn large_uploads_finish_through_flow_control() {
+    // Bodies far over the connection's buffered-bodies limit (4 MiB), one alone and several
+    // at once: flow control must never stall them (the static handler then answers 405).
+    let fx = Fixture::new();
+    fx.site.write("a.txt", "alpha\n");
+    let tern = fx.start(&["--max-body", "67108864"]);
+    let mut c = connect(&fx, &tern, Via::H2c).await;
+    let big = vec![b'u'; 12 << 20];
+    let len = big.len().to_string();
+    let r = c
+        .try_request(
+            "POST",
+            "/a.txt",
+            &[("content-length", len.as_str())],
+            Some(&big),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("a 12 MiB POST: {e}"));
+    assert_eq!(r.status, 405);
+    let parts = vec![b'p'; 3 << 20];
+    let plen = parts.len().to_string();
+    let mut all = Vec::new();
+    for _ in 0..4 {
+        let headers = [("content-length", plen.as_str())];
+        let fut = c
+            .start("POST", "/a.txt", &headers, Some(&parts))
+            .await
+            .unwrap();
+        all.push(tokio::spawn(fut));
+    }
+    for (i, r) in all.into_iter().enumerate() {
+        let r = within(H2_TIMEOUT, "parallel 3 MiB POSTs", r).await.unwrap();
+        let r = r.unwrap_or_else(|e| panic!("parallel 3 MiB POST {i}: {e}"));
+        assert_eq!(r.status, 405, "parallel POST {i}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The IPv4 Games over HTTP/2: pending replies, /statusz, /metrics
 // ---------------------------------------------------------------------------------------------

@@ -34,8 +34,9 @@ pub struct Config {
     pub max_continuations: u32,
     /// Largest request body; over it the request is answered 413.
     pub max_body: u64,
-    /// Request bodies held by one connection; past it the connection window is not returned
-    /// until requests are taken (so 100 streams cannot each park a full body).
+    /// Request bodies held by one connection; past it only the oldest stream still receiving
+    /// gets its window back (so 100 streams cannot each park a full body). At most about
+    /// this plus one stream window per stream is ever buffered.
     pub max_buffered_bodies: usize,
     /// Streams the peer may make us reset (its own RST_STREAMs of unfinished streams, and
     /// stream errors it causes) beyond the streams it completes.
@@ -49,12 +50,12 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             max_concurrent_streams: 100,
-            stream_window: 256 * 1024,
+            stream_window: 128 * 1024,
             connection_window: 1024 * 1024,
             max_header_list: 32 * 1024,
             max_continuations: 8,
             max_body: 1024 * 1024,
-            max_buffered_bodies: 8 * 1024 * 1024,
+            max_buffered_bodies: 4 * 1024 * 1024,
             reset_budget: 100,
             overhead_budget: 1000,
         }
@@ -111,6 +112,8 @@ struct Stream {
     refused: bool,
     /// The request event was raised (taken or about to be).
     dispatched: bool,
+    /// Response HEADERS went out.
+    answered: bool,
     priority: Priority,
     data: RequestData,
 }
@@ -179,6 +182,8 @@ pub struct Session {
     /// PRIORITY_UPDATEs for streams not yet opened (RFC 9218 §7.1), a few at most.
     early_priorities: Vec<(u32, Priority)>,
     error: Option<ConnError>,
+    /// Some stream has used half its receive window (see `return_stream_windows`).
+    windows_due: bool,
 }
 
 type Step = Result<(), ConnError>;
@@ -233,6 +238,7 @@ impl Session {
             peer_goaway: false,
             early_priorities: Vec::new(),
             error: None,
+            windows_due: false,
             cfg,
         }
     }
@@ -284,6 +290,9 @@ impl Session {
                 return self.fail(e, out);
             }
         }
+        // Windows go back once per batch of frames, not per frame.
+        self.return_connection_window(out);
+        self.return_stream_windows(out);
         Ok(pos)
     }
 
@@ -336,6 +345,11 @@ impl Session {
     /// still to come: the header timeout applies.
     pub fn is_mid_head(&self) -> bool {
         self.continuation.is_some() || matches!(self.state, State::Preface | State::FirstSettings)
+    }
+
+    /// `input` (unprocessed bytes) starts a DATA frame: a slow body, not a slow head.
+    pub fn partial_is_data(&self, input: &[u8]) -> bool {
+        self.state == State::Open && input.get(3) == Some(&kind::DATA)
     }
 
     /// True if some stream is still receiving its request body.
@@ -526,7 +540,10 @@ impl Session {
         if id <= self.last_peer_stream || id.is_multiple_of(2) {
             self.discard_block(block)?;
             return match self.recent.find(id) {
-                Some(_) => conn_err(ErrorCode::StreamClosed, "HEADERS on a closed stream"),
+                // Sent before the peer saw our RST_STREAM (trailers, say): ignored (§5.1).
+                Some(true) => Ok(()),
+                _ if self.ignored_after_goaway(id) => Ok(()),
+                Some(false) => conn_err(ErrorCode::StreamClosed, "HEADERS on a closed stream"),
                 None => conn_err(ErrorCode::Protocol, "stream id not new or not odd"),
             };
         }
@@ -577,6 +594,7 @@ impl Session {
             received: 0,
             refused: false,
             dispatched: false,
+            answered: false,
             priority,
             data,
         });
@@ -606,6 +624,12 @@ impl Session {
             self.refuse(i, 413);
         }
         Ok(())
+    }
+
+    /// A stream the peer opened after our GOAWAY: we never took it, so its frames are ignored.
+    fn ignored_after_goaway(&self, id: u32) -> bool {
+        self.goaway_sent
+            .is_some_and(|last| id > last && !id.is_multiple_of(2))
     }
 
     /// Decodes a block only to keep the HPACK table in step with the peer.
@@ -688,9 +712,7 @@ impl Session {
         self.recv_window -= len;
         self.recv_unacked += p.len() as u32;
         let data = strip_padding(h, p)?;
-        let result = self.stream_data(h, data, len, out);
-        self.return_connection_window(out);
-        result
+        self.stream_data(h, data, len, out)
     }
 
     fn stream_data(&mut self, h: FrameHeader, data: &[u8], len: i64, out: &mut Vec<u8>) -> Step {
@@ -699,8 +721,8 @@ impl Session {
             if id > self.last_peer_stream {
                 return conn_err(ErrorCode::Protocol, "DATA on an idle stream");
             }
-            if self.recent.find(id) == Some(true) {
-                return Ok(()); // sent before the peer saw our RST_STREAM
+            if self.recent.find(id) == Some(true) || self.ignored_after_goaway(id) {
+                return Ok(()); // sent before the peer saw our RST_STREAM or GOAWAY
             }
             return self.stream_error(id, ErrorCode::StreamClosed, "DATA on a closed stream", out);
         };
@@ -743,25 +765,53 @@ impl Session {
         if end_stream {
             return self.end_of_request(i, out);
         }
-        // Return the stream's window once half of it is used (not per frame), while the body
-        // may still grow.
-        let s = &mut self.streams[i];
-        let half = self.cfg.stream_window / 2;
-        if s.recv_unacked >= half && (s.refused || s.received < max_body) {
-            frame::write_window_update(out, id, s.recv_unacked);
-            s.recv_window += i64::from(s.recv_unacked);
-            s.recv_unacked = 0;
+        if self.streams[i].recv_unacked >= self.cfg.stream_window / 2 {
+            self.windows_due = true;
         }
         Ok(())
     }
 
-    /// Returns the connection window once half of it is used, unless bodies already buffered
-    /// are over the limit (then it waits for requests to be taken).
+    /// Returns stream windows once half used (not per frame). Past the buffered-bodies limit
+    /// only the oldest stream still receiving gets window: it can always finish (its body is
+    /// at most `max_body`), the others wait, and memory stays bounded without ever stalling
+    /// the connection. Runs after every batch of frames, so a window held back is returned
+    /// as soon as room is made (a request completed, a stream reset).
+    fn return_stream_windows(&mut self, out: &mut Vec<u8>) {
+        if !self.windows_due {
+            return;
+        }
+        self.windows_due = false;
+        let half = self.cfg.stream_window / 2;
+        let over = self.buffered >= self.cfg.max_buffered_bodies;
+        let oldest = self
+            .streams
+            .iter()
+            .filter(|s| !s.recv_closed)
+            .map(|s| s.id)
+            .min();
+        let max_body = self.cfg.max_body;
+        for s in &mut self.streams {
+            if s.recv_closed || s.recv_unacked < half {
+                continue;
+            }
+            if !(s.refused || s.received < max_body) {
+                continue; // a body at its limit gets no more
+            }
+            if over && !s.refused && Some(s.id) != oldest {
+                self.windows_due = true; // held back; looked at again after the next batch
+                continue;
+            }
+            frame::write_window_update(out, s.id, s.recv_unacked);
+            s.recv_window += i64::from(s.recv_unacked);
+            s.recv_unacked = 0;
+        }
+    }
+
+    /// Returns the connection window once half of it is used. (Memory is bounded by the
+    /// stream windows: see `return_stream_windows`. Holding the connection window back
+    /// instead could stall a body that only needs it to finish.)
     fn return_connection_window(&mut self, out: &mut Vec<u8>) {
-        if self.recv_unacked >= self.cfg.connection_window / 2
-            && self.buffered < self.cfg.max_buffered_bodies
-            && self.state != State::Closed
-        {
+        if self.recv_unacked >= self.cfg.connection_window / 2 && self.state != State::Closed {
             frame::write_window_update(out, 0, self.recv_unacked);
             self.recv_window += i64::from(self.recv_unacked);
             self.recv_unacked = 0;
@@ -806,10 +856,15 @@ impl Session {
         let Some(i) = self.find(h.stream) else {
             return self.overhead();
         };
+        let answered = self.streams[i].answered;
         self.remove(i, false);
         self.events.push_back(Event::Reset(h.stream));
-        // A stream opened and cancelled before its answer finished costs the budget; completed
-        // streams earn it back (rapid reset, CVE-2023-44487).
+        // A stream opened and cancelled before it was answered costs the budget; completed
+        // streams earn it back (rapid reset, CVE-2023-44487). Cancelling an answer under way
+        // (a video seek, a page left) is ordinary and free.
+        if answered {
+            return Ok(());
+        }
         self.spend_reset()
     }
 
@@ -1081,6 +1136,7 @@ impl ResponseHeaders<'_> {
     /// are dropped (RFC 9113 §8.2.2).
     pub fn field(&mut self, name: &[u8], value: &[u8]) {
         let mut lower = [0u8; 64];
+        let long;
         let name: &[u8] = if name.len() <= lower.len() {
             let l = &mut lower[..name.len()];
             for (d, s) in l.iter_mut().zip(name) {
@@ -1088,7 +1144,8 @@ impl ResponseHeaders<'_> {
             }
             l
         } else {
-            return; // no field tern writes has such a name
+            long = name.to_ascii_lowercase(); // rare: a handler's own long header name
+            &long
         };
         let indexing = match name {
             b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding"
@@ -1141,6 +1198,9 @@ impl Session {
         end_stream: bool,
         out: &mut Vec<u8>,
     ) -> Option<std::ops::Range<usize>> {
+        if let Some(i) = self.find(stream) {
+            self.streams[i].answered = true;
+        }
         let block_len = out.len() - start - HEADER_LEN;
         let max = self.peer.max_frame_size as usize;
         let end_flag = if end_stream { flag::END_STREAM } else { 0 };

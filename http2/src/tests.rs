@@ -375,8 +375,6 @@ fn data_beyond_the_connection_window_is_a_connection_error() {
     let cfg = Config {
         stream_window: 1 << 20,
         connection_window: 65_535,
-        // Nothing is returned while bodies are held, so the peer must stop at the window.
-        max_buffered_bodies: 0,
         ..Config::default()
     };
     let mut p = Peer::new(cfg);
@@ -384,15 +382,14 @@ fn data_beyond_the_connection_window_is_a_connection_error() {
     f.pop();
     let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
     p.send(&headers(1, &f, false)).unwrap();
-    let chunk = [0u8; 16_384];
-    let mut err = None;
+    // Five full frames at once: the window (65 535) is returned only after a batch, so the
+    // fourth is beyond it.
+    let mut bytes = Vec::new();
     for _ in 0..5 {
-        if let Err(e) = p.send(&frame_bytes(kind::DATA, 0, 1, &chunk)) {
-            err = Some(e);
-            break;
-        }
+        bytes.extend(frame_bytes(kind::DATA, 0, 1, &[0u8; 16_384]));
     }
-    assert_eq!(err.map(|e| e.code), Some(ErrorCode::FlowControl));
+    let err = p.session.recv(&bytes, &mut p.out).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FlowControl);
 }
 
 #[test]
@@ -587,5 +584,132 @@ fn empty_data_and_window_update_floods_are_stopped() {
             assert!(n < 100_000, "never stopped");
         };
         assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
+    }
+}
+
+/// A client that honours flow control: uploads `len` bytes on each of `ids`, a frame per
+/// stream in turn, sending only what the windows the server granted allow. Returns the
+/// streams whose request completed, or panics if no stream can move (a stall).
+fn upload(p: &mut Peer, ids: &[u32], len: usize) -> Vec<u32> {
+    let f = post(len);
+    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let stream_window = Config::default().stream_window as i64;
+    let mut conn_window = 65_535i64; // raised by the session's first WINDOW_UPDATE
+    let mut windows: Vec<i64> = ids.iter().map(|_| stream_window).collect();
+    let mut sent = vec![0usize; ids.len()];
+    for &id in ids {
+        p.send(&headers(id, &f, false)).unwrap();
+    }
+    // The WINDOW_UPDATE the session sent at start (before Peer::new cleared its output).
+    conn_window += (Config::default().connection_window - 65_535) as i64;
+    loop {
+        for (fh, payload) in p.frames() {
+            if fh.kind == kind::WINDOW_UPDATE {
+                let inc = u32::from_be_bytes(payload[..4].try_into().unwrap()) as i64;
+                match ids.iter().position(|&id| id == fh.stream) {
+                    Some(i) => windows[i] += inc,
+                    None => conn_window += inc,
+                }
+            }
+        }
+        let mut moved = false;
+        for (i, &id) in ids.iter().enumerate() {
+            let n = (len - sent[i])
+                .min(16_384)
+                .min(windows[i].max(0) as usize)
+                .min(conn_window.max(0) as usize);
+            if n == 0 && sent[i] < len {
+                continue;
+            }
+            if sent[i] == len {
+                continue;
+            }
+            sent[i] += n;
+            windows[i] -= n as i64;
+            conn_window -= n as i64;
+            let end = if sent[i] == len { flag::END_STREAM } else { 0 };
+            p.send(&frame_bytes(kind::DATA, end, id, &vec![1u8; n]))
+                .unwrap();
+            moved = true;
+        }
+        if sent.iter().all(|&s| s == len) {
+            break;
+        }
+        assert!(
+            moved,
+            "stalled: sent {sent:?} of {len}, windows {windows:?}, connection {conn_window}"
+        );
+    }
+    p.events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Request(id) => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_upload_larger_than_the_buffered_limit_never_stalls() {
+    let cfg = Config {
+        max_body: 64 << 20,
+        ..Config::default()
+    };
+    let mut p = Peer::new(cfg);
+    let done = upload(&mut p, &[1], 20 << 20);
+    assert_eq!(done, [1]);
+    assert_eq!(p.session.take_request(1).unwrap().body.len(), 20 << 20);
+}
+
+#[test]
+fn many_parallel_uploads_past_the_limit_all_finish() {
+    let cfg = Config {
+        max_body: 1 << 20,
+        max_buffered_bodies: 2 << 20,
+        ..Config::default()
+    };
+    let mut p = Peer::new(cfg);
+    let ids: Vec<u32> = (0..10).map(|i| 2 * i + 1).collect();
+    let mut done = upload(&mut p, &ids, 1 << 20);
+    done.sort();
+    assert_eq!(done, ids);
+}
+
+#[test]
+fn trailers_on_a_stream_we_reset_are_ignored() {
+    let cfg = Config {
+        max_body: 1000,
+        ..Config::default()
+    };
+    let mut p = Peer::new(cfg);
+    let f = post(5000);
+    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    p.send(&headers(1, &f, false)).unwrap();
+    assert!(p.events.contains(&Event::Refuse {
+        stream: 1,
+        status: 413
+    }));
+    // The 413 goes out and ends our side: the session resets the rest of the upload.
+    let mut out = Vec::new();
+    p.session.response(1, 413, &mut out).finish(true);
+    // What the client had already sent arrives: DATA, then trailers. Both are ignored.
+    p.send(&frame_bytes(kind::DATA, 0, 1, &[0; 100])).unwrap();
+    p.send(&headers(1, &[("x-trailer", "1")], true)).unwrap();
+    p.send(&headers(3, &GET, true)).unwrap();
+    assert!(p.events.contains(&Event::Request(3)));
+}
+
+#[test]
+fn cancelling_answers_under_way_costs_no_reset_budget() {
+    let mut p = Peer::new(Config::default());
+    for i in 0..1000u32 {
+        let id = 2 * i + 1;
+        p.send(&headers(id, &GET, true)).unwrap();
+        p.session.take_request(id).unwrap();
+        let mut out = Vec::new();
+        p.session.response(id, 200, &mut out).finish(false);
+        // A video seek: the client cancels a long answer it started to receive.
+        p.send(&frame_bytes(kind::RST_STREAM, 0, id, &8u32.to_be_bytes()))
+            .unwrap();
     }
 }

@@ -193,6 +193,9 @@ impl Http2 {
                     }
                     Err(e) => {
                         rbuf.consume(rbuf.len());
+                        // Nothing more is answered after our GOAWAY with an error.
+                        self.sending.clear();
+                        self.awaiting.clear();
                         let counter = if e.code == ErrorCode::EnhanceYourCalm {
                             Counter::Http2Floods
                         } else {
@@ -327,6 +330,9 @@ impl Http2 {
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) -> bool {
+        if self.closing || self.lingering.is_some() || self.session.is_closed() {
+            return false;
+        }
         let Some(i) = self.awaiting.iter().position(|&(s, _)| s == seq) else {
             return false;
         };
@@ -599,12 +605,14 @@ impl Http2 {
         if out_waiting || !self.sending.is_empty() {
             return (now + ms(cfg.write_timeout), Timeout::Write);
         }
+        let partial = self.rbuf.as_ref().map_or(&[][..], |b| b.data());
+        let slow_body = self.session.partial_is_data(partial);
         if let Some(t) = self.partial_since_ms {
-            if self.session.is_mid_head() || self.rbuf.as_ref().is_some_and(|b| !b.is_empty()) {
+            if self.session.is_mid_head() || (!partial.is_empty() && !slow_body) {
                 return (t + ms(cfg.header_timeout), Timeout::Header);
             }
         }
-        if self.session.is_receiving_body() {
+        if slow_body || self.session.is_receiving_body() {
             return (now + ms(cfg.body_timeout), Timeout::Body);
         }
         if !self.is_quiet() {
