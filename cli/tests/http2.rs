@@ -1300,3 +1300,30 @@ fn a_connection_idle_long_enough_to_give_back_memory_still_serves() {
         assert_eq!(raw.response_body(id), HELLO.as_bytes());
     }
 }
+
+#[test]
+fn one_trickling_upload_does_not_keep_a_stalled_one_alive() {
+    let fx = Fixture::new();
+    let tern = fx.start(&["--body-timeout", "1"]);
+    let mut raw = RawH2::connect(tern.addr(), &[]);
+    raw.request(1, "GET", "/hello.txt", &[], false);
+    assert_eq!(raw.response_body(1), HELLO.as_bytes());
+    // Two uploads: stream 3 sends a byte every 250 ms, stream 5 sends nothing after its head.
+    raw.request(3, "POST", "/hello.txt", &[], true);
+    raw.request(5, "POST", "/hello.txt", &[], true);
+    let started = Instant::now();
+    let mut closed = false;
+    while started.elapsed() < Duration::from_secs(5) {
+        if raw.closed_within(Duration::from_millis(250)) {
+            closed = true;
+            break;
+        }
+        let _ = raw.sock.write_all(&frame_bytes(DATA, 0, 3, b"x"));
+    }
+    assert!(closed, "the stalled upload was kept alive by the other one");
+    let waited = started.elapsed();
+    assert!(
+        waited > Duration::from_millis(700) && waited < Duration::from_secs(3),
+        "closed after {waited:?} with --body-timeout 1"
+    );
+}

@@ -114,6 +114,8 @@ struct Stream {
     dispatched: bool,
     /// Response HEADERS went out.
     answered: bool,
+    /// When the stream opened or last received body bytes (the caller's clock).
+    progress_ms: u64,
     priority: Priority,
     data: RequestData,
 }
@@ -184,6 +186,8 @@ pub struct Session {
     error: Option<ConnError>,
     /// Some stream has used half its receive window (see `return_stream_windows`).
     windows_due: bool,
+    /// The caller's clock (see `set_time`).
+    now_ms: u64,
 }
 
 type Step = Result<(), ConnError>;
@@ -239,6 +243,7 @@ impl Session {
             early_priorities: Vec::new(),
             error: None,
             windows_due: false,
+            now_ms: 0,
             cfg,
         }
     }
@@ -354,9 +359,24 @@ impl Session {
 
     /// True if some stream is still receiving its request body.
     pub fn is_receiving_body(&self) -> bool {
+        self.body_progress().is_some()
+    }
+
+    /// The caller's clock, for the time of the frames `recv` takes next (the session keeps
+    /// no clock of its own).
+    pub fn set_time(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
+    }
+
+    /// When the stream that has waited longest for more of its body last got some (or was
+    /// opened): the body timeout runs from there, so one stream trickling bytes cannot keep
+    /// another stalled one alive.
+    pub fn body_progress(&self) -> Option<u64> {
         self.streams
             .iter()
-            .any(|s| !s.recv_closed && !s.dispatched && !s.refused)
+            .filter(|s| !s.recv_closed && !s.dispatched && !s.refused)
+            .map(|s| s.progress_ms)
+            .min()
     }
 
     /// Graceful shutdown (RFC 9113 §6.8): streams up to the last one seen are still answered,
@@ -595,6 +615,7 @@ impl Session {
             refused: false,
             dispatched: false,
             answered: false,
+            progress_ms: self.now_ms,
             priority,
             data,
         });
@@ -745,6 +766,9 @@ impl Session {
         s.recv_window -= len;
         s.recv_unacked += len as u32;
         s.received += data.len() as u64;
+        if !data.is_empty() {
+            s.progress_ms = self.now_ms;
+        }
         if s.data.fields.content_length.is_some_and(|n| s.received > n) {
             let reason = Malformed::ContentLengthMismatch.reason();
             return self.stream_error(id, ErrorCode::Protocol, reason, out);

@@ -713,3 +713,28 @@ fn cancelling_answers_under_way_costs_no_reset_budget() {
             .unwrap();
     }
 }
+
+#[test]
+fn the_body_clock_follows_the_stream_that_waited_longest() {
+    let mut p = Peer::new(Config::default());
+    let mut f = post(0);
+    f.pop();
+    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    p.session.set_time(1_000);
+    p.send(&headers(1, &f, false)).unwrap();
+    p.send(&headers(3, &f, false)).unwrap();
+    assert_eq!(p.session.body_progress(), Some(1_000));
+    // Stream 1 trickles on; stream 3 says nothing: the clock stays at stream 3's start.
+    for t in [2_000, 3_000, 4_000] {
+        p.session.set_time(t);
+        p.send(&frame_bytes(kind::DATA, 0, 1, b"x")).unwrap();
+        assert_eq!(p.session.body_progress(), Some(1_000));
+    }
+    p.send(&frame_bytes(kind::DATA, flag::END_STREAM, 3, b"y"))
+        .unwrap();
+    assert_eq!(
+        p.session.body_progress(),
+        Some(4_000),
+        "now only stream 1 waits"
+    );
+}

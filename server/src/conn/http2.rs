@@ -171,6 +171,7 @@ impl Http2 {
             if self.wants_input(out) && !rbuf.is_empty() {
                 let buf = out.head_buf(|| cx.buffers.take_write());
                 let before = buf.len();
+                self.session.set_time(cx.clock.now_ms());
                 let result = self.session.recv(rbuf.data(), buf);
                 out.commit(before);
                 let now = cx.clock.now_ms();
@@ -612,8 +613,15 @@ impl Http2 {
                 return (t + ms(cfg.header_timeout), Timeout::Header);
             }
         }
-        if slow_body || self.session.is_receiving_body() {
-            return (now + ms(cfg.body_timeout), Timeout::Body);
+        // From the stream that has waited longest for its body (a partial DATA frame counts
+        // as waiting from now).
+        let waiting_since = match (self.session.body_progress(), slow_body) {
+            (Some(t), _) => Some(t),
+            (None, true) => Some(now),
+            (None, false) => None,
+        };
+        if let Some(t) = waiting_since {
+            return (t + ms(cfg.body_timeout), Timeout::Body);
         }
         if !self.is_quiet() {
             return (u64::MAX, Timeout::Idle);
