@@ -122,6 +122,17 @@ impl Peer {
     }
 }
 
+/// Sends `frames(n)` for n = 0, 1, 2, ... until the session closes the connection; returns
+/// its error and how many rounds went in.
+fn until_stopped(p: &mut Peer, mut frames: impl FnMut(u32) -> Vec<u8>) -> (crate::ConnError, u32) {
+    for n in 0..100_000 {
+        if let Err(e) = p.send(&frames(n)) {
+            return (e, n);
+        }
+    }
+    panic!("never stopped");
+}
+
 #[test]
 fn settings_come_first_and_are_acknowledged() {
     let mut out = Vec::new();
@@ -189,21 +200,16 @@ fn a_bad_field_resets_only_its_stream() {
 fn rapid_reset_is_stopped() {
     let cfg = Config::default();
     let mut p = Peer::new(cfg);
-    let mut id = 1;
-    let result = loop {
+    let (result, n) = until_stopped(&mut p, |n| {
+        let id = 2 * n + 1;
         let mut bytes = headers(id, &GET, false);
         bytes.extend(frame_bytes(kind::RST_STREAM, 0, id, &8u32.to_be_bytes()));
-        if let Err(e) = p.send(&bytes) {
-            break e;
-        }
-        id += 2;
-        assert!(id < 10_000, "never stopped");
-    };
+        bytes
+    });
     assert_eq!(result.code, ErrorCode::EnhanceYourCalm);
     assert!(
-        id / 2 <= cfg.reset_budget as u32 + 1,
-        "stopped after {} streams",
-        id / 2
+        n <= cfg.reset_budget as u32 + 1,
+        "stopped after {n} streams"
     );
     assert_eq!(p.goaway_code(), Some(ErrorCode::EnhanceYourCalm as u32));
 }
@@ -274,14 +280,7 @@ fn a_header_list_over_the_limit_is_answered_431() {
 fn a_ping_flood_is_stopped() {
     let mut p = Peer::new(Config::default());
     let ping = frame_bytes(kind::PING, 0, 0, &[0; 8]);
-    let mut n = 0;
-    let err = loop {
-        if let Err(e) = p.send(&ping) {
-            break e;
-        }
-        n += 1;
-        assert!(n < 100_000);
-    };
+    let (err, n) = until_stopped(&mut p, |_| ping.clone());
     assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
     assert!(n >= 100, "ordinary pings are answered");
 }
@@ -538,27 +537,20 @@ fn made_you_reset_is_stopped() {
     let mut p = Peer::new(Config::default());
     let mut bad = GET.to_vec();
     bad.push(("te", "gzip"));
-    let mut id = 1;
-    let err = loop {
-        if let Err(e) = p.send(&headers(id, &bad, true)) {
-            break e;
-        }
-        id += 2;
-        assert!(id < 10_000, "never stopped");
-    };
+    let (err, _) = until_stopped(&mut p, |n| headers(2 * n + 1, &bad, true));
     assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
     // WINDOW_UPDATE of 0 on a stream, another stream error the peer can cause at will.
     let mut p = Peer::new(Config::default());
-    let mut id = 1;
-    let err = loop {
-        let mut bytes = headers(id, &GET, false);
-        bytes.extend(frame_bytes(kind::WINDOW_UPDATE, 0, id, &0u32.to_be_bytes()));
-        if let Err(e) = p.send(&bytes) {
-            break e;
-        }
-        id += 2;
-        assert!(id < 10_000, "never stopped");
-    };
+    let (err, _) = until_stopped(&mut p, |n| {
+        let mut bytes = headers(2 * n + 1, &GET, false);
+        bytes.extend(frame_bytes(
+            kind::WINDOW_UPDATE,
+            0,
+            2 * n + 1,
+            &0u32.to_be_bytes(),
+        ));
+        bytes
+    });
     assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
 }
 
@@ -575,14 +567,7 @@ fn empty_data_and_window_update_floods_are_stopped() {
     ] {
         let mut p = Peer::new(Config::default());
         p.send(&headers(1, &f, false)).unwrap();
-        let mut n = 0;
-        let err = loop {
-            if let Err(e) = p.send(&flood) {
-                break e;
-            }
-            n += 1;
-            assert!(n < 100_000, "never stopped");
-        };
+        let (err, _) = until_stopped(&mut p, |_| flood.clone());
         assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
     }
 }
