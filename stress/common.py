@@ -502,8 +502,8 @@ def _probe_thread(addr, keep_alive: bool, pause: float, stop, out: list, tls=Non
         sock.close()
 
 
-def _probe_main(addr, keep_alive_conns: int, new_conn_clients: int, pause: float, stop, pipe,
-                tls=None):
+def _probe_main(addr, keep_alive_conns: int, new_conn_clients: int, pause: float, tls, stop,
+                pipe):
     # A forked child: the parent's servers are not ours to kill.
     _children.clear()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -524,24 +524,18 @@ def _probe_main(addr, keep_alive_conns: int, new_conn_clients: int, pause: float
     pipe.close()
 
 
-class Probe:
-    """A normal client in its own process (so the attacker's Python loop does not add GIL
-    waits to its latencies): `keep_alive_conns` connections making keep-alive requests and
-    `new_conn_clients` making one request per new connection, each pausing `pause` s between
-    requests, over TLS if `tls` (a ClientTls) is given. `results()` stops it and returns
-    [(t_start_monotonic, latency_s, error|None, kind)]."""
+class ProbeProcess:
+    """A normal client running `target(*args, stop, pipe)` in its own process (so the
+    attacker's Python loop does not add GIL waits to its latencies); `target` sends its
+    results down `pipe` once `stop` is set. `results()` stops it and returns them."""
 
-    def __init__(self, addr, keep_alive_conns=2, new_conn_clients=0, pause=0.005, tls=None):
+    def __init__(self, target, args: tuple):
         import multiprocessing as mp
 
         ctx = mp.get_context("fork")
         self._stop = ctx.Event()
         self._rx, tx = ctx.Pipe(duplex=False)
-        self._p = ctx.Process(
-            target=_probe_main,
-            args=(addr, keep_alive_conns, new_conn_clients, pause, self._stop, tx, tls),
-            daemon=True,
-        )
+        self._p = ctx.Process(target=target, args=(*args, self._stop, tx), daemon=True)
         self._p.start()
         tx.close()
 
@@ -552,6 +546,16 @@ class Probe:
         if self._p.is_alive():
             self._p.kill()
         return out
+
+
+class Probe(ProbeProcess):
+    """`keep_alive_conns` connections making keep-alive requests and `new_conn_clients` making
+    one request per new connection, each pausing `pause` s between requests, over TLS if `tls`
+    (a ClientTls) is given. `results()` returns [(t_start_monotonic, latency_s, error|None,
+    kind)]."""
+
+    def __init__(self, addr, keep_alive_conns=2, new_conn_clients=0, pause=0.005, tls=None):
+        super().__init__(_probe_main, (addr, keep_alive_conns, new_conn_clients, pause, tls))
 
 
 def latency_summary(samples: list, since: float = 0.0, until: float = float("inf"),

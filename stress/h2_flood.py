@@ -412,29 +412,13 @@ def _probe_main(addr, pause: float, stop, pipe) -> None:
     pipe.close()
 
 
-class H2Probe:
+class H2Probe(common.ProbeProcess):
     """The normal client in its own process: one h2c connection (prior knowledge), one GET of
     the stress page at a time, `pause` s between them; a new connection only after an error.
     `results()` stops it and returns [(t_start, latency_s, error|None, "h2c")]."""
 
     def __init__(self, addr, pause: float):
-        import multiprocessing as mp
-
-        ctx = mp.get_context("fork")
-        self._stop = ctx.Event()
-        self._rx, tx = ctx.Pipe(duplex=False)
-        self._p = ctx.Process(target=_probe_main, args=(addr, pause, self._stop, tx),
-                              daemon=True)
-        self._p.start()
-        tx.close()
-
-    def results(self, timeout: float = 15.0) -> list:
-        self._stop.set()
-        out = self._rx.recv() if self._rx.poll(timeout) else []
-        self._p.join(5)
-        if self._p.is_alive():
-            self._p.kill()
-        return out
+        super().__init__(_probe_main, (addr, pause))
 
 
 # ----------------------------------------------------------------------------- attackers
