@@ -10,6 +10,7 @@ mod memory;
 mod serve;
 mod tls;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -28,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the files of DIR over HTTP/1.1 and HTTPS.
+    /// Serve the files of DIR over HTTP/1.1, HTTP/2 and HTTPS.
     Serve(serve::ServeArgs),
     /// Run the IPv4 Games (claim your address for a name) on embedded SQLite.
     Demo(demo::DemoArgs),
@@ -43,6 +44,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never into journals and log files.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
     let result = match cli.command {

@@ -312,4 +312,9 @@ fn bad_request_flood_is_logged_rate_limited() {
     );
     // The server is fine.
     assert_eq!(tern.client().get("/who.txt", &[]).text(), "site a\n");
+    // stderr is a pipe here, not a terminal: no colour codes go into logs.
+    assert!(
+        !tern.stderr_text().contains('\u{1b}'),
+        "ANSI escapes in a log that is not a terminal"
+    );
 }
