@@ -39,14 +39,20 @@ const GET: [(&str, &str); 4] = [
     (":authority", "localhost"),
 ];
 
-fn post(len: usize) -> Vec<(&'static str, String)> {
-    vec![
-        (":method", "POST".into()),
-        (":scheme", "https".into()),
-        (":path", "/p".into()),
-        (":authority", "localhost".into()),
-        ("content-length", len.to_string()),
-    ]
+/// The HEADERS frame of a POST on `stream` whose body follows, with a content-length when
+/// `len` is given.
+fn post_headers(stream: u32, len: Option<usize>) -> Vec<u8> {
+    let len = len.map(|n| n.to_string());
+    let mut fields = vec![
+        (":method", "POST"),
+        (":scheme", "https"),
+        (":path", "/p"),
+        (":authority", "localhost"),
+    ];
+    if let Some(len) = &len {
+        fields.push(("content-length", len));
+    }
+    headers(stream, &fields, false)
 }
 
 fn frame_bytes(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -304,9 +310,7 @@ fn streams_over_the_limit_are_refused() {
 fn a_body_arrives_and_windows_are_returned_in_batches() {
     let mut p = Peer::new(Config::default());
     let len = 300_000;
-    let f = post(len);
-    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    p.send(&headers(1, &f, false)).unwrap();
+    p.send(&post_headers(1, Some(len))).unwrap();
     let chunk = vec![7u8; 10_000];
     for i in 0..30 {
         let end = if i == 29 { flag::END_STREAM } else { 0 };
@@ -332,9 +336,7 @@ fn a_body_over_the_limit_is_refused_413() {
         ..Config::default()
     };
     let mut p = Peer::new(cfg);
-    let f = post(5000);
-    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    p.send(&headers(1, &f, false)).unwrap();
+    p.send(&post_headers(1, Some(5000))).unwrap();
     assert_eq!(
         p.events,
         [Event::Refuse {
@@ -343,11 +345,8 @@ fn a_body_over_the_limit_is_refused_413() {
         }]
     );
     // Undeclared length: refused once the DATA passes the limit.
-    let mut f = post(0);
-    f.pop();
-    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
     p.events.clear();
-    p.send(&headers(3, &f, false)).unwrap();
+    p.send(&post_headers(3, None)).unwrap();
     p.send(&frame_bytes(kind::DATA, 0, 3, &[0; 1500])).unwrap();
     assert_eq!(
         p.events,
@@ -361,9 +360,7 @@ fn a_body_over_the_limit_is_refused_413() {
 #[test]
 fn content_length_must_match_the_data() {
     let mut p = Peer::new(Config::default());
-    let f = post(10);
-    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    p.send(&headers(1, &f, false)).unwrap();
+    p.send(&post_headers(1, Some(10))).unwrap();
     p.send(&frame_bytes(kind::DATA, flag::END_STREAM, 1, &[0; 5]))
         .unwrap();
     assert_eq!(p.rst_codes(), [(1, ErrorCode::Protocol as u32)]);
@@ -377,10 +374,7 @@ fn data_beyond_the_connection_window_is_a_connection_error() {
         ..Config::default()
     };
     let mut p = Peer::new(cfg);
-    let mut f = post(0);
-    f.pop();
-    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    p.send(&headers(1, &f, false)).unwrap();
+    p.send(&post_headers(1, None)).unwrap();
     // Five full frames at once: the window (65 535) is returned only after a batch, so the
     // fourth is beyond it.
     let mut bytes = Vec::new();
@@ -556,9 +550,6 @@ fn made_you_reset_is_stopped() {
 
 #[test]
 fn empty_data_and_window_update_floods_are_stopped() {
-    let mut f = post(0);
-    f.pop();
-    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
     for flood in [
         frame_bytes(kind::DATA, 0, 1, &[]),
         frame_bytes(kind::WINDOW_UPDATE, 0, 0, &1u32.to_be_bytes()),
@@ -566,7 +557,7 @@ fn empty_data_and_window_update_floods_are_stopped() {
         frame_bytes(kind::PRIORITY, 0, 1, &[0, 0, 0, 0, 16]),
     ] {
         let mut p = Peer::new(Config::default());
-        p.send(&headers(1, &f, false)).unwrap();
+        p.send(&post_headers(1, None)).unwrap();
         let (err, _) = until_stopped(&mut p, |_| flood.clone());
         assert_eq!(err.code, ErrorCode::EnhanceYourCalm);
     }
@@ -576,14 +567,12 @@ fn empty_data_and_window_update_floods_are_stopped() {
 /// stream in turn, sending only what the windows the server granted allow. Returns the
 /// streams whose request completed, or panics if no stream can move (a stall).
 fn upload(p: &mut Peer, ids: &[u32], len: usize) -> Vec<u32> {
-    let f = post(len);
-    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let stream_window = Config::default().stream_window as i64;
     let mut conn_window = 65_535i64; // raised by the session's first WINDOW_UPDATE
     let mut windows: Vec<i64> = ids.iter().map(|_| stream_window).collect();
     let mut sent = vec![0usize; ids.len()];
     for &id in ids {
-        p.send(&headers(id, &f, false)).unwrap();
+        p.send(&post_headers(id, Some(len))).unwrap();
     }
     // The WINDOW_UPDATE the session sent at start (before Peer::new cleared its output).
     conn_window += (Config::default().connection_window - 65_535) as i64;
@@ -667,9 +656,7 @@ fn trailers_on_a_stream_we_reset_are_ignored() {
         ..Config::default()
     };
     let mut p = Peer::new(cfg);
-    let f = post(5000);
-    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    p.send(&headers(1, &f, false)).unwrap();
+    p.send(&post_headers(1, Some(5000))).unwrap();
     assert!(p.events.contains(&Event::Refuse {
         stream: 1,
         status: 413
@@ -702,12 +689,9 @@ fn cancelling_answers_under_way_costs_no_reset_budget() {
 #[test]
 fn the_body_clock_follows_the_stream_that_waited_longest() {
     let mut p = Peer::new(Config::default());
-    let mut f = post(0);
-    f.pop();
-    let f: Vec<(&str, &str)> = f.iter().map(|(n, v)| (*n, v.as_str())).collect();
     p.session.set_time(1_000);
-    p.send(&headers(1, &f, false)).unwrap();
-    p.send(&headers(3, &f, false)).unwrap();
+    p.send(&post_headers(1, None)).unwrap();
+    p.send(&post_headers(3, None)).unwrap();
     assert_eq!(p.session.body_progress(), Some(1_000));
     // Stream 1 trickles on; stream 3 says nothing: the clock stays at stream 3's start.
     for t in [2_000, 3_000, 4_000] {
