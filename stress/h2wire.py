@@ -71,19 +71,6 @@ def split_frames(buf: bytearray):
     del buf[:pos]
 
 
-def encode_int(value: int, prefix: int, first: int = 0) -> bytes:
-    mask = (1 << prefix) - 1
-    if value < mask:
-        return bytes((first | value,))
-    out = bytearray((first | mask,))
-    value -= mask
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def encode_string(s: str | bytes) -> bytes:
     b = s.encode("latin-1") if isinstance(s, str) else s
     return encode_int(len(b), 7) + b
@@ -116,7 +103,7 @@ def _load_bench_h2wire():
 
 
 _bench = _load_bench_h2wire()
-H2Error, Decoder = _bench.H2Error, _bench.Decoder
+H2Error, Decoder, encode_int = _bench.H2Error, _bench.Decoder, _bench._encode_int
 
 
 class H2Client:
