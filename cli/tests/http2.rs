@@ -788,6 +788,27 @@ fn malformed_headers_are_stream_errors_and_the_connection_stays_usable() {
 // Shutdown
 // ---------------------------------------------------------------------------------------------
 
+/// The peer's GOAWAY ends an idle connection, and frames it sends after that (h2spec's 3.8/1
+/// sends a PING) are read and dropped during a lingering close: the client sees our FIN, never
+/// a reset that could destroy our last frames before it reads them.
+#[test]
+fn peer_goaway_closes_cleanly_even_with_frames_after_it() {
+    let fx = Fixture::new();
+    let tern = fx.start(&[]);
+    for _ in 0..40 {
+        let mut raw = RawH2::connect(tern.addr(), &[]);
+        raw.request(1, "GET", "/hello.txt", &[], false);
+        assert_eq!(raw.response_body(1), HELLO.as_bytes());
+        let mut goaway = 1u32.to_be_bytes().to_vec();
+        goaway.extend_from_slice(&NO_ERROR.to_be_bytes());
+        // Two writes, so that the PING often arrives while the server acts on the GOAWAY.
+        raw.frame(GOAWAY, 0, 0, &goaway);
+        raw.frame(PING, 0, 0, b"after-ga");
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(raw.close_within(H2_TIMEOUT), Closed::Fin, "{:?}", raw.seen);
+    }
+}
+
 #[test]
 fn goaway_on_shutdown_lets_in_flight_streams_finish() {
     const SIZE: u64 = 2 << 20;

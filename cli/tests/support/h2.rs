@@ -622,29 +622,41 @@ impl RawH2 {
         }
     }
 
-    /// True when the server closes the connection within `limit` (frames before the close are
-    /// read and kept in `seen`).
+    /// True when the server closes the connection within `limit`, by FIN or reset (frames
+    /// before the close are read and kept in `seen`).
     pub fn closed_within(&mut self, limit: Duration) -> bool {
+        self.close_within(limit) != Closed::Open
+    }
+
+    /// How the connection ends within `limit`: a clean FIN, a reset, or not at all.
+    pub fn close_within(&mut self, limit: Duration) -> Closed {
         let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return false;
+                return Closed::Open;
             }
             self.sock.set_read_timeout(Some(left)).unwrap();
             let mut chunk = [0u8; 65536];
             match self.sock.read(&mut chunk) {
-                Ok(0) => return true,
+                Ok(0) => return Closed::Fin,
                 Ok(n) => {
                     self.buf.extend_from_slice(&chunk[..n]);
                     while self.next_frame(Duration::from_millis(1)).is_some() {}
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return Closed::Reset,
+                Err(_) => return Closed::Open,
             }
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    Fin,
+    Reset,
+    Open,
 }
 
 /// A frame's bytes.

@@ -538,13 +538,11 @@ impl Http2 {
         Next::Read
     }
 
+    /// Always a lingering close unless aborted or the peer is gone: an HTTP/2 peer may send
+    /// control frames (PING, WINDOW_UPDATE, its own GOAWAY) at any time, and closing with
+    /// them unread would reset the connection before our last frames are read.
     pub fn close_kind(&self) -> CloseKind {
-        let unread = self.rbuf.as_ref().is_some_and(|b| !b.is_empty());
-        linger::close_kind(
-            self.abort,
-            self.peer_eof,
-            self.session.is_closed() || unread,
-        )
+        linger::close_kind(self.abort, self.peer_eof, true)
     }
 
     pub fn start_lingering(&mut self, now_ms: u64) {
