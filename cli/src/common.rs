@@ -47,6 +47,8 @@ pub struct CommonArgs {
     /// Seconds to let in-flight requests finish after SIGTERM/SIGINT [default: 5].
     #[arg(long, value_name = "SECS")]
     pub shutdown_grace: Option<u64>,
+    #[command(flatten)]
+    pub hardening: crate::hardening::HardeningArgs,
 }
 
 impl CommonArgs {
@@ -125,9 +127,13 @@ pub fn run_server_with_reload(
     }
     let workers = server.config().runtime.workers;
     let kinds = server.config().listener_kinds.clone();
+    let mut server = server;
+    server.background("sandbox-report", |stop| {
+        tern_sandbox::report_denials(|| stop.is_stopped())
+    });
     let server = server
         .start()
-        .map_err(|e| format!("cannot listen on {e}"))?;
+        .map_err(|e| crate::hardening::start_error(&e))?;
     let stop = server.stopper();
     let reload = server.reloader();
     tern_runtime::spawn_signal_thread(move |action| match action {

@@ -61,6 +61,9 @@ pub struct FileConfig {
     pin: Option<bool>,
     shutdown_grace: Option<u64>,
     tls: Option<crate::tls::FileTls>,
+    user: Option<String>,
+    group: Option<String>,
+    sandbox: Option<crate::hardening::SandboxArg>,
 }
 
 impl FileConfig {
@@ -71,6 +74,15 @@ impl FileConfig {
 
     pub fn tls(&self) -> Option<&crate::tls::FileTls> {
         self.tls.as_ref()
+    }
+
+    /// `user`, `group` and `sandbox`.
+    pub fn hardening(&self) -> crate::hardening::FileHardening {
+        crate::hardening::FileHardening {
+            user: self.user.clone(),
+            group: self.group.clone(),
+            sandbox: self.sandbox,
+        }
     }
 }
 

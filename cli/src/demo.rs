@@ -7,6 +7,7 @@ use tern_ipv4_games::{build, bundled_site, GameConfig, SyncMode};
 use tern_services::{RateLimitConfig, TrustedProxies};
 
 use crate::common::{run_server, CommonArgs};
+use crate::hardening::{self, Needs};
 use crate::tls::TlsArgs;
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -58,7 +59,8 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
     let exempt = TrustedProxies::parse(&args.rate_exempt)
         .map_err(|e| format!("--rate-exempt: {e}"))?
         .into_nets();
-    let mut game = GameConfig::new(&args.data, args.site.unwrap_or_else(bundled_site));
+    let site = args.site.clone().unwrap_or_else(bundled_site);
+    let mut game = GameConfig::new(&args.data, &site);
     game.sync = match args.sync {
         Sync::Normal => SyncMode::Normal,
         Sync::Full => SyncMode::Full,
@@ -88,7 +90,21 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         args.common.listen.is_some(),
         plan.as_ref(),
     );
+    let mut needs = Needs {
+        read: vec![site],
+        write: vec![args.data.clone()],
+        owned: vec![args.data.clone()],
+    };
+    if let Some(plan) = &plan {
+        needs.add_tls(&plan.options);
+    }
+    let lockdown = hardening::plan(&args.common.hardening, None, needs)?;
     let mut server = build(config, game)?;
+    if args.common.hardening.sandbox_probes {
+        let router = std::mem::take(server.router_mut());
+        *server.router_mut() = hardening::probe_routes(router);
+    }
+    let mut server = server.after_bind(hardening::lockdown_step(lockdown));
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
     }

@@ -6,6 +6,7 @@
 mod common;
 mod config;
 mod demo;
+mod hardening;
 mod memory;
 mod serve;
 mod tls;

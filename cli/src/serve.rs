@@ -15,6 +15,7 @@ use tern_server::{Handler, HandlerContext, Reply, Request, Router, Server};
 
 use crate::common::{run_server_with_reload, CommonArgs, OnReload, ServerReload};
 use crate::config::{self, FileConfig, Flags, Settings};
+use crate::hardening::{self, FileHardening, Needs};
 use crate::tls::{TlsArgs, TlsPlan};
 
 #[derive(Args)]
@@ -45,8 +46,9 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// Reads the config file (if any) and resolves every setting, HTTPS included.
-    fn settings(&self) -> Result<(Settings, Option<TlsPlan>, bool), String> {
+    /// Reads the config file (if any) and resolves every setting, HTTPS included, and the
+    /// file's `user`, `group` and `sandbox` (used at start-up only).
+    fn settings(&self) -> Result<(Settings, Option<TlsPlan>, bool, FileHardening), String> {
         let file = self.config.as_deref().map(config::load).transpose()?;
         let file_dir = self
             .config
@@ -69,6 +71,7 @@ impl ServeArgs {
             Settings::resolve(&flags, file.as_ref(), file_dir)?,
             tls,
             plain_given,
+            file.as_ref().map(FileConfig::hardening).unwrap_or_default(),
         ))
     }
 }
@@ -83,12 +86,25 @@ impl Handler for Files {
 }
 
 pub fn serve(args: ServeArgs) -> Result<(), String> {
-    let (settings, tls, plain_given) = args.settings()?;
+    let (settings, tls, plain_given, file_hardening) = args.settings()?;
     let acceptor = tls.as_ref().map(crate::tls::acceptor).transpose()?;
     let files = StaticFiles::new(settings.static_options())
         .map_err(|e| format!("cannot serve {}: {e}", settings.root.display()))?;
     let files = Arc::new(files);
     let root = std::fs::canonicalize(&settings.root).unwrap_or(settings.root.clone());
+    // The root's parent, not just the root: deploys swap a new root in beside the old one
+    // (rename, or a `current` link to a new release), and a reload must still reach it.
+    let deploy_dir = root.parent().unwrap_or(&root).to_path_buf();
+    let mut needs = Needs {
+        read: vec![deploy_dir],
+        ..Needs::default()
+    };
+    needs.read.extend(args.config.iter().cloned());
+    if let Some(plan) = &tls {
+        needs.add_tls(&plan.options);
+    }
+    let lockdown = hardening::plan(&args.common.hardening, Some(&file_hardening), needs)?;
+    let probes = args.common.hardening.sandbox_probes;
     let mut current = settings.clone();
     let reloader = files.clone();
     let reload_tls = acceptor.clone();
@@ -98,12 +114,19 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
                 current = applied;
                 tracing::info!("reload (SIGHUP): {changes}");
             }
-            Err(e) => tracing::error!("reload (SIGHUP) failed, nothing changed: {e}"),
+            Err(e) => tracing::error!(
+                "reload (SIGHUP) failed, nothing changed: {}",
+                hardening::explain_reload_error(e)
+            ),
         }
     });
     let mut config = settings.server_config();
     crate::tls::configure(&mut config, settings.listen, plain_given, tls.as_ref());
-    let mut server = Server::new(config, Router::new().fallback(Files(files)));
+    let mut router = Router::new().fallback(Files(files));
+    if probes {
+        router = hardening::probe_routes(router);
+    }
+    let mut server = Server::new(config, router).after_bind(hardening::lockdown_step(lockdown));
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
     }
@@ -124,7 +147,7 @@ fn reload(
     tls: Option<&tern_server::TlsAcceptor>,
     server: ServerReload<'_>,
 ) -> Result<(Settings, String), String> {
-    let (new, new_tls, _) = args.settings()?;
+    let (new, new_tls, _, _) = args.settings()?;
     // Certificates first: a bad one changes nothing at all.
     let tls_note = match (tls, &new_tls) {
         (Some(acceptor), Some(plan)) => {

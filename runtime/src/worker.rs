@@ -182,6 +182,22 @@ impl Runtime {
         A: WorkerApp,
         F: Fn(usize, InboxSender<A::Message>) -> A + Send + Sync + 'static,
     {
+        Runtime::start_with(config, || Ok(()), make_app)
+    }
+
+    /// Like [`start`](Self::start); `after_bind` runs on the calling thread once every
+    /// listener is bound and before any worker thread exists: the moment to drop privileges
+    /// and enter a sandbox, which the workers then inherit. Its error stops the start.
+    pub fn start_with<A, F, B>(
+        config: RuntimeConfig,
+        after_bind: B,
+        make_app: F,
+    ) -> io::Result<RuntimeHandle<A::Message>>
+    where
+        A: WorkerApp,
+        F: Fn(usize, InboxSender<A::Message>) -> A + Send + Sync + 'static,
+        B: FnOnce() -> io::Result<()>,
+    {
         let workers = config.workers.max(1);
         if config.listen.is_empty() || config.listen.len() > MAX_LISTENERS {
             return Err(io::Error::new(
@@ -210,6 +226,8 @@ impl Runtime {
                 listeners.push(bind_reuseport(bound, config.backlog)?);
             }
         }
+
+        after_bind()?;
 
         let cpus = available_cpus();
         let stop = Arc::new(AtomicBool::new(false));

@@ -88,8 +88,10 @@ pub struct Server {
     stats: Stats,
     background: Vec<(String, BackgroundTask)>,
     tls: Option<Arc<TlsAcceptor>>,
+    after_bind: Option<AfterBind>,
 }
 
+type AfterBind = Box<dyn FnOnce() -> io::Result<()>>;
 type BackgroundTask = Box<dyn FnOnce(StopSignal) + Send + 'static>;
 
 /// Tells a background thread that the server is stopping. It is raised only after every worker
@@ -117,7 +119,16 @@ impl Server {
             stats,
             background: Vec::new(),
             tls: None,
+            after_bind: None,
         }
+    }
+
+    /// Runs `f` on the starting thread once the listeners are bound and before any thread
+    /// of the server exists (workers, background threads): where privileges are dropped and
+    /// the sandbox entered, so that every thread inherits them. Its error stops the start.
+    pub fn after_bind(mut self, f: impl FnOnce() -> io::Result<()> + 'static) -> Server {
+        self.after_bind = Some(Box::new(f));
+        self
     }
 
     /// Certificates and session settings for the `Https` listeners.
@@ -179,10 +190,12 @@ impl Server {
             https_port: std::sync::atomic::AtomicU16::new(0),
         });
         let for_workers = shared.clone();
-        let runtime =
-            tern_runtime::Runtime::start(self.config.runtime.clone(), move |id, inbox| {
-                worker::HttpWorker::new(id, for_workers.clone(), inbox)
-            })?;
+        let after_bind = self.after_bind.unwrap_or_else(|| Box::new(|| Ok(())));
+        let runtime = tern_runtime::Runtime::start_with(
+            self.config.runtime.clone(),
+            after_bind,
+            move |id, inbox| worker::HttpWorker::new(id, for_workers.clone(), inbox),
+        )?;
         let https = (0..runtime.local_addrs().len())
             .find(|&i| self.config.listener_kinds.get(i) == Some(&ListenerKind::Https));
         if let Some(i) = https {

@@ -129,7 +129,7 @@ pub fn server_metrics(s: &StatsSnapshot) -> Vec<Metric> {
     out
 }
 
-/// Uptime and resident memory of this process.
+/// Uptime, resident memory and sandbox refusals of this process.
 pub fn process_metrics(started: Instant) -> Vec<Metric> {
     vec![
         Metric::gauge(
@@ -141,6 +141,11 @@ pub fn process_metrics(started: Instant) -> Vec<Metric> {
             "resident_memory_bytes",
             "resident set size of the process",
             rss_bytes() as f64,
+        ),
+        Metric::counter(
+            "sandbox_denied_syscalls",
+            "system calls the seccomp sandbox refused with EPERM",
+            tern_sandbox::denied_syscalls(),
         ),
     ]
 }

@@ -74,6 +74,9 @@ pub struct Tern {
     pub workers: usize,
     pub stderr: Arc<Mutex<Vec<u8>>>,
     status: Option<ExitStatus>,
+    /// The sandbox may refuse system calls in this test (it probes them on purpose);
+    /// otherwise a refusal in the log fails the test when the server is dropped.
+    pub refusals_expected: bool,
 }
 
 /// One listener named in a start-up line.
@@ -181,6 +184,7 @@ impl Tern {
             workers: 0,
             stderr,
             status: None,
+            refusals_expected: false,
         };
         // (On a panic, Drop kills the process.)
         let Ok(line) = rx.recv_timeout(Duration::from_secs(15)) else {
@@ -323,6 +327,12 @@ impl Drop for Tern {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        // Every test runs sandboxed, so every test also checks the seccomp allow-list: a
+        // system call the server needed but was refused shows up here.
+        let refused = self.log_lines("sandbox: refused");
+        if !refused.is_empty() && !self.refusals_expected && !std::thread::panicking() {
+            panic!("the sandbox refused system calls: {refused:?}");
+        }
     }
 }
 
@@ -359,6 +369,13 @@ fn command<S: AsRef<OsStr>>(
     cmd.args(listen);
     if !extra.iter().any(|a| a.as_ref() == OsStr::new("--workers")) {
         cmd.args(["--workers", "2"]);
+    }
+    // The whole suite runs sandboxed (`--sandbox on` refuses to start without Landlock and
+    // seccomp), unless a test says otherwise or TERN_TEST_SANDBOX=off (a kernel without them).
+    let sandbox_given = extra.iter().any(|a| a.as_ref() == OsStr::new("--sandbox"));
+    if !sandbox_given && std::env::var_os("TERN_TEST_SANDBOX").as_deref() != Some(OsStr::new("off"))
+    {
+        cmd.args(["--sandbox", "on"]);
     }
     cmd.args(extra).stdin(Stdio::null()).env_remove("TERN_LOG");
     cmd

@@ -1,0 +1,204 @@
+//! `--user`, `--group` and `--sandbox`: what a server gives up once it has started.
+//!
+//! Each command says what it still needs from the file system ([`Needs`]); this module turns
+//! that and the flags into a [`tern_sandbox::Plan`], checks what can be checked before
+//! anything is bound (the account exists), and hands the server the step that drops
+//! privileges and enters the sandbox between binding the ports and starting the workers
+//! ([`tern_server::Server::after_bind`]).
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+use tern_sandbox::{Account, Mode, Paths, Plan};
+use tern_server::{Method, Response, Router};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxArg {
+    On,
+    Off,
+}
+
+/// The flags (every server command has them).
+#[derive(Args, Debug, Clone, Default)]
+pub struct HardeningArgs {
+    /// Once the ports are bound and files opened as root, run as this user (setuid; no way
+    /// back). Files tern creates (the game's database, key files) are given to it.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// The group to run as with --user [default: the user's own group].
+    #[arg(long, value_name = "NAME", requires = "user")]
+    pub group: Option<String>,
+    /// Landlock and seccomp once started: only the served paths, certificates and data
+    /// folder; only the system calls a server makes [default: on where the kernel supports
+    /// it; `on` refuses to start without them].
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub sandbox: Option<SandboxArg>,
+    /// For tern's own tests: routes under /.tern-test/sandbox/ that try what the sandbox
+    /// forbids.
+    #[arg(long, hide = true)]
+    pub sandbox_probes: bool,
+}
+
+/// The same settings from a config file (`user`, `group`, `sandbox`); flags win.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct FileHardening {
+    pub user: Option<String>,
+    pub group: Option<String>,
+    pub sandbox: Option<SandboxArg>,
+}
+
+/// What a running command still needs from the file system.
+#[derive(Debug, Clone, Default)]
+pub struct Needs {
+    /// Read: served roots, certificates and keys, the config file.
+    pub read: Vec<PathBuf>,
+    /// Read and write: the data folder, the folder of a ticket-key file.
+    pub write: Vec<PathBuf>,
+    /// Created by tern, so given to `--user`: the data folder (and its files), key files.
+    pub owned: Vec<PathBuf>,
+}
+
+impl Needs {
+    /// Certificates, keys and the ticket-key file of an HTTPS plan.
+    pub fn add_tls(&mut self, options: &tern_server::TlsOptions) {
+        for pair in &options.certs {
+            self.read.push(pair.cert.clone());
+            self.read.push(pair.key.clone());
+        }
+        if let Some(keys) = &options.ticket_keys {
+            // Rotation writes a temporary file beside it and renames it over it.
+            self.write.push(parent_dir(keys));
+            self.owned.push(keys.clone());
+        }
+    }
+}
+
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// The error of the lockdown step, told apart from a bind error by `run_server`.
+#[derive(Debug)]
+pub struct LockdownError(pub String);
+
+impl std::fmt::Display for LockdownError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LockdownError {}
+
+/// Resolves the plan (looking the account up now, so a typo fails at once) and returns the
+/// step to run after binding. Warns when running as root with no account to drop to.
+pub fn plan(
+    args: &HardeningArgs,
+    file: Option<&FileHardening>,
+    needs: Needs,
+) -> Result<Plan, String> {
+    let empty = FileHardening::default();
+    let file = file.unwrap_or(&empty);
+    let user = args.user.as_deref().or(file.user.as_deref());
+    let group = args.group.as_deref().or(file.group.as_deref());
+    if group.is_some() && user.is_none() {
+        return Err("`group` needs `user`".into());
+    }
+    let account = user.map(|u| Account::lookup(u, group)).transpose()?;
+    if account.is_none() && tern_sandbox::account::running_as_root() {
+        tracing::warn!("running as root: give --user NAME to drop privileges after start-up");
+    }
+    let mode = match args.sandbox.or(file.sandbox) {
+        None => Mode::Auto,
+        Some(SandboxArg::On) => Mode::On,
+        Some(SandboxArg::Off) => Mode::Off,
+    };
+    Ok(Plan {
+        mode,
+        paths: Paths {
+            read: needs.read,
+            write: needs.write,
+        },
+        account,
+        give_to_account: needs.owned,
+    })
+}
+
+/// The step for [`tern_server::Server::after_bind`]: lockdown, then one log line naming the
+/// protections in force.
+pub fn lockdown_step(plan: Plan) -> impl FnOnce() -> io::Result<()> {
+    move || {
+        let applied =
+            tern_sandbox::lockdown(&plan).map_err(|e| io::Error::other(LockdownError(e)))?;
+        if applied.missing.is_empty() {
+            tracing::info!("protections: {}", applied.describe());
+        } else {
+            tracing::warn!("protections: {}", applied.describe());
+        }
+        Ok(())
+    }
+}
+
+/// The start error's line: a lockdown failure as it is, anything else as a bind error.
+pub fn start_error(e: &io::Error) -> String {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<LockdownError>())
+    {
+        Some(lockdown) => lockdown.0.clone(),
+        None => format!("cannot listen on {e}"),
+    }
+}
+
+/// A reload error, with a hint when the sandbox is why a new path cannot be opened.
+pub fn explain_reload_error(e: String) -> String {
+    if e.contains("Permission denied") && tern_sandbox::landlock::is_active() {
+        format!("{e} (the sandbox allows only the paths given at start-up: restart tern to use a new one)")
+    } else {
+        e
+    }
+}
+
+/// Test-only routes that try what the sandbox forbids and answer what happened:
+/// `GET /.tern-test/sandbox/open?PATH` opens a file, `GET /.tern-test/sandbox/exec` calls execve
+/// on a path that does not exist. Each answers `ok` or the error.
+pub fn probe_routes(router: Router) -> Router {
+    fn answer(result: io::Result<()>) -> Response {
+        let body = match result {
+            Ok(()) => "ok\n".to_string(),
+            Err(e) => format!("error: {e}\n"),
+        };
+        Response::new(200)
+            .with_header("Content-Type", "text/plain")
+            .with_body(tern_server::Body::Owned(body.into_bytes()))
+    }
+    router
+        .route(
+            Method::Get,
+            "/.tern-test/sandbox/open",
+            |req: &tern_server::Request<'_>, _: &mut tern_server::HandlerContext<'_>| {
+                let path = req.query().unwrap_or("");
+                answer(std::fs::File::open(path).map(drop)).into()
+            },
+        )
+        .route(
+            Method::Get,
+            "/.tern-test/sandbox/exec",
+            |_: &tern_server::Request<'_>, _: &mut tern_server::HandlerContext<'_>| {
+                // A path that does not exist: without the sandbox this fails with ENOENT
+                // (and can never replace the server), with it seccomp answers EPERM first.
+                let path = c"/nonexistent/tern-sandbox-probe";
+                let argv = [path.as_ptr(), std::ptr::null()];
+                let envp = [std::ptr::null()];
+                // SAFETY: NUL-terminated path and argument/environment arrays that live
+                // across the call; execve returns only on failure, as it must here.
+                unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+                answer(Err(io::Error::last_os_error())).into()
+            },
+        )
+}

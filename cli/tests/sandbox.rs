@@ -1,0 +1,236 @@
+//! Least privilege, end to end: the real binary behind Landlock and seccomp (`--sandbox`),
+//! dropping to an unprivileged user (`--user`), with test-only probe routes
+//! (`--sandbox-probes`) that try what the sandbox forbids.
+//!
+//! Every other integration test runs sandboxed too (the test support passes `--sandbox on`)
+//! and fails if the sandbox refused any system call, so the whole suite checks that the
+//! allow-list is enough for static files, HTTPS, HTTP/2, the game and reloads.
+
+mod support;
+
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use support::*;
+
+const PROTECTED: &str =
+    "protections: Landlock (fully enforced); seccomp allow-list (other system calls fail with EPERM)";
+
+fn probe(tern: &Tern, what: &str) -> String {
+    tern.get(&format!("/.tern-test/sandbox/{what}")).text()
+}
+
+#[test]
+fn a_sandboxed_server_reaches_only_its_paths_and_system_calls() {
+    let site = Site::new();
+    site.write("index.html", "home\n");
+    let mut tern = site.start(&["--sandbox-probes"]);
+    tern.refusals_expected = true;
+    assert_eq!(tern.log_lines(PROTECTED).len(), 1, "{}", tern.stderr_text());
+    assert_eq!(tern.get("/").text(), "home\n");
+
+    let inside = site.root.join("index.html");
+    assert_eq!(probe(&tern, &format!("open?{}", inside.display())), "ok\n");
+    // Landlock lets `tern serve` read the root's parent (where deploys swap roots), nothing
+    // else: not another folder, not /etc.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let secret = elsewhere.path().join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let denied = "error: Permission denied (os error 13)\n";
+    assert_eq!(probe(&tern, &format!("open?{}", secret.display())), denied);
+    assert_eq!(probe(&tern, "open?/etc/hostname"), denied);
+    // execve is not on the allow-list: EPERM, and the server lives on.
+    assert_eq!(
+        probe(&tern, "exec"),
+        "error: Operation not permitted (os error 1)\n"
+    );
+    assert_eq!(tern.get("/").text(), "home\n");
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            tern.log_lines(
+                "sandbox: refused system calls with EPERM since start-up: execve (59) ×1",
+            )
+            .len()
+                == 1
+        }),
+        "no log line for the refused execve: {}",
+        tern.stderr_text()
+    );
+}
+
+#[test]
+fn without_the_sandbox_the_same_probes_get_through() {
+    let site = Site::new();
+    let tern = site.start(&["--sandbox-probes", "--sandbox", "off"]);
+    assert!(tern.log_lines("protections:").is_empty() || tern.log_lines("Landlock").is_empty());
+    assert_eq!(probe(&tern, "open?/etc/hostname"), "ok\n");
+    // The probe's path does not exist: without seccomp execve itself says so.
+    assert_eq!(
+        probe(&tern, "exec"),
+        "error: No such file or directory (os error 2)\n"
+    );
+}
+
+fn statusz_value(tern: &Tern, name: &str) -> u64 {
+    let text = tern.get("/statusz").text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .unwrap_or_else(|| panic!("no {name} in /statusz:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_game_plays_sandboxed_and_counts_refused_calls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut tern = Tern::start_demo(&data, &["--sandbox-probes"]);
+    tern.refusals_expected = true;
+    assert_eq!(tern.log_lines(PROTECTED).len(), 1, "{}", tern.stderr_text());
+    let r = tern.get_with("/claim/sandboxed", &[("Accept", "text/plain")]);
+    assert_eq!(r.text(), "127.0.0.1 is now claimed by sandboxed\n");
+    assert_eq!(statusz_value(&tern, "sandbox_denied_syscalls"), 0);
+    probe(&tern, "exec");
+    probe(&tern, "exec");
+    assert_eq!(statusz_value(&tern, "sandbox_denied_syscalls"), 2);
+    let metrics = tern.get("/metrics").text();
+    assert!(
+        metrics.contains("\ntern_sandbox_denied_syscalls 2\n")
+            || metrics.contains("\nsandbox_denied_syscalls 2\n"),
+        "{metrics}"
+    );
+    // The database keeps working inside the sandbox: a second claim and a clean stop.
+    let r = tern.get_with("/claim/again", &[("Accept", "text/plain")]);
+    assert_eq!(r.text(), "127.0.0.1 is now claimed by again\n");
+    tern.signal(libc::SIGTERM);
+    let status = tern.wait_exit(Duration::from_secs(10)).expect("exits");
+    assert!(status.success(), "{status:?}: {}", tern.stderr_text());
+}
+
+/// `Uid:` or `Gid:` of /proc/PID/status: real, effective, saved, filesystem.
+fn proc_ids(pid: libc::pid_t, key: &str) -> Vec<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+    line[key.len()..]
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
+fn uid_of(name: &str) -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let line = passwd
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}:")))
+        .unwrap();
+    let fields: Vec<&str> = line.split(':').collect();
+    (fields[2].parse().unwrap(), fields[3].parse().unwrap())
+}
+
+fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn started_as_root_it_runs_as_the_user_and_gives_it_the_data() {
+    if !running_as_root() {
+        eprintln!("skipped: needs root to drop privileges");
+        return;
+    }
+    let (uid, gid) = uid_of("nobody");
+    let tmp = tempfile::tempdir().unwrap();
+    // nobody must be able to reach the data folder's parent.
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let data = tmp.path().join("data");
+    let mut tern = Tern::start_demo(&data, &["--user", "nobody"]);
+    assert!(
+        tern.log_lines(&format!(
+            "protections: running as nobody (uid {uid}, gid {gid}); Landlock"
+        ))
+        .len()
+            == 1,
+        "{}",
+        tern.stderr_text()
+    );
+    assert!(tern.log_lines("running as root").is_empty());
+    assert_eq!(proc_ids(tern.pid(), "Uid:"), vec![uid; 4]);
+    assert_eq!(proc_ids(tern.pid(), "Gid:"), vec![gid; 4]);
+    let groups = proc_ids(tern.pid(), "Groups:");
+    assert_eq!(groups, vec![gid], "supplementary groups");
+
+    let r = tern.get_with("/claim/nobody", &[("Accept", "text/plain")]);
+    assert_eq!(r.text(), "127.0.0.1 is now claimed by nobody\n");
+    for entry in std::fs::read_dir(&data).unwrap() {
+        let entry = entry.unwrap();
+        assert_eq!(entry.metadata().unwrap().uid(), uid, "{:?}", entry.path());
+    }
+    assert_eq!(std::fs::metadata(&data).unwrap().uid(), uid);
+    tern.signal(libc::SIGTERM);
+    let status = tern.wait_exit(Duration::from_secs(10)).expect("exits");
+    assert!(status.success(), "{status:?}: {}", tern.stderr_text());
+
+    // Started again as root, it warns that it keeps root without --user.
+    let tern = Tern::start_demo(&data, &[]);
+    assert_eq!(tern.log_lines("running as root: give --user NAME").len(), 1);
+}
+
+#[test]
+fn an_unknown_user_or_group_is_a_one_line_start_up_error() {
+    let site = Site::new();
+    let failed = Tern::start_failing(&site.root, &["--user", "no-such-user-tern"]);
+    assert!(!failed.status.success());
+    assert_eq!(
+        failed.stderr.trim_end(),
+        "tern: no such user: no-such-user-tern"
+    );
+    let failed = Tern::start_failing(
+        &site.root,
+        &["--user", "nobody", "--group", "no-such-group-tern"],
+    );
+    assert!(!failed.status.success());
+    assert!(
+        failed
+            .stderr
+            .ends_with("tern: no such group: no-such-group-tern\n"),
+        "{}",
+        failed.stderr
+    );
+}
+
+#[test]
+fn a_reload_to_a_root_outside_the_sandbox_changes_nothing_and_says_why() {
+    let site = Site::new();
+    site.write("index.html", "first\n");
+    // A root in a folder of its own, away from the first root's parent.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let other = elsewhere.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("index.html"), "second\n").unwrap();
+    let config = site.base().join("tern.toml");
+    std::fs::write(&config, "root = \"site\"\n").unwrap();
+    let mut cmd = std::process::Command::new(TERN);
+    cmd.args([
+        "serve",
+        "--sandbox",
+        "on",
+        "--config",
+        config.to_str().unwrap(),
+    ])
+    .args(LISTEN);
+    let tern = Tern::spawn(cmd);
+    assert_eq!(tern.get("/").text(), "first\n");
+    std::fs::write(&config, format!("root = {:?}\n", other.to_str().unwrap())).unwrap();
+    let line = tern.reload(1);
+    assert!(
+        line.contains("reload (SIGHUP) failed, nothing changed")
+            && line.contains("the sandbox allows only the paths given at start-up"),
+        "{line}"
+    );
+    assert_eq!(tern.get("/").text(), "first\n");
+}

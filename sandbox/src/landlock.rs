@@ -1,0 +1,163 @@
+//! Landlock: what the file system and the network look like from inside the sandbox.
+//!
+//! Read-only: the paths in [`Paths::read`] (served roots, certificates, config) and
+//! `/proc/self/statm` (the RSS gauge). Read-write without execute: [`Paths::write`] (data
+//! folders). No other path can be opened, created, renamed or removed; TCP bind and connect
+//! are refused (every listener is bound before); signals and abstract Unix sockets cannot
+//! reach outside the process.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use landlock::{
+    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible,
+    RestrictionStatus, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+
+use crate::Paths;
+
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// True once [`restrict`] has restricted this process (to explain a refused path).
+pub fn is_active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+/// The newest ABI this code knows; older kernels get what they support (best effort).
+const ABI_WANTED: ABI = ABI::V7;
+
+#[derive(Debug)]
+pub enum Error {
+    /// The kernel has no Landlock (or it is disabled).
+    Unsupported(String),
+    Failed(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Unsupported(why) => write!(f, "Landlock: {why}"),
+            Error::Failed(why) => write!(f, "Landlock: {why}"),
+        }
+    }
+}
+
+fn read_access() -> BitFlags<AccessFs> {
+    AccessFs::ReadFile | AccessFs::ReadDir
+}
+
+fn write_access() -> BitFlags<AccessFs> {
+    // Everything a database and its WAL need (create, write, truncate, rename, remove),
+    // nothing that makes devices, sockets, fifos or links.
+    AccessFs::ReadFile
+        | AccessFs::ReadDir
+        | AccessFs::WriteFile
+        | AccessFs::MakeReg
+        | AccessFs::MakeDir
+        | AccessFs::RemoveFile
+        | AccessFs::RemoveDir
+        | AccessFs::Truncate
+        | AccessFs::Refer
+}
+
+/// Restricts the calling thread (and the threads it starts later). Returns how completely.
+pub fn restrict(paths: &Paths) -> Result<String, Error> {
+    let failed = |e: landlock::RulesetError| Error::Failed(e.to_string());
+    let status: RestrictionStatus = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(ABI_WANTED))
+        .map_err(failed)?
+        .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+        .map_err(failed)?
+        .scope(Scope::from_all(ABI_WANTED))
+        .map_err(failed)?
+        .create()
+        .map_err(failed)?
+        .add_rules(path_beneath_rules(&paths.read, read_access()))
+        .map_err(failed)?
+        .add_rules(path_beneath_rules(["/proc/self/statm"], AccessFs::ReadFile))
+        .map_err(failed)?
+        .add_rules(path_beneath_rules(&paths.write, write_access()))
+        .map_err(failed)?
+        .restrict_self()
+        .map_err(failed)?;
+    let enforced = match status.ruleset {
+        RulesetStatus::FullyEnforced => "fully enforced",
+        RulesetStatus::PartiallyEnforced => "partly enforced: an older kernel",
+        RulesetStatus::NotEnforced => "",
+    };
+    if !enforced.is_empty() {
+        ACTIVE.store(true, Ordering::Relaxed);
+    }
+    match status.ruleset {
+        RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced => Ok(enforced.into()),
+        RulesetStatus::NotEnforced => Err(Error::Unsupported(
+            "not supported or not enabled in this kernel".into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+
+    /// In a child process (a ruleset cannot be taken back): reads inside the read paths work,
+    /// writes there are refused, the write folder takes new files, and anything else is
+    /// EACCES. Skips where the kernel has no Landlock.
+    #[test]
+    fn in_a_child_only_the_planned_paths_are_reachable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (site, data, outside) = (
+            tmp.path().join("site"),
+            tmp.path().join("data"),
+            tmp.path().join("outside"),
+        );
+        for dir in [&site, &data] {
+            std::fs::create_dir(dir).unwrap();
+        }
+        std::fs::write(site.join("index.html"), "hi").unwrap();
+        std::fs::write(&outside, "secret").unwrap();
+        let paths = Paths {
+            read: vec![site.clone()],
+            write: vec![data.clone()],
+        };
+        // SAFETY: fork in a test; the child makes system calls and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = match restrict(&paths) {
+                Err(Error::Unsupported(_)) => 99,
+                Err(_) => 10,
+                Ok(_) => {
+                    let denied = |r: std::io::Result<_>| matches!(r, Err(e) if e.kind() == ErrorKind::PermissionDenied);
+                    if std::fs::read(site.join("index.html")).ok().as_deref() != Some(&b"hi"[..]) {
+                        11
+                    } else if !denied(std::fs::write(site.join("new"), "x")) {
+                        12
+                    } else if std::fs::write(data.join("db"), "x").is_err() {
+                        13
+                    } else if !denied(std::fs::read(&outside).map(drop)) {
+                        14
+                    } else if std::fs::read_to_string("/proc/self/statm").is_err() {
+                        15
+                    } else if !denied(std::fs::read("/etc/hostname").map(drop)) {
+                        16
+                    } else {
+                        0
+                    }
+                }
+            };
+            // SAFETY: ends the child without the harness's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "child died: {status}");
+        match libc::WEXITSTATUS(status) {
+            99 => eprintln!("skipped: no Landlock in this kernel"),
+            code => assert_eq!(code, 0, "failed check {code}"),
+        }
+    }
+}

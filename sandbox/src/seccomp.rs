@@ -1,0 +1,614 @@
+//! seccomp: the system calls a running server makes, and nothing else.
+//!
+//! The filter is an allow-list built with `seccompiler` (Firecracker's BPF compiler). A call
+//! outside it does not kill the process: it traps into [`on_sigsys`], which counts it, notes
+//! which call it was and makes it return EPERM, the way pledge's EPERM mode degrades a
+//! forbidden call into an error the code already handles. A thread polls the count and logs
+//! ([`report_denials`]); /statusz and /metrics show it ([`denied_syscalls`]).
+//!
+//! Calls allowed for every argument are answered from the kernel's per-filter action cache
+//! (Linux 5.11+) without running the filter, so the hot path (read, write, epoll_wait,
+//! accept4, ...) pays nothing; only the few calls checked by argument (mmap and mprotect
+//! without PROT_EXEC, ioctl, prctl, ...) run it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
+};
+
+/// `(name, number)` pairs, the numbers from [`sys`].
+macro_rules! syscalls {
+    ($($name:ident),* $(,)?) => {
+        &[$((stringify!($name), sys::$name)),*]
+    };
+}
+
+/// Syscall numbers by bare name, for [`syscalls!`].
+#[allow(non_upper_case_globals)]
+mod sys {
+    macro_rules! numbers {
+        ($($name:ident => $sys:ident),* $(,)?) => { $(pub const $name: i64 = libc::$sys;)* };
+    }
+    numbers! {
+        read => SYS_read, write => SYS_write, readv => SYS_readv, writev => SYS_writev,
+        pread64 => SYS_pread64, pwrite64 => SYS_pwrite64, preadv => SYS_preadv,
+        pwritev => SYS_pwritev, sendfile => SYS_sendfile, recvfrom => SYS_recvfrom,
+        sendto => SYS_sendto, recvmsg => SYS_recvmsg, sendmsg => SYS_sendmsg,
+        shutdown => SYS_shutdown, close => SYS_close, accept4 => SYS_accept4,
+        epoll_pwait => SYS_epoll_pwait, epoll_pwait2 => SYS_epoll_pwait2,
+        epoll_ctl => SYS_epoll_ctl, epoll_create1 => SYS_epoll_create1, eventfd2 => SYS_eventfd2,
+        ppoll => SYS_ppoll, getsockname => SYS_getsockname, getpeername => SYS_getpeername,
+        getsockopt => SYS_getsockopt, setsockopt => SYS_setsockopt,
+        openat => SYS_openat, openat2 => SYS_openat2, newfstatat => SYS_newfstatat,
+        fstat => SYS_fstat, statx => SYS_statx, lseek => SYS_lseek, fsync => SYS_fsync,
+        fdatasync => SYS_fdatasync, ftruncate => SYS_ftruncate, fallocate => SYS_fallocate,
+        unlinkat => SYS_unlinkat, renameat => SYS_renameat, renameat2 => SYS_renameat2,
+        mkdirat => SYS_mkdirat, readlinkat => SYS_readlinkat, getdents64 => SYS_getdents64,
+        fcntl => SYS_fcntl, flock => SYS_flock, fchown => SYS_fchown, fchmod => SYS_fchmod,
+        faccessat => SYS_faccessat, faccessat2 => SYS_faccessat2, getcwd => SYS_getcwd,
+        dup => SYS_dup, dup3 => SYS_dup3, pipe2 => SYS_pipe2, munmap => SYS_munmap,
+        mremap => SYS_mremap, madvise => SYS_madvise, brk => SYS_brk, futex => SYS_futex,
+        clone3 => SYS_clone3, set_robust_list => SYS_set_robust_list, rseq => SYS_rseq,
+        gettid => SYS_gettid, getpid => SYS_getpid, exit => SYS_exit, exit_group => SYS_exit_group,
+        sched_yield => SYS_sched_yield, sched_getaffinity => SYS_sched_getaffinity,
+        sched_setaffinity => SYS_sched_setaffinity, set_tid_address => SYS_set_tid_address,
+        sigaltstack => SYS_sigaltstack, rt_sigaction => SYS_rt_sigaction,
+        rt_sigprocmask => SYS_rt_sigprocmask, rt_sigreturn => SYS_rt_sigreturn,
+        restart_syscall => SYS_restart_syscall, clock_gettime => SYS_clock_gettime,
+        clock_getres => SYS_clock_getres, clock_nanosleep => SYS_clock_nanosleep,
+        nanosleep => SYS_nanosleep, gettimeofday => SYS_gettimeofday, getrandom => SYS_getrandom,
+        sysinfo => SYS_sysinfo, uname => SYS_uname, setpriority => SYS_setpriority,
+        getuid => SYS_getuid, geteuid => SYS_geteuid, getgid => SYS_getgid,
+        getegid => SYS_getegid, tgkill => SYS_tgkill, getrusage => SYS_getrusage,
+        mmap => SYS_mmap, mprotect => SYS_mprotect, ioctl => SYS_ioctl, prctl => SYS_prctl,
+        socketpair => SYS_socketpair, prlimit64 => SYS_prlimit64, clone => SYS_clone,
+        membarrier => SYS_membarrier, sched_getparam => SYS_sched_getparam,
+        // Not allowed; named so that the log can say what was refused.
+        execve => SYS_execve, execveat => SYS_execveat, ptrace => SYS_ptrace,
+        socket => SYS_socket, connect => SYS_connect, bind => SYS_bind, listen => SYS_listen,
+        kill => SYS_kill, mount => SYS_mount, setuid => SYS_setuid, setgid => SYS_setgid,
+        unshare => SYS_unshare, setns => SYS_setns, memfd_create => SYS_memfd_create,
+        io_uring_setup => SYS_io_uring_setup, bpf => SYS_bpf,
+        perf_event_open => SYS_perf_event_open, process_vm_readv => SYS_process_vm_readv,
+        process_vm_writev => SYS_process_vm_writev, init_module => SYS_init_module,
+        finit_module => SYS_finit_module, kexec_load => SYS_kexec_load, reboot => SYS_reboot,
+        chroot => SYS_chroot, pivot_root => SYS_pivot_root, keyctl => SYS_keyctl,
+        add_key => SYS_add_key, userfaultfd => SYS_userfaultfd, symlinkat => SYS_symlinkat,
+        linkat => SYS_linkat, fchownat => SYS_fchownat, fchmodat => SYS_fchmodat,
+        personality => SYS_personality, seccomp => SYS_seccomp, chdir => SYS_chdir,
+        fchdir => SYS_fchdir, setsid => SYS_setsid, pidfd_open => SYS_pidfd_open,
+        wait4 => SYS_wait4, waitid => SYS_waitid,
+    }
+    // x86_64 keeps the old calls that newer architectures only have in their *at forms.
+    #[cfg(target_arch = "x86_64")]
+    numbers! {
+        open => SYS_open, stat => SYS_stat, lstat => SYS_lstat, access => SYS_access,
+        unlink => SYS_unlink, rename => SYS_rename, mkdir => SYS_mkdir, readlink => SYS_readlink,
+        poll => SYS_poll, epoll_wait => SYS_epoll_wait, dup2 => SYS_dup2, pipe => SYS_pipe,
+        arch_prctl => SYS_arch_prctl, fork => SYS_fork, vfork => SYS_vfork, chmod => SYS_chmod,
+        chown => SYS_chown, lchown => SYS_lchown, symlink => SYS_symlink, link => SYS_link,
+    }
+}
+
+/// Allowed with any arguments: I/O on descriptors already open (sockets, files, epoll),
+/// files under the Landlock rules, memory, threads and their synchronisation, time,
+/// randomness and signal handling.
+const ALLOWED: &[(&str, i64)] = syscalls![
+    read,
+    write,
+    readv,
+    writev,
+    pread64,
+    pwrite64,
+    preadv,
+    pwritev,
+    sendfile,
+    recvfrom,
+    sendto,
+    recvmsg,
+    sendmsg,
+    shutdown,
+    close,
+    accept4,
+    epoll_pwait,
+    epoll_pwait2,
+    epoll_ctl,
+    epoll_create1,
+    eventfd2,
+    ppoll,
+    getsockname,
+    getpeername,
+    getsockopt,
+    setsockopt,
+    openat,
+    openat2,
+    newfstatat,
+    fstat,
+    statx,
+    lseek,
+    fsync,
+    fdatasync,
+    ftruncate,
+    fallocate,
+    unlinkat,
+    renameat,
+    renameat2,
+    mkdirat,
+    readlinkat,
+    getdents64,
+    fcntl,
+    flock,
+    fchown,
+    fchmod,
+    faccessat,
+    faccessat2,
+    getcwd,
+    dup,
+    dup3,
+    pipe2,
+    munmap,
+    mremap,
+    madvise,
+    brk,
+    futex,
+    clone3,
+    set_robust_list,
+    rseq,
+    gettid,
+    getpid,
+    exit,
+    exit_group,
+    sched_yield,
+    sched_getaffinity,
+    sched_setaffinity,
+    set_tid_address,
+    sigaltstack,
+    rt_sigaction,
+    rt_sigprocmask,
+    rt_sigreturn,
+    restart_syscall,
+    clock_gettime,
+    clock_getres,
+    clock_nanosleep,
+    nanosleep,
+    gettimeofday,
+    getrandom,
+    sysinfo,
+    uname,
+    setpriority,
+    getuid,
+    geteuid,
+    getgid,
+    getegid,
+    tgkill,
+    getrusage,
+    membarrier,
+    sched_getparam,
+];
+
+#[cfg(target_arch = "x86_64")]
+const ALLOWED_LEGACY: &[(&str, i64)] = syscalls![
+    open, stat, lstat, access, unlink, rename, mkdir, readlink, poll, epoll_wait, dup2, pipe,
+    arch_prctl,
+];
+#[cfg(not(target_arch = "x86_64"))]
+const ALLOWED_LEGACY: &[(&str, i64)] = &[];
+
+/// Named only for the log line of a refused call.
+const REFUSED_NAMES: &[(&str, i64)] = syscalls![
+    execve,
+    execveat,
+    ptrace,
+    socket,
+    connect,
+    bind,
+    listen,
+    kill,
+    mount,
+    setuid,
+    setgid,
+    unshare,
+    setns,
+    memfd_create,
+    io_uring_setup,
+    bpf,
+    perf_event_open,
+    process_vm_readv,
+    process_vm_writev,
+    init_module,
+    finit_module,
+    kexec_load,
+    reboot,
+    chroot,
+    pivot_root,
+    keyctl,
+    add_key,
+    userfaultfd,
+    symlinkat,
+    linkat,
+    fchownat,
+    fchmodat,
+    personality,
+    seccomp,
+    chdir,
+    fchdir,
+    setsid,
+    pidfd_open,
+    wait4,
+    waitid,
+    mmap,
+    mprotect,
+    ioctl,
+    prctl,
+    socketpair,
+    prlimit64,
+    clone,
+];
+#[cfg(target_arch = "x86_64")]
+const REFUSED_NAMES_LEGACY: &[(&str, i64)] =
+    syscalls![fork, vfork, chmod, chown, lchown, symlink, link];
+#[cfg(not(target_arch = "x86_64"))]
+const REFUSED_NAMES_LEGACY: &[(&str, i64)] = &[];
+
+/// The name of a system call this module knows, for log lines.
+pub fn syscall_name(nr: i64) -> Option<&'static str> {
+    [ALLOWED, ALLOWED_LEGACY, REFUSED_NAMES, REFUSED_NAMES_LEGACY]
+        .iter()
+        .flat_map(|t| t.iter())
+        .find(|(_, n)| *n == nr)
+        .map(|(name, _)| *name)
+}
+
+#[derive(Debug)]
+pub enum Error {
+    /// The kernel has no seccomp filters, or this architecture is not covered.
+    Unsupported(String),
+    Failed(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Unsupported(why) | Error::Failed(why) => write!(f, "seccomp: {why}"),
+        }
+    }
+}
+
+fn cond(arg: u8, len: Len, op: Op, value: u64) -> SeccompCondition {
+    SeccompCondition::new(arg, len, op, value).expect("argument index below 6")
+}
+
+fn one_of(arg: u8, values: &[u64]) -> Vec<SeccompRule> {
+    values
+        .iter()
+        .map(|&v| SeccompRule::new(vec![cond(arg, Len::Dword, Op::Eq, v)]).expect("a condition"))
+        .collect()
+}
+
+/// The filter's rules: every allowed call, the argument-checked ones with their conditions.
+fn rules() -> BTreeMap<i64, Vec<SeccompRule>> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
+        .iter()
+        .chain(ALLOWED_LEGACY)
+        .map(|&(_, nr)| (nr, Vec::new()))
+        .collect();
+    let no_exec = || {
+        let prot_exec = libc::PROT_EXEC as u64;
+        vec![SeccompRule::new(vec![cond(2, Len::Dword, Op::MaskedEq(prot_exec), 0)]).unwrap()]
+    };
+    // Memory, but never executable: no code can be written and then run.
+    rules.insert(libc::SYS_mmap, no_exec());
+    rules.insert(libc::SYS_mprotect, no_exec());
+    // ioctl: unsent bytes (SIOCOUTQ), non-blocking mode, bytes readable. (The requests are
+    // c_ulong, which is u64 only on 64-bit targets.)
+    #[allow(clippy::unnecessary_cast)]
+    rules.insert(
+        libc::SYS_ioctl,
+        one_of(
+            1,
+            &[
+                libc::TIOCOUTQ as u64,
+                libc::FIONBIO as u64,
+                libc::FIONREAD as u64,
+            ],
+        ),
+    );
+    // prctl: thread names only.
+    rules.insert(
+        libc::SYS_prctl,
+        one_of(0, &[libc::PR_SET_NAME as u64, libc::PR_GET_NAME as u64]),
+    );
+    // socketpair: a Unix pair (the signal thread's wake-up), never a network socket.
+    rules.insert(libc::SYS_socketpair, one_of(0, &[libc::AF_UNIX as u64]));
+    // prlimit64: read a limit, never raise one.
+    rules.insert(
+        libc::SYS_prlimit64,
+        vec![SeccompRule::new(vec![cond(2, Len::Qword, Op::Eq, 0)]).unwrap()],
+    );
+    // clone: threads only (glibc falls back to it where clone3 is missing).
+    let thread = libc::CLONE_THREAD as u64;
+    rules.insert(
+        libc::SYS_clone,
+        vec![SeccompRule::new(vec![cond(0, Len::Qword, Op::MaskedEq(thread), thread)]).unwrap()],
+    );
+    rules
+}
+
+fn target_arch() -> Result<TargetArch, Error> {
+    std::env::consts::ARCH
+        .try_into()
+        .map_err(|_| Error::Unsupported(format!("no filter for {}", std::env::consts::ARCH)))
+}
+
+/// Compiles the filter (separately from installing it, so that tests can check it).
+pub fn program() -> Result<BpfProgram, Error> {
+    let filter = SeccompFilter::new(
+        rules(),
+        SeccompAction::Trap,
+        SeccompAction::Allow,
+        target_arch()?,
+    )
+    .map_err(|e| Error::Failed(e.to_string()))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| Error::Failed(e.to_string()))
+}
+
+/// Refusals by system call number (numbers past the table share its last slot).
+static DENIED_BY_NR: [AtomicU64; 512] = [const { AtomicU64::new(0) }; 512];
+
+/// System calls refused with EPERM since start-up.
+pub fn denied_syscalls() -> u64 {
+    DENIED_BY_NR.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+}
+
+/// `(number, count)` of each refused system call (the last slot gathers numbers ≥ 511).
+fn denied_by_nr() -> Vec<(usize, u64)> {
+    DENIED_BY_NR
+        .iter()
+        .enumerate()
+        .map(|(nr, c)| (nr, c.load(Ordering::Relaxed)))
+        .filter(|&(_, n)| n > 0)
+        .collect()
+}
+
+/// The `siginfo_t` of a SIGSYS (`_sigsys` in the kernel's union), which the libc crate does
+/// not expose: signo, errno, code, padding to the 8-byte aligned union, then the union.
+#[repr(C)]
+struct SigsysInfo {
+    signo: libc::c_int,
+    errno: libc::c_int,
+    code: libc::c_int,
+    _pad: libc::c_int,
+    call_addr: *mut libc::c_void,
+    syscall: libc::c_int,
+    arch: libc::c_uint,
+}
+
+/// The SIGSYS handler: count, remember, return EPERM. Only async-signal-safe work (atomics
+/// and the saved registers).
+extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers; for a seccomp trap
+    // its union holds the `_sigsys` member laid out as `SigsysInfo`.
+    let nr = unsafe { (*(info as *const SigsysInfo)).syscall };
+    let slot = (nr.max(0) as usize).min(DENIED_BY_NR.len() - 1);
+    DENIED_BY_NR[slot].fetch_add(1, Ordering::Relaxed);
+    // SAFETY: `context` is the interrupted thread's ucontext_t, which the kernel restores on
+    // return from the handler; the register written is the syscall's return value.
+    unsafe { set_return_value(context, -(libc::EPERM as i64)) };
+}
+
+#[cfg(target_arch = "x86_64")]
+unsafe fn set_return_value(context: *mut libc::c_void, value: i64) {
+    let uc = context as *mut libc::ucontext_t;
+    (*uc).uc_mcontext.gregs[libc::REG_RAX as usize] = value;
+}
+
+#[cfg(target_arch = "aarch64")]
+unsafe fn set_return_value(context: *mut libc::c_void, value: i64) {
+    let uc = context as *mut libc::ucontext_t;
+    (*uc).uc_mcontext.regs[0] = value as u64;
+}
+
+fn install_handler() -> Result<(), Error> {
+    // SAFETY: a zeroed sigaction is valid; the handler only touches atomics and the
+    // interrupted context, both async-signal-safe.
+    let rc = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_sigsys as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGSYS, &action, std::ptr::null_mut())
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Error::Failed(format!(
+            "cannot handle SIGSYS: {}",
+            std::io::Error::last_os_error()
+        )))
+    }
+}
+
+/// Installs the SIGSYS handler and the filter, on every thread of the process.
+pub fn install() -> Result<(), Error> {
+    if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        return Err(Error::Unsupported(format!(
+            "EPERM mode is not written for {}",
+            std::env::consts::ARCH
+        )));
+    }
+    // SAFETY: prctl(PR_GET_SECCOMP) only reads the calling thread's mode.
+    if unsafe { libc::prctl(libc::PR_GET_SECCOMP) } < 0 {
+        return Err(Error::Unsupported("not supported by this kernel".into()));
+    }
+    let program = program()?;
+    install_handler()?;
+    seccompiler::apply_filter_all_threads(&program).map_err(|e| match e {
+        seccompiler::Error::Seccomp(io) if io.raw_os_error() == Some(libc::EINVAL) => {
+            Error::Unsupported(format!("filters not supported by this kernel ({io})"))
+        }
+        other => Error::Failed(other.to_string()),
+    })
+}
+
+/// Logs refused calls, at most one line per `EVERY`, until `stopped()`; then a last line if
+/// any refusal is still unreported. Runs on a thread of its own.
+pub fn report_denials(stopped: impl Fn() -> bool) {
+    const EVERY: Duration = Duration::from_secs(5);
+    let mut reported = 0;
+    let mut last_line: Option<Instant> = None;
+    loop {
+        let done = stopped();
+        let count = denied_syscalls();
+        let due = last_line.is_none_or(|t| t.elapsed() >= EVERY);
+        if count > reported && (due || done) {
+            tracing::warn!(
+                "sandbox: refused system calls with EPERM since start-up: {}",
+                describe_denials(&denied_by_nr())
+            );
+            reported = count;
+            last_line = Some(Instant::now());
+        }
+        if done {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `execve (59) ×2, wait4 (61) ×1`.
+fn describe_denials(denied: &[(usize, u64)]) -> String {
+    let list: Vec<String> = denied
+        .iter()
+        .map(|&(nr, n)| match syscall_name(nr as i64) {
+            Some(name) => format!("{name} ({nr}) ×{n}"),
+            None => format!("#{nr} ×{n}"),
+        })
+        .collect();
+    list.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_filter_compiles_and_allows_what_a_server_needs() {
+        let program = program().unwrap();
+        assert!(
+            program.len() > ALLOWED.len(),
+            "{} instructions",
+            program.len()
+        );
+        let rules = rules();
+        for (name, nr) in ALLOWED.iter().chain(ALLOWED_LEGACY) {
+            assert!(rules.contains_key(nr), "{name}");
+        }
+        for forbidden in [
+            "execve", "ptrace", "socket", "connect", "bind", "kill", "mount",
+        ] {
+            let nr = REFUSED_NAMES
+                .iter()
+                .find(|(n, _)| *n == forbidden)
+                .unwrap()
+                .1;
+            assert!(!rules.contains_key(&nr), "{forbidden} must not be allowed");
+        }
+    }
+
+    #[test]
+    fn refusals_are_described_by_name_and_count() {
+        let list = [(libc::SYS_execve as usize, 2), (511, 1)];
+        assert_eq!(
+            describe_denials(&list),
+            format!("execve ({}) ×2, #511 ×1", libc::SYS_execve)
+        );
+    }
+
+    #[test]
+    fn names_come_from_the_tables() {
+        assert_eq!(syscall_name(libc::SYS_execve), Some("execve"));
+        assert_eq!(syscall_name(libc::SYS_read), Some("read"));
+        assert_eq!(syscall_name(-5), None);
+    }
+
+    /// The filter and its EPERM trap, in a child process (a filter cannot be taken back):
+    /// allowed calls work, a forbidden one returns EPERM and is counted, an executable
+    /// mapping is refused, and the process lives on.
+    #[test]
+    fn in_a_child_forbidden_calls_fail_with_eperm_and_are_counted() {
+        // SAFETY: fork in a test process; the child only makes system calls and exits with
+        // _exit, never returning into the test harness.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = child_checks();
+            // SAFETY: ends the forked child without running the harness's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "child died: status {status}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "child check failed (see its code)"
+        );
+    }
+
+    /// Returns 0 when every check passed, else the number of the first failing one.
+    fn child_checks() -> i32 {
+        // SAFETY (whole function): plain system calls on values owned here.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return 10;
+            }
+            if install().is_err() {
+                return 11;
+            }
+            // Allowed: getpid, a read-write mapping.
+            if libc::getpid() <= 0 {
+                return 12;
+            }
+            let rw = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if rw == libc::MAP_FAILED {
+                return 13;
+            }
+            // Refused: a new socket, an executable mapping, ptrace.
+            let before = denied_syscalls();
+            if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) != -1
+                || *libc::__errno_location() != libc::EPERM
+            {
+                return 14;
+            }
+            if libc::mprotect(rw, 4096, libc::PROT_READ | libc::PROT_EXEC) != -1 {
+                return 15;
+            }
+            if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) != -1 {
+                return 16;
+            }
+            if denied_syscalls() != before + 3 {
+                return 17;
+            }
+            let ptrace = libc::SYS_ptrace as usize;
+            if !denied_by_nr().contains(&(ptrace, 1)) {
+                return 18;
+            }
+            0
+        }
+    }
+}
