@@ -235,6 +235,9 @@ class Tern:
             str(workers),
             *(args or []),
         ]
+        if "--sandbox" not in cmd:
+            # Under attack inside the sandbox, as in production; refuse to run without it.
+            cmd += ["--sandbox", "on"]
         preexec = None
         if nofile is not None:
 
@@ -306,10 +309,15 @@ class Tern:
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=timeout)
+            code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             return None
+        refused = self.log_matching("sandbox: refused")
+        if refused:
+            # A system call the server needed under attack is missing from the allow-list.
+            raise RuntimeError(f"the sandbox refused system calls: {refused}")
+        return code
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -94,7 +94,8 @@ function startServer() {
   } else {
     cmd = process.env.TERN_BIN || path.join(repo, 'target', 'release', 'tern');
     dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'ipv4-games-test-'));
-    args = ['demo', ...listen, '--data', dataDir];
+    // Sandboxed, as in production (refuses to start without Landlock and seccomp).
+    args = ['demo', ...listen, '--data', dataDir, '--sandbox', 'on'];
     if (!fs.existsSync(cmd)) throw new Error(`no tern binary at ${cmd}: build it (cargo build --release -p tern) or set TERN_BIN`);
   }
   const startup = new RegExp(`${scheme}://127\\.0\\.0\\.1:(\\d+)`);
@@ -254,7 +255,7 @@ if (TLS) {
     test('HTTPS: `tern serve` gives a browser the sample site over HTTP/2', async () => {
       const cmd = process.env.TERN_BIN || path.join(repo, 'target', 'release', 'tern');
       const child = spawn(cmd, ['serve', path.join(repo, 'site'), '--listen-tls', '127.0.0.1:0',
-        '--tls-cert', pki.fullchain, '--tls-key', pki.key], { cwd: repo, stdio: ['ignore', 'pipe', 'pipe'] });
+        '--tls-cert', pki.fullchain, '--tls-key', pki.key, '--sandbox', 'on'], { cwd: repo, stdio: ['ignore', 'pipe', 'pipe'] });
       let log = '';
       try {
         const url = await new Promise((resolve, reject) => {
