@@ -470,6 +470,17 @@ shutdown_grace = 9
     }
 
     #[test]
+    fn user_group_and_sandbox_are_read_and_checked() {
+        let f = parse("user = \"nobody\"\ngroup = \"nogroup\"\nsandbox = \"off\"\n").unwrap();
+        let h = f.hardening();
+        assert_eq!(h.user.as_deref(), Some("nobody"));
+        assert_eq!(h.group.as_deref(), Some("nogroup"));
+        assert_eq!(h.sandbox, Some(crate::hardening::SandboxArg::Off));
+        let e = parse("root = \"x\"\nsandbox = \"maybe\"\n").unwrap_err();
+        assert!(e.starts_with("line 2: sandbox: "), "{e}");
+    }
+
+    #[test]
     fn empty_file_and_no_file_give_todays_defaults() {
         let c = common(&[]);
         let dir = Path::new("/srv/site");

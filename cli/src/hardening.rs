@@ -19,6 +19,8 @@ use tern_server::{Method, Response, Router};
 pub enum SandboxArg {
     On,
     Off,
+    /// On where the kernel supports it (the default).
+    Auto,
 }
 
 /// The flags (every server command has them).
@@ -34,7 +36,7 @@ pub struct HardeningArgs {
     /// Landlock and seccomp once started: only the served paths, certificates and data
     /// folder; only the system calls a server makes [default: on where the kernel supports
     /// it; `on` refuses to start without them].
-    #[arg(long, value_enum, value_name = "on|off")]
+    #[arg(long, value_enum, value_name = "on|off|auto")]
     pub sandbox: Option<SandboxArg>,
     /// For tern's own tests: routes under /.tern-test/sandbox/ that try what the sandbox
     /// forbids.
@@ -114,7 +116,7 @@ pub fn plan(
         tracing::warn!("running as root: give --user NAME to drop privileges after start-up");
     }
     let mode = match args.sandbox.or(file.sandbox) {
-        None => Mode::Auto,
+        None | Some(SandboxArg::Auto) => Mode::Auto,
         Some(SandboxArg::On) => Mode::On,
         Some(SandboxArg::Off) => Mode::Off,
     };

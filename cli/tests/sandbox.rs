@@ -234,3 +234,35 @@ fn a_reload_to_a_root_outside_the_sandbox_changes_nothing_and_says_why() {
     );
     assert_eq!(tern.get("/").text(), "first\n");
 }
+
+#[test]
+fn on_a_kernel_without_landlock_on_refuses_to_start_and_the_default_says_what_is_missing() {
+    let site = Site::new();
+    let mut cmd = serve_command(&site.root, LISTEN, &["--sandbox", "on"]);
+    cmd.env("TERN_TEST_KERNEL_WITHOUT", "landlock");
+    let failed = run_to_end(&mut cmd, Duration::from_secs(10));
+    assert!(!failed.status.success());
+    assert!(
+        failed.stderr.ends_with(
+            "tern: cannot sandbox (--sandbox on): Landlock: not in this kernel (TERN_TEST_KERNEL_WITHOUT)\n"
+        ),
+        "{}",
+        failed.stderr
+    );
+    assert_eq!(failed.stdout, "", "nothing was served");
+
+    // The default starts with what there is and names what is missing.
+    let mut cmd = serve_command(
+        &site.root,
+        LISTEN,
+        &["--sandbox-probes", "--sandbox", "auto"],
+    );
+    cmd.env("TERN_TEST_KERNEL_WITHOUT", "landlock,seccomp");
+    let tern = Tern::spawn(cmd);
+    let line = tern.log_lines("protections:");
+    assert!(
+        line.len() == 1 && line[0].ends_with("protections: no sandbox; without Landlock (not in this kernel (TERN_TEST_KERNEL_WITHOUT)), seccomp (not in this kernel (TERN_TEST_KERNEL_WITHOUT))"),
+        "{line:?}"
+    );
+    assert_eq!(probe(&tern, "open?/etc/hostname"), "ok\n");
+}

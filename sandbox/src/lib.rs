@@ -110,14 +110,24 @@ pub fn lockdown(plan: &Plan) -> Result<Applied, String> {
     if plan.mode == Mode::Off {
         return Ok(applied);
     }
-    match landlock::restrict(&plan.paths) {
+    let landlock = if kernel_lacks("landlock") {
+        Err(landlock::Error::Unsupported(PRETENDED.into()))
+    } else {
+        landlock::restrict(&plan.paths)
+    };
+    match landlock {
         Ok(status) => applied.landlock = Some(status),
         Err(landlock::Error::Unsupported(why)) if plan.mode == Mode::Auto => {
             applied.missing.push(format!("Landlock ({why})"))
         }
         Err(e) => return Err(format!("cannot sandbox (--sandbox on): {e}")),
     }
-    match seccomp::install() {
+    let seccomp = if kernel_lacks("seccomp") {
+        Err(seccomp::Error::Unsupported(PRETENDED.into()))
+    } else {
+        seccomp::install()
+    };
+    match seccomp {
         Ok(()) => applied.seccomp = true,
         Err(seccomp::Error::Unsupported(why)) if plan.mode == Mode::Auto => {
             applied.missing.push(format!("seccomp ({why})"))
@@ -125,6 +135,14 @@ pub fn lockdown(plan: &Plan) -> Result<Applied, String> {
         Err(e) => return Err(format!("cannot sandbox (--sandbox on): {e}")),
     }
     Ok(applied)
+}
+
+const PRETENDED: &str = "not in this kernel (TERN_TEST_KERNEL_WITHOUT)";
+
+/// For tests of the start-up on older kernels: `TERN_TEST_KERNEL_WITHOUT=landlock,seccomp`
+/// makes tern behave as if the kernel lacked them.
+fn kernel_lacks(feature: &str) -> bool {
+    std::env::var("TERN_TEST_KERNEL_WITHOUT").is_ok_and(|v| v.split(',').any(|f| f == feature))
 }
 
 #[cfg(test)]
