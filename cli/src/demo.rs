@@ -88,6 +88,7 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         args.common.listen.is_some(),
         plan.as_ref(),
     );
+    crate::service::adopt_inherited_sockets(&mut config)?;
     let mut server = build(config, game)?;
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());

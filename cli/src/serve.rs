@@ -103,6 +103,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     });
     let mut config = settings.server_config();
     crate::tls::configure(&mut config, settings.listen, plain_given, tls.as_ref());
+    crate::service::adopt_inherited_sockets(&mut config)?;
     let mut server = Server::new(config, Router::new().fallback(Files(files)));
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
