@@ -11,6 +11,7 @@ use std::sync::Arc;
 use clap::Args;
 use tern_server::{Server, ServerConfig, SignalAction, TlsAcceptor};
 
+use crate::service;
 use crate::tls::{describe_listeners, TlsPlan};
 
 /// Settings every server command shares.
@@ -139,20 +140,28 @@ pub fn run_server_with_reload(
     tern_runtime::spawn_signal_thread(move |action| match action {
         SignalAction::Shutdown => {
             tracing::info!("shutting down: finishing in-flight requests");
+            service::notify_stopping();
             stop();
         }
-        SignalAction::Reload => on_reload(&reload),
+        SignalAction::Reload => {
+            service::notify_reloading();
+            on_reload(&reload);
+            service::notify_reloaded();
+        }
     })
     .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let fingerprint = tls
         .and_then(TlsAcceptor::self_signed_fingerprint)
         .map(|f| format!("; self-signed certificate SHA-256 {f}"))
         .unwrap_or_default();
-    println!(
+    let line = format!(
         "tern: {what} on {} with {workers} worker{}{fingerprint}",
         describe_listeners(server.local_addrs(), &kinds),
         if workers == 1 { "" } else { "s" }
     );
+    println!("{line}");
+    service::notify_ready(&line);
+    service::start_watchdog(server.liveness_probe())?;
     server.join();
     tracing::info!("stopped");
     Ok(())

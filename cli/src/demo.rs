@@ -90,6 +90,7 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         args.common.listen.is_some(),
         plan.as_ref(),
     );
+    crate::service::adopt_inherited_sockets(&mut config)?;
     let mut needs = Needs {
         read: vec![site],
         write: vec![args.data.clone()],

@@ -9,12 +9,13 @@ mod demo;
 mod hardening;
 mod memory;
 mod serve;
+mod service;
 mod tls;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(
@@ -26,6 +27,22 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines (stderr) are written: text, or one JSON object per line for log
+    /// shippers.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -39,7 +56,7 @@ enum Command {
 fn main() -> ExitCode {
     memory::configure();
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TERN_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -47,14 +64,24 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         // Colour codes only for a person at a terminal, never into journals and log files.
         .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
-    let result = match cli.command {
+        .with_target(false);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        // The event's fields (message included) at the top level of each object.
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
+    // Still before any thread exists: it reads and clears environment variables.
+    let result = service::init().and_then(|()| match cli.command {
         Command::Serve(args) => serve::serve(args),
         Command::Demo(args) => demo::demo(args),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(message) if cli.log_format == LogFormat::Json => {
+            // A log shipper reads stderr as JSON lines: the reason tern stopped is one too.
+            tracing::error!("tern: {message}");
+            ExitCode::FAILURE
+        }
         Err(message) => {
             eprintln!("tern: {message}");
             ExitCode::FAILURE

@@ -122,6 +122,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     });
     let mut config = settings.server_config();
     crate::tls::configure(&mut config, settings.listen, plain_given, tls.as_ref());
+    crate::service::adopt_inherited_sockets(&mut config)?;
     let mut router = Router::new().fallback(Files(files));
     if probes {
         router = hardening::probe_routes(router);

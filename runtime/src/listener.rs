@@ -19,6 +19,27 @@ pub fn bind_reuseport(addr: SocketAddr, backlog: i32) -> io::Result<mio::net::Tc
     )?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
+    set_listener_options(&socket)?;
+    socket.bind(&addr.into())?;
+    socket.listen(backlog)?;
+    Ok(mio::net::TcpListener::from_std(socket.into()))
+}
+
+/// A worker's own descriptor for a listening socket a service manager handed over (socket
+/// activation): a non-blocking, close-on-exec duplicate with the options tern's own listeners
+/// have. Every duplicate shares the one accept queue (see `Runtime::start` for why).
+pub fn share_inherited(listener: &std::net::TcpListener) -> io::Result<mio::net::TcpListener> {
+    // try_clone is F_DUPFD_CLOEXEC.
+    let copy = listener.try_clone()?;
+    let socket = socket2::SockRef::from(&copy);
+    // O_NONBLOCK belongs to the open socket, not the descriptor: this also covers the other
+    // duplicates (and the service manager's copy, which only polls it).
+    socket.set_nonblocking(true)?;
+    set_listener_options(&socket)?;
+    Ok(mio::net::TcpListener::from_std(copy))
+}
+
+fn set_listener_options(socket: &Socket) -> io::Result<()> {
     // Accepted sockets inherit TCP_NODELAY from the listener: one setsockopt per listener
     // instead of one per connection. (Answers are written whole; Nagle would only delay the
     // last segment.)
@@ -27,10 +48,7 @@ pub fn bind_reuseport(addr: SocketAddr, backlog: i32) -> io::Result<mio::net::Tc
     // (a request, a ClientHello) arrived, so the worker can read and answer right after
     // accepting, without waiting for a readiness event; a peer that connects and sends
     // nothing costs no descriptor until the timeout (1 s, as nginx's `deferred`).
-    set_defer_accept(&socket, 1)?;
-    socket.bind(&addr.into())?;
-    socket.listen(backlog)?;
-    Ok(mio::net::TcpListener::from_std(socket.into()))
+    set_defer_accept(socket, 1)
 }
 
 fn set_defer_accept(socket: &Socket, seconds: libc::c_int) -> io::Result<()> {
@@ -108,6 +126,35 @@ mod tests {
         let port = a.local_addr().unwrap().port();
         let b = bind_reuseport(SocketAddr::from(([127, 0, 0, 1], port)), 16).unwrap();
         assert_eq!(b.local_addr().unwrap().port(), port);
+    }
+
+    #[test]
+    fn an_inherited_listener_is_shared_non_blocking_with_our_options() {
+        let inherited = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = inherited.local_addr().unwrap();
+        let (a, b) = (
+            share_inherited(&inherited).unwrap(),
+            share_inherited(&inherited).unwrap(),
+        );
+        // No connection yet: a blocking accept would hang here.
+        assert_eq!(a.accept().unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        std::io::Write::write_all(&mut c, b"x").unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let accepted = loop {
+            if let Ok((s, _)) = b.accept() {
+                break s;
+            }
+            assert!(std::time::Instant::now() < deadline, "never accepted");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert!(accepted.nodelay().unwrap());
+        // Taken by one duplicate, the connection is gone for the other.
+        assert_eq!(a.accept().unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        use std::os::fd::AsRawFd;
+        // SAFETY: F_GETFD on a descriptor this test owns; it only reads the flags.
+        let flags = unsafe { libc::fcntl(a.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use mio::{Events, Interest, Poll, Registry, Token};
 use crate::bufpool::BufPool;
 use crate::clock::Clock;
 use crate::inbox::{Inbox, InboxSender};
-use crate::listener::{bind_reuseport, migrate_req_hint};
+use crate::listener::{bind_reuseport, migrate_req_hint, share_inherited};
 use crate::timer::{TimerKey, TimerWheel};
 
 /// Expired timers handled per loop turn; the rest wait for the next turn (taken at once).
@@ -53,6 +53,10 @@ pub struct RuntimeConfig {
     pub write_buf_size: usize,
     /// How long draining may take after a shutdown request before connections are dropped.
     pub shutdown_grace: Duration,
+    /// Listening sockets handed over by a service manager (socket activation), by index of
+    /// `listen`: where one is given, every worker serves a duplicate of it and `listen[i]` is
+    /// not bound. Missing entries and `None` mean "bind `listen[i]`".
+    pub inherited: Vec<Option<Arc<std::net::TcpListener>>>,
 }
 
 impl Default for RuntimeConfig {
@@ -69,6 +73,7 @@ impl Default for RuntimeConfig {
             read_buf_size: 4 * 1024,
             write_buf_size: 16 * 1024,
             shutdown_grace: Duration::from_secs(5),
+            inherited: Vec::new(),
         }
     }
 }
@@ -122,12 +127,19 @@ pub trait WorkerApp: 'static {
     fn connections(&self) -> usize;
 }
 
+/// A worker's count of event-loop turns. Only its worker writes it (one relaxed store per
+/// turn); its own cache line keeps a watchdog's reads off the worker's other data.
+#[repr(align(128))]
+#[derive(Default)]
+struct Heartbeat(AtomicU64);
+
 /// A started runtime: the bound address, each worker's inbox, and the way to stop it.
 pub struct RuntimeHandle<M> {
     local_addrs: Vec<SocketAddr>,
     inboxes: Vec<InboxSender<M>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    heartbeats: Arc<[Heartbeat]>,
 }
 
 impl<M: Send + 'static> RuntimeHandle<M> {
@@ -159,6 +171,32 @@ impl<M: Send + 'static> RuntimeHandle<M> {
 
     pub fn shutdown(&self) {
         (self.stopper())()
+    }
+
+    /// A watchdog's probe: each call returns true when every worker has finished a loop turn
+    /// since the previous call (or since the probe was made), then wakes every worker, so
+    /// that an idle one (asleep in `epoll_wait` with no timer armed, which may be forever)
+    /// turns before the next call. False means a worker is stuck in a turn or its loop ended.
+    /// Each call costs every worker one wake-up: call it every few hundred ms, not in a loop.
+    pub fn liveness_probe(&self) -> impl FnMut() -> bool + Send + 'static {
+        let heartbeats = self.heartbeats.clone();
+        let inboxes = self.inboxes.clone();
+        let nudge_all = move || inboxes.iter().for_each(InboxSender::nudge);
+        let mut seen: Vec<u64> = heartbeats
+            .iter()
+            .map(|h| h.0.load(Ordering::Relaxed))
+            .collect();
+        nudge_all();
+        move || {
+            let mut all_turned = true;
+            for (beat, seen) in heartbeats.iter().zip(&mut seen) {
+                let now = beat.0.load(Ordering::Relaxed);
+                all_turned &= now != *seen;
+                *seen = now;
+            }
+            nudge_all();
+            all_turned
+        }
     }
 
     /// Waits until every worker has drained and exited.
@@ -216,7 +254,22 @@ impl Runtime {
         let mut local_addrs = Vec::with_capacity(config.listen.len());
         let mut per_worker: Vec<Vec<mio::net::TcpListener>> =
             (0..workers).map(|_| Vec::new()).collect();
-        for &addr in &config.listen {
+        for (i, &addr) in config.listen.iter().enumerate() {
+            if let Some(inherited) = config.inherited.get(i).and_then(Option::as_ref) {
+                // A socket from the service manager: every worker gets a duplicate of it, so
+                // all share one accept queue. Each connection then wakes every worker's epoll
+                // and the losers' non-blocking accept gets EAGAIN, a cost the kernel's
+                // per-listener balancing of our own SO_REUSEPORT sockets avoids. But binding
+                // extra sockets beside it would need the privileges socket activation spares
+                // us (a port below 1024), works only if the manager set SO_REUSEPORT on its
+                // socket, and our extra sockets would reset their queued connections when
+                // tern exits, where the manager's socket keeps them for the next tern.
+                local_addrs.push(inherited.local_addr()?);
+                for listeners in per_worker.iter_mut() {
+                    listeners.push(share_inherited(inherited)?);
+                }
+                continue;
+            }
             let first = bind_reuseport(addr, config.backlog)
                 .map_err(|e| io::Error::new(e.kind(), format!("{addr}: {e}")))?;
             let bound = first.local_addr()?;
@@ -231,6 +284,7 @@ impl Runtime {
 
         let cpus = available_cpus();
         let stop = Arc::new(AtomicBool::new(false));
+        let heartbeats: Arc<[Heartbeat]> = (0..workers).map(|_| Heartbeat::default()).collect();
         let make_app = Arc::new(make_app);
         let mut inboxes = Vec::with_capacity(workers);
         let mut threads = Vec::with_capacity(workers);
@@ -242,6 +296,7 @@ impl Runtime {
             inboxes.push(sender.clone());
             let make_app = make_app.clone();
             let stop = stop.clone();
+            let heartbeats = heartbeats.clone();
             let config = config.clone();
             let cpu = config
                 .pin
@@ -255,7 +310,7 @@ impl Runtime {
                     }
                     let app = make_app(id, sender.clone());
                     let mut worker = Worker::new(id, poll, listeners, inbox, sender, stop, &config);
-                    if let Err(e) = worker.run(app) {
+                    if let Err(e) = worker.run(app, &heartbeats[id]) {
                         tracing::error!(worker = id, "event loop failed: {e}");
                     }
                 })?;
@@ -266,6 +321,7 @@ impl Runtime {
             inboxes,
             stop,
             threads,
+            heartbeats,
         })
     }
 }
@@ -311,7 +367,11 @@ impl<M: Send + 'static> Worker<M> {
         }
     }
 
-    fn run<A: WorkerApp<Message = M>>(&mut self, mut app: A) -> io::Result<()> {
+    fn run<A: WorkerApp<Message = M>>(
+        &mut self,
+        mut app: A,
+        heartbeat: &Heartbeat,
+    ) -> io::Result<()> {
         for (i, l) in self.listeners.iter_mut().enumerate() {
             self.poll.registry().register(
                 l,
@@ -331,6 +391,7 @@ impl<M: Send + 'static> Worker<M> {
         // Bit i: listener i may have connections waiting.
         let mut accept_more: u64 = 0;
         let mut accept_paused_until: Option<u64> = None;
+        let mut turns: u64 = 0;
         self.clock.update();
 
         loop {
@@ -360,6 +421,8 @@ impl<M: Send + 'static> Worker<M> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
+            turns += 1;
+            heartbeat.0.store(turns, Ordering::Relaxed);
             self.clock.update();
 
             let mut cx = Context {
@@ -574,7 +637,8 @@ mod shutdown_tests {
     /// Answers "ok" to the first bytes of each connection and closes it; on shutdown it closes
     /// connections that have sent nothing yet, as an HTTP server closes idle ones. A message
     /// keeps the worker busy for the given time (so connections queue in the backlog).
-    struct Answerer {
+    #[derive(Default)]
+    pub(super) struct Answerer {
         conns: HashMap<usize, mio::net::TcpStream>,
         next: usize,
     }
@@ -633,11 +697,7 @@ mod shutdown_tests {
             shutdown_grace: Duration::from_secs(3),
             ..RuntimeConfig::default()
         };
-        let handle = Runtime::start(config, |_, _| Answerer {
-            conns: HashMap::new(),
-            next: 0,
-        })
-        .unwrap();
+        let handle = Runtime::start(config, |_, _| Answerer::default()).unwrap();
         let addr = handle.local_addr();
         // Keep the worker busy, then queue clients behind it and ask for shutdown; the worker
         // sees the stop request in the same turn that it wakes up in.
@@ -659,6 +719,70 @@ mod shutdown_tests {
             let r = c.read_to_end(&mut got);
             assert!(r.is_ok() && got == b"ok", "client {i}: {r:?}, got {got:?}");
         }
+        handle.join();
+    }
+}
+
+#[cfg(test)]
+mod inherited_and_liveness_tests {
+    use super::shutdown_tests::Answerer;
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn workers_serve_an_inherited_listener_instead_of_binding() {
+        let inherited = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = inherited.local_addr().unwrap();
+        let config = RuntimeConfig {
+            // TEST-NET-1 is no local address: binding it would fail start-up.
+            listen: vec![SocketAddr::from(([192, 0, 2, 1], 80))],
+            workers: 2,
+            inherited: vec![Some(Arc::new(inherited))],
+            ..RuntimeConfig::default()
+        };
+        let handle = Runtime::start(config, |_, _| Answerer::default()).unwrap();
+        assert_eq!(handle.local_addrs(), &[addr]);
+        for i in 0..20 {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            c.write_all(b"hi").unwrap();
+            let mut got = Vec::new();
+            let r = c.read_to_end(&mut got);
+            assert!(r.is_ok() && got == b"ok", "client {i}: {r:?}, got {got:?}");
+        }
+        handle.shutdown();
+        handle.join();
+    }
+
+    #[test]
+    fn liveness_probe_sees_idle_workers_turn_and_a_stuck_one_not() {
+        let config = RuntimeConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            workers: 2,
+            ..RuntimeConfig::default()
+        };
+        let handle = Runtime::start(config, |_, _| Answerer::default()).unwrap();
+        let mut probe = handle.liveness_probe();
+        let pause = || std::thread::sleep(Duration::from_millis(100));
+        // Idle workers have no timer armed and would sleep forever; the probe's wake-ups
+        // make them turn.
+        for _ in 0..3 {
+            pause();
+            assert!(probe());
+        }
+        // Worker 1 busy for 700 ms inside one turn.
+        handle.inboxes()[1]
+            .send(Duration::from_millis(700))
+            .unwrap();
+        pause();
+        probe(); // may still count the turn that began the busy message
+        pause();
+        assert!(!probe(), "a worker stuck in a turn counts as alive");
+        std::thread::sleep(Duration::from_millis(700));
+        probe();
+        pause();
+        assert!(probe());
+        handle.shutdown();
         handle.join();
     }
 }

@@ -256,6 +256,12 @@ impl ServerHandle {
         self.runtime.shutdown();
     }
 
+    /// A watchdog's probe: true when every worker's event loop turned since the previous call
+    /// (see `RuntimeHandle::liveness_probe`).
+    pub fn liveness_probe(&self) -> impl FnMut() -> bool + Send + 'static {
+        self.runtime.liveness_probe()
+    }
+
     /// A function that applies a reload (`SIGHUP`); safe to call from any thread, repeatedly.
     /// Of the config it takes what can change while running: the header, body, idle and write
     /// timeouts, the request limits (`max_body`, ...) and the connections per worker.
