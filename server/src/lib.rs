@@ -4,6 +4,7 @@
 //! [`worker::HttpWorker`] per runtime worker thread. Handlers return a [`Response`] now or a
 //! [`Pending`] reply completed later from any thread.
 
+pub mod bans;
 mod conn;
 mod driver;
 mod exchange;
@@ -22,6 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use bans::{BanConfig, BanNotice, Bans};
 pub use handler::{complete_all, Handler, HandlerContext, Pending, Reply, Request, WorkerMessage};
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
@@ -88,6 +90,7 @@ pub struct Server {
     stats: Stats,
     background: Vec<(String, BackgroundTask)>,
     tls: Option<Arc<TlsAcceptor>>,
+    bans: Option<Arc<Bans>>,
 }
 
 type BackgroundTask = Box<dyn FnOnce(StopSignal) + Send + 'static>;
@@ -117,12 +120,19 @@ impl Server {
             stats,
             background: Vec::new(),
             tls: None,
+            bans: None,
         }
     }
 
     /// Certificates and session settings for the `Https` listeners.
     pub fn with_tls(mut self, tls: Arc<TlsAcceptor>) -> Server {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Peers to close at accept, and where strikes and dropped connections add bans.
+    pub fn with_bans(mut self, bans: Arc<Bans>) -> Server {
+        self.bans = Some(bans);
         self
     }
 
@@ -177,6 +187,7 @@ impl Server {
             tls: self.tls,
             hsts_line,
             https_port: std::sync::atomic::AtomicU16::new(0),
+            bans: self.bans,
         });
         let for_workers = shared.clone();
         let runtime =
