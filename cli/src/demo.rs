@@ -55,6 +55,10 @@ pub struct DemoArgs {
 pub fn demo(args: DemoArgs) -> Result<(), String> {
     let proxies = TrustedProxies::parse(&args.trusted_proxies)
         .map_err(|e| format!("--trusted-proxies: {e}"))?;
+    // A dropped request from behind a trusted proxy must not ban the proxy itself.
+    let ban_exempt = TrustedProxies::parse(&args.trusted_proxies)
+        .map_err(|e| format!("--trusted-proxies: {e}"))?
+        .into_nets();
     let exempt = TrustedProxies::parse(&args.rate_exempt)
         .map_err(|e| format!("--rate-exempt: {e}"))?
         .into_nets();
@@ -88,7 +92,9 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         args.common.listen.is_some(),
         plan.as_ref(),
     );
-    let mut server = build(config, game)?;
+    let mut server = args
+        .common
+        .install_bans(build(config, game)?, &ban_exempt)?;
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
     }

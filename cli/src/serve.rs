@@ -84,6 +84,8 @@ impl Handler for Files {
 
 pub fn serve(args: ServeArgs) -> Result<(), String> {
     let (settings, tls, plain_given) = args.settings()?;
+    // Bans are flags only (not in --config); a reload leaves them as they are.
+    let bans = args.common.clone();
     let acceptor = tls.as_ref().map(crate::tls::acceptor).transpose()?;
     let files = StaticFiles::new(settings.static_options())
         .map_err(|e| format!("cannot serve {}: {e}", settings.root.display()))?;
@@ -103,7 +105,10 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     });
     let mut config = settings.server_config();
     crate::tls::configure(&mut config, settings.listen, plain_given, tls.as_ref());
-    let mut server = Server::new(config, Router::new().fallback(Files(files)));
+    let mut server = bans.install_bans(
+        Server::new(config, Router::new().fallback(Files(files))),
+        &[],
+    )?;
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
     }

@@ -195,6 +195,11 @@ impl WorkerStats {
         bump(&self.counters[c as usize]);
     }
 
+    /// For a block more than one thread writes (`Stats::aux`): a locked add.
+    pub fn bump_shared(&self, c: Counter) {
+        self.counters[c as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
     #[inline]
     pub fn bad_request(&self, e: RequestError) {
         bump(&self.bad_requests[e.index()]);
@@ -257,8 +262,8 @@ impl Stats {
         }
     }
 
-    /// The block of the one non-worker thread that counts here (the nftables ban feeder).
-    /// Single writer, like a worker's.
+    /// The block for threads that are not workers (the nftables ban feeder); they count
+    /// with `bump_shared`, since there may be several.
     pub fn aux(&self) -> &WorkerStats {
         &self.workers[self.workers.len() - 1]
     }
@@ -295,7 +300,7 @@ mod tests {
         stats.worker(2).bump(Counter::Requests);
         stats.worker(1).response(404);
         stats.worker(1).bad_request(RequestError::BareLf);
-        stats.aux().bump(Counter::Requests);
+        stats.aux().bump_shared(Counter::Requests);
         let s = stats.snapshot();
         assert_eq!(s.get(Counter::Requests), 3);
         assert_eq!(s.get(Counter::Responses4xx), 1);
