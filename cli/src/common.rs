@@ -50,7 +50,7 @@ pub struct CommonArgs {
     pub shutdown_grace: Option<u64>,
     /// Ban abusive peers: after --ban-after slow request heads within --ban-window, or when a
     /// handler drops a connection far over a rate limit, close the peer's connections at
-    /// accept for --ban-seconds. At most 4096 bans are held (512 KiB with the strike table)
+    /// accept for --ban-seconds. At most 4096 bans are held (384 KiB with the strike table)
     /// [default: on].
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"], help_heading = "Bans")]
     pub ban: Option<String>,

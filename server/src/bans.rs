@@ -13,8 +13,8 @@
 //! Memory is fixed: at most `capacity` bans (4096 by default; when full the ban closest to
 //! its expiry is replaced) and a direct-mapped strike table of `STRIKE_SLOTS` entries (two
 //! addresses hashing alike share a slot, which can only delay a ban). Each entry is 32 bytes:
-//! the strike table, the master list, the published snapshot and at most one older snapshot
-//! a reader still holds make 4 × 128 KiB = 512 KiB at most.
+//! the strike table, the master list and the published snapshot are 128 KiB each at most
+//! (384 KiB), plus, for a moment, an older snapshot per worker still searching one.
 
 use std::hash::BuildHasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -553,6 +553,15 @@ mod tests {
         let b = bans(|c| c.ipv4_prefix = 24).with_sink(tx);
         assert!(!b.ban_at(ip("127.0.0.2"), 0).unwrap().sink_failed);
         assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn entries_are_32_bytes() {
+        // The memory bound in the docs (4096 × 32 B = 128 KiB per table) rests on this.
+        assert!(std::mem::size_of::<Strike>() <= 32);
+        assert!(std::mem::size_of::<(Key, u64)>() <= 32);
+        assert_eq!(BanConfig::default().capacity, 4096);
+        assert_eq!(STRIKE_SLOTS, 4096);
     }
 
     #[test]
