@@ -9,7 +9,8 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use clap::Args;
-use tern_server::{Server, ServerConfig, SignalAction, TlsAcceptor};
+use ipnet::IpNet;
+use tern_server::{BanConfig, Server, ServerConfig, SignalAction, TlsAcceptor};
 
 use crate::service;
 use crate::tls::{describe_listeners, TlsPlan};
@@ -50,6 +51,38 @@ pub struct CommonArgs {
     pub shutdown_grace: Option<u64>,
     #[command(flatten)]
     pub hardening: crate::hardening::HardeningArgs,
+    /// Ban abusive peers: after --ban-after slow request heads within --ban-window, or when a
+    /// handler drops a connection far over a rate limit, close the peer's connections at
+    /// accept for --ban-seconds. At most 4096 bans are held (384 KiB with the strike table)
+    /// [default: on].
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"], help_heading = "Bans")]
+    pub ban: Option<String>,
+    /// Header timeouts (slow request heads or TLS handshakes) that ban a peer; 0: only
+    /// dropped connections ban [default: 3].
+    #[arg(long, value_name = "N", help_heading = "Bans")]
+    pub ban_after: Option<u32>,
+    /// Seconds within which --ban-after timeouts must fall [default: 60].
+    #[arg(long, value_name = "SECS", help_heading = "Bans")]
+    pub ban_window: Option<u64>,
+    /// Seconds a ban lasts [default: 600].
+    #[arg(long, value_name = "SECS", help_heading = "Bans")]
+    pub ban_seconds: Option<u64>,
+    /// What an IPv4 ban covers: the address (32) or its /24; IPv6 bans cover the /64
+    /// [default: 32].
+    #[arg(long, value_name = "32|24", value_parser = clap::builder::TypedValueParser::map(
+        clap::builder::PossibleValuesParser::new(["32", "24"]),
+        |s| s.parse::<u8>().expect("32 or 24"),
+    ), help_heading = "Bans")]
+    pub ban_ipv4_prefix: Option<u8>,
+    /// Addresses and networks never banned; replaces the default, "" exempts nothing
+    /// [default: 127.0.0.1,::1].
+    #[arg(long, value_name = "CIDRS", help_heading = "Bans")]
+    pub ban_exempt: Option<String>,
+    /// Also add bans to this nftables set, so the kernel drops those peers (needs
+    /// CAP_NET_ADMIN at start-up; the set needs `flags timeout`, and `interval` for /24 and
+    /// IPv6 bans). Once per address family: a `type ipv4_addr` and a `type ipv6_addr` set.
+    #[arg(long, value_name = "FAMILY/TABLE/SET", help_heading = "Bans")]
+    pub ban_nft_set: Vec<String>,
 }
 
 impl CommonArgs {
@@ -77,6 +110,51 @@ impl CommonArgs {
             config.max_connections_per_worker = n.max(1);
         }
         config
+    }
+}
+
+impl CommonArgs {
+    /// The ban settings these flags ask for; None with `--ban off`. `also_exempt` joins the
+    /// exemptions (a command's trusted proxies: banning one would lock out everyone behind it).
+    pub fn ban_config(&self, also_exempt: &[IpNet]) -> Result<Option<BanConfig>, String> {
+        if self.ban.as_deref() == Some("off") {
+            return Ok(None);
+        }
+        let mut c = BanConfig::default();
+        if let Some(n) = self.ban_after {
+            c.after_strikes = n;
+        }
+        if let Some(s) = self.ban_window {
+            c.strike_window = Duration::from_secs(s.max(1));
+        }
+        if let Some(s) = self.ban_seconds {
+            c.duration = Duration::from_secs(s.max(1));
+        }
+        if let Some(p) = self.ban_ipv4_prefix {
+            if p != 24 && p != 32 {
+                return Err(format!("--ban-ipv4-prefix {p}: want 32 or 24"));
+            }
+            c.ipv4_prefix = p;
+        }
+        if let Some(list) = &self.ban_exempt {
+            c.exempt = tern_services::TrustedProxies::parse(list)
+                .map_err(|e| format!("--ban-exempt: {e}"))?
+                .into_nets();
+        }
+        c.exempt.extend_from_slice(also_exempt);
+        Ok(Some(c))
+    }
+
+    /// Gives the server its ban set (unless `--ban off`), with the nftables feeder if asked.
+    /// Call before `run_server`: nft is checked and started while tern may still run it.
+    pub fn install_bans(&self, server: Server, also_exempt: &[IpNet]) -> Result<Server, String> {
+        match self.ban_config(also_exempt)? {
+            None if !self.ban_nft_set.is_empty() => {
+                Err("--ban-nft-set needs bans on (not --ban off)".into())
+            }
+            None => Ok(server),
+            Some(config) => crate::bans::install(server, config, &self.ban_nft_set),
+        }
     }
 }
 

@@ -56,6 +56,10 @@ pub struct DemoArgs {
 pub fn demo(args: DemoArgs) -> Result<(), String> {
     let proxies = TrustedProxies::parse(&args.trusted_proxies)
         .map_err(|e| format!("--trusted-proxies: {e}"))?;
+    // A dropped request from behind a trusted proxy must not ban the proxy itself.
+    let ban_exempt = TrustedProxies::parse(&args.trusted_proxies)
+        .map_err(|e| format!("--trusted-proxies: {e}"))?
+        .into_nets();
     let exempt = TrustedProxies::parse(&args.rate_exempt)
         .map_err(|e| format!("--rate-exempt: {e}"))?
         .into_nets();
@@ -105,7 +109,8 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         let router = std::mem::take(server.router_mut());
         *server.router_mut() = hardening::probe_routes(router);
     }
-    let mut server = server.after_bind(hardening::lockdown_step(lockdown));
+    let server = server.after_bind(hardening::lockdown_step(lockdown));
+    let mut server = args.common.install_bans(server, &ban_exempt)?;
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
     }

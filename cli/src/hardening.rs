@@ -97,8 +97,7 @@ impl std::fmt::Display for LockdownError {
 
 impl std::error::Error for LockdownError {}
 
-/// Resolves the plan (looking the account up now, so a typo fails at once) and returns the
-/// step to run after binding. Warns when running as root with no account to drop to.
+/// Resolves the plan, looking the account up now, so a typo fails at once.
 pub fn plan(
     args: &HardeningArgs,
     file: Option<&FileHardening>,
@@ -112,9 +111,6 @@ pub fn plan(
         return Err("`group` needs `user`".into());
     }
     let account = user.map(|u| Account::lookup(u, group)).transpose()?;
-    if account.is_none() && tern_sandbox::account::running_as_root() {
-        tracing::warn!("running as root: give --user NAME to drop privileges after start-up");
-    }
     let mode = match args.sandbox.or(file.sandbox) {
         None | Some(SandboxArg::Auto) => Mode::Auto,
         Some(SandboxArg::On) => Mode::On,
@@ -135,6 +131,10 @@ pub fn plan(
 /// protections in force.
 pub fn lockdown_step(plan: Plan) -> impl FnOnce() -> io::Result<()> {
     move || {
+        // Here, not at planning: a start-up error stays the only line a failed start prints.
+        if plan.account.is_none() && tern_sandbox::account::running_as_root() {
+            tracing::warn!("running as root: give --user NAME to drop privileges after start-up");
+        }
         let applied =
             tern_sandbox::lockdown(&plan).map_err(|e| io::Error::other(LockdownError(e)))?;
         if applied.missing.is_empty() {

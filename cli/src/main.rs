@@ -3,6 +3,7 @@
 //! This file only dispatches: each command lives in its own module (`serve.rs`), and what
 //! server commands share (the common flags and the start/wait loop) is in `common.rs`.
 
+mod bans;
 mod common;
 mod config;
 mod demo;

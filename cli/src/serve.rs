@@ -87,6 +87,8 @@ impl Handler for Files {
 
 pub fn serve(args: ServeArgs) -> Result<(), String> {
     let (settings, tls, plain_given, file_hardening) = args.settings()?;
+    // Bans are flags only (not in --config); a reload leaves them as they are.
+    let bans = args.common.clone();
     let acceptor = tls.as_ref().map(crate::tls::acceptor).transpose()?;
     let files = StaticFiles::new(settings.static_options())
         .map_err(|e| format!("cannot serve {}: {e}", settings.root.display()))?;
@@ -127,7 +129,8 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     if probes {
         router = hardening::probe_routes(router);
     }
-    let mut server = Server::new(config, router).after_bind(hardening::lockdown_step(lockdown));
+    let server = Server::new(config, router).after_bind(hardening::lockdown_step(lockdown));
+    let mut server = bans.install_bans(server, &[])?;
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
     }

@@ -63,6 +63,7 @@ pub(crate) fn run(
         Ok(Reply::Later) if hcx.deferred => Outcome::Deferred,
         Ok(Reply::Drop) => {
             cx.stats.bump(Counter::ConnectionsDropped);
+            crate::bans::record(cx, from.peer.ip(), crate::bans::BanCause::Dropped);
             Outcome::Drop
         }
         Ok(Reply::Later) => {

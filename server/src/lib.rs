@@ -4,6 +4,7 @@
 //! [`worker::HttpWorker`] per runtime worker thread. Handlers return a [`Response`] now or a
 //! [`Pending`] reply completed later from any thread.
 
+pub mod bans;
 mod conn;
 mod driver;
 mod exchange;
@@ -22,6 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use bans::{BanConfig, BanNotice, Bans};
 pub use handler::{complete_all, Handler, HandlerContext, Pending, Reply, Request, WorkerMessage};
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
@@ -89,6 +91,7 @@ pub struct Server {
     background: Vec<(String, BackgroundTask)>,
     tls: Option<Arc<TlsAcceptor>>,
     after_bind: Option<AfterBind>,
+    bans: Option<Arc<Bans>>,
 }
 
 type AfterBind = Box<dyn FnOnce() -> io::Result<()>>;
@@ -120,6 +123,7 @@ impl Server {
             background: Vec::new(),
             tls: None,
             after_bind: None,
+            bans: None,
         }
     }
 
@@ -134,6 +138,12 @@ impl Server {
     /// Certificates and session settings for the `Https` listeners.
     pub fn with_tls(mut self, tls: Arc<TlsAcceptor>) -> Server {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Peers to close at accept, and where strikes and dropped connections add bans.
+    pub fn with_bans(mut self, bans: Arc<Bans>) -> Server {
+        self.bans = Some(bans);
         self
     }
 
@@ -188,6 +198,7 @@ impl Server {
             tls: self.tls,
             hsts_line,
             https_port: std::sync::atomic::AtomicU16::new(0),
+            bans: self.bans,
         });
         let for_workers = shared.clone();
         let after_bind = self.after_bind.unwrap_or_else(|| Box::new(|| Ok(())));

@@ -49,10 +49,17 @@ pub enum Counter {
     Http2ConnectionErrors,
     /// HTTP/2 connections closed with ENHANCE_YOUR_CALM (rapid reset, floods).
     Http2Floods,
+    /// Closed at accept, before any read, because the peer is banned (`bans.rs`).
+    ConnectionsBanned,
+    /// Bans added (slowloris strikes, or a handler's `Reply::Drop`).
+    BansAdded,
+    /// Bans the nftables set (`--ban-nft-set`) did not get: its queue was full, or nft
+    /// failed or was gone.
+    BanNftFailures,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 28] = [
+    pub const ALL: [Counter; 31] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -81,6 +88,9 @@ impl Counter {
         Counter::Http2StreamErrors,
         Counter::Http2ConnectionErrors,
         Counter::Http2Floods,
+        Counter::ConnectionsBanned,
+        Counter::BansAdded,
+        Counter::BanNftFailures,
     ];
 
     pub fn name(self) -> &'static str {
@@ -113,6 +123,9 @@ impl Counter {
             Counter::Http2StreamErrors => "http2_stream_errors",
             Counter::Http2ConnectionErrors => "http2_connection_errors",
             Counter::Http2Floods => "http2_floods",
+            Counter::ConnectionsBanned => "connections_banned",
+            Counter::BansAdded => "bans_added",
+            Counter::BanNftFailures => "ban_nft_failures",
         }
     }
 
@@ -150,6 +163,9 @@ impl Counter {
             Counter::Http2Floods => {
                 "HTTP/2 connections closed for rapid reset or control-frame floods"
             }
+            Counter::ConnectionsBanned => "connections from banned peers closed at accept",
+            Counter::BansAdded => "peers banned (slow request heads, or dropped by a handler)",
+            Counter::BanNftFailures => "bans the nftables set did not get (queue full, nft error)",
         }
     }
 }
@@ -177,6 +193,11 @@ impl WorkerStats {
     #[inline]
     pub fn bump(&self, c: Counter) {
         bump(&self.counters[c as usize]);
+    }
+
+    /// For a block more than one thread writes (`Stats::aux`): a locked add.
+    pub fn bump_shared(&self, c: Counter) {
+        self.counters[c as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     #[inline]
@@ -234,8 +255,17 @@ impl StatsSnapshot {
 impl Stats {
     pub fn new(workers: usize) -> Stats {
         Stats {
-            workers: (0..workers.max(1)).map(|_| WorkerStats::new()).collect(),
+            // One block more than workers: `aux`, for a thread that is not a worker.
+            workers: (0..workers.max(1) + 1)
+                .map(|_| WorkerStats::new())
+                .collect(),
         }
+    }
+
+    /// The block for threads that are not workers (the nftables ban feeder); they count
+    /// with `bump_shared`, since there may be several.
+    pub fn aux(&self) -> &WorkerStats {
+        &self.workers[self.workers.len() - 1]
     }
 
     pub fn worker(&self, id: usize) -> &WorkerStats {
@@ -270,8 +300,9 @@ mod tests {
         stats.worker(2).bump(Counter::Requests);
         stats.worker(1).response(404);
         stats.worker(1).bad_request(RequestError::BareLf);
+        stats.aux().bump_shared(Counter::Requests);
         let s = stats.snapshot();
-        assert_eq!(s.get(Counter::Requests), 2);
+        assert_eq!(s.get(Counter::Requests), 3);
         assert_eq!(s.get(Counter::Responses4xx), 1);
         assert_eq!(s.bad(RequestError::BareLf), 1);
     }

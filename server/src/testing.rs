@@ -55,6 +55,7 @@ impl MemoryConn {
             hsts_line: None,
             https_port: AtomicU16::new(0),
             tls,
+            bans: None,
         });
         let link = Link {
             peer: SocketAddr::from(([192, 0, 2, 1], 40000)),

@@ -39,6 +39,7 @@ pub(crate) struct Shared {
     pub hsts_line: Option<Vec<u8>>,
     /// The bound port of the first TLS listener (for `--redirect-http`); 0 until known.
     pub https_port: std::sync::atomic::AtomicU16,
+    pub bans: Option<Arc<crate::Bans>>,
 }
 
 /// Connections of one worker, addressed by `generation << 32 | index`. The generation makes
@@ -208,6 +209,17 @@ impl WorkerApp for HttpWorker {
         listener: usize,
     ) {
         let stats = self.shared.stats.worker(self.id);
+        // Before any read: the request (TCP_DEFER_ACCEPT waited for it) is never looked at,
+        // and closing with it unread resets the connection.
+        if self
+            .shared
+            .bans
+            .as_ref()
+            .is_some_and(|b| b.is_banned(peer.ip()))
+        {
+            stats.bump(Counter::ConnectionsBanned);
+            return;
+        }
         if self.conns.len >= self.config.max_connections_per_worker || cx.draining {
             stats.bump(Counter::ConnectionsRefused);
             return; // dropping the stream closes it

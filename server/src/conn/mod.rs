@@ -360,6 +360,10 @@ impl Conn {
             Timeout::Linger | Timeout::Trim => return,
         };
         cx.stats.bump(counter);
+        if kind == Timeout::Header {
+            // A slow head or handshake: slowloris, if it keeps happening.
+            crate::bans::record(cx, self.link.peer.ip(), crate::bans::BanCause::Strikes);
+        }
         // Idle keep-alive connections timing out is normal; the others may be slowloris-style
         // abuse, so they are logged, rate-limited.
         if kind != Timeout::Idle && ratelog::admit(counter.name(), cx.clock.now_ms()) {
