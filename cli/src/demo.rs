@@ -9,6 +9,7 @@ use tern_services::{RateLimitConfig, TrustedProxies};
 use crate::common::{run_server, CommonArgs};
 use crate::hardening::{self, Needs};
 use crate::tls::TlsArgs;
+use tern_sandbox::Give;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Sync {
@@ -98,14 +99,22 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
     let mut needs = Needs {
         read: vec![site],
         write: vec![args.data.clone()],
-        owned: vec![args.data.clone()],
+        give: vec![Give::Folder {
+            path: args.data.clone(),
+            made_by_tern: tern_ipv4_games::DATA_FILE_PREFIXES
+                .iter()
+                .map(|p| p.to_string())
+                .chain(["tls-ticket-keys".to_string()])
+                .collect(),
+        }],
+        ..Needs::default()
     };
     if let Some(plan) = &plan {
         needs.add_tls(&plan.options);
     }
     let lockdown = hardening::plan(&args.common.hardening, None, needs)?;
     let mut server = build(config, game)?;
-    if args.common.hardening.sandbox_probes {
+    if args.common.hardening.probes() {
         let router = std::mem::take(server.router_mut());
         *server.router_mut() = hardening::probe_routes(router);
     }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
-use tern_sandbox::{Account, Mode, Paths, Plan};
+use tern_sandbox::{Account, Give, Mode, Paths, Plan};
 use tern_server::{Method, Response, Router};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -38,10 +38,21 @@ pub struct HardeningArgs {
     /// it; `on` refuses to start without them].
     #[arg(long, value_enum, value_name = "on|off|auto")]
     pub sandbox: Option<SandboxArg>,
-    /// For tern's own tests: routes under /.tern-test/sandbox/ that try what the sandbox
-    /// forbids.
+    /// For tern's own tests, in debug builds only: routes under /.tern-test/sandbox/ that
+    /// try what the sandbox forbids.
+    #[cfg(debug_assertions)]
     #[arg(long, hide = true)]
     pub sandbox_probes: bool,
+}
+
+impl HardeningArgs {
+    /// `--sandbox-probes`, which release builds do not have.
+    pub fn probes(&self) -> bool {
+        #[cfg(debug_assertions)]
+        return self.sandbox_probes;
+        #[cfg(not(debug_assertions))]
+        false
+    }
 }
 
 /// The same settings from a config file (`user`, `group`, `sandbox`); flags win.
@@ -55,33 +66,47 @@ pub struct FileHardening {
 /// What a running command still needs from the file system.
 #[derive(Debug, Clone, Default)]
 pub struct Needs {
-    /// Read: served roots, certificates and keys, the config file.
+    /// Read: served roots, certificates and keys, the config file (see [`Needs::read_file`]).
     pub read: Vec<PathBuf>,
-    /// Read and write: the data folder, the folder of a ticket-key file.
+    /// Read and write: the data folder.
     pub write: Vec<PathBuf>,
-    /// Created by tern, so given to `--user`: the data folder (and its files), key files.
-    pub owned: Vec<PathBuf>,
+    /// Rewritten in place, nothing else in their folder: the ticket-key file.
+    pub write_files: Vec<PathBuf>,
+    /// Made by tern, so given to `--user`: the data folder and its files, key files.
+    pub give: Vec<Give>,
 }
 
 impl Needs {
+    /// A file re-read on reload (config, certificate, key): its folder, and the folder of the
+    /// file it links to, since editors and certbot replace files by renaming a new one in
+    /// (a new inode, which a rule for the old file would not cover).
+    pub fn read_file(&mut self, path: &Path) {
+        self.read.push(folder_of(path));
+        if let Ok(target) = std::fs::canonicalize(path) {
+            self.read.push(folder_of(&target));
+        }
+    }
+
     /// Certificates, keys and the ticket-key file of an HTTPS plan.
     pub fn add_tls(&mut self, options: &tern_server::TlsOptions) {
         for pair in &options.certs {
-            self.read.push(pair.cert.clone());
-            self.read.push(pair.key.clone());
+            self.read_file(&pair.cert);
+            self.read_file(&pair.key);
         }
         if let Some(keys) = &options.ticket_keys {
-            // Rotation writes a temporary file beside it and renames it over it.
-            self.write.push(parent_dir(keys));
-            self.owned.push(keys.clone());
+            self.write_files.push(keys.clone());
+            self.give.push(Give::File(keys.clone()));
         }
     }
 }
 
-fn parent_dir(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
+/// The folder a file is in, made absolute; the file itself where that folder would be `/`
+/// (never the whole file system).
+pub fn folder_of(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    match absolute.parent() {
+        Some(p) if p.parent().is_some() => p.to_path_buf(),
+        _ => absolute,
     }
 }
 
@@ -121,9 +146,10 @@ pub fn plan(
         paths: Paths {
             read: needs.read,
             write: needs.write,
+            write_files: needs.write_files,
         },
         account,
-        give_to_account: needs.owned,
+        give_to_account: needs.give,
     })
 }
 
@@ -135,6 +161,15 @@ pub fn lockdown_step(plan: Plan) -> impl FnOnce() -> io::Result<()> {
         if plan.account.is_none() && tern_sandbox::account::running_as_root() {
             tracing::warn!("running as root: give --user NAME to drop privileges after start-up");
         }
+        // /proc is outside the sandbox: the RSS gauge opens its file now, reads it later.
+        tern_services::metrics::rss_bytes();
+        tern_services::metrics::add_process_metrics(vec![|| {
+            tern_services::metrics::Metric::counter(
+                "sandbox_denied_syscalls",
+                "system calls the seccomp sandbox refused with EPERM",
+                tern_sandbox::denied_syscalls(),
+            )
+        }]);
         let applied =
             tern_sandbox::lockdown(&plan).map_err(|e| io::Error::other(LockdownError(e)))?;
         if applied.missing.is_empty() {
@@ -166,7 +201,7 @@ pub fn explain_reload_error(e: String) -> String {
     }
 }
 
-/// Test-only routes that try what the sandbox forbids and answer what happened:
+/// Test-only routes (debug builds, `--sandbox-probes`) that try what the sandbox forbids and answer what happened:
 /// `GET /.tern-test/sandbox/open?PATH` opens a file, `GET /.tern-test/sandbox/exec` calls execve
 /// on a path that does not exist. Each answers `ok` or the error.
 pub fn probe_routes(router: Router) -> Router {
@@ -184,8 +219,14 @@ pub fn probe_routes(router: Router) -> Router {
             Method::Get,
             "/.tern-test/sandbox/open",
             |req: &tern_server::Request<'_>, _: &mut tern_server::HandlerContext<'_>| {
+                use std::os::unix::fs::OpenOptionsExt;
                 let path = req.query().unwrap_or("");
-                answer(std::fs::File::open(path).map(drop)).into()
+                // Never blocks on a fifo, never becomes a controlling terminal.
+                let open = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+                    .open(path);
+                answer(open.map(drop)).into()
             },
         )
         .route(

@@ -94,19 +94,20 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot serve {}: {e}", settings.root.display()))?;
     let files = Arc::new(files);
     let root = std::fs::canonicalize(&settings.root).unwrap_or(settings.root.clone());
-    // The root's parent, not just the root: deploys swap a new root in beside the old one
+    // The root's folder, not just the root: deploys swap a new root in beside the old one
     // (rename, or a `current` link to a new release), and a reload must still reach it.
-    let deploy_dir = root.parent().unwrap_or(&root).to_path_buf();
     let mut needs = Needs {
-        read: vec![deploy_dir],
+        read: vec![hardening::folder_of(&root)],
         ..Needs::default()
     };
-    needs.read.extend(args.config.iter().cloned());
+    if let Some(config) = &args.config {
+        needs.read_file(config);
+    }
     if let Some(plan) = &tls {
         needs.add_tls(&plan.options);
     }
     let lockdown = hardening::plan(&args.common.hardening, Some(&file_hardening), needs)?;
-    let probes = args.common.hardening.sandbox_probes;
+    let probes = args.common.hardening.probes();
     let mut current = settings.clone();
     let reloader = files.clone();
     let reload_tls = acceptor.clone();

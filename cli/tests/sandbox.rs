@@ -7,11 +7,15 @@
 //! allow-list is enough for static files, HTTPS, HTTP/2, the game and reloads.
 
 mod support;
+#[path = "support/tls.rs"]
+mod tls_support;
 
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use support::*;
+use tls_support::*;
 
 const PROTECTED: &str =
     "protections: Landlock (fully enforced); seccomp allow-list (other system calls fail with EPERM)";
@@ -25,7 +29,7 @@ fn a_sandboxed_server_reaches_only_its_paths_and_system_calls() {
     let site = Site::new();
     site.write("index.html", "home\n");
     let mut tern = site.start(&["--sandbox-probes"]);
-    tern.refusals_expected = true;
+    tern.refusals_expected = &["execve"];
     assert_eq!(tern.log_lines(PROTECTED).len(), 1, "{}", tern.stderr_text());
     assert_eq!(tern.get("/").text(), "home\n");
 
@@ -62,7 +66,11 @@ fn a_sandboxed_server_reaches_only_its_paths_and_system_calls() {
 fn without_the_sandbox_the_same_probes_get_through() {
     let site = Site::new();
     let tern = site.start(&["--sandbox-probes", "--sandbox", "off"]);
-    assert!(tern.log_lines("protections:").is_empty() || tern.log_lines("Landlock").is_empty());
+    let line = tern.log_lines("protections:");
+    assert!(
+        line.len() == 1 && line[0].ends_with("protections: no sandbox"),
+        "{line:?}"
+    );
     assert_eq!(probe(&tern, "open?/etc/hostname"), "ok\n");
     // The probe's path does not exist: without seccomp execve itself says so.
     assert_eq!(
@@ -86,7 +94,7 @@ fn the_game_plays_sandboxed_and_counts_refused_calls() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     let mut tern = Tern::start_demo(&data, &["--sandbox-probes"]);
-    tern.refusals_expected = true;
+    tern.refusals_expected = &["execve"];
     assert_eq!(tern.log_lines(PROTECTED).len(), 1, "{}", tern.stderr_text());
     let r = tern.get_with("/claim/sandboxed", &[("Accept", "text/plain")]);
     assert_eq!(r.text(), "127.0.0.1 is now claimed by sandboxed\n");
@@ -265,4 +273,78 @@ fn on_a_kernel_without_landlock_on_refuses_to_start_and_the_default_says_what_is
         "{line:?}"
     );
     assert_eq!(probe(&tern, "open?/etc/hostname"), "ok\n");
+}
+
+/// Certificates the way certbot keeps them, in a folder of their own: `live/` holds links to
+/// files in `archive/`, and a renewal adds new files there and swaps the links. Landlock rules
+/// bind to files, so the sandbox allows the folders (of the link and of its target): a SIGHUP
+/// after a renewal serves the new certificate, also as an unprivileged user.
+#[test]
+fn a_renewed_certificate_is_served_after_sighup_inside_the_sandbox() {
+    let site = Site::new();
+    site.write("index.html", "home\n");
+    let certs = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        certs.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (live, archive) = (certs.path().join("live"), certs.path().join("archive"));
+    std::fs::create_dir(&live).unwrap();
+    std::fs::create_dir(&archive).unwrap();
+    let ca = Ca::new();
+    let (first, second) = (
+        ca.issue("first", &["localhost"]),
+        ca.issue("second", &["localhost"]),
+    );
+    let link = |n: u32| {
+        for (what, link) in [("cert", "fullchain.pem"), ("key", "privkey.pem")] {
+            let tmp = live.join(format!("{link}.new"));
+            std::os::unix::fs::symlink(format!("../archive/{what}{n}.pem"), &tmp).unwrap();
+            std::fs::rename(&tmp, live.join(link)).unwrap();
+        }
+    };
+    first.write_to(&archive.join("cert1.pem"), &archive.join("key1.pem"));
+    link(1);
+    let (cert, key) = (live.join("fullchain.pem"), live.join("privkey.pem"));
+    let mut args = cert_key_args(&cert, &key);
+    if running_as_root() {
+        // The key stays readable by the user (as with certbot's group-readable setups).
+        for f in ["key1.pem", "key2.pem"] {
+            let path = archive.join(f);
+            if path.exists() {
+                std::fs::set_permissions(
+                    &path,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o644),
+                )
+                .unwrap();
+            }
+        }
+        std::fs::set_permissions(
+            site.base(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        args.extend(["--user".to_string(), "nobody".to_string()]);
+    }
+    let tern = Tern::serve_tls(&site.root, &args);
+    let leaves = [&first, &second];
+    let config = Arc::new(client_config(&ca, &[TLS13]));
+    assert_eq!(
+        which(&tern.tls(&config, "localhost").leaf(), &leaves),
+        "first"
+    );
+
+    second.write_to(&archive.join("cert2.pem"), &archive.join("key2.pem"));
+    std::fs::set_permissions(
+        archive.join("key2.pem"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    link(2);
+    let line = tern.reload(1);
+    assert!(line.contains("certificates re-read"), "{line}");
+    let mut c = tern.tls(&config, "localhost");
+    assert_eq!(which(&c.leaf(), &leaves), "second");
+    assert_eq!(c.get("/", &[]).text(), "home\n");
 }

@@ -3,8 +3,24 @@
 use std::fmt;
 use std::path::Path;
 
-use nix::fcntl::AtFlags;
+use std::ffi::CString;
+
+use nix::dir::Dir;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{fstatat, Mode, SFlag};
 use nix::unistd::{Gid, Group, Uid, User};
+
+/// What [`Account::give`] hands over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Give {
+    /// A folder tern writes in, and the files in it, all named with one of these prefixes.
+    Folder {
+        path: std::path::PathBuf,
+        made_by_tern: Vec<String>,
+    },
+    /// A single file tern made (a ticket-key file).
+    File(std::path::PathBuf),
+}
 
 /// A user and group, looked up at start-up (so a typo fails before anything is bound).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,42 +57,102 @@ impl Account {
         })
     }
 
-    /// Gives the account each path that exists: a file, or a folder and the files directly
-    /// in it (not recursively, and never through a symbolic link), so that the account can go
-    /// on writing what tern created as root. Only root can; as anyone else this is a no-op
-    /// (the files are already theirs).
-    pub fn give(&self, paths: &[impl AsRef<Path>]) -> Result<(), String> {
+    /// Gives the account what tern made as root, so that it can go on writing it. Only root
+    /// can; as anyone else this does nothing (the files are already theirs). Everything is
+    /// done through descriptors opened without following links, so a path swapped for a
+    /// symbolic link in the meantime gives nothing away.
+    pub fn give(&self, items: &[Give]) -> Result<(), String> {
         if !Uid::effective().is_root() {
             return Ok(());
         }
-        for path in paths {
-            let path = path.as_ref();
-            let Ok(meta) = std::fs::symlink_metadata(path) else {
-                continue;
-            };
-            self.chown(path)?;
-            if meta.is_dir() {
-                let entries = std::fs::read_dir(path)
-                    .map_err(|e| format!("cannot list {}: {e}", path.display()))?;
-                for entry in entries.flatten() {
-                    if entry.file_type().is_ok_and(|t| t.is_file()) {
-                        self.chown(&entry.path())?;
-                    }
-                }
+        for item in items {
+            match item {
+                Give::Folder { path, made_by_tern } => self.give_folder(path, made_by_tern)?,
+                Give::File(path) => self.give_file(path)?,
             }
         }
         Ok(())
     }
 
-    fn chown(&self, path: &Path) -> Result<(), String> {
-        nix::unistd::fchownat(
-            nix::fcntl::AT_FDCWD,
-            path,
+    /// The folder and the plain files in it, after checking that everything in it is
+    /// tern's (names starting with one of `made_by_tern`): a mistaken `--data /etc` must
+    /// not give /etc away.
+    fn give_folder(&self, path: &Path, made_by_tern: &[String]) -> Result<(), String> {
+        let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+        let mut dir = match Dir::open(path, flags, Mode::empty()) {
+            Ok(dir) => dir,
+            Err(nix::Error::ENOENT) => return Ok(()),
+            Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
+        };
+        let mut names = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.map_err(|e| format!("cannot list {}: {e}", path.display()))?;
+            let name = entry.file_name().to_owned();
+            let text = name.to_string_lossy();
+            if text == "." || text == ".." {
+                continue;
+            }
+            if !made_by_tern.iter().any(|p| text.starts_with(p.as_str())) {
+                return Err(format!(
+                    "--user: {} holds {text:?}, which tern did not make: give tern a folder of its own",
+                    path.display()
+                ));
+            }
+            names.push(name);
+        }
+        for name in &names {
+            let st = fstatat(&dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| format!("cannot inspect {}/{name:?}: {e}", path.display()))?;
+            let plain = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG
+                && st.st_nlink == 1;
+            if !plain {
+                return Err(format!(
+                    "--user: {}/{} is not a plain file (a link or a folder): remove it",
+                    path.display(),
+                    name.to_string_lossy()
+                ));
+            }
+            nix::unistd::fchownat(
+                &dir,
+                name.as_c_str(),
+                Some(Uid::from_raw(self.uid)),
+                Some(Gid::from_raw(self.gid)),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| self.cannot_give(path, e))?;
+        }
+        nix::unistd::fchown(
+            &dir,
             Some(Uid::from_raw(self.uid)),
             Some(Gid::from_raw(self.gid)),
-            AtFlags::AT_SYMLINK_NOFOLLOW,
         )
-        .map_err(|e| format!("cannot give {} to {}: {e}", path.display(), self.user))
+        .map_err(|e| self.cannot_give(path, e))
+    }
+
+    /// One plain file (not a link, not hard-linked elsewhere).
+    fn give_file(&self, path: &Path) -> Result<(), String> {
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let fd = match nix::fcntl::open(path, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(nix::Error::ENOENT) => return Ok(()),
+            Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
+        };
+        let st = nix::sys::stat::fstat(&fd).map_err(|e| self.cannot_give(path, e))?;
+        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG
+            || st.st_nlink != 1
+        {
+            return Err(format!("--user: {} is not a plain file", path.display()));
+        }
+        nix::unistd::fchown(
+            &fd,
+            Some(Uid::from_raw(self.uid)),
+            Some(Gid::from_raw(self.gid)),
+        )
+        .map_err(|e| self.cannot_give(path, e))
+    }
+
+    fn cannot_give(&self, path: &Path, e: nix::Error) -> String {
+        format!("cannot give {} to {}: {e}", path.display(), self.user)
     }
 
     /// Becomes the account for good: supplementary groups, then group, then user (after
@@ -84,7 +160,10 @@ impl Account {
     pub fn become_it(&self) -> Result<(), String> {
         let (uid, gid) = (Uid::from_raw(self.uid), Gid::from_raw(self.gid));
         let fail = |what: &str, e: nix::Error| format!("cannot drop privileges ({what}): {e}");
-        nix::unistd::setgroups(&[gid]).map_err(|e| fail("setgroups", e))?;
+        // The user's own supplementary groups too (e.g. `ssl-cert` to re-read keys on reload).
+        let name =
+            CString::new(self.user.as_str()).map_err(|_| "a user name with NUL".to_string())?;
+        nix::unistd::initgroups(&name, gid).map_err(|e| fail("initgroups", e))?;
         nix::unistd::setresgid(gid, gid, gid).map_err(|e| fail("setresgid", e))?;
         nix::unistd::setresuid(uid, uid, uid).map_err(|e| fail("setresuid", e))?;
         if nix::unistd::setuid(Uid::from_raw(0)).is_ok() {
@@ -137,7 +216,7 @@ mod tests {
     }
 
     #[test]
-    fn give_chowns_a_folder_and_its_files_but_not_through_links() {
+    fn give_hands_over_tern_s_folder_but_refuses_foreign_files_and_links() {
         if !running_as_root() {
             eprintln!("skipped: needs root to chown");
             return;
@@ -147,15 +226,45 @@ mod tests {
         let data = tmp.path().join("data");
         std::fs::create_dir(&data).unwrap();
         std::fs::write(data.join("db"), "x").unwrap();
+        std::fs::write(data.join("db-wal"), "x").unwrap();
+        let nobody = Account::lookup("nobody", None).unwrap();
+        let folder = |path: &Path| Give::Folder {
+            path: path.to_path_buf(),
+            made_by_tern: vec!["db".into()],
+        };
+        let uid = |p: &Path| std::fs::symlink_metadata(p).unwrap().uid();
+        nobody
+            .give(&[folder(&data), folder(&tmp.path().join("missing"))])
+            .unwrap();
+        assert_eq!(uid(&data), nobody.uid);
+        assert_eq!(uid(&data.join("db-wal")), nobody.uid);
+
+        // A file tern did not make: nothing is given, the folder stays root's.
+        let other = tmp.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join("passwd"), "root:x:0:0").unwrap();
+        let e = nobody.give(&[folder(&other)]).unwrap_err();
+        assert!(e.contains("which tern did not make"), "{e}");
+        assert_eq!(uid(&other), 0);
+        assert_eq!(uid(&other.join("passwd")), 0);
+
+        // A link named like tern's file, to a file outside: refused, the target stays root's.
+        let linked = tmp.path().join("linked");
+        std::fs::create_dir(&linked).unwrap();
         let outside = tmp.path().join("outside");
         std::fs::write(&outside, "y").unwrap();
-        std::os::unix::fs::symlink(&outside, data.join("link")).unwrap();
-        let nobody = Account::lookup("nobody", None).unwrap();
-        nobody.give(&[&data, &tmp.path().join("missing")]).unwrap();
-        let uid = |p: &Path| std::fs::symlink_metadata(p).unwrap().uid();
-        assert_eq!(uid(&data), nobody.uid);
-        assert_eq!(uid(&data.join("db")), nobody.uid);
-        assert_eq!(uid(&outside), 0, "a link's target is not given away");
+        std::os::unix::fs::symlink(&outside, linked.join("db")).unwrap();
+        assert!(nobody.give(&[folder(&linked)]).is_err());
+        assert_eq!(uid(&outside), 0);
+        // The folder itself given as a link: not followed.
+        let link_to_other = tmp.path().join("link-to-other");
+        std::os::unix::fs::symlink(&other, &link_to_other).unwrap();
+        assert!(nobody.give(&[folder(&link_to_other)]).is_err());
+        assert!(nobody.give(&[Give::File(linked.join("db"))]).is_err());
+        assert_eq!(uid(&outside), 0);
+        // A plain file.
+        nobody.give(&[Give::File(outside.clone())]).unwrap();
+        assert_eq!(uid(&outside), nobody.uid);
     }
 
     #[test]

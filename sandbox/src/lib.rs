@@ -19,7 +19,7 @@ pub mod seccomp;
 
 use std::path::PathBuf;
 
-pub use account::Account;
+pub use account::{Account, Give};
 pub use seccomp::{denied_syscalls, report_denials};
 
 /// Whether to sandbox (`--sandbox`).
@@ -38,8 +38,10 @@ pub enum Mode {
 pub struct Paths {
     /// Files and folders it reads: served roots, certificates and keys, its config file.
     pub read: Vec<PathBuf>,
-    /// Folders it writes: the game's data folder (database, WAL), ticket-key folders.
+    /// Folders it writes: the game's data folder (database, WAL).
     pub write: Vec<PathBuf>,
+    /// Single files it rewrites in place, and nothing else in their folders: ticket keys.
+    pub write_files: Vec<PathBuf>,
 }
 
 /// Everything [`lockdown`] does, decided before it runs.
@@ -49,9 +51,9 @@ pub struct Plan {
     pub paths: Paths,
     /// Drop to this account (`--user`/`--group`).
     pub account: Option<Account>,
-    /// Files and folders tern created (or owns) that the account must own, so that it can
-    /// still write them: the data folder and what is directly in it, ticket-key files.
-    pub give_to_account: Vec<PathBuf>,
+    /// What tern created as root that the account must own, so that it can still write it:
+    /// the data folder and its files, ticket-key files.
+    pub give_to_account: Vec<Give>,
 }
 
 /// The protections in force, for the start-up log.
@@ -120,7 +122,10 @@ pub fn lockdown(plan: &Plan) -> Result<Applied, String> {
         Err(landlock::Error::Unsupported(why)) if plan.mode == Mode::Auto => {
             applied.missing.push(format!("Landlock ({why})"))
         }
-        Err(e) => return Err(format!("cannot sandbox (--sandbox on): {e}")),
+        Err(e @ landlock::Error::Unsupported(_)) => {
+            return Err(format!("cannot sandbox (--sandbox on): {e}"))
+        }
+        Err(e) => return Err(format!("cannot sandbox: {e}")),
     }
     let seccomp = if kernel_lacks("seccomp") {
         Err(seccomp::Error::Unsupported(PRETENDED.into()))
@@ -132,7 +137,10 @@ pub fn lockdown(plan: &Plan) -> Result<Applied, String> {
         Err(seccomp::Error::Unsupported(why)) if plan.mode == Mode::Auto => {
             applied.missing.push(format!("seccomp ({why})"))
         }
-        Err(e) => return Err(format!("cannot sandbox (--sandbox on): {e}")),
+        Err(e @ seccomp::Error::Unsupported(_)) => {
+            return Err(format!("cannot sandbox (--sandbox on): {e}"))
+        }
+        Err(e) => return Err(format!("cannot sandbox: {e}")),
     }
     Ok(applied)
 }
@@ -140,9 +148,12 @@ pub fn lockdown(plan: &Plan) -> Result<Applied, String> {
 const PRETENDED: &str = "not in this kernel (TERN_TEST_KERNEL_WITHOUT)";
 
 /// For tests of the start-up on older kernels: `TERN_TEST_KERNEL_WITHOUT=landlock,seccomp`
-/// makes tern behave as if the kernel lacked them.
+/// makes a debug build behave as if the kernel lacked them. Release builds ignore it, so no
+/// environment can switch a production sandbox off.
 fn kernel_lacks(feature: &str) -> bool {
-    std::env::var("TERN_TEST_KERNEL_WITHOUT").is_ok_and(|v| v.split(',').any(|f| f == feature))
+    cfg!(debug_assertions)
+        && std::env::var("TERN_TEST_KERNEL_WITHOUT")
+            .is_ok_and(|v| v.split(',').any(|f| f == feature))
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ mod sys {
         linkat => SYS_linkat, fchownat => SYS_fchownat, fchmodat => SYS_fchmodat,
         personality => SYS_personality, seccomp => SYS_seccomp, chdir => SYS_chdir,
         fchdir => SYS_fchdir, setsid => SYS_setsid, pidfd_open => SYS_pidfd_open,
-        wait4 => SYS_wait4, waitid => SYS_waitid,
+        wait4 => SYS_wait4, waitid => SYS_waitid, getcpu => SYS_getcpu,
     }
     // x86_64 keeps the old calls that newer architectures only have in their *at forms.
     #[cfg(target_arch = "x86_64")]
@@ -92,6 +92,7 @@ mod sys {
         poll => SYS_poll, epoll_wait => SYS_epoll_wait, dup2 => SYS_dup2, pipe => SYS_pipe,
         arch_prctl => SYS_arch_prctl, fork => SYS_fork, vfork => SYS_vfork, chmod => SYS_chmod,
         chown => SYS_chown, lchown => SYS_lchown, symlink => SYS_symlink, link => SYS_link,
+        rmdir => SYS_rmdir,
     }
 }
 
@@ -125,7 +126,6 @@ const ALLOWED: &[(&str, i64)] = syscalls![
     getpeername,
     getsockopt,
     setsockopt,
-    openat,
     openat2,
     newfstatat,
     fstat,
@@ -138,13 +138,11 @@ const ALLOWED: &[(&str, i64)] = syscalls![
     unlinkat,
     renameat,
     renameat2,
-    mkdirat,
     readlinkat,
     getdents64,
     fcntl,
     flock,
     fchown,
-    fchmod,
     faccessat,
     faccessat2,
     getcwd,
@@ -153,7 +151,6 @@ const ALLOWED: &[(&str, i64)] = syscalls![
     pipe2,
     munmap,
     mremap,
-    madvise,
     brk,
     futex,
     clone3,
@@ -165,7 +162,6 @@ const ALLOWED: &[(&str, i64)] = syscalls![
     exit_group,
     sched_yield,
     sched_getaffinity,
-    sched_setaffinity,
     set_tid_address,
     sigaltstack,
     rt_sigaction,
@@ -180,26 +176,46 @@ const ALLOWED: &[(&str, i64)] = syscalls![
     getrandom,
     sysinfo,
     uname,
-    setpriority,
     getuid,
     geteuid,
     getgid,
     getegid,
-    tgkill,
     getrusage,
     membarrier,
     sched_getparam,
     // Reaping the `nft -i` child started before the sandbox (--ban-nft-set).
     wait4,
+    // mimalloc asks which CPU it runs on (its NUMA node) on hosts with several.
+    getcpu,
 ];
 
 #[cfg(target_arch = "x86_64")]
-const ALLOWED_LEGACY: &[(&str, i64)] = syscalls![
-    open, stat, lstat, access, unlink, rename, mkdir, readlink, poll, epoll_wait, dup2, pipe,
-    arch_prctl,
-];
+const ALLOWED_LEGACY: &[(&str, i64)] =
+    syscalls![stat, lstat, access, unlink, rename, rmdir, readlink, poll, epoll_wait, dup2, pipe,];
 #[cfg(not(target_arch = "x86_64"))]
 const ALLOWED_LEGACY: &[(&str, i64)] = &[];
+
+/// Allowed with the argument checks in [`rules`].
+const CHECKED: &[(&str, i64)] = syscalls![
+    mmap,
+    mprotect,
+    ioctl,
+    prctl,
+    socketpair,
+    prlimit64,
+    clone,
+    openat,
+    mkdirat,
+    fchmod,
+    madvise,
+    tgkill,
+    sched_setaffinity,
+    setpriority,
+];
+#[cfg(target_arch = "x86_64")]
+const CHECKED_LEGACY: &[(&str, i64)] = syscalls![open, mkdir];
+#[cfg(not(target_arch = "x86_64"))]
+const CHECKED_LEGACY: &[(&str, i64)] = &[];
 
 /// Named only for the log line of a refused call.
 const REFUSED_NAMES: &[(&str, i64)] = syscalls![
@@ -242,27 +258,27 @@ const REFUSED_NAMES: &[(&str, i64)] = syscalls![
     setsid,
     pidfd_open,
     waitid,
-    mmap,
-    mprotect,
-    ioctl,
-    prctl,
-    socketpair,
-    prlimit64,
-    clone,
 ];
 #[cfg(target_arch = "x86_64")]
 const REFUSED_NAMES_LEGACY: &[(&str, i64)] =
-    syscalls![fork, vfork, chmod, chown, lchown, symlink, link];
+    syscalls![fork, vfork, chmod, chown, lchown, symlink, link, arch_prctl];
 #[cfg(not(target_arch = "x86_64"))]
 const REFUSED_NAMES_LEGACY: &[(&str, i64)] = &[];
 
 /// The name of a system call this module knows, for log lines.
 pub fn syscall_name(nr: i64) -> Option<&'static str> {
-    [ALLOWED, ALLOWED_LEGACY, REFUSED_NAMES, REFUSED_NAMES_LEGACY]
-        .iter()
-        .flat_map(|t| t.iter())
-        .find(|(_, n)| *n == nr)
-        .map(|(name, _)| *name)
+    [
+        ALLOWED,
+        ALLOWED_LEGACY,
+        CHECKED,
+        CHECKED_LEGACY,
+        REFUSED_NAMES,
+        REFUSED_NAMES_LEGACY,
+    ]
+    .iter()
+    .flat_map(|t| t.iter())
+    .find(|(_, n)| *n == nr)
+    .map(|(name, _)| *name)
 }
 
 #[derive(Debug)]
@@ -319,11 +335,69 @@ fn rules() -> BTreeMap<i64, Vec<SeccompRule>> {
             ],
         ),
     );
-    // prctl: thread names only.
+    // prctl: thread names, and mimalloc naming its mappings (PR_SET_VMA).
+    const PR_SET_VMA: u64 = 0x53564d41;
     rules.insert(
         libc::SYS_prctl,
-        one_of(0, &[libc::PR_SET_NAME as u64, libc::PR_GET_NAME as u64]),
+        one_of(
+            0,
+            &[
+                libc::PR_SET_NAME as u64,
+                libc::PR_GET_NAME as u64,
+                PR_SET_VMA,
+            ],
+        ),
     );
+    // Files and folders, but never setuid, setgid or sticky: a server that stays root must
+    // not leave a setuid-root program behind in the folders it may write.
+    let plain_mode = |arg: u8| {
+        vec![SeccompRule::new(vec![cond(arg, Len::Dword, Op::MaskedEq(0o7000), 0)]).unwrap()]
+    };
+    rules.insert(libc::SYS_openat, plain_mode(3));
+    rules.insert(libc::SYS_mkdirat, plain_mode(2));
+    rules.insert(libc::SYS_fchmod, plain_mode(1));
+    #[cfg(target_arch = "x86_64")]
+    {
+        rules.insert(libc::SYS_open, plain_mode(2));
+        rules.insert(libc::SYS_mkdir, plain_mode(1));
+    }
+    // madvise: what allocators and thread stacks use; not HWPOISON, SOFT_OFFLINE, REMOVE.
+    rules.insert(
+        libc::SYS_madvise,
+        one_of(
+            2,
+            &[
+                libc::MADV_NORMAL,
+                libc::MADV_RANDOM,
+                libc::MADV_SEQUENTIAL,
+                libc::MADV_WILLNEED,
+                libc::MADV_DONTNEED,
+                libc::MADV_FREE,
+                libc::MADV_HUGEPAGE,
+                libc::MADV_NOHUGEPAGE,
+                libc::MADV_DONTDUMP,
+                libc::MADV_DODUMP,
+                libc::MADV_COLD,
+                libc::MADV_PAGEOUT,
+            ]
+            .map(|v| v as u64),
+        ),
+    );
+    // Signals only to this process's own threads; affinity and priority only for our own
+    // threads (0 = the caller) and only downwards (nice 0..19).
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u64;
+    rules.insert(libc::SYS_tgkill, one_of(0, &[pid]));
+    rules.insert(libc::SYS_sched_setaffinity, one_of(0, &[0]));
+    rules.insert(
+        libc::SYS_setpriority,
+        vec![SeccompRule::new(vec![
+            cond(0, Len::Dword, Op::Eq, libc::PRIO_PROCESS as u64),
+            cond(2, Len::Dword, Op::Le, 19),
+        ])
+        .unwrap()],
+    );
+
     // socketpair: a Unix pair (the signal thread's wake-up), never a network socket.
     rules.insert(libc::SYS_socketpair, one_of(0, &[libc::AF_UNIX as u64]));
     // prlimit64: read a limit, never raise one.
@@ -344,6 +418,24 @@ fn target_arch() -> Result<TargetArch, Error> {
     std::env::consts::ARCH
         .try_into()
         .map_err(|_| Error::Unsupported(format!("no filter for {}", std::env::consts::ARCH)))
+}
+
+/// `clone3` takes its flags in a struct seccomp cannot read, so it could make processes, not
+/// just threads. It fails with ENOSYS instead, as on kernels before 5.3, and glibc falls back
+/// to `clone`, whose flags the main filter checks. (A second filter: seccompiler gives one
+/// filter one action for matches, and ERRNO outranks ALLOW when filters disagree.)
+pub fn clone3_program() -> Result<BpfProgram, Error> {
+    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        target_arch()?,
+    )
+    .map_err(|e| Error::Failed(e.to_string()))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| Error::Failed(e.to_string()))
 }
 
 /// Compiles the filter (separately from installing it, so that tests can check it).
@@ -391,12 +483,22 @@ struct SigsysInfo {
     arch: libc::c_uint,
 }
 
+/// `si_code` of a SIGSYS raised by a seccomp filter (not in the libc crate).
+const SYS_SECCOMP: libc::c_int = 1;
+
 /// The SIGSYS handler: count, remember, return EPERM. Only async-signal-safe work (atomics
 /// and the saved registers).
 extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers; for a seccomp trap
-    // its union holds the `_sigsys` member laid out as `SigsysInfo`.
-    let nr = unsafe { (*(info as *const SigsysInfo)).syscall };
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers; its first fields
+    // are the same for every signal, and for a seccomp trap (code SYS_SECCOMP) its union
+    // holds the `_sigsys` member laid out as `SigsysInfo`.
+    let info = unsafe { &*(info as *const SigsysInfo) };
+    if info.code != SYS_SECCOMP {
+        // Sent by kill/tgkill/sigqueue, not by our filter: there is no system call to
+        // answer, and the interrupted registers must stay as they are.
+        return;
+    }
+    let nr = info.syscall;
     let slot = (nr.max(0) as usize).min(DENIED_BY_NR.len() - 1);
     DENIED_BY_NR[slot].fetch_add(1, Ordering::Relaxed);
     // SAFETY: `context` is the interrupted thread's ucontext_t, which the kernel restores on
@@ -422,7 +524,8 @@ fn install_handler() -> Result<(), Error> {
     let rc = unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = on_sigsys as *const () as usize;
-        action.sa_flags = libc::SA_SIGINFO;
+        // SA_RESTART: a SIGSYS sent from outside must not fail a blocking call with EINTR.
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         libc::sigemptyset(&mut action.sa_mask);
         libc::sigaction(libc::SIGSYS, &action, std::ptr::null_mut())
     };
@@ -449,32 +552,43 @@ pub fn install() -> Result<(), Error> {
         return Err(Error::Unsupported("not supported by this kernel".into()));
     }
     let program = program()?;
+    let clone3 = clone3_program()?;
     install_handler()?;
-    seccompiler::apply_filter_all_threads(&program).map_err(|e| match e {
-        seccompiler::Error::Seccomp(io) if io.raw_os_error() == Some(libc::EINVAL) => {
-            Error::Unsupported(format!("filters not supported by this kernel ({io})"))
-        }
-        other => Error::Failed(other.to_string()),
-    })
+    let apply = |p: &BpfProgram| {
+        seccompiler::apply_filter_all_threads(p).map_err(|e| match e {
+            seccompiler::Error::Seccomp(io) if io.raw_os_error() == Some(libc::EINVAL) => {
+                Error::Unsupported(format!("filters not supported by this kernel ({io})"))
+            }
+            other => Error::Failed(other.to_string()),
+        })
+    };
+    apply(&clone3)?;
+    apply(&program)
 }
 
-/// Logs refused calls, at most one line per `EVERY`, until `stopped()`; then a last line if
-/// any refusal is still unreported. Runs on a thread of its own.
+/// Logs refused calls until `stopped()`: at once when a system call is refused for the first
+/// time, repeats at most once per `EVERY`, and a last line at the end if any refusal is still
+/// unreported. Runs on a thread of its own (polling every 100 ms).
 pub fn report_denials(stopped: impl Fn() -> bool) {
     const EVERY: Duration = Duration::from_secs(5);
-    let mut reported = 0;
+    let mut reported: Vec<(usize, u64)> = Vec::new();
     let mut last_line: Option<Instant> = None;
     loop {
         let done = stopped();
-        let count = denied_syscalls();
-        let due = last_line.is_none_or(|t| t.elapsed() >= EVERY);
-        if count > reported && (due || done) {
-            tracing::warn!(
-                "sandbox: refused system calls with EPERM since start-up: {}",
-                describe_denials(&denied_by_nr())
-            );
-            reported = count;
-            last_line = Some(Instant::now());
+        let now = denied_by_nr();
+        if now != reported {
+            let new_call = now
+                .iter()
+                .any(|(nr, _)| !reported.iter().any(|(r, _)| r == nr));
+            let due = last_line.is_none_or(|t| t.elapsed() >= EVERY);
+            if new_call || due || done {
+                tracing::warn!(
+                    "sandbox: refused system calls with EPERM since start-up: {}",
+                    describe_denials(&now)
+                );
+                reported = now;
+                last_line = Some(Instant::now());
+            }
         }
         if done {
             return;
@@ -589,21 +703,43 @@ mod tests {
             if rw == libc::MAP_FAILED {
                 return 13;
             }
-            // Refused: a new socket, an executable mapping, ptrace.
+            // Refused with EPERM: a new socket, an executable mapping, ptrace, a setuid file.
             let before = denied_syscalls();
-            if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) != -1
-                || *libc::__errno_location() != libc::EPERM
-            {
+            let eperm = || *libc::__errno_location() == libc::EPERM;
+            if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) != -1 || !eperm() {
                 return 14;
             }
-            if libc::mprotect(rw, 4096, libc::PROT_READ | libc::PROT_EXEC) != -1 {
+            if libc::mprotect(rw, 4096, libc::PROT_READ | libc::PROT_EXEC) != -1 || !eperm() {
                 return 15;
             }
-            if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) != -1 {
+            if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) != -1 || !eperm() {
                 return 16;
             }
-            if denied_syscalls() != before + 3 {
+            let path = c"/nonexistent-tern-test/setuid";
+            let flags = libc::O_CREAT | libc::O_WRONLY;
+            if libc::openat(libc::AT_FDCWD, path.as_ptr(), flags, 0o4755) != -1 || !eperm() {
+                return 19;
+            }
+            if denied_syscalls() != before + 4 {
                 return 17;
+            }
+            // clone3 says ENOSYS (glibc then uses clone, checked for CLONE_THREAD).
+            if libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0) != -1
+                || *libc::__errno_location() != libc::ENOSYS
+            {
+                return 20;
+            }
+            // A SIGSYS sent by a process, not by the filter, changes nothing.
+            let pid = libc::getpid();
+            if libc::syscall(libc::SYS_tgkill, pid, libc::gettid(), libc::SIGSYS) != 0 {
+                return 21;
+            }
+            if denied_syscalls() != before + 4 {
+                return 22;
+            }
+            // A thread can still start and finish.
+            if std::thread::spawn(|| 7).join().ok() != Some(7) {
+                return 23;
             }
             let ptrace = libc::SYS_ptrace as usize;
             if !denied_by_nr().contains(&(ptrace, 1)) {

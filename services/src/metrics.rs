@@ -129,7 +129,16 @@ pub fn server_metrics(s: &StatsSnapshot) -> Vec<Metric> {
     out
 }
 
-/// Uptime, resident memory and sandbox refusals of this process.
+/// Process-wide values a higher layer adds to [`process_metrics`] (the binary adds the
+/// sandbox's refused system calls), set once at start-up.
+static PROCESS_COUNTERS: std::sync::OnceLock<Vec<fn() -> Metric>> = std::sync::OnceLock::new();
+
+/// Adds `counters` to every [`process_metrics`]; only the first call counts.
+pub fn add_process_metrics(counters: Vec<fn() -> Metric>) {
+    let _ = PROCESS_COUNTERS.set(counters);
+}
+
+/// Uptime, resident memory, and what [`add_process_metrics`] added.
 pub fn process_metrics(started: Instant) -> Vec<Metric> {
     vec![
         Metric::gauge(
@@ -142,20 +151,26 @@ pub fn process_metrics(started: Instant) -> Vec<Metric> {
             "resident set size of the process",
             rss_bytes() as f64,
         ),
-        Metric::counter(
-            "sandbox_denied_syscalls",
-            "system calls the seccomp sandbox refused with EPERM",
-            tern_sandbox::denied_syscalls(),
-        ),
     ]
+    .into_iter()
+    .chain(PROCESS_COUNTERS.get().into_iter().flatten().map(|c| c()))
+    .collect()
 }
 
-/// Resident set size from /proc/self/statm (0 where unavailable).
+/// Resident set size from /proc/self/statm (0 where unavailable). The file is opened once,
+/// on the first call (before a sandbox hides /proc), and read with `pread` after that.
 pub fn rss_bytes() -> u64 {
-    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
+    use std::os::unix::fs::FileExt;
+    static STATM: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    let Some(file) = STATM.get_or_init(|| std::fs::File::open("/proc/self/statm").ok()) else {
         return 0;
     };
-    let pages: u64 = statm
+    let mut buf = [0u8; 128];
+    let Ok(n) = file.read_at(&mut buf, 0) else {
+        return 0;
+    };
+    let pages: u64 = std::str::from_utf8(&buf[..n])
+        .unwrap_or("")
         .split_whitespace()
         .nth(1)
         .and_then(|v| v.parse().ok())

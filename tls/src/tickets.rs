@@ -211,7 +211,10 @@ fn parse(text: &str) -> Result<Vec<Key>, String> {
 }
 
 /// Writes the keys to a 0600 temp file beside `path`, then renames it over `path`, so a
-/// reader (another tern starting) never sees half a file.
+/// reader (another tern starting) never sees half a file. Where that fails, as in a folder
+/// tern may not write (a sandbox that allows only the file itself, a root-owned folder after
+/// dropping to `--user`), the file is rewritten in place instead: a crash in that moment leaves a damaged
+/// file, which the next start refuses loudly rather than resetting.
 fn save(path: &Path, keys: &[Key]) -> Result<(), String> {
     let mut text = String::from(FILE_HEADER);
     text.push('\n');
@@ -235,7 +238,17 @@ fn save(path: &Path, keys: &[Key]) -> Result<(), String> {
         f.sync_all()?;
         fs::rename(&tmp, path)
     };
-    write().map_err(|e| format!("cannot write {}: {e}", path.display()))
+    let in_place = || -> std::io::Result<()> {
+        let mut f = OpenOptions::new().write(true).open(path)?;
+        f.write_all(text.as_bytes())?;
+        f.set_len(text.len() as u64)?;
+        f.sync_all()
+    };
+    match write() {
+        Err(_) if path.exists() => in_place(),
+        other => other,
+    }
+    .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 impl ProducesTickets for TicketKeys {
@@ -343,6 +356,20 @@ mod tests {
         // At 12 h the first key is erased.
         let keys = refreshed(keys, t0 + ACCEPT_SECS).unwrap();
         assert!(keys.iter().all(|k| k.created != t0));
+    }
+
+    #[test]
+    fn rotation_rewrites_the_file_in_place_where_no_temp_file_can_be_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys");
+        let first = TicketKeys::build(Some(path.clone()), Vec::new(), 1_000).unwrap();
+        let before = fs::read_to_string(&path).unwrap();
+        // The temp file cannot be made (a folder is in its way, which stops root too).
+        fs::create_dir(path.with_extension("tmp")).unwrap();
+        first.maybe_rotate(1_000 + ROTATE_SECS + 1);
+        let after = fs::read_to_string(&path).unwrap();
+        assert_ne!(before, after, "the rotated keys were saved");
+        assert_eq!(parse(&after).unwrap().len(), first.key_count());
     }
 
     #[test]

@@ -36,6 +36,10 @@ use tern_services::{
 
 pub use store::SyncMode;
 
+/// What the game keeps in its data folder starts with these names (the database, its WAL and
+/// shared-memory files, SQLite's journal), so the binary can tell its files from others.
+pub const DATA_FILE_PREFIXES: &[&str] = &[store::FILE_NAME];
+
 /// The game's settings.
 #[derive(Debug, Clone)]
 pub struct GameConfig {

@@ -74,9 +74,9 @@ pub struct Tern {
     pub workers: usize,
     pub stderr: Arc<Mutex<Vec<u8>>>,
     status: Option<ExitStatus>,
-    /// The sandbox may refuse system calls in this test (it probes them on purpose);
-    /// otherwise a refusal in the log fails the test when the server is dropped.
-    pub refusals_expected: bool,
+    /// System calls the sandbox may refuse in this test (it probes them on purpose); any
+    /// other refusal in the log fails the test when the server is dropped.
+    pub refusals_expected: &'static [&'static str],
 }
 
 /// One listener named in a start-up line.
@@ -184,7 +184,7 @@ impl Tern {
             workers: 0,
             stderr,
             status: None,
-            refusals_expected: false,
+            refusals_expected: &[],
         };
         // (On a panic, Drop kills the process.)
         let Ok(line) = rx.recv_timeout(Duration::from_secs(15)) else {
@@ -329,9 +329,22 @@ impl Drop for Tern {
         }
         // Every test runs sandboxed, so every test also checks the seccomp allow-list: a
         // system call the server needed but was refused shows up here.
-        let refused = self.log_lines("sandbox: refused");
-        if !refused.is_empty() && !self.refusals_expected && !std::thread::panicking() {
-            panic!("the sandbox refused system calls: {refused:?}");
+        let unexpected: Vec<String> = self
+            .log_lines("sandbox: refused system calls with EPERM since start-up: ")
+            .iter()
+            .flat_map(|line| {
+                let list = line.rsplit(": ").next().unwrap_or("");
+                list.split(", ")
+                    .map(|item| item.split(' ').next().unwrap_or("").to_string())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|name| !self.refusals_expected.contains(&name.as_str()))
+            .collect();
+        if !unexpected.is_empty() && !std::thread::panicking() {
+            panic!(
+                "the sandbox refused system calls: {unexpected:?}; stderr:\n{}",
+                self.stderr_text()
+            );
         }
     }
 }
