@@ -95,16 +95,6 @@ fn slow_heads(tern: &Tern, src: &str, n: usize) {
     }
 }
 
-/// The value of `name` on /statusz (asked from 127.0.0.1).
-fn statusz(tern: &Tern, name: &str) -> u64 {
-    let text = tern.get("/statusz").text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-        .unwrap_or_else(|| panic!("no {name} in /statusz:\n{text}"))
-        .parse()
-        .unwrap()
-}
-
 fn demo(extra: &[&str]) -> (tempfile::TempDir, Tern) {
     let tmp = tempfile::tempdir().unwrap();
     let mut args = vec!["--header-timeout", "1"];
@@ -119,7 +109,7 @@ fn slow_heads_ban_the_peer_until_the_ban_expires() {
     // Two strikes: not yet.
     slow_heads(&tern, "127.0.0.2", 2);
     assert_answered(&tern, "127.0.0.2");
-    assert_eq!(statusz(&tern, "bans_added"), 0);
+    assert_eq!(tern.statusz("bans_added"), 0);
     // The third within the window bans.
     slow_heads(&tern, "127.0.0.2", 1);
     let banned_at = Instant::now();
@@ -128,9 +118,9 @@ fn slow_heads_ban_the_peer_until_the_ban_expires() {
     // Neighbours and the exempt default are still served.
     assert_answered(&tern, "127.0.0.3");
     assert_answered(&tern, "127.0.0.1");
-    assert_eq!(statusz(&tern, "bans_added"), 1);
-    assert_eq!(statusz(&tern, "connections_banned"), 2);
-    assert!(statusz(&tern, "timeouts_header") >= 3);
+    assert_eq!(tern.statusz("bans_added"), 1);
+    assert_eq!(tern.statusz("connections_banned"), 2);
+    assert!(tern.statusz("timeouts_header") >= 3);
     let metrics = tern.get("/metrics").text();
     assert!(
         metrics.contains("\ntern_connections_banned 2\n"),
@@ -139,7 +129,7 @@ fn slow_heads_ban_the_peer_until_the_ban_expires() {
     // The ban ends after --ban-seconds.
     std::thread::sleep(Duration::from_millis(2300).saturating_sub(banned_at.elapsed()));
     assert_answered(&tern, "127.0.0.2");
-    assert_eq!(statusz(&tern, "connections_banned"), 2);
+    assert_eq!(tern.statusz("connections_banned"), 2);
 }
 
 #[test]
@@ -162,11 +152,11 @@ fn exempt_addresses_are_never_banned() {
     slow_heads(&tern, "127.0.0.1", 2);
     assert_answered(&tern, "127.0.0.2");
     assert_answered(&tern, "127.0.0.1");
-    assert_eq!(statusz(&tern, "bans_added"), 0);
+    assert_eq!(tern.statusz("bans_added"), 0);
     // The same strike from an address not in the list bans (so the above could fail).
     slow_heads(&tern, "127.0.0.4", 1);
     assert_banned(&tern, "127.0.0.4");
-    assert_eq!(statusz(&tern, "bans_added"), 1);
+    assert_eq!(tern.statusz("bans_added"), 1);
 }
 
 #[test]
@@ -183,7 +173,7 @@ fn ban_off_never_bans() {
     let (_tmp, tern) = demo(&["--ban", "off", "--ban-after", "1"]);
     slow_heads(&tern, "127.0.0.2", 2);
     assert_answered(&tern, "127.0.0.2");
-    assert_eq!(statusz(&tern, "bans_added"), 0);
+    assert_eq!(tern.statusz("bans_added"), 0);
 }
 
 /// This machine's own non-loopback IPv4 address (the rate limiter exempts all of 127/8, so a
@@ -229,16 +219,16 @@ fn a_connection_dropped_far_over_the_rate_limit_bans() {
         let dst = SocketAddr::new(IpAddr::V4(own), tern.addr().port());
         claim_until_dropped(&tern, IpAddr::V4(own), dst);
         let (got, took) = get_from(IpAddr::V4(own), dst, "/ip");
-        assert!(statusz(&tern, "connections_dropped") >= 1);
+        assert!(tern.statusz("connections_dropped") >= 1);
         if bans_on {
             assert!(got.is_empty(), "answered after a drop: {got:?}");
             assert!(took < Duration::from_millis(800), "closed after {took:?}");
-            assert_eq!(statusz(&tern, "bans_added"), 1);
-            assert_eq!(statusz(&tern, "connections_banned"), 1);
+            assert_eq!(tern.statusz("bans_added"), 1);
+            assert_eq!(tern.statusz("connections_banned"), 1);
         } else {
             // /ip is not rate-limited: with bans off the same peer is answered.
             assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
-            assert_eq!(statusz(&tern, "bans_added"), 0);
+            assert_eq!(tern.statusz("bans_added"), 0);
         }
     }
 }
@@ -387,7 +377,7 @@ fn nft_inside_a_namespace() {
     );
     // The kernel now drops 127.0.0.2's SYNs: connecting times out instead of being accepted
     // and closed by tern.
-    let banned_before = statusz(&tern, "connections_banned");
+    let banned_before = tern.statusz("connections_banned");
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     s.bind(&SocketAddr::new(ip("127.0.0.2"), 0).into()).unwrap();
     let err = s
@@ -397,10 +387,10 @@ fn nft_inside_a_namespace() {
         matches!(err.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock),
         "{err}"
     );
-    assert_eq!(statusz(&tern, "connections_banned"), banned_before);
+    assert_eq!(tern.statusz("connections_banned"), banned_before);
     let counters = sh("nft list chain inet tern_test input");
     assert!(!counters.contains("packets 0 "), "{counters}");
     // Others still get in; nothing failed on the way to nft.
     assert_answered(&tern, "127.0.0.3");
-    assert_eq!(statusz(&tern, "ban_nft_failures"), 0);
+    assert_eq!(tern.statusz("ban_nft_failures"), 0);
 }

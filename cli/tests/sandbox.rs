@@ -79,16 +79,6 @@ fn without_the_sandbox_the_same_probes_get_through() {
     );
 }
 
-fn statusz_value(tern: &Tern, name: &str) -> u64 {
-    let text = tern.get("/statusz").text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-        .unwrap_or_else(|| panic!("no {name} in /statusz:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn the_game_plays_sandboxed_and_counts_refused_calls() {
     let tmp = tempfile::tempdir().unwrap();
@@ -98,10 +88,10 @@ fn the_game_plays_sandboxed_and_counts_refused_calls() {
     assert_eq!(tern.log_lines(PROTECTED).len(), 1, "{}", tern.stderr_text());
     let r = tern.get_with("/claim/sandboxed", &[("Accept", "text/plain")]);
     assert_eq!(r.text(), "127.0.0.1 is now claimed by sandboxed\n");
-    assert_eq!(statusz_value(&tern, "sandbox_denied_syscalls"), 0);
+    assert_eq!(tern.statusz("sandbox_denied_syscalls"), 0);
     probe(&tern, "exec");
     probe(&tern, "exec");
-    assert_eq!(statusz_value(&tern, "sandbox_denied_syscalls"), 2);
+    assert_eq!(tern.statusz("sandbox_denied_syscalls"), 2);
     let metrics = tern.get("/metrics").text();
     assert!(
         metrics.contains("\ntern_sandbox_denied_syscalls 2\n")
@@ -347,4 +337,32 @@ fn a_renewed_certificate_is_served_after_sighup_inside_the_sandbox() {
     let mut c = tern.tls(&config, "localhost");
     assert_eq!(which(&c.leaf(), &leaves), "second");
     assert_eq!(c.get("/", &[]).text(), "home\n");
+}
+
+/// Root binds a port below 1024, then serves it as `nobody`.
+#[test]
+fn a_privileged_port_is_bound_as_root_and_served_as_the_user() {
+    if !running_as_root() {
+        eprintln!("skipped: needs root to bind a port below 1024");
+        return;
+    }
+    let Some(port) = (700..1000).find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+    else {
+        eprintln!("skipped: no free port below 1024");
+        return;
+    };
+    let site = Site::new();
+    site.write("index.html", "low\n");
+    std::fs::set_permissions(site.base(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let tern = Tern::spawn(serve_command(
+        &site.root,
+        &["--listen", &listen],
+        &["--user", "nobody"],
+    ));
+    assert_eq!(tern.addr().port(), port);
+    assert_eq!(tern.get("/").text(), "low\n");
+    let (uid, _) = uid_of("nobody");
+    assert_eq!(proc_ids(tern.pid(), "Uid:"), vec![uid; 4]);
 }

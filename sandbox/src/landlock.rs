@@ -7,7 +7,6 @@
 //! are refused (every listener is bound before); signals and abstract Unix sockets cannot
 //! reach outside the process.
 
-use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use landlock::{
@@ -15,7 +14,7 @@ use landlock::{
     RestrictionStatus, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
-use crate::Paths;
+use crate::{Error, Paths};
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
@@ -27,19 +26,10 @@ pub fn is_active() -> bool {
 /// The newest ABI this code knows; older kernels get what they support (best effort).
 const ABI_WANTED: ABI = ABI::V7;
 
-#[derive(Debug)]
-pub enum Error {
-    /// The kernel has no Landlock (or it is disabled).
-    Unsupported(String),
-    Failed(String),
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Unsupported(why) => write!(f, "Landlock: {why}"),
-            Error::Failed(why) => write!(f, "Landlock: {why}"),
-        }
+pub(crate) fn unsupported(why: String) -> Error {
+    Error::Unsupported {
+        part: "Landlock",
+        why,
     }
 }
 
@@ -63,7 +53,10 @@ fn write_access() -> BitFlags<AccessFs> {
 
 /// Restricts the calling thread (and the threads it starts later). Returns how completely.
 pub fn restrict(paths: &Paths) -> Result<String, Error> {
-    let failed = |e: landlock::RulesetError| Error::Failed(e.to_string());
+    let failed = |e: landlock::RulesetError| Error::Failed {
+        part: "Landlock",
+        why: e.to_string(),
+    };
     let status: RestrictionStatus = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(ABI_WANTED))
@@ -95,7 +88,7 @@ pub fn restrict(paths: &Paths) -> Result<String, Error> {
     }
     match status.ruleset {
         RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced => Ok(enforced.into()),
-        RulesetStatus::NotEnforced => Err(Error::Unsupported(
+        RulesetStatus::NotEnforced => Err(unsupported(
             "not supported or not enabled in this kernel".into(),
         )),
     }
@@ -132,7 +125,7 @@ mod tests {
         assert!(pid >= 0);
         if pid == 0 {
             let code = match restrict(&paths) {
-                Err(Error::Unsupported(_)) => 99,
+                Err(Error::Unsupported { .. }) => 99,
                 Err(_) => 10,
                 Ok(_) => {
                     let denied = |r: std::io::Result<_>| matches!(r, Err(e) if e.kind() == ErrorKind::PermissionDenied);

@@ -22,6 +22,24 @@ use std::path::PathBuf;
 pub use account::{Account, Give};
 pub use seccomp::{denied_syscalls, report_denials};
 
+/// Why a protection could not be put in place.
+#[derive(Debug)]
+pub enum Error {
+    /// The kernel lacks it (or it is disabled): `--sandbox auto` goes on without it.
+    Unsupported { part: &'static str, why: String },
+    Failed { part: &'static str, why: String },
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Unsupported { part, why } | Error::Failed { part, why } => {
+                write!(f, "{part}: {why}")
+            }
+        }
+    }
+}
+
 /// Whether to sandbox (`--sandbox`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
@@ -113,36 +131,37 @@ pub fn lockdown(plan: &Plan) -> Result<Applied, String> {
         return Ok(applied);
     }
     let landlock = if kernel_lacks("landlock") {
-        Err(landlock::Error::Unsupported(PRETENDED.into()))
+        Err(landlock::unsupported(PRETENDED.into()))
     } else {
         landlock::restrict(&plan.paths)
     };
     match landlock {
         Ok(status) => applied.landlock = Some(status),
-        Err(landlock::Error::Unsupported(why)) if plan.mode == Mode::Auto => {
-            applied.missing.push(format!("Landlock ({why})"))
-        }
-        Err(e @ landlock::Error::Unsupported(_)) => {
-            return Err(format!("cannot sandbox (--sandbox on): {e}"))
-        }
-        Err(e) => return Err(format!("cannot sandbox: {e}")),
+        Err(e) => degrade(plan.mode, &mut applied, e)?,
     }
     let seccomp = if kernel_lacks("seccomp") {
-        Err(seccomp::Error::Unsupported(PRETENDED.into()))
+        Err(seccomp::unsupported(PRETENDED.into()))
     } else {
         seccomp::install()
     };
     match seccomp {
         Ok(()) => applied.seccomp = true,
-        Err(seccomp::Error::Unsupported(why)) if plan.mode == Mode::Auto => {
-            applied.missing.push(format!("seccomp ({why})"))
-        }
-        Err(e @ seccomp::Error::Unsupported(_)) => {
-            return Err(format!("cannot sandbox (--sandbox on): {e}"))
-        }
-        Err(e) => return Err(format!("cannot sandbox: {e}")),
+        Err(e) => degrade(plan.mode, &mut applied, e)?,
     }
     Ok(applied)
+}
+
+/// A protection that could not be applied: noted under `auto` when the kernel lacks it,
+/// else the start-up error.
+fn degrade(mode: Mode, applied: &mut Applied, e: Error) -> Result<(), String> {
+    match e {
+        Error::Unsupported { part, why } if mode == Mode::Auto => {
+            applied.missing.push(format!("{part} ({why})"));
+            Ok(())
+        }
+        e @ Error::Unsupported { .. } => Err(format!("cannot sandbox (--sandbox on): {e}")),
+        e => Err(format!("cannot sandbox: {e}")),
+    }
 }
 
 const PRETENDED: &str = "not in this kernel (TERN_TEST_KERNEL_WITHOUT)";

@@ -12,10 +12,10 @@
 //! without PROT_EXEC, ioctl, prctl, ...) run it.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::Error;
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition,
     SeccompFilter, SeccompRule, TargetArch,
@@ -281,18 +281,17 @@ pub fn syscall_name(nr: i64) -> Option<&'static str> {
     .map(|(name, _)| *name)
 }
 
-#[derive(Debug)]
-pub enum Error {
-    /// The kernel has no seccomp filters, or this architecture is not covered.
-    Unsupported(String),
-    Failed(String),
+pub(crate) fn unsupported(why: String) -> Error {
+    Error::Unsupported {
+        part: "seccomp",
+        why,
+    }
 }
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Unsupported(why) | Error::Failed(why) => write!(f, "seccomp: {why}"),
-        }
+fn failed(why: String) -> Error {
+    Error::Failed {
+        part: "seccomp",
+        why,
     }
 }
 
@@ -417,7 +416,7 @@ fn rules() -> BTreeMap<i64, Vec<SeccompRule>> {
 fn target_arch() -> Result<TargetArch, Error> {
     std::env::consts::ARCH
         .try_into()
-        .map_err(|_| Error::Unsupported(format!("no filter for {}", std::env::consts::ARCH)))
+        .map_err(|_| unsupported(format!("no filter for {}", std::env::consts::ARCH)))
 }
 
 /// `clone3` takes its flags in a struct seccomp cannot read, so it could make processes, not
@@ -432,10 +431,10 @@ pub fn clone3_program() -> Result<BpfProgram, Error> {
         SeccompAction::Errno(libc::ENOSYS as u32),
         target_arch()?,
     )
-    .map_err(|e| Error::Failed(e.to_string()))?;
+    .map_err(|e| failed(e.to_string()))?;
     filter
         .try_into()
-        .map_err(|e: seccompiler::BackendError| Error::Failed(e.to_string()))
+        .map_err(|e: seccompiler::BackendError| failed(e.to_string()))
 }
 
 /// Compiles the filter (separately from installing it, so that tests can check it).
@@ -446,10 +445,10 @@ pub fn program() -> Result<BpfProgram, Error> {
         SeccompAction::Allow,
         target_arch()?,
     )
-    .map_err(|e| Error::Failed(e.to_string()))?;
+    .map_err(|e| failed(e.to_string()))?;
     filter
         .try_into()
-        .map_err(|e: seccompiler::BackendError| Error::Failed(e.to_string()))
+        .map_err(|e: seccompiler::BackendError| failed(e.to_string()))
 }
 
 /// Refusals by system call number (numbers past the table share its last slot).
@@ -532,7 +531,7 @@ fn install_handler() -> Result<(), Error> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(Error::Failed(format!(
+        Err(failed(format!(
             "cannot handle SIGSYS: {}",
             std::io::Error::last_os_error()
         )))
@@ -542,14 +541,14 @@ fn install_handler() -> Result<(), Error> {
 /// Installs the SIGSYS handler and the filter, on every thread of the process.
 pub fn install() -> Result<(), Error> {
     if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
-        return Err(Error::Unsupported(format!(
+        return Err(unsupported(format!(
             "EPERM mode is not written for {}",
             std::env::consts::ARCH
         )));
     }
     // SAFETY: prctl(PR_GET_SECCOMP) only reads the calling thread's mode.
     if unsafe { libc::prctl(libc::PR_GET_SECCOMP) } < 0 {
-        return Err(Error::Unsupported("not supported by this kernel".into()));
+        return Err(unsupported("not supported by this kernel".into()));
     }
     let program = program()?;
     let clone3 = clone3_program()?;
@@ -557,9 +556,9 @@ pub fn install() -> Result<(), Error> {
     let apply = |p: &BpfProgram| {
         seccompiler::apply_filter_all_threads(p).map_err(|e| match e {
             seccompiler::Error::Seccomp(io) if io.raw_os_error() == Some(libc::EINVAL) => {
-                Error::Unsupported(format!("filters not supported by this kernel ({io})"))
+                unsupported(format!("filters not supported by this kernel ({io})"))
             }
-            other => Error::Failed(other.to_string()),
+            other => failed(other.to_string()),
         })
     };
     apply(&clone3)?;

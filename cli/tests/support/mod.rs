@@ -282,6 +282,17 @@ impl Tern {
         String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
     }
 
+    /// The value of `name` on /statusz (`tern demo` has that page).
+    pub fn statusz(&self, name: &str) -> u64 {
+        let text = self.get("/statusz").text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name} in /statusz:\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
     /// Lines of stderr containing `needle`.
     pub fn log_lines(&self, needle: &str) -> Vec<String> {
         self.stderr_text()
