@@ -353,8 +353,11 @@ fn a_privileged_port_is_bound_as_root_and_served_as_the_user() {
     };
     let site = Site::new();
     site.write("index.html", "low\n");
-    std::fs::set_permissions(site.base(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(
+        site.base(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let listen = format!("127.0.0.1:{port}");
     let tern = Tern::spawn(serve_command(
         &site.root,

@@ -26,8 +26,14 @@ pub use seccomp::{denied_syscalls, report_denials};
 #[derive(Debug)]
 pub enum Error {
     /// The kernel lacks it (or it is disabled): `--sandbox auto` goes on without it.
-    Unsupported { part: &'static str, why: String },
-    Failed { part: &'static str, why: String },
+    Unsupported {
+        part: &'static str,
+        why: String,
+    },
+    Failed {
+        part: &'static str,
+        why: String,
+    },
 }
 
 impl std::fmt::Display for Error {
