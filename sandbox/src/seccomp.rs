@@ -360,7 +360,8 @@ fn rules() -> BTreeMap<i64, Vec<SeccompRule>> {
         rules.insert(libc::SYS_open, plain_mode(2));
         rules.insert(libc::SYS_mkdir, plain_mode(1));
     }
-    // madvise: what allocators and thread stacks use; not HWPOISON, SOFT_OFFLINE, REMOVE.
+    // madvise: what allocators, thread stacks and aws-lc use; not HWPOISON, SOFT_OFFLINE,
+    // REMOVE.
     rules.insert(
         libc::SYS_madvise,
         one_of(
@@ -378,8 +379,14 @@ fn rules() -> BTreeMap<i64, Vec<SeccompRule>> {
                 libc::MADV_DODUMP,
                 libc::MADV_COLD,
                 libc::MADV_PAGEOUT,
+                // aws-lc keeps its random generator's state out of forked children: it first
+                // probes with an invalid advice (-1, which the kernel answers EINVAL), then
+                // asks for MADV_WIPEONFORK.
+                libc::MADV_WIPEONFORK,
+                libc::MADV_KEEPONFORK,
+                -1,
             ]
-            .map(|v| v as u64),
+            .map(|v| v as u32 as u64),
         ),
     );
     // Signals only to this process's own threads; affinity and priority only for our own
@@ -503,6 +510,41 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, context: *mu
     // SAFETY: `context` is the interrupted thread's ucontext_t, which the kernel restores on
     // return from the handler; the register written is the syscall's return value.
     unsafe { set_return_value(context, -(libc::EPERM as i64)) };
+    if cfg!(debug_assertions) {
+        // Debug builds (the test suite) also say so at once on stderr, so that a test that
+        // ends a moment later still sees it; release builds leave it to `report_denials`.
+        trace_refusal(nr as i64);
+    }
+}
+
+/// `tern: sandbox: refused NAME (NR) with EPERM` on stderr, built on the stack and written
+/// with one write(2): both async-signal-safe.
+fn trace_refusal(nr: i64) {
+    let mut line = [0u8; 96];
+    let mut len = 0;
+    let mut put = |bytes: &[u8]| {
+        let n = bytes.len().min(line.len() - len);
+        line[len..len + n].copy_from_slice(&bytes[..n]);
+        len += n;
+    };
+    put(b"tern: sandbox: refused ");
+    put(syscall_name(nr).unwrap_or("?").as_bytes());
+    put(b" (");
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut v = nr.unsigned_abs();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    put(&digits[i..]);
+    put(b") with EPERM\n");
+    // SAFETY: writes `len` initialised bytes of a stack buffer to stderr.
+    unsafe { libc::write(2, line.as_ptr().cast(), len) };
 }
 
 #[cfg(target_arch = "x86_64")]

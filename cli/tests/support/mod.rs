@@ -340,8 +340,11 @@ impl Drop for Tern {
         }
         // Every test runs sandboxed, so every test also checks the seccomp allow-list: a
         // system call the server needed but was refused shows up here.
-        let unexpected: Vec<String> = self
-            .log_lines("sandbox: refused system calls with EPERM since start-up: ")
+        // The log thread's summary lines, and the line a debug build's trap handler writes
+        // at once (`tern: sandbox: refused NAME (NR) with EPERM`).
+        let summaries = self.log_lines("sandbox: refused system calls with EPERM since start-up: ");
+        let traces = self.log_lines("tern: sandbox: refused ");
+        let unexpected: Vec<String> = summaries
             .iter()
             .flat_map(|line| {
                 let list = line.rsplit(": ").next().unwrap_or("");
@@ -349,6 +352,10 @@ impl Drop for Tern {
                     .map(|item| item.split(' ').next().unwrap_or("").to_string())
                     .collect::<Vec<_>>()
             })
+            .chain(traces.iter().map(|line| {
+                let rest = line.split("tern: sandbox: refused ").nth(1).unwrap_or("");
+                rest.split(' ').next().unwrap_or("").to_string()
+            }))
             .filter(|name| !self.refusals_expected.contains(&name.as_str()))
             .collect();
         if !unexpected.is_empty() && !std::thread::panicking() {
