@@ -140,7 +140,7 @@ pub fn parse(text: &str) -> Result<FileConfig, String> {
 
 /// One line from a TOML error: `line N: [key: ]message`, with serde's "unknown field `x`,
 /// expected one of ..." shortened to `unknown key "x"`.
-fn describe(text: &str, e: &toml::de::Error) -> String {
+pub(crate) fn describe(text: &str, e: &toml::de::Error) -> String {
     let raw = e.message().trim();
     let mut msg = match raw.strip_prefix("unknown field `") {
         Some(rest) => {
@@ -170,7 +170,7 @@ fn describe(text: &str, e: &toml::de::Error) -> String {
 }
 
 /// 1-based line number of byte offset `at`.
-fn line_of(text: &str, at: usize) -> usize {
+pub(crate) fn line_of(text: &str, at: usize) -> usize {
     text.as_bytes()[..at.min(text.len())]
         .iter()
         .filter(|&&b| b == b'\n')

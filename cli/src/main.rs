@@ -9,6 +9,7 @@ mod config;
 mod demo;
 mod hardening;
 mod memory;
+mod run;
 mod serve;
 mod service;
 mod tls;
@@ -23,7 +24,7 @@ use clap::{Parser, Subcommand, ValueEnum};
     name = "tern",
     version,
     about = "A thread-per-core web server that lets one cheap machine serve the world.",
-    after_help = "Quick start:\n  tern demo                      # the IPv4 Games on http://127.0.0.1:8080\n  tern serve ./site --listen 127.0.0.1:8080 [--workers N]\n\nSee `tern serve --help` for every option."
+    after_help = "Quick start:\n  tern demo                      # the IPv4 Games on http://127.0.0.1:8080\n  tern serve ./site --listen 127.0.0.1:8080 [--workers N]\n  tern run --config tern.toml    # several sites from one file (--check to validate it)\n\nSee `tern serve --help` for every option."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -52,6 +53,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Run the IPv4 Games (claim your address for a name) on embedded SQLite.
     Demo(demo::DemoArgs),
+    /// Serve several sites, chosen by host name, from one config file (static files,
+    /// redirects, fixed answers, the IPv4 Games).
+    Run(run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
     let result = service::init().and_then(|()| match cli.command {
         Command::Serve(args) => serve::serve(args),
         Command::Demo(args) => demo::demo(args),
+        Command::Run(args) => run::run(args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -106,6 +106,27 @@ impl Response {
         self.headers.extend_from_slice(lines);
     }
 
+    /// Removes every `name:` line (name compared without regard to case), in place.
+    pub fn remove_header(&mut self, name: &str) {
+        let name = name.as_bytes();
+        let lines = &mut self.headers;
+        let (mut read, mut write) = (0, 0);
+        while read < lines.len() {
+            let end =
+                memchr::memmem::find(&lines[read..], b"\r\n").map_or(lines.len(), |i| read + i + 2);
+            let line = &lines[read..end];
+            let matches = line.len() > name.len()
+                && line[name.len()] == b':'
+                && line[..name.len()].eq_ignore_ascii_case(name);
+            if !matches {
+                lines.copy_within(read..end, write);
+                write += end - read;
+            }
+            read = end;
+        }
+        lines.truncate(write);
+    }
+
     pub fn headers(&self) -> &[u8] {
         &self.headers
     }
@@ -141,6 +162,21 @@ mod tests {
             .with_header("Nul", "a\0b")
             .with_header("Ok", "fine");
         assert_eq!(r.headers(), b"Ok: fine\r\n");
+    }
+
+    #[test]
+    fn remove_header_drops_every_line_of_that_name_only() {
+        let mut r = Response::new(200)
+            .with_header("Cache-Control", "a")
+            .with_header("X-Cache", "b")
+            .with_header("cache-control", "c")
+            .with_header("Cache-Control-Extra", "d");
+        r.remove_header("CACHE-CONTROL");
+        assert_eq!(r.headers(), b"X-Cache: b\r\nCache-Control-Extra: d\r\n");
+        r.remove_header("nothing");
+        r.remove_header("Cache-Control-Extra");
+        r.remove_header("X-Cache");
+        assert_eq!(r.headers(), b"");
     }
 
     #[test]

@@ -3,7 +3,8 @@ use std::sync::Arc;
 
 use tern_codec::Method;
 
-use crate::handler::Handler;
+use crate::handler::{Handler, HandlerContext, Reply, Request};
+use crate::response::Response;
 
 /// Methods a route answers, as a bit set (HEAD is implied by GET).
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
@@ -157,11 +158,23 @@ impl Router {
     }
 }
 
+/// A router is itself a handler, so a whole app (its routes and fallback) can be mounted
+/// behind another dispatcher, such as a site table that first chooses by Host.
+impl Handler for Router {
+    fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
+        match self.find(req.method(), req.path()) {
+            RouteMatch::Handler(h) => h.handle(req, cx),
+            RouteMatch::MethodNotAllowed(allow) => Response::text(405, "method not allowed\n")
+                .with_header("Allow", allow)
+                .into(),
+            RouteMatch::NotFound => Response::text(404, "not found\n").into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handler::{HandlerContext, Reply, Request};
-    use crate::response::Response;
 
     fn answer(status: u16) -> impl Handler {
         move |_: &Request<'_>, _: &mut HandlerContext<'_>| Reply::Now(Response::new(status))

@@ -80,6 +80,18 @@ pub fn bundled_site() -> PathBuf {
 
 /// Opens the database, prepares the threads and routes; `start()` the result to play.
 pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
+    let mut server = Server::new(config, Router::new());
+    let routes = mount(&mut server, game)?;
+    *server.router_mut() = routes;
+    Ok(server)
+}
+
+/// The game as a part of a larger server: opens the database, registers the game's
+/// background threads on `server` and returns its routes (with the pages as their fallback),
+/// for the caller to mount where it likes (`tern run` puts them behind a host name). Mount it
+/// once per server: the routes answer absolute paths (`/claim/NAME`, `/score`), so they
+/// belong at `/`.
+pub fn mount(server: &mut Server, game: GameConfig) -> Result<Router, String> {
     std::fs::create_dir_all(&game.data_dir)
         .map_err(|e| format!("cannot create data dir {}: {e}", game.data_dir.display()))?;
     let db = store::db_path(&game.data_dir);
@@ -94,8 +106,7 @@ pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
     let site = StaticFiles::new(StaticOptions::new(&game.site_dir))
         .map_err(|e| format!("cannot serve {}: {e}", game.site_dir.display()))?;
 
-    let workers = config.runtime.workers.max(1);
-    let mut server = Server::new(config, Router::new());
+    let workers = server.config().runtime.workers.max(1);
     let (claims, claims_rx) = handoff(game.queue_capacity.max(1));
     let (lookups, lookups_rx) = handoff(256);
     let now = game::unix_now();
@@ -126,8 +137,7 @@ pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
         hold_writer: std::sync::atomic::AtomicBool::new(false),
         restart_pending: std::sync::atomic::AtomicBool::new(false),
     });
-    let router = std::mem::take(server.router_mut());
-    *server.router_mut() = game::routes(state.clone(), router.fallback(site));
+    let routes = game::routes(state.clone(), Router::new().fallback(site));
 
     let s = state.clone();
     let batch_max = game.batch_max.max(1);
@@ -146,7 +156,7 @@ pub fn build(config: ServerConfig, game: GameConfig) -> Result<Server, String> {
     server.background("player-lookup", move |stop| {
         player::run(lookup_conn, lookups_rx, state, stop)
     });
-    Ok(server)
+    Ok(routes)
 }
 
 /// Keeps the WAL short: a passive checkpoint every 100 ms copies what the writer committed

@@ -1,0 +1,961 @@
+//! The `tern run --config FILE` file: server settings, `[tls]` (as for `tern serve`), and
+//! `[[site]]` entries with their `[[site.route]]`s. `examples/tern.toml` shows every key.
+//!
+//! Checking collects every problem it can find (not just the first), each as
+//! `config FILE: line N: what`, so `tern run --check` lists them all. Only a TOML syntax or
+//! type error stops early, since the rest of the file cannot be read past it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tern_server::static_files::StaticOptions;
+use tern_vhost::HeaderEdits;
+use toml::Spanned;
+
+use crate::common::CommonArgs;
+use crate::config::{describe, line_of};
+use crate::hardening::{FileHardening, SandboxArg};
+use crate::tls::{FileTls, TlsArgs, TlsPlan};
+
+/// The keys of the file; everything but `[[site]]` is optional.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunFile {
+    listen: Option<SocketAddr>,
+    workers: Option<Spanned<usize>>,
+    pin: Option<bool>,
+    header_timeout: Option<Spanned<u64>>,
+    body_timeout: Option<Spanned<u64>>,
+    idle_timeout: Option<Spanned<u64>>,
+    write_timeout: Option<Spanned<u64>>,
+    max_body: Option<u64>,
+    max_connections: Option<Spanned<usize>>,
+    shutdown_grace: Option<u64>,
+    user: Option<String>,
+    group: Option<String>,
+    sandbox: Option<SandboxArg>,
+    tls: Option<FileTls>,
+    #[serde(default)]
+    site: Vec<SiteFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SiteFile {
+    name: Spanned<String>,
+    #[serde(default)]
+    hosts: Vec<Spanned<String>>,
+    default: Option<Spanned<bool>>,
+    #[serde(default)]
+    route: Vec<RouteFile>,
+}
+
+/// One route: `path` and exactly one kind key (`static`, `redirect`, `respond`, `app`), the
+/// keys of that kind, and header edits.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteFile {
+    path: Spanned<String>,
+    #[serde(rename = "static")]
+    static_root: Option<Spanned<PathBuf>>,
+    serve_dotfiles: Option<Spanned<bool>>,
+    cache_control: Option<Spanned<String>>,
+    max_cached_size: Option<Spanned<u64>>,
+    redirect: Option<Spanned<String>>,
+    keep_path: Option<Spanned<bool>>,
+    respond: Option<Spanned<String>>,
+    content_type: Option<Spanned<String>>,
+    status: Option<Spanned<u16>>,
+    app: Option<Spanned<String>>,
+    data: Option<Spanned<PathBuf>>,
+    pages: Option<Spanned<PathBuf>>,
+    proxy: Option<Spanned<String>>,
+    add_headers: Option<Spanned<BTreeMap<String, String>>>,
+    remove_headers: Option<Spanned<Vec<String>>>,
+}
+
+/// A checked file, paths resolved against its folder.
+#[derive(Debug)]
+pub struct RunConfig {
+    file: RunFile,
+    /// The folder relative paths are taken from.
+    dir: PathBuf,
+    pub sites: Vec<SitePlan>,
+    /// Index into `sites` of the site for unknown hosts; `None`: they get 421.
+    pub default_site: Option<usize>,
+    pub app: Option<AppPlan>,
+}
+
+#[derive(Debug)]
+pub struct SitePlan {
+    pub name: String,
+    /// Normalised host patterns.
+    pub hosts: Vec<String>,
+    pub routes: Vec<RoutePlan>,
+}
+
+#[derive(Debug)]
+pub struct RoutePlan {
+    pub prefix: String,
+    pub kind: RouteKind,
+    pub headers: HeaderEdits,
+}
+
+#[derive(Debug)]
+pub enum RouteKind {
+    Static(StaticOptions),
+    Redirect {
+        status: u16,
+        target: String,
+        keep_path: bool,
+    },
+    Respond {
+        status: u16,
+        body: String,
+        content_type: String,
+    },
+    /// The IPv4 Games (see [`RunConfig::app`]).
+    App,
+}
+
+/// The one app instance: where its database and pages are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppPlan {
+    pub data: PathBuf,
+    pub pages: PathBuf,
+}
+
+const REDIRECT_STATUSES: [u16; 5] = [301, 302, 303, 307, 308];
+
+/// Fields the connection writes itself; a route can neither set nor remove them.
+const CONNECTION_FIELDS: [&str; 8] = [
+    "connection",
+    "content-length",
+    "date",
+    "keep-alive",
+    "server",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-connection",
+];
+
+/// Reads and checks a file; every problem as `config FILE: line N: what`.
+pub fn load(path: &Path) -> Result<RunConfig, Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| vec![format!("config {}: cannot read: {e}", path.display())])?;
+    let dir = path.parent().unwrap_or(Path::new("")).to_path_buf();
+    parse(&text, &dir).map_err(|problems| {
+        problems
+            .into_iter()
+            .map(|p| format!("config {}: {p}", path.display()))
+            .collect()
+    })
+}
+
+/// Collects problems as `line N: what`.
+struct Problems<'t> {
+    text: &'t str,
+    list: Vec<String>,
+}
+
+impl Problems<'_> {
+    fn at(&mut self, offset: usize, what: impl std::fmt::Display) {
+        self.list
+            .push(format!("line {}: {what}", line_of(self.text, offset)));
+    }
+
+    fn line(&self, offset: usize) -> usize {
+        line_of(self.text, offset)
+    }
+}
+
+/// Parses and checks file text; relative paths are taken from `dir`.
+pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
+    let file: RunFile = toml::from_str(text).map_err(|e| vec![describe(text, &e)])?;
+    let mut p = Problems {
+        text,
+        list: Vec::new(),
+    };
+    check_server_keys(&file, &mut p);
+    if file.site.is_empty() {
+        p.list
+            .push("no [[site]]: the file serves nothing (see examples/tern.toml)".into());
+    }
+    let mut sites = Vec::new();
+    let mut default_site: Option<(usize, String, usize)> = None;
+    // name → line; host → (site name, line)
+    let mut names: BTreeMap<String, usize> = BTreeMap::new();
+    let mut hosts: BTreeMap<String, (String, usize)> = BTreeMap::new();
+    let mut app: Option<(AppPlan, usize)> = None;
+    for (index, site) in file.site.iter().enumerate() {
+        let name = site.name.get_ref().clone();
+        let name_at = site.name.span().start;
+        if name.trim().is_empty() {
+            p.at(name_at, "a site's name must not be empty");
+        } else if let Some(line) = names.get(&name) {
+            p.at(
+                name_at,
+                format!("site name {name:?} is already used (line {line})"),
+            );
+        } else {
+            names.insert(name.clone(), p.line(name_at));
+        }
+        let mut patterns = Vec::new();
+        for host in &site.hosts {
+            match tern_vhost::normalize_pattern(host.get_ref()) {
+                Err(e) => p.at(host.span().start, format!("host {:?} {e}", host.get_ref())),
+                Ok(pattern) => match hosts.get(&pattern) {
+                    Some((other, line)) => p.at(
+                        host.span().start,
+                        format!("host {pattern} is already taken by site {other:?} (line {line})"),
+                    ),
+                    None => {
+                        hosts.insert(pattern.clone(), (name.clone(), p.line(host.span().start)));
+                        patterns.push(pattern);
+                    }
+                },
+            }
+        }
+        let is_default = site.default.as_ref().is_some_and(|d| *d.get_ref());
+        if is_default {
+            let at = site.default.as_ref().map_or(name_at, |d| d.span().start);
+            match &default_site {
+                Some((_, other, line)) => p.at(
+                    at,
+                    format!("two default sites: {other:?} (line {line}) and {name:?}"),
+                ),
+                None => default_site = Some((index, name.clone(), p.line(at))),
+            }
+        }
+        if site.hosts.is_empty() && !is_default {
+            p.at(
+                name_at,
+                format!("site {name:?} has no hosts and is not the default: nothing chooses it"),
+            );
+        }
+        if site.route.is_empty() {
+            p.at(name_at, format!("site {name:?} has no [[site.route]]"));
+        }
+        let mut prefixes: BTreeMap<String, usize> = BTreeMap::new();
+        let mut routes = Vec::new();
+        for route in &site.route {
+            let path_at = route.path.span().start;
+            let prefix = route.path.get_ref();
+            if !prefix.starts_with('/') {
+                p.at(path_at, format!("path {prefix:?} must start with /"));
+            } else if prefix
+                .bytes()
+                .any(|b| b.is_ascii_control() || b == b' ' || b == b'?' || b == b'#')
+            {
+                p.at(
+                    path_at,
+                    format!("path {prefix:?} must be a plain path (no spaces, ? or #)"),
+                );
+            } else {
+                let stored = prefix.trim_end_matches('/').to_string();
+                match prefixes.get(&stored) {
+                    Some(line) => p.at(
+                        path_at,
+                        format!("path {prefix:?} is already routed on this site (line {line})"),
+                    ),
+                    None => {
+                        prefixes.insert(stored, p.line(path_at));
+                    }
+                }
+            }
+            if let Some(kind) = check_route(route, dir, &mut p, &mut app) {
+                routes.push(RoutePlan {
+                    prefix: prefix.clone(),
+                    kind,
+                    headers: check_headers(route, &mut p),
+                });
+            }
+        }
+        sites.push(SitePlan {
+            name,
+            hosts: patterns,
+            routes,
+        });
+    }
+    if !p.list.is_empty() {
+        return Err(p.list);
+    }
+    Ok(RunConfig {
+        file,
+        dir: dir.to_path_buf(),
+        sites,
+        default_site: default_site.map(|(i, _, _)| i),
+        app: app.map(|(a, _)| a),
+    })
+}
+
+fn check_server_keys(file: &RunFile, p: &mut Problems<'_>) {
+    for (key, value) in [
+        ("header_timeout", &file.header_timeout),
+        ("body_timeout", &file.body_timeout),
+        ("idle_timeout", &file.idle_timeout),
+        ("write_timeout", &file.write_timeout),
+    ] {
+        if let Some(v) = value.as_ref().filter(|v| *v.get_ref() == 0) {
+            p.at(
+                v.span().start,
+                format!("{key} must be at least 1 (seconds)"),
+            );
+        }
+    }
+    for (key, value) in [
+        ("workers", &file.workers),
+        ("max_connections", &file.max_connections),
+    ] {
+        if let Some(v) = value.as_ref().filter(|v| *v.get_ref() == 0) {
+            p.at(v.span().start, format!("{key} must be at least 1"));
+        }
+    }
+}
+
+/// The route's kind, with its own keys checked; `None` when it has problems.
+fn check_route(
+    route: &RouteFile,
+    dir: &Path,
+    p: &mut Problems<'_>,
+    app: &mut Option<(AppPlan, usize)>,
+) -> Option<RouteKind> {
+    let path_at = route.path.span().start;
+    let kinds: Vec<(&str, usize)> = [
+        ("static", route.static_root.as_ref().map(|v| v.span().start)),
+        ("redirect", route.redirect.as_ref().map(|v| v.span().start)),
+        ("respond", route.respond.as_ref().map(|v| v.span().start)),
+        ("app", route.app.as_ref().map(|v| v.span().start)),
+        ("proxy", route.proxy.as_ref().map(|v| v.span().start)),
+    ]
+    .into_iter()
+    .filter_map(|(k, at)| at.map(|at| (k, at)))
+    .collect();
+    let (kind, kind_at) = match kinds.as_slice() {
+        [] => {
+            p.at(
+                path_at,
+                "a route needs one of `static`, `redirect`, `respond` or `app`",
+            );
+            return None;
+        }
+        [one] => *one,
+        [(first, _), (second, at), ..] => {
+            p.at(
+                *at,
+                format!("a route has one kind, but both `{first}` and `{second}` are given"),
+            );
+            return None;
+        }
+    };
+    if kind == "proxy" {
+        p.at(
+            kind_at,
+            "proxy routes are not supported yet (the reverse proxy comes in a later version)",
+        );
+        return None;
+    }
+    // Keys that belong to one kind or two; any other kind must not have them.
+    let owned: [(&str, Option<usize>, &[&str]); 8] = [
+        (
+            "serve_dotfiles",
+            route.serve_dotfiles.as_ref().map(|v| v.span().start),
+            &["static"],
+        ),
+        (
+            "cache_control",
+            route.cache_control.as_ref().map(|v| v.span().start),
+            &["static"],
+        ),
+        (
+            "max_cached_size",
+            route.max_cached_size.as_ref().map(|v| v.span().start),
+            &["static"],
+        ),
+        (
+            "keep_path",
+            route.keep_path.as_ref().map(|v| v.span().start),
+            &["redirect"],
+        ),
+        (
+            "content_type",
+            route.content_type.as_ref().map(|v| v.span().start),
+            &["respond"],
+        ),
+        (
+            "status",
+            route.status.as_ref().map(|v| v.span().start),
+            &["redirect", "respond"],
+        ),
+        (
+            "data",
+            route.data.as_ref().map(|v| v.span().start),
+            &["app"],
+        ),
+        (
+            "pages",
+            route.pages.as_ref().map(|v| v.span().start),
+            &["app"],
+        ),
+    ];
+    let mut ok = true;
+    for (key, at, kinds) in owned {
+        if let Some(at) = at {
+            if !kinds.contains(&kind) {
+                p.at(at, format!("`{key}` does not apply to a {kind} route"));
+                ok = false;
+            }
+        }
+    }
+    let kind = match kind {
+        "static" => check_static(route, dir, p),
+        "redirect" => check_redirect(route, p),
+        "respond" => check_respond(route, p),
+        _ => check_app(route, dir, p, app),
+    };
+    kind.filter(|_| ok)
+}
+
+fn check_static(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<RouteKind> {
+    let root_value = route.static_root.as_ref()?;
+    let root = dir.join(root_value.get_ref());
+    let mut ok = true;
+    match std::fs::metadata(&root) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            p.at(
+                root_value.span().start,
+                format!("static root {} is not a folder", root.display()),
+            );
+            ok = false;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            p.at(
+                root_value.span().start,
+                format!("static root {} does not exist", root.display()),
+            );
+            ok = false;
+        }
+        Err(e) => {
+            p.at(
+                root_value.span().start,
+                format!("static root {}: {e}", root.display()),
+            );
+            ok = false;
+        }
+    }
+    if let Some(cc) = &route.cache_control {
+        if cc.get_ref().bytes().any(|b| b.is_ascii_control()) {
+            p.at(
+                cc.span().start,
+                "cache_control must not hold control characters",
+            );
+            ok = false;
+        }
+    }
+    let defaults = StaticOptions::default();
+    ok.then(|| {
+        RouteKind::Static(StaticOptions {
+            root,
+            serve_dotfiles: route.serve_dotfiles.as_ref().is_some_and(|v| *v.get_ref()),
+            cache_control: route.cache_control.as_ref().map(|v| v.get_ref().clone()),
+            max_cached_size: route
+                .max_cached_size
+                .as_ref()
+                .map_or(defaults.max_cached_size, |v| *v.get_ref()),
+            ..defaults
+        })
+    })
+}
+
+fn check_redirect(route: &RouteFile, p: &mut Problems<'_>) -> Option<RouteKind> {
+    let target = route.redirect.as_ref()?;
+    let mut ok = true;
+    let t = target.get_ref();
+    let scheme_or_path =
+        t.starts_with("https://") || t.starts_with("http://") || t.starts_with('/');
+    if !scheme_or_path || t.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        p.at(
+            target.span().start,
+            format!("redirect target {t:?} must be an http:// or https:// URL or a path starting with /, without spaces"),
+        );
+        ok = false;
+    }
+    let status = route.status.as_ref().map_or(308, |s| *s.get_ref());
+    if !REDIRECT_STATUSES.contains(&status) {
+        let at = route
+            .status
+            .as_ref()
+            .map_or(target.span().start, |s| s.span().start);
+        p.at(
+            at,
+            format!("status {status} is not a redirect (301, 302, 303, 307 or 308)"),
+        );
+        ok = false;
+    }
+    ok.then(|| RouteKind::Redirect {
+        status,
+        target: t.clone(),
+        keep_path: route.keep_path.as_ref().is_none_or(|v| *v.get_ref()),
+    })
+}
+
+fn check_respond(route: &RouteFile, p: &mut Problems<'_>) -> Option<RouteKind> {
+    let body = route.respond.as_ref()?;
+    let mut ok = true;
+    let status = route.status.as_ref().map_or(200, |s| *s.get_ref());
+    let status_at = route
+        .status
+        .as_ref()
+        .map_or(body.span().start, |s| s.span().start);
+    if !(200..=599).contains(&status) {
+        p.at(
+            status_at,
+            format!("status {status} is not a final HTTP status (200 to 599)"),
+        );
+        ok = false;
+    } else if matches!(status, 204 | 304) && !body.get_ref().is_empty() {
+        p.at(
+            status_at,
+            format!("status {status} has no body: give respond = \"\""),
+        );
+        ok = false;
+    }
+    let content_type = route
+        .content_type
+        .as_ref()
+        .map_or("text/plain; charset=utf-8".to_string(), |v| {
+            v.get_ref().clone()
+        });
+    if content_type.is_empty() || content_type.bytes().any(|b| b.is_ascii_control()) {
+        let at = route
+            .content_type
+            .as_ref()
+            .map_or(body.span().start, |v| v.span().start);
+        p.at(
+            at,
+            "content_type must be non-empty, without control characters",
+        );
+        ok = false;
+    }
+    ok.then(|| RouteKind::Respond {
+        status,
+        body: body.get_ref().clone(),
+        content_type,
+    })
+}
+
+fn check_app(
+    route: &RouteFile,
+    dir: &Path,
+    p: &mut Problems<'_>,
+    app: &mut Option<(AppPlan, usize)>,
+) -> Option<RouteKind> {
+    let name = route.app.as_ref()?;
+    let mut ok = true;
+    if name.get_ref() != "ipv4-games" {
+        p.at(
+            name.span().start,
+            format!(
+                "unknown app {:?}: the one app is \"ipv4-games\"",
+                name.get_ref()
+            ),
+        );
+        ok = false;
+    }
+    if !route.path.get_ref().trim_end_matches('/').is_empty() {
+        p.at(
+            route.path.span().start,
+            "the app answers absolute paths (/claim/NAME, /score...): give it path = \"/\"",
+        );
+        ok = false;
+    }
+    let Some(data) = &route.data else {
+        p.at(
+            name.span().start,
+            "an app route needs `data`, the folder of its database",
+        );
+        return None;
+    };
+    let pages = match &route.pages {
+        Some(pages) => {
+            let path = dir.join(pages.get_ref());
+            if !path.is_dir() {
+                p.at(
+                    pages.span().start,
+                    format!("pages {} is not a folder", path.display()),
+                );
+                ok = false;
+            }
+            path
+        }
+        None => tern_ipv4_games::bundled_site(),
+    };
+    let plan = AppPlan {
+        data: dir.join(data.get_ref()),
+        pages,
+    };
+    if let Some((_, line)) = app {
+        p.at(
+            name.span().start,
+            format!("at most one app route: the IPv4 Games runs once per server (line {line})"),
+        );
+        return None;
+    }
+    *app = Some((plan, p.line(name.span().start)));
+    ok.then_some(RouteKind::App)
+}
+
+/// `add_headers` and `remove_headers`, checked; problems are recorded, bad entries left out.
+fn check_headers(route: &RouteFile, p: &mut Problems<'_>) -> HeaderEdits {
+    let mut edits = HeaderEdits::default();
+    if let Some(add) = &route.add_headers {
+        for (name, value) in add.get_ref() {
+            if let Some(why) = bad_field_name(name) {
+                p.at(add.span().start, format!("add_headers: {name:?} {why}"));
+            } else if value
+                .bytes()
+                .any(|b| (b.is_ascii_control() && b != b'\t') || b == 0x7f)
+            {
+                p.at(
+                    add.span().start,
+                    format!("add_headers: the value of {name} must not hold control characters"),
+                );
+            } else {
+                edits.set.push((name.clone(), value.clone()));
+            }
+        }
+    }
+    if let Some(remove) = &route.remove_headers {
+        for name in remove.get_ref() {
+            match bad_field_name(name) {
+                Some(why) => p.at(
+                    remove.span().start,
+                    format!("remove_headers: {name:?} {why}"),
+                ),
+                None => edits.remove.push(name.clone()),
+            }
+        }
+    }
+    edits
+}
+
+fn bad_field_name(name: &str) -> Option<&'static str> {
+    const TCHAR: &[u8] = b"!#$%&'*+-.^_`|~";
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || TCHAR.contains(&b))
+    {
+        return Some("is not a header name");
+    }
+    let lower = name.to_ascii_lowercase();
+    CONNECTION_FIELDS
+        .contains(&lower.as_str())
+        .then_some("is written by the connection, not by a route")
+}
+
+impl RunConfig {
+    /// The flags, with the file filling what they leave out (flags win, as for `tern serve`).
+    pub fn common(&self, flags: &CommonArgs) -> CommonArgs {
+        let f = &self.file;
+        let get = |v: &Option<Spanned<u64>>| v.as_ref().map(|v| *v.get_ref());
+        let mut c = flags.clone();
+        c.listen = c.listen.or(f.listen);
+        c.workers = c.workers.or(f.workers.as_ref().map(|v| *v.get_ref()));
+        c.pin = c.pin || f.pin.unwrap_or(false);
+        c.header_timeout = c.header_timeout.or(get(&f.header_timeout));
+        c.body_timeout = c.body_timeout.or(get(&f.body_timeout));
+        c.idle_timeout = c.idle_timeout.or(get(&f.idle_timeout));
+        c.write_timeout = c.write_timeout.or(get(&f.write_timeout));
+        c.max_body = c.max_body.or(f.max_body);
+        c.max_connections = c
+            .max_connections
+            .or(f.max_connections.as_ref().map(|v| *v.get_ref()));
+        c.shutdown_grace = c.shutdown_grace.or(f.shutdown_grace);
+        c
+    }
+
+    /// HTTPS from `[tls]` (none without a certificate or `self_signed`).
+    pub fn tls_plan(&self) -> Result<Option<TlsPlan>, String> {
+        TlsArgs::default().plan(self.file.tls.as_ref(), &self.dir, None)
+    }
+
+    pub fn hardening(&self) -> FileHardening {
+        FileHardening {
+            user: self.file.user.clone(),
+            group: self.file.group.clone(),
+            sandbox: self.file.sandbox,
+        }
+    }
+
+    pub fn route_count(&self) -> usize {
+        self.sites.iter().map(|s| s.routes.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folder with `site/` (a static root) for the checks that look at the disk.
+    fn dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("site")).unwrap();
+        std::fs::write(d.path().join("file.txt"), "x").unwrap();
+        d
+    }
+
+    fn problems(text: &str) -> Vec<String> {
+        let d = dir();
+        parse(text, d.path()).unwrap_err()
+    }
+
+    const GOOD: &str = r#"
+listen = "127.0.0.1:0"
+workers = 2
+
+[[site]]
+name = "main"
+hosts = ["Example.org", "www.example.org"]
+default = true
+
+[[site.route]]
+path = "/"
+static = "site"
+cache_control = "public, max-age=60"
+add_headers = { "Strict-Transport-Security" = "max-age=63072000", "Cache-Control" = "no-cache" }
+remove_headers = ["ETag"]
+
+[[site.route]]
+path = "/old/"
+redirect = "https://example.org/new"
+status = 301
+keep_path = false
+
+[[site.route]]
+path = "/health"
+respond = "ok\n"
+
+[[site]]
+name = "wild"
+hosts = ["*.example.org"]
+
+[[site.route]]
+path = "/"
+redirect = "https://example.org"
+
+[[site]]
+name = "game"
+hosts = ["games.test"]
+
+[[site.route]]
+path = "/"
+app = "ipv4-games"
+data = "data"
+"#;
+
+    #[test]
+    fn a_good_file_becomes_a_plan() {
+        let d = dir();
+        let c = parse(GOOD, d.path()).unwrap();
+        assert_eq!(c.sites.len(), 3);
+        assert_eq!(c.route_count(), 5);
+        assert_eq!(c.default_site, Some(0));
+        assert_eq!(c.sites[0].hosts, ["example.org", "www.example.org"]);
+        assert_eq!(c.sites[1].hosts, ["*.example.org"]);
+        match &c.sites[0].routes[0].kind {
+            RouteKind::Static(o) => {
+                assert_eq!(o.root, d.path().join("site"));
+                assert_eq!(o.cache_control.as_deref(), Some("public, max-age=60"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            c.sites[0].routes[0].headers.set,
+            [
+                ("Cache-Control".to_string(), "no-cache".to_string()),
+                (
+                    "Strict-Transport-Security".to_string(),
+                    "max-age=63072000".to_string()
+                )
+            ]
+        );
+        assert_eq!(c.sites[0].routes[0].headers.remove, ["ETag"]);
+        assert!(matches!(
+            &c.sites[0].routes[1].kind,
+            RouteKind::Redirect { status: 301, keep_path: false, target } if target == "https://example.org/new"
+        ));
+        assert!(matches!(
+            &c.sites[0].routes[2].kind,
+            RouteKind::Respond { status: 200, body, content_type } if body == "ok\n" && content_type.starts_with("text/plain")
+        ));
+        assert!(matches!(
+            &c.sites[1].routes[0].kind,
+            RouteKind::Redirect {
+                status: 308,
+                keep_path: true,
+                ..
+            }
+        ));
+        assert_eq!(
+            c.app,
+            Some(AppPlan {
+                data: d.path().join("data"),
+                pages: tern_ipv4_games::bundled_site()
+            })
+        );
+        let common = c.common(&CommonArgs::default());
+        assert_eq!(common.workers, Some(2));
+        assert_eq!(common.listen, Some("127.0.0.1:0".parse().unwrap()));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_types_name_their_line() {
+        assert_eq!(
+            problems("[[site]]\nname = \"a\"\nhost = [\"x\"]\n"),
+            [r#"line 3: unknown key "host""#]
+        );
+        let e = problems("[[site]]\nname = \"a\"\n[[site.route]]\npath = \"/\"\nstatic = \"site\"\nroot = \"x\"\n");
+        assert_eq!(e, [r#"line 6: unknown key "root""#]);
+        let e = problems("[[site]]\nname = \"a\"\n[[site.route]]\npath = \"/\"\nredirect = \"/x\"\nstatus = \"moved\"\n");
+        assert!(e[0].starts_with("line 6: status: "), "{e:?}");
+    }
+
+    #[test]
+    fn every_problem_is_listed_with_its_line() {
+        let text = r#"[[site]]
+name = "a"
+hosts = ["a.test", "*example.org", "b.test:8080"]
+default = true
+[[site.route]]
+path = "/"
+static = "missing"
+[[site.route]]
+path = "app"
+respond = "x"
+[[site]]
+name = "a"
+hosts = ["A.test"]
+default = true
+[[site.route]]
+path = "/r"
+redirect = "https://a.test"
+status = 200
+[[site.route]]
+path = "/r/"
+respond = "gone"
+status = 204
+[[site.route]]
+path = "/p"
+proxy = "http://127.0.0.1:3000"
+[[site.route]]
+path = "/s"
+static = "site"
+status = 200
+[[site.route]]
+path = "/h"
+respond = "x"
+add_headers = { "Content-Length" = "3", "X Bad" = "1" }
+remove_headers = ["Date"]
+[[site.route]]
+path = "/two"
+static = "site"
+redirect = "/"
+[[site]]
+name = "lonely"
+[[site]]
+name = "file"
+hosts = ["f.test"]
+[[site.route]]
+path = "/"
+static = "file.txt"
+"#;
+        let e = problems(text);
+        let want = [
+            "line 3: host \"*example.org\" is a bad wildcard",
+            "line 3: host \"b.test:8080\" names a port",
+            "line 7: static root ",
+            "line 9: path \"app\" must start with /",
+            "line 12: site name \"a\" is already used (line 2)",
+            "line 13: host a.test is already taken by site \"a\" (line 3)",
+            "line 14: two default sites: \"a\" (line 4) and \"a\"",
+            "line 18: status 200 is not a redirect",
+            "line 20: path \"/r/\" is already routed on this site (line 16)",
+            "line 22: status 204 has no body",
+            "line 25: proxy routes are not supported yet",
+            "line 29: `status` does not apply to a static route",
+            "line 33: add_headers: \"Content-Length\" is written by the connection",
+            "line 33: add_headers: \"X Bad\" is not a header name",
+            "line 34: remove_headers: \"Date\" is written by the connection",
+            "line 38: a route has one kind, but both `static` and `redirect` are given",
+            "line 40: site \"lonely\" has no hosts and is not the default",
+            "line 40: site \"lonely\" has no [[site.route]]",
+            "line 46: static root ",
+        ];
+        for w in want {
+            assert!(
+                e.iter().any(|p| p.starts_with(w)),
+                "missing {w:?} in {e:#?}"
+            );
+        }
+        assert_eq!(e.len(), want.len(), "{e:#?}");
+        assert!(
+            e.iter().any(|p| p.ends_with("file.txt is not a folder")),
+            "{e:#?}"
+        );
+    }
+
+    #[test]
+    fn app_routes_are_checked() {
+        let e = problems("[[site]]\nname = \"g\"\nhosts = [\"g.test\"]\n[[site.route]]\npath = \"/game\"\napp = \"ipv4-games\"\ndata = \"d\"\n");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("line 5: the app answers absolute paths"),
+            "{e:?}"
+        );
+        let e = problems("[[site]]\nname = \"g\"\nhosts = [\"g.test\"]\n[[site.route]]\npath = \"/\"\napp = \"chess\"\n");
+        assert!(e[0].starts_with("line 6: unknown app \"chess\""), "{e:?}");
+        assert!(
+            e[1].starts_with("line 6: an app route needs `data`"),
+            "{e:?}"
+        );
+        let two = "[[site]]\nname = \"g\"\nhosts = [\"g.test\"]\n[[site.route]]\npath = \"/\"\napp = \"ipv4-games\"\ndata = \"d\"\n[[site]]\nname = \"h\"\nhosts = [\"h.test\"]\n[[site.route]]\npath = \"/\"\napp = \"ipv4-games\"\ndata = \"e\"\n";
+        assert_eq!(
+            problems(two),
+            ["line 13: at most one app route: the IPv4 Games runs once per server (line 6)"]
+        );
+    }
+
+    #[test]
+    fn server_keys_are_checked_and_flags_win() {
+        let e = problems("workers = 0\nidle_timeout = 0\n[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nrespond = \"\"\n");
+        assert_eq!(
+            e,
+            [
+                "line 2: idle_timeout must be at least 1 (seconds)",
+                "line 1: workers must be at least 1"
+            ]
+        );
+        assert_eq!(
+            problems(""),
+            ["no [[site]]: the file serves nothing (see examples/tern.toml)"]
+        );
+        let d = dir();
+        let c = parse(
+            "workers = 3\nidle_timeout = 9\n[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nrespond = \"\"\n",
+            d.path(),
+        )
+        .unwrap();
+        let flags = CommonArgs {
+            workers: Some(1),
+            ..CommonArgs::default()
+        };
+        let merged = c.common(&flags);
+        assert_eq!(merged.workers, Some(1));
+        assert_eq!(merged.idle_timeout, Some(9));
+        assert_eq!(c.default_site, Some(0));
+    }
+}

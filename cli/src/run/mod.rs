@@ -1,0 +1,367 @@
+//! `tern run --config FILE`: several sites from one file (`config.rs` reads and checks it).
+//!
+//! Start-up turns the file into listeners (plain, HTTPS with a certificate per SNI name, the
+//! redirect to HTTPS: the `[tls]` machinery of `tern serve`), at most one IPv4 Games instance,
+//! and a `tern_vhost::SiteTable` behind the router's fallback. `SIGHUP` re-reads the file,
+//! builds a whole new table (static roots re-opened) and swaps it in at once; open
+//! connections keep going. What needs a restart (listeners, workers, pinning, the shutdown
+//! grace, HTTPS on or off, the app's folders, user and sandbox) is reported, not applied. A
+//! bad file changes nothing and logs one line.
+
+mod config;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Args;
+use tern_server::static_files::StaticFiles;
+use tern_server::{Handler, Router, Server, ServerConfig, TlsAcceptor, TlsOptions};
+use tern_vhost::{Action, Fixed, Redirect, Route, Site, SiteTable, Sites};
+
+use crate::common::{run_server_with_reload, CommonArgs, OnReload, ServerReload};
+use crate::hardening::{self, FileHardening, Needs};
+use crate::tls::TlsPlan;
+use config::{AppPlan, RouteKind, RunConfig};
+
+#[derive(Args)]
+#[command(
+    override_usage = "tern run --config <FILE> [OPTIONS]\n       tern run --check --config <FILE>"
+)]
+pub struct RunArgs {
+    /// The sites file (TOML; see examples/tern.toml); re-read on SIGHUP. Flags win over the
+    /// server settings in it.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Check the file and print its problems with their line numbers, then exit (non-zero
+    /// when there are problems) without serving.
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+pub fn run(args: RunArgs) -> Result<(), String> {
+    if args.check {
+        return check(&args);
+    }
+    let loaded = config::load(&args.config).map_err(|problems| problems.join("\n"))?;
+    let tls = loaded.tls_plan()?;
+    let acceptor = tls.as_ref().map(crate::tls::acceptor).transpose()?;
+    let common = loaded.common(&args.common);
+    let mut server_config = listeners(&common, tls.as_ref());
+    let started = Started::new(&loaded, &server_config, tls.is_some());
+    crate::service::adopt_inherited_sockets(&mut server_config)?;
+    let needs = needs(&args.config, &loaded, tls.as_ref());
+    let lockdown = hardening::plan(&args.common.hardening, Some(&loaded.hardening()), needs)?;
+    let mut server = Server::new(server_config, Router::new());
+    let app: Option<Arc<dyn Handler>> = match &loaded.app {
+        Some(plan) => {
+            let game = tern_ipv4_games::GameConfig::new(&plan.data, &plan.pages);
+            Some(Arc::new(tern_ipv4_games::mount(&mut server, game)?))
+        }
+        None => None,
+    };
+    let table = build_table(&loaded, app.as_ref())?;
+    let what = format!(
+        "running {} from {}",
+        describe_table(&table),
+        args.config.display()
+    );
+    let sites = Sites::new(table);
+    let mut router = Router::new().fallback(sites.clone());
+    if args.common.hardening.probes() {
+        router = hardening::probe_routes(router);
+    }
+    *server.router_mut() = router;
+    let server = server.after_bind(hardening::lockdown_step(lockdown));
+    let mut server = common.install_bans(server, &[])?;
+    if let Some(acceptor) = &acceptor {
+        server = server.with_tls(acceptor.clone());
+    }
+    let mut reloader = Reloader {
+        path: args.config,
+        flags: args.common,
+        started,
+        app,
+        sites,
+        acceptor: acceptor.clone(),
+    };
+    let on_reload: OnReload =
+        Box::new(
+            move |server: ServerReload<'_>| match reloader.reload(server) {
+                Ok(changes) => tracing::info!("reload (SIGHUP): {changes}"),
+                Err(e) => tracing::error!(
+                    "reload (SIGHUP) failed, nothing changed: {}",
+                    hardening::explain_reload_error(e)
+                ),
+            },
+        );
+    run_server_with_reload(server, &what, on_reload, acceptor.as_deref())
+}
+
+/// `--check`: the problems on stderr, one a line, or a one-line summary on stdout.
+fn check(args: &RunArgs) -> Result<(), String> {
+    let path = args.config.display();
+    let loaded = match config::load(&args.config) {
+        Ok(loaded) => loaded,
+        Err(problems) => {
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            let n = problems.len();
+            return Err(format!(
+                "{path}: {n} problem{}",
+                if n == 1 { "" } else { "s" }
+            ));
+        }
+    };
+    let tls = loaded
+        .tls_plan()
+        .map_err(|e| format!("config {path}: [tls]: {e}"))?;
+    if let Some(plan) = &tls {
+        // Loads every certificate and key as start-up would, without touching the ticket-key
+        // file (a check writes nothing).
+        let options = TlsOptions {
+            ticket_keys: None,
+            ..plan.options.clone()
+        };
+        TlsAcceptor::new(&options).map_err(|e| format!("config {path}: [tls]: {e}"))?;
+    }
+    let common = loaded.common(&args.common);
+    let server_config = listeners(&common, tls.as_ref());
+    let sites = loaded.sites.len();
+    let default = match loaded.default_site {
+        Some(i) => format!("default site {:?}", loaded.sites[i].name),
+        None => "unknown hosts get 421".to_string(),
+    };
+    println!(
+        "config {path}: ok: {sites} site{}, {} route{}, {default}; listening on {}",
+        if sites == 1 { "" } else { "s" },
+        loaded.route_count(),
+        if loaded.route_count() == 1 { "" } else { "s" },
+        crate::tls::describe_listeners(
+            &server_config.runtime.listen,
+            &server_config.listener_kinds
+        )
+    );
+    Ok(())
+}
+
+/// The server settings and listeners: plain HTTP (with HTTPS on, only when `listen` is
+/// given), HTTPS, and the redirect listener.
+fn listeners(common: &CommonArgs, tls: Option<&TlsPlan>) -> ServerConfig {
+    let mut config = common.server_config();
+    let plain = config.runtime.listen[0];
+    crate::tls::configure(&mut config, plain, common.listen.is_some(), tls);
+    config
+}
+
+/// What the process keeps needing from the file system: the config file's folder, every
+/// static root's folder (deploys swap roots beside each other), the app's data (write) and
+/// pages, and the certificates.
+fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
+    let mut needs = Needs::default();
+    needs.read_file(path);
+    for site in &loaded.sites {
+        for route in &site.routes {
+            if let RouteKind::Static(options) = &route.kind {
+                let root = std::fs::canonicalize(&options.root).unwrap_or(options.root.clone());
+                needs.read.push(hardening::folder_of(&root));
+            }
+        }
+    }
+    if let Some(app) = &loaded.app {
+        needs.read.push(app.pages.clone());
+        needs.write.push(app.data.clone());
+        needs.give.push(tern_sandbox::Give::Folder {
+            path: app.data.clone(),
+            made_by_tern: tern_ipv4_games::DATA_FILE_PREFIXES
+                .iter()
+                .map(|p| p.to_string())
+                .collect(),
+        });
+    }
+    if let Some(plan) = tls {
+        needs.add_tls(&plan.options);
+    }
+    needs
+}
+
+/// Opens every static root and assembles the table. `app` is the running game, if any.
+fn build_table(loaded: &RunConfig, app: Option<&Arc<dyn Handler>>) -> Result<SiteTable, String> {
+    let mut sites = Vec::with_capacity(loaded.sites.len());
+    for site in &loaded.sites {
+        let mut routes = Vec::with_capacity(site.routes.len());
+        for route in &site.routes {
+            let action = match &route.kind {
+                RouteKind::Static(options) => {
+                    let files = StaticFiles::new(options.clone()).map_err(|e| {
+                        format!(
+                            "site {:?}: cannot serve {}: {e}",
+                            site.name,
+                            options.root.display()
+                        )
+                    })?;
+                    Action::Handler(Arc::new(files))
+                }
+                RouteKind::Redirect {
+                    status,
+                    target,
+                    keep_path,
+                } => Action::Redirect(Redirect {
+                    status: *status,
+                    target: target.clone(),
+                    keep_path: *keep_path,
+                }),
+                RouteKind::Respond {
+                    status,
+                    body,
+                    content_type,
+                } => Action::Fixed(Fixed {
+                    status: *status,
+                    body: bytes::Bytes::from(body.clone().into_bytes()),
+                    content_type: content_type.clone(),
+                }),
+                RouteKind::App => Action::Handler(app.cloned().ok_or(
+                    "an app route was added, but the game starts only with tern: restart tern to add it",
+                )?),
+            };
+            routes.push(Route {
+                prefix: route.prefix.clone(),
+                action,
+                headers: route.headers.clone(),
+            });
+        }
+        sites.push(Site {
+            name: site.name.clone(),
+            hosts: site.hosts.clone(),
+            routes,
+        });
+    }
+    SiteTable::new(sites, loaded.default_site)
+}
+
+fn describe_table(table: &SiteTable) -> String {
+    let (sites, routes) = (table.site_count(), table.route_count());
+    format!(
+        "{sites} site{} ({routes} route{})",
+        if sites == 1 { "" } else { "s" },
+        if routes == 1 { "" } else { "s" }
+    )
+}
+
+/// What was fixed at start-up; a reload that asks to change it is told to restart.
+struct Started {
+    listen: Vec<std::net::SocketAddr>,
+    kinds: Vec<tern_server::ListenerKind>,
+    workers: usize,
+    pin: bool,
+    shutdown_grace: std::time::Duration,
+    tls: bool,
+    app: Option<AppPlan>,
+    hardening: FileHardening,
+}
+
+impl Started {
+    fn new(loaded: &RunConfig, config: &ServerConfig, tls: bool) -> Started {
+        Started {
+            listen: config.runtime.listen.clone(),
+            kinds: config.listener_kinds.clone(),
+            workers: config.runtime.workers,
+            pin: config.runtime.pin,
+            shutdown_grace: config.runtime.shutdown_grace,
+            tls,
+            app: loaded.app.clone(),
+            hardening: loaded.hardening(),
+        }
+    }
+
+    /// The settings of `new` that differ from these, by name.
+    fn differences(&self, new: &Started) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.listen != new.listen || self.kinds != new.kinds {
+            out.push("listeners");
+        }
+        if self.workers != new.workers {
+            out.push("workers");
+        }
+        if self.pin != new.pin {
+            out.push("pin");
+        }
+        if self.shutdown_grace != new.shutdown_grace {
+            out.push("shutdown_grace");
+        }
+        if self.tls != new.tls {
+            out.push("HTTPS on/off");
+        }
+        if self.app.is_some() && new.app.is_some() && self.app != new.app {
+            out.push("the app's data or pages");
+        }
+        let (a, b) = (&self.hardening, &new.hardening);
+        if a.user != b.user || a.group != b.group || a.sandbox != b.sandbox {
+            out.push("user, group or sandbox");
+        }
+        out
+    }
+}
+
+/// The state the `SIGHUP` handler keeps between reloads.
+struct Reloader {
+    path: PathBuf,
+    flags: CommonArgs,
+    started: Started,
+    app: Option<Arc<dyn Handler>>,
+    sites: Sites,
+    acceptor: Option<Arc<TlsAcceptor>>,
+}
+
+impl Reloader {
+    /// Re-reads the file and, if all of it is usable, swaps the table and applies the
+    /// timeouts and limits. Returns the log line's text, or the reason nothing changed.
+    fn reload(&mut self, server: ServerReload<'_>) -> Result<String, String> {
+        let loaded = config::load(&self.path).map_err(|problems| {
+            let more = problems.len() - 1;
+            let mut first = problems.into_iter().next().unwrap_or_default();
+            if more > 0 {
+                first.push_str(&format!(
+                    " (and {more} more problem{}: see tern run --check)",
+                    if more == 1 { "" } else { "s" }
+                ));
+            }
+            first
+        })?;
+        let tls = loaded.tls_plan()?;
+        let common = loaded.common(&self.flags);
+        let config = listeners(&common, tls.as_ref());
+        let restart = self
+            .started
+            .differences(&Started::new(&loaded, &config, tls.is_some()));
+        // Everything that can fail comes before anything is applied.
+        let table = build_table(&loaded, self.app.as_ref())?;
+        let tls_note = match (&self.acceptor, &tls) {
+            (Some(acceptor), Some(plan)) => {
+                acceptor.reload(&plan.options)?;
+                "; certificates re-read"
+            }
+            _ => "",
+        };
+        let before = describe_table(&self.sites.current());
+        let after = describe_table(&table);
+        self.sites.swap(table);
+        server(&config);
+        let mut line = if before == after {
+            after
+        } else {
+            format!("{after} (was {before})")
+        };
+        line.push_str(tls_note);
+        line.push_str("; cached files dropped");
+        if !restart.is_empty() {
+            line.push_str(&format!(
+                "; {} need(s) a restart (ignored)",
+                restart.join(", ")
+            ));
+        }
+        Ok(line)
+    }
+}
