@@ -4,13 +4,19 @@
 //! default; [`CommonArgs::server_config`] applies the defaults for commands without one.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use std::sync::Arc;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use ipnet::IpNet;
-use tern_server::{BanConfig, Server, ServerConfig, SignalAction, TlsAcceptor};
+use serde::Deserialize;
+use tern_server::{
+    AccessLog, AccessLogFormat, BanConfig, Server, ServerConfig, SignalAction, TlsAcceptor,
+};
+
+use crate::hardening::{folder_of, Needs};
 
 use crate::service;
 use crate::tls::{describe_listeners, TlsPlan};
@@ -83,6 +89,50 @@ pub struct CommonArgs {
     /// IPv6 bans). Once per address family: a `type ipv4_addr` and a `type ipv6_addr` set.
     #[arg(long, value_name = "FAMILY/TABLE/SET", help_heading = "Bans")]
     pub ban_nft_set: Vec<String>,
+    /// Append a line for every answer to this file (created with mode 0640; with --user it
+    /// is given to the user). SIGUSR1 reopens it, after logrotate moved it away; its folder
+    /// stays writable for that [default: no access log].
+    #[arg(long, value_name = "FILE", help_heading = "Access log")]
+    pub access_log: Option<PathBuf>,
+    /// `combined`: nginx's, then "host", the duration in µs and the upstream time; `json`:
+    /// one object a line [default: combined].
+    #[arg(long, value_enum, value_name = "FORMAT", help_heading = "Access log")]
+    pub access_log_format: Option<LogFormatArg>,
+}
+
+/// `--access-log-format` (and `access_log_format` in a config file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormatArg {
+    #[default]
+    Combined,
+    Json,
+}
+
+impl From<LogFormatArg> for AccessLogFormat {
+    fn from(f: LogFormatArg) -> AccessLogFormat {
+        match f {
+            LogFormatArg::Combined => AccessLogFormat::Combined,
+            LogFormatArg::Json => AccessLogFormat::Json,
+        }
+    }
+}
+
+/// Opens the access log now, while tern may still create it (as root with --user), and
+/// adds what it needs once running: its folder writable (SIGUSR1 creates a new file there)
+/// and the file given to --user.
+pub fn open_access_log(
+    path: &Path,
+    format: LogFormatArg,
+    needs: &mut Needs,
+) -> Result<AccessLog, String> {
+    let log = AccessLog::open(path, format.into())
+        .map_err(|e| format!("cannot open the access log {}: {e}", path.display()))?;
+    // The file itself, not a link to it: that is what logrotate renames and --user gets.
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    needs.write.push(folder_of(&real));
+    needs.give.push(tern_sandbox::Give::File(real));
+    Ok(log)
 }
 
 impl CommonArgs {
@@ -215,6 +265,7 @@ pub fn run_server_with_reload(
         .map_err(|e| crate::hardening::start_error(&e))?;
     let stop = server.stopper();
     let reload = server.reloader();
+    let reopen_logs = server.log_reopener();
     tern_runtime::spawn_signal_thread(move |action| match action {
         SignalAction::Shutdown => {
             tracing::info!("shutting down: finishing in-flight requests");
@@ -225,6 +276,12 @@ pub fn run_server_with_reload(
             service::notify_reloading();
             on_reload(&reload);
             service::notify_reloaded();
+        }
+        SignalAction::ReopenLogs => {
+            // The writer thread reopens and logs the outcome.
+            if !reopen_logs() {
+                tracing::info!("reopen logs (SIGUSR1): there is no access log");
+            }
         }
     })
     .map_err(|e| format!("cannot install signal handlers: {e}"))?;

@@ -15,6 +15,8 @@
 //! workers = 2                # restart only
 //! pin = false                # restart only
 //! shutdown_grace = 5         # restart only
+//! access_log = "/var/log/tern/access.log"  # restart only; relative to the file's directory
+//! access_log_format = "combined"           # or "json"; restart only
 //!
 //! [tls]                      # HTTPS (certificates are re-read on SIGHUP; the rest: restart)
 //! listen = "127.0.0.1:8443"
@@ -40,7 +42,7 @@ use tern_server::static_files::StaticOptions;
 use tern_server::ServerConfig;
 use toml::Spanned;
 
-use crate::common::CommonArgs;
+use crate::common::{CommonArgs, LogFormatArg};
 
 /// The keys a config file may hold; all optional.
 #[derive(Debug, Default, Deserialize)]
@@ -64,6 +66,8 @@ pub struct FileConfig {
     user: Option<String>,
     group: Option<String>,
     sandbox: Option<crate::hardening::SandboxArg>,
+    access_log: Option<Spanned<PathBuf>>,
+    access_log_format: Option<LogFormatArg>,
 }
 
 impl FileConfig {
@@ -130,9 +134,11 @@ pub fn parse(text: &str) -> Result<FileConfig, String> {
             ));
         }
     }
-    if let Some(root) = &file.root {
-        if root.get_ref().as_os_str().is_empty() {
-            return Err(at(root.span().start, "root must not be empty".into()));
+    for (key, value) in [("root", &file.root), ("access_log", &file.access_log)] {
+        if let Some(v) = value {
+            if v.get_ref().as_os_str().is_empty() {
+                return Err(at(v.span().start, format!("{key} must not be empty")));
+            }
         }
     }
     Ok(file)
@@ -195,6 +201,8 @@ pub struct Settings {
     pub workers: usize,
     pub pin: bool,
     pub shutdown_grace: u64,
+    pub access_log: Option<PathBuf>,
+    pub access_log_format: LogFormatArg,
 }
 
 /// What the command line says, before the file and defaults are applied.
@@ -267,6 +275,14 @@ impl Settings {
                 .shutdown_grace
                 .or(f.shutdown_grace)
                 .unwrap_or(defaults.runtime.shutdown_grace.as_secs()),
+            access_log: c
+                .access_log
+                .clone()
+                .or_else(|| f.access_log.as_ref().map(|p| file_dir.join(p.get_ref()))),
+            access_log_format: c
+                .access_log_format
+                .or(f.access_log_format)
+                .unwrap_or_default(),
         })
     }
 
@@ -302,6 +318,8 @@ impl Settings {
             workers: self.workers,
             pin: self.pin,
             shutdown_grace: self.shutdown_grace,
+            access_log: self.access_log.clone(),
+            access_log_format: self.access_log_format,
             ..new.clone()
         }
     }
@@ -374,6 +392,22 @@ impl Settings {
             self.shutdown_grace.to_string(),
             new.shutdown_grace.to_string(),
         );
+        let path = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map_or("none".into(), |p| p.display().to_string())
+        };
+        note(
+            &mut restart,
+            "access_log",
+            path(&self.access_log),
+            path(&new.access_log),
+        );
+        note(
+            &mut restart,
+            "access_log_format",
+            format!("{:?}", self.access_log_format).to_lowercase(),
+            format!("{:?}", new.access_log_format).to_lowercase(),
+        );
         let mut out = applied.join(", ");
         if !restart.is_empty() {
             if !out.is_empty() {
@@ -434,6 +468,8 @@ listen = "127.0.0.1:9090"
 workers = 3
 pin = true
 shutdown_grace = 9
+access_log = "logs/access.log"
+access_log_format = "json"
 "#,
         )
         .unwrap();
@@ -456,6 +492,8 @@ shutdown_grace = 9
                 workers: 3,
                 pin: true,
                 shutdown_grace: 9,
+                access_log: Some(PathBuf::from("/etc/tern/logs/access.log")),
+                access_log_format: LogFormatArg::Json,
             }
         );
         let config = s.server_config();
@@ -500,6 +538,8 @@ shutdown_grace = 9
         assert_eq!(none.workers, d.runtime.workers);
         assert_eq!(none.shutdown_grace, 5);
         assert!(!none.serve_dotfiles && !none.pin && none.cache_control.is_none());
+        assert_eq!(none.access_log, None);
+        assert_eq!(none.access_log_format, LogFormatArg::Combined);
     }
 
     #[test]
@@ -571,6 +611,12 @@ shutdown_grace = 9
             "line 1: cache_control must not hold control characters"
         );
         assert_eq!(err("root = \"\"\n"), "line 1: root must not be empty");
+        assert_eq!(
+            err("access_log = \"\"\n"),
+            "line 1: access_log must not be empty"
+        );
+        let e = err("access_log_format = \"xml\"\n");
+        assert!(e.starts_with("line 1: access_log_format: "), "{e}");
     }
 
     #[test]
@@ -616,6 +662,7 @@ shutdown_grace = 9
         new.idle_timeout = 5;
         new.workers = old.workers + 1;
         new.listen = "127.0.0.1:1".parse().unwrap();
+        new.access_log = Some(PathBuf::from("/log"));
         let line = old.describe_changes(&new);
         assert!(
             line.starts_with(
@@ -627,11 +674,13 @@ shutdown_grace = 9
             line.contains("listen 127.0.0.1:8080 -> 127.0.0.1:1"),
             "{line}"
         );
+        assert!(line.contains("access_log none -> /log"), "{line}");
         assert!(line.ends_with("need(s) a restart (ignored)"), "{line}");
         let applied = old.reloadable_part_of(&new);
         assert_eq!(applied.root, Path::new("/b"));
         assert_eq!(applied.idle_timeout, 5);
         assert_eq!(applied.workers, old.workers);
         assert_eq!(applied.listen, old.listen);
+        assert_eq!(applied.access_log, None);
     }
 }

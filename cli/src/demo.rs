@@ -6,7 +6,11 @@ use clap::{Args, ValueEnum};
 use tern_ipv4_games::{build, bundled_site, GameConfig, SyncMode};
 use tern_services::{RateLimitConfig, TrustedProxies};
 
-use crate::common::{run_server, CommonArgs};
+use std::sync::Arc;
+
+use tern_server::ClientIp;
+
+use crate::common::{open_access_log, run_server, CommonArgs};
 use crate::hardening::{self, Needs};
 use crate::tls::TlsArgs;
 use tern_sandbox::Give;
@@ -112,6 +116,18 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
     if let Some(plan) = &plan {
         needs.add_tls(&plan.options);
     }
+    let access_log = match &args.common.access_log {
+        Some(path) => {
+            let format = args.common.access_log_format.unwrap_or_default();
+            let log = open_access_log(path, format, &mut needs)?;
+            // The address the game credits, behind --trusted-proxies.
+            let proxies = TrustedProxies::parse(&args.trusted_proxies)
+                .map_err(|e| format!("--trusted-proxies: {e}"))?;
+            let client_ip: ClientIp = Arc::new(move |peer, head| proxies.client_ip(peer, head));
+            Some(log.with_client_ip(client_ip))
+        }
+        None => None,
+    };
     let lockdown = hardening::plan(&args.common.hardening, None, needs)?;
     let mut server = build(config, game)?;
     if args.common.hardening.probes() {
@@ -122,6 +138,9 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
     let mut server = args.common.install_bans(server, &ban_exempt)?;
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
+    }
+    if let Some(log) = access_log {
+        server = server.with_access_log(log);
     }
     let tls = acceptor.zip(plan);
     run_server(server, &format!("IPv4 Games (data in {data})"), tls)

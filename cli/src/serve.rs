@@ -13,7 +13,7 @@ use clap::Args;
 use tern_server::static_files::StaticFiles;
 use tern_server::{Handler, HandlerContext, Reply, Request, Router, Server};
 
-use crate::common::{run_server_with_reload, CommonArgs, OnReload, ServerReload};
+use crate::common::{open_access_log, run_server_with_reload, CommonArgs, OnReload, ServerReload};
 use crate::config::{self, FileConfig, Flags, Settings};
 use crate::hardening::{self, FileHardening, Needs};
 use crate::tls::{TlsArgs, TlsPlan};
@@ -106,6 +106,12 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     if let Some(plan) = &tls {
         needs.add_tls(&plan.options);
     }
+    // No trusted proxies here: the client is the socket peer.
+    let access_log = settings
+        .access_log
+        .as_deref()
+        .map(|path| open_access_log(path, settings.access_log_format, &mut needs))
+        .transpose()?;
     let lockdown = hardening::plan(&args.common.hardening, Some(&file_hardening), needs)?;
     let probes = args.common.hardening.probes();
     let mut current = settings.clone();
@@ -134,6 +140,9 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     let mut server = bans.install_bans(server, &[])?;
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
+    }
+    if let Some(log) = access_log {
+        server = server.with_access_log(log);
     }
     run_server_with_reload(
         server,

@@ -96,6 +96,9 @@ pub struct RequestHead<'a> {
     pub if_modified_since: Option<&'a [u8]>,
     pub range: Option<&'a [u8]>,
     pub if_range: Option<&'a [u8]>,
+    /// For access logs (found in the same pass, so a log line costs no second scan).
+    pub referer: Option<&'a [u8]>,
+    pub user_agent: Option<&'a [u8]>,
     pub headers: &'a [httparse::Header<'a>],
 }
 
@@ -134,6 +137,8 @@ impl<'a> RequestHead<'a> {
             if_modified_since: None,
             range: None,
             if_range: None,
+            referer: None,
+            user_agent: None,
             headers,
         }
     }
@@ -297,6 +302,7 @@ fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), Reque
             }
             5 if name.eq_ignore_ascii_case(b"range") => head.range = Some(value),
             6 if name.eq_ignore_ascii_case(b"accept") => head.accept = Some(value),
+            7 if name.eq_ignore_ascii_case(b"referer") => head.referer = Some(value),
             6 if name.eq_ignore_ascii_case(b"expect") => {
                 if trim_ows(value).eq_ignore_ascii_case(b"100-continue") {
                     head.expect_continue = true;
@@ -314,6 +320,7 @@ fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), Reque
                     }
                 }
             }
+            10 if name.eq_ignore_ascii_case(b"user-agent") => head.user_agent = Some(value),
             13 if name.eq_ignore_ascii_case(b"if-none-match") => head.if_none_match = Some(value),
             14 if name.eq_ignore_ascii_case(b"content-length") => {
                 let n = parse_content_length(value)?;
@@ -621,6 +628,25 @@ fn starts_with_ignore_case(s: &[u8], prefix: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn referer_and_user_agent_are_found_in_the_header_pass() {
+        let mut headers = [std::mem::MaybeUninit::uninit(); crate::MAX_HEADERS_DEFAULT];
+        let req = b"GET / HTTP/1.1\r\nHost: h\r\nUSER-AGENT: curl/8\r\nReferer: http://r/\r\n\r\n";
+        let Ok(Parsed::Complete(head)) = parse_request(req, &mut headers, &Limits::default())
+        else {
+            panic!("a valid request");
+        };
+        assert_eq!(head.user_agent, Some(&b"curl/8"[..]));
+        assert_eq!(head.referer, Some(&b"http://r/"[..]));
+        let mut headers = [std::mem::MaybeUninit::uninit(); crate::MAX_HEADERS_DEFAULT];
+        let req = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n";
+        let Ok(Parsed::Complete(head)) = parse_request(req, &mut headers, &Limits::default())
+        else {
+            panic!("a valid request");
+        };
+        assert_eq!((head.user_agent, head.referer), (None, None));
+    }
 
     #[test]
     fn trim_strips_only_spaces_and_tabs_at_both_ends() {

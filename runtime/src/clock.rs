@@ -7,6 +7,7 @@ use tern_codec::{format_date_line, DATE_LINE_LEN};
 /// response never pays for date formatting.
 pub struct Clock {
     start: Instant,
+    now_us: u64,
     now_ms: u64,
     unix_secs: u64,
     date_line: [u8; DATE_LINE_LEN],
@@ -17,6 +18,7 @@ impl Clock {
         let unix_secs = unix_now();
         Clock {
             start: Instant::now(),
+            now_us: 0,
             now_ms: 0,
             unix_secs,
             date_line: format_date_line(unix_secs),
@@ -25,7 +27,8 @@ impl Clock {
 
     /// Refreshes the cached time. Two vDSO calls, no syscalls.
     pub fn update(&mut self) {
-        self.now_ms = self.start.elapsed().as_millis() as u64;
+        self.now_us = self.start.elapsed().as_micros() as u64;
+        self.now_ms = self.now_us / 1000;
         let unix = unix_now();
         if unix != self.unix_secs {
             self.unix_secs = unix;
@@ -36,6 +39,18 @@ impl Clock {
     /// Milliseconds since this worker started (monotonic).
     pub fn now_ms(&self) -> u64 {
         self.now_ms
+    }
+
+    /// Microseconds since this worker started, as of the last update (when the loop turn
+    /// began: the moment a request's bytes were seen ready).
+    pub fn now_us(&self) -> u64 {
+        self.now_us
+    }
+
+    /// Microseconds since this worker started, read now rather than cached (one vDSO call):
+    /// for the end of an access log's duration.
+    pub fn precise_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
     }
 
     /// Wall-clock seconds since the Unix epoch, as of the last update.
@@ -83,5 +98,7 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         clock.update();
         assert!(clock.now_ms() >= a + 15);
+        assert_eq!(clock.now_ms(), clock.now_us() / 1000);
+        assert!(clock.precise_us() >= clock.now_us());
     }
 }

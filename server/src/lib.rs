@@ -4,6 +4,7 @@
 //! [`worker::HttpWorker`] per runtime worker thread. Handlers return a [`Response`] now or a
 //! [`Pending`] reply completed later from any thread.
 
+mod access_log;
 pub mod bans;
 mod conn;
 mod driver;
@@ -23,6 +24,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use access_log::{AccessLog, AccessLogFormat, ClientIp};
 pub use bans::{BanConfig, BanNotice, Bans};
 pub use handler::{complete_all, Handler, HandlerContext, Pending, Reply, Request, WorkerMessage};
 pub use response::{Body, FileBody, Response};
@@ -92,6 +94,7 @@ pub struct Server {
     tls: Option<Arc<TlsAcceptor>>,
     after_bind: Option<AfterBind>,
     bans: Option<Arc<Bans>>,
+    access_log: Option<AccessLog>,
 }
 
 type AfterBind = Box<dyn FnOnce() -> io::Result<()>>;
@@ -124,6 +127,7 @@ impl Server {
             tls: None,
             after_bind: None,
             bans: None,
+            access_log: None,
         }
     }
 
@@ -144,6 +148,13 @@ impl Server {
     /// Peers to close at accept, and where strikes and dropped connections add bans.
     pub fn with_bans(mut self, bans: Arc<Bans>) -> Server {
         self.bans = Some(bans);
+        self
+    }
+
+    /// Logs every answer to this file, from a writer thread of the server's own (see
+    /// `access_log.rs`).
+    pub fn with_access_log(mut self, log: AccessLog) -> Server {
+        self.access_log = Some(log);
         self
     }
 
@@ -189,6 +200,11 @@ impl Server {
             .config
             .hsts_max_age
             .map(|secs| format!("Strict-Transport-Security: max-age={secs}\r\n").into_bytes());
+        let workers = self.config.runtime.workers.max(1);
+        let access_log = self.access_log.map(|log| {
+            let shared = Arc::new(access_log::LogShared::new(&log, workers, stats.clone()));
+            (shared, log)
+        });
         let shared = Arc::new(worker::Shared {
             router: self.router,
             config: self.config.clone(),
@@ -199,6 +215,7 @@ impl Server {
             hsts_line,
             https_port: std::sync::atomic::AtomicU16::new(0),
             bans: self.bans,
+            access_log: access_log.as_ref().map(|(shared, _)| shared.clone()),
         });
         let for_workers = shared.clone();
         let after_bind = self.after_bind.unwrap_or_else(|| Box::new(|| Ok(())));
@@ -217,6 +234,15 @@ impl Server {
         }
         let stop = StopSignal::default();
         let mut background = Vec::new();
+        if let Some((log, opened)) = access_log {
+            let inboxes = runtime.inboxes().to_vec();
+            let signal = stop.clone();
+            let name = "tern-access-log".to_string();
+            let thread = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || access_log::run_writer(log, opened.into_file(), inboxes, signal))?;
+            background.push((name, thread));
+        }
         for (name, run) in self.background {
             let signal = stop.clone();
             let thread = std::thread::Builder::new()
@@ -273,6 +299,19 @@ impl ServerHandle {
         self.runtime.liveness_probe()
     }
 
+    /// A function that makes the access log's writer reopen its file (`SIGUSR1`, after
+    /// logrotate moved it away); does nothing without an access log. Safe to call from any
+    /// thread, repeatedly.
+    pub fn log_reopener(&self) -> impl Fn() -> bool + Send + Sync + Clone + 'static {
+        let log = self.shared.access_log.clone();
+        move || {
+            if let Some(log) = &log {
+                log.request_reopen();
+            }
+            log.is_some()
+        }
+    }
+
     /// A function that applies a reload (`SIGHUP`); safe to call from any thread, repeatedly.
     /// Of the config it takes what can change while running: the header, body, idle and write
     /// timeouts, the request limits (`max_body`, ...) and the connections per worker.
@@ -300,7 +339,8 @@ impl ServerHandle {
     }
 
     /// Blocks until every worker has drained and exited, then stops and joins the background
-    /// threads (in the order they were added).
+    /// threads (in the order they were added; the access log's writer first, which writes
+    /// out every line the workers handed over as they exited).
     pub fn join(self) {
         self.runtime.join();
         self.stop.raise();

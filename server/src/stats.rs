@@ -56,10 +56,15 @@ pub enum Counter {
     /// Bans the nftables set (`--ban-nft-set`) did not get: its queue was full, or nft
     /// failed or was gone.
     BanNftFailures,
+    /// Access-log lines written to the file.
+    AccessLogLines,
+    /// Access-log lines lost: the writer fell behind (the queue was full), or the write
+    /// failed (a full disk).
+    AccessLogLinesDropped,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 31] = [
+    pub const ALL: [Counter; 33] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -91,6 +96,8 @@ impl Counter {
         Counter::ConnectionsBanned,
         Counter::BansAdded,
         Counter::BanNftFailures,
+        Counter::AccessLogLines,
+        Counter::AccessLogLinesDropped,
     ];
 
     pub fn name(self) -> &'static str {
@@ -126,6 +133,8 @@ impl Counter {
             Counter::ConnectionsBanned => "connections_banned",
             Counter::BansAdded => "bans_added",
             Counter::BanNftFailures => "ban_nft_failures",
+            Counter::AccessLogLines => "access_log_lines",
+            Counter::AccessLogLinesDropped => "access_log_lines_dropped",
         }
     }
 
@@ -166,6 +175,10 @@ impl Counter {
             Counter::ConnectionsBanned => "connections from banned peers closed at accept",
             Counter::BansAdded => "peers banned (slow request heads, or dropped by a handler)",
             Counter::BanNftFailures => "bans the nftables set did not get (queue full, nft error)",
+            Counter::AccessLogLines => "access-log lines written",
+            Counter::AccessLogLinesDropped => {
+                "access-log lines dropped (writer behind, or the write failed)"
+            }
         }
     }
 }
@@ -197,7 +210,12 @@ impl WorkerStats {
 
     /// For a block more than one thread writes (`Stats::aux`): a locked add.
     pub fn bump_shared(&self, c: Counter) {
-        self.counters[c as usize].fetch_add(1, Ordering::Relaxed);
+        self.add_shared(c, 1);
+    }
+
+    /// `n` at once, for a block more than one thread writes (`Stats::aux`).
+    pub fn add_shared(&self, c: Counter, n: u64) {
+        self.counters[c as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     #[inline]

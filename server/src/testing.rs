@@ -56,6 +56,7 @@ impl MemoryConn {
             https_port: AtomicU16::new(0),
             tls,
             bans: None,
+            access_log: None,
         });
         let link = Link {
             peer: SocketAddr::from(([192, 0, 2, 1], 40000)),
@@ -114,6 +115,7 @@ impl MemoryConn {
             clock: &self.clock,
             buffers: &mut self.buffers,
             scratch: &mut self.scratch,
+            access_log: None,
             inbox: &self.inbox,
             worker_id: 0,
             stopping: false,

@@ -7,6 +7,7 @@ use mio::event::Event;
 use mio::{Interest, Token};
 use tern_runtime::{Context, InboxSender, TimerKey, WorkerApp};
 
+use crate::access_log::WorkerLog;
 use crate::conn::{Conn, ConnCx, Link, Status};
 use crate::driver::{self, Socket};
 use crate::handler::WorkerMessage;
@@ -40,6 +41,7 @@ pub(crate) struct Shared {
     /// The bound port of the first TLS listener (for `--redirect-http`); 0 until known.
     pub https_port: std::sync::atomic::AtomicU16,
     pub bans: Option<Arc<crate::Bans>>,
+    pub access_log: Option<Arc<crate::access_log::LogShared>>,
 }
 
 /// Connections of one worker, addressed by `generation << 32 | index`. The generation makes
@@ -117,6 +119,8 @@ pub(crate) struct HttpWorker {
     seen_reloads: u64,
     /// File bytes on their way into TLS (see conn/tls.rs); grown on first use.
     scratch: Vec<u8>,
+    /// This worker's access-log buffer (with `--access-log`).
+    access_log: Option<WorkerLog>,
 }
 
 impl HttpWorker {
@@ -132,6 +136,10 @@ impl HttpWorker {
             near_limit_at: max - max / 10,
             config,
             seen_reloads,
+            access_log: shared
+                .access_log
+                .as_ref()
+                .map(|log| WorkerLog::new(log.clone(), id)),
             shared,
             scratch: Vec::new(),
         }
@@ -167,6 +175,7 @@ impl HttpWorker {
             clock: cx.clock,
             buffers: cx.buffers,
             scratch: &mut self.scratch,
+            access_log: self.access_log.as_mut(),
             inbox: &self.inbox,
             worker_id: self.id,
             stopping: cx.stopping,
@@ -356,6 +365,9 @@ impl WorkerApp for HttpWorker {
     }
 
     fn after_turn(&mut self, cx: &mut Context<'_, WorkerMessage>) {
+        if let Some(log) = &mut self.access_log {
+            log.tick(cx.clock.now_ms());
+        }
         if self.yielded.is_empty() {
             return;
         }

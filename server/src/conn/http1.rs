@@ -14,6 +14,7 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 use super::linger::{self, Linger};
 use super::output::Output;
 use super::{ConnCx, Link, Timeout};
+use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Origin, Outcome};
 use crate::response::{status_has_no_body, Response};
 use crate::stats::Counter;
@@ -28,8 +29,9 @@ enum State {
     Head,
     /// The head arrived, the body is still coming in.
     Body(Box<BodyState>),
-    /// A handler deferred its reply; nothing else is processed until it arrives.
-    Awaiting(Exchange),
+    /// A handler deferred its reply; nothing else is processed until it arrives. With an
+    /// access log, the request's part of its line is kept here meanwhile.
+    Awaiting(Exchange, Option<Box<SavedEntry>>),
     /// We answered and half-closed; reading and discarding until the client closes.
     Lingering(Linger),
 }
@@ -198,7 +200,7 @@ impl Http1 {
                         }
                     }
                 }
-                State::Awaiting(_) | State::Lingering(_) => break,
+                State::Awaiting(..) | State::Lingering(_) => break,
             }
         }
         self.rbuf = Some(rbuf);
@@ -210,7 +212,7 @@ impl Http1 {
             return Next::Close;
         }
         match self.state {
-            State::Awaiting(_) => Next::Wait,
+            State::Awaiting(..) => Next::Wait,
             State::Lingering(_) => Next::Read,
             _ if self.peer_eof => Next::Close, // whatever is buffered is an incomplete request
             _ => Next::Read,
@@ -347,9 +349,13 @@ impl Http1 {
             seq: self.seq.wrapping_add(1),
         };
         self.seq = exchange.seq;
+        let entry = cx
+            .access_log
+            .as_ref()
+            .map(|log| log.entry(head, link.peer, cx.clock.now_us()));
         if let Some(port) = link.redirect_to_https {
             let response = exchange::redirect_to_https(head, port);
-            return self.respond(response, exchange, out, link, cx);
+            return self.respond(response, exchange, out, link, cx, entry.as_ref());
         }
         let from = Origin {
             peer: link.peer,
@@ -357,8 +363,13 @@ impl Http1 {
             seq: exchange.seq,
         };
         match exchange::run(head, body, from, cx) {
-            Outcome::Respond(response) => self.respond(response, exchange, out, link, cx),
-            Outcome::Deferred => self.state = State::Awaiting(exchange),
+            Outcome::Respond(response) => {
+                self.respond(response, exchange, out, link, cx, entry.as_ref())
+            }
+            Outcome::Deferred => {
+                let saved = entry.as_ref().and_then(SavedEntry::save);
+                self.state = State::Awaiting(exchange, saved);
+            }
             Outcome::Drop => self.abort(),
         }
     }
@@ -373,16 +384,20 @@ impl Http1 {
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) -> bool {
-        match self.state {
-            State::Awaiting(exchange) if exchange.seq == seq => {
-                self.state = State::Head;
-                self.respond(response, exchange, out, link, cx);
+        match std::mem::take(&mut self.state) {
+            State::Awaiting(exchange, saved) if exchange.seq == seq => {
+                let entry = saved.as_ref().map(|s| s.entry());
+                self.respond(response, exchange, out, link, cx, entry.as_ref());
                 true
             }
-            _ => false,
+            other => {
+                self.state = other;
+                false
+            }
         }
     }
 
+    /// Writes the answer; with an access log, records its line (`entry`: the request's part).
     fn respond(
         &mut self,
         mut response: Response,
@@ -390,6 +405,7 @@ impl Http1 {
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
+        entry: Option<&LogEntry<'_>>,
     ) {
         let keep = ex.keep_alive && !response.close && !cx.stopping;
         let connection = match (keep, ex.http10) {
@@ -415,10 +431,16 @@ impl Http1 {
         let before = buf.len();
         head.write_to(buf);
         out.commit(before);
+        let status = response.status;
+        let mut body_bytes = 0;
         if !ex.head_only && !no_body {
+            body_bytes = response.body.len();
             out.push_body(response.body);
         }
-        cx.stats.response(response.status);
+        cx.stats.response(status);
+        if let (Some(log), Some(entry)) = (cx.access_log.as_deref_mut(), entry) {
+            log.record(entry, status, body_bytes, cx.clock);
+        }
         if !keep {
             self.closing = true;
         }
@@ -447,7 +469,8 @@ impl Http1 {
     ) {
         self.state = State::Head;
         let ex = Exchange::last_answer(self.seq);
-        self.respond(response, ex, out, link, cx);
+        let entry = LogEntry::bare(link.peer, cx.clock.now_us());
+        self.respond(response, ex, out, link, cx, Some(&entry));
         self.linger_on_close = true;
     }
 
@@ -461,7 +484,7 @@ impl Http1 {
             return true;
         }
         // Whatever is being answered now is the last answer on this connection.
-        if let State::Awaiting(ex) = &mut self.state {
+        if let State::Awaiting(ex, _) = &mut self.state {
             ex.keep_alive = false;
         }
         false
@@ -475,7 +498,7 @@ impl Http1 {
         match &self.state {
             State::Lingering(linger) => (linger.until_ms, Timeout::Linger),
             _ if out_waiting => (now + ms(cfg.write_timeout), Timeout::Write),
-            State::Awaiting(_) => (u64::MAX, Timeout::Idle),
+            State::Awaiting(..) => (u64::MAX, Timeout::Idle),
             State::Body(_) => (now + ms(cfg.body_timeout), Timeout::Body),
             State::Head => match self.head_started_ms {
                 Some(t) => (t + ms(cfg.header_timeout), Timeout::Header),
@@ -494,7 +517,9 @@ impl Http1 {
     ) {
         if matches!(kind, Timeout::Header | Timeout::Body) && out.is_empty() {
             let ex = Exchange::last_answer(self.seq);
-            self.respond(Response::text(408, "request timeout\n"), ex, out, link, cx);
+            let entry = LogEntry::bare(link.peer, cx.clock.now_us());
+            let response = Response::text(408, "request timeout\n");
+            self.respond(response, ex, out, link, cx, Some(&entry));
         }
     }
 

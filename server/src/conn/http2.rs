@@ -15,6 +15,7 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 use super::linger::{self, Linger};
 use super::output::Output;
 use super::{ConnCx, Link, Timeout};
+use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Origin, Outcome};
 use crate::response::{status_has_no_body, Body, FileBody, Response};
 use crate::stats::Counter;
@@ -53,8 +54,9 @@ pub(crate) struct Http2 {
     session: Session,
     rbuf: Option<ReadBuf>,
     sending: Vec<Sending>,
-    /// Streams whose handler deferred its reply, and whether each asked for the head only.
-    awaiting: Vec<(u32, bool)>,
+    /// Streams whose handler deferred its reply, whether each asked for the head only, and
+    /// (with an access log) the request's part of its line.
+    awaiting: Vec<(u32, bool, Option<Box<SavedEntry>>)>,
     /// The stream served last among incremental ones (round-robin position).
     last_served: u32,
     /// Close once the output is sent (connection error, timeout, Drop).
@@ -233,6 +235,7 @@ impl Http2 {
                 };
                 cx.stats.bump(Counter::Requests);
                 cx.stats.bad_request(e);
+                let entry = LogEntry::bare(link.peer, cx.clock.now_us());
                 self.respond(
                     stream,
                     Response::text(e.status(), e.message()),
@@ -240,11 +243,12 @@ impl Http2 {
                     out,
                     link,
                     cx,
+                    Some(&entry),
                 );
             }
             Event::Reset(id) => {
                 self.sending.retain(|s| s.stream != id);
-                self.awaiting.retain(|&(s, _)| s != id);
+                self.awaiting.retain(|(s, ..)| *s != id);
             }
             Event::Reprioritize(id) => {
                 let p = self.session.priority(id);
@@ -274,6 +278,7 @@ impl Http2 {
             many = vec![httparse::EMPTY_HEADER; data.fields.field_count()];
             &mut many
         };
+        let mut entry = None;
         let (outcome, head_only) = match data.head(slots, &cx.config.limits) {
             Err(e) => {
                 cx.stats.bad_request(e);
@@ -288,6 +293,12 @@ impl Http2 {
             }
             Ok(head) => {
                 let head_only = head.method == Method::Head;
+                // Borrows the request's buffers: they go back to the session only after the
+                // answer.
+                entry = cx
+                    .access_log
+                    .as_ref()
+                    .map(|log| log.entry(&head, link.peer, cx.clock.now_us()));
                 let outcome = match link.redirect_to_https {
                     Some(port) => Outcome::Respond(exchange::redirect_to_https(&head, port)),
                     None => {
@@ -302,14 +313,21 @@ impl Http2 {
                 (outcome, head_only)
             }
         };
-        self.session.recycle(data);
         if cx.stopping || cx.near_limit {
             // As HTTP/1.1 stops keep-alive there: this connection takes no new streams.
             self.go_away(out, cx);
         }
+        if entry.is_none() && cx.access_log.is_some() {
+            // A head the codec refused: answered without a request to name.
+            entry = Some(LogEntry::bare(link.peer, cx.clock.now_us()));
+        }
         match outcome {
-            Outcome::Respond(r) => self.respond(id, r, head_only, out, link, cx),
-            Outcome::Deferred => self.awaiting.push((id, head_only)),
+            Outcome::Respond(r) => self.respond(id, r, head_only, out, link, cx, entry.as_ref()),
+            Outcome::Deferred => {
+                // The head's buffers go back now: keep a copy of the line's request part.
+                let saved = entry.as_ref().and_then(SavedEntry::save);
+                self.awaiting.push((id, head_only, saved));
+            }
             Outcome::Drop => {
                 self.fail(
                     ErrorCode::EnhanceYourCalm,
@@ -320,6 +338,7 @@ impl Http2 {
                 self.abort = true;
             }
         }
+        self.session.recycle(data);
     }
 
     /// A deferred reply arrived. False if its stream is gone (reset meanwhile) or unknown.
@@ -334,15 +353,19 @@ impl Http2 {
         if self.closing || self.lingering.is_some() || self.session.is_closed() {
             return false;
         }
-        let Some(i) = self.awaiting.iter().position(|&(s, _)| s == seq) else {
+        let Some(i) = self.awaiting.iter().position(|(s, ..)| *s == seq) else {
             return false;
         };
-        let (_, head_only) = self.awaiting.swap_remove(i);
-        self.respond(seq, response, head_only, out, link, cx);
+        let (_, head_only, saved) = self.awaiting.swap_remove(i);
+        let entry = saved.as_ref().map(|s| s.entry());
+        self.respond(seq, response, head_only, out, link, cx, entry.as_ref());
         self.pump(out, cx);
         true
     }
 
+    /// Queues the answer of stream `id`; with an access log, records its line (`entry`: the
+    /// request's part).
+    #[allow(clippy::too_many_arguments)]
     fn respond(
         &mut self,
         id: u32,
@@ -351,11 +374,16 @@ impl Http2 {
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
+        entry: Option<&LogEntry<'_>>,
     ) {
         cx.stats.response(response.status);
         let no_body = status_has_no_body(response.status);
         let len = response.body.len();
         let end_stream = no_body || head_only || len == 0;
+        if let (Some(log), Some(entry)) = (cx.access_log.as_deref_mut(), entry) {
+            let body_bytes = if end_stream { 0 } else { len };
+            log.record(entry, response.status, body_bytes, cx.clock);
+        }
         // The Date line without its name and CRLF ("Date: " ... "\r\n").
         let date_line = cx.clock.date_line();
         let date = &date_line[6..date_line.len() - 2];

@@ -46,6 +46,8 @@ pub(crate) struct ConnCx<'a> {
     pub buffers: &'a mut BufPool,
     /// The worker's buffer for file bytes on their way into TLS.
     pub scratch: &'a mut Vec<u8>,
+    /// The worker's access log, if there is one: every answer is recorded there.
+    pub access_log: Option<&'a mut crate::access_log::WorkerLog>,
     pub inbox: &'a InboxSender<WorkerMessage>,
     pub worker_id: usize,
     /// A stop was requested: no answer keeps its connection alive.

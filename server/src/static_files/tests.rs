@@ -42,6 +42,8 @@ fn call(sf: &StaticFiles, method: Method, target: &str, h: H<'_>, now_ms: u64) -
         if_modified_since: h.ims.map(str::as_bytes),
         range: h.range.map(str::as_bytes),
         if_range: h.if_range.map(str::as_bytes),
+        referer: None,
+        user_agent: None,
         headers: &[],
     };
     let req = Request {
