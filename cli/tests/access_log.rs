@@ -466,12 +466,12 @@ fn hostile_bytes_are_escaped_in_combined() {
     let lines = parse("combined", &text);
     assert_eq!(lines.len(), 2, "{text}");
     // Refused before routing: logged with no request.
-    let refused = &lines[1];
-    assert_eq!(
-        (refused.status, refused.method.as_deref()),
-        (400, None),
-        "{text}"
-    );
+    // Two connections, maybe on two workers: the lines can come in either order.
+    let refused = lines
+        .iter()
+        .find(|l| l.method.is_none())
+        .unwrap_or_else(|| panic!("no line without a request: {text}"));
+    assert_eq!(refused.status, 400, "{text}");
 }
 
 #[test]
@@ -483,14 +483,17 @@ fn hostile_bytes_are_valid_json() {
     let status = send_hostile(&tern);
     let text = wait_lines(&fx.log, 2);
     let lines = parse("json", &text);
-    assert_eq!(lines[0].status, status);
-    assert_eq!(lines[0].target.as_deref(), Some("/h\"i\\x5Cj?k=\"x"));
+    // Two connections, maybe on two workers: the lines can come in either order.
+    let (answered, refused): (Vec<_>, Vec<_>) = lines.iter().partition(|l| l.protocol.is_some());
+    assert_eq!((answered.len(), refused.len()), (1, 1), "{text}");
+    assert_eq!(answered[0].status, status);
+    assert_eq!(answered[0].target.as_deref(), Some("/h\"i\\x5Cj?k=\"x"));
     // A backslash and bytes that are not UTF-8 read `\xHH`, as in the combined format.
     assert_eq!(
-        lines[0].user_agent.as_deref(),
+        answered[0].user_agent.as_deref(),
         Some("evil\" \\x5C \t\\xFF\\xFE end")
     );
-    assert_eq!((lines[1].status, lines[1].protocol.as_deref()), (400, None));
+    assert_eq!(refused[0].status, 400);
 }
 
 #[test]
