@@ -223,10 +223,14 @@ pub fn run_server(
     server: Server,
     what: &str,
     tls: Option<(Arc<TlsAcceptor>, TlsPlan)>,
+    gate: Option<tern_gate::Gate>,
 ) -> Result<(), String> {
     let same = server.config().clone();
     let acceptor = tls.as_ref().map(|(a, _)| a.clone());
     let on_reload: OnReload = Box::new(move |reload: ServerReload<'_>| {
+        if let Some(gate) = &gate {
+            crate::gate::reload(gate);
+        }
         reload(&same);
         match &tls {
             None => tracing::info!("reload (SIGHUP): nothing to re-read; cached files dropped"),

@@ -56,6 +56,10 @@ pub struct DemoArgs {
     /// Networks never rate-limited (loopback never is), e.g. "192.0.2.0/24".
     #[arg(long, value_name = "CIDRS", default_value = "")]
     rate_exempt: String,
+    /// Put the auth gateway of this config in front of the game (login, proof-of-work
+    /// passes, bot policy; see `tern gate`).
+    #[arg(long, value_name = "FILE")]
+    gate: Option<PathBuf>,
 }
 
 pub fn demo(args: DemoArgs) -> Result<(), String> {
@@ -128,11 +132,29 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         }
         None => None,
     };
+    let gate = args
+        .gate
+        .as_deref()
+        .map(|path| {
+            crate::gate::open(
+                path,
+                tern_gate::Mode::Guard,
+                config.runtime.workers,
+                &args.common.hardening,
+                &mut needs,
+            )
+        })
+        .transpose()?;
     let lockdown = hardening::plan(&args.common.hardening, None, needs)?;
     let mut server = build(config, game)?;
     if args.common.hardening.probes() {
         let router = std::mem::take(server.router_mut());
         *server.router_mut() = hardening::probe_routes(router);
+    }
+    if let Some(gate) = &gate {
+        let router = std::mem::take(server.router_mut());
+        *server.router_mut() = gate.protect(router);
+        server = gate.install(server);
     }
     let server = server.after_bind(hardening::lockdown_step(lockdown));
     let mut server = args.common.install_bans(server, &ban_exempt)?;
@@ -143,5 +165,5 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         server = server.with_access_log(log);
     }
     let tls = acceptor.zip(plan);
-    run_server(server, &format!("IPv4 Games (data in {data})"), tls)
+    run_server(server, &format!("IPv4 Games (data in {data})"), tls, gate)
 }

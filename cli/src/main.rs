@@ -7,6 +7,7 @@ mod bans;
 mod common;
 mod config;
 mod demo;
+mod gate;
 mod hardening;
 mod memory;
 mod run;
@@ -24,7 +25,7 @@ use clap::{Parser, Subcommand, ValueEnum};
     name = "tern",
     version,
     about = "A thread-per-core web server that lets one cheap machine serve the world.",
-    after_help = "Quick start:\n  tern demo                      # the IPv4 Games on http://127.0.0.1:8080\n  tern serve ./site --listen 127.0.0.1:8080 [--workers N]\n  tern run --config tern.toml    # several sites from one file (--check to validate it)\n\nSee `tern serve --help` for every option."
+    after_help = "Quick start:\n  tern demo                      # the IPv4 Games on http://127.0.0.1:8080\n  tern serve ./site --listen 127.0.0.1:8080 [--workers N]\n  tern run --config tern.toml    # several sites from one file (--check to validate it)\n  tern gate --config gate.toml   # the auth gateway for nginx auth_request (or --gate FILE on serve/demo)\n\nSee `tern serve --help` for every option."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -56,6 +57,9 @@ enum Command {
     /// Serve several sites, chosen by host name, from one config file (static files,
     /// redirects, fixed answers, the IPv4 Games).
     Run(run::RunArgs),
+    /// The auth gateway against AI scrapers (form login, proof-of-work guest passes, bot
+    /// policy) as an nginx `auth_request` backend.
+    Gate(gate::GateArgs),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(args),
         Command::Demo(args) => demo::demo(args),
         Command::Run(args) => run::run(args),
+        Command::Gate(args) => gate::gate(args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

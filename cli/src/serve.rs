@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// [default: 65536].
     #[arg(long, value_name = "BYTES")]
     max_cached_size: Option<u64>,
+    /// Put the auth gateway of this config in front of the site (login, proof-of-work
+    /// passes, bot policy; see `tern gate`).
+    #[arg(long, value_name = "FILE")]
+    gate: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -112,12 +116,29 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
         .as_deref()
         .map(|path| open_access_log(path, settings.access_log_format, &mut needs))
         .transpose()?;
+    let gate = args
+        .gate
+        .as_deref()
+        .map(|path| {
+            crate::gate::open(
+                path,
+                tern_gate::Mode::Guard,
+                settings.server_config().runtime.workers,
+                &args.common.hardening,
+                &mut needs,
+            )
+        })
+        .transpose()?;
     let lockdown = hardening::plan(&args.common.hardening, Some(&file_hardening), needs)?;
     let probes = args.common.hardening.probes();
     let mut current = settings.clone();
     let reloader = files.clone();
     let reload_tls = acceptor.clone();
+    let reload_gate = gate.clone();
     let on_reload: OnReload = Box::new(move |server: ServerReload<'_>| {
+        if let Some(gate) = &reload_gate {
+            crate::gate::reload(gate);
+        }
         match reload(&args, &current, &reloader, reload_tls.as_deref(), server) {
             Ok((applied, changes)) => {
                 current = applied;
@@ -136,7 +157,13 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     if probes {
         router = hardening::probe_routes(router);
     }
-    let server = Server::new(config, router).after_bind(hardening::lockdown_step(lockdown));
+    if let Some(gate) = &gate {
+        router = gate.protect(router);
+    }
+    let mut server = Server::new(config, router).after_bind(hardening::lockdown_step(lockdown));
+    if let Some(gate) = &gate {
+        server = gate.install(server);
+    }
     let mut server = bans.install_bans(server, &[])?;
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());

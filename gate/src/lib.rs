@@ -13,6 +13,25 @@
 //! - `policy.rs`: the bot policy, ordered rules compiled once at load.
 //! - `pages.rs` and `assets/`: the login, challenge, time-lock and deny pages and the solver.
 
+pub mod checkers;
+pub mod config;
+pub mod csrf;
+mod endpoints;
+pub mod form;
+mod guard;
+pub mod keyring;
+pub mod limits;
+pub mod pages;
+pub mod policy;
+pub mod pool;
+pub mod pow;
+pub mod redirect;
+mod state;
+pub mod stats;
+pub mod token;
+
+pub use state::{Gate, Loaded, Mode};
+
 use std::net::IpAddr;
 
 /// The network a client address belongs to (IPv4 /24, IPv6 /48 by default): what sessions

@@ -26,6 +26,7 @@ pub(crate) enum Outcome {
 /// Where the request came from, for the handler and for pending replies.
 pub(crate) struct Origin {
     pub peer: SocketAddr,
+    pub secure: bool,
     pub conn: u64,
     pub seq: u32,
 }
@@ -48,6 +49,7 @@ pub(crate) fn run(
         head,
         body,
         peer: from.peer,
+        secure: from.secure,
         unix_secs: cx.clock.unix_secs(),
         now_ms: cx.clock.now_ms(),
     };

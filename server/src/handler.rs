@@ -11,6 +11,8 @@ pub struct Request<'a> {
     pub head: &'a RequestHead<'a>,
     pub body: &'a [u8],
     pub peer: SocketAddr,
+    /// Arrived over TLS (so cookies can be `Secure`, `__Host-`).
+    pub secure: bool,
     /// Wall-clock seconds (the worker's per-turn clock; no syscall).
     pub unix_secs: u64,
     /// Monotonic milliseconds of the worker's clock.

@@ -9,6 +9,7 @@ pub mod bans;
 mod conn;
 mod driver;
 mod exchange;
+mod guard;
 mod handler;
 pub mod negotiate;
 mod response;
@@ -26,6 +27,7 @@ use std::time::Duration;
 
 pub use access_log::{AccessLog, AccessLogFormat, ClientIp};
 pub use bans::{BanConfig, BanNotice, Bans};
+pub use guard::{Guard, Guarded, Verdict};
 pub use handler::{complete_all, Handler, HandlerContext, Pending, Reply, Request, WorkerMessage};
 pub use response::{Body, FileBody, Response};
 pub use router::Router;

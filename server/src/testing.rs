@@ -247,3 +247,59 @@ mod tests {
         assert_eq!(s.get(crate::Counter::TlsFailedBadRecord), 1);
     }
 }
+
+/// Calls handlers (and guards) directly, with a real inbox, so a deferred reply completed by
+/// another thread can be collected: unit tests of handlers without a connection.
+pub struct HandlerHarness {
+    inbox: Arc<Inbox<WorkerMessage>>,
+    sender: InboxSender<WorkerMessage>,
+    _poll: mio::Poll,
+    seq: std::cell::Cell<u32>,
+}
+
+impl HandlerHarness {
+    pub fn new() -> io::Result<HandlerHarness> {
+        let poll = mio::Poll::new()?;
+        let waker = mio::Waker::new(poll.registry(), mio::Token(0))?;
+        let inbox = Arc::new(Inbox::new(waker, 64));
+        Ok(HandlerHarness {
+            sender: InboxSender::new(inbox.clone()),
+            inbox,
+            _poll: poll,
+            seq: std::cell::Cell::new(0),
+        })
+    }
+
+    /// Runs `handler` on `req` as worker `worker_id` would.
+    pub fn call(
+        &self,
+        handler: &dyn crate::Handler,
+        req: &crate::Request<'_>,
+        worker_id: usize,
+    ) -> crate::Reply {
+        self.seq.set(self.seq.get() + 1);
+        let mut cx = crate::HandlerContext {
+            inbox: &self.sender,
+            conn: 1,
+            seq: self.seq.get(),
+            deferred: false,
+            worker_id,
+        };
+        handler.handle(req, &mut cx)
+    }
+
+    /// Waits up to `timeout` for the next deferred reply.
+    pub fn next_completion(&self, timeout: std::time::Duration) -> Option<crate::Response> {
+        let give_up = std::time::Instant::now() + timeout;
+        loop {
+            let mut got = None;
+            self.inbox.drain(|WorkerMessage::Complete { response, .. }| {
+                got.get_or_insert(response);
+            });
+            if got.is_some() || std::time::Instant::now() > give_up {
+                return got;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}

@@ -23,7 +23,8 @@ pub struct Metric {
     pub name: &'static str,
     pub help: &'static str,
     pub kind: MetricKind,
-    pub label: Option<(&'static str, &'static str)>,
+    /// The value may be made at run time (a policy rule's name), hence the `Cow`.
+    pub label: Option<(&'static str, std::borrow::Cow<'static, str>)>,
     pub value: f64,
 }
 
@@ -48,8 +49,12 @@ impl Metric {
         }
     }
 
-    pub fn with_label(mut self, key: &'static str, value: &'static str) -> Metric {
-        self.label = Some((key, value));
+    pub fn with_label(
+        mut self,
+        key: &'static str,
+        value: impl Into<std::borrow::Cow<'static, str>>,
+    ) -> Metric {
+        self.label = Some((key, value.into()));
         self
     }
 }
@@ -67,7 +72,7 @@ pub fn render_statusz(metrics: &[Metric]) -> String {
     let mut out = String::with_capacity(metrics.len() * 32);
     for m in metrics {
         out.push_str(m.name);
-        if let Some((k, v)) = m.label {
+        if let Some((k, v)) = &m.label {
             let _ = write!(out, "{{{k}=\"{v}\"}}");
         }
         out.push_str(": ");
@@ -94,7 +99,7 @@ pub fn render_prometheus(prefix: &str, metrics: &[Metric]) -> String {
         }
         out.push_str(prefix);
         out.push_str(m.name);
-        if let Some((k, v)) = m.label {
+        if let Some((k, v)) = &m.label {
             let _ = write!(out, "{{{k}=\"{v}\"}}");
         }
         out.push(' ');
@@ -138,7 +143,22 @@ pub fn add_process_metrics(counters: Vec<fn() -> Metric>) {
     let _ = PROCESS_COUNTERS.set(counters);
 }
 
-/// Uptime, resident memory, and what [`add_process_metrics`] added.
+type MetricsSource = Box<dyn Fn() -> Vec<Metric> + Send + Sync>;
+
+/// Components that bring their own counters to every page (the gateway guarding a site whose
+/// app serves /statusz), added at start-up.
+static SOURCES: std::sync::Mutex<Vec<MetricsSource>> = std::sync::Mutex::new(Vec::new());
+
+/// Adds a component's counters to every [`process_metrics`].
+pub fn add_metrics_source(source: impl Fn() -> Vec<Metric> + Send + Sync + 'static) {
+    SOURCES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Box::new(source));
+}
+
+/// Uptime, resident memory, and what [`add_process_metrics`] and [`add_metrics_source`]
+/// added.
 pub fn process_metrics(started: Instant) -> Vec<Metric> {
     vec![
         Metric::gauge(
@@ -154,6 +174,13 @@ pub fn process_metrics(started: Instant) -> Vec<Metric> {
     ]
     .into_iter()
     .chain(PROCESS_COUNTERS.get().into_iter().flatten().map(|c| c()))
+    .chain(
+        SOURCES
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .flat_map(|source| source()),
+    )
     .collect()
 }
 

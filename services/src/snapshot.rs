@@ -186,6 +186,7 @@ mod tests {
             head: &head,
             body: &[],
             peer: "127.0.0.1:1".parse().unwrap(),
+            secure: false,
             unix_secs: 0,
             now_ms: 0,
         };

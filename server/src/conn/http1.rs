@@ -359,6 +359,7 @@ impl Http1 {
         }
         let from = Origin {
             peer: link.peer,
+            secure: link.secure,
             conn: link.key,
             seq: exchange.seq,
         };

@@ -304,6 +304,7 @@ impl Http2 {
                     None => {
                         let from = Origin {
                             peer: link.peer,
+                            secure: link.secure,
                             conn: link.key,
                             seq: id,
                         };

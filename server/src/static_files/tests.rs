@@ -50,6 +50,7 @@ fn call(sf: &StaticFiles, method: Method, target: &str, h: H<'_>, now_ms: u64) -
         head: &head,
         body: &[],
         peer: "127.0.0.1:9".parse().unwrap(),
+        secure: false,
         unix_secs: 0,
         now_ms,
     };

@@ -1,0 +1,152 @@
+//! `tern gate --config gate.toml`: the auth gateway as nginx's `auth_request` backend; and
+//! `--gate FILE` of `tern serve` and `tern demo`, which put the same gate in front of their
+//! routes with no extra hop.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use tern_gate::{Gate, Mode};
+use tern_server::{Router, Server};
+
+use crate::common::{open_access_log, run_server_with_reload, CommonArgs, OnReload, ServerReload};
+use crate::hardening::{self, HardeningArgs, Needs, SandboxArg};
+
+#[derive(Args)]
+pub struct GateArgs {
+    /// The gate's config file (`examples/gate.toml` explains every key); re-read on SIGHUP.
+    #[arg(long, value_name = "FILE", required_unless_present = "hash_password")]
+    config: Option<PathBuf>,
+    /// Read a password from stdin and print `USER:HASH` (argon2id) for a `file:` checker,
+    /// then exit.
+    #[arg(long, value_name = "USER")]
+    hash_password: Option<String>,
+    /// Check the config and its policy, print what they hold, and exit.
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// Opens the gate of `path` for a server with `workers` workers, adding what it reads and
+/// writes to the sandbox's `needs`.
+pub fn open(
+    path: &std::path::Path,
+    mode: Mode,
+    workers: usize,
+    hardening_args: &HardeningArgs,
+    needs: &mut Needs,
+) -> Result<Gate, String> {
+    let gate = Gate::open(path, mode, workers)?;
+    let loaded = gate.config();
+    let config = &loaded.config;
+    let programs = config.exec_programs();
+    if !programs.is_empty() && hardening_args.sandbox != Some(SandboxArg::Off) {
+        return Err(format!(
+            "gate config {}: exec checkers ({}) cannot run inside the sandbox, which forbids \
+             starting programs; start with --sandbox off, or use a file: checker",
+            path.display(),
+            programs[0].display()
+        ));
+    }
+    needs.read_file(path);
+    for file in config.files_read() {
+        needs.read_file(&file);
+    }
+    for file in loaded.policy.cidr_files() {
+        needs.read_file(file);
+    }
+    // The key file is rewritten in place when keys rotate, by the account tern runs as.
+    needs.write_files.push(config.keyring.clone());
+    needs.give.push(tern_sandbox::Give::File(config.keyring.clone()));
+    drop(loaded);
+    Ok(gate)
+}
+
+/// Logs a gate reload's outcome (for a server's SIGHUP).
+pub fn reload(gate: &Gate) {
+    match gate.reload() {
+        Ok(what) => tracing::info!("reload (SIGHUP): {what}"),
+        Err(e) => tracing::error!(
+            "reload (SIGHUP): gate unchanged: {}",
+            hardening::explain_reload_error(e)
+        ),
+    }
+}
+
+pub fn gate(args: GateArgs) -> Result<(), String> {
+    if let Some(user) = &args.hash_password {
+        return hash_password(user);
+    }
+    let path = args.config.clone().unwrap_or_default();
+    let mut config = args.common.server_config();
+    let workers = config.runtime.workers;
+    let mut needs = Needs::default();
+    let gate = open(
+        &path,
+        Mode::AuthRequest,
+        workers,
+        &args.common.hardening,
+        &mut needs,
+    )?;
+    if args.check {
+        let loaded = gate.config();
+        println!(
+            "gate config {} is valid: {} realm(s), {} policy rule(s), keys in {}",
+            path.display(),
+            loaded.config.realms.len(),
+            loaded.policy.rule_names().len(),
+            loaded.config.keyring.display()
+        );
+        return Ok(());
+    }
+    crate::service::adopt_inherited_sockets(&mut config)?;
+    let access_log = args
+        .common
+        .access_log
+        .as_deref()
+        .map(|path| {
+            open_access_log(
+                path,
+                args.common.access_log_format.unwrap_or_default(),
+                &mut needs,
+            )
+        })
+        .transpose()?;
+    let lockdown = hardening::plan(&args.common.hardening, None, needs)?;
+    let mut router: Router = gate.auth_router();
+    if args.common.hardening.probes() {
+        router = hardening::probe_routes(router);
+    }
+    let server = Server::new(config, router).after_bind(hardening::lockdown_step(lockdown));
+    let mut server = gate.install(server);
+    if let Some(log) = access_log {
+        server = server.with_access_log(log);
+    }
+    let reloading = gate.clone();
+    let on_reload: OnReload = Box::new(move |_: ServerReload<'_>| reload(&reloading));
+    run_server_with_reload(
+        server,
+        &format!("gate ({})", path.display()),
+        on_reload,
+        None,
+    )
+}
+
+/// `--hash-password USER`: one line for an htpasswd-style file, argon2id with the crate's
+/// recommended parameters and a random salt.
+fn hash_password(user: &str) -> Result<(), String> {
+    if !tern_gate::checkers::valid_user(user) {
+        return Err(format!("{user:?} cannot be a user name (1 to 64 characters, no ':')"));
+    }
+    let mut password = String::new();
+    std::io::stdin()
+        .read_line(&mut password)
+        .map_err(|e| format!("cannot read the password from stdin: {e}"))?;
+    let password = password.trim_end_matches(['\r', '\n']);
+    if password.is_empty() {
+        return Err("no password on stdin".into());
+    }
+    let hash = tern_gate::checkers::hash_password(password)?;
+    println!("{user}:{hash}");
+    Ok(())
+}

@@ -1,0 +1,710 @@
+//! The auth gateway over real sockets: `tern serve --gate` (the guard in front of a site) and
+//! `tern gate` (nginx's auth_request backend), with clients that solve the proof of work, log
+//! in, wait out a time-lock, replay, forge and flood.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const FIREFOX: &str = "Mozilla/5.0 (X11; Linux x86_64; rv:132.0) Gecko/20100101 Firefox/132.0";
+
+/// A temp folder with a site, a gate config, a policy and a password file.
+struct Setup {
+    tmp: tempfile::TempDir,
+}
+
+impl Setup {
+    /// `policy`: the policy file's text ("" for the shipped default policy).
+    fn new(policy: &str, extra_config: &str) -> Setup {
+        let tmp = tempfile::tempdir().unwrap();
+        let site = tmp.path().join("site");
+        std::fs::create_dir_all(site.join("private")).unwrap();
+        std::fs::write(site.join("index.html"), "<p>the guarded page</p>\n").unwrap();
+        std::fs::write(site.join("robots.txt"), "User-agent: *\n").unwrap();
+        std::fs::write(site.join("private/secret.txt"), "for staff only\n").unwrap();
+        let hash = bcrypt::hash("hunter2", 4).unwrap();
+        std::fs::write(tmp.path().join("staff.htpasswd"), format!("alice:{hash}\n")).unwrap();
+        let policy_line = if policy.is_empty() {
+            String::new()
+        } else {
+            std::fs::write(tmp.path().join("policy.toml"), policy).unwrap();
+            "policy = \"policy.toml\"\n".to_string()
+        };
+        std::fs::write(
+            tmp.path().join("gate.toml"),
+            format!(
+                "keyring = \"gate.keys\"\n{policy_line}trusted_proxies = [\"127.0.0.1\"]\n{extra_config}\n\
+                 [[realm]]\nname = \"staff\"\ncheckers = [\"file:staff.htpasswd\", \"guest-pow\"]\n\
+                 guest_difficulty = 8\n"
+            ),
+        )
+        .unwrap();
+        Setup { tmp }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.tmp.path().join(rel)
+    }
+
+    fn serve(&self, extra: &[&str]) -> Tern {
+        let config = self.path("gate.toml");
+        let mut args = vec!["--gate", config.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        Tern::start(&self.path("site"), &args)
+    }
+
+    fn gate(&self) -> Tern {
+        let mut cmd = Command::new(TERN);
+        cmd.arg("gate")
+            .arg("--config")
+            .arg(self.path("gate.toml"))
+            .args(LISTEN)
+            .args(["--workers", "2", "--sandbox", "on"]);
+        Tern::spawn(cmd)
+    }
+}
+
+/// A policy: staff pages need a login, everything else a proof of work for browsers.
+const POLICY: &str = r#"
+[[rule]]
+name = "robots"
+action = "allow"
+path_prefix = "/robots.txt"
+
+[[rule]]
+name = "staff"
+action = "login"
+path_prefix = "/private/"
+realm = "staff"
+
+[[rule]]
+name = "slow-readers"
+action = "timelock"
+path_prefix = "/slow/"
+seconds = 2
+
+[[rule]]
+name = "browsers"
+action = "challenge"
+user_agent = "Mozilla"
+difficulty = 10
+"#;
+
+/// The value of attribute `name="..."` or `data-name="..."` in `html` (HTML-unescaped).
+fn attr(html: &str, name: &str) -> Option<String> {
+    let start = html.find(&format!("{name}=\""))? + name.len() + 2;
+    let end = html[start..].find('"')? + start;
+    Some(
+        html[start..end]
+            .replace("&amp;", "&")
+            .replace("&quot;", "\"")
+            .replace("&#39;", "'")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">"),
+    )
+}
+
+/// The value of the hidden form field `name`.
+fn field(html: &str, name: &str) -> Option<String> {
+    let at = html.find(&format!("name=\"{name}\""))?;
+    // The input's own tag, whichever order its attributes come in.
+    let tag_start = html[..at].rfind('<')?;
+    let tag_end = html[at..].find('>')? + at;
+    attr(&html[tag_start..tag_end], "value")
+}
+
+/// `name=value` of the response's Set-Cookie.
+fn cookie_of(r: &Resp) -> String {
+    let set = r.header("set-cookie").expect("a Set-Cookie header");
+    set.split(';').next().unwrap().to_string()
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn post_form(tern: &Tern, path: &str, fields: &[(&str, &str)], headers: &[(&str, &str)]) -> Resp {
+    let body: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={}", enc(v))).collect();
+    let body = body.join("&");
+    let mut c = tern.client();
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    c.send(head.as_bytes());
+    c.send(body.as_bytes());
+    c.read_response(false)
+}
+
+/// Solves a challenge page like a browser would and posts the answer: the session cookie.
+fn solve_and_pass(tern: &Tern, page: &Resp, ua: &str) -> Resp {
+    let html = page.text();
+    let challenge = attr(&html, "data-challenge").expect("a challenge on the page");
+    let difficulty: u8 = attr(&html, "data-difficulty").unwrap().parse().unwrap();
+    let return_to = field(&html, "return").unwrap_or_else(|| "/".into());
+    let counter = tern_gate::pow::solve(&challenge, difficulty);
+    post_form(
+        tern,
+        "/.tern-gate/pass",
+        &[
+            ("challenge", &challenge),
+            ("counter", &counter.to_string()),
+            ("return", &return_to),
+        ],
+        &[("User-Agent", ua)],
+    )
+}
+
+#[test]
+fn a_browser_solves_the_proof_of_work_once_and_then_passes() {
+    let setup = Setup::new(POLICY, "");
+    let tern = setup.serve(&[]);
+    // Tools the policy lets through see the page at once; robots.txt is never challenged.
+    assert_eq!(tern.get_with("/", &[("User-Agent", "curl/8.5.0")]).status, 200);
+    assert_eq!(tern.get_with("/robots.txt", &[("User-Agent", FIREFOX)]).status, 200);
+    // A browser gets the challenge page instead of the page, never cached or indexed.
+    let page = tern.get_with("/index.html?x=1", &[("User-Agent", FIREFOX)]);
+    assert_eq!(page.status, 403, "{}", page.text());
+    assert!(page.has("cache-control", "no-store"));
+    assert!(page.header("x-robots-tag").unwrap().contains("noindex"));
+    assert!(page.header("content-security-policy").unwrap().contains("script-src 'self'"));
+    assert!(!page.text().contains("the guarded page"));
+    assert!(page.header("set-cookie").is_none(), "a challenge never touches cookies");
+    let passed = solve_and_pass(&tern, &page, FIREFOX);
+    assert_eq!(passed.status, 303, "{}", passed.text());
+    assert_eq!(passed.header("location"), Some("/index.html?x=1"));
+    let set = passed.header("set-cookie").unwrap();
+    for attribute in ["Path=/", "HttpOnly", "SameSite=Lax", "Max-Age=86400"] {
+        assert!(set.contains(attribute), "{set}");
+    }
+    assert!(!set.contains("Secure"), "plain HTTP: {set}");
+    let cookie = cookie_of(&passed);
+    let page = tern.get_with("/", &[("User-Agent", FIREFOX), ("Cookie", &cookie)]);
+    assert_eq!(page.status, 200);
+    assert_eq!(page.text(), "<p>the guarded page</p>\n");
+    // Other cookies beside it do not matter.
+    let both = format!("theme=dark; {cookie}; other=1");
+    assert_eq!(tern.get_with("/", &[("User-Agent", FIREFOX), ("Cookie", &both)]).status, 200);
+    // A forged cookie is a challenge again.
+    let mut forged = cookie.clone();
+    forged.pop();
+    forged.push(if cookie.ends_with('A') { 'B' } else { 'A' });
+    assert_eq!(tern.get_with("/", &[("User-Agent", FIREFOX), ("Cookie", &forged)]).status, 403);
+    // Non-GET requests that would need a check are refused, never turned into a GET.
+    let mut c = tern.client();
+    let r = c.request("POST", "/form", &[("User-Agent", FIREFOX), ("Content-Length", "0")]);
+    assert_eq!(r.status, 403);
+    assert!(tern.statusz_gate("gate_challenges_passed") >= 1);
+}
+
+#[test]
+fn a_solution_is_single_use_and_bound_to_its_client() {
+    let setup = Setup::new(POLICY, "");
+    let tern = setup.serve(&[]);
+    let page = tern.get_with("/", &[("User-Agent", FIREFOX)]);
+    assert_eq!(solve_and_pass(&tern, &page, FIREFOX).status, 303);
+    let again = solve_and_pass(&tern, &page, FIREFOX);
+    assert_eq!(again.status, 403, "replayed: {}", again.text());
+    // Solved for one browser, presented by another user agent.
+    let page = tern.get_with("/", &[("User-Agent", FIREFOX)]);
+    let other = solve_and_pass(&tern, &page, "Mozilla/5.0 (Other)");
+    assert_eq!(other.status, 403);
+    // A counter that does not solve it.
+    let html = tern.get_with("/", &[("User-Agent", FIREFOX)]).text();
+    let challenge = attr(&html, "data-challenge").unwrap();
+    let wrong = (0..u64::MAX)
+        .find(|c| !tern_gate::pow::solves(&challenge, 10, *c))
+        .unwrap();
+    let r = post_form(
+        &tern,
+        "/.tern-gate/pass",
+        &[("challenge", &challenge), ("counter", &wrong.to_string()), ("return", "/")],
+        &[("User-Agent", FIREFOX)],
+    );
+    assert_eq!(r.status, 403);
+    assert!(tern.statusz_gate("gate_challenges_failed{cause=\"replayed\"}") >= 1);
+    assert!(tern.statusz_gate("gate_challenges_failed{cause=\"wrong_client\"}") >= 1);
+    assert!(tern.statusz_gate("gate_challenges_failed{cause=\"too_easy\"}") >= 1);
+}
+
+#[test]
+fn staff_log_in_with_a_password_and_a_flood_locks_out_only_its_network() {
+    let setup = Setup::new(POLICY, "");
+    let tern = setup.serve(&[]);
+    let page = tern.get_with("/private/secret.txt", &[("User-Agent", FIREFOX)]);
+    assert_eq!(page.status, 401);
+    let html = page.text();
+    let csrf = field(&html, "csrf").expect("a CSRF token in the form");
+    assert_eq!(field(&html, "return").as_deref(), Some("/private/secret.txt"));
+    assert!(html.contains("/.tern-gate/guest?"), "the realm offers a guest login");
+    let login = |password: &str, csrf: &str, headers: &[(&str, &str)]| {
+        post_form(
+            &tern,
+            "/.tern-gate/login",
+            &[
+                ("realm", "staff"),
+                ("user", "alice"),
+                ("password", password),
+                ("return", "/private/secret.txt"),
+                ("csrf", csrf),
+            ],
+            headers,
+        )
+    };
+    // A form posted from another site is refused before any password is hashed.
+    let r = login("hunter2", &csrf, &[("Origin", "http://evil.example")]);
+    assert_eq!(r.status, 403);
+    let r = login("hunter2", "forged-token", &[]);
+    assert_eq!(r.status, 403);
+    let r = login("wrong", &csrf, &[("Origin", "http://127.0.0.1")]);
+    assert_eq!(r.status, 401);
+    assert!(r.text().contains("Wrong user name or password"));
+    let r = login("hunter2", &csrf, &[("Sec-Fetch-Site", "same-origin")]);
+    assert_eq!(r.status, 303, "{}", r.text());
+    assert_eq!(r.header("location"), Some("/private/secret.txt"));
+    let cookie = cookie_of(&r);
+    assert!(cookie.starts_with("tern_gate.staff="), "{cookie}");
+    let page = tern.get_with("/private/secret.txt", &[("User-Agent", FIREFOX), ("Cookie", &cookie)]);
+    assert_eq!(page.status, 200);
+    assert_eq!(page.text(), "for staff only\n");
+    // A staff session also settles the browser check elsewhere.
+    assert_eq!(tern.get_with("/", &[("User-Agent", FIREFOX), ("Cookie", &cookie)]).status, 200);
+    // Five wrong passwords from this network: it must wait; the right one is refused too.
+    for _ in 0..5 {
+        assert_eq!(login("wrong", &csrf, &[]).status, 401);
+    }
+    let r = login("hunter2", &csrf, &[]);
+    assert_eq!(r.status, 429, "{}", r.text());
+    // Another network (a trusted proxy says who) can still log in as alice.
+    let r = login("hunter2", &csrf, &[("X-Forwarded-For", "198.51.100.7")]);
+    // The CSRF token is bound to the network it was given to.
+    assert_eq!(r.status, 403);
+    let other_page = tern.get_with(
+        "/private/secret.txt",
+        &[("User-Agent", FIREFOX), ("X-Forwarded-For", "198.51.100.7")],
+    );
+    let other_csrf = field(&other_page.text(), "csrf").unwrap();
+    let r = login("hunter2", &other_csrf, &[("X-Forwarded-For", "198.51.100.7")]);
+    assert_eq!(r.status, 303, "{}", r.text());
+    assert!(tern.statusz_gate("gate_logins{outcome=\"locked_out\"}") >= 1);
+    assert!(tern.statusz_gate("gate_logins{outcome=\"forged\"}") >= 2);
+    // Logging out clears the cookie.
+    let r = post_form(
+        &tern,
+        "/.tern-gate/logout",
+        &[("realm", "staff"), ("csrf", &csrf), ("return", "/")],
+        &[("Cookie", &cookie)],
+    );
+    assert_eq!(r.status, 303);
+    assert!(r.header("set-cookie").unwrap().contains("Max-Age=0"));
+}
+
+#[test]
+fn a_guest_login_costs_a_proof_of_work() {
+    let setup = Setup::new(POLICY, "");
+    let tern = setup.serve(&[]);
+    let page = tern.get_with(
+        "/.tern-gate/guest?realm=staff&return=%2Fprivate%2Fsecret.txt",
+        &[("User-Agent", FIREFOX)],
+    );
+    assert_eq!(page.status, 403, "{}", page.text());
+    let passed = solve_and_pass(&tern, &page, FIREFOX);
+    assert_eq!(passed.status, 303, "{}", passed.text());
+    assert_eq!(passed.header("location"), Some("/private/secret.txt"));
+    let cookie = cookie_of(&passed);
+    assert!(cookie.starts_with("tern_gate.staff="));
+    let page = tern.get_with("/private/secret.txt", &[("User-Agent", FIREFOX), ("Cookie", &cookie)]);
+    assert_eq!(page.status, 200);
+}
+
+#[test]
+fn a_client_without_javascript_waits_out_the_time_lock() {
+    let setup = Setup::new(POLICY, "");
+    let tern = setup.serve(&[]);
+    let page = tern.get_with("/slow/x", &[("User-Agent", "Lynx/2.9")]);
+    assert_eq!(page.status, 403);
+    let html = page.text();
+    let refresh = attr(&html, "content").expect("a meta refresh");
+    let (seconds, url) = refresh.split_once(";url=").or_else(|| refresh.split_once("; url=")).unwrap();
+    assert_eq!(seconds.trim(), "2");
+    // Too early.
+    let r = tern.get_with(url, &[("User-Agent", "Lynx/2.9")]);
+    assert_eq!(r.status, 403, "{}", r.text());
+    std::thread::sleep(Duration::from_millis(2100));
+    let r = tern.get_with(url, &[("User-Agent", "Lynx/2.9")]);
+    assert_eq!(r.status, 303, "{}", r.text());
+    assert_eq!(r.header("location"), Some("/slow/x"));
+    assert!(tern.statusz_gate("gate_challenges_failed{cause=\"too_early\"}") >= 1);
+}
+
+#[test]
+fn sessions_survive_a_restart() {
+    let setup = Setup::new(POLICY, "");
+    let cookie = {
+        let tern = setup.serve(&[]);
+        let page = tern.get_with("/", &[("User-Agent", FIREFOX)]);
+        cookie_of(&solve_and_pass(&tern, &page, FIREFOX))
+    };
+    let meta = std::fs::metadata(setup.path("gate.keys")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let tern = setup.serve(&[]);
+    let page = tern.get_with("/", &[("User-Agent", FIREFOX), ("Cookie", &cookie)]);
+    assert_eq!(page.status, 200, "{}", page.text());
+}
+
+#[test]
+fn tern_gate_answers_nginx_auth_requests() {
+    let setup = Setup::new(POLICY, "");
+    let gate = setup.gate();
+    let auth = |uri: &str, method: &str, extra: &[(&str, &str)]| {
+        let mut headers = vec![
+            ("User-Agent", FIREFOX),
+            ("X-Original-URI", uri),
+            ("X-Original-Method", method),
+        ];
+        headers.extend_from_slice(extra);
+        gate.get_with("/auth", &headers)
+    };
+    assert_eq!(auth("/robots.txt", "GET", &[]).status, 204);
+    let r = auth("/docs/a%20b?x=1&y=2", "GET", &[]);
+    assert_eq!(r.status, 401);
+    let location = r.header("x-gate-location").unwrap().to_string();
+    assert_eq!(location, "/.tern-gate/enter?return=/docs/a%2520b%3Fx%3D1%26y%3D2");
+    // A challenged POST is refused, not redirected.
+    assert_eq!(auth("/form", "POST", &[]).status, 403);
+    // The redirect target serves the challenge for the original page.
+    let page = gate.get_with(&location, &[("User-Agent", FIREFOX)]);
+    assert_eq!(page.status, 403);
+    let passed = solve_and_pass(&gate, &page, FIREFOX);
+    assert_eq!(passed.status, 303);
+    assert_eq!(passed.header("location"), Some("/docs/a%20b?x=1&y=2"));
+    let cookie = cookie_of(&passed);
+    let r = auth("/docs/", "GET", &[("Cookie", &cookie)]);
+    assert_eq!(r.status, 204);
+    assert_eq!(r.header("x-auth-user"), Some("guest"));
+    // Staff pages want a staff login; the guest pass is not one.
+    assert_eq!(auth("/private/secret.txt", "GET", &[("Cookie", &cookie)]).status, 401);
+    // Counters are for this machine.
+    assert_eq!(gate.get("/statusz").status, 200);
+    assert!(gate.get("/metrics").text().contains("tern_gate_challenges_passed 1"));
+}
+
+#[test]
+fn bad_gate_configs_stop_the_start_with_one_line() {
+    let setup = Setup::new("[[rule]]\nname = \"x\"\naction = \"jump\"\n", "");
+    let failed = Tern::start_failing(
+        &setup.path("site"),
+        &["--gate", setup.path("gate.toml").to_str().unwrap()],
+    );
+    assert!(!failed.status.success());
+    assert!(failed.stderr.contains("policy.toml") && failed.stderr.contains("line 3"), "{}", failed.stderr);
+    let setup = Setup::new("", "cookie_name = \"x\"");
+    let failed = Tern::start_failing(
+        &setup.path("site"),
+        &["--gate", setup.path("gate.toml").to_str().unwrap()],
+    );
+    assert!(failed.stderr.contains("gate.toml: line 3"), "{}", failed.stderr);
+    let ok = Command::new(TERN)
+        .args(["gate", "--check", "--config"])
+        .arg(Setup::new(POLICY, "").path("gate.toml"))
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("is valid: 1 realm(s), "));
+}
+
+#[test]
+fn a_login_flood_never_slows_the_site() {
+    // One hash thread, a short queue: most of the flood is turned away at once (503), and
+    // hashing runs off the workers, so a static client keeps its speed.
+    let setup = Setup::new(
+        POLICY,
+        "[pool]\nthreads = 1\nqueue = 4\n[limits]\nlogin_per_minute = 100000\nlogin_burst = 100000\nfailures_per_user = 100000\n",
+    );
+    let tern = setup.serve(&[]);
+    let html = tern.get_with("/private/x", &[("User-Agent", FIREFOX)]).text();
+    let csrf = field(&html, "csrf").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooders: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            let addr = tern.addr();
+            let csrf = csrf.clone();
+            std::thread::spawn(move || {
+                let body = format!("realm=staff&user=alice&password=wrong&return=%2F&csrf={}", enc(&csrf));
+                let mut statuses = std::collections::HashMap::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut c = Client::connect(addr);
+                    c.send(format!("POST /.tern-gate/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
+                    *statuses.entry(c.read_response(false).status).or_insert(0u32) += 1;
+                }
+                statuses
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = tern.client();
+    let mut times = Vec::new();
+    for _ in 0..400 {
+        let t = Instant::now();
+        let r = c.get("/robots.txt", &[]);
+        times.push(t.elapsed());
+        assert_eq!(r.status, 200);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = std::collections::HashMap::new();
+    for f in flooders {
+        for (k, v) in f.join().unwrap() {
+            *seen.entry(k).or_insert(0) += v;
+        }
+    }
+    times.sort();
+    let p99 = times[times.len() * 99 / 100];
+    assert!(seen.get(&401).copied().unwrap_or(0) > 0, "some passwords were checked: {seen:?}");
+    assert!(seen.get(&503).copied().unwrap_or(0) > 0, "a full queue answers 503: {seen:?}");
+    assert!(p99 < Duration::from_millis(10), "p99 {p99:?} during the flood ({seen:?})");
+}
+
+trait GateStatus {
+    fn statusz_gate(&self, name: &str) -> u64;
+}
+
+impl GateStatus for Tern {
+    /// A counter from the gate's own /statusz (loopback only).
+    fn statusz_gate(&self, name: &str) -> u64 {
+        let text = self.get("/.tern-gate/statusz").text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+/// nginx (the Debian package; scripts/install-gate-test-deps) in front, with the configuration
+/// the README gives, serving the site itself and asking `tern gate` about every request.
+struct Nginx {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nginx_binary() -> Option<PathBuf> {
+    ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+fn start_nginx(setup: &Setup, gate: std::net::SocketAddr) -> Option<Nginx> {
+    let Some(nginx) = nginx_binary() else {
+        eprintln!("SKIPPED: nginx is not installed (scripts/install-gate-test-deps installs it)");
+        return None;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tmp = setup.path("nginx");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let t = tmp.display();
+    let conf = format!(
+        r#"daemon off;
+master_process off;
+worker_processes 1;
+error_log {t}/error.log;
+pid {t}/nginx.pid;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    client_body_temp_path {t}/body;
+    proxy_temp_path {t}/proxy;
+    fastcgi_temp_path {t}/fastcgi;
+    uwsgi_temp_path {t}/uwsgi;
+    scgi_temp_path {t}/scgi;
+    {upstream}
+    server {{
+        listen 127.0.0.1:{port};
+        root {site};
+{snippet}
+    }}
+}}
+"#,
+        site = setup.path("site").display(),
+        snippet = NGINX_SNIPPET,
+        upstream = NGINX_UPSTREAM.replace("127.0.0.1:9000", &gate.to_string()),
+    );
+    let path = tmp.join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    let child = Command::new(nginx)
+        .arg("-c")
+        .arg(&path)
+        .arg("-p")
+        .arg(&tmp)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nginx did not start: {:?}", std::fs::read_to_string(tmp.join("error.log")));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(Nginx { child, port })
+}
+
+/// The `http` block line of the README's nginx configuration: kept-alive connections to the
+/// gate, so an auth question costs no connection set-up.
+const NGINX_UPSTREAM: &str = "upstream tern_gate { server 127.0.0.1:9000; keepalive 16; }";
+
+/// The `server` block lines of the README's nginx configuration (kept identical to it: a
+/// test below checks that the README holds them).
+const NGINX_SNIPPET: &str = r#"        # Every request asks tern gate first.
+        location / {
+            auth_request /.tern-gate-auth;
+            auth_request_set $gate_location $upstream_http_x_gate_location;
+            auth_request_set $gate_user $upstream_http_x_auth_user;
+            error_page 401 = @tern_gate;
+            # For an app behind nginx: proxy_set_header X-Auth-User $gate_user;
+            add_header X-Auth-User $gate_user;
+        }
+        # The question: is the original request allowed?
+        location = /.tern-gate-auth {
+            internal;
+            proxy_pass http://tern_gate/auth;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header X-Original-URI $request_uri;
+            proxy_set_header X-Original-Method $request_method;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+        }
+        # Not yet: to the challenge or the login form, with the original address.
+        location @tern_gate {
+            return 303 $gate_location;
+        }
+        # The gate's own pages: login form, challenge, its scripts.
+        location /.tern-gate/ {
+            proxy_pass http://tern_gate;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+        }
+"#;
+
+/// A client of nginx (the support `Client` talks to any address).
+fn via(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
+    let mut c = Client::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if method == "POST" {
+        head.push_str(&format!(
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    head.push_str("\r\n");
+    c.send(head.as_bytes());
+    c.send(body.as_bytes());
+    c.read_response(method == "HEAD")
+}
+
+/// The path part of an absolute Location nginx sends.
+fn local(location: &str) -> String {
+    match location.split_once("://") {
+        Some((_, rest)) => rest[rest.find('/').unwrap_or(rest.len())..].to_string(),
+        None => location.to_string(),
+    }
+}
+
+#[test]
+fn nginx_in_front_sends_browsers_through_the_challenge_and_the_login() {
+    let setup = Setup::new(POLICY, "");
+    let gate = setup.gate();
+    let Some(nginx) = start_nginx(&setup, gate.addr()) else {
+        return;
+    };
+    let port = nginx.port;
+    let ua = ("User-Agent", FIREFOX);
+    // Protected page → challenge → page.
+    let r = via(port, "GET", "/index.html", &[ua], "");
+    assert_eq!(r.status, 303, "{}", r.text());
+    let enter = local(r.header("location").unwrap());
+    assert!(enter.starts_with("/.tern-gate/enter?return="), "{enter}");
+    let page = via(port, "GET", &enter, &[ua], "");
+    assert_eq!(page.status, 403, "{}", page.text());
+    let html = page.text();
+    let challenge = attr(&html, "data-challenge").unwrap();
+    let difficulty: u8 = attr(&html, "data-difficulty").unwrap().parse().unwrap();
+    let counter = tern_gate::pow::solve(&challenge, difficulty).to_string();
+    let body = format!("challenge={}&counter={counter}&return={}", enc(&challenge), enc(&field(&html, "return").unwrap()));
+    let passed = via(port, "POST", "/.tern-gate/pass", &[ua], &body);
+    assert_eq!(passed.status, 303, "{}", passed.text());
+    assert_eq!(local(passed.header("location").unwrap()), "/index.html");
+    let cookie = cookie_of(&passed);
+    let r = via(port, "GET", "/index.html", &[ua, ("Cookie", &cookie)], "");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "<p>the guarded page</p>\n");
+    assert_eq!(r.header("x-auth-user"), Some("guest"));
+    // Protected page → login page → log in → page.
+    let r = via(port, "GET", "/private/secret.txt", &[ua], "");
+    assert_eq!(r.status, 303);
+    let login_page = via(port, "GET", &local(r.header("location").unwrap()), &[ua], "");
+    assert_eq!(login_page.status, 401);
+    let html = login_page.text();
+    let body = format!(
+        "realm=staff&user=alice&password=hunter2&return={}&csrf={}",
+        enc(&field(&html, "return").unwrap()),
+        enc(&field(&html, "csrf").unwrap())
+    );
+    let r = via(port, "POST", "/.tern-gate/login", &[ua, ("Origin", &format!("http://127.0.0.1:{port}"))], &body);
+    assert_eq!(r.status, 303, "{}", r.text());
+    assert_eq!(local(r.header("location").unwrap()), "/private/secret.txt");
+    let staff = cookie_of(&r);
+    let r = via(port, "GET", "/private/secret.txt", &[ua, ("Cookie", &staff)], "");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "for staff only\n");
+    assert_eq!(r.header("x-auth-user"), Some("alice"));
+    // nginx never treats a refusal as success: a challenged POST is refused.
+    let r = via(port, "POST", "/index.html", &[ua], "");
+    assert_eq!(r.status, 403);
+}
+
+#[test]
+fn the_readme_holds_the_tested_nginx_configuration() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    for line in NGINX_SNIPPET.lines().chain([NGINX_UPSTREAM]).filter(|l| !l.trim().is_empty()) {
+        assert!(readme.contains(line.trim()), "README lacks {:?}", line.trim());
+    }
+}

@@ -1,0 +1,62 @@
+//! Checking a session cookie allocates nothing (the issue's "one MAC and no allocation"): a
+//! counting allocator around `token::verify`, and around the whole cookie-to-session path of
+//! the keyring, after a warm-up call.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tern_gate::keyring::Keyring;
+use tern_gate::token::{self, Session, MAX_TOKEN};
+use tern_gate::Prefix;
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is only a
+// side effect.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's layout contract is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` above with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn verifying_a_session_allocates_nothing() {
+    let keyring = Keyring::from_keys(vec![(1, 100, [5; 32]), (2, 200, [6; 32])]);
+    let cookie = token::issue(
+        &keyring,
+        &Session {
+            realm: "staff",
+            user: "alice",
+            issued: 1000,
+            expires: 5000,
+            realm_version: 7,
+            prefix: Prefix::of("192.0.2.1".parse().unwrap(), 24, 48),
+            kid: 0,
+        },
+    )
+    .unwrap();
+    let mut buf = [0u8; MAX_TOKEN];
+    assert!(token::verify(&keyring, cookie.as_bytes(), &mut buf, 2000).is_ok());
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..1000 {
+        let mut buf = [0u8; MAX_TOKEN];
+        let s = token::verify(&keyring, cookie.as_bytes(), &mut buf, 2000).unwrap();
+        assert_eq!(s.user, "alice");
+        // The failures allocate nothing either.
+        let mut buf = [0u8; MAX_TOKEN];
+        assert!(token::verify(&keyring, b"not-a-token", &mut buf, 2000).is_err());
+    }
+    assert_eq!(ALLOCATIONS.load(Ordering::Relaxed) - before, 0);
+}
