@@ -57,7 +57,9 @@ pub fn open(
     }
     // The key file is rewritten in place when keys rotate, by the account tern runs as.
     needs.write_files.push(config.keyring.clone());
-    needs.give.push(tern_sandbox::Give::File(config.keyring.clone()));
+    needs
+        .give
+        .push(tern_sandbox::Give::File(config.keyring.clone()));
     drop(loaded);
     Ok(gate)
 }
@@ -136,7 +138,9 @@ pub fn gate(args: GateArgs) -> Result<(), String> {
 /// recommended parameters and a random salt.
 fn hash_password(user: &str) -> Result<(), String> {
     if !tern_gate::checkers::valid_user(user) {
-        return Err(format!("{user:?} cannot be a user name (1 to 64 characters, no ':')"));
+        return Err(format!(
+            "{user:?} cannot be a user name (1 to 64 characters, no ':')"
+        ));
     }
     let mut password = String::new();
     std::io::stdin()

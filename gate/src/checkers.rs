@@ -137,9 +137,7 @@ fn check_exec(program: &Path, user: &str, password: &[u8], timeout: Duration) ->
         .spawn()
     {
         Ok(c) => c,
-        Err(e) => {
-            return Verdict::Unavailable(format!("cannot run {}: {e}", program.display()))
-        }
+        Err(e) => return Verdict::Unavailable(format!("cannot run {}: {e}", program.display())),
     };
     if let Some(mut stdin) = child.stdin.take() {
         // A program that exits without reading gives EPIPE: its exit status still decides.
@@ -223,7 +221,10 @@ mod tests {
         assert_eq!(check(&r, "mallory", b"hunter2"), Verdict::Refused);
         assert!(matches!(check(&r, "carol", b"x"), Verdict::Unavailable(_)));
         let missing = realm(vec![CheckerSpec::File(dir.path().join("nope"))]);
-        assert!(matches!(check(&missing, "alice", b"x"), Verdict::Unavailable(_)));
+        assert!(matches!(
+            check(&missing, "alice", b"x"),
+            Verdict::Unavailable(_)
+        ));
     }
 
     #[test]
@@ -246,14 +247,21 @@ mod tests {
         let r = realm(vec![CheckerSpec::Exec(slow)]);
         let started = Instant::now();
         assert!(matches!(check(&r, "alice", b"x"), Verdict::Unavailable(_)));
-        assert!(started.elapsed() < Duration::from_secs(10), "killed, not waited for");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "killed, not waited for"
+        );
     }
 
     #[test]
     fn checkers_are_tried_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("users");
-        std::fs::write(&path, format!("alice:{}\n", bcrypt::hash("one", 4).unwrap())).unwrap();
+        std::fs::write(
+            &path,
+            format!("alice:{}\n", bcrypt::hash("one", 4).unwrap()),
+        )
+        .unwrap();
         let script = dir.path().join("check");
         std::fs::write(&script, "#!/bin/sh\nread pw\n[ \"$pw\" = two ]\n").unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();

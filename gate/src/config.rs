@@ -100,7 +100,9 @@ impl RealmConfig {
     }
 
     pub fn has_passwords(&self) -> bool {
-        self.checkers.iter().any(|c| !matches!(c, CheckerSpec::GuestPow))
+        self.checkers
+            .iter()
+            .any(|c| !matches!(c, CheckerSpec::GuestPow))
     }
 }
 
@@ -202,7 +204,9 @@ pub fn parse(text: &str, path: &Path) -> Result<GateConfig, String> {
         }
     };
     let positive = |v: &Option<Spanned<u64>>, name: &str, default: u64| match v {
-        Some(s) if *s.get_ref() == 0 => Err(at(s.span().start, format!("{name} must be at least 1"))),
+        Some(s) if *s.get_ref() == 0 => {
+            Err(at(s.span().start, format!("{name} must be at least 1")))
+        }
         Some(s) => Ok(*s.get_ref()),
         None => Ok(default),
     };
@@ -224,7 +228,10 @@ pub fn parse(text: &str, path: &Path) -> Result<GateConfig, String> {
     };
     let auth_path = match &file.auth_path {
         Some(p) if !p.get_ref().starts_with('/') || !p.get_ref().bytes().all(is_path_byte) => {
-            return Err(at(p.span().start, "auth_path must be a path such as \"/auth\"".into()))
+            return Err(at(
+                p.span().start,
+                "auth_path must be a path such as \"/auth\"".into(),
+            ))
         }
         Some(p) => p.get_ref().clone(),
         None => "/auth".into(),
@@ -271,7 +278,10 @@ pub fn parse(text: &str, path: &Path) -> Result<GateConfig, String> {
     };
     let l = file.limits.unwrap_or_default();
     let limit = |v: &Option<Spanned<u32>>, name: &str, default: u32| match v {
-        Some(s) if *s.get_ref() == 0 => Err(at(s.span().start, format!("limits.{name} must be at least 1"))),
+        Some(s) if *s.get_ref() == 0 => Err(at(
+            s.span().start,
+            format!("limits.{name} must be at least 1"),
+        )),
         Some(s) => Ok(*s.get_ref()),
         None => Ok(default),
     };
@@ -280,7 +290,11 @@ pub fn parse(text: &str, path: &Path) -> Result<GateConfig, String> {
         login_burst: limit(&l.login_burst, "login_burst", 20)?,
         failures_per_user: limit(&l.failures_per_user, "failures_per_user", 5)?,
         failure_window: Duration::from_secs(
-            60 * u64::from(limit(&l.failure_window_minutes, "failure_window_minutes", 15)?),
+            60 * u64::from(limit(
+                &l.failure_window_minutes,
+                "failure_window_minutes",
+                15,
+            )?),
         ),
         challenge_per_minute: limit(&l.challenge_per_minute, "challenge_per_minute", 60)?,
         challenge_burst: limit(&l.challenge_burst, "challenge_burst", 60)?,
@@ -300,7 +314,10 @@ pub fn parse(text: &str, path: &Path) -> Result<GateConfig, String> {
             ));
         }
         if realms.iter().any(|x| &x.name == name) {
-            return Err(at(r.name.span().start, format!("realm {name:?} is defined twice")));
+            return Err(at(
+                r.name.span().start,
+                format!("realm {name:?} is defined twice"),
+            ));
         }
         if r.checkers.get_ref().is_empty() {
             return Err(at(
@@ -327,20 +344,29 @@ pub fn parse(text: &str, path: &Path) -> Result<GateConfig, String> {
                 ));
             };
             if checkers.contains(&checker) {
-                return Err(at(c.span().start, format!("checker {spec:?} is listed twice")));
+                return Err(at(
+                    c.span().start,
+                    format!("checker {spec:?} is listed twice"),
+                ));
             }
             checkers.push(checker);
         }
         let guest_difficulty = match &r.guest_difficulty {
             Some(d) if !(1..=32).contains(d.get_ref()) => {
-                return Err(at(d.span().start, "guest_difficulty must be 1 to 32 bits".into()))
+                return Err(at(
+                    d.span().start,
+                    "guest_difficulty must be 1 to 32 bits".into(),
+                ))
             }
             Some(d) => *d.get_ref(),
             None => 16,
         };
         let exec_timeout = match &r.exec_timeout_ms {
             Some(t) if !(100..=60_000).contains(t.get_ref()) => {
-                return Err(at(t.span().start, "exec_timeout_ms must be 100 to 60000".into()))
+                return Err(at(
+                    t.span().start,
+                    "exec_timeout_ms must be 100 to 60000".into(),
+                ))
             }
             Some(t) => Duration::from_millis(*t.get_ref()),
             None => Duration::from_secs(5),
@@ -496,7 +522,8 @@ mod tests {
     fn errors_name_their_line() {
         assert!(parse_err("keyring = \"/k\"\ncookei = \"x\"\n").contains("line 2"));
         assert!(parse_err("cookie = \"x\"\n").contains("keyring"));
-        let e = parse_err("keyring = \"/k\"\n\n[[realm]]\nname = \"s\"\ncheckers = [\"pam:login\"]\n");
+        let e =
+            parse_err("keyring = \"/k\"\n\n[[realm]]\nname = \"s\"\ncheckers = [\"pam:login\"]\n");
         assert!(e.contains("line 5") && e.contains("unknown checker"), "{e}");
         let e = parse_err("keyring = \"/k\"\nsession_hours = 0\n");
         assert!(e.contains("line 2") && e.contains("at least 1"), "{e}");

@@ -92,11 +92,20 @@ mod tests {
         let other = Prefix::of("198.51.100.1".parse().unwrap(), 24, 48);
         let t = issue(&ring(), net, 1000);
         assert_eq!(verify(&ring(), &t, net, 1000 + LIFETIME_SECS - 1), Ok(()));
-        assert_eq!(verify(&ring(), &t, net, 1000 + LIFETIME_SECS), Err(CsrfError::Expired));
-        assert_eq!(verify(&ring(), &t, other, 1001), Err(CsrfError::WrongPrefix));
+        assert_eq!(
+            verify(&ring(), &t, net, 1000 + LIFETIME_SECS),
+            Err(CsrfError::Expired)
+        );
+        assert_eq!(
+            verify(&ring(), &t, other, 1001),
+            Err(CsrfError::WrongPrefix)
+        );
         let foreign = Keyring::from_keys(vec![(1, 1, [4; 32])]);
         assert_eq!(verify(&foreign, &t, net, 1001), Err(CsrfError::BadMac));
-        assert_eq!(verify(&ring(), "forged", net, 1001), Err(CsrfError::Malformed));
+        assert_eq!(
+            verify(&ring(), "forged", net, 1001),
+            Err(CsrfError::Malformed)
+        );
         assert_eq!(verify(&ring(), "", net, 1001), Err(CsrfError::Malformed));
     }
 
@@ -106,14 +115,25 @@ mod tests {
         assert!(same_origin(None, Some(b"same-origin"), host));
         assert!(same_origin(None, Some(b"none"), host));
         assert!(!same_origin(None, Some(b"cross-site"), host));
-        assert!(!same_origin(Some(b"https://example.org"), Some(b"same-site"), host));
+        assert!(!same_origin(
+            Some(b"https://example.org"),
+            Some(b"same-site"),
+            host
+        ));
         assert!(same_origin(Some(b"https://example.org"), None, host));
         assert!(same_origin(Some(b"http://EXAMPLE.org"), None, host));
         assert!(!same_origin(Some(b"https://evil.example"), None, host));
         assert!(!same_origin(Some(b"https://example.org.evil"), None, host));
         assert!(!same_origin(Some(b"null"), None, host));
         assert!(!same_origin(Some(b"https://example.org"), None, None));
-        assert!(same_origin(None, None, host), "old clients: the token decides");
-        assert!(same_origin(Some(b"http://127.0.0.1:8080"), None, Some(b"127.0.0.1:8080")));
+        assert!(
+            same_origin(None, None, host),
+            "old clients: the token decides"
+        );
+        assert!(same_origin(
+            Some(b"http://127.0.0.1:8080"),
+            None,
+            Some(b"127.0.0.1:8080")
+        ));
     }
 }

@@ -196,14 +196,11 @@ impl Endpoints {
             .to_string();
         let keyring = self.gate.inner.keyring.load();
         let csrf = crate::csrf::issue(&keyring, client.net, req.unix_secs);
-        let user = self.gate.find_session(
-            loaded,
-            req,
-            client,
-            Want::Realm(index),
-            0,
-            |s| s.user.to_string(),
-        );
+        let user = self
+            .gate
+            .find_session(loaded, req, client, Want::Realm(index), 0, |s| {
+                s.user.to_string()
+            });
         if let Some(user) = user {
             return page(
                 200,
@@ -267,7 +264,11 @@ impl Endpoints {
             .unwrap_or("/")
             .to_string();
         let retry = |error: &str, status: u16| -> Reply {
-            let mut query = format!("realm={}&return={}", form::encode(&r.name), form::encode(&return_to));
+            let mut query = format!(
+                "realm={}&return={}",
+                form::encode(&r.name),
+                form::encode(&return_to)
+            );
             query.shrink_to_fit();
             let mut response = self.login_form(loaded, req, client, query.as_bytes(), Some(error));
             response.status = status;
@@ -286,7 +287,10 @@ impl Endpoints {
         }
         if !self.gate.inner.login_buckets.take(&client.net, req.now_ms) {
             stats.bump(worker, C::LoginRateLimited);
-            let mut reply = retry("Too many login attempts from your network. Wait a minute.", 429);
+            let mut reply = retry(
+                "Too many login attempts from your network. Wait a minute.",
+                429,
+            );
             if let Reply::Now(r) = &mut reply {
                 r.push_header("Retry-After", b"60");
             }
@@ -372,7 +376,10 @@ impl Endpoints {
         Response::new(303)
             .with_header("Location", &return_to)
             .with_header("Cache-Control", "no-store")
-            .with_header("Set-Cookie", &set_cookie(config, client.secure, &realm, "", 0))
+            .with_header(
+                "Set-Cookie",
+                &set_cookie(config, client.secure, &realm, "", 0),
+            )
     }
 
     /// A solved challenge (or an elapsed time-lock) becomes a session cookie.
@@ -386,7 +393,12 @@ impl Endpoints {
     ) -> Response {
         let config = &loaded.config;
         let stats = self.gate.stats();
-        if !self.gate.inner.challenge_buckets.take(&client.net, req.now_ms) {
+        if !self
+            .gate
+            .inner
+            .challenge_buckets
+            .take(&client.net, req.now_ms)
+        {
             stats.bump(worker, C::ChallengeRateLimited);
             return Response::text(429, "too many answers from your network; wait a minute\n")
                 .with_header("Retry-After", "60");
@@ -413,8 +425,13 @@ impl Endpoints {
             Err(e) => {
                 stats.bump(worker, failure_counter(&e));
                 let (status, text) = match e {
-                    PowError::ReplayFull => (503, "Too many checks are in flight. Try again in a minute."),
-                    PowError::TooEarly => (403, "That was too quick. Go back and wait for the page to continue."),
+                    PowError::ReplayFull => {
+                        (503, "Too many checks are in flight. Try again in a minute.")
+                    }
+                    PowError::TooEarly => (
+                        403,
+                        "That was too quick. Go back and wait for the page to continue.",
+                    ),
                     PowError::Expired => (403, "The check expired. Go back and reload the page."),
                     _ => (403, "The check failed. Go back and reload the page."),
                 };
@@ -427,7 +444,10 @@ impl Endpoints {
                 Some(r) if r.has_guest() => Some(r),
                 _ => {
                     stats.bump(worker, C::FailedMalformed);
-                    return page(403, pages::message_page("Check failed", "That login no longer exists."));
+                    return page(
+                        403,
+                        pages::message_page("Check failed", "That login no longer exists."),
+                    );
                 }
             },
         };
@@ -563,7 +583,10 @@ impl LoginJob {
             checkers::Verdict::Unavailable(why) => {
                 stats.bump(slot, C::LoginUnavailable);
                 tracing::error!(realm = %realm.name, "gate: cannot check passwords: {why}");
-                again(503, "Passwords cannot be checked right now. Try again later.")
+                again(
+                    503,
+                    "Passwords cannot be checked right now. Try again later.",
+                )
             }
         }
     }
@@ -625,7 +648,11 @@ impl AuthEndpoint {
             return Response::text(403, "a browser check or login is needed first\n").into();
         }
         let target = safe_return_path(uri).unwrap_or("/");
-        let location = format!("{}/enter?return={}", config.path_prefix, form::encode(target));
+        let location = format!(
+            "{}/enter?return={}",
+            config.path_prefix,
+            form::encode(target)
+        );
         Response::text(401, "a browser check or login is needed\n")
             .with_header("X-Gate-Location", &location)
             .with_header("Cache-Control", "no-store")

@@ -24,7 +24,10 @@ fn decode(raw: &[u8]) -> Option<Cow<'_, str>> {
     if !raw.iter().any(|&b| b == b'+' || b == b'%') {
         return std::str::from_utf8(raw).ok().map(Cow::Borrowed);
     }
-    let spaced: Vec<u8> = raw.iter().map(|&b| if b == b'+' { b' ' } else { b }).collect();
+    let spaced: Vec<u8> = raw
+        .iter()
+        .map(|&b| if b == b'+' { b' ' } else { b })
+        .collect();
     let bytes: Vec<u8> = percent_decode(&spaced).collect();
     String::from_utf8(bytes).ok().map(Cow::Owned)
 }

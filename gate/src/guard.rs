@@ -30,9 +30,17 @@ pub(crate) enum Outcome {
     /// Let it through; `session` says who, when a session was needed and found.
     Pass,
     Deny,
-    Challenge { difficulty: u8, rule: u16 },
-    TimeLock { seconds: u32, rule: u16 },
-    Login { realm: usize },
+    Challenge {
+        difficulty: u8,
+        rule: u16,
+    },
+    TimeLock {
+        seconds: u32,
+        rule: u16,
+    },
+    Login {
+        realm: usize,
+    },
     /// A challenge or login is due, but the method is not GET or HEAD: a challenge page could
     /// not carry the request through, and turning it into a GET would lose it.
     NotForThisMethod,
@@ -134,7 +142,12 @@ impl Gate {
         let config = &loaded.config;
         let keyring = self.inner.keyring.load();
         let mut buf = [0u8; token::MAX_TOKEN];
-        for line in req.head.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("cookie")) {
+        for line in req
+            .head
+            .headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
+        {
             for crumb in line.value.split(|&b| b == b';') {
                 let crumb = trim(crumb);
                 let Some(eq) = crumb.iter().position(|&b| b == b'=') else {
@@ -145,17 +158,27 @@ impl Gate {
                 };
                 let realm_index = match realm {
                     None => None,
-                    Some(name) => match config.realms.iter().position(|r| r.name.as_bytes() == name) {
-                        Some(i) => Some(i),
-                        None => continue,
-                    },
+                    Some(name) => {
+                        match config.realms.iter().position(|r| r.name.as_bytes() == name) {
+                            Some(i) => Some(i),
+                            None => continue,
+                        }
+                    }
                 };
                 if let Want::Realm(i) = want {
                     if realm_index != Some(i) {
                         continue;
                     }
                 }
-                match self.check_session(&keyring, config, &crumb[eq + 1..], &mut buf, client, realm_index, req.unix_secs) {
+                match self.check_session(
+                    &keyring,
+                    config,
+                    &crumb[eq + 1..],
+                    &mut buf,
+                    client,
+                    realm_index,
+                    req.unix_secs,
+                ) {
                     Ok(session) => return Some(found(&session)),
                     Err(cause) => self.stats().bump(worker, cause),
                 }
@@ -227,7 +250,11 @@ impl Gate {
         let now = req.unix_secs;
         let spec = pow::ChallengeSpec {
             expires: now + config.challenge_lifetime.as_secs(),
-            not_before: if difficulty == 0 { now + u64::from(seconds) } else { now },
+            not_before: if difficulty == 0 {
+                now + u64::from(seconds)
+            } else {
+                now
+            },
             prefix: client.bound,
             ua_hash: pow::ua_hash(req.header("user-agent").unwrap_or(b"")),
             rule,
@@ -377,7 +404,13 @@ pub(crate) fn cookie_name(config: &GateConfig, secure: bool, realm: &str) -> Str
 }
 
 /// `Set-Cookie` for a session (`max_age` 0 deletes it).
-pub(crate) fn set_cookie(config: &GateConfig, secure: bool, realm: &str, value: &str, max_age: u64) -> String {
+pub(crate) fn set_cookie(
+    config: &GateConfig,
+    secure: bool,
+    realm: &str,
+    value: &str,
+    max_age: u64,
+) -> String {
     format!(
         "{}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax{}",
         cookie_name(config, secure, realm),
@@ -403,7 +436,13 @@ pub(crate) fn page(status: u16, html: String) -> Response {
 }
 
 fn trim(b: &[u8]) -> &[u8] {
-    let start = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
-    let end = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(start, |i| i + 1);
+    let start = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(start, |i| i + 1);
     &b[start..end.max(start)]
 }

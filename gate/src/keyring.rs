@@ -41,7 +41,10 @@ pub enum KeyringError {
     Io(std::io::Error),
     /// Group or others may read or write the file.
     Exposed(u32),
-    Malformed { line: usize, why: &'static str },
+    Malformed {
+        line: usize,
+        why: &'static str,
+    },
     Empty,
 }
 
@@ -168,8 +171,18 @@ impl Keyring {
     }
 
     /// Checks `tag` over `data` with key `kid`, in constant time; allocates nothing.
-    pub fn verify(&self, purpose: Purpose, kid: u32, data: &[u8], tag: &[u8]) -> Result<(), MacError> {
-        let key = self.keys.iter().find(|k| k.id == kid).ok_or(MacError::UnknownKey)?;
+    pub fn verify(
+        &self,
+        purpose: Purpose,
+        kid: u32,
+        data: &[u8],
+        tag: &[u8],
+    ) -> Result<(), MacError> {
+        let key = self
+            .keys
+            .iter()
+            .find(|k| k.id == kid)
+            .ok_or(MacError::UnknownKey)?;
         let expected = mac(&key.hmac, purpose, data);
         aws_lc_rs::constant_time::verify_slices_are_equal(&expected, tag)
             .map_err(|_| MacError::BadMac)
@@ -243,7 +256,9 @@ fn write_keys(path: &Path, file: &mut File, text: &str) -> std::io::Result<()> {
 }
 
 fn render(keys: &[(u32, u64, [u8; 32])]) -> String {
-    let mut out = String::from("# tern gate signing keys: id, created (unix seconds), secret. Keep private.\n");
+    let mut out = String::from(
+        "# tern gate signing keys: id, created (unix seconds), secret. Keep private.\n",
+    );
     for (id, created, secret) in keys {
         out.push_str(&format!("{id} {created} "));
         for b in secret {
@@ -263,7 +278,10 @@ fn parse(text: &str) -> Result<Vec<(u32, u64, [u8; 32])>, KeyringError> {
         }
         let bad = |why| KeyringError::Malformed { line: i + 1, why };
         let mut parts = line.split_whitespace();
-        let id: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(|| bad("bad key id"))?;
+        let id: u32 = parts
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| bad("bad key id"))?;
         let created: u64 = parts
             .next()
             .and_then(|p| p.parse().ok())
@@ -274,7 +292,8 @@ fn parse(text: &str) -> Result<Vec<(u32, u64, [u8; 32])>, KeyringError> {
         }
         let mut secret = [0u8; 32];
         for (j, byte) in secret.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * j..2 * j + 2], 16).map_err(|_| bad("the secret must be 64 hex digits"))?;
+            *byte = u8::from_str_radix(&hex[2 * j..2 * j + 2], 16)
+                .map_err(|_| bad("the secret must be 64 hex digits"))?;
         }
         if keys.iter().any(|k: &(u32, u64, [u8; 32])| k.0 == id) {
             return Err(bad("a key id appears twice"));
@@ -323,7 +342,9 @@ mod tests {
         let path = dir.path().join("gate.keys");
         Keyring::load_or_create(&path, &rotation(), 1).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = Keyring::load_or_create(&path, &rotation(), 1).err().unwrap();
+        let e = Keyring::load_or_create(&path, &rotation(), 1)
+            .err()
+            .unwrap();
         assert!(matches!(e, KeyringError::Exposed(0o644)), "{e}");
     }
 
@@ -334,13 +355,26 @@ mod tests {
         let write = |text: &str| {
             std::fs::write(&path, text).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-            Keyring::load_or_create(&path, &rotation(), 1).err().map(|e| e.to_string())
+            Keyring::load_or_create(&path, &rotation(), 1)
+                .err()
+                .map(|e| e.to_string())
         };
-        assert_eq!(write("# nothing\n").as_deref(), Some("the file holds no key"));
+        assert_eq!(
+            write("# nothing\n").as_deref(),
+            Some("the file holds no key")
+        );
         assert!(write("# c\n1 2 abc\n").unwrap().starts_with("line 2"));
-        assert!(write(&format!("1 2 {}\n1 3 {}\n", "a".repeat(64), "b".repeat(64))).unwrap().contains("twice"));
-        assert!(write(&format!("x 2 {}\n", "a".repeat(64))).unwrap().contains("key id"));
-        assert!(write(&format!("1 2 {}\n", "g".repeat(64))).unwrap().contains("hex"));
+        assert!(
+            write(&format!("1 2 {}\n1 3 {}\n", "a".repeat(64), "b".repeat(64)))
+                .unwrap()
+                .contains("twice")
+        );
+        assert!(write(&format!("x 2 {}\n", "a".repeat(64)))
+            .unwrap()
+            .contains("key id"));
+        assert!(write(&format!("1 2 {}\n", "g".repeat(64)))
+            .unwrap()
+            .contains("hex"));
     }
 
     #[test]
@@ -351,7 +385,12 @@ mod tests {
         let first = Keyring::load_or_create(&path, &rotation(), t).unwrap();
         let (k1, tag) = first.sign(Purpose::Session, b"x");
         // Not due yet.
-        assert_eq!(Keyring::load_or_create(&path, &rotation(), t + DAY).unwrap().kids(), vec![k1]);
+        assert_eq!(
+            Keyring::load_or_create(&path, &rotation(), t + DAY)
+                .unwrap()
+                .kids(),
+            vec![k1]
+        );
         // Due: a new current key; the old one still verifies.
         let second = Keyring::load_or_create(&path, &rotation(), t + 7 * DAY).unwrap();
         assert_eq!(second.kids().len(), 2);
@@ -362,7 +401,10 @@ mod tests {
         // Two more rotations later the first key is gone (7 + 2 days after it was replaced).
         let third = Keyring::load_or_create(&path, &rotation(), t + 14 * DAY).unwrap();
         assert_eq!(third.kids().len(), 2);
-        assert_eq!(third.verify(Purpose::Session, k1, b"x", &tag), Err(MacError::UnknownKey));
+        assert_eq!(
+            third.verify(Purpose::Session, k1, b"x", &tag),
+            Err(MacError::UnknownKey)
+        );
         assert!(third.kids().iter().all(|&k| k > k1));
     }
 
@@ -372,10 +414,25 @@ mod tests {
         assert_eq!(ring.current_kid(), 2);
         let (kid, tag) = ring.sign(Purpose::Challenge, b"data");
         assert_eq!(ring.verify(Purpose::Challenge, kid, b"data", &tag), Ok(()));
-        assert_eq!(ring.verify(Purpose::Session, kid, b"data", &tag), Err(MacError::BadMac));
-        assert_eq!(ring.verify(Purpose::Challenge, kid, b"date", &tag), Err(MacError::BadMac));
-        assert_eq!(ring.verify(Purpose::Challenge, 1, b"data", &tag), Err(MacError::BadMac));
-        assert_eq!(ring.verify(Purpose::Challenge, 9, b"data", &tag), Err(MacError::UnknownKey));
-        assert_eq!(ring.verify(Purpose::Challenge, kid, b"data", &tag[..8]), Err(MacError::BadMac));
+        assert_eq!(
+            ring.verify(Purpose::Session, kid, b"data", &tag),
+            Err(MacError::BadMac)
+        );
+        assert_eq!(
+            ring.verify(Purpose::Challenge, kid, b"date", &tag),
+            Err(MacError::BadMac)
+        );
+        assert_eq!(
+            ring.verify(Purpose::Challenge, 1, b"data", &tag),
+            Err(MacError::BadMac)
+        );
+        assert_eq!(
+            ring.verify(Purpose::Challenge, 9, b"data", &tag),
+            Err(MacError::UnknownKey)
+        );
+        assert_eq!(
+            ring.verify(Purpose::Challenge, kid, b"data", &tag[..8]),
+            Err(MacError::BadMac)
+        );
     }
 }

@@ -26,13 +26,14 @@ pub struct Buckets {
 impl Buckets {
     /// `per_minute` requests per prefix over time, `burst` at once after a quiet spell.
     pub fn new(per_minute: u32, burst: u32, slots: usize) -> Buckets {
-        let interval_ms = 60_000 / u64::from(per_minute.max(1));
+        // Rates above 1000 a minute round to one request a millisecond.
+        let interval_ms = (60_000 / u64::from(per_minute.max(1))).max(1);
         Buckets {
             slots: (0..slots.next_power_of_two())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             seed: Default::default(),
-            interval_ms: interval_ms.max(1),
+            interval_ms,
             tolerance_ms: interval_ms * u64::from(burst.max(1).saturating_sub(1)),
         }
     }
@@ -141,6 +142,14 @@ mod tests {
             assert!(b.take(&p, later));
         }
         assert!(!b.take(&p, later));
+    }
+
+    #[test]
+    fn a_high_rate_still_has_its_burst() {
+        let b = Buckets::new(100_000, 1000, 64);
+        let p = net("192.0.2.1");
+        assert!((0..1000).all(|_| b.take(&p, 5_000)));
+        assert!(!b.take(&p, 5_000));
     }
 
     #[test]

@@ -176,7 +176,12 @@ pub fn deny_page(prefix: &str) -> String {
 }
 
 pub fn message_page(title: &str, text: &str) -> String {
-    layout("/.tern-gate", title, "", &format!("<p>{}</p>\n", escape(text)))
+    layout(
+        "/.tern-gate",
+        title,
+        "",
+        &format!("<p>{}</p>\n", escape(text)),
+    )
 }
 
 #[cfg(test)]
@@ -185,7 +190,10 @@ mod tests {
 
     #[test]
     fn escaping() {
-        assert_eq!(escape("<a href=\"x\">'&'</a>"), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
+        assert_eq!(
+            escape("<a href=\"x\">'&'</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
         assert_eq!(escape("plain"), "plain");
     }
 
@@ -249,8 +257,16 @@ mod tests {
     #[test]
     fn the_page_script_never_touches_cookies() {
         for js in [CHALLENGE_JS, WORKER_JS] {
-            for api in ["document.cookie", "cookieStore", "localStorage", "sessionStorage"] {
-                assert!(!js.contains(api), "{api}: the solver must keep no state (Anubis's cookie loop)");
+            for api in [
+                "document.cookie",
+                "cookieStore",
+                "localStorage",
+                "sessionStorage",
+            ] {
+                assert!(
+                    !js.contains(api),
+                    "{api}: the solver must keep no state (Anubis's cookie loop)"
+                );
             }
         }
     }
@@ -271,10 +287,21 @@ mod tests {
                     .args([script, challenge, &difficulty.to_string(), mode])
                     .output()
                     .unwrap();
-                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
                 let counter: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-                assert!(crate::pow::solves(challenge, difficulty, counter), "{mode}: {counter}");
-                assert_eq!(counter, crate::pow::solve(challenge, difficulty), "the smallest counter");
+                assert!(
+                    crate::pow::solves(challenge, difficulty, counter),
+                    "{mode}: {counter}"
+                );
+                assert_eq!(
+                    counter,
+                    crate::pow::solve(challenge, difficulty),
+                    "the smallest counter"
+                );
             }
         }
     }

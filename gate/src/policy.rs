@@ -43,11 +43,17 @@ pub enum Action {
     Allow,
     Deny,
     /// A proof of work of `difficulty` leading zero bits.
-    Challenge { difficulty: u8 },
+    Challenge {
+        difficulty: u8,
+    },
     /// A page that continues by itself after `seconds` (no JavaScript needed).
-    TimeLock { seconds: u32 },
+    TimeLock {
+        seconds: u32,
+    },
     /// A login to the realm of this index.
-    Login { realm: u16 },
+    Login {
+        realm: u16,
+    },
 }
 
 /// What the policy decided, and which rule (an index into `rule_names`) decided it.
@@ -66,7 +72,13 @@ pub struct PolicyError {
 
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "policy {}: line {}: {}", self.origin.display(), self.line, self.message)
+        write!(
+            f,
+            "policy {}: line {}: {}",
+            self.origin.display(),
+            self.line,
+            self.message
+        )
     }
 }
 
@@ -156,7 +168,10 @@ impl Rule {
             return false;
         }
         if !self.path_prefixes.is_empty()
-            && !self.path_prefixes.iter().any(|p| path.starts_with(p.as_str()))
+            && !self
+                .path_prefixes
+                .iter()
+                .any(|p| path.starts_with(p.as_str()))
         {
             return false;
         }
@@ -238,8 +253,16 @@ impl Policy {
         for r in file.rule {
             let at = r.name.span().start;
             let name = r.name.into_inner();
-            if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control() || c == '"' || c == '\\') {
-                return Err(err(at, "rule names are 1 to 64 characters, without quotes or backslashes".into()));
+            if name.is_empty()
+                || name.len() > 64
+                || name
+                    .chars()
+                    .any(|c| c.is_control() || c == '"' || c == '\\')
+            {
+                return Err(err(
+                    at,
+                    "rule names are 1 to 64 characters, without quotes or backslashes".into(),
+                ));
             }
             if names.contains(&name) {
                 return Err(err(at, format!("rule {name:?} is defined twice")));
@@ -252,16 +275,28 @@ impl Policy {
                         .ok_or_else(|| err(action_at, "a weigh rule needs a weight".into()))?
                         .get_ref(),
                 ),
-                other => Effect::Decide(action(other, action_at, &r.difficulty, &r.seconds, &r.realm, realms, &err)?),
+                other => Effect::Decide(action(
+                    other,
+                    action_at,
+                    &r.difficulty,
+                    &r.seconds,
+                    &r.realm,
+                    realms,
+                    &err,
+                )?),
             };
-            if r.weight.is_some() && !matches!(effect, Effect::Weigh(_)) {
-                return Err(err(r.weight.as_ref().unwrap().span().start, "weight is for weigh rules".into()));
+            if let (Some(w), false) = (&r.weight, matches!(effect, Effect::Weigh(_))) {
+                return Err(err(w.span().start, "weight is for weigh rules".into()));
             }
             let regex = |s: &Option<Spanned<String>>| -> Result<Option<Regex>, PolicyError> {
                 s.as_ref()
                     .map(|s| {
-                        Regex::new(s.get_ref())
-                            .map_err(|e| err(s.span().start, format!("bad regex: {}", first_line(&e.to_string()))))
+                        Regex::new(s.get_ref()).map_err(|e| {
+                            err(
+                                s.span().start,
+                                format!("bad regex: {}", first_line(&e.to_string())),
+                            )
+                        })
                     })
                     .transpose()
             };
@@ -270,12 +305,19 @@ impl Policy {
             let mut headers = Vec::new();
             if let Some(h) = &r.header {
                 for (name, pattern) in h.get_ref() {
-                    let re = Regex::new(pattern)
-                        .map_err(|e| err(h.span().start, format!("bad regex for {name}: {}", first_line(&e.to_string()))))?;
+                    let re = Regex::new(pattern).map_err(|e| {
+                        err(
+                            h.span().start,
+                            format!("bad regex for {name}: {}", first_line(&e.to_string())),
+                        )
+                    })?;
                     headers.push((name.to_ascii_lowercase(), re));
                 }
             }
-            let path_prefixes = r.path_prefix.map(|p| p.into_inner().into_vec()).unwrap_or_default();
+            let path_prefixes = r
+                .path_prefix
+                .map(|p| p.into_inner().into_vec())
+                .unwrap_or_default();
             if let Some(p) = path_prefixes.iter().find(|p| !p.starts_with('/')) {
                 return Err(err(at, format!("path_prefix {p:?} must start with '/'")));
             }
@@ -283,8 +325,14 @@ impl Policy {
                 Some(m) => {
                     let at = m.span().start;
                     let list = m.into_inner().into_vec();
-                    if let Some(bad) = list.iter().find(|m| m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase())) {
-                        return Err(err(at, format!("method {bad:?} must be an upper-case token such as \"GET\"")));
+                    if let Some(bad) = list
+                        .iter()
+                        .find(|m| m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()))
+                    {
+                        return Err(err(
+                            at,
+                            format!("method {bad:?} must be an upper-case token such as \"GET\""),
+                        ));
                     }
                     list
                 }
@@ -295,7 +343,10 @@ impl Policy {
             if let Some(c) = r.cidr {
                 let at = c.span().start;
                 for item in c.into_inner().into_vec() {
-                    nets.push(parse_net(&item).ok_or_else(|| err(at, format!("not a network: {item:?}")))?);
+                    nets.push(
+                        parse_net(&item)
+                            .ok_or_else(|| err(at, format!("not a network: {item:?}")))?,
+                    );
                 }
             }
             if let Some(f) = r.cidr_file {
@@ -309,7 +360,14 @@ impl Policy {
                         continue;
                     }
                     nets.push(parse_net(item).ok_or_else(|| {
-                        err(at, format!("{}: line {}: not a network: {item:?}", path.display(), i + 1))
+                        err(
+                            at,
+                            format!(
+                                "{}: line {}: not a network: {item:?}",
+                                path.display(),
+                                i + 1
+                            ),
+                        )
                     })?);
                 }
                 cidr_files.push(path);
@@ -333,17 +391,29 @@ impl Policy {
             let below = match &t.below {
                 Some(b) => *b.get_ref(),
                 None if i + 1 == count => i64::MAX,
-                None => return Err(err(at, "only the last threshold may leave out `below`".into())),
+                None => {
+                    return Err(err(
+                        at,
+                        "only the last threshold may leave out `below`".into(),
+                    ))
+                }
             };
             if thresholds.last().is_some_and(|(prev, _)| *prev >= below) {
-                return Err(err(at, "thresholds must be in increasing order of `below`".into()));
+                return Err(err(
+                    at,
+                    "thresholds must be in increasing order of `below`".into(),
+                ));
             }
             let name = t.action.get_ref().clone();
             if name == "weigh" {
                 return Err(err(at, "a threshold cannot weigh".into()));
             }
             let a = action(&name, at, &t.difficulty, &t.seconds, &t.realm, realms, &err)?;
-            names.push(if below == i64::MAX { "threshold:rest".into() } else { format!("threshold:below {below}") });
+            names.push(if below == i64::MAX {
+                "threshold:rest".into()
+            } else {
+                format!("threshold:below {below}")
+            });
             thresholds.push((below, a));
         }
         if names.len() >= u16::MAX as usize {
@@ -373,7 +443,12 @@ impl Policy {
                 continue;
             }
             match rule.effect {
-                Effect::Decide(action) => return Decision { rule: i as u16, action },
+                Effect::Decide(action) => {
+                    return Decision {
+                        rule: i as u16,
+                        action,
+                    }
+                }
                 Effect::Weigh(w) => weight += i64::from(w),
             }
         }
@@ -434,29 +509,46 @@ fn action(
         "challenge" => {
             let d = difficulty.as_ref().map_or(16, |d| *d.get_ref());
             if !(1..=32).contains(&d) {
-                return Err(err(difficulty.as_ref().unwrap().span().start, "difficulty must be 1 to 32 bits".into()));
+                return Err(err(
+                    difficulty.as_ref().unwrap().span().start,
+                    "difficulty must be 1 to 32 bits".into(),
+                ));
             }
             Action::Challenge { difficulty: d }
         }
         "timelock" => {
             let s = seconds.as_ref().map_or(3, |s| *s.get_ref());
             if !(1..=60).contains(&s) {
-                return Err(err(seconds.as_ref().unwrap().span().start, "seconds must be 1 to 60".into()));
+                return Err(err(
+                    seconds.as_ref().unwrap().span().start,
+                    "seconds must be 1 to 60".into(),
+                ));
             }
             Action::TimeLock { seconds: s }
         }
         "login" => {
-            let r = realm.as_ref().ok_or_else(|| err(at, "a login rule needs a realm".into()))?;
+            let r = realm
+                .as_ref()
+                .ok_or_else(|| err(at, "a login rule needs a realm".into()))?;
             let index = realms
                 .iter()
                 .position(|x| x == r.get_ref())
-                .ok_or_else(|| err(r.span().start, format!("no realm named {:?} in the gate config", r.get_ref())))?;
-            Action::Login { realm: index as u16 }
+                .ok_or_else(|| {
+                    err(
+                        r.span().start,
+                        format!("no realm named {:?} in the gate config", r.get_ref()),
+                    )
+                })?;
+            Action::Login {
+                realm: index as u16,
+            }
         }
         other => {
             return Err(err(
                 at,
-                format!("unknown action {other:?} (allow, deny, challenge, timelock, login, weigh)"),
+                format!(
+                    "unknown action {other:?} (allow, deny, challenge, timelock, login, weigh)"
+                ),
             ))
         }
     })
@@ -482,7 +574,10 @@ fn merge(mut ranges: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
 }
 
 fn first_line(s: &str) -> &str {
-    s.lines().rfind(|l| !l.trim().is_empty()).unwrap_or(s).trim()
+    s.lines()
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or(s)
+        .trim()
 }
 
 #[cfg(test)]
@@ -490,11 +585,19 @@ mod tests {
     use super::*;
 
     fn policy(text: &str) -> Policy {
-        Policy::parse(text, Path::new("/etc/tern/policy.toml"), &["staff", "guests"]).unwrap()
+        Policy::parse(
+            text,
+            Path::new("/etc/tern/policy.toml"),
+            &["staff", "guests"],
+        )
+        .unwrap()
     }
 
     fn error(text: &str) -> String {
-        Policy::parse(text, Path::new("/etc/tern/policy.toml"), &["staff"]).err().unwrap().to_string()
+        Policy::parse(text, Path::new("/etc/tern/policy.toml"), &["staff"])
+            .err()
+            .unwrap()
+            .to_string()
     }
 
     fn decide(p: &Policy, method: &str, path: &str, ua: &str, ip: &str) -> (String, Action) {
@@ -569,49 +672,100 @@ action = "deny"
     fn first_deciding_rule_wins_then_thresholds() {
         let p = policy(P);
         let a = |m, path, ua, ip| decide(&p, m, path, ua, ip);
-        assert_eq!(a("GET", "/robots.txt", "BadBot", "203.0.113.1"), ("robots".into(), Action::Allow));
-        assert_eq!(a("GET", "/x", "BadBot", "192.0.2.77"), ("office".into(), Action::Allow));
-        assert_eq!(a("GET", "/x", "BadBot", "::ffff:192.0.2.77"), ("office".into(), Action::Allow));
-        assert_eq!(a("GET", "/x", "BadBot", "2001:db8:5::1"), ("office".into(), Action::Allow));
-        assert_eq!(a("GET", "/admin/users", "curl", "203.0.113.1"), ("staff".into(), Action::Login { realm: 0 }));
-        assert_eq!(a("GET", "/x", "a BADBOT b", "203.0.113.1"), ("bad-bot".into(), Action::Deny));
-        assert_eq!(a("POST", "/x", "curl", "203.0.113.1"), ("html-posts".into(), Action::TimeLock { seconds: 2 }));
-        assert_eq!(a("GET", "/x", "curl", "203.0.113.1"), ("threshold:below 1".into(), Action::Allow));
+        assert_eq!(
+            a("GET", "/robots.txt", "BadBot", "203.0.113.1"),
+            ("robots".into(), Action::Allow)
+        );
+        assert_eq!(
+            a("GET", "/x", "BadBot", "192.0.2.77"),
+            ("office".into(), Action::Allow)
+        );
+        assert_eq!(
+            a("GET", "/x", "BadBot", "::ffff:192.0.2.77"),
+            ("office".into(), Action::Allow)
+        );
+        assert_eq!(
+            a("GET", "/x", "BadBot", "2001:db8:5::1"),
+            ("office".into(), Action::Allow)
+        );
+        assert_eq!(
+            a("GET", "/admin/users", "curl", "203.0.113.1"),
+            ("staff".into(), Action::Login { realm: 0 })
+        );
+        assert_eq!(
+            a("GET", "/x", "a BADBOT b", "203.0.113.1"),
+            ("bad-bot".into(), Action::Deny)
+        );
+        assert_eq!(
+            a("POST", "/x", "curl", "203.0.113.1"),
+            ("html-posts".into(), Action::TimeLock { seconds: 2 })
+        );
+        assert_eq!(
+            a("GET", "/x", "curl", "203.0.113.1"),
+            ("threshold:below 1".into(), Action::Allow)
+        );
         assert_eq!(
             a("GET", "/x", "Mozilla/5.0", "203.0.113.1"),
-            ("threshold:below 20".into(), Action::Challenge { difficulty: 12 })
+            (
+                "threshold:below 20".into(),
+                Action::Challenge { difficulty: 12 }
+            )
         );
-        assert_eq!(a("GET", "/archive/1", "Mozilla/5.0", "203.0.113.1"), ("threshold:rest".into(), Action::Deny));
-        assert_eq!(a("GET", "/archive/1", "curl", "203.0.113.1").1, Action::Challenge { difficulty: 12 });
+        assert_eq!(
+            a("GET", "/archive/1", "Mozilla/5.0", "203.0.113.1"),
+            ("threshold:rest".into(), Action::Deny)
+        );
+        assert_eq!(
+            a("GET", "/archive/1", "curl", "203.0.113.1").1,
+            Action::Challenge { difficulty: 12 }
+        );
     }
 
     #[test]
     fn no_thresholds_means_allow_by_default() {
         let p = policy("[[rule]]\nname = \"w\"\naction = \"weigh\"\nweight = 5\n");
-        assert_eq!(decide(&p, "GET", "/", "x", "10.0.0.1"), ("default".into(), Action::Allow));
+        assert_eq!(
+            decide(&p, "GET", "/", "x", "10.0.0.1"),
+            ("default".into(), Action::Allow)
+        );
     }
 
     #[test]
     fn a_missing_header_does_not_match() {
-        let p = policy("[[rule]]\nname = \"h\"\naction = \"deny\"\nheader = { X-Missing = \".*\" }\n");
+        let p =
+            policy("[[rule]]\nname = \"h\"\naction = \"deny\"\nheader = { X-Missing = \".*\" }\n");
         assert_eq!(decide(&p, "GET", "/", "x", "10.0.0.1").1, Action::Allow);
     }
 
     #[test]
     fn cidr_files_are_read_relative_to_the_policy() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("crawlers.txt"), "# good ones\n198.51.100.0/24\n2001:db8:1::/48 # v6\n203.0.113.5\n").unwrap();
+        std::fs::write(
+            dir.path().join("crawlers.txt"),
+            "# good ones\n198.51.100.0/24\n2001:db8:1::/48 # v6\n203.0.113.5\n",
+        )
+        .unwrap();
         let path = dir.path().join("policy.toml");
-        std::fs::write(&path, "[[rule]]\nname = \"c\"\naction = \"deny\"\ncidr_file = \"crawlers.txt\"\n").unwrap();
+        std::fs::write(
+            &path,
+            "[[rule]]\nname = \"c\"\naction = \"deny\"\ncidr_file = \"crawlers.txt\"\n",
+        )
+        .unwrap();
         let p = Policy::load(&path, &[]).unwrap();
         assert_eq!(p.cidr_files(), &[dir.path().join("crawlers.txt")]);
         assert_eq!(decide(&p, "GET", "/", "x", "198.51.100.9").1, Action::Deny);
         assert_eq!(decide(&p, "GET", "/", "x", "203.0.113.5").1, Action::Deny);
         assert_eq!(decide(&p, "GET", "/", "x", "203.0.113.6").1, Action::Allow);
-        assert_eq!(decide(&p, "GET", "/", "x", "2001:db8:1:9::1").1, Action::Deny);
+        assert_eq!(
+            decide(&p, "GET", "/", "x", "2001:db8:1:9::1").1,
+            Action::Deny
+        );
         std::fs::write(dir.path().join("crawlers.txt"), "nonsense\n").unwrap();
         let e = Policy::load(&path, &[]).err().unwrap().to_string();
-        assert!(e.contains("line 4") && e.contains("crawlers.txt: line 1"), "{e}");
+        assert!(
+            e.contains("line 4") && e.contains("crawlers.txt: line 1"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -632,7 +786,10 @@ action = "deny"
         ];
         for (text, line, what) in cases {
             let e = error(text);
-            assert!(e.starts_with(&format!("policy /etc/tern/policy.toml: line {line}: ")), "{text:?}: {e}");
+            assert!(
+                e.starts_with(&format!("policy /etc/tern/policy.toml: line {line}: ")),
+                "{text:?}: {e}"
+            );
             assert!(e.contains(what), "{text:?}: {e}");
         }
     }
@@ -661,24 +818,52 @@ action = "deny"
 
     #[test]
     fn the_default_policy() {
-        const FIREFOX: &str = "Mozilla/5.0 (X11; Linux x86_64; rv:132.0) Gecko/20100101 Firefox/132.0";
+        const FIREFOX: &str =
+            "Mozilla/5.0 (X11; Linux x86_64; rv:132.0) Gecko/20100101 Firefox/132.0";
         const CHROME: &str = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36";
         const SAFARI: &str = "Mozilla/5.0 (iPhone; CPU iPhone OS 17_0 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.0 Mobile/15E148 Safari/604.1";
         const GPTBOT: &str = "Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko; compatible; GPTBot/1.2; +https://openai.com/gptbot)";
         for ua in [FIREFOX, CHROME, SAFARI] {
-            assert!(matches!(default_decision("GET", "/", ua), Action::Challenge { .. }), "{ua}");
+            assert!(
+                matches!(default_decision("GET", "/", ua), Action::Challenge { .. }),
+                "{ua}"
+            );
             assert_eq!(default_decision("GET", "/robots.txt", ua), Action::Allow);
-            assert_eq!(default_decision("GET", "/.well-known/security.txt", ua), Action::Allow);
+            assert_eq!(
+                default_decision("GET", "/.well-known/security.txt", ua),
+                Action::Allow
+            );
             assert_eq!(default_decision("GET", "/favicon.ico", ua), Action::Allow);
             assert_eq!(default_decision("GET", "/sitemap.xml", ua), Action::Allow);
-            assert_eq!(default_decision("POST", "/comment", ua), Action::Allow, "never challenge a POST");
+            assert_eq!(
+                default_decision("POST", "/comment", ua),
+                Action::Allow,
+                "never challenge a POST"
+            );
         }
         assert_eq!(default_decision("GET", "/", GPTBOT), Action::Deny);
-        assert_eq!(default_decision("GET", "/robots.txt", GPTBOT), Action::Allow, "robots.txt is for everyone");
-        for ua in ["curl/8.5.0", "Wget/1.21.4", "git/2.43.0", "Miniflux/2.1 (+https://miniflux.app)", "Mozilla/5.0 (compatible; Feedly/1.0)", "Thunderbird/128.0 feed"] {
+        assert_eq!(
+            default_decision("GET", "/robots.txt", GPTBOT),
+            Action::Allow,
+            "robots.txt is for everyone"
+        );
+        for ua in [
+            "curl/8.5.0",
+            "Wget/1.21.4",
+            "git/2.43.0",
+            "Miniflux/2.1 (+https://miniflux.app)",
+            "Mozilla/5.0 (compatible; Feedly/1.0)",
+            "Thunderbird/128.0 feed",
+        ] {
             assert_eq!(default_decision("GET", "/", ua), Action::Allow, "{ua}");
         }
-        assert!(matches!(default_decision("GET", "/", ""), Action::TimeLock { .. }), "no user agent: wait a moment");
-        assert!(matches!(default_decision("GET", "/feed.xml", FIREFOX), Action::Allow), "feeds open in browsers too");
+        assert!(
+            matches!(default_decision("GET", "/", ""), Action::TimeLock { .. }),
+            "no user agent: wait a moment"
+        );
+        assert!(
+            matches!(default_decision("GET", "/feed.xml", FIREFOX), Action::Allow),
+            "feeds open in browsers too"
+        );
     }
 }

@@ -281,8 +281,22 @@ mod tests {
         }
     }
 
-    fn check(ring: &Keyring, c: &str, counter: &str, now: u64, replay: &ReplaySet) -> Result<ChallengeSpec, PowError> {
-        verify(ring, c, counter, now, net(), ua_hash(b"Mozilla/5.0"), replay)
+    fn check(
+        ring: &Keyring,
+        c: &str,
+        counter: &str,
+        now: u64,
+        replay: &ReplaySet,
+    ) -> Result<ChallengeSpec, PowError> {
+        verify(
+            ring,
+            c,
+            counter,
+            now,
+            net(),
+            ua_hash(b"Mozilla/5.0"),
+            replay,
+        )
     }
 
     #[test]
@@ -292,7 +306,10 @@ mod tests {
         assert_eq!(c.len(), CHALLENGE_LEN);
         let answer = solve(&c, 12).to_string();
         assert_eq!(check(&ring(), &c, &answer, 1500, &replay), Ok(spec(12)));
-        assert_eq!(check(&ring(), &c, &answer, 1500, &replay), Err(PowError::Replayed));
+        assert_eq!(
+            check(&ring(), &c, &answer, 1500, &replay),
+            Err(PowError::Replayed)
+        );
         // Two challenges from the same spec differ (nonce), so each is its own.
         let d = issue(&ring(), &spec(12));
         assert_ne!(c, d);
@@ -305,11 +322,25 @@ mod tests {
         let c = issue(&ring(), &spec(8));
         let good = solve(&c, 8);
         let s = good.to_string();
-        assert_eq!(check(&ring(), &c, &s, 2000, &replay), Err(PowError::Expired));
-        assert_eq!(check(&ring(), &c, &s, 999, &replay), Err(PowError::TooEarly));
+        assert_eq!(
+            check(&ring(), &c, &s, 2000, &replay),
+            Err(PowError::Expired)
+        );
+        assert_eq!(
+            check(&ring(), &c, &s, 999, &replay),
+            Err(PowError::TooEarly)
+        );
         let elsewhere = Prefix::of("198.51.100.1".parse().unwrap(), 24, 48);
         assert_eq!(
-            verify(&ring(), &c, &s, 1500, elsewhere, ua_hash(b"Mozilla/5.0"), &replay),
+            verify(
+                &ring(),
+                &c,
+                &s,
+                1500,
+                elsewhere,
+                ua_hash(b"Mozilla/5.0"),
+                &replay
+            ),
             Err(PowError::WrongPrefix)
         );
         assert_eq!(
@@ -317,16 +348,27 @@ mod tests {
             Err(PowError::WrongClient)
         );
         let bad = (0..).find(|&x| !solves(&c, 8, x)).unwrap();
-        assert_eq!(check(&ring(), &c, &bad.to_string(), 1500, &replay), Err(PowError::TooEasy));
+        assert_eq!(
+            check(&ring(), &c, &bad.to_string(), 1500, &replay),
+            Err(PowError::TooEasy)
+        );
         for junk in ["", "-1", "1e3", " 1", "0001", "99999999999999999", "x"] {
-            assert_eq!(check(&ring(), &c, junk, 1500, &replay), Err(PowError::TooEasy), "{junk:?}");
+            assert_eq!(
+                check(&ring(), &c, junk, 1500, &replay),
+                Err(PowError::TooEasy),
+                "{junk:?}"
+            );
         }
         // Raising or lowering the difficulty (or any byte) breaks the MAC.
         let mut raw = URL_SAFE_NO_PAD.decode(&c).unwrap();
         for i in [5, 13, 22, 40, 46, 48, 49, 60] {
             raw[i] ^= 1;
             let forged = URL_SAFE_NO_PAD.encode(&raw);
-            assert_eq!(check(&ring(), &forged, &s, 1500, &replay), Err(PowError::BadMac), "byte {i}");
+            assert_eq!(
+                check(&ring(), &forged, &s, 1500, &replay),
+                Err(PowError::BadMac),
+                "byte {i}"
+            );
             raw[i] ^= 1;
         }
         raw[2] ^= 1;
@@ -335,9 +377,18 @@ mod tests {
             Err(PowError::UnknownKey)
         );
         let rotated = Keyring::from_keys(vec![(4, 200, [5; 32])]);
-        assert_eq!(check(&rotated, &c, &s, 1500, &replay), Err(PowError::UnknownKey));
-        assert_eq!(check(&ring(), "short", &s, 1500, &replay), Err(PowError::Malformed));
-        assert_eq!(check(&ring(), &"*".repeat(CHALLENGE_LEN), &s, 1500, &replay), Err(PowError::Malformed));
+        assert_eq!(
+            check(&rotated, &c, &s, 1500, &replay),
+            Err(PowError::UnknownKey)
+        );
+        assert_eq!(
+            check(&ring(), "short", &s, 1500, &replay),
+            Err(PowError::Malformed)
+        );
+        assert_eq!(
+            check(&ring(), &"*".repeat(CHALLENGE_LEN), &s, 1500, &replay),
+            Err(PowError::Malformed)
+        );
         // A session MAC over the same bytes is no challenge's.
         let body = &URL_SAFE_NO_PAD.decode(&c).unwrap()[..BODY];
         let (_, tag) = ring().sign(Purpose::Session, body);
@@ -355,9 +406,15 @@ mod tests {
     fn a_time_lock_needs_no_work_but_its_time() {
         let replay = ReplaySet::new(1024);
         let c = issue(&ring(), &spec(0));
-        assert_eq!(check(&ring(), &c, "0", 999, &replay), Err(PowError::TooEarly));
+        assert_eq!(
+            check(&ring(), &c, "0", 999, &replay),
+            Err(PowError::TooEarly)
+        );
         assert!(check(&ring(), &c, "0", 1000, &replay).is_ok());
-        assert_eq!(check(&ring(), &c, "0", 1001, &replay), Err(PowError::Replayed));
+        assert_eq!(
+            check(&ring(), &c, "0", 1001, &replay),
+            Err(PowError::Replayed)
+        );
     }
 
     #[test]
@@ -376,7 +433,11 @@ mod tests {
         assert_eq!(replay.spend(nonce(999), 100, 10), Err(PowError::ReplayFull));
         // Once they expire, their slots are reused.
         assert_eq!(replay.spend(nonce(999), 200, 100), Ok(()));
-        assert_eq!(replay.spend(nonce(0), 200, 100), Ok(()), "expired, so forgotten");
+        assert_eq!(
+            replay.spend(nonce(0), 200, 100),
+            Ok(()),
+            "expired, so forgotten"
+        );
     }
 
     #[test]
@@ -387,7 +448,9 @@ mod tests {
         let wins: usize = (0..8)
             .map(|_| {
                 let (replay, c, answer) = (replay.clone(), c.clone(), answer.clone());
-                std::thread::spawn(move || check(&ring(), &c, &answer, 1500, &replay).is_ok() as usize)
+                std::thread::spawn(move || {
+                    check(&ring(), &c, &answer, 1500, &replay).is_ok() as usize
+                })
             })
             .collect::<Vec<_>>()
             .into_iter()

@@ -155,7 +155,10 @@ impl Gate {
         match open_keyring(&loaded.config) {
             Ok(k) => {
                 if due {
-                    tracing::info!("gate: signing keys rotated (current key {})", k.current_kid());
+                    tracing::info!(
+                        "gate: signing keys rotated (current key {})",
+                        k.current_kid()
+                    );
                 }
                 self.inner.keyring.store(Arc::new(k));
                 *last_seen = std::fs::metadata(path).and_then(|m| m.modified()).ok();
@@ -178,11 +181,14 @@ impl Gate {
         server.background("gate-keys", move |stop| {
             let mut last_seen = None;
             gate.refresh_keys(&mut last_seen);
+            // Twice a minute is plenty: rotation overlaps by a whole session lifetime. Short
+            // sleeps, so a stopping server is not kept waiting.
+            let mut next = std::time::Instant::now() + Duration::from_secs(30);
             while !stop.is_stopped() {
-                std::thread::sleep(Duration::from_millis(500));
-                // Twice a minute is plenty: rotation overlaps by a whole session lifetime.
-                if unix_now() % 30 == 0 {
+                std::thread::sleep(Duration::from_millis(200));
+                if std::time::Instant::now() >= next {
                     gate.refresh_keys(&mut last_seen);
+                    next += Duration::from_secs(30);
                 }
             }
         });

@@ -6,36 +6,151 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 use tern_services::metrics::Metric;
 
-/// Every fixed counter: (metric name, label, help). Labelled rows of one name are adjacent,
-/// as the Prometheus format wants.
-pub const COUNTERS: &[(&str, Option<(&str, &str)>, &str)] = &[
-    ("gate_challenges_issued", Some(("kind", "pow")), "challenge pages served"),
-    ("gate_challenges_issued", Some(("kind", "timelock")), "challenge pages served"),
-    ("gate_challenges_passed", None, "challenges solved and turned into a session"),
-    ("gate_challenges_failed", Some(("cause", "malformed")), "challenge answers refused, by cause"),
-    ("gate_challenges_failed", Some(("cause", "unknown_key")), "challenge answers refused, by cause"),
-    ("gate_challenges_failed", Some(("cause", "bad_mac")), "challenge answers refused, by cause"),
-    ("gate_challenges_failed", Some(("cause", "expired")), "challenge answers refused, by cause"),
-    ("gate_challenges_failed", Some(("cause", "too_early")), "challenge answers refused, by cause"),
-    ("gate_challenges_failed", Some(("cause", "wrong_prefix")), "challenge answers refused, by cause"),
-    ("gate_challenges_failed", Some(("cause", "wrong_client")), "challenge answers refused, by cause"),
-    ("gate_challenges_failed", Some(("cause", "too_easy")), "challenge answers refused, by cause"),
-    ("gate_challenges_failed", Some(("cause", "replayed")), "challenge answers refused, by cause"),
-    ("gate_challenges_failed", Some(("cause", "replay_full")), "challenge answers refused, by cause"),
-    ("gate_challenges_rate_limited", None, "challenge pages and answers refused by the per-network limit"),
-    ("gate_logins", Some(("outcome", "accepted")), "login attempts, by outcome"),
-    ("gate_logins", Some(("outcome", "refused")), "login attempts, by outcome"),
-    ("gate_logins", Some(("outcome", "rate_limited")), "login attempts, by outcome"),
-    ("gate_logins", Some(("outcome", "locked_out")), "login attempts, by outcome"),
-    ("gate_logins", Some(("outcome", "busy")), "login attempts, by outcome"),
-    ("gate_logins", Some(("outcome", "unavailable")), "login attempts, by outcome"),
-    ("gate_logins", Some(("outcome", "forged")), "login attempts, by outcome"),
-    ("gate_sessions_refused", Some(("cause", "malformed")), "session cookies refused, by cause"),
-    ("gate_sessions_refused", Some(("cause", "unknown_key")), "session cookies refused, by cause"),
-    ("gate_sessions_refused", Some(("cause", "bad_mac")), "session cookies refused, by cause"),
-    ("gate_sessions_refused", Some(("cause", "expired")), "session cookies refused, by cause"),
-    ("gate_sessions_refused", Some(("cause", "wrong_prefix")), "session cookies refused, by cause"),
-    ("gate_sessions_refused", Some(("cause", "stale_realm")), "session cookies refused, by cause"),
+/// (metric name, label key and value, help).
+type Row = (
+    &'static str,
+    Option<(&'static str, &'static str)>,
+    &'static str,
+);
+
+/// Every fixed counter. Labelled rows of one name are adjacent, as the Prometheus format
+/// wants.
+pub const COUNTERS: &[Row] = &[
+    (
+        "gate_challenges_issued",
+        Some(("kind", "pow")),
+        "challenge pages served",
+    ),
+    (
+        "gate_challenges_issued",
+        Some(("kind", "timelock")),
+        "challenge pages served",
+    ),
+    (
+        "gate_challenges_passed",
+        None,
+        "challenges solved and turned into a session",
+    ),
+    (
+        "gate_challenges_failed",
+        Some(("cause", "malformed")),
+        "challenge answers refused, by cause",
+    ),
+    (
+        "gate_challenges_failed",
+        Some(("cause", "unknown_key")),
+        "challenge answers refused, by cause",
+    ),
+    (
+        "gate_challenges_failed",
+        Some(("cause", "bad_mac")),
+        "challenge answers refused, by cause",
+    ),
+    (
+        "gate_challenges_failed",
+        Some(("cause", "expired")),
+        "challenge answers refused, by cause",
+    ),
+    (
+        "gate_challenges_failed",
+        Some(("cause", "too_early")),
+        "challenge answers refused, by cause",
+    ),
+    (
+        "gate_challenges_failed",
+        Some(("cause", "wrong_prefix")),
+        "challenge answers refused, by cause",
+    ),
+    (
+        "gate_challenges_failed",
+        Some(("cause", "wrong_client")),
+        "challenge answers refused, by cause",
+    ),
+    (
+        "gate_challenges_failed",
+        Some(("cause", "too_easy")),
+        "challenge answers refused, by cause",
+    ),
+    (
+        "gate_challenges_failed",
+        Some(("cause", "replayed")),
+        "challenge answers refused, by cause",
+    ),
+    (
+        "gate_challenges_failed",
+        Some(("cause", "replay_full")),
+        "challenge answers refused, by cause",
+    ),
+    (
+        "gate_challenges_rate_limited",
+        None,
+        "challenge pages and answers refused by the per-network limit",
+    ),
+    (
+        "gate_logins",
+        Some(("outcome", "accepted")),
+        "login attempts, by outcome",
+    ),
+    (
+        "gate_logins",
+        Some(("outcome", "refused")),
+        "login attempts, by outcome",
+    ),
+    (
+        "gate_logins",
+        Some(("outcome", "rate_limited")),
+        "login attempts, by outcome",
+    ),
+    (
+        "gate_logins",
+        Some(("outcome", "locked_out")),
+        "login attempts, by outcome",
+    ),
+    (
+        "gate_logins",
+        Some(("outcome", "busy")),
+        "login attempts, by outcome",
+    ),
+    (
+        "gate_logins",
+        Some(("outcome", "unavailable")),
+        "login attempts, by outcome",
+    ),
+    (
+        "gate_logins",
+        Some(("outcome", "forged")),
+        "login attempts, by outcome",
+    ),
+    (
+        "gate_sessions_refused",
+        Some(("cause", "malformed")),
+        "session cookies refused, by cause",
+    ),
+    (
+        "gate_sessions_refused",
+        Some(("cause", "unknown_key")),
+        "session cookies refused, by cause",
+    ),
+    (
+        "gate_sessions_refused",
+        Some(("cause", "bad_mac")),
+        "session cookies refused, by cause",
+    ),
+    (
+        "gate_sessions_refused",
+        Some(("cause", "expired")),
+        "session cookies refused, by cause",
+    ),
+    (
+        "gate_sessions_refused",
+        Some(("cause", "wrong_prefix")),
+        "session cookies refused, by cause",
+    ),
+    (
+        "gate_sessions_refused",
+        Some(("cause", "stale_realm")),
+        "session cookies refused, by cause",
+    ),
 ];
 
 /// Index into [`COUNTERS`].
@@ -160,9 +275,18 @@ mod tests {
     #[test]
     fn names_line_up_with_the_enum() {
         assert_eq!(COUNTERS.len(), N);
-        assert_eq!(COUNTERS[C::SessionStaleRealm as usize].1, Some(("cause", "stale_realm")));
-        assert_eq!(COUNTERS[C::FailedReplayFull as usize].1, Some(("cause", "replay_full")));
-        assert_eq!(COUNTERS[C::LoginForged as usize].1, Some(("outcome", "forged")));
+        assert_eq!(
+            COUNTERS[C::SessionStaleRealm as usize].1,
+            Some(("cause", "stale_realm"))
+        );
+        assert_eq!(
+            COUNTERS[C::FailedReplayFull as usize].1,
+            Some(("cause", "replay_full"))
+        );
+        assert_eq!(
+            COUNTERS[C::LoginForged as usize].1,
+            Some(("outcome", "forged"))
+        );
         let s = Stats::new(2);
         s.bump(0, C::Passed);
         s.bump(1, C::Passed);

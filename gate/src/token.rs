@@ -102,7 +102,8 @@ pub fn verify<'b>(
     if user_at + 1 + user_len != body.len() {
         return Err(TokenError::Malformed);
     }
-    let realm = std::str::from_utf8(&body[FIXED + 1..user_at]).map_err(|_| TokenError::Malformed)?;
+    let realm =
+        std::str::from_utf8(&body[FIXED + 1..user_at]).map_err(|_| TokenError::Malformed)?;
     let user = std::str::from_utf8(&body[user_at + 1..]).map_err(|_| TokenError::Malformed)?;
     let mut prefix = Prefix {
         family: body[25],
@@ -149,44 +150,84 @@ mod tests {
         let t = issue(&ring(), &session()).unwrap();
         let mut buf = [0u8; MAX_TOKEN];
         let s = verify(&ring(), t.as_bytes(), &mut buf, 1500).unwrap();
-        assert_eq!(s, Session { kid: 5, ..session() });
-        assert!(t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert_eq!(
+            s,
+            Session {
+                kid: 5,
+                ..session()
+            }
+        );
+        assert!(t
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
     }
 
     #[test]
     fn every_failure_is_told_apart() {
         let t = issue(&ring(), &session()).unwrap();
         let mut buf = [0u8; MAX_TOKEN];
-        assert_eq!(verify(&ring(), t.as_bytes(), &mut buf, 2000), Err(TokenError::Expired));
+        assert_eq!(
+            verify(&ring(), t.as_bytes(), &mut buf, 2000),
+            Err(TokenError::Expired)
+        );
         // Any altered byte of the payload breaks the MAC.
         let mut raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
         for i in [6, 14, 22, 30, 45, raw.len() - 1] {
             raw[i] ^= 1;
             let forged = URL_SAFE_NO_PAD.encode(&raw);
-            assert_eq!(verify(&ring(), forged.as_bytes(), &mut buf, 1500), Err(TokenError::BadMac), "byte {i}");
+            assert_eq!(
+                verify(&ring(), forged.as_bytes(), &mut buf, 1500),
+                Err(TokenError::BadMac),
+                "byte {i}"
+            );
             raw[i] ^= 1;
         }
         // Another key id: unknown; another keyring: bad MAC.
         raw[4] ^= 1;
         assert_eq!(
-            verify(&ring(), URL_SAFE_NO_PAD.encode(&raw).as_bytes(), &mut buf, 1500),
+            verify(
+                &ring(),
+                URL_SAFE_NO_PAD.encode(&raw).as_bytes(),
+                &mut buf,
+                1500
+            ),
             Err(TokenError::UnknownKey)
         );
         let other = Keyring::from_keys(vec![(5, 100, [8; 32])]);
-        assert_eq!(verify(&other, t.as_bytes(), &mut buf, 1500), Err(TokenError::BadMac));
+        assert_eq!(
+            verify(&other, t.as_bytes(), &mut buf, 1500),
+            Err(TokenError::BadMac)
+        );
         // A key rotated out of the ring.
         let later = Keyring::from_keys(vec![(6, 200, [7; 32])]);
-        assert_eq!(verify(&later, t.as_bytes(), &mut buf, 1500), Err(TokenError::UnknownKey));
-        assert_eq!(verify(&ring(), b"***", &mut buf, 1500), Err(TokenError::Malformed));
-        assert_eq!(verify(&ring(), b"", &mut buf, 1500), Err(TokenError::Malformed));
-        assert_eq!(verify(&ring(), &[b'A'; 400], &mut buf, 1500), Err(TokenError::TooLong));
+        assert_eq!(
+            verify(&later, t.as_bytes(), &mut buf, 1500),
+            Err(TokenError::UnknownKey)
+        );
+        assert_eq!(
+            verify(&ring(), b"***", &mut buf, 1500),
+            Err(TokenError::Malformed)
+        );
+        assert_eq!(
+            verify(&ring(), b"", &mut buf, 1500),
+            Err(TokenError::Malformed)
+        );
+        assert_eq!(
+            verify(&ring(), &[b'A'; 400], &mut buf, 1500),
+            Err(TokenError::TooLong)
+        );
         // A challenge's MAC over the same bytes is not a session's.
         let body = &URL_SAFE_NO_PAD.decode(&t).unwrap()[..raw.len() - TAG_LEN];
         let (_, tag) = ring().sign(Purpose::Challenge, body);
         let mut cross = body.to_vec();
         cross.extend_from_slice(&tag);
         assert_eq!(
-            verify(&ring(), URL_SAFE_NO_PAD.encode(&cross).as_bytes(), &mut buf, 1500),
+            verify(
+                &ring(),
+                URL_SAFE_NO_PAD.encode(&cross).as_bytes(),
+                &mut buf,
+                1500
+            ),
             Err(TokenError::BadMac)
         );
     }
@@ -194,14 +235,27 @@ mod tests {
     #[test]
     fn names_are_bounded() {
         let long = "x".repeat(65);
-        let s = Session { user: &long, ..session() };
+        let s = Session {
+            user: &long,
+            ..session()
+        };
         assert_eq!(issue(&ring(), &s), Err(TokenError::TooLong));
-        let s = Session { user: "a\nb", ..session() };
+        let s = Session {
+            user: "a\nb",
+            ..session()
+        };
         assert_eq!(issue(&ring(), &s), Err(TokenError::TooLong));
         let max = "y".repeat(64);
-        let s = Session { user: &max, realm: &max, ..session() };
+        let s = Session {
+            user: &max,
+            realm: &max,
+            ..session()
+        };
         let t = issue(&ring(), &s).unwrap();
         let mut buf = [0u8; MAX_TOKEN];
-        assert_eq!(verify(&ring(), t.as_bytes(), &mut buf, 1500).unwrap().user, max);
+        assert_eq!(
+            verify(&ring(), t.as_bytes(), &mut buf, 1500).unwrap().user,
+            max
+        );
     }
 }
