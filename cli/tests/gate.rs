@@ -675,7 +675,7 @@ http {{
 
 /// The `http` block line of the README's nginx configuration: kept-alive connections to the
 /// gate, so an auth question costs no connection set-up.
-const NGINX_UPSTREAM: &str = "upstream tern_gate { server 127.0.0.1:9000; keepalive 16; }";
+const NGINX_UPSTREAM: &str = "upstream tern_gate { server 127.0.0.1:9000; keepalive 128; }";
 
 /// The `server` block lines of the README's nginx configuration (kept identical to it: a
 /// test below checks that the README holds them).

@@ -630,9 +630,9 @@ impl AuthEndpoint {
         );
         let allowed = match decision.action {
             crate::policy::Action::Allow => true,
-            crate::policy::Action::Deny => {
-                return Response::text(403, "denied\n").into();
-            }
+            // No bodies on these answers: nginx does not read an auth subrequest's body, so
+            // one would cost it the kept-alive connection to the gate.
+            crate::policy::Action::Deny => return Response::new(403).into(),
             _ => who.is_some(),
         };
         if allowed {
@@ -645,7 +645,7 @@ impl AuthEndpoint {
         }
         if !matches!(method, "GET" | "HEAD") {
             // Never redirect a form post to a challenge page: it would come back as a GET.
-            return Response::text(403, "a browser check or login is needed first\n").into();
+            return Response::new(403).into();
         }
         let target = safe_return_path(uri).unwrap_or("/");
         let location = format!(
@@ -653,7 +653,7 @@ impl AuthEndpoint {
             config.path_prefix,
             form::encode(target)
         );
-        Response::text(401, "a browser check or login is needed\n")
+        Response::new(401)
             .with_header("X-Gate-Location", &location)
             .with_header("Cache-Control", "no-store")
             .into()
