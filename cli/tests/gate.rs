@@ -834,3 +834,69 @@ fn the_readme_holds_the_tested_nginx_configuration() {
         );
     }
 }
+
+#[test]
+fn sighup_swaps_in_a_new_policy_and_a_bad_one_changes_nothing() {
+    let setup = Setup::new(POLICY, "");
+    let tern = setup.serve(&[]);
+    assert_eq!(tern.get_with("/", &[("User-Agent", FIREFOX)]).status, 403);
+    let page = tern.get_with("/", &[("User-Agent", FIREFOX)]);
+    let cookie = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    // Browsers now get in without a check; the session from before still counts where one
+    // is needed.
+    std::fs::write(
+        setup.path("policy.toml"),
+        POLICY.replace(
+            "name = \"browsers\"\naction = \"challenge\"\nuser_agent = \"Mozilla\"\ndifficulty = 10",
+            "name = \"browsers\"\naction = \"allow\"\nuser_agent = \"Mozilla\"",
+        ),
+    )
+    .unwrap();
+    tern.reload(2);
+    assert!(
+        tern.log_lines("reload (SIGHUP): gate: config, 5 policy rules")
+            .len()
+            == 1,
+        "{}",
+        tern.stderr_text()
+    );
+    assert_eq!(tern.get_with("/", &[("User-Agent", FIREFOX)]).status, 200);
+    // A broken policy: one line, and the running one stays.
+    std::fs::write(
+        setup.path("policy.toml"),
+        "[[rule]]\nname = \"x\"\naction = \"jump\"\n",
+    )
+    .unwrap();
+    tern.reload(4);
+    let failed = tern.log_lines("gate unchanged");
+    assert_eq!(failed.len(), 1, "{}", tern.stderr_text());
+    assert!(failed[0].contains("line 3"), "{}", failed[0]);
+    assert_eq!(tern.get_with("/", &[("User-Agent", FIREFOX)]).status, 200);
+    assert_eq!(
+        tern.get_with(
+            "/private/secret.txt",
+            &[("User-Agent", FIREFOX), ("Cookie", &cookie)]
+        )
+        .status,
+        401,
+        "a pass is not a staff login"
+    );
+}
+
+#[test]
+fn the_demo_behind_the_gate_counts_in_its_statusz() {
+    let setup = Setup::new(POLICY, "");
+    let data = setup.path("data");
+    let config = setup.path("gate.toml");
+    let tern = Tern::start_demo(&data, &["--gate", config.to_str().unwrap()]);
+    let page = tern.get_with("/", &[("User-Agent", FIREFOX)]);
+    assert_eq!(page.status, 403);
+    let passed = solve_and_pass(&tern, &page, FIREFOX);
+    assert_eq!(passed.status, 303);
+    let cookie = cookie_of(&passed);
+    let r = tern.get_with("/ip", &[("User-Agent", FIREFOX), ("Cookie", &cookie)]);
+    assert_eq!(r.status, 200);
+    // curl is let through by the policy, and the game's /statusz carries the gate's counters.
+    assert_eq!(tern.statusz("gate_challenges_passed"), 1);
+    assert!(tern.statusz("gate_challenges_issued{kind=\"pow\"}") >= 1);
+}
