@@ -900,3 +900,57 @@ fn the_demo_behind_the_gate_counts_in_its_statusz() {
     assert_eq!(tern.statusz("gate_challenges_passed"), 1);
     assert!(tern.statusz("gate_challenges_issued{kind=\"pow\"}") >= 1);
 }
+
+#[test]
+fn tern_run_puts_the_gate_in_front_of_the_routes_that_ask_for_it() {
+    let setup = Setup::new(POLICY, "");
+    std::fs::create_dir_all(setup.path("public")).unwrap();
+    std::fs::write(setup.path("public/open.txt"), "open to all\n").unwrap();
+    let config = setup.path("tern.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "gate = \"gate.toml\"\n\n[[site]]\nname = \"main\"\ndefault = true\n\n\
+             [[site.route]]\npath = \"/\"\nstatic = {site:?}\ngate = true\n\n\
+             [[site.route]]\npath = \"/public\"\nstatic = {root:?}\n",
+            site = setup.path("site"),
+            root = setup.tmp.path(),
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(TERN);
+    cmd.args(["run", "--config"])
+        .arg(&config)
+        .args(LISTEN)
+        .args(["--workers", "2", "--sandbox", "on"]);
+    let tern = Tern::spawn(cmd);
+    let ua = ("User-Agent", FIREFOX);
+    assert_eq!(tern.get_with("/public/open.txt", &[ua]).status, 200);
+    let page = tern.get_with("/index.html", &[ua]);
+    assert_eq!(page.status, 403);
+    let cookie = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    let r = tern.get_with("/index.html", &[ua, ("Cookie", &cookie)]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "<p>the guarded page</p>\n");
+    // A guarded route without a gate config is a checked error with its line.
+    std::fs::write(
+        &config,
+        "[[site]]\nname = \"main\"\ndefault = true\n[[site.route]]\npath = \"/\"\nrespond = \"x\"\ngate = true\n",
+    )
+    .unwrap();
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("line 7: gate = true needs a gate config"),
+        "{err}"
+    );
+    assert!(
+        err.contains("gate = true is for static and app routes"),
+        "{err}"
+    );
+}

@@ -45,6 +45,12 @@ impl Gate {
             .fallback(Guarded::new(Arc::new(self.clone()), inner))
     }
 
+    /// The gate's own addresses (everything under its prefix), for a router that mounts them
+    /// itself, such as `tern run`'s sites.
+    pub fn endpoints(&self) -> impl Handler {
+        Endpoints { gate: self.clone() }
+    }
+
     /// The router of `tern gate`: the auth endpoint for nginx, the gate's own addresses, and
     /// /statusz and /metrics (loopback and trusted proxies only).
     pub fn auth_router(&self) -> Router {

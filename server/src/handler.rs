@@ -198,6 +198,13 @@ pub trait Handler: Send + Sync + 'static {
     fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply;
 }
 
+/// A shared handler is a handler (a route table's entries wrapped again, e.g. in a guard).
+impl Handler for std::sync::Arc<dyn Handler> {
+    fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
+        (**self).handle(req, cx)
+    }
+}
+
 impl<F> Handler for F
 where
     F: Fn(&Request<'_>, &mut HandlerContext<'_>) -> Reply + Send + Sync + 'static,

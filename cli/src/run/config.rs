@@ -37,6 +37,8 @@ struct RunFile {
     group: Option<String>,
     sandbox: Option<SandboxArg>,
     tls: Option<FileTls>,
+    /// The auth gateway's config (`tern gate`'s file); routes with `gate = true` are behind it.
+    gate: Option<Spanned<PathBuf>>,
     #[serde(default)]
     site: Vec<SiteFile>,
 }
@@ -74,6 +76,7 @@ struct RouteFile {
     proxy: Option<Spanned<String>>,
     add_headers: Option<Spanned<BTreeMap<String, String>>>,
     remove_headers: Option<Spanned<Vec<String>>>,
+    gate: Option<Spanned<bool>>,
 }
 
 /// A checked file, paths resolved against its folder.
@@ -101,6 +104,8 @@ pub struct RoutePlan {
     pub prefix: String,
     pub kind: RouteKind,
     pub headers: HeaderEdits,
+    /// Behind the gateway (`gate = true`).
+    pub guarded: bool,
 }
 
 #[derive(Debug)]
@@ -265,11 +270,24 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                     }
                 }
             }
+            let guarded = route.gate.as_ref().is_some_and(|g| *g.get_ref());
+            if let (Some(g), true) = (&route.gate, guarded) {
+                if file.gate.is_none() {
+                    p.at(
+                        g.span().start,
+                        "gate = true needs a gate config: add gate = \"gate.toml\" at the top",
+                    );
+                }
+            }
             if let Some(kind) = check_route(route, dir, &mut p, &mut app) {
+                if guarded && !matches!(kind, RouteKind::Static(_) | RouteKind::App) {
+                    p.at(path_at, "gate = true is for static and app routes");
+                }
                 routes.push(RoutePlan {
                     prefix: prefix.clone(),
                     kind,
                     headers: check_headers(route, &mut p),
+                    guarded,
                 });
             }
         }
@@ -689,6 +707,11 @@ impl RunConfig {
             group: self.file.group.clone(),
             sandbox: self.file.sandbox,
         }
+    }
+
+    /// The gateway's config file, resolved against the file's folder.
+    pub fn gate(&self) -> Option<PathBuf> {
+        self.file.gate.as_ref().map(|g| self.dir.join(g.get_ref()))
     }
 
     pub fn route_count(&self) -> usize {

@@ -51,7 +51,20 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let mut server_config = listeners(&common, tls.as_ref());
     let started = Started::new(&loaded, &server_config, tls.is_some());
     crate::service::adopt_inherited_sockets(&mut server_config)?;
-    let needs = needs(&args.config, &loaded, tls.as_ref());
+    let mut needs = needs(&args.config, &loaded, tls.as_ref());
+    let workers = server_config.runtime.workers;
+    let gate = loaded
+        .gate()
+        .map(|path| {
+            crate::gate::open(
+                &path,
+                tern_gate::Mode::Guard,
+                workers,
+                &args.common.hardening,
+                &mut needs,
+            )
+        })
+        .transpose()?;
     let lockdown = hardening::plan(&args.common.hardening, Some(&loaded.hardening()), needs)?;
     let mut server = Server::new(server_config, Router::new());
     let app: Option<Arc<dyn Handler>> = match &loaded.app {
@@ -61,7 +74,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         }
         None => None,
     };
-    let table = build_table(&loaded, app.as_ref())?;
+    let table = build_table(&loaded, app.as_ref(), gate.as_ref())?;
     let what = format!(
         "running {} from {}",
         describe_table(&table),
@@ -73,7 +86,10 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         router = hardening::probe_routes(router);
     }
     *server.router_mut() = router;
-    let server = server.after_bind(hardening::lockdown_step(lockdown));
+    let mut server = server.after_bind(hardening::lockdown_step(lockdown));
+    if let Some(gate) = &gate {
+        server = gate.install(server);
+    }
     let mut server = common.install_bans(server, &[])?;
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
@@ -85,6 +101,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         app,
         sites,
         acceptor: acceptor.clone(),
+        gate,
     };
     let on_reload: OnReload =
         Box::new(
@@ -187,11 +204,24 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
     needs
 }
 
-/// Opens every static root and assembles the table. `app` is the running game, if any.
-fn build_table(loaded: &RunConfig, app: Option<&Arc<dyn Handler>>) -> Result<SiteTable, String> {
+/// Opens every static root and assembles the table. `app` is the running game, if any;
+/// `gate` the gateway that routes with `gate = true` stand behind.
+fn build_table(
+    loaded: &RunConfig,
+    app: Option<&Arc<dyn Handler>>,
+    gate: Option<&tern_gate::Gate>,
+) -> Result<SiteTable, String> {
     let mut sites = Vec::with_capacity(loaded.sites.len());
     for site in &loaded.sites {
-        let mut routes = Vec::with_capacity(site.routes.len());
+        let mut routes = Vec::with_capacity(site.routes.len() + 1);
+        if let (Some(gate), true) = (gate, site.routes.iter().any(|r| r.guarded)) {
+            // The gate's own pages (login, challenge, its scripts) on every guarded site.
+            routes.push(Route {
+                prefix: gate.config().config.path_prefix.clone(),
+                action: Action::Handler(Arc::new(gate.endpoints())),
+                headers: Default::default(),
+            });
+        }
         for route in &site.routes {
             let action = match &route.kind {
                 RouteKind::Static(options) => {
@@ -225,6 +255,12 @@ fn build_table(loaded: &RunConfig, app: Option<&Arc<dyn Handler>>) -> Result<Sit
                 RouteKind::App => Action::Handler(app.cloned().ok_or(
                     "an app route was added, but the game starts only with tern: restart tern to add it",
                 )?),
+            };
+            let action = match (action, gate) {
+                (Action::Handler(h), Some(gate)) if route.guarded => Action::Handler(Arc::new(
+                    tern_server::Guarded::new(Arc::new(gate.clone()), h),
+                )),
+                (action, _) => action,
             };
             routes.push(Route {
                 prefix: route.prefix.clone(),
@@ -313,6 +349,8 @@ struct Reloader {
     app: Option<Arc<dyn Handler>>,
     sites: Sites,
     acceptor: Option<Arc<TlsAcceptor>>,
+    /// The gateway opened at start-up (a new `gate` file needs a restart).
+    gate: Option<tern_gate::Gate>,
 }
 
 impl Reloader {
@@ -336,8 +374,14 @@ impl Reloader {
         let restart = self
             .started
             .differences(&Started::new(&loaded, &config, tls.is_some()));
+        if loaded.gate().is_some() && self.gate.is_none() {
+            return Err("a gate was added: restart tern to start it".into());
+        }
+        if let Some(gate) = &self.gate {
+            crate::gate::reload(gate);
+        }
         // Everything that can fail comes before anything is applied.
-        let table = build_table(&loaded, self.app.as_ref())?;
+        let table = build_table(&loaded, self.app.as_ref(), self.gate.as_ref())?;
         let tls_note = match (&self.acceptor, &tls) {
             (Some(acceptor), Some(plan)) => {
                 acceptor.reload(&plan.options)?;
