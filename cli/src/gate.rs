@@ -82,6 +82,16 @@ pub fn gate(args: GateArgs) -> Result<(), String> {
     let path = args.config.clone().unwrap_or_default();
     let mut config = args.common.server_config();
     let workers = config.runtime.workers;
+    if args.check {
+        let (gate, rules) = Gate::check(&path)?;
+        println!(
+            "gate config {} is valid: {} realm(s), {rules} policy rule(s), keys in {}",
+            path.display(),
+            gate.realms.len(),
+            gate.keyring.display()
+        );
+        return Ok(());
+    }
     let mut needs = Needs::default();
     let gate = open(
         &path,
@@ -90,17 +100,6 @@ pub fn gate(args: GateArgs) -> Result<(), String> {
         &args.common.hardening,
         &mut needs,
     )?;
-    if args.check {
-        let loaded = gate.config();
-        println!(
-            "gate config {} is valid: {} realm(s), {} policy rule(s), keys in {}",
-            path.display(),
-            loaded.config.realms.len(),
-            loaded.policy.rule_names().len(),
-            loaded.config.keyring.display()
-        );
-        return Ok(());
-    }
     crate::service::adopt_inherited_sockets(&mut config)?;
     let access_log = args
         .common

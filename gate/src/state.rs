@@ -80,6 +80,7 @@ impl Gate {
         mode: Mode,
         workers: usize,
     ) -> Result<Gate, String> {
+        check_files(&config)?;
         let keyring = open_keyring(&config)?;
         let loaded = load_policy(config, workers)?;
         let c = &loaded.config;
@@ -106,6 +107,16 @@ impl Gate {
         })
     }
 
+    /// Checks a config file, its policy and its checkers' files the way `open` would, without
+    /// creating or touching the key file. Returns the config and the policy's rule count.
+    pub fn check(path: &Path) -> Result<(GateConfig, usize), String> {
+        let config = config::load(path)?;
+        check_files(&config)?;
+        let loaded = load_policy(config, 1)?;
+        let rules = loaded.policy.rule_names().len();
+        Ok((loaded.config, rules))
+    }
+
     pub fn mode(&self) -> Mode {
         self.inner.mode
     }
@@ -121,6 +132,7 @@ impl Gate {
             return Ok("gate: nothing to re-read".into());
         };
         let config = config::load(path)?;
+        check_files(&config)?;
         let keyring = open_keyring(&config)?;
         let old = self.inner.loaded.load();
         let mut note = String::new();
@@ -233,6 +245,41 @@ impl Gate {
     pub(crate) fn stats(&self) -> &Stats {
         &self.inner.stats
     }
+}
+
+/// Password files and programs must be there at start (and reload), not discovered missing at
+/// the first login.
+fn check_files(config: &GateConfig) -> Result<(), String> {
+    for realm in &config.realms {
+        for checker in &realm.checkers {
+            match checker {
+                crate::config::CheckerSpec::File(path) => {
+                    std::fs::File::open(path).map_err(|e| {
+                        format!(
+                            "realm {:?}: cannot read {}: {e}",
+                            realm.name,
+                            path.display()
+                        )
+                    })?;
+                }
+                crate::config::CheckerSpec::Exec(program) => {
+                    use std::os::unix::fs::PermissionsExt;
+                    let meta = std::fs::metadata(program).map_err(|e| {
+                        format!("realm {:?}: {}: {e}", realm.name, program.display())
+                    })?;
+                    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+                        return Err(format!(
+                            "realm {:?}: {} is not an executable file",
+                            realm.name,
+                            program.display()
+                        ));
+                    }
+                }
+                crate::config::CheckerSpec::GuestPow => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 fn open_keyring(config: &GateConfig) -> Result<Keyring, String> {
