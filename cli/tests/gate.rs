@@ -382,6 +382,18 @@ fn a_guest_login_costs_a_proof_of_work() {
         &[("User-Agent", FIREFOX), ("Cookie", &cookie)],
     );
     assert_eq!(page.status, 200);
+    // A browser pass is not a login: spelling the path another way does not change that.
+    let page = tern.get_with("/", &[("User-Agent", FIREFOX)]);
+    let pass = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    for path in [
+        "/%70rivate/secret.txt",
+        "/x/../private/secret.txt",
+        "//private/secret.txt",
+        "/./private/secret.txt",
+    ] {
+        let r = tern.get_with(path, &[("User-Agent", FIREFOX), ("Cookie", &pass)]);
+        assert_eq!(r.status, 401, "{path} must ask for the login");
+    }
 }
 
 #[test]

@@ -613,14 +613,14 @@ impl AuthEndpoint {
             .header("x-original-uri")
             .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or("/");
-        let path = uri.split('?').next().unwrap_or("/");
+        let path = crate::guard::policy_path(uri.split('?').next().unwrap_or("/"));
         let method = req
             .header("x-original-method")
             .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or("GET");
         let decision = loaded
             .policy
-            .evaluate(method, path, |name| req.header(name), client.ip);
+            .evaluate(method, &path, |name| req.header(name), client.ip);
         loaded.decisions.bump(cx.worker_id, decision.rule as usize);
         // A session, when there is one, is named to the app whatever the policy said.
         let who = self.gate.find_session(

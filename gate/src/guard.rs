@@ -92,9 +92,10 @@ impl Gate {
         path: &str,
         worker: usize,
     ) -> Outcome {
+        let path = policy_path(path);
         let decision = loaded
             .policy
-            .evaluate(method, path, |name| req.header(name), client.ip);
+            .evaluate(method, &path, |name| req.header(name), client.ip);
         loaded.decisions.bump(worker, decision.rule as usize);
         let want = match decision.action {
             Action::Allow => return Outcome::Pass,
@@ -370,6 +371,23 @@ impl Guard for Gate {
         let return_to = crate::redirect::safe_return_path(&return_to).unwrap_or("/");
         let response = self.answer(&loaded, req, &client, outcome, return_to, cx.worker_id);
         Verdict::Answer(Reply::Now(response))
+    }
+}
+
+/// The path the policy sees: percent-decoded, with `.`, `..` and empty segments resolved,
+/// as the static files handler will look it up; so `/%61dmin/` or `/x/../admin/` cannot slip
+/// past a rule for `/admin/`. The common path has nothing to decode and is borrowed. A path
+/// that does not normalise (an encoded slash, `..` above the root) is matched as sent; the
+/// handlers refuse it anyway.
+pub(crate) fn policy_path(raw: &str) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    match tern_server::static_files::normalize_path(raw, true) {
+        Ok(Cow::Borrowed(_)) => Cow::Borrowed(raw),
+        Ok(Cow::Owned(bytes)) => match String::from_utf8(bytes) {
+            Ok(s) => Cow::Owned(s),
+            Err(_) => Cow::Borrowed(raw),
+        },
+        Err(_) => Cow::Borrowed(raw),
     }
 }
 

@@ -416,6 +416,16 @@ impl Policy {
             });
             thresholds.push((below, a));
         }
+        // Without a catch-all, a weight above every `below` would quietly be allowed.
+        if let Some(last) = thresholds.last() {
+            if last.0 != i64::MAX {
+                return Err(err(
+                    text.rfind("[[threshold]]").unwrap_or(0),
+                    "the last threshold must leave out `below` (the catch-all for every heavier request)"
+                        .into(),
+                ));
+            }
+        }
         if names.len() >= u16::MAX as usize {
             return Err(err(0, "too many rules".into()));
         }
@@ -783,6 +793,7 @@ action = "deny"
             ("[[rule]]\nname = \"x\"\naction = \"deny\"\nmethod = \"get\"\n", 4, "upper-case"),
             ("[[threshold]]\naction = \"allow\"\n[[threshold]]\nbelow = 3\naction = \"deny\"\n", 2, "only the last"),
             ("[[threshold]]\nbelow = 5\naction = \"allow\"\n[[threshold]]\nbelow = 3\naction = \"deny\"\n", 6, "increasing"),
+            ("[[threshold]]\nbelow = 5\naction = \"allow\"\n", 1, "catch-all"),
         ];
         for (text, line, what) in cases {
             let e = error(text);

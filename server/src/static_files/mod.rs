@@ -57,7 +57,7 @@ use cache::{Front, Shared, Slot, REVALIDATE_MS};
 use encoding::{BR, GZIP, IDENTITY};
 use entry::{BuildOpts, Entry, Found, Source};
 use fs::{fstat, Kind, Root};
-pub use path::normalize_path; // doc-hidden, for the path_normalize fuzz target
+pub use path::normalize_path; // doc-hidden: the path_normalize fuzz target, and the gate's policy path
 use path::PathError;
 use range::RangeSpec;
 
