@@ -141,6 +141,7 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
                 tern_gate::Mode::Guard,
                 config.runtime.workers,
                 &args.common.hardening,
+                None,
                 &mut needs,
             )
         })

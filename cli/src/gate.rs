@@ -9,7 +9,7 @@ use tern_gate::{Gate, Mode};
 use tern_server::{Router, Server};
 
 use crate::common::{open_access_log, run_server_with_reload, CommonArgs, OnReload, ServerReload};
-use crate::hardening::{self, HardeningArgs, Needs, SandboxArg};
+use crate::hardening::{self, FileHardening, HardeningArgs, Needs, SandboxArg};
 
 #[derive(Args)]
 pub struct GateArgs {
@@ -34,19 +34,24 @@ pub fn open(
     mode: Mode,
     workers: usize,
     hardening_args: &HardeningArgs,
+    file: Option<&FileHardening>,
     needs: &mut Needs,
 ) -> Result<Gate, String> {
     let gate = Gate::open(path, mode, workers)?;
     let loaded = gate.config();
     let config = &loaded.config;
     let programs = config.exec_programs();
-    if !programs.is_empty() && hardening_args.sandbox != Some(SandboxArg::Off) {
-        return Err(format!(
-            "gate config {}: exec checkers ({}) cannot run inside the sandbox, which forbids \
-             starting programs; start with --sandbox off, or use a file: checker",
-            path.display(),
-            programs[0].display()
-        ));
+    let sandbox = hardening_args.sandbox.or(file.and_then(|f| f.sandbox));
+    if !programs.is_empty() && sandbox != Some(SandboxArg::Off) {
+        let user = hardening_args
+            .user
+            .as_deref()
+            .or(file.and_then(|f| f.user.as_deref()));
+        let group = hardening_args
+            .group
+            .as_deref()
+            .or(file.and_then(|f| f.group.as_deref()));
+        start_exec_helpers(&gate, programs, user, group)?;
     }
     needs.read_file(path);
     for file in config.files_read() {
@@ -62,6 +67,38 @@ pub fn open(
         .push(tern_sandbox::Give::File(config.keyring.clone()));
     drop(loaded);
     Ok(gate)
+}
+
+/// The sandbox forbids starting programs, so `exec:` checkers run in helper processes
+/// started now, before it (one per check thread), as the account tern will drop to. They
+/// are re-runs of this binary (`tern gate-exec-helper PROGRAM...`) with an empty
+/// environment, and run only the programs named here.
+fn start_exec_helpers(
+    gate: &Gate,
+    programs: Vec<PathBuf>,
+    user: Option<&str>,
+    group: Option<&str>,
+) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find tern's own binary: {e}"))?;
+    let account = user
+        .map(|u| tern_sandbox::Account::lookup(u, group))
+        .transpose()?;
+    let helpers = tern_gate::checkers::ExecHelpers::start(programs, gate.pool_threads(), || {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg("gate-exec-helper")
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir("/");
+        if let Some(a) = &account {
+            // std drops supplementary groups too when it changes the user as root.
+            cmd.uid(a.uid).gid(a.gid);
+        }
+        cmd
+    })
+    .map_err(|e| format!("cannot start the gate's exec helpers: {e}"))?;
+    gate.use_exec_helpers(helpers);
+    Ok(())
 }
 
 /// Logs a gate reload's outcome (for a server's SIGHUP).
@@ -98,6 +135,7 @@ pub fn gate(args: GateArgs) -> Result<(), String> {
         Mode::AuthRequest,
         workers,
         &args.common.hardening,
+        None,
         &mut needs,
     )?;
     crate::service::adopt_inherited_sockets(&mut config)?;

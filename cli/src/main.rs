@@ -60,6 +60,9 @@ enum Command {
     /// The auth gateway against AI scrapers (form login, proof-of-work guest passes, bot
     /// policy) as an nginx `auth_request` backend.
     Gate(gate::GateArgs),
+    /// Runs the gate's `exec:` checkers for a sandboxed server (started by tern itself).
+    #[command(hide = true)]
+    GateExecHelper { programs: Vec<std::path::PathBuf> },
 }
 
 fn main() -> ExitCode {
@@ -85,6 +88,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::demo(args),
         Command::Run(args) => run::run(args),
         Command::Gate(args) => gate::gate(args),
+        Command::GateExecHelper { programs } => tern_gate::checkers::exec_helper_main(&programs)
+            .map_err(|e| format!("gate exec helper: {e}")),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

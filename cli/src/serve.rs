@@ -125,6 +125,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
                 tern_gate::Mode::Guard,
                 settings.server_config().runtime.workers,
                 &args.common.hardening,
+                Some(&file_hardening),
                 &mut needs,
             )
         })

@@ -966,3 +966,50 @@ fn tern_run_puts_the_gate_in_front_of_the_routes_that_ask_for_it() {
         "{err}"
     );
 }
+
+#[test]
+fn exec_checkers_run_in_helpers_outside_the_sandbox() {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = Setup::new(
+        "[[rule]]\nname = \"ops\"\naction = \"login\"\nrealm = \"ops\"\npath_prefix = \"/private/\"\n",
+        "[[realm]]\nname = \"ops\"\ncheckers = [\"exec:check-password\"]\nexec_timeout_ms = 2000\n",
+    );
+    let script = setup.path("check-password");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nread pw\n[ \"$1\" = bob ] && [ \"$pw\" = 'sw0rd fish' ]\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The suite runs with --sandbox on: seccomp forbids the workers to start programs, so a
+    // login that works proves the helper ran it (and the sandbox refused nothing: the test
+    // fails on any refusal when `tern` is dropped).
+    let tern = setup.serve(&[]);
+    let page = tern.get_with("/private/secret.txt", &[("User-Agent", FIREFOX)]);
+    assert_eq!(page.status, 401);
+    let csrf = field(&page.text(), "csrf").unwrap();
+    let login = |password: &str| {
+        post_form(
+            &tern,
+            "/.tern-gate/login",
+            &[
+                ("realm", "ops"),
+                ("user", "bob"),
+                ("password", password),
+                ("return", "/private/secret.txt"),
+                ("csrf", &csrf),
+            ],
+            &[],
+        )
+    };
+    assert_eq!(login("wrong").status, 401);
+    let r = login("sw0rd fish");
+    assert_eq!(r.status, 303, "{}", r.text());
+    let cookie = cookie_of(&r);
+    assert!(cookie.starts_with("tern_gate.ops="));
+    assert_eq!(
+        tern.get_with("/private/secret.txt", &[("Cookie", &cookie)])
+            .status,
+        200
+    );
+}

@@ -5,9 +5,10 @@
 //! real entry of the same file and the answer thrown away), so response times do not tell
 //! which names exist. Hash comparisons are the crates' own constant-time ones.
 
-use std::io::{BufRead, Write};
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::config::{CheckerSpec, RealmConfig};
@@ -22,13 +23,22 @@ pub enum Verdict {
     Unavailable(String),
 }
 
-/// Tries the realm's password checkers in order; the first that accepts wins.
-pub fn check(realm: &RealmConfig, user: &str, password: &[u8]) -> Verdict {
+/// Tries the realm's password checkers in order; the first that accepts wins. `helpers`
+/// runs the `exec:` ones when the server is sandboxed (see [`ExecHelpers`]).
+pub fn check(
+    realm: &RealmConfig,
+    user: &str,
+    password: &[u8],
+    helpers: Option<&ExecHelpers>,
+) -> Verdict {
     let mut trouble = None;
     for checker in &realm.checkers {
         let outcome = match checker {
             CheckerSpec::File(path) => check_file(path, user, password),
-            CheckerSpec::Exec(program) => check_exec(program, user, password, realm.exec_timeout),
+            CheckerSpec::Exec(program) => match helpers {
+                Some(h) => h.check(program, user, password, realm.exec_timeout),
+                None => check_exec(program, user, password, realm.exec_timeout),
+            },
             CheckerSpec::GuestPow => continue,
         };
         match outcome {
@@ -124,6 +134,163 @@ fn verify_hash(hash: &str, password: &[u8]) -> bool {
     bcrypt::verify(password, hash).unwrap_or(false)
 }
 
+/// `exec:` checkers for a sandboxed server, whose seccomp filter forbids starting programs:
+/// small helper processes (`tern gate-exec-helper`), started before the sandbox as the
+/// account tern runs as, run them instead. A helper runs only the programs it was given at
+/// start, by index, so a compromised worker cannot make it run anything else. One helper per
+/// pool thread; a request and its answer are length-prefixed on the helper's stdin/stdout.
+pub struct ExecHelpers {
+    programs: Vec<PathBuf>,
+    idle: Mutex<Vec<Helper>>,
+}
+
+struct Helper {
+    child: Child,
+    to: ChildStdin,
+    from: ChildStdout,
+}
+
+impl ExecHelpers {
+    /// Starts `count` helpers with `command` (the program and its arguments, account
+    /// settings included), each told `programs`.
+    pub fn start(
+        programs: Vec<PathBuf>,
+        count: usize,
+        mut command: impl FnMut() -> Command,
+    ) -> std::io::Result<ExecHelpers> {
+        let mut idle = Vec::with_capacity(count);
+        for _ in 0..count.max(1) {
+            let mut cmd = command();
+            for p in &programs {
+                cmd.arg(p);
+            }
+            let mut child = cmd
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()?;
+            let to = child.stdin.take().expect("piped stdin");
+            let from = child.stdout.take().expect("piped stdout");
+            idle.push(Helper { child, to, from });
+        }
+        Ok(ExecHelpers {
+            programs,
+            idle: Mutex::new(idle),
+        })
+    }
+
+    fn check(&self, program: &Path, user: &str, password: &[u8], timeout: Duration) -> Verdict {
+        let Some(index) = self.programs.iter().position(|p| p == program) else {
+            return Verdict::Unavailable(format!(
+                "{} was not given to the exec helpers at start-up (restart tern to add it)",
+                program.display()
+            ));
+        };
+        let helper = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let Some(mut helper) = helper else {
+            return Verdict::Unavailable("no exec helper is free".into());
+        };
+        let answer = ask(&mut helper, index, user, password, timeout);
+        if answer.is_ok() {
+            self.idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(helper);
+        } else {
+            // Out of step or gone: never reuse it.
+            let _ = helper.child.kill();
+            let _ = helper.child.wait();
+        }
+        answer.unwrap_or_else(|e| Verdict::Unavailable(format!("exec helper: {e}")))
+    }
+}
+
+fn ask(
+    helper: &mut Helper,
+    index: usize,
+    user: &str,
+    password: &[u8],
+    timeout: Duration,
+) -> std::io::Result<Verdict> {
+    let mut request = Vec::with_capacity(16 + user.len() + password.len());
+    request.extend_from_slice(&(index as u32).to_be_bytes());
+    request.extend_from_slice(&(timeout.as_millis() as u32).to_be_bytes());
+    request.extend_from_slice(&(user.len() as u32).to_be_bytes());
+    request.extend_from_slice(user.as_bytes());
+    request.extend_from_slice(&(password.len() as u32).to_be_bytes());
+    request.extend_from_slice(password);
+    helper.to.write_all(&request)?;
+    helper.to.flush()?;
+    let mut head = [0u8; 5];
+    helper.from.read_exact(&mut head)?;
+    let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+    if len > 4096 {
+        return Err(std::io::Error::other("answer too long"));
+    }
+    let mut message = vec![0u8; len];
+    helper.from.read_exact(&mut message)?;
+    Ok(match head[0] {
+        0 => Verdict::Accepted,
+        1 => Verdict::Refused,
+        _ => Verdict::Unavailable(String::from_utf8_lossy(&message).into_owned()),
+    })
+}
+
+/// The helper's side (`tern gate-exec-helper PROGRAM...`): answers requests on stdin until
+/// it closes (the server is gone).
+pub fn exec_helper_main(programs: &[PathBuf]) -> std::io::Result<()> {
+    let mut input = std::io::stdin().lock();
+    let mut output = std::io::stdout().lock();
+    loop {
+        let mut head = [0u8; 12];
+        match input.read_exact(&mut head) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let index = u32::from_be_bytes(head[0..4].try_into().unwrap()) as usize;
+        let timeout = Duration::from_millis(u64::from(u32::from_be_bytes(
+            head[4..8].try_into().unwrap(),
+        )));
+        let user_len = u32::from_be_bytes(head[8..12].try_into().unwrap()) as usize;
+        if user_len > 64 {
+            return Err(std::io::Error::other("user name too long"));
+        }
+        let mut user = vec![0u8; user_len];
+        input.read_exact(&mut user)?;
+        let mut len = [0u8; 4];
+        input.read_exact(&mut len)?;
+        let password_len = u32::from_be_bytes(len) as usize;
+        if password_len > 4096 {
+            return Err(std::io::Error::other("password too long"));
+        }
+        let mut password = vec![0u8; password_len];
+        input.read_exact(&mut password)?;
+        let user = String::from_utf8_lossy(&user);
+        let verdict = match programs.get(index) {
+            Some(program) if valid_user(&user) => check_exec(
+                program,
+                &user,
+                &password,
+                timeout.min(Duration::from_secs(60)),
+            ),
+            Some(_) => Verdict::Refused,
+            None => Verdict::Unavailable(format!("no program {index}")),
+        };
+        let (code, message) = match verdict {
+            Verdict::Accepted => (0u8, String::new()),
+            Verdict::Refused => (1, String::new()),
+            Verdict::Unavailable(why) => (2, why),
+        };
+        let message = &message.as_bytes()[..message.len().min(4096)];
+        let mut answer = vec![code];
+        answer.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        answer.extend_from_slice(message);
+        output.write_all(&answer)?;
+        output.flush()?;
+    }
+}
+
 /// Runs `program USER` with the password on stdin; exit status 0 accepts. The program gets
 /// an empty environment, and is killed when it outlives `timeout`.
 fn check_exec(program: &Path, user: &str, password: &[u8], timeout: Duration) -> Verdict {
@@ -214,15 +381,18 @@ mod tests {
         )
         .unwrap();
         let r = realm(vec![CheckerSpec::File(path)]);
-        assert_eq!(check(&r, "alice", b"hunter2"), Verdict::Accepted);
-        assert_eq!(check(&r, "alice", b"hunter3"), Verdict::Refused);
-        assert_eq!(check(&r, "bob", b"correct horse"), Verdict::Accepted);
-        assert_eq!(check(&r, "bob", b"hunter2"), Verdict::Refused);
-        assert_eq!(check(&r, "mallory", b"hunter2"), Verdict::Refused);
-        assert!(matches!(check(&r, "carol", b"x"), Verdict::Unavailable(_)));
+        assert_eq!(check(&r, "alice", b"hunter2", None), Verdict::Accepted);
+        assert_eq!(check(&r, "alice", b"hunter3", None), Verdict::Refused);
+        assert_eq!(check(&r, "bob", b"correct horse", None), Verdict::Accepted);
+        assert_eq!(check(&r, "bob", b"hunter2", None), Verdict::Refused);
+        assert_eq!(check(&r, "mallory", b"hunter2", None), Verdict::Refused);
+        assert!(matches!(
+            check(&r, "carol", b"x", None),
+            Verdict::Unavailable(_)
+        ));
         let missing = realm(vec![CheckerSpec::File(dir.path().join("nope"))]);
         assert!(matches!(
-            check(&missing, "alice", b"x"),
+            check(&missing, "alice", b"x", None),
             Verdict::Unavailable(_)
         ));
     }
@@ -238,15 +408,18 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         let r = realm(vec![CheckerSpec::Exec(script)]);
-        assert_eq!(check(&r, "alice", b"s3cret"), Verdict::Accepted);
-        assert_eq!(check(&r, "alice", b"wrong"), Verdict::Refused);
-        assert_eq!(check(&r, "bob", b"s3cret"), Verdict::Refused);
+        assert_eq!(check(&r, "alice", b"s3cret", None), Verdict::Accepted);
+        assert_eq!(check(&r, "alice", b"wrong", None), Verdict::Refused);
+        assert_eq!(check(&r, "bob", b"s3cret", None), Verdict::Refused);
         let slow = dir.path().join("slow");
         std::fs::write(&slow, "#!/bin/sh\nexec sleep 30\n").unwrap();
         std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
         let r = realm(vec![CheckerSpec::Exec(slow)]);
         let started = Instant::now();
-        assert!(matches!(check(&r, "alice", b"x"), Verdict::Unavailable(_)));
+        assert!(matches!(
+            check(&r, "alice", b"x", None),
+            Verdict::Unavailable(_)
+        ));
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "killed, not waited for"
@@ -270,9 +443,9 @@ mod tests {
             CheckerSpec::File(path),
             CheckerSpec::Exec(script),
         ]);
-        assert_eq!(check(&r, "alice", b"one"), Verdict::Accepted);
-        assert_eq!(check(&r, "alice", b"two"), Verdict::Accepted);
-        assert_eq!(check(&r, "alice", b"three"), Verdict::Refused);
+        assert_eq!(check(&r, "alice", b"one", None), Verdict::Accepted);
+        assert_eq!(check(&r, "alice", b"two", None), Verdict::Accepted);
+        assert_eq!(check(&r, "alice", b"three", None), Verdict::Refused);
     }
 
     #[test]

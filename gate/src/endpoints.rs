@@ -550,7 +550,8 @@ impl LoginJob {
                 }),
             )
         };
-        match checkers::check(realm, &self.user, self.password.as_bytes()) {
+        let helpers = self.gate.inner.exec_helpers.get();
+        match checkers::check(realm, &self.user, self.password.as_bytes(), helpers) {
             checkers::Verdict::Accepted => {
                 failures.clear(&self.net, &realm.name, &self.user);
                 let session = token::Session {

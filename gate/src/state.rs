@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     pub challenge_buckets: Buckets,
     pub failures: Failures,
     pub stats: Stats,
+    /// Set when `exec:` checkers run through helpers (a sandboxed server).
+    pub exec_helpers: std::sync::OnceLock<crate::checkers::ExecHelpers>,
 }
 
 /// Unexpired challenges the replay set can hold (16 bytes of nonce plus an expiry each).
@@ -99,6 +101,7 @@ impl Gate {
             ),
             replay: ReplaySet::new(REPLAY_CAPACITY),
             stats: Stats::new(workers.max(1)),
+            exec_helpers: std::sync::OnceLock::new(),
             keyring: ArcSwap::from_pointee(keyring),
             loaded: ArcSwap::from_pointee(loaded),
         };
@@ -115,6 +118,17 @@ impl Gate {
         let loaded = load_policy(config, 1)?;
         let rules = loaded.policy.rule_names().len();
         Ok((loaded.config, rules))
+    }
+
+    /// Runs `exec:` checkers through helper processes (see `checkers::ExecHelpers`); for a
+    /// server whose sandbox forbids starting programs. Only the first call counts.
+    pub fn use_exec_helpers(&self, helpers: crate::checkers::ExecHelpers) {
+        let _ = self.inner.exec_helpers.set(helpers);
+    }
+
+    /// Threads of the check pool (one exec helper each).
+    pub fn pool_threads(&self) -> usize {
+        self.inner.pool.threads()
     }
 
     pub fn mode(&self) -> Mode {

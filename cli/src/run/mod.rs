@@ -61,6 +61,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
                 tern_gate::Mode::Guard,
                 workers,
                 &args.common.hardening,
+                Some(&loaded.hardening()),
                 &mut needs,
             )
         })
