@@ -132,20 +132,13 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         }
         None => None,
     };
-    let gate = args
-        .gate
-        .as_deref()
-        .map(|path| {
-            crate::gate::open(
-                path,
-                tern_gate::Mode::Guard,
-                config.runtime.workers,
-                &args.common.hardening,
-                None,
-                &mut needs,
-            )
-        })
-        .transpose()?;
+    let gate = crate::gate::open_guard(
+        args.gate.as_deref(),
+        config.runtime.workers,
+        &args.common.hardening,
+        None,
+        &mut needs,
+    )?;
     let lockdown = hardening::plan(&args.common.hardening, None, needs)?;
     let mut server = build(config, game)?;
     if args.common.hardening.probes() {

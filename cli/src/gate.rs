@@ -101,6 +101,18 @@ fn start_exec_helpers(
     Ok(())
 }
 
+/// The guard of `--gate FILE` (serve, demo) or `gate = FILE` (run), if one is given.
+pub fn open_guard(
+    path: Option<&std::path::Path>,
+    workers: usize,
+    hardening_args: &HardeningArgs,
+    file: Option<&FileHardening>,
+    needs: &mut Needs,
+) -> Result<Option<Gate>, String> {
+    path.map(|p| open(p, Mode::Guard, workers, hardening_args, file, needs))
+        .transpose()
+}
+
 /// Logs a gate reload's outcome (for a server's SIGHUP).
 pub fn reload(gate: &Gate) {
     match gate.reload() {

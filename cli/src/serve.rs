@@ -116,20 +116,13 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
         .as_deref()
         .map(|path| open_access_log(path, settings.access_log_format, &mut needs))
         .transpose()?;
-    let gate = args
-        .gate
-        .as_deref()
-        .map(|path| {
-            crate::gate::open(
-                path,
-                tern_gate::Mode::Guard,
-                settings.server_config().runtime.workers,
-                &args.common.hardening,
-                Some(&file_hardening),
-                &mut needs,
-            )
-        })
-        .transpose()?;
+    let gate = crate::gate::open_guard(
+        args.gate.as_deref(),
+        settings.server_config().runtime.workers,
+        &args.common.hardening,
+        Some(&file_hardening),
+        &mut needs,
+    )?;
     let lockdown = hardening::plan(&args.common.hardening, Some(&file_hardening), needs)?;
     let probes = args.common.hardening.probes();
     let mut current = settings.clone();

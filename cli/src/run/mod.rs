@@ -53,19 +53,13 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     crate::service::adopt_inherited_sockets(&mut server_config)?;
     let mut needs = needs(&args.config, &loaded, tls.as_ref());
     let workers = server_config.runtime.workers;
-    let gate = loaded
-        .gate()
-        .map(|path| {
-            crate::gate::open(
-                &path,
-                tern_gate::Mode::Guard,
-                workers,
-                &args.common.hardening,
-                Some(&loaded.hardening()),
-                &mut needs,
-            )
-        })
-        .transpose()?;
+    let gate = crate::gate::open_guard(
+        loaded.gate().as_deref(),
+        workers,
+        &args.common.hardening,
+        Some(&loaded.hardening()),
+        &mut needs,
+    )?;
     let lockdown = hardening::plan(&args.common.hardening, Some(&loaded.hardening()), needs)?;
     let mut server = Server::new(server_config, Router::new());
     let app: Option<Arc<dyn Handler>> = match &loaded.app {

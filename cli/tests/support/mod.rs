@@ -284,10 +284,16 @@ impl Tern {
 
     /// The value of `name` on /statusz (`tern demo` has that page).
     pub fn statusz(&self, name: &str) -> u64 {
-        let text = self.get("/statusz").text();
+        self.counter_at("/statusz", name)
+    }
+
+    /// Counter `name` of the `name: value` page at `page` (a /statusz of some component).
+    #[allow(dead_code)] // not every test binary reads a component's page
+    pub fn counter_at(&self, page: &str, name: &str) -> u64 {
+        let text = self.get(page).text();
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .unwrap_or_else(|| panic!("no {name} in /statusz:\n{text}"))
+            .unwrap_or_else(|| panic!("no {name} in {page}:\n{text}"))
             .trim()
             .parse()
             .unwrap()
