@@ -22,13 +22,14 @@ pub enum CsrfError {
 }
 
 pub fn issue(keyring: &Keyring, prefix: Prefix, now: u64) -> String {
+    let signer = keyring.signer();
     let mut raw = [0u8; BODY + TAG_LEN];
     raw[0] = VERSION;
-    raw[1..5].copy_from_slice(&keyring.current_kid().to_be_bytes());
+    raw[1..5].copy_from_slice(&signer.kid().to_be_bytes());
     raw[5..13].copy_from_slice(&(now + LIFETIME_SECS).to_be_bytes());
     raw[13] = prefix.family;
     raw[14..30].copy_from_slice(&prefix.bytes);
-    let (_, tag) = keyring.sign(Purpose::Csrf, &raw[..BODY]);
+    let tag = signer.sign(Purpose::Csrf, &raw[..BODY]);
     raw[BODY..].copy_from_slice(&tag);
     URL_SAFE_NO_PAD.encode(raw)
 }

@@ -1,6 +1,7 @@
 //! The signing keys: a 0600 file of keys, the newest current, older ones still verifying.
 //!
-//! One line per key: `<key id> <created, unix seconds> <64 hex digits>`; `#` starts a comment.
+//! One line per key: `<key id> <active from, unix seconds> <64 hex digits>`; `#` starts a
+//! comment. A rotated-in key is written `ACTIVATION_DELAY` before it becomes active.
 //! Keys are rotated on a schedule and kept long enough that every token signed with an old key
 //! expires before the key is dropped, so rotation never logs anyone out. Several nodes may
 //! share the file: rotation happens under `flock`, re-reading the file first, so it happens
@@ -19,6 +20,10 @@ use aws_lc_rs::hmac;
 
 /// Bytes of a MAC (HMAC-SHA256 truncated to 128 bits).
 pub const TAG_LEN: usize = 16;
+
+/// A new key is written this long before it starts signing, so every node sharing the file
+/// (each re-reads it at least every 30 s) knows it before any token signed with it arrives.
+pub const ACTIVATION_DELAY: u64 = 120;
 
 /// What a MAC is for; its byte goes first into every MAC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +87,7 @@ struct Key {
 
 /// The keys in force; cheap to share behind an `Arc`, swapped whole when the file changes.
 pub struct Keyring {
-    /// Newest first: `keys[0]` signs.
+    /// Newest first; the newest already active signs.
     keys: Vec<Key>,
     rotate_every: u64,
 }
@@ -145,7 +150,7 @@ impl Keyring {
                 let next = keys.iter().map(|k| k.0).max().unwrap_or(0) + 1;
                 let keep_until = rotate_every + rotation.keep_for.as_secs();
                 keys.retain(|k| k.1 + keep_until > now);
-                keys.push((next, now, random_secret()?));
+                keys.push((next, now + ACTIVATION_DELAY, random_secret()?));
                 write_keys(path, &mut file, &render(&keys))?;
             }
             // Closing the file drops the lock.
@@ -155,8 +160,25 @@ impl Keyring {
         Ok(ring)
     }
 
+    /// The key that signs at `now`: the newest whose activation time has come (the oldest
+    /// if none has, which only a clock set back can cause).
+    fn signing_key(&self, now: u64) -> &Key {
+        self.keys
+            .iter()
+            .find(|k| k.created <= now)
+            .unwrap_or(&self.keys[self.keys.len() - 1])
+    }
+
     pub fn current_kid(&self) -> u32 {
-        self.keys[0].id
+        self.signing_key(crate::state::unix_now()).id
+    }
+
+    /// The signing key as of now, fixed: its id goes into a token before the token is signed
+    /// with it.
+    pub fn signer(&self) -> Signer<'_> {
+        Signer {
+            key: self.signing_key(crate::state::unix_now()),
+        }
     }
 
     /// Unix seconds when the current key is due to be replaced.
@@ -166,7 +188,12 @@ impl Keyring {
 
     /// MACs `data` for `purpose` with the current key.
     pub fn sign(&self, purpose: Purpose, data: &[u8]) -> (u32, [u8; TAG_LEN]) {
-        let key = &self.keys[0];
+        self.sign_at(purpose, data, crate::state::unix_now())
+    }
+
+    /// [`sign`](Self::sign) as at `now`.
+    pub fn sign_at(&self, purpose: Purpose, data: &[u8], now: u64) -> (u32, [u8; TAG_LEN]) {
+        let key = self.signing_key(now);
         (key.id, mac(&key.hmac, purpose, data))
     }
 
@@ -191,6 +218,21 @@ impl Keyring {
     /// The key ids in force, newest first.
     pub fn kids(&self) -> Vec<u32> {
         self.keys.iter().map(|k| k.id).collect()
+    }
+}
+
+/// One key chosen to sign (see [`Keyring::signer`]).
+pub struct Signer<'k> {
+    key: &'k Key,
+}
+
+impl Signer<'_> {
+    pub fn kid(&self) -> u32 {
+        self.key.id
+    }
+
+    pub fn sign(&self, purpose: Purpose, data: &[u8]) -> [u8; TAG_LEN] {
+        mac(&self.key.hmac, purpose, data)
     }
 }
 
@@ -391,15 +433,21 @@ mod tests {
                 .kids(),
             vec![k1]
         );
-        // Due: a new current key; the old one still verifies.
-        let second = Keyring::load_or_create(&path, &rotation(), t + 7 * DAY).unwrap();
+        // Due: a new key, published now and signing only after ACTIVATION_DELAY, so nodes
+        // sharing the file learn it first; the old one still verifies.
+        let now = t + 7 * DAY;
+        let second = Keyring::load_or_create(&path, &rotation(), now).unwrap();
         assert_eq!(second.kids().len(), 2);
-        let k2 = second.current_kid();
+        let k2 = second.kids()[0];
         assert!(k2 > k1, "ids only grow");
+        assert_eq!(second.sign_at(Purpose::Session, b"x", now).0, k1);
+        let (signer, new_tag) = second.sign_at(Purpose::Session, b"x", now + ACTIVATION_DELAY);
+        assert_eq!(signer, k2);
+        assert_eq!(second.verify(Purpose::Session, k2, b"x", &new_tag), Ok(()));
         assert_eq!(second.verify(Purpose::Session, k1, b"x", &tag), Ok(()));
-        assert_ne!(second.sign(Purpose::Session, b"x").0, k1);
         // Two more rotations later the first key is gone (7 + 2 days after it was replaced).
-        let third = Keyring::load_or_create(&path, &rotation(), t + 14 * DAY).unwrap();
+        let third =
+            Keyring::load_or_create(&path, &rotation(), t + 14 * DAY + ACTIVATION_DELAY).unwrap();
         assert_eq!(third.kids().len(), 2);
         assert_eq!(
             third.verify(Purpose::Session, k1, b"x", &tag),

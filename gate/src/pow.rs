@@ -75,9 +75,10 @@ pub fn ua_hash(user_agent: &[u8]) -> u64 {
 
 /// A fresh challenge (a new random nonce each time), signed with the current key.
 pub fn issue(keyring: &Keyring, spec: &ChallengeSpec) -> String {
+    let signer = keyring.signer();
     let mut raw = [0u8; RAW];
     raw[0] = VERSION;
-    raw[1..5].copy_from_slice(&keyring.current_kid().to_be_bytes());
+    raw[1..5].copy_from_slice(&signer.kid().to_be_bytes());
     raw[5..13].copy_from_slice(&spec.expires.to_be_bytes());
     raw[13..21].copy_from_slice(&spec.not_before.to_be_bytes());
     raw[21] = spec.prefix.family;
@@ -89,7 +90,7 @@ pub fn issue(keyring: &Keyring, spec: &ChallengeSpec) -> String {
     // A nonce the generator could not fill would make challenges repeat; then the replay set
     // refuses the second, which is safe.
     let _ = aws_lc_rs::rand::fill(&mut raw[50..66]);
-    let (_, tag) = keyring.sign(Purpose::Challenge, &raw[..BODY]);
+    let tag = signer.sign(Purpose::Challenge, &raw[..BODY]);
     raw[BODY..].copy_from_slice(&tag);
     URL_SAFE_NO_PAD.encode(raw)
 }

@@ -47,9 +47,10 @@ pub fn issue(keyring: &Keyring, s: &Session<'_>) -> Result<String, TokenError> {
     if !valid_name(s.realm) || !valid_name(s.user) {
         return Err(TokenError::TooLong);
     }
+    let signer = keyring.signer();
     let mut out = Vec::with_capacity(MAX_TOKEN);
     out.push(VERSION);
-    out.extend_from_slice(&keyring.current_kid().to_be_bytes());
+    out.extend_from_slice(&signer.kid().to_be_bytes());
     out.extend_from_slice(&s.issued.to_be_bytes());
     out.extend_from_slice(&s.expires.to_be_bytes());
     out.extend_from_slice(&s.realm_version.to_be_bytes());
@@ -59,7 +60,7 @@ pub fn issue(keyring: &Keyring, s: &Session<'_>) -> Result<String, TokenError> {
     out.extend_from_slice(s.realm.as_bytes());
     out.push(s.user.len() as u8);
     out.extend_from_slice(s.user.as_bytes());
-    let (_, tag) = keyring.sign(Purpose::Session, &out);
+    let tag = signer.sign(Purpose::Session, &out);
     out.extend_from_slice(&tag);
     Ok(URL_SAFE_NO_PAD.encode(out))
 }
