@@ -74,6 +74,10 @@ pub struct Needs {
     pub write_files: Vec<PathBuf>,
     /// Made by tern, so given to `--user`: the data folder and its files, key files.
     pub give: Vec<Give>,
+    /// The reverse proxy's upstreams: TCP ports it connects to, and whether any is a Unix
+    /// socket.
+    pub connect_tcp: Vec<u16>,
+    pub connect_unix: bool,
 }
 
 impl Needs {
@@ -147,6 +151,8 @@ pub fn plan(
             read: needs.read,
             write: needs.write,
             write_files: needs.write_files,
+            connect_tcp: needs.connect_tcp,
+            connect_unix: needs.connect_unix,
         },
         account,
         give_to_account: needs.give,

@@ -10,6 +10,7 @@ mod date;
 mod error;
 mod request;
 mod response;
+mod upstream;
 
 pub use body::{BodyDecoder, BodyKind, ChunkedDecoder, Decoded};
 pub use date::{format_date_line, DATE_LINE_LEN};
@@ -19,3 +20,6 @@ pub use request::{
     RequestHead, Version, MAX_HEADERS_DEFAULT,
 };
 pub use response::{reason_phrase, ConnectionHeader, ResponseHead, CONTINUE_100};
+pub use upstream::{
+    connection_lists, parse_upstream_head, ResponseBody, UpstreamError, UpstreamHead,
+};

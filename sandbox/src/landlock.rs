@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible,
+    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort,
     RestrictionStatus, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
@@ -76,6 +76,10 @@ pub fn restrict(paths: &Paths) -> Result<String, Error> {
             AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate,
         ))
         .map_err(failed)?
+        .add_rules(paths.connect_tcp.iter().map(|&port| {
+            Ok::<_, landlock::RulesetError>(NetPort::new(port, AccessNet::ConnectTcp))
+        }))
+        .map_err(failed)?
         .restrict_self()
         .map_err(failed)?;
     let enforced = match status.ruleset {
@@ -119,6 +123,8 @@ mod tests {
             read: vec![site.clone()],
             write: vec![data.clone()],
             write_files: vec![],
+            connect_tcp: vec![],
+            connect_unix: false,
         };
         // SAFETY: fork in a test; the child makes system calls and leaves with _exit.
         let pid = unsafe { libc::fork() };

@@ -66,6 +66,17 @@ pub struct Paths {
     pub write: Vec<PathBuf>,
     /// Single files it rewrites in place, and nothing else in their folders: ticket keys.
     pub write_files: Vec<PathBuf>,
+    /// Outbound connections (the reverse proxy's upstreams): TCP to these ports only, and
+    /// Unix stream sockets. Empty and false: no socket can be made at all.
+    pub connect_tcp: Vec<u16>,
+    pub connect_unix: bool,
+}
+
+impl Paths {
+    /// Whether any outbound connection is allowed.
+    pub fn connects(&self) -> bool {
+        !self.connect_tcp.is_empty() || self.connect_unix
+    }
 }
 
 /// Everything [`lockdown`] does, decided before it runs.
@@ -148,7 +159,7 @@ pub fn lockdown(plan: &Plan) -> Result<Applied, String> {
     let seccomp = if kernel_lacks("seccomp") {
         Err(seccomp::unsupported(PRETENDED.into()))
     } else {
-        seccomp::install()
+        seccomp::install(plan.paths.connects())
     };
     match seccomp {
         Ok(()) => applied.seccomp = true,

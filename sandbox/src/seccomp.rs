@@ -307,7 +307,9 @@ fn one_of(arg: u8, values: &[u64]) -> Vec<SeccompRule> {
 }
 
 /// The filter's rules: every allowed call, the argument-checked ones with their conditions.
-fn rules() -> BTreeMap<i64, Vec<SeccompRule>> {
+/// `connects`: the reverse proxy may open stream sockets to its upstreams (Landlock limits
+/// TCP to their ports).
+fn rules(connects: bool) -> BTreeMap<i64, Vec<SeccompRule>> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
         .iter()
         .chain(ALLOWED_LEGACY)
@@ -406,6 +408,24 @@ fn rules() -> BTreeMap<i64, Vec<SeccompRule>> {
 
     // socketpair: a Unix pair (the signal thread's wake-up), never a network socket.
     rules.insert(libc::SYS_socketpair, one_of(0, &[libc::AF_UNIX as u64]));
+    if connects {
+        // socket: stream sockets of the three families an upstream can be reached by (the
+        // type's flag bits, non-blocking and close-on-exec, are masked off), and connect.
+        let stream = libc::SOCK_STREAM as u64;
+        let type_mask = !((libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64) & 0xffff_ffff;
+        let socket_rules = [libc::AF_INET, libc::AF_INET6, libc::AF_UNIX]
+            .iter()
+            .map(|&family| {
+                SeccompRule::new(vec![
+                    cond(0, Len::Dword, Op::Eq, family as u64),
+                    cond(1, Len::Dword, Op::MaskedEq(type_mask), stream),
+                ])
+                .expect("a condition")
+            })
+            .collect();
+        rules.insert(libc::SYS_socket, socket_rules);
+        rules.insert(libc::SYS_connect, Vec::new());
+    }
     // prlimit64: read a limit, never raise one.
     rules.insert(
         libc::SYS_prlimit64,
@@ -445,9 +465,9 @@ pub fn clone3_program() -> Result<BpfProgram, Error> {
 }
 
 /// Compiles the filter (separately from installing it, so that tests can check it).
-pub fn program() -> Result<BpfProgram, Error> {
+pub fn program(connects: bool) -> Result<BpfProgram, Error> {
     let filter = SeccompFilter::new(
-        rules(),
+        rules(connects),
         SeccompAction::Trap,
         SeccompAction::Allow,
         target_arch()?,
@@ -581,7 +601,7 @@ fn install_handler() -> Result<(), Error> {
 }
 
 /// Installs the SIGSYS handler and the filter, on every thread of the process.
-pub fn install() -> Result<(), Error> {
+pub fn install(connects: bool) -> Result<(), Error> {
     if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
         return Err(unsupported(format!(
             "EPERM mode is not written for {}",
@@ -592,7 +612,7 @@ pub fn install() -> Result<(), Error> {
     if unsafe { libc::prctl(libc::PR_GET_SECCOMP) } < 0 {
         return Err(unsupported("not supported by this kernel".into()));
     }
-    let program = program()?;
+    let program = program(connects)?;
     let clone3 = clone3_program()?;
     install_handler()?;
     let apply = |p: &BpfProgram| {
@@ -656,13 +676,15 @@ mod tests {
 
     #[test]
     fn the_filter_compiles_and_allows_what_a_server_needs() {
-        let program = program().unwrap();
+        let program = program(false).unwrap();
         assert!(
             program.len() > ALLOWED.len(),
             "{} instructions",
             program.len()
         );
-        let rules = rules();
+        assert!(program(true).unwrap().len() > program.len());
+        assert!(rules(true).contains_key(&libc::SYS_connect));
+        let rules = rules(false);
         for (name, nr) in ALLOWED.iter().chain(ALLOWED_LEGACY) {
             assert!(rules.contains_key(nr), "{name}");
         }

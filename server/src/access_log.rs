@@ -287,6 +287,19 @@ impl WorkerLog {
 
     /// Appends the line of an answer: `status`, with `bytes` of body queued for the client.
     pub fn record(&mut self, e: &LogEntry<'_>, status: u16, bytes: u64, clock: &Clock) {
+        self.record_upstream(e, status, bytes, None, clock)
+    }
+
+    /// [`Self::record`] for a proxied answer: `upstream_us` is how long the upstream server
+    /// took, from the request sent to the response's end.
+    pub fn record_upstream(
+        &mut self,
+        e: &LogEntry<'_>,
+        status: u16,
+        bytes: u64,
+        upstream_us: Option<u64>,
+        clock: &Clock,
+    ) {
         if self.buf.len() >= BUF_MAX && !self.hand_over() {
             self.shared
                 .stats
@@ -308,6 +321,7 @@ impl WorkerLog {
             status,
             bytes,
             duration_us,
+            upstream_us,
         };
         match self.shared.format {
             AccessLogFormat::Combined => line.push_combined(&mut self.buf),
@@ -453,6 +467,7 @@ struct Line<'a> {
     status: u16,
     bytes: u64,
     duration_us: u64,
+    upstream_us: Option<u64>,
 }
 
 impl Line<'_> {
@@ -492,8 +507,12 @@ impl Line<'_> {
         }
         out.push(b' ');
         out.extend_from_slice(itoa::Buffer::new().format(self.duration_us).as_bytes());
-        // The upstream time (the reverse proxy will fill it).
-        out.extend_from_slice(b" -\n");
+        out.push(b' ');
+        match self.upstream_us {
+            Some(us) => out.extend_from_slice(itoa::Buffer::new().format(us).as_bytes()),
+            None => out.push(b'-'),
+        }
+        out.push(b'\n');
     }
 
     fn push_json(&self, out: &mut Vec<u8>) {
@@ -527,7 +546,12 @@ impl Line<'_> {
         push_json_opt(out, r.and_then(|r| r.user_agent));
         out.extend_from_slice(b",\"host\":");
         push_json_opt(out, r.and_then(|r| r.host));
-        out.extend_from_slice(b",\"upstream_us\":null}\n");
+        out.extend_from_slice(b",\"upstream_us\":");
+        match self.upstream_us {
+            Some(us) => out.extend_from_slice(itoa::Buffer::new().format(us).as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b"}\n");
     }
 }
 
@@ -805,6 +829,7 @@ mod tests {
             status: 200,
             bytes: 1234,
             duration_us: 56,
+            upstream_us: None,
         };
         let mut out = Vec::new();
         match format {

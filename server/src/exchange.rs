@@ -21,6 +21,17 @@ pub(crate) enum Outcome {
     Deferred,
     /// Close the connection without an answer.
     Drop,
+    /// Relay the exchange to an upstream server.
+    Forward(Box<crate::upstream::Forward>),
+}
+
+/// Whether the handler of this request takes its body as a stream (it is dispatched on the
+/// head, and the body follows through a relay) rather than whole.
+pub(crate) fn streams_body(head: &RequestHead<'_>, cx: &ConnCx<'_>) -> bool {
+    match cx.shared.router.find(head.method, head.path) {
+        RouteMatch::Handler(h) => h.streams_body(head),
+        _ => false,
+    }
 }
 
 /// Where the request came from, for the handler and for pending replies.
@@ -63,6 +74,7 @@ pub(crate) fn run(
     match catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx))) {
         Ok(Reply::Now(response)) => Outcome::Respond(response),
         Ok(Reply::Later) if hcx.deferred => Outcome::Deferred,
+        Ok(Reply::Forward(fwd)) => Outcome::Forward(fwd),
         Ok(Reply::Drop) => {
             cx.stats.bump(Counter::ConnectionsDropped);
             crate::bans::record(cx, from.peer.ip(), crate::bans::BanCause::Dropped);

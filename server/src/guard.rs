@@ -40,4 +40,9 @@ impl<H: Handler> Handler for Guarded<H> {
             Verdict::Answer(reply) => reply,
         }
     }
+
+    /// A guarded proxy route still streams: the guard runs on the head, before any body.
+    fn streams_body(&self, head: &tern_codec::RequestHead<'_>) -> bool {
+        self.inner.streams_body(head)
+    }
 }

@@ -47,6 +47,9 @@ pub enum Reply {
     /// pipelined requests still go out). For clients far over a rate limit: an answer would
     /// cost us more than it is worth to them.
     Drop,
+    /// Relay the request to an upstream server (the reverse proxy): the connection sends
+    /// the head given here, streams the body, and relays the answer.
+    Forward(Box<crate::upstream::Forward>),
 }
 
 impl From<Response> for Reply {
@@ -196,12 +199,24 @@ impl Drop for Pending {
 /// I/O; anything slow goes to a background thread through `cx.defer()`.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply;
+
+    /// True if this handler takes a request body as a stream: it is then called as soon as
+    /// the head is in (with an empty `body`) and must answer `Reply::Forward`, which relays
+    /// the body; any other answer closes the connection after it, the body unread. Handlers
+    /// that want the whole body (the default) get it in `Request::body`, up to `max_body`.
+    fn streams_body(&self, _head: &RequestHead<'_>) -> bool {
+        false
+    }
 }
 
 /// A shared handler is a handler (a route table's entries wrapped again, e.g. in a guard).
 impl Handler for std::sync::Arc<dyn Handler> {
     fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
         (**self).handle(req, cx)
+    }
+
+    fn streams_body(&self, head: &RequestHead<'_>) -> bool {
+        (**self).streams_body(head)
     }
 }
 

@@ -18,6 +18,7 @@ pub mod static_files;
 mod stats;
 #[doc(hidden)]
 pub mod testing;
+pub mod upstream;
 mod worker;
 
 use std::io;
@@ -37,6 +38,7 @@ pub use tern_codec::{
 };
 pub use tern_runtime::{RuntimeConfig, SignalAction};
 pub use tern_tls::{CertFiles, TlsAcceptor, TlsOptions};
+pub use upstream::{Forward, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
 
 /// What a listener serves (by its index in `RuntimeConfig::listen`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

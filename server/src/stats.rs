@@ -61,10 +61,22 @@ pub enum Counter {
     /// Access-log lines lost: the writer fell behind (the queue was full), or the write
     /// failed (a full disk).
     AccessLogLinesDropped,
+    /// Reverse proxy: new connections to upstream servers.
+    UpstreamConnects,
+    /// Requests sent on a pooled upstream connection.
+    UpstreamReuses,
+    /// Upstream connections that could not be made (refused, unreachable, timed out).
+    UpstreamConnectFailures,
+    /// Upstream exchanges that failed: no answer, a malformed or cut-short answer, 502/504.
+    UpstreamFailures,
+    /// Upstream connect, first-byte or idle timeouts.
+    UpstreamTimeouts,
+    /// Idempotent requests sent again after a pooled connection turned out dead.
+    UpstreamRetries,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 33] = [
+    pub const ALL: [Counter; 39] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -98,6 +110,12 @@ impl Counter {
         Counter::BanNftFailures,
         Counter::AccessLogLines,
         Counter::AccessLogLinesDropped,
+        Counter::UpstreamConnects,
+        Counter::UpstreamReuses,
+        Counter::UpstreamConnectFailures,
+        Counter::UpstreamFailures,
+        Counter::UpstreamTimeouts,
+        Counter::UpstreamRetries,
     ];
 
     pub fn name(self) -> &'static str {
@@ -135,6 +153,12 @@ impl Counter {
             Counter::BanNftFailures => "ban_nft_failures",
             Counter::AccessLogLines => "access_log_lines",
             Counter::AccessLogLinesDropped => "access_log_lines_dropped",
+            Counter::UpstreamConnects => "upstream_connects",
+            Counter::UpstreamReuses => "upstream_reuses",
+            Counter::UpstreamConnectFailures => "upstream_connect_failures",
+            Counter::UpstreamFailures => "upstream_failures",
+            Counter::UpstreamTimeouts => "upstream_timeouts",
+            Counter::UpstreamRetries => "upstream_retries",
         }
     }
 
@@ -179,6 +203,12 @@ impl Counter {
             Counter::AccessLogLinesDropped => {
                 "access-log lines dropped (writer behind, or the write failed)"
             }
+            Counter::UpstreamConnects => "new connections to upstream servers",
+            Counter::UpstreamReuses => "requests sent on a pooled upstream connection",
+            Counter::UpstreamConnectFailures => "upstream connections that could not be made",
+            Counter::UpstreamFailures => "upstream exchanges that failed (502, 504, cut short)",
+            Counter::UpstreamTimeouts => "upstream connect, first-byte or idle timeouts",
+            Counter::UpstreamRetries => "idempotent requests resent after a dead pooled connection",
         }
     }
 }

@@ -13,6 +13,8 @@ use crate::driver::{self, Socket};
 use crate::handler::WorkerMessage;
 use crate::router::Router;
 use crate::stats::{Counter, Stats};
+use crate::upstream::driver::{self as relay_driver, UpstreamCx};
+use crate::upstream::pool::{UpstreamConns, UPSTREAM_TOKEN};
 use crate::{ListenerKind, ServerConfig};
 
 /// A connection in the worker's slab: the socket (driver side), the sans-IO connection, and
@@ -23,6 +25,8 @@ pub(crate) struct Entry {
     /// Current deadline and the deadline of the live timer-wheel entry (see TimerWheel).
     pub deadline_ms: u64,
     pub armed_ms: u64,
+    /// The upstream connection (key in the worker's `UpstreamConns`) while it relays.
+    pub upstream: Option<u64>,
 }
 
 /// What every worker shares, read-only (but for reloads).
@@ -66,7 +70,8 @@ impl Slab {
             }
         };
         let slot = &mut self.slots[index as usize];
-        slot.0 = slot.0.wrapping_add(1).max(1);
+        // Generations stay below 2^31: keys with the top bit set are upstream connections.
+        slot.0 = (slot.0.wrapping_add(1) & 0x7fff_ffff).max(1);
         let key = u64::from(slot.0) << 32 | u64::from(index);
         slot.1 = Some(Box::new(make(key)));
         self.len += 1;
@@ -121,6 +126,8 @@ pub(crate) struct HttpWorker {
     scratch: Vec<u8>,
     /// This worker's access-log buffer (with `--access-log`).
     access_log: Option<WorkerLog>,
+    /// Connections to upstream servers (reverse proxy): relaying, or idle in the pool.
+    upstreams: UpstreamConns,
 }
 
 impl HttpWorker {
@@ -142,6 +149,7 @@ impl HttpWorker {
                 .map(|log| WorkerLog::new(log.clone(), id)),
             shared,
             scratch: Vec::new(),
+            upstreams: UpstreamConns::default(),
         }
     }
 
@@ -162,7 +170,7 @@ impl HttpWorker {
         &mut self,
         cx: &mut Context<'_, WorkerMessage>,
         key: u64,
-        f: impl FnOnce(&mut Entry, &mut ConnCx<'_>) -> Status,
+        f: impl FnOnce(&mut Entry, &mut ConnCx<'_>, &mut UpstreamCx<'_>) -> Status,
     ) {
         let near_limit = self.conns.len >= self.near_limit_at;
         let Some(entry) = self.conns.get_mut(key) else {
@@ -182,8 +190,13 @@ impl HttpWorker {
             draining: cx.draining,
             near_limit,
         };
-        match f(entry, &mut ccx) {
+        let mut ucx = UpstreamCx {
+            conns: &mut self.upstreams,
+            registry: cx.registry,
+        };
+        match f(entry, &mut ccx, &mut ucx) {
             Status::Close => {
+                relay_driver::abandon(entry, &mut ucx, &ccx);
                 // close_notify on an established TLS session (and a 408 a timeout queued):
                 // one attempt, nobody waits for the peer.
                 entry.conn.prepare_close();
@@ -204,6 +217,33 @@ impl HttpWorker {
             entry.armed_ms = deadline;
             cx.timers.schedule(key, deadline);
         }
+    }
+}
+
+impl HttpWorker {
+    /// Readiness of an upstream connection: drive the client connection relaying through
+    /// it; an idle pooled one that became readable was closed by its server (or sent
+    /// something unasked) and is dropped.
+    fn on_upstream_ready(&mut self, cx: &mut Context<'_, WorkerMessage>, key: u64, event: &Event) {
+        let Some(up) = self.upstreams.get_mut(key) else {
+            return;
+        };
+        let readable = event.is_readable() || event.is_read_closed() || event.is_error();
+        up.note_event(
+            readable,
+            event.is_writable() || event.is_error(),
+            event.is_read_closed(),
+        );
+        if up.owner == 0 {
+            if readable {
+                self.upstreams.close(key);
+            }
+            return;
+        }
+        let owner = up.owner;
+        self.with_conn(cx, owner, |e, ccx, up| {
+            relay_driver::drive(e, up, false, false, ccx)
+        });
     }
 }
 
@@ -265,6 +305,7 @@ impl WorkerApp for HttpWorker {
             sock: Socket::new(stream),
             deadline_ms: u64::MAX,
             armed_ms: u64::MAX,
+            upstream: None,
         });
         stats.bump(Counter::ConnectionsAccepted);
         // The listeners defer accepts until data arrived (TCP_DEFER_ACCEPT), so the request or
@@ -272,8 +313,8 @@ impl WorkerApp for HttpWorker {
         // connection that is done by then (`Connection: close`) is closed without ever being
         // registered with epoll; the others are registered (edge-triggered, once), and with_conn
         // has armed their timer.
-        self.with_conn(cx, key, |e, ccx| {
-            driver::drive(&mut e.conn, &mut e.sock, true, false, ccx)
+        self.with_conn(cx, key, |e, ccx, up| {
+            relay_driver::drive(e, up, true, false, ccx)
         });
         let Some(entry) = self.conns.get_mut(key) else {
             return;
@@ -292,8 +333,11 @@ impl WorkerApp for HttpWorker {
         let key = event.token().0 as u64;
         let readable = event.is_readable() || event.is_read_closed() || event.is_error();
         let fin = event.is_read_closed();
-        self.with_conn(cx, key, |e, ccx| {
-            driver::drive(&mut e.conn, &mut e.sock, readable, fin, ccx)
+        if key & UPSTREAM_TOKEN != 0 {
+            return self.on_upstream_ready(cx, key, event);
+        }
+        self.with_conn(cx, key, |e, ccx, up| {
+            relay_driver::drive(e, up, readable, fin, ccx)
         });
     }
 
@@ -312,12 +356,16 @@ impl WorkerApp for HttpWorker {
             cx.timers.schedule(key, entry.deadline_ms);
             return;
         }
-        self.with_conn(cx, key, |e, ccx| {
+        self.with_conn(cx, key, |e, ccx, up| {
             if driver::still_reading(&e.conn, &e.sock, ccx) {
                 return Status::Open; // with_conn sets a fresh deadline and mark
             }
             if e.conn.trim_if_due(ccx) {
                 return Status::Open; // idle memory given back; with_conn sets the next deadline
+            }
+            if e.conn.relay_timed_out(ccx) {
+                // Another server is tried, or a 504 goes out: the connection goes on.
+                return relay_driver::drive(e, up, false, false, ccx);
             }
             e.conn.time_out(ccx);
             Status::Close
@@ -331,9 +379,9 @@ impl WorkerApp for HttpWorker {
                 seq,
                 response,
             } => {
-                self.with_conn(cx, conn, |e, ccx| {
+                self.with_conn(cx, conn, |e, ccx, up| {
                     if e.conn.complete(seq, response, ccx) {
-                        driver::drive(&mut e.conn, &mut e.sock, false, false, ccx)
+                        relay_driver::drive(e, up, false, false, ccx)
                     } else {
                         Status::Open
                     }
@@ -344,13 +392,13 @@ impl WorkerApp for HttpWorker {
 
     fn on_shutdown(&mut self, cx: &mut Context<'_, WorkerMessage>) {
         for key in self.conns.keys() {
-            self.with_conn(cx, key, |e, ccx| {
+            self.with_conn(cx, key, |e, ccx, up| {
                 if e.conn.begin_drain(e.sock.may_read(), ccx) {
                     Status::Close
                 } else {
                     // Reads what may be waiting (answering it with `Connection: close`), or
                     // closes the connection if nothing was; busy connections just go on.
-                    driver::drive(&mut e.conn, &mut e.sock, false, false, ccx)
+                    relay_driver::drive(e, up, false, false, ccx)
                 }
             });
         }
@@ -368,12 +416,13 @@ impl WorkerApp for HttpWorker {
         if let Some(log) = &mut self.access_log {
             log.tick(cx.clock.now_ms());
         }
+        self.upstreams.sweep(cx.clock.now_ms());
         if self.yielded.is_empty() {
             return;
         }
         for key in std::mem::take(&mut self.yielded) {
-            self.with_conn(cx, key, |e, ccx| {
-                driver::drive(&mut e.conn, &mut e.sock, true, false, ccx)
+            self.with_conn(cx, key, |e, ccx, up| {
+                relay_driver::drive(e, up, true, false, ccx)
             });
         }
     }

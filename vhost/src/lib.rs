@@ -25,7 +25,7 @@ mod route;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use tern_server::{Handler, HandlerContext, Reply, Request, Response};
+use tern_server::{Handler, HandlerContext, Reply, Request, RequestHead, Response};
 
 pub use host::{normalize_pattern, PatternError};
 pub use route::{Action, Fixed, HeaderEdits, Redirect};
@@ -145,6 +145,13 @@ impl SiteTable {
         route_for(site, path).map(|r| r.prefix.as_str())
     }
 
+    /// Whether the route this head takes streams request bodies (a proxy route).
+    fn streams_body(&self, head: &RequestHead<'_>) -> bool {
+        self.site_for(head.host)
+            .and_then(|site| route_for(site, head.path))
+            .is_some_and(|route| route.streams_body(head))
+    }
+
     fn answer(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
         let Some(site) = self.site_for(req.head.host) else {
             return Response::text(421, "misdirected request: no site here for this host\n").into();
@@ -183,6 +190,10 @@ impl Sites {
 impl Handler for Sites {
     fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
         self.0.load().answer(req, cx)
+    }
+
+    fn streams_body(&self, head: &RequestHead<'_>) -> bool {
+        self.0.load().streams_body(head)
     }
 }
 

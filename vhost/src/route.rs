@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tern_server::{Body, Handler, HandlerContext, Reply, Request, Response};
+use tern_server::upstream::ResponseEdit;
+use tern_server::{Body, Handler, HandlerContext, Reply, Request, RequestHead, Response};
 
 /// What answers the requests a route matches.
 pub enum Action {
@@ -44,7 +45,9 @@ pub(crate) struct BuiltRoute {
     /// Names to drop before `set_lines` are added (the removed ones and the set ones).
     drop: Vec<String>,
     /// `Name: value\r\n` lines, serialised once.
-    set_lines: Vec<u8>,
+    set_lines: Arc<Vec<u8>>,
+    /// The same edits for a proxied answer, whose head the relay builds later.
+    forward_edit: Option<ResponseEdit>,
 }
 
 enum BuiltAction {
@@ -101,12 +104,24 @@ impl BuiltRoute {
             drop.push(name.clone());
             set_lines.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
         }
+        let set_lines = Arc::new(set_lines);
+        let forward_edit: Option<ResponseEdit> = if drop.is_empty() && set_lines.is_empty() {
+            None
+        } else {
+            let (drop, lines) = (drop.clone(), set_lines.clone());
+            Some(Arc::new(move |r: &mut Response| edit(r, &drop, &lines)))
+        };
         BuiltRoute {
             prefix: stored_prefix(prefix).to_string(),
             action,
             drop,
             set_lines,
+            forward_edit,
         }
+    }
+
+    pub(crate) fn streams_body(&self, head: &RequestHead<'_>) -> bool {
+        matches!(&self.action, BuiltAction::Handler(h) if h.streams_body(head))
     }
 
     pub(crate) fn answer(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
@@ -127,15 +142,22 @@ impl BuiltRoute {
                 Reply::Now(r)
             }
         };
-        // A deferred answer (the game's claims) is completed elsewhere and is not edited.
-        if let Reply::Now(response) = &mut reply {
-            for name in &self.drop {
-                response.remove_header(name);
-            }
-            response.push_raw_headers(&self.set_lines);
+        // A deferred answer (the game's claims) is completed elsewhere and is not edited; a
+        // forwarded one is edited by the relay when its head arrives.
+        match &mut reply {
+            Reply::Now(response) => edit(response, &self.drop, &self.set_lines),
+            Reply::Forward(fwd) => fwd.edit = self.forward_edit.clone(),
+            _ => {}
         }
         reply
     }
+}
+
+fn edit(response: &mut Response, drop: &[String], set_lines: &[u8]) {
+    for name in drop {
+        response.remove_header(name);
+    }
+    response.push_raw_headers(set_lines);
 }
 
 fn redirect(status: u16, target: &str, keep_path: bool, req: &Request<'_>) -> Response {

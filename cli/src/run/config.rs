@@ -73,10 +73,28 @@ struct RouteFile {
     app: Option<Spanned<String>>,
     data: Option<Spanned<PathBuf>>,
     pages: Option<Spanned<PathBuf>>,
-    proxy: Option<Spanned<String>>,
+    /// One upstream or a list: `host:port`, `[v6]:port` or `unix:/path`.
+    proxy: Option<Spanned<Servers>>,
+    balance: Option<Spanned<String>>,
+    proxy_host: Option<Spanned<String>>,
+    max_fails: Option<Spanned<u32>>,
+    fail_timeout: Option<Spanned<u64>>,
+    connect_timeout: Option<Spanned<u64>>,
+    first_byte_timeout: Option<Spanned<u64>>,
+    upstream_idle_timeout: Option<Spanned<u64>>,
+    keepalive: Option<Spanned<usize>>,
+    trusted_proxies: Option<Spanned<String>>,
     add_headers: Option<Spanned<BTreeMap<String, String>>>,
     remove_headers: Option<Spanned<Vec<String>>>,
     gate: Option<Spanned<bool>>,
+}
+
+/// `proxy = "127.0.0.1:8080"` or `proxy = ["a:1", "unix:/run/app.sock"]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Servers {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// A checked file, paths resolved against its folder.
@@ -123,6 +141,14 @@ pub enum RouteKind {
     },
     /// The IPv4 Games (see [`RunConfig::app`]).
     App,
+    Proxy(ProxyPlan),
+}
+
+/// A proxy route's upstreams and how requests reach them.
+#[derive(Debug, Clone)]
+pub struct ProxyPlan {
+    pub group: tern_proxy::GroupOptions,
+    pub options: tern_proxy::ProxyOptions,
 }
 
 /// The one app instance: where its database and pages are.
@@ -280,8 +306,13 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                 }
             }
             if let Some(kind) = check_route(route, dir, &mut p, &mut app) {
-                if guarded && !matches!(kind, RouteKind::Static(_) | RouteKind::App) {
-                    p.at(path_at, "gate = true is for static and app routes");
+                if guarded
+                    && !matches!(
+                        kind,
+                        RouteKind::Static(_) | RouteKind::App | RouteKind::Proxy(_)
+                    )
+                {
+                    p.at(path_at, "gate = true is for static, app and proxy routes");
                 }
                 routes.push(RoutePlan {
                     prefix: prefix.clone(),
@@ -355,7 +386,7 @@ fn check_route(
         [] => {
             p.at(
                 path_at,
-                "a route needs one of `static`, `redirect`, `respond` or `app`",
+                "a route needs one of `static`, `redirect`, `respond`, `app` or `proxy`",
             );
             return None;
         }
@@ -368,15 +399,55 @@ fn check_route(
             return None;
         }
     };
-    if kind == "proxy" {
-        p.at(
-            kind_at,
-            "proxy routes are not supported yet (the reverse proxy comes in a later version)",
-        );
-        return None;
-    }
+    let _ = kind_at;
+    let span = |v: Option<usize>| v;
     // Keys that belong to one kind or two; any other kind must not have them.
-    let owned: [(&str, Option<usize>, &[&str]); 8] = [
+    let owned: [(&str, Option<usize>, &[&str]); 17] = [
+        (
+            "balance",
+            span(route.balance.as_ref().map(|v| v.span().start)),
+            &["proxy"],
+        ),
+        (
+            "proxy_host",
+            span(route.proxy_host.as_ref().map(|v| v.span().start)),
+            &["proxy"],
+        ),
+        (
+            "max_fails",
+            span(route.max_fails.as_ref().map(|v| v.span().start)),
+            &["proxy"],
+        ),
+        (
+            "fail_timeout",
+            span(route.fail_timeout.as_ref().map(|v| v.span().start)),
+            &["proxy"],
+        ),
+        (
+            "connect_timeout",
+            span(route.connect_timeout.as_ref().map(|v| v.span().start)),
+            &["proxy"],
+        ),
+        (
+            "first_byte_timeout",
+            span(route.first_byte_timeout.as_ref().map(|v| v.span().start)),
+            &["proxy"],
+        ),
+        (
+            "upstream_idle_timeout",
+            span(route.upstream_idle_timeout.as_ref().map(|v| v.span().start)),
+            &["proxy"],
+        ),
+        (
+            "keepalive",
+            span(route.keepalive.as_ref().map(|v| v.span().start)),
+            &["proxy"],
+        ),
+        (
+            "trusted_proxies",
+            span(route.trusted_proxies.as_ref().map(|v| v.span().start)),
+            &["proxy"],
+        ),
         (
             "serve_dotfiles",
             route.serve_dotfiles.as_ref().map(|v| v.span().start),
@@ -431,6 +502,7 @@ fn check_route(
         "static" => check_static(route, dir, p),
         "redirect" => check_redirect(route, p),
         "respond" => check_respond(route, p),
+        "proxy" => check_proxy(route, dir, p),
         _ => check_app(route, dir, p, app),
     };
     kind.filter(|_| ok)
@@ -626,6 +698,135 @@ fn check_app(
     ok.then_some(RouteKind::App)
 }
 
+fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<RouteKind> {
+    let servers = route.proxy.as_ref()?;
+    let at = servers.span().start;
+    let list: Vec<&String> = match servers.get_ref() {
+        Servers::One(s) => vec![s],
+        Servers::Many(v) => v.iter().collect(),
+    };
+    let mut ok = true;
+    if list.is_empty() {
+        p.at(at, "proxy needs at least one upstream server");
+        ok = false;
+    }
+    if list.len() > 64 {
+        p.at(at, "at most 64 upstream servers per route");
+        ok = false;
+    }
+    let mut group = tern_proxy::GroupOptions::default();
+    for s in &list {
+        match parse_upstream(s, dir) {
+            Ok(addr) => group.servers.push(addr),
+            Err(why) => {
+                p.at(at, format!("upstream {s:?}: {why}"));
+                ok = false;
+            }
+        }
+    }
+    if let Some(b) = &route.balance {
+        group.balance = match b.get_ref().as_str() {
+            "round_robin" => tern_proxy::Balance::RoundRobin,
+            "least_conn" => tern_proxy::Balance::LeastConn,
+            other => {
+                p.at(
+                    b.span().start,
+                    format!("balance {other:?}: use \"round_robin\" or \"least_conn\""),
+                );
+                ok = false;
+                tern_proxy::Balance::RoundRobin
+            }
+        };
+    }
+    if let Some(n) = &route.max_fails {
+        if *n.get_ref() == 0 {
+            p.at(n.span().start, "max_fails must be at least 1");
+            ok = false;
+        }
+        group.max_fails = *n.get_ref();
+    }
+    let secs = |v: &Option<Spanned<u64>>, key: &str, p: &mut Problems<'_>, ok: &mut bool| {
+        v.as_ref().map(|v| {
+            if *v.get_ref() == 0 {
+                p.at(
+                    v.span().start,
+                    format!("{key} must be at least 1 (seconds)"),
+                );
+                *ok = false;
+            }
+            std::time::Duration::from_secs(*v.get_ref())
+        })
+    };
+    if let Some(d) = secs(&route.fail_timeout, "fail_timeout", p, &mut ok) {
+        group.fail_timeout = d;
+    }
+    if let Some(d) = secs(&route.connect_timeout, "connect_timeout", p, &mut ok) {
+        group.timeouts.connect = d;
+    }
+    if let Some(d) = secs(&route.first_byte_timeout, "first_byte_timeout", p, &mut ok) {
+        group.timeouts.first_byte = d;
+    }
+    if let Some(d) = secs(
+        &route.upstream_idle_timeout,
+        "upstream_idle_timeout",
+        p,
+        &mut ok,
+    ) {
+        group.timeouts.idle = d;
+    }
+    if let Some(k) = &route.keepalive {
+        group.keepalive = *k.get_ref();
+    }
+    let mut options = tern_proxy::ProxyOptions::default();
+    if let Some(h) = &route.proxy_host {
+        let host = h.get_ref();
+        if host.is_empty() || host.bytes().any(|b| !b.is_ascii_graphic()) {
+            p.at(
+                h.span().start,
+                "proxy_host must be a host name (and port), without spaces",
+            );
+            ok = false;
+        }
+        options.host = Some(host.clone());
+    }
+    if let Some(t) = &route.trusted_proxies {
+        match tern_services::TrustedProxies::parse(t.get_ref()) {
+            Ok(list) => options.trusted = list,
+            Err(e) => {
+                p.at(t.span().start, format!("trusted_proxies: {e}"));
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(RouteKind::Proxy(ProxyPlan { group, options }))
+}
+
+/// `host:port` (a name is resolved now, once), `[v6]:port`, or `unix:/path` (relative paths
+/// from the config's folder).
+fn parse_upstream(s: &str, dir: &Path) -> Result<tern_server::UpstreamAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Some(path) = s.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err("a unix: upstream needs a socket path".into());
+        }
+        return Ok(tern_server::UpstreamAddr::Unix(dir.join(path)));
+    }
+    let s = s.strip_prefix("http://").unwrap_or(s).trim_end_matches('/');
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(tern_server::UpstreamAddr::Tcp(addr));
+    }
+    if !s.contains(':') {
+        return Err("give host:port, [v6]:port or unix:/path".into());
+    }
+    match s.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .map(tern_server::UpstreamAddr::Tcp)
+            .ok_or_else(|| "the name has no address".into()),
+        Err(e) => Err(format!("cannot resolve: {e}")),
+    }
+}
+
 /// `add_headers` and `remove_headers`, checked; problems are recorded, bad entries left out.
 fn check_headers(route: &RouteFile, p: &mut Problems<'_>) -> HeaderEdits {
     let mut edits = HeaderEdits::default();
@@ -698,7 +899,33 @@ impl RunConfig {
 
     /// HTTPS from `[tls]` (none without a certificate or `self_signed`).
     pub fn tls_plan(&self) -> Result<Option<TlsPlan>, String> {
-        TlsArgs::default().plan(self.file.tls.as_ref(), &self.dir, None)
+        let mut plan = TlsArgs::default().plan(self.file.tls.as_ref(), &self.dir, None)?;
+        if let Some(plan) = plan.as_mut().filter(|_| self.has_proxy_routes()) {
+            // The relay to upstreams runs over HTTP/1.1 connections only: with proxy routes,
+            // clients are offered HTTP/1.1 (see ARCHITECTURE.md, "Reverse proxy").
+            plan.options.alpn = vec![b"http/1.1".to_vec()];
+        }
+        Ok(plan)
+    }
+
+    pub fn has_proxy_routes(&self) -> bool {
+        self.sites
+            .iter()
+            .flat_map(|s| &s.routes)
+            .any(|r| matches!(r.kind, RouteKind::Proxy(_)))
+    }
+
+    /// Every upstream of every proxy route (for the sandbox).
+    pub fn upstreams(&self) -> Vec<tern_server::UpstreamAddr> {
+        self.sites
+            .iter()
+            .flat_map(|s| &s.routes)
+            .filter_map(|r| match &r.kind {
+                RouteKind::Proxy(plan) => Some(plan.group.servers.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
     }
 
     pub fn hardening(&self) -> FileHardening {

@@ -69,7 +69,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         }
         None => None,
     };
-    let table = build_table(&loaded, app.as_ref(), gate.as_ref())?;
+    let table = build_table(&loaded, app.as_ref(), gate.as_ref(), workers)?;
     let what = format!(
         "running {} from {}",
         describe_table(&table),
@@ -97,6 +97,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         sites,
         acceptor: acceptor.clone(),
         gate,
+        workers,
     };
     let on_reload: OnReload =
         Box::new(
@@ -196,6 +197,12 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
     if let Some(plan) = tls {
         needs.add_tls(&plan.options);
     }
+    for upstream in loaded.upstreams() {
+        match upstream {
+            tern_server::UpstreamAddr::Tcp(addr) => needs.connect_tcp.push(addr.port()),
+            tern_server::UpstreamAddr::Unix(_) => needs.connect_unix = true,
+        }
+    }
     needs
 }
 
@@ -205,6 +212,7 @@ fn build_table(
     loaded: &RunConfig,
     app: Option<&Arc<dyn Handler>>,
     gate: Option<&tern_gate::Gate>,
+    workers: usize,
 ) -> Result<SiteTable, String> {
     let mut sites = Vec::with_capacity(loaded.sites.len());
     for site in &loaded.sites {
@@ -250,6 +258,13 @@ fn build_table(
                 RouteKind::App => Action::Handler(app.cloned().ok_or(
                     "an app route was added, but the game starts only with tern: restart tern to add it",
                 )?),
+                RouteKind::Proxy(plan) => {
+                    let group = tern_proxy::UpstreamGroup::new(plan.group.clone(), workers);
+                    Action::Handler(Arc::new(tern_proxy::Proxy::new(
+                        Arc::new(group),
+                        plan.options.clone(),
+                    )))
+                }
             };
             let action = match (action, gate) {
                 (Action::Handler(h), Some(gate)) if route.guarded => Action::Handler(Arc::new(
@@ -346,6 +361,7 @@ struct Reloader {
     acceptor: Option<Arc<TlsAcceptor>>,
     /// The gateway opened at start-up (a new `gate` file needs a restart).
     gate: Option<tern_gate::Gate>,
+    workers: usize,
 }
 
 impl Reloader {
@@ -376,7 +392,7 @@ impl Reloader {
             crate::gate::reload(gate);
         }
         // Everything that can fail comes before anything is applied.
-        let table = build_table(&loaded, self.app.as_ref(), self.gate.as_ref())?;
+        let table = build_table(&loaded, self.app.as_ref(), self.gate.as_ref(), self.workers)?;
         let tls_note = match (&self.acceptor, &tls) {
             (Some(acceptor), Some(plan)) => {
                 acceptor.reload(&plan.options)?;

@@ -11,6 +11,10 @@ use tern_codec::{
 };
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
+mod relay;
+
+pub(crate) use relay::RelayNeed;
+
 use super::linger::{self, Linger};
 use super::output::Output;
 use super::{ConnCx, Link, Timeout};
@@ -34,6 +38,8 @@ enum State {
     Awaiting(Exchange, Option<Box<SavedEntry>>),
     /// We answered and half-closed; reading and discarding until the client closes.
     Lingering(Linger),
+    /// The exchange is relayed to an upstream server (`relay.rs`).
+    Relay(Box<relay::Relay>),
 }
 
 struct BodyState {
@@ -171,7 +177,16 @@ impl Http1 {
     pub fn wants_input(&self, out: &Output) -> bool {
         !self.closing
             && out.pending() < OUTPUT_HIGH_WATER
-            && matches!(self.state, State::Head | State::Body(_))
+            && match &self.state {
+                State::Head | State::Body(_) => true,
+                State::Relay(r) => Http1::relay_wants_input(r),
+                _ => false,
+            }
+    }
+
+    /// An exchange is being relayed to an upstream server.
+    pub fn in_relay(&self) -> bool {
+        matches!(self.state, State::Relay(_))
     }
 
     /// Answers every complete request in the buffer (pipelining), in order.
@@ -200,6 +215,13 @@ impl Http1 {
                         }
                     }
                 }
+                State::Relay(_) => {
+                    let used = self.relay_client_input(rbuf.data(), out, link, cx);
+                    rbuf.consume(used);
+                    if used == 0 {
+                        break;
+                    }
+                }
                 State::Awaiting(..) | State::Lingering(_) => break,
             }
         }
@@ -211,9 +233,19 @@ impl Http1 {
         if self.closing || self.abort {
             return Next::Close;
         }
-        match self.state {
+        match &self.state {
             State::Awaiting(..) => Next::Wait,
             State::Lingering(_) => Next::Read,
+            // A client that went away while its body or a tunnel was still flowing is gone
+            // for good; one that half-closed after its request still gets the answer.
+            State::Relay(r) if Http1::relay_wants_input(r) => {
+                if self.peer_eof {
+                    Next::Close
+                } else {
+                    Next::Read
+                }
+            }
+            State::Relay(_) => Next::Wait,
             _ if self.peer_eof => Next::Close, // whatever is buffered is an incomplete request
             _ => Next::Read,
         }
@@ -284,13 +316,23 @@ impl Http1 {
         let available = (data.len() - head_len) as u64;
         match head.body {
             BodyKind::None => {
-                self.dispatch(&head, &[], out, link, cx);
+                self.dispatch(&head, &[], None, out, link, cx);
                 head_len
             }
             BodyKind::Length(n) if available >= n => {
                 let end = head_len + n as usize;
-                self.dispatch(&head, &data[head_len..end], out, link, cx);
+                self.dispatch(&head, &data[head_len..end], None, out, link, cx);
                 end
+            }
+            kind if exchange::streams_body(&head, cx) => {
+                // A route that streams bodies (the reverse proxy): answer from the head, the
+                // body follows through the relay with bounded buffers, whatever its size.
+                if head.expect_continue {
+                    out.head_buf(|| cx.buffers.take_write());
+                    out.push_copy(CONTINUE_100);
+                }
+                self.dispatch(&head, &[], Some(kind), out, link, cx);
+                head_len
             }
             kind => {
                 let mut decoder = BodyDecoder::new(kind, limits.max_body);
@@ -303,7 +345,7 @@ impl Http1 {
                     }
                 };
                 if decoder.is_done() {
-                    self.dispatch(&head, &body, out, link, cx);
+                    self.dispatch(&head, &body, None, out, link, cx);
                 } else {
                     if head.expect_continue {
                         out.head_buf(|| cx.buffers.take_write());
@@ -329,7 +371,7 @@ impl Http1 {
         };
         let mut headers = [MaybeUninit::uninit(); MAX_HEADERS_DEFAULT];
         match parse_request(&saved.head, &mut headers, &cx.config.limits) {
-            Ok(Parsed::Complete(head)) => self.dispatch(&head, &saved.body, out, link, cx),
+            Ok(Parsed::Complete(head)) => self.dispatch(&head, &saved.body, None, out, link, cx),
             _ => unreachable!("a head that parsed once parses again"),
         }
     }
@@ -338,6 +380,7 @@ impl Http1 {
         &mut self,
         head: &RequestHead<'_>,
         body: &[u8],
+        streamed: Option<BodyKind>,
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
@@ -363,13 +406,23 @@ impl Http1 {
             conn: link.key,
             seq: exchange.seq,
         };
-        match exchange::run(head, body, from, cx) {
+        let mut exchange = exchange;
+        let outcome = exchange::run(head, body, from, cx);
+        if streamed.is_some() && !matches!(outcome, Outcome::Forward(_)) {
+            // Answered without reading the body that follows: the connection cannot go on.
+            exchange.keep_alive = false;
+        }
+        match outcome {
             Outcome::Respond(response) => {
                 self.respond(response, exchange, out, link, cx, entry.as_ref())
             }
             Outcome::Deferred => {
                 let saved = entry.as_ref().and_then(SavedEntry::save);
                 self.state = State::Awaiting(exchange, saved);
+            }
+            Outcome::Forward(fwd) => {
+                let saved = entry.as_ref().and_then(SavedEntry::save);
+                self.start_relay(fwd, exchange, body, streamed, saved, out, link, cx);
             }
             Outcome::Drop => self.abort(),
         }
@@ -485,8 +538,10 @@ impl Http1 {
             return true;
         }
         // Whatever is being answered now is the last answer on this connection.
-        if let State::Awaiting(ex, _) = &mut self.state {
-            ex.keep_alive = false;
+        match &mut self.state {
+            State::Awaiting(ex, _) => ex.keep_alive = false,
+            State::Relay(r) => r.ex.keep_alive = false,
+            _ => {}
         }
         false
     }
@@ -500,6 +555,11 @@ impl Http1 {
             State::Lingering(linger) => (linger.until_ms, Timeout::Linger),
             _ if out_waiting => (now + ms(cfg.write_timeout), Timeout::Write),
             State::Awaiting(..) => (u64::MAX, Timeout::Idle),
+            // The client's body is awaited: its own timeout; else the upstream's.
+            State::Relay(r) if Http1::relay_wants_input(r) && !self.relay_tunnel() => {
+                (now + ms(cfg.body_timeout), Timeout::Body)
+            }
+            State::Relay(r) => (Http1::relay_deadline(r), Timeout::Upstream),
             State::Body(_) => (now + ms(cfg.body_timeout), Timeout::Body),
             State::Head => match self.head_started_ms {
                 Some(t) => (t + ms(cfg.header_timeout), Timeout::Header),

@@ -329,6 +329,13 @@ impl Http2 {
                 let saved = entry.as_ref().and_then(SavedEntry::save);
                 self.awaiting.push((id, head_only, saved));
             }
+            Outcome::Forward(_) => {
+                // Relaying is done by the HTTP/1.1 protocol only; servers with proxy routes
+                // do not offer h2 (see `tern run`), so this is reached only by a client that
+                // forced HTTP/2 with prior knowledge.
+                let r = Response::text(505, "this route is served over HTTP/1.1 only\n");
+                self.respond(id, r, head_only, out, link, cx, entry.as_ref())
+            }
             Outcome::Drop => {
                 self.fail(
                     ErrorCode::EnhanceYourCalm,

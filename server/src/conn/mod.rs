@@ -31,6 +31,7 @@ use crate::response::Response;
 use crate::stats::{Counter, WorkerStats};
 use crate::worker::Shared;
 use crate::ServerConfig;
+pub(crate) use http1::RelayNeed;
 use http1::{CloseKind, Http1, Next};
 use output::Output;
 use protocol::{Preface, Protocol};
@@ -74,6 +75,8 @@ pub(crate) enum Timeout {
     Idle,
     Write,
     Linger,
+    /// The relay's timeout toward its upstream (connect, first byte, idle).
+    Upstream,
     /// Not a timeout: an idle connection gives back memory it kept for the next request
     /// (`Conn::trim_if_due`), and stays open.
     Trim,
@@ -312,6 +315,100 @@ impl Conn {
         }
     }
 
+    /// The slab key (mio token) of this connection.
+    pub fn key(&self) -> u64 {
+        self.link.key
+    }
+
+    /// An exchange is being relayed to an upstream server (see `http1/relay.rs`); the
+    /// `relay_*` methods below are the upstream side's counterparts of the socket methods.
+    pub fn in_relay(&self) -> bool {
+        matches!(&self.http, Protocol::Http1(h) if h.in_relay())
+    }
+
+    pub fn relay_need(&self) -> RelayNeed {
+        match &self.http {
+            Protocol::Http1(h) => h.relay_need(),
+            Protocol::Http2(_) => RelayNeed::Nothing,
+        }
+    }
+
+    pub fn relay_upstreams(&self) -> Option<std::sync::Arc<dyn crate::upstream::Upstreams>> {
+        match &self.http {
+            Protocol::Http1(h) => h.relay_upstreams().cloned(),
+            Protocol::Http2(_) => None,
+        }
+    }
+
+    pub fn relay_attached(&mut self, reused: bool, connected: bool, cx: &ConnCx<'_>) {
+        if let Protocol::Http1(h) = &mut self.http {
+            h.relay_attached(reused, connected, cx);
+        }
+    }
+
+    pub fn relay_connected(&mut self, cx: &ConnCx<'_>) {
+        if let Protocol::Http1(h) = &mut self.http {
+            h.relay_connected(cx);
+        }
+    }
+
+    pub fn relay_released(&mut self, cx: &mut ConnCx<'_>) {
+        if let Protocol::Http1(h) = &mut self.http {
+            h.relay_released(cx);
+        }
+    }
+
+    pub fn relay_send_buf(&self) -> &[u8] {
+        match &self.http {
+            Protocol::Http1(h) => h.relay_send_buf(),
+            Protocol::Http2(_) => &[],
+        }
+    }
+
+    pub fn relay_sent(&mut self, n: usize, cx: &ConnCx<'_>) {
+        if let Protocol::Http1(h) = &mut self.http {
+            h.relay_sent(n, cx);
+        }
+    }
+
+    pub fn relay_recv_buf(&mut self, cx: &mut ConnCx<'_>) -> &mut [u8] {
+        match &mut self.http {
+            Protocol::Http1(h) => h.relay_recv_buf(&self.out, cx),
+            Protocol::Http2(_) => &mut [],
+        }
+    }
+
+    pub fn relay_recv(&mut self, n: usize, cx: &mut ConnCx<'_>) {
+        if let Protocol::Http1(h) = &mut self.http {
+            h.relay_recv(n, &mut self.out, &self.link, cx);
+        }
+    }
+
+    /// The upstream closed (`error`: the connection failed).
+    pub fn relay_closed(&mut self, error: bool, cx: &mut ConnCx<'_>) {
+        if let Protocol::Http1(h) = &mut self.http {
+            h.relay_closed(error, &mut self.out, &self.link, cx);
+        }
+    }
+
+    pub fn relay_connect_failed(&mut self, cx: &mut ConnCx<'_>) {
+        if let Protocol::Http1(h) = &mut self.http {
+            h.relay_connect_failed(&mut self.out, &self.link, cx);
+        }
+    }
+
+    /// The deadline passed: if it was the relay's, it handles it (trying another server,
+    /// or answering 504) and the connection goes on (true).
+    pub fn relay_timed_out(&mut self, cx: &mut ConnCx<'_>) -> bool {
+        if self.next_deadline(cx).1 != Timeout::Upstream {
+            return false;
+        }
+        if let Protocol::Http1(h) = &mut self.http {
+            h.relay_timed_out(&mut self.out, &self.link, cx);
+        }
+        true
+    }
+
     /// A deferred reply arrived from the inbox. False if it was stale.
     pub fn complete(&mut self, seq: u32, response: Response, cx: &mut ConnCx<'_>) -> bool {
         self.http
@@ -359,7 +456,7 @@ impl Conn {
             Timeout::Body => (Counter::TimeoutBody, "request body stalled"),
             Timeout::Idle => (Counter::TimeoutIdle, ""),
             Timeout::Write => (Counter::TimeoutWrite, "client stopped reading our answer"),
-            Timeout::Linger | Timeout::Trim => return,
+            Timeout::Linger | Timeout::Trim | Timeout::Upstream => return,
         };
         cx.stats.bump(counter);
         if kind == Timeout::Header {

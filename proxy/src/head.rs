@@ -1,0 +1,286 @@
+//! The request head an upstream sees. Fields that concern only the hop from the client
+//! (RFC 9110 §7.6.1: Connection and the fields it names, Keep-Alive, TE, Trailer,
+//! Transfer-Encoding, Upgrade, Proxy-*) are dropped, and so are the framing fields (the relay
+//! writes its own) and Expect (tern answered `100 Continue` itself). The forwarding fields
+//! are extended when the peer is a trusted proxy and replaced otherwise, so a client can
+//! never put words in a proxy's mouth.
+
+use std::net::IpAddr;
+
+use tern_server::{trim_ows, Request};
+
+use crate::ProxyOptions;
+
+/// Fields never forwarded as they came.
+const DROPPED: &[&str] = &[
+    "host",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "expect",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "forwarded",
+];
+
+pub struct Built {
+    pub head: Vec<u8>,
+    /// A WebSocket upgrade was asked for (and is passed on).
+    pub upgrade: bool,
+}
+
+/// The head to send: request line, Host, the end-to-end fields, the forwarding fields and,
+/// for a WebSocket handshake, `Connection: upgrade` and `Upgrade`.
+pub fn build(req: &Request<'_>, options: &ProxyOptions) -> Built {
+    let head = req.head;
+    let mut out = Vec::with_capacity(head.head_len + 160);
+    out.extend_from_slice(head.method_str.as_bytes());
+    out.push(b' ');
+    // Origin form, even if the client sent an absolute URI.
+    out.extend_from_slice(head.path.as_bytes());
+    if let Some(q) = head.query {
+        out.push(b'?');
+        out.extend_from_slice(q.as_bytes());
+    }
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+
+    let client_host = head.host.unwrap_or(b"");
+    let host: &[u8] = match &options.host {
+        Some(h) => h.as_bytes(),
+        None => client_host,
+    };
+    if !host.is_empty() {
+        line(&mut out, "Host", &[host]);
+    }
+
+    let connection_named = |name: &str| {
+        head.headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+            .flat_map(|h| h.value.split(|&b| b == b','))
+            .any(|t| trim_ows(t).eq_ignore_ascii_case(name.as_bytes()))
+    };
+    for h in head.headers {
+        let name = h.name;
+        if DROPPED.iter().any(|d| name.eq_ignore_ascii_case(d))
+            || name.len() > 6 && name[..6].eq_ignore_ascii_case("proxy-")
+            || connection_named(name)
+        {
+            continue;
+        }
+        line(&mut out, name, &[h.value]);
+    }
+
+    let trusted = options.trusted.is_trusted(req.peer.ip());
+    let peer = req.peer.ip().to_canonical();
+    let mut ip_text = [0u8; 64];
+    let ip = ip_str(peer, &mut ip_text);
+    let existing = |name: &'static str| {
+        head.headers
+            .iter()
+            .filter(move |h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    let proto: &[u8] = if req.secure { b"https" } else { b"http" };
+
+    // X-Forwarded-For: the list so far (from a trusted proxy only), then this hop's client.
+    out.extend_from_slice(b"X-Forwarded-For: ");
+    if trusted {
+        for v in existing("x-forwarded-for") {
+            out.extend_from_slice(v);
+            out.extend_from_slice(b", ");
+        }
+    }
+    out.extend_from_slice(ip);
+    out.extend_from_slice(b"\r\n");
+    let kept = |name| trusted.then(|| existing(name).next()).flatten();
+    line(
+        &mut out,
+        "X-Forwarded-Proto",
+        &[kept("x-forwarded-proto").unwrap_or(proto)],
+    );
+    if !client_host.is_empty() || kept("x-forwarded-host").is_some() {
+        line(
+            &mut out,
+            "X-Forwarded-Host",
+            &[kept("x-forwarded-host").unwrap_or(client_host)],
+        );
+    }
+    // Forwarded (RFC 7239): addresses of IPv6 and hosts (which may carry a port) quoted.
+    out.extend_from_slice(b"Forwarded: ");
+    if trusted {
+        for v in existing("forwarded") {
+            out.extend_from_slice(v);
+            out.extend_from_slice(b", ");
+        }
+    }
+    out.extend_from_slice(b"for=");
+    if peer.is_ipv6() {
+        out.extend_from_slice(b"\"[");
+        out.extend_from_slice(ip);
+        out.extend_from_slice(b"]\"");
+    } else {
+        out.extend_from_slice(ip);
+    }
+    out.extend_from_slice(b";proto=");
+    out.extend_from_slice(proto);
+    if is_plain_host(client_host) {
+        out.extend_from_slice(b";host=\"");
+        out.extend_from_slice(client_host);
+        out.push(b'"');
+    }
+    out.extend_from_slice(b"\r\n");
+
+    let upgrade = wants_websocket(req);
+    if upgrade {
+        out.extend_from_slice(b"Connection: upgrade\r\nUpgrade: websocket\r\n");
+    }
+    Built { head: out, upgrade }
+}
+
+/// A WebSocket handshake (RFC 6455 §4.1): GET with `Connection: upgrade` and
+/// `Upgrade: websocket`. Other upgrades (h2c) are not passed on.
+fn wants_websocket(req: &Request<'_>) -> bool {
+    let head = req.head;
+    let upgrade_named = head
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+        .flat_map(|h| h.value.split(|&b| b == b','))
+        .any(|t| trim_ows(t).eq_ignore_ascii_case(b"upgrade"));
+    upgrade_named
+        && req.method() == tern_server::Method::Get
+        && req
+            .header("upgrade")
+            .is_some_and(|v| trim_ows(v).eq_ignore_ascii_case(b"websocket"))
+}
+
+fn line(out: &mut Vec<u8>, name: &str, parts: &[&[u8]]) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A Host value safe inside a quoted string (the codec has checked Host already; this
+/// keeps quotes and backslashes out regardless).
+fn is_plain_host(h: &[u8]) -> bool {
+    !h.is_empty()
+        && h.iter()
+            .all(|&b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+}
+
+fn ip_str(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
+    use std::io::Write;
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    let _ = write!(cursor, "{ip}");
+    let n = cursor.position() as usize;
+    &buf[..n]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::MaybeUninit;
+    use std::net::SocketAddr;
+    use tern_server::{parse_request, Limits, Parsed};
+
+    fn forwarded(raw: &str, peer: &str, trusted: &str, secure: bool) -> (String, bool) {
+        let mut headers = [MaybeUninit::uninit(); 64];
+        let Ok(Parsed::Complete(head)) =
+            parse_request(raw.as_bytes(), &mut headers, &Limits::default())
+        else {
+            panic!("test request must parse")
+        };
+        let req = Request {
+            head: &head,
+            body: &[],
+            peer: peer.parse::<SocketAddr>().unwrap(),
+            secure,
+            unix_secs: 0,
+            now_ms: 0,
+        };
+        let options = ProxyOptions {
+            host: None,
+            trusted: tern_services::TrustedProxies::parse(trusted).unwrap(),
+        };
+        let b = build(&req, &options);
+        (String::from_utf8(b.head).unwrap(), b.upgrade)
+    }
+
+    #[test]
+    fn hop_by_hop_fields_are_dropped_and_end_to_end_ones_kept() {
+        let (h, up) = forwarded(
+            "POST /a/b?x=1 HTTP/1.1\r\nHost: example.org\r\nConnection: keep-alive, X-Secret\r\n\
+             X-Secret: s\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nTrailer: X\r\n\
+             Proxy-Authorization: Basic x\r\nProxy-Connection: keep-alive\r\nUpgrade: h2c\r\n\
+             Expect: 100-continue\r\nContent-Length: 3\r\nAccept: */*\r\nCookie: a=1\r\n\r\nabc",
+            "192.0.2.7:5000",
+            "",
+            false,
+        );
+        assert_eq!(
+            h,
+            "POST /a/b?x=1 HTTP/1.1\r\nHost: example.org\r\nAccept: */*\r\nCookie: a=1\r\n\
+             X-Forwarded-For: 192.0.2.7\r\nX-Forwarded-Proto: http\r\n\
+             X-Forwarded-Host: example.org\r\n\
+             Forwarded: for=192.0.2.7;proto=http;host=\"example.org\"\r\n"
+        );
+        assert!(!up, "h2c is not passed on");
+    }
+
+    #[test]
+    fn forwarding_fields_are_replaced_for_clients_and_extended_for_trusted_proxies() {
+        let raw = "GET / HTTP/1.1\r\nHost: a.test\r\nX-Forwarded-For: 1.2.3.4\r\n\
+                   X-Forwarded-Proto: https\r\nForwarded: for=1.2.3.4\r\n\r\n";
+        let (h, _) = forwarded(raw, "198.51.100.9:1", "10.0.0.0/8", false);
+        assert!(h.contains("X-Forwarded-For: 198.51.100.9\r\n"), "{h}");
+        assert!(h.contains("X-Forwarded-Proto: http\r\n"), "{h}");
+        assert!(h.contains("Forwarded: for=198.51.100.9;proto=http"), "{h}");
+        assert!(!h.contains("1.2.3.4"), "a client's claims are dropped: {h}");
+
+        let (h, _) = forwarded(raw, "10.1.2.3:1", "10.0.0.0/8", false);
+        assert!(h.contains("X-Forwarded-For: 1.2.3.4, 10.1.2.3\r\n"), "{h}");
+        assert!(h.contains("X-Forwarded-Proto: https\r\n"), "{h}");
+        assert!(
+            h.contains("Forwarded: for=1.2.3.4, for=10.1.2.3;proto=http"),
+            "{h}"
+        );
+
+        let (h, _) = forwarded(
+            "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n",
+            "[2001:db8::1]:1",
+            "",
+            true,
+        );
+        assert!(h.contains("X-Forwarded-For: 2001:db8::1\r\n"), "{h}");
+        assert!(
+            h.contains("Forwarded: for=\"[2001:db8::1]\";proto=https"),
+            "{h}"
+        );
+    }
+
+    #[test]
+    fn websocket_handshakes_are_passed_on() {
+        let (h, up) = forwarded(
+            "GET /ws HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+            "127.0.0.1:1",
+            "",
+            false,
+        );
+        assert!(up);
+        assert!(
+            h.ends_with("Connection: upgrade\r\nUpgrade: websocket\r\n"),
+            "{h}"
+        );
+        assert!(h.contains("Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"));
+    }
+}

@@ -1,0 +1,69 @@
+//! tern-proxy: the reverse proxy, as an app on the server's public API.
+//!
+//! A [`Proxy`] is a handler: for each request it chooses nothing itself but writes the head
+//! the upstream will see ([`head`]: hop-by-hop fields removed, `X-Forwarded-*` and
+//! `Forwarded` set) and answers `Reply::Forward` with its [`UpstreamGroup`]
+//! ([`group`]: which server, round-robin or least connections, skipping those that failed
+//! recently). The server's worker then relays the exchange on its own upstream connections
+//! (`tern_server::upstream`): no other thread and no lock on the way.
+
+pub mod group;
+pub mod head;
+
+use std::sync::Arc;
+
+use tern_server::{Forward, Handler, HandlerContext, Method, Reply, Request, RequestHead};
+use tern_services::TrustedProxies;
+
+pub use group::{Balance, GroupOptions, UpstreamGroup};
+
+/// How a proxy route rewrites requests.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyOptions {
+    /// The Host the upstream sees; None: the client's own.
+    pub host: Option<String>,
+    /// Peers whose `X-Forwarded-*`/`Forwarded` fields are extended rather than replaced.
+    pub trusted: TrustedProxies,
+}
+
+/// A proxy route's handler.
+pub struct Proxy {
+    group: Arc<UpstreamGroup>,
+    options: ProxyOptions,
+}
+
+impl Proxy {
+    pub fn new(group: Arc<UpstreamGroup>, options: ProxyOptions) -> Proxy {
+        Proxy { group, options }
+    }
+
+    pub fn group(&self) -> &Arc<UpstreamGroup> {
+        &self.group
+    }
+}
+
+impl Handler for Proxy {
+    fn handle(&self, req: &Request<'_>, _cx: &mut HandlerContext<'_>) -> Reply {
+        let built = head::build(req, &self.options);
+        Reply::Forward(Box::new(Forward {
+            upstreams: self.group.clone(),
+            head: built.head,
+            idempotent: matches!(
+                req.method(),
+                Method::Get
+                    | Method::Head
+                    | Method::Put
+                    | Method::Delete
+                    | Method::Options
+                    | Method::Trace
+            ),
+            upgrade: built.upgrade,
+            edit: None,
+        }))
+    }
+
+    /// Bodies stream through to the upstream, whatever their size.
+    fn streams_body(&self, _head: &RequestHead<'_>) -> bool {
+        true
+    }
+}

@@ -1,0 +1,1048 @@
+//! One exchange relayed to an upstream server, as a state of the HTTP/1.1 protocol. Sans-IO
+//! like the rest of the connection: the driver (`upstream/driver.rs`) attaches an upstream
+//! connection, sends [`Relay::send_buf`], reads into [`Relay::recv_buf`], and reports what
+//! happened; the relay parses the upstream's answer (`tern_codec::parse_upstream_head`),
+//! rewrites its head, and streams its body into the client's output.
+//!
+//! Memory is bounded both ways: the request body is taken from the client only while less
+//! than `TO_UPSTREAM_MAX` waits for the upstream, and the upstream is read only while the
+//! client's output is under the high-water mark. Framing is re-encoded, never passed
+//! through: Content-Length stays a length, a chunked or close-delimited body goes to an
+//! HTTP/1.1 client chunked (to HTTP/1.0 until close), and trailers are dropped. An upstream
+//! that breaks its framing before the head was passed on gets a 502; after, the client
+//! connection is closed, so it can never be desynchronised.
+
+use std::mem::MaybeUninit;
+
+use tern_codec::{
+    parse_upstream_head, BodyDecoder, BodyKind, ConnectionHeader, ResponseBody, ResponseHead,
+    UpstreamError,
+};
+use tern_runtime::{ratelog, ReadBuf};
+
+use super::{Exchange, Http1, State, OUTPUT_HIGH_WATER};
+use crate::access_log::SavedEntry;
+use crate::conn::output::Output;
+use crate::conn::{ConnCx, Link};
+use crate::response::Response;
+use crate::stats::Counter;
+use crate::upstream::{Forward, UpstreamOutcome};
+
+/// Request bytes waiting for the upstream before the client is read no further.
+const TO_UPSTREAM_MAX: usize = 64 * 1024;
+/// The largest upstream response head (nginx's default proxy buffer is 4–8 KiB).
+const MAX_UPSTREAM_HEAD: usize = 32 * 1024;
+/// Upstream reads go into a buffer this large once a body is flowing.
+const BODY_READ_SIZE: usize = 64 * 1024;
+const MAX_UPSTREAM_HEADERS: usize = 100;
+
+/// Response fields tern never passes on: hop-by-hop ones (RFC 9110 §7.6.1), the framing it
+/// re-encodes, and those it writes itself.
+const DROPPED_RESPONSE_FIELDS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "date",
+    "server",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the driver to attach a connection (pooled or new).
+    Connect,
+    /// Attached, the connection being established.
+    Connecting,
+    /// Sending the request, awaiting and relaying the response.
+    Exchange,
+    /// After a 101: bytes both ways.
+    Tunnel,
+    /// Finished; the driver releases the upstream connection.
+    Done,
+}
+
+/// What the relay needs from the driver.
+pub(crate) enum RelayNeed {
+    /// Nothing now.
+    Nothing,
+    /// A connection to `server` (`fresh`: not from the pool).
+    Connect { server: usize, fresh: bool },
+    /// Its attached connection is still connecting: check whether it has.
+    Connecting,
+    /// Its attached connection: send `send_buf`, read into `recv_buf`.
+    Io,
+    /// Detach the connection, back into the pool when `keep`.
+    Release {
+        keep: bool,
+        outcome: UpstreamOutcome,
+    },
+}
+
+/// How the upstream's body is being read.
+enum UpBody {
+    /// Not yet known (head awaited).
+    Head,
+    Decoding(BodyDecoder),
+    UntilClose,
+}
+
+pub(crate) struct Relay {
+    pub(super) fwd: Box<Forward>,
+    pub(super) ex: Exchange,
+    log: Option<Box<SavedEntry>>,
+    phase: Phase,
+    server: Option<usize>,
+    /// Servers that failed this request (bit i: server i).
+    tried: u64,
+    /// The attached connection came from the pool.
+    reused: bool,
+    /// Send a fresh connection's worth: the pooled one died before answering.
+    retry: bool,
+    attached: bool,
+    /// Request bytes for the upstream; `up_sent` of them are out. While a retry is possible
+    /// the whole request stays here.
+    to_up: Vec<u8>,
+    up_sent: usize,
+    /// The client's body still streaming in, and whether it goes out chunked.
+    client_body: Option<(BodyDecoder, bool)>,
+    from_up: Option<ReadBuf>,
+    up_body: UpBody,
+    /// Anything came back from the upstream on this attempt.
+    got_bytes: bool,
+    /// The response head went to the client.
+    head_sent: bool,
+    /// The body goes to the client chunked.
+    chunked_out: bool,
+    /// The upstream allows its connection to be reused after this response.
+    upstream_keep: bool,
+    status: u16,
+    body_bytes: u64,
+    deadline_ms: u64,
+    /// Monotonic µs when the request started going out (for the access log).
+    sent_us: u64,
+    outcome: UpstreamOutcome,
+    /// The client connection cannot be reused after this exchange (its body was not read to
+    /// the end, or the response was cut short).
+    close_client: bool,
+}
+
+impl Http1 {
+    /// A handler asked for its request to be forwarded. `body`: the complete body, if it came
+    /// with the head; `streamed`: the decoder of a body still to come from the client.
+    pub(super) fn start_relay(
+        &mut self,
+        fwd: Box<Forward>,
+        ex: Exchange,
+        body: &[u8],
+        streamed: Option<BodyKind>,
+        log: Option<Box<SavedEntry>>,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let mut to_up = Vec::with_capacity(fwd.head.len() + 64 + body.len().min(16 * 1024));
+        to_up.extend_from_slice(&fwd.head);
+        let client_body = match streamed {
+            Some(BodyKind::Length(n)) => {
+                push_length(&mut to_up, n);
+                Some((BodyDecoder::new(BodyKind::Length(n), u64::MAX), false))
+            }
+            Some(BodyKind::Chunked) => {
+                to_up.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                let limit = cx.config.limits.max_body;
+                Some((BodyDecoder::new(BodyKind::Chunked, limit), true))
+            }
+            Some(BodyKind::None) | None => {
+                if !body.is_empty() || fwd.idempotent_needs_length() {
+                    push_length(&mut to_up, body.len() as u64);
+                } else {
+                    to_up.extend_from_slice(b"\r\n");
+                }
+                to_up.extend_from_slice(body);
+                None
+            }
+        };
+        let mut relay = Box::new(Relay {
+            fwd,
+            ex,
+            log,
+            phase: Phase::Connect,
+            server: None,
+            tried: 0,
+            reused: false,
+            retry: false,
+            attached: false,
+            to_up,
+            up_sent: 0,
+            client_body,
+            from_up: None,
+            up_body: UpBody::Head,
+            got_bytes: false,
+            head_sent: false,
+            chunked_out: false,
+            upstream_keep: false,
+            status: 0,
+            body_bytes: 0,
+            deadline_ms: u64::MAX,
+            sent_us: cx.clock.now_us(),
+            outcome: UpstreamOutcome::Ok,
+            close_client: false,
+        });
+        relay.pick(cx);
+        if relay.server.is_none() {
+            cx.stats.bump(Counter::UpstreamFailures);
+            relay.answer_own(503, "no upstream server is available\n", out, link, cx);
+        }
+        self.state = State::Relay(relay);
+    }
+
+    fn relay_mut(&mut self) -> Option<&mut Relay> {
+        match &mut self.state {
+            State::Relay(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn relay_need(&self) -> RelayNeed {
+        let State::Relay(r) = &self.state else {
+            return RelayNeed::Nothing;
+        };
+        match r.phase {
+            Phase::Done => RelayNeed::Release {
+                keep: r.attached && r.reusable(),
+                outcome: r.outcome,
+            },
+            Phase::Connect if r.attached => RelayNeed::Release {
+                keep: false,
+                outcome: r.outcome,
+            },
+            Phase::Connect => match r.server {
+                Some(server) => RelayNeed::Connect {
+                    server,
+                    fresh: r.retry,
+                },
+                None => RelayNeed::Nothing,
+            },
+            Phase::Connecting => RelayNeed::Connecting,
+            Phase::Exchange | Phase::Tunnel => RelayNeed::Io,
+        }
+    }
+
+    pub fn relay_upstreams(&self) -> Option<&std::sync::Arc<dyn crate::upstream::Upstreams>> {
+        match &self.state {
+            State::Relay(r) => Some(&r.fwd.upstreams),
+            _ => None,
+        }
+    }
+
+    /// The driver attached a connection; `connected`: it is usable now (pooled, or a Unix
+    /// socket that connected at once).
+    pub fn relay_attached(&mut self, reused: bool, connected: bool, cx: &ConnCx<'_>) {
+        let Some(r) = self.relay_mut() else { return };
+        r.attached = true;
+        r.outcome = UpstreamOutcome::Ok;
+        r.reused = reused;
+        r.got_bytes = false;
+        if connected {
+            r.connected(cx);
+        } else {
+            r.phase = Phase::Connecting;
+            r.deadline_ms =
+                cx.clock.now_ms() + r.fwd.upstreams.timeouts().connect.as_millis() as u64;
+        }
+    }
+
+    /// A new connection finished connecting.
+    pub fn relay_connected(&mut self, cx: &ConnCx<'_>) {
+        if let Some(r) = self.relay_mut() {
+            if r.phase == Phase::Connecting {
+                r.connected(cx);
+            }
+        }
+    }
+
+    /// The driver detached the connection it was told to release. Either a retry begins,
+    /// or the exchange is over and the next request may be read.
+    pub fn relay_released(&mut self, cx: &mut ConnCx<'_>) {
+        let Some(r) = self.relay_mut() else { return };
+        r.attached = false;
+        if r.phase == Phase::Connect {
+            return; // a retry or another server: the driver connects next
+        }
+        let close = r.close_client || !r.ex.keep_alive || r.phase == Phase::Tunnel;
+        if let Some(b) = r.from_up.take() {
+            cx.buffers.give_read(b);
+        }
+        self.state = State::Head;
+        if close {
+            self.closing = true;
+        }
+    }
+
+    /// Request bytes to send upstream (empty: none now).
+    pub fn relay_send_buf(&self) -> &[u8] {
+        match &self.state {
+            State::Relay(r) if matches!(r.phase, Phase::Exchange | Phase::Tunnel) => {
+                &r.to_up[r.up_sent..]
+            }
+            _ => &[],
+        }
+    }
+
+    pub fn relay_sent(&mut self, n: usize, cx: &ConnCx<'_>) {
+        let Some(r) = self.relay_mut() else { return };
+        r.up_sent += n;
+        let now = cx.clock.now_ms();
+        if r.up_sent == r.to_up.len() && !r.may_retry() {
+            r.to_up.clear();
+            r.up_sent = 0;
+        }
+        let t = r.fwd.upstreams.timeouts();
+        r.deadline_ms = if !r.request_sent() || r.phase == Phase::Tunnel || r.head_sent {
+            now + t.idle.as_millis() as u64
+        } else {
+            now + t.first_byte.as_millis() as u64
+        };
+    }
+
+    /// Where to read the upstream's bytes (empty: not now; the client must read first).
+    pub fn relay_recv_buf(&mut self, out: &Output, cx: &mut ConnCx<'_>) -> &mut [u8] {
+        let State::Relay(r) = &mut self.state else {
+            return &mut [];
+        };
+        if !matches!(r.phase, Phase::Exchange | Phase::Tunnel) || out.pending() >= OUTPUT_HIGH_WATER
+        {
+            return &mut [];
+        }
+        let buf = r.from_up.get_or_insert_with(|| cx.buffers.take_read());
+        buf.compact();
+        if r.head_sent && buf.capacity() < BODY_READ_SIZE {
+            // A body is flowing and did not fit the first read: read it in larger steps.
+            buf.grow_to(BODY_READ_SIZE);
+        } else if buf.spare_mut().is_empty() {
+            // A long head: up to the limit (past it the parser refuses it).
+            buf.grow_to(MAX_UPSTREAM_HEAD + 1);
+        }
+        buf.spare_mut()
+    }
+
+    /// `n` bytes of the upstream's were read into `relay_recv_buf`.
+    pub fn relay_recv(&mut self, n: usize, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        let Some(r) = self.relay_mut() else { return };
+        r.got_bytes = true;
+        if let Some(b) = r.from_up.as_mut() {
+            b.filled(n);
+        }
+        let now = cx.clock.now_ms();
+        r.deadline_ms = now + r.fwd.upstreams.timeouts().idle.as_millis() as u64;
+        self.relay_process(out, link, cx);
+    }
+
+    /// The upstream closed its side (`error`: or the connection failed).
+    pub fn relay_closed(
+        &mut self,
+        error: bool,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let Some(r) = self.relay_mut() else { return };
+        match (r.phase, &r.up_body) {
+            (Phase::Exchange, UpBody::UntilClose) if !error => {
+                r.finish_body(out);
+                r.complete(UpstreamOutcome::Ok, out, cx);
+            }
+            (Phase::Tunnel, _) => r.complete(UpstreamOutcome::Ok, out, cx),
+            (Phase::Exchange | Phase::Connecting, _) => {
+                if r.phase == Phase::Exchange && r.reused && !r.got_bytes && r.may_retry() {
+                    // The pooled connection was closed by the server before it saw this
+                    // request (its keep-alive ran out): send it once more on a new one.
+                    cx.stats.bump(Counter::UpstreamRetries);
+                    r.restart(true);
+                    return;
+                }
+                let cause = if r.got_bytes {
+                    "upstream closed the connection in the middle of its response"
+                } else {
+                    "upstream closed the connection without answering"
+                };
+                r.fail(502, cause, out, link, cx);
+            }
+            _ => {}
+        }
+    }
+
+    /// The connection could not be made (refused, unreachable, no descriptor).
+    pub fn relay_connect_failed(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        if let Some(r) = self.relay_mut() {
+            r.connect_failed(out, link, cx);
+        }
+    }
+
+    /// The relay's deadline passed.
+    pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        let Some(r) = self.relay_mut() else { return };
+        match r.phase {
+            Phase::Connecting => {
+                cx.stats.bump(Counter::UpstreamTimeouts);
+                r.connect_failed(out, link, cx)
+            }
+            Phase::Exchange | Phase::Tunnel => {
+                cx.stats.bump(Counter::UpstreamTimeouts);
+                if r.phase == Phase::Tunnel {
+                    r.complete(UpstreamOutcome::Ok, out, cx);
+                } else {
+                    r.fail(504, "upstream timed out", out, link, cx);
+                }
+            }
+            Phase::Connect | Phase::Done => {}
+        }
+    }
+
+    pub(super) fn relay_tunnel(&self) -> bool {
+        matches!(&self.state, State::Relay(r) if r.phase == Phase::Tunnel)
+    }
+
+    pub(super) fn relay_deadline(r: &Relay) -> u64 {
+        r.deadline_ms
+    }
+
+    /// Client input while relaying: the request body, or a tunnel's bytes.
+    pub(super) fn relay_client_input(
+        &mut self,
+        input: &[u8],
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) -> usize {
+        let Some(r) = self.relay_mut() else { return 0 };
+        if r.phase == Phase::Tunnel {
+            let take = input
+                .len()
+                .min(TO_UPSTREAM_MAX.saturating_sub(r.pending_up()));
+            r.to_up.extend_from_slice(&input[..take]);
+            return take;
+        }
+        let Some((decoder, chunked)) = r.client_body.as_mut() else {
+            return 0;
+        };
+        let chunked = *chunked;
+        let mut used = 0;
+        while used < input.len() && r.to_up.len() - r.up_sent < TO_UPSTREAM_MAX {
+            let room = TO_UPSTREAM_MAX - (r.to_up.len() - r.up_sent);
+            let end = input.len().min(used + room);
+            match decoder.decode(&input[used..end]) {
+                Err(e) => {
+                    // The client's own framing broke mid-body: nothing more can be trusted
+                    // from it, and the upstream has seen a partial request: drop both.
+                    cx.stats.bad_request(e);
+                    r.close_client = true;
+                    r.fail(e.status(), e.message(), out, link, cx);
+                    return input.len();
+                }
+                Ok(step) => {
+                    if chunked && !step.data.is_empty() {
+                        let mut size = [0; 18];
+                        r.to_up
+                            .extend_from_slice(chunk_size_line(step.data.len(), &mut size));
+                        r.to_up.extend_from_slice(step.data);
+                        r.to_up.extend_from_slice(b"\r\n");
+                    } else {
+                        r.to_up.extend_from_slice(step.data);
+                    }
+                    used += step.consumed;
+                    if step.done {
+                        if chunked {
+                            r.to_up.extend_from_slice(b"0\r\n\r\n");
+                        }
+                        r.client_body = None;
+                        break;
+                    }
+                    if step.consumed == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        used
+    }
+
+    pub(super) fn relay_wants_input(r: &Relay) -> bool {
+        match r.phase {
+            Phase::Tunnel => r.pending_up() < TO_UPSTREAM_MAX,
+            Phase::Done => false,
+            _ => r.client_body.is_some() && r.pending_up() < TO_UPSTREAM_MAX,
+        }
+    }
+
+    /// Parses and relays what the upstream sent.
+    fn relay_process(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        let Some(r) = self.relay_mut() else { return };
+        let Some(mut buf) = r.from_up.take() else {
+            return;
+        };
+        loop {
+            if buf.is_empty() || r.phase == Phase::Done {
+                break;
+            }
+            if r.phase == Phase::Tunnel {
+                out.head_buf(|| cx.buffers.take_write());
+                out.push_copy(buf.data());
+                r.body_bytes += buf.len() as u64;
+                buf.consume(buf.len());
+                break;
+            }
+            match &mut r.up_body {
+                UpBody::Head => {
+                    let used = r.take_head(buf.data(), out, link, cx);
+                    if used == 0 {
+                        break;
+                    }
+                    buf.consume(used);
+                }
+                UpBody::UntilClose => {
+                    out.head_buf(|| cx.buffers.take_write());
+                    r.push_body(buf.data(), out);
+                    buf.consume(buf.len());
+                }
+                UpBody::Decoding(decoder) => {
+                    let mut decoder_done = false;
+                    let mut used = 0;
+                    let mut broken = false;
+                    while used < buf.len() {
+                        match decoder.decode(&buf.data()[used..]) {
+                            Err(_) => {
+                                broken = true;
+                                break;
+                            }
+                            Ok(step) => {
+                                used += step.consumed;
+                                let data = step.data;
+                                // Push straight into the output (a copy the client's send
+                                // needs anyway).
+                                if !data.is_empty() {
+                                    r.body_bytes += data.len() as u64;
+                                    out.head_buf(|| cx.buffers.take_write());
+                                    if r.chunked_out {
+                                        out.push_copy(chunk_size_line(data.len(), &mut [0; 18]));
+                                        out.push_copy(data);
+                                        out.push_copy(b"\r\n");
+                                    } else if !r.ex.head_only {
+                                        out.push_copy(data);
+                                    }
+                                }
+                                if step.done {
+                                    decoder_done = true;
+                                    break;
+                                }
+                                if step.consumed == 0 {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    buf.consume(used);
+                    if broken {
+                        r.fail(502, "upstream sent a malformed chunked body", out, link, cx);
+                        break;
+                    }
+                    if decoder_done {
+                        if !buf.is_empty() {
+                            // Bytes past the response's end: the server is out of step.
+                            r.upstream_keep = false;
+                            buf.consume(buf.len());
+                        }
+                        r.finish_body(out);
+                        r.complete(UpstreamOutcome::Ok, out, cx);
+                    }
+                    if !decoder_done {
+                        break;
+                    }
+                }
+            }
+        }
+        if let State::Relay(r) = &mut self.state {
+            if buf.is_empty() && buf.capacity() == cx.buffers.read_size() && r.phase == Phase::Done
+            {
+                cx.buffers.give_read(buf);
+            } else {
+                r.from_up = Some(buf);
+            }
+        }
+    }
+}
+
+impl Forward {
+    /// A request with no body still says `Content-Length: 0` when its method usually has
+    /// one, as clients do (some servers want it for POST).
+    fn idempotent_needs_length(&self) -> bool {
+        !self.idempotent
+    }
+}
+
+impl Relay {
+    fn pick(&mut self, cx: &mut ConnCx<'_>) {
+        let now = cx.clock.now_ms();
+        self.server = self.fwd.upstreams.pick(cx.worker_id, now, self.tried);
+        self.phase = Phase::Connect;
+        self.deadline_ms = u64::MAX;
+        if self.server.is_none() {
+            self.head_sent = false;
+        }
+    }
+
+    fn connected(&mut self, cx: &ConnCx<'_>) {
+        self.phase = Phase::Exchange;
+        self.sent_us = cx.clock.now_us();
+        self.deadline_ms =
+            cx.clock.now_ms() + self.fwd.upstreams.timeouts().idle.as_millis() as u64;
+    }
+
+    fn pending_up(&self) -> usize {
+        self.to_up.len() - self.up_sent
+    }
+
+    fn request_sent(&self) -> bool {
+        self.client_body.is_none() && self.pending_up() == 0
+    }
+
+    /// The whole request is still at hand (no streamed body), nothing has come back, and the
+    /// method may be repeated.
+    fn may_retry(&self) -> bool {
+        self.fwd.idempotent
+            && self.reused
+            && !self.got_bytes
+            && !self.retry
+            && self.client_body.is_none()
+    }
+
+    fn reusable(&self) -> bool {
+        self.upstream_keep && self.request_sent() && self.outcome == UpstreamOutcome::Ok
+    }
+
+    /// Back to connecting, sending the request again from the start (`fresh`: not pooled).
+    fn restart(&mut self, fresh: bool) {
+        self.retry = fresh;
+        self.up_sent = 0;
+        self.phase = Phase::Connect;
+        self.outcome = UpstreamOutcome::Abandoned;
+        self.deadline_ms = u64::MAX;
+        self.up_body = UpBody::Head;
+        if let Some(b) = self.from_up.as_mut() {
+            b.consume(b.len());
+        }
+    }
+
+    fn connect_failed(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        cx.stats.bump(Counter::UpstreamConnectFailures);
+        if let Some(s) = self.server {
+            if ratelog::admit("upstream_connect", cx.clock.now_ms()) {
+                let addr = self.fwd.upstreams.addr(s);
+                tracing::warn!(upstream = %addr, "cannot connect to upstream");
+            }
+            if s < 64 {
+                self.tried |= 1 << s;
+            }
+        }
+        // Nothing of the request reached a server: another one may take it.
+        self.outcome = UpstreamOutcome::Failed;
+        self.up_sent = 0;
+        self.retry = false;
+        self.pick(cx);
+        if self.server.is_none() {
+            self.phase = Phase::Exchange;
+            self.answer_own(
+                502,
+                "bad gateway: no upstream server could be reached\n",
+                out,
+                link,
+                cx,
+            );
+        }
+    }
+
+    /// Takes a response head from `data`; returns the bytes used (0: incomplete).
+    fn take_head(
+        &mut self,
+        data: &[u8],
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) -> usize {
+        let mut headers = [MaybeUninit::uninit(); MAX_UPSTREAM_HEADERS];
+        let head = match parse_upstream_head(
+            data,
+            &mut headers,
+            self.ex.head_only,
+            MAX_UPSTREAM_HEAD,
+        ) {
+            Ok(Some(h)) => h,
+            Ok(None) => return 0,
+            Err(e) => {
+                if ratelog::admit(e.name(), cx.clock.now_ms()) {
+                    tracing::warn!(upstream = %self.addr(), "upstream response refused: {}", e.name());
+                }
+                let msg = match e {
+                    UpstreamError::TooLarge => {
+                        "bad gateway: the upstream's response head is too large\n"
+                    }
+                    _ => "bad gateway: the upstream's response is malformed\n",
+                };
+                self.fail(502, msg, out, link, cx);
+                return 0;
+            }
+        };
+        let used = head.head_len;
+        if head.status == 101 {
+            if !self.fwd.upgrade {
+                self.fail(
+                    502,
+                    "bad gateway: the upstream switched protocols unasked\n",
+                    out,
+                    link,
+                    cx,
+                );
+                return 0;
+            }
+            let mut r = Response::new(101);
+            copy_fields(&head, &mut r);
+            r.push_header("Connection", b"upgrade");
+            if let Some(u) = head
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("upgrade"))
+            {
+                r.push_header("Upgrade", u.value);
+            }
+            if let Some(edit) = &self.fwd.edit {
+                edit(&mut r);
+            }
+            let head = ResponseHead {
+                status: 101,
+                date_line: cx.clock.date_line(),
+                headers: r.headers(),
+                content_length: None,
+                chunked: false,
+                connection: ConnectionHeader::Persistent,
+            };
+            write_head(out, &head, cx);
+            self.status = 101;
+            self.head_sent = true;
+            self.phase = Phase::Tunnel;
+            self.client_body = None;
+            self.upstream_keep = false;
+            self.deadline_ms =
+                cx.clock.now_ms() + self.fwd.upstreams.timeouts().idle.as_millis() as u64;
+            return used;
+        }
+        if head.status < 200 {
+            // 100 Continue was ours to give; other interim answers (103 Early Hints) go to
+            // HTTP/1.1 clients as they are.
+            if head.status != 100 && !self.ex.http10 {
+                let mut r = Response::new(head.status);
+                copy_fields(&head, &mut r);
+                let h = ResponseHead {
+                    status: head.status,
+                    date_line: b"",
+                    headers: r.headers(),
+                    content_length: None,
+                    chunked: false,
+                    connection: ConnectionHeader::Persistent,
+                };
+                write_interim(out, &h, cx);
+            }
+            return used;
+        }
+        if self.fwd.upgrade {
+            // Not switched: an ordinary answer, but the connection asked for an upgrade
+            // stays out of the pool.
+            self.upstream_keep = false;
+        }
+        self.upstream_keep = head.keep_alive && !self.fwd.upgrade;
+        self.status = head.status;
+        let mut r = Response::new(head.status);
+        copy_fields(&head, &mut r);
+        if let Some(edit) = &self.fwd.edit {
+            edit(&mut r);
+        }
+        if link.secure {
+            if let Some(line) = &cx.shared.hsts_line {
+                r.push_raw_headers(line);
+            }
+        }
+        let (content_length, chunked, body) = match head.body {
+            ResponseBody::None => {
+                // A HEAD answer keeps the length the GET would have had.
+                let len = if self.ex.head_only && !crate::response::status_has_no_body(head.status)
+                {
+                    head.headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                        .and_then(|h| std::str::from_utf8(h.value).ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                } else {
+                    None
+                };
+                (len, false, None)
+            }
+            ResponseBody::Length(n) => (
+                Some(n),
+                false,
+                Some(UpBody::Decoding(BodyDecoder::new(
+                    BodyKind::Length(n),
+                    u64::MAX,
+                ))),
+            ),
+            ResponseBody::Chunked => (
+                None,
+                !self.ex.http10,
+                Some(UpBody::Decoding(BodyDecoder::new(
+                    BodyKind::Chunked,
+                    u64::MAX,
+                ))),
+            ),
+            ResponseBody::UntilClose => (None, !self.ex.http10, Some(UpBody::UntilClose)),
+        };
+        // An HTTP/1.0 client learns where an unsized body ends only by the close.
+        if content_length.is_none() && !chunked && body.is_some() {
+            self.close_client = true;
+        }
+        if self.client_body.is_some() {
+            // Answered before the request body was all sent: the client's connection cannot
+            // be read in step any more, nor the upstream's reused.
+            self.close_client = true;
+        }
+        let keep = self.ex.keep_alive && !self.close_client && !cx.stopping;
+        let connection = match (keep, self.ex.http10) {
+            (false, _) => ConnectionHeader::Close,
+            (true, true) => ConnectionHeader::KeepAlive,
+            (true, false) => ConnectionHeader::Persistent,
+        };
+        if !keep {
+            self.close_client = true;
+        }
+        let h = ResponseHead {
+            status: head.status,
+            date_line: cx.clock.date_line(),
+            headers: r.headers(),
+            content_length,
+            chunked: chunked && !self.ex.head_only,
+            connection,
+        };
+        write_head(out, &h, cx);
+        self.head_sent = true;
+        self.chunked_out = chunked && !self.ex.head_only;
+        match body {
+            Some(b) if !matches!(&b, UpBody::Decoding(d) if d.is_done()) => self.up_body = b,
+            _ => {
+                self.finish_body(out);
+                self.complete(UpstreamOutcome::Ok, out, cx);
+            }
+        }
+        used
+    }
+
+    fn push_body(&mut self, data: &[u8], out: &mut Output) {
+        if data.is_empty() {
+            return;
+        }
+        self.body_bytes += data.len() as u64;
+        if self.ex.head_only {
+            return;
+        }
+        if self.chunked_out {
+            out.push_copy(chunk_size_line(data.len(), &mut [0; 18]));
+            out.push_copy(data);
+            out.push_copy(b"\r\n");
+        } else {
+            out.push_copy(data);
+        }
+    }
+
+    fn finish_body(&mut self, out: &mut Output) {
+        if self.chunked_out {
+            out.push_copy(b"0\r\n\r\n");
+            self.chunked_out = false;
+        }
+    }
+
+    /// The exchange is over: count it, log it, and let the driver release the upstream.
+    fn complete(&mut self, outcome: UpstreamOutcome, _out: &mut Output, cx: &mut ConnCx<'_>) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        self.outcome = outcome;
+        self.phase = Phase::Done;
+        self.deadline_ms = u64::MAX;
+        let upstream_us = cx.clock.now_us().saturating_sub(self.sent_us);
+        cx.stats.response(self.status);
+        if let (Some(log), Some(saved)) = (cx.access_log.as_deref_mut(), self.log.as_ref()) {
+            log.record_upstream(
+                &saved.entry(),
+                self.status,
+                self.body_bytes,
+                Some(upstream_us),
+                cx.clock,
+            );
+        }
+    }
+
+    /// The upstream failed this exchange: a `status` answer if the client has heard nothing
+    /// yet, else the client connection is cut (its answer cannot be completed honestly).
+    fn fail(
+        &mut self,
+        status: u16,
+        msg: &'static str,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        cx.stats.bump(Counter::UpstreamFailures);
+        if self.head_sent {
+            self.close_client = true;
+            self.outcome = UpstreamOutcome::Failed;
+            self.phase = Phase::Done;
+            self.deadline_ms = u64::MAX;
+            cx.stats.response(self.status);
+            if let (Some(log), Some(saved)) = (cx.access_log.as_deref_mut(), self.log.as_ref()) {
+                log.record_upstream(&saved.entry(), self.status, self.body_bytes, None, cx.clock);
+            }
+            // Whatever was queued goes out, then the connection closes: the client sees a
+            // short body (or no last chunk), never a later response mistaken for this one.
+            return;
+        }
+        let _ = link;
+        if status < 500 {
+            self.outcome = UpstreamOutcome::Abandoned;
+        } else {
+            self.outcome = UpstreamOutcome::Failed;
+        }
+        self.answer_own(status, msg, out, link, cx);
+    }
+
+    /// Answers the client with tern's own short response in place of the upstream's.
+    fn answer_own(
+        &mut self,
+        status: u16,
+        msg: &'static str,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let outcome = if self.outcome == UpstreamOutcome::Ok {
+            UpstreamOutcome::Failed
+        } else {
+            self.outcome
+        };
+        if self.client_body.is_some() {
+            self.close_client = true;
+        }
+        let keep = self.ex.keep_alive && !self.close_client && !cx.stopping;
+        if !keep {
+            self.close_client = true;
+        }
+        let mut r = Response::text(status, msg);
+        if link.secure {
+            if let Some(line) = &cx.shared.hsts_line {
+                r.push_raw_headers(line);
+            }
+        }
+        let connection = match (keep, self.ex.http10) {
+            (false, _) => ConnectionHeader::Close,
+            (true, true) => ConnectionHeader::KeepAlive,
+            (true, false) => ConnectionHeader::Persistent,
+        };
+        let body = r.body.len();
+        let h = ResponseHead {
+            status,
+            date_line: cx.clock.date_line(),
+            headers: r.headers(),
+            content_length: Some(body),
+            chunked: false,
+            connection,
+        };
+        write_head(out, &h, cx);
+        if !self.ex.head_only {
+            out.push_body(std::mem::take(&mut r.body));
+        }
+        self.head_sent = true;
+        self.status = status;
+        self.body_bytes = body;
+        self.complete(outcome, out, cx);
+    }
+
+    fn addr(&self) -> String {
+        match self.server {
+            Some(s) => self.fwd.upstreams.addr(s).to_string(),
+            None => "-".into(),
+        }
+    }
+}
+
+/// Copies the upstream's fields a client may see: not the hop-by-hop ones, not those named
+/// by its Connection fields, not the framing and not Date/Server (tern writes its own).
+fn copy_fields(head: &tern_codec::UpstreamHead<'_>, r: &mut Response) {
+    for h in head.headers {
+        let name = h.name;
+        if DROPPED_RESPONSE_FIELDS
+            .iter()
+            .any(|d| name.eq_ignore_ascii_case(d))
+            || head.connection_names(name.as_bytes())
+        {
+            continue;
+        }
+        r.push_header(name, h.value);
+    }
+}
+
+fn write_head(out: &mut Output, head: &ResponseHead<'_>, cx: &mut ConnCx<'_>) {
+    let buf = out.head_buf(|| cx.buffers.take_write());
+    let before = buf.len();
+    head.write_to(buf);
+    out.commit(before);
+}
+
+/// An interim (1xx) head: status line and fields only.
+fn write_interim(out: &mut Output, head: &ResponseHead<'_>, cx: &mut ConnCx<'_>) {
+    let buf = out.head_buf(|| cx.buffers.take_write());
+    let before = buf.len();
+    buf.extend_from_slice(b"HTTP/1.1 ");
+    buf.extend_from_slice(itoa::Buffer::new().format(head.status).as_bytes());
+    buf.push(b' ');
+    buf.extend_from_slice(tern_codec::reason_phrase(head.status).as_bytes());
+    buf.extend_from_slice(b"\r\n");
+    buf.extend_from_slice(head.headers);
+    buf.extend_from_slice(b"\r\n");
+    out.commit(before);
+}
+
+fn push_length(to: &mut Vec<u8>, n: u64) {
+    to.extend_from_slice(b"Content-Length: ");
+    to.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    to.extend_from_slice(b"\r\n\r\n");
+}
+
+/// `n` in hex and CRLF: a chunk's size line.
+fn chunk_size_line(n: usize, buf: &mut [u8; 18]) -> &[u8] {
+    let mut i = 16;
+    let mut v = n;
+    loop {
+        i -= 1;
+        buf[i] = b"0123456789abcdef"[v & 15];
+        v >>= 4;
+        if v == 0 {
+            break;
+        }
+    }
+    buf[16] = b'\r';
+    buf[17] = b'\n';
+    &buf[i..]
+}

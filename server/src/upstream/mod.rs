@@ -1,0 +1,117 @@
+//! Forwarding an exchange to an upstream HTTP/1.1 server, on the worker that owns the client
+//! connection. A handler (the reverse proxy app) answers [`Reply::Forward`](crate::Reply) with a
+//! [`Forward`]: the request head to send and the [`Upstreams`] to choose a server from. The
+//! connection's protocol then relays the exchange (`conn/http1/relay.rs`: sans-IO, bodies
+//! streamed both ways with bounded buffers), and this module's driver (`driver.rs`) does the
+//! upstream socket's I/O beside the client's, with connections kept alive in a per-worker pool
+//! (`pool.rs`): no lock and no other thread on the way.
+
+pub(crate) mod driver;
+pub(crate) mod pool;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::response::Response;
+
+/// Where an upstream server listens.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum UpstreamAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for UpstreamAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UpstreamAddr::Tcp(a) => write!(f, "{a}"),
+            UpstreamAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// The proxy's timeouts toward its upstreams.
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamTimeouts {
+    /// To establish a connection.
+    pub connect: Duration,
+    /// From the request's last byte sent to the response head's arrival.
+    pub first_byte: Duration,
+    /// Between reads once the response (or a WebSocket) is flowing, and between writes of
+    /// the request body.
+    pub idle: Duration,
+    /// A pooled connection unused for this long is closed.
+    pub keepalive: Duration,
+}
+
+impl Default for UpstreamTimeouts {
+    fn default() -> Self {
+        UpstreamTimeouts {
+            connect: Duration::from_secs(5),
+            first_byte: Duration::from_secs(60),
+            idle: Duration::from_secs(60),
+            keepalive: Duration::from_secs(30),
+        }
+    }
+}
+
+/// How an exchange with an upstream server ended, for its health and balancing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamOutcome {
+    /// A complete response (or a WebSocket that ended).
+    Ok,
+    /// It could not be reached, timed out, or broke the response: counts against its health.
+    Failed,
+    /// Ended by the client or by us (client gone, shutdown): says nothing about the server.
+    Abandoned,
+}
+
+/// A group of upstream servers for one proxy route: which to use, and what happened. The
+/// reverse proxy app implements it (balancing, passive health); the server calls it on the
+/// worker thread, once per attempt: `pick`, then `begin` when a connection is attached,
+/// `end` when it is released.
+pub trait Upstreams: Send + Sync + 'static {
+    /// Unique among the groups alive in this process: with the server index, it keys the
+    /// per-worker pool of idle connections.
+    fn pool_key(&self) -> u64;
+    fn addr(&self, server: usize) -> &UpstreamAddr;
+    /// A server for a request from `worker`, skipping those in the bitmask `tried` (bit i:
+    /// server i already failed this request). None: none is available.
+    fn pick(&self, worker: usize, now_ms: u64, tried: u64) -> Option<usize>;
+    fn begin(&self, worker: usize, server: usize);
+    fn end(&self, worker: usize, server: usize, outcome: UpstreamOutcome, now_ms: u64);
+    fn timeouts(&self) -> UpstreamTimeouts;
+    /// Idle connections kept per worker and server.
+    fn max_idle(&self) -> usize;
+}
+
+/// Edits a proxied response's head before it goes to the client (a route's header edits).
+pub type ResponseEdit = Arc<dyn Fn(&mut Response) + Send + Sync>;
+
+/// A request to relay to an upstream server, as a handler hands it over.
+pub struct Forward {
+    pub upstreams: Arc<dyn Upstreams>,
+    /// The request line and header lines to send, each ending in CRLF, without the fields
+    /// that frame the body (the relay adds Content-Length or Transfer-Encoding) and without
+    /// the blank line.
+    pub head: Vec<u8>,
+    /// May be sent again after a pooled connection turned out dead (GET, HEAD, PUT,
+    /// DELETE, OPTIONS, TRACE with no streamed body).
+    pub idempotent: bool,
+    /// The request asks for a protocol switch (WebSocket): a 101 turns the exchange into a
+    /// tunnel both ways.
+    pub upgrade: bool,
+    pub edit: Option<ResponseEdit>,
+}
+
+impl std::fmt::Debug for Forward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forward")
+            .field("head", &String::from_utf8_lossy(&self.head))
+            .field("idempotent", &self.idempotent)
+            .field("upgrade", &self.upgrade)
+            .finish_non_exhaustive()
+    }
+}
