@@ -74,9 +74,8 @@ pub struct Needs {
     pub write_files: Vec<PathBuf>,
     /// Made by tern, so given to `--user`: the data folder and its files, key files.
     pub give: Vec<Give>,
-    /// The reverse proxy's upstreams: TCP ports it connects to, and whether any is a Unix
-    /// socket.
-    pub connect_tcp: Vec<u16>,
+    /// The reverse proxy connects to upstreams over TCP, or Unix sockets.
+    pub connect_tcp: bool,
     pub connect_unix: bool,
 }
 

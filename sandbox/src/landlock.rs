@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort,
+    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible,
     RestrictionStatus, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
@@ -61,7 +61,11 @@ pub fn restrict(paths: &Paths) -> Result<String, Error> {
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(ABI_WANTED))
         .map_err(failed)?
-        .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+        .handle_access(if paths.connect_tcp {
+            AccessNet::BindTcp.into()
+        } else {
+            AccessNet::BindTcp | AccessNet::ConnectTcp
+        })
         .map_err(failed)?
         .scope(Scope::from_all(ABI_WANTED))
         .map_err(failed)?
@@ -75,10 +79,6 @@ pub fn restrict(paths: &Paths) -> Result<String, Error> {
             &paths.write_files,
             AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate,
         ))
-        .map_err(failed)?
-        .add_rules(paths.connect_tcp.iter().map(|&port| {
-            Ok::<_, landlock::RulesetError>(NetPort::new(port, AccessNet::ConnectTcp))
-        }))
         .map_err(failed)?
         .restrict_self()
         .map_err(failed)?;
@@ -123,7 +123,7 @@ mod tests {
             read: vec![site.clone()],
             write: vec![data.clone()],
             write_files: vec![],
-            connect_tcp: vec![],
+            connect_tcp: false,
             connect_unix: false,
         };
         // SAFETY: fork in a test; the child makes system calls and leaves with _exit.

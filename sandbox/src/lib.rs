@@ -66,16 +66,18 @@ pub struct Paths {
     pub write: Vec<PathBuf>,
     /// Single files it rewrites in place, and nothing else in their folders: ticket keys.
     pub write_files: Vec<PathBuf>,
-    /// Outbound connections (the reverse proxy's upstreams): TCP to these ports only, and
-    /// Unix stream sockets. Empty and false: no socket can be made at all.
-    pub connect_tcp: Vec<u16>,
+    /// Outbound connections (the reverse proxy's upstreams): TCP, and Unix stream sockets.
+    /// Both false: no socket can be made at all. TCP is not limited to the ports of the
+    /// upstreams at start-up, since a reload may move an app to a new port (blue/green
+    /// deploys) and Landlock rules cannot be added once in force.
+    pub connect_tcp: bool,
     pub connect_unix: bool,
 }
 
 impl Paths {
     /// Whether any outbound connection is allowed.
     pub fn connects(&self) -> bool {
-        !self.connect_tcp.is_empty() || self.connect_unix
+        self.connect_tcp || self.connect_unix
     }
 }
 

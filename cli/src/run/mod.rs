@@ -199,7 +199,7 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
     }
     for upstream in loaded.upstreams() {
         match upstream {
-            tern_server::UpstreamAddr::Tcp(addr) => needs.connect_tcp.push(addr.port()),
+            tern_server::UpstreamAddr::Tcp(_) => needs.connect_tcp = true,
             tern_server::UpstreamAddr::Unix(_) => needs.connect_unix = true,
         }
     }

@@ -281,7 +281,12 @@ impl Http1 {
         cx: &mut ConnCx<'_>,
     ) -> usize {
         let mut headers = [MaybeUninit::uninit(); MAX_HEADERS_DEFAULT];
-        let limits = &cx.config.limits;
+        // The declared length is judged here rather than by the codec: a route that streams
+        // bodies (the proxy) takes any length.
+        let limits = &tern_codec::Limits {
+            max_body: u64::MAX,
+            ..cx.config.limits
+        };
         let head = match parse_request(data, &mut headers, limits) {
             Ok(Parsed::Complete(head)) => head,
             Ok(Parsed::Partial) => return 0,
@@ -314,6 +319,13 @@ impl Http1 {
         cx.stats.bump(Counter::Requests);
         let head_len = head.head_len;
         let available = (data.len() - head_len) as u64;
+        let max_body = cx.config.limits.max_body;
+        if let BodyKind::Length(n) = head.body {
+            if n > max_body && !exchange::streams_body(&head, cx) {
+                self.reject(RequestError::BodyTooLarge, out, link, cx);
+                return 0;
+            }
+        }
         match head.body {
             BodyKind::None => {
                 self.dispatch(&head, &[], None, out, link, cx);
@@ -335,7 +347,7 @@ impl Http1 {
                 head_len
             }
             kind => {
-                let mut decoder = BodyDecoder::new(kind, limits.max_body);
+                let mut decoder = BodyDecoder::new(kind, max_body);
                 let mut body = Vec::new();
                 let used = match feed_body(&mut decoder, &data[head_len..], &mut body) {
                     Ok(used) => used,

@@ -274,7 +274,7 @@ impl Http1 {
         if r.phase == Phase::Connect {
             return; // a retry or another server: the driver connects next
         }
-        let close = r.close_client || !r.ex.keep_alive || r.phase == Phase::Tunnel;
+        let close = r.close_client || !r.ex.keep_alive;
         if let Some(b) = r.from_up.take() {
             cx.buffers.give_read(b);
         }
@@ -567,6 +567,12 @@ impl Http1 {
             }
         }
         if let State::Relay(r) = &mut self.state {
+            if r.phase == Phase::Done && !buf.is_empty() {
+                // Bytes past the end of the answer (a body after a HEAD answer, say): the
+                // server is out of step with us, so its connection is not reused.
+                r.upstream_keep = false;
+                buf.consume(buf.len());
+            }
             if buf.is_empty() && buf.capacity() == cx.buffers.read_size() && r.phase == Phase::Done
             {
                 cx.buffers.give_read(buf);
@@ -734,6 +740,8 @@ impl Relay {
             self.status = 101;
             self.head_sent = true;
             self.phase = Phase::Tunnel;
+            // After the tunnel the connection is not HTTP any more: it closes.
+            self.close_client = true;
             self.client_body = None;
             self.upstream_keep = false;
             self.deadline_ms =
