@@ -40,7 +40,7 @@ impl Default for GroupOptions {
             max_fails: 3,
             fail_timeout: Duration::from_secs(10),
             timeouts: UpstreamTimeouts::default(),
-            keepalive: 32,
+            keepalive: 128,
         }
     }
 }

@@ -58,12 +58,18 @@ pub fn build(req: &Request<'_>, options: &ProxyOptions) -> Built {
         line(&mut out, "Host", &[host]);
     }
 
+    let has_connection = head
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("connection"));
     let connection_named = |name: &str| {
-        head.headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-            .flat_map(|h| h.value.split(|&b| b == b','))
-            .any(|t| trim_ows(t).eq_ignore_ascii_case(name.as_bytes()))
+        has_connection
+            && head
+                .headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+                .flat_map(|h| h.value.split(|&b| b == b','))
+                .any(|t| trim_ows(t).eq_ignore_ascii_case(name.as_bytes()))
     };
     for h in head.headers {
         let name = h.name;
@@ -179,6 +185,21 @@ fn is_plain_host(h: &[u8]) -> bool {
 
 fn ip_str(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
     use std::io::Write;
+    if let IpAddr::V4(v4) = ip {
+        // The common case, without the formatting machinery.
+        let mut n = 0;
+        for (i, octet) in v4.octets().iter().enumerate() {
+            if i > 0 {
+                buf[n] = b'.';
+                n += 1;
+            }
+            let mut text = itoa::Buffer::new();
+            let digits = text.format(*octet).as_bytes();
+            buf[n..n + digits.len()].copy_from_slice(digits);
+            n += digits.len();
+        }
+        return &buf[..n];
+    }
     let mut cursor = std::io::Cursor::new(&mut buf[..]);
     let _ = write!(cursor, "{ip}");
     let n = cursor.position() as usize;

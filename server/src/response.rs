@@ -99,6 +99,17 @@ impl Response {
         self.headers.extend_from_slice(b"\r\n");
     }
 
+    /// Appends a field an HTTP parser has already checked (a token name, a value without
+    /// CR, LF or NUL), such as one of an upstream's answer, without checking it again.
+    pub(crate) fn push_parsed_header(&mut self, name: &str, value: &[u8]) {
+        debug_assert!(!value.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0));
+        self.headers.reserve(name.len() + value.len() + 4);
+        self.headers.extend_from_slice(name.as_bytes());
+        self.headers.extend_from_slice(b": ");
+        self.headers.extend_from_slice(value);
+        self.headers.extend_from_slice(b"\r\n");
+    }
+
     /// Appends already-serialized header lines (each `Name: value\r\n`), e.g. a block a cache
     /// prepared once. The caller guarantees they are well-formed.
     pub fn push_raw_headers(&mut self, lines: &[u8]) {

@@ -998,16 +998,21 @@ impl Relay {
 /// Copies the upstream's fields a client may see: not the hop-by-hop ones, not those named
 /// by its Connection fields, not the framing and not Date/Server (tern writes its own).
 fn copy_fields(head: &tern_codec::UpstreamHead<'_>, r: &mut Response) {
+    let names_fields = head
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("connection"));
     for h in head.headers {
         let name = h.name;
         if DROPPED_RESPONSE_FIELDS
             .iter()
             .any(|d| name.eq_ignore_ascii_case(d))
-            || head.connection_names(name.as_bytes())
+            || names_fields && head.connection_names(name.as_bytes())
         {
             continue;
         }
-        r.push_header(name, h.value);
+        // The parser took only a token name and a value without CR, LF or NUL.
+        r.push_parsed_header(name, h.value);
     }
 }
 
