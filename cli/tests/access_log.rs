@@ -646,3 +646,85 @@ fn nix_uid(name: &str) -> u32 {
         .expect("the user exists");
     line.split(':').nth(2).unwrap().parse().unwrap()
 }
+
+/// `tern run` with three sites: one with its own JSON log, one on the shared combined log
+/// (`access_log` at the top), one with its log off. Each line lands in its site's file only,
+/// and SIGUSR1 reopens every file.
+#[test]
+fn tern_run_writes_each_site_to_its_own_log() {
+    let fx = Fixture::new();
+    let dir = fx.site.base();
+    let conf = dir.join("tern.toml");
+    let logs = dir.join("logs");
+    std::fs::write(
+        &conf,
+        format!(
+            "access_log = \"logs/shared.log\"\n\
+             [[site]]\nname = \"a\"\nhosts = [\"a.test\"]\naccess_log = \"logs/a.log\"\naccess_log_format = \"json\"\n\
+             [[site.route]]\npath = \"/\"\nstatic = \"{root}\"\n\
+             [[site]]\nname = \"b\"\nhosts = [\"b.test\"]\n\
+             [[site.route]]\npath = \"/\"\nstatic = \"{root}\"\n\
+             [[site]]\nname = \"c\"\nhosts = [\"c.test\"]\naccess_log = \"off\"\n\
+             [[site.route]]\npath = \"/\"\nstatic = \"{root}\"\n",
+            root = fx.site.root.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = std::process::Command::new(TERN);
+    cmd.arg("run").arg("--config").arg(&conf);
+    cmd.args([
+        "--listen",
+        "127.0.0.1:0",
+        "--workers",
+        "2",
+        "--sandbox",
+        "on",
+    ]);
+    let tern = Tern::spawn(cmd);
+    let get = |host: &str, ua: &str| {
+        let mut c = tern.client();
+        c.send(
+            format!("GET /hello.txt HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {ua}\r\n\r\n")
+                .as_bytes(),
+        );
+        assert_eq!(c.read_response(false).status, 200);
+    };
+    get("a.test", "ua-a");
+    get("b.test", "ua-b");
+    get("c.test", "ua-c");
+    let a = wait_lines(&logs.join("a.log"), 1);
+    let shared = wait_lines(&logs.join("shared.log"), 1);
+    std::thread::sleep(Duration::from_millis(300)); // a stray line would have arrived by now
+    let a_lines = parse(
+        "json",
+        &std::fs::read_to_string(logs.join("a.log")).unwrap(),
+    );
+    let shared_lines = parse(
+        "combined",
+        &std::fs::read_to_string(logs.join("shared.log")).unwrap(),
+    );
+    assert_eq!(a_lines.len(), 1, "{a}");
+    assert_eq!(shared_lines.len(), 1, "{shared}");
+    assert_eq!(a_lines[0].user_agent.as_deref(), Some("ua-a"));
+    assert_eq!(a_lines[0].host.as_deref(), Some("a.test"));
+    assert_eq!(a_lines[0].status, 200);
+    assert_eq!(a_lines[0].bytes, HELLO.len() as u64);
+    assert_eq!(shared_lines[0].user_agent.as_deref(), Some("ua-b"));
+    assert!(
+        !a.contains("ua-c") && !shared.contains("ua-c"),
+        "site c logs nothing"
+    );
+
+    // logrotate moves both; one SIGUSR1 reopens both.
+    std::fs::rename(logs.join("a.log"), logs.join("a.log.1")).unwrap();
+    std::fs::rename(logs.join("shared.log"), logs.join("shared.log.1")).unwrap();
+    tern.signal(libc::SIGUSR1);
+    assert!(eventually(Duration::from_secs(5), || tern
+        .log_lines("access log reopened")
+        .len()
+        >= 2));
+    get("a.test", "ua-a2");
+    get("b.test", "ua-b2");
+    assert!(wait_lines(&logs.join("a.log"), 1).contains("ua-a2"));
+    assert!(wait_lines(&logs.join("shared.log"), 1).contains("ua-b2"));
+}

@@ -146,9 +146,28 @@ impl LogShared {
     }
 }
 
+/// Which of the server's access logs a line goes to (index in the order they were given),
+/// or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogTarget(pub(crate) u16);
+
+impl LogTarget {
+    /// The first log (the server's only one, for `tern serve`).
+    pub const DEFAULT: LogTarget = LogTarget(0);
+    /// No line for this answer.
+    pub const OFF: LogTarget = LogTarget(u16::MAX);
+
+    /// The log at `index` (as given to `Server::with_access_logs`).
+    pub fn log(index: usize) -> LogTarget {
+        LogTarget(u16::try_from(index).unwrap_or(u16::MAX))
+    }
+}
+
 /// One request's part of a line. Borrows the request head.
 #[derive(Clone, Copy)]
 pub(crate) struct LogEntry<'a> {
+    /// The log it goes to (a handler may choose: a site's own log).
+    pub target: LogTarget,
     pub client: IpAddr,
     /// The worker clock's microseconds when the request was complete.
     pub start_us: u64,
@@ -170,6 +189,7 @@ impl<'a> LogEntry<'a> {
     /// An answer with no request (bad input refused by the codec, a timeout).
     pub fn bare(peer: SocketAddr, start_us: u64) -> LogEntry<'static> {
         LogEntry {
+            target: LogTarget::DEFAULT,
             client: peer.ip().to_canonical(),
             start_us,
             request: None,
@@ -180,6 +200,7 @@ impl<'a> LogEntry<'a> {
 /// A [`LogEntry`] kept while its reply is pending (the head it borrowed is gone by then).
 /// Only deferred requests pay for this copy.
 pub(crate) struct SavedEntry {
+    target: LogTarget,
     client: IpAddr,
     start_us: u64,
     version: Version,
@@ -208,6 +229,7 @@ impl SavedEntry {
             })
         });
         Some(Box::new(SavedEntry {
+            target: e.target,
             client: e.client,
             start_us: e.start_us,
             version: r.version,
@@ -220,6 +242,7 @@ impl SavedEntry {
         let field =
             |i: usize| self.fields[i].map(|(start, end)| &self.text[start as usize..end as usize]);
         LogEntry {
+            target: self.target,
             client: self.client,
             start_us: self.start_us,
             request: Some(LogRequest {
@@ -234,8 +257,63 @@ impl SavedEntry {
     }
 }
 
-/// One worker's side of the log: its buffer, the cached timestamp and client address.
+/// One worker's side of its access logs: a buffer per file. A line goes to the file its
+/// entry names ([`LogTarget`]).
 pub(crate) struct WorkerLog {
+    logs: Vec<LogBuffer>,
+}
+
+impl WorkerLog {
+    pub(crate) fn new(shared: &[Arc<LogShared>], id: usize) -> WorkerLog {
+        WorkerLog {
+            logs: shared
+                .iter()
+                .map(|s| LogBuffer::new(s.clone(), id))
+                .collect(),
+        }
+    }
+
+    /// The entry for a parsed request (the client address as the first log finds it);
+    /// `start_us` is when it was complete.
+    pub fn entry<'h>(
+        &self,
+        head: &RequestHead<'h>,
+        peer: SocketAddr,
+        start_us: u64,
+    ) -> LogEntry<'h> {
+        self.logs[0].entry(head, peer, start_us)
+    }
+
+    pub fn record(&mut self, e: &LogEntry<'_>, status: u16, bytes: u64, clock: &Clock) {
+        self.record_upstream(e, status, bytes, None, clock)
+    }
+
+    /// [`Self::record`] for a proxied answer: `upstream_us` is how long the upstream server
+    /// took, from the request sent to the response's end.
+    pub fn record_upstream(
+        &mut self,
+        e: &LogEntry<'_>,
+        status: u16,
+        bytes: u64,
+        upstream_us: Option<u64>,
+        clock: &Clock,
+    ) {
+        if let Some(log) = self.logs.get_mut(usize::from(e.target.0)) {
+            log.record_upstream(e, status, bytes, upstream_us, clock);
+        }
+    }
+
+    /// Once per loop turn: lines older than `MAX_AGE` go to the writer.
+    #[inline]
+    pub fn tick(&mut self, now_ms: u64) {
+        for log in &mut self.logs {
+            log.tick(now_ms);
+        }
+    }
+}
+
+/// One worker's side of one log file: its buffer, the cached timestamp and client address.
+pub(crate) struct LogBuffer {
     shared: Arc<LogShared>,
     id: usize,
     buf: Vec<u8>,
@@ -247,9 +325,9 @@ pub(crate) struct WorkerLog {
     ip: IpCache,
 }
 
-impl WorkerLog {
-    pub(crate) fn new(shared: Arc<LogShared>, id: usize) -> WorkerLog {
-        WorkerLog {
+impl LogBuffer {
+    pub(crate) fn new(shared: Arc<LogShared>, id: usize) -> LogBuffer {
+        LogBuffer {
             id,
             buf: Vec::with_capacity(BUF_CAPACITY),
             lines: 0,
@@ -272,6 +350,7 @@ impl WorkerLog {
             None => peer.ip(),
         };
         LogEntry {
+            target: LogTarget::DEFAULT,
             client: client.to_canonical(),
             start_us,
             request: Some(LogRequest {
@@ -285,13 +364,8 @@ impl WorkerLog {
         }
     }
 
-    /// Appends the line of an answer: `status`, with `bytes` of body queued for the client.
-    pub fn record(&mut self, e: &LogEntry<'_>, status: u16, bytes: u64, clock: &Clock) {
-        self.record_upstream(e, status, bytes, None, clock)
-    }
-
-    /// [`Self::record`] for a proxied answer: `upstream_us` is how long the upstream server
-    /// took, from the request sent to the response's end.
+    /// Appends the line of an answer: `status`, with `bytes` of body queued for the client,
+    /// `upstream_us` the upstream's time for a proxied answer.
     pub fn record_upstream(
         &mut self,
         e: &LogEntry<'_>,
@@ -372,7 +446,7 @@ impl WorkerLog {
     }
 }
 
-impl Drop for WorkerLog {
+impl Drop for LogBuffer {
     /// The worker is exiting (shutdown): its last lines go to the writer, which runs until
     /// every worker has exited. Waits for queue room a bounded time.
     fn drop(&mut self) {
@@ -804,6 +878,7 @@ mod tests {
 
     fn request<'a>(target: &'a [u8], ua: Option<&'a [u8]>) -> LogEntry<'a> {
         LogEntry {
+            target: LogTarget::DEFAULT,
             client: "192.0.2.7".parse().unwrap(),
             start_us: 0,
             request: Some(LogRequest {
@@ -987,7 +1062,7 @@ mod tests {
     #[test]
     fn full_buffers_are_handed_over_and_come_back_empty() {
         let (shared, stats, _dir) = test_log(4);
-        let mut w = WorkerLog::new(shared.clone(), 0);
+        let mut w = LogBuffer::new(shared.clone(), 0);
         let mut clock = Clock::new();
         clock.update();
         let e = request(b"/some/page.html", Some(b"Mozilla/5.0"));
@@ -1020,7 +1095,7 @@ mod tests {
     #[test]
     fn a_quiet_worker_hands_over_old_lines() {
         let (shared, _stats, _dir) = test_log(4);
-        let mut w = WorkerLog::new(shared.clone(), 0);
+        let mut w = LogBuffer::new(shared.clone(), 0);
         let mut clock = Clock::new();
         clock.update();
         w.record(&request(b"/", None), 200, 0, &clock);
@@ -1035,7 +1110,7 @@ mod tests {
     #[test]
     fn lines_are_dropped_and_counted_when_the_queue_stays_full() {
         let (shared, stats, _dir) = test_log(1);
-        let mut w = WorkerLog::new(shared.clone(), 0);
+        let mut w = LogBuffer::new(shared.clone(), 0);
         let mut clock = Clock::new();
         clock.update();
         let e = request(b"/some/page.html", Some(b"Mozilla/5.0"));
@@ -1071,7 +1146,7 @@ mod tests {
         };
         let mut clock = Clock::new();
         clock.update();
-        let mut w = WorkerLog::new(shared.clone(), 0);
+        let mut w = LogBuffer::new(shared.clone(), 0);
         for _ in 0..1000 {
             w.record(&request(b"/", None), 200, 0, &clock);
         }

@@ -42,10 +42,12 @@ pub(crate) struct Origin {
     pub seq: u32,
 }
 
+/// Runs the exchange; the handler's choice of access log goes into `entry`.
 pub(crate) fn run(
     head: &RequestHead<'_>,
     body: &[u8],
     from: Origin,
+    entry: Option<&mut crate::access_log::LogEntry<'_>>,
     cx: &mut ConnCx<'_>,
 ) -> Outcome {
     let handler = match cx.shared.router.find(head.method, head.path) {
@@ -70,8 +72,13 @@ pub(crate) fn run(
         seq: from.seq,
         deferred: false,
         worker_id: cx.worker_id,
+        log: crate::LogTarget::DEFAULT,
     };
-    match catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx))) {
+    let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
+    if let Some(entry) = entry {
+        entry.target = hcx.log;
+    }
+    match result {
         Ok(Reply::Now(response)) => Outcome::Respond(response),
         Ok(Reply::Later) if hcx.deferred => Outcome::Deferred,
         Ok(Reply::Forward(fwd)) => Outcome::Forward(fwd),

@@ -75,9 +75,17 @@ pub struct HandlerContext<'a> {
     pub(crate) seq: u32,
     pub(crate) deferred: bool,
     pub worker_id: usize,
+    /// The access log this request's line goes to.
+    pub(crate) log: crate::LogTarget,
 }
 
 impl HandlerContext<'_> {
+    /// Sends this request's access-log line to another of the server's logs (a site's own),
+    /// or nowhere ([`crate::LogTarget::OFF`]).
+    pub fn log_to(&mut self, target: crate::LogTarget) {
+        self.log = target;
+    }
+
     /// Takes a handle that completes this request later; the handler must then return
     /// [`Reply::Later`]. The connection stays parked (no further pipelined request is
     /// processed) until the reply arrives, so answers stay in order.

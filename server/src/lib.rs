@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use access_log::{AccessLog, AccessLogFormat, ClientIp};
+pub use access_log::{AccessLog, AccessLogFormat, ClientIp, LogTarget};
 pub use bans::{BanConfig, BanNotice, Bans};
 pub use guard::{Guard, Guarded, Verdict};
 pub use handler::{complete_all, Handler, HandlerContext, Pending, Reply, Request, WorkerMessage};
@@ -98,7 +98,7 @@ pub struct Server {
     tls: Option<Arc<TlsAcceptor>>,
     after_bind: Option<AfterBind>,
     bans: Option<Arc<Bans>>,
-    access_log: Option<AccessLog>,
+    access_logs: Vec<AccessLog>,
 }
 
 type AfterBind = Box<dyn FnOnce() -> io::Result<()>>;
@@ -131,7 +131,7 @@ impl Server {
             tls: None,
             after_bind: None,
             bans: None,
-            access_log: None,
+            access_logs: Vec::new(),
         }
     }
 
@@ -157,8 +157,15 @@ impl Server {
 
     /// Logs every answer to this file, from a writer thread of the server's own (see
     /// `access_log.rs`).
-    pub fn with_access_log(mut self, log: AccessLog) -> Server {
-        self.access_log = Some(log);
+    pub fn with_access_log(self, log: AccessLog) -> Server {
+        self.with_access_logs(vec![log])
+    }
+
+    /// Several access logs (a site's own, `tern run`): a handler chooses one per request
+    /// with `HandlerContext::log_to` (by its index here); without a choice a line goes to the
+    /// first. Each file has its own writer thread.
+    pub fn with_access_logs(mut self, logs: Vec<AccessLog>) -> Server {
+        self.access_logs = logs;
         self
     }
 
@@ -205,10 +212,14 @@ impl Server {
             .hsts_max_age
             .map(|secs| format!("Strict-Transport-Security: max-age={secs}\r\n").into_bytes());
         let workers = self.config.runtime.workers.max(1);
-        let access_log = self.access_log.map(|log| {
-            let shared = Arc::new(access_log::LogShared::new(&log, workers, stats.clone()));
-            (shared, log)
-        });
+        let access_logs: Vec<_> = self
+            .access_logs
+            .into_iter()
+            .map(|log| {
+                let shared = Arc::new(access_log::LogShared::new(&log, workers, stats.clone()));
+                (shared, log)
+            })
+            .collect();
         let shared = Arc::new(worker::Shared {
             router: self.router,
             config: self.config.clone(),
@@ -219,7 +230,10 @@ impl Server {
             hsts_line,
             https_port: std::sync::atomic::AtomicU16::new(0),
             bans: self.bans,
-            access_log: access_log.as_ref().map(|(shared, _)| shared.clone()),
+            access_logs: access_logs
+                .iter()
+                .map(|(shared, _)| shared.clone())
+                .collect(),
         });
         let for_workers = shared.clone();
         let after_bind = self.after_bind.unwrap_or_else(|| Box::new(|| Ok(())));
@@ -238,10 +252,13 @@ impl Server {
         }
         let stop = StopSignal::default();
         let mut background = Vec::new();
-        if let Some((log, opened)) = access_log {
+        for (i, (log, opened)) in access_logs.into_iter().enumerate() {
             let inboxes = runtime.inboxes().to_vec();
             let signal = stop.clone();
-            let name = "tern-access-log".to_string();
+            let name = match i {
+                0 => "tern-access-log".to_string(),
+                i => format!("tern-access-log-{i}"),
+            };
             let thread = std::thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || access_log::run_writer(log, opened.into_file(), inboxes, signal))?;
@@ -307,12 +324,12 @@ impl ServerHandle {
     /// logrotate moved it away); does nothing without an access log. Safe to call from any
     /// thread, repeatedly.
     pub fn log_reopener(&self) -> impl Fn() -> bool + Send + Sync + Clone + 'static {
-        let log = self.shared.access_log.clone();
+        let logs = self.shared.access_logs.clone();
         move || {
-            if let Some(log) = &log {
+            for log in &logs {
                 log.request_reopen();
             }
-            log.is_some()
+            !logs.is_empty()
         }
     }
 

@@ -56,7 +56,7 @@ impl MemoryConn {
             https_port: AtomicU16::new(0),
             tls,
             bans: None,
-            access_log: None,
+            access_logs: Vec::new(),
         });
         let link = Link {
             peer: SocketAddr::from(([192, 0, 2, 1], 40000)),

@@ -45,7 +45,7 @@ pub(crate) struct Shared {
     /// The bound port of the first TLS listener (for `--redirect-http`); 0 until known.
     pub https_port: std::sync::atomic::AtomicU16,
     pub bans: Option<Arc<crate::Bans>>,
-    pub access_log: Option<Arc<crate::access_log::LogShared>>,
+    pub access_logs: Vec<Arc<crate::access_log::LogShared>>,
 }
 
 /// Connections of one worker, addressed by `generation << 32 | index`. The generation makes
@@ -143,10 +143,8 @@ impl HttpWorker {
             near_limit_at: max - max / 10,
             config,
             seen_reloads,
-            access_log: shared
-                .access_log
-                .as_ref()
-                .map(|log| WorkerLog::new(log.clone(), id)),
+            access_log: (!shared.access_logs.is_empty())
+                .then(|| WorkerLog::new(&shared.access_logs, id)),
             shared,
             scratch: Vec::new(),
             upstreams: UpstreamConns::default(),

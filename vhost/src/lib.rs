@@ -25,7 +25,7 @@ mod route;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use tern_server::{Handler, HandlerContext, Reply, Request, RequestHead, Response};
+use tern_server::{Handler, HandlerContext, LogTarget, Reply, Request, RequestHead, Response};
 
 pub use host::{normalize_pattern, PatternError};
 pub use route::{Action, Fixed, HeaderEdits, Redirect};
@@ -48,10 +48,13 @@ pub struct Site {
     /// Normalised patterns (see [`normalize_pattern`]).
     pub hosts: Vec<String>,
     pub routes: Vec<Route>,
+    /// The access log its requests' lines go to.
+    pub log: LogTarget,
 }
 
 struct BuiltSite {
     name: String,
+    log: LogTarget,
     /// Longest prefix first, so the first match is the most specific.
     routes: Vec<BuiltRoute>,
 }
@@ -111,6 +114,7 @@ impl SiteTable {
             routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
             built.push(BuiltSite {
                 name: site.name,
+                log: site.log,
                 routes,
             });
         }
@@ -156,6 +160,7 @@ impl SiteTable {
         let Some(site) = self.site_for(req.head.host) else {
             return Response::text(421, "misdirected request: no site here for this host\n").into();
         };
+        cx.log_to(site.log);
         match route_for(site, req.path()) {
             Some(route) => route.answer(req, cx),
             None => Response::text(404, "not found\n").into(),
@@ -225,6 +230,7 @@ mod tests {
                 .map(|h| normalize_pattern(h).unwrap())
                 .collect(),
             routes: prefixes.iter().map(|p| route(p)).collect(),
+            log: LogTarget::DEFAULT,
         }
     }
 

@@ -14,7 +14,7 @@ use tern_server::static_files::StaticOptions;
 use tern_vhost::HeaderEdits;
 use toml::Spanned;
 
-use crate::common::CommonArgs;
+use crate::common::{CommonArgs, LogFormatArg};
 use crate::config::{describe, line_of};
 use crate::hardening::{FileHardening, SandboxArg};
 use crate::tls::{FileTls, TlsArgs, TlsPlan};
@@ -39,6 +39,9 @@ struct RunFile {
     tls: Option<FileTls>,
     /// The auth gateway's config (`tern gate`'s file); routes with `gate = true` are behind it.
     gate: Option<Spanned<PathBuf>>,
+    /// The access log of sites that name none of their own.
+    access_log: Option<PathBuf>,
+    access_log_format: Option<LogFormatArg>,
     #[serde(default)]
     site: Vec<SiteFile>,
 }
@@ -50,6 +53,9 @@ struct SiteFile {
     #[serde(default)]
     hosts: Vec<Spanned<String>>,
     default: Option<Spanned<bool>>,
+    /// A file of the site's own, or "off".
+    access_log: Option<Spanned<String>>,
+    access_log_format: Option<Spanned<LogFormatArg>>,
     #[serde(default)]
     route: Vec<RouteFile>,
 }
@@ -115,6 +121,16 @@ pub struct SitePlan {
     /// Normalised host patterns.
     pub hosts: Vec<String>,
     pub routes: Vec<RoutePlan>,
+    pub log: SiteLog,
+}
+
+/// Where a site's access-log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SiteLog {
+    /// The server-wide log (`access_log` at the top, or `--access-log`), if there is one.
+    Shared,
+    Off,
+    Own(PathBuf, LogFormatArg),
 }
 
 #[derive(Debug)]
@@ -322,10 +338,31 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                 });
             }
         }
+        let log = match &site.access_log {
+            None => SiteLog::Shared,
+            Some(v) if v.get_ref() == "off" => SiteLog::Off,
+            Some(v) if v.get_ref().trim().is_empty() => {
+                p.at(v.span().start, "access_log must be a file or \"off\"");
+                SiteLog::Off
+            }
+            Some(v) => SiteLog::Own(
+                dir.join(v.get_ref()),
+                site.access_log_format
+                    .as_ref()
+                    .map_or(LogFormatArg::Combined, |f| *f.get_ref()),
+            ),
+        };
+        if let (Some(f), false) = (&site.access_log_format, matches!(log, SiteLog::Own(..))) {
+            p.at(
+                f.span().start,
+                "access_log_format is for a site with its own access_log file",
+            );
+        }
         sites.push(SitePlan {
             name,
             hosts: patterns,
             routes,
+            log,
         });
     }
     if !p.list.is_empty() {
@@ -894,6 +931,10 @@ impl RunConfig {
             .max_connections
             .or(f.max_connections.as_ref().map(|v| *v.get_ref()));
         c.shutdown_grace = c.shutdown_grace.or(f.shutdown_grace);
+        c.access_log = c
+            .access_log
+            .or_else(|| f.access_log.as_ref().map(|p| self.dir.join(p)));
+        c.access_log_format = c.access_log_format.or(f.access_log_format);
         c
     }
 

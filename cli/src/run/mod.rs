@@ -15,13 +15,13 @@ use std::sync::Arc;
 
 use clap::Args;
 use tern_server::static_files::StaticFiles;
-use tern_server::{Handler, Router, Server, ServerConfig, TlsAcceptor, TlsOptions};
+use tern_server::{Handler, LogTarget, Router, Server, ServerConfig, TlsAcceptor, TlsOptions};
 use tern_vhost::{Action, Fixed, Redirect, Route, Site, SiteTable, Sites};
 
-use crate::common::{run_server_with_reload, CommonArgs, OnReload, ServerReload};
+use crate::common::{run_server_with_reload, CommonArgs, LogFormatArg, OnReload, ServerReload};
 use crate::hardening::{self, FileHardening, Needs};
 use crate::tls::TlsPlan;
-use config::{AppPlan, RouteKind, RunConfig};
+use config::{AppPlan, RouteKind, RunConfig, SiteLog};
 
 #[derive(Args)]
 #[command(
@@ -60,6 +60,11 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         Some(&loaded.hardening()),
         &mut needs,
     )?;
+    let logs = log_plan(&loaded, &common)?;
+    let mut opened_logs = Vec::with_capacity(logs.files.len());
+    for (path, format) in &logs.files {
+        opened_logs.push(crate::common::open_access_log(path, *format, &mut needs)?);
+    }
     let lockdown = hardening::plan(&args.common.hardening, Some(&loaded.hardening()), needs)?;
     let mut server = Server::new(server_config, Router::new());
     let app: Option<Arc<dyn Handler>> = match &loaded.app {
@@ -69,7 +74,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         }
         None => None,
     };
-    let table = build_table(&loaded, app.as_ref(), gate.as_ref(), workers)?;
+    let table = build_table(&loaded, app.as_ref(), gate.as_ref(), workers, &logs.targets)?;
     let what = format!(
         "running {} from {}",
         describe_table(&table),
@@ -86,6 +91,9 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         server = gate.install(server);
     }
     let mut server = common.install_bans(server, &[])?;
+    if !opened_logs.is_empty() {
+        server = server.with_access_logs(opened_logs);
+    }
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
     }
@@ -98,6 +106,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         acceptor: acceptor.clone(),
         gate,
         workers,
+        log_files: logs.files,
     };
     let on_reload: OnReload =
         Box::new(
@@ -208,14 +217,57 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
 
 /// Opens every static root and assembles the table. `app` is the running game, if any;
 /// `gate` the gateway that routes with `gate = true` stand behind.
+/// The access-log files, in the order the server gets them, and the log of each site.
+struct LogPlan {
+    files: Vec<(PathBuf, LogFormatArg)>,
+    targets: Vec<LogTarget>,
+}
+
+/// The server-wide log (`--access-log`, or `access_log` at the top) first, then each file a
+/// site names, once.
+fn log_plan(loaded: &RunConfig, common: &CommonArgs) -> Result<LogPlan, String> {
+    let mut files: Vec<(PathBuf, LogFormatArg)> = Vec::new();
+    if let Some(path) = &common.access_log {
+        files.push((path.clone(), common.access_log_format.unwrap_or_default()));
+    }
+    let shared = if files.is_empty() {
+        LogTarget::OFF
+    } else {
+        LogTarget::DEFAULT
+    };
+    let mut targets = Vec::with_capacity(loaded.sites.len());
+    for site in &loaded.sites {
+        targets.push(match &site.log {
+            SiteLog::Shared => shared,
+            SiteLog::Off => LogTarget::OFF,
+            SiteLog::Own(path, format) => match files.iter().position(|(p, _)| p == path) {
+                Some(i) if files[i].1 != *format => {
+                    return Err(format!(
+                        "site {:?}: the access log {} is written in another format by another site",
+                        site.name,
+                        path.display()
+                    ))
+                }
+                Some(i) => LogTarget::log(i),
+                None => {
+                    files.push((path.clone(), *format));
+                    LogTarget::log(files.len() - 1)
+                }
+            },
+        });
+    }
+    Ok(LogPlan { files, targets })
+}
+
 fn build_table(
     loaded: &RunConfig,
     app: Option<&Arc<dyn Handler>>,
     gate: Option<&tern_gate::Gate>,
     workers: usize,
+    logs: &[LogTarget],
 ) -> Result<SiteTable, String> {
     let mut sites = Vec::with_capacity(loaded.sites.len());
-    for site in &loaded.sites {
+    for (index, site) in loaded.sites.iter().enumerate() {
         let mut routes = Vec::with_capacity(site.routes.len() + 1);
         if let (Some(gate), true) = (gate, site.routes.iter().any(|r| r.guarded)) {
             // The gate's own pages (login, challenge, its scripts) on every guarded site.
@@ -282,6 +334,7 @@ fn build_table(
             name: site.name.clone(),
             hosts: site.hosts.clone(),
             routes,
+            log: logs[index],
         });
     }
     SiteTable::new(sites, loaded.default_site)
@@ -362,6 +415,8 @@ struct Reloader {
     /// The gateway opened at start-up (a new `gate` file needs a restart).
     gate: Option<tern_gate::Gate>,
     workers: usize,
+    /// The access-log files opened at start-up (others need a restart).
+    log_files: Vec<(PathBuf, LogFormatArg)>,
 }
 
 impl Reloader {
@@ -392,7 +447,17 @@ impl Reloader {
             crate::gate::reload(gate);
         }
         // Everything that can fail comes before anything is applied.
-        let table = build_table(&loaded, self.app.as_ref(), self.gate.as_ref(), self.workers)?;
+        let logs = log_plan(&loaded, &common)?;
+        if logs.files != self.log_files {
+            return Err("the access-log files changed: restart tern to open them".into());
+        }
+        let table = build_table(
+            &loaded,
+            self.app.as_ref(),
+            self.gate.as_ref(),
+            self.workers,
+            &logs.targets,
+        )?;
         let tls_note = match (&self.acceptor, &tls) {
             (Some(acceptor), Some(plan)) => {
                 acceptor.reload(&plan.options)?;

@@ -404,7 +404,7 @@ impl Http1 {
             seq: self.seq.wrapping_add(1),
         };
         self.seq = exchange.seq;
-        let entry = cx
+        let mut entry = cx
             .access_log
             .as_ref()
             .map(|log| log.entry(head, link.peer, cx.clock.now_us()));
@@ -419,7 +419,7 @@ impl Http1 {
             seq: exchange.seq,
         };
         let mut exchange = exchange;
-        let outcome = exchange::run(head, body, from, cx);
+        let outcome = exchange::run(head, body, from, entry.as_mut(), cx);
         if streamed.is_some() && !matches!(outcome, Outcome::Forward(_)) {
             // Answered without reading the body that follows: the connection cannot go on.
             exchange.keep_alive = false;

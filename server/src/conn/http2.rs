@@ -308,7 +308,7 @@ impl Http2 {
                             conn: link.key,
                             seq: id,
                         };
-                        exchange::run(&head, &data.body, from, cx)
+                        exchange::run(&head, &data.body, from, entry.as_mut(), cx)
                     }
                 };
                 (outcome, head_only)
