@@ -1062,7 +1062,7 @@ mod tests {
     #[test]
     fn full_buffers_are_handed_over_and_come_back_empty() {
         let (shared, stats, _dir) = test_log(4);
-        let mut w = LogBuffer::new(shared.clone(), 0);
+        let mut w = WorkerLog::new(&[shared.clone()], 0);
         let mut clock = Clock::new();
         clock.update();
         let e = request(b"/some/page.html", Some(b"Mozilla/5.0"));
@@ -1075,7 +1075,7 @@ mod tests {
         let mut handed = shared.full.pop().unwrap();
         assert!(handed.len() >= HAND_OVER_AT);
         assert_eq!(memchr::memchr_iter(b'\n', &handed).count(), n);
-        assert!(w.buf.is_empty(), "the worker took an empty buffer");
+        assert!(w.logs[0].buf.is_empty(), "the worker took an empty buffer");
         // The written buffer comes back through `empty` and is reused.
         handed.clear();
         let ptr = handed.as_ptr();
@@ -1084,18 +1084,18 @@ mod tests {
             w.record(&e, 200, 10, &clock);
         }
         assert_eq!(
-            w.buf.as_ptr(),
+            w.logs[0].buf.as_ptr(),
             ptr,
             "the worker took the written buffer back"
         );
-        assert!(w.buf.is_empty());
+        assert!(w.logs[0].buf.is_empty());
         assert_eq!(stats.snapshot().get(Counter::AccessLogLinesDropped), 0);
     }
 
     #[test]
     fn a_quiet_worker_hands_over_old_lines() {
         let (shared, _stats, _dir) = test_log(4);
-        let mut w = LogBuffer::new(shared.clone(), 0);
+        let mut w = WorkerLog::new(&[shared.clone()], 0);
         let mut clock = Clock::new();
         clock.update();
         w.record(&request(b"/", None), 200, 0, &clock);
@@ -1110,7 +1110,7 @@ mod tests {
     #[test]
     fn lines_are_dropped_and_counted_when_the_queue_stays_full() {
         let (shared, stats, _dir) = test_log(1);
-        let mut w = LogBuffer::new(shared.clone(), 0);
+        let mut w = WorkerLog::new(&[shared.clone()], 0);
         let mut clock = Clock::new();
         clock.update();
         let e = request(b"/some/page.html", Some(b"Mozilla/5.0"));
@@ -1119,10 +1119,10 @@ mod tests {
         while stats.snapshot().get(Counter::AccessLogLinesDropped) < 10 {
             w.record(&e, 200, 10, &clock);
             recorded += 1;
-            assert!(w.buf.len() < BUF_MAX + 1024, "the buffer is capped");
+            assert!(w.logs[0].buf.len() < BUF_MAX + 1024, "the buffer is capped");
         }
         let queued = memchr::memchr_iter(b'\n', &shared.full.pop().unwrap()).count() as u64;
-        let kept = memchr::memchr_iter(b'\n', &w.buf).count() as u64;
+        let kept = memchr::memchr_iter(b'\n', &w.logs[0].buf).count() as u64;
         assert_eq!(
             queued + kept + 10,
             recorded,
@@ -1146,7 +1146,7 @@ mod tests {
         };
         let mut clock = Clock::new();
         clock.update();
-        let mut w = LogBuffer::new(shared.clone(), 0);
+        let mut w = WorkerLog::new(&[shared.clone()], 0);
         for _ in 0..1000 {
             w.record(&request(b"/", None), 200, 0, &clock);
         }
