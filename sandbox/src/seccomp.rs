@@ -676,13 +676,13 @@ mod tests {
 
     #[test]
     fn the_filter_compiles_and_allows_what_a_server_needs() {
-        let program = program(false).unwrap();
+        let closed = program(false).unwrap();
         assert!(
-            program.len() > ALLOWED.len(),
+            closed.len() > ALLOWED.len(),
             "{} instructions",
-            program.len()
+            closed.len()
         );
-        assert!(program(true).unwrap().len() > program.len());
+        assert!(program(true).unwrap().len() > closed.len());
         assert!(rules(true).contains_key(&libc::SYS_connect));
         let rules = rules(false);
         for (name, nr) in ALLOWED.iter().chain(ALLOWED_LEGACY) {
@@ -741,6 +741,66 @@ mod tests {
         );
     }
 
+    /// With outbound connections allowed (a reverse proxy): stream sockets of the three
+    /// families open and connect, anything else is still refused.
+    #[test]
+    fn in_a_child_a_proxy_may_open_stream_sockets_only() {
+        // SAFETY: as above: the child makes system calls and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = proxy_child_checks();
+            // SAFETY: ends the forked child without running the harness's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "child died: status {status}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "child check failed (see its code)"
+        );
+    }
+
+    fn proxy_child_checks() -> i32 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // SAFETY (whole block): plain system calls on values owned here.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return 10;
+            }
+            if install(true).is_err() {
+                return 11;
+            }
+            let eperm = || *libc::__errno_location() == libc::EPERM;
+            let flags = libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+            for family in [libc::AF_INET, libc::AF_INET6, libc::AF_UNIX] {
+                let fd = libc::socket(family, flags, 0);
+                if fd < 0 {
+                    return 12;
+                }
+                libc::close(fd);
+            }
+            if libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) != -1 || !eperm() {
+                return 13;
+            }
+            if libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, 0) != -1 || !eperm() {
+                return 14;
+            }
+            if libc::socket(libc::AF_PACKET, libc::SOCK_STREAM, 0) != -1 || !eperm() {
+                return 15;
+            }
+        }
+        // A real connection, through std (socket + connect).
+        if std::net::TcpStream::connect(addr).is_err() {
+            return 16;
+        }
+        0
+    }
+
     /// Returns 0 when every check passed, else the number of the first failing one.
     fn child_checks() -> i32 {
         // SAFETY (whole function): plain system calls on values owned here.
@@ -748,7 +808,7 @@ mod tests {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return 10;
             }
-            if install().is_err() {
+            if install(false).is_err() {
                 return 11;
             }
             // Allowed: getpid, a read-write mapping.
