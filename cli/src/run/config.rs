@@ -848,6 +848,9 @@ fn parse_upstream(s: &str, dir: &Path) -> Result<tern_server::UpstreamAddr, Stri
         }
         return Ok(tern_server::UpstreamAddr::Unix(dir.join(path)));
     }
+    if s.starts_with("https://") {
+        return Err("the proxy speaks plain HTTP/1.1 to upstreams (no TLS): give host:port".into());
+    }
     let s = s.strip_prefix("http://").unwrap_or(s).trim_end_matches('/');
     if let Ok(addr) = s.parse::<SocketAddr>() {
         return Ok(tern_server::UpstreamAddr::Tcp(addr));
@@ -1141,7 +1144,7 @@ respond = "gone"
 status = 204
 [[site.route]]
 path = "/p"
-proxy = "http://127.0.0.1:3000"
+proxy = "https://127.0.0.1:3000"
 [[site.route]]
 path = "/s"
 static = "site"
@@ -1176,7 +1179,7 @@ static = "file.txt"
             "line 18: status 200 is not a redirect",
             "line 20: path \"/r/\" is already routed on this site (line 16)",
             "line 22: status 204 has no body",
-            "line 25: proxy routes are not supported yet",
+            "line 25: upstream \"https://127.0.0.1:3000\": the proxy speaks plain HTTP/1.1 to upstreams (no TLS): give host:port",
             "line 29: `status` does not apply to a static route",
             "line 33: add_headers: \"Content-Length\" is written by the connection",
             "line 33: add_headers: \"X Bad\" is not a header name",

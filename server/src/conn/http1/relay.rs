@@ -154,8 +154,8 @@ impl Http1 {
             }
             Some(BodyKind::Chunked) => {
                 to_up.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
-                let limit = cx.config.limits.max_body;
-                Some((BodyDecoder::new(BodyKind::Chunked, limit), true))
+                // No size limit: the app has its own (as for a declared length).
+                Some((BodyDecoder::new(BodyKind::Chunked, u64::MAX), true))
             }
             Some(BodyKind::None) | None => {
                 if !body.is_empty() || fwd.idempotent_needs_length() {
