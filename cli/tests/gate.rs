@@ -965,7 +965,7 @@ fn tern_run_puts_the_gate_in_front_of_the_routes_that_ask_for_it() {
         "{err}"
     );
     assert!(
-        err.contains("gate = true is for static and app routes"),
+        err.contains("gate = true is for static, app and proxy routes"),
         "{err}"
     );
 }

@@ -418,7 +418,7 @@ redirect = "https://a.test"
 status = 200
 [[site.route]]
 path = "/api"
-proxy = "http://127.0.0.1:3000"
+proxy = "127.0.0.1"
 "#,
     );
     let out = check(&files.config());
@@ -432,7 +432,7 @@ proxy = "http://127.0.0.1:3000"
         "line 11: two default sites: \"a\" (line 5) and \"a\"",
         "line 14: path \"nope\" must start with /",
         "line 16: status 200 is not a redirect",
-        "line 19: proxy routes are not supported yet",
+        "line 19: upstream \"127.0.0.1\": give host:port, [v6]:port or unix:/path",
     ] {
         let line = format!("config {config}: {want}");
         assert!(
