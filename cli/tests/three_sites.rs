@@ -136,8 +136,11 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// One request with a Host, on a fresh connection: status, Location, HSTS, body.
-fn ask(addr: SocketAddr, host: &str, path: &str) -> (u16, Option<String>, Option<String>, String) {
+/// What a request got: status, Location, HSTS, body.
+type Answer = (u16, Option<String>, Option<String>, String);
+
+/// One request with a Host, on a fresh connection.
+fn ask(addr: SocketAddr, host: &str, path: &str) -> Answer {
     let mut c = Client::connect(addr);
     c.send(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes());
     let r = c.read_response(false);
@@ -153,7 +156,7 @@ fn ask(addr: SocketAddr, host: &str, path: &str) -> (u16, Option<String>, Option
 fn check_answers(addr: SocketAddr, who: &str) {
     let index = "<h1>example.org</h1>\n";
     let hsts = Some("max-age=63072000".to_string());
-    let cases: Vec<(&str, &str, (u16, Option<String>, Option<String>, String))> = vec![
+    let cases: Vec<(&str, &str, Answer)> = vec![
         ("example.org", "/", (200, None, hsts.clone(), index.into())),
         (
             "example.org",

@@ -1062,7 +1062,7 @@ mod tests {
     #[test]
     fn full_buffers_are_handed_over_and_come_back_empty() {
         let (shared, stats, _dir) = test_log(4);
-        let mut w = WorkerLog::new(&[shared.clone()], 0);
+        let mut w = WorkerLog::new(std::slice::from_ref(&shared), 0);
         let mut clock = Clock::new();
         clock.update();
         let e = request(b"/some/page.html", Some(b"Mozilla/5.0"));
@@ -1095,7 +1095,7 @@ mod tests {
     #[test]
     fn a_quiet_worker_hands_over_old_lines() {
         let (shared, _stats, _dir) = test_log(4);
-        let mut w = WorkerLog::new(&[shared.clone()], 0);
+        let mut w = WorkerLog::new(std::slice::from_ref(&shared), 0);
         let mut clock = Clock::new();
         clock.update();
         w.record(&request(b"/", None), 200, 0, &clock);
@@ -1110,7 +1110,7 @@ mod tests {
     #[test]
     fn lines_are_dropped_and_counted_when_the_queue_stays_full() {
         let (shared, stats, _dir) = test_log(1);
-        let mut w = WorkerLog::new(&[shared.clone()], 0);
+        let mut w = WorkerLog::new(std::slice::from_ref(&shared), 0);
         let mut clock = Clock::new();
         clock.update();
         let e = request(b"/some/page.html", Some(b"Mozilla/5.0"));
@@ -1146,7 +1146,7 @@ mod tests {
         };
         let mut clock = Clock::new();
         clock.update();
-        let mut w = WorkerLog::new(&[shared.clone()], 0);
+        let mut w = WorkerLog::new(std::slice::from_ref(&shared), 0);
         for _ in 0..1000 {
             w.record(&request(b"/", None), 200, 0, &clock);
         }

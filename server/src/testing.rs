@@ -12,9 +12,11 @@ use tern_runtime::{BufPool, Clock, Inbox, InboxSender};
 use tern_tls::TlsAcceptor;
 
 use crate::conn::output::MAX_IOVECS;
-use crate::conn::{Action, Conn, ConnCx, Link, Transmit};
+use crate::conn::{Action, Conn, ConnCx, Link, RelayNeed, Transmit};
 use crate::handler::WorkerMessage;
+use crate::upstream::{Forward, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
 use crate::worker::Shared;
+use crate::{Handler, HandlerContext, Reply, Request, RequestHead};
 use crate::{ListenerKind, Router, ServerConfig, Stats};
 
 /// One connection, in memory.
@@ -98,9 +100,80 @@ impl MemoryConn {
         self.closed
     }
 
+    /// An exchange is still being relayed (its answer may be incomplete so far).
+    pub fn relaying(&self) -> bool {
+        self.conn.in_relay()
+    }
+
     /// The server's counters (handshakes, failures, responses).
     pub fn stats(&self) -> &Stats {
         &self.shared.stats
+    }
+
+    /// Plays the upstream server of a relayed exchange: takes what the connection sends it
+    /// (returned), answers `answer` in reads of at most `piece` bytes, then closes if
+    /// `close`. Every step the client side runs too (its output is collected as usual).
+    pub fn upstream(&mut self, answer: &[u8], piece: usize, close: bool) -> Vec<u8> {
+        let piece = piece.max(1);
+        let mut got = Vec::new();
+        let mut input = answer;
+        let mut closed_up = !close;
+        for _ in 0..1_000_000 {
+            if self.closed {
+                break;
+            }
+            let config = self.shared.live.load_full();
+            let mut cx = ConnCx {
+                shared: &self.shared,
+                config: &config,
+                stats: self.shared.stats.worker(0),
+                clock: &self.clock,
+                buffers: &mut self.buffers,
+                scratch: &mut self.scratch,
+                access_log: None,
+                inbox: &self.inbox,
+                worker_id: 0,
+                stopping: false,
+                draining: false,
+                near_limit: false,
+            };
+            let mut moved = true;
+            match self.conn.relay_need() {
+                RelayNeed::Nothing => moved = false,
+                RelayNeed::Release { .. } => self.conn.relay_released(&mut cx),
+                RelayNeed::Connect { .. } => self.conn.relay_attached(false, false, &cx),
+                RelayNeed::Connecting => self.conn.relay_connected(&cx),
+                RelayNeed::Io => {
+                    let out = self.conn.relay_send_buf();
+                    let sent = out.len();
+                    got.extend_from_slice(out);
+                    if sent > 0 {
+                        self.conn.relay_sent(sent, &cx);
+                    } else if !input.is_empty() {
+                        let buf = self.conn.relay_recv_buf(&mut cx);
+                        let n = buf.len().min(piece).min(input.len());
+                        if n == 0 {
+                            moved = false;
+                        } else {
+                            buf[..n].copy_from_slice(&input[..n]);
+                            input = &input[n..];
+                            self.conn.relay_recv(n, &mut cx);
+                        }
+                    } else if !closed_up {
+                        closed_up = true;
+                        self.conn.relay_closed(false, &mut cx);
+                    } else {
+                        moved = false;
+                    }
+                }
+            }
+            let before = self.output.len();
+            self.run(&[], false);
+            if !moved && self.output.len() == before {
+                break;
+            }
+        }
+        got
     }
 
     fn run(&mut self, mut input: &[u8], eof: bool) {
@@ -203,6 +276,205 @@ impl MemoryConn {
     }
 }
 
+/// One response as a strict HTTP/1.1 client reads it: status, whether its body was
+/// complete, and the body (chunks joined).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Parsed {
+    pub status: u16,
+    pub body: Vec<u8>,
+    pub complete: bool,
+}
+
+/// Reads a connection's whole output as responses to `requests` requests (HEAD ones named
+/// in `head`), strictly: every head well-formed, exactly one framing, chunks well-formed.
+/// Only the last response may be incomplete, and only if the connection `closed`. An error
+/// is a desync: bytes a client would misread.
+pub fn parse_responses(mut out: &[u8], head: &[bool], closed: bool) -> Result<Vec<Parsed>, String> {
+    let mut all = Vec::new();
+    let mut i = 0;
+    while !out.is_empty() {
+        let end = find(out, b"\r\n\r\n").ok_or("an incomplete head")?;
+        // Field values may hold obs-text (bytes above 0x7f): read them as Latin-1 would.
+        let text: String = out[..end].iter().map(|&b| b as char).collect();
+        out = &out[end + 4..];
+        let mut lines = text.split("\r\n");
+        let line = lines.next().unwrap_or("");
+        let status: u16 = line
+            .strip_prefix("HTTP/1.1 ")
+            .and_then(|r| r.get(..3))
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("bad status line {line:?}"))?;
+        let mut length = None;
+        let mut chunked = false;
+        for l in lines {
+            let (n, v) = l
+                .split_once(": ")
+                .ok_or_else(|| format!("bad field {l:?}"))?;
+            if n.eq_ignore_ascii_case("content-length") {
+                if length.is_some() {
+                    return Err("two lengths".into());
+                }
+                length = Some(v.parse::<usize>().map_err(|_| "bad length")?);
+            } else if n.eq_ignore_ascii_case("transfer-encoding") {
+                if v != "chunked" || chunked {
+                    return Err(format!("transfer-encoding {v:?}"));
+                }
+                chunked = true;
+            }
+        }
+        if chunked && length.is_some() {
+            return Err("both framings".into());
+        }
+        if (100..200).contains(&status) && status != 101 {
+            all.push(Parsed {
+                status,
+                body: Vec::new(),
+                complete: true,
+            });
+            continue; // interim: the same request's answer follows
+        }
+        let is_head = head.get(i).copied().unwrap_or(false);
+        i += 1;
+        if status == 101 {
+            all.push(Parsed {
+                status,
+                body: out.to_vec(),
+                complete: true,
+            });
+            return Ok(all); // a tunnel: whatever follows is not HTTP
+        }
+        let mut body = Vec::new();
+        let complete;
+        if is_head || status == 204 || status == 304 {
+            complete = true;
+        } else if chunked {
+            loop {
+                let Some(e) = find(out, b"\r\n") else {
+                    complete = false;
+                    out = &[];
+                    break;
+                };
+                let size = std::str::from_utf8(&out[..e])
+                    .ok()
+                    .and_then(|t| usize::from_str_radix(t, 16).ok());
+                let size = size.ok_or("bad chunk size")?;
+                out = &out[e + 2..];
+                if size == 0 {
+                    if !out.starts_with(b"\r\n") {
+                        if out.len() < 2 && closed {
+                            complete = false;
+                            out = &[];
+                            break;
+                        }
+                        return Err("no end of the chunked body".into());
+                    }
+                    out = &out[2..];
+                    complete = true;
+                    break;
+                }
+                if out.len() < size + 2 {
+                    complete = false;
+                    out = &[];
+                    break;
+                }
+                if &out[size..size + 2] != b"\r\n" {
+                    return Err("a chunk without its CRLF".into());
+                }
+                body.extend_from_slice(&out[..size]);
+                out = &out[size + 2..];
+            }
+        } else if let Some(n) = length {
+            let take = n.min(out.len());
+            body.extend_from_slice(&out[..take]);
+            out = &out[take..];
+            complete = take == n;
+        } else {
+            if !closed {
+                return Err("an unframed body on a connection that stays open".into());
+            }
+            body.extend_from_slice(out);
+            out = &[];
+            complete = true;
+        }
+        if !complete && !closed {
+            return Err("an incomplete answer on a connection that stays open".into());
+        }
+        all.push(Parsed {
+            status,
+            body,
+            complete,
+        });
+        if !complete && !out.is_empty() {
+            return Err("bytes after an incomplete answer".into());
+        }
+    }
+    Ok(all)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// An upstream group of one server that [`MemoryConn::upstream`] plays.
+pub struct MemoryUpstream {
+    addr: UpstreamAddr,
+}
+
+impl Default for MemoryUpstream {
+    fn default() -> Self {
+        MemoryUpstream {
+            addr: UpstreamAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 9))),
+        }
+    }
+}
+
+impl Upstreams for MemoryUpstream {
+    fn pool_key(&self) -> u64 {
+        1
+    }
+    fn addr(&self, _: usize) -> &UpstreamAddr {
+        &self.addr
+    }
+    fn pick(&self, _: usize, _: u64, tried: u64) -> Option<usize> {
+        (tried & 1 == 0).then_some(0)
+    }
+    fn begin(&self, _: usize, _: usize) {}
+    fn end(&self, _: usize, _: usize, _: UpstreamOutcome, _: u64) {}
+    fn timeouts(&self) -> UpstreamTimeouts {
+        UpstreamTimeouts::default()
+    }
+    fn max_idle(&self) -> usize {
+        1
+    }
+}
+
+/// A handler that forwards every request to a [`MemoryUpstream`] as it came (request line
+/// and Host), streaming bodies; WebSocket handshakes (a `Upgrade: websocket` field) as such.
+pub struct ForwardAll(pub Arc<MemoryUpstream>);
+
+impl Handler for ForwardAll {
+    fn handle(&self, req: &Request<'_>, _: &mut HandlerContext<'_>) -> Reply {
+        let head = format!(
+            "{} {} HTTP/1.1\r\nHost: upstream\r\n",
+            req.head.method_str, req.head.target
+        );
+        let upgrade = req
+            .header("upgrade")
+            .is_some_and(|v| v.eq_ignore_ascii_case(b"websocket"));
+        Reply::Forward(Box::new(Forward {
+            upstreams: self.0.clone(),
+            head: head.into_bytes(),
+            idempotent: matches!(req.method(), crate::Method::Get | crate::Method::Head),
+            upgrade,
+            edit: None,
+        }))
+    }
+
+    fn streams_body(&self, _: &RequestHead<'_>) -> bool {
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +500,73 @@ mod tests {
         assert!(!c.is_closed());
         c.feed(b"GET /hi HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
         assert!(c.is_closed());
+    }
+
+    fn relay() -> MemoryConn {
+        let router = Router::new().fallback(ForwardAll(Arc::new(MemoryUpstream::default())));
+        MemoryConn::new(router, None).unwrap()
+    }
+
+    #[test]
+    fn a_relayed_exchange_in_memory_in_every_piece_size() {
+        let answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+        for piece in [1, 2, 7, 64, 4096] {
+            let mut c = relay();
+            c.feed(b"POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc");
+            let sent = c.upstream(answer, piece, false);
+            assert_eq!(
+                String::from_utf8_lossy(&sent),
+                "POST /p HTTP/1.1\r\nHost: upstream\r\nContent-Length: 3\r\n\r\nabc"
+            );
+            let out = c.take_output();
+            let text = String::from_utf8_lossy(&out).into_owned();
+            assert!(
+                text.contains("\r\nX-A: 1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+                "{text}"
+            );
+            let parsed = parse_responses(&out, &[false], false).unwrap();
+            assert_eq!(
+                parsed,
+                [Parsed {
+                    status: 200,
+                    body: b"hello".to_vec(),
+                    complete: true
+                }]
+            );
+            assert!(!c.is_closed());
+            // The connection goes on with the next request.
+            c.feed(b"GET /again HTTP/1.1\r\nHost: a\r\n\r\n");
+            let sent = c.upstream(b"HTTP/1.1 204 No Content\r\n\r\n", piece, false);
+            assert!(sent.starts_with(b"GET /again HTTP/1.1\r\n"));
+            assert!(String::from_utf8(c.take_output())
+                .unwrap()
+                .starts_with("HTTP/1.1 204 No Content\r\n"));
+        }
+    }
+
+    #[test]
+    fn broken_answers_are_502_before_the_head_and_a_cut_after() {
+        let mut c = relay();
+        c.feed(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+        c.upstream(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx",
+            3,
+            true,
+        );
+        let out = String::from_utf8(c.take_output()).unwrap();
+        assert!(out.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{out}");
+        assert!(!c.is_closed());
+        c.feed(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+        c.upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", 3, true);
+        let out = String::from_utf8(c.take_output()).unwrap();
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK\r\n") && out.ends_with("\r\n\r\nabc"),
+            "{out}"
+        );
+        assert!(
+            c.is_closed(),
+            "a cut-short body closes the client connection"
+        );
     }
 
     #[test]

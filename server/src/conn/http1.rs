@@ -434,7 +434,14 @@ impl Http1 {
             }
             Outcome::Forward(fwd) => {
                 let saved = entry.as_ref().and_then(SavedEntry::save);
-                self.start_relay(fwd, exchange, body, streamed, saved, out, link, cx);
+                let start = relay::RelayStart {
+                    fwd,
+                    ex: exchange,
+                    body,
+                    streamed,
+                    log: saved,
+                };
+                self.start_relay(start, out, link, cx);
             }
             Outcome::Drop => self.abort(),
         }

@@ -66,6 +66,18 @@ enum Phase {
     Done,
 }
 
+/// An exchange a handler forwarded, as the protocol hands it to the relay.
+pub(super) struct RelayStart<'b> {
+    pub fwd: Box<Forward>,
+    pub ex: Exchange,
+    /// The complete body, if it came with the head.
+    pub body: &'b [u8],
+    /// The framing of a body still to come from the client.
+    pub streamed: Option<BodyKind>,
+    /// The request's part of its access-log line.
+    pub log: Option<Box<SavedEntry>>,
+}
+
 /// What the relay needs from the driver.
 pub(crate) enum RelayNeed {
     /// Nothing now.
@@ -136,15 +148,18 @@ impl Http1 {
     /// with the head; `streamed`: the decoder of a body still to come from the client.
     pub(super) fn start_relay(
         &mut self,
-        fwd: Box<Forward>,
-        ex: Exchange,
-        body: &[u8],
-        streamed: Option<BodyKind>,
-        log: Option<Box<SavedEntry>>,
+        start: RelayStart<'_>,
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) {
+        let RelayStart {
+            fwd,
+            ex,
+            body,
+            streamed,
+            log,
+        } = start;
         let mut to_up = Vec::with_capacity(fwd.head.len() + 64 + body.len().min(16 * 1024));
         to_up.extend_from_slice(&fwd.head);
         let client_body = match streamed {
