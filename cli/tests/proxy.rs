@@ -6,7 +6,11 @@
 //! smuggling attempts, a WebSocket echo, 1 GiB each way with tern's memory bounded, Python's
 //! http.server as a real app server, a Unix socket upstream, and SIGHUP under load.
 
+#[path = "support/h2.rs"]
+mod h2_support;
 mod support;
+#[path = "support/tls.rs"]
+mod tls_support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -1005,4 +1009,80 @@ fn proxy_routes_are_checked_with_line_numbers() {
             out.stderr
         );
     }
+}
+
+/// HTTP/2 clients: every stream becomes an HTTP/1.1 request upstream (on pooled connections),
+/// many at once on one client connection, bodies both ways, answers framed as DATA within the
+/// client's windows, and a broken answer resets only its stream.
+#[tokio::test(flavor = "current_thread")]
+async fn http2_streams_become_upstream_requests() {
+    use h2_support::H2Conn;
+    let up = Upstream::start(|req, s, _| {
+        let path = req.line().split(' ').nth(1).unwrap_or("").to_string();
+        if path == "/broken" {
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort");
+            return false;
+        }
+        if path == "/big" {
+            let body = vec![b'z'; 3 << 20];
+            s.write_all(
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes(),
+            )
+            .unwrap();
+            s.write_all(&body).unwrap();
+            return true;
+        }
+        let body = format!(
+            "{} {} {}",
+            req.line(),
+            req.header("x-forwarded-proto").unwrap_or_default(),
+            req.body.len()
+        );
+        s.write_all(format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Up: 1\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n", body.len()).as_bytes()).unwrap();
+        true
+    });
+    let p = Proxy::new();
+    let tern = p.start(&proxy_route("/", &[up.addr], ""), &["--workers", "1"]);
+    let mut h2 = H2Conn::h2c(tern.addr()).await;
+    let r = h2.get("/hello?x=1", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "GET /hello?x=1 HTTP/1.1 http 0");
+    assert_eq!(r.header("x-up"), Some("1"));
+    h2_support::assert_no_connection_headers(&r, "a proxied HTTP/2 answer");
+    let r = h2
+        .try_request("POST", "/form", &[], Some(b"a=1&b=2"))
+        .await
+        .unwrap();
+    assert_eq!(r.text(), "POST /form HTTP/1.1 http 7");
+    // Twenty streams at once, and a 3 MiB answer through the client's windows.
+    let mut pending = Vec::new();
+    for i in 0..20 {
+        pending.push(
+            h2.start("GET", &format!("/s/{i}"), &[], None)
+                .await
+                .unwrap(),
+        );
+    }
+    // Read as it comes (a client that left it unread would hold the connection window and
+    // starve its own other streams).
+    let big = tokio::spawn(h2.start("GET", "/big", &[], None).await.unwrap());
+    for (i, f) in pending.into_iter().enumerate() {
+        let r = f
+            .await
+            .unwrap_or_else(|e| panic!("stream {i}: {e}; tern's log:\n{}", tern.stderr_text()));
+        assert_eq!(r.text(), format!("GET /s/{i} HTTP/1.1 http 0"));
+    }
+    let r = big.await.unwrap().unwrap();
+    assert_eq!(r.body.len(), 3 << 20);
+    assert!(r.body.iter().all(|&b| b == b'z'));
+    // A broken answer resets its stream; the connection goes on.
+    let broken = h2.try_request("GET", "/broken", &[], None).await;
+    assert!(broken.is_err(), "{broken:?}");
+    let r = h2.get("/after", &[]).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        up.connections() < 25,
+        "pooled: {} upstream connections",
+        up.connections()
+    );
 }

@@ -138,30 +138,34 @@ impl MemoryConn {
                 near_limit: false,
             };
             let mut moved = true;
-            match self.conn.relay_need() {
+            // The first relay under way (HTTP/1.1 has one).
+            let mut ids = Vec::new();
+            self.conn.relay_ids(&mut ids);
+            let id = ids.first().copied().unwrap_or(0);
+            match self.conn.relay_need(id) {
                 RelayNeed::Nothing => moved = false,
-                RelayNeed::Release { .. } => self.conn.relay_released(&mut cx),
-                RelayNeed::Connect { .. } => self.conn.relay_attached(false, false, &cx),
-                RelayNeed::Connecting => self.conn.relay_connected(&cx),
+                RelayNeed::Release { .. } => self.conn.relay_released(id, &mut cx),
+                RelayNeed::Connect { .. } => self.conn.relay_attached(id, false, false, &cx),
+                RelayNeed::Connecting => self.conn.relay_connected(id, &cx),
                 RelayNeed::Io => {
-                    let out = self.conn.relay_send_buf();
+                    let out = self.conn.relay_send_buf(id);
                     let sent = out.len();
                     got.extend_from_slice(out);
                     if sent > 0 {
-                        self.conn.relay_sent(sent, &cx);
+                        self.conn.relay_sent(id, sent, &cx);
                     } else if !input.is_empty() {
-                        let buf = self.conn.relay_recv_buf(&mut cx);
+                        let buf = self.conn.relay_recv_buf(id, &mut cx);
                         let n = buf.len().min(piece).min(input.len());
                         if n == 0 {
                             moved = false;
                         } else {
                             buf[..n].copy_from_slice(&input[..n]);
                             input = &input[n..];
-                            self.conn.relay_recv(n, &mut cx);
+                            self.conn.relay_recv(id, n, &mut cx);
                         }
                     } else if !closed_up {
                         closed_up = true;
-                        self.conn.relay_closed(false, &mut cx);
+                        self.conn.relay_closed(id, false, &mut cx);
                     } else {
                         moved = false;
                     }

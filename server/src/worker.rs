@@ -25,8 +25,9 @@ pub(crate) struct Entry {
     /// Current deadline and the deadline of the live timer-wheel entry (see TimerWheel).
     pub deadline_ms: u64,
     pub armed_ms: u64,
-    /// The upstream connection (key in the worker's `UpstreamConns`) while it relays.
-    pub upstream: Option<u64>,
+    /// The upstream connections (keys in the worker's `UpstreamConns`) of the exchanges it
+    /// relays, by relay id (HTTP/1.1: one, id 0; HTTP/2: a stream id each).
+    pub upstreams: Vec<(u32, u64)>,
 }
 
 /// What every worker shares, read-only (but for reloads).
@@ -128,6 +129,8 @@ pub(crate) struct HttpWorker {
     access_log: Option<WorkerLog>,
     /// Connections to upstream servers (reverse proxy): relaying, or idle in the pool.
     upstreams: UpstreamConns,
+    /// Scratch for a connection's relay ids.
+    relay_ids: Vec<u32>,
 }
 
 impl HttpWorker {
@@ -148,6 +151,7 @@ impl HttpWorker {
             shared,
             scratch: Vec::new(),
             upstreams: UpstreamConns::default(),
+            relay_ids: Vec::new(),
         }
     }
 
@@ -191,6 +195,7 @@ impl HttpWorker {
         let mut ucx = UpstreamCx {
             conns: &mut self.upstreams,
             registry: cx.registry,
+            ids: &mut self.relay_ids,
         };
         match f(entry, &mut ccx, &mut ucx) {
             Status::Close => {
@@ -303,7 +308,7 @@ impl WorkerApp for HttpWorker {
             sock: Socket::new(stream),
             deadline_ms: u64::MAX,
             armed_ms: u64::MAX,
-            upstream: None,
+            upstreams: Vec::new(),
         });
         stats.bump(Counter::ConnectionsAccepted);
         // The listeners defer accepts until data arrived (TCP_DEFER_ACCEPT), so the request or

@@ -943,20 +943,7 @@ impl RunConfig {
 
     /// HTTPS from `[tls]` (none without a certificate or `self_signed`).
     pub fn tls_plan(&self) -> Result<Option<TlsPlan>, String> {
-        let mut plan = TlsArgs::default().plan(self.file.tls.as_ref(), &self.dir, None)?;
-        if let Some(plan) = plan.as_mut().filter(|_| self.has_proxy_routes()) {
-            // The relay to upstreams runs over HTTP/1.1 connections only: with proxy routes,
-            // clients are offered HTTP/1.1 (see ARCHITECTURE.md, "Reverse proxy").
-            plan.options.alpn = vec![b"http/1.1".to_vec()];
-        }
-        Ok(plan)
-    }
-
-    pub fn has_proxy_routes(&self) -> bool {
-        self.sites
-            .iter()
-            .flat_map(|s| &s.routes)
-            .any(|r| matches!(r.kind, RouteKind::Proxy(_)))
+        TlsArgs::default().plan(self.file.tls.as_ref(), &self.dir, None)
     }
 
     /// Every upstream of every proxy route (for the sandbox).

@@ -11,12 +11,9 @@ use tern_codec::{
 };
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
-mod relay;
-
-pub(crate) use relay::RelayNeed;
-
 use super::linger::{self, Linger};
 use super::output::Output;
+use super::relay::{self, ClientSide, Relay, RelayNeed};
 use super::{ConnCx, Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Origin, Outcome};
@@ -38,8 +35,8 @@ enum State {
     Awaiting(Exchange, Option<Box<SavedEntry>>),
     /// We answered and half-closed; reading and discarding until the client closes.
     Lingering(Linger),
-    /// The exchange is relayed to an upstream server (`relay.rs`).
-    Relay(Box<relay::Relay>),
+    /// The exchange is relayed to an upstream server (`conn/relay.rs`).
+    Relay(Box<Relay>),
 }
 
 struct BodyState {
@@ -51,11 +48,11 @@ struct BodyState {
 
 /// The facts about a request its response needs.
 #[derive(Clone, Copy)]
-struct Exchange {
-    head_only: bool,
-    keep_alive: bool,
-    http10: bool,
-    seq: u32,
+pub(crate) struct Exchange {
+    pub head_only: bool,
+    pub keep_alive: bool,
+    pub http10: bool,
+    pub seq: u32,
 }
 
 impl Exchange {
@@ -179,7 +176,7 @@ impl Http1 {
             && out.pending() < OUTPUT_HIGH_WATER
             && match &self.state {
                 State::Head | State::Body(_) => true,
-                State::Relay(r) => Http1::relay_wants_input(r),
+                State::Relay(r) => r.wants_input(),
                 _ => false,
             }
     }
@@ -215,8 +212,8 @@ impl Http1 {
                         }
                     }
                 }
-                State::Relay(_) => {
-                    let used = self.relay_client_input(rbuf.data(), out, link, cx);
+                State::Relay(r) => {
+                    let used = r.client_input(rbuf.data(), out, link, cx);
                     rbuf.consume(used);
                     if used == 0 {
                         break;
@@ -238,7 +235,7 @@ impl Http1 {
             State::Lingering(_) => Next::Read,
             // A client that went away while its body or a tunnel was still flowing is gone
             // for good; one that half-closed after its request still gets the answer.
-            State::Relay(r) if Http1::relay_wants_input(r) => {
+            State::Relay(r) if r.wants_input() => {
                 if self.peer_eof {
                     Next::Close
                 } else {
@@ -441,7 +438,8 @@ impl Http1 {
                     streamed,
                     log: saved,
                 };
-                self.start_relay(start, out, link, cx);
+                let relay = Relay::start(start, ClientSide::H1, out, link, cx);
+                self.state = State::Relay(relay);
             }
             Outcome::Drop => self.abort(),
         }
@@ -575,10 +573,10 @@ impl Http1 {
             _ if out_waiting => (now + ms(cfg.write_timeout), Timeout::Write),
             State::Awaiting(..) => (u64::MAX, Timeout::Idle),
             // The client's body is awaited: its own timeout; else the upstream's.
-            State::Relay(r) if Http1::relay_wants_input(r) && !self.relay_tunnel() => {
+            State::Relay(r) if r.wants_input() && !r.is_tunnel() => {
                 (now + ms(cfg.body_timeout), Timeout::Body)
             }
-            State::Relay(r) => (Http1::relay_deadline(r), Timeout::Upstream),
+            State::Relay(r) => (r.deadline(), Timeout::Upstream),
             State::Body(_) => (now + ms(cfg.body_timeout), Timeout::Body),
             State::Head => match self.head_started_ms {
                 Some(t) => (t + ms(cfg.header_timeout), Timeout::Header),
@@ -615,6 +613,108 @@ impl Http1 {
     pub fn recycle(&mut self, pool: &mut BufPool) {
         if let Some(b) = self.rbuf.take() {
             pool.give_read(b);
+        }
+    }
+}
+
+/// The relay's side of the protocol: the connection's `relay_*` calls, for the one exchange
+/// being relayed.
+impl Http1 {
+    fn relay_mut(&mut self) -> Option<&mut Relay> {
+        match &mut self.state {
+            State::Relay(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn relay_need(&self) -> RelayNeed {
+        match &self.state {
+            State::Relay(r) => r.need(),
+            _ => RelayNeed::Nothing,
+        }
+    }
+
+    pub fn relay_upstreams(&self) -> Option<&std::sync::Arc<dyn crate::upstream::Upstreams>> {
+        match &self.state {
+            State::Relay(r) => Some(r.upstreams()),
+            _ => None,
+        }
+    }
+
+    pub fn relay_attached(&mut self, reused: bool, connected: bool, cx: &ConnCx<'_>) {
+        if let Some(r) = self.relay_mut() {
+            r.attached(reused, connected, cx);
+        }
+    }
+
+    pub fn relay_connected(&mut self, cx: &ConnCx<'_>) {
+        if let Some(r) = self.relay_mut() {
+            r.now_connected(cx);
+        }
+    }
+
+    /// The upstream connection was detached: unless a retry follows, the exchange is over
+    /// and the next request may be read.
+    pub fn relay_released(&mut self, cx: &mut ConnCx<'_>) {
+        let Some(r) = self.relay_mut() else { return };
+        if !r.released(cx) {
+            return;
+        }
+        let close = r.closes_client();
+        self.state = State::Head;
+        if close {
+            self.closing = true;
+        }
+    }
+
+    pub fn relay_send_buf(&self) -> &[u8] {
+        match &self.state {
+            State::Relay(r) => r.send_buf(),
+            _ => &[],
+        }
+    }
+
+    pub fn relay_sent(&mut self, n: usize, cx: &ConnCx<'_>) {
+        if let Some(r) = self.relay_mut() {
+            r.sent(n, cx);
+        }
+    }
+
+    pub fn relay_recv_buf(&mut self, out: &Output, cx: &mut ConnCx<'_>) -> &mut [u8] {
+        let room = out.pending() < OUTPUT_HIGH_WATER;
+        match &mut self.state {
+            State::Relay(r) => r.recv_buf(room, cx),
+            _ => &mut [],
+        }
+    }
+
+    pub fn relay_recv(&mut self, n: usize, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        if let Some(r) = self.relay_mut() {
+            r.recv(n, out, link, cx);
+        }
+    }
+
+    pub fn relay_closed(
+        &mut self,
+        error: bool,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        if let Some(r) = self.relay_mut() {
+            r.closed(error, out, link, cx);
+        }
+    }
+
+    pub fn relay_connect_failed(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        if let Some(r) = self.relay_mut() {
+            r.connect_failed(out, link, cx);
+        }
+    }
+
+    pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        if let Some(r) = self.relay_mut() {
+            r.timed_out(out, link, cx);
         }
     }
 }

@@ -12,8 +12,10 @@ use tern_http2::frame::HEADER_LEN;
 use tern_http2::{Config, ErrorCode, Event, Priority, RequestData, Session};
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
+use super::http1::Exchange;
 use super::linger::{self, Linger};
 use super::output::Output;
+use super::relay::{ClientSide, H2Answer, Relay, RelayNeed, RelayStart};
 use super::{ConnCx, Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Origin, Outcome};
@@ -38,7 +40,11 @@ struct Sending {
 
 enum Remaining {
     Memory(Bytes),
-    File { body: FileBody },
+    File {
+        body: FileBody,
+    },
+    /// A proxied answer: its bytes come from the stream's relay as the upstream sends them.
+    Relay,
 }
 
 impl Remaining {
@@ -46,6 +52,7 @@ impl Remaining {
         match self {
             Remaining::Memory(b) => b.len() as u64,
             Remaining::File { body } => body.len,
+            Remaining::Relay => 0,
         }
     }
 }
@@ -57,6 +64,9 @@ pub(crate) struct Http2 {
     /// Streams whose handler deferred its reply, whether each asked for the head only, and
     /// (with an access log) the request's part of its line.
     awaiting: Vec<(u32, bool, Option<Box<SavedEntry>>)>,
+    /// Streams relayed to an upstream server (`conn/relay.rs`), until their answer is sent
+    /// and their upstream connection released.
+    relays: Vec<(u32, Box<Relay>)>,
     /// The stream served last among incremental ones (round-robin position).
     last_served: u32,
     /// Close once the output is sent (connection error, timeout, Drop).
@@ -107,6 +117,7 @@ impl Http2 {
             rbuf,
             sending: Vec::new(),
             awaiting: Vec::new(),
+            relays: Vec::new(),
             last_served: 0,
             closing: false,
             abort: false,
@@ -159,6 +170,7 @@ impl Http2 {
     pub fn is_idle(&self) -> bool {
         self.session.open_streams() == 0
             && self.sending.is_empty()
+            && self.relays.is_empty()
             && self.rbuf.as_ref().is_none_or(|b| b.is_empty())
     }
 
@@ -199,6 +211,7 @@ impl Http2 {
                         // Nothing more is answered after our GOAWAY with an error.
                         self.sending.clear();
                         self.awaiting.clear();
+                        self.abandon_relays();
                         let counter = if e.code == ErrorCode::EnhanceYourCalm {
                             Counter::Http2Floods
                         } else {
@@ -249,6 +262,9 @@ impl Http2 {
             Event::Reset(id) => {
                 self.sending.retain(|s| s.stream != id);
                 self.awaiting.retain(|(s, ..)| *s != id);
+                if let Some((_, r)) = self.relays.iter_mut().find(|(s, _)| *s == id) {
+                    r.abandon();
+                }
             }
             Event::Reprioritize(id) => {
                 let p = self.session.priority(id);
@@ -329,12 +345,26 @@ impl Http2 {
                 let saved = entry.as_ref().and_then(SavedEntry::save);
                 self.awaiting.push((id, head_only, saved));
             }
-            Outcome::Forward(_) => {
-                // Relaying is done by the HTTP/1.1 protocol only; servers with proxy routes
-                // do not offer h2 (see `tern run`), so this is reached only by a client that
-                // forced HTTP/2 with prior knowledge.
-                let r = Response::text(505, "this route is served over HTTP/1.1 only\n");
-                self.respond(id, r, head_only, out, link, cx, entry.as_ref())
+            Outcome::Forward(mut fwd) => {
+                // HTTP/2 has no Upgrade (WebSocket over HTTP/2 would be RFC 8441's
+                // extended CONNECT, which tern does not offer).
+                fwd.upgrade = false;
+                let start = RelayStart {
+                    fwd,
+                    ex: Exchange {
+                        head_only,
+                        keep_alive: true,
+                        http10: false,
+                        seq: id,
+                    },
+                    body: &data.body,
+                    streamed: None,
+                    log: entry.as_ref().and_then(SavedEntry::save),
+                };
+                let client = ClientSide::H2(H2Answer::default());
+                let relay = Relay::start(start, client, out, link, cx);
+                self.relays.push((id, relay));
+                self.flush_relays(out, link, cx);
             }
             Outcome::Drop => {
                 self.fail(
@@ -490,6 +520,10 @@ impl Http2 {
             let Some(i) = self.next_to_send() else {
                 return;
             };
+            if matches!(self.sending[i].body, Remaining::Relay) {
+                self.pump_relay(i, out, cx);
+                continue;
+            }
             let s = &mut self.sending[i];
             let cap = self.session.send_capacity(s.stream);
             let n = (cap as u64).min(s.body.len()) as usize;
@@ -528,6 +562,7 @@ impl Http2 {
                     body.offset += n as u64;
                     body.len -= n as u64;
                 }
+                Remaining::Relay => unreachable!("relayed answers are pumped by pump_relay"),
             }
             self.last_served = id;
             if end {
@@ -542,10 +577,35 @@ impl Http2 {
 
     fn next_to_send(&self) -> Option<usize> {
         let ready = self.sending.iter().map(|s| {
-            let ready = self.session.send_capacity(s.stream) > 0;
+            let window = self.session.send_capacity(s.stream) > 0;
+            let ready = match s.body {
+                // An empty last frame needs no window.
+                Remaining::Relay => {
+                    self.relay_has_output(s.stream) && (window || self.relay_only_ends(s.stream))
+                }
+                _ => window,
+            };
             (s.stream, s.priority, ready)
         });
         pick(ready, self.last_served)
+    }
+
+    /// A proxied answer has nothing left but its end.
+    fn relay_only_ends(&self, id: u32) -> bool {
+        self.relays.iter().any(|(s, r)| {
+            *s == id
+                && r.h2_answer_ref()
+                    .is_some_and(|a| a.data.is_empty() && a.end)
+        })
+    }
+
+    /// A proxied answer has body bytes (or its end) to send.
+    fn relay_has_output(&self, id: u32) -> bool {
+        self.relays.iter().any(|(s, r)| {
+            *s == id
+                && r.h2_answer_ref()
+                    .is_some_and(|a| !a.data.is_empty() || a.end || a.broken)
+        })
     }
 
     /// What to do once the output is sent.
@@ -559,13 +619,13 @@ impl Http2 {
         if self.closing || self.session.is_closed() {
             return Next::Close;
         }
-        let busy = !self.awaiting.is_empty() || !self.sending.is_empty();
+        let busy = !self.awaiting.is_empty() || !self.sending.is_empty() || !self.relays.is_empty();
         if self.session.is_finished() && !busy {
             return Next::Close;
         }
         if self.peer_eof {
             // Nothing more can arrive; answers still owed are waited for.
-            return if self.awaiting.is_empty() {
+            return if self.awaiting.is_empty() && self.relays.is_empty() {
                 Next::Close
             } else {
                 Next::Wait
@@ -616,6 +676,7 @@ impl Http2 {
         out.commit(before);
         self.sending.clear();
         self.awaiting.clear();
+        self.abandon_relays();
         self.closing = true;
     }
 
@@ -636,9 +697,19 @@ impl Http2 {
         if let Some(linger) = self.lingering {
             return (linger.until_ms, Timeout::Linger);
         }
-        // An answer stalled by a window the peer never opens counts as not reading.
-        if out_waiting || !self.sending.is_empty() {
+        // An answer stalled by a window the peer never opens counts as not reading (a proxied
+        // one only when it has bytes to send: else it waits for its upstream).
+        let stalled = self.sending.iter().any(|s| match s.body {
+            Remaining::Relay => self.relay_has_output(s.stream),
+            _ => true,
+        });
+        if out_waiting || stalled {
             return (now + ms(cfg.write_timeout), Timeout::Write);
+        }
+        if let Some(deadline) = self.relays.iter().map(|(_, r)| r.deadline()).min() {
+            if deadline != u64::MAX {
+                return (deadline, Timeout::Upstream);
+            }
         }
         let partial = self.rbuf.as_ref().map_or(&[][..], |b| b.data());
         let slow_body = self.session.partial_is_data(partial);
@@ -694,17 +765,276 @@ impl Http2 {
     pub fn trim(&mut self) {
         self.sending = Vec::new();
         self.awaiting = Vec::new();
+        self.relays = Vec::new();
         self.session.release_idle_memory();
         self.trimmed = true;
     }
 
     fn is_quiet(&self) -> bool {
-        self.session.open_streams() == 0 && self.awaiting.is_empty() && self.sending.is_empty()
+        self.session.open_streams() == 0
+            && self.awaiting.is_empty()
+            && self.sending.is_empty()
+            && self.relays.is_empty()
     }
 
     pub fn recycle(&mut self, pool: &mut BufPool) {
         if let Some(b) = self.rbuf.take() {
             pool.give_read(b);
+        }
+    }
+}
+
+/// The streams relayed to upstream servers: the connection's `relay_*` calls, by stream id.
+impl Http2 {
+    fn relay(&mut self, id: u32) -> Option<&mut Relay> {
+        self.relays
+            .iter_mut()
+            .find(|(s, _)| *s == id)
+            .map(|(_, r)| &mut **r)
+    }
+
+    pub fn in_relay(&self) -> bool {
+        !self.relays.is_empty()
+    }
+
+    pub fn relay_ids(&self, into: &mut Vec<u32>) {
+        into.extend(self.relays.iter().map(|(s, _)| *s));
+    }
+
+    pub fn relay_need(&self, id: u32) -> RelayNeed {
+        self.relays
+            .iter()
+            .find(|(s, _)| *s == id)
+            .map_or(RelayNeed::Nothing, |(_, r)| r.need())
+    }
+
+    pub fn relay_upstreams(
+        &self,
+        id: u32,
+    ) -> Option<&std::sync::Arc<dyn crate::upstream::Upstreams>> {
+        self.relays
+            .iter()
+            .find(|(s, _)| *s == id)
+            .map(|(_, r)| r.upstreams())
+    }
+
+    pub fn relay_attached(&mut self, id: u32, reused: bool, connected: bool, cx: &ConnCx<'_>) {
+        if let Some(r) = self.relay(id) {
+            r.attached(reused, connected, cx);
+        }
+    }
+
+    pub fn relay_connected(&mut self, id: u32, cx: &ConnCx<'_>) {
+        if let Some(r) = self.relay(id) {
+            r.now_connected(cx);
+        }
+    }
+
+    /// The upstream connection was detached: unless a retry follows, the relay is kept only
+    /// until its answer has gone out.
+    pub fn relay_released(&mut self, id: u32, cx: &mut ConnCx<'_>) {
+        if let Some(r) = self.relay(id) {
+            r.released(cx);
+        }
+        self.drop_finished_relays();
+    }
+
+    pub fn relay_send_buf(&self, id: u32) -> &[u8] {
+        self.relays
+            .iter()
+            .find(|(s, _)| *s == id)
+            .map_or(&[][..], |(_, r)| r.send_buf())
+    }
+
+    pub fn relay_sent(&mut self, id: u32, n: usize, cx: &ConnCx<'_>) {
+        if let Some(r) = self.relay(id) {
+            r.sent(n, cx);
+        }
+    }
+
+    pub fn relay_recv_buf(&mut self, id: u32, cx: &mut ConnCx<'_>) -> &mut [u8] {
+        match self.relays.iter_mut().find(|(s, _)| *s == id) {
+            Some((_, r)) => r.recv_buf(true, cx),
+            None => &mut [],
+        }
+    }
+
+    pub fn relay_recv(
+        &mut self,
+        id: u32,
+        n: usize,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        if let Some(r) = self.relay(id) {
+            r.recv(n, out, link, cx);
+        }
+        self.flush_relays(out, link, cx);
+    }
+
+    pub fn relay_closed(
+        &mut self,
+        id: u32,
+        error: bool,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        if let Some(r) = self.relay(id) {
+            r.closed(error, out, link, cx);
+        }
+        self.flush_relays(out, link, cx);
+    }
+
+    pub fn relay_connect_failed(
+        &mut self,
+        id: u32,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        if let Some(r) = self.relay(id) {
+            r.connect_failed(out, link, cx);
+        }
+        self.flush_relays(out, link, cx);
+    }
+
+    /// Every relay whose deadline has passed handles it (another server, a 504, a reset).
+    pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        let now = cx.clock.now_ms();
+        for (_, r) in &mut self.relays {
+            if r.deadline() <= now {
+                r.timed_out(out, link, cx);
+            }
+        }
+        self.flush_relays(out, link, cx);
+    }
+
+    /// Sends what the relays have produced: heads as HEADERS (their bodies then wait in
+    /// `sending` for window), broken answers as RST_STREAM.
+    fn flush_relays(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        if self.closing || self.session.is_closed() {
+            return;
+        }
+        for i in 0..self.relays.len() {
+            let id = self.relays[i].0;
+            let head_only = self.relays[i].1.ex.head_only;
+            let Some(answer) = self.relays[i].1.h2_answer() else {
+                continue;
+            };
+            if let Some((response, length)) = answer.head.take() {
+                let end_stream = head_only
+                    || status_has_no_body(response.status)
+                    || (answer.end && answer.data.is_empty());
+                if end_stream {
+                    answer.data.clear();
+                }
+                self.relay_head(id, &response, length, end_stream, out, link, cx);
+                if !end_stream {
+                    let priority = self.session.priority(id);
+                    self.sending.push(Sending {
+                        stream: id,
+                        body: Remaining::Relay,
+                        priority,
+                    });
+                }
+                continue;
+            }
+            if answer.broken {
+                answer.broken = false;
+                answer.data.clear();
+                self.sending.retain(|s| s.stream != id);
+                let buf = out.head_buf(|| cx.buffers.take_write());
+                let before = buf.len();
+                self.session.reset(id, ErrorCode::Internal, buf);
+                out.commit(before);
+            }
+        }
+        self.pump(out, cx);
+        self.drop_finished_relays();
+    }
+
+    /// The HEADERS of a relayed answer (no memo: proxied heads differ from one another).
+    #[allow(clippy::too_many_arguments)]
+    fn relay_head(
+        &mut self,
+        id: u32,
+        response: &Response,
+        length: Option<u64>,
+        end_stream: bool,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let date_line = cx.clock.date_line();
+        let date = &date_line[6..date_line.len() - 2];
+        let buf = out.head_buf(|| cx.buffers.take_write());
+        let before = buf.len();
+        let mut h = self.session.response(id, response.status, buf);
+        h.field(b"date", date);
+        h.field(b"server", b"tern");
+        if let Some(n) = length {
+            h.field(b"content-length", itoa::Buffer::new().format(n).as_bytes());
+        }
+        for line in response.headers().split(|&b| b == b'\n') {
+            add_line(&mut h, line);
+        }
+        if let (Some(hsts), true) = (&cx.shared.hsts_line, link.secure) {
+            add_line(&mut h, hsts.strip_suffix(b"\r\n").unwrap_or(hsts));
+        }
+        h.finish(end_stream);
+        out.commit(before);
+    }
+
+    /// One DATA frame of the relayed answer at `sending[i]`, as the window allows.
+    fn pump_relay(&mut self, i: usize, out: &mut Output, cx: &mut ConnCx<'_>) {
+        let id = self.sending[i].stream;
+        let cap = self.session.send_capacity(id);
+        let Some((_, relay)) = self.relays.iter_mut().find(|(s, _)| *s == id) else {
+            self.sending.swap_remove(i);
+            return;
+        };
+        let Some(answer) = relay.h2_answer() else {
+            self.sending.swap_remove(i);
+            return;
+        };
+        if answer.broken {
+            // flush_relays resets it.
+            self.sending.swap_remove(i);
+            return;
+        }
+        let n = cap.min(answer.data.len());
+        let end = answer.end && n == answer.data.len();
+        let header = self.session.data_frame(id, n, end);
+        out.head_buf(|| cx.buffers.take_write());
+        out.push_copy(&header);
+        out.push_copy(&answer.data[..n]);
+        answer.data.drain(..n);
+        self.last_served = id;
+        if end {
+            self.sending.swap_remove(i);
+            let buf = out.head_buf(|| cx.buffers.take_write());
+            let before = buf.len();
+            self.session.answer_sent(id, buf);
+            out.commit(before);
+        }
+    }
+
+    /// Relays whose upstream connection is released and whose answer is out (or reset).
+    fn drop_finished_relays(&mut self) {
+        let sending = &self.sending;
+        self.relays.retain(|(id, r)| {
+            let answered = !sending.iter().any(|s| s.stream == *id)
+                && r.h2_answer_ref().is_none_or(|a| a.head.is_none());
+            !(r.is_finished() && answered)
+        });
+    }
+
+    /// The connection failed or the client left: every relay ends without an answer.
+    fn abandon_relays(&mut self) {
+        for (_, r) in &mut self.relays {
+            r.abandon();
         }
     }
 }

@@ -18,6 +18,7 @@ mod http2;
 mod linger;
 pub(crate) mod output;
 mod protocol;
+mod relay;
 mod tls;
 
 use std::io::IoSlice;
@@ -31,10 +32,10 @@ use crate::response::Response;
 use crate::stats::{Counter, WorkerStats};
 use crate::worker::Shared;
 use crate::ServerConfig;
-pub(crate) use http1::RelayNeed;
 use http1::{CloseKind, Http1, Next};
 use output::Output;
 use protocol::{Preface, Protocol};
+pub(crate) use relay::RelayNeed;
 use tls::Tls;
 
 /// Borrowed worker state a connection needs while it runs.
@@ -320,91 +321,116 @@ impl Conn {
         self.link.key
     }
 
-    /// An exchange is being relayed to an upstream server (see `http1/relay.rs`); the
-    /// `relay_*` methods below are the upstream side's counterparts of the socket methods.
+    /// Exchanges are being relayed to upstream servers (see `relay.rs`): the HTTP/1.1
+    /// exchange in progress, or HTTP/2 streams. The `relay_*` methods below are the upstream
+    /// side's counterparts of the socket methods, for the relay `id` names (a stream id on
+    /// HTTP/2; HTTP/1.1 has one relay at a time and ignores it).
     pub fn in_relay(&self) -> bool {
-        matches!(&self.http, Protocol::Http1(h) if h.in_relay())
+        match &self.http {
+            Protocol::Http1(h) => h.in_relay(),
+            Protocol::Http2(h) => h.in_relay(),
+        }
     }
 
-    pub fn relay_need(&self) -> RelayNeed {
+    /// The ids of the relays under way, appended to `into`.
+    pub fn relay_ids(&self, into: &mut Vec<u32>) {
+        match &self.http {
+            Protocol::Http1(h) if h.in_relay() => into.push(0),
+            Protocol::Http1(_) => {}
+            Protocol::Http2(h) => h.relay_ids(into),
+        }
+    }
+
+    pub fn relay_need(&self, id: u32) -> RelayNeed {
         match &self.http {
             Protocol::Http1(h) => h.relay_need(),
-            Protocol::Http2(_) => RelayNeed::Nothing,
+            Protocol::Http2(h) => h.relay_need(id),
         }
     }
 
-    pub fn relay_upstreams(&self) -> Option<std::sync::Arc<dyn crate::upstream::Upstreams>> {
+    pub fn relay_upstreams(
+        &self,
+        id: u32,
+    ) -> Option<std::sync::Arc<dyn crate::upstream::Upstreams>> {
         match &self.http {
             Protocol::Http1(h) => h.relay_upstreams().cloned(),
-            Protocol::Http2(_) => None,
+            Protocol::Http2(h) => h.relay_upstreams(id).cloned(),
         }
     }
 
-    pub fn relay_attached(&mut self, reused: bool, connected: bool, cx: &ConnCx<'_>) {
-        if let Protocol::Http1(h) = &mut self.http {
-            h.relay_attached(reused, connected, cx);
+    pub fn relay_attached(&mut self, id: u32, reused: bool, connected: bool, cx: &ConnCx<'_>) {
+        match &mut self.http {
+            Protocol::Http1(h) => h.relay_attached(reused, connected, cx),
+            Protocol::Http2(h) => h.relay_attached(id, reused, connected, cx),
         }
     }
 
-    pub fn relay_connected(&mut self, cx: &ConnCx<'_>) {
-        if let Protocol::Http1(h) = &mut self.http {
-            h.relay_connected(cx);
+    pub fn relay_connected(&mut self, id: u32, cx: &ConnCx<'_>) {
+        match &mut self.http {
+            Protocol::Http1(h) => h.relay_connected(cx),
+            Protocol::Http2(h) => h.relay_connected(id, cx),
         }
     }
 
-    pub fn relay_released(&mut self, cx: &mut ConnCx<'_>) {
-        if let Protocol::Http1(h) = &mut self.http {
-            h.relay_released(cx);
+    pub fn relay_released(&mut self, id: u32, cx: &mut ConnCx<'_>) {
+        match &mut self.http {
+            Protocol::Http1(h) => h.relay_released(cx),
+            Protocol::Http2(h) => h.relay_released(id, cx),
         }
     }
 
-    pub fn relay_send_buf(&self) -> &[u8] {
+    pub fn relay_send_buf(&self, id: u32) -> &[u8] {
         match &self.http {
             Protocol::Http1(h) => h.relay_send_buf(),
-            Protocol::Http2(_) => &[],
+            Protocol::Http2(h) => h.relay_send_buf(id),
         }
     }
 
-    pub fn relay_sent(&mut self, n: usize, cx: &ConnCx<'_>) {
-        if let Protocol::Http1(h) = &mut self.http {
-            h.relay_sent(n, cx);
+    pub fn relay_sent(&mut self, id: u32, n: usize, cx: &ConnCx<'_>) {
+        match &mut self.http {
+            Protocol::Http1(h) => h.relay_sent(n, cx),
+            Protocol::Http2(h) => h.relay_sent(id, n, cx),
         }
     }
 
-    pub fn relay_recv_buf(&mut self, cx: &mut ConnCx<'_>) -> &mut [u8] {
+    pub fn relay_recv_buf(&mut self, id: u32, cx: &mut ConnCx<'_>) -> &mut [u8] {
         match &mut self.http {
             Protocol::Http1(h) => h.relay_recv_buf(&self.out, cx),
-            Protocol::Http2(_) => &mut [],
+            Protocol::Http2(h) => h.relay_recv_buf(id, cx),
         }
     }
 
-    pub fn relay_recv(&mut self, n: usize, cx: &mut ConnCx<'_>) {
-        if let Protocol::Http1(h) = &mut self.http {
-            h.relay_recv(n, &mut self.out, &self.link, cx);
+    pub fn relay_recv(&mut self, id: u32, n: usize, cx: &mut ConnCx<'_>) {
+        match &mut self.http {
+            Protocol::Http1(h) => h.relay_recv(n, &mut self.out, &self.link, cx),
+            Protocol::Http2(h) => h.relay_recv(id, n, &mut self.out, &self.link, cx),
         }
     }
 
     /// The upstream closed (`error`: the connection failed).
-    pub fn relay_closed(&mut self, error: bool, cx: &mut ConnCx<'_>) {
-        if let Protocol::Http1(h) = &mut self.http {
-            h.relay_closed(error, &mut self.out, &self.link, cx);
+    pub fn relay_closed(&mut self, id: u32, error: bool, cx: &mut ConnCx<'_>) {
+        match &mut self.http {
+            Protocol::Http1(h) => h.relay_closed(error, &mut self.out, &self.link, cx),
+            Protocol::Http2(h) => h.relay_closed(id, error, &mut self.out, &self.link, cx),
         }
     }
 
-    pub fn relay_connect_failed(&mut self, cx: &mut ConnCx<'_>) {
-        if let Protocol::Http1(h) = &mut self.http {
-            h.relay_connect_failed(&mut self.out, &self.link, cx);
+    pub fn relay_connect_failed(&mut self, id: u32, cx: &mut ConnCx<'_>) {
+        match &mut self.http {
+            Protocol::Http1(h) => h.relay_connect_failed(&mut self.out, &self.link, cx),
+            Protocol::Http2(h) => h.relay_connect_failed(id, &mut self.out, &self.link, cx),
         }
     }
 
-    /// The deadline passed: if it was the relay's, it handles it (trying another server,
+    /// The deadline passed: if it was a relay's, it handles it (trying another server,
     /// or answering 504) and the connection goes on (true).
     pub fn relay_timed_out(&mut self, cx: &mut ConnCx<'_>) -> bool {
         if self.next_deadline(cx).1 != Timeout::Upstream {
             return false;
         }
-        if let Protocol::Http1(h) = &mut self.http {
-            h.relay_timed_out(&mut self.out, &self.link, cx);
+        match &mut self.http {
+            Protocol::Http1(h) => h.relay_timed_out(&mut self.out, &self.link, cx),
+            Protocol::Http2(h) => h.relay_timed_out(&mut self.out, &self.link, cx),
         }
         true
     }

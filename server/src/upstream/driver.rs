@@ -1,6 +1,6 @@
 //! Drives a client connection that is relaying an exchange: the client socket through the
 //! ordinary driver (`crate::driver`), and the upstream connection here, in turns, until
-//! neither side can move. The relay itself (`conn/http1/relay.rs`) does no I/O; this is the
+//! neither side can move. The relay itself (`conn/relay.rs`) does no I/O; this is the
 //! only code that connects, reads and writes upstream sockets.
 
 use std::io;
@@ -21,6 +21,8 @@ const MAX_ROUNDS: usize = 64;
 pub(crate) struct UpstreamCx<'a> {
     pub conns: &'a mut UpstreamConns,
     pub registry: &'a Registry,
+    /// Scratch for the relay ids of a connection.
+    pub ids: &'a mut Vec<u32>,
 }
 
 /// Drives the connection's client side, and, while it relays, its upstream side too.
@@ -32,7 +34,7 @@ pub(crate) fn drive(
     cx: &mut ConnCx<'_>,
 ) -> Status {
     let mut status = crate::driver::drive(&mut e.conn, &mut e.sock, readable, fin, cx);
-    if e.upstream.is_none() && !e.conn.in_relay() {
+    if e.upstreams.is_empty() && !e.conn.in_relay() {
         return status; // the common case: one check
     }
     let mut rounds = 0;
@@ -53,10 +55,10 @@ pub(crate) fn drive(
     status
 }
 
-/// The client connection is closing: its upstream connection (if any) is closed too; what
-/// it was relaying cannot be finished.
+/// The client connection is closing: its upstream connections (if any) are closed too; what
+/// they were relaying cannot be finished.
 pub(crate) fn abandon(e: &mut Entry, up: &mut UpstreamCx<'_>, cx: &ConnCx<'_>) {
-    if let Some(key) = e.upstream.take() {
+    for (_, key) in e.upstreams.drain(..) {
         if let Some(c) = up.conns.get_mut(key) {
             c.set.end(
                 cx.worker_id,
@@ -69,15 +71,41 @@ pub(crate) fn abandon(e: &mut Entry, up: &mut UpstreamCx<'_>, cx: &ConnCx<'_>) {
     }
 }
 
-/// One pass over what the relay needs. True if anything moved (the client side may then
-/// have output to send or input to take).
+/// One pass over what the connection's relays need. True if anything moved (the client side
+/// may then have output to send or input to take).
 fn step(e: &mut Entry, up: &mut UpstreamCx<'_>, cx: &mut ConnCx<'_>) -> bool {
     let mut progressed = false;
+    let mut ids = std::mem::take(up.ids);
     loop {
-        match e.conn.relay_need() {
+        ids.clear();
+        e.conn.relay_ids(&mut ids);
+        let mut moved = false;
+        for &id in &ids {
+            moved |= step_one(e, up, id, cx);
+        }
+        if !moved {
+            break;
+        }
+        progressed = true;
+    }
+    *up.ids = ids;
+    progressed
+}
+
+/// The upstream connection relay `id` has.
+fn attached(e: &Entry, id: u32) -> Option<u64> {
+    e.upstreams.iter().find(|(i, _)| *i == id).map(|(_, k)| *k)
+}
+
+/// What one relay needs, until it needs nothing that can be done now.
+fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>) -> bool {
+    let mut progressed = false;
+    loop {
+        match e.conn.relay_need(id) {
             RelayNeed::Nothing => return progressed,
             RelayNeed::Release { keep, outcome } => {
-                if let Some(key) = e.upstream.take() {
+                if let Some(i) = e.upstreams.iter().position(|(i, _)| *i == id) {
+                    let (_, key) = e.upstreams.swap_remove(i);
                     let now = cx.clock.now_ms();
                     if let Some(c) = up.conns.get_mut(key) {
                         c.set.end(cx.worker_id, c.server, outcome, now);
@@ -88,50 +116,50 @@ fn step(e: &mut Entry, up: &mut UpstreamCx<'_>, cx: &mut ConnCx<'_>) -> bool {
                         up.conns.close(key);
                     }
                 }
-                e.conn.relay_released(cx);
+                e.conn.relay_released(id, cx);
             }
             RelayNeed::Connect { server, fresh } => {
-                let Some(set) = e.conn.relay_upstreams() else {
+                let Some(set) = e.conn.relay_upstreams(id) else {
                     return progressed;
                 };
                 set.begin(cx.worker_id, server);
                 let now = cx.clock.now_ms();
+                let owner = e.conn.key();
                 let pooled = if fresh {
                     None
                 } else {
-                    up.conns
-                        .take_idle(set.pool_key(), server, e.conn.key(), now)
+                    up.conns.take_idle(set.pool_key(), server, owner, now)
                 };
                 if let Some(key) = pooled {
                     cx.stats.bump(Counter::UpstreamReuses);
-                    e.upstream = Some(key);
-                    e.conn.relay_attached(true, true, cx);
+                    e.upstreams.push((id, key));
+                    e.conn.relay_attached(id, true, true, cx);
                 } else {
-                    match up.conns.connect(&set, server, e.conn.key(), up.registry) {
+                    match up.conns.connect(&set, server, owner, up.registry) {
                         Ok(key) => {
                             cx.stats.bump(Counter::UpstreamConnects);
-                            e.upstream = Some(key);
-                            e.conn.relay_attached(false, false, cx);
+                            e.upstreams.push((id, key));
+                            e.conn.relay_attached(id, false, false, cx);
                         }
                         Err(_) => {
                             set.end(cx.worker_id, server, UpstreamOutcome::Failed, now);
-                            e.conn.relay_connect_failed(cx);
+                            e.conn.relay_connect_failed(id, cx);
                         }
                     }
                 }
             }
             RelayNeed::Connecting => {
-                let Some(c) = e.upstream.and_then(|k| up.conns.get_mut(k)) else {
+                let Some(c) = attached(e, id).and_then(|k| up.conns.get_mut(k)) else {
                     return progressed;
                 };
                 match c.poll_connected() {
-                    Ok(true) => e.conn.relay_connected(cx),
+                    Ok(true) => e.conn.relay_connected(id, cx),
                     Ok(false) => return progressed,
-                    Err(_) => e.conn.relay_connect_failed(cx),
+                    Err(_) => e.conn.relay_connect_failed(id, cx),
                 }
             }
             RelayNeed::Io => {
-                if !io(e, up, cx) {
+                if !io(e, up, id, cx) {
                     return progressed;
                 }
             }
@@ -142,55 +170,55 @@ fn step(e: &mut Entry, up: &mut UpstreamCx<'_>, cx: &mut ConnCx<'_>) -> bool {
 
 /// Sends what the relay has for the upstream and reads what it will take. True if
 /// anything moved.
-fn io(e: &mut Entry, up: &mut UpstreamCx<'_>, cx: &mut ConnCx<'_>) -> bool {
-    let Some(c) = e.upstream.and_then(|k| up.conns.get_mut(k)) else {
+fn io(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>) -> bool {
+    let Some(c) = attached(e, id).and_then(|k| up.conns.get_mut(k)) else {
         return false;
     };
     let mut moved = false;
     loop {
-        let buf = e.conn.relay_send_buf();
+        let buf = e.conn.relay_send_buf(id);
         if buf.is_empty() {
             break;
         }
         match c.stream.write(buf) {
             Ok(0) => {
-                e.conn.relay_closed(true, cx);
+                e.conn.relay_closed(id, true, cx);
                 return true;
             }
             Ok(n) => {
-                e.conn.relay_sent(n, cx);
+                e.conn.relay_sent(id, n, cx);
                 moved = true;
             }
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
             Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => {
-                e.conn.relay_closed(true, cx);
+                e.conn.relay_closed(id, true, cx);
                 return true;
             }
         }
     }
     if c.may_read {
-        let buf = e.conn.relay_recv_buf(cx);
+        let buf = e.conn.relay_recv_buf(id, cx);
         if !buf.is_empty() {
             let want = buf.len();
             match c.stream.read(buf) {
                 Ok(0) => {
                     c.may_read = false;
-                    e.conn.relay_closed(false, cx);
+                    e.conn.relay_closed(id, false, cx);
                     moved = true;
                 }
                 Ok(n) => {
                     if n < want && !c.fin {
                         c.may_read = false;
                     }
-                    e.conn.relay_recv(n, cx);
+                    e.conn.relay_recv(id, n, cx);
                     moved = true;
                 }
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => c.may_read = false,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => moved = true,
                 Err(_) => {
                     c.may_read = false;
-                    e.conn.relay_closed(true, cx);
+                    e.conn.relay_closed(id, true, cx);
                     moved = true;
                 }
             }

@@ -1,5 +1,5 @@
-//! One exchange relayed to an upstream server, as a state of the HTTP/1.1 protocol. Sans-IO
-//! like the rest of the connection: the driver (`upstream/driver.rs`) attaches an upstream
+//! One exchange relayed to an upstream server: a state of the HTTP/1.1 protocol, or one of
+//! an HTTP/2 connection's streams. Sans-IO like the rest of the connection: the driver (`upstream/driver.rs`) attaches an upstream
 //! connection, sends [`Relay::send_buf`], reads into [`Relay::recv_buf`], and reports what
 //! happened; the relay parses the upstream's answer (`tern_codec::parse_upstream_head`),
 //! rewrites its head, and streams its body into the client's output.
@@ -20,10 +20,10 @@ use tern_codec::{
 };
 use tern_runtime::{ratelog, ReadBuf};
 
-use super::{Exchange, Http1, State, OUTPUT_HIGH_WATER};
+use super::http1::Exchange;
+use super::output::Output;
+use super::{ConnCx, Link};
 use crate::access_log::SavedEntry;
-use crate::conn::output::Output;
-use crate::conn::{ConnCx, Link};
 use crate::response::Response;
 use crate::stats::Counter;
 use crate::upstream::{Forward, UpstreamOutcome};
@@ -35,6 +35,9 @@ const MAX_UPSTREAM_HEAD: usize = 32 * 1024;
 /// Upstream reads go into a buffer this large once a body is flowing.
 const BODY_READ_SIZE: usize = 64 * 1024;
 const MAX_UPSTREAM_HEADERS: usize = 100;
+/// An HTTP/2 stream's answer waiting for flow-control window: the upstream is read no
+/// further while this much is held.
+const H2_BUFFERED_MAX: usize = 256 * 1024;
 
 /// Response fields tern never passes on: hop-by-hop ones (RFC 9110 §7.6.1), the framing it
 /// re-encodes, and those it writes itself.
@@ -67,7 +70,7 @@ enum Phase {
 }
 
 /// An exchange a handler forwarded, as the protocol hands it to the relay.
-pub(super) struct RelayStart<'b> {
+pub(crate) struct RelayStart<'b> {
     pub fwd: Box<Forward>,
     pub ex: Exchange,
     /// The complete body, if it came with the head.
@@ -103,10 +106,32 @@ enum UpBody {
     UntilClose,
 }
 
+/// Who the answer goes to.
+pub(crate) enum ClientSide {
+    /// HTTP/1.1: written into the connection's output, chunked when unsized.
+    H1,
+    /// HTTP/2: kept for the protocol to frame as flow control allows.
+    H2(H2Answer),
+}
+
+/// An HTTP/2 stream's answer as the relay produces it.
+#[derive(Default)]
+pub(crate) struct H2Answer {
+    /// The head, once known, not yet sent: the fields and the length, if known.
+    pub head: Option<(Response, Option<u64>)>,
+    /// Body bytes not yet framed (at most about `H2_BUFFERED_MAX`).
+    pub data: Vec<u8>,
+    /// The body is complete.
+    pub end: bool,
+    /// The answer broke after its head went out: the stream must be reset.
+    pub broken: bool,
+}
+
 pub(crate) struct Relay {
-    pub(super) fwd: Box<Forward>,
-    pub(super) ex: Exchange,
+    pub(crate) fwd: Box<Forward>,
+    pub(crate) ex: Exchange,
     log: Option<Box<SavedEntry>>,
+    client: ClientSide,
     phase: Phase,
     server: Option<usize>,
     /// Servers that failed this request (bit i: server i).
@@ -141,18 +166,22 @@ pub(crate) struct Relay {
     /// The client connection cannot be reused after this exchange (its body was not read to
     /// the end, or the response was cut short).
     close_client: bool,
+    /// Over, its upstream connection released (an HTTP/2 stream's relay stays until its
+    /// answer is sent).
+    finished: bool,
 }
 
-impl Http1 {
-    /// A handler asked for its request to be forwarded. `body`: the complete body, if it came
-    /// with the head; `streamed`: the decoder of a body still to come from the client.
-    pub(super) fn start_relay(
-        &mut self,
+impl Relay {
+    /// A relay for an exchange a handler forwarded. `body`: the complete body, if it came
+    /// with the head; `streamed`: the framing of a body still to come from the client (HTTP/1.1
+    /// only). With no server to try, the answer (503) is ready at once.
+    pub fn start(
         start: RelayStart<'_>,
+        client: ClientSide,
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
-    ) {
+    ) -> Box<Relay> {
         let RelayStart {
             fwd,
             ex,
@@ -186,6 +215,7 @@ impl Http1 {
             fwd,
             ex,
             log,
+            client,
             phase: Phase::Connect,
             server: None,
             tried: 0,
@@ -207,39 +237,33 @@ impl Http1 {
             sent_us: cx.clock.now_us(),
             outcome: UpstreamOutcome::Ok,
             close_client: false,
+            finished: false,
         });
         relay.pick(cx);
         if relay.server.is_none() {
             cx.stats.bump(Counter::UpstreamFailures);
             relay.answer_own(503, "no upstream server is available\n", out, link, cx);
         }
-        self.state = State::Relay(relay);
+        relay
     }
 
-    fn relay_mut(&mut self) -> Option<&mut Relay> {
-        match &mut self.state {
-            State::Relay(r) => Some(r),
-            _ => None,
-        }
-    }
-
-    pub fn relay_need(&self) -> RelayNeed {
-        let State::Relay(r) = &self.state else {
+    pub fn need(&self) -> RelayNeed {
+        if self.finished {
             return RelayNeed::Nothing;
-        };
-        match r.phase {
+        }
+        match self.phase {
             Phase::Done => RelayNeed::Release {
-                keep: r.attached && r.reusable(),
-                outcome: r.outcome,
+                keep: self.attached && self.reusable(),
+                outcome: self.outcome,
             },
-            Phase::Connect if r.attached => RelayNeed::Release {
+            Phase::Connect if self.attached => RelayNeed::Release {
                 keep: false,
-                outcome: r.outcome,
+                outcome: self.outcome,
             },
-            Phase::Connect => match r.server {
+            Phase::Connect => match self.server {
                 Some(server) => RelayNeed::Connect {
                     server,
-                    fresh: r.retry,
+                    fresh: self.retry,
                 },
                 None => RelayNeed::Nothing,
             },
@@ -248,77 +272,75 @@ impl Http1 {
         }
     }
 
-    pub fn relay_upstreams(&self) -> Option<&std::sync::Arc<dyn crate::upstream::Upstreams>> {
-        match &self.state {
-            State::Relay(r) => Some(&r.fwd.upstreams),
-            _ => None,
-        }
+    pub fn upstreams(&self) -> &std::sync::Arc<dyn crate::upstream::Upstreams> {
+        &self.fwd.upstreams
     }
 
-    /// The driver attached a connection; `connected`: it is usable now (pooled, or a Unix
-    /// socket that connected at once).
-    pub fn relay_attached(&mut self, reused: bool, connected: bool, cx: &ConnCx<'_>) {
-        let Some(r) = self.relay_mut() else { return };
-        r.attached = true;
-        r.outcome = UpstreamOutcome::Ok;
-        r.reused = reused;
-        r.got_bytes = false;
+    /// The driver attached a connection; `connected`: it is usable now (pooled).
+    pub fn attached(&mut self, reused: bool, connected: bool, cx: &ConnCx<'_>) {
+        self.attached = true;
+        self.outcome = UpstreamOutcome::Ok;
+        self.reused = reused;
+        self.got_bytes = false;
         if connected {
-            r.connected(cx);
+            self.connected(cx);
         } else {
-            r.phase = Phase::Connecting;
-            r.deadline_ms =
-                cx.clock.now_ms() + r.fwd.upstreams.timeouts().connect.as_millis() as u64;
+            self.phase = Phase::Connecting;
+            self.deadline_ms =
+                cx.clock.now_ms() + self.fwd.upstreams.timeouts().connect.as_millis() as u64;
         }
     }
 
     /// A new connection finished connecting.
-    pub fn relay_connected(&mut self, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay_mut() {
-            if r.phase == Phase::Connecting {
-                r.connected(cx);
-            }
+    pub fn now_connected(&mut self, cx: &ConnCx<'_>) {
+        if self.phase == Phase::Connecting {
+            self.connected(cx);
         }
     }
 
-    /// The driver detached the connection it was told to release. Either a retry begins,
-    /// or the exchange is over and the next request may be read.
-    pub fn relay_released(&mut self, cx: &mut ConnCx<'_>) {
-        let Some(r) = self.relay_mut() else { return };
-        r.attached = false;
-        if r.phase == Phase::Connect {
-            return; // a retry or another server: the driver connects next
+    /// The driver detached the connection it was told to release. True if the exchange is
+    /// over (false: a retry or another server, the driver connects next).
+    pub fn released(&mut self, cx: &mut ConnCx<'_>) -> bool {
+        self.attached = false;
+        if self.phase == Phase::Connect {
+            return false;
         }
-        let close = r.close_client || !r.ex.keep_alive;
-        if let Some(b) = r.from_up.take() {
+        if let Some(b) = self.from_up.take() {
             cx.buffers.give_read(b);
         }
-        self.state = State::Head;
-        if close {
-            self.closing = true;
-        }
+        self.finished = true;
+        true
+    }
+
+    /// Over, with its upstream connection released.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// The client's connection cannot take another exchange after this one.
+    pub fn closes_client(&self) -> bool {
+        self.close_client || !self.ex.keep_alive
     }
 
     /// Request bytes to send upstream (empty: none now).
-    pub fn relay_send_buf(&self) -> &[u8] {
-        match &self.state {
-            State::Relay(r) if matches!(r.phase, Phase::Exchange | Phase::Tunnel) => {
-                &r.to_up[r.up_sent..]
-            }
-            _ => &[],
+    pub fn send_buf(&self) -> &[u8] {
+        if matches!(self.phase, Phase::Exchange | Phase::Tunnel) {
+            &self.to_up[self.up_sent..]
+        } else {
+            &[]
         }
     }
 
-    pub fn relay_sent(&mut self, n: usize, cx: &ConnCx<'_>) {
-        let Some(r) = self.relay_mut() else { return };
-        r.up_sent += n;
+    pub fn sent(&mut self, n: usize, cx: &ConnCx<'_>) {
+        self.up_sent += n;
         let now = cx.clock.now_ms();
-        if r.up_sent == r.to_up.len() && !r.may_retry() {
-            r.to_up.clear();
-            r.up_sent = 0;
+        if self.up_sent == self.to_up.len() && !self.may_retry() {
+            self.to_up.clear();
+            self.up_sent = 0;
         }
-        let t = r.fwd.upstreams.timeouts();
-        r.deadline_ms = if !r.request_sent() || r.phase == Phase::Tunnel || r.head_sent {
+        let t = self.fwd.upstreams.timeouts();
+        self.deadline_ms = if !self.request_sent() || self.phase == Phase::Tunnel || self.head_sent
+        {
             now + t.idle.as_millis() as u64
         } else {
             now + t.first_byte.as_millis() as u64
@@ -326,17 +348,19 @@ impl Http1 {
     }
 
     /// Where to read the upstream's bytes (empty: not now; the client must read first).
-    pub fn relay_recv_buf(&mut self, out: &Output, cx: &mut ConnCx<'_>) -> &mut [u8] {
-        let State::Relay(r) = &mut self.state else {
-            return &mut [];
+    /// `out_room`: an HTTP/1.1 connection's output is under its high-water mark.
+    pub fn recv_buf(&mut self, out_room: bool, cx: &mut ConnCx<'_>) -> &mut [u8] {
+        let room = match &self.client {
+            ClientSide::H1 => out_room,
+            ClientSide::H2(a) => a.data.len() < H2_BUFFERED_MAX,
         };
-        if !matches!(r.phase, Phase::Exchange | Phase::Tunnel) || out.pending() >= OUTPUT_HIGH_WATER
-        {
+        if !matches!(self.phase, Phase::Exchange | Phase::Tunnel) || !room {
             return &mut [];
         }
-        let buf = r.from_up.get_or_insert_with(|| cx.buffers.take_read());
+        let head_sent = self.head_sent;
+        let buf = self.from_up.get_or_insert_with(|| cx.buffers.take_read());
         buf.compact();
-        if r.head_sent && buf.capacity() < BODY_READ_SIZE {
+        if head_sent && buf.capacity() < BODY_READ_SIZE {
             // A body is flowing and did not fit the first read: read it in larger steps.
             buf.grow_to(BODY_READ_SIZE);
         } else if buf.spare_mut().is_empty() {
@@ -346,136 +370,156 @@ impl Http1 {
         buf.spare_mut()
     }
 
-    /// `n` bytes of the upstream's were read into `relay_recv_buf`.
-    pub fn relay_recv(&mut self, n: usize, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        let Some(r) = self.relay_mut() else { return };
-        r.got_bytes = true;
-        if let Some(b) = r.from_up.as_mut() {
+    /// `n` bytes of the upstream's were read into `recv_buf`.
+    pub fn recv(&mut self, n: usize, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        self.got_bytes = true;
+        if let Some(b) = self.from_up.as_mut() {
             b.filled(n);
         }
         let now = cx.clock.now_ms();
-        r.deadline_ms = now + r.fwd.upstreams.timeouts().idle.as_millis() as u64;
-        self.relay_process(out, link, cx);
+        self.deadline_ms = now + self.fwd.upstreams.timeouts().idle.as_millis() as u64;
+        self.process(out, link, cx);
     }
 
     /// The upstream closed its side (`error`: or the connection failed).
-    pub fn relay_closed(
-        &mut self,
-        error: bool,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
-        let Some(r) = self.relay_mut() else { return };
-        match (r.phase, &r.up_body) {
+    pub fn closed(&mut self, error: bool, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        match (self.phase, &self.up_body) {
             (Phase::Exchange, UpBody::UntilClose) if !error => {
-                r.finish_body(out);
-                r.complete(UpstreamOutcome::Ok, out, cx);
+                self.finish_body(out);
+                self.complete(UpstreamOutcome::Ok, out, cx);
             }
-            (Phase::Tunnel, _) => r.complete(UpstreamOutcome::Ok, out, cx),
+            (Phase::Tunnel, _) => self.complete(UpstreamOutcome::Ok, out, cx),
             (Phase::Exchange | Phase::Connecting, _) => {
-                if r.phase == Phase::Exchange && r.reused && !r.got_bytes && r.may_retry() {
+                if self.phase == Phase::Exchange
+                    && self.reused
+                    && !self.got_bytes
+                    && self.may_retry()
+                {
                     // The pooled connection was closed by the server before it saw this
                     // request (its keep-alive ran out): send it once more on a new one.
                     cx.stats.bump(Counter::UpstreamRetries);
-                    r.restart(true);
+                    self.restart(true);
                     return;
                 }
-                let cause = if r.got_bytes {
+                let cause = if self.got_bytes {
                     "upstream closed the connection in the middle of its response"
                 } else {
                     "upstream closed the connection without answering"
                 };
-                r.fail(502, cause, out, link, cx);
+                self.fail(502, cause, out, link, cx);
             }
             _ => {}
         }
     }
 
-    /// The connection could not be made (refused, unreachable, no descriptor).
-    pub fn relay_connect_failed(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        if let Some(r) = self.relay_mut() {
-            r.connect_failed(out, link, cx);
-        }
-    }
-
     /// The relay's deadline passed.
-    pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        let Some(r) = self.relay_mut() else { return };
-        match r.phase {
+    pub fn timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        match self.phase {
             Phase::Connecting => {
                 cx.stats.bump(Counter::UpstreamTimeouts);
-                r.connect_failed(out, link, cx)
+                self.connect_failed(out, link, cx)
             }
             Phase::Exchange | Phase::Tunnel => {
                 cx.stats.bump(Counter::UpstreamTimeouts);
-                if r.phase == Phase::Tunnel {
-                    r.complete(UpstreamOutcome::Ok, out, cx);
+                if self.phase == Phase::Tunnel {
+                    self.complete(UpstreamOutcome::Ok, out, cx);
                 } else {
-                    r.fail(504, "upstream timed out", out, link, cx);
+                    self.fail(504, "upstream timed out", out, link, cx);
                 }
             }
             Phase::Connect | Phase::Done => {}
         }
     }
 
-    pub(super) fn relay_tunnel(&self) -> bool {
-        matches!(&self.state, State::Relay(r) if r.phase == Phase::Tunnel)
+    pub fn is_tunnel(&self) -> bool {
+        self.phase == Phase::Tunnel
     }
 
-    pub(super) fn relay_deadline(r: &Relay) -> u64 {
-        r.deadline_ms
+    pub fn deadline(&self) -> u64 {
+        self.deadline_ms
+    }
+
+    /// The client gave up (its stream was reset): the exchange ends without an answer and
+    /// the upstream connection is not reused.
+    pub fn abandon(&mut self) {
+        if self.phase != Phase::Done {
+            self.phase = Phase::Done;
+            self.outcome = UpstreamOutcome::Abandoned;
+            self.upstream_keep = false;
+            self.deadline_ms = u64::MAX;
+        }
+        // Nothing more goes to a client that left.
+        if let ClientSide::H2(a) = &mut self.client {
+            *a = H2Answer {
+                end: true,
+                ..H2Answer::default()
+            };
+        }
+    }
+
+    /// HTTP/2: the answer so far, for the protocol to frame.
+    pub fn h2_answer(&mut self) -> Option<&mut H2Answer> {
+        match &mut self.client {
+            ClientSide::H2(a) => Some(a),
+            ClientSide::H1 => None,
+        }
+    }
+
+    pub fn h2_answer_ref(&self) -> Option<&H2Answer> {
+        match &self.client {
+            ClientSide::H2(a) => Some(a),
+            ClientSide::H1 => None,
+        }
     }
 
     /// Client input while relaying: the request body, or a tunnel's bytes.
-    pub(super) fn relay_client_input(
+    pub fn client_input(
         &mut self,
         input: &[u8],
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) -> usize {
-        let Some(r) = self.relay_mut() else { return 0 };
-        if r.phase == Phase::Tunnel {
+        if self.phase == Phase::Tunnel {
             let take = input
                 .len()
-                .min(TO_UPSTREAM_MAX.saturating_sub(r.pending_up()));
-            r.to_up.extend_from_slice(&input[..take]);
+                .min(TO_UPSTREAM_MAX.saturating_sub(self.pending_up()));
+            self.to_up.extend_from_slice(&input[..take]);
             return take;
         }
-        let Some((decoder, chunked)) = r.client_body.as_mut() else {
+        let Some((decoder, chunked)) = self.client_body.as_mut() else {
             return 0;
         };
         let chunked = *chunked;
         let mut used = 0;
-        while used < input.len() && r.to_up.len() - r.up_sent < TO_UPSTREAM_MAX {
-            let room = TO_UPSTREAM_MAX - (r.to_up.len() - r.up_sent);
+        while used < input.len() && self.to_up.len() - self.up_sent < TO_UPSTREAM_MAX {
+            let room = TO_UPSTREAM_MAX - (self.to_up.len() - self.up_sent);
             let end = input.len().min(used + room);
             match decoder.decode(&input[used..end]) {
                 Err(e) => {
                     // The client's own framing broke mid-body: nothing more can be trusted
                     // from it, and the upstream has seen a partial request: drop both.
                     cx.stats.bad_request(e);
-                    r.close_client = true;
-                    r.fail(e.status(), e.message(), out, link, cx);
+                    self.close_client = true;
+                    self.fail(e.status(), e.message(), out, link, cx);
                     return input.len();
                 }
                 Ok(step) => {
                     if chunked && !step.data.is_empty() {
                         let mut size = [0; 18];
-                        r.to_up
+                        self.to_up
                             .extend_from_slice(chunk_size_line(step.data.len(), &mut size));
-                        r.to_up.extend_from_slice(step.data);
-                        r.to_up.extend_from_slice(b"\r\n");
+                        self.to_up.extend_from_slice(step.data);
+                        self.to_up.extend_from_slice(b"\r\n");
                     } else {
-                        r.to_up.extend_from_slice(step.data);
+                        self.to_up.extend_from_slice(step.data);
                     }
                     used += step.consumed;
                     if step.done {
                         if chunked {
-                            r.to_up.extend_from_slice(b"0\r\n\r\n");
+                            self.to_up.extend_from_slice(b"0\r\n\r\n");
                         }
-                        r.client_body = None;
+                        self.client_body = None;
                         break;
                     }
                     if step.consumed == 0 {
@@ -487,114 +531,99 @@ impl Http1 {
         used
     }
 
-    pub(super) fn relay_wants_input(r: &Relay) -> bool {
-        match r.phase {
-            Phase::Tunnel => r.pending_up() < TO_UPSTREAM_MAX,
+    pub fn wants_input(&self) -> bool {
+        match self.phase {
+            Phase::Tunnel => self.pending_up() < TO_UPSTREAM_MAX,
             Phase::Done => false,
-            _ => r.client_body.is_some() && r.pending_up() < TO_UPSTREAM_MAX,
+            _ => self.client_body.is_some() && self.pending_up() < TO_UPSTREAM_MAX,
         }
     }
 
     /// Parses and relays what the upstream sent.
-    fn relay_process(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        let Some(r) = self.relay_mut() else { return };
-        let Some(mut buf) = r.from_up.take() else {
+    fn process(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        let Some(mut buf) = self.from_up.take() else {
             return;
         };
         loop {
-            if buf.is_empty() || r.phase == Phase::Done {
+            if buf.is_empty() || self.phase == Phase::Done {
                 break;
             }
-            if r.phase == Phase::Tunnel {
-                out.head_buf(|| cx.buffers.take_write());
-                out.push_copy(buf.data());
-                r.body_bytes += buf.len() as u64;
+            if self.phase == Phase::Tunnel {
+                self.body_bytes += buf.len() as u64;
+                self.client_data(buf.data(), out, cx);
                 buf.consume(buf.len());
                 break;
             }
-            match &mut r.up_body {
+            match &mut self.up_body {
                 UpBody::Head => {
-                    let used = r.take_head(buf.data(), out, link, cx);
+                    let used = self.take_head(buf.data(), out, link, cx);
                     if used == 0 {
                         break;
                     }
                     buf.consume(used);
                 }
                 UpBody::UntilClose => {
-                    out.head_buf(|| cx.buffers.take_write());
-                    r.push_body(buf.data(), out);
+                    self.push_body(buf.data(), out, cx);
                     buf.consume(buf.len());
                 }
-                UpBody::Decoding(decoder) => {
-                    let mut decoder_done = false;
-                    let mut used = 0;
-                    let mut broken = false;
-                    while used < buf.len() {
-                        match decoder.decode(&buf.data()[used..]) {
-                            Err(_) => {
-                                broken = true;
-                                break;
-                            }
-                            Ok(step) => {
-                                used += step.consumed;
-                                let data = step.data;
-                                // Push straight into the output (a copy the client's send
-                                // needs anyway).
-                                if !data.is_empty() {
-                                    r.body_bytes += data.len() as u64;
-                                    out.head_buf(|| cx.buffers.take_write());
-                                    if r.chunked_out {
-                                        out.push_copy(chunk_size_line(data.len(), &mut [0; 18]));
-                                        out.push_copy(data);
-                                        out.push_copy(b"\r\n");
-                                    } else if !r.ex.head_only {
-                                        out.push_copy(data);
-                                    }
-                                }
-                                if step.done {
-                                    decoder_done = true;
-                                    break;
-                                }
-                                if step.consumed == 0 {
-                                    break;
-                                }
-                            }
-                        }
-                    }
+                UpBody::Decoding(_) => {
+                    let (used, done, broken) = self.decode_body(buf.data(), out, cx);
                     buf.consume(used);
                     if broken {
-                        r.fail(502, "upstream sent a malformed chunked body", out, link, cx);
+                        self.fail(502, "upstream sent a malformed chunked body", out, link, cx);
                         break;
                     }
-                    if decoder_done {
-                        if !buf.is_empty() {
-                            // Bytes past the response's end: the server is out of step.
-                            r.upstream_keep = false;
-                            buf.consume(buf.len());
-                        }
-                        r.finish_body(out);
-                        r.complete(UpstreamOutcome::Ok, out, cx);
+                    if !done {
+                        break;
                     }
-                    if !decoder_done {
+                    self.finish_body(out);
+                    self.complete(UpstreamOutcome::Ok, out, cx);
+                }
+            }
+        }
+        if self.phase == Phase::Done && !buf.is_empty() {
+            // Bytes past the end of the answer (a body after a HEAD answer, say): the
+            // server is out of step with us, so its connection is not reused.
+            self.upstream_keep = false;
+            buf.consume(buf.len());
+        }
+        if buf.is_empty() && buf.capacity() == cx.buffers.read_size() && self.phase == Phase::Done {
+            cx.buffers.give_read(buf);
+        } else {
+            self.from_up = Some(buf);
+        }
+    }
+
+    /// Decodes body bytes of a sized or chunked answer into the client's output. Returns
+    /// the bytes used, whether the body is complete, and whether its framing broke.
+    fn decode_body(
+        &mut self,
+        input: &[u8],
+        out: &mut Output,
+        cx: &mut ConnCx<'_>,
+    ) -> (usize, bool, bool) {
+        let mut used = 0;
+        while used < input.len() {
+            let UpBody::Decoding(decoder) = &mut self.up_body else {
+                break;
+            };
+            match decoder.decode(&input[used..]) {
+                Err(_) => return (used, false, true),
+                Ok(step) => {
+                    used += step.consumed;
+                    let done = step.done;
+                    let stalled = step.consumed == 0;
+                    self.push_body(step.data, out, cx);
+                    if done {
+                        return (used, true, false);
+                    }
+                    if stalled {
                         break;
                     }
                 }
             }
         }
-        if let State::Relay(r) = &mut self.state {
-            if r.phase == Phase::Done && !buf.is_empty() {
-                // Bytes past the end of the answer (a body after a HEAD answer, say): the
-                // server is out of step with us, so its connection is not reused.
-                r.upstream_keep = false;
-                buf.consume(buf.len());
-            }
-            if buf.is_empty() && buf.capacity() == cx.buffers.read_size() && r.phase == Phase::Done
-            {
-                cx.buffers.give_read(buf);
-            } else {
-                r.from_up = Some(buf);
-            }
-        }
+        (used, false, false)
     }
 }
 
@@ -659,7 +688,7 @@ impl Relay {
         }
     }
 
-    fn connect_failed(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+    pub fn connect_failed(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
         cx.stats.bump(Counter::UpstreamConnectFailures);
         if let Some(s) = self.server {
             if ratelog::admit("upstream_connect", cx.clock.now_ms()) {
@@ -766,7 +795,7 @@ impl Relay {
         if head.status < 200 {
             // 100 Continue was ours to give; other interim answers (103 Early Hints) go to
             // HTTP/1.1 clients as they are.
-            if head.status != 100 && !self.ex.http10 {
+            if head.status != 100 && !self.ex.http10 && matches!(self.client, ClientSide::H1) {
                 let mut r = Response::new(head.status);
                 copy_fields(&head, &mut r);
                 let h = ResponseHead {
@@ -849,17 +878,23 @@ impl Relay {
         if !keep {
             self.close_client = true;
         }
-        let h = ResponseHead {
-            status: head.status,
-            date_line: cx.clock.date_line(),
-            headers: r.headers(),
-            content_length,
-            chunked: chunked && !self.ex.head_only,
-            connection,
-        };
-        write_head(out, &h, cx);
+        match &mut self.client {
+            ClientSide::H1 => {
+                let h = ResponseHead {
+                    status: head.status,
+                    date_line: cx.clock.date_line(),
+                    headers: r.headers(),
+                    content_length,
+                    chunked: chunked && !self.ex.head_only,
+                    connection,
+                };
+                write_head(out, &h, cx);
+                self.chunked_out = chunked && !self.ex.head_only;
+            }
+            // HTTP/2 frames the body itself: no chunking, no Connection.
+            ClientSide::H2(a) => a.head = Some((r, content_length)),
+        }
         self.head_sent = true;
-        self.chunked_out = chunked && !self.ex.head_only;
         match body {
             Some(b) if !matches!(&b, UpBody::Decoding(d) if d.is_done()) => self.up_body = b,
             _ => {
@@ -870,7 +905,8 @@ impl Relay {
         used
     }
 
-    fn push_body(&mut self, data: &[u8], out: &mut Output) {
+    /// Body bytes of the answer, framed for the client.
+    fn push_body(&mut self, data: &[u8], out: &mut Output, cx: &mut ConnCx<'_>) {
         if data.is_empty() {
             return;
         }
@@ -879,11 +915,23 @@ impl Relay {
             return;
         }
         if self.chunked_out {
+            out.head_buf(|| cx.buffers.take_write());
             out.push_copy(chunk_size_line(data.len(), &mut [0; 18]));
             out.push_copy(data);
             out.push_copy(b"\r\n");
         } else {
-            out.push_copy(data);
+            self.client_data(data, out, cx);
+        }
+    }
+
+    /// Bytes for the client as they are (a sized body, a tunnel).
+    fn client_data(&mut self, data: &[u8], out: &mut Output, cx: &mut ConnCx<'_>) {
+        match &mut self.client {
+            ClientSide::H1 => {
+                out.head_buf(|| cx.buffers.take_write());
+                out.push_copy(data);
+            }
+            ClientSide::H2(a) => a.data.extend_from_slice(data),
         }
     }
 
@@ -891,6 +939,9 @@ impl Relay {
         if self.chunked_out {
             out.push_copy(b"0\r\n\r\n");
             self.chunked_out = false;
+        }
+        if let ClientSide::H2(a) = &mut self.client {
+            a.end = true;
         }
     }
 
@@ -902,6 +953,9 @@ impl Relay {
         self.outcome = outcome;
         self.phase = Phase::Done;
         self.deadline_ms = u64::MAX;
+        if let ClientSide::H2(a) = &mut self.client {
+            a.end = true;
+        }
         let upstream_us = cx.clock.now_us().saturating_sub(self.sent_us);
         cx.stats.response(self.status);
         if let (Some(log), Some(saved)) = (cx.access_log.as_deref_mut(), self.log.as_ref()) {
@@ -940,6 +994,10 @@ impl Relay {
             }
             // Whatever was queued goes out, then the connection closes: the client sees a
             // short body (or no last chunk), never a later response mistaken for this one.
+            // On HTTP/2 the stream is reset instead.
+            if let ClientSide::H2(a) = &mut self.client {
+                a.broken = true;
+            }
             return;
         }
         let _ = link;
@@ -984,17 +1042,28 @@ impl Relay {
             (true, false) => ConnectionHeader::Persistent,
         };
         let body = r.body.len();
-        let h = ResponseHead {
-            status,
-            date_line: cx.clock.date_line(),
-            headers: r.headers(),
-            content_length: Some(body),
-            chunked: false,
-            connection,
-        };
-        write_head(out, &h, cx);
-        if !self.ex.head_only {
-            out.push_body(std::mem::take(&mut r.body));
+        match &mut self.client {
+            ClientSide::H1 => {
+                let h = ResponseHead {
+                    status,
+                    date_line: cx.clock.date_line(),
+                    headers: r.headers(),
+                    content_length: Some(body),
+                    chunked: false,
+                    connection,
+                };
+                write_head(out, &h, cx);
+                if !self.ex.head_only {
+                    out.push_body(std::mem::take(&mut r.body));
+                }
+            }
+            ClientSide::H2(a) => {
+                if !self.ex.head_only {
+                    a.data.extend_from_slice(msg.as_bytes());
+                }
+                r.body = crate::response::Body::Empty;
+                a.head = Some((r, Some(body)));
+            }
         }
         self.head_sent = true;
         self.status = status;
