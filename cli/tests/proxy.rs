@@ -1011,6 +1011,9 @@ fn proxy_routes_are_checked_with_line_numbers() {
     }
 }
 
+/// Upstream connections of `/slow` that the proxy closed (the client cancelled the stream).
+static SLOW_CLOSED: AtomicUsize = AtomicUsize::new(0);
+
 /// HTTP/2 clients: every stream becomes an HTTP/1.1 request upstream (on pooled connections),
 /// many at once on one client connection, bodies both ways, answers framed as DATA within the
 /// client's windows, and a broken answer resets only its stream.
@@ -1019,6 +1022,17 @@ async fn http2_streams_become_upstream_requests() {
     use h2_support::H2Conn;
     let up = Upstream::start(|req, s, _| {
         let path = req.line().split(' ').nth(1).unwrap_or("").to_string();
+        if path == "/slow" {
+            // Holds the answer until tern closes the connection (the stream was cancelled).
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nstart")
+                .unwrap();
+            let mut buf = [0u8; 16];
+            let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+            if s.read(&mut buf).is_ok_and(|n| n == 0) {
+                SLOW_CLOSED.fetch_add(1, Ordering::SeqCst);
+            }
+            return false;
+        }
         if path == "/broken" {
             let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort");
             return false;
@@ -1075,6 +1089,21 @@ async fn http2_streams_become_upstream_requests() {
     let r = big.await.unwrap().unwrap();
     assert_eq!(r.body.len(), 3 << 20);
     assert!(r.body.iter().all(|&b| b == b'z'));
+    // A client that cancels a slow answer (RST_STREAM) frees its relay: the upstream
+    // connection is closed, the client connection goes on.
+    let before = up.connections();
+    let slow = h2.start("GET", "/slow", &[], None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(slow);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h2.get("/after-cancel", &[]).await.status, 200);
+    assert!(
+        eventually(Duration::from_secs(5), || SLOW_CLOSED
+            .load(Ordering::SeqCst)
+            >= 1),
+        "the cancelled stream's upstream connection was closed ({} opened since)",
+        up.connections() - before
+    );
     // A broken answer resets its stream; the connection goes on.
     let broken = h2.try_request("GET", "/broken", &[], None).await;
     assert!(broken.is_err(), "{broken:?}");

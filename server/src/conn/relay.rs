@@ -183,14 +183,15 @@ impl Relay {
         cx: &mut ConnCx<'_>,
     ) -> Box<Relay> {
         let RelayStart {
-            fwd,
+            mut fwd,
             ex,
             body,
             streamed,
             log,
         } = start;
-        let mut to_up = Vec::with_capacity(fwd.head.len() + 64 + body.len().min(16 * 1024));
-        to_up.extend_from_slice(&fwd.head);
+        // The handler's head becomes the start of the request bytes (no copy).
+        let mut to_up = std::mem::take(&mut fwd.head);
+        to_up.reserve(64 + body.len().min(16 * 1024));
         let client_body = match streamed {
             Some(BodyKind::Length(n)) => {
                 push_length(&mut to_up, n);
