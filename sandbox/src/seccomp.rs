@@ -721,35 +721,25 @@ mod tests {
     /// mapping is refused, and the process lives on.
     #[test]
     fn in_a_child_forbidden_calls_fail_with_eperm_and_are_counted() {
-        // SAFETY: fork in a test process; the child only makes system calls and exits with
-        // _exit, never returning into the test harness.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            let code = child_checks();
-            // SAFETY: ends the forked child without running the harness's destructors.
-            unsafe { libc::_exit(code) };
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        assert!(libc::WIFEXITED(status), "child died: status {status}");
-        assert_eq!(
-            libc::WEXITSTATUS(status),
-            0,
-            "child check failed (see its code)"
-        );
+        in_a_child(child_checks);
     }
 
     /// With outbound connections allowed (a reverse proxy): stream sockets of the three
     /// families open and connect, anything else is still refused.
     #[test]
     fn in_a_child_a_proxy_may_open_stream_sockets_only() {
-        // SAFETY: as above: the child makes system calls and leaves with _exit.
+        in_a_child(proxy_child_checks);
+    }
+
+    /// Runs `checks` in a forked child (a filter cannot be taken back) and asserts it
+    /// returned 0 (else the number of its first failing check).
+    fn in_a_child(checks: fn() -> i32) {
+        // SAFETY: fork in a test process; the child only makes system calls and exits with
+        // _exit, never returning into the test harness.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            let code = proxy_child_checks();
+            let code = checks();
             // SAFETY: ends the forked child without running the harness's destructors.
             unsafe { libc::_exit(code) };
         }

@@ -14,6 +14,7 @@ mod handler;
 pub mod negotiate;
 mod response;
 mod router;
+mod slab;
 pub mod static_files;
 mod stats;
 #[doc(hidden)]

@@ -19,6 +19,27 @@ use crate::worker::Shared;
 use crate::{Handler, HandlerContext, Reply, Request, RequestHead};
 use crate::{ListenerKind, Router, ServerConfig, Stats};
 
+/// The borrowed worker state a step of the connection runs with (a macro: it borrows
+/// fields of the `MemoryConn` one by one, leaving `conn` and `output` free).
+macro_rules! conn_cx {
+    ($this:ident, $config:ident) => {
+        ConnCx {
+            shared: &$this.shared,
+            config: &$config,
+            stats: $this.shared.stats.worker(0),
+            clock: &$this.clock,
+            buffers: &mut $this.buffers,
+            scratch: &mut $this.scratch,
+            access_log: None,
+            inbox: &$this.inbox,
+            worker_id: 0,
+            stopping: false,
+            draining: false,
+            near_limit: false,
+        }
+    };
+}
+
 /// One connection, in memory.
 pub struct MemoryConn {
     shared: Arc<Shared>,
@@ -123,20 +144,7 @@ impl MemoryConn {
                 break;
             }
             let config = self.shared.live.load_full();
-            let mut cx = ConnCx {
-                shared: &self.shared,
-                config: &config,
-                stats: self.shared.stats.worker(0),
-                clock: &self.clock,
-                buffers: &mut self.buffers,
-                scratch: &mut self.scratch,
-                access_log: None,
-                inbox: &self.inbox,
-                worker_id: 0,
-                stopping: false,
-                draining: false,
-                near_limit: false,
-            };
+            let mut cx = conn_cx!(self, config);
             let mut moved = true;
             // The first relay under way (HTTP/1.1 has one).
             let mut ids = Vec::new();
@@ -185,20 +193,7 @@ impl MemoryConn {
             return;
         }
         let config = self.shared.live.load_full();
-        let mut cx = ConnCx {
-            shared: &self.shared,
-            config: &config,
-            stats: self.shared.stats.worker(0),
-            clock: &self.clock,
-            buffers: &mut self.buffers,
-            scratch: &mut self.scratch,
-            access_log: None,
-            inbox: &self.inbox,
-            worker_id: 0,
-            stopping: false,
-            draining: false,
-            near_limit: false,
-        };
+        let mut cx = conn_cx!(self, config);
         loop {
             loop {
                 let mut iov = [IoSlice::new(&[]); MAX_IOVECS];

@@ -12,6 +12,7 @@ use crate::conn::{Conn, ConnCx, Link, Status};
 use crate::driver::{self, Socket};
 use crate::handler::WorkerMessage;
 use crate::router::Router;
+use crate::slab::Slab;
 use crate::stats::{Counter, Stats};
 use crate::upstream::driver::{self as relay_driver, UpstreamCx};
 use crate::upstream::pool::{UpstreamConns, UPSTREAM_TOKEN};
@@ -49,73 +50,15 @@ pub(crate) struct Shared {
     pub access_logs: Vec<Arc<crate::access_log::LogShared>>,
 }
 
-/// Connections of one worker, addressed by `generation << 32 | index`. The generation makes
-/// a key (in a timer, a pending reply or a mio token) refer to one connection only, never to
-/// a later one that reuses the slot. Connections are boxed so that the slot vector stays
-/// small: growing it by doubling then copies 16-byte slots, not whole connections, and
-/// leaves little freed-but-resident memory behind (idle connections are budgeted in bytes).
-#[derive(Default)]
-struct Slab {
-    slots: Vec<(u32, Option<Box<Entry>>)>,
-    free: Vec<u32>,
-    len: usize,
-}
-
-impl Slab {
-    fn insert(&mut self, make: impl FnOnce(u64) -> Entry) -> u64 {
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.slots.push((0, None));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        let slot = &mut self.slots[index as usize];
-        // Generations stay below 2^31: keys with the top bit set are upstream connections.
-        slot.0 = (slot.0.wrapping_add(1) & 0x7fff_ffff).max(1);
-        let key = u64::from(slot.0) << 32 | u64::from(index);
-        slot.1 = Some(Box::new(make(key)));
-        self.len += 1;
-        key
-    }
-
-    fn get_mut(&mut self, key: u64) -> Option<&mut Entry> {
-        let (gen, conn) = self.slots.get_mut((key & 0xffff_ffff) as usize)?;
-        if u64::from(*gen) == key >> 32 {
-            conn.as_deref_mut()
-        } else {
-            None
-        }
-    }
-
-    fn remove(&mut self, key: u64) -> Option<Box<Entry>> {
-        let index = (key & 0xffff_ffff) as usize;
-        let (gen, conn) = self.slots.get_mut(index)?;
-        if u64::from(*gen) != key >> 32 {
-            return None;
-        }
-        let conn = conn.take()?;
-        self.free.push(index as u32);
-        self.len -= 1;
-        Some(conn)
-    }
-
-    fn keys(&self) -> Vec<u64> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, c))| c.is_some())
-            .map(|(i, (gen, _))| u64::from(*gen) << 32 | i as u64)
-            .collect()
-    }
-}
-
 /// The HTTP server on one worker thread.
 pub(crate) struct HttpWorker {
     id: usize,
     shared: Arc<Shared>,
     inbox: InboxSender<WorkerMessage>,
-    conns: Slab,
+    /// Boxed, so that the slot vector stays small: growing it by doubling then copies
+    /// 16-byte slots, not whole connections, and leaves little freed-but-resident memory
+    /// behind (idle connections are budgeted in bytes).
+    conns: Slab<Box<Entry>>,
     /// Connections whose flush yielded to be fair to others; driven again next turn.
     yielded: Vec<u64>,
     near_limit_at: usize,
@@ -141,7 +84,7 @@ impl HttpWorker {
         HttpWorker {
             id,
             inbox,
-            conns: Slab::default(),
+            conns: Slab::new(0),
             yielded: Vec::new(),
             near_limit_at: max - max / 10,
             config,
@@ -294,21 +237,23 @@ impl WorkerApp for HttpWorker {
                 port => port,
             }
         });
-        let key = self.conns.insert(|key| Entry {
-            conn: Conn::new(
-                Link {
-                    peer,
-                    key,
-                    secure: tls.is_some(),
-                    redirect_to_https,
-                },
-                tls,
-                cx.clock.now_ms(),
-            ),
-            sock: Socket::new(stream),
-            deadline_ms: u64::MAX,
-            armed_ms: u64::MAX,
-            upstreams: Vec::new(),
+        let key = self.conns.insert(|key| {
+            Box::new(Entry {
+                conn: Conn::new(
+                    Link {
+                        peer,
+                        key,
+                        secure: tls.is_some(),
+                        redirect_to_https,
+                    },
+                    tls,
+                    cx.clock.now_ms(),
+                ),
+                sock: Socket::new(stream),
+                deadline_ms: u64::MAX,
+                armed_ms: u64::MAX,
+                upstreams: Vec::new(),
+            })
         });
         stats.bump(Counter::ConnectionsAccepted);
         // The listeners defer accepts until data arrived (TCP_DEFER_ACCEPT), so the request or

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use mio::{Interest, Registry, Token};
 
 use super::{UpstreamAddr, Upstreams};
+use crate::slab::Slab;
 
 /// Set in the mio token (and slab key) of every upstream connection; client connection keys
 /// never have it (their generation is kept below 2^31).
@@ -105,10 +106,8 @@ impl UpConn {
     }
 }
 
-#[derive(Default)]
 pub(crate) struct UpstreamConns {
-    slots: Vec<(u32, Option<UpConn>)>,
-    free: Vec<u32>,
+    slab: Slab<UpConn>,
     /// Idle connections by (pool key, server), most recently used last.
     idle: HashMap<(u64, usize), Vec<u64>>,
     idle_count: usize,
@@ -116,41 +115,27 @@ pub(crate) struct UpstreamConns {
     swept_ms: u64,
 }
 
-impl UpstreamConns {
-    fn insert(&mut self, conn: UpConn) -> u64 {
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.slots.push((0, None));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        let slot = &mut self.slots[index as usize];
-        slot.0 = (slot.0.wrapping_add(1) & 0x7fff_ffff).max(1);
-        slot.1 = Some(conn);
-        UPSTREAM_TOKEN | u64::from(slot.0) << 32 | u64::from(index)
-    }
-
-    pub fn get_mut(&mut self, key: u64) -> Option<&mut UpConn> {
-        let (gen, conn) = self.slots.get_mut((key & 0xffff_ffff) as usize)?;
-        if u64::from(*gen) == (key & !UPSTREAM_TOKEN) >> 32 {
-            conn.as_mut()
-        } else {
-            None
+impl Default for UpstreamConns {
+    fn default() -> Self {
+        UpstreamConns {
+            slab: Slab::new(UPSTREAM_TOKEN),
+            idle: HashMap::new(),
+            idle_count: 0,
+            swept_ms: 0,
         }
+    }
+}
+
+impl UpstreamConns {
+    pub fn get_mut(&mut self, key: u64) -> Option<&mut UpConn> {
+        self.slab.get_mut(key)
     }
 
     /// Closes it (dropping the socket also takes it out of epoll).
     pub fn close(&mut self, key: u64) {
-        let index = (key & 0xffff_ffff) as usize;
-        let Some((gen, conn)) = self.slots.get_mut(index) else {
+        let Some(c) = self.slab.remove(key) else {
             return;
         };
-        if u64::from(*gen) != (key & !UPSTREAM_TOKEN) >> 32 || conn.is_none() {
-            return;
-        }
-        let c = conn.take().expect("checked above");
-        self.free.push(index as u32);
         if c.owner == 0 {
             if let Some(list) = self.idle.get_mut(&(c.set.pool_key(), c.server)) {
                 list.retain(|&k| k != key);
@@ -175,7 +160,7 @@ impl UpstreamConns {
             }
             UpstreamAddr::Unix(path) => UpStream::Unix(mio::net::UnixStream::connect(path)?),
         };
-        let key = self.insert(UpConn {
+        let key = self.slab.insert(|_| UpConn {
             stream,
             set: set.clone(),
             server,
@@ -209,7 +194,7 @@ impl UpstreamConns {
         loop {
             let key = self.idle.get_mut(&(pool_key, server))?.pop()?;
             self.idle_count -= 1;
-            let Some(conn) = self.slots[(key & 0xffff_ffff) as usize].1.as_mut() else {
+            let Some(conn) = self.slab.get_mut(key) else {
                 continue;
             };
             // Owned from here on (so `close` does not look for it among the idle).
@@ -249,15 +234,12 @@ impl UpstreamConns {
             return;
         }
         self.swept_ms = now_ms;
-        let expired: Vec<u64> = self
-            .idle
-            .values()
-            .flatten()
-            .copied()
+        let keys: Vec<u64> = self.idle.values().flatten().copied().collect();
+        let expired: Vec<u64> = keys
+            .into_iter()
             .filter(|&k| {
-                self.slots[(k & 0xffff_ffff) as usize]
-                    .1
-                    .as_ref()
+                self.slab
+                    .get_mut(k)
                     .is_some_and(|c| c.idle_until_ms <= now_ms)
             })
             .collect();
