@@ -333,7 +333,11 @@ fn requests_reach_the_upstream_rewritten_and_answers_come_back_rewritten() {
 fn one_pooled_upstream_connection_serves_many_requests() {
     let up = Upstream::ok("pong");
     let p = Proxy::new();
-    let tern = p.start(&proxy_route("/", &[up.addr], ""), &[]);
+    let routes = format!(
+        "{}[[site.route]]\npath = \"/statusz\"\ncounters = \"statusz\"\n",
+        proxy_route("/", &[up.addr], "")
+    );
+    let tern = p.start(&routes, &[]);
     let mut c = tern.client();
     for i in 0..50 {
         let r = c.get(&format!("/ping/{i}"), &[]);
@@ -354,6 +358,10 @@ fn one_pooled_upstream_connection_serves_many_requests() {
         "the upstream saw one connection for 60 requests"
     );
     assert_eq!(up.seen().len(), 60);
+    // The counters say so too (a `counters` route, for this machine only).
+    assert_eq!(tern.counter_at("/statusz", "upstream_connects"), 1);
+    assert_eq!(tern.counter_at("/statusz", "upstream_reuses"), 59);
+    assert_eq!(tern.counter_at("/statusz", "upstream_failures"), 0);
 }
 
 #[test]
@@ -565,7 +573,11 @@ fn a_dead_pooled_connection_is_retried_once_for_idempotent_requests_only() {
         true
     });
     let p = Proxy::new();
-    let tern = p.start(&proxy_route("/", &[up.addr], ""), &["--workers", "1"]);
+    let routes = format!(
+        "{}[[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n",
+        proxy_route("/", &[up.addr], "")
+    );
+    let tern = p.start(&routes, &["--workers", "1"]);
     let mut c = tern.client();
     assert_eq!(c.get("/a", &[]).status, 200);
     let r = c.get("/b", &[]);
@@ -580,6 +592,8 @@ fn a_dead_pooled_connection_is_retried_once_for_idempotent_requests_only() {
     let r = c.read_response(false);
     assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(up.connections(), 2);
+    let metrics = tern.get("/metrics").text();
+    assert!(metrics.contains("\ntern_upstream_retries 1\n"), "{metrics}");
 }
 
 #[test]

@@ -109,6 +109,57 @@ pub fn render_prometheus(prefix: &str, metrics: &[Metric]) -> String {
     out
 }
 
+/// A page of the server's and the process's counters, for a server without an app of its
+/// own (a `counters` route of `tern run`): `name: value` lines, or Prometheus's format. Only
+/// loopback peers and `trusted` ones see it; the counters tell an attacker which of its
+/// tricks are caught.
+pub struct CountersPage {
+    stats: tern_server::Stats,
+    started: Instant,
+    prometheus: bool,
+    trusted: crate::TrustedProxies,
+}
+
+impl CountersPage {
+    pub fn new(
+        stats: tern_server::Stats,
+        prometheus: bool,
+        trusted: crate::TrustedProxies,
+    ) -> CountersPage {
+        CountersPage {
+            stats,
+            started: Instant::now(),
+            prometheus,
+            trusted,
+        }
+    }
+}
+
+impl tern_server::Handler for CountersPage {
+    fn handle(
+        &self,
+        req: &tern_server::Request<'_>,
+        _: &mut tern_server::HandlerContext<'_>,
+    ) -> tern_server::Reply {
+        let peer = req.peer.ip().to_canonical();
+        if !peer.is_loopback() && !self.trusted.is_trusted(peer) {
+            return tern_server::Response::text(403, "counters are for this machine only\n").into();
+        }
+        let mut all = server_metrics(&self.stats.snapshot());
+        all.extend(process_metrics(self.started));
+        let text = if self.prometheus {
+            render_prometheus("tern_", &all)
+        } else {
+            render_statusz(&all)
+        };
+        tern_server::Response::new(200)
+            .with_header("Content-Type", "text/plain; charset=utf-8")
+            .with_header("Cache-Control", "no-store")
+            .with_body(tern_server::Body::Owned(text.into_bytes()))
+            .into()
+    }
+}
+
 /// The server layer's counters: connections, requests, responses by class, timeouts, and
 /// bad requests by cause.
 pub fn server_metrics(s: &StatsSnapshot) -> Vec<Metric> {

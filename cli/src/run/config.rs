@@ -90,6 +90,8 @@ struct RouteFile {
     upstream_idle_timeout: Option<Spanned<u64>>,
     keepalive: Option<Spanned<usize>>,
     trusted_proxies: Option<Spanned<String>>,
+    /// The server's counters: "statusz" (name: value lines) or "metrics" (Prometheus).
+    counters: Option<Spanned<String>>,
     add_headers: Option<Spanned<BTreeMap<String, String>>>,
     remove_headers: Option<Spanned<Vec<String>>>,
     gate: Option<Spanned<bool>>,
@@ -158,6 +160,11 @@ pub enum RouteKind {
     /// The IPv4 Games (see [`RunConfig::app`]).
     App,
     Proxy(ProxyPlan),
+    /// The server's and process's counters, for loopback and `trusted` peers.
+    Counters {
+        prometheus: bool,
+        trusted: tern_services::TrustedProxies,
+    },
 }
 
 /// A proxy route's upstreams and how requests reach them.
@@ -415,6 +422,7 @@ fn check_route(
         ("respond", route.respond.as_ref().map(|v| v.span().start)),
         ("app", route.app.as_ref().map(|v| v.span().start)),
         ("proxy", route.proxy.as_ref().map(|v| v.span().start)),
+        ("counters", route.counters.as_ref().map(|v| v.span().start)),
     ]
     .into_iter()
     .filter_map(|(k, at)| at.map(|at| (k, at)))
@@ -423,7 +431,7 @@ fn check_route(
         [] => {
             p.at(
                 path_at,
-                "a route needs one of `static`, `redirect`, `respond`, `app` or `proxy`",
+                "a route needs one of `static`, `redirect`, `respond`, `app`, `proxy` or `counters`",
             );
             return None;
         }
@@ -540,6 +548,7 @@ fn check_route(
         "redirect" => check_redirect(route, p),
         "respond" => check_respond(route, p),
         "proxy" => check_proxy(route, dir, p),
+        "counters" => check_counters(route, p),
         _ => check_app(route, dir, p, app),
     };
     kind.filter(|_| ok)
@@ -836,6 +845,35 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
         }
     }
     ok.then_some(RouteKind::Proxy(ProxyPlan { group, options }))
+}
+
+fn check_counters(route: &RouteFile, p: &mut Problems<'_>) -> Option<RouteKind> {
+    let kind = route.counters.as_ref()?;
+    let prometheus = match kind.get_ref().as_str() {
+        "statusz" => false,
+        "metrics" => true,
+        other => {
+            p.at(
+                kind.span().start,
+                format!("counters {other:?}: use \"statusz\" (name: value lines) or \"metrics\" (Prometheus)"),
+            );
+            return None;
+        }
+    };
+    let mut trusted = tern_services::TrustedProxies::default();
+    if let Some(t) = &route.trusted_proxies {
+        match tern_services::TrustedProxies::parse(t.get_ref()) {
+            Ok(list) => trusted = list,
+            Err(e) => {
+                p.at(t.span().start, format!("trusted_proxies: {e}"));
+                return None;
+            }
+        }
+    }
+    Some(RouteKind::Counters {
+        prometheus,
+        trusted,
+    })
 }
 
 /// `host:port` (a name is resolved now, once), `[v6]:port`, or `unix:/path` (relative paths

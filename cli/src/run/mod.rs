@@ -67,6 +67,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     }
     let lockdown = hardening::plan(&args.common.hardening, Some(&loaded.hardening()), needs)?;
     let mut server = Server::new(server_config, Router::new());
+    let stats = server.stats();
     let app: Option<Arc<dyn Handler>> = match &loaded.app {
         Some(plan) => {
             let game = tern_ipv4_games::GameConfig::new(&plan.data, &plan.pages);
@@ -74,7 +75,14 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         }
         None => None,
     };
-    let table = build_table(&loaded, app.as_ref(), gate.as_ref(), workers, &logs.targets)?;
+    let table = build_table(
+        &loaded,
+        app.as_ref(),
+        gate.as_ref(),
+        workers,
+        &logs.targets,
+        &stats,
+    )?;
     let what = format!(
         "running {} from {}",
         describe_table(&table),
@@ -107,6 +115,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         gate,
         workers,
         log_files: logs.files,
+        stats: stats.clone(),
     };
     let on_reload: OnReload =
         Box::new(
@@ -265,6 +274,7 @@ fn build_table(
     gate: Option<&tern_gate::Gate>,
     workers: usize,
     logs: &[LogTarget],
+    stats: &tern_server::Stats,
 ) -> Result<SiteTable, String> {
     let mut sites = Vec::with_capacity(loaded.sites.len());
     for (index, site) in loaded.sites.iter().enumerate() {
@@ -310,6 +320,14 @@ fn build_table(
                 RouteKind::App => Action::Handler(app.cloned().ok_or(
                     "an app route was added, but the game starts only with tern: restart tern to add it",
                 )?),
+                RouteKind::Counters {
+                    prometheus,
+                    trusted,
+                } => Action::Handler(Arc::new(tern_services::metrics::CountersPage::new(
+                    stats.clone(),
+                    *prometheus,
+                    trusted.clone(),
+                ))),
                 RouteKind::Proxy(plan) => {
                     let group = tern_proxy::UpstreamGroup::new(plan.group.clone(), workers);
                     Action::Handler(Arc::new(tern_proxy::Proxy::new(
@@ -417,6 +435,7 @@ struct Reloader {
     workers: usize,
     /// The access-log files opened at start-up (others need a restart).
     log_files: Vec<(PathBuf, LogFormatArg)>,
+    stats: tern_server::Stats,
 }
 
 impl Reloader {
@@ -457,6 +476,7 @@ impl Reloader {
             self.gate.as_ref(),
             self.workers,
             &logs.targets,
+            &self.stats,
         )?;
         let tls_note = match (&self.acceptor, &tls) {
             (Some(acceptor), Some(plan)) => {
