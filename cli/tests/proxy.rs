@@ -1103,6 +1103,47 @@ async fn http2_streams_become_upstream_requests() {
     let r = big.await.unwrap().unwrap();
     assert_eq!(r.body.len(), 3 << 20);
     assert!(r.body.iter().all(|&b| b == b'z'));
+    // Uploads stream too, past --max-body (1 MiB by default), with a length or without one
+    // (then chunked upstream), tern's memory staying put.
+    let rss_before = rss_kib(tern.pid());
+    let body = vec![b'u'; 48 << 20];
+    let r = h2
+        .try_request(
+            "POST",
+            "/upload",
+            &[("content-length", &body.len().to_string())],
+            Some(&body),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r.text(),
+        format!(
+            "POST /upload HTTP/1.1 http {}",
+            (48 << 20).to_string().len()
+        )
+    );
+    let small = vec![b'v'; 3 << 20];
+    let r = h2
+        .try_request("PUT", "/chunked-up", &[], Some(&small))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.text(),
+        format!("PUT /chunked-up HTTP/1.1 http {}", 3 << 20)
+    );
+    let grew = rss_kib(tern.pid()).saturating_sub(rss_before);
+    assert!(
+        grew < 16 * 1024,
+        "tern's RSS grew by {grew} KiB for a 48 MiB upload"
+    );
+    let last = up.seen().last().cloned().unwrap();
+    assert_eq!(
+        last.header("transfer-encoding").as_deref(),
+        Some("chunked"),
+        "{}",
+        last.head
+    );
     // A client that cancels a slow answer (RST_STREAM) frees its relay: the upstream
     // connection is closed, the client connection goes on.
     let before = up.connections();

@@ -60,6 +60,26 @@ fn answer(session: &mut Session, event: Event, out: &mut Vec<u8>) {
             (id, status)
         }
         Event::Refuse { stream, status } => (stream, status),
+        // Odd streams are taken as streams (a proxy route), even ones gathered whole; a
+        // streamed body is consumed as it comes, and answered at its end.
+        Event::Head(id) if id % 4 == 1 => {
+            if let Some(req) = session.stream_body(id, out) {
+                session.recycle(req);
+            }
+            return;
+        }
+        Event::Head(id) => return session.gather_body(id, out),
+        Event::Body(id) => {
+            let Some((chunk, ended)) = session.body_chunk(id) else {
+                return;
+            };
+            let n = chunk.len();
+            session.consume_body(id, n, out);
+            if !ended {
+                return;
+            }
+            (id, 200)
+        }
         _ => return,
     };
     let body_len = (id as usize * 37) % 40_000;

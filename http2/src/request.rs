@@ -193,6 +193,11 @@ impl Fields {
     pub fn field_count(&self) -> usize {
         self.regular.len()
     }
+
+    /// The request's declared `content-length`, if any.
+    pub fn content_length(&self) -> Option<u64> {
+        self.content_length
+    }
 }
 
 /// Checks a trailer field (no pseudo-headers; the values are not kept).

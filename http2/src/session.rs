@@ -67,6 +67,13 @@ impl Default for Config {
 pub enum Event {
     /// A request is complete (head and body): take it with [`Session::take_request`].
     Request(u32),
+    /// A request's head arrived and a body follows: the caller must choose, with
+    /// [`Session::gather_body`] (the body is collected, up to `max_body`, and `Request`
+    /// follows) or [`Session::stream_body`] (the request is taken now and its body read as
+    /// it comes with [`Session::body_chunk`]). Until then its window is held.
+    Head(u32),
+    /// More of a streamed body arrived, or its end.
+    Body(u32),
     /// A request must be answered with this status without running a handler (431: header
     /// list too large; 413: body too large). Its body, if any, is discarded.
     Refuse { stream: u32, status: u16 },
@@ -112,6 +119,10 @@ struct Stream {
     refused: bool,
     /// The request event was raised (taken or about to be).
     dispatched: bool,
+    /// The caller has chosen how to take the body (see [`Event::Head`]).
+    decided: bool,
+    /// The body is read as it comes ([`Session::stream_body`]).
+    streamed: bool,
     /// Response HEADERS went out.
     answered: bool,
     /// When the stream opened or last received body bytes (the caller's clock).
@@ -614,6 +625,8 @@ impl Session {
             received: 0,
             refused: false,
             dispatched: false,
+            decided: end_stream,
+            streamed: false,
             answered: false,
             progress_ms: self.now_ms,
             priority,
@@ -641,8 +654,10 @@ impl Session {
             }
             self.streams[i].dispatched = true;
             self.events.push_back(Event::Request(id));
-        } else if content_length.is_some_and(|n| n > self.cfg.max_body) {
-            self.refuse(i, 413);
+        } else {
+            // The caller says whether the body is gathered (then checked against max_body)
+            // or streamed.
+            self.events.push_back(Event::Head(id));
         }
         Ok(())
     }
@@ -703,6 +718,13 @@ impl Session {
             let (id, reason) = (s.id, Malformed::ContentLengthMismatch.reason());
             return self.stream_error(id, ErrorCode::Protocol, reason, out);
         }
+        if s.streamed {
+            self.events.push_back(Event::Body(s.id));
+            return Ok(());
+        }
+        if !s.decided {
+            return Ok(()); // `gather_body` raises the request
+        }
         s.dispatched = true;
         self.buffered -= s.data.body.len();
         self.events.push_back(Event::Request(s.id));
@@ -713,6 +735,7 @@ impl Session {
         let s = &mut self.streams[i];
         s.refused = true;
         s.dispatched = true;
+        s.decided = true;
         self.buffered -= s.data.body.len();
         s.data.body = Vec::new();
         self.events.push_back(Event::Refuse {
@@ -778,8 +801,14 @@ impl Session {
             self.overhead()?;
         }
         let s = &mut self.streams[i];
-        if !s.refused {
-            if s.received > max_body {
+        if s.streamed {
+            // The caller takes these as they come; the window comes back as it does.
+            s.data.body.extend_from_slice(data);
+            if !data.is_empty() {
+                self.events.push_back(Event::Body(s.id));
+            }
+        } else if !s.refused {
+            if s.decided && s.received > max_body {
                 self.refuse(i, 413);
             } else {
                 s.data.body.extend_from_slice(data);
@@ -815,7 +844,16 @@ impl Session {
             .min();
         let max_body = self.cfg.max_body;
         for s in &mut self.streams {
-            if s.recv_closed || s.recv_unacked < half {
+            if s.recv_closed || s.recv_unacked < half || !s.decided {
+                continue; // an undecided stream's window is held until the caller chooses
+            }
+            if s.streamed {
+                // Window for what the caller has taken (see `consume_body`).
+                if s.data.body.len() < half as usize {
+                    frame::write_window_update(out, s.id, s.recv_unacked);
+                    s.recv_window += i64::from(s.recv_unacked);
+                    s.recv_unacked = 0;
+                }
                 continue;
             }
             if !(s.refused || s.received < max_body) {
@@ -1025,6 +1063,85 @@ impl Session {
         let i = self.find(id)?;
         // The stream needs no buffers any more (empty vectors allocate nothing).
         Some(std::mem::take(&mut self.streams[i].data))
+    }
+
+    /// The request of a stream whose head arrived ([`Event::Head`]), to look at before
+    /// choosing how to take its body.
+    pub fn peek_request(&self, id: u32) -> Option<&RequestData> {
+        self.find(id).map(|i| &self.streams[i].data)
+    }
+
+    /// The body of `id` is collected whole (up to `max_body`, else 413); [`Event::Request`]
+    /// follows once it is complete.
+    /// The window held while undecided goes back at once (written into `out`).
+    pub fn gather_body(&mut self, id: u32, out: &mut Vec<u8>) {
+        let Some(i) = self.find(id) else { return };
+        let max_body = self.cfg.max_body;
+        let s = &mut self.streams[i];
+        if s.decided {
+            return;
+        }
+        s.decided = true;
+        self.windows_due = true;
+        let too_large =
+            s.data.fields.content_length.is_some_and(|n| n > max_body) || s.received > max_body;
+        if too_large {
+            self.refuse(i, 413);
+        } else if s.recv_closed {
+            s.dispatched = true;
+            self.buffered -= s.data.body.len();
+            self.events.push_back(Event::Request(id));
+        }
+        self.return_stream_windows(out);
+    }
+
+    /// The body of `id` is read as it comes: the request (head, and the body bytes so far) is
+    /// taken now, the rest with [`Session::body_chunk`] after each [`Event::Body`]. Its window
+    /// is returned as the caller consumes, so it never holds more than one window.
+    pub fn stream_body(&mut self, id: u32, out: &mut Vec<u8>) -> Option<RequestData> {
+        let i = self.find(id)?;
+        let s = &mut self.streams[i];
+        if s.decided {
+            return None;
+        }
+        s.decided = true;
+        s.streamed = true;
+        s.dispatched = true;
+        self.buffered -= s.data.body.len();
+        // The fields go to the caller; what came of the body so far stays, the first chunk.
+        let so_far = std::mem::take(&mut s.data.body);
+        let data = std::mem::take(&mut s.data);
+        s.data.body = so_far;
+        self.windows_due = true;
+        self.return_stream_windows(out);
+        Some(data)
+    }
+
+    /// The streamed body bytes of `id` not yet consumed, and whether the body has ended.
+    pub fn body_chunk(&self, id: u32) -> Option<(&[u8], bool)> {
+        let i = self.find(id)?;
+        let s = &self.streams[i];
+        s.streamed.then(|| (&s.data.body[..], s.recv_closed))
+    }
+
+    /// The caller used `n` bytes of [`Session::body_chunk`]; once most is taken the stream's
+    /// window goes back to the peer (written into `out`).
+    pub fn consume_body(&mut self, id: u32, n: usize, out: &mut Vec<u8>) {
+        let Some(i) = self.find(id) else { return };
+        let s = &mut self.streams[i];
+        s.data.body.drain(..n.min(s.data.body.len()));
+        // In batches, as for gathered bodies: a peer with less than half its window used
+        // still has the other half to send with.
+        let half = self.cfg.stream_window / 2;
+        if s.streamed
+            && !s.recv_closed
+            && s.recv_unacked >= half
+            && s.data.body.len() < half as usize
+        {
+            frame::write_window_update(out, s.id, s.recv_unacked);
+            s.recv_window += i64::from(s.recv_unacked);
+            s.recv_unacked = 0;
+        }
     }
 
     /// No stream is open: give back what only busy connections need (stream slots, spare

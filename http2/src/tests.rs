@@ -71,6 +71,8 @@ struct Peer {
     session: Session,
     out: Vec<u8>,
     events: Vec<Event>,
+    /// Take bodies as streams (a proxy route) rather than whole.
+    stream_bodies: bool,
 }
 
 impl Peer {
@@ -81,6 +83,7 @@ impl Peer {
             session,
             out,
             events: Vec::new(),
+            stream_bodies: false,
         };
         let mut hello = PREFACE.to_vec();
         hello.extend(frame_bytes(kind::SETTINGS, 0, 0, &[]));
@@ -93,7 +96,15 @@ impl Peer {
         let n = self.session.recv(bytes, &mut self.out)?;
         assert_eq!(n, bytes.len(), "whole frames are consumed");
         while let Some(e) = self.session.poll_event() {
-            self.events.push(e);
+            match e {
+                // As the server does for a proxy route, or any other handler.
+                Event::Head(id) if self.stream_bodies => {
+                    assert!(self.session.stream_body(id, &mut self.out).is_some());
+                    self.events.push(Event::Head(id));
+                }
+                Event::Head(id) => self.session.gather_body(id, &mut self.out),
+                e => self.events.push(e),
+            }
         }
         Ok(())
     }
@@ -706,4 +717,60 @@ fn the_body_clock_follows_the_stream_that_waited_longest() {
         Some(4_000),
         "now only stream 1 waits"
     );
+}
+
+/// A streamed body (a proxy route): any size past `max_body`, taken as it comes, its window
+/// returned only as it is consumed, so the session never holds more than a window of it.
+#[test]
+fn a_streamed_body_flows_as_it_is_consumed_past_max_body() {
+    let cfg = Config {
+        max_body: 1000,
+        stream_window: 64 * 1024,
+        ..Config::default()
+    };
+    let mut p = Peer::new(cfg);
+    p.stream_bodies = true;
+    p.send(&post_headers(1, Some(200_000))).unwrap();
+    assert_eq!(p.events, [Event::Head(1)]);
+    let chunk = vec![b'b'; 16 * 1024];
+    let mut taken = 0;
+    let mut sent = 0;
+    // The peer's window for the stream: 64 KiB, plus what WINDOW_UPDATEs give back.
+    let mut window: i64 = 64 * 1024;
+    p.out.clear();
+    while sent < 200_000 {
+        let n = chunk.len().min(200_000 - sent);
+        assert!(
+            window >= n as i64,
+            "stalled after {sent} bytes: no window came back"
+        );
+        let end = sent + n == 200_000;
+        let flags = if end { flag::END_STREAM } else { 0 };
+        p.send(&frame_bytes(kind::DATA, flags, 1, &chunk[..n]))
+            .unwrap();
+        window -= n as i64;
+        sent += n;
+        let (held, ended) = p.session.body_chunk(1).map(|(c, e)| (c.len(), e)).unwrap();
+        assert!(
+            held <= 64 * 1024,
+            "the session holds at most a window: {held}"
+        );
+        assert_eq!(ended, end);
+        // The caller consumes; the window goes back once most of it is taken.
+        let mut out = std::mem::take(&mut p.out);
+        p.session.consume_body(1, held, &mut out);
+        p.out = out;
+        taken += held;
+        for (h, payload) in p.frames() {
+            if h.kind == kind::WINDOW_UPDATE && h.stream == 1 {
+                window += i64::from(u32::from_be_bytes(payload[..4].try_into().unwrap()));
+            }
+        }
+        p.out.clear();
+    }
+    assert_eq!(taken, 200_000);
+    assert!(!p
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Refuse { .. } | Event::Request(_))));
 }

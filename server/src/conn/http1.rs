@@ -13,7 +13,7 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 
 use super::linger::{self, Linger};
 use super::output::Output;
-use super::relay::{self, ClientSide, Relay, RelayNeed};
+use super::relay::{self, BodyFollows, ClientSide, Relay, RelayNeed};
 use super::{ConnCx, Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Origin, Outcome};
@@ -435,7 +435,7 @@ impl Http1 {
                     fwd,
                     ex: exchange,
                     body,
-                    streamed,
+                    streamed: streamed.map(BodyFollows::Framed),
                     log: saved,
                 };
                 let relay = Relay::start(start, ClientSide::H1, out, link, cx);

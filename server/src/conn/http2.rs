@@ -15,7 +15,7 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 use super::http1::Exchange;
 use super::linger::{self, Linger};
 use super::output::Output;
-use super::relay::{ClientSide, H2Answer, Relay, RelayNeed, RelayStart};
+use super::relay::{BodyFollows, ClientSide, H2Answer, Relay, RelayNeed, RelayStart};
 use super::{ConnCx, Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Origin, Outcome};
@@ -230,6 +230,7 @@ impl Http2 {
         while let Some(event) = self.session.poll_event() {
             self.on_event(event, out, link, cx);
         }
+        self.feed_relays(out, link, cx);
         self.pump(out, cx);
     }
 
@@ -237,9 +238,30 @@ impl Http2 {
         match event {
             Event::Request(id) => {
                 if let Some(data) = self.session.take_request(id) {
-                    self.dispatch(data, out, link, cx);
+                    self.dispatch(data, false, out, link, cx);
                 }
             }
+            Event::Head(id) => {
+                // A body follows: a route that streams bodies (the proxy) gets the request
+                // now and the body as it comes; any other gets it whole, later.
+                let streams = self
+                    .session
+                    .peek_request(id)
+                    .is_some_and(|data| streams_body(data, cx));
+                let buf = out.head_buf(|| cx.buffers.take_write());
+                let before = buf.len();
+                let data = if streams {
+                    self.session.stream_body(id, buf)
+                } else {
+                    self.session.gather_body(id, buf);
+                    None
+                };
+                out.commit(before);
+                if let Some(data) = data {
+                    self.dispatch(data, true, out, link, cx);
+                }
+            }
+            Event::Body(_) => self.feed_relays(out, link, cx),
             Event::Refuse { stream, status } => {
                 let e = if status == 413 {
                     tern_codec::RequestError::BodyTooLarge
@@ -281,7 +303,16 @@ impl Http2 {
         }
     }
 
-    fn dispatch(&mut self, data: RequestData, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+    /// Runs the exchange of a request; `streamed`: its body is still coming (a streaming
+    /// route), to be fed to its relay.
+    fn dispatch(
+        &mut self,
+        data: RequestData,
+        streamed: bool,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
         cx.stats.bump(Counter::Requests);
         self.trimmed = false;
         let id = data.stream;
@@ -295,7 +326,17 @@ impl Http2 {
             &mut many
         };
         let mut entry = None;
-        let (outcome, head_only) = match data.head(slots, &cx.config.limits) {
+        // A streamed body's length was accepted by its route (see `streams_body`); a gathered
+        // one's was checked by the session.
+        let limits = tern_codec::Limits {
+            max_body: if streamed {
+                u64::MAX
+            } else {
+                cx.config.limits.max_body
+            },
+            ..cx.config.limits
+        };
+        let (outcome, head_only) = match data.head(slots, &limits) {
             Err(e) => {
                 cx.stats.bad_request(e);
                 if ratelog::admit(e.name(), cx.clock.now_ms()) {
@@ -358,12 +399,13 @@ impl Http2 {
                         seq: id,
                     },
                     body: &data.body,
-                    streamed: None,
+                    streamed: streamed.then_some(BodyFollows::Raw(data.fields.content_length())),
                     log: entry.as_ref().and_then(SavedEntry::save),
                 };
                 let client = ClientSide::H2(H2Answer::default());
                 let relay = Relay::start(start, client, out, link, cx);
                 self.relays.push((id, relay));
+                self.feed_relays(out, link, cx);
                 self.flush_relays(out, link, cx);
             }
             Outcome::Drop => {
@@ -911,6 +953,28 @@ impl Http2 {
         self.flush_relays(out, link, cx);
     }
 
+    /// Hands streamed request bodies to their relays as far as each takes them (the rest,
+    /// and the stream's window, wait for the upstream to take more).
+    fn feed_relays(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        for (id, r) in &mut self.relays {
+            if !r.wants_input() {
+                continue;
+            }
+            let Some((chunk, ended)) = self.session.body_chunk(*id) else {
+                continue;
+            };
+            let used = r.client_input(chunk, out, link, cx);
+            let all = used == chunk.len();
+            let buf = out.head_buf(|| cx.buffers.take_write());
+            let before = buf.len();
+            self.session.consume_body(*id, used, buf);
+            out.commit(before);
+            if all && ended {
+                r.end_client_body();
+            }
+        }
+    }
+
     /// Sends what the relays have produced: heads as HEADERS (their bodies then wait in
     /// `sending` for window), broken answers as RST_STREAM.
     fn flush_relays(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
@@ -1037,6 +1101,25 @@ impl Http2 {
             r.abandon();
         }
     }
+}
+
+/// Whether the route of a request (its head as decoded so far) takes bodies as a stream.
+fn streams_body(data: &RequestData, cx: &ConnCx<'_>) -> bool {
+    let mut few = [httparse::EMPTY_HEADER; 24];
+    let mut many;
+    let slots: &mut [httparse::Header<'_>] = if data.fields.field_count() <= few.len() {
+        &mut few
+    } else {
+        many = vec![httparse::EMPTY_HEADER; data.fields.field_count()];
+        &mut many
+    };
+    // Any declared length: a streaming route takes it (the session checks the others).
+    let limits = tern_codec::Limits {
+        max_body: u64::MAX,
+        ..cx.config.limits
+    };
+    data.head(slots, &limits)
+        .is_ok_and(|head| exchange::streams_body(&head, cx))
 }
 
 /// Which answer sends its next frame (RFC 9218 §4), by position in `queue` (stream id,

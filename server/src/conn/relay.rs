@@ -75,10 +75,19 @@ pub(crate) struct RelayStart<'b> {
     pub ex: Exchange,
     /// The complete body, if it came with the head.
     pub body: &'b [u8],
-    /// The framing of a body still to come from the client.
-    pub streamed: Option<BodyKind>,
+    /// A body still to come from the client.
+    pub streamed: Option<BodyFollows>,
     /// The request's part of its access-log line.
     pub log: Option<Box<SavedEntry>>,
+}
+
+/// How a request body that follows its head arrives.
+pub(crate) enum BodyFollows {
+    /// HTTP/1.1: in the client's own framing, decoded here.
+    Framed(BodyKind),
+    /// HTTP/2: DATA payloads as they are; the length if the request declared one (else the
+    /// body goes upstream chunked and ends with [`Relay::end_client_body`]).
+    Raw(Option<u64>),
 }
 
 /// What the relay needs from the driver.
@@ -193,16 +202,21 @@ impl Relay {
         let mut to_up = std::mem::take(&mut fwd.head);
         to_up.reserve(64 + body.len().min(16 * 1024));
         let client_body = match streamed {
-            Some(BodyKind::Length(n)) => {
+            Some(BodyFollows::Framed(BodyKind::Length(n)) | BodyFollows::Raw(Some(n))) => {
                 push_length(&mut to_up, n);
                 Some((BodyDecoder::new(BodyKind::Length(n), u64::MAX), false))
             }
-            Some(BodyKind::Chunked) => {
+            Some(BodyFollows::Framed(BodyKind::Chunked)) => {
                 to_up.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
                 // No size limit: the app has its own (as for a declared length).
                 Some((BodyDecoder::new(BodyKind::Chunked, u64::MAX), true))
             }
-            Some(BodyKind::None) | None => {
+            Some(BodyFollows::Raw(None)) => {
+                // Bytes pass through as they are (a length that is never reached), re-chunked.
+                to_up.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                Some((BodyDecoder::new(BodyKind::Length(u64::MAX), u64::MAX), true))
+            }
+            Some(BodyFollows::Framed(BodyKind::None)) | None => {
                 if !body.is_empty() || fwd.idempotent_needs_length() {
                     push_length(&mut to_up, body.len() as u64);
                 } else {
@@ -530,6 +544,16 @@ impl Relay {
             }
         }
         used
+    }
+
+    /// The client's body ended (HTTP/2: END_STREAM) with everything handed to
+    /// `client_input`: a chunked upload gets its last chunk.
+    pub fn end_client_body(&mut self) {
+        if let Some((_, chunked)) = self.client_body.take() {
+            if chunked {
+                self.to_up.extend_from_slice(b"0\r\n\r\n");
+            }
+        }
     }
 
     pub fn wants_input(&self) -> bool {
