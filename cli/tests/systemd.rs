@@ -7,7 +7,7 @@ mod support;
 #[path = "support/tls.rs"]
 mod tls_support;
 
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::Command;
@@ -21,15 +21,6 @@ const ACTIVATE: &str = "systemd-socket-activate";
 
 fn have_activate() -> bool {
     have(ACTIVATE, "--version")
-}
-
-/// A port nothing listens on now (the kernel's pick; free again once the probe closes).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn local(port: u16) -> SocketAddr {

@@ -128,14 +128,6 @@ impl Setup {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// What a request got: status, Location, HSTS, body.
 type Answer = (u16, Option<String>, Option<String>, String);
 

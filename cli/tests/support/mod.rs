@@ -901,6 +901,15 @@ pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)]) -> Vec<
     r.into_bytes()
 }
 
+/// A port nothing listens on now (the kernel's pick; free again once the probe closes).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
