@@ -1170,3 +1170,66 @@ async fn http2_streams_become_upstream_requests() {
         up.connections()
     );
 }
+
+/// Over HTTPS with `hsts`, a proxied answer carries the HSTS field once, over HTTP/1.1 and
+/// HTTP/2 alike (and tern's own 502 too).
+#[tokio::test(flavor = "current_thread")]
+async fn proxied_answers_over_https_carry_hsts_once() {
+    use h2_support::{alpn_config, H2Conn};
+    let up = Upstream::ok("secure");
+    let p = Proxy::new();
+    let ca = tls_support::Ca::new();
+    let (cert, key) = ca
+        .issue("default", &["localhost", "127.0.0.1"])
+        .write(p.dir.path(), "default");
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let routes = format!(
+        "{}{}",
+        proxy_route("/", &[up.addr], ""),
+        proxy_route("/dead", &[dead], "")
+    );
+    p.write(&format!(
+        "[tls]\nlisten = \"127.0.0.1:0\"\nhsts = 600\n[[tls.certificates]]\ncert = \"{}\"\nkey = \"{}\"\n{}",
+        cert.display(),
+        key.display(),
+        site(&routes)
+    ));
+    let mut cmd = Command::new(TERN);
+    cmd.arg("run").arg("--config").arg(p.config());
+    cmd.args(["--workers", "1", "--sandbox", "on"]);
+    let tern = Tern::spawn(cmd);
+    let hsts = |values: Vec<&str>, what: &str| {
+        assert_eq!(values, ["max-age=600"], "{what}");
+    };
+    // HTTP/1.1 over TLS.
+    let config = alpn_config(&ca, &["http/1.1"]);
+    let mut c = tern.tls(&config, "localhost");
+    for path in ["/x", "/dead"] {
+        let r = c.get(path, &[]);
+        let values = r
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("strict-transport-security"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        hsts(values, &format!("HTTP/1.1 {path} ({})", r.status));
+    }
+    // HTTP/2 over TLS.
+    let config = alpn_config(&ca, &["h2"]);
+    let mut h2 = H2Conn::tls(tern.https(), &config, "localhost")
+        .await
+        .unwrap();
+    for path in ["/x", "/dead"] {
+        let r = h2.get(path, &[]).await;
+        let values = r
+            .headers
+            .get_all("strict-transport-security")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        hsts(values, &format!("HTTP/2 {path} ({})", r.status));
+    }
+}

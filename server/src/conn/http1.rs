@@ -56,6 +56,16 @@ pub(crate) struct Exchange {
 }
 
 impl Exchange {
+    /// What the `Connection` field of an answer says: close, or keep-alive in the form the
+    /// client's version needs.
+    pub fn connection(&self, keep: bool) -> ConnectionHeader {
+        match (keep, self.http10) {
+            (false, _) => ConnectionHeader::Close,
+            (true, true) => ConnectionHeader::KeepAlive,
+            (true, false) => ConnectionHeader::Persistent,
+        }
+    }
+
     /// An answer the server sends on its own (bad input, timeout) before closing.
     fn last_answer(seq: u32) -> Exchange {
         Exchange {
@@ -479,15 +489,9 @@ impl Http1 {
         entry: Option<&LogEntry<'_>>,
     ) {
         let keep = ex.keep_alive && !response.close && !cx.stopping;
-        let connection = match (keep, ex.http10) {
-            (false, _) => ConnectionHeader::Close,
-            (true, true) => ConnectionHeader::KeepAlive,
-            (true, false) => ConnectionHeader::Persistent,
-        };
-        if link.secure {
-            if let Some(line) = &cx.shared.hsts_line {
-                response.push_raw_headers(line);
-            }
+        let connection = ex.connection(keep);
+        if let Some(line) = link.hsts(cx) {
+            response.push_raw_headers(line);
         }
         let no_body = status_has_no_body(response.status);
         let head = ResponseHead {

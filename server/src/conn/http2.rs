@@ -284,7 +284,7 @@ impl Http2 {
             Event::Reset(id) => {
                 self.sending.retain(|s| s.stream != id);
                 self.awaiting.retain(|(s, ..)| *s != id);
-                if let Some((_, r)) = self.relays.iter_mut().find(|(s, _)| *s == id) {
+                if let Some(r) = self.relay(id) {
                     r.abandon();
                 }
             }
@@ -469,10 +469,7 @@ impl Http2 {
         let date = &date_line[6..date_line.len() - 2];
         let mut length = itoa::Buffer::new();
         let length = length.format(len).as_bytes();
-        let hsts = match (&cx.shared.hsts_line, link.secure) {
-            (Some(line), true) => &line[..],
-            _ => &[][..],
-        };
+        let hsts = link.hsts(cx).unwrap_or_default();
         // Answers on a connection repeat (the same file, the same second): when everything
         // that goes into the head is what it was last time and the HPACK table has not moved,
         // last time's block is sent again instead of encoding each field.
@@ -634,20 +631,18 @@ impl Http2 {
 
     /// A proxied answer has nothing left but its end.
     fn relay_only_ends(&self, id: u32) -> bool {
-        self.relays.iter().any(|(s, r)| {
-            *s == id
-                && r.h2_answer_ref()
-                    .is_some_and(|a| a.data.is_empty() && a.end)
-        })
+        self.h2_answer(id)
+            .is_some_and(|a| a.data.is_empty() && a.end)
     }
 
     /// A proxied answer has body bytes (or its end) to send.
     fn relay_has_output(&self, id: u32) -> bool {
-        self.relays.iter().any(|(s, r)| {
-            *s == id
-                && r.h2_answer_ref()
-                    .is_some_and(|a| !a.data.is_empty() || a.end || a.broken)
-        })
+        self.h2_answer(id)
+            .is_some_and(|a| !a.data.is_empty() || a.end || a.broken)
+    }
+
+    fn h2_answer(&self, id: u32) -> Option<&H2Answer> {
+        self.relay_ref(id).and_then(Relay::h2_answer_ref)
     }
 
     /// What to do once the output is sent.
@@ -828,6 +823,13 @@ impl Http2 {
 
 /// The streams relayed to upstream servers: the connection's `relay_*` calls, by stream id.
 impl Http2 {
+    fn relay_ref(&self, id: u32) -> Option<&Relay> {
+        self.relays
+            .iter()
+            .find(|(s, _)| *s == id)
+            .map(|(_, r)| &**r)
+    }
+
     fn relay(&mut self, id: u32) -> Option<&mut Relay> {
         self.relays
             .iter_mut()
@@ -844,20 +846,14 @@ impl Http2 {
     }
 
     pub fn relay_need(&self, id: u32) -> RelayNeed {
-        self.relays
-            .iter()
-            .find(|(s, _)| *s == id)
-            .map_or(RelayNeed::Nothing, |(_, r)| r.need())
+        self.relay_ref(id).map_or(RelayNeed::Nothing, Relay::need)
     }
 
     pub fn relay_upstreams(
         &self,
         id: u32,
     ) -> Option<&std::sync::Arc<dyn crate::upstream::Upstreams>> {
-        self.relays
-            .iter()
-            .find(|(s, _)| *s == id)
-            .map(|(_, r)| r.upstreams())
+        self.relay_ref(id).map(Relay::upstreams)
     }
 
     pub fn relay_attached(&mut self, id: u32, reused: bool, connected: bool, cx: &ConnCx<'_>) {
@@ -882,10 +878,7 @@ impl Http2 {
     }
 
     pub fn relay_send_buf(&self, id: u32) -> &[u8] {
-        self.relays
-            .iter()
-            .find(|(s, _)| *s == id)
-            .map_or(&[][..], |(_, r)| r.send_buf())
+        self.relay_ref(id).map_or(&[][..], Relay::send_buf)
     }
 
     pub fn relay_sent(&mut self, id: u32, n: usize, cx: &ConnCx<'_>) {
@@ -895,8 +888,8 @@ impl Http2 {
     }
 
     pub fn relay_recv_buf(&mut self, id: u32, cx: &mut ConnCx<'_>) -> &mut [u8] {
-        match self.relays.iter_mut().find(|(s, _)| *s == id) {
-            Some((_, r)) => r.recv_buf(true, cx),
+        match self.relay(id) {
+            Some(r) => r.recv_buf(true, cx),
             None => &mut [],
         }
     }
@@ -1044,7 +1037,7 @@ impl Http2 {
         for line in response.headers().split(|&b| b == b'\n') {
             add_line(&mut h, line);
         }
-        if let (Some(hsts), true) = (&cx.shared.hsts_line, link.secure) {
+        if let Some(hsts) = link.hsts(cx) {
             add_line(&mut h, hsts.strip_suffix(b"\r\n").unwrap_or(hsts));
         }
         h.finish(end_stream);

@@ -127,6 +127,15 @@ pub(crate) struct Link {
     pub redirect_to_https: Option<u16>,
 }
 
+impl Link {
+    /// The `Strict-Transport-Security` line answers on this connection carry (`--hsts`,
+    /// over TLS only).
+    pub fn hsts<'s>(&self, cx: &ConnCx<'s>) -> Option<&'s [u8]> {
+        let shared: &'s Shared = cx.shared;
+        shared.hsts_line.as_deref().filter(|_| self.secure)
+    }
+}
+
 enum Transport {
     Plain,
     Tls(Box<Tls>),

@@ -401,9 +401,9 @@ impl Relay {
         match (self.phase, &self.up_body) {
             (Phase::Exchange, UpBody::UntilClose) if !error => {
                 self.finish_body(out);
-                self.complete(UpstreamOutcome::Ok, out, cx);
+                self.complete(UpstreamOutcome::Ok, cx);
             }
-            (Phase::Tunnel, _) => self.complete(UpstreamOutcome::Ok, out, cx),
+            (Phase::Tunnel, _) => self.complete(UpstreamOutcome::Ok, cx),
             (Phase::Exchange | Phase::Connecting, _) => {
                 if self.phase == Phase::Exchange
                     && self.reused
@@ -437,7 +437,7 @@ impl Relay {
             Phase::Exchange | Phase::Tunnel => {
                 cx.stats.bump(Counter::UpstreamTimeouts);
                 if self.phase == Phase::Tunnel {
-                    self.complete(UpstreamOutcome::Ok, out, cx);
+                    self.complete(UpstreamOutcome::Ok, cx);
                 } else {
                     self.fail(504, "upstream timed out", out, link, cx);
                 }
@@ -602,7 +602,7 @@ impl Relay {
                         break;
                     }
                     self.finish_body(out);
-                    self.complete(UpstreamOutcome::Ok, out, cx);
+                    self.complete(UpstreamOutcome::Ok, cx);
                 }
             }
         }
@@ -666,9 +666,6 @@ impl Relay {
         self.server = self.fwd.upstreams.pick(cx.worker_id, now, self.tried);
         self.phase = Phase::Connect;
         self.deadline_ms = u64::MAX;
-        if self.server.is_none() {
-            self.head_sent = false;
-        }
     }
 
     fn connected(&mut self, cx: &ConnCx<'_>) {
@@ -835,22 +832,14 @@ impl Relay {
             }
             return used;
         }
-        if self.fwd.upgrade {
-            // Not switched: an ordinary answer, but the connection asked for an upgrade
-            // stays out of the pool.
-            self.upstream_keep = false;
-        }
+        // Not switched: an ordinary answer, but a connection asked for an upgrade stays out
+        // of the pool.
         self.upstream_keep = head.keep_alive && !self.fwd.upgrade;
         self.status = head.status;
         let mut r = Response::new(head.status);
         copy_fields(&head, &mut r);
         if let Some(edit) = &self.fwd.edit {
             edit(&mut r);
-        }
-        if link.secure {
-            if let Some(line) = &cx.shared.hsts_line {
-                r.push_raw_headers(line);
-            }
         }
         let (content_length, chunked, body) = match head.body {
             ResponseBody::None => {
@@ -895,23 +884,22 @@ impl Relay {
             self.close_client = true;
         }
         let keep = self.ex.keep_alive && !self.close_client && !cx.stopping;
-        let connection = match (keep, self.ex.http10) {
-            (false, _) => ConnectionHeader::Close,
-            (true, true) => ConnectionHeader::KeepAlive,
-            (true, false) => ConnectionHeader::Persistent,
-        };
         if !keep {
             self.close_client = true;
         }
         match &mut self.client {
             ClientSide::H1 => {
+                // (HTTP/2 adds HSTS as it encodes the head.)
+                if let Some(line) = link.hsts(cx) {
+                    r.push_raw_headers(line);
+                }
                 let h = ResponseHead {
                     status: head.status,
                     date_line: cx.clock.date_line(),
                     headers: r.headers(),
                     content_length,
                     chunked: chunked && !self.ex.head_only,
-                    connection,
+                    connection: self.ex.connection(keep),
                 };
                 write_head(out, &h, cx);
                 self.chunked_out = chunked && !self.ex.head_only;
@@ -924,7 +912,7 @@ impl Relay {
             Some(b) if !matches!(&b, UpBody::Decoding(d) if d.is_done()) => self.up_body = b,
             _ => {
                 self.finish_body(out);
-                self.complete(UpstreamOutcome::Ok, out, cx);
+                self.complete(UpstreamOutcome::Ok, cx);
             }
         }
         used
@@ -971,26 +959,26 @@ impl Relay {
     }
 
     /// The exchange is over: count it, log it, and let the driver release the upstream.
-    fn complete(&mut self, outcome: UpstreamOutcome, _out: &mut Output, cx: &mut ConnCx<'_>) {
+    fn complete(&mut self, outcome: UpstreamOutcome, cx: &mut ConnCx<'_>) {
         if self.phase == Phase::Done {
             return;
         }
-        self.outcome = outcome;
-        self.phase = Phase::Done;
-        self.deadline_ms = u64::MAX;
         if let ClientSide::H2(a) = &mut self.client {
             a.end = true;
         }
         let upstream_us = cx.clock.now_us().saturating_sub(self.sent_us);
+        self.end(outcome, Some(upstream_us), cx);
+    }
+
+    /// Ends the exchange with `outcome`: counted, and its access-log line written.
+    fn end(&mut self, outcome: UpstreamOutcome, upstream_us: Option<u64>, cx: &mut ConnCx<'_>) {
+        self.outcome = outcome;
+        self.phase = Phase::Done;
+        self.deadline_ms = u64::MAX;
         cx.stats.response(self.status);
         if let (Some(log), Some(saved)) = (cx.access_log.as_deref_mut(), self.log.as_ref()) {
-            log.record_upstream(
-                &saved.entry(),
-                self.status,
-                self.body_bytes,
-                Some(upstream_us),
-                cx.clock,
-            );
+            let entry = saved.entry();
+            log.record_upstream(&entry, self.status, self.body_bytes, upstream_us, cx.clock);
         }
     }
 
@@ -1009,23 +997,16 @@ impl Relay {
         }
         cx.stats.bump(Counter::UpstreamFailures);
         if self.head_sent {
-            self.close_client = true;
-            self.outcome = UpstreamOutcome::Failed;
-            self.phase = Phase::Done;
-            self.deadline_ms = u64::MAX;
-            cx.stats.response(self.status);
-            if let (Some(log), Some(saved)) = (cx.access_log.as_deref_mut(), self.log.as_ref()) {
-                log.record_upstream(&saved.entry(), self.status, self.body_bytes, None, cx.clock);
-            }
             // Whatever was queued goes out, then the connection closes: the client sees a
             // short body (or no last chunk), never a later response mistaken for this one.
-            // On HTTP/2 the stream is reset instead.
+            // On HTTP/2 the stream is reset instead (its answer never ends).
+            self.close_client = true;
             if let ClientSide::H2(a) = &mut self.client {
                 a.broken = true;
             }
+            self.end(UpstreamOutcome::Failed, None, cx);
             return;
         }
-        let _ = link;
         if status < 500 {
             self.outcome = UpstreamOutcome::Abandoned;
         } else {
@@ -1056,26 +1037,19 @@ impl Relay {
             self.close_client = true;
         }
         let mut r = Response::text(status, msg);
-        if link.secure {
-            if let Some(line) = &cx.shared.hsts_line {
-                r.push_raw_headers(line);
-            }
-        }
-        let connection = match (keep, self.ex.http10) {
-            (false, _) => ConnectionHeader::Close,
-            (true, true) => ConnectionHeader::KeepAlive,
-            (true, false) => ConnectionHeader::Persistent,
-        };
         let body = r.body.len();
         match &mut self.client {
             ClientSide::H1 => {
+                if let Some(line) = link.hsts(cx) {
+                    r.push_raw_headers(line);
+                }
                 let h = ResponseHead {
                     status,
                     date_line: cx.clock.date_line(),
                     headers: r.headers(),
                     content_length: Some(body),
                     chunked: false,
-                    connection,
+                    connection: self.ex.connection(keep),
                 };
                 write_head(out, &h, cx);
                 if !self.ex.head_only {
@@ -1093,7 +1067,7 @@ impl Relay {
         self.head_sent = true;
         self.status = status;
         self.body_bytes = body;
-        self.complete(outcome, out, cx);
+        self.complete(outcome, cx);
     }
 
     fn addr(&self) -> String {

@@ -234,14 +234,13 @@ impl UpstreamConns {
             return;
         }
         self.swept_ms = now_ms;
-        let keys: Vec<u64> = self.idle.values().flatten().copied().collect();
-        let expired: Vec<u64> = keys
-            .into_iter()
-            .filter(|&k| {
-                self.slab
-                    .get_mut(k)
-                    .is_some_and(|c| c.idle_until_ms <= now_ms)
-            })
+        let slab = &mut self.slab;
+        let expired: Vec<u64> = self
+            .idle
+            .values()
+            .flatten()
+            .copied()
+            .filter(|&k| slab.get_mut(k).is_some_and(|c| c.idle_until_ms <= now_ms))
             .collect();
         for key in expired {
             self.close(key);
