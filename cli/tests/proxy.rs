@@ -1001,7 +1001,8 @@ fn proxy_routes_are_checked_with_line_numbers() {
         "[[site.route]]\npath = \"/a\"\nproxy = \"nowhere\"\n\
          [[site.route]]\npath = \"/b\"\nproxy = []\n\
          [[site.route]]\npath = \"/c\"\nproxy = \"127.0.0.1:1\"\nbalance = \"random\"\nmax_fails = 0\n\
-         [[site.route]]\npath = \"/d\"\nstatic = \".\"\nkeepalive = 4\n",
+         [[site.route]]\npath = \"/d\"\nstatic = \".\"\nkeepalive = 4\n\
+         [[site.route]]\npath = \"/statusz\"\ncounters = \"statusz\"\ntrusted_proxies = \"10.0.0.0/8\"\n",
     ));
     let mut cmd = Command::new(TERN);
     cmd.arg("run")
@@ -1023,6 +1024,9 @@ fn proxy_routes_are_checked_with_line_numbers() {
             out.stderr
         );
     }
+    // Those five and nothing else: a counters route takes trusted_proxies too.
+    let problems = out.stderr.lines().filter(|l| l.contains(": line ")).count();
+    assert_eq!(problems, 5, "{}", out.stderr);
 }
 
 /// Upstream connections of `/slow` that the proxy closed (the client cancelled the stream).

@@ -7,7 +7,7 @@
 
 use std::net::IpAddr;
 
-use tern_server::{trim_ows, Request};
+use tern_server::{connection_lists, trim_ows, Request};
 
 use crate::ProxyOptions;
 
@@ -62,15 +62,8 @@ pub fn build(req: &Request<'_>, options: &ProxyOptions) -> Built {
         .headers
         .iter()
         .any(|h| h.name.eq_ignore_ascii_case("connection"));
-    let connection_named = |name: &str| {
-        has_connection
-            && head
-                .headers
-                .iter()
-                .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-                .flat_map(|h| h.value.split(|&b| b == b','))
-                .any(|t| trim_ows(t).eq_ignore_ascii_case(name.as_bytes()))
-    };
+    let connection_named =
+        |name: &str| has_connection && connection_lists(head.headers, name.as_bytes());
     for h in head.headers {
         let name = h.name;
         if DROPPED.iter().any(|d| name.eq_ignore_ascii_case(d))
@@ -152,14 +145,7 @@ pub fn build(req: &Request<'_>, options: &ProxyOptions) -> Built {
 /// A WebSocket handshake (RFC 6455 §4.1): GET with `Connection: upgrade` and
 /// `Upgrade: websocket`. Other upgrades (h2c) are not passed on.
 fn wants_websocket(req: &Request<'_>) -> bool {
-    let head = req.head;
-    let upgrade_named = head
-        .headers
-        .iter()
-        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-        .flat_map(|h| h.value.split(|&b| b == b','))
-        .any(|t| trim_ows(t).eq_ignore_ascii_case(b"upgrade"));
-    upgrade_named
+    connection_lists(req.head.headers, b"upgrade")
         && req.method() == tern_server::Method::Get
         && req
             .header("upgrade")

@@ -408,6 +408,11 @@ fn check_server_keys(file: &RunFile, p: &mut Problems<'_>) {
     }
 }
 
+/// Where a key's value starts in the file, if the key is there.
+fn at<T>(value: &Option<Spanned<T>>) -> Option<usize> {
+    value.as_ref().map(|v| v.span().start)
+}
+
 /// The route's kind, with its own keys checked; `None` when it has problems.
 fn check_route(
     route: &RouteFile,
@@ -417,17 +422,17 @@ fn check_route(
 ) -> Option<RouteKind> {
     let path_at = route.path.span().start;
     let kinds: Vec<(&str, usize)> = [
-        ("static", route.static_root.as_ref().map(|v| v.span().start)),
-        ("redirect", route.redirect.as_ref().map(|v| v.span().start)),
-        ("respond", route.respond.as_ref().map(|v| v.span().start)),
-        ("app", route.app.as_ref().map(|v| v.span().start)),
-        ("proxy", route.proxy.as_ref().map(|v| v.span().start)),
-        ("counters", route.counters.as_ref().map(|v| v.span().start)),
+        ("static", at(&route.static_root)),
+        ("redirect", at(&route.redirect)),
+        ("respond", at(&route.respond)),
+        ("app", at(&route.app)),
+        ("proxy", at(&route.proxy)),
+        ("counters", at(&route.counters)),
     ]
     .into_iter()
     .filter_map(|(k, at)| at.map(|at| (k, at)))
     .collect();
-    let (kind, kind_at) = match kinds.as_slice() {
+    let kind = match kinds.as_slice() {
         [] => {
             p.at(
                 path_at,
@@ -435,7 +440,7 @@ fn check_route(
             );
             return None;
         }
-        [one] => *one,
+        [(one, _)] => *one,
         [(first, _), (second, at), ..] => {
             p.at(
                 *at,
@@ -444,95 +449,37 @@ fn check_route(
             return None;
         }
     };
-    let _ = kind_at;
-    let span = |v: Option<usize>| v;
     // Keys that belong to one kind or two; any other kind must not have them.
     let owned: [(&str, Option<usize>, &[&str]); 17] = [
-        (
-            "balance",
-            span(route.balance.as_ref().map(|v| v.span().start)),
-            &["proxy"],
-        ),
-        (
-            "proxy_host",
-            span(route.proxy_host.as_ref().map(|v| v.span().start)),
-            &["proxy"],
-        ),
-        (
-            "max_fails",
-            span(route.max_fails.as_ref().map(|v| v.span().start)),
-            &["proxy"],
-        ),
-        (
-            "fail_timeout",
-            span(route.fail_timeout.as_ref().map(|v| v.span().start)),
-            &["proxy"],
-        ),
-        (
-            "connect_timeout",
-            span(route.connect_timeout.as_ref().map(|v| v.span().start)),
-            &["proxy"],
-        ),
+        ("balance", at(&route.balance), &["proxy"]),
+        ("proxy_host", at(&route.proxy_host), &["proxy"]),
+        ("max_fails", at(&route.max_fails), &["proxy"]),
+        ("fail_timeout", at(&route.fail_timeout), &["proxy"]),
+        ("connect_timeout", at(&route.connect_timeout), &["proxy"]),
         (
             "first_byte_timeout",
-            span(route.first_byte_timeout.as_ref().map(|v| v.span().start)),
+            at(&route.first_byte_timeout),
             &["proxy"],
         ),
         (
             "upstream_idle_timeout",
-            span(route.upstream_idle_timeout.as_ref().map(|v| v.span().start)),
+            at(&route.upstream_idle_timeout),
             &["proxy"],
         ),
-        (
-            "keepalive",
-            span(route.keepalive.as_ref().map(|v| v.span().start)),
-            &["proxy"],
-        ),
+        ("keepalive", at(&route.keepalive), &["proxy"]),
         (
             "trusted_proxies",
-            span(route.trusted_proxies.as_ref().map(|v| v.span().start)),
-            &["proxy"],
+            at(&route.trusted_proxies),
+            &["proxy", "counters"],
         ),
-        (
-            "serve_dotfiles",
-            route.serve_dotfiles.as_ref().map(|v| v.span().start),
-            &["static"],
-        ),
-        (
-            "cache_control",
-            route.cache_control.as_ref().map(|v| v.span().start),
-            &["static"],
-        ),
-        (
-            "max_cached_size",
-            route.max_cached_size.as_ref().map(|v| v.span().start),
-            &["static"],
-        ),
-        (
-            "keep_path",
-            route.keep_path.as_ref().map(|v| v.span().start),
-            &["redirect"],
-        ),
-        (
-            "content_type",
-            route.content_type.as_ref().map(|v| v.span().start),
-            &["respond"],
-        ),
-        (
-            "status",
-            route.status.as_ref().map(|v| v.span().start),
-            &["redirect", "respond"],
-        ),
-        (
-            "data",
-            route.data.as_ref().map(|v| v.span().start),
-            &["app"],
-        ),
-        (
-            "pages",
-            route.pages.as_ref().map(|v| v.span().start),
-            &["app"],
-        ),
+        ("serve_dotfiles", at(&route.serve_dotfiles), &["static"]),
+        ("cache_control", at(&route.cache_control), &["static"]),
+        ("max_cached_size", at(&route.max_cached_size), &["static"]),
+        ("keep_path", at(&route.keep_path), &["redirect"]),
+        ("content_type", at(&route.content_type), &["respond"]),
+        ("status", at(&route.status), &["redirect", "respond"]),
+        ("data", at(&route.data), &["app"]),
+        ("pages", at(&route.pages), &["app"]),
     ];
     let mut ok = true;
     for (key, at, kinds) in owned {
