@@ -380,7 +380,7 @@ fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), Reque
 }
 
 /// Content-Length: 1*DIGIT, or a comma list of identical values (RFC 9110 §8.6).
-fn parse_content_length(value: &[u8]) -> Result<u64, RequestError> {
+pub(crate) fn parse_content_length(value: &[u8]) -> Result<u64, RequestError> {
     let mut result: Option<u64> = None;
     for part in value.split(|&b| b == b',') {
         let digits = trim_ows(part);
@@ -401,7 +401,10 @@ fn parse_content_length(value: &[u8]) -> Result<u64, RequestError> {
 /// Folds one Transfer-Encoding field into the running state. Returns whether the final coding
 /// so far is `chunked`. Any coding after chunked, chunked twice, or a coding we cannot decode is
 /// refused: we never guess at framing.
-fn parse_transfer_encoding(value: &[u8], mut chunked: bool) -> Result<bool, RequestError> {
+pub(crate) fn parse_transfer_encoding(
+    value: &[u8],
+    mut chunked: bool,
+) -> Result<bool, RequestError> {
     for coding in value.split(|&b| b == b',').map(trim_ows) {
         if coding.is_empty() {
             continue;

@@ -5,7 +5,7 @@
 
 use std::mem::MaybeUninit;
 
-use crate::request::{trim_ows, Version};
+use crate::request::{parse_content_length, parse_transfer_encoding, trim_ows, Version};
 
 /// How an upstream response's body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,28 +113,20 @@ pub fn parse_upstream_head<'a>(
     let mut length: Option<u64> = None;
     let mut transfer_encoding = false;
     let mut chunked_last = false;
+    // The same field rules as for requests (`request.rs`); any failure is framing a proxy
+    // cannot pass on. A coding other than `chunked` is refused even before a final
+    // `chunked`: undoing the chunking would hand the client, say, gzip bytes unannounced.
+    let ambiguous = |_| UpstreamError::AmbiguousFraming;
     for h in headers {
         if h.name.eq_ignore_ascii_case("content-length") {
-            for part in h.value.split(|&b| b == b',') {
-                let n = parse_length(trim_ows(part)).ok_or(UpstreamError::AmbiguousFraming)?;
-                if length.is_some_and(|m| m != n) {
-                    return Err(UpstreamError::AmbiguousFraming);
-                }
-                length = Some(n);
+            let n = parse_content_length(h.value).map_err(ambiguous)?;
+            if length.is_some_and(|m| m != n) {
+                return Err(UpstreamError::AmbiguousFraming);
             }
+            length = Some(n);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             transfer_encoding = true;
-            for coding in h.value.split(|&b| b == b',') {
-                let coding = trim_ows(coding);
-                if coding.is_empty() {
-                    continue;
-                }
-                if chunked_last {
-                    // Anything after `chunked` (even another `chunked`) is not HTTP/1.1.
-                    return Err(UpstreamError::AmbiguousFraming);
-                }
-                chunked_last = coding.eq_ignore_ascii_case(b"chunked");
-            }
+            chunked_last = parse_transfer_encoding(h.value, chunked_last).map_err(ambiguous)?;
         }
     }
     if transfer_encoding && (length.is_some() || !chunked_last) {
@@ -160,16 +152,6 @@ pub fn parse_upstream_head<'a>(
         body,
         keep_alive,
     }))
-}
-
-/// A Content-Length value: 1 to 19 decimal digits, nothing else.
-fn parse_length(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    v.iter().try_fold(0u64, |n, &d| {
-        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    })
 }
 
 #[cfg(test)]
@@ -259,6 +241,7 @@ mod tests {
             (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n", AmbiguousFraming),
             (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", AmbiguousFraming),
             (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", AmbiguousFraming),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", AmbiguousFraming),
             (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", AmbiguousFraming),
             (b"HTTP/1.1 200 OK\nContent-Length: 1\n\n", Malformed),
             (b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\n\r\n", Malformed),
