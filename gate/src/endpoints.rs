@@ -170,16 +170,7 @@ impl Endpoints {
         }
         let started = *STARTED.get_or_init(std::time::Instant::now);
         // The gate's counters are among them once `Gate::install` has run.
-        let all = metrics::process_metrics(started);
-        let text = if prometheus {
-            metrics::render_prometheus("tern_", &all)
-        } else {
-            metrics::render_statusz(&all)
-        };
-        Response::new(200)
-            .with_header("Content-Type", "text/plain; charset=utf-8")
-            .with_header("Cache-Control", "no-store")
-            .with_body(Body::Owned(text.into_bytes()))
+        metrics::page(&metrics::process_metrics(started), prometheus)
     }
 
     fn login_form(

@@ -147,17 +147,22 @@ impl tern_server::Handler for CountersPage {
         }
         let mut all = server_metrics(&self.stats.snapshot());
         all.extend(process_metrics(self.started));
-        let text = if self.prometheus {
-            render_prometheus("tern_", &all)
-        } else {
-            render_statusz(&all)
-        };
-        tern_server::Response::new(200)
-            .with_header("Content-Type", "text/plain; charset=utf-8")
-            .with_header("Cache-Control", "no-store")
-            .with_body(tern_server::Body::Owned(text.into_bytes()))
-            .into()
+        page(&all, self.prometheus).into()
     }
+}
+
+/// A counters page: `name: value` lines (`/statusz`) or Prometheus's format (`/metrics`),
+/// never cached.
+pub fn page(metrics: &[Metric], prometheus: bool) -> tern_server::Response {
+    let text = if prometheus {
+        render_prometheus("tern_", metrics)
+    } else {
+        render_statusz(metrics)
+    };
+    tern_server::Response::new(200)
+        .with_header("Content-Type", "text/plain; charset=utf-8")
+        .with_header("Cache-Control", "no-store")
+        .with_body(tern_server::Body::Owned(text.into_bytes()))
 }
 
 /// The server layer's counters: connections, requests, responses by class, timeouts, and
