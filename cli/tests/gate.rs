@@ -1016,3 +1016,51 @@ fn exec_checkers_run_in_helpers_outside_the_sandbox() {
         200
     );
 }
+
+/// The seams review (issue 21 item 2): nginx decodes `%2F` and resolves dot segments before it
+/// picks a file, while the gate hears the raw `$request_uri`. No spelling of a staff page gets
+/// its bytes out: the gate judges the canonical path, and one that has none (an encoded slash
+/// that nginx would turn into a separator) is refused, never judged as sent. Prefix rules hold
+/// on segment boundaries (`/robots.txt` does not cover `/robots.txt.bak`).
+#[test]
+fn nginx_in_front_cannot_be_walked_past_the_gate_by_spelling() {
+    let setup = Setup::new(POLICY, "");
+    std::fs::write(setup.path("site/robots.txt.bak"), "old robots\n").unwrap();
+    let gate = setup.gate();
+    let Some(nginx) = start_nginx(&setup, gate.addr()) else {
+        return;
+    };
+    let curl = ("User-Agent", "curl/8.5.0");
+    assert_eq!(
+        via(nginx.port, "GET", "/robots.txt", &[curl], "").status,
+        200
+    );
+    for path in [
+        "/robots.txt%2F..%2Fprivate/secret.txt",
+        "/robots.txt%2f..%2fprivate%2fsecret.txt",
+        "/.well-known/..%2Fprivate/secret.txt",
+        "/private%2Fsecret.txt",
+        "/%70rivate/secret.txt",
+        "//private/secret.txt",
+        "/robots.txt/../private/secret.txt",
+        "/robots.txt/%2e%2e/private/secret.txt",
+    ] {
+        let r = via(nginx.port, "GET", path, &[curl], "");
+        assert!(
+            !r.text().contains("for staff only"),
+            "{path}: {} {}",
+            r.status,
+            r.text()
+        );
+        assert_ne!(r.status, 200, "{path}");
+    }
+    let r = via(
+        nginx.port,
+        "GET",
+        "/robots.txt.bak",
+        &[("User-Agent", FIREFOX)],
+        "",
+    );
+    assert_eq!(r.status, 303, "a browser is challenged for /robots.txt.bak");
+    assert!(gate.counter_at("/statusz", "gate_paths_refused") >= 3);
+}

@@ -36,6 +36,9 @@ pub enum RequestError {
     UnsupportedVersion,
     /// `Expect` with anything other than `100-continue`.
     BadExpectation,
+    /// A path with no canonical form (see [`crate::canonical_path`]): an encoded slash,
+    /// backslash or control byte, double encoding, a `;`, `..` above the root, a bad escape.
+    BadPath,
 }
 
 impl RequestError {
@@ -44,7 +47,7 @@ impl RequestError {
         use RequestError::*;
         match self {
             BadRequestLine | BadHeader | BareLf | ObsFold | MissingHost | LengthAndChunked
-            | BadContentLength | BadChunk => 400,
+            | BadContentLength | BadChunk | BadPath => 400,
             BadTransferEncoding => 400,
             HeadTooLarge | TooManyHeaders => 431,
             BodyTooLarge => 413,
@@ -72,6 +75,7 @@ impl RequestError {
             Http2Preface => "HTTP/2 is not spoken on this port\n",
             UnsupportedVersion => "HTTP version not supported\n",
             BadExpectation => "only Expect: 100-continue is supported\n",
+            BadPath => "path cannot be normalised safely\n",
         }
     }
 
@@ -94,11 +98,12 @@ impl RequestError {
             Http2Preface => "http2_preface",
             UnsupportedVersion => "unsupported_version",
             BadExpectation => "bad_expectation",
+            BadPath => "bad_path",
         }
     }
 
     /// Every variant, for counters indexed by error kind.
-    pub const ALL: [RequestError; 15] = [
+    pub const ALL: [RequestError; 16] = [
         RequestError::BadRequestLine,
         RequestError::BadHeader,
         RequestError::BareLf,
@@ -114,6 +119,7 @@ impl RequestError {
         RequestError::Http2Preface,
         RequestError::UnsupportedVersion,
         RequestError::BadExpectation,
+        RequestError::BadPath,
     ];
 
     /// Position in [`RequestError::ALL`].

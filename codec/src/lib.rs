@@ -8,6 +8,7 @@
 mod body;
 mod date;
 mod error;
+mod path;
 mod request;
 mod response;
 mod upstream;
@@ -15,6 +16,7 @@ mod upstream;
 pub use body::{BodyDecoder, BodyKind, ChunkedDecoder, Decoded};
 pub use date::{format_date_line, DATE_LINE_LEN};
 pub use error::RequestError;
+pub use path::{canonical_path, decoded as decoded_path, path_under, PathError};
 pub use request::{
     first_line, head_from_fields, parse_request, trim_ows, FirstLine, Limits, Method, Parsed,
     RequestHead, Version, MAX_HEADERS_DEFAULT,

@@ -1,7 +1,9 @@
+use std::borrow::Cow;
 use std::mem::MaybeUninit;
 
 use crate::body::BodyKind;
 use crate::error::RequestError;
+use crate::path::canonical_path;
 
 /// Default cap on header fields per request (more is answered 431).
 pub const MAX_HEADERS_DEFAULT: usize = 100;
@@ -76,8 +78,11 @@ pub struct RequestHead<'a> {
     pub method_str: &'a str,
     /// The request-target exactly as sent.
     pub target: &'a str,
-    /// The path of the target, still percent-encoded (`/` for asterisk-form).
-    pub path: &'a str,
+    /// The path of the target in its canonical form ([`crate::canonical_path`]): still
+    /// percent-encoded, but with unreserved escapes decoded and dot and empty segments
+    /// resolved, so every decision (route, guard, file, the request line a proxy sends) is
+    /// made on the same value. Borrowed unless normalising changed it. `*` for asterisk-form.
+    pub path: Cow<'a, str>,
     /// The query string without the `?`, if any.
     pub query: Option<&'a str>,
     pub version: Version,
@@ -107,7 +112,7 @@ struct RequestLine<'a> {
     method: Method,
     method_str: &'a str,
     target: &'a str,
-    path: &'a str,
+    path: Cow<'a, str>,
     query: Option<&'a str>,
     version: Version,
 }
@@ -225,6 +230,7 @@ pub fn parse_request<'a>(
     };
     let method = Method::from_token(method_str);
     let (path, query) = split_target(method, target)?;
+    let path = canonical_path(path).map_err(|_| RequestError::BadPath)?;
 
     let headers: &'a [httparse::Header<'a>] = req.headers;
     let line = RequestLine {
@@ -256,6 +262,7 @@ pub fn head_from_fields<'a>(
     }
     let method = Method::from_token(method_str);
     let (path, query) = split_target(method, target)?;
+    let path = canonical_path(path).map_err(|_| RequestError::BadPath)?;
     let line = RequestLine {
         method,
         method_str,
@@ -266,13 +273,16 @@ pub fn head_from_fields<'a>(
     };
     let mut head = RequestHead::unscanned(line, 0, headers);
     scan_headers(&mut head, limits)?;
-    if head.host.is_none() {
-        if let Some(a) = authority {
-            if !valid_host(a) {
-                return Err(RequestError::BadHeader);
-            }
-            head.host = Some(a);
+    if let Some(a) = authority {
+        if !valid_host(a) {
+            return Err(RequestError::BadHeader);
         }
+        // One authority (RFC 9113 §8.3.1): a Host naming another site than `:authority` is
+        // refused, so the site, the gate and the upstream's Host all come from one value.
+        if head.host.is_some_and(|h| !h.eq_ignore_ascii_case(a)) {
+            return Err(RequestError::BadHeader);
+        }
+        head.host = Some(a);
     }
     Ok(head)
 }

@@ -105,7 +105,9 @@ pub fn parse_upstream_head<'a>(
         _ => return Err(UpstreamError::Malformed),
     };
     let status = res.code.ok_or(UpstreamError::Malformed)?;
-    if !(100..=999).contains(&status) {
+    // RFC 9110 §15 defines 100–599 only; a client may treat anything else as malformed, and
+    // an HTTP/2 client must (its `:status` is checked the same way), so it is a 502 here.
+    if !(100..=599).contains(&status) {
         return Err(UpstreamError::Malformed);
     }
     let headers: &'a [httparse::Header<'a>] = res.headers;
@@ -247,6 +249,8 @@ mod tests {
             (b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\n\r\n", Malformed),
             (b"HTTP/2 200\r\n\r\n", Malformed),
             (b"HTTP/1.1 2000 OK\r\n\r\n", Malformed),
+            (b"HTTP/1.1 600 Odd\r\nContent-Length: 0\r\n\r\n", Malformed),
+            (b"HTTP/1.1 999 Odd\r\nContent-Length: 0\r\n\r\n", Malformed),
             (b"SSH-2.0-OpenSSH\r\n\r\n", Malformed),
             (b"HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n", Malformed),
         ];

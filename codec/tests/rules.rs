@@ -37,7 +37,7 @@ impl Head {
             method: h.method,
             method_str: h.method_str.to_owned(),
             target: h.target.to_owned(),
-            path: h.path.to_owned(),
+            path: h.path.to_string(),
             query: h.query.map(str::to_owned),
             version: h.version,
             head_len: h.head_len,
@@ -1600,6 +1600,44 @@ fn out_of_range_status_codes_still_produce_a_valid_status_line() {
         assert!(
             write(head(code)).starts_with("HTTP/1.1 500 Internal Server Error\r\n"),
             "{code}"
+        );
+    }
+}
+
+/// The seams review: a path two components could read differently is refused at the codec,
+/// so no route, guard or upstream ever sees it; the others reach handlers canonical.
+#[test]
+fn paths_reach_handlers_canonical_or_not_at_all() {
+    for (target, want) in [
+        ("/%61dmin/x", "/admin/x"),
+        ("//admin/x", "/admin/x"),
+        ("/./admin/x", "/admin/x"),
+        ("/public/../admin/x", "/admin/x"),
+        ("/public/%2e%2e/admin/x", "/admin/x"),
+        ("/.well-known/%2e%2e/secret", "/secret"),
+        ("http://h/a/../b?q=1", "/b"),
+    ] {
+        let h = ok(&req(&format!("GET {target} HTTP/1.1"), &["Host: h"]));
+        assert_eq!(h.path, want, "{target}");
+    }
+    for target in [
+        "/admin%2Fx",
+        "/public%2F..%2Fadmin",
+        "/.well-known/..%2Fsecret",
+        "/robots.txt%2F..%2Fsecret",
+        "/../etc/passwd",
+        "/%2e%2e/x",
+        "/admin%00.png",
+        "/admin%5Cx",
+        "/admin\\x",
+        "/admin;x",
+        "/%2561dmin",
+        "/a%zz",
+    ] {
+        rejects(
+            &req(&format!("GET {target} HTTP/1.1"), &["Host: h"]),
+            RequestError::BadPath,
+            400,
         );
     }
 }

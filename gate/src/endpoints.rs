@@ -605,7 +605,13 @@ impl AuthEndpoint {
             .header("x-original-uri")
             .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or("/");
-        let path = crate::guard::policy_path(uri.split('?').next().unwrap_or("/"));
+        // nginx matched its location on its own normalised path; a path without a canonical
+        // form is one nginx and the app behind it may read differently from the gate, so it
+        // is refused, never judged as sent.
+        let Some(path) = crate::guard::policy_path(uri.split('?').next().unwrap_or("/")) else {
+            self.gate.stats().bump(cx.worker_id, C::PathRefused);
+            return Response::new(403).into();
+        };
         let method = req
             .header("x-original-method")
             .and_then(|v| std::str::from_utf8(v).ok())

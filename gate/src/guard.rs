@@ -92,7 +92,9 @@ impl Gate {
         path: &str,
         worker: usize,
     ) -> Outcome {
-        let path = policy_path(path);
+        let Some(path) = policy_path(path) else {
+            return Outcome::Deny;
+        };
         let decision = loaded
             .policy
             .evaluate(method, &path, |name| req.header(name), client.ip);
@@ -374,21 +376,29 @@ impl Guard for Gate {
     }
 }
 
-/// The path the policy sees: percent-decoded, with `.`, `..` and empty segments resolved,
-/// as the static files handler will look it up; so `/%61dmin/` or `/x/../admin/` cannot slip
-/// past a rule for `/admin/`. The common path has nothing to decode and is borrowed. A path
-/// that does not normalise (an encoded slash, `..` above the root) is matched as sent; the
-/// handlers refuse it anyway.
-pub(crate) fn policy_path(raw: &str) -> std::borrow::Cow<'_, str> {
+/// The path the policy sees: the canonical path ([`tern_server::canonical_path`]; requests
+/// that reach a guard already carry it) with every escape decoded, exactly the segments the
+/// router chose by and the static handler opens; so `/%61dmin/`, `//admin/` or `/x/../admin/`
+/// cannot slip past a rule for `/admin/`. `None` when the path has no canonical form (an
+/// encoded slash, `..` above the root, a `;`...): such a path is never judged as sent, the
+/// caller refuses it. The common path has nothing to decode and is borrowed.
+pub(crate) fn policy_path(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
     use std::borrow::Cow;
-    match tern_server::static_files::normalize_path(raw, true) {
-        Ok(Cow::Borrowed(_)) => Cow::Borrowed(raw),
-        Ok(Cow::Owned(bytes)) => match String::from_utf8(bytes) {
-            Ok(s) => Cow::Owned(s),
-            Err(_) => Cow::Borrowed(raw),
-        },
-        Err(_) => Cow::Borrowed(raw),
+    let canonical = tern_server::canonical_path(raw).ok()?;
+    if !canonical.starts_with('/') {
+        return None;
     }
+    Some(match canonical {
+        Cow::Borrowed(p) => match tern_server::decoded_path(p) {
+            // Bytes that are not UTF-8 become U+FFFD: no rule can name them, and a separator
+            // or a dot is never among them.
+            Cow::Borrowed(_) => Cow::Borrowed(p),
+            Cow::Owned(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
+        },
+        Cow::Owned(p) => {
+            Cow::Owned(String::from_utf8_lossy(&tern_server::decoded_path(&p)).into_owned())
+        }
+    })
 }
 
 /// The realm a cookie name belongs to: `Some(None)` for a challenge pass, `Some(Some(realm))`

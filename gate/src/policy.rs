@@ -5,7 +5,7 @@
 //! name = "git"                      # unique, shown in the counters
 //! action = "allow"                  # allow | deny | challenge | timelock | login | weigh
 //! user_agent = "^git/"              # regex on User-Agent ("" when absent)
-//! path_prefix = ["/repo/"]          # any of these prefixes
+//! path_prefix = ["/repo/"]          # any of these prefixes, on segment boundaries
 //! path_regex = "\\.git/"            # regex on the path
 //! header = { Accept = "rss|atom" }  # every named header must match (a missing one does not)
 //! method = ["GET", "HEAD"]          # any of these methods
@@ -171,7 +171,7 @@ impl Rule {
             && !self
                 .path_prefixes
                 .iter()
-                .any(|p| path.starts_with(p.as_str()))
+                .any(|p| tern_server::path_under(p, path))
         {
             return false;
         }

@@ -151,6 +151,11 @@ pub const COUNTERS: &[Row] = &[
         Some(("cause", "stale_realm")),
         "session cookies refused, by cause",
     ),
+    (
+        "gate_paths_refused",
+        None,
+        "auth requests refused because the original path has no canonical form",
+    ),
 ];
 
 /// Index into [`COUNTERS`].
@@ -183,9 +188,10 @@ pub enum C {
     SessionExpired,
     SessionWrongPrefix,
     SessionStaleRealm,
+    PathRefused,
 }
 
-const N: usize = 27;
+const N: usize = 28;
 
 pub struct Stats {
     rows: Box<[CachePadded<[AtomicU64; N]>]>,

@@ -20,13 +20,15 @@ pub enum Malformed {
     EmptyPath,
     BadContentLength,
     ContentLengthMismatch,
+    BadMethod,
+    BadScheme,
 }
 
 impl Malformed {
     pub fn reason(self) -> &'static str {
         match self {
             Malformed::BadName => "field name not lowercase or not a token",
-            Malformed::BadValue => "field value with NUL, CR, LF or surrounding whitespace",
+            Malformed::BadValue => "field value with a control byte or surrounding whitespace",
             Malformed::UnknownPseudo => "unknown or response pseudo-header",
             Malformed::PseudoAfterRegular => "pseudo-header after a regular field",
             Malformed::DuplicatePseudo => "pseudo-header repeated",
@@ -37,6 +39,8 @@ impl Malformed {
             Malformed::EmptyPath => "empty :path",
             Malformed::BadContentLength => "bad content-length",
             Malformed::ContentLengthMismatch => "content-length disagrees with DATA",
+            Malformed::BadMethod => ":method not a token",
+            Malformed::BadScheme => ":scheme not a URI scheme",
         }
     }
 }
@@ -140,7 +144,18 @@ impl Fields {
         let Some(method) = &self.method else {
             return Err(Malformed::MissingPseudo);
         };
-        if &self.arena[method.start as usize..method.end as usize] == b"CONNECT" {
+        // The method becomes the request line a proxied request is sent with: a space, a tab
+        // or a URI in it would let the upstream read another request than the one routed.
+        let method = self.get(method);
+        if method.is_empty() || !method.iter().all(|&b| TOKEN_BYTE[b as usize]) {
+            return Err(Malformed::BadMethod);
+        }
+        if let Some(scheme) = &self.scheme {
+            if !valid_scheme(self.get(scheme)) {
+                return Err(Malformed::BadScheme);
+            }
+        }
+        if method == b"CONNECT" {
             // CONNECT names only an authority (§8.5); tern routes it (and refuses it) like
             // any other method.
             if self.authority.is_none() || self.scheme.is_some() || self.path.is_some() {
@@ -210,12 +225,18 @@ pub(crate) fn check_trailer(name: &[u8], value: &[u8]) -> Result<(), Malformed> 
 }
 
 /// Bytes allowed in a field name: lowercase tchar (RFC 9113 §8.2.1, RFC 9110 §5.6.2).
-const NAME_BYTE: [bool; 256] = {
+const NAME_BYTE: [bool; 256] = tchar_table(false);
+
+/// Bytes allowed in a method: tchar, either case (RFC 9110 §9.1).
+const TOKEN_BYTE: [bool; 256] = tchar_table(true);
+
+const fn tchar_table(upper: bool) -> [bool; 256] {
     let mut t = [false; 256];
     let mut b = 0;
     while b < 256 {
         let c = b as u8;
         t[b] = c.is_ascii_lowercase()
+            || (upper && c.is_ascii_uppercase())
             || c.is_ascii_digit()
             || matches!(
                 c,
@@ -237,7 +258,14 @@ const NAME_BYTE: [bool; 256] = {
         b += 1;
     }
     t
-};
+}
+
+/// `scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )` (RFC 3986 §3.1).
+fn valid_scheme(s: &[u8]) -> bool {
+    s.first().is_some_and(u8::is_ascii_alphabetic)
+        && s.iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+}
 
 fn check_regular_name(name: &[u8]) -> Result<(), Malformed> {
     if name.is_empty() || !name.iter().all(|&b| NAME_BYTE[b as usize]) {
@@ -252,11 +280,14 @@ fn check_regular_name(name: &[u8]) -> Result<(), Malformed> {
     }
 }
 
+/// RFC 9113 §8.2.1 forbids NUL, CR, LF and surrounding whitespace; tern also refuses every
+/// other control byte but HTAB, as RFC 9110 §5.5 and its HTTP/1.1 parser do, so a field
+/// forwarded to an HTTP/1.1 upstream is one its parser accepts too.
 fn check_value(value: &[u8]) -> Result<(), Malformed> {
     let bad_edge = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
     if bad_edge(value.first())
         || bad_edge(value.last())
-        || memchr::memchr3(0, b'\r', b'\n', value).is_some()
+        || value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f)
     {
         return Err(Malformed::BadValue);
     }
@@ -408,6 +439,71 @@ mod tests {
         assert_eq!(
             check_trailer(b":path", b"/"),
             Err(Malformed::PseudoInTrailers)
+        );
+    }
+
+    /// What an HTTP/1.1 upstream would read as another request line or field must never get
+    /// that far (the seams review: `:method` with spaces, control bytes in values).
+    #[test]
+    fn downgrade_hazards_are_malformed() {
+        let with_method = |m: &str| {
+            let mut l = BASE.to_vec();
+            l[0] = (":method", m);
+            fields(&l).err()
+        };
+        for m in [
+            "GET /admin HTTP/1.1",
+            "GET /admin?",
+            "G\tET",
+            "",
+            "http://x/",
+        ] {
+            assert_eq!(with_method(m), Some(Malformed::BadMethod), "{m:?}");
+        }
+        assert_eq!(with_method("PROPFIND"), None);
+        assert_eq!(with_method("x-custom"), None);
+        let with = |extra: (&str, &str)| {
+            let mut l = BASE.to_vec();
+            l.push(extra);
+            fields(&l).err()
+        };
+        for v in [
+            "a\x01b", "a\x08", "a\x0bb", "a\x0cb", "a\x1fb", "a\x7fb", "a\rb", "a\0b",
+        ] {
+            assert_eq!(with(("x", v)), Some(Malformed::BadValue), "{v:?}");
+        }
+        assert_eq!(
+            with(("x", "a\tb c")),
+            None,
+            "HTAB and SP inside a value are fine"
+        );
+        let mut l = BASE.to_vec();
+        l[1] = (":scheme", "ht tp");
+        assert_eq!(fields(&l).err(), Some(Malformed::BadScheme));
+    }
+
+    #[test]
+    fn host_must_agree_with_authority() {
+        let head_with_host = |host: &str| {
+            let mut list = BASE.to_vec();
+            list.push(("host", host));
+            let data = RequestData {
+                stream: 1,
+                fields: fields(&list).unwrap(),
+                body: Vec::new(),
+            };
+            let mut hs = [httparse::EMPTY_HEADER; MAX_FIELDS];
+            data.head(&mut hs, &Limits::default())
+                .map(|h| h.host.map(<[u8]>::to_vec))
+        };
+        assert_eq!(
+            head_with_host("admin.internal"),
+            Err(RequestError::BadHeader)
+        );
+        assert_eq!(
+            head_with_host("EXAMPLE.org"),
+            Ok(Some(b"example.org".to_vec())),
+            "the same name in another case is the same authority"
         );
     }
 

@@ -28,7 +28,7 @@ pub(crate) enum Outcome {
 /// Whether the handler of this request takes its body as a stream (it is dispatched on the
 /// head, and the body follows through a relay) rather than whole.
 pub(crate) fn streams_body(head: &RequestHead<'_>, cx: &ConnCx<'_>) -> bool {
-    match cx.shared.router.find(head.method, head.path) {
+    match cx.shared.router.find(head.method, &head.path) {
         RouteMatch::Handler(h) => h.streams_body(head),
         _ => false,
     }
@@ -50,7 +50,7 @@ pub(crate) fn run(
     entry: Option<&mut crate::access_log::LogEntry<'_>>,
     cx: &mut ConnCx<'_>,
 ) -> Outcome {
-    let handler = match cx.shared.router.find(head.method, head.path) {
+    let handler = match cx.shared.router.find(head.method, &head.path) {
         RouteMatch::Handler(h) => h,
         RouteMatch::MethodNotAllowed(allow) => {
             let r = Response::text(405, "method not allowed\n").with_header("Allow", allow);
@@ -89,7 +89,7 @@ pub(crate) fn run(
         }
         Ok(Reply::Later) => {
             if ratelog::admit("handler_later_without_defer", cx.clock.now_ms()) {
-                tracing::error!(path = head.path, "handler returned Later without defer()");
+                tracing::error!(path = &*head.path, "handler returned Later without defer()");
             }
             Outcome::Respond(Response::text(500, "internal error\n").close())
         }
@@ -97,7 +97,7 @@ pub(crate) fn run(
             cx.stats.bump(Counter::HandlerPanics);
             if ratelog::admit("handler_panic", cx.clock.now_ms()) {
                 let peer = from.peer;
-                tracing::error!(path = head.path, %peer, "handler panicked; answered 500");
+                tracing::error!(path = &*head.path, %peer, "handler panicked; answered 500");
             }
             Outcome::Respond(Response::text(500, "internal error\n").close())
         }
@@ -135,7 +135,7 @@ pub(crate) fn redirect_to_https(head: &RequestHead<'_>, https_port: u16) -> Resp
         location.push_str(itoa::Buffer::new().format(https_port));
     }
     // Path and query, not the raw target: an absolute-form target names its own host.
-    location.push_str(head.path);
+    location.push_str(&head.path);
     if let Some(q) = head.query {
         location.push('?');
         location.push_str(q);

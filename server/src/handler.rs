@@ -24,9 +24,10 @@ impl<'a> Request<'a> {
         self.head.method
     }
 
-    /// The path, still percent-encoded.
+    /// The canonical path ([`RequestHead::path`]): what routes, guards and files are chosen
+    /// by and what a proxy forwards. Still percent-encoded apart from unreserved characters.
     pub fn path(&self) -> &'a str {
-        self.head.path
+        &self.head.path
     }
 
     pub fn query(&self) -> Option<&'a str> {

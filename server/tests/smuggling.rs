@@ -693,10 +693,10 @@ fn cases() -> Vec<Case> {
             Closed,
         ),
         case(
-            "CRLF percent-encoded in the target is just a path",
+            "CRLF percent-encoded in the target is refused (an app echoing the path would inject it)",
             "GET /hello%0d%0aX-Injected:%20y HTTP/1.1\r\nHost: x\r\n\r\n",
-            &[404],
-            KeptAlive,
+            &[400],
+            Closed,
         ),
         case(
             "obs-text in a header value is allowed",

@@ -152,7 +152,7 @@ impl SiteTable {
     /// Whether the route this head takes streams request bodies (a proxy route).
     fn streams_body(&self, head: &RequestHead<'_>) -> bool {
         self.site_for(head.host)
-            .and_then(|site| route_for(site, head.path))
+            .and_then(|site| route_for(site, &head.path))
             .is_some_and(|route| route.streams_body(head))
     }
 
@@ -168,8 +168,13 @@ impl SiteTable {
     }
 }
 
+/// The route for a canonical path ([`RequestHead::path`]): the same value the gate judges,
+/// the static handler opens and the proxy forwards, so no spelling of a path can reach a
+/// route other than the one its segments name.
 fn route_for<'s>(site: &'s BuiltSite, path: &str) -> Option<&'s BuiltRoute> {
-    site.routes.iter().find(|r| route::under(&r.prefix, path))
+    site.routes
+        .iter()
+        .find(|r| tern_server::path_under(&r.prefix, path))
 }
 
 /// The handler in front of every site: the current table, replaced whole by [`Sites::swap`].

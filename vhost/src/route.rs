@@ -69,15 +69,6 @@ pub(crate) fn stored_prefix(prefix: &str) -> &str {
     prefix.trim_end_matches('/')
 }
 
-/// Whether `path` is under `prefix` (stored form) on a segment boundary: `/app` matches
-/// `/app` and `/app/x`, never `/apple`.
-pub(crate) fn under(prefix: &str, path: &str) -> bool {
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
-        None => false,
-    }
-}
-
 impl BuiltRoute {
     pub(crate) fn new(prefix: &str, action: Action, edits: &HeaderEdits) -> BuiltRoute {
         let action = match action {
@@ -176,6 +167,7 @@ fn redirect(status: u16, target: &str, keep_path: bool, req: &Request<'_>) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tern_server::path_under as under;
 
     #[test]
     fn prefixes_match_on_segment_boundaries() {

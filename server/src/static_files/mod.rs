@@ -244,7 +244,7 @@ impl StaticFiles {
 
     /// `may_refresh`: the front's settings were not yet compared with the latest reload.
     fn serve_from(&self, front: &mut Front, req: &Request<'_>, may_refresh: bool) -> Response {
-        let key = match path::normalize(req.path(), front.settings.opts.serve_dotfiles) {
+        let key = match path::file_key(req.path(), front.settings.opts.serve_dotfiles) {
             Ok(k) => k,
             Err(PathError::BadRequest) => return bad_request(),
             Err(PathError::NotFound) => return not_found(),

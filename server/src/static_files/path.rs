@@ -1,132 +1,68 @@
-//! Request path → cache key: percent-decoding and normalisation, refusing anything that could
-//! name a file other than the one the segments spell out.
+//! Canonical request path → cache key (the file's path below the root, decoded).
 //!
-//! The key is the decoded path with `.`/`..`/empty segments resolved. It always starts with `/`
-//! and ends with `/` when the request names a directory (a trailing slash, or a final `.`/`..`
-//! segment). It never contains NUL, a backslash, an empty segment or a `.`/`..` segment, so
+//! The codec already put the path in canonical form ([`tern_codec::canonical_path`]): dot and
+//! empty segments resolved, anything ambiguous refused. This module only decodes what is left
+//! escaped and applies the dotfile rule, so the file opened is the one the route and the gate
+//! judged. The key always starts with `/` and ends with `/` when the request names a
+//! directory. It never contains NUL, a backslash, an empty segment or a `.`/`..` segment, so
 //! `key[1..]` is a safe relative path to hand to `openat2`.
 
 use std::borrow::Cow;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
+use tern_codec::{canonical_path, decoded_path};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PathError {
-    /// Malformed or hostile: bad `%xx`, NUL, backslash, encoded slash, `..` above the root.
+    /// Not a canonical path (only a head built by hand, not by the codec, can hold one).
     BadRequest,
     /// A dotfile while dotfiles are not served.
     NotFound,
 }
 
-/// Decodes and normalises `raw` (the request path, still percent-encoded).
+/// The key for `path`, a canonical request path ([`crate::Request::path`]).
 ///
-/// The common case (no `%`, `\`, `//` or `/.`) is already normal and borrows `raw`: no
-/// allocation on the hot path.
-pub(crate) fn normalize(raw: &str, serve_dotfiles: bool) -> Result<Cow<'_, [u8]>, PathError> {
-    let b = raw.as_bytes();
-    if b.first() != Some(&b'/') {
+/// The common case (nothing escaped, no segment starting with `.`) borrows `path`: no
+/// allocation and one scan on the hot path.
+pub(crate) fn file_key(path: &str, serve_dotfiles: bool) -> Result<Cow<'_, [u8]>, PathError> {
+    if !path.starts_with('/') {
         return Err(PathError::BadRequest);
     }
-    // Fast check: one table lookup per byte; only `/` needs a look at its successor.
-    let mut i = 0;
-    while i < b.len() {
-        if SPECIAL[b[i] as usize] && (b[i] != b'/' || matches!(b.get(i + 1), Some(b'/' | b'.'))) {
-            return normalize_slow(b, serve_dotfiles).map(Cow::Owned);
+    let key = decoded_path(path);
+    // A segment that starts with a dot is either a dotfile or (in a head not made by the
+    // codec) a dot segment; the second must never reach the file system.
+    if memchr::memmem::find(&key, b"/.").is_some() {
+        for seg in key[1..].split(|&c| c == b'/') {
+            if seg == b"." || seg == b".." {
+                return Err(PathError::BadRequest);
+            }
         }
-        i += 1;
+        if !serve_dotfiles {
+            return Err(PathError::NotFound);
+        }
     }
-    Ok(Cow::Borrowed(b))
+    if key.contains(&0) || key.contains(&b'\\') || memchr::memmem::find(&key, b"//").is_some() {
+        return Err(PathError::BadRequest);
+    }
+    Ok(key)
 }
 
-/// [`normalize`] for the fuzz target (`fuzz/fuzz_targets/path_normalize.rs`); not an API.
-/// The error is the status the static handler answers: 400 (hostile or malformed) or 404 (a
-/// dotfile while dotfiles are off).
+/// The codec's canonical form, then [`file_key`]: from a raw request path to the file a
+/// request names, for the fuzz target (`fuzz/fuzz_targets/path_normalize.rs`); not an API.
+/// The error is the status a client gets: 400 (no canonical form) or 404 (a dotfile while
+/// dotfiles are off).
 #[doc(hidden)]
-pub fn normalize_path(raw: &str, serve_dotfiles: bool) -> Result<Cow<'_, [u8]>, u16> {
-    normalize(raw, serve_dotfiles).map_err(|e| match e {
-        PathError::BadRequest => 400,
-        PathError::NotFound => 404,
-    })
-}
-
-/// Bytes the fast check stops at: `%`, `\`, NUL and `/`.
-static SPECIAL: [bool; 256] = {
-    let mut t = [false; 256];
-    t[b'%' as usize] = true;
-    t[b'\\' as usize] = true;
-    t[0] = true;
-    t[b'/' as usize] = true;
-    t
-};
-
-fn normalize_slow(b: &[u8], serve_dotfiles: bool) -> Result<Vec<u8>, PathError> {
-    // 1. Percent-decode. An encoded `/` must never become a separator and an encoded `\` or
-    //    NUL is as hostile as a raw one.
-    let mut dec = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hi = b.get(i + 1).and_then(|&c| hex(c));
-                let lo = b.get(i + 2).and_then(|&c| hex(c));
-                let (Some(hi), Some(lo)) = (hi, lo) else {
-                    return Err(PathError::BadRequest);
-                };
-                let v = hi << 4 | lo;
-                if v == b'/' || v == b'\\' || v == 0 {
-                    return Err(PathError::BadRequest);
-                }
-                dec.push(v);
-                i += 3;
-            }
-            b'\\' | 0 => return Err(PathError::BadRequest),
-            c => {
-                dec.push(c);
-                i += 1;
-            }
-        }
+pub fn normalize_path(raw: &str, serve_dotfiles: bool) -> Result<Vec<u8>, u16> {
+    let canonical = canonical_path(raw).map_err(|_| 400u16)?;
+    if !canonical.starts_with('/') {
+        return Err(400);
     }
-
-    // 2. Resolve segments. `out` has no trailing slash while it is being built.
-    let mut out = Vec::with_capacity(dec.len() + 1);
-    out.push(b'/');
-    let mut dir = false;
-    for seg in dec[1..].split(|&c| c == b'/') {
-        match seg {
-            b"" | b"." => dir = true,
-            b".." => {
-                if out.len() == 1 {
-                    return Err(PathError::BadRequest);
-                }
-                let cut = out.iter().rposition(|&c| c == b'/').unwrap_or(0);
-                out.truncate(cut.max(1));
-                dir = true;
-            }
-            _ => {
-                if out.len() > 1 {
-                    out.push(b'/');
-                }
-                out.extend_from_slice(seg);
-                dir = false;
-            }
-        }
-    }
-    if dir && out.len() > 1 {
-        out.push(b'/');
-    }
-    if !serve_dotfiles && memchr::memmem::find(&out, b"/.").is_some() {
-        return Err(PathError::NotFound);
-    }
-    Ok(out)
-}
-
-fn hex(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
+    file_key(&canonical, serve_dotfiles)
+        .map(Cow::into_owned)
+        .map_err(|e| match e {
+            PathError::BadRequest => 400,
+            PathError::NotFound => 404,
+        })
 }
 
 /// Everything but unreserved characters and `/` is escaped in a Location we build.
@@ -157,8 +93,14 @@ pub(crate) fn directory_location(key: &[u8], query: Option<&str>) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// From a raw path, as a request goes: the codec's canonical form, then the key.
+    fn key(raw: &str, dot: bool) -> Result<Vec<u8>, PathError> {
+        let canonical = canonical_path(raw).map_err(|_| PathError::BadRequest)?;
+        file_key(&canonical, dot).map(Cow::into_owned)
+    }
+
     fn n(raw: &str) -> Result<String, PathError> {
-        normalize(raw, false).map(|k| String::from_utf8(k.into_owned()).unwrap())
+        key(raw, false).map(|k| String::from_utf8(k).unwrap())
     }
 
     #[test]
@@ -171,7 +113,7 @@ mod tests {
             "/a.b/c..d",
             "/a-b_c~",
         ] {
-            assert!(matches!(normalize(p, false), Ok(Cow::Borrowed(_))), "{p}");
+            assert!(matches!(file_key(p, false), Ok(Cow::Borrowed(_))), "{p}");
             assert_eq!(n(p).unwrap(), p);
         }
     }
@@ -189,6 +131,7 @@ mod tests {
         assert_eq!(n("/a/..").unwrap(), "/");
         assert_eq!(n("/.").unwrap(), "/");
         assert_eq!(n("//").unwrap(), "/");
+        assert_eq!(n("/100%25").unwrap(), "/100%");
         assert_eq!(n("/a%2Fb").unwrap_err(), PathError::BadRequest);
     }
 
@@ -211,10 +154,18 @@ mod tests {
             "/a%0",
             "/a%zz",
             "/a%",
+            "/..;/x",
             "relative",
             "",
         ] {
             assert_eq!(n(p), Err(PathError::BadRequest), "{p}");
+        }
+    }
+
+    #[test]
+    fn a_head_not_made_by_the_codec_cannot_traverse() {
+        for p in ["/../x", "/a/./b", "/a/../../x", "/a//b", "/a\\b", "/a\0b"] {
+            assert_eq!(file_key(p, true), Err(PathError::BadRequest), "{p:?}");
         }
     }
 
@@ -228,23 +179,20 @@ mod tests {
             "/.well-known/x",
         ] {
             assert_eq!(n(p), Err(PathError::NotFound), "{p}");
-            assert!(normalize(p, true).is_ok(), "{p}");
+            assert!(key(p, true).is_ok(), "{p}");
         }
         // A dot segment that normalises away is not a dotfile.
         assert_eq!(n("/.git/..").unwrap(), "/");
-        assert_eq!(
-            String::from_utf8(normalize("/.env", true).unwrap().into_owned()).unwrap(),
-            "/.env"
-        );
+        assert_eq!(key("/.env", true).unwrap(), b"/.env");
     }
 
     proptest::proptest! {
         #[test]
         fn keys_are_always_normal(
-            raw in "/[a-z.%/2eEfF5cC0\\\\]{0,24}",
+            raw in "/[a-z.%/2eEfF5cC0;\\\\]{0,24}",
             dot in proptest::bool::ANY,
         ) {
-            if let Ok(key) = normalize(&raw, dot) {
+            if let Ok(key) = key(&raw, dot) {
                 proptest::prop_assert!(key.starts_with(b"/"));
                 proptest::prop_assert!(!key.contains(&0) && !key.contains(&b'\\'));
                 proptest::prop_assert!(memchr::memmem::find(&key, b"//").is_none());
@@ -260,7 +208,7 @@ mod tests {
     fn location_is_reencoded_and_never_protocol_relative() {
         assert_eq!(directory_location(b"/docs", None), b"/docs/");
         assert_eq!(directory_location(b"/a b", Some("x=1&y")), b"/a%20b/?x=1&y");
-        let key = normalize("//evil.example", false).unwrap();
+        let key = key("//evil.example", false).unwrap();
         let loc = directory_location(&key, None);
         assert_eq!(loc, b"/evil.example/");
         assert_eq!(

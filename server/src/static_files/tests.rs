@@ -24,6 +24,10 @@ fn call(sf: &StaticFiles, method: Method, target: &str, h: H<'_>, now_ms: u64) -
         Some((p, q)) => (p, Some(q)),
         None => (target, None),
     };
+    // The codec hands handlers the canonical path, and answers 400 itself when there is none.
+    let Ok(path) = tern_codec::canonical_path(path) else {
+        return Response::text(400, "bad request\n");
+    };
     let head = RequestHead {
         method,
         method_str: "GET",

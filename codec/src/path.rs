@@ -1,0 +1,316 @@
+//! The one view of a request path that every later decision uses: the site's route, the
+//! gate's rules, the static file, and the request line a proxy sends upstream.
+//!
+//! The canonical form is the path normalised as RFC 3986 §6.2.2 describes and nothing more:
+//! percent-encoded unreserved characters decoded (`/%61dmin` is `/admin`), other escapes kept
+//! with upper-case hex, `.` and `..` segments resolved and empty segments merged (`//a/./b/..`
+//! is `/a/`). It is still percent-encoded, so an upstream that decodes it and one that does
+//! not both read the same segments tern decided on: what is left encoded can no longer make a
+//! separator, a dot segment or another escape.
+//!
+//! What two readers could split differently is refused (400) rather than guessed at:
+//! - an encoded `/` or `\` (`%2F`, `%5C`): nginx and many frameworks decode `%2F` into a
+//!   separator, others keep it inside a segment; a raw `\` is a separator on some servers;
+//! - an encoded control byte (`%00`–`%1F`, `%7F`): NUL truncates file names in C, CR/LF end
+//!   up in headers when an app echoes the path;
+//! - an encoded `%` that spells another escape (`%2561`): an upstream that decodes twice reads
+//!   `/a`, tern would have read `/%61`;
+//! - a `;` (path parameters): Tomcat and other servlet containers drop `;...` from each
+//!   segment (`/admin;x/` is `/admin/`, `/..;/` is `/../`) while nginx, tern and most apps
+//!   keep it, so no choice tern makes here is safe for every upstream. Send it as `%3B`;
+//! - `..` above the root, a malformed escape.
+//!
+//! Paths that are not origin-form (`*` for OPTIONS, the authority of CONNECT) are left alone;
+//! no route matches them.
+
+use std::borrow::Cow;
+
+/// Why a path has no canonical form. Always answered 400 ([`crate::RequestError::BadPath`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathError {
+    /// `%` not followed by two hex digits.
+    BadEscape,
+    /// `%2F`, `%5C` or a raw `\`.
+    EncodedSeparator,
+    /// `%00`–`%1F` or `%7F`.
+    EncodedControl,
+    /// `%25` followed by two hex digits.
+    DoubleEncoding,
+    /// A `;` anywhere in the path.
+    PathParameter,
+    /// `..` that climbs above the root.
+    AboveRoot,
+}
+
+/// The canonical form of `raw` (a request path, still percent-encoded; see the module doc).
+///
+/// A path that is already canonical (no `%`, `\`, `;`, `//` or `/.`) is borrowed: no
+/// allocation on the common path, one table lookup per byte.
+pub fn canonical_path(raw: &str) -> Result<Cow<'_, str>, PathError> {
+    let b = raw.as_bytes();
+    if b.first() != Some(&b'/') {
+        return Ok(Cow::Borrowed(raw));
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if SPECIAL[b[i] as usize] && (b[i] != b'/' || matches!(b.get(i + 1), Some(b'/' | b'.'))) {
+            return canonical_slow(b).map(Cow::Owned);
+        }
+        i += 1;
+    }
+    Ok(Cow::Borrowed(raw))
+}
+
+/// Bytes the fast check stops at: `%`, `\`, `;`, NUL and `/` (only when a `/` or `.` follows).
+static SPECIAL: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'%' as usize] = true;
+    t[b'\\' as usize] = true;
+    t[b';' as usize] = true;
+    t[0] = true;
+    t[b'/' as usize] = true;
+    t
+};
+
+fn canonical_slow(b: &[u8]) -> Result<String, PathError> {
+    // 1. Escapes: unreserved characters decoded (so `%2e` takes part in dot segments below,
+    //    as nginx resolves it), the rest kept in upper case or refused.
+    let mut dec = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hi = b.get(i + 1).copied().and_then(hex);
+                let lo = b.get(i + 2).copied().and_then(hex);
+                let (Some(hi), Some(lo)) = (hi, lo) else {
+                    return Err(PathError::BadEscape);
+                };
+                let v = hi << 4 | lo;
+                if is_unreserved(v) {
+                    dec.push(v);
+                } else if v == b'/' || v == b'\\' {
+                    return Err(PathError::EncodedSeparator);
+                } else if v < 0x20 || v == 0x7f {
+                    return Err(PathError::EncodedControl);
+                } else if v == b'%' && b.get(i + 3).and_then(|&c| hex(c)).is_some() {
+                    // `%25` + one hex digit can never be decoded into an escape, with two it can.
+                    if b.get(i + 4).and_then(|&c| hex(c)).is_some() {
+                        return Err(PathError::DoubleEncoding);
+                    }
+                    dec.extend_from_slice(b"%25");
+                } else {
+                    dec.extend_from_slice(&[b'%', HEX_UPPER[hi as usize], HEX_UPPER[lo as usize]]);
+                }
+                i += 3;
+            }
+            b'\\' => return Err(PathError::EncodedSeparator),
+            b';' => return Err(PathError::PathParameter),
+            0 => return Err(PathError::EncodedControl),
+            c => {
+                dec.push(c);
+                i += 1;
+            }
+        }
+    }
+
+    // 2. Segments (RFC 3986 §5.2.4, with empty segments merged). `out` has no trailing slash
+    //    while it is built; a final `/`, `.` or `..` makes the result name a directory.
+    let mut out = Vec::with_capacity(dec.len());
+    out.push(b'/');
+    let mut dir = false;
+    for seg in dec[1..].split(|&c| c == b'/') {
+        match seg {
+            b"" | b"." => dir = true,
+            b".." => {
+                if out.len() == 1 {
+                    return Err(PathError::AboveRoot);
+                }
+                let cut = out.iter().rposition(|&c| c == b'/').unwrap_or(0);
+                out.truncate(cut.max(1));
+                dir = true;
+            }
+            _ => {
+                if out.len() > 1 {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(seg);
+                dir = false;
+            }
+        }
+    }
+    if dir && out.len() > 1 {
+        out.push(b'/');
+    }
+    // Only ASCII was decoded and whole escapes were kept, so multi-byte characters the raw
+    // path held are intact: the bytes are still UTF-8.
+    String::from_utf8(out).map_err(|_| PathError::BadEscape)
+}
+
+/// The bytes a canonical path spells, every escape decoded: what a file name or a policy
+/// rule is compared with. Safe on a canonical path only, where no escape can decode into a
+/// separator, a dot segment or another escape.
+pub fn decoded(canonical: &str) -> Cow<'_, [u8]> {
+    let b = canonical.as_bytes();
+    if memchr::memchr(b'%', b).is_none() {
+        return Cow::Borrowed(b);
+    }
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            if let (Some(hi), Some(lo)) = (
+                b.get(i + 1).copied().and_then(hex),
+                b.get(i + 2).copied().and_then(hex),
+            ) {
+                out.push(hi << 4 | lo);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    Cow::Owned(out)
+}
+
+/// Whether `path` is `prefix` or lies below it, on a segment boundary. A trailing slash on the
+/// prefix is ignored, so `/admin` and `/admin/` both cover `/admin`, `/admin/` and `/admin/x`,
+/// and neither covers `/administrator` or `/admin.bak`; `/` covers every origin-form path.
+pub fn path_under(prefix: &str, path: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
+
+fn hex(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// RFC 3986 §2.3.
+fn is_unreserved(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(raw: &str) -> Result<String, PathError> {
+        canonical_path(raw).map(Cow::into_owned)
+    }
+
+    #[test]
+    fn canonical_paths_are_borrowed() {
+        for p in [
+            "/",
+            "/index.html",
+            "/a/b/c.js",
+            "/dir/",
+            "/a.b/c..d",
+            "/a-b_c~",
+            "/€",
+            "*",
+        ] {
+            assert!(matches!(canonical_path(p), Ok(Cow::Borrowed(_))), "{p}");
+        }
+    }
+
+    #[test]
+    fn unreserved_escapes_are_decoded_and_dots_resolved() {
+        assert_eq!(c("/%61dmin").unwrap(), "/admin");
+        assert_eq!(c("//admin").unwrap(), "/admin");
+        assert_eq!(c("/./admin").unwrap(), "/admin");
+        assert_eq!(c("/x/../admin").unwrap(), "/admin");
+        assert_eq!(c("/x/%2e%2E/admin/").unwrap(), "/admin/");
+        assert_eq!(c("/a/b/..").unwrap(), "/a/");
+        assert_eq!(c("/a/.").unwrap(), "/a/");
+        assert_eq!(c("/.").unwrap(), "/");
+        assert_eq!(c("//").unwrap(), "/");
+        assert_eq!(c("/.well-known/%2e%2e/secret").unwrap(), "/secret");
+        assert_eq!(c("/.env").unwrap(), "/.env");
+    }
+
+    #[test]
+    fn other_escapes_stay_encoded_in_upper_case() {
+        assert_eq!(c("/a%20b").unwrap(), "/a%20b");
+        assert_eq!(c("/%e2%82%ac").unwrap(), "/%E2%82%AC");
+        assert_eq!(c("/a%2bb").unwrap(), "/a%2Bb");
+        assert_eq!(c("/q%3Fx%23y").unwrap(), "/q%3Fx%23y");
+        assert_eq!(c("/100%25").unwrap(), "/100%25");
+        assert_eq!(c("/100%25x").unwrap(), "/100%25x");
+        assert_eq!(c("/%3B").unwrap(), "/%3B");
+    }
+
+    #[test]
+    fn ambiguous_paths_are_refused() {
+        use PathError::*;
+        for (p, e) in [
+            ("/admin%2Fsecret.txt", EncodedSeparator),
+            ("/.well-known/..%2Fsecret", EncodedSeparator),
+            ("/robots.txt%2F..%2Fsecret", EncodedSeparator),
+            ("/a%5cb", EncodedSeparator),
+            ("/a\\b", EncodedSeparator),
+            ("/a%00.png", EncodedControl),
+            ("/a%0d%0aX: y", EncodedControl),
+            ("/a%7f", EncodedControl),
+            ("/%2561dmin", DoubleEncoding),
+            ("/admin;x", PathParameter),
+            ("/..;/admin", PathParameter),
+            ("/../etc/passwd", AboveRoot),
+            ("/%2e%2e/admin", AboveRoot),
+            ("/a/../../x", AboveRoot),
+            ("/a%", BadEscape),
+            ("/a%0", BadEscape),
+            ("/a%zz", BadEscape),
+        ] {
+            assert_eq!(c(p), Err(e), "{p}");
+        }
+    }
+
+    #[test]
+    fn decoding_a_canonical_path() {
+        assert_eq!(&*decoded("/a%20b/%E2%82%AC"), "/a b/€".as_bytes());
+        assert_eq!(&*decoded("/100%25"), b"/100%");
+        assert!(matches!(decoded("/plain"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn prefixes_match_on_segment_boundaries() {
+        assert!(path_under("/admin", "/admin"));
+        assert!(path_under("/admin", "/admin/"));
+        assert!(path_under("/admin/", "/admin"));
+        assert!(path_under("/admin/", "/admin/x"));
+        assert!(!path_under("/admin", "/administrator"));
+        assert!(!path_under("/robots.txt", "/robots.txt.bak"));
+        assert!(path_under("/", "/anything"));
+        assert!(path_under("", "/anything"));
+        assert!(!path_under("/", "*"));
+    }
+
+    proptest::proptest! {
+        /// Whatever the input, a canonical path starts with one `/`, has no empty, `.` or `..`
+        /// segment even after decoding, no `;`, and is its own canonical form.
+        #[test]
+        fn canonical_is_a_fixed_point(raw in "/[a-z.%/2eEfF5cC0;\\\\]{0,24}") {
+            if let Ok(p) = canonical_path(&raw) {
+                proptest::prop_assert!(p.starts_with('/'));
+                let dec = decoded(&p);
+                proptest::prop_assert!(memchr::memmem::find(&dec, b"//").is_none());
+                for seg in dec[1..].split(|&c| c == b'/') {
+                    proptest::prop_assert!(seg != b"." && seg != b"..", "{:?}", p);
+                }
+                proptest::prop_assert!(!p.contains(';') && !p.contains('\\'));
+                proptest::prop_assert_eq!(canonical_path(&p).unwrap(), p.clone());
+            }
+        }
+    }
+}
