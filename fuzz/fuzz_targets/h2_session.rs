@@ -1,7 +1,9 @@
 //! A whole HTTP/2 server session on hostile bytes: the input (after the client preface) is
 //! fed in pieces; every request is answered (a head, sometimes a body in DATA frames), so the
 //! send side and the stream states run too. The session must never panic, must stop taking
-//! input once it has closed, and everything it writes must parse as frames.
+//! input once it has closed, and everything it writes must parse as frames. Every request it
+//! accepts must be one an HTTP/1.1 upstream reads the same way: a token for a method, field
+//! values without control bytes, a canonical path, one authority.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -45,6 +47,28 @@ fuzz_target!(|data: &[u8]| {
     check_frames(&out);
 });
 
+/// What a proxied request is built from cannot smuggle another request line or field.
+fn check_head(head: &tern_codec::RequestHead<'_>) {
+    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    assert!(
+        !head.method_str.is_empty() && head.method_str.bytes().all(tchar),
+        "method {:?}",
+        head.method_str
+    );
+    for h in head.headers {
+        assert!(
+            !h.value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f),
+            "value {:?}",
+            h.value
+        );
+    }
+    if head.path.starts_with('/') {
+        let again = tern_codec::canonical_path(&head.path).expect("a canonical path");
+        assert_eq!(again, head.path, "not canonical");
+        assert!(!head.path.contains(';'));
+    }
+}
+
 fn answer(session: &mut Session, event: Event, out: &mut Vec<u8>) {
     let (id, status) = match event {
         Event::Request(id) => {
@@ -53,7 +77,10 @@ fn answer(session: &mut Session, event: Event, out: &mut Vec<u8>) {
             };
             let mut slots = vec![httparse::EMPTY_HEADER; req.fields.field_count()];
             let status = match req.head(&mut slots, &Default::default()) {
-                Ok(head) => 200 + (head.path.len() % 3) as u16,
+                Ok(head) => {
+                    check_head(&head);
+                    200 + (head.path.len() % 3) as u16
+                }
                 Err(e) => e.status(),
             };
             session.recycle(req);
