@@ -2,19 +2,23 @@
 //!
 //! Read-only: the paths in [`Paths::read`] (served roots, certificates, config).
 //! Read-write without execute: [`Paths::write`] (data folders) and the single files of
-//! [`Paths::write_files`] (ticket keys, rewritten in place). (`/proc/self/statm`, for the RSS
-//! gauge, is opened before the lockdown and read with `pread`.) No other path can be opened, created, renamed or removed; TCP bind and connect
-//! are refused (every listener is bound before); signals and abstract Unix sockets cannot
-//! reach outside the process.
+//! [`Paths::write_files`] (ticket keys, rewritten in place). Create and append only:
+//! [`Paths::log_folders`]. (`/proc/self/statm`, for the RSS gauge, is opened before the
+//! lockdown and read with `pread`.) No other path can be opened, created, renamed or removed.
+//! TCP bind is refused (every listener is bound before); TCP connect only to the ports of
+//! [`Connect::tcp_ports`] (ABI 4, Linux 6.7); connecting to a pathname Unix socket only beneath
+//! [`Connect::unix_folders`] (`LANDLOCK_ACCESS_FS_RESOLVE_UNIX`, ABI 9, Linux 7.1: before it,
+//! such a connect is checked by no Landlock right, only by the socket file's permissions);
+//! signals and abstract Unix sockets cannot reach outside the process (scopes, ABI 6).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible,
+    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort,
     RestrictionStatus, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
-use crate::{Error, Paths};
+use crate::{Connect, Error, Paths};
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
@@ -51,22 +55,46 @@ fn write_access() -> BitFlags<AccessFs> {
         | AccessFs::Refer
 }
 
-/// Restricts the calling thread (and the threads it starts later). Returns how completely.
-pub fn restrict(paths: &Paths) -> Result<String, Error> {
+fn log_access() -> BitFlags<AccessFs> {
+    // Open with O_APPEND | O_CREAT: no reading, truncating, renaming or removing old logs.
+    AccessFs::MakeReg | AccessFs::WriteFile
+}
+
+/// What [`restrict`] put in force.
+pub struct Restricted {
+    /// How completely, for the start-up line.
+    pub status: String,
+    /// What this kernel's Landlock cannot do that the plan needs, one phrase each.
+    pub lacking: Vec<String>,
+}
+
+/// Restricts the calling thread (and the threads it starts later). `without_tcp_rules`
+/// behaves as a kernel before ABI 4 (tests only).
+pub fn restrict(paths: &Paths, without_tcp_rules: bool) -> Result<Restricted, Error> {
     let failed = |e: landlock::RulesetError| Error::Failed {
         part: "Landlock",
         why: e.to_string(),
     };
-    let status: RestrictionStatus = Ruleset::default()
+    let connect = &paths.connect;
+    let mut fs_access = AccessFs::from_all(ABI_WANTED);
+    if connect.unix() {
+        // Only with Unix upstreams (seccomp refuses Unix sockets otherwise), so that a kernel
+        // before ABI 9 reports "partly enforced" only where it matters.
+        fs_access |= AccessFs::ResolveUnix;
+    }
+    let net_access = if without_tcp_rules {
+        BitFlags::EMPTY
+    } else {
+        AccessNet::BindTcp | AccessNet::ConnectTcp
+    };
+    let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(AccessFs::from_all(ABI_WANTED))
-        .map_err(failed)?
-        .handle_access(if paths.connect_tcp {
-            AccessNet::BindTcp.into()
-        } else {
-            AccessNet::BindTcp | AccessNet::ConnectTcp
-        })
-        .map_err(failed)?
+        .handle_access(fs_access)
+        .map_err(failed)?;
+    if !net_access.is_empty() {
+        ruleset = ruleset.handle_access(net_access).map_err(failed)?;
+    }
+    let mut created = ruleset
         .scope(Scope::from_all(ABI_WANTED))
         .map_err(failed)?
         .create()
@@ -80,8 +108,21 @@ pub fn restrict(paths: &Paths) -> Result<String, Error> {
             AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate,
         ))
         .map_err(failed)?
-        .restrict_self()
+        .add_rules(path_beneath_rules(&paths.log_folders, log_access()))
+        .map_err(failed)?
+        .add_rules(path_beneath_rules(
+            &connect.unix_folders,
+            AccessFs::ResolveUnix,
+        ))
         .map_err(failed)?;
+    if !net_access.is_empty() {
+        for &port in &connect.tcp_ports {
+            created = created
+                .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+                .map_err(failed)?;
+        }
+    }
+    let status: RestrictionStatus = created.restrict_self().map_err(failed)?;
     let enforced = match status.ruleset {
         RulesetStatus::FullyEnforced => "fully enforced",
         RulesetStatus::PartiallyEnforced => "partly enforced: an older kernel",
@@ -91,11 +132,43 @@ pub fn restrict(paths: &Paths) -> Result<String, Error> {
         ACTIVE.store(true, Ordering::Relaxed);
     }
     match status.ruleset {
-        RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced => Ok(enforced.into()),
+        RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced => {
+            let abi = if without_tcp_rules {
+                ABI::V3
+            } else {
+                ABI::from(status.landlock)
+            };
+            Ok(Restricted {
+                status: enforced.into(),
+                lacking: lacking(connect, abi),
+            })
+        }
         RulesetStatus::NotEnforced => Err(unsupported(
             "not supported or not enabled in this kernel".into(),
         )),
     }
+}
+
+/// The connect rules a kernel with Landlock `abi` cannot enforce, for the start-up line.
+fn lacking(connect: &Connect, abi: ABI) -> Vec<String> {
+    let abi_number = abi as i32;
+    let mut lacking = Vec::new();
+    if connect.tcp() && abi < ABI::V4 {
+        lacking.push(format!(
+            "Landlock TCP port rules (kernel ABI {abi_number} < 4: the workers may connect to any TCP port)"
+        ));
+    }
+    if connect.unix() && abi < ABI::V6 {
+        lacking.push(format!(
+            "Landlock's scope for abstract Unix sockets (kernel ABI {abi_number} < 6: the workers may connect to any abstract socket)"
+        ));
+    }
+    if connect.unix() && abi < ABI::V9 {
+        lacking.push(format!(
+            "Landlock rules for Unix socket connects (kernel ABI {abi_number} < 9: the workers may connect to any Unix socket their user may write)"
+        ));
+    }
+    lacking
 }
 
 #[cfg(test)]
@@ -103,9 +176,38 @@ mod tests {
     use super::*;
     use std::io::ErrorKind;
 
-    /// In a child process (a ruleset cannot be taken back): reads inside the read paths work,
-    /// writes there are refused, the write folder takes new files, and anything else is
-    /// EACCES. Skips where the kernel has no Landlock.
+    fn denied<T>(r: std::io::Result<T>) -> bool {
+        matches!(r, Err(e) if e.kind() == ErrorKind::PermissionDenied)
+    }
+
+    /// Runs `checks` in a child restricted to `paths` (a ruleset cannot be taken back) and
+    /// asserts it returned 0 (else the number of its first failing check). Skips where the
+    /// kernel has no Landlock.
+    fn in_a_restricted_child(paths: &Paths, checks: impl FnOnce(&Restricted) -> i32) {
+        // SAFETY: fork in a test; the child makes system calls and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = match restrict(paths, false) {
+                Err(Error::Unsupported { .. }) => 99,
+                Err(_) => 10,
+                Ok(restricted) => checks(&restricted),
+            };
+            // SAFETY: ends the child without the harness's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "child died: {status}");
+        match libc::WEXITSTATUS(status) {
+            99 => eprintln!("skipped: no Landlock in this kernel"),
+            code => assert_eq!(code, 0, "failed check {code}"),
+        }
+    }
+
+    /// Reads inside the read paths work, writes there are refused, the write folder takes
+    /// new files, and anything else is EACCES.
     #[test]
     fn in_a_child_only_the_planned_paths_are_reachable() {
         let tmp = tempfile::tempdir().unwrap();
@@ -122,44 +224,124 @@ mod tests {
         let paths = Paths {
             read: vec![site.clone()],
             write: vec![data.clone()],
-            write_files: vec![],
-            connect_tcp: false,
-            connect_unix: false,
+            ..Paths::default()
         };
-        // SAFETY: fork in a test; the child makes system calls and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let code = match restrict(&paths) {
-                Err(Error::Unsupported { .. }) => 99,
-                Err(_) => 10,
-                Ok(_) => {
-                    let denied = |r: std::io::Result<_>| matches!(r, Err(e) if e.kind() == ErrorKind::PermissionDenied);
-                    if std::fs::read(site.join("index.html")).ok().as_deref() != Some(&b"hi"[..]) {
-                        11
-                    } else if !denied(std::fs::write(site.join("new"), "x")) {
-                        12
-                    } else if std::fs::write(data.join("db"), "x").is_err() {
-                        13
-                    } else if !denied(std::fs::read(&outside).map(drop)) {
-                        14
-                    } else if !denied(std::fs::read("/etc/hostname").map(drop)) {
-                        16
-                    } else {
-                        0
-                    }
-                }
+        in_a_restricted_child(&paths, |_| {
+            if std::fs::read(site.join("index.html")).ok().as_deref() != Some(&b"hi"[..]) {
+                11
+            } else if !denied(std::fs::write(site.join("new"), "x")) {
+                12
+            } else if std::fs::write(data.join("db"), "x").is_err() {
+                13
+            } else if !denied(std::fs::read(&outside)) {
+                14
+            } else if !denied(std::fs::read("/etc/hostname")) {
+                16
+            } else {
+                0
+            }
+        });
+    }
+
+    /// An access log's folder: a new file can be created and appended to (SIGUSR1 after
+    /// logrotate), but old logs cannot be read, truncated, renamed or removed.
+    #[test]
+    fn in_a_child_a_log_folder_takes_new_files_and_appends_only() {
+        use std::fs::OpenOptions;
+        use std::io::Write;
+        let tmp = tempfile::tempdir().unwrap();
+        let logs = tmp.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        std::fs::write(logs.join("access.log.1"), "old\n").unwrap();
+        let paths = Paths {
+            log_folders: vec![logs.clone()],
+            ..Paths::default()
+        };
+        in_a_restricted_child(&paths, |_| {
+            let append = |name: &str| {
+                OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(logs.join(name))
+                    .and_then(|mut f| f.write_all(b"line\n"))
             };
-            // SAFETY: ends the child without the harness's destructors.
-            unsafe { libc::_exit(code) };
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        assert!(libc::WIFEXITED(status), "child died: {status}");
-        match libc::WEXITSTATUS(status) {
-            99 => eprintln!("skipped: no Landlock in this kernel"),
-            code => assert_eq!(code, 0, "failed check {code}"),
-        }
+            if append("access.log").is_err() {
+                11
+            } else if !denied(std::fs::read(logs.join("access.log.1"))) {
+                12
+            } else if !denied(std::fs::remove_file(logs.join("access.log.1"))) {
+                13
+            } else if !denied(std::fs::rename(logs.join("access.log.1"), logs.join("x"))) {
+                14
+            } else if !denied(
+                OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open(logs.join("access.log.1")),
+            ) {
+                15
+            } else if !denied(std::fs::create_dir(logs.join("sub"))) {
+                16
+            } else {
+                0
+            }
+        });
+    }
+
+    /// With a TCP upstream on one port, a connect to another port is refused (ABI 4), and
+    /// nothing can bind.
+    #[test]
+    fn in_a_child_tcp_connects_reach_only_the_upstream_ports() {
+        let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (upstream, other) = (upstream.local_addr().unwrap(), other.local_addr().unwrap());
+        let paths = Paths {
+            connect: Connect {
+                tcp_ports: vec![upstream.port()],
+                ..Connect::default()
+            },
+            ..Paths::default()
+        };
+        in_a_restricted_child(&paths, |restricted| {
+            if !restricted.lacking.is_empty() {
+                // A kernel before ABI 4 says so instead.
+                return if restricted.lacking[0].starts_with("Landlock TCP port rules") {
+                    0
+                } else {
+                    11
+                };
+            }
+            if std::net::TcpStream::connect(upstream).is_err() {
+                12
+            } else if !denied(std::net::TcpStream::connect(other)) {
+                13
+            } else if !denied(std::net::TcpListener::bind("127.0.0.1:0")) {
+                14
+            } else {
+                0
+            }
+        });
+    }
+
+    #[test]
+    fn older_kernels_name_the_connect_rules_they_lack() {
+        let both = Connect {
+            tcp_ports: vec![3000],
+            unix_folders: vec!["/run/app".into()],
+        };
+        assert_eq!(lacking(&both, ABI::V9), Vec::<String>::new());
+        let on_6_18 = lacking(&both, ABI::V7);
+        assert_eq!(on_6_18.len(), 1);
+        assert!(on_6_18[0].starts_with("Landlock rules for Unix socket connects (kernel ABI 7 < 9"));
+        let tcp_only = Connect {
+            tcp_ports: vec![3000],
+            ..Connect::default()
+        };
+        assert_eq!(lacking(&tcp_only, ABI::V4), Vec::<String>::new());
+        assert_eq!(
+            lacking(&tcp_only, ABI::V3),
+            ["Landlock TCP port rules (kernel ABI 3 < 4: the workers may connect to any TCP port)"]
+        );
+        assert_eq!(lacking(&Connect::default(), ABI::V1), Vec::<String>::new());
     }
 }
