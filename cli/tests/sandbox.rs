@@ -373,31 +373,40 @@ fn a_privileged_port_is_bound_as_root_and_served_as_the_user() {
 
 /// An app on 127.0.0.1 that answers every request with `body` (keep-alive).
 fn app(body: &'static str) -> std::net::SocketAddr {
-    use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || listener.incoming().for_each(|s| answer(s, body)));
+    addr
+}
+
+/// The same app on a Unix socket.
+fn unix_app(socket: &Path, body: &'static str) {
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || listener.incoming().for_each(|s| answer(s, body)));
+}
+
+/// Answers each request head on `stream` with `body`, on a thread of its own.
+fn answer<S: std::io::Read + std::io::Write + Send + 'static>(
+    stream: std::io::Result<S>,
+    body: &'static str,
+) {
+    let Ok(mut stream) = stream else { return };
     std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            std::thread::spawn(move || {
-                let (mut buf, mut pending) = ([0u8; 4096], Vec::new());
-                while let Ok(n @ 1..) = stream.read(&mut buf) {
-                    pending.extend_from_slice(&buf[..n]);
-                    while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
-                        pending.drain(..end + 4);
-                        let answer = format!(
-                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                            body.len()
-                        );
-                        if stream.write_all(answer.as_bytes()).is_err() {
-                            return;
-                        }
-                    }
+        let (mut buf, mut pending) = ([0u8; 4096], Vec::new());
+        while let Ok(n @ 1..) = stream.read(&mut buf) {
+            pending.extend_from_slice(&buf[..n]);
+            while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                pending.drain(..end + 4);
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if stream.write_all(answer.as_bytes()).is_err() {
+                    return;
                 }
-            });
+            }
         }
     });
-    addr
 }
 
 /// `tern run` with one site whose `/` is proxied to `upstream`, sandboxed, with the probes.
@@ -471,6 +480,24 @@ fn a_tcp_proxy_connects_only_to_its_upstream_ports() {
     assert_eq!(probe(&tern, &format!("fast-open?{other_addr}")), eperm);
     assert!(other.accept().is_err(), "nothing reached the other port");
     assert_eq!(tern.get("/").text(), "from the app\n");
+}
+
+/// Issue #21, item 8: with only a `unix:` upstream no IPv4 or IPv6 socket can be made.
+#[test]
+fn a_unix_proxy_makes_no_tcp_socket() {
+    let sockets = tempfile::tempdir().unwrap();
+    let socket = sockets.path().join("app.sock");
+    unix_app(&socket, "over unix\n");
+    let elsewhere = app("elsewhere\n");
+    let config = ProxyConfig::new(&format!("unix:{}", socket.display()));
+    let mut tern = config.start();
+    tern.refusals_expected = &["socket"];
+    assert_eq!(tern.get("/").text(), "over unix\n");
+    assert_eq!(
+        probe(&tern, &format!("connect?{elsewhere}")),
+        "error: Operation not permitted (os error 1)\n"
+    );
+    assert_eq!(tern.get("/").text(), "over unix\n");
 }
 
 /// Issue #21, item 8: a reload that needs a port the sandbox did not allow at start-up

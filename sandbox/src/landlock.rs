@@ -8,8 +8,9 @@
 //! TCP bind is refused (every listener is bound before); TCP connect only to the ports of
 //! [`Connect::tcp_ports`] (ABI 4, Linux 6.7); connecting to a pathname Unix socket only beneath
 //! [`Connect::unix_folders`] (`LANDLOCK_ACCESS_FS_RESOLVE_UNIX`, ABI 9, Linux 7.1: before it,
-//! such a connect is checked by no Landlock right, only by the socket file's permissions);
-//! signals and abstract Unix sockets cannot reach outside the process (scopes, ABI 6).
+//! such a connect is checked by no Landlock right, only by the socket file's permissions, and
+//! not where a socket's folder is a system folder, which no rule opens whole); signals and
+//! abstract Unix sockets cannot reach outside the process (scopes, ABI 6).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -18,7 +19,7 @@ use landlock::{
     RestrictionStatus, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
-use crate::{Connect, Error, Paths};
+use crate::{is_system_folder, Connect, Error, Paths};
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
@@ -77,7 +78,8 @@ pub fn restrict(paths: &Paths, without_tcp_rules: bool) -> Result<Restricted, Er
     };
     let connect = &paths.connect;
     let mut fs_access = AccessFs::from_all(ABI_WANTED);
-    if connect.unix() {
+    let unix_rules = unix_rules(connect);
+    if !unix_rules.is_empty() {
         // Only with Unix upstreams (seccomp refuses Unix sockets otherwise), so that a kernel
         // before ABI 9 reports "partly enforced" only where it matters.
         fs_access |= AccessFs::ResolveUnix;
@@ -110,10 +112,7 @@ pub fn restrict(paths: &Paths, without_tcp_rules: bool) -> Result<Restricted, Er
         .map_err(failed)?
         .add_rules(path_beneath_rules(&paths.log_folders, log_access()))
         .map_err(failed)?
-        .add_rules(path_beneath_rules(
-            &connect.unix_folders,
-            AccessFs::ResolveUnix,
-        ))
+        .add_rules(path_beneath_rules(unix_rules, AccessFs::ResolveUnix))
         .map_err(failed)?;
     if !net_access.is_empty() {
         for &port in &connect.tcp_ports {
@@ -149,7 +148,18 @@ pub fn restrict(paths: &Paths, without_tcp_rules: bool) -> Result<Restricted, Er
     }
 }
 
-/// The connect rules a kernel with Landlock `abi` cannot enforce, for the start-up line.
+/// The folders Unix connects are limited to: none where a socket sits directly in a system
+/// folder, since a rule for that would open all of it.
+fn unix_rules(connect: &Connect) -> &[std::path::PathBuf] {
+    if connect.unix_folders.iter().any(|f| is_system_folder(f)) {
+        &[]
+    } else {
+        &connect.unix_folders
+    }
+}
+
+/// The connect rules that are not enforced (by a kernel with Landlock `abi`, or for a socket
+/// in a system folder), for the start-up line.
 fn lacking(connect: &Connect, abi: ABI) -> Vec<String> {
     let abi_number = abi as i32;
     let mut lacking = Vec::new();
@@ -163,7 +173,13 @@ fn lacking(connect: &Connect, abi: ABI) -> Vec<String> {
             "Landlock's scope for abstract Unix sockets (kernel ABI {abi_number} < 6: the workers may connect to any abstract socket)"
         ));
     }
-    if connect.unix() && abi < ABI::V9 {
+    let in_system_folder = connect.unix_folders.iter().find(|f| is_system_folder(f));
+    if let Some(folder) = in_system_folder {
+        lacking.push(format!(
+            "Landlock rules for Unix socket connects (a Unix upstream's socket is directly in {}, a system folder: give it a folder of its own)",
+            folder.display()
+        ));
+    } else if connect.unix() && abi < ABI::V9 {
         lacking.push(format!(
             "Landlock rules for Unix socket connects (kernel ABI {abi_number} < 9: the workers may connect to any Unix socket their user may write)"
         ));
@@ -323,6 +339,43 @@ mod tests {
         });
     }
 
+    /// With a Unix upstream its socket is reachable; from ABI 9 on a socket elsewhere is not,
+    /// and a kernel before says what it lacks.
+    #[test]
+    fn in_a_child_a_unix_upstream_is_reachable_and_others_only_before_abi_9() {
+        use std::os::unix::net::{UnixListener, UnixStream};
+        let tmp = tempfile::tempdir().unwrap();
+        let (app, other) = (tmp.path().join("app"), tmp.path().join("other"));
+        std::fs::create_dir(&app).unwrap();
+        std::fs::create_dir(&other).unwrap();
+        let _app = UnixListener::bind(app.join("app.sock")).unwrap();
+        let _other = UnixListener::bind(other.join("other.sock")).unwrap();
+        let paths = Paths {
+            connect: Connect {
+                unix_folders: vec![app.clone()],
+                ..Connect::default()
+            },
+            ..Paths::default()
+        };
+        in_a_restricted_child(&paths, |restricted| {
+            let before_abi_9 = restricted
+                .lacking
+                .iter()
+                .any(|l| l.starts_with("Landlock rules for Unix socket connects (kernel ABI"));
+            if UnixStream::connect(app.join("app.sock")).is_err() {
+                11
+            } else if before_abi_9 {
+                0
+            } else if !restricted.lacking.is_empty() {
+                12
+            } else if !denied(UnixStream::connect(other.join("other.sock"))) {
+                13
+            } else {
+                0
+            }
+        });
+    }
+
     #[test]
     fn older_kernels_name_the_connect_rules_they_lack() {
         let both = Connect {
@@ -343,5 +396,14 @@ mod tests {
             ["Landlock TCP port rules (kernel ABI 3 < 4: the workers may connect to any TCP port)"]
         );
         assert_eq!(lacking(&Connect::default(), ABI::V1), Vec::<String>::new());
+        let socket_in_run = Connect {
+            unix_folders: vec!["/run".into()],
+            ..Connect::default()
+        };
+        assert!(unix_rules(&socket_in_run).is_empty());
+        assert_eq!(
+            lacking(&socket_in_run, ABI::V9),
+            ["Landlock rules for Unix socket connects (a Unix upstream's socket is directly in /run, a system folder: give it a folder of its own)"]
+        );
     }
 }

@@ -6,7 +6,8 @@
 //! builds a whole new table (static roots re-opened) and swaps it in at once; open
 //! connections keep going. What needs a restart (listeners, workers, pinning, the shutdown
 //! grace, HTTPS on or off, the app's folders, user and sandbox) is reported, not applied. A
-//! bad file changes nothing and logs one line.
+//! bad file, or an upstream outside what the sandbox allowed at start-up, changes nothing and
+//! logs one line.
 
 mod config;
 
