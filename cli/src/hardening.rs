@@ -192,7 +192,7 @@ pub fn plan(
         log_folders: needs.log_folders,
         connect: needs.connect,
     };
-    // Here too, not only at lockdown: before anything is bound or opened.
+    // Here too, not only at lockdown: before anything is bound.
     if mode != Mode::Off {
         paths.refuse_system_folders()?;
     }

@@ -65,7 +65,8 @@ fn log_access() -> BitFlags<AccessFs> {
 pub struct Restricted {
     /// How completely, for the start-up line.
     pub status: String,
-    /// What this kernel's Landlock cannot do that the plan needs, one phrase each.
+    /// What the plan needs that is not enforced (this kernel's Landlock cannot, or a Unix
+    /// socket folder cannot take a rule), one phrase each.
     pub lacking: Vec<String>,
 }
 
@@ -148,18 +149,37 @@ pub fn restrict(paths: &Paths, without_tcp_rules: bool) -> Result<Restricted, Er
     }
 }
 
-/// The folders Unix connects are limited to: none where a socket sits directly in a system
-/// folder, since a rule for that would open all of it.
+/// The folders Unix connects are limited to: none where [`unix_rules_skipped`] says why not.
 fn unix_rules(connect: &Connect) -> &[std::path::PathBuf] {
-    if connect.unix_folders.iter().any(|f| is_system_folder(f)) {
+    if unix_rules_skipped(connect).is_some() {
         &[]
     } else {
         &connect.unix_folders
     }
 }
 
-/// The connect rules that are not enforced (by a kernel with Landlock `abi`, or for a socket
-/// in a system folder), for the start-up line.
+/// Why Unix connects get no Landlock rules although there are Unix upstreams: a socket's
+/// folder is a system folder (a rule would open all of it), or it cannot be reached now (a
+/// rule needs it; the app may make it later, and a proxy starts before its apps).
+fn unix_rules_skipped(connect: &Connect) -> Option<String> {
+    connect.unix_folders.iter().find_map(|folder| {
+        let folder_shown = folder.display();
+        if is_system_folder(folder) {
+            Some(format!(
+                "a Unix upstream's socket is directly in {folder_shown}, a system folder: give it a folder of its own"
+            ))
+        } else if !folder.is_dir() {
+            Some(format!(
+                "the Unix upstream's folder {folder_shown} could not be reached at start-up"
+            ))
+        } else {
+            None
+        }
+    })
+}
+
+/// The connect rules that are not enforced (by a kernel with Landlock `abi`, or for a Unix
+/// socket folder that cannot take a rule), for the start-up line.
 fn lacking(connect: &Connect, abi: ABI) -> Vec<String> {
     let abi_number = abi as i32;
     let mut lacking = Vec::new();
@@ -173,12 +193,8 @@ fn lacking(connect: &Connect, abi: ABI) -> Vec<String> {
             "Landlock's scope for abstract Unix sockets (kernel ABI {abi_number} < 6: the workers may connect to any abstract socket)"
         ));
     }
-    let in_system_folder = connect.unix_folders.iter().find(|f| is_system_folder(f));
-    if let Some(folder) = in_system_folder {
-        lacking.push(format!(
-            "Landlock rules for Unix socket connects (a Unix upstream's socket is directly in {}, a system folder: give it a folder of its own)",
-            folder.display()
-        ));
+    if let Some(why) = unix_rules_skipped(connect) {
+        lacking.push(format!("Landlock rules for Unix socket connects ({why})"));
     } else if connect.unix() && abi < ABI::V9 {
         lacking.push(format!(
             "Landlock rules for Unix socket connects (kernel ABI {abi_number} < 9: the workers may connect to any Unix socket their user may write)"
@@ -377,10 +393,11 @@ mod tests {
     }
 
     #[test]
-    fn older_kernels_name_the_connect_rules_they_lack() {
+    fn older_kernels_and_unusable_socket_folders_are_named() {
+        let tmp = tempfile::tempdir().unwrap();
         let both = Connect {
             tcp_ports: vec![3000],
-            unix_folders: vec!["/run/app".into()],
+            unix_folders: vec![tmp.path().to_path_buf()],
         };
         assert_eq!(lacking(&both, ABI::V9), Vec::<String>::new());
         let on_6_18 = lacking(&both, ABI::V7);
@@ -396,6 +413,9 @@ mod tests {
             ["Landlock TCP port rules (kernel ABI 3 < 4: the workers may connect to any TCP port)"]
         );
         assert_eq!(lacking(&Connect::default(), ABI::V1), Vec::<String>::new());
+
+        // No Unix rules at all, on any kernel, for a socket in a system folder or in a folder
+        // not there yet.
         let socket_in_run = Connect {
             unix_folders: vec!["/run".into()],
             ..Connect::default()
@@ -404,6 +424,18 @@ mod tests {
         assert_eq!(
             lacking(&socket_in_run, ABI::V9),
             ["Landlock rules for Unix socket connects (a Unix upstream's socket is directly in /run, a system folder: give it a folder of its own)"]
+        );
+        let not_yet = Connect {
+            unix_folders: vec![tmp.path().join("not-yet")],
+            ..Connect::default()
+        };
+        assert!(unix_rules(&not_yet).is_empty());
+        assert_eq!(
+            lacking(&not_yet, ABI::V9),
+            [format!(
+                "Landlock rules for Unix socket connects (the Unix upstream's folder {} could not be reached at start-up)",
+                tmp.path().join("not-yet").display()
+            )]
         );
     }
 }

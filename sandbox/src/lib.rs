@@ -129,8 +129,8 @@ fn resolved(path: &Path) -> PathBuf {
 /// sandbox never opens whole: `/`, every folder directly in it (`/etc`, `/var`, `/usr`,
 /// `/home`, `/tmp`, `/srv`, `/run`, ...), every folder directly in `/home`, `/usr`, `/var`,
 /// `/dev`, `/proc` and `/sys` (`/home/alice`, `/var/log`, `/var/lib`, `/usr/share`, ...),
-/// `/run/user` and the folders in it, and the system's key and certificate stores. Links are resolved first
-/// (`/var/run` is `/run`); a file is no folder.
+/// `/run/user` and the folders in it, and the system's key and certificate stores. Links are
+/// resolved first (`/var/run` is `/run`); a file is no folder.
 pub fn is_system_folder(path: &Path) -> bool {
     const SHARED_PARENTS: &[&str] = &["home", "usr", "var", "dev", "proc", "sys"];
     const KEY_STORES: &[&str] = &[
