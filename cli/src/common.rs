@@ -16,7 +16,7 @@ use tern_server::{
     AccessLog, AccessLogFormat, BanConfig, Server, ServerConfig, SignalAction, TlsAcceptor,
 };
 
-use crate::hardening::{folder_of, Needs};
+use crate::hardening::Needs;
 
 use crate::service;
 use crate::tls::{describe_listeners, TlsPlan};
@@ -119,8 +119,7 @@ impl From<LogFormatArg> for AccessLogFormat {
 }
 
 /// Opens the access log now, while tern may still create it (as root with --user), and
-/// adds what it needs once running: its folder writable (SIGUSR1 creates a new file there)
-/// and the file given to --user.
+/// adds what it needs once running ([`Needs::access_log`]).
 pub fn open_access_log(
     path: &Path,
     format: LogFormatArg,
@@ -130,8 +129,7 @@ pub fn open_access_log(
         .map_err(|e| format!("cannot open the access log {}: {e}", path.display()))?;
     // The file itself, not a link to it: that is what logrotate renames and --user gets.
     let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    needs.write.push(folder_of(&real));
-    needs.give.push(tern_sandbox::Give::File(real));
+    needs.access_log(&real);
     Ok(log)
 }
 

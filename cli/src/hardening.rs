@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
-use tern_sandbox::{Account, Give, Mode, Paths, Plan};
-use tern_server::{Method, Response, Router};
+use tern_sandbox::{Account, Connect, Give, Mode, Paths, Plan};
+use tern_server::{Method, Response, Router, UpstreamAddr};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -63,7 +63,7 @@ pub struct FileHardening {
     pub sandbox: Option<SandboxArg>,
 }
 
-/// What a running command still needs from the file system.
+/// What a running command still needs from the file system and the network.
 #[derive(Debug, Clone, Default)]
 pub struct Needs {
     /// Read: served roots, certificates and keys, the config file (see [`Needs::read_file`]).
@@ -72,21 +72,22 @@ pub struct Needs {
     pub write: Vec<PathBuf>,
     /// Rewritten in place, nothing else in their folder: the ticket-key file.
     pub write_files: Vec<PathBuf>,
+    /// Create and append only: the access logs' folders (see [`Needs::access_log`]).
+    pub log_folders: Vec<PathBuf>,
     /// Made by tern, so given to `--user`: the data folder and its files, key files.
     pub give: Vec<Give>,
-    /// The reverse proxy connects to upstreams over TCP, or Unix sockets.
-    pub connect_tcp: bool,
-    pub connect_unix: bool,
+    /// The reverse proxy's upstreams (see [`Needs::connect_to`]).
+    pub connect: Connect,
 }
 
 impl Needs {
-    /// A file re-read on reload (config, certificate, key): its folder, and the folder of the
-    /// file it links to, since editors and certbot replace files by renaming a new one in
-    /// (a new inode, which a rule for the old file would not cover).
+    /// A file re-read on reload (config, certificate, key): what [`beside`] grants for it and
+    /// for the file it links to, since editors and certbot replace files by renaming a new
+    /// one in (a new inode, which a rule for the old file would not cover).
     pub fn read_file(&mut self, path: &Path) {
-        self.read.push(folder_of(path));
+        self.read.push(beside(path));
         if let Ok(target) = std::fs::canonicalize(path) {
-            self.read.push(folder_of(&target));
+            self.read.push(beside(&target));
         }
     }
 
@@ -101,16 +102,56 @@ impl Needs {
             self.give.push(Give::File(keys.clone()));
         }
     }
+
+    /// An access log (the file itself, not a link to it): its folder takes new files, since
+    /// `SIGUSR1` creates the file anew after logrotate renamed it, and the file is given to
+    /// `--user`. A log directly in a system folder (`/var/log`) is refused at start-up
+    /// ([`tern_sandbox::Paths::refuse_system_folders`]): it needs a folder of its own.
+    pub fn access_log(&mut self, file: &Path) {
+        self.log_folders.push(folder_of(file));
+        self.give.push(Give::File(file.to_path_buf()));
+    }
+
+    /// An upstream of the reverse proxy: its TCP port, or its Unix socket's folder (an app
+    /// makes its socket anew when it restarts, so a rule for the file would not last).
+    pub fn connect_to(&mut self, upstream: &UpstreamAddr) {
+        match upstream {
+            UpstreamAddr::Tcp(addr) => {
+                if !self.connect.tcp_ports.contains(&addr.port()) {
+                    self.connect.tcp_ports.push(addr.port());
+                }
+            }
+            UpstreamAddr::Unix(socket) => self.connect.unix_folders.push(folder_of(socket)),
+        }
+    }
 }
 
-/// The folder a file is in, made absolute; the file itself where that folder would be `/`
-/// (never the whole file system).
-pub fn folder_of(path: &Path) -> PathBuf {
+/// Whether the sandbox set up at start-up lets the workers connect to `upstream`.
+pub fn can_connect(connect: &Connect, upstream: &UpstreamAddr) -> bool {
+    match upstream {
+        UpstreamAddr::Tcp(addr) => connect.allows_tcp_port(addr.port()),
+        UpstreamAddr::Unix(socket) => connect.allows_unix_socket(socket),
+    }
+}
+
+/// What the sandbox grants for something read that may be replaced by a rename (a file, a
+/// static root): the folder it is in, where its replacement will appear; the thing itself
+/// where that folder is a system folder (`/etc`, `/srv`, `/home/alice`: a rule for it would
+/// open all of it), where a replacement then needs a restart.
+pub fn beside(path: &Path) -> PathBuf {
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     match absolute.parent() {
-        Some(p) if p.parent().is_some() => p.to_path_buf(),
+        Some(folder) if !tern_sandbox::is_system_folder(folder) => folder.to_path_buf(),
         _ => absolute,
     }
+}
+
+/// The folder a file is in, made absolute (`/` for a file directly in it).
+fn folder_of(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    absolute
+        .parent()
+        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf)
 }
 
 /// The error of the lockdown step, told apart from a bind error by `run_server`.
@@ -144,15 +185,20 @@ pub fn plan(
         Some(SandboxArg::On) => Mode::On,
         Some(SandboxArg::Off) => Mode::Off,
     };
+    let paths = Paths {
+        read: needs.read,
+        write: needs.write,
+        write_files: needs.write_files,
+        log_folders: needs.log_folders,
+        connect: needs.connect,
+    };
+    // Here too, not only at lockdown: before anything is bound.
+    if mode != Mode::Off {
+        paths.refuse_system_folders()?;
+    }
     Ok(Plan {
         mode,
-        paths: Paths {
-            read: needs.read,
-            write: needs.write,
-            write_files: needs.write_files,
-            connect_tcp: needs.connect_tcp,
-            connect_unix: needs.connect_unix,
-        },
+        paths,
         account,
         give_to_account: needs.give,
     })
@@ -206,47 +252,182 @@ pub fn explain_reload_error(e: String) -> String {
     }
 }
 
-/// Test-only routes (debug builds, `--sandbox-probes`) that try what the sandbox forbids and answer what happened:
-/// `GET /.tern-test/sandbox/open?PATH` opens a file, `GET /.tern-test/sandbox/exec` calls execve
-/// on a path that does not exist. Each answers `ok` or the error.
+/// Test-only routes (debug builds, `--sandbox-probes`) that try what the sandbox forbids and
+/// answer `ok` or the error, each under `/.tern-test/sandbox/`: `open?PATH` opens a file,
+/// `exec` calls execve on a path that does not exist, `connect?ADDR` and `connect-unix?PATH`
+/// connect, `fast-open?ADDR` connects with TCP Fast Open (`sendto(MSG_FASTOPEN)`), and
+/// `openat2-setuid?PATH` creates a setuid file with `openat2`.
 pub fn probe_routes(router: Router) -> Router {
-    fn answer(result: io::Result<()>) -> Response {
-        let body = match result {
-            Ok(()) => "ok\n".to_string(),
-            Err(e) => format!("error: {e}\n"),
-        };
-        Response::new(200)
-            .with_header("Content-Type", "text/plain")
-            .with_body(tern_server::Body::Owned(body.into_bytes()))
+    type Probe = fn(&str) -> io::Result<()>;
+    let probes: [(&str, Probe); 6] = [
+        ("open", probe_open),
+        ("exec", probe_exec),
+        ("connect", |addr| {
+            let addr = parse_addr(addr)?;
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).map(drop)
+        }),
+        ("connect-unix", |path| {
+            std::os::unix::net::UnixStream::connect(path).map(drop)
+        }),
+        ("fast-open", probe_fast_open),
+        ("openat2-setuid", probe_openat2_setuid),
+    ];
+    probes.into_iter().fold(router, |router, (name, probe)| {
+        router.route(
+            Method::Get,
+            &format!("/.tern-test/sandbox/{name}"),
+            move |req: &tern_server::Request<'_>, _: &mut tern_server::HandlerContext<'_>| {
+                let body = match probe(req.query().unwrap_or("")) {
+                    Ok(()) => "ok\n".to_string(),
+                    Err(e) => format!("error: {e}\n"),
+                };
+                Response::new(200)
+                    .with_header("Content-Type", "text/plain")
+                    .with_body(tern_server::Body::Owned(body.into_bytes()))
+                    .into()
+            },
+        )
+    })
+}
+
+fn parse_addr(addr: &str) -> io::Result<std::net::SocketAddr> {
+    addr.parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: {e}")))
+}
+
+fn probe_open(path: &str) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Never blocks on a fifo, never becomes a controlling terminal.
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map(drop)
+}
+
+fn probe_exec(_: &str) -> io::Result<()> {
+    // A path that does not exist: without the sandbox this fails with ENOENT (and can never
+    // replace the server), with it seccomp answers EPERM first.
+    let path = c"/nonexistent/tern-sandbox-probe";
+    let argv = [path.as_ptr(), std::ptr::null()];
+    let envp = [std::ptr::null()];
+    // SAFETY: NUL-terminated path and argument/environment arrays that live across the call;
+    // execve returns only on failure, as it must here.
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    Err(io::Error::last_os_error())
+}
+
+/// `sendto(MSG_FASTOPEN)` on a new IPv4 socket: a connect without `connect`.
+fn probe_fast_open(addr: &str) -> io::Result<()> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let std::net::SocketAddr::V4(addr) = parse_addr(addr)? else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "IPv4 only"));
+    };
+    // SAFETY: socket has no memory arguments; the descriptor is owned (closed) below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
     }
-    router
-        .route(
-            Method::Get,
-            "/.tern-test/sandbox/open",
-            |req: &tern_server::Request<'_>, _: &mut tern_server::HandlerContext<'_>| {
-                use std::os::unix::fs::OpenOptionsExt;
-                let path = req.query().unwrap_or("");
-                // Never blocks on a fifo, never becomes a controlling terminal.
-                let open = std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-                    .open(path);
-                answer(open.map(drop)).into()
-            },
+    // SAFETY: a fresh descriptor nobody else owns.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: all-zero is a valid sockaddr_in; the fields are filled in below.
+    let mut to: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    to.sin_family = libc::AF_INET as libc::sa_family_t;
+    to.sin_port = addr.port().to_be();
+    to.sin_addr.s_addr = u32::from(*addr.ip()).to_be();
+    // SAFETY: one byte from a static buffer, to an address struct that lives across the
+    // call, with its exact size.
+    let sent = unsafe {
+        libc::sendto(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            b"x".as_ptr().cast(),
+            1,
+            libc::MSG_FASTOPEN,
+            (&to as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
         )
-        .route(
-            Method::Get,
-            "/.tern-test/sandbox/exec",
-            |_: &tern_server::Request<'_>, _: &mut tern_server::HandlerContext<'_>| {
-                // A path that does not exist: without the sandbox this fails with ENOENT
-                // (and can never replace the server), with it seccomp answers EPERM first.
-                let path = c"/nonexistent/tern-sandbox-probe";
-                let argv = [path.as_ptr(), std::ptr::null()];
-                let envp = [std::ptr::null()];
-                // SAFETY: NUL-terminated path and argument/environment arrays that live
-                // across the call; execve returns only on failure, as it must here.
-                unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-                answer(Err(io::Error::last_os_error())).into()
-            },
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `openat2(PATH, O_CREAT, 04755)`: a setuid file, if anything lets it through.
+fn probe_openat2_setuid(path: &str) -> io::Result<()> {
+    let path = std::ffi::CString::new(path)?;
+    // SAFETY: open_how is a plain C struct of three u64s; all-zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC) as u64;
+    how.mode = 0o4755;
+    // SAFETY: a valid C string and a live open_how of the size passed, both outliving the
+    // call, which only reads them; a returned descriptor is closed at once.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
         )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: closes the descriptor openat2 just returned.
+    unsafe { libc::close(fd as libc::c_int) };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file in a folder of its own is granted with its folder (a replacement renamed in is
+    /// seen); one directly in a system folder alone, never all of `/etc` or `/srv`.
+    #[test]
+    fn reading_a_file_or_root_never_opens_a_system_folder() {
+        assert_eq!(
+            beside(Path::new("/etc/tern/tern.toml")),
+            PathBuf::from("/etc/tern")
+        );
+        assert_eq!(
+            beside(Path::new("/etc/tern.toml")),
+            PathBuf::from("/etc/tern.toml")
+        );
+        assert_eq!(beside(Path::new("/srv/www")), PathBuf::from("/srv/www"));
+        assert_eq!(
+            beside(Path::new("/srv/www/current")),
+            PathBuf::from("/srv/www")
+        );
+        assert_eq!(
+            beside(Path::new("/etc/ssl/private/site.key")),
+            PathBuf::from("/etc/ssl/private/site.key")
+        );
+        let mut needs = Needs::default();
+        needs.read_file(Path::new("/etc/hostname"));
+        assert!(
+            needs.read.iter().all(|p| p != Path::new("/etc")),
+            "{:?}",
+            needs.read
+        );
+    }
+
+    #[test]
+    fn upstreams_give_their_ports_and_socket_folders() {
+        let mut needs = Needs::default();
+        for upstream in [
+            UpstreamAddr::Tcp("127.0.0.1:3000".parse().unwrap()),
+            UpstreamAddr::Tcp("[::1]:3000".parse().unwrap()),
+            UpstreamAddr::Unix("/run/wiki/wiki.sock".into()),
+        ] {
+            needs.connect_to(&upstream);
+        }
+        assert_eq!(needs.connect.tcp_ports, [3000]);
+        assert_eq!(needs.connect.unix_folders, [PathBuf::from("/run/wiki")]);
+        let moved = UpstreamAddr::Tcp("127.0.0.1:3001".parse().unwrap());
+        assert!(!can_connect(&needs.connect, &moved));
+        let docker = UpstreamAddr::Unix("/run/docker.sock".into());
+        assert!(!can_connect(&needs.connect, &docker));
+    }
 }

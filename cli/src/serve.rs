@@ -101,7 +101,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     // The root's folder, not just the root: deploys swap a new root in beside the old one
     // (rename, or a `current` link to a new release), and a reload must still reach it.
     let mut needs = Needs {
-        read: vec![hardening::folder_of(&root)],
+        read: vec![hardening::beside(&root)],
         ..Needs::default()
     };
     if let Some(config) = &args.config {

@@ -922,7 +922,10 @@ fn sighup_under_load_fails_no_request() {
     let a = Upstream::ok("a");
     let b = Upstream::ok("b");
     let p = Proxy::new();
-    let tern = p.start(&proxy_route("/", &[a.addr], ""), &[]);
+    // b is named at start-up too (on another path): the sandbox lets the workers connect only
+    // to the upstream ports it started with, and refuses a reload that needs another.
+    let routes = proxy_route("/", &[a.addr], "") + &proxy_route("/later", &[b.addr], "");
+    let tern = p.start(&routes, &[]);
     let stop = Arc::new(AtomicBool::new(false));
     let addr = tern.addr();
     let clients: Vec<_> = (0..4)

@@ -11,6 +11,7 @@ mod support;
 mod tls_support;
 
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -368,4 +369,235 @@ fn a_privileged_port_is_bound_as_root_and_served_as_the_user() {
     assert_eq!(tern.get("/").text(), "low\n");
     let (uid, _) = uid_of("nobody");
     assert_eq!(proc_ids(tern.pid(), "Uid:"), vec![uid; 4]);
+}
+
+/// An app on 127.0.0.1 that answers every request with `body` (keep-alive).
+fn app(body: &'static str) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || listener.incoming().for_each(|s| answer(s, body)));
+    addr
+}
+
+/// The same app on a Unix socket.
+fn unix_app(socket: &Path, body: &'static str) {
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || listener.incoming().for_each(|s| answer(s, body)));
+}
+
+/// Answers each request head on `stream` with `body`, on a thread of its own.
+fn answer<S: std::io::Read + std::io::Write + Send + 'static>(
+    stream: std::io::Result<S>,
+    body: &'static str,
+) {
+    let Ok(mut stream) = stream else { return };
+    std::thread::spawn(move || {
+        let (mut buf, mut pending) = ([0u8; 4096], Vec::new());
+        while let Ok(n @ 1..) = stream.read(&mut buf) {
+            pending.extend_from_slice(&buf[..n]);
+            while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                pending.drain(..end + 4);
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if stream.write_all(answer.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// `tern run` with one site whose `/` is proxied to `upstream`, sandboxed, with the probes.
+struct ProxyConfig {
+    dir: tempfile::TempDir,
+}
+
+impl ProxyConfig {
+    fn new(upstream: &str) -> ProxyConfig {
+        let config = ProxyConfig {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        config.write(upstream);
+        config
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("tern.toml")
+    }
+
+    fn write(&self, upstream: &str) {
+        let text = format!(
+            "[[site]]\nname = \"app\"\ndefault = true\n[[site.route]]\npath = \"/\"\nproxy = \"{upstream}\"\n"
+        );
+        let new = self.dir.path().join("tern.toml.new");
+        std::fs::write(&new, text).unwrap();
+        std::fs::rename(&new, self.path()).unwrap();
+    }
+
+    fn command(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(TERN);
+        cmd.arg("run").arg("--config").arg(self.path());
+        cmd.args(LISTEN)
+            .args(["--workers", "1", "--sandbox", "on", "--sandbox-probes"]);
+        cmd
+    }
+
+    fn start(&self) -> Tern {
+        Tern::spawn(self.command())
+    }
+}
+
+/// Issue #21, item 8: with a TCP upstream the workers reach its port and nothing else: not
+/// another port (Landlock), not a Unix socket such as docker.sock (seccomp), and not another
+/// port through TCP Fast Open, which Landlock does not see (seccomp).
+#[test]
+fn a_tcp_proxy_connects_only_to_its_upstream_ports() {
+    let upstream = app("from the app\n");
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    other.set_nonblocking(true).unwrap();
+    let other_addr = other.local_addr().unwrap();
+    let sockets = tempfile::tempdir().unwrap();
+    let docker = sockets.path().join("docker.sock");
+    let _docker = std::os::unix::net::UnixListener::bind(&docker).unwrap();
+    let config = ProxyConfig::new(&upstream.to_string());
+    let mut tern = config.start();
+    tern.refusals_expected = &["socket", "sendto"];
+    assert_eq!(tern.log_lines(PROTECTED).len(), 1, "{}", tern.stderr_text());
+    assert_eq!(tern.get("/").text(), "from the app\n");
+
+    assert_eq!(probe(&tern, &format!("connect?{upstream}")), "ok\n");
+    assert_eq!(
+        probe(&tern, &format!("connect?{other_addr}")),
+        "error: Permission denied (os error 13)\n"
+    );
+    let eperm = "error: Operation not permitted (os error 1)\n";
+    assert_eq!(
+        probe(&tern, &format!("connect-unix?{}", docker.display())),
+        eperm
+    );
+    assert_eq!(probe(&tern, &format!("fast-open?{other_addr}")), eperm);
+    assert!(other.accept().is_err(), "nothing reached the other port");
+    assert_eq!(tern.get("/").text(), "from the app\n");
+}
+
+/// Issue #21, item 8: with only a `unix:` upstream no IPv4 or IPv6 socket can be made.
+#[test]
+fn a_unix_proxy_makes_no_tcp_socket() {
+    let sockets = tempfile::tempdir().unwrap();
+    let socket = sockets.path().join("app.sock");
+    unix_app(&socket, "over unix\n");
+    let elsewhere = app("elsewhere\n");
+    let config = ProxyConfig::new(&format!("unix:{}", socket.display()));
+    let mut tern = config.start();
+    tern.refusals_expected = &["socket"];
+    assert_eq!(tern.get("/").text(), "over unix\n");
+    assert_eq!(
+        probe(&tern, &format!("connect?{elsewhere}")),
+        "error: Operation not permitted (os error 1)\n"
+    );
+    assert_eq!(tern.get("/").text(), "over unix\n");
+}
+
+/// Issue #21, item 8: a reload that needs a port the sandbox did not allow at start-up
+/// changes nothing and says to restart; the old upstream keeps serving.
+#[test]
+fn a_reload_to_an_upstream_port_outside_the_sandbox_says_restart() {
+    let (first, moved) = (app("first\n"), app("moved\n"));
+    let config = ProxyConfig::new(&first.to_string());
+    let tern = config.start();
+    assert_eq!(tern.get("/").text(), "first\n");
+    config.write(&moved.to_string());
+    let line = tern.reload(1);
+    assert!(
+        line.contains("reload (SIGHUP) failed, nothing changed: the upstream")
+            && line.contains(&moved.to_string())
+            && line.contains("restart tern"),
+        "{line}"
+    );
+    assert_eq!(tern.get("/").text(), "first\n");
+}
+
+/// On a kernel whose Landlock has no TCP rules (before ABI 4, Linux 6.7) the start-up line
+/// names what is missing, and the other port is indeed reachable.
+#[test]
+fn without_landlock_tcp_rules_the_start_up_line_says_any_port_is_reachable() {
+    let upstream = app("from the app\n");
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = ProxyConfig::new(&upstream.to_string());
+    let mut cmd = config.command();
+    cmd.env("TERN_TEST_KERNEL_WITHOUT", "landlock-tcp");
+    let tern = Tern::spawn(cmd);
+    let line = tern.log_lines("protections:");
+    assert!(
+        line.len() == 1
+            && line[0].ends_with("without Landlock TCP port rules (kernel ABI 3 < 4: the workers may connect to any TCP port)"),
+        "{line:?}"
+    );
+    let other = other.local_addr().unwrap();
+    assert_eq!(probe(&tern, &format!("connect?{other}")), "ok\n");
+}
+
+/// Issue #21, item 13: `openat2` carries its mode where seccomp cannot see it, so it is
+/// answered ENOSYS: no setuid file can be made in a writable folder (here the access log's),
+/// while static files are still served through the fallback.
+#[test]
+fn openat2_is_answered_enosys_so_no_setuid_file_can_be_made() {
+    let site = Site::new();
+    site.write("index.html", "home\n");
+    let logs = site.base().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let log = logs.join("access.log");
+    let tern = site.start(&["--sandbox-probes", "--access-log", log.to_str().unwrap()]);
+    assert_eq!(tern.get("/").text(), "home\n");
+    let setuid = logs.join("setuid");
+    assert_eq!(
+        probe(&tern, &format!("openat2-setuid?{}", setuid.display())),
+        "error: Function not implemented (os error 38)\n"
+    );
+    assert!(!setuid.exists(), "no file was made");
+    assert_eq!(tern.get("/").text(), "home\n");
+}
+
+/// Issue #21, item 13: a root directly in /tmp opens that root, not all of /tmp.
+#[test]
+fn a_root_directly_in_a_system_folder_opens_only_itself() {
+    let root = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    std::fs::write(root.path().join("index.html"), "home\n").unwrap();
+    let neighbour = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    let secret = neighbour.path().join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let tern = Tern::start(root.path(), &["--sandbox-probes"]);
+    assert_eq!(tern.get("/").text(), "home\n");
+    assert_eq!(
+        probe(&tern, &format!("open?{}", secret.display())),
+        "error: Permission denied (os error 13)\n"
+    );
+}
+
+/// Issue #21, item 13: what would open a system folder whole is a one-line start-up error:
+/// serving /etc, or an access log directly in /tmp (its folder must take new files).
+#[test]
+fn a_system_folder_is_never_granted_whole_and_says_so_at_start_up() {
+    let failed = run_to_end(
+        &mut serve_command(Path::new("/etc"), LISTEN, &["--sandbox", "on"]),
+        Duration::from_secs(10),
+    );
+    assert!(!failed.status.success());
+    assert_eq!(
+        failed.stderr,
+        "tern: cannot sandbox: the folder to read /etc is a system folder, which the sandbox never opens whole: use a folder of its own, or --sandbox off\n"
+    );
+    assert_eq!(failed.stdout, "", "nothing was served");
+
+    let site = Site::new();
+    let log = std::path::PathBuf::from(format!("/tmp/tern-test-{}.log", std::process::id()));
+    let failed = Tern::start_failing(&site.root, &["--access-log", log.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&log);
+    assert!(!failed.status.success());
+    assert_eq!(
+        failed.stderr,
+        "tern: cannot sandbox: the access log's folder /tmp is a system folder, which the sandbox never opens whole: use a folder of its own, or --sandbox off\n"
+    );
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::Error;
+use crate::{Connect, Error};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition,
     SeccompFilter, SeccompRule, TargetArch,
@@ -126,6 +126,7 @@ const ALLOWED: &[(&str, i64)] = syscalls![
     getpeername,
     getsockopt,
     setsockopt,
+    // Answered ENOSYS by the second filter (`enosys_program`).
     openat2,
     newfstatat,
     fstat,
@@ -153,6 +154,7 @@ const ALLOWED: &[(&str, i64)] = syscalls![
     mremap,
     brk,
     futex,
+    // Answered ENOSYS by the second filter (`enosys_program`).
     clone3,
     set_robust_list,
     rseq,
@@ -216,6 +218,9 @@ const CHECKED: &[(&str, i64)] = syscalls![
 const CHECKED_LEGACY: &[(&str, i64)] = syscalls![open, mkdir];
 #[cfg(not(target_arch = "x86_64"))]
 const CHECKED_LEGACY: &[(&str, i64)] = &[];
+
+/// Allowed by the main filter, answered ENOSYS by [`enosys_program`].
+const ANSWERED_ENOSYS: &[(&str, i64)] = syscalls![clone3, openat2];
 
 /// Named only for the log line of a refused call.
 const REFUSED_NAMES: &[(&str, i64)] = syscalls![
@@ -307,9 +312,8 @@ fn one_of(arg: u8, values: &[u64]) -> Vec<SeccompRule> {
 }
 
 /// The filter's rules: every allowed call, the argument-checked ones with their conditions.
-/// `connects`: the reverse proxy may open stream sockets to its upstreams (Landlock limits
-/// TCP to their ports).
-fn rules(connects: bool) -> BTreeMap<i64, Vec<SeccompRule>> {
+/// `connect`: the reverse proxy's upstreams, which decide which sockets the workers may make.
+fn rules(connect: &Connect) -> BTreeMap<i64, Vec<SeccompRule>> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
         .iter()
         .chain(ALLOWED_LEGACY)
@@ -408,21 +412,41 @@ fn rules(connects: bool) -> BTreeMap<i64, Vec<SeccompRule>> {
 
     // socketpair: a Unix pair (the signal thread's wake-up), never a network socket.
     rules.insert(libc::SYS_socketpair, one_of(0, &[libc::AF_UNIX as u64]));
-    if connects {
-        // socket: stream sockets of the three families an upstream can be reached by (the
-        // type's flag bits, non-blocking and close-on-exec, are masked off), and connect.
-        let stream = libc::SOCK_STREAM as u64;
-        let type_mask = !((libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64) & 0xffff_ffff;
-        let socket_rules = [libc::AF_INET, libc::AF_INET6, libc::AF_UNIX]
-            .iter()
-            .map(|&family| {
-                SeccompRule::new(vec![
-                    cond(0, Len::Dword, Op::Eq, family as u64),
-                    cond(1, Len::Dword, Op::MaskedEq(type_mask), stream),
-                ])
-                .expect("a condition")
-            })
-            .collect();
+    // socket: stream sockets of the families the upstreams need, nothing else: IPv4 and IPv6
+    // for TCP upstreams (Landlock then limits their ports), Unix only for `unix:` upstreams,
+    // since Landlock before ABI 9 cannot limit which Unix socket is connected to. The type's
+    // flag bits (non-blocking, close-on-exec) are masked off; the protocol must be TCP (0 is
+    // TCP for a stream socket), not SCTP or MPTCP, which Landlock's TCP rules do not cover.
+    let stream = libc::SOCK_STREAM as u64;
+    let type_mask = !((libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64) & 0xffff_ffff;
+    let stream_socket = |family: libc::c_int, protocol: libc::c_int| {
+        SeccompRule::new(vec![
+            cond(0, Len::Dword, Op::Eq, family as u64),
+            cond(1, Len::Dword, Op::MaskedEq(type_mask), stream),
+            cond(2, Len::Dword, Op::Eq, protocol as u64),
+        ])
+        .expect("a condition")
+    };
+    let mut socket_rules = Vec::new();
+    if connect.tcp() {
+        for family in [libc::AF_INET, libc::AF_INET6] {
+            socket_rules.push(stream_socket(family, 0));
+            socket_rules.push(stream_socket(family, libc::IPPROTO_TCP));
+        }
+        // MSG_FASTOPEN connects a fresh TCP socket inside sendto/sendmsg, where Landlock's
+        // connect check never runs (landlock-lsm/linux#41): refused wherever TCP sockets can
+        // be made. (This takes both calls out of the kernel's allow cache in proxy setups.)
+        let no_fast_open = |arg: u8| {
+            let fast_open = libc::MSG_FASTOPEN as u32 as u64;
+            vec![SeccompRule::new(vec![cond(arg, Len::Dword, Op::MaskedEq(fast_open), 0)]).unwrap()]
+        };
+        rules.insert(libc::SYS_sendto, no_fast_open(3));
+        rules.insert(libc::SYS_sendmsg, no_fast_open(2));
+    }
+    if connect.unix() {
+        socket_rules.push(stream_socket(libc::AF_UNIX, 0));
+    }
+    if connect.any() {
         rules.insert(libc::SYS_socket, socket_rules);
         rules.insert(libc::SYS_connect, Vec::new());
     }
@@ -446,12 +470,18 @@ fn target_arch() -> Result<TargetArch, Error> {
         .map_err(|_| unsupported(format!("no filter for {}", std::env::consts::ARCH)))
 }
 
-/// `clone3` takes its flags in a struct seccomp cannot read, so it could make processes, not
-/// just threads. It fails with ENOSYS instead, as on kernels before 5.3, and glibc falls back
-/// to `clone`, whose flags the main filter checks. (A second filter: seccompiler gives one
-/// filter one action for matches, and ERRNO outranks ALLOW when filters disagree.)
-pub fn clone3_program() -> Result<BpfProgram, Error> {
-    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
+/// Calls whose arguments sit in a struct seccomp cannot read, answered ENOSYS (as on kernels
+/// before them), so that the caller falls back to an older call whose arguments the main
+/// filter checks: `clone3` (its flags could make processes, not just threads; glibc falls
+/// back to `clone`, checked for `CLONE_THREAD`) and `openat2` (its mode could be setuid;
+/// static files fall back to `openat` one folder at a time, `openat`'s mode is checked). A
+/// second filter: seccompiler gives one filter one action for matches, and ERRNO outranks
+/// ALLOW when filters disagree (the main filter allows both).
+pub fn enosys_program() -> Result<BpfProgram, Error> {
+    let rules = ANSWERED_ENOSYS
+        .iter()
+        .map(|&(_, nr)| (nr, Vec::new()))
+        .collect();
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -465,9 +495,9 @@ pub fn clone3_program() -> Result<BpfProgram, Error> {
 }
 
 /// Compiles the filter (separately from installing it, so that tests can check it).
-pub fn program(connects: bool) -> Result<BpfProgram, Error> {
+pub fn program(connect: &Connect) -> Result<BpfProgram, Error> {
     let filter = SeccompFilter::new(
-        rules(connects),
+        rules(connect),
         SeccompAction::Trap,
         SeccompAction::Allow,
         target_arch()?,
@@ -601,7 +631,7 @@ fn install_handler() -> Result<(), Error> {
 }
 
 /// Installs the SIGSYS handler and the filter, on every thread of the process.
-pub fn install(connects: bool) -> Result<(), Error> {
+pub fn install(connect: &Connect) -> Result<(), Error> {
     if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
         return Err(unsupported(format!(
             "EPERM mode is not written for {}",
@@ -612,8 +642,8 @@ pub fn install(connects: bool) -> Result<(), Error> {
     if unsafe { libc::prctl(libc::PR_GET_SECCOMP) } < 0 {
         return Err(unsupported("not supported by this kernel".into()));
     }
-    let program = program(connects)?;
-    let clone3 = clone3_program()?;
+    let program = program(connect)?;
+    let enosys = enosys_program()?;
     install_handler()?;
     let apply = |p: &BpfProgram| {
         seccompiler::apply_filter_all_threads(p).map_err(|e| match e {
@@ -623,7 +653,7 @@ pub fn install(connects: bool) -> Result<(), Error> {
             other => failed(other.to_string()),
         })
     };
-    apply(&clone3)?;
+    apply(&enosys)?;
     apply(&program)
 }
 
@@ -674,17 +704,32 @@ fn describe_denials(denied: &[(usize, u64)]) -> String {
 mod tests {
     use super::*;
 
+    fn tcp_upstream() -> Connect {
+        Connect {
+            tcp_ports: vec![8080],
+            ..Connect::default()
+        }
+    }
+
+    fn unix_upstream() -> Connect {
+        Connect {
+            unix_folders: vec!["/run/app".into()],
+            ..Connect::default()
+        }
+    }
+
     #[test]
     fn the_filter_compiles_and_allows_what_a_server_needs() {
-        let closed = program(false).unwrap();
+        let closed = program(&Connect::default()).unwrap();
         assert!(
             closed.len() > ALLOWED.len(),
             "{} instructions",
             closed.len()
         );
-        assert!(program(true).unwrap().len() > closed.len());
-        assert!(rules(true).contains_key(&libc::SYS_connect));
-        let rules = rules(false);
+        assert!(program(&tcp_upstream()).unwrap().len() > closed.len());
+        assert!(rules(&tcp_upstream()).contains_key(&libc::SYS_connect));
+        assert!(rules(&unix_upstream()).contains_key(&libc::SYS_connect));
+        let rules = rules(&Connect::default());
         for (name, nr) in ALLOWED.iter().chain(ALLOWED_LEGACY) {
             assert!(rules.contains_key(nr), "{name}");
         }
@@ -724,11 +769,19 @@ mod tests {
         in_a_child(child_checks);
     }
 
-    /// With outbound connections allowed (a reverse proxy): stream sockets of the three
-    /// families open and connect, anything else is still refused.
+    /// With TCP upstreams: IPv4 and IPv6 stream sockets open and connect; a Unix socket, a
+    /// datagram or SCTP socket and a TCP Fast Open connect (which Landlock would not see)
+    /// are refused.
     #[test]
-    fn in_a_child_a_proxy_may_open_stream_sockets_only() {
-        in_a_child(proxy_child_checks);
+    fn in_a_child_tcp_upstreams_allow_tcp_stream_sockets_only() {
+        in_a_child(tcp_child_checks);
+    }
+
+    /// With only `unix:` upstreams: Unix stream sockets open and connect, IPv4 and IPv6
+    /// sockets are refused.
+    #[test]
+    fn in_a_child_unix_upstreams_allow_unix_stream_sockets_only() {
+        in_a_child(unix_child_checks);
     }
 
     /// Runs `checks` in a forked child (a filter cannot be taken back) and asserts it
@@ -754,7 +807,8 @@ mod tests {
         );
     }
 
-    fn proxy_child_checks() -> i32 {
+    fn tcp_child_checks() -> i32 {
+        use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         // SAFETY (whole block): plain system calls on values owned here.
@@ -762,31 +816,92 @@ mod tests {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return 10;
             }
-            if install(true).is_err() {
+            if install(&tcp_upstream()).is_err() {
                 return 11;
             }
             let eperm = || *libc::__errno_location() == libc::EPERM;
             let flags = libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-            for family in [libc::AF_INET, libc::AF_INET6, libc::AF_UNIX] {
+            for family in [libc::AF_INET, libc::AF_INET6] {
                 let fd = libc::socket(family, flags, 0);
                 if fd < 0 {
                     return 12;
                 }
                 libc::close(fd);
             }
-            if libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) != -1 || !eperm() {
+            if libc::socket(libc::AF_UNIX, flags, 0) != -1 || !eperm() {
                 return 13;
             }
-            if libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, 0) != -1 || !eperm() {
+            if libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) != -1 || !eperm() {
                 return 14;
             }
-            if libc::socket(libc::AF_PACKET, libc::SOCK_STREAM, 0) != -1 || !eperm() {
+            if libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, 0) != -1 || !eperm() {
                 return 15;
             }
+            if libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) != -1 || !eperm()
+            {
+                return 16;
+            }
+            // TCP Fast Open: sendto connects the fresh socket itself.
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            if fd < 0 {
+                return 17;
+            }
+            let mut to: libc::sockaddr_in = std::mem::zeroed();
+            to.sin_family = libc::AF_INET as libc::sa_family_t;
+            to.sin_port = addr.port().to_be();
+            to.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let sent = libc::sendto(
+                fd,
+                b"x".as_ptr().cast(),
+                1,
+                libc::MSG_FASTOPEN,
+                (&to as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            );
+            if sent != -1 || !eperm() {
+                return 18;
+            }
+            libc::close(fd);
         }
-        // A real connection, through std (socket + connect).
-        if std::net::TcpStream::connect(addr).is_err() {
-            return 16;
+        // A real connection through std (socket, connect, then send and recv).
+        let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+            return 19;
+        };
+        let (mut accepted, _) = listener.accept().unwrap();
+        if stream.write_all(b"ping").is_err() {
+            return 20;
+        }
+        let mut got = [0u8; 4];
+        if accepted.read_exact(&mut got).is_err() || &got != b"ping" {
+            return 21;
+        }
+        0
+    }
+
+    fn unix_child_checks() -> i32 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("app.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        // SAFETY (whole block): plain system calls on values owned here.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return 10;
+            }
+            if install(&unix_upstream()).is_err() {
+                return 11;
+            }
+            let eperm = || *libc::__errno_location() == libc::EPERM;
+            for family in [libc::AF_INET, libc::AF_INET6] {
+                if libc::socket(family, libc::SOCK_STREAM, 0) != -1 || !eperm() {
+                    return 12;
+                }
+            }
+            if libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0) != -1 || !eperm() {
+                return 13;
+            }
+        }
+        if std::os::unix::net::UnixStream::connect(&path).is_err() {
+            return 14;
         }
         0
     }
@@ -798,7 +913,7 @@ mod tests {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return 10;
             }
-            if install(false).is_err() {
+            if install(&Connect::default()).is_err() {
                 return 11;
             }
             // Allowed: getpid, a read-write mapping.
@@ -841,6 +956,20 @@ mod tests {
                 || *libc::__errno_location() != libc::ENOSYS
             {
                 return 20;
+            }
+            // So does openat2, whose mode (here setuid) seccomp cannot read.
+            let mut how: libc::open_how = std::mem::zeroed();
+            how.flags = (libc::O_CREAT | libc::O_WRONLY) as u64;
+            how.mode = 0o4755;
+            let opened = libc::syscall(
+                libc::SYS_openat2,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            );
+            if opened != -1 || *libc::__errno_location() != libc::ENOSYS {
+                return 24;
             }
             // A SIGSYS sent by a process, not by the filter, changes nothing.
             let pid = libc::getpid();

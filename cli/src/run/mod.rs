@@ -6,7 +6,8 @@
 //! builds a whole new table (static roots re-opened) and swaps it in at once; open
 //! connections keep going. What needs a restart (listeners, workers, pinning, the shutdown
 //! grace, HTTPS on or off, the app's folders, user and sandbox) is reported, not applied. A
-//! bad file changes nothing and logs one line.
+//! bad file, or an upstream outside what the sandbox allowed at start-up, changes nothing and
+//! logs one line.
 
 mod config;
 
@@ -66,6 +67,8 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         opened_logs.push(crate::common::open_access_log(path, *format, &mut needs)?);
     }
     let lockdown = hardening::plan(&args.common.hardening, Some(&loaded.hardening()), needs)?;
+    let sandbox_connect =
+        (lockdown.mode != tern_sandbox::Mode::Off).then(|| lockdown.paths.connect.clone());
     let mut server = Server::new(server_config, Router::new());
     let stats = server.stats();
     let app: Option<Arc<dyn Handler>> = match &loaded.app {
@@ -116,6 +119,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         workers,
         log_files: logs.files,
         stats: stats.clone(),
+        sandbox_connect,
     };
     let on_reload: OnReload =
         Box::new(
@@ -187,9 +191,10 @@ fn listeners(common: &CommonArgs, tls: Option<&TlsPlan>) -> ServerConfig {
     config
 }
 
-/// What the process keeps needing from the file system: the config file's folder, every
-/// static root's folder (deploys swap roots beside each other), the app's data (write) and
-/// pages, and the certificates.
+/// What the process keeps needing from the file system and the network: the config file's
+/// folder, every static root's folder (deploys swap roots beside each other; see
+/// [`hardening::beside`]), the app's data (write) and pages, the certificates, and the
+/// upstreams' ports and socket folders.
 fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
     let mut needs = Needs::default();
     needs.read_file(path);
@@ -197,7 +202,7 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
         for route in &site.routes {
             if let RouteKind::Static(options) = &route.kind {
                 let root = std::fs::canonicalize(&options.root).unwrap_or(options.root.clone());
-                needs.read.push(hardening::folder_of(&root));
+                needs.read.push(hardening::beside(&root));
             }
         }
     }
@@ -216,10 +221,7 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
         needs.add_tls(&plan.options);
     }
     for upstream in loaded.upstreams() {
-        match upstream {
-            tern_server::UpstreamAddr::Tcp(_) => needs.connect_tcp = true,
-            tern_server::UpstreamAddr::Unix(_) => needs.connect_unix = true,
-        }
+        needs.connect_to(&upstream);
     }
     needs
 }
@@ -436,6 +438,8 @@ struct Reloader {
     /// The access-log files opened at start-up (others need a restart).
     log_files: Vec<(PathBuf, LogFormatArg)>,
     stats: tern_server::Stats,
+    /// Where the sandbox lets the workers connect (fixed at start-up; `None`: no sandbox).
+    sandbox_connect: Option<tern_sandbox::Connect>,
 }
 
 impl Reloader {
@@ -459,6 +463,19 @@ impl Reloader {
         let restart = self
             .started
             .differences(&Started::new(&loaded, &config, tls.is_some()));
+        if let Some(connect) = &self.sandbox_connect {
+            // A route to an upstream the workers cannot reach would fail every request: the
+            // whole reload is refused instead, and the old routes go on.
+            if let Some(upstream) = loaded
+                .upstreams()
+                .into_iter()
+                .find(|u| !hardening::can_connect(connect, u))
+            {
+                return Err(format!(
+                    "the upstream {upstream} is outside what the sandbox allows (the ports and socket folders of the upstreams at start-up): restart tern to use it"
+                ));
+            }
+        }
         if loaded.gate().is_some() && self.gate.is_none() {
             return Err("a gate was added: restart tern to start it".into());
         }

@@ -4,17 +4,17 @@
 //! On Linux every open goes through `openat2(root_fd, rel, RESOLVE_BENEATH |
 //! RESOLVE_NO_MAGICLINKS)`: the kernel refuses any resolution (a `..` or a symlink, relative or
 //! absolute) that would leave the root, atomically, so no race with a concurrent rename or
-//! symlink swap can reach a file outside it. Kernels without `openat2` (before 5.6, or a seccomp
-//! filter that answers ENOSYS) fall back to `canonicalize` + prefix check + `O_NOFOLLOW`, which
-//! is correct but not race-free against someone who can write inside the root.
+//! symlink swap can reach a file outside it. Without `openat2` (kernels before 5.6, and tern's
+//! sandbox, whose seccomp filter answers ENOSYS because it cannot read `openat2`'s mode) the
+//! same walk is done in user space, one name at a time with `openat(O_NOFOLLOW)` relative to
+//! the folder before, which no rename or swap can lead out of either ([`Root::open_fallback`]).
 
-use std::ffi::{CStr, OsStr};
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Flags for every file we open to serve: read-only, never our controlling terminal, and
@@ -81,8 +81,6 @@ pub(crate) struct Root {
     fd: OwnedFd,
     /// (dev, ino) of the directory, to notice when the configured path names another one.
     id: (u64, u64),
-    /// Canonical path, used only by the fallback.
-    canonical: PathBuf,
 }
 
 impl Root {
@@ -107,12 +105,10 @@ impl Root {
             .map_err(|e| ctx(e, "cannot open"))?;
         // Listing proves the directory is readable (opening alone does not need `x`).
         std::fs::read_dir(path).map_err(|e| ctx(e, "cannot read"))?;
-        let canonical = std::fs::canonicalize(path).map_err(|e| ctx(e, "cannot resolve"))?;
         let st = fstat(&dir).map_err(|e| ctx(e, "cannot stat"))?;
         Ok(Root {
             fd: OwnedFd::from(dir),
             id: (st.dev, st.ino),
-            canonical,
         })
     }
 
@@ -130,8 +126,11 @@ impl Root {
         if !OPENAT2_MISSING.load(Ordering::Relaxed) {
             match self.open_openat2(rel) {
                 Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                    // Expected in the sandbox and as safe: not worth a warning.
                     OPENAT2_MISSING.store(true, Ordering::Relaxed);
-                    tracing::warn!("openat2 unavailable; static files fall back to canonicalize");
+                    tracing::debug!(
+                        "openat2 unavailable; static files are opened one name at a time"
+                    );
                 }
                 other => return other,
             }
@@ -168,19 +167,61 @@ impl Root {
         Ok(unsafe { File::from_raw_fd(ret as libc::c_int) })
     }
 
-    /// Canonicalize + prefix check. `rel` contains no `..` (paths are normalised first), so only
-    /// symlinks can lead outside, and canonicalize resolves all of them. O_NOFOLLOW refuses a
-    /// symlink swapped in after the check at the last component.
+    /// `RESOLVE_BENEATH` in user space: one name at a time, each opened relative to the
+    /// folder before it with `O_NOFOLLOW` (folders as `O_PATH`, which needs no read right,
+    /// like a path walk), so nothing renamed or swapped in meanwhile can lead out. A symlink
+    /// met on the way is read (`readlinkat`) and its target walked the same way: an absolute
+    /// target, or a `..` above the root, fails with EXDEV, more than 40 links with ELOOP, as
+    /// `openat2` does.
     pub fn open_fallback(&self, rel: &CStr) -> io::Result<File> {
-        let joined = self.canonical.join(OsStr::from_bytes(rel.to_bytes()));
-        let canonical = std::fs::canonicalize(joined)?;
-        if !canonical.starts_with(&self.canonical) {
-            return Err(io::Error::from_raw_os_error(libc::EXDEV));
+        const MAX_LINKS: usize = 40;
+        let folder_flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // The folders walked into below the root (the root itself when empty), and the names
+        // still to walk, the next one last.
+        let mut folders: Vec<OwnedFd> = Vec::new();
+        let mut names: Vec<Vec<u8>> = names_in(rel.to_bytes()).rev().collect();
+        let mut links = 0;
+        while let Some(name) = names.pop() {
+            if name == b".." {
+                if folders.pop().is_none() {
+                    return Err(io::Error::from_raw_os_error(libc::EXDEV));
+                }
+                continue;
+            }
+            let at = folders.last().unwrap_or(&self.fd).as_raw_fd();
+            let last = names.is_empty();
+            let flags = if last {
+                OPEN_FLAGS | libc::O_NOFOLLOW
+            } else {
+                folder_flags
+            };
+            let error = match open_at(at, &name, flags) {
+                Ok(fd) if last => return Ok(File::from(fd)),
+                Ok(fd) => {
+                    folders.push(fd);
+                    continue;
+                }
+                Err(e) => e,
+            };
+            // O_NOFOLLOW met a symlink: ELOOP, or ENOTDIR where a folder was asked for.
+            if !matches!(error.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) {
+                return Err(error);
+            }
+            let Ok(target) = read_link_at(at, &name) else {
+                return Err(error);
+            };
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            if target.starts_with(b"/") {
+                return Err(io::Error::from_raw_os_error(libc::EXDEV));
+            }
+            names.extend(names_in(&target).rev());
         }
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(OPEN_FLAGS | libc::O_NOFOLLOW)
-            .open(canonical)
+        // `rel` was `.` (or led back to a folder by `..`): open that folder itself.
+        let at = folders.last().unwrap_or(&self.fd).as_raw_fd();
+        open_at(at, b".", OPEN_FLAGS).map(File::from)
     }
 
     /// `stat` of `rel` relative to the root, following symlinks like the open does. Used only
@@ -197,6 +238,41 @@ impl Root {
         }
         Ok(FileStat::from_libc(&st))
     }
+}
+
+/// The names of a relative path, without empty ones (`a//b`) and `.`.
+fn names_in(path: &[u8]) -> impl DoubleEndedIterator<Item = Vec<u8>> + '_ {
+    path.split(|&b| b == b'/')
+        .filter(|name| !name.is_empty() && *name != b".")
+        .map(<[u8]>::to_vec)
+}
+
+/// `openat(at, name, flags)` for one name (no `/`).
+fn open_at(at: libc::c_int, name: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
+    let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
+    // SAFETY: `at` is a descriptor the caller keeps open across the call, `name` a valid C
+    // string that outlives it; the kernel only reads them. No O_CREAT, so no mode is read.
+    let fd = unsafe { libc::openat(at, name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The target of the symlink `name` in the folder `at`.
+fn read_link_at(at: libc::c_int, name: &[u8]) -> io::Result<Vec<u8>> {
+    let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
+    let mut target = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: `at` stays open across the call, `name` is a valid C string, and the kernel
+    // writes at most `target.len()` bytes into `target`.
+    let n =
+        unsafe { libc::readlinkat(at, name.as_ptr(), target.as_mut_ptr().cast(), target.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    target.truncate(n as usize);
+    Ok(target)
 }
 
 pub(crate) fn fstat(file: &File) -> io::Result<FileStat> {
@@ -271,6 +347,42 @@ mod tests {
     fn fallback_refuses_everything_outside_the_root() {
         let (_tmp, root) = setup();
         check_escapes(|p| root.open_fallback(p));
+        let err = root.open_fallback(&c("rel-out")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EXDEV));
+    }
+
+    /// The fallback follows links the way `openat2(RESOLVE_BENEATH)` does: through folders,
+    /// with `..` that stays inside, not in a loop, and not through an absolute link on the
+    /// way.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn fallback_resolves_links_inside_the_root_like_openat2() {
+        let (tmp, root) = setup();
+        let base = tmp.path().join("root");
+        std::os::unix::fs::symlink("sub", base.join("sub-link")).unwrap();
+        std::os::unix::fs::symlink("../sub/in.txt", base.join("sub/back-in")).unwrap();
+        std::os::unix::fs::symlink("loop", base.join("loop")).unwrap();
+        std::fs::create_dir(base.join("moved")).unwrap();
+        type Open = fn(&Root, &CStr) -> io::Result<File>;
+        let opens: [(&str, Open); 2] = [
+            ("openat2", Root::open_openat2),
+            ("fallback", Root::open_fallback),
+        ];
+        for (how, open) in opens {
+            let open = |p: &str| open(&root, &c(p));
+            assert_eq!(read(open("sub-link/in.txt")).unwrap(), "inside", "{how}");
+            assert_eq!(read(open("sub/back-in")).unwrap(), "inside", "{how}");
+            assert_eq!(read(open("./sub//in.txt")).unwrap(), "inside", "{how}");
+            let looped = open("loop").unwrap_err();
+            assert_eq!(looped.raw_os_error(), Some(libc::ELOOP), "{how}");
+            let through_a_file = open("sub/in.txt/x").unwrap_err();
+            assert_eq!(through_a_file.raw_os_error(), Some(libc::ENOTDIR), "{how}");
+        }
+        // A folder replaced by an absolute link, here to the outside.
+        std::fs::remove_dir(base.join("moved")).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), base.join("moved")).unwrap();
+        let replaced = root.open_fallback(&c("moved/secret.txt")).unwrap_err();
+        assert_eq!(replaced.raw_os_error(), Some(libc::EXDEV));
     }
 
     #[test]
