@@ -306,6 +306,9 @@ fn staff_log_in_with_a_password_and_a_flood_locks_out_only_its_network() {
         "the realm offers a guest login"
     );
     let login = |password: &str, csrf: &str, headers: &[(&str, &str)]| {
+        // The browser that will use the session logs in.
+        let mut headers = headers.to_vec();
+        headers.push(("User-Agent", FIREFOX));
         post_form(
             &tern,
             "/.tern-gate/login",
@@ -316,7 +319,7 @@ fn staff_log_in_with_a_password_and_a_flood_locks_out_only_its_network() {
                 ("return", "/private/secret.txt"),
                 ("csrf", csrf),
             ],
-            headers,
+            &headers,
         )
     };
     // A form posted from another site is refused before any password is hashed.
@@ -488,7 +491,11 @@ fn tern_gate_answers_nginx_auth_requests() {
     let cookie = cookie_of(&passed);
     let r = auth("/docs/", "GET", &[("Cookie", &cookie)]);
     assert_eq!(r.status, 204);
-    assert_eq!(r.header("x-auth-user"), Some("guest"));
+    assert_eq!(
+        r.header("x-auth-user"),
+        None,
+        "a browser check names no account"
+    );
     // Staff pages want a staff login; the guest pass is not one.
     assert_eq!(
         auth("/private/secret.txt", "GET", &[("Cookie", &cookie)]).status,
@@ -790,7 +797,11 @@ fn nginx_in_front_sends_browsers_through_the_challenge_and_the_login() {
     let r = via(port, "GET", "/index.html", &[ua, ("Cookie", &cookie)], "");
     assert_eq!(r.status, 200);
     assert_eq!(r.text(), "<p>the guarded page</p>\n");
-    assert_eq!(r.header("x-auth-user"), Some("guest"));
+    assert_eq!(
+        r.header("x-auth-user"),
+        None,
+        "a browser check names no account"
+    );
     // Protected page → login page → log in → page.
     let r = via(port, "GET", "/private/secret.txt", &[ua], "");
     assert_eq!(r.status, 303);
@@ -1014,5 +1025,152 @@ fn exec_checkers_run_in_helpers_outside_the_sandbox() {
         tern.get_with("/private/secret.txt", &[("Cookie", &cookie)])
             .status,
         200
+    );
+}
+
+/// A policy with three prices: a time-lock for clients without a user agent, a light proof
+/// of work for browsers, a heavier one under /hard/, and one more for no-UA clients under
+/// /work/.
+const TIERS: &str = r#"
+[[rule]]
+name = "work-for-all"
+action = "challenge"
+path_prefix = "/work/"
+difficulty = 4
+
+[[rule]]
+name = "hard"
+action = "challenge"
+path_prefix = "/hard/"
+difficulty = 12
+
+[[rule]]
+name = "staff"
+action = "login"
+path_prefix = "/private/"
+realm = "staff"
+
+[[rule]]
+name = "no-user-agent"
+action = "timelock"
+user_agent = "^$"
+seconds = 1
+
+[[rule]]
+name = "browsers"
+action = "challenge"
+user_agent = "Mozilla"
+difficulty = 4
+"#;
+
+/// Waits out a time-lock page like a client without JavaScript: the refresh URL, after the
+/// page's seconds (and half a second for the whole-second clocks). The session cookie.
+fn wait_out_time_lock(tern: &Tern, page: &Resp, headers: &[(&str, &str)]) -> String {
+    let html = page.text();
+    let at = html.find("http-equiv=\"refresh\"").expect("a meta refresh");
+    let refresh = attr(&html[at..], "content").unwrap();
+    let (seconds, url) = refresh
+        .split_once(";url=")
+        .or_else(|| refresh.split_once("; url="))
+        .unwrap();
+    let seconds: u64 = seconds.trim().parse().unwrap();
+    std::thread::sleep(Duration::from_millis(seconds * 1000 + 500));
+    let r = tern.get_with(url, headers);
+    assert_eq!(r.status, 303, "{}", r.text());
+    cookie_of(&r)
+}
+
+#[test]
+fn a_session_settles_only_what_it_paid_for_and_only_for_its_user_agent() {
+    let setup = Setup::new(TIERS, "");
+    let tern = setup.serve(&[]);
+    // No user agent: a time-lock, waited out.
+    let page = tern.get("/index.html");
+    assert_eq!(page.status, 403);
+    let waited = wait_out_time_lock(&tern, &page, &[]);
+    assert_eq!(
+        tern.get_with("/index.html", &[("Cookie", &waited)]).status,
+        200
+    );
+    // The wait is not a proof of work, with or without a user agent.
+    let r = tern.get_with("/work/x", &[("Cookie", &waited)]);
+    assert_eq!(r.status, 403, "a time-lock pass settled a challenge");
+    assert!(r.text().contains("data-challenge"));
+    let r = tern.get_with(
+        "/index.html",
+        &[("User-Agent", FIREFOX), ("Cookie", &waited)],
+    );
+    assert_eq!(r.status, 403, "a time-lock pass worked for a browser");
+    // A browser's proof of work: good for that browser, at its own and lower prices ...
+    let page = tern.get_with("/index.html", &[("User-Agent", FIREFOX)]);
+    let work = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    let firefox = [("User-Agent", FIREFOX), ("Cookie", work.as_str())];
+    assert_eq!(tern.get_with("/index.html", &firefox).status, 200);
+    assert_eq!(tern.get_with("/work/x", &firefox).status, 404);
+    // ... and after the browser updates itself (only the version numbers change) ...
+    let updated = FIREFOX.replace("132.0", "133.0.1");
+    assert_eq!(
+        tern.get_with(
+            "/index.html",
+            &[("User-Agent", &updated), ("Cookie", &work)]
+        )
+        .status,
+        200
+    );
+    // ... but not for a dearer rule, another user agent, or none.
+    let r = tern.get_with("/hard/x", &firefox);
+    assert_eq!(r.status, 403, "a 4-bit pass settled a 12-bit rule");
+    let chrome = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36";
+    assert_eq!(
+        tern.get_with("/index.html", &[("User-Agent", chrome), ("Cookie", &work)])
+            .status,
+        403,
+        "a pass moved to another browser"
+    );
+    assert_eq!(
+        tern.get_with("/index.html", &[("Cookie", &work)]).status,
+        403,
+        "a pass used without a user agent"
+    );
+    // A guest login is a proof of work too: not a password login's equal elsewhere, and
+    // bound to its browser like any session.
+    let page = tern.get_with(
+        "/.tern-gate/guest?realm=staff&return=%2Fprivate%2Fsecret.txt",
+        &[("User-Agent", FIREFOX)],
+    );
+    let guest = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    assert_eq!(
+        tern.get_with(
+            "/private/secret.txt",
+            &[("User-Agent", FIREFOX), ("Cookie", &guest)]
+        )
+        .status,
+        200
+    );
+    assert_eq!(
+        tern.get_with(
+            "/private/secret.txt",
+            &[("User-Agent", chrome), ("Cookie", &guest)]
+        )
+        .status,
+        401
+    );
+    assert_eq!(
+        tern.get_with("/hard/x", &[("User-Agent", FIREFOX), ("Cookie", &guest)])
+            .status,
+        403,
+        "an 8-bit guest pass settled a 12-bit rule"
+    );
+    assert!(
+        tern.counter_at(
+            "/.tern-gate/statusz",
+            "gate_sessions_refused{cause=\"wrong_client\"}"
+        ) >= 1
+    );
+    assert!(
+        tern.counter_at(
+            "/.tern-gate/statusz",
+            "gate_sessions_refused{cause=\"too_weak\"}"
+        ) >= 1
     );
 }

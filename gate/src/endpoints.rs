@@ -23,7 +23,7 @@ use tern_services::metrics;
 
 use crate::checkers;
 use crate::form;
-use crate::guard::{page, set_cookie, Client, Want};
+use crate::guard::{page, set_cookie, Client, Need, Outcome};
 use crate::pages;
 use crate::pow::{self, PowError};
 use crate::redirect::safe_return_path;
@@ -193,18 +193,17 @@ impl Endpoints {
             .to_string();
         let keyring = self.gate.inner.keyring.load();
         let csrf = crate::csrf::issue(&keyring, client.net, req.unix_secs);
-        let user = self
+        let sessions = self
             .gate
-            .find_session(loaded, req, client, Want::Realm(index), 0, |s| {
-                s.user.to_string()
-            });
-        if let Some(user) = user {
+            .sessions(loaded, req, client, Need::Login { realm: index }, 0);
+        if let (true, Some(identity)) = (sessions.settled, sessions.identity) {
+            let user = identity.user();
             return page(
                 200,
                 pages::logged_in_page(&pages::LoggedIn {
                     prefix: &config.path_prefix,
                     realm: &r.name,
-                    user: &user,
+                    user,
                     csrf: &csrf,
                     return_to: &return_to,
                 }),
@@ -315,6 +314,7 @@ impl Endpoints {
             return_to,
             net: client.net,
             bound: client.bound,
+            ua_hash: pow::ua_hash(req.header("user-agent").unwrap_or(b"")),
             secure: client.secure,
             now: req.unix_secs,
         };
@@ -456,6 +456,14 @@ impl Endpoints {
             expires: now + config.session_lifetime.as_secs(),
             realm_version: realm.map_or(0, |r| r.version),
             prefix: client.bound,
+            // What the answer was checked against: this client's user agent.
+            ua_hash: ua,
+            proof: match spec.difficulty {
+                0 => token::Proof::TimeLock {
+                    seconds: spec.seconds,
+                },
+                bits => token::Proof::Work { bits },
+            },
             kid: 0,
         };
         let Ok(value) = token::issue(&keyring, &session) else {
@@ -514,6 +522,7 @@ struct LoginJob {
     return_to: String,
     net: crate::Prefix,
     bound: crate::Prefix,
+    ua_hash: u64,
     secure: bool,
     now: u64,
 }
@@ -552,6 +561,8 @@ impl LoginJob {
                     expires: self.now + config.session_lifetime.as_secs(),
                     realm_version: realm.version,
                     prefix: self.bound,
+                    ua_hash: self.ua_hash,
+                    proof: token::Proof::Password,
                     kid: 0,
                 };
                 let Ok(value) = token::issue(&keyring, &session) else {
@@ -605,55 +616,41 @@ impl AuthEndpoint {
             .header("x-original-uri")
             .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or("/");
-        let path = crate::guard::policy_path(uri.split('?').next().unwrap_or("/"));
         let method = req
             .header("x-original-method")
             .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or("GET");
-        let decision = loaded
-            .policy
-            .evaluate(method, &path, |name| req.header(name), client.ip);
-        loaded.decisions.bump(cx.worker_id, decision.rule as usize);
-        // A session, when there is one, is named to the app whatever the policy said.
-        let who = self.gate.find_session(
-            &loaded,
-            req,
-            &client,
-            match decision.action {
-                crate::policy::Action::Login { realm } => Want::Realm(realm as usize),
-                _ => Want::Any,
-            },
-            cx.worker_id,
-            |s| (s.realm.to_string(), s.user.to_string()),
-        );
-        let allowed = match decision.action {
-            crate::policy::Action::Allow => true,
-            // No bodies on these answers: nginx does not read an auth subrequest's body, so
-            // one would cost it the kept-alive connection to the gate.
-            crate::policy::Action::Deny => return Response::new(403).into(),
-            _ => who.is_some(),
-        };
-        if allowed {
-            let mut r = Response::new(204).with_header("Cache-Control", "no-store");
-            if let Some((realm, user)) = who {
-                r.push_header("X-Auth-User", user.as_bytes());
-                r.push_header("X-Auth-Realm", realm.as_bytes());
+        let path = uri.split('?').next().unwrap_or("/");
+        // No bodies on these answers: nginx does not read an auth subrequest's body, so one
+        // would cost it the kept-alive connection to the gate.
+        match self
+            .gate
+            .decide(&loaded, req, &client, method, path, cx.worker_id)
+        {
+            Outcome::Pass(identity) => {
+                let mut r = Response::new(204).with_header("Cache-Control", "no-store");
+                // A realm session, when there is one, is named to the app whatever the
+                // policy said.
+                if let Some(id) = identity {
+                    r.push_header("X-Auth-User", id.user().as_bytes());
+                    r.push_header("X-Auth-Realm", id.realm().as_bytes());
+                }
+                r.into()
             }
-            return r.into();
-        }
-        if !matches!(method, "GET" | "HEAD") {
             // Never redirect a form post to a challenge page: it would come back as a GET.
-            return Response::new(403).into();
+            Outcome::Deny | Outcome::NotForThisMethod => Response::new(403).into(),
+            Outcome::Challenge { .. } | Outcome::TimeLock { .. } | Outcome::Login { .. } => {
+                let target = safe_return_path(uri).unwrap_or("/");
+                let location = format!(
+                    "{}/enter?return={}",
+                    config.path_prefix,
+                    form::encode(target)
+                );
+                Response::new(401)
+                    .with_header("X-Gate-Location", &location)
+                    .with_header("Cache-Control", "no-store")
+                    .into()
+            }
         }
-        let target = safe_return_path(uri).unwrap_or("/");
-        let location = format!(
-            "{}/enter?return={}",
-            config.path_prefix,
-            form::encode(target)
-        );
-        Response::new(401)
-            .with_header("X-Gate-Location", &location)
-            .with_header("Cache-Control", "no-store")
-            .into()
     }
 }

@@ -865,7 +865,11 @@ action = "deny"
             );
         }
         for path in ["/favicon.ico", "/sitemap.xml", "/.well-known/security.txt"] {
-            assert_eq!(default_decision("GET", path, GPTBOT), Action::Deny, "{path}");
+            assert_eq!(
+                default_decision("GET", path, GPTBOT),
+                Action::Deny,
+                "{path}"
+            );
         }
         assert_eq!(
             default_decision("POST", "/robots.txt", FIREFOX),

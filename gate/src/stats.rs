@@ -151,6 +151,16 @@ pub const COUNTERS: &[Row] = &[
         Some(("cause", "stale_realm")),
         "session cookies refused, by cause",
     ),
+    (
+        "gate_sessions_refused",
+        Some(("cause", "wrong_client")),
+        "session cookies refused, by cause",
+    ),
+    (
+        "gate_sessions_refused",
+        Some(("cause", "too_weak")),
+        "session cookies refused, by cause",
+    ),
 ];
 
 /// Index into [`COUNTERS`].
@@ -183,9 +193,14 @@ pub enum C {
     SessionExpired,
     SessionWrongPrefix,
     SessionStaleRealm,
+    /// Valid, but issued to another user agent.
+    SessionWrongClient,
+    /// Valid, but earned with less than the rule asks (a time-lock for a proof of work, fewer
+    /// bits, a pass or a guest for a password login).
+    SessionTooWeak,
 }
 
-const N: usize = 27;
+const N: usize = 29;
 
 pub struct Stats {
     rows: Box<[CachePadded<[AtomicU64; N]>]>,
@@ -278,6 +293,10 @@ mod tests {
         assert_eq!(
             COUNTERS[C::SessionStaleRealm as usize].1,
             Some(("cause", "stale_realm"))
+        );
+        assert_eq!(
+            COUNTERS[C::SessionTooWeak as usize].1,
+            Some(("cause", "too_weak"))
         );
         assert_eq!(
             COUNTERS[C::FailedReplayFull as usize].1,
