@@ -1174,3 +1174,37 @@ fn a_session_settles_only_what_it_paid_for_and_only_for_its_user_agent() {
         ) >= 1
     );
 }
+
+#[test]
+fn the_default_policy_judges_writes_like_reads() {
+    const GPTBOT: &str = "Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko; compatible; GPTBot/1.2; +https://openai.com/gptbot)";
+    let setup = Setup::new("", "");
+    let tern = setup.serve(&[]);
+    let post = |ua: &str, cookie: Option<&str>| {
+        let mut headers = vec![("User-Agent", ua), ("Content-Length", "0")];
+        if let Some(c) = cookie {
+            headers.push(("Cookie", c));
+        }
+        tern.client().request("POST", "/form", &headers)
+    };
+    // A refused crawler is refused whatever it sends, and may still read robots.txt.
+    assert_eq!(post(GPTBOT, None).status, 403);
+    assert_eq!(
+        tern.get_with("/favicon.ico", &[("User-Agent", GPTBOT)])
+            .status,
+        403
+    );
+    assert_eq!(
+        tern.get_with("/robots.txt", &[("User-Agent", GPTBOT)])
+            .status,
+        200
+    );
+    // A browser's post needs the session its reads need; the site sees it only then.
+    assert_eq!(post(FIREFOX, None).status, 403);
+    let page = tern.get_with("/", &[("User-Agent", FIREFOX)]);
+    let cookie = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    let r = post(FIREFOX, Some(&cookie));
+    assert!(r.status != 403, "{} {}", r.status, r.text());
+    // Tools the policy lets in by name (spoofable, and it says so) may post.
+    assert_ne!(post("curl/8.5.0", None).status, 403);
+}
