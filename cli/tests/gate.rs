@@ -1208,3 +1208,148 @@ fn the_default_policy_judges_writes_like_reads() {
     // Tools the policy lets in by name (spoofable, and it says so) may post.
     assert_ne!(post("curl/8.5.0", None).status, 403);
 }
+
+/// An app server on 127.0.0.1 that answers every request `200 ok` and keeps the heads it
+/// was sent (GETs without bodies).
+struct HeadRecorder {
+    addr: std::net::SocketAddr,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl HeadRecorder {
+    fn start() -> HeadRecorder {
+        use std::io::{BufRead, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = heads.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let kept = kept.clone();
+                std::thread::spawn(move || {
+                    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                    loop {
+                        let mut head = String::new();
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            head.push_str(&line);
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        kept.lock().unwrap().push(head);
+                        let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                    }
+                });
+            }
+        });
+        HeadRecorder { addr, heads }
+    }
+
+    /// The head of the last request that reached the app.
+    fn last(&self) -> String {
+        self.heads
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// `name: value` lines of `head` for `name` (any case).
+fn fields(head: &str, name: &str) -> Vec<String> {
+    head.lines()
+        .filter_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_proxied_app_learns_the_user_from_the_gate_and_never_from_the_client() {
+    let setup = Setup::new(POLICY, "");
+    let app = HeadRecorder::start();
+    let config = setup.path("tern.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "gate = \"gate.toml\"\n\n[[site]]\nname = \"main\"\ndefault = true\n\n\
+             [[site.route]]\npath = \"/\"\nproxy = \"{}\"\ngate = true\n",
+            app.addr
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(TERN);
+    cmd.args(["run", "--config"])
+        .arg(&config)
+        .args(LISTEN)
+        .args(["--workers", "2", "--sandbox", "on"]);
+    let tern = Tern::spawn(cmd);
+    let lies = [
+        ("X-Auth-User", "admin"),
+        ("X-Auth-Realm", "staff"),
+        ("X-Real-IP", "10.0.0.1"),
+        ("True-Client-IP", "10.0.0.1"),
+        ("X-Forwarded-Port", "443"),
+        ("X-Forwarded-Prefix", "/admin"),
+        ("X-Original-URL", "/admin/delete"),
+    ];
+    // A tool the policy lets through, claiming to be someone: the app hears none of it.
+    let mut headers = vec![("User-Agent", "curl/8.5.0")];
+    headers.extend_from_slice(&lies);
+    assert_eq!(tern.get_with("/page", &headers).status, 200);
+    let head = app.last();
+    assert!(head.starts_with("GET /page "), "{head}");
+    for (name, _) in lies {
+        assert_eq!(fields(&head, name), Vec::<String>::new(), "{name}: {head}");
+    }
+    // Alice logs in; behind the login rule the app hears her name, from her session.
+    let page = tern.get_with("/private/x", &[("User-Agent", FIREFOX)]);
+    assert_eq!(page.status, 401);
+    let csrf = field(&page.text(), "csrf").unwrap();
+    let r = post_form(
+        &tern,
+        "/.tern-gate/login",
+        &[
+            ("realm", "staff"),
+            ("user", "alice"),
+            ("password", "hunter2"),
+            ("return", "/private/x"),
+            ("csrf", &csrf),
+        ],
+        &[("User-Agent", FIREFOX)],
+    );
+    assert_eq!(r.status, 303, "{}", r.text());
+    let cookie = cookie_of(&r);
+    let mut headers = vec![("User-Agent", FIREFOX), ("Cookie", cookie.as_str())];
+    headers.extend_from_slice(&lies);
+    assert_eq!(tern.get_with("/private/x", &headers).status, 200);
+    let head = app.last();
+    assert!(head.starts_with("GET /private/x "), "{head}");
+    assert_eq!(
+        fields(&head, "x-auth-user"),
+        vec!["alice".to_string()],
+        "{head}"
+    );
+    assert_eq!(
+        fields(&head, "x-auth-realm"),
+        vec!["staff".to_string()],
+        "{head}"
+    );
+    // Her session names her on the pages the policy lets anyone see, too.
+    let r = tern.get_with(
+        "/robots.txt",
+        &[("User-Agent", FIREFOX), ("Cookie", &cookie)],
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        fields(&app.last(), "x-auth-user"),
+        vec!["alice".to_string()]
+    );
+}
