@@ -842,6 +842,22 @@ fn nginx_in_front_sends_browsers_through_the_challenge_and_the_login() {
     // nginx never treats a refusal as success: a challenged POST is refused.
     let r = via(port, "POST", "/index.html", &[ua], "");
     assert_eq!(r.status, 403);
+    // The gate's pages are proxied, its counters are not for the world: nginx relays every
+    // client from loopback, and says for whom. (The test's clients are all on this machine;
+    // one elsewhere is played by a proxy in front of nginx naming it.)
+    let elsewhere = ("X-Forwarded-For", "203.0.113.9");
+    for page in ["/.tern-gate/statusz", "/.tern-gate/metrics"] {
+        assert_eq!(
+            via(port, "GET", page, &[ua, elsewhere], "").status,
+            403,
+            "{page}"
+        );
+    }
+    assert_eq!(
+        via(port, "GET", "/.tern-gate/statusz", &[ua], "").status,
+        200,
+        "this machine"
+    );
 }
 
 #[test]

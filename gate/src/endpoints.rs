@@ -160,13 +160,13 @@ impl Endpoints {
         }
     }
 
-    /// Counters, shown only to loopback and trusted proxies: they tell an attacker which of
-    /// its tricks are being caught.
+    /// Counters, shown only to this machine and the trusted proxies themselves, judged by
+    /// the client's address (a request nginx relays is the world's): they tell an attacker
+    /// which of its tricks are being caught.
     fn stats_page(&self, req: &Request<'_>, prometheus: bool) -> Response {
         let loaded = self.gate.config();
-        let peer = req.peer.ip().to_canonical();
-        if !peer.is_loopback() && !loaded.config.trusted_proxies.is_trusted(peer) {
-            return Response::text(403, "counters are for this machine only\n");
+        if !metrics::may_read_counters(req, &loaded.config.trusted_proxies) {
+            return metrics::counters_refused();
         }
         let started = *STARTED.get_or_init(std::time::Instant::now);
         // The gate's counters are among them once `Gate::install` has run.
