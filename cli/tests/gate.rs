@@ -1369,3 +1369,95 @@ fn a_proxied_app_learns_the_user_from_the_gate_and_never_from_the_client() {
         vec!["alice".to_string()]
     );
 }
+
+#[test]
+fn a_network_with_no_failures_logs_in_under_a_distributed_flood() {
+    // One hash thread and eight places in its queue, against 40 networks (each within the
+    // per-network limits, which are set out of the way) posting wrong passwords without
+    // pause: far more claims than places. Every legitimate login from a network that has
+    // not failed must still get in.
+    let setup = Setup::new(
+        POLICY,
+        "[pool]\nthreads = 1\nqueue = 8\n[limits]\nlogin_per_minute = 100000\nlogin_burst = 100000\nfailures_per_user = 100000\n",
+    );
+    let hash = bcrypt::hash("hunter2", 6).unwrap();
+    std::fs::write(setup.path("staff.htpasswd"), format!("alice:{hash}\n")).unwrap();
+    let tern = setup.serve(&[]);
+    let form = |net: &str| -> String {
+        let page = tern.get_with(
+            "/private/x",
+            &[("User-Agent", FIREFOX), ("X-Forwarded-For", net)],
+        );
+        assert_eq!(page.status, 401);
+        field(&page.text(), "csrf").unwrap()
+    };
+    const FLOOD_NETS: usize = 40;
+    let flood: Vec<(String, String)> = (0..FLOOD_NETS)
+        .map(|i| {
+            let net = format!("10.0.{i}.1");
+            let csrf = form(&net);
+            (net, csrf)
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Which flood networks have had a wrong password checked (and so recorded) yet.
+    let failed: std::sync::Arc<Vec<std::sync::atomic::AtomicBool>> = std::sync::Arc::new(
+        (0..FLOOD_NETS)
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect(),
+    );
+    let flooders: Vec<_> = (0..24)
+        .map(|t| {
+            let (stop, failed, flood, addr) = (stop.clone(), failed.clone(), flood.clone(), tern.addr());
+            std::thread::spawn(move || {
+                let mut i = t;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let n = i % FLOOD_NETS;
+                    i += 24;
+                    let (net, csrf) = &flood[n];
+                    let body = format!("realm=staff&user=alice&password=wrong&return=%2F&csrf={}", enc(csrf));
+                    let mut c = Client::connect(addr);
+                    c.send(format!("POST /.tern-gate/login HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: {net}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
+                    let status = c.read_response(false).status;
+                    assert!(matches!(status, 401 | 503), "{status}");
+                    if status == 401 {
+                        failed[n].store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    // The flood is in full swing once each of its networks has failed at least once.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !failed
+        .iter()
+        .all(|f| f.load(std::sync::atomic::Ordering::Relaxed))
+    {
+        assert!(Instant::now() < deadline, "the flood never got going");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut statuses = Vec::new();
+    for i in 0..19 {
+        let net = format!("172.16.{i}.1");
+        let csrf = form(&net);
+        let r = post_form(
+            &tern,
+            "/.tern-gate/login",
+            &[
+                ("realm", "staff"),
+                ("user", "alice"),
+                ("password", "hunter2"),
+                ("return", "/"),
+                ("csrf", &csrf),
+            ],
+            &[("User-Agent", FIREFOX), ("X-Forwarded-For", &net)],
+        );
+        statuses.push(r.status);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    assert_eq!(statuses, vec![303; 19], "legitimate logins under the flood");
+    assert!(tern.counter_at("/.tern-gate/statusz", "gate_logins{outcome=\"busy\"}") > 0);
+}

@@ -25,6 +25,7 @@ use crate::checkers;
 use crate::form;
 use crate::guard::{page, set_cookie, Client, Need, Outcome};
 use crate::pages;
+use crate::pool;
 use crate::pow::{self, PowError};
 use crate::redirect::safe_return_path;
 use crate::state::{Gate, Loaded};
@@ -305,7 +306,7 @@ impl Endpoints {
             );
         }
         // Everything the pool thread needs, owned.
-        let job = LoginJob {
+        let check = LoginCheck {
             gate: self.gate.clone(),
             loaded: loaded.clone(),
             realm: index,
@@ -318,31 +319,24 @@ impl Endpoints {
             secure: client.secure,
             now: req.unix_secs,
         };
-        let pending = cx.defer();
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let queued = self.gate.inner.pool.try_run(Box::new(move || {
-            if let Ok(pending) = rx.recv() {
-                let response = job.run();
-                tern_server::Pending::complete_retrying(pending, response);
-            }
-        }));
-        match queued {
-            Ok(()) => {
-                let _ = tx.send(pending);
-                Reply::Later
-            }
-            Err(_) => {
-                pending.cancel();
+        let claim = pool::Claim {
+            network: client.net,
+            suspect: self
+                .gate
+                .inner
+                .failures
+                .network_failed_recently(&client.net, req.unix_secs),
+        };
+        let job = LoginJob {
+            check,
+            pending: cx.defer(),
+        };
+        match self.gate.inner.pool.try_run(claim, job) {
+            Ok(()) => Reply::Later,
+            Err((_, job)) => {
+                job.pending.cancel();
                 stats.bump(worker, C::LoginBusy);
-                page(
-                    503,
-                    pages::message_page(
-                        "Busy",
-                        "Too many logins are being checked right now. Try again in a few seconds.",
-                    ),
-                )
-                .with_header("Retry-After", "5")
-                .into()
+                busy().into()
             }
         }
     }
@@ -512,8 +506,40 @@ fn asset(text: &'static str, content_type: &str) -> Reply {
         .into()
 }
 
-/// A password check, run on a pool thread.
+/// The answer when the check pool has no place for a login (or gave its place away).
+fn busy() -> Response {
+    page(
+        503,
+        pages::message_page(
+            "Busy",
+            "Too many logins are being checked right now. Try again in a few seconds.",
+        ),
+    )
+    .with_header("Retry-After", "5")
+}
+
+/// A login waiting for the check pool, and the reply it owes.
 struct LoginJob {
+    check: LoginCheck,
+    pending: tern_server::Pending,
+}
+
+impl pool::Job for LoginJob {
+    fn run(self: Box<Self>) {
+        let response = self.check.run();
+        tern_server::Pending::complete_retrying(self.pending, response);
+    }
+
+    fn shed(self: Box<Self>) {
+        let stats = self.check.gate.stats();
+        stats.bump(stats.pool_slot(), C::LoginBusy);
+        // On a worker: no waiting for a full inbox (a dropped Pending answers 500 instead).
+        let _ = self.pending.complete(busy());
+    }
+}
+
+/// A password check, run on a pool thread.
+struct LoginCheck {
     gate: Gate,
     loaded: Arc<Loaded>,
     realm: usize,
@@ -527,8 +553,8 @@ struct LoginJob {
     now: u64,
 }
 
-impl LoginJob {
-    fn run(self) -> Response {
+impl LoginCheck {
+    fn run(&self) -> Response {
         let config = &self.loaded.config;
         let realm = &config.realms[self.realm];
         let stats = self.gate.stats();
