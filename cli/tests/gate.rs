@@ -1368,6 +1368,24 @@ fn a_proxied_app_learns_the_user_from_the_gate_and_never_from_the_client() {
         fields(&app.last(), "x-auth-user"),
         vec!["alice".to_string()]
     );
+    // A guest of the realm (it offers guest logins) passes its login rule, but is nobody's
+    // account: the app cannot take it for one.
+    let page = tern.get_with(
+        "/.tern-gate/guest?realm=staff&return=%2Fprivate%2Fx",
+        &[("User-Agent", FIREFOX)],
+    );
+    let guest = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    let mut headers = vec![("User-Agent", FIREFOX), ("Cookie", guest.as_str())];
+    headers.extend_from_slice(&lies);
+    assert_eq!(tern.get_with("/private/x", &headers).status, 200);
+    let head = app.last();
+    assert!(head.starts_with("GET /private/x "), "{head}");
+    assert_eq!(fields(&head, "x-auth-user"), Vec::<String>::new(), "{head}");
+    assert_eq!(
+        fields(&head, "x-auth-realm"),
+        Vec::<String>::new(),
+        "{head}"
+    );
 }
 
 #[test]

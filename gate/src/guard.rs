@@ -30,7 +30,7 @@ pub(crate) struct Client {
 
 /// What the gate wants done with a request.
 pub(crate) enum Outcome {
-    /// Let it through, as the account a realm session names when the client has one.
+    /// Let it through, as the account a password session names when the client has one.
     Pass(Option<Identity>),
     Deny,
     Challenge {
@@ -99,7 +99,7 @@ pub(crate) fn settles(config: &GateConfig, realm: Option<usize>, proof: Proof, n
 pub(crate) struct Sessions {
     /// One of them settles the need.
     pub settled: bool,
-    /// The account a valid realm session names (the one that settled a login need).
+    /// The account a valid password session names (the one that settled a login need).
     pub identity: Option<Identity>,
 }
 
@@ -180,7 +180,7 @@ impl Gate {
     }
 
     /// Checks the client's gate cookies against `need`: whether one settles it, and which
-    /// account a realm session names. Cookies that fail are counted by cause and otherwise
+    /// account a password session names. Cookies that fail are counted by cause and otherwise
     /// ignored (never deleted: a stale cookie of one realm must not cost the client its good
     /// one of another). Only cookies that could matter are checked: for a login, that realm's;
     /// for nothing, the realms' (a challenge pass names no one).
@@ -256,7 +256,9 @@ impl Gate {
             } else {
                 too_weak = true;
             }
-            if realm_index.is_some() && found.identity.is_none() {
+            // Only an account names the client: a guest login is a proof of work that a realm
+            // offering guests lets through, nobody the app should take for a user.
+            if session.proof == Proof::Password && found.identity.is_none() {
                 found.identity = Identity::new(session.realm, session.user);
             }
             if found.settled && found.identity.is_some() {
