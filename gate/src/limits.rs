@@ -5,6 +5,18 @@
 //! to its limit however the kernel spreads its connections. Keys are hashed with a seed chosen
 //! at start-up: two keys that share a slot only make each other stricter, and an attacker
 //! cannot aim a collision at someone else's slot.
+//!
+//! Bounds, when many networks write (the gate's tables have 2^16 slots, 512 KiB each):
+//! - a bucket table never fills, but with N networks at their limit about N / 65 536 of the
+//!   others share a slot with one of them and are held to the shared budget (429) while it
+//!   lasts; never looser, so no network gets past its own limit by colliding;
+//! - the failure counts are written only by the check pool, after a wrong password is hashed,
+//!   so at most (pool threads x hashes a second x the failure window) of them exist at once,
+//!   however many networks send them (two threads at bcrypt cost 10: some 20 000 in 15
+//!   minutes). A (network, user) sharing a slot with a locked-out key is locked out with it
+//!   for the window, from that network only (other networks can still log in as the user);
+//! - the network stamps fill at the same rate; one pushed out of its slot looks clean again
+//!   until its next failure (see [`Failures`]).
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};

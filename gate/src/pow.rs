@@ -214,6 +214,17 @@ pub fn verify(
 /// spreads a client's connections). An answer is rare per client, so the locks are never hot.
 /// A shard full of unexpired entries refuses new answers (`ReplayFull`) rather than forget
 /// one, which would reopen it to replay.
+///
+/// The bound: the gate's set has 2^17 slots (3 MiB); random nonces spread over them, and the
+/// first refusals come past half of them filled (about 70 000 answers; see the test). Only
+/// answers that passed every other check get in (the MAC, expiry, network, user agent, and
+/// the work or the time-lock's wait), each stays until its challenge expires (at most
+/// `challenge_minutes`), and the per-network challenge limit covers pages and answers alike.
+/// So filling it takes that many solved challenges within one challenge lifetime, from many
+/// networks (at the default 60 a minute, a pass costing a page and an answer, about 230
+/// networks for ten minutes). What happens then: new answers get a 503 ("try again in a
+/// minute", counted as `replay_full`) until entries expire; sessions already given out, and
+/// every request that needs no new answer, are untouched.
 pub struct ReplaySet {
     shards: Box<[Mutex<Shard>]>,
 }
@@ -480,6 +491,26 @@ mod tests {
             Ok(()),
             "expired, so forgotten"
         );
+    }
+
+    #[test]
+    fn the_replay_set_holds_most_of_its_capacity_before_refusing() {
+        // Nonces are random, so they spread evenly; the first refusal comes when some slot's
+        // neighbourhood (PROBES slots) is full. Deterministic "random" nonces: SHA-256 of i.
+        let capacity = 1 << 17;
+        let replay = ReplaySet::new(capacity);
+        let nonce = |i: u64| {
+            let d = digest::digest(&digest::SHA256, &i.to_le_bytes());
+            let mut n = [0u8; 16];
+            n.copy_from_slice(&d.as_ref()[..16]);
+            n
+        };
+        let held = (0..)
+            .take_while(|&i| replay.spend(nonce(i), 1000, 10).is_ok())
+            .count();
+        eprintln!("first refusal after {held} of {capacity}");
+        assert!(held >= capacity / 2, "{held}");
+        assert_eq!(replay.spend(nonce(0), 1000, 10), Err(PowError::Replayed));
     }
 
     #[test]
