@@ -8,11 +8,12 @@
 //! | `GET guest?realm=R&return=P` | the proof-of-work guest login of realm `R` |
 //! | `POST pass` (or `GET` from a time-lock's refresh) | a solved challenge becomes a session |
 //! | `GET challenge.js`, `worker.js`, `gate.css` | the page assets |
-//! | `GET statusz`, `metrics` | counters, for loopback and trusted proxies only |
+//! | `GET statusz`, `metrics` | counters, for this machine and trusted proxies, by client address |
 //!
-//! and, for `tern gate` behind nginx, `GET /auth` (configurable): 204 with `X-Auth-User` and
-//! `X-Auth-Realm` when the original request may pass, 401 with `X-Gate-Location` (where nginx
-//! should send the browser) when it needs a challenge or a login, 403 when it is denied.
+//! and, for `tern gate` behind nginx, `GET /auth` (configurable): 204 when the original
+//! request may pass (with `X-Auth-User` and `X-Auth-Realm` when a password session names the
+//! client), 401 with `X-Gate-Location` (where nginx should send the browser) when it needs a
+//! challenge or a login, 403 when it is denied or is not GET/HEAD and no session settles it.
 
 use std::sync::Arc;
 
