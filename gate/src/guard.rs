@@ -52,7 +52,7 @@ pub(crate) enum Outcome {
 /// What a session must have been earned with to settle a decision.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Need {
-    /// Nothing: the request may pass anyway; a realm session only names the client.
+    /// Nothing: the request may pass anyway; a password session only names the client.
     Nothing,
     TimeLock {
         seconds: u32,
