@@ -188,7 +188,7 @@ pub fn gate(args: GateArgs) -> Result<(), String> {
 fn hash_password(user: &str) -> Result<(), String> {
     if !tern_gate::checkers::valid_user(user) {
         return Err(format!(
-            "{user:?} cannot be a user name (1 to 64 characters, no ':')"
+            "{user:?} cannot be a user name (1 to 64 characters, no ':', not starting with '-')"
         ));
     }
     let mut password = String::new();

@@ -306,6 +306,9 @@ fn staff_log_in_with_a_password_and_a_flood_locks_out_only_its_network() {
         "the realm offers a guest login"
     );
     let login = |password: &str, csrf: &str, headers: &[(&str, &str)]| {
+        // The browser that will use the session logs in.
+        let mut headers = headers.to_vec();
+        headers.push(("User-Agent", FIREFOX));
         post_form(
             &tern,
             "/.tern-gate/login",
@@ -316,7 +319,7 @@ fn staff_log_in_with_a_password_and_a_flood_locks_out_only_its_network() {
                 ("return", "/private/secret.txt"),
                 ("csrf", csrf),
             ],
-            headers,
+            &headers,
         )
     };
     // A form posted from another site is refused before any password is hashed.
@@ -488,7 +491,11 @@ fn tern_gate_answers_nginx_auth_requests() {
     let cookie = cookie_of(&passed);
     let r = auth("/docs/", "GET", &[("Cookie", &cookie)]);
     assert_eq!(r.status, 204);
-    assert_eq!(r.header("x-auth-user"), Some("guest"));
+    assert_eq!(
+        r.header("x-auth-user"),
+        None,
+        "a browser check names no account"
+    );
     // Staff pages want a staff login; the guest pass is not one.
     assert_eq!(
         auth("/private/secret.txt", "GET", &[("Cookie", &cookie)]).status,
@@ -790,7 +797,11 @@ fn nginx_in_front_sends_browsers_through_the_challenge_and_the_login() {
     let r = via(port, "GET", "/index.html", &[ua, ("Cookie", &cookie)], "");
     assert_eq!(r.status, 200);
     assert_eq!(r.text(), "<p>the guarded page</p>\n");
-    assert_eq!(r.header("x-auth-user"), Some("guest"));
+    assert_eq!(
+        r.header("x-auth-user"),
+        None,
+        "a browser check names no account"
+    );
     // Protected page → login page → log in → page.
     let r = via(port, "GET", "/private/secret.txt", &[ua], "");
     assert_eq!(r.status, 303);
@@ -831,6 +842,22 @@ fn nginx_in_front_sends_browsers_through_the_challenge_and_the_login() {
     // nginx never treats a refusal as success: a challenged POST is refused.
     let r = via(port, "POST", "/index.html", &[ua], "");
     assert_eq!(r.status, 403);
+    // The gate's pages are proxied, its counters are not for the world: nginx relays every
+    // client from loopback, and says for whom. (The test's clients are all on this machine;
+    // one elsewhere is played by a proxy in front of nginx naming it.)
+    let elsewhere = ("X-Forwarded-For", "203.0.113.9");
+    for page in ["/.tern-gate/statusz", "/.tern-gate/metrics"] {
+        assert_eq!(
+            via(port, "GET", page, &[ua, elsewhere], "").status,
+            403,
+            "{page}"
+        );
+    }
+    assert_eq!(
+        via(port, "GET", "/.tern-gate/statusz", &[ua], "").status,
+        200,
+        "this machine"
+    );
 }
 
 #[test]
@@ -1063,4 +1090,440 @@ fn nginx_in_front_cannot_be_walked_past_the_gate_by_spelling() {
     );
     assert_eq!(r.status, 303, "a browser is challenged for /robots.txt.bak");
     assert!(gate.counter_at("/statusz", "gate_paths_refused") >= 3);
+}
+
+/// A policy with three prices: a time-lock for clients without a user agent, a light proof
+/// of work for browsers, a heavier one under /hard/, and one more for no-UA clients under
+/// /work/.
+const TIERS: &str = r#"
+[[rule]]
+name = "work-for-all"
+action = "challenge"
+path_prefix = "/work/"
+difficulty = 4
+
+[[rule]]
+name = "hard"
+action = "challenge"
+path_prefix = "/hard/"
+difficulty = 12
+
+[[rule]]
+name = "staff"
+action = "login"
+path_prefix = "/private/"
+realm = "staff"
+
+[[rule]]
+name = "no-user-agent"
+action = "timelock"
+user_agent = "^$"
+seconds = 1
+
+[[rule]]
+name = "browsers"
+action = "challenge"
+user_agent = "Mozilla"
+difficulty = 4
+"#;
+
+/// Waits out a time-lock page like a client without JavaScript: the refresh URL, after the
+/// page's seconds (and half a second for the whole-second clocks). The session cookie.
+fn wait_out_time_lock(tern: &Tern, page: &Resp, headers: &[(&str, &str)]) -> String {
+    let html = page.text();
+    let at = html.find("http-equiv=\"refresh\"").expect("a meta refresh");
+    let refresh = attr(&html[at..], "content").unwrap();
+    let (seconds, url) = refresh
+        .split_once(";url=")
+        .or_else(|| refresh.split_once("; url="))
+        .unwrap();
+    let seconds: u64 = seconds.trim().parse().unwrap();
+    std::thread::sleep(Duration::from_millis(seconds * 1000 + 500));
+    let r = tern.get_with(url, headers);
+    assert_eq!(r.status, 303, "{}", r.text());
+    cookie_of(&r)
+}
+
+#[test]
+fn a_session_settles_only_what_it_paid_for_and_only_for_its_user_agent() {
+    let setup = Setup::new(TIERS, "");
+    let tern = setup.serve(&[]);
+    // No user agent: a time-lock, waited out.
+    let page = tern.get("/index.html");
+    assert_eq!(page.status, 403);
+    let waited = wait_out_time_lock(&tern, &page, &[]);
+    assert_eq!(
+        tern.get_with("/index.html", &[("Cookie", &waited)]).status,
+        200
+    );
+    // The wait is not a proof of work, with or without a user agent.
+    let r = tern.get_with("/work/x", &[("Cookie", &waited)]);
+    assert_eq!(r.status, 403, "a time-lock pass settled a challenge");
+    assert!(r.text().contains("data-challenge"));
+    let r = tern.get_with(
+        "/index.html",
+        &[("User-Agent", FIREFOX), ("Cookie", &waited)],
+    );
+    assert_eq!(r.status, 403, "a time-lock pass worked for a browser");
+    // A browser's proof of work: good for that browser, at its own and lower prices ...
+    let page = tern.get_with("/index.html", &[("User-Agent", FIREFOX)]);
+    let work = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    let firefox = [("User-Agent", FIREFOX), ("Cookie", work.as_str())];
+    assert_eq!(tern.get_with("/index.html", &firefox).status, 200);
+    assert_eq!(tern.get_with("/work/x", &firefox).status, 404);
+    // ... and after the browser updates itself (only the version numbers change) ...
+    let updated = FIREFOX.replace("132.0", "133.0.1");
+    assert_eq!(
+        tern.get_with(
+            "/index.html",
+            &[("User-Agent", &updated), ("Cookie", &work)]
+        )
+        .status,
+        200
+    );
+    // ... but not for a dearer rule, another user agent, or none.
+    let r = tern.get_with("/hard/x", &firefox);
+    assert_eq!(r.status, 403, "a 4-bit pass settled a 12-bit rule");
+    let chrome = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36";
+    assert_eq!(
+        tern.get_with("/index.html", &[("User-Agent", chrome), ("Cookie", &work)])
+            .status,
+        403,
+        "a pass moved to another browser"
+    );
+    assert_eq!(
+        tern.get_with("/index.html", &[("Cookie", &work)]).status,
+        403,
+        "a pass used without a user agent"
+    );
+    // A guest login is a proof of work too: not a password login's equal elsewhere, and
+    // bound to its browser like any session.
+    let page = tern.get_with(
+        "/.tern-gate/guest?realm=staff&return=%2Fprivate%2Fsecret.txt",
+        &[("User-Agent", FIREFOX)],
+    );
+    let guest = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    assert_eq!(
+        tern.get_with(
+            "/private/secret.txt",
+            &[("User-Agent", FIREFOX), ("Cookie", &guest)]
+        )
+        .status,
+        200
+    );
+    assert_eq!(
+        tern.get_with(
+            "/private/secret.txt",
+            &[("User-Agent", chrome), ("Cookie", &guest)]
+        )
+        .status,
+        401
+    );
+    assert_eq!(
+        tern.get_with("/hard/x", &[("User-Agent", FIREFOX), ("Cookie", &guest)])
+            .status,
+        403,
+        "an 8-bit guest pass settled a 12-bit rule"
+    );
+    assert!(
+        tern.counter_at(
+            "/.tern-gate/statusz",
+            "gate_sessions_refused{cause=\"wrong_client\"}"
+        ) >= 1
+    );
+    assert!(
+        tern.counter_at(
+            "/.tern-gate/statusz",
+            "gate_sessions_refused{cause=\"too_weak\"}"
+        ) >= 1
+    );
+}
+
+#[test]
+fn the_default_policy_judges_writes_like_reads() {
+    const GPTBOT: &str = "Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko; compatible; GPTBot/1.2; +https://openai.com/gptbot)";
+    let setup = Setup::new("", "");
+    let tern = setup.serve(&[]);
+    let post = |ua: &str, cookie: Option<&str>| {
+        let mut headers = vec![("User-Agent", ua), ("Content-Length", "0")];
+        if let Some(c) = cookie {
+            headers.push(("Cookie", c));
+        }
+        tern.client().request("POST", "/form", &headers)
+    };
+    // A refused crawler is refused whatever it sends, and may still read robots.txt.
+    assert_eq!(post(GPTBOT, None).status, 403);
+    assert_eq!(
+        tern.get_with("/favicon.ico", &[("User-Agent", GPTBOT)])
+            .status,
+        403
+    );
+    assert_eq!(
+        tern.get_with("/robots.txt", &[("User-Agent", GPTBOT)])
+            .status,
+        200
+    );
+    // A browser's post needs the session its reads need; the site sees it only then.
+    assert_eq!(post(FIREFOX, None).status, 403);
+    let page = tern.get_with("/", &[("User-Agent", FIREFOX)]);
+    let cookie = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    let r = post(FIREFOX, Some(&cookie));
+    assert!(r.status != 403, "{} {}", r.status, r.text());
+    // Tools the policy lets in by name (spoofable, and it says so) may post.
+    assert_ne!(post("curl/8.5.0", None).status, 403);
+}
+
+/// An app server on 127.0.0.1 that answers every request `200 ok` and keeps the heads it
+/// was sent (GETs without bodies).
+struct HeadRecorder {
+    addr: std::net::SocketAddr,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl HeadRecorder {
+    fn start() -> HeadRecorder {
+        use std::io::{BufRead, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = heads.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let kept = kept.clone();
+                std::thread::spawn(move || {
+                    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                    loop {
+                        let mut head = String::new();
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            head.push_str(&line);
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        kept.lock().unwrap().push(head);
+                        let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                    }
+                });
+            }
+        });
+        HeadRecorder { addr, heads }
+    }
+
+    /// The head of the last request that reached the app.
+    fn last(&self) -> String {
+        self.heads
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// `name: value` lines of `head` for `name` (any case).
+fn fields(head: &str, name: &str) -> Vec<String> {
+    head.lines()
+        .filter_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_proxied_app_learns_the_user_from_the_gate_and_never_from_the_client() {
+    let setup = Setup::new(POLICY, "");
+    let app = HeadRecorder::start();
+    let config = setup.path("tern.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "gate = \"gate.toml\"\n\n[[site]]\nname = \"main\"\ndefault = true\n\n\
+             [[site.route]]\npath = \"/\"\nproxy = \"{}\"\ngate = true\n",
+            app.addr
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(TERN);
+    cmd.args(["run", "--config"])
+        .arg(&config)
+        .args(LISTEN)
+        .args(["--workers", "2", "--sandbox", "on"]);
+    let tern = Tern::spawn(cmd);
+    let lies = [
+        ("X-Auth-User", "admin"),
+        ("X-Auth-Realm", "staff"),
+        ("X-Real-IP", "10.0.0.1"),
+        ("True-Client-IP", "10.0.0.1"),
+        ("X-Forwarded-Port", "443"),
+        ("X-Forwarded-Prefix", "/admin"),
+        ("X-Original-URL", "/admin/delete"),
+    ];
+    // A tool the policy lets through, claiming to be someone: the app hears none of it.
+    let mut headers = vec![("User-Agent", "curl/8.5.0")];
+    headers.extend_from_slice(&lies);
+    assert_eq!(tern.get_with("/page", &headers).status, 200);
+    let head = app.last();
+    assert!(head.starts_with("GET /page "), "{head}");
+    for (name, _) in lies {
+        assert_eq!(fields(&head, name), Vec::<String>::new(), "{name}: {head}");
+    }
+    // Alice logs in; behind the login rule the app hears her name, from her session.
+    let page = tern.get_with("/private/x", &[("User-Agent", FIREFOX)]);
+    assert_eq!(page.status, 401);
+    let csrf = field(&page.text(), "csrf").unwrap();
+    let r = post_form(
+        &tern,
+        "/.tern-gate/login",
+        &[
+            ("realm", "staff"),
+            ("user", "alice"),
+            ("password", "hunter2"),
+            ("return", "/private/x"),
+            ("csrf", &csrf),
+        ],
+        &[("User-Agent", FIREFOX)],
+    );
+    assert_eq!(r.status, 303, "{}", r.text());
+    let cookie = cookie_of(&r);
+    let mut headers = vec![("User-Agent", FIREFOX), ("Cookie", cookie.as_str())];
+    headers.extend_from_slice(&lies);
+    assert_eq!(tern.get_with("/private/x", &headers).status, 200);
+    let head = app.last();
+    assert!(head.starts_with("GET /private/x "), "{head}");
+    assert_eq!(
+        fields(&head, "x-auth-user"),
+        vec!["alice".to_string()],
+        "{head}"
+    );
+    assert_eq!(
+        fields(&head, "x-auth-realm"),
+        vec!["staff".to_string()],
+        "{head}"
+    );
+    // Her session names her on the pages the policy lets anyone see, too.
+    let r = tern.get_with(
+        "/robots.txt",
+        &[("User-Agent", FIREFOX), ("Cookie", &cookie)],
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        fields(&app.last(), "x-auth-user"),
+        vec!["alice".to_string()]
+    );
+    // A guest of the realm (it offers guest logins) passes its login rule, but is nobody's
+    // account: the app cannot take it for one.
+    let page = tern.get_with(
+        "/.tern-gate/guest?realm=staff&return=%2Fprivate%2Fx",
+        &[("User-Agent", FIREFOX)],
+    );
+    let guest = cookie_of(&solve_and_pass(&tern, &page, FIREFOX));
+    let mut headers = vec![("User-Agent", FIREFOX), ("Cookie", guest.as_str())];
+    headers.extend_from_slice(&lies);
+    assert_eq!(tern.get_with("/private/x", &headers).status, 200);
+    let head = app.last();
+    assert!(head.starts_with("GET /private/x "), "{head}");
+    assert_eq!(fields(&head, "x-auth-user"), Vec::<String>::new(), "{head}");
+    assert_eq!(
+        fields(&head, "x-auth-realm"),
+        Vec::<String>::new(),
+        "{head}"
+    );
+}
+
+#[test]
+fn a_network_with_no_failures_logs_in_under_a_distributed_flood() {
+    // One hash thread and eight places in its queue, against 40 networks (each within the
+    // per-network limits, which are set out of the way) posting wrong passwords without
+    // pause: far more claims than places. Every legitimate login from a network that has
+    // not failed must still get in.
+    let setup = Setup::new(
+        POLICY,
+        "[pool]\nthreads = 1\nqueue = 8\n[limits]\nlogin_per_minute = 100000\nlogin_burst = 100000\nfailures_per_user = 100000\n",
+    );
+    let hash = bcrypt::hash("hunter2", 6).unwrap();
+    std::fs::write(setup.path("staff.htpasswd"), format!("alice:{hash}\n")).unwrap();
+    let tern = setup.serve(&[]);
+    let form = |net: &str| -> String {
+        let page = tern.get_with(
+            "/private/x",
+            &[("User-Agent", FIREFOX), ("X-Forwarded-For", net)],
+        );
+        assert_eq!(page.status, 401);
+        field(&page.text(), "csrf").unwrap()
+    };
+    const FLOOD_NETS: usize = 40;
+    let flood: Vec<(String, String)> = (0..FLOOD_NETS)
+        .map(|i| {
+            let net = format!("10.0.{i}.1");
+            let csrf = form(&net);
+            (net, csrf)
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Which flood networks have had a wrong password checked (and so recorded) yet.
+    let failed: std::sync::Arc<Vec<std::sync::atomic::AtomicBool>> = std::sync::Arc::new(
+        (0..FLOOD_NETS)
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect(),
+    );
+    let flooders: Vec<_> = (0..24)
+        .map(|t| {
+            let (stop, failed, flood, addr) = (stop.clone(), failed.clone(), flood.clone(), tern.addr());
+            std::thread::spawn(move || {
+                let mut i = t;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let n = i % FLOOD_NETS;
+                    i += 24;
+                    let (net, csrf) = &flood[n];
+                    let body = format!("realm=staff&user=alice&password=wrong&return=%2F&csrf={}", enc(csrf));
+                    let mut c = Client::connect(addr);
+                    c.send(format!("POST /.tern-gate/login HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: {net}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
+                    let status = c.read_response(false).status;
+                    assert!(matches!(status, 401 | 503), "{status}");
+                    if status == 401 {
+                        failed[n].store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    // The flood is in full swing once each of its networks has failed at least once.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !failed
+        .iter()
+        .all(|f| f.load(std::sync::atomic::Ordering::Relaxed))
+    {
+        assert!(Instant::now() < deadline, "the flood never got going");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut statuses = Vec::new();
+    for i in 0..19 {
+        let net = format!("172.16.{i}.1");
+        let csrf = form(&net);
+        let r = post_form(
+            &tern,
+            "/.tern-gate/login",
+            &[
+                ("realm", "staff"),
+                ("user", "alice"),
+                ("password", "hunter2"),
+                ("return", "/"),
+                ("csrf", &csrf),
+            ],
+            &[("User-Agent", FIREFOX), ("X-Forwarded-For", &net)],
+        );
+        statuses.push(r.status);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    assert_eq!(statuses, vec![303; 19], "legitimate logins under the flood");
+    assert!(tern.counter_at("/.tern-gate/statusz", "gate_logins{outcome=\"busy\"}") > 0);
 }

@@ -31,6 +31,8 @@ fn main() {
             expires: now + 86_400,
             realm_version: 3,
             prefix,
+            ua_hash: pow::ua_hash(b"Mozilla/5.0"),
+            proof: token::Proof::Password,
             kid: 0,
         },
     )
@@ -51,6 +53,7 @@ fn main() {
         rule: 3,
         difficulty: 1,
         realm_hint: 0,
+        seconds: 0,
     };
     let n = 300_000;
     let started = Instant::now();

@@ -31,6 +31,11 @@ pub fn check(
     password: &[u8],
     helpers: Option<&ExecHelpers>,
 ) -> Verdict {
+    // Checked here too, not only by the login form: an `exec:` program gets the name as its
+    // argument, where "--help" or "-c" would be an option.
+    if !valid_user(user) {
+        return Verdict::Refused;
+    }
     let mut trouble = None;
     for checker in &realm.checkers {
         let outcome = match checker {
@@ -343,10 +348,15 @@ pub fn hash_password(password: &str) -> Result<String, String> {
         .map_err(|e| format!("cannot hash: {e}"))
 }
 
-/// Whether a user name can be checked at all: 1 to 64 bytes, no control characters and no
-/// ':' (the file separator).
+/// Whether a user name can be checked at all: 1 to 64 bytes, no control characters, no ':'
+/// (the file separator), and no leading '-', so an `exec:` program, which gets the name as
+/// its only argument, can never take it for an option. (No `--` goes before it: that would
+/// move the name to argv[2] and break every checker written for `PROGRAM USER`.)
 pub fn valid_user(user: &str) -> bool {
-    !user.is_empty() && user.len() <= 64 && !user.chars().any(|c| c.is_control() || c == ':')
+    !user.is_empty()
+        && user.len() <= 64
+        && !user.starts_with('-')
+        && !user.chars().any(|c| c.is_control() || c == ':')
 }
 
 #[cfg(test)]
@@ -427,6 +437,29 @@ mod tests {
     }
 
     #[test]
+    fn a_user_name_never_reaches_a_program_as_an_option() {
+        // A program that, like many, takes options: "-a" or "--help" accepts whoever asks.
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("check");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\ncase \"$1\" in -*) exit 0;; esac\nread pw\n[ \"$1\" = alice ] && [ \"$pw\" = s3cret ]\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let r = realm(vec![CheckerSpec::Exec(script)]);
+        for user in ["--help", "-c", "-", "--"] {
+            assert_eq!(check(&r, user, b"x", None), Verdict::Refused, "{user}");
+        }
+        assert_eq!(check(&r, "alice", b"s3cret", None), Verdict::Accepted);
+        assert_eq!(
+            check(&r, "al-ice", b"s3cret", None),
+            Verdict::Refused,
+            "a dash inside a name is only a name"
+        );
+    }
+
+    #[test]
     fn checkers_are_tried_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("users");
@@ -465,5 +498,7 @@ mod tests {
         assert!(!valid_user("a:b"));
         assert!(!valid_user("a\nb"));
         assert!(!valid_user(&"x".repeat(65)));
+        assert!(!valid_user("-alice"));
+        assert!(valid_user("alice-b"));
     }
 }

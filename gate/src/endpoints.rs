@@ -8,11 +8,12 @@
 //! | `GET guest?realm=R&return=P` | the proof-of-work guest login of realm `R` |
 //! | `POST pass` (or `GET` from a time-lock's refresh) | a solved challenge becomes a session |
 //! | `GET challenge.js`, `worker.js`, `gate.css` | the page assets |
-//! | `GET statusz`, `metrics` | counters, for loopback and trusted proxies only |
+//! | `GET statusz`, `metrics` | counters, for this machine and trusted proxies, by client address |
 //!
-//! and, for `tern gate` behind nginx, `GET /auth` (configurable): 204 with `X-Auth-User` and
-//! `X-Auth-Realm` when the original request may pass, 401 with `X-Gate-Location` (where nginx
-//! should send the browser) when it needs a challenge or a login, 403 when it is denied.
+//! and, for `tern gate` behind nginx, `GET /auth` (configurable): 204 when the original
+//! request may pass (with `X-Auth-User` and `X-Auth-Realm` when a password session names the
+//! client), 401 with `X-Gate-Location` (where nginx should send the browser) when it needs a
+//! challenge or a login, 403 when it is denied or is not GET/HEAD and no session settles it.
 
 use std::sync::Arc;
 
@@ -23,8 +24,9 @@ use tern_services::metrics;
 
 use crate::checkers;
 use crate::form;
-use crate::guard::{page, set_cookie, Client, Want};
+use crate::guard::{page, set_cookie, Client, Need, Outcome};
 use crate::pages;
+use crate::pool;
 use crate::pow::{self, PowError};
 use crate::redirect::safe_return_path;
 use crate::state::{Gate, Loaded};
@@ -160,13 +162,13 @@ impl Endpoints {
         }
     }
 
-    /// Counters, shown only to loopback and trusted proxies: they tell an attacker which of
-    /// its tricks are being caught.
+    /// Counters, shown only to this machine and the trusted proxies themselves, judged by
+    /// the client's address (a request nginx relays is the world's): they tell an attacker
+    /// which of its tricks are being caught.
     fn stats_page(&self, req: &Request<'_>, prometheus: bool) -> Response {
         let loaded = self.gate.config();
-        let peer = req.peer.ip().to_canonical();
-        if !peer.is_loopback() && !loaded.config.trusted_proxies.is_trusted(peer) {
-            return Response::text(403, "counters are for this machine only\n");
+        if !metrics::may_read_counters(req, &loaded.config.trusted_proxies) {
+            return metrics::counters_refused();
         }
         let started = *STARTED.get_or_init(std::time::Instant::now);
         // The gate's counters are among them once `Gate::install` has run.
@@ -193,18 +195,17 @@ impl Endpoints {
             .to_string();
         let keyring = self.gate.inner.keyring.load();
         let csrf = crate::csrf::issue(&keyring, client.net, req.unix_secs);
-        let user = self
+        let sessions = self
             .gate
-            .find_session(loaded, req, client, Want::Realm(index), 0, |s| {
-                s.user.to_string()
-            });
-        if let Some(user) = user {
+            .sessions(loaded, req, client, Need::Login { realm: index }, 0);
+        if let (true, Some(identity)) = (sessions.settled, sessions.identity) {
+            let user = identity.user();
             return page(
                 200,
                 pages::logged_in_page(&pages::LoggedIn {
                     prefix: &config.path_prefix,
                     realm: &r.name,
-                    user: &user,
+                    user,
                     csrf: &csrf,
                     return_to: &return_to,
                 }),
@@ -306,7 +307,7 @@ impl Endpoints {
             );
         }
         // Everything the pool thread needs, owned.
-        let job = LoginJob {
+        let check = LoginCheck {
             gate: self.gate.clone(),
             loaded: loaded.clone(),
             realm: index,
@@ -315,34 +316,28 @@ impl Endpoints {
             return_to,
             net: client.net,
             bound: client.bound,
+            ua_hash: pow::ua_hash(req.header("user-agent").unwrap_or(b"")),
             secure: client.secure,
             now: req.unix_secs,
         };
-        let pending = cx.defer();
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let queued = self.gate.inner.pool.try_run(Box::new(move || {
-            if let Ok(pending) = rx.recv() {
-                let response = job.run();
-                tern_server::Pending::complete_retrying(pending, response);
-            }
-        }));
-        match queued {
-            Ok(()) => {
-                let _ = tx.send(pending);
-                Reply::Later
-            }
-            Err(_) => {
-                pending.cancel();
+        let claim = pool::Claim {
+            network: client.net,
+            suspect: self
+                .gate
+                .inner
+                .failures
+                .network_failed_recently(&client.net, req.unix_secs),
+        };
+        let job = LoginJob {
+            check,
+            pending: cx.defer(),
+        };
+        match self.gate.inner.pool.try_run(claim, job) {
+            Ok(()) => Reply::Later,
+            Err((_, job)) => {
+                job.pending.cancel();
                 stats.bump(worker, C::LoginBusy);
-                page(
-                    503,
-                    pages::message_page(
-                        "Busy",
-                        "Too many logins are being checked right now. Try again in a few seconds.",
-                    ),
-                )
-                .with_header("Retry-After", "5")
-                .into()
+                busy().into()
             }
         }
     }
@@ -456,6 +451,14 @@ impl Endpoints {
             expires: now + config.session_lifetime.as_secs(),
             realm_version: realm.map_or(0, |r| r.version),
             prefix: client.bound,
+            // What the answer was checked against: this client's user agent.
+            ua_hash: ua,
+            proof: match spec.difficulty {
+                0 => token::Proof::TimeLock {
+                    seconds: spec.seconds,
+                },
+                bits => token::Proof::Work { bits },
+            },
             kid: 0,
         };
         let Ok(value) = token::issue(&keyring, &session) else {
@@ -504,8 +507,40 @@ fn asset(text: &'static str, content_type: &str) -> Reply {
         .into()
 }
 
-/// A password check, run on a pool thread.
+/// The answer when the check pool has no place for a login (or gave its place away).
+fn busy() -> Response {
+    page(
+        503,
+        pages::message_page(
+            "Busy",
+            "Too many logins are being checked right now. Try again in a few seconds.",
+        ),
+    )
+    .with_header("Retry-After", "5")
+}
+
+/// A login waiting for the check pool, and the reply it owes.
 struct LoginJob {
+    check: LoginCheck,
+    pending: tern_server::Pending,
+}
+
+impl pool::Job for LoginJob {
+    fn run(self: Box<Self>) {
+        let response = self.check.run();
+        tern_server::Pending::complete_retrying(self.pending, response);
+    }
+
+    fn shed(self: Box<Self>) {
+        let stats = self.check.gate.stats();
+        stats.bump(stats.pool_slot(), C::LoginBusy);
+        // On a worker: no waiting for a full inbox (a dropped Pending answers 500 instead).
+        let _ = self.pending.complete(busy());
+    }
+}
+
+/// A password check, run on a pool thread.
+struct LoginCheck {
     gate: Gate,
     loaded: Arc<Loaded>,
     realm: usize,
@@ -514,12 +549,13 @@ struct LoginJob {
     return_to: String,
     net: crate::Prefix,
     bound: crate::Prefix,
+    ua_hash: u64,
     secure: bool,
     now: u64,
 }
 
-impl LoginJob {
-    fn run(self) -> Response {
+impl LoginCheck {
+    fn run(&self) -> Response {
         let config = &self.loaded.config;
         let realm = &config.realms[self.realm];
         let stats = self.gate.stats();
@@ -552,6 +588,8 @@ impl LoginJob {
                     expires: self.now + config.session_lifetime.as_secs(),
                     realm_version: realm.version,
                     prefix: self.bound,
+                    ua_hash: self.ua_hash,
+                    proof: token::Proof::Password,
                     kid: 0,
                 };
                 let Ok(value) = token::issue(&keyring, &session) else {
@@ -605,61 +643,48 @@ impl AuthEndpoint {
             .header("x-original-uri")
             .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or("/");
-        // nginx matched its location on its own normalised path; a path without a canonical
-        // form is one nginx and the app behind it may read differently from the gate, so it
-        // is refused, never judged as sent.
-        let Some(path) = crate::guard::policy_path(uri.split('?').next().unwrap_or("/")) else {
-            self.gate.stats().bump(cx.worker_id, C::PathRefused);
-            return Response::new(403).into();
-        };
         let method = req
             .header("x-original-method")
             .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or("GET");
-        let decision = loaded
-            .policy
-            .evaluate(method, &path, |name| req.header(name), client.ip);
-        loaded.decisions.bump(cx.worker_id, decision.rule as usize);
-        // A session, when there is one, is named to the app whatever the policy said.
-        let who = self.gate.find_session(
-            &loaded,
-            req,
-            &client,
-            match decision.action {
-                crate::policy::Action::Login { realm } => Want::Realm(realm as usize),
-                _ => Want::Any,
-            },
-            cx.worker_id,
-            |s| (s.realm.to_string(), s.user.to_string()),
-        );
-        let allowed = match decision.action {
-            crate::policy::Action::Allow => true,
-            // No bodies on these answers: nginx does not read an auth subrequest's body, so
-            // one would cost it the kept-alive connection to the gate.
-            crate::policy::Action::Deny => return Response::new(403).into(),
-            _ => who.is_some(),
-        };
-        if allowed {
-            let mut r = Response::new(204).with_header("Cache-Control", "no-store");
-            if let Some((realm, user)) = who {
-                r.push_header("X-Auth-User", user.as_bytes());
-                r.push_header("X-Auth-Realm", realm.as_bytes());
-            }
-            return r.into();
-        }
-        if !matches!(method, "GET" | "HEAD") {
-            // Never redirect a form post to a challenge page: it would come back as a GET.
+        let path = uri.split('?').next().unwrap_or("/");
+        // nginx matched its location on its own normalised path; a path without a canonical
+        // form is one nginx and the app behind it may read differently from the gate, so it
+        // is refused (and counted), never judged as sent. `decide` would deny it too.
+        if crate::guard::policy_path(path).is_none() {
+            self.gate.stats().bump(cx.worker_id, C::PathRefused);
             return Response::new(403).into();
         }
-        let target = safe_return_path(uri).unwrap_or("/");
-        let location = format!(
-            "{}/enter?return={}",
-            config.path_prefix,
-            form::encode(target)
-        );
-        Response::new(401)
-            .with_header("X-Gate-Location", &location)
-            .with_header("Cache-Control", "no-store")
-            .into()
+        // No bodies on these answers: nginx does not read an auth subrequest's body, so one
+        // would cost it the kept-alive connection to the gate.
+        match self
+            .gate
+            .decide(&loaded, req, &client, method, path, cx.worker_id)
+        {
+            Outcome::Pass(identity) => {
+                let mut r = Response::new(204).with_header("Cache-Control", "no-store");
+                // A realm session, when there is one, is named to the app whatever the
+                // policy said.
+                if let Some(id) = identity {
+                    r.push_header("X-Auth-User", id.user().as_bytes());
+                    r.push_header("X-Auth-Realm", id.realm().as_bytes());
+                }
+                r.into()
+            }
+            // Never redirect a form post to a challenge page: it would come back as a GET.
+            Outcome::Deny | Outcome::NotForThisMethod => Response::new(403).into(),
+            Outcome::Challenge { .. } | Outcome::TimeLock { .. } | Outcome::Login { .. } => {
+                let target = safe_return_path(uri).unwrap_or("/");
+                let location = format!(
+                    "{}/enter?return={}",
+                    config.path_prefix,
+                    form::encode(target)
+                );
+                Response::new(401)
+                    .with_header("X-Gate-Location", &location)
+                    .with_header("Cache-Control", "no-store")
+                    .into()
+            }
+        }
     }
 }

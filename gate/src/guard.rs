@@ -1,17 +1,20 @@
 //! The gate's decision for one request, on the worker: the bot policy's verdict, then, when
 //! that asks for a challenge or a login, whether the client's session cookie already settles
-//! it. A valid session costs one MAC and no allocation.
+//! it. A valid session costs one MAC, one hash of the user agent and no allocation.
+//!
+//! A session settles only what it paid for (time-lock < proof of work < password; see
+//! [`settles`]), for the user agent it was issued to, on the network it was issued to.
 
 use std::net::IpAddr;
 
-use tern_server::{Guard, HandlerContext, Reply, Request, Response, Verdict};
+use tern_server::{Guard, HandlerContext, Identity, Reply, Request, Response, Verdict};
 
 use crate::config::{GateConfig, SecureCookies};
 use crate::keyring::Keyring;
 use crate::policy::Action;
 use crate::state::{Gate, Loaded};
 use crate::stats::C;
-use crate::token::{self, TokenError};
+use crate::token::{self, Proof, TokenError};
 use crate::{pages, pow, Prefix};
 
 /// Who is asking, as far as the gate cares.
@@ -27,8 +30,8 @@ pub(crate) struct Client {
 
 /// What the gate wants done with a request.
 pub(crate) enum Outcome {
-    /// Let it through; `session` says who, when a session was needed and found.
-    Pass,
+    /// Let it through, as the account a password session names when the client has one.
+    Pass(Option<Identity>),
     Deny,
     Challenge {
         difficulty: u8,
@@ -46,12 +49,58 @@ pub(crate) enum Outcome {
     NotForThisMethod,
 }
 
-/// Which sessions satisfy a decision.
-#[derive(Clone, Copy)]
-pub(crate) enum Want {
-    /// Any valid gate session: a passed challenge or a login to any realm.
-    Any,
-    Realm(usize),
+/// What a session must have been earned with to settle a decision.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Need {
+    /// Nothing: the request may pass anyway; a password session only names the client.
+    Nothing,
+    TimeLock {
+        seconds: u32,
+    },
+    Work {
+        bits: u8,
+    },
+    /// A session of this realm (index): a password login, or the realm's guest login while
+    /// the realm still offers one at no lower difficulty.
+    Login {
+        realm: usize,
+    },
+}
+
+/// Whether a session of `realm` (None: a challenge pass) earned with `proof` settles `need`.
+/// Dearer proofs settle cheaper needs: a proof of work settles any time-lock, a password
+/// login of any realm settles any time-lock and any proof of work (an account holder is not
+/// a scraper), never the other way round.
+pub(crate) fn settles(config: &GateConfig, realm: Option<usize>, proof: Proof, need: Need) -> bool {
+    match need {
+        Need::Nothing => true,
+        Need::TimeLock { seconds } => match proof {
+            Proof::TimeLock { seconds: paid } => u32::from(paid) >= seconds,
+            Proof::Work { .. } | Proof::Password => true,
+        },
+        Need::Work { bits } => match proof {
+            Proof::Work { bits: paid } => paid >= bits,
+            Proof::Password => true,
+            Proof::TimeLock { .. } => false,
+        },
+        Need::Login { realm: wanted } => {
+            let r = &config.realms[wanted];
+            realm == Some(wanted)
+                && match proof {
+                    Proof::Password => true,
+                    Proof::Work { bits } => r.has_guest() && bits >= r.guest_difficulty,
+                    Proof::TimeLock { .. } => false,
+                }
+        }
+    }
+}
+
+/// What a client's session cookies amount to for one decision.
+pub(crate) struct Sessions {
+    /// One of them settles the need.
+    pub settled: bool,
+    /// The account a valid password session names (the one that settled a login need).
+    pub identity: Option<Identity>,
 }
 
 impl Gate {
@@ -82,7 +131,8 @@ impl Gate {
     }
 
     /// The policy's verdict on `method path` for this client, settled by its session where
-    /// one can settle it.
+    /// one can settle it. A request that is not GET or HEAD is judged like any other: when
+    /// the policy wants a check, only a session that settles it lets the request through.
     pub(crate) fn decide(
         &self,
         loaded: &Loaded,
@@ -99,17 +149,18 @@ impl Gate {
             .policy
             .evaluate(method, &path, |name| req.header(name), client.ip);
         loaded.decisions.bump(worker, decision.rule as usize);
-        let want = match decision.action {
-            Action::Allow => return Outcome::Pass,
+        let need = match decision.action {
+            Action::Allow => Need::Nothing,
             Action::Deny => return Outcome::Deny,
-            Action::Challenge { .. } | Action::TimeLock { .. } => Want::Any,
-            Action::Login { realm } => Want::Realm(realm as usize),
+            Action::Challenge { difficulty } => Need::Work { bits: difficulty },
+            Action::TimeLock { seconds } => Need::TimeLock { seconds },
+            Action::Login { realm } => Need::Login {
+                realm: realm as usize,
+            },
         };
-        if self
-            .find_session(loaded, req, client, want, worker, |_| ())
-            .is_some()
-        {
-            return Outcome::Pass;
+        let sessions = self.sessions(loaded, req, client, need, worker);
+        if sessions.settled {
+            return Outcome::Pass(sessions.identity);
         }
         if !matches!(method, "GET" | "HEAD") {
             return Outcome::NotForThisMethod;
@@ -126,68 +177,100 @@ impl Gate {
             Action::Login { realm } => Outcome::Login {
                 realm: realm as usize,
             },
-            Action::Allow | Action::Deny => Outcome::Pass,
+            Action::Allow | Action::Deny => Outcome::Pass(None),
         }
     }
 
-    /// Runs `found` on the first valid session cookie that satisfies `want`. Cookies that
-    /// fail are counted by cause and otherwise ignored (never deleted: a stale cookie of one
-    /// realm must not cost the client its good one of another).
-    pub(crate) fn find_session<R>(
+    /// Checks the client's gate cookies against `need`: whether one settles it, and which
+    /// account a password session names. Cookies that fail are counted by cause and otherwise
+    /// ignored (never deleted: a stale cookie of one realm must not cost the client its good
+    /// one of another). Only cookies that could matter are checked: for a login, that realm's;
+    /// for nothing, the realms' (a challenge pass names no one).
+    pub(crate) fn sessions(
         &self,
         loaded: &Loaded,
         req: &Request<'_>,
         client: &Client,
-        want: Want,
+        need: Need,
         worker: usize,
-        found: impl FnOnce(&token::Session<'_>) -> R,
-    ) -> Option<R> {
+    ) -> Sessions {
         let config = &loaded.config;
+        let mut found = Sessions {
+            settled: matches!(need, Need::Nothing),
+            identity: None,
+        };
+        let mut too_weak = false;
+        // Hashed only once a gate cookie is there to compare it with.
+        let mut ua_hash = None;
         let keyring = self.inner.keyring.load();
         let mut buf = [0u8; token::MAX_TOKEN];
-        for line in req
+        let crumbs = req
             .head
             .headers
             .iter()
             .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
-        {
-            for crumb in line.value.split(|&b| b == b';') {
-                let crumb = trim(crumb);
-                let Some(eq) = crumb.iter().position(|&b| b == b'=') else {
-                    continue;
-                };
-                let Some(realm) = cookie_realm(config, client.secure, &crumb[..eq]) else {
-                    continue;
-                };
-                let realm_index = match realm {
-                    None => None,
-                    Some(name) => {
-                        match config.realms.iter().position(|r| r.name.as_bytes() == name) {
-                            Some(i) => Some(i),
-                            None => continue,
-                        }
-                    }
-                };
-                if let Want::Realm(i) = want {
-                    if realm_index != Some(i) {
-                        continue;
-                    }
+            .flat_map(|line| line.value.split(|&b| b == b';'));
+        for crumb in crumbs {
+            let crumb = trim(crumb);
+            let Some(eq) = crumb.iter().position(|&b| b == b'=') else {
+                continue;
+            };
+            let Some(realm) = cookie_realm(config, client.secure, &crumb[..eq]) else {
+                continue;
+            };
+            let realm_index = match realm {
+                None => None,
+                Some(name) => match config.realms.iter().position(|r| r.name.as_bytes() == name) {
+                    Some(i) => Some(i),
+                    None => continue,
+                },
+            };
+            let wanted = match need {
+                Need::Login { realm } => realm_index == Some(realm),
+                Need::Nothing => realm_index.is_some(),
+                Need::TimeLock { .. } | Need::Work { .. } => {
+                    !found.settled || (realm_index.is_some() && found.identity.is_none())
                 }
-                match self.check_session(
-                    &keyring,
-                    config,
-                    &crumb[eq + 1..],
-                    &mut buf,
-                    client,
-                    realm_index,
-                    req.unix_secs,
-                ) {
-                    Ok(session) => return Some(found(&session)),
-                    Err(cause) => self.stats().bump(worker, cause),
+            };
+            if !wanted {
+                continue;
+            }
+            let ua = *ua_hash
+                .get_or_insert_with(|| pow::ua_hash(req.header("user-agent").unwrap_or(b"")));
+            let session = match self.check_session(
+                &keyring,
+                config,
+                &crumb[eq + 1..],
+                &mut buf,
+                client,
+                ua,
+                realm_index,
+                req.unix_secs,
+            ) {
+                Ok(session) => session,
+                Err(cause) => {
+                    self.stats().bump(worker, cause);
+                    continue;
                 }
+            };
+            if settles(config, realm_index, session.proof, need) {
+                found.settled = true;
+            } else {
+                too_weak = true;
+            }
+            // Only an account names the client: a guest login is a proof of work that a realm
+            // offering guests lets through, nobody the app should take for a user.
+            if session.proof == Proof::Password && found.identity.is_none() {
+                found.identity = Identity::new(session.realm, session.user);
+            }
+            if found.settled && found.identity.is_some() {
+                break;
             }
         }
-        None
+        if too_weak && !found.settled {
+            self.stats().bump(worker, C::SessionTooWeak);
+        }
+        found
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -198,6 +281,7 @@ impl Gate {
         value: &[u8],
         buf: &'b mut [u8; token::MAX_TOKEN],
         client: &Client,
+        ua_hash: u64,
         realm_index: Option<usize>,
         now: u64,
     ) -> Result<token::Session<'b>, C> {
@@ -209,6 +293,9 @@ impl Gate {
         })?;
         if config.bind_to_network && session.prefix != client.bound {
             return Err(C::SessionWrongPrefix);
+        }
+        if session.ua_hash != ua_hash {
+            return Err(C::SessionWrongClient);
         }
         // The cookie's name and the token must agree on the realm (a pass is realm "").
         match realm_index {
@@ -263,6 +350,8 @@ impl Gate {
             rule,
             difficulty,
             realm_hint,
+            // The policy allows 1 to 60 seconds.
+            seconds: u8::try_from(seconds).unwrap_or(u8::MAX),
         };
         let challenge = pow::issue(&self.inner.keyring.load(), &spec);
         let prefix = config.path_prefix.as_str();
@@ -303,7 +392,7 @@ impl Gate {
     ) -> Response {
         let config = &loaded.config;
         match outcome {
-            Outcome::Pass => Response::new(303)
+            Outcome::Pass(_) => Response::new(303)
                 .with_header("Location", return_to)
                 .with_header("Cache-Control", "no-store"),
             Outcome::Deny => page(403, pages::deny_page(&config.path_prefix)),
@@ -363,8 +452,10 @@ impl Guard for Gate {
             req.path(),
             cx.worker_id,
         );
-        if let Outcome::Pass = outcome {
-            return Verdict::Pass;
+        match outcome {
+            Outcome::Pass(None) => return Verdict::Pass,
+            Outcome::Pass(Some(identity)) => return Verdict::PassAs(identity),
+            _ => {}
         }
         let return_to = match req.query() {
             Some(q) => format!("{}?{q}", req.path()),

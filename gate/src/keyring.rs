@@ -117,24 +117,10 @@ impl Keyring {
         rotation: &Rotation,
         now: u64,
     ) -> Result<Keyring, KeyringError> {
-        let mut file = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-        {
-            Ok(mut f) => {
-                let first = vec![(1, now, random_secret()?)];
-                f.write_all(render(&first).as_bytes())?;
-                f.sync_all()?;
-                f
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                OpenOptions::new().read(true).write(true).open(path)?
-            }
-            Err(e) => return Err(e.into()),
-        };
+        if !path.exists() {
+            create_whole(path, &render(&[(1, now, random_secret()?)]))?;
+        }
+        let mut file = OpenOptions::new().read(true).write(true).open(path)?;
         let mode = file.metadata()?.mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(KeyringError::Exposed(mode));
@@ -297,6 +283,35 @@ fn write_keys(path: &Path, file: &mut File, text: &str) -> std::io::Result<()> {
     file.sync_all()
 }
 
+/// Creates the key file with `text` in it, unless another process creates it first (then
+/// theirs stands). The file appears whole or not at all: it is written under a name of its
+/// own and linked into place, so a process starting at the same moment never reads it empty.
+fn create_whole(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut unique = [0u8; 8];
+    let _ = aws_lc_rs::rand::fill(&mut unique);
+    let tmp = path.with_extension(format!(
+        "keys-new-{}-{:016x}",
+        std::process::id(),
+        u64::from_le_bytes(unique)
+    ));
+    let written = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        // link(2) never replaces: exactly one of the racing processes puts its key in place.
+        match std::fs::hard_link(&tmp, path) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+            _ => Ok(()),
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    written
+}
+
 fn render(keys: &[(u32, u64, [u8; 32])]) -> String {
     let mut out = String::from(
         "# tern gate signing keys: id, created (unix seconds), secret. Keep private.\n",
@@ -376,6 +391,46 @@ mod tests {
         assert_eq!(b.verify(Purpose::Session, kid, b"hello", &tag), Ok(()));
         assert_eq!(a.sign(Purpose::Csrf, b"x"), b.sign(Purpose::Csrf, b"x"));
         assert_eq!(a.next_rotation(), t + 7 * DAY);
+    }
+
+    #[test]
+    fn processes_creating_the_file_at_once_all_get_its_one_key() {
+        // Several nodes (or a restart racing a `--check`) start on a new key file together:
+        // none may see the file before its key is in it, and all must end with the same key.
+        let threads = 4;
+        for round in 0..200 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("gate.keys");
+            let start = std::sync::Barrier::new(threads);
+            let kids: Vec<Result<Vec<u32>, String>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            Keyring::load_or_create(&path, &rotation(), 1_800_000_000)
+                                .map(|k| {
+                                    let (kid, tag) = k.sign(Purpose::Session, b"x");
+                                    assert_eq!(kid, 1);
+                                    tag[0] as u32
+                                })
+                                .map(|t| vec![t])
+                                .map_err(|e| e.to_string())
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let first = kids[0].clone();
+            for k in &kids {
+                assert!(k.is_ok(), "round {round}: {k:?}");
+                assert_eq!(k, &first, "round {round}: two different keys");
+            }
+            let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(leftovers, vec![std::ffi::OsString::from("gate.keys")]);
+        }
     }
 
     #[test]

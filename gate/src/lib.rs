@@ -6,7 +6,8 @@
 //! several nodes sharing the key file accept each other's tokens.
 //!
 //! - `keyring.rs`: the 0600 key file, rotation with overlap, HMAC-SHA256 per purpose.
-//! - `token.rs`: session tokens (realm, user, times, key id, realm version, client prefix).
+//! - `token.rs`: session tokens (realm, user, times, key id, realm version, client prefix,
+//!   user agent, and the proof that earned them).
 //! - `pow.rs`: proof-of-work and time-lock challenges, their verification, the replay set.
 //! - `csrf.rs`: stateless login/logout form tokens and the Origin / Sec-Fetch-Site check.
 //! - `redirect.rs`: the only places a login or a challenge may send a browser back to.

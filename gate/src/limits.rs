@@ -5,6 +5,18 @@
 //! to its limit however the kernel spreads its connections. Keys are hashed with a seed chosen
 //! at start-up: two keys that share a slot only make each other stricter, and an attacker
 //! cannot aim a collision at someone else's slot.
+//!
+//! Bounds, when many networks write (the gate's tables have 2^16 slots, 512 KiB each):
+//! - a bucket table never fills, but with N networks at their limit about N / 65 536 of the
+//!   others share a slot with one of them and are held to the shared budget (429) while it
+//!   lasts; never looser, so no network gets past its own limit by colliding;
+//! - the failure counts are written only by the check pool, after a wrong password is hashed,
+//!   so at most (pool threads x hashes a second x the failure window) of them exist at once,
+//!   however many networks send them (two threads at bcrypt cost 10: some 20 000 in 15
+//!   minutes). A (network, user) sharing a slot with a locked-out key is locked out with it
+//!   for the window, from that network only (other networks can still log in as the user);
+//! - the network stamps fill at the same rate; one pushed out of its slot looks clean again
+//!   until its next failure (see [`Failures`]).
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,8 +51,12 @@ impl Buckets {
     }
 
     /// Takes one token for `prefix` at `now_ms`; false when the bucket is empty.
+    fn index(&self, prefix: &Prefix) -> usize {
+        self.seed.hash_one(prefix) as usize & (self.slots.len() - 1)
+    }
+
     pub fn take(&self, prefix: &Prefix, now_ms: u64) -> bool {
-        let slot = &self.slots[self.seed.hash_one(prefix) as usize & (self.slots.len() - 1)];
+        let slot = &self.slots[self.index(prefix)];
         let mut current = slot.load(Ordering::Relaxed);
         loop {
             let full_at = current.max(now_ms);
@@ -61,10 +77,20 @@ impl Buckets {
 }
 
 /// Failed logins per (network, realm, user): a user's name cannot be locked out for everyone
-/// by a flood from one network, only for that network.
+/// by a flood from one network, only for that network. And per network, when it last failed
+/// at all: the check pool serves networks without recent failures first.
+///
+/// Both tables have a fixed number of slots however many networks write to them, and only
+/// the check pool writes (a wrong password is known only once hashed), so they fill no
+/// faster than the pool hashes. Two keys sharing a failure slot only make each other
+/// stricter. A network's stamp carries a tag of its own: one that finds another's stamp in
+/// its slot counts as clean, so a flood can at worst make a network it has pushed out look
+/// clean again until its next failure, never make a clean one look suspect.
 pub struct Failures {
     /// (window start in minutes << 32) | failures in that window.
     slots: Box<[AtomicU64]>,
+    /// (network's tag << 32) | the minute of its last failure; 0: none.
+    networks: Box<[AtomicU64]>,
     seed: std::collections::hash_map::RandomState,
     limit: u32,
     window_minutes: u64,
@@ -72,10 +98,14 @@ pub struct Failures {
 
 impl Failures {
     pub fn new(limit: u32, window_minutes: u64, slots: usize) -> Failures {
-        Failures {
-            slots: (0..slots.next_power_of_two())
+        let table = || {
+            (0..slots.next_power_of_two())
                 .map(|_| AtomicU64::new(0))
-                .collect(),
+                .collect()
+        };
+        Failures {
+            slots: table(),
+            networks: table(),
             seed: Default::default(),
             limit: limit.max(1),
             window_minutes: window_minutes.max(1),
@@ -85,6 +115,20 @@ impl Failures {
     fn slot(&self, prefix: &Prefix, realm: &str, user: &str) -> &AtomicU64 {
         let h = self.seed.hash_one((prefix, realm, user));
         &self.slots[h as usize & (self.slots.len() - 1)]
+    }
+
+    /// The network's stamp slot, and the tag that marks the stamp as its own (never 0).
+    fn network(&self, prefix: &Prefix) -> (&AtomicU64, u64) {
+        let h = self.seed.hash_one(("network", prefix));
+        let slot = &self.networks[h as usize & (self.networks.len() - 1)];
+        (slot, (h >> 32) | 1)
+    }
+
+    /// Whether a wrong password came from this network within the window.
+    pub fn network_failed_recently(&self, prefix: &Prefix, unix_secs: u64) -> bool {
+        let (slot, tag) = self.network(prefix);
+        let v = slot.load(Ordering::Relaxed);
+        v >> 32 == tag && unix_secs / 60 < (v & 0xffff_ffff) + self.window_minutes
     }
 
     /// Whether this network may try this user again now.
@@ -97,6 +141,8 @@ impl Failures {
     /// Counts a wrong password.
     pub fn record(&self, prefix: &Prefix, realm: &str, user: &str, unix_secs: u64) {
         let now_min = unix_secs / 60;
+        let (stamp, tag) = self.network(prefix);
+        stamp.store((tag << 32) | (now_min & 0xffff_ffff), Ordering::Relaxed);
         let slot = self.slot(prefix, realm, user);
         let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
             let (start, count) = (v >> 32, v as u32);
@@ -134,8 +180,13 @@ mod tests {
         assert!(!b.take(&p, t + 500), "not yet a second later");
         assert!(b.take(&p, t + 1000), "one per second refills");
         assert!(!b.take(&p, t + 1000));
-        // Another network has its own bucket.
-        assert!(b.take(&net("198.51.100.1"), t));
+        // Another network has its own bucket (one that does not share the slot: sharing one
+        // only makes two networks stricter, and the seed is random).
+        let other = (1..=255)
+            .map(|i| net(&format!("198.51.{i}.1")))
+            .find(|o| b.index(o) != b.index(&p))
+            .unwrap();
+        assert!(b.take(&other, t));
         // A long quiet spell refills the whole burst, no more.
         let later = t + 3_600_000;
         for _ in 0..5 {
@@ -180,5 +231,35 @@ mod tests {
         assert!(f.allowed(&a, "staff", "alice", t + 16 * 60));
         f.clear(&a, "staff", "alice");
         assert!(f.allowed(&a, "staff", "alice", t + 16 * 60));
+    }
+
+    #[test]
+    fn a_network_is_suspect_for_a_window_after_a_wrong_password() {
+        let f = Failures::new(3, 15, 1024);
+        let (a, b) = (net("192.0.2.1"), net("198.51.100.1"));
+        let t = 1_700_000_000;
+        assert!(!f.network_failed_recently(&a, t));
+        f.record(&a, "staff", "alice", t);
+        assert!(f.network_failed_recently(&a, t + 14 * 60));
+        assert!(
+            !f.network_failed_recently(&a, t + 16 * 60),
+            "the window ends"
+        );
+        assert!(
+            !f.network_failed_recently(&b, t),
+            "only the network that failed"
+        );
+        // A right password clears the user's count, not the network's record.
+        f.clear(&a, "staff", "alice");
+        assert!(f.network_failed_recently(&a, t + 60));
+        // Many networks writing the table never make a clean one look suspect.
+        let f = Failures::new(3, 15, 16);
+        for i in 0..=255 {
+            f.record(&net(&format!("10.0.{i}.1")), "staff", "x", t);
+        }
+        let clean = (0..=255)
+            .filter(|i| f.network_failed_recently(&net(&format!("172.16.{i}.1")), t))
+            .count();
+        assert_eq!(clean, 0);
     }
 }

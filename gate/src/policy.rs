@@ -846,13 +846,44 @@ action = "deny"
             );
             assert_eq!(default_decision("GET", "/favicon.ico", ua), Action::Allow);
             assert_eq!(default_decision("GET", "/sitemap.xml", ua), Action::Allow);
-            assert_eq!(
-                default_decision("POST", "/comment", ua),
-                Action::Allow,
-                "never challenge a POST"
+            // A write a read would have to earn needs the same session (the guard refuses it
+            // with 403 when there is none, never turning it into a GET).
+            assert!(
+                matches!(
+                    default_decision("POST", "/comment", ua),
+                    Action::Challenge { .. }
+                ),
+                "{ua}"
             );
         }
         assert_eq!(default_decision("GET", "/", GPTBOT), Action::Deny);
+        for method in ["POST", "PUT", "PATCH", "DELETE", "OPTIONS"] {
+            assert_eq!(
+                default_decision(method, "/comment", GPTBOT),
+                Action::Deny,
+                "{method}: refused crawlers are refused whatever the method"
+            );
+        }
+        for path in ["/favicon.ico", "/sitemap.xml", "/.well-known/security.txt"] {
+            assert_eq!(
+                default_decision("GET", path, GPTBOT),
+                Action::Deny,
+                "{path}"
+            );
+        }
+        assert_eq!(
+            default_decision("POST", "/robots.txt", FIREFOX),
+            default_decision("POST", "/", FIREFOX),
+            "robots.txt is open for reading only"
+        );
+        // Feed readers are let in by name, not by any user agent that mentions a feed.
+        for ua in [
+            "python-requests/2.31 rss",
+            "Mozilla/5.0 (X11; Linux x86_64) Atom/1.0 Chrome/131.0.0.0",
+            "Mozilla/5.0 (compatible; rss-grabber/1.0)",
+        ] {
+            assert_ne!(default_decision("GET", "/", ua), Action::Allow, "{ua}");
+        }
         assert_eq!(
             default_decision("GET", "/robots.txt", GPTBOT),
             Action::Allow,

@@ -3,9 +3,10 @@
 //! SHA-256 and one insertion into the replay set.
 //!
 //! Layout before base64url: `1 | kid u32 | expires u64 | not_before u64 | prefix family u8 |
-//! prefix 16 bytes | ua_hash u64 | rule u16 | difficulty u8 | realm_hint u8 | nonce 16 | tag 16`.
+//! prefix 16 bytes | ua_hash u64 | rule u16 | difficulty u8 | realm_hint u8 | seconds u8 |
+//! nonce 16 | tag 16`.
 //! The work: a decimal counter `c` such that SHA-256(challenge ‖ c) starts with `difficulty`
-//! zero bits. Difficulty 0 is a time-lock: no work, but not before `not_before`.
+//! zero bits. Difficulty 0 is a time-lock of `seconds`: no work, but not before `not_before`.
 
 use std::sync::Mutex;
 
@@ -16,8 +17,8 @@ use base64::Engine;
 use crate::keyring::{Keyring, MacError, Purpose, TAG_LEN};
 use crate::Prefix;
 
-const VERSION: u8 = 1;
-const BODY: usize = 1 + 4 + 8 + 8 + 1 + 16 + 8 + 2 + 1 + 1 + 16;
+const VERSION: u8 = 2;
+const BODY: usize = 1 + 4 + 8 + 8 + 1 + 16 + 8 + 2 + 1 + 1 + 1 + 16;
 const RAW: usize = BODY + TAG_LEN;
 /// Length of a challenge string.
 pub const CHALLENGE_LEN: usize = (RAW * 4).div_ceil(3);
@@ -34,6 +35,8 @@ pub struct ChallengeSpec {
     pub difficulty: u8,
     /// 0: a policy challenge; n: the guest login of realm n - 1.
     pub realm_hint: u8,
+    /// A time-lock's wait (what its pass records; 0 for a proof of work).
+    pub seconds: u8,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,9 +70,17 @@ impl PowError {
     }
 }
 
-/// What a challenge is bound to of the user agent: the first 8 bytes of its SHA-256.
+/// What challenges and sessions are bound to of the user agent: the first 8 bytes of the
+/// SHA-256 of its text without the characters of version numbers (digits, '.', '_'). A
+/// browser that updates itself changes only those ("Firefox/132.0" to "Firefox/133.0.1",
+/// "iPhone OS 17_0" to "17_1_2"), so its sessions survive the update; another browser,
+/// another tool or no user agent at all is another client.
 pub fn ua_hash(user_agent: &[u8]) -> u64 {
-    let d = digest::digest(&digest::SHA256, user_agent);
+    let mut ctx = digest::Context::new(&digest::SHA256);
+    for run in user_agent.split(|&b| b.is_ascii_digit() || b == b'.' || b == b'_') {
+        ctx.update(run);
+    }
+    let d = ctx.finish();
     u64::from_be_bytes(d.as_ref()[..8].try_into().unwrap())
 }
 
@@ -87,9 +98,10 @@ pub fn issue(keyring: &Keyring, spec: &ChallengeSpec) -> String {
     raw[46..48].copy_from_slice(&spec.rule.to_be_bytes());
     raw[48] = spec.difficulty;
     raw[49] = spec.realm_hint;
+    raw[50] = spec.seconds;
     // A nonce the generator could not fill would make challenges repeat; then the replay set
     // refuses the second, which is safe.
-    let _ = aws_lc_rs::rand::fill(&mut raw[50..66]);
+    let _ = aws_lc_rs::rand::fill(&mut raw[51..67]);
     let tag = signer.sign(Purpose::Challenge, &raw[..BODY]);
     raw[BODY..].copy_from_slice(&tag);
     URL_SAFE_NO_PAD.encode(raw)
@@ -164,6 +176,7 @@ pub fn verify(
         rule: u16::from_be_bytes([raw[46], raw[47]]),
         difficulty: raw[48],
         realm_hint: raw[49],
+        seconds: raw[50],
     };
     if now >= spec.expires {
         return Err(PowError::Expired);
@@ -189,7 +202,7 @@ pub fn verify(
         return Err(PowError::TooEasy);
     }
     let mut nonce = [0u8; 16];
-    nonce.copy_from_slice(&raw[50..66]);
+    nonce.copy_from_slice(&raw[51..67]);
     replay.spend(nonce, spec.expires, now)?;
     Ok(spec)
 }
@@ -201,6 +214,17 @@ pub fn verify(
 /// spreads a client's connections). An answer is rare per client, so the locks are never hot.
 /// A shard full of unexpired entries refuses new answers (`ReplayFull`) rather than forget
 /// one, which would reopen it to replay.
+///
+/// The bound: the gate's set has 2^17 slots (3 MiB); random nonces spread over them, and the
+/// first refusals come past half of them filled (about 70 000 answers; see the test). Only
+/// answers that passed every other check get in (the MAC, expiry, network, user agent, and
+/// the work or the time-lock's wait), each stays until its challenge expires (at most
+/// `challenge_minutes`), and the per-network challenge limit covers pages and answers alike.
+/// So filling it takes that many solved challenges within one challenge lifetime, from many
+/// networks (at the default 60 a minute, a pass costing a page and an answer, about 230
+/// networks for ten minutes). What happens then: new answers get a 503 ("try again in a
+/// minute", counted as `replay_full`) until entries expire; sessions already given out, and
+/// every request that needs no new answer, are untouched.
 pub struct ReplaySet {
     shards: Box<[Mutex<Shard>]>,
 }
@@ -279,7 +303,35 @@ mod tests {
             rule: 7,
             difficulty,
             realm_hint: 0,
+            seconds: if difficulty == 0 { 3 } else { 0 },
         }
+    }
+
+    #[test]
+    fn a_user_agent_is_itself_across_version_updates_only() {
+        let firefox = |v: &str| {
+            ua_hash(
+                format!("Mozilla/5.0 (X11; Linux x86_64; rv:{v}) Gecko/20100101 Firefox/{v}")
+                    .as_bytes(),
+            )
+        };
+        assert_eq!(firefox("132.0"), firefox("133.0.1"));
+        let iphone = |v: &str| {
+            ua_hash(
+                format!(
+                    "Mozilla/5.0 (iPhone; CPU iPhone OS {v} like Mac OS X) AppleWebKit/605.1.15"
+                )
+                .as_bytes(),
+            )
+        };
+        assert_eq!(iphone("17_0"), iphone("17_1_2"));
+        assert_ne!(iphone("17_0"), firefox("132.0"));
+        assert_ne!(
+            firefox("132.0"),
+            ua_hash(b"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36")
+        );
+        assert_ne!(ua_hash(b""), ua_hash(b"curl/8.5.0"));
+        assert_ne!(ua_hash(b"curl/8.5.0"), ua_hash(b"Wget/1.21"));
     }
 
     fn check(
@@ -362,7 +414,7 @@ mod tests {
         }
         // Raising or lowering the difficulty (or any byte) breaks the MAC.
         let mut raw = URL_SAFE_NO_PAD.decode(&c).unwrap();
-        for i in [5, 13, 22, 40, 46, 48, 49, 60] {
+        for i in [5, 13, 22, 40, 46, 48, 49, 50, 60] {
             raw[i] ^= 1;
             let forged = URL_SAFE_NO_PAD.encode(&raw);
             assert_eq!(
@@ -439,6 +491,26 @@ mod tests {
             Ok(()),
             "expired, so forgotten"
         );
+    }
+
+    #[test]
+    fn the_replay_set_holds_most_of_its_capacity_before_refusing() {
+        // Nonces are random, so they spread evenly; the first refusal comes when some slot's
+        // neighbourhood (PROBES slots) is full. Deterministic "random" nonces: SHA-256 of i.
+        let capacity = 1 << 17;
+        let replay = ReplaySet::new(capacity);
+        let nonce = |i: u64| {
+            let d = digest::digest(&digest::SHA256, &i.to_le_bytes());
+            let mut n = [0u8; 16];
+            n.copy_from_slice(&d.as_ref()[..16]);
+            n
+        };
+        let held = (0..)
+            .take_while(|&i| replay.spend(nonce(i), 1000, 10).is_ok())
+            .count();
+        eprintln!("first refusal after {held} of {capacity}");
+        assert!(held >= capacity / 2, "{held}");
+        assert_eq!(replay.spend(nonce(0), 1000, 10), Err(PowError::Replayed));
     }
 
     #[test]

@@ -152,6 +152,16 @@ pub const COUNTERS: &[Row] = &[
         "session cookies refused, by cause",
     ),
     (
+        "gate_sessions_refused",
+        Some(("cause", "wrong_client")),
+        "session cookies refused, by cause",
+    ),
+    (
+        "gate_sessions_refused",
+        Some(("cause", "too_weak")),
+        "session cookies refused, by cause",
+    ),
+    (
         "gate_paths_refused",
         None,
         "auth requests refused because the original path has no canonical form",
@@ -188,10 +198,16 @@ pub enum C {
     SessionExpired,
     SessionWrongPrefix,
     SessionStaleRealm,
+    /// Valid, but issued to another user agent.
+    SessionWrongClient,
+    /// Valid, but earned with less than the rule asks (a time-lock for a proof of work, fewer
+    /// bits, a pass or a guest for a password login).
+    SessionTooWeak,
+    /// `/auth` was asked about a path with no canonical form.
     PathRefused,
 }
 
-const N: usize = 28;
+const N: usize = 30;
 
 pub struct Stats {
     rows: Box<[CachePadded<[AtomicU64; N]>]>,
@@ -284,6 +300,10 @@ mod tests {
         assert_eq!(
             COUNTERS[C::SessionStaleRealm as usize].1,
             Some(("cause", "stale_realm"))
+        );
+        assert_eq!(
+            COUNTERS[C::SessionTooWeak as usize].1,
+            Some(("cause", "too_weak"))
         );
         assert_eq!(
             COUNTERS[C::FailedReplayFull as usize].1,

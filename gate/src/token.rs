@@ -1,8 +1,10 @@
 //! Session tokens: the value of a gate cookie, signed, holding everything a check needs.
 //!
-//! Layout before base64url: `1 | kid u32 | issued u64 | expires u64 | realm version u32 |
-//! prefix family u8 | prefix 16 bytes | realm len u8 | realm | user len u8 | user | tag 16`,
-//! integers big-endian. A challenge pass has realm "".
+//! Layout before base64url: `2 | kid u32 | issued u64 | expires u64 | realm version u32 |
+//! prefix family u8 | prefix 16 bytes | ua_hash u64 | proof kind u8 | proof strength u8 |
+//! realm len u8 | realm | user len u8 | user | tag 16`, integers big-endian. A challenge pass
+//! has realm "". Version 1 tokens (no user agent, no proof) are refused as malformed: their
+//! holders prove themselves once more.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -10,12 +12,44 @@ use base64::Engine;
 use crate::keyring::{Keyring, MacError, Purpose, TAG_LEN};
 use crate::Prefix;
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// Longest realm or user name a token carries.
 pub const MAX_NAME: usize = 64;
-const FIXED: usize = 1 + 4 + 8 + 8 + 4 + 1 + 16;
+const FIXED: usize = 1 + 4 + 8 + 8 + 4 + 1 + 16 + 8 + 2;
 /// Largest decoded token.
 pub const MAX_TOKEN: usize = FIXED + 2 + 2 * MAX_NAME + TAG_LEN;
+
+/// What a client did to earn its session, so that it settles only rules that ask no more:
+/// time-lock < proof of work < password.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proof {
+    /// Waited out a time-lock of this many seconds.
+    TimeLock { seconds: u8 },
+    /// Did a proof of work of this many leading zero bits (a challenge, or a realm's guest
+    /// login).
+    Work { bits: u8 },
+    /// Gave a realm's password.
+    Password,
+}
+
+impl Proof {
+    fn encode(self) -> [u8; 2] {
+        match self {
+            Proof::TimeLock { seconds } => [1, seconds],
+            Proof::Work { bits } => [2, bits],
+            Proof::Password => [3, 0],
+        }
+    }
+
+    fn decode(b: [u8; 2]) -> Option<Proof> {
+        match b {
+            [1, seconds] => Some(Proof::TimeLock { seconds }),
+            [2, bits] => Some(Proof::Work { bits }),
+            [3, 0] => Some(Proof::Password),
+            _ => None,
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Session<'a> {
@@ -25,6 +59,9 @@ pub struct Session<'a> {
     pub expires: u64,
     pub realm_version: u32,
     pub prefix: Prefix,
+    /// The user agent it was issued to ([`crate::pow::ua_hash`]).
+    pub ua_hash: u64,
+    pub proof: Proof,
     /// The key that signed it (ignored by `issue`, which uses the current key).
     pub kid: u32,
 }
@@ -56,6 +93,8 @@ pub fn issue(keyring: &Keyring, s: &Session<'_>) -> Result<String, TokenError> {
     out.extend_from_slice(&s.realm_version.to_be_bytes());
     out.push(s.prefix.family);
     out.extend_from_slice(&s.prefix.bytes);
+    out.extend_from_slice(&s.ua_hash.to_be_bytes());
+    out.extend_from_slice(&s.proof.encode());
     out.push(s.realm.len() as u8);
     out.extend_from_slice(s.realm.as_bytes());
     out.push(s.user.len() as u8);
@@ -111,6 +150,7 @@ pub fn verify<'b>(
         bytes: [0; 16],
     };
     prefix.bytes.copy_from_slice(&body[26..42]);
+    let proof = Proof::decode([body[50], body[51]]).ok_or(TokenError::Malformed)?;
     let session = Session {
         realm,
         user,
@@ -118,6 +158,8 @@ pub fn verify<'b>(
         expires: u64_at(13),
         realm_version: u32_at(21),
         prefix,
+        ua_hash: u64_at(42),
+        proof,
         kid,
     };
     if now >= session.expires {
@@ -142,8 +184,56 @@ mod tests {
             expires: 2000,
             realm_version: 42,
             prefix: Prefix::of("192.0.2.1".parse().unwrap(), 24, 48),
+            ua_hash: 0x0123_4567_89ab_cdef,
+            proof: Proof::Work { bits: 16 },
             kid: 0,
         }
+    }
+
+    #[test]
+    fn every_proof_round_trips() {
+        let mut buf = [0u8; MAX_TOKEN];
+        for proof in [
+            Proof::TimeLock { seconds: 3 },
+            Proof::Work { bits: 20 },
+            Proof::Password,
+        ] {
+            let t = issue(&ring(), &Session { proof, ..session() }).unwrap();
+            assert_eq!(
+                verify(&ring(), t.as_bytes(), &mut buf, 1500).unwrap().proof,
+                proof
+            );
+        }
+    }
+
+    #[test]
+    fn tokens_of_the_first_layout_are_refused() {
+        // Version 1 carried no user agent and no proof: a time-lock pass and a proof of work
+        // looked alike. Even correctly signed, one is malformed now.
+        let s = session();
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&5u32.to_be_bytes());
+        v1.extend_from_slice(&s.issued.to_be_bytes());
+        v1.extend_from_slice(&s.expires.to_be_bytes());
+        v1.extend_from_slice(&s.realm_version.to_be_bytes());
+        v1.push(s.prefix.family);
+        v1.extend_from_slice(&s.prefix.bytes);
+        v1.push(s.realm.len() as u8);
+        v1.extend_from_slice(s.realm.as_bytes());
+        v1.push(s.user.len() as u8);
+        v1.extend_from_slice(s.user.as_bytes());
+        let (_, tag) = ring().sign(Purpose::Session, &v1);
+        v1.extend_from_slice(&tag);
+        let mut buf = [0u8; MAX_TOKEN];
+        assert_eq!(
+            verify(
+                &ring(),
+                URL_SAFE_NO_PAD.encode(&v1).as_bytes(),
+                &mut buf,
+                1500
+            ),
+            Err(TokenError::Malformed)
+        );
     }
 
     #[test]
@@ -173,7 +263,7 @@ mod tests {
         );
         // Any altered byte of the payload breaks the MAC.
         let mut raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
-        for i in [6, 14, 22, 30, 45, raw.len() - 1] {
+        for i in [6, 14, 22, 30, 45, 50, 51, 53, raw.len() - 1] {
             raw[i] ^= 1;
             let forged = URL_SAFE_NO_PAD.encode(&raw);
             assert_eq!(

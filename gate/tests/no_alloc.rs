@@ -43,6 +43,8 @@ fn verifying_a_session_allocates_nothing() {
             expires: 5000,
             realm_version: 7,
             prefix: Prefix::of("192.0.2.1".parse().unwrap(), 24, 48),
+            ua_hash: 7,
+            proof: token::Proof::Password,
             kid: 0,
         },
     )
@@ -54,6 +56,10 @@ fn verifying_a_session_allocates_nothing() {
         let mut buf = [0u8; MAX_TOKEN];
         let s = token::verify(&keyring, cookie.as_bytes(), &mut buf, 2000).unwrap();
         assert_eq!(s.user, "alice");
+        // Nor does the user agent's fingerprint that every session check compares.
+        std::hint::black_box(tern_gate::pow::ua_hash(
+            b"Mozilla/5.0 (X11; rv:132.0) Firefox/132.0",
+        ));
         // The failures allocate nothing either.
         let mut buf = [0u8; MAX_TOKEN];
         assert!(token::verify(&keyring, b"not-a-token", &mut buf, 2000).is_err());

@@ -3,11 +3,13 @@
 //! Transfer-Encoding, Upgrade, Proxy-*) are dropped, and so are the framing fields (the relay
 //! writes its own) and Expect (tern answered `100 Continue` itself). The forwarding fields
 //! are extended when the peer is a trusted proxy and replaced otherwise, so a client can
-//! never put words in a proxy's mouth.
+//! never put words in a proxy's mouth; the other fields in which proxies tell apps who the
+//! client is (`X-Real-IP`, `X-Auth-User`, `X-Original-URL`...) are dropped, and
+//! `X-Auth-User`/`X-Auth-Realm` come only from the gate in front of the route.
 
 use std::net::IpAddr;
 
-use tern_server::{connection_lists, trim_ows, Request};
+use tern_server::{connection_lists, trim_ows, Identity, Request};
 
 use crate::ProxyOptions;
 
@@ -22,11 +24,35 @@ const DROPPED: &[&str] = &[
     "upgrade",
     "content-length",
     "expect",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-    "forwarded",
 ];
+
+/// Fields in which a proxy tells the app about the client: who it is, where it connected
+/// from, what it asked for. Apps believe them, so only tern writes them (`X-Forwarded-For`,
+/// `-Proto`, `-Host`, `Forwarded`, and `X-Auth-User`/`-Realm` from the gate's session);
+/// copies sent to tern are dropped, even from a trusted proxy, whose word about the client
+/// is taken through X-Forwarded-For and Forwarded only. Whole families by prefix, so a
+/// variant nobody listed (`X-Forwarded-Uri`, `X-Auth-Request-Email`) is dropped too.
+const CLAIM_PREFIXES: &[&str] = &["x-forwarded-", "x-original-", "x-auth-"];
+const CLAIMS: &[&str] = &[
+    "forwarded",
+    "x-real-ip",
+    "true-client-ip",
+    "x-client-ip",
+    "client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+    "x-rewrite-url",
+    "remote-user",
+    "x-remote-user",
+];
+
+fn is_claim(name: &str) -> bool {
+    CLAIMS.iter().any(|c| name.eq_ignore_ascii_case(c))
+        || CLAIM_PREFIXES
+            .iter()
+            .any(|p| name.len() > p.len() && name[..p.len()].eq_ignore_ascii_case(p))
+}
 
 pub struct Built {
     pub head: Vec<u8>,
@@ -34,9 +60,10 @@ pub struct Built {
     pub upgrade: bool,
 }
 
-/// The head to send: request line, Host, the end-to-end fields, the forwarding fields and,
-/// for a WebSocket handshake, `Connection: upgrade` and `Upgrade`.
-pub fn build(req: &Request<'_>, options: &ProxyOptions) -> Built {
+/// The head to send: request line, Host, the end-to-end fields, the forwarding fields, the
+/// account a guard let the request through as (`identity`) and, for a WebSocket handshake,
+/// `Connection: upgrade` and `Upgrade`.
+pub fn build(req: &Request<'_>, options: &ProxyOptions, identity: Option<&Identity>) -> Built {
     let head = req.head;
     let mut out = Vec::with_capacity(head.head_len + 160);
     out.extend_from_slice(head.method_str.as_bytes());
@@ -67,6 +94,7 @@ pub fn build(req: &Request<'_>, options: &ProxyOptions) -> Built {
     for h in head.headers {
         let name = h.name;
         if DROPPED.iter().any(|d| name.eq_ignore_ascii_case(d))
+            || is_claim(name)
             || name.len() > 6 && name[..6].eq_ignore_ascii_case("proxy-")
             || connection_named(name)
         {
@@ -134,6 +162,10 @@ pub fn build(req: &Request<'_>, options: &ProxyOptions) -> Built {
         out.push(b'"');
     }
     out.extend_from_slice(b"\r\n");
+    if let Some(id) = identity {
+        line(&mut out, "X-Auth-User", &[id.user().as_bytes()]);
+        line(&mut out, "X-Auth-Realm", &[id.realm().as_bytes()]);
+    }
 
     let upgrade = wants_websocket(req);
     if upgrade {
@@ -200,6 +232,16 @@ mod tests {
     use tern_server::{parse_request, Limits, Parsed};
 
     fn forwarded(raw: &str, peer: &str, trusted: &str, secure: bool) -> (String, bool) {
+        forwarded_as(raw, peer, trusted, secure, None)
+    }
+
+    fn forwarded_as(
+        raw: &str,
+        peer: &str,
+        trusted: &str,
+        secure: bool,
+        identity: Option<&Identity>,
+    ) -> (String, bool) {
         let mut headers = [MaybeUninit::uninit(); 64];
         let Ok(Parsed::Complete(head)) =
             parse_request(raw.as_bytes(), &mut headers, &Limits::default())
@@ -218,7 +260,7 @@ mod tests {
             host: None,
             trusted: tern_services::TrustedProxies::parse(trusted).unwrap(),
         };
-        let b = build(&req, &options);
+        let b = build(&req, &options, identity);
         (String::from_utf8(b.head).unwrap(), b.upgrade)
     }
 
@@ -272,6 +314,57 @@ mod tests {
             h.contains("Forwarded: for=\"[2001:db8::1]\";proto=https"),
             "{h}"
         );
+    }
+
+    /// Fields an app may take as the proxy's word about who the client is, where it came
+    /// from or what it asked for.
+    const CLAIMS: &[&str] = &[
+        "X-Auth-User: admin",
+        "x-auth-realm: staff",
+        "X-Auth-Request-Email: boss@example.org",
+        "X-Real-IP: 10.9.9.9",
+        "True-Client-IP: 10.9.9.8",
+        "X-Client-IP: 10.9.9.7",
+        "CF-Connecting-IP: 10.9.9.6",
+        "X-Forwarded-Port: 443",
+        "X-Forwarded-Prefix: /admin",
+        "X-Forwarded-Server: internal",
+        "X-Forwarded-User: root",
+        "X-Original-URL: /admin/delete",
+        "X-Original-URI: /admin/delete",
+        "X-Rewrite-URL: /admin/delete",
+        "Remote-User: root",
+    ];
+
+    #[test]
+    fn claims_about_the_client_never_come_from_the_client() {
+        let mut raw = String::from("GET /page HTTP/1.1\r\nHost: a.test\r\n");
+        for c in CLAIMS {
+            raw.push_str(c);
+            raw.push_str("\r\n");
+        }
+        raw.push_str("Accept: */*\r\n\r\n");
+        // Not from a client, and not from a trusted proxy either: what it says about the
+        // client travels in X-Forwarded-For and Forwarded, which are checked.
+        for trusted in ["", "127.0.0.0/8"] {
+            let (h, _) = forwarded(&raw, "127.0.0.1:1", trusted, false);
+            for c in CLAIMS {
+                let name = c.split(':').next().unwrap().to_ascii_lowercase();
+                assert!(
+                    !h.to_ascii_lowercase().contains(&format!("\n{name}:")),
+                    "{name} passed ({trusted:?}): {h}"
+                );
+            }
+            assert!(h.contains("Accept: */*\r\n"), "{h}");
+        }
+        // The gate's session is what names the user.
+        let alice = Identity::new("staff", "alice").unwrap();
+        let (h, _) = forwarded_as(&raw, "198.51.100.9:1", "", false, Some(&alice));
+        assert!(
+            h.contains("X-Auth-User: alice\r\nX-Auth-Realm: staff\r\n"),
+            "{h}"
+        );
+        assert!(!h.contains("admin") && !h.contains("root"), "{h}");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! tern-proxy: the reverse proxy, as an app on the server's public API.
 //!
 //! A [`Proxy`] is a handler: for each request it chooses nothing itself but writes the head
-//! the upstream will see ([`head`]: hop-by-hop fields removed, `X-Forwarded-*` and
-//! `Forwarded` set) and answers `Reply::Forward` with its [`UpstreamGroup`]
+//! the upstream will see ([`head`]: hop-by-hop fields and the client's claims about itself
+//! removed, `X-Forwarded-*` and `Forwarded` set, `X-Auth-User`/`-Realm` from the guard) and answers `Reply::Forward` with its [`UpstreamGroup`]
 //! ([`group`]: which server, round-robin or least connections, skipping those that failed
 //! recently). The server's worker then relays the exchange on its own upstream connections
 //! (`tern_server::upstream`): no other thread and no lock on the way.
@@ -43,8 +43,8 @@ impl Proxy {
 }
 
 impl Handler for Proxy {
-    fn handle(&self, req: &Request<'_>, _cx: &mut HandlerContext<'_>) -> Reply {
-        let built = head::build(req, &self.options);
+    fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
+        let built = head::build(req, &self.options, cx.identity());
         Reply::Forward(Box::new(Forward {
             upstreams: self.group.clone(),
             head: built.head,

@@ -73,6 +73,7 @@ pub(crate) fn run(
         deferred: false,
         worker_id: cx.worker_id,
         log: crate::LogTarget::DEFAULT,
+        identity: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
     if let Some(entry) = entry {

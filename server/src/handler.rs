@@ -78,6 +78,8 @@ pub struct HandlerContext<'a> {
     pub worker_id: usize,
     /// The access log this request's line goes to.
     pub(crate) log: crate::LogTarget,
+    /// Who a guard in front let the request through as (set by [`crate::Guarded`] only).
+    pub(crate) identity: Option<crate::guard::Identity>,
 }
 
 impl HandlerContext<'_> {
@@ -85,6 +87,12 @@ impl HandlerContext<'_> {
     /// or nowhere ([`crate::LogTarget::OFF`]).
     pub fn log_to(&mut self, target: crate::LogTarget) {
         self.log = target;
+    }
+
+    /// The account a guard in front of this handler established, if any: a handler can
+    /// trust it, since only a guard sets it (never the client).
+    pub fn identity(&self) -> Option<&crate::guard::Identity> {
+        self.identity.as_ref()
     }
 
     /// Takes a handle that completes this request later; the handler must then return

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 pub use access_log::{AccessLog, AccessLogFormat, ClientIp, LogTarget};
 pub use bans::{BanConfig, BanNotice, Bans};
-pub use guard::{Guard, Guarded, Verdict};
+pub use guard::{Guard, Guarded, Identity, Verdict};
 pub use handler::{complete_all, Handler, HandlerContext, Pending, Reply, Request, WorkerMessage};
 pub use response::{Body, FileBody, Response};
 pub use router::Router;

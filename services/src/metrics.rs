@@ -135,15 +135,36 @@ impl CountersPage {
     }
 }
 
+/// Whether `req` may read the counters: it comes from this machine or from a trusted proxy
+/// itself, judged by the client's address through the trusted proxies (X-Forwarded-For,
+/// Forwarded), never by the peer alone: a proxy on this machine relays the whole world's
+/// requests from a loopback address. A request relayed by a peer that is not trusted (it
+/// names someone it forwards for) is refused, since its client cannot be known.
+pub fn may_read_counters(req: &tern_server::Request<'_>, trusted: &crate::TrustedProxies) -> bool {
+    let peer = req.peer.ip().to_canonical();
+    if !trusted.is_trusted(peer) {
+        let relayed = ["x-forwarded-for", "forwarded", "x-real-ip"]
+            .iter()
+            .any(|name| req.header(name).is_some());
+        return peer.is_loopback() && !relayed;
+    }
+    let client = trusted.client_ip(req.peer, req.head);
+    client.is_loopback() || trusted.is_trusted(client)
+}
+
+/// The answer to a request [`may_read_counters`] refuses.
+pub fn counters_refused() -> tern_server::Response {
+    tern_server::Response::text(403, "counters are for this machine only\n")
+}
+
 impl tern_server::Handler for CountersPage {
     fn handle(
         &self,
         req: &tern_server::Request<'_>,
         _: &mut tern_server::HandlerContext<'_>,
     ) -> tern_server::Reply {
-        let peer = req.peer.ip().to_canonical();
-        if !peer.is_loopback() && !self.trusted.is_trusted(peer) {
-            return tern_server::Response::text(403, "counters are for this machine only\n").into();
+        if !may_read_counters(req, &self.trusted) {
+            return counters_refused().into();
         }
         let mut all = server_metrics(&self.stats.snapshot());
         all.extend(process_metrics(self.started));
@@ -342,6 +363,62 @@ mod tests {
         let a = &c.slots[0] as *const _ as usize;
         let b = &c.slots[1] as *const _ as usize;
         assert!(b - a >= 64);
+    }
+
+    #[test]
+    fn counters_are_for_this_machine_judged_through_trusted_proxies() {
+        let may = |peer: &str, trusted: &str, extra: &str| {
+            let raw = format!("GET /statusz HTTP/1.1\r\nHost: x\r\n{extra}\r\n");
+            let mut headers = [std::mem::MaybeUninit::uninit(); 16];
+            let limits = tern_server::Limits::default();
+            let Ok(tern_server::Parsed::Complete(head)) =
+                tern_server::parse_request(raw.as_bytes(), &mut headers, &limits)
+            else {
+                panic!("test request must parse");
+            };
+            let req = tern_server::Request {
+                head: &head,
+                body: &[],
+                peer: peer.parse().unwrap(),
+                secure: false,
+                unix_secs: 0,
+                now_ms: 0,
+            };
+            may_read_counters(&req, &crate::TrustedProxies::parse(trusted).unwrap())
+        };
+        let nginx = "127.0.0.1, ::1";
+        // This machine, asking directly.
+        assert!(may("127.0.0.1:5", "", ""));
+        assert!(may("[::1]:5", nginx, ""));
+        assert!(!may("203.0.113.9:5", "", ""));
+        // Through a trusted proxy: whoever it says the client is.
+        assert!(!may(
+            "127.0.0.1:5",
+            nginx,
+            "X-Forwarded-For: 203.0.113.9\r\n"
+        ));
+        assert!(!may(
+            "127.0.0.1:5",
+            nginx,
+            "X-Forwarded-For: 127.0.0.1, 203.0.113.9\r\n"
+        ));
+        assert!(!may("127.0.0.1:5", nginx, "Forwarded: for=203.0.113.9\r\n"));
+        assert!(may("127.0.0.1:5", nginx, "X-Forwarded-For: 127.0.0.1\r\n"));
+        // A monitoring host listed as trusted may ask itself.
+        assert!(may("10.0.0.5:5", "10.0.0.5", ""));
+        assert!(!may(
+            "10.0.0.5:5",
+            "10.0.0.5",
+            "X-Forwarded-For: 198.51.100.1\r\n"
+        ));
+        // A proxy on this machine that is not trusted: its client is unknown, so no.
+        for relayed in [
+            "X-Forwarded-For: 127.0.0.1\r\n",
+            "Forwarded: for=127.0.0.1\r\n",
+            "X-Real-IP: 127.0.0.1\r\n",
+        ] {
+            assert!(!may("127.0.0.1:5", "", relayed), "{relayed}");
+        }
     }
 
     #[test]
