@@ -95,6 +95,10 @@ pub fn build(req: &Request<'_>, options: &ProxyOptions, identity: Option<&Identi
         let name = h.name;
         if DROPPED.iter().any(|d| name.eq_ignore_ascii_case(d))
             || is_claim(name)
+            // CGI, FastCGI, WSGI and Rack turn `-` into `_`, so `X_Auth_User` would reach a
+            // PHP or Python app as `X-Auth-User`; nginx drops such names too
+            // (`underscores_in_headers off`).
+            || name.contains('_')
             || name.len() > 6 && name[..6].eq_ignore_ascii_case("proxy-")
             || connection_named(name)
         {
@@ -365,6 +369,20 @@ mod tests {
             "{h}"
         );
         assert!(!h.contains("admin") && !h.contains("root"), "{h}");
+    }
+
+    #[test]
+    fn names_with_underscores_never_reach_the_app() {
+        let (h, _) = forwarded(
+            "GET / HTTP/1.1\r\nHost: a.test\r\nX_Auth_User: admin\r\nX-Auth_User: root\r\n\
+             X_Forwarded_For: 6.6.6.6\r\nAccept: */*\r\n\r\n",
+            "127.0.0.1:1",
+            "",
+            false,
+        );
+        assert!(!h.contains('_') && !h.contains("admin") && !h.contains("root"), "{h}");
+        assert!(!h.contains("6.6.6.6"), "{h}");
+        assert!(h.contains("Accept: */*\r\n"), "{h}");
     }
 
     #[test]
