@@ -553,7 +553,12 @@ fn a_login_flood_never_slows_the_site() {
         POLICY,
         "[pool]\nthreads = 1\nqueue = 4\n[limits]\nlogin_per_minute = 100000\nlogin_burst = 100000\nfailures_per_user = 100000\n",
     );
-    // A realistic cost (bcrypt 10, tens of milliseconds), so the pool is really busy.
+    // A realistic cost (bcrypt 10: tens of milliseconds a hash, more in the debug build the
+    // tests run), so the pool is really busy. Behind twelve flooders a hash on a worker would
+    // stall pages for several hashes' time, far beyond the bound below, while a loaded
+    // machine's scheduling noise stays under it (10 ms, the bound before, was not: it failed
+    // once with the load average at 5): the assertion tells where hashing runs, not how fast
+    // this machine is.
     let hash = bcrypt::hash("hunter2", 10).unwrap();
     std::fs::write(setup.path("staff.htpasswd"), format!("alice:{hash}\n")).unwrap();
     let tern = setup.serve(&[]);
@@ -606,7 +611,7 @@ fn a_login_flood_never_slows_the_site() {
         "a full queue answers 503: {seen:?}"
     );
     assert!(
-        p99 < Duration::from_millis(10),
+        p99 < Duration::from_millis(250),
         "p99 {p99:?} during the flood ({seen:?})"
     );
 }
