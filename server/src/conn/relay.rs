@@ -175,6 +175,10 @@ pub(crate) struct Relay {
     /// The client connection cannot be reused after this exchange (its body was not read to
     /// the end, or the response was cut short).
     close_client: bool,
+    /// The request has a body its method gives no meaning to: an upstream may not read it as
+    /// a body but as requests of its own (CL.0), answered after this one's answer, so its
+    /// connection is not reused.
+    body_may_be_ignored: bool,
     /// Over, its upstream connection released (an HTTP/2 stream's relay stays until its
     /// answer is sent).
     finished: bool,
@@ -198,6 +202,17 @@ impl Relay {
             streamed,
             log,
         } = start;
+        let has_body = !body.is_empty()
+            || matches!(
+                streamed,
+                Some(
+                    BodyFollows::Framed(BodyKind::Chunked)
+                        | BodyFollows::Raw(None)
+                        | BodyFollows::Framed(BodyKind::Length(1..))
+                        | BodyFollows::Raw(Some(1..))
+                )
+            );
+        let body_may_be_ignored = has_body && method_gives_body_no_meaning(&fwd.head);
         // The handler's head becomes the start of the request bytes (no copy).
         let mut to_up = std::mem::take(&mut fwd.head);
         to_up.reserve(64 + body.len().min(16 * 1024));
@@ -252,6 +267,7 @@ impl Relay {
             sent_us: cx.clock.now_us(),
             outcome: UpstreamOutcome::Ok,
             close_client: false,
+            body_may_be_ignored,
             finished: false,
         });
         relay.pick(cx);
@@ -693,8 +709,15 @@ impl Relay {
             && self.client_body.is_none()
     }
 
+    /// The connection may carry another exchange as far as this one can tell: the answer
+    /// was read to its exact end (nothing after it in our buffer), the request was sent whole,
+    /// and nothing in it may be read by the server as a request of its own. (The pool then
+    /// checks that nothing waits in the socket either.)
     fn reusable(&self) -> bool {
-        self.upstream_keep && self.request_sent() && self.outcome == UpstreamOutcome::Ok
+        self.upstream_keep
+            && self.request_sent()
+            && self.outcome == UpstreamOutcome::Ok
+            && !self.body_may_be_ignored
     }
 
     /// Back to connecting, sending the request again from the start (`fresh`: not pooled).
@@ -1118,6 +1141,22 @@ fn write_interim(out: &mut Output, head: &ResponseHead<'_>, cx: &mut ConnCx<'_>)
     buf.extend_from_slice(head.headers);
     buf.extend_from_slice(b"\r\n");
     out.commit(before);
+}
+
+/// The request `head` (its request line first) names a method whose request content has no
+/// generally defined semantics (RFC 9110 §9.3: GET, HEAD, DELETE, CONNECT, and OPTIONS in
+/// practice) or must not be sent (TRACE): servers commonly do not read such a body.
+fn method_gives_body_no_meaning(head: &[u8]) -> bool {
+    let method = head.split(|&b| b == b' ').next().unwrap_or_default();
+    [
+        &b"GET"[..],
+        b"HEAD",
+        b"DELETE",
+        b"OPTIONS",
+        b"TRACE",
+        b"CONNECT",
+    ]
+    .contains(&method)
 }
 
 fn push_length(to: &mut Vec<u8>, n: u64) {
