@@ -326,3 +326,143 @@ fn a_request_smuggled_in_a_get_body_is_never_answered_to_anyone() {
         "the upstream never parsed the smuggled request: the test tested nothing"
     );
 }
+
+/// Answers every request with a `size`-byte body, then waits for the next request; ends when
+/// tern closes the connection (counting a failed write as `cut`).
+fn serve_big(mut s: TcpStream, counts: &Counts, size: usize) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16384];
+    loop {
+        while let Some((line, head, _)) = parse_head(&buf) {
+            buf.drain(..head);
+            counts.requests.lock().unwrap().push(line);
+            let mut out = format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+            out.resize(out.len() + size, b'b');
+            for piece in out.chunks(16384) {
+                if s.write_all(piece).is_err() {
+                    counts.cut.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// How many upstream connections one client connection may hold at once
+/// (`MAX_UPSTREAMS_PER_CONN` in server/src/upstream/driver.rs).
+const UPSTREAMS_PER_CLIENT_CONNECTION: usize = 16;
+
+/// An HTTP/2 client that opens its streams' windows to nothing and asks for 40 large proxied
+/// answers at once makes tern open at most a bounded number of upstream connections for it
+/// (the other streams wait their turn), not one per stream.
+#[test]
+fn shut_http2_windows_pin_a_bounded_number_of_upstream_connections() {
+    use h2_support::{RawH2, SETTINGS_INITIAL_WINDOW_SIZE};
+    let up = Upstream::start(|s, counts| serve_big(s, counts, 1 << 20));
+    let config = Config::new();
+    let tern = config.start("", up.addr, "");
+    let mut h2 = RawH2::connect(tern.addr(), &[(SETTINGS_INITIAL_WINDOW_SIZE, 0)]);
+    for i in 0..40u32 {
+        h2.request(1 + 2 * i, "GET", &format!("/big/{i}"), &[], false);
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || up.requests().len()
+            >= UPSTREAMS_PER_CLIENT_CONNECTION),
+        "the upstream saw {} requests",
+        up.requests().len()
+    );
+    // Time for more, were more allowed (none of the answers can end: no window).
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        up.accepted() <= UPSTREAMS_PER_CLIENT_CONNECTION,
+        "one client connection made tern open {} upstream connections",
+        up.accepted()
+    );
+    assert_eq!(up.live(), up.accepted());
+}
+
+/// Proxied answers stalled by a window the client never opens end at the write timeout
+/// counted from when the stall began: PINGs (answered, and read) do not extend it. The
+/// connection gets GOAWAY and is closed, and its upstream connections are closed too.
+#[test]
+fn pings_do_not_keep_a_stalled_http2_connection_alive() {
+    use h2_support::{Closed, RawH2, GOAWAY, PING, SETTINGS_INITIAL_WINDOW_SIZE};
+    let up = Upstream::start(|s, counts| serve_big(s, counts, 1 << 20));
+    let config = Config::new();
+    let tern = config.start("write_timeout = 2", up.addr, "");
+    let mut h2 = RawH2::connect(tern.addr(), &[(SETTINGS_INITIAL_WINDOW_SIZE, 0)]);
+    for i in 0..4u32 {
+        h2.request(1 + 2 * i, "GET", &format!("/big/{i}"), &[], false);
+    }
+    assert!(eventually(Duration::from_secs(10), || up.requests().len() == 4));
+    let start = Instant::now();
+    let closed = loop {
+        // A PING every 200 ms, well inside the 2 s write timeout, its ACK read at once.
+        let _ = h2
+            .sock
+            .write_all(&h2_support::frame_bytes(PING, 0, 0, &[7; 8]));
+        match h2.close_within(Duration::from_millis(200)) {
+            Closed::Open if start.elapsed() < Duration::from_secs(15) => continue,
+            how => break how,
+        }
+    };
+    assert_ne!(
+        closed,
+        Closed::Open,
+        "still open after {:?} of PINGs; frames: {:?}",
+        start.elapsed(),
+        h2.seen
+    );
+    assert!(
+        h2.seen.iter().any(|f| f.ty == GOAWAY),
+        "closed without GOAWAY: {:?}",
+        h2.seen
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || up.live() == 0),
+        "{} upstream connections still open",
+        up.live()
+    );
+}
+
+/// A client that reads a large proxied answer slowly (a KiB now and then, enough to count
+/// as reading for the write timeout) cannot hold the upstream connection past the upstream
+/// idle timeout: once tern has stopped reading the upstream because the client's output is
+/// full, the exchange must move within that time or end, its upstream connection closed.
+#[test]
+fn a_slow_reader_does_not_pin_its_upstream_connection() {
+    let up = Upstream::start(|s, counts| serve_big(s, counts, 256 << 20));
+    let config = Config::new();
+    let tern = config.start("write_timeout = 600", up.addr, "upstream_idle_timeout = 2");
+    let sock = TcpStream::connect(tern.addr()).unwrap();
+    small_receive_buffer(&sock, 4096);
+    let mut c = Client::from_stream(sock);
+    c.send(b"GET /huge HTTP/1.1\r\nHost: test\r\n\r\n");
+    assert!(eventually(Duration::from_secs(10), || up.requests().len() == 1));
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    let mut read = 0usize;
+    c.stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    while up.live() > 0 && start.elapsed() < Duration::from_secs(15) {
+        match c.stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(
+        up.live(),
+        0,
+        "after {:?} of a client reading {read} bytes, its upstream connection is still open",
+        start.elapsed()
+    );
+    assert_eq!(up.cut(), 1, "closed under the answer, not after it");
+}

@@ -329,7 +329,6 @@ impl UpstreamConns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write as _;
 
     /// Waits (bounded) until `stream` reports anything but `Nothing`: loopback delivery is
     /// not instant.
