@@ -101,11 +101,28 @@ pub(crate) struct Http2 {
 /// whatever moves the connection otherwise (its PINGs, an upstream's bytes) does not move the
 /// deadline. Kept in a `Cell`: `next_deadline` is where the connection's state is looked at
 /// after every turn, so that is where a stall is seen to start or end.
-#[derive(Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Stall {
     since_ms: Option<u64>,
     /// DATA bytes queued since `since_ms`.
     data: usize,
+}
+
+impl Stall {
+    /// The stall as of `now`: over when nothing is `owed`; else begun now if it had not, or
+    /// if enough DATA went out since it began.
+    fn at(self, owed: bool, now: u64) -> Stall {
+        if !owed {
+            Stall::default()
+        } else if self.since_ms.is_none() || self.data >= STALL_PROGRESS {
+            Stall {
+                since_ms: Some(now),
+                data: 0,
+            }
+        } else {
+            self
+        }
+    }
 }
 
 /// The last response head block that changed nothing in the HPACK table, and what it was
@@ -557,6 +574,7 @@ impl Http2 {
             let header = self.session.data_frame(id, len as usize, true);
             out.push_copy(&header);
             out.push_body(response.body);
+            self.data_sent(len as usize);
             let buf = out.head_buf(|| cx.buffers.take_write());
             let before = buf.len();
             self.session.answer_sent(id, buf);
@@ -652,15 +670,7 @@ impl Http2 {
     /// Since when the connection has been stalled, if it is (`owed`: it has bytes for the
     /// client that wait), as of `now`; see [`Stall`].
     fn stalled_since(&self, owed: bool, now: u64) -> Option<u64> {
-        let mut stall = self.stall.get();
-        if !owed {
-            stall = Stall::default();
-        } else if stall.since_ms.is_none() || stall.data >= STALL_PROGRESS {
-            stall = Stall {
-                since_ms: Some(now),
-                data: 0,
-            };
-        }
+        let stall = self.stall.get().at(owed, now);
         self.stall.set(stall);
         stall.since_ms
     }
@@ -1234,6 +1244,33 @@ mod tests {
             urgency,
             incremental,
         }
+    }
+
+    #[test]
+    fn only_data_moves_a_stall_deadline() {
+        let begun = Stall::default().at(true, 1_000);
+        assert_eq!(begun.since_ms, Some(1_000));
+        // Time passing and frames other than DATA (nothing counted) move nothing.
+        assert_eq!(begun.at(true, 5_000), begun);
+        // A dribble of DATA short of STALL_PROGRESS moves nothing either.
+        let dribbled = Stall {
+            data: STALL_PROGRESS - 1,
+            ..begun
+        };
+        assert_eq!(dribbled.at(true, 6_000).since_ms, Some(1_000));
+        // Enough DATA starts it over; nothing owed ends it.
+        let moved = Stall {
+            data: STALL_PROGRESS,
+            ..begun
+        };
+        assert_eq!(
+            moved.at(true, 7_000),
+            Stall {
+                since_ms: Some(7_000),
+                data: 0
+            }
+        );
+        assert_eq!(moved.at(false, 7_000), Stall::default());
     }
 
     #[test]
