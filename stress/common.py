@@ -199,7 +199,8 @@ class Tern:
     start-up line to its (host, port).
 
     `demo=True` runs `tern demo` instead (the same site as `--site`, its database in a
-    throwaway `--data` folder): the only command with /statusz and /metrics."""
+    throwaway `--data` folder): the only command with /statusz and /metrics. `config` runs
+    `tern run --config CONFIG` instead (sites, routes and the reverse proxy from the file)."""
 
     def __init__(
         self,
@@ -213,6 +214,7 @@ class Tern:
         tls: TlsFiles | None = None,
         plain_too: bool = False,
         demo: bool = False,
+        config: str | None = None,
     ):
         self.site = site or make_site()
         self.scheme = "https" if tls is not None else "http"
@@ -225,6 +227,8 @@ class Tern:
             data = tempfile.mkdtemp(prefix="tern-stress-data-")
             atexit.register(lambda: _rmtree(data))
             command = ["demo", "--site", self.site, "--data", data]
+        elif config is not None:
+            command = ["run", "--config", config]
         else:
             command = ["serve", self.site]
         cmd = [

@@ -1,10 +1,16 @@
-//! A relayed exchange, in memory (tern_server::testing::MemoryConn plays both the client's
-//! and the upstream's socket): arbitrary client bytes through the real HTTP/1.1 protocol and
-//! `ForwardAll` handler, arbitrary upstream bytes in arbitrary read sizes, with or without the
-//! upstream closing. Nothing may panic, and what the client receives must always read as
-//! well-framed HTTP/1.1 answers (an incomplete last one only if the connection closed or the
-//! answer is still being relayed): a
-//! broken upstream must never desynchronise the client's connection.
+//! Relayed exchanges, in memory (tern_server::testing::MemoryConn plays both the client's
+//! and the upstream's sockets): arbitrary client bytes through the real HTTP/1.1 protocol and
+//! `ForwardAll` handler, arbitrary upstream answers in arbitrary read sizes, with or without
+//! the upstream closing. The upstream answers each request that reaches one of its
+//! connections with the next of its answers, which may carry anything after the answer:
+//! surplus bytes, or whole answers nobody asked for. Upstream connections are kept between
+//! exchanges by the worker pool's rule.
+//!
+//! Nothing may panic; what the client receives must always read as well-formed HTTP/1.1
+//! answers (an incomplete last one only if the connection closed or the answer is still being
+//! relayed), so a broken upstream never desynchronises the client's connection; and bytes an
+//! upstream sent in answer to one request are never read for another (`upstream_answers`
+//! panics): a connection with surplus bytes is never reused.
 #![no_main]
 
 use std::sync::Arc;
@@ -17,16 +23,18 @@ fuzz_target!(|data: &[u8]| {
     let Some((&control, rest)) = data.split_first() else {
         return;
     };
-    // Client bytes, then the upstream's, split at the first 0xff (not a valid byte in either
-    // head, so the split is easy for the fuzzer to find).
+    // Client bytes, then the upstream's, split at the first 0xff; the upstream's answers to
+    // successive requests are split at each 0xfe (single rare bytes: splits the fuzzer finds
+    // easily).
     let split = rest.iter().position(|&b| b == 0xff).unwrap_or(rest.len());
     let (client, upstream) = (&rest[..split], rest.get(split + 1..).unwrap_or(&[]));
+    let answers: Vec<&[u8]> = upstream.split(|&b| b == 0xfe).collect();
     let piece = 1 + (control & 0x3f) as usize * 7;
     let close = control & 0x40 != 0;
     let router = Router::new().fallback(ForwardAll(Arc::new(MemoryUpstream::default())));
     let mut c = MemoryConn::new(router, None).expect("a memory connection");
     c.feed(client);
-    c.upstream(upstream, piece, close);
+    c.upstream_answers(&answers, piece, close);
     if control & 0x80 != 0 {
         c.feed_eof();
     }

@@ -3,6 +3,7 @@
 //! fuzzer (`fuzz/fuzz_targets/tls_http.rs`) and tests run the transport, the protocol and the
 //! handlers without the network or threads. Deferred replies are never completed here.
 
+use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64};
@@ -14,6 +15,7 @@ use tern_tls::TlsAcceptor;
 use crate::conn::output::MAX_IOVECS;
 use crate::conn::{Action, Conn, ConnCx, Link, RelayNeed, Transmit};
 use crate::handler::WorkerMessage;
+use crate::upstream::pool::Waiting;
 use crate::upstream::{Forward, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
 use crate::worker::Shared;
 use crate::{Handler, HandlerContext, Reply, Request, RequestHead};
@@ -52,6 +54,38 @@ pub struct MemoryConn {
     output: Vec<u8>,
     closed: bool,
     eof_delivered: bool,
+    /// The upstream connection kept idle between exchanges (a pool of one).
+    pooled: Option<FakeUpstreamConn>,
+    /// Upstream connections opened so far.
+    upstream_connections: usize,
+    /// Exchanges relayed so far (numbers the bytes each exchange's answer came in).
+    exchanges: u32,
+}
+
+/// One upstream connection as [`MemoryConn::upstream_answers`] plays it.
+#[derive(Default)]
+struct FakeUpstreamConn {
+    /// Bytes the upstream sent that the relay has not read yet, each with the number of the
+    /// exchange whose request it was answering.
+    unread: VecDeque<(u32, u8)>,
+    /// The exchange this connection last received a request of (answered once).
+    answering: Option<u32>,
+    /// The upstream closed its side (after `unread`); `eof_told`: the relay read the EOF.
+    closed: bool,
+    eof_told: bool,
+}
+
+impl FakeUpstreamConn {
+    /// What a peek at its socket would find (see `UpStream::waiting`).
+    fn waiting(&self) -> Waiting {
+        if !self.unread.is_empty() {
+            Waiting::Bytes
+        } else if self.closed {
+            Waiting::Closed
+        } else {
+            Waiting::Nothing
+        }
+    }
 }
 
 impl MemoryConn {
@@ -98,6 +132,9 @@ impl MemoryConn {
             output: Vec::new(),
             closed: false,
             eof_delivered: false,
+            pooled: None,
+            upstream_connections: 0,
+            exchanges: 0,
         })
     }
 
@@ -131,14 +168,36 @@ impl MemoryConn {
         &self.shared.stats
     }
 
+    /// Upstream connections opened so far by [`Self::upstream_answers`] (the others were
+    /// reused from its pool of one).
+    pub fn upstream_connections(&self) -> usize {
+        self.upstream_connections
+    }
+
     /// Plays the upstream server of a relayed exchange: takes what the connection sends it
     /// (returned), answers `answer` in reads of at most `piece` bytes, then closes if
     /// `close`. Every step the client side runs too (its output is collected as usual).
     pub fn upstream(&mut self, answer: &[u8], piece: usize, close: bool) -> Vec<u8> {
+        self.upstream_answers(&[answer], piece, close)
+    }
+
+    /// Plays the upstream server of the exchanges relayed from here on, over as many
+    /// connections as the relay asks for, keeping one idle between exchanges by the worker's
+    /// pool rule (`UpstreamConns::release` and `take_idle`): in only when its exchange allows
+    /// it and nothing waits in its socket, out again only if nothing waits in it then. Each
+    /// request reaching a connection is answered with the next of `answers`, any bytes: a
+    /// well-formed answer, a broken one, one followed by surplus bytes or by whole answers
+    /// nobody asked for. The relay reads at most `piece` bytes at a time. With `close`, a
+    /// connection with no answer left to give is closed by the upstream (after its last one).
+    /// Returns the bytes the upstream received. Every step the client side runs too.
+    ///
+    /// Panics if the relay reads, for one exchange, bytes sent in answer to another: the
+    /// next request on a reused connection would be answered with them.
+    pub fn upstream_answers(&mut self, answers: &[&[u8]], piece: usize, close: bool) -> Vec<u8> {
         let piece = piece.max(1);
         let mut got = Vec::new();
-        let mut input = answer;
-        let mut closed_up = !close;
+        let mut answers = answers.iter();
+        let mut attached: Option<FakeUpstreamConn> = None;
         for _ in 0..1_000_000 {
             if self.closed {
                 break;
@@ -152,27 +211,71 @@ impl MemoryConn {
             let id = ids.first().copied().unwrap_or(0);
             match self.conn.relay_need(id) {
                 RelayNeed::Nothing => moved = false,
-                RelayNeed::Release { .. } => self.conn.relay_released(id, &mut cx),
-                RelayNeed::Connect { .. } => self.conn.relay_attached(id, false, false, &cx),
+                RelayNeed::Release { keep, .. } => {
+                    if let Some(c) = attached.take() {
+                        if keep && c.waiting() == Waiting::Nothing {
+                            self.pooled = Some(c);
+                        }
+                    }
+                    self.conn.relay_released(id, &mut cx);
+                    if !self.conn.in_relay() {
+                        self.exchanges += 1;
+                    }
+                }
+                RelayNeed::Connect { fresh, .. } => {
+                    let idle = if fresh { None } else { self.pooled.take() };
+                    match idle.filter(|c| c.waiting() == Waiting::Nothing) {
+                        Some(c) => {
+                            attached = Some(c);
+                            self.conn.relay_attached(id, true, true, &cx);
+                        }
+                        None => {
+                            attached = Some(FakeUpstreamConn::default());
+                            self.upstream_connections += 1;
+                            self.conn.relay_attached(id, false, false, &cx);
+                        }
+                    }
+                }
                 RelayNeed::Connecting => self.conn.relay_connected(id, &cx),
                 RelayNeed::Io => {
+                    let Some(c) = attached.as_mut() else {
+                        break;
+                    };
                     let out = self.conn.relay_send_buf(id);
                     let sent = out.len();
                     got.extend_from_slice(out);
                     if sent > 0 {
                         self.conn.relay_sent(id, sent, &cx);
-                    } else if !input.is_empty() {
+                        // A request (its first bytes) reached the upstream: it answers.
+                        if c.answering != Some(self.exchanges) {
+                            c.answering = Some(self.exchanges);
+                            if let Some(answer) = answers.next() {
+                                c.unread.extend(answer.iter().map(|&b| (self.exchanges, b)));
+                            }
+                            if close && answers.as_slice().is_empty() {
+                                c.closed = true;
+                            }
+                        }
+                    } else if !c.unread.is_empty() {
                         let buf = self.conn.relay_recv_buf(id, &mut cx);
-                        let n = buf.len().min(piece).min(input.len());
+                        let n = buf.len().min(piece).min(c.unread.len());
                         if n == 0 {
                             moved = false;
                         } else {
-                            buf[..n].copy_from_slice(&input[..n]);
-                            input = &input[n..];
+                            for (slot, (exchange, byte)) in buf.iter_mut().zip(c.unread.drain(..n))
+                            {
+                                assert_eq!(
+                                    exchange, self.exchanges,
+                                    "bytes sent in answer to exchange {exchange} were read for \
+                                     exchange {}: a stray answer reaches another request",
+                                    self.exchanges
+                                );
+                                *slot = byte;
+                            }
                             self.conn.relay_recv(id, n, &mut cx);
                         }
-                    } else if !closed_up {
-                        closed_up = true;
+                    } else if c.closed && !c.eof_told {
+                        c.eof_told = true;
                         self.conn.relay_closed(id, false, &mut cx);
                     } else {
                         moved = false;
@@ -540,6 +643,51 @@ mod tests {
             assert!(String::from_utf8(c.take_output())
                 .unwrap()
                 .starts_with("HTTP/1.1 204 No Content\r\n"));
+        }
+    }
+
+    #[test]
+    fn upstream_connections_are_reused_only_with_nothing_after_the_answer() {
+        const NEXT: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext";
+        for piece in [1, 2, 7, 64, 4096] {
+            // A clean answer: the next exchange takes the same connection.
+            let mut c = relay();
+            c.feed(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n");
+            c.upstream_answers(
+                &[b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi", NEXT],
+                piece,
+                false,
+            );
+            let out = c.take_output();
+            let parsed = parse_responses(&out, &[false, false], false).unwrap();
+            assert_eq!(parsed[1].body, b"next");
+            assert_eq!(c.upstream_connections(), 1, "piece {piece}");
+            // An answer with another behind it, nobody's (whatever the reads' sizes, the
+            // first answer's end among them): the next exchange gets a new connection and its
+            // own answer.
+            let mut c = relay();
+            c.feed(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n");
+            c.upstream_answers(
+                &[
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray",
+                    NEXT,
+                ],
+                piece,
+                false,
+            );
+            let out = c.take_output();
+            let parsed = parse_responses(&out, &[false, false], false).unwrap();
+            assert_eq!(parsed[1].body, b"next", "piece {piece}");
+            assert_eq!(c.upstream_connections(), 2, "piece {piece}");
+            // A GET body the upstream may read as a request of its own: not reused either.
+            let mut c = relay();
+            c.feed(b"GET /1 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabcGET /2 HTTP/1.1\r\nHost: a\r\n\r\n");
+            c.upstream_answers(
+                &[b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi", NEXT],
+                piece,
+                false,
+            );
+            assert_eq!(c.upstream_connections(), 2, "piece {piece}");
         }
     }
 

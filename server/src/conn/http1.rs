@@ -574,6 +574,12 @@ impl Http1 {
         let ms = |d: std::time::Duration| d.as_millis() as u64;
         match &self.state {
             State::Lingering(linger) => (linger.until_ms, Timeout::Linger),
+            // A relay's own deadline runs on while the client reads slowly (only the
+            // upstream's progress moves it, and the upstream is read only as the client takes
+            // the answer): a slow reader cannot hold the upstream connection past it.
+            State::Relay(r) if out_waiting && r.deadline() < now + ms(cfg.write_timeout) => {
+                (r.deadline(), Timeout::Upstream)
+            }
             _ if out_waiting => (now + ms(cfg.write_timeout), Timeout::Write),
             State::Awaiting(..) => (u64::MAX, Timeout::Idle),
             // The client's body is awaited: its own timeout; else the upstream's.
@@ -685,7 +691,11 @@ impl Http1 {
     }
 
     pub fn relay_recv_buf(&mut self, out: &Output, cx: &mut ConnCx<'_>) -> &mut [u8] {
-        let room = out.pending() < OUTPUT_HIGH_WATER;
+        let room = if out.pending() < OUTPUT_HIGH_WATER {
+            usize::MAX
+        } else {
+            0
+        };
         match &mut self.state {
             State::Relay(r) => r.recv_buf(room, cx),
             _ => &mut [],
@@ -716,9 +726,16 @@ impl Http1 {
         }
     }
 
-    pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        if let Some(r) = self.relay_mut() {
-            r.timed_out(out, link, cx);
+    /// The relay's deadline passed. True if the connection must close now: the client
+    /// stopped taking the answer, which can then never be completed.
+    pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) -> bool {
+        let room = out.pending() < OUTPUT_HIGH_WATER;
+        match self.relay_mut() {
+            Some(r) => {
+                r.timed_out(room, out, link, cx);
+                r.client_stalled()
+            }
+            None => false,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! not know: which answers are waiting for window, their order (RFC 9218 urgency, then
 //! incremental round-robin), pending replies, timeouts and closing.
 
+use std::cell::Cell;
 use std::os::unix::fs::FileExt;
 
 use bytes::Bytes;
@@ -30,6 +31,15 @@ const PUMP_TARGET: usize = 128 * 1024;
 const READ_HIGH_WATER: usize = 512 * 1024;
 /// How long a connection with nothing in flight keeps its busy-time buffers.
 const TRIM_AFTER_MS: u64 = 1_000;
+/// A proxied answer's bytes held for its stream (waiting for window or for the output to
+/// drain) before its upstream is read no further: about one default stream window.
+const RELAY_STREAM_BUFFER: usize = 64 * 1024;
+/// The same for all of a connection's streams together: a client that opens many streams
+/// and no window gets this much held for it, not a share per stream.
+const RELAY_CONN_BUFFER: usize = 512 * 1024;
+/// DATA bytes that must go out for a stalled connection's write timeout to start over: a
+/// client dribbling window a few bytes at a time does not keep it open.
+const STALL_PROGRESS: usize = 16 * 1024;
 
 /// The rest of an answer's body, waiting for flow-control window.
 struct Sending {
@@ -80,6 +90,39 @@ pub(crate) struct Http2 {
     head_memo: Box<HeadMemo>,
     /// Memory for busy times was given back since the last request (see [`Http2::trim`]).
     trimmed: bool,
+    /// Since when the client has been owed bytes without DATA going out (see [`Stall`]).
+    stall: Cell<Stall>,
+}
+
+/// An HTTP/2 connection that owes its client bytes (answers waiting for window, or output
+/// the socket has not taken) is stalled until DATA goes out again. The write timeout runs from
+/// the stall's start, and only DATA restarts it (`STALL_PROGRESS` bytes of it): frames a client
+/// reads while it keeps its windows shut (PING and SETTINGS ACKs) are not progress, and
+/// whatever moves the connection otherwise (its PINGs, an upstream's bytes) does not move the
+/// deadline. Kept in a `Cell`: `next_deadline` is where the connection's state is looked at
+/// after every turn, so that is where a stall is seen to start or end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Stall {
+    since_ms: Option<u64>,
+    /// DATA bytes queued since `since_ms`.
+    data: usize,
+}
+
+impl Stall {
+    /// The stall as of `now`: over when nothing is `owed`; else begun now if it had not, or
+    /// if enough DATA went out since it began.
+    fn at(self, owed: bool, now: u64) -> Stall {
+        if !owed {
+            Stall::default()
+        } else if self.since_ms.is_none() || self.data >= STALL_PROGRESS {
+            Stall {
+                since_ms: Some(now),
+                data: 0,
+            }
+        } else {
+            self
+        }
+    }
 }
 
 /// The last response head block that changed nothing in the HPACK table, and what it was
@@ -126,6 +169,7 @@ impl Http2 {
             lingering: None,
             head_memo: Box::default(),
             trimmed: false,
+            stall: Cell::default(),
         }
     }
 
@@ -530,6 +574,7 @@ impl Http2 {
             let header = self.session.data_frame(id, len as usize, true);
             out.push_copy(&header);
             out.push_body(response.body);
+            self.data_sent(len as usize);
             let buf = out.head_buf(|| cx.buffers.take_write());
             let before = buf.len();
             self.session.answer_sent(id, buf);
@@ -604,6 +649,7 @@ impl Http2 {
                 Remaining::Relay => unreachable!("relayed answers are pumped by pump_relay"),
             }
             self.last_served = id;
+            self.data_sent(n);
             if end {
                 self.sending.swap_remove(i);
                 let buf = out.head_buf(|| cx.buffers.take_write());
@@ -612,6 +658,21 @@ impl Http2 {
                 out.commit(before);
             }
         }
+    }
+
+    /// `n` bytes of DATA were queued: progress for a stall.
+    fn data_sent(&self, n: usize) {
+        let mut stall = self.stall.get();
+        stall.data = stall.data.saturating_add(n);
+        self.stall.set(stall);
+    }
+
+    /// Since when the connection has been stalled, if it is (`owed`: it has bytes for the
+    /// client that wait), as of `now`; see [`Stall`].
+    fn stalled_since(&self, owed: bool, now: u64) -> Option<u64> {
+        let stall = self.stall.get().at(owed, now);
+        self.stall.set(stall);
+        stall.since_ms
     }
 
     fn next_to_send(&self) -> Option<usize> {
@@ -736,17 +797,22 @@ impl Http2 {
         }
         // An answer stalled by a window the peer never opens counts as not reading (a proxied
         // one only when it has bytes to send: else it waits for its upstream).
-        let stalled = self.sending.iter().any(|s| match s.body {
+        let answers_waiting = self.sending.iter().any(|s| match s.body {
             Remaining::Relay => self.relay_has_output(s.stream),
             _ => true,
         });
-        if out_waiting || stalled {
-            return (now + ms(cfg.write_timeout), Timeout::Write);
-        }
-        if let Some(deadline) = self.relays.iter().map(|(_, r)| r.deadline()).min() {
-            if deadline != u64::MAX {
-                return (deadline, Timeout::Upstream);
-            }
+        let stall = self
+            .stalled_since(out_waiting || answers_waiting, now)
+            .map(|since| (since + ms(cfg.write_timeout), Timeout::Stall));
+        let relay = self
+            .relays
+            .iter()
+            .map(|(_, r)| r.deadline())
+            .min()
+            .filter(|&d| d != u64::MAX)
+            .map(|d| (d, Timeout::Upstream));
+        if let Some(first) = [stall, relay].into_iter().flatten().min_by_key(|d| d.0) {
+            return first;
         }
         let partial = self.rbuf.as_ref().map_or(&[][..], |b| b.data());
         let slow_body = self.session.partial_is_data(partial);
@@ -888,10 +954,24 @@ impl Http2 {
     }
 
     pub fn relay_recv_buf(&mut self, id: u32, cx: &mut ConnCx<'_>) -> &mut [u8] {
-        match self.relay(id) {
-            Some(r) => r.recv_buf(true, cx),
-            None => &mut [],
-        }
+        let Some(i) = self.relays.iter().position(|(s, _)| *s == id) else {
+            return &mut [];
+        };
+        let room = self.relay_room(i);
+        self.relays[i].1.recv_buf(room, cx)
+    }
+
+    /// How many more bytes of its answer the relay at `i` may take from its upstream now:
+    /// what is left of its stream's share and of the connection's budget (all streams
+    /// together). A stream whose window the client keeps shut fills its share and stops there:
+    /// its upstream is then read no further (backpressure, not buffering).
+    fn relay_room(&self, i: usize) -> usize {
+        let held = |r: &Relay| r.h2_answer_ref().map_or(0, |a| a.data.len());
+        let total: usize = self.relays.iter().map(|(_, r)| held(r)).sum();
+        let own = held(&self.relays[i].1);
+        RELAY_STREAM_BUFFER
+            .saturating_sub(own)
+            .min(RELAY_CONN_BUFFER.saturating_sub(total))
     }
 
     pub fn relay_recv(
@@ -935,12 +1015,14 @@ impl Http2 {
         self.flush_relays(out, link, cx);
     }
 
-    /// Every relay whose deadline has passed handles it (another server, a 504, a reset).
+    /// Every relay whose deadline has passed handles it (another server, a 504, or a reset
+    /// when its client left the answer unread: that stream only).
     pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
         let now = cx.clock.now_ms();
-        for (_, r) in &mut self.relays {
-            if r.deadline() <= now {
-                r.timed_out(out, link, cx);
+        for i in 0..self.relays.len() {
+            if self.relays[i].1.deadline() <= now {
+                let room = self.relay_room(i) > 0;
+                self.relays[i].1.timed_out(room, out, link, cx);
             }
         }
         self.flush_relays(out, link, cx);
@@ -1069,6 +1151,7 @@ impl Http2 {
         out.push_copy(&answer.data[..n]);
         answer.data.drain(..n);
         self.last_served = id;
+        self.data_sent(n);
         if end {
             self.sending.swap_remove(i);
             let buf = out.head_buf(|| cx.buffers.take_write());
@@ -1161,6 +1244,33 @@ mod tests {
             urgency,
             incremental,
         }
+    }
+
+    #[test]
+    fn only_data_moves_a_stall_deadline() {
+        let begun = Stall::default().at(true, 1_000);
+        assert_eq!(begun.since_ms, Some(1_000));
+        // Time passing and frames other than DATA (nothing counted) move nothing.
+        assert_eq!(begun.at(true, 5_000), begun);
+        // A dribble of DATA short of STALL_PROGRESS moves nothing either.
+        let dribbled = Stall {
+            data: STALL_PROGRESS - 1,
+            ..begun
+        };
+        assert_eq!(dribbled.at(true, 6_000).since_ms, Some(1_000));
+        // Enough DATA starts it over; nothing owed ends it.
+        let moved = Stall {
+            data: STALL_PROGRESS,
+            ..begun
+        };
+        assert_eq!(
+            moved.at(true, 7_000),
+            Stall {
+                since_ms: Some(7_000),
+                data: 0
+            }
+        );
+        assert_eq!(moved.at(false, 7_000), Stall::default());
     }
 
     #[test]

@@ -78,6 +78,10 @@ pub(crate) enum Timeout {
     Linger,
     /// The relay's timeout toward its upstream (connect, first byte, idle).
     Upstream,
+    /// HTTP/2: answers are owed to the client and no DATA has gone out since the stall began
+    /// (frames the client reads meanwhile, PING ACKs and the like, do not count; see
+    /// `Http2::next_deadline`). Unlike `Write`, acknowledged bytes give no extension.
+    Stall,
     /// Not a timeout: an idle connection gives back memory it kept for the next request
     /// (`Conn::trim_if_due`), and stays open.
     Trim,
@@ -432,16 +436,20 @@ impl Conn {
     }
 
     /// The deadline passed: if it was a relay's, it handles it (trying another server,
-    /// or answering 504) and the connection goes on (true).
+    /// answering 504, or ending an answer its client stopped taking) and the connection goes
+    /// on (true). False: it is a timeout of the connection's, for [`Conn::time_out`] (an
+    /// HTTP/1.1 answer its client stopped taking ends the connection that way).
     pub fn relay_timed_out(&mut self, cx: &mut ConnCx<'_>) -> bool {
         if self.next_deadline(cx).1 != Timeout::Upstream {
             return false;
         }
         match &mut self.http {
-            Protocol::Http1(h) => h.relay_timed_out(&mut self.out, &self.link, cx),
-            Protocol::Http2(h) => h.relay_timed_out(&mut self.out, &self.link, cx),
+            Protocol::Http1(h) => !h.relay_timed_out(&mut self.out, &self.link, cx),
+            Protocol::Http2(h) => {
+                h.relay_timed_out(&mut self.out, &self.link, cx);
+                true
+            }
         }
-        true
     }
 
     /// A deferred reply arrived from the inbox. False if it was stale.
@@ -490,7 +498,9 @@ impl Conn {
             Timeout::Header => (Counter::TimeoutHeader, "request head not received in time"),
             Timeout::Body => (Counter::TimeoutBody, "request body stalled"),
             Timeout::Idle => (Counter::TimeoutIdle, ""),
-            Timeout::Write => (Counter::TimeoutWrite, "client stopped reading our answer"),
+            Timeout::Write | Timeout::Stall => {
+                (Counter::TimeoutWrite, "client stopped reading our answer")
+            }
             Timeout::Linger | Timeout::Trim | Timeout::Upstream => return,
         };
         cx.stats.bump(counter);

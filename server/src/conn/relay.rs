@@ -5,8 +5,11 @@
 //! rewrites its head, and streams its body into the client's output.
 //!
 //! Memory is bounded both ways: the request body is taken from the client only while less
-//! than `TO_UPSTREAM_MAX` waits for the upstream, and the upstream is read only while the
-//! client's output is under the high-water mark. Framing is re-encoded, never passed
+//! than `TO_UPSTREAM_MAX` waits for the upstream, and the upstream is read only as far as the
+//! client side has room (the HTTP/1.1 output under its high-water mark; for an HTTP/2 stream,
+//! its share of the connection's relay budget, see `conn/http2.rs`). Time is bounded too: a
+//! client that leaves the answer unread stops the upstream's reads, and the upstream idle
+//! timeout, which only the upstream's progress moves, then ends the exchange. Framing is re-encoded, never passed
 //! through: Content-Length stays a length, a chunked or close-delimited body goes to an
 //! HTTP/1.1 client chunked (to HTTP/1.0 until close), and trailers are dropped. An upstream
 //! that breaks its framing before the head was passed on gets a 502; after, the client
@@ -35,9 +38,6 @@ const MAX_UPSTREAM_HEAD: usize = 32 * 1024;
 /// Upstream reads go into a buffer this large once a body is flowing.
 const BODY_READ_SIZE: usize = 64 * 1024;
 const MAX_UPSTREAM_HEADERS: usize = 100;
-/// An HTTP/2 stream's answer waiting for flow-control window: the upstream is read no
-/// further while this much is held.
-const H2_BUFFERED_MAX: usize = 256 * 1024;
 
 /// Response fields tern never passes on: hop-by-hop ones (RFC 9110 §7.6.1), the framing it
 /// re-encodes, and those it writes itself.
@@ -128,7 +128,7 @@ pub(crate) enum ClientSide {
 pub(crate) struct H2Answer {
     /// The head, once known, not yet sent: the fields and the length, if known.
     pub head: Option<(Response, Option<u64>)>,
-    /// Body bytes not yet framed (at most about `H2_BUFFERED_MAX`).
+    /// Body bytes not yet framed (as much as the protocol gave room for).
     pub data: Vec<u8>,
     /// The body is complete.
     pub end: bool,
@@ -175,6 +175,13 @@ pub(crate) struct Relay {
     /// The client connection cannot be reused after this exchange (its body was not read to
     /// the end, or the response was cut short).
     close_client: bool,
+    /// The client stopped taking the answer for the upstream idle timeout: the exchange was
+    /// ended for it (see [`Relay::timed_out`]).
+    client_stalled: bool,
+    /// The request has a body its method gives no meaning to: an upstream may not read it as
+    /// a body but as requests of its own (CL.0), answered after this one's answer, so its
+    /// connection is not reused.
+    body_may_be_ignored: bool,
     /// Over, its upstream connection released (an HTTP/2 stream's relay stays until its
     /// answer is sent).
     finished: bool,
@@ -198,6 +205,17 @@ impl Relay {
             streamed,
             log,
         } = start;
+        let has_body = !body.is_empty()
+            || matches!(
+                streamed,
+                Some(
+                    BodyFollows::Framed(BodyKind::Chunked)
+                        | BodyFollows::Raw(None)
+                        | BodyFollows::Framed(BodyKind::Length(1..))
+                        | BodyFollows::Raw(Some(1..))
+                )
+            );
+        let body_may_be_ignored = has_body && method_gives_body_no_meaning(&fwd.head);
         // The handler's head becomes the start of the request bytes (no copy).
         let mut to_up = std::mem::take(&mut fwd.head);
         to_up.reserve(64 + body.len().min(16 * 1024));
@@ -252,6 +270,8 @@ impl Relay {
             sent_us: cx.clock.now_us(),
             outcome: UpstreamOutcome::Ok,
             close_client: false,
+            client_stalled: false,
+            body_may_be_ignored,
             finished: false,
         });
         relay.pick(cx);
@@ -362,17 +382,24 @@ impl Relay {
         };
     }
 
-    /// Where to read the upstream's bytes (empty: not now; the client must read first).
-    /// `out_room`: an HTTP/1.1 connection's output is under its high-water mark.
-    pub fn recv_buf(&mut self, out_room: bool, cx: &mut ConnCx<'_>) -> &mut [u8] {
-        let room = match &self.client {
-            ClientSide::H1 => out_room,
-            ClientSide::H2(a) => a.data.len() < H2_BUFFERED_MAX,
-        };
-        if !matches!(self.phase, Phase::Exchange | Phase::Tunnel) || !room {
+    /// Where to read the upstream's bytes (empty: not now). `room`: how many more bytes of
+    /// the answer the client side takes now (0: none until the client reads; an HTTP/1.1
+    /// output under its high-water mark takes any). A response head is read whatever the room:
+    /// it is bounded by `MAX_UPSTREAM_HEAD`, and the answer cannot start without it.
+    pub fn recv_buf(&mut self, room: usize, cx: &mut ConnCx<'_>) -> &mut [u8] {
+        if !matches!(self.phase, Phase::Exchange | Phase::Tunnel) {
             return &mut [];
         }
         let head_sent = self.head_sent;
+        if room == 0 && head_sent {
+            // Waiting for the client (maybe for long): hold no empty buffer meanwhile.
+            if self.from_up.as_ref().is_some_and(|b| b.is_empty()) {
+                if let Some(b) = self.from_up.take() {
+                    cx.buffers.give_read(b);
+                }
+            }
+            return &mut [];
+        }
         let buf = self.from_up.get_or_insert_with(|| cx.buffers.take_read());
         buf.compact();
         if head_sent && buf.capacity() < BODY_READ_SIZE {
@@ -382,7 +409,13 @@ impl Relay {
             // A long head: up to the limit (past it the parser refuses it).
             buf.grow_to(MAX_UPSTREAM_HEAD + 1);
         }
-        buf.spare_mut()
+        let spare = buf.spare_mut();
+        let n = if head_sent {
+            spare.len().min(room)
+        } else {
+            spare.len()
+        };
+        &mut spare[..n]
     }
 
     /// `n` bytes of the upstream's were read into `recv_buf`.
@@ -427,12 +460,36 @@ impl Relay {
         }
     }
 
-    /// The relay's deadline passed.
-    pub fn timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+    /// The relay's deadline passed. `client_room`: the client side would take more of the
+    /// answer now (false: the relay stopped reading the upstream because the client leaves
+    /// the answer unread, so the client, not the upstream, stalled the exchange).
+    pub fn timed_out(
+        &mut self,
+        client_room: bool,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
         match self.phase {
             Phase::Connecting => {
                 cx.stats.bump(Counter::UpstreamTimeouts);
                 self.connect_failed(out, link, cx)
+            }
+            Phase::Exchange | Phase::Tunnel if self.head_sent && !client_room => {
+                // A reader too slow for the upstream idle timeout must not hold the upstream
+                // connection for as long as it likes: the exchange ends (the answer cut short,
+                // so the client's connection or stream is ended too) and the connection is
+                // closed. It says nothing about the upstream's health.
+                if ratelog::admit("relay_client_stalled", cx.clock.now_ms()) {
+                    tracing::info!(upstream = %self.addr(), "client stopped taking a proxied answer; exchange ended");
+                }
+                self.client_stalled = true;
+                self.close_client = true;
+                self.upstream_keep = false;
+                if let ClientSide::H2(a) = &mut self.client {
+                    a.broken = true;
+                }
+                self.end(UpstreamOutcome::Abandoned, None, cx);
             }
             Phase::Exchange | Phase::Tunnel => {
                 cx.stats.bump(Counter::UpstreamTimeouts);
@@ -444,6 +501,11 @@ impl Relay {
             }
             Phase::Connect | Phase::Done => {}
         }
+    }
+
+    /// The exchange was ended because the client stopped taking its answer.
+    pub fn client_stalled(&self) -> bool {
+        self.client_stalled
     }
 
     pub fn is_tunnel(&self) -> bool {
@@ -693,8 +755,15 @@ impl Relay {
             && self.client_body.is_none()
     }
 
+    /// The connection may carry another exchange as far as this one can tell: the answer
+    /// was read to its exact end (nothing after it in our buffer), the request was sent whole,
+    /// and nothing in it may be read by the server as a request of its own. (The pool then
+    /// checks that nothing waits in the socket either.)
     fn reusable(&self) -> bool {
-        self.upstream_keep && self.request_sent() && self.outcome == UpstreamOutcome::Ok
+        self.upstream_keep
+            && self.request_sent()
+            && self.outcome == UpstreamOutcome::Ok
+            && !self.body_may_be_ignored
     }
 
     /// Back to connecting, sending the request again from the start (`fresh`: not pooled).
@@ -1118,6 +1187,22 @@ fn write_interim(out: &mut Output, head: &ResponseHead<'_>, cx: &mut ConnCx<'_>)
     buf.extend_from_slice(head.headers);
     buf.extend_from_slice(b"\r\n");
     out.commit(before);
+}
+
+/// The request `head` (its request line first) names a method whose request content has no
+/// generally defined semantics (RFC 9110 §9.3: GET, HEAD, DELETE, CONNECT, and OPTIONS in
+/// practice) or must not be sent (TRACE): servers commonly do not read such a body.
+fn method_gives_body_no_meaning(head: &[u8]) -> bool {
+    let method = head.split(|&b| b == b' ').next().unwrap_or_default();
+    [
+        &b"GET"[..],
+        b"HEAD",
+        b"DELETE",
+        b"OPTIONS",
+        b"TRACE",
+        b"CONNECT",
+    ]
+    .contains(&method)
 }
 
 fn push_length(to: &mut Vec<u8>, n: u64) {

@@ -16,6 +16,11 @@ use crate::worker::Entry;
 /// Rounds of client-then-upstream work per call before yielding to other connections (a
 /// fast download through the proxy must not hold the worker).
 const MAX_ROUNDS: usize = 64;
+/// Upstream connections one client connection may hold at once. An HTTP/2 client may open
+/// a hundred streams on one TCP connection; one upstream connection (and its buffers) each
+/// would let it multiply its weight on the upstream by as much. Further streams wait for a
+/// connection to be released (browsers hold six per host over HTTP/1.1 for the same reason).
+pub(crate) const MAX_UPSTREAMS_PER_CONN: usize = 16;
 
 /// The worker's upstream side, lent to a connection's turn.
 pub(crate) struct UpstreamCx<'a> {
@@ -119,6 +124,11 @@ fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>
                 e.conn.relay_released(id, cx);
             }
             RelayNeed::Connect { server, fresh } => {
+                if e.upstreams.len() >= MAX_UPSTREAMS_PER_CONN {
+                    // Waits: a release by another of this connection's relays moves the step
+                    // loop on, and this one is asked again.
+                    return progressed;
+                }
                 let Some(set) = e.conn.relay_upstreams(id) else {
                     return progressed;
                 };

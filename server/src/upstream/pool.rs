@@ -5,9 +5,11 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use mio::{Interest, Registry, Token};
+use tern_runtime::ratelog;
 
 use super::{UpstreamAddr, Upstreams};
 use crate::slab::Slab;
@@ -43,6 +45,45 @@ impl UpStream {
         }
     }
 
+    fn fd(&self) -> RawFd {
+        match self {
+            UpStream::Tcp(s) => s.as_raw_fd(),
+            UpStream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
+    /// What waits in the socket, looked at without taking it. A connection between exchanges
+    /// must hold nothing: bytes there are an answer to no request of ours (a stray answer, or
+    /// the answer to a request smuggled in a body the server did not read as one), and the
+    /// next request sent on it would be answered with them. Edge-triggered readiness cannot
+    /// tell: the bytes may have come with the last answer's, in the read that ended it.
+    pub fn waiting(&self) -> Waiting {
+        let mut byte = 0u8;
+        loop {
+            // SAFETY: `recv` into one live, exclusively borrowed byte, on a socket this
+            // connection owns and keeps open for the call; MSG_PEEK leaves the byte queued and
+            // MSG_DONTWAIT keeps the call from blocking.
+            let n = unsafe {
+                libc::recv(
+                    self.fd(),
+                    (&mut byte as *mut u8).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            return match n {
+                0 => Waiting::Closed,
+                1.. => Waiting::Bytes,
+                _ => match io::Error::last_os_error().kind() {
+                    io::ErrorKind::WouldBlock => Waiting::Nothing,
+                    io::ErrorKind::Interrupted => continue,
+                    // Reset or failed: as good as closed.
+                    _ => Waiting::Closed,
+                },
+            };
+        }
+    }
+
     /// After a writable event on a connecting socket: connected (true), still connecting
     /// (false), or failed.
     fn check_connected(&self) -> io::Result<bool> {
@@ -59,6 +100,17 @@ impl UpStream {
             Err(e) => Err(e),
         }
     }
+}
+
+/// What [`UpStream::waiting`] found in a socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    /// Nothing: the connection may carry another exchange.
+    Nothing,
+    /// Bytes no request of ours asked for.
+    Bytes,
+    /// The server closed it (or it failed).
+    Closed,
 }
 
 /// One upstream connection.
@@ -199,8 +251,15 @@ impl UpstreamConns {
             };
             // Owned from here on (so `close` does not look for it among the idle).
             conn.owner = owner;
-            if conn.idle_until_ms <= now_ms || conn.fin {
-                self.close(key);
+            // Looked at again at check-out: bytes may have come since check-in whose readiness
+            // event is still queued (the idle watcher would close it only after this).
+            let waiting = if conn.idle_until_ms <= now_ms || conn.fin {
+                Waiting::Closed
+            } else {
+                conn.stream.waiting()
+            };
+            if waiting != Waiting::Nothing {
+                self.drop_unclean(key, waiting, now_ms);
                 continue;
             }
             return Some(key);
@@ -208,11 +267,17 @@ impl UpstreamConns {
     }
 
     /// Puts a connection whose exchange ended cleanly into the pool, or closes it if the
-    /// pool for its server is full.
+    /// pool for its server is full or anything waits in its socket (see
+    /// [`UpStream::waiting`]).
     pub fn release(&mut self, key: u64, now_ms: u64) {
         let Some(conn) = self.get_mut(key) else {
             return;
         };
+        let waiting = conn.stream.waiting();
+        if waiting != Waiting::Nothing {
+            self.drop_unclean(key, waiting, now_ms);
+            return;
+        }
         let max = conn.set.max_idle();
         let keepalive = conn.set.timeouts().keepalive.as_millis() as u64;
         let pool = (conn.set.pool_key(), conn.server);
@@ -226,6 +291,18 @@ impl UpstreamConns {
         let conn = self.get_mut(key).expect("checked above");
         conn.owner = 0;
         conn.idle_until_ms = now_ms + keepalive;
+    }
+
+    /// Closes a connection that cannot carry another exchange; one holding bytes nobody asked
+    /// for says the server is out of step with us (a smuggling attempt, or a broken server).
+    fn drop_unclean(&mut self, key: u64, waiting: Waiting, now_ms: u64) {
+        if waiting == Waiting::Bytes && ratelog::admit("upstream_stray_bytes", now_ms) {
+            if let Some(conn) = self.slab.get_mut(key) {
+                let addr = conn.set.addr(conn.server).to_string();
+                tracing::warn!(upstream = %addr, "upstream sent bytes outside any exchange; its connection is closed, not reused");
+            }
+        }
+        self.close(key);
     }
 
     /// Closes idle connections past their keep-alive time; at most once a second.
@@ -246,5 +323,52 @@ impl UpstreamConns {
             self.close(key);
         }
         self.idle.retain(|_, list| !list.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits (bounded) until `stream` reports anything but `Nothing`: loopback delivery is
+    /// not instant.
+    fn settled(stream: &UpStream) -> Waiting {
+        for _ in 0..500 {
+            let w = stream.waiting();
+            if w != Waiting::Nothing {
+                return w;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        Waiting::Nothing
+    }
+
+    #[test]
+    fn waiting_sees_stray_bytes_and_closes_without_taking_them() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let up = UpStream::Tcp(mio::net::TcpStream::from_std(ours));
+        assert_eq!(up.waiting(), Waiting::Nothing);
+        server.write_all(b"HTTP/1.1 200 OK\r\n").unwrap();
+        assert_eq!(settled(&up), Waiting::Bytes);
+        // Looking took nothing: the bytes are all still there, and still seen.
+        assert_eq!(up.waiting(), Waiting::Bytes);
+        let mut buf = [0u8; 64];
+        assert_eq!(up.read(&mut buf).unwrap(), 17);
+        assert_eq!(up.waiting(), Waiting::Nothing);
+        drop(server);
+        assert_eq!(settled(&up), Waiting::Closed);
+
+        let (ours, mut server) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let up = UpStream::Unix(mio::net::UnixStream::from_std(ours));
+        assert_eq!(up.waiting(), Waiting::Nothing);
+        server.write_all(b"x").unwrap();
+        assert_eq!(up.waiting(), Waiting::Bytes);
+        assert_eq!(up.read(&mut buf).unwrap(), 1);
+        drop(server);
+        assert_eq!(up.waiting(), Waiting::Closed);
     }
 }
