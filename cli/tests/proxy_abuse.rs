@@ -327,6 +327,81 @@ fn a_request_smuggled_in_a_get_body_is_never_answered_to_anyone() {
     );
 }
 
+/// The same smuggling in the body of a POST to a handler that answers without reading it
+/// (Python's http.server does this for any method it has no handler for), with the smuggled
+/// request answered *late*: no look at the socket when the first answer ends can see it
+/// coming. A connection that carried a body is never reused, so the late answer reaches no one.
+#[test]
+fn a_late_answer_to_a_request_smuggled_in_any_body_is_never_delivered() {
+    const GATED: &str = "GATED-FILE-CONTENTS";
+    let up = Upstream::start(|mut s, counts| {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 65536];
+        loop {
+            // Bodies are never read as bodies: what follows a head is the next request.
+            while let Some((line, head, _)) = parse_head(&buf) {
+                buf.drain(..head);
+                counts.requests.lock().unwrap().push(line.clone());
+                let path = path_of(&line).to_string();
+                let answer = if path == "/gated" {
+                    std::thread::sleep(Duration::from_millis(150));
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{GATED}",
+                        GATED.len()
+                    )
+                    .into_bytes()
+                } else {
+                    answer_of_size(&path, 200)
+                };
+                if s.write_all(&answer).is_err() {
+                    return;
+                }
+            }
+            match s.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    });
+    let config = Config::new();
+    let tern = config.start("", up.addr, "");
+    let smuggled = "GET /gated HTTP/1.1\r\nHost: test\r\n\r\n";
+    for method in ["POST", "PUT", "PATCH", "DELETE"] {
+        let mut attacker = tern.client();
+        attacker.send(
+            format!(
+                "{method} /form HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\n\r\n{smuggled}",
+                smuggled.len()
+            )
+            .as_bytes(),
+        );
+        assert!(attacker
+            .read_response(false)
+            .text()
+            .starts_with("answer to /form;"));
+        let mut other = tern.client();
+        for (who, c) in [
+            ("the attacker", &mut attacker),
+            ("another client", &mut other),
+        ] {
+            let r = c.get("/next", &[]);
+            assert!(
+                !r.text().contains(GATED),
+                "{method}: {who} got the smuggled answer"
+            );
+            assert!(
+                r.text().starts_with("answer to /next;"),
+                "{who}: {:?}",
+                r.text()
+            );
+        }
+    }
+    assert!(
+        up.requests().iter().any(|l| l.contains("/gated")),
+        "the upstream never parsed the smuggled request: the test tested nothing"
+    );
+}
+
 /// Answers every request with a `size`-byte body, then waits for the next request; ends when
 /// tern closes the connection (counting a failed write as `cut`).
 fn serve_big(mut s: TcpStream, counts: &Counts, size: usize) {

@@ -22,6 +22,7 @@ use support::*;
 struct Recorder {
     addr: SocketAddr,
     lines: Arc<Mutex<Vec<String>>>,
+    hosts: Arc<Mutex<Vec<String>>>,
 }
 
 impl Recorder {
@@ -29,7 +30,8 @@ impl Recorder {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
-        let seen = lines.clone();
+        let hosts = Arc::new(Mutex::new(Vec::new()));
+        let (seen, seen_hosts) = (lines.clone(), hosts.clone());
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
@@ -43,6 +45,11 @@ impl Recorder {
                     if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
                         break;
                     }
+                    if let Some((n, v)) = h.split_once(':') {
+                        if n.eq_ignore_ascii_case("host") {
+                            seen_hosts.lock().unwrap().push(v.trim().to_string());
+                        }
+                    }
                 }
                 seen.lock().unwrap().push(line.trim_end().to_string());
                 let _ = stream.write_all(
@@ -50,7 +57,7 @@ impl Recorder {
                 );
             }
         });
-        Recorder { addr, lines }
+        Recorder { addr, lines, hosts }
     }
 
     fn lines(&self) -> Vec<String> {
@@ -102,7 +109,8 @@ impl Setup {
                 "gate = \"gate.toml\"\n\n[[site]]\nname = \"app\"\ndefault = true\n\n\
                  [[site.route]]\npath = \"/\"\n{root}\ngate = true\n\n\
                  [[site.route]]\npath = \"/admin\"\nrespond = \"admin is closed\\n\"\nstatus = 403\n\n\
-                 [[site.route]]\npath = \"/statusz\"\ncounters = \"statusz\"\n"
+                 [[site.route]]\npath = \"/statusz\"\ncounters = \"statusz\"\n\n\
+                 [[site.route]]\npath = \"/a+b\"\nrespond = \"plus is closed\\n\"\nstatus = 403\n"
             ),
         )
         .unwrap();
@@ -379,4 +387,55 @@ fn an_upstream_status_outside_100_to_599_is_a_502() {
     let tern = setup.start();
     assert_eq!(tern.get("/public.txt").status, 502);
     let _ = TcpStream::connect(addr);
+}
+
+/// The second adversarial pass: a lower-case method (`post`, which apps run as POST while
+/// tern would have judged an unknown method), a route's name spelled with escapes, CONNECT
+/// with a path and TRACE, and a Host spelled differently from the site it chose.
+#[test]
+fn methods_route_names_and_hosts_mean_one_thing() {
+    let up = Recorder::start();
+    let setup = Setup::new(&format!("proxy = [\"{}\"]", up.addr));
+    let tern = setup.start();
+    for raw in [
+        "post /public.txt HTTP/1.1\r\nHost: app\r\nContent-Length: 0\r\n\r\n",
+        "Get /public.txt HTTP/1.1\r\nHost: app\r\n\r\n",
+        "CONNECT /public.txt HTTP/1.1\r\nHost: app\r\n\r\n",
+    ] {
+        let mut c = tern.client();
+        c.send(raw.as_bytes());
+        assert_eq!(c.read_response(false).status, 400, "{raw:?}");
+    }
+    assert_eq!(tern.get_with("/public.txt", &[]).status, 200);
+    let mut c = tern.client();
+    c.send(b"TRACE /public.txt HTTP/1.1\r\nHost: app\r\n\r\n");
+    assert_eq!(c.read_response(false).status, 405, "TRACE is not relayed");
+    let mut h2 = H2Probe::connect(tern.addr());
+    let s = h2.status(&[
+        (":method", "post"),
+        (":scheme", "http"),
+        (":authority", "app"),
+        (":path", "/public.txt"),
+    ]);
+    assert!(s.is_none() || s == Some(400), "{s:?}");
+    for path in ["/a+b", "/a%2Bb", "/a%2bb/x"] {
+        let r = tern.get(path);
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (403, "plus is closed\n"),
+            "{path}"
+        );
+    }
+    assert_eq!(up.lines(), ["GET /public.txt HTTP/1.1"]);
+    let mut c = tern.client();
+    c.send(b"GET /public.txt HTTP/1.1\r\nHost: APP.:80\r\n\r\n");
+    assert_eq!(c.read_response(false).status, 200);
+    assert_eq!(
+        up.hosts.lock().unwrap().last().map(String::as_str),
+        Some("app:80"),
+        "the upstream gets the name the site was chosen by"
+    );
+    let mut c = tern.client();
+    c.send(b"GET /public.txt HTTP/1.1\r\nHost: app:99999999999999999999\r\n\r\n");
+    assert_eq!(c.read_response(false).status, 400, "a port out of range");
 }

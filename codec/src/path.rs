@@ -18,6 +18,8 @@
 //! - a `;` (path parameters): Tomcat and other servlet containers drop `;...` from each
 //!   segment (`/admin;x/` is `/admin/`, `/..;/` is `/../`) while nginx, tern and most apps
 //!   keep it, so no choice tern makes here is safe for every upstream. Send it as `%3B`;
+//! - a raw `#`: a fragment is never sent (tern's own parser refuses one in the target), but
+//!   nginx ends the path there, so the gate must not judge `/private#/../x` as `/x` for it;
 //! - `..` above the root, a malformed escape.
 //!
 //! Paths that are not origin-form (`*` for OPTIONS, the authority of CONNECT) are left alone;
@@ -40,11 +42,13 @@ pub enum PathError {
     PathParameter,
     /// `..` that climbs above the root.
     AboveRoot,
+    /// A raw `#`.
+    Fragment,
 }
 
 /// The canonical form of `raw` (a request path, still percent-encoded; see the module doc).
 ///
-/// A path that is already canonical (no `%`, `\`, `;`, `//` or `/.`) is borrowed: no
+/// A path that is already canonical (no `%`, `\`, `;`, `#`, `//` or `/.`) is borrowed: no
 /// allocation on the common path, one table lookup per byte.
 pub fn canonical_path(raw: &str) -> Result<Cow<'_, str>, PathError> {
     let b = raw.as_bytes();
@@ -61,12 +65,14 @@ pub fn canonical_path(raw: &str) -> Result<Cow<'_, str>, PathError> {
     Ok(Cow::Borrowed(raw))
 }
 
-/// Bytes the fast check stops at: `%`, `\`, `;`, NUL and `/` (only when a `/` or `.` follows).
+/// Bytes the fast check stops at: `%`, `\`, `;`, `#`, NUL and `/` (only when a `/` or `.`
+/// follows).
 static SPECIAL: [bool; 256] = {
     let mut t = [false; 256];
     t[b'%' as usize] = true;
     t[b'\\' as usize] = true;
     t[b';' as usize] = true;
+    t[b'#' as usize] = true;
     t[0] = true;
     t[b'/' as usize] = true;
     t
@@ -99,6 +105,7 @@ fn canonical_slow(b: &[u8]) -> Result<String, PathError> {
             }
             b'\\' => return Err(PathError::EncodedSeparator),
             b';' => return Err(PathError::PathParameter),
+            b'#' => return Err(PathError::Fragment),
             0 => return Err(PathError::EncodedControl),
             c => {
                 dec.push(c);
@@ -180,10 +187,15 @@ pub fn decoded(canonical: &str) -> Cow<'_, [u8]> {
 /// Whether `path` is `prefix` or lies below it, on a segment boundary. A trailing slash on the
 /// prefix is ignored, so `/admin` and `/admin/` both cover `/admin`, `/admin/` and `/admin/x`,
 /// and neither covers `/administrator` or `/admin.bak`; `/` covers every origin-form path.
-pub fn path_under(prefix: &str, path: &str) -> bool {
-    let prefix = prefix.trim_end_matches('/');
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+/// Works on canonical paths and on their decoded bytes alike (routes and the gate compare
+/// decoded ones, so every spelling of a name matches).
+pub fn path_under(prefix: impl AsRef<[u8]>, path: impl AsRef<[u8]>) -> bool {
+    let mut prefix = prefix.as_ref();
+    while let [rest @ .., b'/'] = prefix {
+        prefix = rest;
+    }
+    match path.as_ref().strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest[0] == b'/',
         None => false,
     }
 }
@@ -271,6 +283,8 @@ mod tests {
             ("/%25%34%31", DoubleEncoding),
             ("/admin;x", PathParameter),
             ("/..;/admin", PathParameter),
+            ("/private/p.txt#/../../index.html", Fragment),
+            ("/app/private#x", Fragment),
             ("/../etc/passwd", AboveRoot),
             ("/%2e%2e/admin", AboveRoot),
             ("/a/../../x", AboveRoot),

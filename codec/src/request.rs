@@ -222,6 +222,7 @@ pub fn parse_request<'a>(
     }
 
     let method_str = req.method.ok_or(RequestError::BadRequestLine)?;
+    check_method_case(method_str)?;
     let target = req.path.ok_or(RequestError::BadRequestLine)?;
     let version = match req.version {
         Some(0) => Version::Http10,
@@ -260,6 +261,7 @@ pub fn head_from_fields<'a>(
     if target.is_empty() || !target.bytes().all(|b| b.is_ascii_graphic() || b >= 0x80) {
         return Err(RequestError::BadRequestLine);
     }
+    check_method_case(method_str)?;
     let method = Method::from_token(method_str);
     let (path, query) = split_target(method, target)?;
     let path = canonical_path(path).map_err(|_| RequestError::BadPath)?;
@@ -432,6 +434,16 @@ pub(crate) fn parse_transfer_encoding(
     Ok(chunked)
 }
 
+/// Methods are case-sensitive (RFC 9110 §9.1) and every registered one is upper case, but
+/// many apps upper-case what they get (Django's `request.method`, Werkzeug): `post` would be
+/// judged by tern as an unknown method and run by the app as POST. Refused, as nginx does.
+fn check_method_case(method: &str) -> Result<(), RequestError> {
+    if method.bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err(RequestError::BadRequestLine);
+    }
+    Ok(())
+}
+
 fn split_target(method: Method, target: &str) -> Result<(&str, Option<&str>), RequestError> {
     // A fragment is never sent (RFC 9112 §3.2). Checked over the whole target up front because
     // the absolute-form branch below can return early (`http://host?q#f` slipped through).
@@ -440,6 +452,9 @@ fn split_target(method: Method, target: &str) -> Result<(&str, Option<&str>), Re
     }
     let bytes = target.as_bytes();
     let path_and_query = match bytes.first() {
+        // CONNECT names an authority and nothing else (RFC 9112 §3.2.3): a path would be
+        // routed like a request and could reach an upstream that opens a tunnel for it.
+        Some(b'/') if method == Method::Connect => return Err(RequestError::BadRequestLine),
         Some(b'/') => target,
         Some(b'*') if target == "*" && method == Method::Options => return Ok(("*", None)),
         // absolute-form: servers MUST accept it (RFC 9112 §3.2.2); the authority is ignored
@@ -524,7 +539,12 @@ fn valid_host(value: &[u8]) -> bool {
     host_ok
         && match rest.split_first() {
             None => true,
-            Some((b':', port)) => port.iter().all(u8::is_ascii_digit),
+            // A port names one of 65536: `:99999999999999999999` is not an authority that
+            // a site or an upstream could read the same way.
+            Some((b':', port)) => {
+                port.iter().all(u8::is_ascii_digit)
+                    && (port.len() < 5 || port.len() == 5 && port <= &b"65535"[..])
+            }
             Some(_) => false,
         }
 }
@@ -838,6 +858,8 @@ mod tests {
             b"example.com:8080",
             b"example.com:",
             b"127.0.0.1:80",
+            b"a:65535",
+            b"a:0",
             b"[::1]",
             b"[::1]:8080",
             b"[v1.fe80::a+en1]",
@@ -855,6 +877,9 @@ mod tests {
             b"user@a",
             b"a:http",
             b"a:80:80",
+            b"a:65536",
+            b"a:99999999999999999999",
+            b"a:123456",
             b"a?b",
             b"a#b",
             b"[]",

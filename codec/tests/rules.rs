@@ -274,11 +274,26 @@ fn methods_are_recognised_and_unknown_tokens_are_other() {
         ("PATCH", Method::Patch),
         ("TRACE", Method::Trace),
         ("BREW", Method::Other),
-        ("get", Method::Other), // methods are case-sensitive
+        ("M-SEARCH", Method::Other),
     ] {
         let h = ok(&req(&format!("{tok} / HTTP/1.1"), &["Host: a"]));
         assert_eq!((h.method, h.method_str.as_str()), (m, tok));
     }
+    // Methods are case-sensitive, but apps upper-case them: `post` would be judged as an
+    // unknown method and run as POST, so lower case is refused.
+    for tok in ["get", "post", "Post", "dElEtE"] {
+        rejects(
+            &req(&format!("{tok} / HTTP/1.1"), &["Host: a"]),
+            RequestError::BadRequestLine,
+            400,
+        );
+    }
+    // CONNECT names an authority, never a path.
+    rejects(
+        &req("CONNECT /x HTTP/1.1", &["Host: a"]),
+        RequestError::BadRequestLine,
+        400,
+    );
     let h = ok(&req(
         "CONNECT example.com:443 HTTP/1.1",
         &["Host: example.com:443"],

@@ -44,7 +44,7 @@ fn model(raw: &[u8], dotfiles: bool) -> Result<Vec<u8>, u16> {
             }
             dec.push(v);
             i += 3;
-        } else if c == b'\\' || c == 0 || c == b';' {
+        } else if c == b'\\' || c == 0 || c == b';' || c == b'#' {
             return Err(400);
         } else {
             dec.push(c);

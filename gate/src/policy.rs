@@ -321,6 +321,20 @@ impl Policy {
             if let Some(p) = path_prefixes.iter().find(|p| !p.starts_with('/')) {
                 return Err(err(at, format!("path_prefix {p:?} must start with '/'")));
             }
+            // Compared with the decoded canonical path, so kept in that form: `/caf%C3%A9`
+            // and `/café` are one prefix. One with no canonical form could match nothing
+            // safely.
+            let mut decoded_prefixes = Vec::with_capacity(path_prefixes.len());
+            for p in &path_prefixes {
+                let Some(d) = crate::guard::policy_path(p) else {
+                    return Err(err(
+                        at,
+                        format!("path_prefix {p:?} has no canonical form (an encoded '/', ';', '..' above '/'...)"),
+                    ));
+                };
+                decoded_prefixes.push(d.into_owned());
+            }
+            let path_prefixes = decoded_prefixes;
             let methods = match r.method {
                 Some(m) => {
                     let at = m.span().start;
@@ -738,6 +752,29 @@ action = "deny"
             decide(&p, "GET", "/", "x", "10.0.0.1"),
             ("default".into(), Action::Allow)
         );
+    }
+
+    /// Prefixes match whole segments of the decoded path, however the rule spells them.
+    #[test]
+    fn prefixes_match_decoded_segments() {
+        let p = policy(
+            "[[rule]]\nname = \"r\"\naction = \"allow\"\npath_prefix = [\"/robots.txt\", \"/caf%C3%A9\"]\n\
+             [[rule]]\nname = \"d\"\naction = \"deny\"\n",
+        );
+        let a = |path| decide(&p, "GET", path, "x", "10.0.0.1").1;
+        assert_eq!(a("/robots.txt"), Action::Allow);
+        assert_eq!(a("/robots.txt.bak"), Action::Deny);
+        assert_eq!(a("/café/menu"), Action::Allow);
+        assert_eq!(a("/cafés"), Action::Deny);
+        let e = Policy::parse(
+            "[[rule]]\nname = \"r\"\naction = \"allow\"\npath_prefix = \"/a%2Fb\"\n",
+            Path::new("p.toml"),
+            &[],
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("no canonical form"), "{e}");
     }
 
     #[test]

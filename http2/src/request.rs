@@ -147,7 +147,7 @@ impl Fields {
         // The method becomes the request line a proxied request is sent with: a space, a tab
         // or a URI in it would let the upstream read another request than the one routed.
         let method = self.get(method);
-        if method.is_empty() || !method.iter().all(|&b| TOKEN_BYTE[b as usize]) {
+        if method.is_empty() || !method.iter().all(|&b| METHOD_BYTE[b as usize]) {
             return Err(Malformed::BadMethod);
         }
         if let Some(scheme) = &self.scheme {
@@ -227,17 +227,21 @@ pub(crate) fn check_trailer(name: &[u8], value: &[u8]) -> Result<(), Malformed> 
 /// Bytes allowed in a field name: lowercase tchar (RFC 9113 §8.2.1, RFC 9110 §5.6.2).
 const NAME_BYTE: [bool; 256] = tchar_table(false);
 
-/// Bytes allowed in a method: tchar, either case (RFC 9110 §9.1).
-const TOKEN_BYTE: [bool; 256] = tchar_table(true);
+/// Bytes allowed in a method: tchar without lower-case letters (RFC 9110 §9.1; lower case is
+/// refused as in HTTP/1.1, see `tern_codec`'s request parser: apps upper-case methods).
+const METHOD_BYTE: [bool; 256] = tchar_table(true);
 
+/// tchar with lower-case letters only (`upper == false`) or upper-case letters only.
 const fn tchar_table(upper: bool) -> [bool; 256] {
     let mut t = [false; 256];
     let mut b = 0;
     while b < 256 {
         let c = b as u8;
-        t[b] = c.is_ascii_lowercase()
-            || (upper && c.is_ascii_uppercase())
-            || c.is_ascii_digit()
+        t[b] = (if upper {
+            c.is_ascii_uppercase()
+        } else {
+            c.is_ascii_lowercase()
+        }) || c.is_ascii_digit()
             || matches!(
                 c,
                 b'!' | b'#'
@@ -461,7 +465,10 @@ mod tests {
             assert_eq!(with_method(m), Some(Malformed::BadMethod), "{m:?}");
         }
         assert_eq!(with_method("PROPFIND"), None);
-        assert_eq!(with_method("x-custom"), None);
+        assert_eq!(with_method("X-CUSTOM"), None);
+        for m in ["post", "Post", "get", "x-custom"] {
+            assert_eq!(with_method(m), Some(Malformed::BadMethod), "{m:?}");
+        }
         let with = |extra: (&str, &str)| {
             let mut l = BASE.to_vec();
             l.push(extra);

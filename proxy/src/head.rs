@@ -24,6 +24,11 @@ const DROPPED: &[&str] = &[
     "upgrade",
     "content-length",
     "expect",
+    // The method the app would run instead of the one tern (and the gate) decided on:
+    // Symfony, Laravel and Express honour these.
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
 ];
 
 /// Fields in which a proxy tells the app about the client: who it is, where it connected
@@ -77,13 +82,15 @@ pub fn build(req: &Request<'_>, options: &ProxyOptions, identity: Option<&Identi
     out.extend_from_slice(b" HTTP/1.1\r\n");
 
     let client_host = head.host.unwrap_or(b"");
+    // The name the site was chosen by, in the form it was matched in (lower case, without a
+    // trailing dot): an app serving several names cannot pick another one than tern did.
+    let mut host_buf = [0u8; 264];
     let host: &[u8] = match &options.host {
         Some(h) => h.as_bytes(),
-        None => client_host,
+        None => normal_host(client_host, &mut host_buf),
     };
-    if !host.is_empty() {
-        line(&mut out, "Host", &[host]);
-    }
+    // Always sent: HTTP/1.1 requires it, empty when the client named no authority.
+    line(&mut out, "Host", &[host]);
 
     let has_connection = head
         .headers
@@ -186,6 +193,25 @@ fn wants_websocket(req: &Request<'_>) -> bool {
         && req
             .header("upgrade")
             .is_some_and(|v| trim_ows(v).eq_ignore_ascii_case(b"websocket"))
+}
+
+/// `host` (a Host value the codec accepted) lower-cased, without the trailing dot of its
+/// name; the port kept. Too long for `buf` (no site could match it): as it came.
+fn normal_host<'b>(host: &'b [u8], buf: &'b mut [u8; 264]) -> &'b [u8] {
+    let host = trim_ows(host);
+    if host.len() > buf.len() {
+        return host;
+    }
+    let (name, port) = match host.iter().rposition(|&b| b == b':') {
+        Some(i) if !host.starts_with(b"[") || host[..i].ends_with(b"]") => host.split_at(i),
+        _ => (host, &b""[..]),
+    };
+    let name = name.strip_suffix(b".").unwrap_or(name);
+    let n = name.len();
+    buf[..n].copy_from_slice(name);
+    buf[..n].make_ascii_lowercase();
+    buf[n..n + port.len()].copy_from_slice(port);
+    &buf[..n + port.len()]
 }
 
 fn line(out: &mut Vec<u8>, name: &str, parts: &[&[u8]]) {
@@ -372,6 +398,30 @@ mod tests {
     }
 
     #[test]
+    fn the_app_gets_the_host_the_site_was_chosen_by() {
+        let host = |h: &str| {
+            let mut buf = [0u8; 264];
+            String::from_utf8(normal_host(h.as_bytes(), &mut buf).to_vec()).unwrap()
+        };
+        assert_eq!(host("Secure.Test."), "secure.test");
+        assert_eq!(host("SECURE.test.:8080"), "secure.test:8080");
+        assert_eq!(host("[::1]:80"), "[::1]:80");
+        assert_eq!(host("[::1]"), "[::1]");
+        assert_eq!(host(""), "");
+        let (h, _) = forwarded(
+            "GET / HTTP/1.0\r\nX-HTTP-Method-Override: DELETE\r\nX-Method-Override: PUT\r\n\r\n",
+            "127.0.0.1:1",
+            "",
+            false,
+        );
+        assert!(
+            h.contains("\r\nHost: \r\n"),
+            "an HTTP/1.1 request always has a Host: {h}"
+        );
+        assert!(!h.contains("DELETE") && !h.contains("PUT"), "{h}");
+    }
+
+    #[test]
     fn names_with_underscores_never_reach_the_app() {
         let (h, _) = forwarded(
             "GET / HTTP/1.1\r\nHost: a.test\r\nX_Auth_User: admin\r\nX-Auth_User: root\r\n\
@@ -380,7 +430,10 @@ mod tests {
             "",
             false,
         );
-        assert!(!h.contains('_') && !h.contains("admin") && !h.contains("root"), "{h}");
+        assert!(
+            !h.contains('_') && !h.contains("admin") && !h.contains("root"),
+            "{h}"
+        );
         assert!(!h.contains("6.6.6.6"), "{h}");
         assert!(h.contains("Accept: */*\r\n"), "{h}");
     }

@@ -12,7 +12,9 @@ pub mod head;
 
 use std::sync::Arc;
 
-use tern_server::{Forward, Handler, HandlerContext, Method, Reply, Request, RequestHead};
+use tern_server::{
+    Forward, Handler, HandlerContext, Method, Reply, Request, RequestHead, Response,
+};
 use tern_services::TrustedProxies;
 
 pub use group::{Balance, GroupOptions, UpstreamGroup};
@@ -44,18 +46,19 @@ impl Proxy {
 
 impl Handler for Proxy {
     fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
+        // TRACE would echo the client's cookies and credentials back from the app; CONNECT
+        // (authority-form, so no route's path matches it anyway) could turn a pooled
+        // connection into a tunnel. nginx refuses both too.
+        if matches!(req.method(), Method::Trace | Method::Connect) {
+            return Response::text(405, "method not allowed\n").into();
+        }
         let built = head::build(req, &self.options, cx.identity());
         Reply::Forward(Box::new(Forward {
             upstreams: self.group.clone(),
             head: built.head,
             idempotent: matches!(
                 req.method(),
-                Method::Get
-                    | Method::Head
-                    | Method::Put
-                    | Method::Delete
-                    | Method::Options
-                    | Method::Trace
+                Method::Get | Method::Head | Method::Put | Method::Delete | Method::Options
             ),
             upgrade: built.upgrade,
             edit: None,

@@ -116,6 +116,15 @@ pub trait WorkerApp: 'static {
     /// Called once per loop turn before its events: the place to pick up, with one cheap check,
     /// what other threads published for this worker (a reload), so the turn's events see it.
     fn before_turn(&mut self, _cx: &mut Context<'_, Self::Message>) {}
+    /// Sees the turn's events once before any is handled, so the app can act on what one
+    /// event says before another event's handler runs (an idle pooled connection that became
+    /// readable must be dropped before a client's request in the same turn takes it).
+    fn before_events(
+        &mut self,
+        _cx: &mut Context<'_, Self::Message>,
+        _events: &mio::event::Events,
+    ) {
+    }
     /// Called once per loop turn after events, timers and messages.
     fn after_turn(&mut self, _cx: &mut Context<'_, Self::Message>) {}
     /// True if the app has work it postponed for fairness: the loop then polls without
@@ -437,6 +446,7 @@ impl<M: Send + 'static> Worker<M> {
             };
             app.before_turn(&mut cx);
 
+            app.before_events(&mut cx, &events);
             let mut listener_ready = accept_more;
             for event in events.iter() {
                 match event.token() {

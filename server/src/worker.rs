@@ -352,6 +352,23 @@ impl WorkerApp for HttpWorker {
         }
     }
 
+    fn before_events(&mut self, _cx: &mut Context<'_, WorkerMessage>, events: &mio::event::Events) {
+        // An idle pooled upstream connection with news (bytes nobody asked for, or its close)
+        // is dropped before any client event of this turn can take it from the pool; later
+        // news comes as a later event, handled the same way by `on_upstream_ready`.
+        if self.upstreams.idle_count() == 0 {
+            return;
+        }
+        for event in events.iter() {
+            let key = event.token().0 as u64;
+            if key & UPSTREAM_TOKEN != 0
+                && (event.is_readable() || event.is_read_closed() || event.is_error())
+            {
+                self.upstreams.close_if_idle(key);
+            }
+        }
+    }
+
     fn before_turn(&mut self, _cx: &mut Context<'_, WorkerMessage>) {
         // One uncontended load per turn (written only by a reload).
         let reloads = self.shared.reloads.load(Ordering::Acquire);

@@ -101,7 +101,17 @@ impl SiteTable {
                         site.name, r.prefix
                     ));
                 }
-                let route = BuiltRoute::new(&r.prefix, r.action, &r.headers);
+                // Stored decoded and canonical, as paths are compared: `/a+b` and `/a%2Bb`,
+                // `/café` and `/caf%C3%A9` are one route whichever way a client spells it.
+                let canonical = tern_server::canonical_path(&r.prefix).map_err(|e| {
+                    format!(
+                        "site {}: prefix {:?} has no canonical form ({e:?}); no request could \
+                         be matched with it safely",
+                        site.name, r.prefix
+                    )
+                })?;
+                let decoded = tern_server::decoded_path(&canonical);
+                let route = BuiltRoute::new(&decoded, r.action, &r.headers);
                 if routes.iter().any(|other| other.prefix == route.prefix) {
                     return Err(format!(
                         "site {}: prefix {} is given twice",
@@ -143,10 +153,10 @@ impl SiteTable {
         self.sites.get(index)
     }
 
-    /// The prefix (stored form, `/` as "") of the route a path takes on a site.
-    pub fn route_prefix(&self, host: Option<&[u8]>, path: &str) -> Option<&str> {
+    /// The prefix (stored form: decoded, `/` as "") of the route a path takes on a site.
+    pub fn route_prefix(&self, host: Option<&[u8]>, path: &str) -> Option<String> {
         let site = self.site_for(host)?;
-        route_for(site, path).map(|r| r.prefix.as_str())
+        route_for(site, path).map(|r| String::from_utf8_lossy(&r.prefix).into_owned())
     }
 
     /// Whether the route this head takes streams request bodies (a proxy route).
@@ -172,9 +182,12 @@ impl SiteTable {
 /// the static handler opens and the proxy forwards, so no spelling of a path can reach a
 /// route other than the one its segments name.
 fn route_for<'s>(site: &'s BuiltSite, path: &str) -> Option<&'s BuiltRoute> {
+    // Compared decoded (safe on a canonical path: no escape can become a separator), so a
+    // prefix matches every spelling of its name; borrowed unless the path holds a `%`.
+    let decoded = tern_server::decoded_path(path);
     site.routes
         .iter()
-        .find(|r| tern_server::path_under(&r.prefix, path))
+        .find(|r| tern_server::path_under(&r.prefix, &*decoded))
 }
 
 /// The handler in front of every site: the current table, replaced whole by [`Sites::swap`].
@@ -272,17 +285,52 @@ mod tests {
         )
         .unwrap();
         let at = |path| t.route_prefix(Some(b"s.test"), path);
-        assert_eq!(at("/"), Some(""));
-        assert_eq!(at("/index.html"), Some(""));
-        assert_eq!(at("/app"), Some("/app"));
-        assert_eq!(at("/app/x"), Some("/app"));
-        assert_eq!(at("/app/admin"), Some("/app/admin"));
-        assert_eq!(at("/app/admin/users"), Some("/app/admin"));
-        assert_eq!(at("/app/administrator"), Some("/app"));
-        assert_eq!(at("/apple"), Some("/apple"));
-        assert_eq!(at("/apples"), Some(""));
+        assert_eq!(at("/").as_deref(), Some(""));
+        assert_eq!(at("/index.html").as_deref(), Some(""));
+        assert_eq!(at("/app").as_deref(), Some("/app"));
+        assert_eq!(at("/app/x").as_deref(), Some("/app"));
+        assert_eq!(at("/app/admin").as_deref(), Some("/app/admin"));
+        assert_eq!(at("/app/admin/users").as_deref(), Some("/app/admin"));
+        assert_eq!(at("/app/administrator").as_deref(), Some("/app"));
+        assert_eq!(at("/apple").as_deref(), Some("/apple"));
+        assert_eq!(at("/apples").as_deref(), Some(""));
         let t = SiteTable::new(vec![site("s", &["s.test"], &["/docs"])], None).unwrap();
-        assert_eq!(t.route_prefix(Some(b"s.test"), "/doc"), None);
+        assert_eq!(t.route_prefix(Some(b"s.test"), "/doc"), None::<String>);
+    }
+
+    /// The adversarial pass: a route written `/a+b` or `/café` took only that spelling, so
+    /// `/a%2Bb` or `/caf%C3%A9` reached the route below it. Prefixes and paths are compared
+    /// decoded, and a prefix with no canonical form is refused.
+    #[test]
+    fn every_spelling_of_a_name_takes_its_route() {
+        let t = SiteTable::new(
+            vec![site(
+                "s",
+                &["s.test"],
+                &["/", "/a+b", "/café", "/caf%C3%A9x", "/Special:Login"],
+            )],
+            None,
+        )
+        .unwrap();
+        let at = |path: &str| t.route_prefix(Some(b"s.test"), path);
+        for (path, want) in [
+            ("/a+b", "/a+b"),
+            ("/a%2Bb/x", "/a+b"),
+            ("/a%2bb", "/a+b"),
+            ("/café", "/café"),
+            ("/caf%C3%A9", "/café"),
+            ("/caféx", "/caféx"),
+            ("/Special%3ALogin", "/Special:Login"),
+            ("/ab", ""),
+        ] {
+            assert_eq!(at(path).as_deref(), Some(want), "{path}");
+        }
+        for bad in ["/a;b", "/a%2Fb", "/../a", "/a#b"] {
+            let e = SiteTable::new(vec![site("s", &["s.test"], &[bad])], None)
+                .err()
+                .unwrap_or_else(|| panic!("{bad} was accepted"));
+            assert!(e.contains("no canonical form"), "{e}");
+        }
     }
 
     #[test]

@@ -39,8 +39,9 @@ pub struct HeaderEdits {
 
 /// One route as the site table holds it: everything prebuilt, nothing formatted per request.
 pub(crate) struct BuiltRoute {
-    /// Without a trailing slash; `/` is stored as the empty string (it matches every path).
-    pub prefix: String,
+    /// Decoded canonical form, without a trailing slash; `/` is stored as the empty string
+    /// (it matches every path).
+    pub prefix: Vec<u8>,
     action: BuiltAction,
     /// Names to drop before `set_lines` are added (the removed ones and the set ones).
     drop: Vec<String>,
@@ -65,12 +66,17 @@ enum BuiltAction {
 }
 
 /// The prefix as stored: no trailing slash (`/app/` is `/app`), and `/` as "".
-pub(crate) fn stored_prefix(prefix: &str) -> &str {
-    prefix.trim_end_matches('/')
+pub(crate) fn stored_prefix(prefix: &[u8]) -> &[u8] {
+    let mut p = prefix;
+    while let [rest @ .., b'/'] = p {
+        p = rest;
+    }
+    p
 }
 
 impl BuiltRoute {
-    pub(crate) fn new(prefix: &str, action: Action, edits: &HeaderEdits) -> BuiltRoute {
+    /// `prefix`: the decoded canonical form of the configured path.
+    pub(crate) fn new(prefix: &[u8], action: Action, edits: &HeaderEdits) -> BuiltRoute {
         let action = match action {
             Action::Handler(h) => BuiltAction::Handler(h),
             Action::Redirect(r) => BuiltAction::Redirect {
@@ -103,7 +109,7 @@ impl BuiltRoute {
             Some(Arc::new(move |r: &mut Response| edit(r, &drop, &lines)))
         };
         BuiltRoute {
-            prefix: stored_prefix(prefix).to_string(),
+            prefix: stored_prefix(prefix).to_vec(),
             action,
             drop,
             set_lines,
@@ -171,23 +177,23 @@ mod tests {
 
     #[test]
     fn prefixes_match_on_segment_boundaries() {
-        assert!(under(stored_prefix("/app"), "/app"));
-        assert!(under(stored_prefix("/app"), "/app/"));
-        assert!(under(stored_prefix("/app"), "/app/x/y"));
-        assert!(!under(stored_prefix("/app"), "/apple"));
-        assert!(!under(stored_prefix("/app"), "/ap"));
-        assert!(!under(stored_prefix("/app"), "/"));
+        assert!(under(stored_prefix(b"/app"), "/app"));
+        assert!(under(stored_prefix(b"/app"), "/app/"));
+        assert!(under(stored_prefix(b"/app"), "/app/x/y"));
+        assert!(!under(stored_prefix(b"/app"), "/apple"));
+        assert!(!under(stored_prefix(b"/app"), "/ap"));
+        assert!(!under(stored_prefix(b"/app"), "/"));
         assert!(
-            under(stored_prefix("/app/"), "/app"),
+            under(stored_prefix(b"/app/"), "/app"),
             "a trailing slash is ignored"
         );
-        assert!(under(stored_prefix("/app/"), "/app/x"));
-        assert!(!under(stored_prefix("/app/"), "/apple"));
+        assert!(under(stored_prefix(b"/app/"), "/app/x"));
+        assert!(!under(stored_prefix(b"/app/"), "/apple"));
         for path in ["/", "/x", "/apple/pie"] {
-            assert!(under(stored_prefix("/"), path), "{path}");
+            assert!(under(stored_prefix(b"/"), path), "{path}");
         }
         assert!(
-            !under(stored_prefix("/"), "*"),
+            !under(stored_prefix(b"/"), "*"),
             "OPTIONS * is under no route"
         );
     }

@@ -178,10 +178,12 @@ pub(crate) struct Relay {
     /// The client stopped taking the answer for the upstream idle timeout: the exchange was
     /// ended for it (see [`Relay::timed_out`]).
     client_stalled: bool,
-    /// The request has a body its method gives no meaning to: an upstream may not read it as
-    /// a body but as requests of its own (CL.0), answered after this one's answer, so its
-    /// connection is not reused.
-    body_may_be_ignored: bool,
+    /// The request has a body. A server may not read it as a body but as requests of its own
+    /// (CL.0: a GET body, a POST to a handler that answers without reading, Python's
+    /// http.server on a method it has no handler for), and answer them after this answer,
+    /// later than any look at the socket can see; the next request on the connection, from
+    /// whoever, would get those answers. So a connection that carried a body is not reused.
+    carried_body: bool,
     /// Over, its upstream connection released (an HTTP/2 stream's relay stays until its
     /// answer is sent).
     finished: bool,
@@ -215,7 +217,6 @@ impl Relay {
                         | BodyFollows::Raw(Some(1..))
                 )
             );
-        let body_may_be_ignored = has_body && method_gives_body_no_meaning(&fwd.head);
         // The handler's head becomes the start of the request bytes (no copy).
         let mut to_up = std::mem::take(&mut fwd.head);
         to_up.reserve(64 + body.len().min(16 * 1024));
@@ -271,7 +272,7 @@ impl Relay {
             outcome: UpstreamOutcome::Ok,
             close_client: false,
             client_stalled: false,
-            body_may_be_ignored,
+            carried_body: has_body,
             finished: false,
         });
         relay.pick(cx);
@@ -757,13 +758,13 @@ impl Relay {
 
     /// The connection may carry another exchange as far as this one can tell: the answer
     /// was read to its exact end (nothing after it in our buffer), the request was sent whole,
-    /// and nothing in it may be read by the server as a request of its own. (The pool then
-    /// checks that nothing waits in the socket either.)
+    /// and it had no body the server could have read as requests of its own. (The pool then
+    /// makes sure nothing waits in the socket either.)
     fn reusable(&self) -> bool {
         self.upstream_keep
             && self.request_sent()
             && self.outcome == UpstreamOutcome::Ok
-            && !self.body_may_be_ignored
+            && !self.carried_body
     }
 
     /// Back to connecting, sending the request again from the start (`fresh`: not pooled).
@@ -1187,22 +1188,6 @@ fn write_interim(out: &mut Output, head: &ResponseHead<'_>, cx: &mut ConnCx<'_>)
     buf.extend_from_slice(head.headers);
     buf.extend_from_slice(b"\r\n");
     out.commit(before);
-}
-
-/// The request `head` (its request line first) names a method whose request content has no
-/// generally defined semantics (RFC 9110 §9.3: GET, HEAD, DELETE, CONNECT, and OPTIONS in
-/// practice) or must not be sent (TRACE): servers commonly do not read such a body.
-fn method_gives_body_no_meaning(head: &[u8]) -> bool {
-    let method = head.split(|&b| b == b' ').next().unwrap_or_default();
-    [
-        &b"GET"[..],
-        b"HEAD",
-        b"DELETE",
-        b"OPTIONS",
-        b"TRACE",
-        b"CONNECT",
-    ]
-    .contains(&method)
 }
 
 fn push_length(to: &mut Vec<u8>, n: u64) {

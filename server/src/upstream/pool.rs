@@ -251,15 +251,12 @@ impl UpstreamConns {
             };
             // Owned from here on (so `close` does not look for it among the idle).
             conn.owner = owner;
-            // Looked at again at check-out: bytes may have come since check-in whose readiness
-            // event is still queued (the idle watcher would close it only after this).
-            let waiting = if conn.idle_until_ms <= now_ms || conn.fin {
-                Waiting::Closed
-            } else {
-                conn.stream.waiting()
-            };
-            if waiting != Waiting::Nothing {
-                self.drop_unclean(key, waiting, now_ms);
+            // No look at the socket here: it was empty when it came back (see `release`), and
+            // anything since is a readiness event, which drops it while idle: before any
+            // client of the same turn gets here (`HttpWorker::before_events`), or in a later
+            // turn.
+            if conn.idle_until_ms <= now_ms || conn.fin {
+                self.close(key);
                 continue;
             }
             return Some(key);
@@ -273,10 +270,16 @@ impl UpstreamConns {
         let Some(conn) = self.get_mut(key) else {
             return;
         };
-        let waiting = conn.stream.waiting();
-        if waiting != Waiting::Nothing {
-            self.drop_unclean(key, waiting, now_ms);
-            return;
+        // A short read after the last readiness event proved the socket empty, and anything
+        // since is a new event (edge-triggered), seen while it is idle. Otherwise (the answer
+        // ended exactly where a read buffer did) bytes may be there with no event to come:
+        // look, without taking them.
+        if conn.may_read || conn.fin {
+            let waiting = conn.stream.waiting();
+            if waiting != Waiting::Nothing {
+                self.drop_unclean(key, waiting, now_ms);
+                return;
+            }
         }
         let max = conn.set.max_idle();
         let keepalive = conn.set.timeouts().keepalive.as_millis() as u64;
@@ -303,6 +306,18 @@ impl UpstreamConns {
             }
         }
         self.close(key);
+    }
+
+    /// How many connections wait in the pool.
+    pub fn idle_count(&self) -> usize {
+        self.idle_count
+    }
+
+    /// Closes `key` if it waits in the pool (its server sent something, or closed it).
+    pub fn close_if_idle(&mut self, key: u64) {
+        if self.slab.get_mut(key).is_some_and(|c| c.owner == 0) {
+            self.close(key);
+        }
     }
 
     /// Closes idle connections past their keep-alive time; at most once a second.
