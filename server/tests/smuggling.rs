@@ -824,10 +824,10 @@ fn cases() -> Vec<Case> {
             Closed,
         ),
         case(
-            "lowercase method is another method",
+            "lowercase method is refused (apps upper-case it and would run another method)",
             line("get /hello HTTP/1.1", &["Host: x"]),
-            &[405],
-            KeptAlive,
+            &[400],
+            Closed,
         ),
         case(
             "unknown method",
