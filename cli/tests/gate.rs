@@ -545,22 +545,52 @@ fn bad_gate_configs_stop_the_start_with_one_line() {
     assert!(String::from_utf8_lossy(&ok.stdout).contains("is valid: 1 realm(s), "));
 }
 
+/// A gate whose password pool has one thread and `queue` places, the per-network limits out
+/// of the way, and alice's password hashed at bcrypt `cost`.
+fn flood_setup(queue: usize, cost: u32) -> Setup {
+    let setup = Setup::new(
+        POLICY,
+        &format!(
+            "[pool]\nthreads = 1\nqueue = {queue}\n[limits]\nlogin_per_minute = 100000\n\
+             login_burst = 100000\nfailures_per_user = 100000\n"
+        ),
+    );
+    let hash = bcrypt::hash("hunter2", cost).unwrap();
+    std::fs::write(setup.path("staff.htpasswd"), format!("alice:{hash}\n")).unwrap();
+    setup
+}
+
+/// Posts alice's login with a wrong password (from `net`, named through the trusted loopback
+/// proxy, if given) and returns the status.
+fn wrong_login(addr: std::net::SocketAddr, csrf: &str, net: Option<&str>) -> u16 {
+    let body = format!(
+        "realm=staff&user=alice&password=wrong&return=%2F&csrf={}",
+        enc(csrf)
+    );
+    let forwarded = net.map_or(String::new(), |n| format!("X-Forwarded-For: {n}\r\n"));
+    let mut c = Client::connect(addr);
+    c.send(
+        format!(
+            "POST /.tern-gate/login HTTP/1.1\r\nHost: x\r\n{forwarded}\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    c.read_response(false).status
+}
+
 #[test]
 fn a_login_flood_never_slows_the_site() {
     // One hash thread, a short queue: most of the flood is turned away at once (503), and
     // hashing runs off the workers, so a static client keeps its speed.
-    let setup = Setup::new(
-        POLICY,
-        "[pool]\nthreads = 1\nqueue = 4\n[limits]\nlogin_per_minute = 100000\nlogin_burst = 100000\nfailures_per_user = 100000\n",
-    );
     // A realistic cost (bcrypt 10: tens of milliseconds a hash, more in the debug build the
     // tests run), so the pool is really busy. Behind twelve flooders a hash on a worker would
     // stall pages for several hashes' time, far beyond the bound below, while a loaded
     // machine's scheduling noise stays under it (10 ms, the bound before, was not: it failed
     // once with the load average at 5): the assertion tells where hashing runs, not how fast
     // this machine is.
-    let hash = bcrypt::hash("hunter2", 10).unwrap();
-    std::fs::write(setup.path("staff.htpasswd"), format!("alice:{hash}\n")).unwrap();
+    let setup = flood_setup(4, 10);
     let tern = setup.serve(&[]);
     let html = tern
         .get_with("/private/x", &[("User-Agent", FIREFOX)])
@@ -573,12 +603,11 @@ fn a_login_flood_never_slows_the_site() {
             let addr = tern.addr();
             let csrf = csrf.clone();
             std::thread::spawn(move || {
-                let body = format!("realm=staff&user=alice&password=wrong&return=%2F&csrf={}", enc(&csrf));
                 let mut statuses = std::collections::HashMap::new();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let mut c = Client::connect(addr);
-                    c.send(format!("POST /.tern-gate/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
-                    *statuses.entry(c.read_response(false).status).or_insert(0u32) += 1;
+                    *statuses
+                        .entry(wrong_login(addr, &csrf, None))
+                        .or_insert(0u32) += 1;
                 }
                 statuses
             })
@@ -1450,12 +1479,7 @@ fn a_network_with_no_failures_logs_in_under_a_distributed_flood() {
     // per-network limits, which are set out of the way) posting wrong passwords without
     // pause: far more claims than places. Every legitimate login from a network that has
     // not failed must still get in.
-    let setup = Setup::new(
-        POLICY,
-        "[pool]\nthreads = 1\nqueue = 8\n[limits]\nlogin_per_minute = 100000\nlogin_burst = 100000\nfailures_per_user = 100000\n",
-    );
-    let hash = bcrypt::hash("hunter2", 6).unwrap();
-    std::fs::write(setup.path("staff.htpasswd"), format!("alice:{hash}\n")).unwrap();
+    let setup = flood_setup(8, 6);
     let tern = setup.serve(&[]);
     let form = |net: &str| -> String {
         let page = tern.get_with(
@@ -1482,17 +1506,15 @@ fn a_network_with_no_failures_logs_in_under_a_distributed_flood() {
     );
     let flooders: Vec<_> = (0..24)
         .map(|t| {
-            let (stop, failed, flood, addr) = (stop.clone(), failed.clone(), flood.clone(), tern.addr());
+            let (stop, failed, flood, addr) =
+                (stop.clone(), failed.clone(), flood.clone(), tern.addr());
             std::thread::spawn(move || {
                 let mut i = t;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let n = i % FLOOD_NETS;
                     i += 24;
                     let (net, csrf) = &flood[n];
-                    let body = format!("realm=staff&user=alice&password=wrong&return=%2F&csrf={}", enc(csrf));
-                    let mut c = Client::connect(addr);
-                    c.send(format!("POST /.tern-gate/login HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: {net}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
-                    let status = c.read_response(false).status;
+                    let status = wrong_login(addr, csrf, Some(net));
                     assert!(matches!(status, 401 | 503), "{status}");
                     if status == 401 {
                         failed[n].store(true, std::sync::atomic::Ordering::Relaxed);
