@@ -27,9 +27,14 @@ pub(crate) struct Socket {
     /// epoll reported the peer's FIN: a short read does not mean drained then, the EOF still
     /// has to be read (edge-triggered epoll will not report it again).
     peer_fin: bool,
-    /// While output waits: the kernel's unacknowledged bytes when the write deadline was
-    /// last set, to tell a slow reader (it shrinks) from one that stopped (it does not).
+    /// While output waits: the kernel's unacknowledged bytes when the write period began,
+    /// to tell a slow reader (it shrinks) from one that stopped (it does not).
     unacked_mark: u32,
+    /// While output waits: when the current write period ends. Set when output starts
+    /// waiting and moved only by the client's progress (see [`still_reading`]), never by its
+    /// other events: a client that sends a byte now and then but reads nothing must not hold
+    /// its answer, and its connection, forever.
+    write_deadline_ms: Option<u64>,
 }
 
 impl Socket {
@@ -39,6 +44,7 @@ impl Socket {
             may_read: true,
             peer_fin: false,
             unacked_mark: 0,
+            write_deadline_ms: None,
         }
     }
 
@@ -244,20 +250,32 @@ fn send_file(fd: RawFd, file: RawFd, offset: u64, len: u64) -> io::Result<usize>
     Ok(n as usize)
 }
 
-/// Called whenever the deadline is set: remembers how much output the client has yet to
-/// acknowledge, if output is waiting.
-pub(crate) fn mark_progress(sock: &mut Socket, kind: Timeout) {
-    if kind == Timeout::Write {
-        // An error leaves 0, which nothing can undercut: the stall then times out.
-        sock.unacked_mark = tern_runtime::unacked_bytes(&sock.stream).unwrap_or(0);
+/// Called whenever the deadline is set, with the one the connection's state calls for; returns
+/// the one to arm. A write deadline is kept from when output started waiting (remembering how
+/// much of it the client had yet to acknowledge then), not pushed back by every event.
+pub(crate) fn write_period(sock: &mut Socket, kind: Timeout, deadline: u64) -> u64 {
+    if kind != Timeout::Write {
+        sock.write_deadline_ms = None;
+        return deadline;
     }
+    if let Some(d) = sock.write_deadline_ms {
+        return d;
+    }
+    // An error leaves 0, which nothing can undercut: the stall then times out.
+    sock.unacked_mark = tern_runtime::unacked_bytes(&sock.stream).unwrap_or(0);
+    sock.write_deadline_ms = Some(deadline);
+    deadline
 }
 
-/// The write deadline passed, but the client acknowledged some of our output since it was
-/// set: it is reading, only slower than the kernel wakes us (epoll reports a socket writable
-/// only once a third of its send buffer is free). Such a client gets another period; one that
-/// acknowledged nothing is cut off.
-pub(crate) fn still_reading(conn: &Conn, sock: &Socket, cx: &ConnCx<'_>) -> bool {
-    conn.next_deadline(cx).1 == Timeout::Write
-        && tern_runtime::unacked_bytes(&sock.stream).is_ok_and(|n| n < sock.unacked_mark)
+/// The write deadline passed, but the client acknowledged some of our output since the
+/// period began: it is reading, only slower than the kernel wakes us (epoll reports a socket
+/// writable only once a third of its send buffer is free). Such a client gets another period
+/// (the next [`write_period`] starts one); one that acknowledged nothing is cut off.
+pub(crate) fn still_reading(conn: &Conn, sock: &mut Socket, cx: &ConnCx<'_>) -> bool {
+    let reading = conn.next_deadline(cx).1 == Timeout::Write
+        && tern_runtime::unacked_bytes(&sock.stream).is_ok_and(|n| n < sock.unacked_mark);
+    if reading {
+        sock.write_deadline_ms = None;
+    }
+    reading
 }

@@ -157,8 +157,8 @@ impl HttpWorker {
             Status::Open => {}
         }
         let (deadline, kind) = entry.conn.next_deadline(&ccx);
+        let deadline = driver::write_period(&mut entry.sock, kind, deadline);
         entry.deadline_ms = deadline;
-        driver::mark_progress(&mut entry.sock, kind);
         if deadline < entry.armed_ms {
             entry.armed_ms = deadline;
             cx.timers.schedule(key, deadline);
@@ -305,7 +305,7 @@ impl WorkerApp for HttpWorker {
             return;
         }
         self.with_conn(cx, key, |e, ccx, up| {
-            if driver::still_reading(&e.conn, &e.sock, ccx) {
+            if driver::still_reading(&e.conn, &mut e.sock, ccx) {
                 return Status::Open; // with_conn sets a fresh deadline and mark
             }
             if e.conn.trim_if_due(ccx) {

@@ -224,6 +224,42 @@ fn body_timeout_is_measured_between_progress_not_in_total() {
     assert_eq!(server.stats().snapshot().get(Counter::TimeoutBody), 0);
 }
 
+/// A client that reads nothing but sends a byte now and then (the start of a next request)
+/// must not push the write deadline back with each: the period runs from when output started
+/// waiting, and only bytes it acknowledges start it over (found while fixing issue 21's
+/// HTTP/2 stall: HTTP/1.1 re-armed the deadline on every event).
+#[test]
+fn a_client_trickling_bytes_without_reading_still_times_out() {
+    let server = start(|c| c.write_timeout = Duration::from_secs(1));
+    let stats = server.stats();
+    let mut s = connect(server.local_addr());
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let sent = Instant::now();
+    let next = b"GET /hello HTTP/1.1\r\nHost: x\r\n";
+    let mut i = 0;
+    // A byte every 200 ms for at most 8 s: five per write-timeout period.
+    while stats.snapshot().get(Counter::TimeoutWrite) == 0
+        && sent.elapsed() < Duration::from_secs(8)
+    {
+        if s.write_all(&next[i % next.len()..][..1]).is_err() {
+            break;
+        }
+        i += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Cut while the trickle went on (a second's period and a loaded machine's slack), not
+    // only once it stopped.
+    let cut = sent.elapsed();
+    assert_eq!(
+        stats.snapshot().get(Counter::TimeoutWrite),
+        1,
+        "the trickle kept the stalled answer open for {cut:?}"
+    );
+    assert!(cut < Duration::from_secs(6), "cut only after {cut:?}");
+    assert!(wait_for(stats, SOON, |s| s.open_connections() == 0));
+}
+
 #[test]
 fn write_timeout_drops_a_client_that_stops_reading() {
     let server = start(|c| c.write_timeout = Duration::from_secs(1));
