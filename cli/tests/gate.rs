@@ -1428,11 +1428,14 @@ fn a_proxied_app_learns_the_user_from_the_gate_and_never_from_the_client() {
     );
     assert_eq!(r.status, 303, "{}", r.text());
     let cookie = cookie_of(&r);
-    let mut headers = vec![("User-Agent", FIREFOX), ("Cookie", cookie.as_str())];
+    let cookies = format!("theme=dark; {cookie}");
+    let mut headers = vec![("User-Agent", FIREFOX), ("Cookie", cookies.as_str())];
     headers.extend_from_slice(&lies);
     assert_eq!(tern.get_with("/private/x", &headers).status, 200);
     let head = app.last();
     assert!(head.starts_with("GET /private/x "), "{head}");
+    // The session cookie stays with the gate: the app gets its own cookies only.
+    assert_eq!(fields(&head, "cookie"), vec!["theme=dark".to_string()], "{head}");
     assert_eq!(
         fields(&head, "x-auth-user"),
         vec!["alice".to_string()],

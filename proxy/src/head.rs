@@ -111,6 +111,10 @@ pub fn build(req: &Request<'_>, options: &ProxyOptions, identity: Option<&Identi
         {
             continue;
         }
+        if let (Some(gate), true) = (&options.gate_cookie, name.eq_ignore_ascii_case("cookie")) {
+            cookie_without_gate(&mut out, name, h.value, gate.as_bytes());
+            continue;
+        }
         line(&mut out, name, &[h.value]);
     }
 
@@ -195,6 +199,38 @@ fn wants_websocket(req: &Request<'_>) -> bool {
             .is_some_and(|v| trim_ows(v).eq_ignore_ascii_case(b"websocket"))
 }
 
+/// A Cookie field without the gate's own cookies (`gate`, `gate.realm`, with or without
+/// `__Host-`); nothing at all if only those were in it. Crumbs are kept byte for byte.
+fn cookie_without_gate(out: &mut Vec<u8>, name: &str, value: &[u8], gate: &[u8]) {
+    let is_gate = |crumb: &[u8]| {
+        let cookie = trim_ows(crumb);
+        let cookie_name = trim_ows(cookie.split(|&b| b == b'=').next().unwrap_or_default());
+        let cookie_name = cookie_name.strip_prefix(b"__Host-").unwrap_or(cookie_name);
+        cookie_name
+            .strip_prefix(gate)
+            .is_some_and(|rest| rest.is_empty() || rest[0] == b'.')
+    };
+    if !value.split(|&b| b == b';').any(is_gate) {
+        line(out, name, &[value]);
+        return;
+    }
+    let start = out.len();
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    let values_at = out.len();
+    for crumb in value.split(|&b| b == b';').filter(|c| !is_gate(c)) {
+        if out.len() > values_at {
+            out.extend_from_slice(b"; ");
+        }
+        out.extend_from_slice(trim_ows(crumb));
+    }
+    if out.len() == values_at {
+        out.truncate(start);
+    } else {
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 /// `host` (a Host value the codec accepted) lower-cased, without the trailing dot of its
 /// name; the port kept. Too long for `buf` (no site could match it): as it came.
 fn normal_host<'b>(host: &'b [u8], buf: &'b mut [u8; 264]) -> &'b [u8] {
@@ -272,6 +308,17 @@ mod tests {
         secure: bool,
         identity: Option<&Identity>,
     ) -> (String, bool) {
+        forwarded_with(raw, peer, trusted, secure, identity, None)
+    }
+
+    fn forwarded_with(
+        raw: &str,
+        peer: &str,
+        trusted: &str,
+        secure: bool,
+        identity: Option<&Identity>,
+        gate_cookie: Option<&str>,
+    ) -> (String, bool) {
         let mut headers = [MaybeUninit::uninit(); 64];
         let Ok(Parsed::Complete(head)) =
             parse_request(raw.as_bytes(), &mut headers, &Limits::default())
@@ -289,6 +336,7 @@ mod tests {
         let options = ProxyOptions {
             host: None,
             trusted: tern_services::TrustedProxies::parse(trusted).unwrap(),
+            gate_cookie: gate_cookie.map(str::to_string),
         };
         let b = build(&req, &options, identity);
         (String::from_utf8(b.head).unwrap(), b.upgrade)
@@ -419,6 +467,27 @@ mod tests {
             "an HTTP/1.1 request always has a Host: {h}"
         );
         assert!(!h.contains("DELETE") && !h.contains("PUT"), "{h}");
+    }
+
+    #[test]
+    fn the_gates_session_cookies_stay_with_the_gate() {
+        let raw = "GET / HTTP/1.1\r\nHost: a.test\r\nCookie: app=1; tern_gate=pass; \
+                   __Host-tern_gate.staff=s; tern_gatex=2\r\nCookie: tern_gate.ops=o\r\n\r\n";
+        let (h, _) = forwarded(raw, "127.0.0.1:1", "", false);
+        assert!(
+            h.contains("tern_gate=pass"),
+            "no gate here: cookies pass as they came: {h}"
+        );
+        let (h, _) = forwarded_with(raw, "127.0.0.1:1", "", false, None, Some("tern_gate"));
+        assert!(h.contains("\r\nCookie: app=1; tern_gatex=2\r\n"), "{h}");
+        assert!(
+            !h.contains("pass") && !h.contains("=s") && !h.contains("=o"),
+            "{h}"
+        );
+        assert!(
+            !h.contains("Cookie: \r\n"),
+            "a Cookie left empty is not sent: {h}"
+        );
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub struct ProxyOptions {
     pub host: Option<String>,
     /// Peers whose `X-Forwarded-*`/`Forwarded` fields are extended rather than replaced.
     pub trusted: TrustedProxies,
+    /// The gate's cookie name, when a gate runs on this server: its session cookies
+    /// (`NAME`, `NAME.realm`, `__Host-` ones) are kept from the app, which has no use for
+    /// them and could leak them (a log of request headers).
+    pub gate_cookie: Option<String>,
 }
 
 /// A proxy route's handler.

@@ -332,10 +332,12 @@ fn build_table(
                 ))),
                 RouteKind::Proxy(plan) => {
                     let group = tern_proxy::UpstreamGroup::new(plan.group.clone(), workers);
-                    Action::Handler(Arc::new(tern_proxy::Proxy::new(
-                        Arc::new(group),
-                        plan.options.clone(),
-                    )))
+                    let options = tern_proxy::ProxyOptions {
+                        // Browsers send the gate's cookies to every route of the host.
+                        gate_cookie: gate.map(|g| g.config().config.cookie.clone()),
+                        ..plan.options.clone()
+                    };
+                    Action::Handler(Arc::new(tern_proxy::Proxy::new(Arc::new(group), options)))
                 }
             };
             let action = match (action, gate) {
