@@ -1435,7 +1435,11 @@ fn a_proxied_app_learns_the_user_from_the_gate_and_never_from_the_client() {
     let head = app.last();
     assert!(head.starts_with("GET /private/x "), "{head}");
     // The session cookie stays with the gate: the app gets its own cookies only.
-    assert_eq!(fields(&head, "cookie"), vec!["theme=dark".to_string()], "{head}");
+    assert_eq!(
+        fields(&head, "cookie"),
+        vec!["theme=dark".to_string()],
+        "{head}"
+    );
     assert_eq!(
         fields(&head, "x-auth-user"),
         vec!["alice".to_string()],
