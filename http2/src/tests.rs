@@ -774,3 +774,86 @@ fn a_streamed_body_flows_as_it_is_consumed_past_max_body() {
         .iter()
         .any(|e| matches!(e, Event::Refuse { .. } | Event::Request(_))));
 }
+
+/// Many uploads to a proxy route, none taken (their relays wait for upstream connections):
+/// the session holds back the connection's window past the streamed-body budget instead of
+/// buffering a stream window per stream, and gives it back as the bodies are taken.
+#[test]
+fn streamed_bodies_that_wait_hold_back_the_connection_window() {
+    let cfg = Config {
+        stream_window: 128 * 1024,
+        connection_window: 1024 * 1024,
+        ..Config::default()
+    };
+    let mut p = Peer::new(cfg);
+    p.stream_bodies = true;
+    let chunk = vec![b'u'; 16 * 1024];
+    let streams: Vec<u32> = (0..12).map(|i| 1 + 2 * i).collect();
+    for &id in &streams {
+        p.send(&post_headers(id, Some(10_000_000))).unwrap();
+    }
+    p.out.clear();
+    // 64 KiB on each of 12 streams: 768 KiB, past the 512 KiB budget and past half the
+    // connection window, none of it taken.
+    for _ in 0..4 {
+        for &id in &streams {
+            p.send(&frame_bytes(kind::DATA, 0, id, &chunk)).unwrap();
+        }
+    }
+    let conn_updates = |p: &mut Peer| {
+        p.frames()
+            .into_iter()
+            .filter(|(h, _)| h.kind == kind::WINDOW_UPDATE && h.stream == 0)
+            .count()
+    };
+    assert_eq!(
+        conn_updates(&mut p),
+        0,
+        "the connection window was given back"
+    );
+    // What the peer may still send is what is left of the 1 MiB connection window: 256 KiB.
+    let mut sent = 0;
+    'fill: for _ in 0..8 {
+        for &id in &streams[..4] {
+            if p.send(&frame_bytes(kind::DATA, 0, id, &chunk)).is_err() {
+                break 'fill;
+            }
+            sent += chunk.len();
+        }
+    }
+    assert_eq!(
+        sent,
+        256 * 1024,
+        "the peer sent up to the connection window and no further"
+    );
+    assert!(
+        p.session.is_closed(),
+        "DATA beyond the connection window is a connection error"
+    );
+
+    // Taken as the relays attach: the window comes back.
+    let mut p = Peer::new(Config {
+        stream_window: 128 * 1024,
+        connection_window: 1024 * 1024,
+        ..Config::default()
+    });
+    p.stream_bodies = true;
+    for &id in &streams {
+        p.send(&post_headers(id, Some(10_000_000))).unwrap();
+        for _ in 0..4 {
+            p.send(&frame_bytes(kind::DATA, 0, id, &chunk)).unwrap();
+        }
+    }
+    p.out.clear();
+    for &id in &streams {
+        let held = p.session.body_chunk(id).unwrap().0.len();
+        let mut out = std::mem::take(&mut p.out);
+        p.session.consume_body(id, held, &mut out);
+        p.out = out;
+    }
+    assert_eq!(
+        conn_updates(&mut p),
+        1,
+        "the held window went back once the bodies were taken"
+    );
+}
