@@ -878,7 +878,7 @@ impl Session {
     /// window back for them could stall a body that only needs it to finish.) Streamed
     /// bodies (a proxy route) wait in the session until their relay takes them, and a relay
     /// may wait for an upstream connection: while more than [`STREAMED_BODY_BUDGET`] of them
-    /// waits, all streams together, the window is held back (the second adversarial pass
+    /// waits, all streams together, the window is held back (an adversarial pass
     /// had 100 uploads pin a stream window each, 12 MiB per connection); it goes back as the
     /// relays take their bytes ([`Session::consume_body`]).
     fn return_connection_window(&mut self, out: &mut Vec<u8>) {
