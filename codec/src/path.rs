@@ -27,6 +27,8 @@
 
 use std::borrow::Cow;
 
+use crate::body::hex_value as hex;
+
 /// Why a path has no canonical form. Always answered 400 ([`crate::RequestError::BadPath`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathError {
@@ -201,15 +203,6 @@ pub fn path_under(prefix: impl AsRef<[u8]>, path: impl AsRef<[u8]>) -> bool {
 }
 
 const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
-
-fn hex(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
-}
 
 /// RFC 3986 §2.3.
 fn is_unreserved(c: u8) -> bool {

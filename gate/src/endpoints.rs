@@ -121,7 +121,12 @@ impl Endpoints {
             ("enter", false) => {
                 let target = return_to(query);
                 let path = target.split('?').next().unwrap_or("/");
-                let outcome = self.gate.decide(&loaded, req, &client, "GET", path, worker);
+                let outcome = match crate::guard::canonical(path) {
+                    Some(path) => self
+                        .gate
+                        .decide(&loaded, req, &client, "GET", &path, worker),
+                    None => Outcome::Deny,
+                };
                 self.gate
                     .answer(&loaded, req, &client, outcome, &target, worker)
                     .into()
@@ -647,19 +652,18 @@ impl AuthEndpoint {
             .header("x-original-method")
             .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or("GET");
-        let path = uri.split('?').next().unwrap_or("/");
         // nginx matched its location on its own normalised path; a path without a canonical
         // form is one nginx and the app behind it may read differently from the gate, so it
-        // is refused (and counted), never judged as sent. `decide` would deny it too.
-        if crate::guard::policy_path(path).is_none() {
+        // is refused (and counted), never judged as sent.
+        let Some(path) = crate::guard::canonical(uri.split('?').next().unwrap_or("/")) else {
             self.gate.stats().bump(cx.worker_id, C::PathRefused);
             return Response::new(403).into();
-        }
+        };
         // No bodies on these answers: nginx does not read an auth subrequest's body, so one
         // would cost it the kept-alive connection to the gate.
         match self
             .gate
-            .decide(&loaded, req, &client, method, path, cx.worker_id)
+            .decide(&loaded, req, &client, method, &path, cx.worker_id)
         {
             Outcome::Pass(identity) => {
                 let mut r = Response::new(204).with_header("Cache-Control", "no-store");

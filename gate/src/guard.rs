@@ -130,8 +130,9 @@ impl Gate {
         }
     }
 
-    /// The policy's verdict on `method path` for this client, settled by its session where
-    /// one can settle it. A request that is not GET or HEAD is judged like any other: when
+    /// The policy's verdict on `method path` (a canonical path: see [`canonical`]) for this
+    /// client, settled by its session where one can settle it. A request that is not GET or
+    /// HEAD is judged like any other: when
     /// the policy wants a check, only a session that settles it lets the request through.
     pub(crate) fn decide(
         &self,
@@ -142,9 +143,7 @@ impl Gate {
         path: &str,
         worker: usize,
     ) -> Outcome {
-        let Some(path) = policy_path(path) else {
-            return Outcome::Deny;
-        };
+        let path = policy_path(path);
         let decision = loaded
             .policy
             .evaluate(method, &path, |name| req.header(name), client.ip);
@@ -467,29 +466,27 @@ impl Guard for Gate {
     }
 }
 
-/// The path the policy sees: the canonical path ([`tern_server::canonical_path`]; requests
-/// that reach a guard already carry it) with every escape decoded, exactly the segments the
-/// router chose by and the static handler opens; so `/%61dmin/`, `//admin/` or `/x/../admin/`
-/// cannot slip past a rule for `/admin/`. `None` when the path has no canonical form (an
-/// encoded slash, `..` above the root, a `;`...): such a path is never judged as sent, the
-/// caller refuses it. The common path has nothing to decode and is borrowed.
-pub(crate) fn policy_path(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
+/// `raw` (a path taken from a header or a form, not from the codec) in canonical form
+/// ([`tern_server::canonical_path`]), or `None` when it has none (an encoded slash, `..`
+/// above the root, a `;`...): such a path is never judged as sent, the caller refuses it.
+pub(crate) fn canonical(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
+    tern_server::canonical_path(raw)
+        .ok()
+        .filter(|p| p.starts_with('/'))
+}
+
+/// The path the policy sees: a canonical path (the request's own, or one from
+/// [`canonical`]) with every escape decoded, exactly the segments the router chose by and
+/// the static handler opens; so `/%61dmin/`, `//admin/` or `/x/../admin/` cannot slip past a
+/// rule for `/admin/`. The common path has nothing to decode and is borrowed. Bytes that are
+/// not UTF-8 become U+FFFD: no rule can name them, and a separator or a dot is never among
+/// them.
+pub(crate) fn policy_path(canonical: &str) -> std::borrow::Cow<'_, str> {
     use std::borrow::Cow;
-    let canonical = tern_server::canonical_path(raw).ok()?;
-    if !canonical.starts_with('/') {
-        return None;
+    match tern_server::decoded_path(canonical) {
+        Cow::Borrowed(_) => Cow::Borrowed(canonical),
+        Cow::Owned(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
     }
-    Some(match canonical {
-        Cow::Borrowed(p) => match tern_server::decoded_path(p) {
-            // Bytes that are not UTF-8 become U+FFFD: no rule can name them, and a separator
-            // or a dot is never among them.
-            Cow::Borrowed(_) => Cow::Borrowed(p),
-            Cow::Owned(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
-        },
-        Cow::Owned(p) => {
-            Cow::Owned(String::from_utf8_lossy(&tern_server::decoded_path(&p)).into_owned())
-        }
-    })
 }
 
 /// The realm a cookie name belongs to: `Some(None)` for a challenge pass, `Some(Some(realm))`

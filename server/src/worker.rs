@@ -166,6 +166,11 @@ impl HttpWorker {
     }
 }
 
+/// An event that calls for a read: bytes, the peer's FIN, or an error to collect.
+fn readable(event: &Event) -> bool {
+    event.is_readable() || event.is_read_closed() || event.is_error()
+}
+
 impl HttpWorker {
     /// Readiness of an upstream connection: drive the client connection relaying through
     /// it; an idle pooled one that became readable was closed by its server (or sent
@@ -174,7 +179,7 @@ impl HttpWorker {
         let Some(up) = self.upstreams.get_mut(key) else {
             return;
         };
-        let readable = event.is_readable() || event.is_read_closed() || event.is_error();
+        let readable = readable(event);
         up.note_event(
             readable,
             event.is_writable() || event.is_error(),
@@ -279,7 +284,7 @@ impl WorkerApp for HttpWorker {
 
     fn on_ready(&mut self, cx: &mut Context<'_, WorkerMessage>, event: &Event) {
         let key = event.token().0 as u64;
-        let readable = event.is_readable() || event.is_read_closed() || event.is_error();
+        let readable = readable(event);
         let fin = event.is_read_closed();
         if key & UPSTREAM_TOKEN != 0 {
             return self.on_upstream_ready(cx, key, event);
@@ -354,16 +359,14 @@ impl WorkerApp for HttpWorker {
 
     fn before_events(&mut self, _cx: &mut Context<'_, WorkerMessage>, events: &mio::event::Events) {
         // An idle pooled upstream connection with news (bytes nobody asked for, or its close)
-        // is dropped before any client event of this turn can take it from the pool; later
-        // news comes as a later event, handled the same way by `on_upstream_ready`.
+        // is dropped before any client event of this turn can take it from the pool; one that
+        // goes idle during the turn is dropped on its event by `on_upstream_ready`.
         if self.upstreams.idle_count() == 0 {
             return;
         }
         for event in events.iter() {
             let key = event.token().0 as u64;
-            if key & UPSTREAM_TOKEN != 0
-                && (event.is_readable() || event.is_read_closed() || event.is_error())
-            {
+            if key & UPSTREAM_TOKEN != 0 && readable(event) {
                 self.upstreams.close_if_idle(key);
             }
         }

@@ -22,27 +22,33 @@ pub(crate) enum PathError {
 
 /// The key for `path`, a canonical request path ([`crate::Request::path`]).
 ///
-/// The common case (nothing escaped, no segment starting with `.`) borrows `path`: no
-/// allocation and one scan on the hot path.
+/// The common case (nothing escaped) borrows `path`: no allocation, and one pass that finds
+/// dotfiles and what only a head built by hand, not by the codec, could hold (NUL, `\\`,
+/// `//`, a `.` or `..` segment), which must never reach the file system.
 pub(crate) fn file_key(path: &str, serve_dotfiles: bool) -> Result<Cow<'_, [u8]>, PathError> {
     if !path.starts_with('/') {
         return Err(PathError::BadRequest);
     }
     let key = decoded_path(path);
-    // A segment that starts with a dot is either a dotfile or (in a head not made by the
-    // codec) a dot segment; the second must never reach the file system.
-    if memchr::memmem::find(&key, b"/.").is_some() {
-        for seg in key[1..].split(|&c| c == b'/') {
-            if seg == b"." || seg == b".." {
-                return Err(PathError::BadRequest);
+    let mut dotfile = false;
+    let mut prev = 0u8;
+    for (i, &c) in key.iter().enumerate() {
+        match c {
+            0 | b'\\' => return Err(PathError::BadRequest),
+            b'/' if prev == b'/' => return Err(PathError::BadRequest),
+            b'.' if prev == b'/' => {
+                let seg = key[i..].split(|&c| c == b'/').next().unwrap_or_default();
+                if seg == b"." || seg == b".." {
+                    return Err(PathError::BadRequest);
+                }
+                dotfile = true;
             }
+            _ => {}
         }
-        if !serve_dotfiles {
-            return Err(PathError::NotFound);
-        }
+        prev = c;
     }
-    if key.contains(&0) || key.contains(&b'\\') || memchr::memmem::find(&key, b"//").is_some() {
-        return Err(PathError::BadRequest);
+    if dotfile && !serve_dotfiles {
+        return Err(PathError::NotFound);
     }
     Ok(key)
 }
