@@ -293,9 +293,7 @@ fn ip_str(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::MaybeUninit;
     use std::net::SocketAddr;
-    use tern_server::{parse_request, Limits, Parsed};
 
     fn forwarded(raw: &str, peer: &str, trusted: &str, secure: bool) -> (String, bool) {
         forwarded_as(raw, peer, trusted, secure, None)
@@ -319,26 +317,15 @@ mod tests {
         identity: Option<&Identity>,
         gate_cookie: Option<&str>,
     ) -> (String, bool) {
-        let mut headers = [MaybeUninit::uninit(); 64];
-        let Ok(Parsed::Complete(head)) =
-            parse_request(raw.as_bytes(), &mut headers, &Limits::default())
-        else {
-            panic!("test request must parse")
-        };
-        let req = Request {
-            head: &head,
-            body: &[],
-            peer: peer.parse::<SocketAddr>().unwrap(),
-            secure,
-            unix_secs: 0,
-            now_ms: 0,
-        };
         let options = ProxyOptions {
             host: None,
             trusted: tern_services::TrustedProxies::parse(trusted).unwrap(),
             gate_cookie: gate_cookie.map(str::to_string),
         };
-        let b = build(&req, &options, identity);
+        let peer = peer.parse::<SocketAddr>().unwrap();
+        let b = tern_server::testing::with_request(raw.as_bytes(), peer, secure, |req| {
+            build(req, &options, identity)
+        });
         (String::from_utf8(b.head).unwrap(), b.upgrade)
     }
 

@@ -378,6 +378,34 @@ impl MemoryConn {
     }
 }
 
+/// Runs `f` on the [`Request`] a handler would get for `raw` (a whole HTTP/1.1 head, parsed
+/// by the codec, so its path is canonical) from `peer`, over TLS if `secure`: for unit tests
+/// of handlers, guards and what the proxy forwards. Panics if `raw` is not a whole request.
+pub fn with_request<R>(
+    raw: &[u8],
+    peer: SocketAddr,
+    secure: bool,
+    f: impl FnOnce(&Request<'_>) -> R,
+) -> R {
+    let mut headers = [std::mem::MaybeUninit::uninit(); 64];
+    let Ok(crate::Parsed::Complete(head)) =
+        crate::parse_request(raw, &mut headers, &crate::Limits::default())
+    else {
+        panic!(
+            "test request must parse: {:?}",
+            String::from_utf8_lossy(raw)
+        );
+    };
+    f(&Request {
+        head: &head,
+        body: &[],
+        peer,
+        secure,
+        unix_secs: 0,
+        now_ms: 0,
+    })
+}
+
 /// One response as a strict HTTP/1.1 client reads it: status, whether its body was
 /// complete, and the body (chunks joined).
 #[derive(Debug, PartialEq, Eq)]

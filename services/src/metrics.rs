@@ -369,22 +369,13 @@ mod tests {
     fn counters_are_for_this_machine_judged_through_trusted_proxies() {
         let may = |peer: &str, trusted: &str, extra: &str| {
             let raw = format!("GET /statusz HTTP/1.1\r\nHost: x\r\n{extra}\r\n");
-            let mut headers = [std::mem::MaybeUninit::uninit(); 16];
-            let limits = tern_server::Limits::default();
-            let Ok(tern_server::Parsed::Complete(head)) =
-                tern_server::parse_request(raw.as_bytes(), &mut headers, &limits)
-            else {
-                panic!("test request must parse");
-            };
-            let req = tern_server::Request {
-                head: &head,
-                body: &[],
-                peer: peer.parse().unwrap(),
-                secure: false,
-                unix_secs: 0,
-                now_ms: 0,
-            };
-            may_read_counters(&req, &crate::TrustedProxies::parse(trusted).unwrap())
+            let trusted = crate::TrustedProxies::parse(trusted).unwrap();
+            tern_server::testing::with_request(
+                raw.as_bytes(),
+                peer.parse().unwrap(),
+                false,
+                |req| may_read_counters(req, &trusted),
+            )
         };
         let nginx = "127.0.0.1, ::1";
         // This machine, asking directly.

@@ -175,22 +175,8 @@ mod tests {
 
     fn respond(snapshot: &Snapshot, extra: &str) -> Response {
         let raw = format!("GET /x HTTP/1.1\r\nHost: x\r\n{extra}\r\n");
-        let mut headers = [std::mem::MaybeUninit::uninit(); 16];
-        let limits = tern_server::Limits::default();
-        let Ok(tern_server::Parsed::Complete(head)) =
-            tern_server::parse_request(raw.as_bytes(), &mut headers, &limits)
-        else {
-            panic!("test request must parse");
-        };
-        let req = Request {
-            head: &head,
-            body: &[],
-            peer: "127.0.0.1:1".parse().unwrap(),
-            secure: false,
-            unix_secs: 0,
-            now_ms: 0,
-        };
-        snapshot.respond(&req)
+        let peer = "127.0.0.1:1".parse().unwrap();
+        tern_server::testing::with_request(raw.as_bytes(), peer, false, |req| snapshot.respond(req))
     }
 
     fn header<'r>(r: &'r Response, name: &str) -> Option<&'r str> {
