@@ -198,7 +198,7 @@ class Tern:
     (`--listen 127.0.0.1:0`) beside the HTTPS one. `listeners` maps each scheme in the
     start-up line to its (host, port).
 
-    `demo=True` runs `tern demo` instead (the same site as `--site`, its database in a
+    `demo=True` runs `tern demo` instead (the same site as `--site`, its data in `data` or a
     throwaway `--data` folder): the only command with /statusz and /metrics. `config` runs
     `tern run --config CONFIG` instead (sites, routes and the reverse proxy from the file)."""
 
@@ -215,6 +215,7 @@ class Tern:
         plain_too: bool = False,
         demo: bool = False,
         config: str | None = None,
+        data: str | None = None,
     ):
         self.site = site or make_site()
         self.scheme = "https" if tls is not None else "http"
@@ -224,8 +225,9 @@ class Tern:
         if tls is not None and plain_too:
             listen_args += ["--listen", "127.0.0.1:0"]
         if demo:
-            data = tempfile.mkdtemp(prefix="tern-stress-data-")
-            atexit.register(lambda: _rmtree(data))
+            if data is None:
+                data = tempfile.mkdtemp(prefix="tern-stress-data-")
+                atexit.register(lambda: _rmtree(data))
             command = ["demo", "--site", self.site, "--data", data]
         elif config is not None:
             command = ["run", "--config", config]

@@ -333,14 +333,14 @@ def read_statusz(port):
 
 
 def _settled_statusz(port, timeout=5.0):
-    """/statusz once the writer is idle: the claims still in flight when wrk stopped
-    are committed (queue empty, claims_committed unchanged over 0.2 s)."""
+    """/statusz once the game is idle: the claims still in flight when wrk stopped
+    are saved (claims_saved unchanged over 0.2 s)."""
     last = read_statusz(port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.2)
         now = read_statusz(port)
-        if now.get("claims_queue_length", 0) == 0 and now.get("claims_committed") == last.get("claims_committed"):
+        if now.get("claims_saved") == last.get("claims_saved"):
             return now
         last = now
     return last
@@ -348,14 +348,15 @@ def _settled_statusz(port, timeout=5.0):
 
 # /statusz counters recorded for the claims rounds (differences over the rounds)
 CLAIM_COUNTERS = {
-    "claims_committed": "committed",
-    "claim_batches": "batches",
-    "claims_queue_full": "queue_full",
+    "claims_saved": "committed",
+    "journal_writes": "batches",
+    "claims_refused_full": "queue_full",
     "claims_unchanged": "unchanged",
     "claims_rate_limited": "rate_limited",
     "claims_rate_dropped": "rate_dropped",
     "claims_invalid_name": "invalid_names",
-    "claim_commit_errors": "commit_errors",
+    "journal_write_errors": "commit_errors",
+    "journal_syncs": "syncs",
 }
 
 
@@ -374,7 +375,7 @@ def claims_scenario(scenario, servers, settings, ctx):
     for s in servers:
         after = _settled_statusz(s.port_for(scenario))
         threads = procs.thread_cpu_seconds(s.instance(scenario).pids())
-        missing = [k for k in ("claims_committed", "claim_batches", "claim_batch_largest") if k not in after]
+        missing = [k for k in ("claims_saved", "journal_writes") if k not in after]
         if missing:
             raise BenchError(f"{s.name}: /statusz lacks {', '.join(missing)}")
         runs = all_runs[s.name]
@@ -389,9 +390,9 @@ def claims_scenario(scenario, servers, settings, ctx):
             "in_flight_bound": slack,
             "wrk_runs": len(runs),
             "avg_batch": d["committed"] / d["batches"] if d["batches"] else None,
-            "largest_batch": int(after.get("claim_batch_largest", 0)),
-            "last_batch": int(after.get("claim_batch_last", 0)),
-            "committed_total": int(after["claims_committed"]),
+            "largest_batch": None,
+            "last_batch": None,
+            "committed_total": int(after["claims_saved"]),
             # server CPU per committed claim by thread (worker, claim-writer, …), over all the
             # claims runs (warm-up included); CLK_TCK resolution (10 ms over the whole scenario)
             "cpu_us_per_claim_by_thread": {
@@ -404,7 +405,7 @@ def claims_scenario(scenario, servers, settings, ctx):
             c.update(s.setting())
         results[s.name]["claims"] = c
         log(f"  {s.name}: {d['committed']} claims committed in {d['batches']} batches "
-            f"(avg {c['avg_batch'] or 0:.1f}, largest {c['largest_batch']}), "
+            f"(avg {c['avg_batch'] or 0:.1f}), "
             f"{acked} acknowledged by wrk, {d['queue_full']} queue-full; CPU µs/claim by thread: "
             + ", ".join(f"{t} {v:.1f}" for t, v in c["cpu_us_per_claim_by_thread"].items()))
         if d["committed"] < acked:

@@ -1,8 +1,9 @@
-//! `tern demo`: the IPv4 Games, with its database in a local data folder.
+//! `tern demo`: the IPv4 Games, with its journal and snapshots in a local data folder, and
+//! `tern demo export`, which writes the game's claims into a SQLite database.
 
 use std::path::{Path, PathBuf};
 
-use clap::{Args, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
 use tern_ipv4_games::{build, bundled_site, GameConfig, SyncMode};
 use tern_services::{RateLimitConfig, TrustedProxies};
 
@@ -17,10 +18,26 @@ use tern_sandbox::Give;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Sync {
-    /// A commit survives the process being killed (WAL, synchronous=NORMAL).
+    /// A claim is in the journal (the kernel's page cache) before it is answered: survives
+    /// the process being killed.
     Normal,
-    /// Every commit is fsynced before the claim is answered: survives power loss.
+    /// A claim is also fdatasynced (one sync for everything written meanwhile) before it is
+    /// answered: survives power loss.
     Full,
+}
+
+#[derive(Subcommand)]
+enum DemoCommand {
+    /// Write the game's claims into a new SQLite database (table land(ip, nick, created)),
+    /// from the data folder's files; safe beside a running game.
+    Export {
+        /// The game's data folder.
+        #[arg(long, value_name = "DIR", default_value = "data")]
+        data: PathBuf,
+        /// The database to create (must not exist).
+        #[arg(value_name = "FILE")]
+        to: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -29,21 +46,40 @@ pub struct DemoArgs {
     common: CommonArgs,
     #[command(flatten)]
     tls: TlsArgs,
-    /// Folder for the database (created if missing).
+    #[command(subcommand)]
+    command: Option<DemoCommand>,
+    /// Folder for the claim journal and snapshots (created if missing).
     #[arg(long, value_name = "DIR", default_value = "data")]
     data: PathBuf,
     /// The game's pages [default: the pages in the source tree].
     #[arg(long, value_name = "DIR")]
     site: Option<PathBuf>,
-    /// How durable a commit is before the claim is answered.
+    /// How durable a claim is before it is answered.
     #[arg(long, value_enum, default_value = "normal")]
     sync: Sync,
-    /// Most claims per transaction (group commit).
-    #[arg(long, value_name = "N", default_value_t = 1024)]
-    batch_max: usize,
-    /// Claims that may wait for the writer; more are answered 503 at once.
-    #[arg(long, value_name = "N", default_value_t = 65_536)]
-    queue: usize,
+    /// Most addresses held at once; claims of new addresses beyond it are answered 503
+    /// [default: half this machine's memory at 48 bytes per address].
+    #[arg(long, value_name = "N")]
+    max_claims: Option<u64>,
+    /// Size at which a journal segment is closed and folded into a snapshot.
+    #[arg(long, value_name = "MiB", default_value_t = 64)]
+    segment_mib: u64,
+    /// Test hook (power-cut tests): keep `segment length` of what is synced in FILE.
+    #[arg(long, value_name = "FILE", hide = true)]
+    test_sync_mark: Option<PathBuf>,
+    /// Test hook: wait this long before each sync (--sync full), so claims stay pending.
+    #[arg(long, value_name = "MS", hide = true)]
+    test_sync_delay_ms: Option<u64>,
+    /// Test hook: segment size in bytes, overriding --segment-mib.
+    #[arg(long, value_name = "BYTES", hide = true)]
+    test_segment_bytes: Option<u64>,
+    /// No longer used (claims are saved once per worker turn); accepted so old unit files
+    /// still start.
+    #[arg(long, value_name = "N", hide = true)]
+    batch_max: Option<usize>,
+    /// No longer used (there is no writer queue); accepted so old unit files still start.
+    #[arg(long, value_name = "N", hide = true)]
+    queue: Option<usize>,
     /// Proxies whose X-Forwarded-For / Forwarded headers are believed, e.g. "127.0.0.1,10.0.0.0/8".
     #[arg(long, value_name = "CIDRS", default_value = "")]
     trusted_proxies: String,
@@ -63,6 +99,16 @@ pub struct DemoArgs {
 }
 
 pub fn demo(args: DemoArgs) -> Result<(), String> {
+    if let Some(DemoCommand::Export { data, to }) = &args.command {
+        let n = tern_ipv4_games::export(data, to)?;
+        println!("tern: exported {n} claims to {}", to.display());
+        return Ok(());
+    }
+    if args.batch_max.is_some() || args.queue.is_some() {
+        tracing::warn!(
+            "--batch-max and --queue no longer do anything: claims are saved once per worker turn"
+        );
+    }
     let proxies = TrustedProxies::parse(&args.trusted_proxies)
         .map_err(|e| format!("--trusted-proxies: {e}"))?;
     // A dropped request from behind a trusted proxy must not ban the proxy itself.
@@ -78,8 +124,14 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         Sync::Normal => SyncMode::Normal,
         Sync::Full => SyncMode::Full,
     };
-    game.batch_max = args.batch_max;
-    game.queue_capacity = args.queue;
+    if let Some(n) = args.max_claims {
+        game.max_claims = n;
+    }
+    game.segment_bytes = args
+        .test_segment_bytes
+        .unwrap_or(args.segment_mib.max(1) << 20);
+    game.sync_mark = args.test_sync_mark.clone();
+    game.test_sync_delay = std::time::Duration::from_millis(args.test_sync_delay_ms.unwrap_or(0));
     game.proxies = proxies;
     game.rate_limit = RateLimitConfig {
         per_second: args.rate,

@@ -1,6 +1,7 @@
 //! End-to-end tests of `tern demo` (the IPv4 Games) against the real binary: the start-up
-//! line, refusing bad flags, and the durability promise — a claim answered 200 is in the
-//! database even if the process is SIGKILLed right after.
+//! line, refusing bad flags and damaged data, migrating an older version's database,
+//! `tern demo export`, and the durability promise — a claim answered 200 is in the data
+//! folder even if the process is SIGKILLed right after.
 
 mod support;
 
@@ -14,9 +15,29 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use support::{Client, Tern};
 
-/// `ipv4-games.sqlite` in the data folder (tern_ipv4_games::store::FILE_NAME).
-fn db_path(data: &Path) -> std::path::PathBuf {
-    data.join("ipv4-games.sqlite")
+/// The first journal segment in the data folder.
+fn journal_path(data: &Path) -> std::path::PathBuf {
+    data.join("journal-0000000001.log")
+}
+
+/// `tern demo export --data DATA TO`: the data folder's claims as a SQLite database.
+fn export(data: &Path, to: &Path) -> Connection {
+    let out = std::process::Command::new(support::TERN)
+        .args(["demo", "export", "--data"])
+        .arg(data)
+        .arg(to)
+        .output()
+        .expect("run tern demo export");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.starts_with("tern: exported "),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let db = Connection::open_with_flags(to, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .expect("open the export read-only");
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db
 }
 
 #[test]
@@ -29,7 +50,7 @@ fn demo_prints_its_address_and_plays() {
     assert!(line.contains(&want), "{line:?} lacks {want}");
     assert!(line.starts_with("tern: IPv4 Games"), "{line:?}");
     // The data folder is created and the game answers.
-    assert!(db_path(&data).exists());
+    assert!(journal_path(&data).exists());
     let r = tern.get("/ip");
     assert_eq!((r.status, r.text().as_str()), (200, "127.0.0.1\n"));
     let r = tern.get_with("/claim/first", &[("Accept", "text/plain")]);
@@ -140,11 +161,10 @@ fn claims_until_sigkill(extra: &[&str], load: Duration) -> KillRun {
         .collect();
     assert!(acked.len() > 100, "only {} claims answered", acked.len());
 
-    // Start again on the same data: SQLite recovers the WAL; the game serves the claims.
+    // Start again on the same data: the game recovers the journal and serves the claims;
+    // what it holds is checked in an export.
     let tern = Tern::start_demo(&data, &args);
-    let db = Connection::open_with_flags(db_path(&data), OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .expect("open the database read-only");
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    let db = export(&data, &tmp.path().join("export.sqlite"));
     let mut stmt = db.prepare("SELECT nick FROM land WHERE ip = ?1").unwrap();
     let mut missing = Vec::new();
     for (ip, name) in &acked {
@@ -203,4 +223,160 @@ fn sigkill_under_load_loses_no_acknowledged_claim() {
         "claims/s full vs normal: {:.2}x (informational: 16 clients, debug build, shared cores)",
         (full.acked as f64 / full.secs) / (normal.acked as f64 / normal.secs)
     );
+}
+
+#[test]
+fn a_database_of_the_previous_version_is_migrated_on_first_start() {
+    // Written by tern's SQLite write path on 2026-11-26 and SIGKILLed: some claims are
+    // still only in the WAL.
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../apps/ipv4-games/tests/fixtures/sqlite-2026-11-26"
+    );
+    for f in ["ipv4-games.sqlite", "ipv4-games.sqlite-wal"] {
+        std::fs::copy(Path::new(fixture).join(f), data.join(f)).unwrap();
+    }
+    let tern = Tern::start_demo(&data, &["--trusted-proxies", "127.0.0.1"]);
+    let holder = |ip: &str| {
+        let r = tern.get_with("/recent", &[]);
+        let v: serde_json::Value = serde_json::from_str(&r.text()).unwrap();
+        v["claims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["ip"] == ip)
+            .map(|c| c["name"].as_str().unwrap().to_string())
+    };
+    assert_eq!(holder("198.51.100.1").as_deref(), Some("renamed"));
+    assert_eq!(holder("203.0.113.9").as_deref(), Some("old-timer"));
+    let r = tern.get("/player/legacy1");
+    assert!(r.text().contains("\"total\":2"), "{}", r.text());
+    assert!(data.join("ipv4-games.sqlite.migrated").exists());
+    assert!(!data.join("ipv4-games.sqlite").exists());
+    drop(tern);
+    // Exported back, every row is as the old version wrote it.
+    let db = export(&data, &tmp.path().join("again.sqlite"));
+    let rows: Vec<(i64, String)> = db
+        .prepare("SELECT ip, nick FROM land ORDER BY ip")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let ip = |s: &str| u32::from(s.parse::<Ipv4Addr>().unwrap()) as i64;
+    assert_eq!(
+        rows,
+        [
+            (ip("198.51.100.1"), "renamed".to_string()),
+            (ip("198.51.100.2"), "legacy0".into()),
+            (ip("198.51.100.3"), "legacy1".into()),
+            (ip("198.51.100.4"), "legacy0".into()),
+            (ip("198.51.100.5"), "legacy1".into()),
+            (ip("203.0.113.9"), "old-timer".into()),
+        ]
+    );
+}
+
+#[test]
+fn damaged_data_stops_start_up_with_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let tern = Tern::start_demo(&data, &["--trusted-proxies", "127.0.0.1"]);
+    for i in 0..3 {
+        let r = tern.get_with(
+            &format!("/claim/n{i}"),
+            &[("X-Forwarded-For", &format!("192.0.2.{i}"))],
+        );
+        assert_eq!(r.status, 200);
+    }
+    drop(tern);
+    let journal = journal_path(&data);
+    let whole = std::fs::read(&journal).unwrap();
+    // A flipped byte in the first of three frames: whole frames follow, so nothing may be
+    // cut silently.
+    let mut bad = whole.clone();
+    bad[16 + 12 + 2] ^= 0x20;
+    std::fs::write(&journal, &bad).unwrap();
+    let failed = Tern::demo_failing(&data, &[]);
+    assert!(!failed.status.success());
+    let err = failed.stderr.trim_end();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("tern: ")
+            && err.contains("journal-0000000001.log is damaged at byte 16 (bad checksum)")
+            && err.contains("truncate it to 16 bytes"),
+        "{err}"
+    );
+    // A future format version.
+    let mut future = whole.clone();
+    future[8] = 7;
+    std::fs::write(&journal, &future).unwrap();
+    let err = Tern::demo_failing(&data, &[]).stderr;
+    assert!(err.contains("newer tern (format 7"), "{err}");
+    // A torn last frame is cut, logged, and the game starts with the whole ones.
+    let mut torn = whole.clone();
+    torn.truncate(whole.len() - 3);
+    std::fs::write(&journal, &torn).unwrap();
+    let tern = Tern::start_demo(&data, &["--trusted-proxies", "127.0.0.1"]);
+    let r = tern.get_with("/recent", &[]);
+    let v: serde_json::Value = serde_json::from_str(&r.text()).unwrap();
+    assert_eq!(v["claims"].as_array().unwrap().len(), 2, "{v}");
+}
+
+#[test]
+fn full_disk_answers_503_and_keeps_serving_reads() {
+    // The journal may not grow past 64 KiB (RLIMIT_FSIZE; SIGXFSZ ignored, so writes past it
+    // fail with EFBIG the way a full disk fails them with ENOSPC).
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let tern = Tern::start_demo_limited(&data, &["--trusted-proxies", "127.0.0.1"], 64 << 10);
+    let mut saved = 0;
+    let mut refused = 0;
+    for i in 0..4000u32 {
+        let r = tern.get_with(
+            &format!("/claim/{}", "n".repeat(40)),
+            &[(
+                "X-Forwarded-For",
+                &Ipv4Addr::from(0x0a00_0000 + i * 256).to_string(),
+            )],
+        );
+        match r.status {
+            200 => {
+                assert_eq!(refused, 0, "a claim was saved after the disk filled up");
+                saved += 1;
+            }
+            503 => {
+                assert_eq!(r.header("retry-after"), Some("1"));
+                assert_eq!(r.text(), "could not save the claim; try again\n");
+                refused += 1;
+                if refused == 5 {
+                    break;
+                }
+            }
+            s => panic!("status {s}: {}", r.text()),
+        }
+    }
+    assert!(
+        saved > 100 && refused == 5,
+        "{saved} saved, {refused} refused"
+    );
+    // Reads go on.
+    assert_eq!(tern.get("/recent").status, 200);
+    assert_eq!(tern.get("/score").status, 200);
+    let statusz = tern.get("/statusz").text();
+    assert!(statusz.contains("journal_write_errors: 5"), "{statusz}");
+    assert!(
+        statusz.contains(&format!("claims_saved: {saved}")),
+        "{statusz}"
+    );
+    drop(tern);
+    // Every answered claim is there, and nothing else.
+    let db = export(&data, &tmp.path().join("export.sqlite"));
+    let rows: i64 = db
+        .query_row("SELECT COUNT(*) FROM land", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, saved as i64);
 }

@@ -284,7 +284,7 @@ data = "../data"
 add_headers = { "X-Frame-Options" = "DENY" }
 "#,
     );
-    assert!(files.path("data/ipv4-games.sqlite").exists());
+    assert!(files.path("data/journal-0000000001.log").exists());
     let r = host_get(&tern, "game.test", "/ip");
     assert_eq!((r.status, r.text().as_str()), (200, "127.0.0.1\n"));
     assert!(r.has("x-frame-options", "DENY"), "{r:?}");

@@ -119,6 +119,14 @@ pub struct Pending {
 }
 
 impl Pending {
+    pub(crate) fn new(inbox: InboxSender<WorkerMessage>, conn: u64, seq: u32) -> Pending {
+        Pending {
+            inbox: Some(inbox),
+            conn,
+            seq,
+        }
+    }
+
     /// Delivers the response to the connection's worker. Returns the response if the worker's
     /// inbox is full (the caller may retry; dropping the `Pending` would then answer 500).
     pub fn complete(mut self, response: Response) -> Result<(), (Pending, Response)> {
@@ -134,6 +142,13 @@ impl Pending {
                 Err((self, response))
             }
         }
+    }
+
+    /// The request this reply answers, for the worker that owns it to complete it in place
+    /// (no inbox message): see [`TurnEnd`].
+    pub(crate) fn into_local(mut self) -> (u64, u32) {
+        self.inbox = None;
+        (self.conn, self.seq)
     }
 
     /// Gives the reply back to the handler: for a handler that deferred, then found it can
@@ -165,6 +180,16 @@ impl Pending {
             }
         }
     }
+}
+
+/// Work an app does at the end of each event-loop turn of each worker, after the turn's
+/// events, timers and messages: the place to act once on what the turn's handlers staged
+/// (write a turn's claims with one system call) and to answer those requests. Answers pushed
+/// to `answers` must come from [`Pending`]s taken on this same worker (`worker`); they are
+/// delivered in place, with no inbox message and no wake-up. Called once per turn, so an app
+/// with nothing staged should return at once.
+pub trait TurnEnd: Send + Sync + 'static {
+    fn end_turn(&self, worker: usize, answers: &mut Vec<(Pending, Response)>);
 }
 
 /// Completes many replies, waking each worker once at the end rather than once per reply: a

@@ -30,7 +30,9 @@ use std::time::Duration;
 pub use access_log::{AccessLog, AccessLogFormat, ClientIp, LogTarget};
 pub use bans::{BanConfig, BanNotice, Bans};
 pub use guard::{Guard, Guarded, Identity, Verdict};
-pub use handler::{complete_all, Handler, HandlerContext, Pending, Reply, Request, WorkerMessage};
+pub use handler::{
+    complete_all, Handler, HandlerContext, Pending, Reply, Request, TurnEnd, WorkerMessage,
+};
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
 pub use stats::{Counter, Stats, StatsSnapshot, WorkerStats};
@@ -101,6 +103,7 @@ pub struct Server {
     after_bind: Option<AfterBind>,
     bans: Option<Arc<Bans>>,
     access_logs: Vec<AccessLog>,
+    turn_ends: Vec<Arc<dyn TurnEnd>>,
 }
 
 type AfterBind = Box<dyn FnOnce() -> io::Result<()>>;
@@ -117,7 +120,9 @@ impl StopSignal {
         self.0.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    fn raise(&self) {
+    /// Raises the signal. The server does this itself once its workers have drained; tests
+    /// of a background thread's loop raise it by hand.
+    pub fn raise(&self) {
         self.0.store(true, std::sync::atomic::Ordering::Release)
     }
 }
@@ -134,6 +139,7 @@ impl Server {
             after_bind: None,
             bans: None,
             access_logs: Vec::new(),
+            turn_ends: Vec::new(),
         }
     }
 
@@ -198,6 +204,12 @@ impl Server {
         self
     }
 
+    /// Runs `hook` at the end of every event-loop turn of every worker (see [`TurnEnd`]).
+    pub fn on_turn_end(&mut self, hook: Arc<dyn TurnEnd>) -> &mut Server {
+        self.turn_ends.push(hook);
+        self
+    }
+
     /// Binds the listen address on every worker and starts serving. Errors (address in use,
     /// permission) come back here, before any thread has started.
     pub fn start(self) -> io::Result<ServerHandle> {
@@ -236,6 +248,7 @@ impl Server {
                 .iter()
                 .map(|(shared, _)| shared.clone())
                 .collect(),
+            turn_ends: self.turn_ends,
         });
         let for_workers = shared.clone();
         let after_bind = self.after_bind.unwrap_or_else(|| Box::new(|| Ok(())));

@@ -114,6 +114,7 @@ impl MemoryConn {
             tls,
             bans: None,
             access_logs: Vec::new(),
+            turn_ends: Vec::new(),
         });
         let link = Link {
             peer: SocketAddr::from(([192, 0, 2, 1], 40000)),
@@ -602,6 +603,45 @@ impl Handler for ForwardAll {
 
     fn streams_body(&self, _: &RequestHead<'_>) -> bool {
         true
+    }
+}
+
+/// Pending replies for unit tests of code that completes them (an app's store, a background
+/// thread), outside any worker: completions land in an inbox no worker reads, and
+/// `completed` takes them out.
+pub struct TestReplies {
+    _poll: mio::Poll,
+    inbox: Arc<Inbox<WorkerMessage>>,
+}
+
+impl TestReplies {
+    pub fn new() -> TestReplies {
+        let poll = mio::Poll::new().expect("a poll instance");
+        let waker = mio::Waker::new(poll.registry(), mio::Token(0)).expect("a waker");
+        TestReplies {
+            _poll: poll,
+            inbox: Arc::new(Inbox::new(waker, 4096)),
+        }
+    }
+
+    /// A reply to be completed; `seq` tells it apart in `completed`.
+    pub fn pending(&self, seq: u32) -> crate::Pending {
+        crate::Pending::new(InboxSender::new(self.inbox.clone()), 0, seq)
+    }
+
+    /// The replies completed so far, as (seq, response), in the order they came.
+    pub fn completed(&self) -> Vec<(u32, crate::Response)> {
+        let mut out = Vec::new();
+        self.inbox.drain(|m| match m {
+            WorkerMessage::Complete { seq, response, .. } => out.push((seq, response)),
+        });
+        out
+    }
+}
+
+impl Default for TestReplies {
+    fn default() -> TestReplies {
+        TestReplies::new()
     }
 }
 

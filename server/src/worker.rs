@@ -48,7 +48,12 @@ pub(crate) struct Shared {
     pub https_port: std::sync::atomic::AtomicU16,
     pub bans: Option<Arc<crate::Bans>>,
     pub access_logs: Vec<Arc<crate::access_log::LogShared>>,
+    /// Apps' end-of-turn work (see `TurnEnd`).
+    pub turn_ends: Vec<Arc<dyn crate::TurnEnd>>,
 }
+
+/// Rounds of end-of-turn hooks in one turn (see `HttpWorker::end_turn`).
+const END_TURN_ROUNDS: usize = 8;
 
 /// The HTTP server on one worker thread.
 pub(crate) struct HttpWorker {
@@ -74,6 +79,10 @@ pub(crate) struct HttpWorker {
     upstreams: UpstreamConns,
     /// Scratch for a connection's relay ids.
     relay_ids: Vec<u32>,
+    /// Reused by `end_turn`.
+    turn_answers: Vec<(crate::Pending, crate::Response)>,
+    /// `end_turn` stopped while its hooks still answered: run them again next turn.
+    turn_end_again: bool,
 }
 
 impl HttpWorker {
@@ -95,7 +104,47 @@ impl HttpWorker {
             scratch: Vec::new(),
             upstreams: UpstreamConns::default(),
             relay_ids: Vec::new(),
+            turn_answers: Vec::new(),
+            turn_end_again: false,
         }
+    }
+
+    /// Runs the apps' end-of-turn hooks and delivers the answers they give, like inbox
+    /// completions but without the message.
+    fn end_turn(&mut self, cx: &mut Context<'_, WorkerMessage>) {
+        let shared = self.shared.clone();
+        let mut answers = std::mem::take(&mut self.turn_answers);
+        self.turn_end_again = false;
+        // An answer lets its connection go on to a request pipelined behind it, which a hook
+        // may stage in turn: run the hooks again until a round answers nothing, so such a
+        // request is not left waiting for the next wake-up. Past a few rounds the loop turns
+        // again without sleeping instead (fairness to the other connections).
+        for round in 0.. {
+            let mut answered = false;
+            for hook in &shared.turn_ends {
+                hook.end_turn(self.id, &mut answers);
+                answered |= !answers.is_empty();
+                for (pending, response) in answers.drain(..) {
+                    let (conn, seq) = pending.into_local();
+                    self.on_message(
+                        cx,
+                        WorkerMessage::Complete {
+                            conn,
+                            seq,
+                            response,
+                        },
+                    );
+                }
+            }
+            if !answered {
+                break;
+            }
+            if round == END_TURN_ROUNDS {
+                self.turn_end_again = true;
+                break;
+            }
+        }
+        self.turn_answers = answers;
     }
 
     /// A reload happened since the last turn: take the new settings and drop this thread's
@@ -381,6 +430,9 @@ impl WorkerApp for HttpWorker {
     }
 
     fn after_turn(&mut self, cx: &mut Context<'_, WorkerMessage>) {
+        if !self.shared.turn_ends.is_empty() {
+            self.end_turn(cx);
+        }
         if let Some(log) = &mut self.access_log {
             log.tick(cx.clock.now_ms());
         }
@@ -396,7 +448,7 @@ impl WorkerApp for HttpWorker {
     }
 
     fn wants_another_turn(&self) -> bool {
-        !self.yielded.is_empty()
+        !self.yielded.is_empty() || self.turn_end_again
     }
 
     fn connections(&self) -> usize {

@@ -1,13 +1,17 @@
-//! The game's shared state and its request handlers. Handlers run on the workers and never
-//! touch the database: claims go to the writer through a bounded queue, reads come from
-//! snapshots, player pages from a lookup thread.
+//! The game's shared state and its request handlers. Handlers run on the workers: reads come
+//! from memory (`Land`) and snapshots; a claim is staged for its worker's end of turn, when
+//! the store saves the turn's claims together and answers them (`ClaimTurns`); player pages
+//! come from a lookup thread.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tern_server::{Body, HandlerContext, Reply, Request, Response, Router, Stats};
+use crossbeam_utils::CachePadded;
+use tern_server::{
+    Body, HandlerContext, Pending, Reply, Request, Response, Router, Stats, TurnEnd,
+};
 use tern_services::handoff::Refused;
 use tern_services::metrics::{self, Metric};
 use tern_services::{
@@ -15,40 +19,27 @@ use tern_services::{
 };
 
 use crate::answer;
+use crate::land::Land;
 use crate::name;
 use crate::player::Lookup;
-use crate::store::Claim;
+use crate::store::{ClaimStore, Staged};
 use crate::views::{self, Window};
-use crate::writer::ClaimRequest;
 
-pub const C_QUEUED: usize = 0;
-pub const C_COMMITTED: usize = 1;
-pub const C_UNCHANGED: usize = 2;
-pub const C_BATCHES: usize = 3;
-pub const C_QUEUE_FULL: usize = 4;
-pub const C_RATE_LIMITED: usize = 5;
-pub const C_RATE_DROPPED: usize = 6;
-pub const C_INVALID_NAMES: usize = 7;
-pub const C_IPV6_REFUSED: usize = 8;
-pub const C_COMMIT_ERRORS: usize = 9;
-pub const C_LOOKUPS: usize = 10;
-pub const C_SCORE_REBUILDS: usize = 11;
-pub const C_WAL_RESETS: usize = 12;
+pub const C_STAGED: usize = 0;
+pub const C_TURNS: usize = 1;
+pub const C_RATE_LIMITED: usize = 2;
+pub const C_RATE_DROPPED: usize = 3;
+pub const C_INVALID_NAMES: usize = 4;
+pub const C_IPV6_REFUSED: usize = 5;
+pub const C_LOOKUPS: usize = 6;
+pub const C_SCORE_REBUILDS: usize = 7;
+pub const C_LOOKUPS_BUSY: usize = 8;
 
-pub static COUNTER_NAMES: [(&str, &str); 13] = [
-    ("claims_queued", "claims handed to the writer"),
+pub static COUNTER_NAMES: [(&str, &str); 9] = [
+    ("claims_received", "valid claims taken by the workers"),
     (
-        "claims_committed",
-        "claims committed to the database (then answered)",
-    ),
-    (
-        "claims_unchanged",
-        "committed claims that changed nothing (same name within the hour)",
-    ),
-    ("claim_batches", "transactions committed by the writer"),
-    (
-        "claims_queue_full",
-        "claims answered 503 because the writer's queue was full",
+        "claim_turns",
+        "worker turns whose claims were saved together",
     ),
     (
         "claims_rate_limited",
@@ -63,47 +54,84 @@ pub static COUNTER_NAMES: [(&str, &str); 13] = [
         "claims_ipv6_refused",
         "claims or /ip requests from IPv6 clients",
     ),
-    (
-        "claim_commit_errors",
-        "batches whose commit failed (answered 503)",
-    ),
     ("player_lookups", "player pages looked up"),
     ("score_rebuilds", "score snapshots rebuilt"),
     (
-        "wal_resets",
-        "times the checkpointer folded the WAL back and started it over",
+        "player_lookups_busy",
+        "player pages answered 503 because the lookup queue was full",
     ),
 ];
+
+/// `/recent` is re-rendered at most this often under load.
+const RECENT_EVERY_MS: u64 = 25;
 
 /// Everything the handlers and background threads share.
 pub struct Game {
     pub workers: usize,
-    pub counters: AppCounters<13>,
+    pub counters: AppCounters<9>,
+    pub land: Arc<Land>,
+    pub store: Arc<dyn ClaimStore>,
     pub recent: SnapshotCell,
+    /// The `Land::version` the published `/recent` shows, and when it was rendered.
+    recent_version: AtomicU64,
+    recent_at_ms: AtomicU64,
+    recent_render: Mutex<()>,
     pub scores: [SnapshotCell; 5],
-    pub claims: HandoffSender<ClaimRequest>,
     pub lookups: HandoffSender<Lookup>,
     pub limiter: PrefixLimiter,
     pub proxies: TrustedProxies,
     pub stats: Stats,
     pub started: Instant,
-    pub last_batch: AtomicU64,
-    pub largest_batch: AtomicU64,
     /// Refreshed by the views thread once a second so /metrics never reads /proc on a worker.
     pub rss: AtomicU64,
-    /// The views thread is inside one of its chunk reads: a RESTART checkpoint would wait for
-    /// it while holding off the writer, so the checkpointer waits for the chunk to end.
-    pub scanning: std::sync::atomic::AtomicBool,
-    /// The checkpointer is resetting the WAL: the writer starts no transaction until this
-    /// is clear again (see `lib::checkpointer`).
-    pub hold_writer: std::sync::atomic::AtomicBool,
-    /// The WAL is due for a reset: the views thread starts no scan until it is done.
-    pub restart_pending: std::sync::atomic::AtomicBool,
+    /// Each worker's claims of the current turn.
+    stages: Box<[CachePadded<Mutex<Vec<Staged>>>]>,
+}
+
+/// What `Game::new` needs besides the store.
+pub struct GameParts {
+    pub workers: usize,
+    pub lookups: HandoffSender<Lookup>,
+    pub limiter: PrefixLimiter,
+    pub proxies: TrustedProxies,
+    pub stats: Stats,
+    pub score_interval: Duration,
 }
 
 impl Game {
-    pub fn writer_slot(&self) -> usize {
-        self.workers
+    pub fn new(land: Arc<Land>, store: Arc<dyn ClaimStore>, parts: GameParts) -> Game {
+        let now = unix_now();
+        let empty_score = |w: views::Window| {
+            let json = views::Tally::new(now, &[w]).render().remove(0).json;
+            SnapshotCell::new(views::score_snapshot(json, now, parts.score_interval))
+        };
+        let game = Game {
+            workers: parts.workers,
+            counters: AppCounters::new(&COUNTER_NAMES, parts.workers + 4),
+            recent: SnapshotCell::new(tern_services::Snapshot::new(
+                "application/json",
+                views::recent_json([].iter(), now),
+                now,
+                1,
+            )),
+            recent_version: AtomicU64::new(u64::MAX),
+            recent_at_ms: AtomicU64::new(0),
+            recent_render: Mutex::new(()),
+            scores: views::Window::ALL.map(empty_score),
+            lookups: parts.lookups,
+            limiter: parts.limiter,
+            proxies: parts.proxies,
+            stats: parts.stats,
+            started: Instant::now(),
+            rss: AtomicU64::new(tern_services::metrics::rss_bytes()),
+            stages: (0..parts.workers)
+                .map(|_| CachePadded::new(Mutex::new(Vec::new())))
+                .collect(),
+            land,
+            store,
+        };
+        game.refresh_recent();
+        game
     }
 
     pub fn views_slot(&self) -> usize {
@@ -114,25 +142,33 @@ impl Game {
         self.workers + 2
     }
 
-    pub fn checkpoint_slot(&self) -> usize {
-        self.workers + 3
-    }
-
-    pub fn note_batch(&self, n: usize) {
-        self.last_batch.store(n as u64, Ordering::Relaxed);
-        self.largest_batch.fetch_max(n as u64, Ordering::Relaxed);
-    }
-
-    pub fn publish_recent<'a>(&self, recent: impl IntoIterator<Item = &'a Claim>) {
+    /// Re-renders `/recent` if claims changed it and the last rendering is at least
+    /// `RECENT_EVERY_MS` old. Cheap when nothing changed: two loads.
+    fn refresh_recent(&self) {
+        let version = self.land.version();
+        if version == self.recent_version.load(Ordering::Acquire) {
+            return;
+        }
+        let now_ms = self.started.elapsed().as_millis() as u64 + RECENT_EVERY_MS;
+        if now_ms < self.recent_at_ms.load(Ordering::Relaxed) + RECENT_EVERY_MS {
+            return;
+        }
+        // One renderer at a time; the others serve what is published.
+        let Ok(_rendering) = self.recent_render.try_lock() else {
+            return;
+        };
         let now = unix_now();
-        let json = views::recent_json(recent.into_iter(), now);
-        // Rebuilt right after commits, so clients may cache it only briefly.
+        let claims = self.land.recent();
+        let json = views::recent_json(claims.iter(), now);
+        // Rebuilt right after claims, so clients may cache it only briefly.
         self.recent.store(tern_services::Snapshot::new(
             "application/json",
             json,
             now,
             1,
         ));
+        self.recent_version.store(version, Ordering::Release);
+        self.recent_at_ms.store(now_ms, Ordering::Relaxed);
     }
 
     fn metrics(&self) -> Vec<Metric> {
@@ -142,27 +178,31 @@ impl Game {
         }
         m.extend(metrics::server_metrics(&self.stats.snapshot()));
         m.extend(self.counters.metrics());
+        self.store.metrics(&mut m);
         m.push(Metric::gauge(
-            "claims_queue_length",
-            "claims waiting for the writer",
-            self.claims.len() as f64,
-        ));
-        m.push(Metric::gauge(
-            "claims_queue_capacity",
-            "room in the writer's queue",
-            self.claims.capacity() as f64,
-        ));
-        m.push(Metric::gauge(
-            "claim_batch_last",
-            "claims in the last committed batch",
-            self.last_batch.load(Ordering::Relaxed) as f64,
-        ));
-        m.push(Metric::gauge(
-            "claim_batch_largest",
-            "claims in the largest committed batch",
-            self.largest_batch.load(Ordering::Relaxed) as f64,
+            "claimed_addresses",
+            "addresses held by a name",
+            self.land.claimed() as f64,
         ));
         m
+    }
+}
+
+/// Saves each worker turn's claims at the end of the turn (see `ClaimStore::commit`).
+pub struct ClaimTurns(pub Arc<Game>);
+
+impl TurnEnd for ClaimTurns {
+    fn end_turn(&self, worker: usize, answers: &mut Vec<(Pending, Response)>) {
+        let game = &self.0;
+        let Some(stage) = game.stages.get(worker) else {
+            return;
+        };
+        let mut staged = stage.lock().unwrap_or_else(|e| e.into_inner());
+        if staged.is_empty() {
+            return;
+        }
+        game.counters.add(worker, C_TURNS, 1);
+        game.store.commit(&game.land, &mut staged, answers);
     }
 }
 
@@ -227,29 +267,19 @@ fn claim(
         game.counters.add(cx.worker_id, C_INVALID_NAMES, 1);
         return Response::text(400, name::INVALID).into();
     };
-    let request = ClaimRequest {
+    let Some(stage) = game.stages.get(cx.worker_id) else {
+        return Response::text(500, "no stage for this worker\n").into();
+    };
+    let staged = Staged {
         ip,
         nick,
         at: req.unix_secs,
         answer: answer::choose(req.head.accept),
         pending: cx.defer(),
     };
-    match game.claims.offer(request) {
-        Ok(()) => {
-            game.counters.add(cx.worker_id, C_QUEUED, 1);
-            Reply::Later
-        }
-        Err(Refused::Full(back)) | Err(Refused::Closed(back)) => {
-            back.pending.cancel();
-            game.counters.add(cx.worker_id, C_QUEUE_FULL, 1);
-            Response::text(
-                503,
-                "busy: too many claims waiting; try again in a second\n",
-            )
-            .with_header("Retry-After", "1")
-            .into()
-        }
-    }
+    stage.lock().unwrap_or_else(|e| e.into_inner()).push(staged);
+    game.counters.add(cx.worker_id, C_STAGED, 1);
+    Reply::Later
 }
 
 fn player(game: &Game, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
@@ -270,6 +300,7 @@ fn player(game: &Game, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply 
         Ok(()) => Reply::Later,
         Err(Refused::Full(back)) | Err(Refused::Closed(back)) => {
             back.pending.cancel();
+            game.counters.add(cx.worker_id, C_LOOKUPS_BUSY, 1);
             Response::text(
                 503,
                 "busy: too many lookups waiting; try again in a second\n",
@@ -315,7 +346,10 @@ pub fn routes(game: Arc<Game>, router: Router) -> Router {
     let g = game.clone();
     router = router.get(
         "/recent",
-        move |req: &Request<'_>, _: &mut HandlerContext<'_>| g.recent.respond(req).into(),
+        move |req: &Request<'_>, _: &mut HandlerContext<'_>| {
+            g.refresh_recent();
+            g.recent.respond(req).into()
+        },
     );
     for window in Window::ALL {
         let g = game.clone();
@@ -350,12 +384,7 @@ pub fn routes(game: Arc<Game>, router: Router) -> Router {
 
 /// Keeps the score windows fresh: short windows every `base` (2 s by default), long ones every
 /// `base * 3`, each stretched so rebuilding stays under a fifth of a core.
-pub fn run_views(
-    conn: rusqlite::Connection,
-    game: Arc<Game>,
-    base: Duration,
-    stop: tern_server::StopSignal,
-) {
+pub fn run_views(game: Arc<Game>, base: Duration, stop: tern_server::StopSignal) {
     tern_services::background::lower_priority();
     let mut short = views::Schedule::new(base);
     let mut long = views::Schedule::new(base * 3);
@@ -377,36 +406,16 @@ pub fn run_views(
         };
         let unix = unix_now();
         let mut tally = views::Tally::new(unix, windows);
-        let filled = tally.fill(&conn, |reading| {
-            if !reading {
-                game.scanning.store(false, Ordering::SeqCst);
-                return;
+        tally.fill(&game.land);
+        for r in tally.render() {
+            let slot = r.window.index();
+            if published[slot] == Some(r.content_hash) {
+                continue; // unchanged: keep the ETag clients already hold
             }
-            // Raise `scanning` before looking at `restart_pending` (the checkpointer does
-            // the reverse), so a WAL reset and a chunk's read never both start.
-            loop {
-                game.scanning.store(true, Ordering::SeqCst);
-                if !game.restart_pending.load(Ordering::SeqCst) {
-                    return;
-                }
-                game.scanning.store(false, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        });
-        match filled {
-            Ok(()) => {
-                for r in tally.render() {
-                    let slot = r.window.index();
-                    if published[slot] == Some(r.content_hash) {
-                        continue; // unchanged: keep the ETag clients already hold
-                    }
-                    published[slot] = Some(r.content_hash);
-                    let interval = if r.window.is_short() { base } else { base * 3 };
-                    game.scores[slot].store(views::score_snapshot(r.json, unix, interval));
-                    game.counters.add(game.views_slot(), C_SCORE_REBUILDS, 1);
-                }
-            }
-            Err(e) => tracing::error!("rebuilding scores failed: {e}"),
+            published[slot] = Some(r.content_hash);
+            let interval = if r.window.is_short() { base } else { base * 3 };
+            game.scores[slot].store(views::score_snapshot(r.json, unix, interval));
+            game.counters.add(game.views_slot(), C_SCORE_REBUILDS, 1);
         }
         let took = now.elapsed();
         schedule.done(now, took);

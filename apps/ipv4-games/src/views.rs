@@ -6,11 +6,10 @@ use std::hash::{Hash, Hasher};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use rusqlite::{params, Connection};
 use serde::Serialize;
 use tern_services::Snapshot;
 
-use crate::store::Claim;
+use crate::land::{Claim, Land};
 
 #[derive(Serialize)]
 struct RecentJson<'a> {
@@ -147,9 +146,6 @@ struct LeaderJson<'a> {
     blocks: u32,
 }
 
-/// Rows read per read transaction while rebuilding the boards (see `Tally::fill`).
-const SCAN_CHUNK: i64 = 4096;
-
 impl Tally {
     pub fn new(now: u64, windows: &[Window]) -> Tally {
         Tally {
@@ -183,90 +179,9 @@ impl Tally {
         }
     }
 
-    /// Reads the rows that can count for the windows of this tally (the oldest window bounds
-    /// the scan; the `created` index serves the short windows).
-    ///
-    /// The scan goes in chunks of `SCAN_CHUNK` rows, each its own short read transaction,
-    /// resuming after the last key seen. One transaction over the whole table would pin the
-    /// WAL for the scan's length: no checkpoint can copy past a reader's snapshot, and this
-    /// thread runs at low priority beside a busy writer, so a scan of a million rows took
-    /// seconds while the WAL grew by hundreds of MiB. The price: a row changed between chunks
-    /// may be seen in its old or new state, or (short windows) twice if its claim was
-    /// refreshed meanwhile: a few rows in a board rebuilt every few seconds.
-    ///
-    /// `gate(true)` is called before each chunk's read transaction and `gate(false)` after
-    /// it, so the caller can keep chunks out of the way of a WAL reset.
-    pub fn fill(&mut self, conn: &Connection, mut gate: impl FnMut(bool)) -> rusqlite::Result<()> {
-        let longest = self.windows.iter().map(|w| w.secs()).max().unwrap_or(0);
-        let all_time = self.windows.iter().any(|w| w.secs() == 0);
-        if all_time {
-            let mut stmt = conn.prepare_cached(
-                "SELECT ip, nick, created FROM land WHERE ip > ?1 ORDER BY ip LIMIT ?2",
-            )?;
-            let mut after = -1i64;
-            loop {
-                let from = after;
-                let seen =
-                    self.read_chunk(&mut stmt, params![from, SCAN_CHUNK], &mut gate, |r| {
-                        after = r.get(0)?;
-                        Ok(())
-                    })?;
-                if seen < SCAN_CHUNK {
-                    return Ok(());
-                }
-            }
-        }
-        let oldest = self.now.saturating_sub(longest) as i64;
-        let mut stmt = conn.prepare_cached(
-            "SELECT ip, nick, created FROM land
-             WHERE created >= ?1 AND (created, ip) > (?2, ?3)
-             ORDER BY created, ip LIMIT ?4",
-        )?;
-        let (mut created, mut ip) = (oldest, -1i64);
-        loop {
-            let from = (created, ip);
-            let chunk = params![oldest, from.0, from.1, SCAN_CHUNK];
-            let seen = self.read_chunk(&mut stmt, chunk, &mut gate, |r| {
-                ip = r.get(0)?;
-                created = r.get::<_, Option<i64>>(2)?.unwrap_or(0);
-                Ok(())
-            })?;
-            if seen < SCAN_CHUNK {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Reads one chunk in its own read transaction, between `gate(true)` and `gate(false)`;
-    /// `resume` notes each row's key for the next chunk. Returns the rows seen.
-    fn read_chunk(
-        &mut self,
-        stmt: &mut rusqlite::CachedStatement<'_>,
-        chunk: impl rusqlite::Params,
-        gate: &mut impl FnMut(bool),
-        mut resume: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
-    ) -> rusqlite::Result<i64> {
-        gate(true);
-        let mut seen = 0;
-        let read = (|| -> rusqlite::Result<()> {
-            let mut rows = stmt.query(chunk)?;
-            while let Some(r) = rows.next()? {
-                resume(r)?;
-                self.add_row(r)?;
-                seen += 1;
-            }
-            Ok(())
-        })();
-        gate(false);
-        read.map(|()| seen)
-    }
-
-    fn add_row(&mut self, r: &rusqlite::Row<'_>) -> rusqlite::Result<()> {
-        let ip = r.get::<_, i64>(0)? as u32;
-        let created = r.get::<_, Option<i64>>(2)?.unwrap_or(0) as u64;
-        let nick = r.get_ref(1)?.as_str()?;
-        self.add(ip, nick, created);
-        Ok(())
+    /// Counts every held address (one pass over the state, a /16 at a time).
+    pub fn fill(&mut self, land: &Land) {
+        land.scan(|ip, nick, created| self.add(ip, nick, created));
     }
 
     /// The JSON for each window of the tally, in the order given to `new`.
@@ -423,46 +338,19 @@ mod tests {
     }
 
     #[test]
-    fn chunked_scans_count_every_row_once() {
-        // More rows than several chunks, with equal `created` values straddling chunk
-        // boundaries (the short windows resume after (created, ip)).
-        let dir = tempfile::tempdir().unwrap();
-        let conn = crate::store::open_writer(
-            &crate::store::db_path(dir.path()),
-            crate::store::SyncMode::Normal,
-        )
-        .unwrap();
+    fn a_fill_counts_every_held_address() {
+        let land = Land::new();
         let now = 100_000_000u64;
-        let rows = 3 * SCAN_CHUNK as u32 + 123;
-        let tx = conn.unchecked_transaction().unwrap();
-        for i in 0..rows {
+        for i in 0..10_000u32 {
             let created = if i % 2 == 0 {
-                now - 10 - (i as u64 % 7)
+                now - 10
             } else {
                 now - 2 * 86_400
             };
-            tx.execute(
-                crate::store::UPSERT,
-                params![
-                    i.wrapping_mul(0x9E37_79B1) as i64,
-                    format!("n{}", i % 5),
-                    created as i64
-                ],
-            )
-            .unwrap();
+            land.apply(i.wrapping_mul(0x9E37_79B1), &format!("n{}", i % 5), created);
         }
-        tx.commit().unwrap();
         let mut t = Tally::new(now, &Window::ALL);
-        let (mut opened, mut closed) = (0, 0);
-        t.fill(
-            &conn,
-            |reading| if reading { opened += 1 } else { closed += 1 },
-        )
-        .unwrap();
-        assert!(
-            opened > 3 && opened == closed,
-            "{opened} chunks opened, {closed} closed"
-        );
+        t.fill(&land);
         let total = |w: Window| -> u64 {
             let out = t.render();
             let r = out.iter().find(|r| r.window == w).unwrap();
@@ -470,19 +358,9 @@ mod tests {
                 .as_u64()
                 .unwrap()
         };
-        assert_eq!(total(Window::All), rows as u64);
-        assert_eq!(total(Window::Week), rows as u64);
-        assert_eq!(total(Window::Hour), rows.div_ceil(2) as u64);
-        // A short-window tally alone takes the `created` index path.
-        let mut short = Tally::new(now, &[Window::Day, Window::Hour]);
-        short.fill(&conn, |_| {}).unwrap();
-        let hour = short
-            .render()
-            .into_iter()
-            .find(|r| r.window == Window::Hour)
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&hour.json).unwrap();
-        assert_eq!(v["total"].as_u64().unwrap(), rows.div_ceil(2) as u64);
+        assert_eq!(total(Window::All), 10_000);
+        assert_eq!(total(Window::Week), 10_000);
+        assert_eq!(total(Window::Hour), 5_000);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! End-to-end tests of the IPv4 Games: the game runs in-process on an ephemeral port and the
 //! tests talk raw HTTP/1.1 to it over real TCP sockets, checking answers through the HTTP API
-//! and rows through a read-only SQLite connection of their own.
+//! and what is durable by reading the data folder back the way recovery does.
 //!
 //! Nothing here sleeps a fixed time to wait for the game: every wait polls with a deadline.
 
@@ -10,8 +10,8 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OpenFlags};
-use tern_ipv4_games::{build, bundled_site, store, GameConfig};
+use tern_ipv4_games::land::Land;
+use tern_ipv4_games::{build, bundled_site, journal, GameConfig};
 use tern_server::{ServerConfig, ServerHandle};
 use tern_services::{RateLimitConfig, TrustedProxies};
 
@@ -255,7 +255,7 @@ fn game_config(data: &Path) -> GameConfig {
 struct Game {
     handle: Option<ServerHandle>,
     addr: SocketAddr,
-    db: PathBuf,
+    data: PathBuf,
 }
 
 impl Game {
@@ -268,14 +268,14 @@ impl Game {
         config.runtime.listen = vec!["127.0.0.1:0".parse().unwrap()];
         config.runtime.workers = workers;
         config.runtime.shutdown_grace = Duration::from_secs(2);
-        let db = store::db_path(&game.data_dir);
+        let data = game.data_dir.clone();
         let server = build(config, game).expect("build the game");
         let handle = server.start().expect("start the game");
         let addr = handle.local_addr();
         Game {
             handle: Some(handle),
             addr,
-            db,
+            data,
         }
     }
 
@@ -317,9 +317,9 @@ impl Game {
             .unwrap_or_else(|| panic!("/statusz has no {key}")) as u64
     }
 
-    /// A read-only connection to the game's database.
-    fn db(&self) -> Connection {
-        open_ro(&self.db)
+    /// What is durable: the data folder read back the way recovery reads it.
+    fn db(&self) -> Land {
+        on_disk(&self.data)
     }
 
     fn row(&self, ip: &str) -> Option<(String, i64)> {
@@ -336,30 +336,38 @@ impl Drop for Game {
     }
 }
 
-fn open_ro(path: &Path) -> Connection {
-    let c = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
-    c.busy_timeout(Duration::from_secs(5)).unwrap();
-    c
+/// The state recovery rebuilds from `data` (read-only: beside a live game).
+fn on_disk(data: &Path) -> Land {
+    let land = Land::new();
+    journal::recover_read_only(data, &land).expect("the data folder reads back");
+    land
 }
 
-fn ip_key(ip: &str) -> i64 {
-    u32::from(ip.parse::<Ipv4Addr>().unwrap()) as i64
+fn row(land: &Land, ip: &str) -> Option<(String, i64)> {
+    let ip = u32::from(ip.parse::<Ipv4Addr>().unwrap());
+    land.holder(ip).map(|(n, c)| (n, c as i64))
 }
 
-fn row(conn: &Connection, ip: &str) -> Option<(String, i64)> {
-    use rusqlite::OptionalExtension;
-    conn.query_row(
-        "SELECT nick, created FROM land WHERE ip = ?1",
-        [ip_key(ip)],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )
-    .optional()
-    .unwrap()
+fn count_rows(land: &Land) -> i64 {
+    land.claimed() as i64
 }
 
-fn count_rows(conn: &Connection) -> i64 {
-    conn.query_row("SELECT COUNT(*) FROM land", [], |r| r.get(0))
-        .unwrap()
+/// Writes a journal segment holding `claims` (address, name, time) into `data`, as a game
+/// that made them would have.
+fn seed(data: &Path, claims: &[(&str, &str, i64)]) {
+    std::fs::create_dir_all(data).unwrap();
+    let mut buf = journal::frame::header(journal::frame::Kind::Journal).to_vec();
+    let at = journal::frame::begin_frame(&mut buf);
+    for &(ip, nick, created) in claims {
+        journal::Record {
+            ip: u32::from(ip.parse::<Ipv4Addr>().unwrap()),
+            created: created as u32,
+            nick,
+        }
+        .encode(&mut buf);
+    }
+    journal::frame::finish_frame(&mut buf, at);
+    std::fs::write(journal::segment_path(data, 1), buf).unwrap();
 }
 
 fn unix_now() -> i64 {
@@ -367,22 +375,6 @@ fn unix_now() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64
-}
-
-/// A second connection that holds SQLite's write lock (`BEGIN IMMEDIATE`) until released.
-struct WriteLock(Connection);
-
-impl WriteLock {
-    fn take(db: &Path) -> WriteLock {
-        let c = Connection::open(db).unwrap();
-        c.busy_timeout(Duration::from_secs(5)).unwrap();
-        c.execute_batch("BEGIN IMMEDIATE").unwrap();
-        WriteLock(c)
-    }
-
-    fn release(self) {
-        self.0.execute_batch("ROLLBACK").unwrap();
-    }
 }
 
 /// Many connections at once need more than the common soft limit of 1024 descriptors (the
@@ -737,6 +729,17 @@ fn recent_and_scores_have_their_json_shapes_etags_and_gzip() {
 #[test]
 fn upsert_rules_hold_through_the_api() {
     let dir = tempfile::tempdir().unwrap();
+    // Two addresses alice claimed earlier: half an hour ago, and two hours ago.
+    let (half, two) = ("203.0.113.51", "203.0.113.52");
+    let half_hour_ago = unix_now() - 1800;
+    let two_hours_ago = unix_now() - 7200;
+    seed(
+        dir.path(),
+        &[
+            (half, "alice", half_hour_ago),
+            (two, "alice", two_hours_ago),
+        ],
+    );
     let game = Game::start(game_config(dir.path()));
     let ip = "203.0.113.50";
 
@@ -751,27 +754,13 @@ fn upsert_rules_hold_through_the_api() {
     assert_eq!(game.stat("claims_unchanged"), 1);
 
     // The same name, the old claim half an hour old: still unchanged.
-    let rw = Connection::open(&game.db).unwrap();
-    rw.busy_timeout(Duration::from_secs(5)).unwrap();
-    let half_hour_ago = unix_now() - 1800;
-    rw.execute(
-        "UPDATE land SET created = ?1 WHERE ip = ?2",
-        [half_hour_ago, ip_key(ip)],
-    )
-    .unwrap();
-    assert_eq!(game.claim(ip, "alice").status, 200);
-    assert_eq!(game.row(ip).unwrap().1, half_hour_ago);
+    assert_eq!(game.claim(half, "alice").status, 200);
+    assert_eq!(game.row(half).unwrap().1, half_hour_ago);
     assert_eq!(game.stat("claims_unchanged"), 2);
 
     // Over an hour old: refreshed to now.
-    let two_hours_ago = unix_now() - 7200;
-    rw.execute(
-        "UPDATE land SET created = ?1 WHERE ip = ?2",
-        [two_hours_ago, ip_key(ip)],
-    )
-    .unwrap();
-    assert_eq!(game.claim(ip, "alice").status, 200);
-    let (nick, refreshed) = game.row(ip).unwrap();
+    assert_eq!(game.claim(two, "alice").status, 200);
+    let (nick, refreshed) = game.row(two).unwrap();
     assert_eq!(nick, "alice");
     assert!((refreshed - unix_now()).abs() <= 2, "{refreshed}");
     assert_eq!(game.stat("claims_unchanged"), 2);
@@ -780,9 +769,10 @@ fn upsert_rules_hold_through_the_api() {
     assert_eq!(game.claim(ip, "bob").status, 200);
     let (nick, created) = game.row(ip).unwrap();
     assert_eq!(nick, "bob");
-    assert!(created >= refreshed);
-    assert_eq!(count_rows(&game.db()), 1);
-    assert_eq!(game.stat("claims_committed"), 5);
+    assert!(created >= first);
+    assert_eq!(count_rows(&game.db()), 3);
+    assert_eq!(game.stat("claims_saved"), 5);
+    assert_eq!(game.stat("claims_changed"), 3);
 
     // /recent lists the latest claim of the address under its new name.
     let mut v = serde_json::Value::Null;
@@ -794,7 +784,7 @@ fn upsert_rules_hold_through_the_api() {
 }
 
 #[test]
-fn concurrent_claims_are_committed_in_batches() {
+fn concurrent_claims_are_all_durable_when_answered() {
     raise_fd_limit();
     let dir = tempfile::tempdir().unwrap();
     let game = Game::start(game_config(dir.path()));
@@ -846,183 +836,80 @@ fn concurrent_claims_are_committed_in_batches() {
         assert_eq!(row(&db, &ip_of(i)).map(|r| r.0), Some(format!("player{i}")));
     }
     let s = game.statusz();
-    let committed = s["claims_committed"] as u64;
-    let batches = s["claim_batches"] as u64;
     println!(
-        "{committed} claims in {batches} batches (largest {})",
-        s["claim_batch_largest"]
+        "{total} claims in {} journal writes over {} worker turns",
+        s["journal_writes"], s["claim_turns"]
     );
-    assert_eq!(committed, total as u64);
-    assert_eq!(s["claims_queued"] as u64, total as u64);
-    assert!(
-        batches * 5 <= committed,
-        "{committed} claims took {batches} transactions: no group commit"
-    );
-    assert!(s["claim_batch_largest"] >= 10.0);
-}
-
-#[test]
-fn batch_max_bounds_each_transaction() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = game_config(dir.path());
-    config.batch_max = 7;
-    let game = Game::start(config);
-    // Pile claims up behind a held lock so that batches are as large as allowed.
-    let lock = WriteLock::take(&game.db);
-    let mut conns: Vec<(usize, Conn)> = (0..60)
-        .map(|i| {
-            let mut c = Conn::open(game.addr);
-            c.send(
-                "GET",
-                &format!("/claim/b{i}"),
-                &[
-                    ("X-Forwarded-For", &format!("172.16.{i}.1")),
-                    ("Accept", "text/plain"),
-                ],
-            );
-            (i, c)
-        })
-        .collect();
-    assert!(eventually(Duration::from_secs(3), || game
-        .stat("claims_queued")
-        == 60));
-    lock.release();
-    for (i, c) in conns.iter_mut() {
-        let r = c.read(false);
-        assert_eq!(r.status, 200);
-        assert_eq!(r.text(), format!("172.16.{i}.1 is now claimed by b{i}\n"));
-    }
-    let s = game.statusz();
-    assert_eq!(s["claims_committed"], 60.0);
-    assert_eq!(s["claim_batch_largest"], 7.0);
-    // 60 claims in batches of at most 7: at least 9 transactions.
-    assert!(s["claim_batches"] >= 9.0, "{}", s["claim_batches"]);
-    assert_eq!(count_rows(&game.db()), 60);
-}
-
-#[test]
-fn a_claim_is_answered_only_after_its_commit() {
-    let dir = tempfile::tempdir().unwrap();
-    let game = Game::start(game_config(dir.path()));
-    // The database exists once the game has started; hold its write lock.
-    let lock = WriteLock::take(&game.db);
-    let mut c = Conn::open(game.addr);
-    c.send(
-        "GET",
-        "/claim/patient",
-        &[
-            ("X-Forwarded-For", "198.51.100.77"),
-            ("Accept", "text/plain"),
-        ],
-    );
-    // The writer is waiting for the lock: no answer, and no row.
-    assert_eq!(
-        c.try_read(false, Duration::from_millis(300)).unwrap_err(),
-        NoAnswer::Timeout
-    );
-    assert!(eventually(Duration::from_secs(2), || game
-        .stat("claims_queued")
-        == 1));
-    assert_eq!(game.row("198.51.100.77"), None);
-    assert_eq!(game.stat("claims_committed"), 0);
-
-    let released = Instant::now();
-    lock.release();
-    let r = c.read(false);
-    assert_eq!(r.status, 200);
-    assert_eq!(r.text(), "198.51.100.77 is now claimed by patient\n");
-    assert!(released.elapsed() < Duration::from_secs(4));
-    // Answered, hence committed: visible to any other connection.
-    assert_eq!(game.row("198.51.100.77").unwrap().0, "patient");
-    assert_eq!(game.stat("claim_commit_errors"), 0);
+    assert_eq!(s["claims_saved"] as usize, total);
+    assert_eq!(s["claims_received"] as usize, total);
+    assert_eq!(s["claims_changed"] as usize, total);
+    // One write per turn that took claims, never one per claim more than that.
+    assert!(s["journal_writes"] <= s["claim_turns"]);
 }
 
 #[test]
 fn graceful_shutdown_answers_the_claims_in_flight() {
     let dir = tempfile::tempdir().unwrap();
-    let game = Game::start(game_config(dir.path()));
-    let lock = WriteLock::take(&game.db);
-    let mut c = Conn::open(game.addr);
-    c.send(
-        "GET",
-        "/claim/lastone",
-        &[
-            ("X-Forwarded-For", "198.51.100.99"),
-            ("Accept", "text/plain"),
-        ],
-    );
-    assert!(eventually(Duration::from_secs(2), || game
-        .stat("claims_queued")
-        == 1));
-    // Stop while the claim waits for the database; the stop must wait for it.
-    let db = game.db.clone();
+    let mut config = game_config(dir.path());
+    config.sync = tern_ipv4_games::SyncMode::Full;
+    let game = Game::start(config);
+    let mut conns: Vec<Conn> = (0..20)
+        .map(|i| {
+            let mut c = Conn::open(game.addr);
+            c.send(
+                "GET",
+                &format!("/claim/last{i}"),
+                &[
+                    ("X-Forwarded-For", &format!("198.51.{i}.99")),
+                    ("Accept", "text/plain"),
+                ],
+            );
+            c
+        })
+        .collect();
+    // Stop while the claims wait for their sync; the stop waits for their answers.
+    let data = game.data.clone();
     let stopping = std::thread::spawn(move || game.stop());
-    assert_eq!(
-        c.try_read(false, Duration::from_millis(200)).unwrap_err(),
-        NoAnswer::Timeout
-    );
-    lock.release();
-    let r = c.read(false);
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.text(), "198.51.100.99 is now claimed by lastone\n");
+    for (i, c) in conns.iter_mut().enumerate() {
+        let r = c.read(false);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            r.text(),
+            format!("198.51.{i}.99 is now claimed by last{i}\n")
+        );
+    }
     stopping.join().unwrap();
-    assert_eq!(row(&open_ro(&db), "198.51.100.99").unwrap().0, "lastone");
+    let disk = on_disk(&data);
+    for i in 0..20 {
+        assert_eq!(
+            row(&disk, &format!("198.51.{i}.99")).unwrap().0,
+            format!("last{i}")
+        );
+    }
 }
 
 #[test]
-fn a_full_writer_queue_answers_503_at_once() {
+fn at_max_claims_new_addresses_get_503_and_held_ones_still_change_hands() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = game_config(dir.path());
-    config.queue_capacity = 1;
+    config.max_claims = 2;
     let game = Game::start(config);
-    let lock = WriteLock::take(&game.db);
-    let claim = |ip: &str, name: &str| {
-        let mut c = Conn::open(game.addr);
-        c.send(
-            "GET",
-            &format!("/claim/{name}"),
-            &[("X-Forwarded-For", ip), ("Accept", "text/plain")],
-        );
-        c
-    };
-    // First claim: taken by the writer, which then waits for the lock.
-    let mut first = claim("198.51.100.1", "first");
-    assert!(eventually(Duration::from_secs(3), || {
-        let s = game.statusz();
-        s["claims_queued"] == 1.0 && s["claims_queue_length"] == 0.0
-    }));
-    // The writer took it, then yields once and drains what else is queued into the same
-    // batch before it reaches the lock: give it time to get there, or a fast second claim
-    // joins the first batch and never waits in the queue.
-    std::thread::sleep(Duration::from_millis(300));
-    // Second: waits in the queue (room for one).
-    let mut second = claim("198.51.100.2", "second");
-    assert!(eventually(Duration::from_secs(3), || game
-        .stat("claims_queue_length")
-        == 1));
-    // Third: no room; 503 with Retry-After, at once.
-    let asked = Instant::now();
-    let r = claim_as(game.addr, "198.51.100.3", "third");
-    let took = asked.elapsed();
+    assert_eq!(game.claim("198.51.100.1", "first").status, 200);
+    assert_eq!(game.claim("198.51.100.2", "second").status, 200);
+    let r = game.claim("198.51.100.3", "third");
     assert_eq!(r.status, 503, "{}", r.text());
-    assert_eq!(r.header("retry-after"), Some("1"));
-    assert!(took < Duration::from_secs(1), "503 took {took:?}");
-    assert_eq!(game.stat("claims_queue_full"), 1);
-    // Neither waiting claim has been answered.
     assert_eq!(
-        first
-            .try_read(false, Duration::from_millis(50))
-            .unwrap_err(),
-        NoAnswer::Timeout
+        r.text(),
+        "the game is full: no more new addresses can be claimed here\n"
     );
-
-    lock.release();
-    assert_eq!(first.read(false).status, 200);
-    assert_eq!(second.read(false).status, 200);
+    assert_eq!(game.stat("claims_refused_full"), 1);
+    // An address already held can still be taken over.
+    assert_eq!(game.claim("198.51.100.1", "taker").status, 200);
     let db = game.db();
-    assert_eq!(row(&db, "198.51.100.1").unwrap().0, "first");
+    assert_eq!(row(&db, "198.51.100.1").unwrap().0, "taker");
     assert_eq!(row(&db, "198.51.100.2").unwrap().0, "second");
     assert_eq!(row(&db, "198.51.100.3"), None);
+    assert_eq!(game.stat("claimed_addresses"), 2);
 }
 
 /// What one request of the rate-limit test got.
@@ -1249,11 +1136,12 @@ fn metrics_and_statusz_expose_the_counters() {
             .unwrap()
     };
     for (name, kind) in [
-        ("tern_claims_committed", "counter"),
-        ("tern_claims_queued", "counter"),
-        ("tern_claim_batches", "counter"),
+        ("tern_claims_saved", "counter"),
+        ("tern_claims_received", "counter"),
+        ("tern_journal_writes", "counter"),
         ("tern_claims_invalid_name", "counter"),
-        ("tern_claims_queue_length", "gauge"),
+        ("tern_claimed_addresses", "gauge"),
+        ("tern_snapshot_bytes", "gauge"),
     ] {
         assert!(
             text.contains(&format!("# HELP {name} ")),
@@ -1264,10 +1152,11 @@ fn metrics_and_statusz_expose_the_counters() {
             "no TYPE for {name}"
         );
     }
-    assert_eq!(value("tern_claims_committed"), 3.0);
-    assert_eq!(value("tern_claims_queued"), 3.0);
+    assert_eq!(value("tern_claims_saved"), 3.0);
+    assert_eq!(value("tern_claims_received"), 3.0);
     assert_eq!(value("tern_claims_invalid_name"), 1.0);
-    assert!(value("tern_claim_batches") >= 1.0);
+    assert!(value("tern_journal_writes") >= 1.0);
+    assert_eq!(value("tern_claimed_addresses"), 3.0);
     // Every line is a comment or `name value`.
     for line in text.lines() {
         assert!(
@@ -1279,6 +1168,6 @@ fn metrics_and_statusz_expose_the_counters() {
     }
 
     let s = game.statusz();
-    assert_eq!(s["claims_committed"], 3.0);
-    assert!(s.contains_key("claims_queue_capacity"));
+    assert_eq!(s["claims_saved"], 3.0);
+    assert!(s.contains_key("journal_bytes"));
 }

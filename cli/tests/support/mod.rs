@@ -150,6 +150,31 @@ impl Tern {
         tern
     }
 
+    /// `start_demo` with no file allowed past `max_file_bytes` (RLIMIT_FSIZE, SIGXFSZ
+    /// ignored): writes past it fail (EFBIG) the way writes to a full disk fail (ENOSPC).
+    pub fn start_demo_limited(data: &Path, extra: &[&str], max_file_bytes: u64) -> Tern {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = demo_command(data, LISTEN, extra);
+        // SAFETY: the closure runs between fork and exec and makes only async-signal-safe
+        // calls (setrlimit, signal) on values it owns.
+        unsafe {
+            cmd.pre_exec(move || {
+                let limit = libc::rlimit {
+                    rlim_cur: max_file_bytes,
+                    rlim_max: max_file_bytes,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let tern = Tern::spawn(cmd);
+        assert!(tern.http().is_some(), "start-up line {:?}", tern.line);
+        tern
+    }
+
     /// Runs `tern demo` expecting it to fail at start-up; returns how it ended.
     pub fn demo_failing(data: &Path, extra: &[&str]) -> Failed {
         run_to_end(

@@ -1,0 +1,986 @@
+//! The journal store: one append-only journal for the whole process, written at the end of
+//! each worker turn that took claims, with one system call for the whole turn.
+//!
+//! The write lock covers deciding the turn's claims, writing them and applying them to
+//! memory, so the journal's order is the order changes were made, and recovery replays it
+//! exactly. Memory holds only what was written: a claim that repeats a change (same name
+//! within the hour) is as durable as that change once it is in memory, and is answered in
+//! the same turn under `--sync normal`. Under `--sync full` every answer waits for an
+//! `fdatasync` that covers the journal's end at the time it was decided: a syncer thread
+//! runs one sync for whatever all workers wrote meanwhile, and wakes each worker once.
+//!
+//! A failed write is cut off again (so the journal never holds half a frame followed by
+//! more), the turn's claims get a 503 and memory is unchanged. A failed sync is not retried
+//! (the kernel may have dropped the pages it could not write): claims stop with a 503 until
+//! a restart, which recovers from what is on disk.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
+use tern_server::{Pending, Response, Server, StopSignal};
+use tern_services::metrics::Metric;
+
+use super::{refusal, ClaimStore, Refusal, Staged, SyncMode};
+use crate::journal::{self, compact, frame, Record};
+use crate::land::{Decision, Land};
+
+/// Settings of the journal store.
+#[derive(Debug, Clone)]
+pub struct JournalOptions {
+    pub dir: PathBuf,
+    pub sync: SyncMode,
+    /// A segment is closed (and becomes foldable into a snapshot) past this size.
+    pub segment_bytes: u64,
+    /// Most addresses held; claims of new addresses beyond it are answered 503.
+    pub max_claims: u64,
+    /// Test hook for power-cut tests: after each sync, `segment length` of what is synced
+    /// is written here, so a test can cut the journal back to it.
+    pub sync_mark: Option<PathBuf>,
+    /// Test hook: the syncer waits this long before each sync, so that tests can hold
+    /// claims pending. Zero in production.
+    pub test_sync_delay: Duration,
+}
+
+/// The journal store; see the module documentation.
+pub struct JournalStore {
+    options: JournalOptions,
+    writer: Mutex<Writer>,
+    syncer: Option<Syncer>,
+    /// Set when a sync failed: no more claims until a restart.
+    stopped: AtomicBool,
+    /// The segment being written; compaction folds the ones before it.
+    current: AtomicU64,
+    /// The newest snapshot (0: none).
+    snapshot: AtomicU64,
+    stats: Stats,
+}
+
+struct Writer {
+    file: Arc<File>,
+    segment: u64,
+    length: u64,
+    buf: Vec<u8>,
+    /// Claims of this turn decided as changes, by address: the index of the latest.
+    overlay: HashMap<u32, usize>,
+    outcomes: Vec<Outcome>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Write,
+    Repeat,
+    Full,
+}
+
+#[derive(Default)]
+struct Stats {
+    saved: AtomicU64,
+    writes: AtomicU64,
+    written_bytes: AtomicU64,
+    changes: AtomicU64,
+    repeats: AtomicU64,
+    write_errors: AtomicU64,
+    refused_full: AtomicU64,
+    refused_stopped: AtomicU64,
+    syncs: AtomicU64,
+    sync_nanos: AtomicU64,
+    sync_max_nanos: AtomicU64,
+    sync_errors: AtomicU64,
+    compactions: AtomicU64,
+    compaction_errors: AtomicU64,
+    compaction_nanos: AtomicU64,
+    snapshot_bytes: AtomicU64,
+    journal_bytes: AtomicU64,
+    recovered: AtomicU64,
+    recovery_nanos: AtomicU64,
+}
+
+/// The hand-off to the syncer (`--sync full`).
+struct Syncer {
+    queue: Mutex<SyncQueue>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct SyncQueue {
+    answers: Vec<(Pending, Response)>,
+    /// The file and end to sync for them.
+    target: Option<(Arc<File>, u64, u64)>,
+    /// What is known synced: (segment, length).
+    synced: (u64, u64),
+    /// The syncer is syncing (it looks at the queue again when done: no wake-up needed).
+    busy: bool,
+}
+
+impl JournalStore {
+    /// Opens the data folder: migrates a database of an older tern, recovers the state into
+    /// `land`, and gets ready to append.
+    pub fn open(options: JournalOptions, land: &Land) -> Result<JournalStore, String> {
+        let started = Instant::now();
+        let dir = &options.dir;
+        if let Some(rows) = crate::sqlite::migrate(dir)? {
+            tracing::info!(
+                claims = rows,
+                "moved the claims of {} into the journal's first snapshot; the old file is kept as {}",
+                crate::sqlite::db_path(dir).display(),
+                crate::sqlite::migrated_path(dir).display()
+            );
+        }
+        let recovered = journal::recover(dir, land)?;
+        if let Some((path, from, to)) = &recovered.cut {
+            tracing::warn!(
+                "{}: cut a torn write at its end ({from} -> {to} bytes); no claim in it was answered",
+                path.display()
+            );
+        }
+        let path = journal::segment_path(dir, recovered.segment);
+        let file = open_segment(&path, recovered.length, options.sync)?;
+        let listing =
+            journal::list(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+        let stats = Stats::default();
+        stats.recovered.store(
+            recovered.from_snapshot + recovered.from_journal,
+            Ordering::Relaxed,
+        );
+        stats
+            .recovery_nanos
+            .store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let snapshot = listing.snapshots.last().copied().unwrap_or(0);
+        if snapshot != 0 {
+            let size = std::fs::metadata(journal::snapshot_path(dir, snapshot))
+                .map(|m| m.len())
+                .unwrap_or(0);
+            stats.snapshot_bytes.store(size, Ordering::Relaxed);
+        }
+        stats
+            .journal_bytes
+            .store(journal_bytes(dir, snapshot.max(1)), Ordering::Relaxed);
+        if recovered.from_snapshot + recovered.from_journal > 0 {
+            tracing::info!(
+                from_snapshot = recovered.from_snapshot,
+                from_journal = recovered.from_journal,
+                addresses = land.claimed(),
+                ms = started.elapsed().as_millis() as u64,
+                "IPv4 Games state recovered"
+            );
+        }
+        let syncer = (options.sync == SyncMode::Full).then(|| Syncer {
+            queue: Mutex::new(SyncQueue {
+                synced: (recovered.segment, recovered.length),
+                ..SyncQueue::default()
+            }),
+            wake: Condvar::new(),
+        });
+        Ok(JournalStore {
+            writer: Mutex::new(Writer {
+                file: Arc::new(file),
+                segment: recovered.segment,
+                length: recovered.length,
+                buf: Vec::with_capacity(64 << 10),
+                overlay: HashMap::new(),
+                outcomes: Vec::new(),
+            }),
+            current: AtomicU64::new(recovered.segment),
+            snapshot: AtomicU64::new(snapshot),
+            syncer,
+            stopped: AtomicBool::new(false),
+            stats,
+            options,
+        })
+    }
+
+    fn refuse_all(
+        &self,
+        claims: &mut Vec<Staged>,
+        answers: &mut Vec<(Pending, Response)>,
+        why: Refusal,
+    ) {
+        answers.extend(claims.drain(..).map(|c| c.refused(why)));
+    }
+
+    /// Closes the current segment and starts the next (under the write lock).
+    fn rotate(&self, w: &mut Writer) -> Result<(), String> {
+        let full = self.options.sync == SyncMode::Full;
+        if full {
+            // Closed segments must be whole on disk: recovery refuses a short one.
+            w.file
+                .sync_data()
+                .map_err(|e| format!("cannot sync {}: {e}", self.segment_path(w.segment)))?;
+        }
+        let next = w.segment + 1;
+        let path = journal::segment_path(&self.options.dir, next);
+        let file = open_segment(&path, frame::HEADER_LEN as u64, self.options.sync)?;
+        w.file = Arc::new(file);
+        w.segment = next;
+        w.length = frame::HEADER_LEN as u64;
+        self.current.store(next, Ordering::Release);
+        if let Some(s) = &self.syncer {
+            let mut q = lock(&s.queue);
+            q.synced = q.synced.max((next, w.length));
+        }
+        if full {
+            self.mark_synced(next, w.length);
+        }
+        Ok(())
+    }
+
+    fn segment_path(&self, n: u64) -> String {
+        journal::segment_path(&self.options.dir, n)
+            .display()
+            .to_string()
+    }
+
+    fn mark_synced(&self, segment: u64, length: u64) {
+        if let Some(mark) = &self.options.sync_mark {
+            // Fixed width, one write at offset 0: a reader never sees half of two values.
+            let line = format!("{segment:020} {length:020}\n");
+            if let Ok(f) = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(mark)
+            {
+                let _ = f.write_all_at(line.as_bytes(), 0);
+            }
+        }
+    }
+
+    /// The syncer thread (`--sync full`): one `fdatasync` for everything written since the
+    /// last, then every claim it covers is answered (each worker woken once).
+    fn run_syncer(&self, stop: StopSignal) {
+        let s = self
+            .syncer
+            .as_ref()
+            .expect("syncer runs only with --sync full");
+        loop {
+            let mut q = lock(&s.queue);
+            while q.answers.is_empty() {
+                if stop.is_stopped() {
+                    return;
+                }
+                q.busy = false;
+                q = s
+                    .wake
+                    .wait_timeout(q, Duration::from_millis(100))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            q.busy = true;
+            let answers = std::mem::take(&mut q.answers);
+            let (file, segment, length) = q.target.take().expect("answers come with a target");
+            drop(q);
+            if !self.options.test_sync_delay.is_zero() {
+                std::thread::sleep(self.options.test_sync_delay);
+            }
+            let started = Instant::now();
+            let synced = file.sync_data();
+            let nanos = started.elapsed().as_nanos() as u64;
+            self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+            self.stats.sync_nanos.fetch_add(nanos, Ordering::Relaxed);
+            self.stats
+                .sync_max_nanos
+                .fetch_max(nanos, Ordering::Relaxed);
+            match synced {
+                Ok(()) => {
+                    {
+                        let mut q = lock(&s.queue);
+                        q.synced = q.synced.max((segment, length));
+                    }
+                    self.mark_synced(segment, length);
+                    let n = answers.len() as u64;
+                    self.stats.saved.fetch_add(n, Ordering::Relaxed);
+                    tern_server::complete_all(answers);
+                }
+                Err(e) => {
+                    // Not retried: after a failed fsync the kernel may have dropped the dirty
+                    // pages, so a later "success" would not mean they are on disk.
+                    self.stopped.store(true, Ordering::Release);
+                    self.stats.sync_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(
+                        "syncing {} failed: {e}; claims are answered 503 until tern is restarted",
+                        self.segment_path(segment)
+                    );
+                    let n = answers.len() as u64;
+                    self.stats.refused_stopped.fetch_add(n, Ordering::Relaxed);
+                    tern_server::complete_all(
+                        answers
+                            .into_iter()
+                            .map(|(p, _)| (p, refusal(Refusal::Stopped))),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The compaction thread: folds closed segments into a new snapshot once they hold
+    /// at least a segment's worth and half the last snapshot's size (so the work of
+    /// rewriting the snapshot stays a small multiple of what the journal took in).
+    fn run_compactor(&self, stop: StopSignal) {
+        tern_services::background::lower_priority();
+        while !stop.is_stopped() {
+            std::thread::sleep(Duration::from_millis(200));
+            let current = self.current.load(Ordering::Acquire);
+            let snapshot = self.snapshot.load(Ordering::Acquire);
+            let first = snapshot.max(1);
+            if current <= first {
+                continue;
+            }
+            let closed = journal_bytes_between(&self.options.dir, first, current);
+            let snapshot_bytes = self.stats.snapshot_bytes.load(Ordering::Relaxed);
+            if closed < self.options.segment_bytes.max(snapshot_bytes / 2) {
+                continue;
+            }
+            let started = Instant::now();
+            let old = (snapshot != 0).then_some(snapshot);
+            match compact::compact(&self.options.dir, old, current) {
+                Ok(done) => {
+                    self.snapshot.store(done.covers, Ordering::Release);
+                    self.stats.journal_bytes.store(
+                        journal_bytes(&self.options.dir, done.covers),
+                        Ordering::Relaxed,
+                    );
+                    self.stats
+                        .snapshot_bytes
+                        .store(done.bytes, Ordering::Relaxed);
+                    self.stats.compactions.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .compaction_nanos
+                        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    tracing::debug!(
+                        claims = done.claims,
+                        segments = done.segments,
+                        bytes = done.bytes,
+                        ms = started.elapsed().as_millis() as u64,
+                        "journal compacted"
+                    );
+                }
+                Err(e) => {
+                    self.stats.compaction_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!("compaction failed (the journal keeps everything): {e}");
+                    std::thread::sleep(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+impl ClaimStore for JournalStore {
+    fn commit(
+        &self,
+        land: &Land,
+        claims: &mut Vec<Staged>,
+        answers: &mut Vec<(Pending, Response)>,
+    ) {
+        if self.stopped.load(Ordering::Acquire) {
+            let n = claims.len() as u64;
+            self.stats.refused_stopped.fetch_add(n, Ordering::Relaxed);
+            return self.refuse_all(claims, answers, Refusal::Stopped);
+        }
+        let mut guard = lock(&self.writer);
+        let w = &mut *guard;
+        w.buf.clear();
+        w.overlay.clear();
+        w.outcomes.clear();
+        let at = frame::begin_frame(&mut w.buf);
+        let mut room = self.options.max_claims.saturating_sub(land.claimed());
+        for (i, c) in claims.iter().enumerate() {
+            let earlier = w.overlay.get(&c.ip).map(|&j| {
+                let e = &claims[j];
+                (e.nick.as_str(), e.at)
+            });
+            let outcome = match land.decide(c.ip, &c.nick, c.at, earlier) {
+                Decision::Unchanged => Outcome::Repeat,
+                Decision::New if room == 0 => Outcome::Full,
+                decision => {
+                    if decision == Decision::New {
+                        room -= 1;
+                    }
+                    Record {
+                        ip: c.ip,
+                        created: c.at.min(u32::MAX as u64) as u32,
+                        nick: &c.nick,
+                    }
+                    .encode(&mut w.buf);
+                    w.overlay.insert(c.ip, i);
+                    Outcome::Write
+                }
+            };
+            w.outcomes.push(outcome);
+        }
+        let changes = w.outcomes.iter().filter(|&&o| o == Outcome::Write).count() as u64;
+        if changes > 0 {
+            frame::finish_frame(&mut w.buf, at);
+            if let Err(e) = w.file.write_all_at(&w.buf, w.length) {
+                self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                // Whatever part of the frame landed goes again, so the next write follows
+                // whole frames; if even that fails, nothing more may be appended.
+                if let Err(e2) = w.file.set_len(w.length) {
+                    self.stopped.store(true, Ordering::Release);
+                    tracing::error!(
+                        "writing {} failed ({e}) and cutting the partial write failed ({e2}); \
+                         claims are answered 503 until tern is restarted",
+                        self.segment_path(w.segment)
+                    );
+                } else {
+                    tracing::error!(
+                        claims = claims.len(),
+                        "writing {} failed: {e}; this turn's claims are answered 503",
+                        self.segment_path(w.segment)
+                    );
+                }
+                drop(guard);
+                return self.refuse_all(claims, answers, Refusal::WriteFailed);
+            }
+            w.length += w.buf.len() as u64;
+            self.stats.writes.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .written_bytes
+                .fetch_add(w.buf.len() as u64, Ordering::Relaxed);
+            self.stats
+                .journal_bytes
+                .fetch_add(w.buf.len() as u64, Ordering::Relaxed);
+            for (c, &o) in claims.iter().zip(&w.outcomes) {
+                if o == Outcome::Write {
+                    land.apply(c.ip, &c.nick, c.at);
+                }
+            }
+            self.stats.changes.fetch_add(changes, Ordering::Relaxed);
+        }
+        let repeats = w.outcomes.iter().filter(|&&o| o == Outcome::Repeat).count() as u64;
+        self.stats.repeats.fetch_add(repeats, Ordering::Relaxed);
+        let target = (w.file.clone(), w.segment, w.length);
+        let outcomes = std::mem::take(&mut w.outcomes);
+        if w.length >= self.options.segment_bytes {
+            if let Err(e) = self.rotate(w) {
+                // Appending to the long segment goes on; the next turn tries again.
+                tracing::error!("cannot start a new journal segment: {e}");
+            }
+        }
+        drop(guard);
+
+        let mut saved = Vec::with_capacity(claims.len());
+        for (c, o) in claims.drain(..).zip(&outcomes) {
+            match o {
+                Outcome::Full => {
+                    self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
+                    answers.push(c.refused(Refusal::Full));
+                }
+                Outcome::Write | Outcome::Repeat => saved.push(c.saved()),
+            }
+        }
+        let Some(s) = &self.syncer else {
+            // --sync normal: in the page cache, which a killed process cannot lose.
+            self.stats
+                .saved
+                .fetch_add(saved.len() as u64, Ordering::Relaxed);
+            answers.append(&mut saved);
+            return;
+        };
+        if saved.is_empty() {
+            return;
+        }
+        let mut q = lock(&s.queue);
+        if changes == 0 && q.synced >= (target.1, target.2) {
+            drop(q);
+            self.stats
+                .saved
+                .fetch_add(saved.len() as u64, Ordering::Relaxed);
+            answers.append(&mut saved);
+            return;
+        }
+        q.answers.append(&mut saved);
+        if q.target
+            .as_ref()
+            .is_none_or(|t| (t.1, t.2) < (target.1, target.2))
+        {
+            q.target = Some(target);
+        }
+        let idle = !q.busy;
+        drop(q);
+        if idle {
+            s.wake.notify_one();
+        }
+    }
+
+    fn start(self: Arc<Self>, server: &mut Server, _land: Arc<Land>) {
+        if self.syncer.is_some() {
+            let store = self.clone();
+            server.background("claim-syncer", move |stop| store.run_syncer(stop));
+        }
+        server.background("compactor", move |stop| self.run_compactor(stop));
+    }
+
+    fn metrics(&self, out: &mut Vec<Metric>) {
+        let s = &self.stats;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        out.extend([
+            Metric::counter(
+                "claims_saved",
+                "claims answered 200 once durable (--sync full: once synced)",
+                get(&s.saved),
+            ),
+            Metric::counter(
+                "journal_writes",
+                "journal writes (one per worker turn with changed claims)",
+                get(&s.writes),
+            ),
+            Metric::counter(
+                "journal_written_bytes",
+                "bytes appended to the journal",
+                get(&s.written_bytes),
+            ),
+            Metric::counter(
+                "claims_changed",
+                "claims that changed an address's holder or time (written)",
+                get(&s.changes),
+            ),
+            Metric::counter(
+                "claims_unchanged",
+                "claims that repeated the holder's claim within the hour (nothing written)",
+                get(&s.repeats),
+            ),
+            Metric::counter(
+                "journal_write_errors",
+                "journal writes that failed (their turn answered 503)",
+                get(&s.write_errors),
+            ),
+            Metric::counter(
+                "claims_refused_full",
+                "claims of new addresses refused at --max-claims",
+                get(&s.refused_full),
+            ),
+            Metric::counter(
+                "claims_refused_stopped",
+                "claims refused after a failed sync",
+                get(&s.refused_stopped),
+            ),
+            Metric::counter(
+                "journal_syncs",
+                "fdatasync calls of the journal (--sync full)",
+                get(&s.syncs),
+            ),
+            Metric::gauge(
+                "journal_sync_seconds_total",
+                "time spent in the journal's fdatasync calls",
+                get(&s.sync_nanos) as f64 / 1e9,
+            ),
+            Metric::gauge(
+                "journal_sync_seconds_max",
+                "the longest journal fdatasync",
+                get(&s.sync_max_nanos) as f64 / 1e9,
+            ),
+            Metric::counter(
+                "journal_sync_errors",
+                "failed fdatasync calls (claims stop)",
+                get(&s.sync_errors),
+            ),
+            Metric::gauge(
+                "claims_stopped",
+                "1 once a failed sync stopped claims (until restart)",
+                self.stopped.load(Ordering::Relaxed) as u8 as f64,
+            ),
+            Metric::counter(
+                "compactions",
+                "snapshots written by compaction",
+                get(&s.compactions),
+            ),
+            Metric::counter(
+                "compaction_errors",
+                "compactions that failed",
+                get(&s.compaction_errors),
+            ),
+            Metric::gauge(
+                "compaction_seconds_total",
+                "time spent compacting",
+                get(&s.compaction_nanos) as f64 / 1e9,
+            ),
+            Metric::gauge(
+                "snapshot_bytes",
+                "size of the newest snapshot",
+                get(&s.snapshot_bytes) as f64,
+            ),
+            Metric::gauge(
+                "journal_bytes",
+                "bytes of journal segments not yet folded into a snapshot",
+                get(&s.journal_bytes) as f64,
+            ),
+            Metric::gauge(
+                "journal_segment",
+                "number of the journal segment being written",
+                self.current.load(Ordering::Relaxed) as f64,
+            ),
+            Metric::gauge(
+                "recovered_claims",
+                "claims read back at start-up",
+                get(&s.recovered) as f64,
+            ),
+            Metric::gauge(
+                "recovery_seconds",
+                "time the start-up recovery took",
+                get(&s.recovery_nanos) as f64 / 1e9,
+            ),
+        ]);
+    }
+}
+
+/// Opens segment `path` for appending at `length`, creating it (with its header) if needed.
+fn open_segment(path: &Path, length: u64, sync: SyncMode) -> Result<File, String> {
+    let exists = path.exists();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    if !exists || length == frame::HEADER_LEN as u64 {
+        file.write_all_at(&frame::header(frame::Kind::Journal), 0)
+            .and_then(|()| file.set_len(frame::HEADER_LEN as u64))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        if sync == SyncMode::Full {
+            // The new file and its name must survive a power cut before anything in it
+            // is acknowledged.
+            file.sync_all()
+                .and_then(|()| journal::sync_dir(path.parent().unwrap_or(Path::new("."))))
+                .map_err(|e| format!("cannot sync {}: {e}", path.display()))?;
+        }
+    }
+    Ok(file)
+}
+
+fn journal_bytes(dir: &Path, from: u64) -> u64 {
+    journal_bytes_between(dir, from, u64::MAX)
+}
+
+/// Bytes of segments `from..until` in `dir`.
+fn journal_bytes_between(dir: &Path, from: u64, until: u64) -> u64 {
+    let Ok(listing) = journal::list(dir) else {
+        return 0;
+    };
+    listing
+        .segments
+        .iter()
+        .filter(|&&n| n >= from && n < until)
+        .map(|&n| {
+            std::fs::metadata(journal::segment_path(dir, n))
+                .map(|m| m.len())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::answer::AnswerKind;
+    use tern_server::testing::TestReplies;
+
+    fn options(dir: &Path, sync: SyncMode) -> JournalOptions {
+        JournalOptions {
+            dir: dir.to_path_buf(),
+            sync,
+            segment_bytes: 64 << 20,
+            max_claims: u64::MAX,
+            sync_mark: None,
+            test_sync_delay: Duration::ZERO,
+        }
+    }
+
+    fn staged(replies: &TestReplies, seq: u32, ip: u32, nick: &str, at: u64) -> Staged {
+        Staged {
+            ip,
+            nick: nick.into(),
+            at,
+            answer: AnswerKind::Text,
+            pending: replies.pending(seq),
+        }
+    }
+
+    fn statuses(answers: &mut Vec<(Pending, Response)>) -> Vec<u16> {
+        let v = answers.iter().map(|(_, r)| r.status).collect();
+        for (p, _) in answers.drain(..) {
+            p.cancel();
+        }
+        v
+    }
+
+    /// The state as recovery rebuilds it from the files.
+    fn on_disk(dir: &Path) -> Vec<(u32, String, u64)> {
+        let land = Land::new();
+        journal::recover_read_only(dir, &land).unwrap();
+        let mut v = Vec::new();
+        land.sorted_scan(|ip, n, c| v.push((ip, n.to_string(), c)));
+        v
+    }
+
+    fn in_memory(land: &Land) -> Vec<(u32, String, u64)> {
+        let mut v = Vec::new();
+        land.sorted_scan(|ip, n, c| v.push((ip, n.to_string(), c)));
+        v
+    }
+
+    #[test]
+    fn a_turn_is_one_write_and_is_answered_in_the_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let land = Land::new();
+        let store = JournalStore::open(options(dir.path(), SyncMode::Normal), &land).unwrap();
+        let replies = TestReplies::new();
+        let mut claims = vec![
+            staged(&replies, 1, 10, "ann", 1000),
+            staged(&replies, 2, 10, "ann", 1001), // repeats the first: nothing to write
+            staged(&replies, 3, 10, "bob", 1002), // a new holder
+            staged(&replies, 4, 11, "cat", 1003),
+        ];
+        let mut answers = Vec::new();
+        store.commit(&land, &mut claims, &mut answers);
+        assert!(claims.is_empty());
+        assert_eq!(statuses(&mut answers), [200, 200, 200, 200]);
+        assert_eq!(store.stats.writes.load(Ordering::Relaxed), 1);
+        assert_eq!(store.stats.changes.load(Ordering::Relaxed), 3);
+        assert_eq!(store.stats.repeats.load(Ordering::Relaxed), 1);
+        assert_eq!(land.holder(10), Some(("bob".into(), 1002)));
+        assert_eq!(on_disk(dir.path()), in_memory(&land));
+        // One frame with the three changes, in order.
+        let bytes = std::fs::read(journal::segment_path(dir.path(), 1)).unwrap();
+        let (frames, _) = frame::frames(&bytes, frame::Kind::Journal).unwrap();
+        assert_eq!(frames.len(), 1);
+        let nicks: Vec<_> = journal::records(frames[0])
+            .unwrap()
+            .iter()
+            .map(|r| r.nick.to_string())
+            .collect();
+        assert_eq!(nicks, ["ann", "bob", "cat"]);
+        // A turn of repeats only writes nothing.
+        let mut claims = vec![staged(&replies, 5, 11, "cat", 1100)];
+        store.commit(&land, &mut claims, &mut answers);
+        assert_eq!(statuses(&mut answers), [200]);
+        assert_eq!(store.stats.writes.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn at_the_limit_only_new_addresses_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let land = Land::new();
+        let mut o = options(dir.path(), SyncMode::Normal);
+        o.max_claims = 2;
+        let store = JournalStore::open(o, &land).unwrap();
+        let replies = TestReplies::new();
+        let mut claims = vec![
+            staged(&replies, 1, 1, "a", 10),
+            staged(&replies, 2, 2, "b", 10),
+            staged(&replies, 3, 3, "c", 10),
+            staged(&replies, 4, 1, "d", 10),
+        ];
+        let mut answers = Vec::new();
+        store.commit(&land, &mut claims, &mut answers);
+        let mut by_status: Vec<(u16, String)> = answers
+            .iter()
+            .map(|(_, r)| {
+                let body = match &r.body {
+                    tern_server::Body::Static(b) => b.to_vec(),
+                    tern_server::Body::Owned(b) => b.clone(),
+                    _ => Vec::new(),
+                };
+                (r.status, String::from_utf8_lossy(&body).into_owned())
+            })
+            .collect();
+        by_status.sort();
+        assert_eq!(
+            by_status[..3].iter().map(|x| x.0).collect::<Vec<_>>(),
+            [200, 200, 200]
+        );
+        assert_eq!(by_status[3].0, 503);
+        assert!(
+            by_status[3].1.contains("the game is full"),
+            "{:?}",
+            by_status[3]
+        );
+        statuses(&mut answers);
+        assert_eq!(land.claimed(), 2);
+        assert_eq!(land.holder(1), Some(("d".into(), 10)));
+        assert_eq!(land.holder(3), None);
+    }
+
+    #[test]
+    fn a_write_that_cannot_be_undone_stops_claims_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let land = Land::new();
+        let store = JournalStore::open(options(dir.path(), SyncMode::Normal), &land).unwrap();
+        // /dev/full: every write fails with ENOSPC, and so does cutting it back.
+        lock(&store.writer).file = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        );
+        let replies = TestReplies::new();
+        let mut answers = Vec::new();
+        store.commit(
+            &land,
+            &mut vec![staged(&replies, 1, 5, "x", 1)],
+            &mut answers,
+        );
+        assert_eq!(statuses(&mut answers), [503]);
+        assert_eq!(land.claimed(), 0);
+        assert_eq!(land.version(), 0);
+        assert!(store.stopped.load(Ordering::Relaxed));
+        assert_eq!(store.stats.write_errors.load(Ordering::Relaxed), 1);
+        store.commit(
+            &land,
+            &mut vec![staged(&replies, 2, 6, "y", 1)],
+            &mut answers,
+        );
+        assert_eq!(statuses(&mut answers), [503]);
+    }
+
+    #[test]
+    fn full_sync_answers_after_the_sync_and_a_failed_sync_stops_claims() {
+        let dir = tempfile::tempdir().unwrap();
+        let land = Land::new();
+        let mark = dir.path().join("synced");
+        let mut o = options(dir.path(), SyncMode::Full);
+        o.sync_mark = Some(mark.clone());
+        let store = Arc::new(JournalStore::open(o, &land).unwrap());
+        let replies = TestReplies::new();
+        let mut answers = Vec::new();
+        store.commit(
+            &land,
+            &mut vec![staged(&replies, 1, 5, "x", 1)],
+            &mut answers,
+        );
+        // Not answered in the turn: the syncer answers it.
+        assert!(answers.is_empty());
+        let stop = StopSignal::default();
+        let syncer = {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || store.run_syncer(stop))
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut done = Vec::new();
+        while done.is_empty() && Instant::now() < deadline {
+            done = replies.completed();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            done.iter().map(|d| (d.0, d.1.status)).collect::<Vec<_>>(),
+            [(1, 200)]
+        );
+        assert!(store.stats.syncs.load(Ordering::Relaxed) >= 1);
+        let length = std::fs::metadata(journal::segment_path(dir.path(), 1))
+            .unwrap()
+            .len();
+        assert_eq!(
+            std::fs::read_to_string(&mark).unwrap(),
+            format!("{:020} {:020}\n", 1, length)
+        );
+        // A repeat of a synced change is answered in the turn.
+        store.commit(
+            &land,
+            &mut vec![staged(&replies, 2, 5, "x", 2)],
+            &mut answers,
+        );
+        assert_eq!(statuses(&mut answers), [200]);
+
+        // fdatasync fails on /dev/null (EINVAL): the claim gets a 503, and so does every
+        // later one, without another sync.
+        lock(&store.writer).file = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+                .unwrap(),
+        );
+        store.commit(
+            &land,
+            &mut vec![staged(&replies, 3, 6, "y", 3)],
+            &mut answers,
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut done = Vec::new();
+        while done.is_empty() && Instant::now() < deadline {
+            done = replies.completed();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            done.iter().map(|d| (d.0, d.1.status)).collect::<Vec<_>>(),
+            [(3, 503)]
+        );
+        assert!(store.stopped.load(Ordering::Relaxed));
+        store.commit(
+            &land,
+            &mut vec![staged(&replies, 4, 7, "z", 4)],
+            &mut answers,
+        );
+        assert_eq!(statuses(&mut answers), [503]);
+        stop.raise();
+        syncer.join().unwrap();
+    }
+
+    #[test]
+    fn compaction_racing_with_claims_from_several_workers_keeps_every_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let land = Arc::new(Land::new());
+        let mut o = options(dir.path(), SyncMode::Normal);
+        o.segment_bytes = 4096;
+        let store = Arc::new(JournalStore::open(o, &land).unwrap());
+        let stop = StopSignal::default();
+        let compactor = {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || store.run_compactor(stop))
+        };
+        // Two "workers" claim the same 300 addresses under their own names, turn by turn.
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let (store, land) = (store.clone(), land.clone());
+                std::thread::spawn(move || {
+                    let replies = TestReplies::new();
+                    let mut answers = Vec::new();
+                    for turn in 0..400u32 {
+                        let mut claims: Vec<Staged> = (0..7)
+                            .map(|k| {
+                                let ip = (turn * 7 + k) % 300;
+                                let nick = format!("w{w}-{}", turn % 3);
+                                staged(&replies, k, ip, &nick, turn as u64)
+                            })
+                            .collect();
+                        store.commit(&land, &mut claims, &mut answers);
+                        assert!(statuses(&mut answers).iter().all(|&s| s == 200));
+                        if turn % 50 == 0 {
+                            std::thread::sleep(Duration::from_millis(30));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        // Let a last compaction run, then stop.
+        std::thread::sleep(Duration::from_millis(500));
+        stop.raise();
+        compactor.join().unwrap();
+        assert!(store.stats.compactions.load(Ordering::Relaxed) >= 1);
+        assert_eq!(store.stats.compaction_errors.load(Ordering::Relaxed), 0);
+        assert_eq!(on_disk(dir.path()), in_memory(&land));
+        assert_eq!(land.claimed(), 300);
+        let fresh = Land::new();
+        journal::recover(dir.path(), &fresh).unwrap();
+        let recent = |l: &Land| {
+            l.recent()
+                .into_iter()
+                .map(|c| (c.ip, c.nick))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(recent(&fresh), recent(&land));
+    }
+}

@@ -1,0 +1,90 @@
+//! The store boundary: where claims become durable. The game stages each worker turn's
+//! claims and hands them to a [`ClaimStore`] at the end of the turn; the store decides each
+//! against the state in memory (`Land`), makes the changes durable, applies them, and
+//! answers every claim, now or (after a sync, a database commit) later. A claim is answered
+//! 200 only once its change, or the change it repeats, is durable.
+//!
+//! Today's store is the journal (`journal::JournalStore`); PostgreSQL plugs in here next.
+
+pub mod journal;
+
+use std::sync::Arc;
+
+use tern_server::{Pending, Response, Server};
+use tern_services::metrics::Metric;
+
+use crate::answer::{self, AnswerKind};
+use crate::land::Land;
+
+/// How durable a claim is before it is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Written to the journal (the kernel's page cache): survives the process being killed.
+    Normal,
+    /// Written and `fdatasync`ed: survives power loss.
+    Full,
+}
+
+/// A claim waiting for the end of its worker's turn.
+pub struct Staged {
+    pub ip: u32,
+    pub nick: String,
+    /// Unix seconds.
+    pub at: u64,
+    pub answer: AnswerKind,
+    pub pending: Pending,
+}
+
+/// Why a claim was not saved; each is a 503 with its own text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// This turn's write failed (disk full, an I/O error); a retry may work.
+    WriteFailed,
+    /// A sync failed: claims stop until an operator restarts tern.
+    Stopped,
+    /// The configured most addresses are held; only held addresses can change hands.
+    Full,
+}
+
+impl Staged {
+    /// The 200 for a saved claim.
+    pub fn saved(self) -> (Pending, Response) {
+        let response = answer::claimed(self.answer, self.ip, &self.nick);
+        (self.pending, response)
+    }
+
+    pub fn refused(self, why: Refusal) -> (Pending, Response) {
+        (self.pending, refusal(why))
+    }
+}
+
+pub fn refusal(why: Refusal) -> Response {
+    match why {
+        Refusal::WriteFailed => Response::text(503, "could not save the claim; try again\n")
+            .with_header("Retry-After", "1"),
+        Refusal::Stopped => Response::text(
+            503,
+            "claims are stopped: the journal could not be synced to disk; tern must be restarted\n",
+        )
+        .with_header("Retry-After", "60"),
+        Refusal::Full => Response::text(
+            503,
+            "the game is full: no more new addresses can be claimed here\n",
+        ),
+    }
+}
+
+/// Where claims become durable.
+pub trait ClaimStore: Send + Sync + 'static {
+    /// Saves one worker turn's claims (in arrival order): decides each against `land`, makes
+    /// the changes durable, applies them to `land` in the order recovery will repeat, and
+    /// answers every claim, through `answers` (delivered at the end of this turn) or later
+    /// by itself. `claims` is left empty.
+    fn commit(&self, land: &Land, claims: &mut Vec<Staged>, answers: &mut Vec<(Pending, Response)>);
+
+    /// Starts the store's own threads (syncing, compaction) on `server`.
+    fn start(self: Arc<Self>, server: &mut Server, land: Arc<Land>);
+
+    /// The store's figures for `/metrics` and `/statusz`.
+    fn metrics(&self, out: &mut Vec<Metric>);
+}
