@@ -58,7 +58,8 @@ pub struct DemoArgs {
     #[arg(long, value_enum, default_value = "normal")]
     sync: Sync,
     /// Most addresses held at once; claims of new addresses beyond it are answered 503
-    /// [default: half this machine's memory at 48 bytes per address].
+    /// [default: half this machine's memory at 64 bytes per address]; names
+    /// are limited to a quarter of it.
     #[arg(long, value_name = "N")]
     max_claims: Option<u64>,
     /// Size at which a journal segment is closed and folded into a snapshot.

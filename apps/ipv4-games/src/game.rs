@@ -84,6 +84,9 @@ pub struct Game {
     pub started: Instant,
     /// Refreshed by the views thread once a second so /metrics never reads /proc on a worker.
     pub rss: AtomicU64,
+    /// `Land::bytes`, refreshed by the views thread every few seconds (it locks every block).
+    state_bytes: [AtomicU64; 3],
+    names_held: AtomicU64,
     /// Each worker's claims of the current turn.
     stages: Box<[CachePadded<Mutex<Vec<Staged>>>]>,
 }
@@ -124,6 +127,8 @@ impl Game {
             stats: parts.stats,
             started: Instant::now(),
             rss: AtomicU64::new(tern_services::metrics::rss_bytes()),
+            state_bytes: Default::default(),
+            names_held: AtomicU64::new(0),
             stages: (0..parts.workers)
                 .map(|_| CachePadded::new(Mutex::new(Vec::new())))
                 .collect(),
@@ -184,7 +189,38 @@ impl Game {
             "addresses held by a name",
             self.land.claimed() as f64,
         ));
+        for (part, bytes) in ["addresses", "counts", "names"]
+            .iter()
+            .zip(&self.state_bytes)
+        {
+            m.push(
+                Metric::gauge(
+                    "state_bytes",
+                    "memory the game's state holds, by part (allocations; refreshed every 10 s)",
+                    bytes.load(Ordering::Relaxed) as f64,
+                )
+                .with_label("part", *part),
+            );
+        }
+        m.push(Metric::gauge(
+            "names_held",
+            "names holding at least one address",
+            self.names_held.load(Ordering::Relaxed) as f64,
+        ));
         m
+    }
+
+    /// Measures the state's memory (for /metrics); locks every block once, briefly.
+    fn measure_state(&self) {
+        let used = self.land.bytes();
+        for (slot, v) in self
+            .state_bytes
+            .iter()
+            .zip([used.addresses, used.counts, used.names])
+        {
+            slot.store(v as u64, Ordering::Relaxed);
+        }
+        self.names_held.store(used.name_count, Ordering::Relaxed);
     }
 }
 
@@ -389,12 +425,17 @@ pub fn run_views(game: Arc<Game>, base: Duration, stop: tern_server::StopSignal)
     let mut short = views::Schedule::new(base);
     let mut long = views::Schedule::new(base * 3);
     let mut rss_at = Instant::now();
+    let mut state_at = Instant::now();
     let mut published: [Option<u64>; 5] = [None; 5];
     while !stop.is_stopped() {
         let now = Instant::now();
         if now >= rss_at {
             game.rss.store(metrics::rss_bytes(), Ordering::Relaxed);
             rss_at = now + Duration::from_secs(1);
+        }
+        if now >= state_at {
+            game.measure_state();
+            state_at = now + Duration::from_secs(10);
         }
         let (schedule, windows): (&mut views::Schedule, &[Window]) = if long.due(now) {
             (&mut long, &Window::ALL)

@@ -265,6 +265,17 @@ impl Land {
         self.claimed.load(Ordering::Relaxed)
     }
 
+    /// Whether `nick` holds an address.
+    pub fn knows(&self, nick: &str) -> bool {
+        lock(&self.names).find(nick).is_some()
+    }
+
+    /// Names holding at least one address.
+    pub fn names_held(&self) -> u64 {
+        let names = lock(&self.names);
+        (names.info.len() - names.free.len()) as u64
+    }
+
     /// Changes so far (see `version`).
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)

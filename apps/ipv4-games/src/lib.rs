@@ -48,8 +48,10 @@ pub struct GameConfig {
     pub site_dir: PathBuf,
     pub sync: SyncMode,
     /// Most addresses held at once; claims of new addresses beyond it get a 503, so memory
-    /// stays bounded (see `default_max_claims`).
+    /// stays bounded (see `default_max_claims`). Names are bounded to a quarter of it.
     pub max_claims: u64,
+    /// Most names holding addresses at once [default: a quarter of `max_claims`].
+    pub max_names: Option<u64>,
     /// A journal segment is closed past this size (then folded into a snapshot).
     pub segment_bytes: u64,
     /// Test hook for power-cut tests (`JournalOptions::sync_mark`).
@@ -69,6 +71,7 @@ impl GameConfig {
             site_dir: site_dir.into(),
             sync: SyncMode::Normal,
             max_claims: default_max_claims(),
+            max_names: None,
             segment_bytes: 64 << 20,
             sync_mark: None,
             test_sync_delay: Duration::ZERO,
@@ -79,13 +82,15 @@ impl GameConfig {
     }
 }
 
-/// Bytes of memory budgeted per held address: the address itself (about 15 B at 100 M),
-/// its share of names and counts, and room for the allocator.
-pub const BUDGET_PER_CLAIM: u64 = 48;
+/// Bytes of memory budgeted per held address: the address itself (15–30 B), and a quarter of
+/// a name at the name limit (about 130 B each: the string, its table slot, its latest
+/// claims), and room for the allocator.
+pub const BUDGET_PER_CLAIM: u64 = 64;
 
 /// Enough addresses to fill half of this machine's memory at `BUDGET_PER_CLAIM` (the rest
-/// for compaction, the page cache and everything else): a game that fills up answers 503,
-/// never gets the process killed for memory.
+/// for compaction, the page cache and everything else), names being limited to a quarter
+/// of the addresses: a game that fills up answers 503, never gets the process killed for
+/// memory.
 pub fn default_max_claims() -> u64 {
     let total = std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -129,6 +134,7 @@ pub fn mount(server: &mut Server, game: GameConfig) -> Result<Router, String> {
             sync: game.sync,
             segment_bytes: game.segment_bytes.max(4096),
             max_claims: game.max_claims,
+            max_names: game.max_names.unwrap_or((game.max_claims / 4).max(1)),
             sync_mark: game.sync_mark.clone(),
             test_sync_delay: game.test_sync_delay,
         },

@@ -893,6 +893,7 @@ fn at_max_claims_new_addresses_get_503_and_held_ones_still_change_hands() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = game_config(dir.path());
     config.max_claims = 2;
+    config.max_names = Some(10);
     let game = Game::start(config);
     assert_eq!(game.claim("198.51.100.1", "first").status, 200);
     assert_eq!(game.claim("198.51.100.2", "second").status, 200);
@@ -900,7 +901,7 @@ fn at_max_claims_new_addresses_get_503_and_held_ones_still_change_hands() {
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(
         r.text(),
-        "the game is full: no more new addresses can be claimed here\n"
+        "the game is full: no more new addresses or names can be claimed here\n"
     );
     assert_eq!(game.stat("claims_refused_full"), 1);
     // An address already held can still be taken over.

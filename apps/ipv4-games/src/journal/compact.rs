@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::Read;
 use std::path::Path;
 
 use super::frame::{self, Kind};
@@ -35,11 +35,9 @@ pub fn compact(dir: &Path, old: Option<u64>, upto: u64) -> Result<Compacted, Str
     for n in first..upto {
         let path = segment_path(dir, n);
         let mut bytes = Vec::new();
-        match File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)) {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-        }
+        File::open(&path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         segments += 1;
         let (frames, end) =
             frame::frames(&bytes, Kind::Journal).map_err(|d| format!("{} {d}", path.display()))?;

@@ -172,6 +172,20 @@ fn recover_with(dir: &Path, land: &Land, repair: bool) -> Result<Recovered, Stri
         .copied()
         .filter(|&s| s >= first_segment)
         .collect();
+    // Segments follow each other without a gap, from the one the snapshot stops at: a
+    // missing one would silently drop the claims it held.
+    let mut expected = first_segment;
+    for &n in &segments {
+        if n != expected {
+            return Err(format!(
+                "{} is missing (the journal in {} goes on at segment {n}); restore it from a \
+                 backup, or move the later segments aside to start without them",
+                segment_path(dir, expected).display(),
+                dir.display()
+            ));
+        }
+        expected += 1;
+    }
     let mut from_journal = 0;
     let mut cut = None;
     let mut length = frame::HEADER_LEN as u64;
@@ -335,6 +349,19 @@ mod tests {
             "{err}"
         );
         assert_eq!(err.lines().count(), 1);
+    }
+
+    #[test]
+    fn a_missing_segment_refuses_to_start() {
+        let dir = tempfile::tempdir().unwrap();
+        write_segment(dir.path(), 1, &[&[(1, "a", 10)]]);
+        write_segment(dir.path(), 3, &[&[(2, "b", 11)]]);
+        let err = recover(dir.path(), &Land::new()).unwrap_err();
+        assert!(err.contains("journal-0000000002.log is missing"), "{err}");
+        // A folder whose first segment is gone, with no snapshot to stand for it.
+        std::fs::remove_file(segment_path(dir.path(), 1)).unwrap();
+        let err = recover(dir.path(), &Land::new()).unwrap_err();
+        assert!(err.contains("journal-0000000001.log is missing"), "{err}");
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct JournalOptions {
     pub segment_bytes: u64,
     /// Most addresses held; claims of new addresses beyond it are answered 503.
     pub max_claims: u64,
+    /// Most names holding addresses; claims under a new name beyond it are answered 503
+    /// (each name costs far more memory than an address).
+    pub max_names: u64,
     /// Test hook for power-cut tests: after each sync, `segment length` of what is synced
     /// is written here, so a test can cut the journal back to it.
     pub sync_mark: Option<PathBuf>,
@@ -388,17 +391,26 @@ impl ClaimStore for JournalStore {
         w.outcomes.clear();
         let at = frame::begin_frame(&mut w.buf);
         let mut room = self.options.max_claims.saturating_sub(land.claimed());
+        let mut name_room = self.options.max_names.saturating_sub(land.names_held());
         for (i, c) in claims.iter().enumerate() {
             let earlier = w.overlay.get(&c.ip).map(|&j| {
                 let e = &claims[j];
                 (e.nick.as_str(), e.at)
             });
-            let outcome = match land.decide(c.ip, &c.nick, c.at, earlier) {
+            let decision = land.decide(c.ip, &c.nick, c.at, earlier);
+            // A name new in this turn counts once per claim here: at worst a few claims
+            // refused early at the limit.
+            let new_name = decision != Decision::Unchanged && !land.knows(&c.nick);
+            let outcome = match decision {
                 Decision::Unchanged => Outcome::Repeat,
                 Decision::New if room == 0 => Outcome::Full,
+                _ if new_name && name_room == 0 => Outcome::Full,
                 decision => {
                     if decision == Decision::New {
                         room -= 1;
+                    }
+                    if new_name {
+                        name_room -= 1;
                     }
                     Record {
                         ip: c.ip,
@@ -690,6 +702,7 @@ mod tests {
             sync,
             segment_bytes: 64 << 20,
             max_claims: u64::MAX,
+            max_names: u64::MAX,
             sync_mark: None,
             test_sync_delay: Duration::ZERO,
         }
@@ -710,6 +723,12 @@ mod tests {
         for (p, _) in answers.drain(..) {
             p.cancel();
         }
+        v
+    }
+
+    /// Answers come refusals first: compare them as a multiset.
+    fn sorted(mut v: Vec<u16>) -> Vec<u16> {
+        v.sort_unstable();
         v
     }
 
@@ -808,6 +827,39 @@ mod tests {
         assert_eq!(land.claimed(), 2);
         assert_eq!(land.holder(1), Some(("d".into(), 10)));
         assert_eq!(land.holder(3), None);
+    }
+
+    #[test]
+    fn at_the_name_limit_only_held_names_may_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let land = Land::new();
+        let mut o = options(dir.path(), SyncMode::Normal);
+        o.max_names = 2;
+        let store = JournalStore::open(o, &land).unwrap();
+        let replies = TestReplies::new();
+        let mut answers = Vec::new();
+        let mut claims = vec![
+            staged(&replies, 1, 1, "a", 10),
+            staged(&replies, 2, 2, "b", 10),
+            staged(&replies, 3, 3, "c", 10),
+        ];
+        store.commit(&land, &mut claims, &mut answers);
+        assert_eq!(sorted(statuses(&mut answers)), [200, 200, 503]);
+        // Known names go on claiming, new addresses included.
+        let mut claims = vec![staged(&replies, 4, 4, "a", 10)];
+        store.commit(&land, &mut claims, &mut answers);
+        assert_eq!(statuses(&mut answers), [200]);
+        // Once "b" holds nothing, its place is free for a new name.
+        let mut claims = vec![
+            staged(&replies, 5, 2, "a", 11),
+            staged(&replies, 6, 5, "c", 11),
+        ];
+        store.commit(&land, &mut claims, &mut answers);
+        assert_eq!(sorted(statuses(&mut answers)), [200, 503]);
+        let mut claims = vec![staged(&replies, 7, 5, "c", 12)];
+        store.commit(&land, &mut claims, &mut answers);
+        assert_eq!(statuses(&mut answers), [200]);
+        assert_eq!(land.names_held(), 2);
     }
 
     #[test]

@@ -42,7 +42,8 @@ pub enum Refusal {
     WriteFailed,
     /// A sync failed: claims stop until an operator restarts tern.
     Stopped,
-    /// The configured most addresses are held; only held addresses can change hands.
+    /// The configured most addresses (or names) are held; only held addresses can change
+    /// hands, between names that hold some.
     Full,
 }
 
@@ -69,7 +70,7 @@ pub fn refusal(why: Refusal) -> Response {
         .with_header("Retry-After", "60"),
         Refusal::Full => Response::text(
             503,
-            "the game is full: no more new addresses can be claimed here\n",
+            "the game is full: no more new addresses or names can be claimed here\n",
         ),
     }
 }
