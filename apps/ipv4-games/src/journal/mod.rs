@@ -174,8 +174,7 @@ fn recover_with(dir: &Path, land: &Land, repair: bool) -> Result<Recovered, Stri
         .collect();
     // Segments follow each other without a gap, from the one the snapshot stops at: a
     // missing one would silently drop the claims it held.
-    let mut expected = first_segment;
-    for &n in &segments {
+    for (expected, &n) in (first_segment..).zip(&segments) {
         if n != expected {
             return Err(format!(
                 "{} is missing (the journal in {} goes on at segment {n}); restore it from a \
@@ -184,7 +183,6 @@ fn recover_with(dir: &Path, land: &Land, repair: bool) -> Result<Recovered, Stri
                 dir.display()
             ));
         }
-        expected += 1;
     }
     let mut from_journal = 0;
     let mut cut = None;
