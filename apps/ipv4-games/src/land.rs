@@ -479,26 +479,36 @@ impl Land {
         }
     }
 
-    /// Every held address with its holder's name and time, one /16 at a time (each block is
-    /// locked while it is read, so a scan never holds up claims for long). A name id freed
-    /// and reused between two blocks of one scan may be reported under its new name: a
-    /// board rebuilt every few seconds tolerates that.
-    pub fn scan(&self, mut f: impl FnMut(u32, &str, u64)) {
+    /// Every held address with its holder's name id and time, /16 by /16 in address order
+    /// (so each /8 comes whole), each block locked only while it is read: a scan never holds
+    /// up claims for long. Ids are resolved afterwards with `names_of`; an id freed and
+    /// reused meanwhile resolves to its new name, which a board rebuilt every few seconds
+    /// tolerates.
+    pub fn scan_ids(&self, mut f: impl FnMut(u32, u32, u64)) {
         for (hi, block) in self.blocks.iter().enumerate() {
             let block = lock(block);
-            if block.len() == 0 {
-                continue;
-            }
-            let names = lock(&self.names);
             block.for_each(|low, held| {
-                let ip = (hi as u32) << 16 | low as u32;
                 f(
-                    ip,
-                    &names.info[held.name() as usize].name,
+                    (hi as u32) << 16 | low as u32,
+                    held.name(),
                     held.created() as u64,
                 );
             });
         }
+    }
+
+    /// The names of `ids` (empty for an id no longer in use).
+    pub fn names_of(&self, ids: &[u32]) -> Vec<String> {
+        let names = lock(&self.names);
+        ids.iter()
+            .map(|&id| {
+                names
+                    .info
+                    .get(id as usize)
+                    .map(|i| i.name.to_string())
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     /// Every held address in address order (snapshots, exports), one /16 at a time.
