@@ -104,13 +104,6 @@ impl Block {
         }
     }
 
-    fn len(&self) -> usize {
-        match self {
-            Block::Sparse(m) => m.len(),
-            Block::Dense(_, len) => *len,
-        }
-    }
-
     fn bytes(&self) -> usize {
         match self {
             Block::Sparse(m) => m.allocation_size(),

@@ -160,6 +160,8 @@ impl Tally {
         }
     }
 
+    /// Counts one address by name (tests: `fill` counts by id).
+    #[cfg(test)]
     pub fn add(&mut self, ip: u32, nick: &str, created: u64) {
         let id = match self.names.get(nick) {
             Some(&id) => id,
