@@ -530,113 +530,46 @@ impl ClaimStore for JournalStore {
     fn metrics(&self, out: &mut Vec<Metric>) {
         let s = &self.stats;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        out.extend([
-            Metric::counter(
-                "claims_saved",
-                "claims answered 200 once durable (--sync full: once synced)",
-                get(&s.saved),
-            ),
-            Metric::counter(
-                "journal_writes",
-                "journal writes (one per worker turn with changed claims)",
-                get(&s.writes),
-            ),
-            Metric::counter(
-                "journal_written_bytes",
-                "bytes appended to the journal",
-                get(&s.written_bytes),
-            ),
-            Metric::counter(
-                "claims_changed",
-                "claims that changed an address's holder or time (written)",
-                get(&s.changes),
-            ),
-            Metric::counter(
-                "claims_unchanged",
-                "claims that repeated the holder's claim within the hour (nothing written)",
-                get(&s.repeats),
-            ),
-            Metric::counter(
-                "journal_write_errors",
-                "journal writes that failed (their turn answered 503)",
-                get(&s.write_errors),
-            ),
-            Metric::counter(
-                "claims_refused_full",
-                "claims of new addresses refused at --max-claims",
-                get(&s.refused_full),
-            ),
-            Metric::counter(
-                "claims_refused_stopped",
-                "claims refused after a failed sync",
-                get(&s.refused_stopped),
-            ),
-            Metric::counter(
-                "journal_syncs",
-                "fdatasync calls of the journal (--sync full)",
-                get(&s.syncs),
-            ),
-            Metric::gauge(
-                "journal_sync_seconds_total",
-                "time spent in the journal's fdatasync calls",
-                get(&s.sync_nanos) as f64 / 1e9,
-            ),
-            Metric::gauge(
-                "journal_sync_seconds_max",
-                "the longest journal fdatasync",
-                get(&s.sync_max_nanos) as f64 / 1e9,
-            ),
-            Metric::counter(
-                "journal_sync_errors",
-                "failed fdatasync calls (claims stop)",
-                get(&s.sync_errors),
-            ),
-            Metric::gauge(
-                "claims_stopped",
-                "1 once a failed sync stopped claims (until restart)",
-                self.stopped.load(Ordering::Relaxed) as u8 as f64,
-            ),
-            Metric::counter(
-                "compactions",
-                "snapshots written by compaction",
-                get(&s.compactions),
-            ),
-            Metric::counter(
-                "compaction_errors",
-                "compactions that failed",
-                get(&s.compaction_errors),
-            ),
-            Metric::gauge(
-                "compaction_seconds_total",
-                "time spent compacting",
-                get(&s.compaction_nanos) as f64 / 1e9,
-            ),
-            Metric::gauge(
-                "snapshot_bytes",
-                "size of the newest snapshot",
-                get(&s.snapshot_bytes) as f64,
-            ),
-            Metric::gauge(
-                "journal_bytes",
-                "bytes of journal segments not yet folded into a snapshot",
-                get(&s.journal_bytes) as f64,
-            ),
-            Metric::gauge(
-                "journal_segment",
-                "number of the journal segment being written",
-                self.current.load(Ordering::Relaxed) as f64,
-            ),
-            Metric::gauge(
-                "recovered_claims",
-                "claims read back at start-up",
-                get(&s.recovered) as f64,
-            ),
-            Metric::gauge(
-                "recovery_seconds",
-                "time the start-up recovery took",
-                get(&s.recovery_nanos) as f64 / 1e9,
-            ),
-        ]);
+        let seconds = |a: &AtomicU64| get(a) as f64 / 1e9;
+        // A table, one metric per line.
+        #[rustfmt::skip]
+        let counters = [
+            ("claims_saved", "claims answered 200 once durable (--sync full: once synced)", get(&s.saved)),
+            ("journal_writes", "journal writes (one per worker turn with changed claims)", get(&s.writes)),
+            ("journal_written_bytes", "bytes appended to the journal", get(&s.written_bytes)),
+            ("claims_changed", "claims that changed an address's holder or time (written)", get(&s.changes)),
+            ("claims_unchanged", "claims repeating the holder's claim within the hour (not written)", get(&s.repeats)),
+            ("journal_write_errors", "journal writes that failed (their turn answered 503)", get(&s.write_errors)),
+            ("claims_refused_full", "claims refused at --max-claims (or the name limit)", get(&s.refused_full)),
+            ("claims_refused_stopped", "claims refused after a failed sync", get(&s.refused_stopped)),
+            ("journal_syncs", "fdatasync calls of the journal (--sync full)", get(&s.syncs)),
+            ("journal_sync_errors", "failed fdatasync calls (claims stop)", get(&s.sync_errors)),
+            ("compactions", "snapshots written by compaction", get(&s.compactions)),
+            ("compaction_errors", "compactions that failed", get(&s.compaction_errors)),
+        ];
+        #[rustfmt::skip]
+        let seconds_counters = [
+            ("journal_sync_seconds_total", "time spent in the journal's fdatasync calls", seconds(&s.sync_nanos)),
+            ("compaction_seconds_total", "time spent compacting", seconds(&s.compaction_nanos)),
+        ];
+        let stopped = self.stopped.load(Ordering::Relaxed) as u8 as f64;
+        let segment = self.current.load(Ordering::Relaxed) as f64;
+        #[rustfmt::skip]
+        let gauges = [
+            ("journal_sync_seconds_max", "the longest journal fdatasync", seconds(&s.sync_max_nanos)),
+            ("claims_stopped", "1 once a failed sync stopped claims (until restart)", stopped),
+            ("snapshot_bytes", "size of the newest snapshot", get(&s.snapshot_bytes) as f64),
+            ("journal_bytes", "bytes of journal segments not yet folded into a snapshot", get(&s.journal_bytes) as f64),
+            ("journal_segment", "number of the journal segment being written", segment),
+            ("recovered_claims", "claims read back at start-up", get(&s.recovered) as f64),
+            ("recovery_seconds", "time the start-up recovery took", seconds(&s.recovery_nanos)),
+        ];
+        out.extend(counters.map(|(name, help, v)| Metric::counter(name, help, v)));
+        out.extend(seconds_counters.map(|(name, help, v)| Metric {
+            kind: tern_services::metrics::MetricKind::Counter,
+            ..Metric::gauge(name, help, v)
+        }));
+        out.extend(gauges.map(|(name, help, v)| Metric::gauge(name, help, v)));
     }
 }
 
@@ -708,6 +641,19 @@ mod tests {
         }
     }
 
+    /// A fresh data folder and a store on it (`tweak` adjusts the options first).
+    fn fresh(
+        sync: SyncMode,
+        tweak: impl FnOnce(&mut JournalOptions),
+    ) -> (tempfile::TempDir, Land, JournalStore, TestReplies) {
+        let dir = tempfile::tempdir().unwrap();
+        let land = Land::new();
+        let mut o = options(dir.path(), sync);
+        tweak(&mut o);
+        let store = JournalStore::open(o, &land).unwrap();
+        (dir, land, store, TestReplies::new())
+    }
+
     fn staged(replies: &TestReplies, seq: u32, ip: u32, nick: &str, at: u64) -> Staged {
         Staged {
             ip,
@@ -724,6 +670,17 @@ mod tests {
             p.cancel();
         }
         v
+    }
+
+    /// (seq, status) of the replies the syncer completed, waiting up to 5 s for the first.
+    fn completed(replies: &TestReplies) -> Vec<(u32, u16)> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut done = Vec::new();
+        while done.is_empty() && Instant::now() < deadline {
+            done = replies.completed();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        done.iter().map(|(seq, r)| (*seq, r.status)).collect()
     }
 
     /// Answers come refusals first: compare them as a multiset.
@@ -749,10 +706,7 @@ mod tests {
 
     #[test]
     fn a_turn_is_one_write_and_is_answered_in_the_turn() {
-        let dir = tempfile::tempdir().unwrap();
-        let land = Land::new();
-        let store = JournalStore::open(options(dir.path(), SyncMode::Normal), &land).unwrap();
-        let replies = TestReplies::new();
+        let (dir, land, store, replies) = fresh(SyncMode::Normal, |_| {});
         let mut claims = vec![
             staged(&replies, 1, 10, "ann", 1000),
             staged(&replies, 2, 10, "ann", 1001), // repeats the first: nothing to write
@@ -787,12 +741,7 @@ mod tests {
 
     #[test]
     fn at_the_limit_only_new_addresses_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let land = Land::new();
-        let mut o = options(dir.path(), SyncMode::Normal);
-        o.max_claims = 2;
-        let store = JournalStore::open(o, &land).unwrap();
-        let replies = TestReplies::new();
+        let (_dir, land, store, replies) = fresh(SyncMode::Normal, |o| o.max_claims = 2);
         let mut claims = vec![
             staged(&replies, 1, 1, "a", 10),
             staged(&replies, 2, 2, "b", 10),
@@ -831,12 +780,7 @@ mod tests {
 
     #[test]
     fn at_the_name_limit_only_held_names_may_claim() {
-        let dir = tempfile::tempdir().unwrap();
-        let land = Land::new();
-        let mut o = options(dir.path(), SyncMode::Normal);
-        o.max_names = 2;
-        let store = JournalStore::open(o, &land).unwrap();
-        let replies = TestReplies::new();
+        let (_dir, land, store, replies) = fresh(SyncMode::Normal, |o| o.max_names = 2);
         let mut answers = Vec::new();
         let mut claims = vec![
             staged(&replies, 1, 1, "a", 10),
@@ -864,9 +808,7 @@ mod tests {
 
     #[test]
     fn a_write_that_cannot_be_undone_stops_claims_and_changes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let land = Land::new();
-        let store = JournalStore::open(options(dir.path(), SyncMode::Normal), &land).unwrap();
+        let (_dir, land, store, replies) = fresh(SyncMode::Normal, |_| {});
         // /dev/full: every write fails with ENOSPC, and so does cutting it back.
         lock(&store.writer).file = Arc::new(
             OpenOptions::new()
@@ -875,7 +817,6 @@ mod tests {
                 .open("/dev/full")
                 .unwrap(),
         );
-        let replies = TestReplies::new();
         let mut answers = Vec::new();
         store.commit(
             &land,
@@ -917,16 +858,7 @@ mod tests {
             let (store, stop) = (store.clone(), stop.clone());
             std::thread::spawn(move || store.run_syncer(stop))
         };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut done = Vec::new();
-        while done.is_empty() && Instant::now() < deadline {
-            done = replies.completed();
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(
-            done.iter().map(|d| (d.0, d.1.status)).collect::<Vec<_>>(),
-            [(1, 200)]
-        );
+        assert_eq!(completed(&replies), [(1, 200)]);
         assert!(store.stats.syncs.load(Ordering::Relaxed) >= 1);
         let length = std::fs::metadata(journal::segment_path(dir.path(), 1))
             .unwrap()
@@ -957,16 +889,7 @@ mod tests {
             &mut vec![staged(&replies, 3, 6, "y", 3)],
             &mut answers,
         );
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut done = Vec::new();
-        while done.is_empty() && Instant::now() < deadline {
-            done = replies.completed();
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(
-            done.iter().map(|d| (d.0, d.1.status)).collect::<Vec<_>>(),
-            [(3, 503)]
-        );
+        assert_eq!(completed(&replies), [(3, 503)]);
         assert!(store.stopped.load(Ordering::Relaxed));
         store.commit(
             &land,
