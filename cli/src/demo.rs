@@ -54,7 +54,16 @@ pub struct DemoArgs {
     /// The game's pages [default: the pages in the source tree].
     #[arg(long, value_name = "DIR")]
     site: Option<PathBuf>,
-    /// How durable a claim is before it is answered.
+    /// Save claims in PostgreSQL instead of the journal in --data: several tern nodes
+    /// given the same database play one game (e.g. postgres://tern@db.example/games).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// Check the store and exit: for PostgreSQL, connect and set up or check the schema;
+    /// for the journal, read the data folder back.
+    #[arg(long)]
+    check: bool,
+    /// How durable a claim is before it is answered (the journal; with --store, PostgreSQL's
+    /// synchronous_commit decides).
     #[arg(long, value_enum, default_value = "normal")]
     sync: Sync,
     /// Most addresses held at once; claims of new addresses beyond it are answered 503
@@ -105,6 +114,19 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         println!("tern: exported {n} claims to {}", to.display());
         return Ok(());
     }
+    if args.check {
+        let line = match &args.store {
+            Some(url) => tern_ipv4_games::store::postgres::check(url)?,
+            None => tern_ipv4_games::check_data(&args.data)?,
+        };
+        println!("tern: {line}");
+        return Ok(());
+    }
+    if let Some(url) = &args.store {
+        if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+            return Err(format!("--store: {url:?} is not a postgres:// URL"));
+        }
+    }
     if args.batch_max.is_some() || args.queue.is_some() {
         tracing::warn!(
             "--batch-max and --queue no longer do anything: claims are saved once per worker turn"
@@ -132,6 +154,7 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         .test_segment_bytes
         .unwrap_or(args.segment_mib.max(1) << 20);
     game.sync_mark = args.test_sync_mark.clone();
+    game.store = args.store.clone();
     game.test_sync_delay = std::time::Duration::from_millis(args.test_sync_delay_ms.unwrap_or(0));
     game.proxies = proxies;
     game.rate_limit = RateLimitConfig {
@@ -172,6 +195,18 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
     };
     if let Some(plan) = &plan {
         needs.add_tls(&plan.options);
+    }
+    if let Some(url) = &args.store {
+        // The store's threads reconnect after a lost connection, inside the sandbox.
+        let (ports, folders) = tern_ipv4_games::store::postgres::endpoints(url)?;
+        for port in ports {
+            needs.connect_to(&tern_server::UpstreamAddr::Tcp(std::net::SocketAddr::from(
+                ([127, 0, 0, 1], port),
+            )));
+        }
+        for folder in folders {
+            needs.connect_to(&tern_server::UpstreamAddr::Unix(folder.join(".s.PGSQL")));
+        }
     }
     let access_log = match &args.common.access_log {
         Some(path) => {

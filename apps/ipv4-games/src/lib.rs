@@ -19,6 +19,7 @@ mod game;
 pub mod journal;
 pub mod land;
 mod name;
+pub mod pg_cluster;
 mod player;
 pub mod sqlite;
 pub mod store;
@@ -58,6 +59,9 @@ pub struct GameConfig {
     pub sync_mark: Option<PathBuf>,
     /// Test hook: a wait before each sync (`JournalOptions::test_sync_delay`).
     pub test_sync_delay: Duration,
+    /// `Some("postgres://…")`: claims are saved in PostgreSQL (several nodes may share it)
+    /// instead of the journal in `data_dir`.
+    pub store: Option<String>,
     pub proxies: TrustedProxies,
     pub rate_limit: RateLimitConfig,
     /// How often the short score windows are rebuilt (long ones: three times this).
@@ -75,6 +79,7 @@ impl GameConfig {
             segment_bytes: 64 << 20,
             sync_mark: None,
             test_sync_delay: Duration::ZERO,
+            store: None,
             proxies: TrustedProxies::default(),
             rate_limit: RateLimitConfig::default(),
             score_interval: Duration::from_secs(2),
@@ -128,18 +133,29 @@ pub fn mount(server: &mut Server, game: GameConfig) -> Result<Router, String> {
     let site = StaticFiles::new(StaticOptions::new(&game.site_dir))
         .map_err(|e| format!("cannot serve {}: {e}", game.site_dir.display()))?;
     let land = Arc::new(land::Land::new());
-    let store = Arc::new(store::journal::JournalStore::open(
-        store::journal::JournalOptions {
-            dir: game.data_dir.clone(),
-            sync: game.sync,
-            segment_bytes: game.segment_bytes.max(4096),
-            max_claims: game.max_claims,
-            max_names: game.max_names.unwrap_or((game.max_claims / 4).max(1)),
-            sync_mark: game.sync_mark.clone(),
-            test_sync_delay: game.test_sync_delay,
-        },
-        &land,
-    )?);
+    let store: Arc<dyn store::ClaimStore> = match &game.store {
+        Some(url) => Arc::new(store::postgres::PgStore::open(
+            store::postgres::PgOptions {
+                url: url.clone(),
+                queue: 4096,
+                poll: Duration::from_millis(25),
+                max_claims: game.max_claims,
+            },
+            &land,
+        )?),
+        None => Arc::new(store::journal::JournalStore::open(
+            store::journal::JournalOptions {
+                dir: game.data_dir.clone(),
+                sync: game.sync,
+                segment_bytes: game.segment_bytes.max(4096),
+                max_claims: game.max_claims,
+                max_names: game.max_names.unwrap_or((game.max_claims / 4).max(1)),
+                sync_mark: game.sync_mark.clone(),
+                test_sync_delay: game.test_sync_delay,
+            },
+            &land,
+        )?),
+    };
     let workers = server.config().runtime.workers.max(1);
     let (lookups, lookups_rx) = handoff(256);
     let state = Arc::new(game::Game::new(
@@ -156,7 +172,7 @@ pub fn mount(server: &mut Server, game: GameConfig) -> Result<Router, String> {
     ));
     let routes = game::routes(state.clone(), Router::new().fallback(site));
     server.on_turn_end(Arc::new(game::ClaimTurns(state.clone())));
-    store::ClaimStore::start(store, server, land);
+    store.start(server, land);
     let s = state.clone();
     let interval = game.score_interval;
     server.background("score-views", move |stop| {
@@ -166,6 +182,27 @@ pub fn mount(server: &mut Server, game: GameConfig) -> Result<Router, String> {
         player::run(lookups_rx, state, stop)
     });
     Ok(routes)
+}
+
+/// `tern demo --check` on a journal: reads the data folder back without changing it and says
+/// what it holds.
+pub fn check_data(data_dir: &std::path::Path) -> Result<String, String> {
+    let land = land::Land::new();
+    let r = journal::recover_read_only(data_dir, &land)?;
+    Ok(format!(
+        "{}: {} claimed addresses ({} from the snapshot, {} journal records after it){}",
+        data_dir.display(),
+        land.claimed(),
+        r.from_snapshot,
+        r.from_journal,
+        match &r.cut {
+            Some((path, from, to)) => format!(
+                "; {} ends in a torn write ({from} -> {to} bytes), cut at the next start",
+                path.display()
+            ),
+            None => String::new(),
+        }
+    ))
 }
 
 /// Writes the claims of `data_dir` into a new SQLite database `to` (see `sqlite::export`).

@@ -4,9 +4,11 @@
 //! answers every claim, now or (after a sync, a database commit) later. A claim is answered
 //! 200 only once its change, or the change it repeats, is durable.
 //!
-//! Today's store is the journal (`journal::JournalStore`); PostgreSQL plugs in here next.
+//! Two stores: the journal (`journal::JournalStore`, one machine) and PostgreSQL
+//! (`postgres::PgStore`, several nodes on one database).
 
 pub mod journal;
+pub mod postgres;
 
 use std::sync::Arc;
 

@@ -1,0 +1,211 @@
+//! A throwaway PostgreSQL cluster for tests: `initdb` into a temporary folder, `pg_ctl start`
+//! on a free loopback port, stopped (`-m immediate`) and removed on drop. Uses the server
+//! binaries of Debian's `postgresql` package (`/usr/lib/postgresql/*/bin`, installed by
+//! `scripts/install-pg-test-deps`). PostgreSQL refuses to run as root, so as root the
+//! cluster runs as the `postgres` user (`runuser`).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub struct PgCluster {
+    dir: PathBuf,
+    bin: PathBuf,
+    port: u16,
+    as_postgres: bool,
+}
+
+/// The newest `/usr/lib/postgresql/N/bin`, if PostgreSQL is installed.
+pub fn server_binaries() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin)
+}
+
+impl PgCluster {
+    /// Starts a fresh cluster; `extra` are `-c name=value` settings.
+    pub fn start(extra: &[&str]) -> Result<PgCluster, String> {
+        let bin = server_binaries()
+            .ok_or("PostgreSQL is not installed (run scripts/install-pg-test-deps)".to_string())?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let as_postgres = unsafe { libc::geteuid() } == 0;
+        let dir = std::env::temp_dir().join(format!(
+            "tern-pg-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let cluster = PgCluster {
+            dir,
+            bin,
+            port,
+            as_postgres,
+        };
+        if as_postgres {
+            run(Command::new("chown").arg("postgres:").arg(&cluster.dir))?;
+        }
+        let db = cluster.dir.join("db");
+        cluster.pg(
+            "initdb",
+            &[
+                "-D",
+                path(&db),
+                "-U",
+                "tern",
+                "-A",
+                "trust",
+                "-N",
+                "-E",
+                "UTF8",
+            ],
+        )?;
+        let mut options = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync=off -c full_page_writes=off",
+            cluster.dir.display()
+        );
+        for e in extra {
+            options.push_str(" -c ");
+            options.push_str(e);
+        }
+        cluster.pg(
+            "pg_ctl",
+            &[
+                "-D",
+                path(&db),
+                "-l",
+                path(&cluster.dir.join("log")),
+                "-w",
+                "-o",
+                &options,
+                "start",
+            ],
+        )?;
+        Ok(cluster)
+    }
+
+    fn pg(&self, tool: &str, args: &[&str]) -> Result<Output, String> {
+        let exe = self.bin.join(tool);
+        let mut cmd = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(exe);
+            c
+        } else {
+            Command::new(exe)
+        };
+        cmd.args(args).current_dir(&self.dir);
+        run(&mut cmd)
+    }
+
+    /// `postgres://tern@127.0.0.1:PORT/DB`.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://tern@127.0.0.1:{}/{db}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Creates database `name` (through `psql`).
+    pub fn create_database(&self, name: &str) -> Result<(), String> {
+        self.pg(
+            "psql",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "tern",
+                "-d",
+                "postgres",
+                "-c",
+                &format!("CREATE DATABASE \"{name}\""),
+            ],
+        )
+        .map(|_| ())
+    }
+
+    /// `pg_ctl restart -m immediate`: a crash and restart of the database.
+    pub fn restart_immediate(&self) -> Result<(), String> {
+        let db = self.dir.join("db");
+        self.pg(
+            "pg_ctl",
+            &["-D", path(&db), "-m", "immediate", "-w", "restart"],
+        )
+        .map(|_| ())
+    }
+
+    /// `pg_ctl stop -m immediate`.
+    pub fn stop(&self) -> Result<(), String> {
+        let db = self.dir.join("db");
+        self.pg(
+            "pg_ctl",
+            &["-D", path(&db), "-m", "immediate", "-w", "stop"],
+        )
+        .map(|_| ())
+    }
+
+    /// `pg_ctl start` again after `stop`.
+    pub fn start_again(&self) -> Result<(), String> {
+        let db = self.dir.join("db");
+        let options = format!(
+            "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off -c full_page_writes=off",
+            self.port,
+            self.dir.display()
+        );
+        self.pg(
+            "pg_ctl",
+            &[
+                "-D",
+                path(&db),
+                "-l",
+                path(&self.dir.join("log")),
+                "-w",
+                "-o",
+                &options,
+                "start",
+            ],
+        )
+        .map(|_| ())
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let _ = self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("temporary paths are UTF-8")
+}
+
+fn run(cmd: &mut Command) -> Result<Output, String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(out)
+}

@@ -1,0 +1,342 @@
+//! The IPv4 Games on PostgreSQL (`tern demo --store postgres://…`), end to end: real `tern demo`
+//! nodes on a throwaway cluster (`tern_ipv4_games::pg_cluster`, Debian's PostgreSQL binaries,
+//! installed by scripts/install-pg-test-deps). Several nodes play one game; an acknowledged
+//! claim is in the database whatever is killed; the database going away gives 503s, not hangs.
+
+mod support;
+
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::{demo_command, Client, Tern};
+use tern_ipv4_games::pg_cluster::PgCluster;
+
+/// The tests here measure delays and load a database each: one at a time, so that one's
+/// load is not another's delay.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn cluster() -> PgCluster {
+    PgCluster::start(&[]).unwrap_or_else(|e| panic!("a PostgreSQL cluster for the test: {e}"))
+}
+
+/// `tern demo --store URL` on an ephemeral port, X-Forwarded-For believed from loopback.
+fn node(url: &str) -> Tern {
+    let data = tempfile::tempdir().unwrap().keep();
+    Tern::spawn(demo_command(
+        &data,
+        &["--listen", "127.0.0.1:0"],
+        &[
+            "--store",
+            url,
+            "--trusted-proxies",
+            "127.0.0.1",
+            "--rate-exempt",
+            "0.0.0.0/0",
+        ],
+    ))
+}
+
+fn claim(tern: &Tern, ip: &str, name: &str) -> (u16, String) {
+    let r = tern.get_with(
+        &format!("/claim/{name}"),
+        &[("X-Forwarded-For", ip), ("Accept", "text/plain")],
+    );
+    (r.status, r.text())
+}
+
+/// `total` of the player page of `name` on `tern`.
+fn holdings(tern: &Tern, name: &str) -> u64 {
+    let v: serde_json::Value =
+        serde_json::from_str(&tern.get(&format!("/player/{name}")).text()).unwrap();
+    v["total"].as_u64().unwrap()
+}
+
+fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Who holds each address in the database.
+fn owners(url: &str) -> std::collections::HashMap<u32, String> {
+    let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    c.query("SELECT ip, nick FROM land", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, i64>(0) as u32, r.get(1)))
+        .collect()
+}
+
+#[test]
+fn two_nodes_play_one_game() {
+    let _one_at_a_time = serial();
+    let pg = cluster();
+    let url = pg.url("postgres");
+    let a = node(&url);
+    let b = node(&url);
+    // Each node sees the other's claims: measure how long that takes.
+    let mut delays = Vec::new();
+    for i in 0..40u32 {
+        let (from, to) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let ip = Ipv4Addr::new(10, 1, (i / 256) as u8, i as u8).to_string();
+        let name = format!("p{i}");
+        assert_eq!(claim(from, &ip, &name).0, 200);
+        let t = Instant::now();
+        assert!(
+            eventually(Duration::from_secs(2), || to
+                .get("/recent")
+                .text()
+                .contains(&format!("\"name\":\"{name}\""))),
+            "{name} never reached the other node's /recent"
+        );
+        delays.push(t.elapsed());
+    }
+    delays.sort();
+    let p99 = delays[delays.len() * 99 / 100];
+    println!(
+        "a claim reached the other node's /recent in p50 {:?}, max {:?}",
+        delays[delays.len() / 2],
+        delays[delays.len() - 1]
+    );
+    assert!(p99 < Duration::from_secs(1), "p99 {p99:?}");
+
+    // The same address claimed on both nodes at once, again and again: one owner, the
+    // same on both nodes and in the database.
+    for round in 0..30 {
+        let ip = format!("10.2.0.{round}");
+        let (ip2, ip3) = (ip.clone(), ip.clone());
+        let (addr_a, addr_b) = (a.addr(), b.addr());
+        let ta = std::thread::spawn(move || {
+            let mut c = Client::connect(addr_a);
+            c.get(&format!("/claim/a{round}"), &[("X-Forwarded-For", &ip2)])
+                .status
+        });
+        let tb = std::thread::spawn(move || {
+            let mut c = Client::connect(addr_b);
+            c.get(&format!("/claim/b{round}"), &[("X-Forwarded-For", &ip3)])
+                .status
+        });
+        assert_eq!((ta.join().unwrap(), tb.join().unwrap()), (200, 200));
+        let ipn = u32::from(ip.parse::<Ipv4Addr>().unwrap());
+        let owner = owners(&url)[&ipn].clone();
+        let loser = if owner.starts_with('a') {
+            format!("b{round}")
+        } else {
+            format!("a{round}")
+        };
+        for n in [&a, &b] {
+            assert!(
+                eventually(Duration::from_secs(10), || holdings(n, &owner) == 1
+                    && holdings(n, &loser) == 0),
+                "round {round}: a node disagrees with the database ({owner} holds {ip}): \
+                 {owner} {} {loser} {}; log: {:?}",
+                holdings(n, &owner),
+                holdings(n, &loser),
+                postgres::Client::connect(&url, postgres::NoTls)
+                    .unwrap()
+                    .query(
+                        "SELECT xid::text, id, nick FROM claim_log WHERE ip = $1",
+                        &[&(ipn as i64)]
+                    )
+                    .unwrap()
+                    .iter()
+                    .map(|r| (
+                        r.get::<_, String>(0),
+                        r.get::<_, i64>(1),
+                        r.get::<_, String>(2)
+                    ))
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+    // A node that starts later loads everything.
+    let c = node(&url);
+    assert_eq!(holdings(&c, "p39"), 1);
+    let statusz = c.get("/statusz").text();
+    assert!(statusz.contains("recovered_claims: 70"), "{statusz}");
+}
+
+/// Claims from `threads` keep-alive clients (each its own fresh addresses) until `stop`;
+/// returns (answered 200, answered 503) as (address, name) lists and a count.
+fn load(
+    tern: &Tern,
+    threads: u32,
+    prefix: u8,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<(u32, String)>, usize)> {
+    let addr = tern.addr();
+    std::thread::spawn(move || {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut acked = Vec::new();
+                    let mut refused = 0;
+                    let mut c = Client::connect(addr);
+                    for i in 0u32.. {
+                        if stop.load(Ordering::Acquire) {
+                            break;
+                        }
+                        let ip = Ipv4Addr::new(prefix, t as u8, (i >> 8) as u8, i as u8);
+                        let name = format!("t{t}n{i}");
+                        let req = support::request_bytes(
+                            "GET",
+                            &format!("/claim/{name}"),
+                            &[
+                                ("X-Forwarded-For", &ip.to_string()),
+                                ("Accept", "text/plain"),
+                            ],
+                        );
+                        if c.stream.write_all(&req).is_err() {
+                            break;
+                        }
+                        match c.try_read_response(false) {
+                            Ok(r) if r.status == 200 => acked.push((u32::from(ip), name)),
+                            Ok(r) if r.status == 503 => {
+                                // As a client that honours Retry-After would, only sooner.
+                                refused += 1;
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            Ok(r) => panic!("status {}: {}", r.status, r.text()),
+                            Err(_) => break,
+                        }
+                    }
+                    (acked, refused)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        let mut refused = 0;
+        for w in workers {
+            let (a, r) = w.join().unwrap();
+            all.extend(a);
+            refused += r;
+        }
+        (all, refused)
+    })
+}
+
+fn missing(url: &str, acked: &[(u32, String)]) -> usize {
+    let held = owners(url);
+    acked
+        .iter()
+        .filter(|(ip, name)| held.get(ip) != Some(name))
+        .count()
+}
+
+#[test]
+fn a_killed_node_and_a_restarted_database_lose_no_acknowledged_claim() {
+    let _one_at_a_time = serial();
+    let pg = cluster();
+    let url = pg.url("postgres");
+    // SIGKILL a node under load.
+    let mut a = node(&url);
+    let stop = Arc::new(AtomicBool::new(false));
+    let running = load(&a, 8, 20, stop.clone());
+    std::thread::sleep(Duration::from_millis(1500));
+    a.signal(libc::SIGKILL);
+    a.wait_exit(Duration::from_secs(5)).expect("killed");
+    stop.store(true, Ordering::Release);
+    let (acked, _) = running.join().unwrap();
+    assert!(acked.len() > 100, "only {} claims answered", acked.len());
+    assert_eq!(
+        missing(&url, &acked),
+        0,
+        "acknowledged claims lost after SIGKILL"
+    );
+    println!(
+        "SIGKILL: {} acknowledged claims, all in the database",
+        acked.len()
+    );
+
+    // Restart the database under load: 503s while it is away, never a hang, full service
+    // after, and nothing acknowledged lost.
+    let b = node(&url);
+    let stop = Arc::new(AtomicBool::new(false));
+    let running = load(&b, 8, 30, stop.clone());
+    std::thread::sleep(Duration::from_millis(700));
+    pg.stop().unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let during = claim(&b, "30.99.0.1", "while-down");
+    assert_eq!(during.0, 503, "{during:?}");
+    pg.start_again().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || claim(&b, "30.99.0.2", "after")
+            .0
+            == 200),
+        "claims never came back after the database did"
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    stop.store(true, Ordering::Release);
+    let (acked, refused) = running.join().unwrap();
+    println!(
+        "database restart: {} acknowledged claims, {refused} answered 503 during the outage",
+        acked.len()
+    );
+    assert!(refused > 0, "no claim saw the outage");
+    assert_eq!(
+        missing(&url, &acked),
+        0,
+        "acknowledged claims lost in the restart"
+    );
+    let s = b.get("/statusz").text();
+    assert!(s.contains("pg_down: 0"), "{s}");
+}
+
+#[test]
+fn check_and_start_up_errors_are_one_line() {
+    let _one_at_a_time = serial();
+    let pg = cluster();
+    let url = pg.url("postgres");
+    let data = tempfile::tempdir().unwrap();
+    let ok = support::run_to_end(
+        &mut demo_command(data.path(), &[], &["--store", &url, "--check"]),
+        Duration::from_secs(20),
+    );
+    assert!(ok.status.success(), "{}", ok.stderr);
+    assert!(
+        ok.stdout.starts_with("tern: ") && ok.stdout.contains("schema version 1"),
+        "{}",
+        ok.stdout
+    );
+    // Nothing listening there; a missing database; a schema from a newer tern.
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    c.batch_execute("CREATE DATABASE newer").unwrap();
+    let mut n = postgres::Client::connect(&pg.url("newer"), postgres::NoTls).unwrap();
+    n.batch_execute(
+        "CREATE TABLE tern_schema (version integer NOT NULL); INSERT INTO tern_schema VALUES (99)",
+    )
+    .unwrap();
+    for (bad, says) in [
+        (
+            "postgres://tern@127.0.0.1:1/postgres".to_string(),
+            "cannot connect",
+        ),
+        (pg.url("nope"), "cannot connect"),
+        (pg.url("newer"), "newer tern"),
+        ("mysql://x".to_string(), "not a postgres:// URL"),
+    ] {
+        let failed = Tern::demo_failing(data.path(), &["--store", &bad]);
+        assert!(!failed.status.success(), "{bad}");
+        let err = failed.stderr.trim_end();
+        assert_eq!(err.lines().count(), 1, "{bad}: {err}");
+        assert!(
+            err.starts_with("tern: ") && err.contains(says),
+            "{bad}: {err}"
+        );
+    }
+}
