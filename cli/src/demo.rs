@@ -197,16 +197,7 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         needs.add_tls(&plan.options);
     }
     if let Some(url) = &args.store {
-        // The store's threads reconnect after a lost connection, inside the sandbox.
-        let (ports, folders) = tern_ipv4_games::store::postgres::endpoints(url)?;
-        for port in ports {
-            needs.connect_to(&tern_server::UpstreamAddr::Tcp(std::net::SocketAddr::from(
-                ([127, 0, 0, 1], port),
-            )));
-        }
-        for folder in folders {
-            needs.connect_to(&tern_server::UpstreamAddr::Unix(folder.join(".s.PGSQL")));
-        }
+        needs.connect_to_store(url)?;
     }
     let access_log = match &args.common.access_log {
         Some(path) => {

@@ -114,6 +114,22 @@ impl Needs {
 
     /// An upstream of the reverse proxy: its TCP port, or its Unix socket's folder (an app
     /// makes its socket anew when it restarts, so a rule for the file would not last).
+    /// The IPv4 Games' PostgreSQL store (`postgres://…`): its threads reconnect inside the
+    /// sandbox, to the database's ports (any host: Landlock rules are by port) or socket folder.
+    pub fn connect_to_store(&mut self, url: &str) -> Result<(), String> {
+        let (ports, folders) = tern_ipv4_games::store::postgres::endpoints(url)?;
+        for port in ports {
+            self.connect_to(&UpstreamAddr::Tcp(std::net::SocketAddr::from((
+                [127, 0, 0, 1],
+                port,
+            ))));
+        }
+        for folder in folders {
+            self.connect_to(&UpstreamAddr::Unix(folder.join(".s.PGSQL")));
+        }
+        Ok(())
+    }
+
     pub fn connect_to(&mut self, upstream: &UpstreamAddr) {
         match upstream {
             UpstreamAddr::Tcp(addr) => {

@@ -340,3 +340,45 @@ fn check_and_start_up_errors_are_one_line() {
         );
     }
 }
+
+#[test]
+fn tern_run_plays_on_postgres_from_its_config() {
+    let _one_at_a_time = serial();
+    let pg = cluster();
+    let url = pg.url("postgres");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tern.toml");
+    let write = |store: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\n[[site]]\nname = \"game\"\nhosts = [\"game.test\"]\n\
+                 [[site.route]]\npath = \"/\"\napp = \"ipv4-games\"\nstore = \"{store}\"\n"
+            ),
+        )
+        .unwrap()
+    };
+    // A store that is not PostgreSQL is a config problem with its line.
+    write("mysql://x");
+    let mut cmd = std::process::Command::new(support::TERN);
+    cmd.arg("run").arg("--check").arg("--config").arg(&config);
+    let failed = support::run_to_end(&mut cmd, Duration::from_secs(20));
+    assert!(!failed.status.success());
+    assert!(
+        failed.stderr.contains("line 8: store:") && failed.stderr.contains("not a postgres:// URL"),
+        "{}",
+        failed.stderr
+    );
+    write(&url);
+    let mut cmd = std::process::Command::new(support::TERN);
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .args(["--workers", "2", "--sandbox", "on"]);
+    let tern = Tern::spawn(cmd);
+    let mut c = tern.client();
+    c.send(b"GET /claim/runner HTTP/1.1\r\nHost: game.test\r\nAccept: text/plain\r\n\r\n");
+    let r = c.read_response(false);
+    assert_eq!(r.text(), "127.0.0.1 is now claimed by runner\n");
+    assert_eq!(owners(&url)[&u32::from(Ipv4Addr::LOCALHOST)], "runner");
+}

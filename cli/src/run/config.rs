@@ -78,6 +78,8 @@ struct RouteFile {
     status: Option<Spanned<u16>>,
     app: Option<Spanned<String>>,
     data: Option<Spanned<PathBuf>>,
+    /// The app's claims in PostgreSQL instead of `data` (`postgres://…`).
+    store: Option<Spanned<String>>,
     pages: Option<Spanned<PathBuf>>,
     /// One upstream or a list: `host:port`, `[v6]:port` or `unix:/path`.
     proxy: Option<Spanned<Servers>>,
@@ -177,7 +179,9 @@ pub struct ProxyPlan {
 /// The one app instance: where its database and pages are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppPlan {
-    pub data: PathBuf,
+    /// The journal's folder; `None` with a PostgreSQL `store`.
+    pub data: Option<PathBuf>,
+    pub store: Option<String>,
     pub pages: PathBuf,
 }
 
@@ -450,7 +454,7 @@ fn check_route(
         }
     };
     // Keys that belong to one kind or two; any other kind must not have them.
-    let owned: [(&str, Option<usize>, &[&str]); 17] = [
+    let owned: [(&str, Option<usize>, &[&str]); 18] = [
         ("balance", at(&route.balance), &["proxy"]),
         ("proxy_host", at(&route.proxy_host), &["proxy"]),
         ("max_fails", at(&route.max_fails), &["proxy"]),
@@ -479,6 +483,7 @@ fn check_route(
         ("content_type", at(&route.content_type), &["respond"]),
         ("status", at(&route.status), &["redirect", "respond"]),
         ("data", at(&route.data), &["app"]),
+        ("store", at(&route.store), &["app"]),
         ("pages", at(&route.pages), &["app"]),
     ];
     let mut ok = true;
@@ -655,12 +660,35 @@ fn check_app(
         );
         ok = false;
     }
-    let Some(data) = &route.data else {
-        p.at(
-            name.span().start,
-            "an app route needs `data`, the folder of its database",
-        );
-        return None;
+    let store = match (&route.data, &route.store) {
+        (None, None) => {
+            p.at(
+                name.span().start,
+                "an app route needs `data` (the folder of its journal) or `store` (a postgres:// URL)",
+            );
+            return None;
+        }
+        (Some(_), Some(store)) => {
+            p.at(
+                store.span().start,
+                "give an app route `data` or `store`, not both",
+            );
+            return None;
+        }
+        (_, Some(store)) => {
+            let url = store.get_ref();
+            let endpoints = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+                tern_ipv4_games::store::postgres::endpoints(url)
+            } else {
+                Err(format!("{url:?} is not a postgres:// URL"))
+            };
+            if let Err(e) = endpoints {
+                p.at(store.span().start, format!("store: {e}"));
+                ok = false;
+            }
+            Some(url.clone())
+        }
+        (Some(_), None) => None,
     };
     let pages = match &route.pages {
         Some(pages) => {
@@ -677,7 +705,8 @@ fn check_app(
         None => tern_ipv4_games::bundled_site(),
     };
     let plan = AppPlan {
-        data: dir.join(data.get_ref()),
+        data: route.data.as_ref().map(|d| dir.join(d.get_ref())),
+        store,
         pages,
     };
     if let Some((_, line)) = app {
@@ -1069,7 +1098,8 @@ data = "data"
         assert_eq!(
             c.app,
             Some(AppPlan {
-                data: d.path().join("data"),
+                data: Some(d.path().join("data")),
+                store: None,
                 pages: tern_ipv4_games::bundled_site()
             })
         );

@@ -73,7 +73,11 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let stats = server.stats();
     let app: Option<Arc<dyn Handler>> = match &loaded.app {
         Some(plan) => {
-            let game = tern_ipv4_games::GameConfig::new(&plan.data, &plan.pages);
+            let mut game = tern_ipv4_games::GameConfig::new(
+                plan.data.clone().unwrap_or_default(),
+                &plan.pages,
+            );
+            game.store = plan.store.clone();
             Some(Arc::new(tern_ipv4_games::mount(&mut server, game)?))
         }
         None => None,
@@ -208,14 +212,20 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
     }
     if let Some(app) = &loaded.app {
         needs.read.push(app.pages.clone());
-        needs.write.push(app.data.clone());
-        needs.give.push(tern_sandbox::Give::Folder {
-            path: app.data.clone(),
-            made_by_tern: tern_ipv4_games::DATA_FILE_PREFIXES
-                .iter()
-                .map(|p| p.to_string())
-                .collect(),
-        });
+        if let Some(data) = &app.data {
+            needs.write.push(data.clone());
+            needs.give.push(tern_sandbox::Give::Folder {
+                path: data.clone(),
+                made_by_tern: tern_ipv4_games::DATA_FILE_PREFIXES
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect(),
+            });
+        }
+        if let Some(url) = &app.store {
+            // Checked when the file was read.
+            let _ = needs.connect_to_store(url);
+        }
     }
     if let Some(plan) = tls {
         needs.add_tls(&plan.options);
