@@ -333,8 +333,9 @@ def read_statusz(port):
 
 
 def _settled_statusz(port, timeout=5.0):
-    """/statusz once the game is idle: the claims still in flight when wrk stopped
-    are saved (claims_saved unchanged over 0.2 s)."""
+    """/statusz once the game is idle: the claims still in flight when wrk stopped are
+    saved and answered (claims_saved unchanged over 0.2 s; under --sync full the
+    claim-syncer answers them after its last fdatasync)."""
     last = read_statusz(port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -346,28 +347,55 @@ def _settled_statusz(port, timeout=5.0):
     return last
 
 
-# /statusz counters recorded for the claims rounds (differences over the rounds)
+# /statusz counters of tern demo recorded for the claims rounds (differences over the
+# rounds), under the names the results use
 CLAIM_COUNTERS = {
-    "claims_saved": "committed",
-    "journal_writes": "batches",
-    "claims_refused_full": "queue_full",
-    "claims_unchanged": "unchanged",
+    "claims_received": "received",  # claims staged by the handler (valid, not rate-limited)
+    "claim_turns": "turns",  # worker turns that had claims to save
+    "claims_saved": "saved",  # answered 200 once durable (full: once synced)
+    "journal_writes": "writes",  # one write per worker turn with changed claims
+    "journal_written_bytes": "written_bytes",
+    "claims_changed": "changed",  # written to the journal
+    "claims_unchanged": "unchanged",  # the holder again within the hour: nothing written
+    "journal_write_errors": "write_errors",
+    "claims_refused_full": "refused_full",  # new addresses past --max-claims (503)
+    "claims_refused_stopped": "refused_stopped",  # after a failed fdatasync (503)
     "claims_rate_limited": "rate_limited",
     "claims_rate_dropped": "rate_dropped",
     "claims_invalid_name": "invalid_names",
-    "journal_write_errors": "commit_errors",
-    "journal_syncs": "syncs",
+    "journal_syncs": "syncs",  # fdatasync calls (--sync full)
+    "journal_sync_seconds_total": "sync_seconds",
+    "compactions": "compactions",
 }
+FLOAT_COUNTERS = {"sync_seconds"}
+# /statusz gauges recorded as read once the rounds are over
+CLAIM_GAUGES = {
+    "journal_sync_seconds_max": "sync_max_seconds",  # since the server started
+    "claimed_addresses": "claimed_addresses",
+    "journal_bytes": "journal_bytes",
+    "snapshot_bytes": "snapshot_bytes",
+    "recovery_seconds": "recovery_seconds",
+}
+# threads of tern demo (comm names), in the order the report shows them; the workers are
+# tern-worker-0, -1, …
+DEMO_THREADS = ("claim-syncer", "compactor", "score-views", "player-lookup")
+
+
+def _per(a, b, scale=1.0):
+    return a * scale / b if a is not None and b else None
 
 
 def claims_scenario(scenario, servers, settings, ctx):
-    """A wrk scenario against tern demo, plus the app's own account: /statusz is read
-    after the answer check and again once the writer is idle after the rounds, and the
-    difference gives the batches (group commits), their average and largest size and
-    the queue-full refusals. Sanity: every claim wrk saw acknowledged (2xx) must have
-    been committed, so committed ≥ acknowledged; committed may exceed it by the claims
-    in flight when wrk stopped each run (at most one per connection per run), which
-    the server commits and answers after wrk stopped counting."""
+    """A wrk scenario against tern demo, plus the game's own account: /statusz is read
+    after the answer check and again once the game is idle after the rounds, and the
+    difference gives the claims saved, the worker turns and journal writes they took
+    (claims per write), the bytes written, and under --sync full the fdatasync calls,
+    their total time (the mean cost of one) and the claims each covered. Server CPU per
+    claim is also split by thread (tern-worker-N, claim-syncer, compactor, score-views,
+    player-lookup). Sanity: every claim wrk saw acknowledged (2xx) must have been saved,
+    so saved ≥ acknowledged; saved may exceed it by the claims in flight when wrk stopped
+    each run (at most one per connection per run), which the server saves and answers
+    after wrk stopped counting."""
     facts = _check(scenario, servers, ctx)
     before = {s.name: read_statusz(s.port_for(scenario)) for s in servers}
     threads0 = {s.name: procs.thread_cpu_seconds(s.instance(scenario).pids()) for s in servers}
@@ -375,48 +403,64 @@ def claims_scenario(scenario, servers, settings, ctx):
     for s in servers:
         after = _settled_statusz(s.port_for(scenario))
         threads = procs.thread_cpu_seconds(s.instance(scenario).pids())
-        missing = [k for k in ("claims_saved", "journal_writes") if k not in after]
+        missing = [k for k in ("claims_saved", "claims_received", "claim_turns", "journal_writes",
+                               "claims_changed", "journal_syncs", "journal_sync_seconds_total")
+                   if k not in after]
         if missing:
             raise BenchError(f"{s.name}: /statusz lacks {', '.join(missing)}")
         runs = all_runs[s.name]
         # wrk counts every complete response; errors.status those with status > 399
         acked = sum(r["requests"] - r["errors"]["status"] for r in runs)
-        d = {v: int(after.get(k, 0) - before[s.name].get(k, 0)) for k, v in CLAIM_COUNTERS.items()}
+        d = {}
+        for k, v in CLAIM_COUNTERS.items():
+            diff = after.get(k, 0) - before[s.name].get(k, 0)
+            d[v] = round(diff, 6) if v in FLOAT_COUNTERS else int(diff)
+        gauges = {v: after[k] for k, v in CLAIM_GAUGES.items() if k in after}
         slack = len(runs) * scenario.connections
+        spent = {t: sec - threads0[s.name].get(t, 0) for t, sec in threads.items()}
+        by_thread = {
+            t: round(sec * 1e6 / d["saved"], 2)
+            for t, sec in sorted(spent.items(), key=lambda kv: -kv[1])
+            if d["saved"]
+        }
         c = {
             **d,
+            **gauges,
             "acknowledged": acked,
-            "unacknowledged": d["committed"] - acked,
+            "unacknowledged": d["saved"] - acked,
             "in_flight_bound": slack,
             "wrk_runs": len(runs),
-            "avg_batch": d["committed"] / d["batches"] if d["batches"] else None,
-            "largest_batch": None,
-            "last_batch": None,
-            "committed_total": int(after["claims_saved"]),
-            # server CPU per committed claim by thread (worker, claim-writer, …), over all the
-            # claims runs (warm-up included); CLK_TCK resolution (10 ms over the whole scenario)
-            "cpu_us_per_claim_by_thread": {
-                t: round((sec - threads0[s.name].get(t, 0)) * 1e6 / d["committed"], 2)
-                for t, sec in sorted(threads.items(), key=lambda kv: -kv[1])
-                if d["committed"] and sec - threads0[s.name].get(t, 0) > 0
-            },
+            "claims_per_turn": _per(d["received"], d["turns"]),
+            "claims_per_write": _per(d["changed"], d["writes"]),
+            "bytes_per_claim_written": _per(d["written_bytes"], d["changed"]),
+            "claims_per_sync": _per(d["saved"], d["syncs"]),
+            "sync_mean_us": _per(d["sync_seconds"], d["syncs"], 1e6),
+            # server CPU per saved claim by thread (tern-worker-0, claim-syncer, …), over all
+            # the claims runs (warm-up included); CLK_TCK resolution (10 ms per thread over the
+            # whole scenario)
+            "cpu_us_per_claim_by_thread": by_thread,
+            "cpu_us_per_claim_threads_total": round(sum(spent.values()) * 1e6 / d["saved"], 2)
+            if d["saved"] else None,
         }
         if hasattr(s, "setting"):
-            c.update(s.setting())
+            c.update(s.setting(scenario))
         results[s.name]["claims"] = c
-        log(f"  {s.name}: {d['committed']} claims committed in {d['batches']} batches "
-            f"(avg {c['avg_batch'] or 0:.1f}), "
-            f"{acked} acknowledged by wrk, {d['queue_full']} queue-full; CPU µs/claim by thread: "
-            + ", ".join(f"{t} {v:.1f}" for t, v in c["cpu_us_per_claim_by_thread"].items()))
-        if d["committed"] < acked:
+        sync = (f", {d['syncs']} fdatasync ({c['claims_per_sync'] or 0:.1f} claims each, "
+                f"mean {c['sync_mean_us'] or 0:.0f} µs)") if d["syncs"] else ""
+        log(f"  {s.name}: {d['saved']} claims saved, {acked} acknowledged by wrk; {d['turns']} turns "
+            f"({c['claims_per_turn'] or 0:.1f} claims each), {d['writes']} journal writes "
+            f"({c['claims_per_write'] or 0:.1f} claims each){sync}; {d['refused_full']} refused full; "
+            "CPU µs/claim by thread: "
+            + ", ".join(f"{t} {v:.1f}" for t, v in by_thread.items() if v >= 0.05))
+        if d["saved"] < acked:
             raise BenchError(
-                f"claims: {s.name} acknowledged {acked} claims but committed only {d['committed']}: "
-                "answers went out for claims that are not in the database (or it answered "
-                "non-2xx statuses below 400, which wrk does not count as errors)")
+                f"{scenario.name}: {s.name} acknowledged {acked} claims but saved only {d['saved']}: "
+                "answers went out for claims that are not durable (or it answered non-2xx statuses "
+                "below 400, which wrk does not count as errors)")
         if d["unchanged"]:
             log(f"  warning: {d['unchanged']} claims changed nothing: lua/claims.lua repeated addresses")
-        if d["committed"] > acked + slack:
-            log(f"  warning: {s.name} committed {d['committed'] - acked} claims more than wrk saw "
+        if d["saved"] > acked + slack:
+            log(f"  warning: {s.name} saved {d['saved'] - acked} claims more than wrk saw "
                 f"acknowledged, more than the {slack} that can be in flight when wrk stops")
     return {"facts": facts, "results": results}
 

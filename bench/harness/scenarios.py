@@ -20,6 +20,9 @@ Adding one is adding a row:
     ones). Kind "h2load" runs h2load with `streams` concurrent streams per
     connection; kind "idle" holds HTTP/2 connections. A server that does not
     speak HTTP/2 there is left out with a note (never nginx or h2o);
+  * kind "claims" runs wrk against tern demo and adds the game's own account
+    from /statusz; `sync` picks the tern demo process it runs against
+    (`--sync normal` or `--sync full`, see servers.TernDemo);
   * a new load generator is a new `kind` plus a runner function registered
     in measure.RUNNERS.
 Header values may use {etag}: it is replaced by the ETag each server itself
@@ -51,6 +54,7 @@ class Scenario:
     handshake: str = ""  # tlsload: "full" (no session offered) or "resume" (every one resumes)
     h2: bool = False  # HTTP/2: h2 over TLS (ALPN) if tls, else h2c with prior knowledge
     streams: int = 1  # h2load -m: concurrent streams per connection
+    sync: str = ""  # claims: the tern demo started with --sync normal or --sync full
 
     @property
     def unit(self):
@@ -174,8 +178,9 @@ SCENARIOS = [
     ),
     Scenario(
         "claims",
-        "IPv4 Games (tern demo): GET /claim?name=… from a fresh X-Forwarded-For address per "
-        "request (lua/claims.lua), answered after the SQLite commit, 50 connections",
+        "IPv4 Games (tern demo --sync normal): GET /claim?name=… from a fresh X-Forwarded-For "
+        "address per request (lua/claims.lua), answered once written to the journal (one write "
+        "per worker turn), 50 connections",
         kind="claims",
         path="/claim?name=bench-check",
         headers={"Accept": "text/plain"},
@@ -183,6 +188,20 @@ SCENARIOS = [
         expect_text="192.0.2.1 is now claimed by bench-check",
         lua="claims.lua",
         servers=("tern-demo",),
+        sync="normal",
+    ),
+    Scenario(
+        "claims-full",
+        "claims against tern demo --sync full: answered only after an fdatasync covering the "
+        "claim (one sync for all that was written meanwhile, on the claim-syncer thread)",
+        kind="claims",
+        path="/claim?name=bench-check",
+        headers={"Accept": "text/plain"},
+        check_headers={"X-Forwarded-For": "192.0.2.1"},
+        expect_text="192.0.2.1 is now claimed by bench-check",
+        lua="claims.lua",
+        servers=("tern-demo",),
+        sync="full",
     ),
     Scenario(
         "idle-rss",

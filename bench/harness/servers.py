@@ -291,44 +291,67 @@ def tern_has_tls(tern_bin):
 
 
 class TernDemo(Tern):
-    """`tern demo`, the IPv4 Games: a claim is answered only after its SQLite commit by
-    the one writer thread (group commit). The whole process (worker, writer, views and
-    lookup threads) is pinned to CPU 0, so the writer shares the worker's one core: that
-    is the "one core" of the claims target. Each start gets a fresh data folder under the
-    workdir; X-Forwarded-For from loopback is believed (--trusted-proxies 127.0.0.1), so
-    wrk can claim any address."""
+    """`tern demo`, the IPv4 Games: a claim is decided against the state in memory,
+    written to the append-only journal with one write per worker turn, and answered in
+    that turn (`--sync normal`) or after an fdatasync that covers it, run by the
+    claim-syncer thread (`--sync full`). One process per sync mode the selected claims
+    scenarios use ("main": --sync normal, always started; "full": --sync full, when a
+    scenario with sync="full" is selected). Each whole process (worker, claim-syncer,
+    compactor, score-views and player-lookup threads) is pinned to CPU 0, so the helper
+    threads share the worker's one core: that is the "one core" of the claims targets.
+    Each start gets a fresh data folder under the workdir; X-Forwarded-For from loopback
+    is believed (--trusted-proxies 127.0.0.1), so wrk can claim any address."""
 
     name = "tern-demo"
     app = True
     tls = False  # (claims is over plain HTTP)
-    # normal: WAL, synchronous=NORMAL, a commit survives the process being killed (the
-    # app's default); full would fsync every batch before answering
-    sync = "normal"
+    SYNCS = ("normal", "full")
 
     def setup(self):
-        port = free_port()
-        self.data_dir = tempfile.mkdtemp(prefix="tern-demo-data-", dir=self.ctx.workdir)
-        self.argv = [
-            self.ctx.tern_bin, "demo",
-            "--listen", f"127.0.0.1:{port}", "--workers", "1",
-            "--data", self.data_dir, "--trusted-proxies", "127.0.0.1",
-            "--sync", self.sync,
-        ]
-        self.instances = {"main": Instance("tern-demo", self.argv, port, self.ctx.workdir)}
+        syncs = {"normal", *getattr(self.ctx, "demo_syncs", ())}
+        self.argvs, self.data_dirs, self.instances = {}, {}, {}
+        for sync in self.SYNCS:
+            if sync not in syncs:
+                continue
+            port = free_port()
+            label = "main" if sync == "normal" else sync
+            data_dir = tempfile.mkdtemp(prefix=f"tern-demo-{sync}-data-", dir=self.ctx.workdir)
+            argv = [
+                self.ctx.tern_bin, "demo",
+                "--listen", f"127.0.0.1:{port}", "--workers", "1",
+                "--data", data_dir, "--trusted-proxies", "127.0.0.1",
+                "--sync", sync,
+            ]
+            name = "tern-demo" if sync == "normal" else f"tern-demo-{sync}"
+            self.instances[label] = Instance(name, argv, port, self.ctx.workdir)
+            self.argvs[label], self.data_dirs[label] = argv, data_dir
+
+    def _label(self, scenario):
+        sync = getattr(scenario, "sync", "") or "normal"
+        return "main" if sync == "normal" else sync
+
+    def instance(self, scenario):
+        label = self._label(scenario)
+        if label not in self.instances:
+            raise BenchError(f"tern-demo was not started with --sync {scenario.sync}")
+        return self.instances[label]
 
     def start(self):
         super().start()
-        # every thread (the writer too) must be confined to the servers' CPU
-        inst = self.instances["main"]
-        for pid in inst.pids():
-            for tid, cpus in procs.thread_cpus(pid).items():
-                if cpus != SERVER_CPU:
-                    self.stop()
-                    raise BenchError(f"tern-demo thread {tid} may run on CPUs {cpus}, not only {SERVER_CPU}")
+        # every thread (the syncer and compactor too) must be confined to the servers' CPU
+        for label, inst in self.instances.items():
+            for pid in inst.pids():
+                for tid, cpus in procs.thread_cpus(pid).items():
+                    if cpus != SERVER_CPU:
+                        self.stop()
+                        raise BenchError(f"tern-demo ({label}) thread {tid} may run on CPUs {cpus}, "
+                                         f"not only {SERVER_CPU}")
 
-    def setting(self):
-        """How it was started, for the results."""
-        return {"argv": self.argv[1:], "sync": self.sync, "data_fs": procs.fs_type(self.data_dir)}
+    def setting(self, scenario):
+        """How the process a scenario ran against was started, for the results."""
+        label = self._label(scenario)
+        return {"argv": self.argvs[label][1:], "sync": self.argvs[label][-1],
+                "data_fs": procs.fs_type(self.data_dirs[label])}
 
 
 class Floor(Server):

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tern_runtime::{BufPool, Clock, Inbox, InboxSender};
 use tern_tls::TlsAcceptor;
@@ -608,9 +608,11 @@ impl Handler for ForwardAll {
 
 /// Pending replies for unit tests of code that completes them (an app's store, a background
 /// thread), outside any worker: completions land in an inbox no worker reads, and
-/// `completed` takes them out.
+/// `completed` takes them out. `wait` sleeps the way a worker does, in `epoll_wait` until the
+/// inbox's waker fires, so a benchmark can measure a real hand-off to another thread.
 pub struct TestReplies {
-    _poll: mio::Poll,
+    /// The poll the inbox's waker is registered with, and its event buffer.
+    poll: Mutex<(mio::Poll, mio::Events)>,
     inbox: Arc<Inbox<WorkerMessage>>,
 }
 
@@ -619,8 +621,28 @@ impl TestReplies {
         let poll = mio::Poll::new().expect("a poll instance");
         let waker = mio::Waker::new(poll.registry(), mio::Token(0)).expect("a waker");
         TestReplies {
-            _poll: poll,
+            poll: Mutex::new((poll, mio::Events::with_capacity(4))),
             inbox: Arc::new(Inbox::new(waker, 4096)),
+        }
+    }
+
+    /// Waits up to `timeout` for the inbox's waker, as a worker's event loop does (a
+    /// completion, or `complete_all`'s one wake-up for a batch); false if it did not fire.
+    /// A wake-up that came before the call is seen at once. Take the replies with
+    /// `completed`, which also re-arms the waker.
+    pub fn wait(&self, timeout: std::time::Duration) -> bool {
+        let mut guard = self.poll.lock().unwrap_or_else(|e| e.into_inner());
+        let (poll, events) = &mut *guard;
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match poll.poll(events, Some(left)) {
+                Ok(()) if !events.is_empty() => return true,
+                Ok(()) if left.is_zero() => return false,
+                Ok(()) => {} // (woken without an event: wait out the rest)
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
         }
     }
 
@@ -657,6 +679,31 @@ mod tests {
                 Response::text(200, "hi\n").into()
             },
         )
+    }
+
+    #[test]
+    fn test_replies_wait_for_the_wake_up_of_a_completion_from_another_thread() {
+        use std::time::Duration;
+        let replies = TestReplies::new();
+        assert!(
+            !replies.wait(Duration::from_millis(20)),
+            "nothing completed yet"
+        );
+        let pending = replies.pending(7);
+        let completer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            crate::complete_all([(pending, Response::text(200, "ok\n"))]);
+        });
+        assert!(replies.wait(Duration::from_secs(5)));
+        completer.join().unwrap();
+        let done: Vec<_> = replies
+            .completed()
+            .into_iter()
+            .map(|(seq, r)| (seq, r.status))
+            .collect();
+        assert_eq!(done, [(7, 200)]);
+        // The wake-up was taken: the next wait sleeps again.
+        assert!(!replies.wait(Duration::from_millis(20)));
     }
 
     #[test]

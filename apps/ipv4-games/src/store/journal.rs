@@ -255,7 +255,9 @@ impl JournalStore {
 
     /// The syncer thread (`--sync full`): one `fdatasync` for everything written since the
     /// last, then every claim it covers is answered (each worker woken once).
-    fn run_syncer(&self, stop: StopSignal) {
+    /// Public so that benchmarks (`examples/handoff.rs`) can run the real hand-off; a game
+    /// started by `mount` runs it itself on its `claim-syncer` thread.
+    pub fn run_syncer(&self, stop: StopSignal) {
         let s = self
             .syncer
             .as_ref()
