@@ -52,7 +52,8 @@ enum LogFormat {
 enum Command {
     /// Serve the files of DIR over HTTP/1.1, HTTP/2 and HTTPS.
     Serve(serve::ServeArgs),
-    /// Run the IPv4 Games (claim your address for a name) on embedded SQLite.
+    /// Run the IPv4 Games (claim your address for a name): state in memory, claims in an
+    /// append-only journal (or PostgreSQL with --store).
     Demo(demo::DemoArgs),
     /// Serve several sites, chosen by host name, from one config file (static files,
     /// redirects, fixed answers, the IPv4 Games).

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use tern_ipv4_games::land::Land;
 use tern_ipv4_games::store::journal::{JournalOptions, JournalStore};
 use tern_ipv4_games::store::{ClaimStore, Staged, SyncMode};
+use tern_ipv4_games::AnswerKind;
 use tern_server::testing::TestReplies;
 use tern_server::{Pending, Response, StopSignal};
 
@@ -206,21 +207,6 @@ fn condvar_ping_pong(seconds: f64) -> Measured {
     m
 }
 
-/// `Staged::answer` has the type `answer::AnswerKind`, which the crate keeps private (an
-/// example cannot name it), so the text answer is made from its discriminant, by inference.
-fn text_answer<T: Copy + std::fmt::Debug>() -> T {
-    assert_eq!(
-        std::mem::size_of::<T>(),
-        1,
-        "AnswerKind is no longer one byte"
-    );
-    // SAFETY: T is AnswerKind, a field-less enum { Html, Text, Gif }: one byte holding the
-    // discriminant 0, 1 or 2. 1 is Text, which its Debug output confirms below.
-    let kind: T = unsafe { std::mem::transmute_copy(&1u8) };
-    assert_eq!(format!("{kind:?}"), "Text", "AnswerKind's layout changed");
-    kind
-}
-
 /// A store over a fresh journal on /dev/shm.
 fn store(sync: SyncMode) -> (tempfile::TempDir, Land, Arc<JournalStore>) {
     let dir = tempfile::Builder::new()
@@ -234,6 +220,7 @@ fn store(sync: SyncMode) -> (tempfile::TempDir, Land, Arc<JournalStore>) {
             sync,
             segment_bytes: 64 << 20,
             max_claims: u64::MAX,
+            max_names: u64::MAX,
             sync_mark: None,
             test_sync_delay: Duration::ZERO,
         },
@@ -275,7 +262,7 @@ impl Claims {
                 ip: self.n.wrapping_mul(K),
                 nick: self.names[(self.n % 1000) as usize].clone(),
                 at,
-                answer: text_answer(),
+                answer: AnswerKind::Text,
                 pending: replies.pending(self.seq),
             });
         }

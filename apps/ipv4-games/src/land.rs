@@ -11,7 +11,7 @@
 //!
 //! Changes come only from the store, one batch at a time under its write lock, so deciding a
 //! claim (`decide`) and applying it (`apply`) see the same state. Locks are taken in the order
-//! block → per-/8 counts → names → recent, never the other way.
+//! block → names → per-/8 counts, and recent alone, never the other way.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

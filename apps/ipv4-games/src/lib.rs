@@ -33,6 +33,7 @@ use tern_server::static_files::{StaticFiles, StaticOptions};
 use tern_server::{Router, Server, ServerConfig};
 use tern_services::{handoff, RateLimitConfig, TrustedProxies};
 
+pub use answer::AnswerKind;
 pub use store::SyncMode;
 
 /// What the game keeps in its data folder starts with these names (journal segments,
