@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use hashbrown::{HashMap, HashTable};
 
@@ -126,7 +126,8 @@ impl Block {
 }
 
 struct NameInfo {
-    name: Box<str>,
+    /// Shared with the latest-claims ring, which takes a reference rather than a copy.
+    name: Arc<str>,
     /// Addresses held; the name is forgotten (its id reused) when this falls to zero.
     held: u64,
     /// Its latest claims, oldest first; entries it no longer holds are skipped when read.
@@ -223,7 +224,8 @@ pub struct Land {
     /// Per /8: name id → addresses it holds there (the all-time board, player pages).
     per8: Box<[Mutex<HashMap<u32, u32>>]>,
     names: Mutex<Names>,
-    recent: Mutex<VecDeque<Claim>>,
+    /// The latest changes, newest first: (address, name, time).
+    recent: Mutex<VecDeque<(u32, Arc<str>, u64)>>,
     /// Bumped by every applied batch that changed something (the `/recent` renderer's cue).
     version: AtomicU64,
     claimed: AtomicU64,
@@ -243,7 +245,7 @@ impl Land {
                 .collect(),
             per8: (0..256).map(|_| Mutex::new(HashMap::new())).collect(),
             names: Mutex::new(Names::default()),
-            recent: Mutex::new(VecDeque::with_capacity(RECENT_LEN + 1)),
+            recent: Mutex::new(VecDeque::with_capacity(RECENT_LEN)),
             version: AtomicU64::new(0),
             claimed: AtomicU64::new(0),
         }
@@ -314,14 +316,10 @@ impl Land {
     /// Makes `ip` held by `nick` since `created` (a change already made durable, or one
     /// replayed at start-up). Returns whether the address was unclaimed before.
     pub fn apply(&self, ip: u32, nick: &str, created: u64) -> bool {
-        let new = self.set(ip, nick, created, true);
+        let (new, name) = self.set(ip, nick, created, true);
         let mut recent = lock(&self.recent);
-        recent.push_front(Claim {
-            ip,
-            nick: nick.to_string(),
-            created,
-        });
-        recent.truncate(RECENT_LEN);
+        recent.truncate(RECENT_LEN - 1);
+        recent.push_front((ip, name, created));
         drop(recent);
         self.version.fetch_add(1, Ordering::Release);
         new
@@ -334,7 +332,8 @@ impl Land {
         self.set(ip, nick, created, false);
     }
 
-    fn set(&self, ip: u32, nick: &str, created: u64, remember: bool) -> bool {
+    /// Returns whether the address was unclaimed, and the holder's name as the state keeps it.
+    fn set(&self, ip: u32, nick: &str, created: u64, remember: bool) -> (bool, Arc<str>) {
         let created32 = created.min(u32::MAX as u64) as u32;
         let mut block = self.block(ip);
         let mut names = lock(&self.names);
@@ -368,22 +367,34 @@ impl Land {
             }
             info.recent.push_back((ip, created32));
         }
+        let name = info.name.clone();
         drop(names);
         drop(block);
         if old.is_none() {
             self.claimed.fetch_add(1, Ordering::Relaxed);
         }
-        old.is_none()
+        (old.is_none(), name)
     }
 
     /// The latest claims, newest first (a change counts once, when made).
     pub fn recent(&self) -> Vec<Claim> {
-        lock(&self.recent).iter().cloned().collect()
+        lock(&self.recent)
+            .iter()
+            .map(|(ip, name, created)| Claim {
+                ip: *ip,
+                nick: name.to_string(),
+                created: *created,
+            })
+            .collect()
     }
 
     /// Sets the latest claims (recovery: the journal's order, not time, decides).
     pub fn set_recent(&self, claims: Vec<Claim>) {
-        *lock(&self.recent) = claims.into_iter().take(RECENT_LEN).collect();
+        *lock(&self.recent) = claims
+            .into_iter()
+            .take(RECENT_LEN)
+            .map(|c| (c.ip, Arc::from(c.nick), c.created))
+            .collect();
     }
 
     /// A player's holdings per /8 and their latest claims still held, newest first. `None`

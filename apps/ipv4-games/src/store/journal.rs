@@ -394,6 +394,7 @@ impl ClaimStore for JournalStore {
         let at = frame::begin_frame(&mut w.buf);
         let mut room = self.options.max_claims.saturating_sub(land.claimed());
         let mut name_room = self.options.max_names.saturating_sub(land.names_held());
+        let near_name_limit = name_room <= claims.len() as u64;
         for (i, c) in claims.iter().enumerate() {
             let earlier = w.overlay.get(&c.ip).map(|&j| {
                 let e = &claims[j];
@@ -401,8 +402,9 @@ impl ClaimStore for JournalStore {
             });
             let decision = land.decide(c.ip, &c.nick, c.at, earlier);
             // A name new in this turn counts once per claim here: at worst a few claims
-            // refused early at the limit.
-            let new_name = decision != Decision::Unchanged && !land.knows(&c.nick);
+            // refused early at the limit. Far from it, names are not looked up at all.
+            let new_name =
+                near_name_limit && decision != Decision::Unchanged && !land.knows(&c.nick);
             let outcome = match decision {
                 Decision::Unchanged => Outcome::Repeat,
                 Decision::New if room == 0 => Outcome::Full,
