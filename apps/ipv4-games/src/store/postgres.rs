@@ -88,6 +88,15 @@ struct Stats {
     bootstrapped: AtomicU64,
 }
 
+/// An error with the database's own message when there is one (rust-postgres's `Display`
+/// says only "db error").
+fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        None => e.to_string(),
+    }
+}
+
 /// What the sandbox must let tern connect to for `url`: TCP ports, and folders of Unix
 /// sockets (a `host=/run/postgresql` URL).
 pub fn endpoints(url: &str) -> Result<(Vec<u16>, Vec<std::path::PathBuf>), String> {
@@ -167,7 +176,7 @@ fn redact(url: &str) -> String {
 /// Creates or checks the schema, once per database whatever the number of nodes starting
 /// at once (a transaction-level advisory lock orders them).
 pub fn migrate(client: &mut Client) -> Result<(), String> {
-    let fail = |e: postgres::Error| format!("setting up the schema failed: {e}");
+    let fail = |e: postgres::Error| format!("setting up the schema failed: {}", describe(&e));
     let mut tx = client.transaction().map_err(fail)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
         .map_err(fail)?;
@@ -213,7 +222,7 @@ pub fn migrate(client: &mut Client) -> Result<(), String> {
 pub fn check(url: &str) -> Result<String, String> {
     let mut client = connect(url)?;
     migrate(&mut client)?;
-    let fail = |e: postgres::Error| format!("reading the database failed: {e}");
+    let fail = |e: postgres::Error| format!("reading the database failed: {}", describe(&e));
     let claims: i64 = client
         .query_one("SELECT count(*) FROM land", &[])
         .map_err(fail)?
@@ -344,7 +353,8 @@ impl PgStore {
                     // what happened from the log.
                     tracing::error!(
                         claims = claims.len(),
-                        "saving claims in PostgreSQL failed: {e}; answered 503"
+                        "saving claims in PostgreSQL failed: {}; answered 503",
+                        describe(&e)
                     );
                     if c.is_closed() {
                         client = None;
@@ -392,7 +402,7 @@ impl PgStore {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!("following the claim log failed: {e}");
+                    tracing::warn!("following the claim log failed: {}", describe(&e));
                     client = None;
                 }
             }
@@ -402,7 +412,7 @@ impl PgStore {
                     let sql =
                         format!("DELETE FROM claim_log WHERE at < now() - interval '{LOG_KEEP}'");
                     if let Err(e) = c.batch_execute(&sql) {
-                        tracing::warn!("pruning the claim log failed: {e}");
+                        tracing::warn!("pruning the claim log failed: {}", describe(&e));
                     }
                 }
             }
@@ -451,12 +461,17 @@ fn save(client: &mut Client, claims: &[Staged]) -> Result<u64, postgres::Error> 
 /// and the addresses loaded. Log rows the snapshot already holds may be applied again
 /// after it: in log order that ends in the same state.
 fn bootstrap(client: &mut Client, land: &Land) -> Result<((String, i64), u64), String> {
-    let fail = |e: postgres::Error| format!("loading the game from PostgreSQL failed: {e}");
+    let fail =
+        |e: postgres::Error| format!("loading the game from PostgreSQL failed: {}", describe(&e));
     let mut tx = client
         .build_transaction()
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
         .read_only(true)
         .start()
+        .map_err(fail)?;
+    // Reading every address takes longer than the statement timeout the claims run under
+    // (about 0.7 s per million).
+    tx.batch_execute("SET LOCAL statement_timeout = 0")
         .map_err(fail)?;
     let xmin: String = tx
         .query_one("SELECT pg_snapshot_xmin(pg_current_snapshot())::text", &[])
