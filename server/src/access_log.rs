@@ -24,7 +24,7 @@ use crossbeam_queue::ArrayQueue;
 use tern_codec::{RequestHead, Version};
 use tern_runtime::{Clock, InboxSender};
 
-use crate::handler::WorkerMessage;
+use crate::handler::{LogTarget, WorkerMessage};
 use crate::stats::{Counter, Stats};
 use crate::StopSignal;
 
@@ -143,23 +143,6 @@ impl LogShared {
         if let Some(t) = self.writer.get() {
             t.unpark();
         }
-    }
-}
-
-/// Which of the server's access logs a line goes to (index in the order they were given),
-/// or none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogTarget(pub(crate) u16);
-
-impl LogTarget {
-    /// The first log (the server's only one, for `tern serve`).
-    pub const DEFAULT: LogTarget = LogTarget(0);
-    /// No line for this answer.
-    pub const OFF: LogTarget = LogTarget(u16::MAX);
-
-    /// The log at `index` (as given to `Server::with_access_logs`).
-    pub fn log(index: usize) -> LogTarget {
-        LogTarget(u16::try_from(index).unwrap_or(u16::MAX))
     }
 }
 

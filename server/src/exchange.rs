@@ -8,7 +8,7 @@ use tern_codec::RequestHead;
 use tern_runtime::ratelog;
 
 use crate::conn::ConnCx;
-use crate::handler::{HandlerContext, Reply, Request};
+use crate::handler::{HandlerContext, LogTarget, Reply, Request};
 use crate::response::Response;
 use crate::router::RouteMatch;
 use crate::stats::Counter;
@@ -72,7 +72,7 @@ pub(crate) fn run(
         seq: from.seq,
         deferred: false,
         worker_id: cx.worker_id,
-        log: crate::LogTarget::DEFAULT,
+        log: LogTarget::DEFAULT,
         identity: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));

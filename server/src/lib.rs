@@ -11,6 +11,7 @@ mod driver;
 mod exchange;
 mod guard;
 mod handler;
+mod identity;
 pub mod negotiate;
 mod response;
 mod router;
@@ -27,12 +28,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use access_log::{AccessLog, AccessLogFormat, ClientIp, LogTarget};
+pub use access_log::{AccessLog, AccessLogFormat, ClientIp};
 pub use bans::{BanConfig, BanNotice, Bans};
-pub use guard::{Guard, Guarded, Identity, Verdict};
+pub use guard::{Guard, Guarded, Verdict};
 pub use handler::{
-    complete_all, Handler, HandlerContext, Pending, Reply, Request, TurnEnd, WorkerMessage,
+    complete_all, Handler, HandlerContext, LogTarget, Pending, Reply, Request, TurnEnd,
+    WorkerMessage,
 };
+pub use identity::Identity;
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
 pub use stats::{Counter, Stats, StatsSnapshot, WorkerStats};
