@@ -13,9 +13,9 @@
 //! through [`Conn::complete`]. The connection reads the worker's cached clock (passed in),
 //! never the system's.
 
+mod close;
 pub(crate) mod http1;
 mod http2;
-mod linger;
 pub(crate) mod output;
 mod protocol;
 mod relay;
@@ -32,7 +32,8 @@ use crate::response::Response;
 use crate::stats::{Counter, WorkerStats};
 use crate::worker::Shared;
 use crate::ServerConfig;
-use http1::{CloseKind, Http1, Next};
+use close::{CloseKind, Next};
+use http1::Http1;
 use output::Output;
 use protocol::{Preface, Protocol};
 pub(crate) use relay::RelayNeed;

@@ -4,7 +4,8 @@
 
 use tern_runtime::{BufPool, ReadBuf};
 
-use super::http1::{CloseKind, Http1, Next};
+use super::close::{CloseKind, Next};
+use super::http1::Http1;
 use super::http2::Http2;
 use super::output::Output;
 use super::{ConnCx, Link, Timeout};
