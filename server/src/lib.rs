@@ -252,6 +252,7 @@ impl Server {
                 .map(|(shared, _)| shared.clone())
                 .collect(),
             turn_ends: self.turn_ends,
+            reload_hooks: vec![static_files::forget_thread_caches],
         });
         let for_workers = shared.clone();
         let after_bind = self.after_bind.unwrap_or_else(|| Box::new(|| Ok(())));
@@ -279,7 +280,11 @@ impl Server {
             };
             let thread = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || access_log::run_writer(log, opened.into_file(), inboxes, signal))?;
+                .spawn(move || {
+                    access_log::run_writer(log, opened.into_file(), inboxes, move || {
+                        signal.is_stopped()
+                    })
+                })?;
             background.push((name, thread));
         }
         for (name, run) in self.background {

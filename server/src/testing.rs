@@ -115,6 +115,7 @@ impl MemoryConn {
             bans: None,
             access_logs: Vec::new(),
             turn_ends: Vec::new(),
+            reload_hooks: Vec::new(),
         });
         let link = Link {
             peer: SocketAddr::from(([192, 0, 2, 1], 40000)),
