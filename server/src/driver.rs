@@ -11,7 +11,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use mio::net::TcpStream;
 
 use crate::conn::output::MAX_IOVECS;
-use crate::conn::{Action, Conn, ConnCx, Status, Timeout, Transmit};
+use crate::conn::{Action, Conn, Status, Timeout, Transmit};
+use crate::exchange::ConnCx;
 use crate::stats::Counter;
 
 /// Largest `sendfile` per call: bounds how long one connection holds the worker.

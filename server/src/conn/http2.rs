@@ -16,9 +16,9 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
 use super::relay::{Asked, BodyFollows, ClientSide, H2Answer, Relay, RelayNeed, RelayStart};
-use super::{ConnCx, Link, Timeout};
+use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
-use crate::exchange::{self, Origin, Outcome};
+use crate::exchange::{self, ConnCx, Origin, Outcome};
 use crate::response::{status_has_no_body, Body, FileBody, Response};
 use crate::stats::Counter;
 

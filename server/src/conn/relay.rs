@@ -24,8 +24,9 @@ use tern_codec::{
 use tern_runtime::{ratelog, ReadBuf};
 
 use super::output::Output;
-use super::{ConnCx, Link};
+use super::types::Link;
 use crate::access_log::SavedEntry;
+use crate::exchange::ConnCx;
 use crate::response::Response;
 use crate::stats::Counter;
 use crate::upstream::{Forward, UpstreamOutcome};
