@@ -15,6 +15,17 @@ pub enum ConnectionHeader {
     Close,
 }
 
+impl ConnectionHeader {
+    /// What an answer says: close, or keep-alive in the form the client's version needs.
+    pub fn for_answer(keep_alive: bool, http10: bool) -> ConnectionHeader {
+        match (keep_alive, http10) {
+            (false, _) => ConnectionHeader::Close,
+            (true, true) => ConnectionHeader::KeepAlive,
+            (true, false) => ConnectionHeader::Persistent,
+        }
+    }
+}
+
 /// A response head, written straight into the caller's output buffer from pre-serialized
 /// pieces: a static status line, the cached Date line, caller-prepared header lines, and an
 /// `itoa` Content-Length. No `format!`, no allocation beyond the buffer's own growth.

@@ -24,9 +24,8 @@ use crossbeam_queue::ArrayQueue;
 use tern_codec::{RequestHead, Version};
 use tern_runtime::{Clock, InboxSender};
 
-use crate::handler::WorkerMessage;
+use crate::handler::{LogTarget, WorkerMessage};
 use crate::stats::{Counter, Stats};
-use crate::StopSignal;
 
 /// A buffer is handed to the writer once it holds this much.
 const HAND_OVER_AT: usize = 32 * 1024;
@@ -143,23 +142,6 @@ impl LogShared {
         if let Some(t) = self.writer.get() {
             t.unpark();
         }
-    }
-}
-
-/// Which of the server's access logs a line goes to (index in the order they were given),
-/// or none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogTarget(pub(crate) u16);
-
-impl LogTarget {
-    /// The first log (the server's only one, for `tern serve`).
-    pub const DEFAULT: LogTarget = LogTarget(0);
-    /// No line for this answer.
-    pub const OFF: LogTarget = LogTarget(u16::MAX);
-
-    /// The log at `index` (as given to `Server::with_access_logs`).
-    pub fn log(index: usize) -> LogTarget {
-        LogTarget(u16::try_from(index).unwrap_or(u16::MAX))
     }
 }
 
@@ -466,18 +448,19 @@ impl Drop for LogBuffer {
 
 /// The writer thread: writes handed-over buffers to the file, reopens it on request, wakes
 /// workers whose lines wait, and exits once stopped (after every worker has exited and
-/// handed over its last lines) with the queue drained.
+/// handed over its last lines) with the queue drained. `stopped` is the server's
+/// `StopSignal::is_stopped`.
 pub(crate) fn run_writer(
     shared: Arc<LogShared>,
     mut file: File,
     inboxes: Vec<InboxSender<WorkerMessage>>,
-    stop: StopSignal,
+    stopped: impl Fn() -> bool,
 ) {
     let _ = shared.writer.set(std::thread::current());
     let mut last_nudge = Instant::now();
     loop {
         // Read before draining: whatever was handed over before the stop is drained below.
-        let stopped = stop.is_stopped();
+        let stopped = stopped();
         while let Some(mut buf) = shared.full.pop() {
             write_out(&mut file, &buf, &shared);
             buf.clear();
@@ -1139,10 +1122,12 @@ mod tests {
     fn the_writer_writes_everything_handed_over_before_the_stop() {
         let (shared, stats, dir) = test_log(4);
         let file = open_log(&dir.path().join("access.log")).unwrap();
-        let stop = StopSignal::default();
+        let stop = crate::StopSignal::default();
         let writer = {
             let (shared, stop) = (shared.clone(), stop.clone());
-            std::thread::spawn(move || run_writer(shared, file, Vec::new(), stop))
+            std::thread::spawn(move || {
+                run_writer(shared, file, Vec::new(), move || stop.is_stopped())
+            })
         };
         let mut clock = Clock::new();
         clock.update();

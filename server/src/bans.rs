@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use ipnet::IpNet;
+use tern_runtime::{ratelog, Clock};
+
+use crate::stats::{Counter, WorkerStats};
 
 /// Strike slots (direct-mapped by a keyed hash of the banned prefix).
 pub const STRIKE_SLOTS: usize = 4096;
@@ -335,10 +338,7 @@ impl Bans {
 
 /// A strike (header timeout) or a dropped connection from `ip`, on a worker: counts and logs
 /// (rate-limited) the ban it may add.
-pub(crate) fn record(cx: &crate::conn::ConnCx<'_>, ip: IpAddr, cause: BanCause) {
-    let Some(bans) = &cx.shared.bans else {
-        return;
-    };
+pub(crate) fn record(bans: &Bans, stats: &WorkerStats, clock: &Clock, ip: IpAddr, cause: BanCause) {
     let added = match cause {
         BanCause::Strikes => bans.strike(ip),
         BanCause::Dropped => bans.ban(ip),
@@ -346,11 +346,11 @@ pub(crate) fn record(cx: &crate::conn::ConnCx<'_>, ip: IpAddr, cause: BanCause) 
     let Some(added) = added else {
         return;
     };
-    cx.stats.bump(crate::stats::Counter::BansAdded);
+    stats.bump(Counter::BansAdded);
     if added.sink_failed {
-        cx.stats.bump(crate::stats::Counter::BanNftFailures);
+        stats.bump(Counter::BanNftFailures);
     }
-    if tern_runtime::ratelog::admit("ban_added", cx.clock.now_ms()) {
+    if ratelog::admit("ban_added", clock.now_ms()) {
         let why = match cause {
             BanCause::Strikes => "slow request heads",
             BanCause::Dropped => "dropped by a handler (far over a rate limit)",

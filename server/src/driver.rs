@@ -11,13 +11,27 @@ use std::os::fd::{AsRawFd, RawFd};
 use mio::net::TcpStream;
 
 use crate::conn::output::MAX_IOVECS;
-use crate::conn::{Action, Conn, ConnCx, Status, Timeout, Transmit};
+use crate::conn::{Action, Conn, Status, Timeout, Transmit};
+use crate::exchange::ConnCx;
 use crate::stats::Counter;
 
 /// Largest `sendfile` per call: bounds how long one connection holds the worker.
 const SENDFILE_CHUNK: u64 = 1 << 20;
 /// Bytes one connection may write per turn before yielding to the others.
 pub const FLUSH_BUDGET: usize = 4 << 20;
+
+/// A connection in the worker's slab: the socket (driver side), the sans-IO connection, and
+/// its timer bookkeeping.
+pub(crate) struct Entry {
+    pub sock: Socket,
+    pub conn: Conn,
+    /// Current deadline and the deadline of the live timer-wheel entry (see TimerWheel).
+    pub deadline_ms: u64,
+    pub armed_ms: u64,
+    /// The upstream connections (keys in the worker's `UpstreamConns`) of the exchanges it
+    /// relays, by relay id (HTTP/1.1: one, id 0; HTTP/2: a stream id each).
+    pub upstreams: Vec<(u32, u64)>,
+}
 
 /// A connection's socket and what the driver knows about it.
 pub(crate) struct Socket {

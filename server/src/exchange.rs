@@ -1,17 +1,56 @@
 //! One exchange, whatever the protocol: route the request, run the handler (a panic answers
-//! 500 and the worker lives on), and say what the protocol must do with the outcome.
+//! 500 and the worker lives on), and say what the protocol must do with the outcome. Also the
+//! context a connection runs with ([`ConnCx`]): what it borrows of its worker, defined here,
+//! below the connection, so that nothing under the worker names the worker.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tern_codec::RequestHead;
-use tern_runtime::ratelog;
+use tern_runtime::{ratelog, BufPool, Clock, InboxSender};
 
-use crate::conn::ConnCx;
-use crate::handler::{HandlerContext, Reply, Request};
+use crate::access_log::{LogEntry, WorkerLog};
+use crate::bans::{self, BanCause, Bans};
+use crate::config::ServerConfig;
+use crate::handler::{HandlerContext, LogTarget, Reply, Request, WorkerMessage};
 use crate::response::Response;
-use crate::router::RouteMatch;
-use crate::stats::Counter;
+use crate::router::{RouteMatch, Router};
+use crate::stats::{Counter, WorkerStats};
+use crate::upstream::Forward;
+
+/// Borrowed worker state a connection needs while it runs (the worker builds one per event).
+pub(crate) struct ConnCx<'a> {
+    pub router: &'a Router,
+    /// Where strikes and dropped connections add bans (`Server::with_bans`).
+    pub bans: Option<&'a Bans>,
+    /// `Strict-Transport-Security: ...\r\n`, for answers over TLS (`--hsts`).
+    pub hsts_line: Option<&'a [u8]>,
+    /// The worker's settings in force (timeouts, limits; changed by reloads between turns).
+    pub config: &'a ServerConfig,
+    pub stats: &'a WorkerStats,
+    pub clock: &'a Clock,
+    pub buffers: &'a mut BufPool,
+    /// The worker's buffer for file bytes on their way into TLS.
+    pub scratch: &'a mut Vec<u8>,
+    /// The worker's access log, if there is one: every answer is recorded there.
+    pub access_log: Option<&'a mut WorkerLog>,
+    pub inbox: &'a InboxSender<WorkerMessage>,
+    pub worker_id: usize,
+    /// A stop was requested: no answer keeps its connection alive.
+    pub stopping: bool,
+    pub draining: bool,
+    /// The worker is near its connection limit: answer, but do not keep alive.
+    pub near_limit: bool,
+}
+
+impl ConnCx<'_> {
+    /// A strike (slow request head) or a dropped connection from `ip`: may add a ban.
+    pub fn record_ban(&self, ip: IpAddr, cause: BanCause) {
+        if let Some(bans) = self.bans {
+            bans::record(bans, self.stats, self.clock, ip, cause);
+        }
+    }
+}
 
 /// What became of a request.
 pub(crate) enum Outcome {
@@ -22,13 +61,13 @@ pub(crate) enum Outcome {
     /// Close the connection without an answer.
     Drop,
     /// Relay the exchange to an upstream server.
-    Forward(Box<crate::upstream::Forward>),
+    Forward(Box<Forward>),
 }
 
 /// Whether the handler of this request takes its body as a stream (it is dispatched on the
 /// head, and the body follows through a relay) rather than whole.
 pub(crate) fn streams_body(head: &RequestHead<'_>, cx: &ConnCx<'_>) -> bool {
-    match cx.shared.router.find(head.method, &head.path) {
+    match cx.router.find(head.method, &head.path) {
         RouteMatch::Handler(h) => h.streams_body(head),
         _ => false,
     }
@@ -47,10 +86,10 @@ pub(crate) fn run(
     head: &RequestHead<'_>,
     body: &[u8],
     from: Origin,
-    entry: Option<&mut crate::access_log::LogEntry<'_>>,
+    entry: Option<&mut LogEntry<'_>>,
     cx: &mut ConnCx<'_>,
 ) -> Outcome {
-    let handler = match cx.shared.router.find(head.method, &head.path) {
+    let handler = match cx.router.find(head.method, &head.path) {
         RouteMatch::Handler(h) => h,
         RouteMatch::MethodNotAllowed(allow) => {
             let r = Response::text(405, "method not allowed\n").with_header("Allow", allow);
@@ -72,7 +111,7 @@ pub(crate) fn run(
         seq: from.seq,
         deferred: false,
         worker_id: cx.worker_id,
-        log: crate::LogTarget::DEFAULT,
+        log: LogTarget::DEFAULT,
         identity: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
@@ -85,7 +124,7 @@ pub(crate) fn run(
         Ok(Reply::Forward(fwd)) => Outcome::Forward(fwd),
         Ok(Reply::Drop) => {
             cx.stats.bump(Counter::ConnectionsDropped);
-            crate::bans::record(cx, from.peer.ip(), crate::bans::BanCause::Dropped);
+            cx.record_ban(from.peer.ip(), BanCause::Dropped);
             Outcome::Drop
         }
         Ok(Reply::Later) => {

@@ -69,6 +69,23 @@ pub enum WorkerMessage {
     },
 }
 
+/// Which of the server's access logs a line goes to (index in the order they were given),
+/// or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogTarget(pub(crate) u16);
+
+impl LogTarget {
+    /// The first log (the server's only one, for `tern serve`).
+    pub const DEFAULT: LogTarget = LogTarget(0);
+    /// No line for this answer.
+    pub const OFF: LogTarget = LogTarget(u16::MAX);
+
+    /// The log at `index` (as given to `Server::with_access_logs`).
+    pub fn log(index: usize) -> LogTarget {
+        LogTarget(u16::try_from(index).unwrap_or(u16::MAX))
+    }
+}
+
 /// Handed to a handler for one request. `defer()` turns the reply into a pending one.
 pub struct HandlerContext<'a> {
     pub(crate) inbox: &'a InboxSender<WorkerMessage>,
@@ -77,21 +94,21 @@ pub struct HandlerContext<'a> {
     pub(crate) deferred: bool,
     pub worker_id: usize,
     /// The access log this request's line goes to.
-    pub(crate) log: crate::LogTarget,
+    pub(crate) log: LogTarget,
     /// Who a guard in front let the request through as (set by [`crate::Guarded`] only).
-    pub(crate) identity: Option<crate::guard::Identity>,
+    pub(crate) identity: Option<crate::identity::Identity>,
 }
 
 impl HandlerContext<'_> {
     /// Sends this request's access-log line to another of the server's logs (a site's own),
-    /// or nowhere ([`crate::LogTarget::OFF`]).
-    pub fn log_to(&mut self, target: crate::LogTarget) {
+    /// or nowhere ([`LogTarget::OFF`]).
+    pub fn log_to(&mut self, target: LogTarget) {
         self.log = target;
     }
 
     /// The account a guard in front of this handler established, if any: a handler can
     /// trust it, since only a guard sets it (never the client).
-    pub fn identity(&self) -> Option<&crate::guard::Identity> {
+    pub fn identity(&self) -> Option<&crate::identity::Identity> {
         self.identity.as_ref()
     }
 

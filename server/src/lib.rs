@@ -6,11 +6,13 @@
 
 mod access_log;
 pub mod bans;
+mod config;
 mod conn;
 mod driver;
 mod exchange;
 mod guard;
 mod handler;
+mod identity;
 pub mod negotiate;
 mod response;
 mod router;
@@ -25,14 +27,16 @@ mod worker;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-pub use access_log::{AccessLog, AccessLogFormat, ClientIp, LogTarget};
+pub use access_log::{AccessLog, AccessLogFormat, ClientIp};
 pub use bans::{BanConfig, BanNotice, Bans};
-pub use guard::{Guard, Guarded, Identity, Verdict};
+pub use config::{ListenerKind, ServerConfig};
+pub use guard::{Guard, Guarded, Verdict};
 pub use handler::{
-    complete_all, Handler, HandlerContext, Pending, Reply, Request, TurnEnd, WorkerMessage,
+    complete_all, Handler, HandlerContext, LogTarget, Pending, Reply, Request, TurnEnd,
+    WorkerMessage,
 };
+pub use identity::Identity;
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
 pub use stats::{Counter, Stats, StatsSnapshot, WorkerStats};
@@ -43,55 +47,6 @@ pub use tern_codec::{
 pub use tern_runtime::{RuntimeConfig, SignalAction};
 pub use tern_tls::{CertFiles, TlsAcceptor, TlsOptions};
 pub use upstream::{Forward, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
-
-/// What a listener serves (by its index in `RuntimeConfig::listen`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListenerKind {
-    /// Plain HTTP.
-    Http,
-    /// HTTP over TLS (needs [`Server::with_tls`]).
-    Https,
-    /// Plain HTTP that answers every request with 308 to the same host and path on the
-    /// first `Https` listener.
-    RedirectToHttps,
-}
-
-/// Everything a server needs to know at start-up.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    pub runtime: RuntimeConfig,
-    pub limits: Limits,
-    /// From the first byte of a request head to its end.
-    pub header_timeout: Duration,
-    /// Between progress while reading a request body.
-    pub body_timeout: Duration,
-    /// An idle keep-alive connection is closed after this.
-    pub idle_timeout: Duration,
-    /// A client that accepts none of our output for this long is dropped.
-    pub write_timeout: Duration,
-    /// Open connections per worker; above it new ones are closed at once.
-    pub max_connections_per_worker: usize,
-    /// What each address of `runtime.listen` serves; missing entries are plain HTTP.
-    pub listener_kinds: Vec<ListenerKind>,
-    /// `Strict-Transport-Security: max-age=N` on answers over TLS.
-    pub hsts_max_age: Option<u64>,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            runtime: RuntimeConfig::default(),
-            limits: Limits::default(),
-            header_timeout: Duration::from_secs(10),
-            body_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            write_timeout: Duration::from_secs(30),
-            max_connections_per_worker: 16_384,
-            listener_kinds: Vec::new(),
-            hsts_max_age: None,
-        }
-    }
-}
 
 /// A router plus its settings, ready to start.
 pub struct Server {
@@ -249,6 +204,7 @@ impl Server {
                 .map(|(shared, _)| shared.clone())
                 .collect(),
             turn_ends: self.turn_ends,
+            reload_hooks: vec![static_files::forget_thread_caches],
         });
         let for_workers = shared.clone();
         let after_bind = self.after_bind.unwrap_or_else(|| Box::new(|| Ok(())));
@@ -276,7 +232,11 @@ impl Server {
             };
             let thread = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || access_log::run_writer(log, opened.into_file(), inboxes, signal))?;
+                .spawn(move || {
+                    access_log::run_writer(log, opened.into_file(), inboxes, move || {
+                        signal.is_stopped()
+                    })
+                })?;
             background.push((name, thread));
         }
         for (name, run) in self.background {

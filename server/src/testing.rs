@@ -6,29 +6,34 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, AtomicU64};
 use std::sync::{Arc, Mutex};
 
+use tern_codec::{parse_request, Limits, Method, RequestHead};
 use tern_runtime::{BufPool, Clock, Inbox, InboxSender};
 use tern_tls::TlsAcceptor;
 
+use crate::config::{ListenerKind, ServerConfig};
 use crate::conn::output::MAX_IOVECS;
-use crate::conn::{Action, Conn, ConnCx, Link, RelayNeed, Transmit};
+use crate::conn::{Action, Conn, Link, RelayNeed, Transmit};
+use crate::exchange::ConnCx;
 use crate::handler::WorkerMessage;
+use crate::handler::{Handler, HandlerContext, Pending, Reply, Request};
+use crate::response::Response;
+use crate::router::Router;
+use crate::stats::Stats;
 use crate::upstream::pool::Waiting;
 use crate::upstream::{Forward, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
-use crate::worker::Shared;
-use crate::{Handler, HandlerContext, Reply, Request, RequestHead};
-use crate::{ListenerKind, Router, ServerConfig, Stats};
 
 /// The borrowed worker state a step of the connection runs with (a macro: it borrows
 /// fields of the `MemoryConn` one by one, leaving `conn` and `output` free).
 macro_rules! conn_cx {
-    ($this:ident, $config:ident) => {
+    ($this:ident) => {
         ConnCx {
-            shared: &$this.shared,
-            config: &$config,
-            stats: $this.shared.stats.worker(0),
+            router: &$this.router,
+            bans: None,
+            hsts_line: None,
+            config: &$this.config,
+            stats: $this.stats.worker(0),
             clock: &$this.clock,
             buffers: &mut $this.buffers,
             scratch: &mut $this.scratch,
@@ -44,7 +49,9 @@ macro_rules! conn_cx {
 
 /// One connection, in memory.
 pub struct MemoryConn {
-    shared: Arc<Shared>,
+    router: Router,
+    config: ServerConfig,
+    stats: Stats,
     clock: Clock,
     buffers: BufPool,
     scratch: Vec<u8>,
@@ -103,19 +110,6 @@ impl MemoryConn {
         let waker = mio::Waker::new(poll.registry(), mio::Token(0))?;
         let inbox = InboxSender::new(Arc::new(Inbox::new(waker, 16)));
         let session = tls.as_ref().map(|t| t.accept());
-        let shared = Arc::new(Shared {
-            router,
-            stats: Stats::new(1),
-            live: arc_swap::ArcSwap::from_pointee(config.clone()),
-            config,
-            reloads: AtomicU64::new(0),
-            hsts_line: None,
-            https_port: AtomicU16::new(0),
-            tls,
-            bans: None,
-            access_logs: Vec::new(),
-            turn_ends: Vec::new(),
-        });
         let link = Link {
             peer: SocketAddr::from(([192, 0, 2, 1], 40000)),
             key: 1 << 32,
@@ -123,7 +117,9 @@ impl MemoryConn {
             redirect_to_https: None,
         };
         Ok(MemoryConn {
-            shared,
+            router,
+            config,
+            stats: Stats::new(1),
             clock: Clock::new(),
             buffers: BufPool::new(4096, 16 * 1024, 4),
             scratch: Vec::new(),
@@ -166,7 +162,7 @@ impl MemoryConn {
 
     /// The server's counters (handshakes, failures, responses).
     pub fn stats(&self) -> &Stats {
-        &self.shared.stats
+        &self.stats
     }
 
     /// Upstream connections opened so far by [`Self::upstream_answers`] (the others were
@@ -203,8 +199,7 @@ impl MemoryConn {
             if self.closed {
                 break;
             }
-            let config = self.shared.live.load_full();
-            let mut cx = conn_cx!(self, config);
+            let mut cx = conn_cx!(self);
             let mut moved = true;
             // The first relay under way (HTTP/1.1 has one).
             let mut ids = Vec::new();
@@ -296,8 +291,7 @@ impl MemoryConn {
         if self.closed {
             return;
         }
-        let config = self.shared.live.load_full();
-        let mut cx = conn_cx!(self, config);
+        let mut cx = conn_cx!(self);
         loop {
             loop {
                 let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
@@ -389,8 +383,8 @@ pub fn with_request<R>(
     f: impl FnOnce(&Request<'_>) -> R,
 ) -> R {
     let mut headers = [std::mem::MaybeUninit::uninit(); 64];
-    let Ok(crate::Parsed::Complete(head)) =
-        crate::parse_request(raw, &mut headers, &crate::Limits::default())
+    let Ok(tern_codec::Parsed::Complete(head)) =
+        parse_request(raw, &mut headers, &Limits::default())
     else {
         panic!(
             "test request must parse: {:?}",
@@ -595,7 +589,7 @@ impl Handler for ForwardAll {
         Reply::Forward(Box::new(Forward {
             upstreams: self.0.clone(),
             head: head.into_bytes(),
-            idempotent: matches!(req.method(), crate::Method::Get | crate::Method::Head),
+            idempotent: matches!(req.method(), Method::Get | Method::Head),
             upgrade,
             edit: None,
         }))
@@ -647,12 +641,12 @@ impl TestReplies {
     }
 
     /// A reply to be completed; `seq` tells it apart in `completed`.
-    pub fn pending(&self, seq: u32) -> crate::Pending {
-        crate::Pending::new(InboxSender::new(self.inbox.clone()), 0, seq)
+    pub fn pending(&self, seq: u32) -> Pending {
+        Pending::new(InboxSender::new(self.inbox.clone()), 0, seq)
     }
 
     /// The replies completed so far, as (seq, response), in the order they came.
-    pub fn completed(&self) -> Vec<(u32, crate::Response)> {
+    pub fn completed(&self) -> Vec<(u32, Response)> {
         let mut out = Vec::new();
         self.inbox.drain(|m| match m {
             WorkerMessage::Complete { seq, response, .. } => out.push((seq, response)),

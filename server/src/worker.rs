@@ -7,29 +7,19 @@ use mio::event::Event;
 use mio::{Interest, Token};
 use tern_runtime::{Context, InboxSender, TimerKey, WorkerApp};
 
-use crate::access_log::WorkerLog;
-use crate::conn::{Conn, ConnCx, Link, Status};
-use crate::driver::{self, Socket};
-use crate::handler::WorkerMessage;
+use crate::access_log::{LogShared, WorkerLog};
+use crate::bans::Bans;
+use crate::config::{ListenerKind, ServerConfig};
+use crate::conn::{Conn, Link, Status};
+use crate::driver::{self, Entry, Socket};
+use crate::exchange::ConnCx;
+use crate::handler::{Pending, TurnEnd, WorkerMessage};
+use crate::response::Response;
 use crate::router::Router;
 use crate::slab::Slab;
 use crate::stats::{Counter, Stats};
 use crate::upstream::driver::{self as relay_driver, UpstreamCx};
 use crate::upstream::pool::{UpstreamConns, UPSTREAM_TOKEN};
-use crate::{ListenerKind, ServerConfig};
-
-/// A connection in the worker's slab: the socket (driver side), the sans-IO connection, and
-/// its timer bookkeeping.
-pub(crate) struct Entry {
-    pub sock: Socket,
-    pub conn: Conn,
-    /// Current deadline and the deadline of the live timer-wheel entry (see TimerWheel).
-    pub deadline_ms: u64,
-    pub armed_ms: u64,
-    /// The upstream connections (keys in the worker's `UpstreamConns`) of the exchanges it
-    /// relays, by relay id (HTTP/1.1: one, id 0; HTTP/2: a stream id each).
-    pub upstreams: Vec<(u32, u64)>,
-}
 
 /// What every worker shares, read-only (but for reloads).
 pub(crate) struct Shared {
@@ -46,10 +36,13 @@ pub(crate) struct Shared {
     pub hsts_line: Option<Vec<u8>>,
     /// The bound port of the first TLS listener (for `--redirect-http`); 0 until known.
     pub https_port: std::sync::atomic::AtomicU16,
-    pub bans: Option<Arc<crate::Bans>>,
-    pub access_logs: Vec<Arc<crate::access_log::LogShared>>,
+    pub bans: Option<Arc<Bans>>,
+    pub access_logs: Vec<Arc<LogShared>>,
     /// Apps' end-of-turn work (see `TurnEnd`).
-    pub turn_ends: Vec<Arc<dyn crate::TurnEnd>>,
+    pub turn_ends: Vec<Arc<dyn TurnEnd>>,
+    /// Run on each worker thread when it takes a reload (`Server::start` registers the
+    /// static files' `forget_thread_caches`, so that the event loop names no handler).
+    pub reload_hooks: Vec<fn()>,
 }
 
 /// Rounds of end-of-turn hooks in one turn (see `HttpWorker::end_turn`).
@@ -80,7 +73,7 @@ pub(crate) struct HttpWorker {
     /// Scratch for a connection's relay ids.
     relay_ids: Vec<u32>,
     /// Reused by `end_turn`.
-    turn_answers: Vec<(crate::Pending, crate::Response)>,
+    turn_answers: Vec<(Pending, Response)>,
     /// `end_turn` stopped while its hooks still answered: run them again next turn.
     turn_end_again: bool,
 }
@@ -147,15 +140,18 @@ impl HttpWorker {
         self.turn_answers = answers;
     }
 
-    /// A reload happened since the last turn: take the new settings and drop this thread's
-    /// static-file front caches (their files may come from an old root or old options).
+    /// A reload happened since the last turn: take the new settings and run the reload hooks
+    /// (the static files drop this thread's front caches: their files may come from an old
+    /// root or old options).
     #[cold]
     fn apply_reload(&mut self, reloads: u64) {
         self.seen_reloads = reloads;
         self.config = self.shared.live.load_full();
         let max = self.config.max_connections_per_worker;
         self.near_limit_at = max - max / 10;
-        crate::static_files::forget_thread_caches();
+        for hook in &self.shared.reload_hooks {
+            hook();
+        }
     }
 
     /// Runs `f` on the connection with its borrowed context, then applies the outcome:
@@ -171,7 +167,9 @@ impl HttpWorker {
             return;
         };
         let mut ccx = ConnCx {
-            shared: &self.shared,
+            router: &self.shared.router,
+            bans: self.shared.bans.as_deref(),
+            hsts_line: self.shared.hsts_line.as_deref(),
             config: &self.config,
             stats: self.shared.stats.worker(self.id),
             clock: cx.clock,

@@ -11,12 +11,12 @@ use tern_codec::{
 };
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
-use super::linger::{self, Linger};
+use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
-use super::relay::{self, BodyFollows, ClientSide, Relay, RelayNeed};
-use super::{ConnCx, Link, Timeout};
+use super::relay::{self, Asked, BodyFollows, ClientSide, Relay, RelayNeed};
+use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
-use crate::exchange::{self, Origin, Outcome};
+use crate::exchange::{self, ConnCx, Origin, Outcome};
 use crate::response::{status_has_no_body, Response};
 use crate::stats::Counter;
 
@@ -59,10 +59,15 @@ impl Exchange {
     /// What the `Connection` field of an answer says: close, or keep-alive in the form the
     /// client's version needs.
     pub fn connection(&self, keep: bool) -> ConnectionHeader {
-        match (keep, self.http10) {
-            (false, _) => ConnectionHeader::Close,
-            (true, true) => ConnectionHeader::KeepAlive,
-            (true, false) => ConnectionHeader::Persistent,
+        ConnectionHeader::for_answer(keep, self.http10)
+    }
+
+    /// What a relay needs of it to shape the upstream's answer.
+    fn asked(&self) -> Asked {
+        Asked {
+            head_only: self.head_only,
+            keep_alive: self.keep_alive,
+            http10: self.http10,
         }
     }
 
@@ -75,24 +80,6 @@ impl Exchange {
             seq,
         }
     }
-}
-
-/// What the connection should do once the output is sent.
-pub(crate) enum Next {
-    /// Read more input.
-    Read,
-    /// Nothing until a pending reply arrives.
-    Wait,
-    /// No more requests: close (see [`Http1::close_kind`]).
-    Close,
-}
-
-/// How to close.
-pub(crate) enum CloseKind {
-    /// At once.
-    Now,
-    /// Half-close, then read and discard for a moment (see `linger.rs`).
-    Linger,
 }
 
 #[derive(Default)]
@@ -260,7 +247,7 @@ impl Http1 {
 
     pub fn close_kind(&self) -> CloseKind {
         let unread = self.rbuf.as_ref().is_some_and(|b| !b.is_empty());
-        linger::close_kind(self.abort, self.peer_eof, self.linger_on_close || unread)
+        close::close_kind(self.abort, self.peer_eof, self.linger_on_close || unread)
     }
 
     /// The write side was shut down: discard input for a moment, then close.
@@ -443,7 +430,7 @@ impl Http1 {
                 let saved = entry.as_ref().and_then(SavedEntry::save);
                 let start = relay::RelayStart {
                     fwd,
-                    ex: exchange,
+                    asked: exchange.asked(),
                     body,
                     streamed: streamed.map(BodyFollows::Framed),
                     log: saved,
@@ -561,7 +548,7 @@ impl Http1 {
         // Whatever is being answered now is the last answer on this connection.
         match &mut self.state {
             State::Awaiting(ex, _) => ex.keep_alive = false,
-            State::Relay(r) => r.ex.keep_alive = false,
+            State::Relay(r) => r.asked.keep_alive = false,
             _ => {}
         }
         false

@@ -13,13 +13,12 @@ use tern_http2::frame::HEADER_LEN;
 use tern_http2::{Config, ErrorCode, Event, Priority, RequestData, Session};
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
-use super::http1::Exchange;
-use super::linger::{self, Linger};
+use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
-use super::relay::{BodyFollows, ClientSide, H2Answer, Relay, RelayNeed, RelayStart};
-use super::{ConnCx, Link, Timeout};
+use super::relay::{Asked, BodyFollows, ClientSide, H2Answer, Relay, RelayNeed, RelayStart};
+use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
-use crate::exchange::{self, Origin, Outcome};
+use crate::exchange::{self, ConnCx, Origin, Outcome};
 use crate::response::{status_has_no_body, Body, FileBody, Response};
 use crate::stats::Counter;
 
@@ -136,9 +135,6 @@ struct HeadMemo {
     /// Scratch for the key of the answer being written.
     key: Vec<u8>,
 }
-
-/// What to do once the output is sent (as for HTTP/1.1).
-pub(crate) use super::http1::{CloseKind, Next};
 
 impl Http2 {
     /// A new HTTP/2 connection; `rbuf` holds what was already read (on a plain port, the
@@ -436,11 +432,10 @@ impl Http2 {
                 fwd.upgrade = false;
                 let start = RelayStart {
                     fwd,
-                    ex: Exchange {
+                    asked: Asked {
                         head_only,
                         keep_alive: true,
                         http10: false,
-                        seq: id,
                     },
                     body: &data.body,
                     streamed: streamed.then_some(BodyFollows::Raw(data.fields.content_length())),
@@ -736,7 +731,7 @@ impl Http2 {
     /// control frames (PING, WINDOW_UPDATE, its own GOAWAY) at any time, and closing with
     /// them unread would reset the connection before our last frames are read.
     pub fn close_kind(&self) -> CloseKind {
-        linger::close_kind(self.abort, self.peer_eof, true)
+        close::close_kind(self.abort, self.peer_eof, true)
     }
 
     pub fn start_lingering(&mut self, now_ms: u64) {
@@ -1058,7 +1053,7 @@ impl Http2 {
         }
         for i in 0..self.relays.len() {
             let id = self.relays[i].0;
-            let head_only = self.relays[i].1.ex.head_only;
+            let head_only = self.relays[i].1.asked.head_only;
             let Some(answer) = self.relays[i].1.h2_answer() else {
                 continue;
             };

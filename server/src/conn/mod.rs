@@ -13,132 +13,31 @@
 //! through [`Conn::complete`]. The connection reads the worker's cached clock (passed in),
 //! never the system's.
 
+mod close;
 pub(crate) mod http1;
 mod http2;
-mod linger;
 pub(crate) mod output;
 mod protocol;
 mod relay;
 mod tls;
+mod types;
 
 use std::io::IoSlice;
-use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 
-use tern_runtime::{ratelog, BufPool, Clock, InboxSender};
+use tern_runtime::{ratelog, BufPool};
 
-use crate::handler::WorkerMessage;
+use crate::bans::BanCause;
+use crate::exchange::ConnCx;
 use crate::response::Response;
-use crate::stats::{Counter, WorkerStats};
-use crate::worker::Shared;
-use crate::ServerConfig;
-use http1::{CloseKind, Http1, Next};
+use crate::stats::Counter;
+use close::{CloseKind, Next};
+use http1::Http1;
 use output::Output;
 use protocol::{Preface, Protocol};
 pub(crate) use relay::RelayNeed;
 use tls::Tls;
-
-/// Borrowed worker state a connection needs while it runs.
-pub(crate) struct ConnCx<'a> {
-    pub shared: &'a Shared,
-    /// The worker's settings in force (timeouts, limits; changed by reloads between turns).
-    pub config: &'a ServerConfig,
-    pub stats: &'a WorkerStats,
-    pub clock: &'a Clock,
-    pub buffers: &'a mut BufPool,
-    /// The worker's buffer for file bytes on their way into TLS.
-    pub scratch: &'a mut Vec<u8>,
-    /// The worker's access log, if there is one: every answer is recorded there.
-    pub access_log: Option<&'a mut crate::access_log::WorkerLog>,
-    pub inbox: &'a InboxSender<WorkerMessage>,
-    pub worker_id: usize,
-    /// A stop was requested: no answer keeps its connection alive.
-    pub stopping: bool,
-    pub draining: bool,
-    /// The worker is near its connection limit: answer, but do not keep alive.
-    pub near_limit: bool,
-}
-
-/// What a connection asks of its worker after an event.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Status {
-    Open,
-    /// Sending was cut short by the fairness budget; drive again next turn.
-    Yielded,
-    Close,
-}
-
-/// Which timeout a deadline stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Timeout {
-    Header,
-    Body,
-    Idle,
-    Write,
-    Linger,
-    /// The relay's timeout toward its upstream (connect, first byte, idle).
-    Upstream,
-    /// HTTP/2: answers are owed to the client and no DATA has gone out since the stall began
-    /// (frames the client reads meanwhile, PING ACKs and the like, do not count; see
-    /// `Http2::next_deadline`). Unlike `Write`, acknowledged bytes give no extension.
-    Stall,
-    /// Not a timeout: an idle connection gives back memory it kept for the next request
-    /// (`Conn::trim_if_due`), and stays open.
-    Trim,
-}
-
-/// What to send next.
-#[must_use]
-pub(crate) enum Transmit {
-    Nothing,
-    /// The first `count` slices given to `poll_transmit`; `more`: a file follows at once.
-    Memory {
-        count: usize,
-        more: bool,
-    },
-    /// `len` bytes of `file` from `offset` (sendfile).
-    File {
-        file: RawFd,
-        offset: u64,
-        len: u64,
-    },
-    /// The output cannot be produced (a file shrank under us): close.
-    Failed,
-}
-
-/// What the driver should do once everything is sent.
-#[must_use]
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Action {
-    /// Read into `recv_buf` (if the socket may have bytes).
-    Read,
-    /// Nothing to do until readiness or a reply.
-    Wait,
-    /// New output was queued (e.g. close_notify): transmit again.
-    Transmit,
-    /// Half-close the socket, then call `handle_write_shutdown` and keep reading.
-    ShutdownWrite,
-    Close,
-}
-
-/// Who the connection is, for exchanges.
-pub(crate) struct Link {
-    pub peer: SocketAddr,
-    pub key: u64,
-    /// Over TLS (HSTS goes on answers).
-    pub secure: bool,
-    /// A `--redirect-http` listener: every request is answered 308 to this https port.
-    pub redirect_to_https: Option<u16>,
-}
-
-impl Link {
-    /// The `Strict-Transport-Security` line answers on this connection carry (`--hsts`,
-    /// over TLS only).
-    pub fn hsts<'s>(&self, cx: &ConnCx<'s>) -> Option<&'s [u8]> {
-        let shared: &'s Shared = cx.shared;
-        shared.hsts_line.as_deref().filter(|_| self.secure)
-    }
-}
+pub(crate) use types::{Action, Link, Status, Timeout, Transmit};
 
 enum Transport {
     Plain,
@@ -506,7 +405,7 @@ impl Conn {
         cx.stats.bump(counter);
         if kind == Timeout::Header {
             // A slow head or handshake: slowloris, if it keeps happening.
-            crate::bans::record(cx, self.link.peer.ip(), crate::bans::BanCause::Strikes);
+            cx.record_ban(self.link.peer.ip(), BanCause::Strikes);
         }
         // Idle keep-alive connections timing out is normal; the others may be slowloris-style
         // abuse, so they are logged, rate-limited.

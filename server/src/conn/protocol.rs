@@ -4,10 +4,12 @@
 
 use tern_runtime::{BufPool, ReadBuf};
 
-use super::http1::{CloseKind, Http1, Next};
+use super::close::{CloseKind, Next};
+use super::http1::Http1;
 use super::http2::Http2;
 use super::output::Output;
-use super::{ConnCx, Link, Timeout};
+use super::types::{Link, Timeout};
+use crate::exchange::ConnCx;
 use crate::response::Response;
 
 pub(crate) enum Protocol {

@@ -23,10 +23,10 @@ use tern_codec::{
 };
 use tern_runtime::{ratelog, ReadBuf};
 
-use super::http1::Exchange;
 use super::output::Output;
-use super::{ConnCx, Link};
+use super::types::Link;
 use crate::access_log::SavedEntry;
+use crate::exchange::ConnCx;
 use crate::response::Response;
 use crate::stats::Counter;
 use crate::upstream::{Forward, UpstreamOutcome};
@@ -69,10 +69,28 @@ enum Phase {
     Done,
 }
 
+/// What the relay needs to know of the client's request to shape the answer it passes on.
+#[derive(Clone, Copy)]
+pub(crate) struct Asked {
+    /// A HEAD request: the answer has no body.
+    pub head_only: bool,
+    /// The client may keep the connection open after this exchange.
+    pub keep_alive: bool,
+    /// An HTTP/1.0 client (no chunking; keep-alive said explicitly).
+    pub http10: bool,
+}
+
+impl Asked {
+    /// What the `Connection` field of an HTTP/1.1 answer says.
+    fn connection(&self, keep: bool) -> ConnectionHeader {
+        ConnectionHeader::for_answer(keep, self.http10)
+    }
+}
+
 /// An exchange a handler forwarded, as the protocol hands it to the relay.
 pub(crate) struct RelayStart<'b> {
     pub fwd: Box<Forward>,
-    pub ex: Exchange,
+    pub asked: Asked,
     /// The complete body, if it came with the head.
     pub body: &'b [u8],
     /// A body still to come from the client.
@@ -138,7 +156,7 @@ pub(crate) struct H2Answer {
 
 pub(crate) struct Relay {
     pub(crate) fwd: Box<Forward>,
-    pub(crate) ex: Exchange,
+    pub(crate) asked: Asked,
     log: Option<Box<SavedEntry>>,
     client: ClientSide,
     phase: Phase,
@@ -202,7 +220,7 @@ impl Relay {
     ) -> Box<Relay> {
         let RelayStart {
             mut fwd,
-            ex,
+            asked,
             body,
             streamed,
             log,
@@ -247,7 +265,7 @@ impl Relay {
         };
         let mut relay = Box::new(Relay {
             fwd,
-            ex,
+            asked,
             log,
             client,
             phase: Phase::Connect,
@@ -355,7 +373,7 @@ impl Relay {
 
     /// The client's connection cannot take another exchange after this one.
     pub fn closes_client(&self) -> bool {
-        self.close_client || !self.ex.keep_alive
+        self.close_client || !self.asked.keep_alive
     }
 
     /// Request bytes to send upstream (empty: none now).
@@ -820,7 +838,7 @@ impl Relay {
         let head = match parse_upstream_head(
             data,
             &mut headers,
-            self.ex.head_only,
+            self.asked.head_only,
             MAX_UPSTREAM_HEAD,
         ) {
             Ok(Some(h)) => h,
@@ -887,7 +905,7 @@ impl Relay {
         if head.status < 200 {
             // 100 Continue was ours to give; other interim answers (103 Early Hints) go to
             // HTTP/1.1 clients as they are.
-            if head.status != 100 && !self.ex.http10 && matches!(self.client, ClientSide::H1) {
+            if head.status != 100 && !self.asked.http10 && matches!(self.client, ClientSide::H1) {
                 let mut r = Response::new(head.status);
                 copy_fields(&head, &mut r);
                 let h = ResponseHead {
@@ -914,16 +932,16 @@ impl Relay {
         let (content_length, chunked, body) = match head.body {
             ResponseBody::None => {
                 // A HEAD answer keeps the length the GET would have had.
-                let len = if self.ex.head_only && !crate::response::status_has_no_body(head.status)
-                {
-                    head.headers
-                        .iter()
-                        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                        .and_then(|h| std::str::from_utf8(h.value).ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                } else {
-                    None
-                };
+                let len =
+                    if self.asked.head_only && !crate::response::status_has_no_body(head.status) {
+                        head.headers
+                            .iter()
+                            .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                            .and_then(|h| std::str::from_utf8(h.value).ok())
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                    } else {
+                        None
+                    };
                 (len, false, None)
             }
             ResponseBody::Length(n) => (
@@ -936,13 +954,13 @@ impl Relay {
             ),
             ResponseBody::Chunked => (
                 None,
-                !self.ex.http10,
+                !self.asked.http10,
                 Some(UpBody::Decoding(BodyDecoder::new(
                     BodyKind::Chunked,
                     u64::MAX,
                 ))),
             ),
-            ResponseBody::UntilClose => (None, !self.ex.http10, Some(UpBody::UntilClose)),
+            ResponseBody::UntilClose => (None, !self.asked.http10, Some(UpBody::UntilClose)),
         };
         // An HTTP/1.0 client learns where an unsized body ends only by the close.
         if content_length.is_none() && !chunked && body.is_some() {
@@ -953,7 +971,7 @@ impl Relay {
             // be read in step any more, nor the upstream's reused.
             self.close_client = true;
         }
-        let keep = self.ex.keep_alive && !self.close_client && !cx.stopping;
+        let keep = self.asked.keep_alive && !self.close_client && !cx.stopping;
         if !keep {
             self.close_client = true;
         }
@@ -968,11 +986,11 @@ impl Relay {
                     date_line: cx.clock.date_line(),
                     headers: r.headers(),
                     content_length,
-                    chunked: chunked && !self.ex.head_only,
-                    connection: self.ex.connection(keep),
+                    chunked: chunked && !self.asked.head_only,
+                    connection: self.asked.connection(keep),
                 };
                 write_head(out, &h, cx);
-                self.chunked_out = chunked && !self.ex.head_only;
+                self.chunked_out = chunked && !self.asked.head_only;
             }
             // HTTP/2 frames the body itself: no chunking, no Connection.
             ClientSide::H2(a) => a.head = Some((r, content_length)),
@@ -994,7 +1012,7 @@ impl Relay {
             return;
         }
         self.body_bytes += data.len() as u64;
-        if self.ex.head_only {
+        if self.asked.head_only {
             return;
         }
         if self.chunked_out {
@@ -1102,7 +1120,7 @@ impl Relay {
         if self.client_body.is_some() {
             self.close_client = true;
         }
-        let keep = self.ex.keep_alive && !self.close_client && !cx.stopping;
+        let keep = self.asked.keep_alive && !self.close_client && !cx.stopping;
         if !keep {
             self.close_client = true;
         }
@@ -1119,15 +1137,15 @@ impl Relay {
                     headers: r.headers(),
                     content_length: Some(body),
                     chunked: false,
-                    connection: self.ex.connection(keep),
+                    connection: self.asked.connection(keep),
                 };
                 write_head(out, &h, cx);
-                if !self.ex.head_only {
+                if !self.asked.head_only {
                     out.push_body(std::mem::take(&mut r.body));
                 }
             }
             ClientSide::H2(a) => {
-                if !self.ex.head_only {
+                if !self.asked.head_only {
                     a.data.extend_from_slice(msg.as_bytes());
                 }
                 r.body = crate::response::Body::Empty;

@@ -15,7 +15,8 @@ use tern_runtime::{BufPool, ReadBuf};
 use tern_tls::{Plaintext, TlsFailure, TlsSession};
 
 use super::output::{Output, MAX_IOVECS};
-use super::{ConnCx, Transmit};
+use super::types::Transmit;
+use crate::exchange::ConnCx;
 
 /// Plaintext encrypted per batch: the records of one batch stay under the pool's largest
 /// kept buffer (64 KiB) and leave in one write.

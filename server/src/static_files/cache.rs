@@ -7,11 +7,11 @@
 //!   on a front miss or after a change, so that every file is read and compressed once, not
 //!   once per worker.
 //!
-//! Memory is bounded by a [`Budget`] that every cached entry is charged to until it is dropped
-//! (by all holders). When a new entry does not fit, the oldest entries of the shared map are
-//! evicted (marked, removed, and the eviction epoch bumped); fronts drop evicted entries at their
-//! next revalidation of that key or their next miss (a sweep), and the new entry is served
-//! uncached until the memory is actually released.
+//! Memory is bounded by a [`Budget`] (`budget.rs`) that every cached entry is charged to until
+//! it is dropped (by all holders). When a new entry does not fit, the oldest entries of the
+//! shared map are evicted (marked, removed, and the eviction epoch bumped); fronts drop evicted
+//! entries at their next revalidation of that key or their next miss (a sweep), and the new
+//! entry is served uncached until the memory is actually released.
 //!
 //! A reload empties the shared map and gives it a new settings generation: an entry built
 //! under other settings is neither found nor cached. Fronts carry the settings they were made
@@ -25,9 +25,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
+use super::budget::Budget;
 use super::entry::{Entry, Source};
 use super::fs::FileStat;
-use super::Settings;
+use super::options::Settings;
 
 /// A cached entry is re-`stat`ed when a request finds it older than this (per worker), so a
 /// change on disk is seen within ~0.5 s plus the clock's tick.
@@ -81,44 +82,6 @@ impl Hasher for FxHasher {
 
 type FxMap<V> = HashMap<Box<[u8]>, V, BuildHasherDefault<FxHasher>>;
 
-/// Bytes and descriptors held by cached entries, with their limits.
-pub(crate) struct Budget {
-    bytes: AtomicU64,
-    files: AtomicU64,
-    max_bytes: u64,
-    max_files: u64,
-}
-
-/// What one entry is charged; released when the entry is dropped.
-pub(crate) struct Charge {
-    budget: Arc<Budget>,
-    bytes: u64,
-    files: u64,
-}
-
-impl Drop for Charge {
-    fn drop(&mut self) {
-        self.budget.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
-        self.budget.files.fetch_sub(self.files, Ordering::AcqRel);
-    }
-}
-
-impl Budget {
-    fn try_charge(self: &Arc<Self>, bytes: u64, files: u64) -> Option<Charge> {
-        let b = self.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        let f = self.files.fetch_add(files, Ordering::AcqRel) + files;
-        let charge = Charge {
-            budget: self.clone(),
-            bytes,
-            files,
-        };
-        if b > self.max_bytes || f > self.max_files {
-            return None; // dropping `charge` gives it back
-        }
-        Some(charge)
-    }
-}
-
 struct SharedEntry {
     entry: Arc<Entry>,
     seq: u64,
@@ -166,12 +129,7 @@ impl Shared {
         Shared {
             map: Mutex::new(SharedMap::default()),
             epoch: AtomicU64::new(0),
-            budget: Arc::new(Budget {
-                bytes: AtomicU64::new(0),
-                files: AtomicU64::new(0),
-                max_bytes,
-                max_files,
-            }),
+            budget: Arc::new(Budget::new(max_bytes, max_files)),
             compressions: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
         }

@@ -12,7 +12,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use super::cache::Charge;
+use super::budget::Charge;
 use super::encoding::{self, BR, GZIP};
 use super::fs::{fstat, FileStat, Kind, Root};
 

@@ -27,11 +27,13 @@
 //! old one are always safe); absolute symlinks inside the root are refused (RESOLVE_BENEATH),
 //! relative ones that stay inside are followed.
 
+mod budget;
 mod cache;
 pub(crate) mod conditional;
 pub(crate) mod encoding;
 mod entry;
 mod fs;
+mod options;
 mod path;
 mod range;
 
@@ -57,55 +59,14 @@ use cache::{Front, Shared, Slot, REVALIDATE_MS};
 use encoding::{BR, GZIP, IDENTITY};
 use entry::{BuildOpts, Entry, Found, Source};
 use fs::{fstat, Kind, Root};
+use options::Settings;
+pub use options::StaticOptions;
 pub use path::normalize_path; // doc-hidden: the path_normalize fuzz target, and the gate's policy path
 use path::PathError;
 use range::RangeSpec;
 
 /// How often (at most) the root path is checked for naming another directory.
 const ROOT_CHECK_MS: u64 = 500;
-
-/// Configuration of a [`StaticFiles`] handler.
-#[derive(Debug, Clone)]
-pub struct StaticOptions {
-    /// The directory served. Nothing outside it is ever reachable.
-    pub root: PathBuf,
-    /// Serve files and directories whose name starts with `.` (default: 404 for them).
-    pub serve_dotfiles: bool,
-    /// `Cache-Control` value sent on 200, 206 and 304 answers.
-    pub cache_control: Option<String>,
-    /// Files up to this size are held in memory (with gzip/br variants); larger ones are sent
-    /// from disk with sendfile.
-    pub max_cached_size: u64,
-    /// File served for a directory request (`/dir/`).
-    pub index_file: String,
-}
-
-impl StaticOptions {
-    pub fn new(root: impl Into<PathBuf>) -> StaticOptions {
-        StaticOptions {
-            root: root.into(),
-            ..StaticOptions::default()
-        }
-    }
-}
-
-impl Default for StaticOptions {
-    fn default() -> Self {
-        StaticOptions {
-            root: PathBuf::from("."),
-            serve_dotfiles: false,
-            cache_control: None,
-            max_cached_size: 64 * 1024,
-            index_file: "index.html".to_owned(),
-        }
-    }
-}
-
-/// The options in force and the reload that set them (0: the constructor's).
-pub(crate) struct Settings {
-    pub gen: u64,
-    pub opts: StaticOptions,
-}
 
 /// The open root directory and the path it was opened from.
 struct Rooted {

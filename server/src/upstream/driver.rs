@@ -9,9 +9,10 @@ use mio::Registry;
 
 use super::pool::UpstreamConns;
 use super::UpstreamOutcome;
-use crate::conn::{ConnCx, RelayNeed, Status};
+use crate::conn::{RelayNeed, Status};
+use crate::driver::Entry;
+use crate::exchange::ConnCx;
 use crate::stats::Counter;
-use crate::worker::Entry;
 
 /// Rounds of client-then-upstream work per call before yielding to other connections (a
 /// fast download through the proxy must not hold the worker).

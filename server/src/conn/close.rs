@@ -1,8 +1,26 @@
-//! The lingering close both protocols use after an error answer: half-close, then read and
-//! discard for a moment, so that closing with unread input does not reset the connection
-//! before the client has read the answer (RFC 9112 §9.6; nginx's lingering_close).
+//! How a connection goes on once its output is sent ([`Next`]) and how it ends ([`CloseKind`]),
+//! whatever the protocol; and the lingering close both protocols use after an error answer:
+//! half-close, then read and discard for a moment, so that closing with unread input does not
+//! reset the connection before the client has read the answer (RFC 9112 §9.6; nginx's
+//! lingering_close).
 
-use super::http1::CloseKind;
+/// What the connection should do once the output is sent.
+pub(crate) enum Next {
+    /// Read more input.
+    Read,
+    /// Nothing until a pending reply arrives.
+    Wait,
+    /// No more requests: close (the protocol's `close_kind` says how).
+    Close,
+}
+
+/// How to close.
+pub(crate) enum CloseKind {
+    /// At once.
+    Now,
+    /// Half-close, then read and discard for a moment (see [`Linger`]).
+    Linger,
+}
 
 /// How long to keep reading after the half-close.
 const LINGER_MS: u64 = 2_000;

@@ -1,0 +1,56 @@
+//! What a server is told at start-up (and, for some of it, on reload): its listeners and
+//! the limits and timeouts its connections keep.
+
+use std::time::Duration;
+
+use tern_codec::Limits;
+use tern_runtime::RuntimeConfig;
+
+/// What a listener serves (by its index in `RuntimeConfig::listen`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenerKind {
+    /// Plain HTTP.
+    Http,
+    /// HTTP over TLS (needs [`Server::with_tls`]).
+    Https,
+    /// Plain HTTP that answers every request with 308 to the same host and path on the
+    /// first `Https` listener.
+    RedirectToHttps,
+}
+
+/// Everything a server needs to know at start-up.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub runtime: RuntimeConfig,
+    pub limits: Limits,
+    /// From the first byte of a request head to its end.
+    pub header_timeout: Duration,
+    /// Between progress while reading a request body.
+    pub body_timeout: Duration,
+    /// An idle keep-alive connection is closed after this.
+    pub idle_timeout: Duration,
+    /// A client that accepts none of our output for this long is dropped.
+    pub write_timeout: Duration,
+    /// Open connections per worker; above it new ones are closed at once.
+    pub max_connections_per_worker: usize,
+    /// What each address of `runtime.listen` serves; missing entries are plain HTTP.
+    pub listener_kinds: Vec<ListenerKind>,
+    /// `Strict-Transport-Security: max-age=N` on answers over TLS.
+    pub hsts_max_age: Option<u64>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            runtime: RuntimeConfig::default(),
+            limits: Limits::default(),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
+            max_connections_per_worker: 16_384,
+            listener_kinds: Vec::new(),
+            hsts_max_age: None,
+        }
+    }
+}
