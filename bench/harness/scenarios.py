@@ -71,6 +71,17 @@ class Scenario:
         return self.floor or not server.canned
 
 
+# What the two claims scenarios share: the load (lua/claims.lua) and the answer check.
+CLAIMS = dict(
+    kind="claims",
+    path="/claim?name=bench-check",
+    headers={"Accept": "text/plain"},
+    check_headers={"X-Forwarded-For": "192.0.2.1"},
+    expect_text="192.0.2.1 is now claimed by bench-check",
+    lua="claims.lua",
+    servers=("tern-demo",),
+)
+
 SCENARIOS = [
     Scenario(
         "small-50",
@@ -181,27 +192,15 @@ SCENARIOS = [
         "IPv4 Games (tern demo --sync normal): GET /claim?name=… from a fresh X-Forwarded-For "
         "address per request (lua/claims.lua), answered once written to the journal (one write "
         "per worker turn), 50 connections",
-        kind="claims",
-        path="/claim?name=bench-check",
-        headers={"Accept": "text/plain"},
-        check_headers={"X-Forwarded-For": "192.0.2.1"},
-        expect_text="192.0.2.1 is now claimed by bench-check",
-        lua="claims.lua",
-        servers=("tern-demo",),
         sync="normal",
+        **CLAIMS,
     ),
     Scenario(
         "claims-full",
         "claims against tern demo --sync full: answered only after an fdatasync covering the "
         "claim (one sync for all that was written meanwhile, on the claim-syncer thread)",
-        kind="claims",
-        path="/claim?name=bench-check",
-        headers={"Accept": "text/plain"},
-        check_headers={"X-Forwarded-For": "192.0.2.1"},
-        expect_text="192.0.2.1 is now claimed by bench-check",
-        lua="claims.lua",
-        servers=("tern-demo",),
         sync="full",
+        **CLAIMS,
     ),
     Scenario(
         "idle-rss",

@@ -533,9 +533,9 @@ impl ClaimStore for JournalStore {
 
     fn metrics(&self, out: &mut Vec<Metric>) {
         let s = &self.stats;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let seconds = |a: &AtomicU64| get(a) as f64 / 1e9;
-        // A table, one metric per line.
+        let get = super::count;
+        let seconds = super::seconds;
+        // Tables, one metric per line.
         #[rustfmt::skip]
         let counters = [
             ("claims_saved", "claims answered 200 once durable (--sync full: once synced)", get(&s.saved)),
@@ -568,12 +568,7 @@ impl ClaimStore for JournalStore {
             ("recovered_claims", "claims read back at start-up", get(&s.recovered) as f64),
             ("recovery_seconds", "time the start-up recovery took", seconds(&s.recovery_nanos)),
         ];
-        out.extend(counters.map(|(name, help, v)| Metric::counter(name, help, v)));
-        out.extend(seconds_counters.map(|(name, help, v)| Metric {
-            kind: tern_services::metrics::MetricKind::Counter,
-            ..Metric::gauge(name, help, v)
-        }));
-        out.extend(gauges.map(|(name, help, v)| Metric::gauge(name, help, v)));
+        super::push_metrics(out, &counters, &seconds_counters, &gauges);
     }
 }
 

@@ -77,6 +77,39 @@ pub fn refusal(why: Refusal) -> Response {
     }
 }
 
+/// A counter's value, for the metric tables of the stores.
+fn count(a: &std::sync::atomic::AtomicU64) -> u64 {
+    a.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Nanoseconds counted in `a`, as seconds.
+fn seconds(a: &std::sync::atomic::AtomicU64) -> f64 {
+    count(a) as f64 / 1e9
+}
+
+/// Tables of `(name, help, value)` as metrics: counters, counters of seconds, gauges.
+fn push_metrics(
+    out: &mut Vec<Metric>,
+    counters: &[(&'static str, &'static str, u64)],
+    seconds_counters: &[(&'static str, &'static str, f64)],
+    gauges: &[(&'static str, &'static str, f64)],
+) {
+    out.extend(
+        counters
+            .iter()
+            .map(|&(name, help, v)| Metric::counter(name, help, v)),
+    );
+    out.extend(seconds_counters.iter().map(|&(name, help, v)| Metric {
+        kind: tern_services::metrics::MetricKind::Counter,
+        ..Metric::gauge(name, help, v)
+    }));
+    out.extend(
+        gauges
+            .iter()
+            .map(|&(name, help, v)| Metric::gauge(name, help, v)),
+    );
+}
+
 /// Where claims become durable.
 pub trait ClaimStore: Send + Sync + 'static {
     /// Saves one worker turn's claims (in arrival order): decides each against `land`, makes

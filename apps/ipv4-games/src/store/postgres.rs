@@ -595,9 +595,9 @@ impl ClaimStore for PgStore {
 
     fn metrics(&self, out: &mut Vec<Metric>) {
         let s = &self.stats;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let seconds = |a: &AtomicU64| get(a) as f64 / 1e9;
-        // A table, one metric per line.
+        let get = super::count;
+        let seconds = super::seconds;
+        // Tables, one metric per line.
         #[rustfmt::skip]
         let counters = [
             ("claims_saved", "claims answered 200 once committed in PostgreSQL", get(&s.saved)),
@@ -610,15 +610,11 @@ impl ClaimStore for PgStore {
             ("claims_followed", "claim log rows applied to this node's state", get(&s.followed)),
             ("pg_reconnects", "times the writer reconnected after losing PostgreSQL", get(&s.reconnects)),
         ];
-        out.extend(counters.map(|(name, help, v)| Metric::counter(name, help, v)));
-        out.push(Metric {
-            kind: tern_services::metrics::MetricKind::Counter,
-            ..Metric::gauge(
-                "pg_commit_seconds_total",
-                "time spent saving claim groups",
-                seconds(&s.commit_nanos),
-            )
-        });
+        let seconds_counters = [(
+            "pg_commit_seconds_total",
+            "time spent saving claim groups",
+            seconds(&s.commit_nanos),
+        )];
         #[rustfmt::skip]
         let gauges = [
             ("pg_follow_lag_seconds", "age of the newest claim log row when this node applied it", seconds(&s.follow_lag_nanos)),
@@ -626,7 +622,7 @@ impl ClaimStore for PgStore {
             ("recovered_claims", "addresses loaded from PostgreSQL at start-up", get(&s.bootstrapped) as f64),
             ("recovery_seconds", "time the start-up load took", seconds(&s.bootstrap_nanos)),
         ];
-        out.extend(gauges.map(|(name, help, v)| Metric::gauge(name, help, v)));
+        super::push_metrics(out, &counters, &seconds_counters, &gauges);
     }
 }
 
