@@ -51,6 +51,8 @@ pub struct JournalOptions {
 
 /// The journal store; see the module documentation.
 pub struct JournalStore {
+    /// Held (an exclusive `flock`) for as long as the store lives: one writer per journal.
+    _lock: File,
     options: JournalOptions,
     writer: Mutex<Writer>,
     syncer: Option<Syncer>,
@@ -126,6 +128,7 @@ impl JournalStore {
     pub fn open(options: JournalOptions, land: &Land) -> Result<JournalStore, String> {
         let started = Instant::now();
         let dir = &options.dir;
+        let lock = lock_folder(dir)?;
         if let Some(rows) = crate::sqlite::migrate(dir)? {
             tracing::info!(
                 claims = rows,
@@ -180,6 +183,7 @@ impl JournalStore {
             wake: Condvar::new(),
         });
         Ok(JournalStore {
+            _lock: lock,
             writer: Mutex::new(Writer {
                 file: Arc::new(file),
                 segment: recovered.segment,
@@ -572,6 +576,36 @@ impl ClaimStore for JournalStore {
     }
 }
 
+/// Takes the data folder's lock (`journal-lock`, an exclusive `flock`): two processes
+/// appending to one journal would overwrite each other's frames. A second tern on the same
+/// folder (a restart that starts the new process before stopping the old one) is refused at
+/// start-up instead.
+fn lock_folder(dir: &Path) -> Result<File, String> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join("journal-lock");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns; no memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(if e.kind() == std::io::ErrorKind::WouldBlock {
+            format!(
+                "the data folder {} is in use by another tern (a journal has one writer): stop \
+                 that one first",
+                dir.display()
+            )
+        } else {
+            format!("cannot lock {}: {e}", path.display())
+        });
+    }
+    Ok(file)
+}
+
 /// Opens segment `path` for appending at `length`, creating it (with its header) if needed.
 fn open_segment(path: &Path, length: u64, sync: SyncMode) -> Result<File, String> {
     let exists = path.exists();
@@ -736,6 +770,17 @@ mod tests {
         store.commit(&land, &mut claims, &mut answers);
         assert_eq!(statuses(&mut answers), [200]);
         assert_eq!(store.stats.writes.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_second_store_on_the_same_folder_is_refused_until_the_first_is_gone() {
+        let (dir, _land, store, _replies) = fresh(SyncMode::Normal, |_| {});
+        let err = JournalStore::open(options(dir.path(), SyncMode::Normal), &Land::new())
+            .err()
+            .expect("a second writer is refused");
+        assert!(err.contains("is in use by another tern"), "{err}");
+        drop(store);
+        assert!(JournalStore::open(options(dir.path(), SyncMode::Normal), &Land::new()).is_ok());
     }
 
     #[test]
