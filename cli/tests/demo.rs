@@ -380,3 +380,21 @@ fn full_disk_answers_503_and_keeps_serving_reads() {
         .unwrap();
     assert_eq!(rows, saved as i64);
 }
+
+#[test]
+fn a_second_game_on_the_same_data_folder_is_refused() {
+    // Two processes appending to one journal would overwrite each other's frames.
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let first = Tern::start_demo(&data, &[]);
+    let second = Tern::demo_failing(&data, &[]);
+    assert!(!second.status.success());
+    let err = second.stderr.trim_end();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("is in use by another tern"), "{err}");
+    assert_eq!(first.get("/ip").status, 200);
+    drop(first);
+    // Once it is gone, the folder is free again.
+    let again = Tern::start_demo(&data, &[]);
+    assert_eq!(again.get("/ip").status, 200);
+}
