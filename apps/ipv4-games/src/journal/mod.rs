@@ -201,6 +201,7 @@ fn recover_with(dir: &Path, land: &Land, repair: bool) -> Result<Recovered, Stri
                     .map_err(|e| format!("cannot repair {}: {e}", path.display()))?;
             }
             cut = Some((path, bytes.len() as u64, frame::HEADER_LEN as u64));
+            length = frame::HEADER_LEN as u64;
             continue;
         }
         let (frames, end) = frame::frames(&bytes, Kind::Journal).map_err(|d| refuse(&path, &d))?;

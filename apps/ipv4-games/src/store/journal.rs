@@ -229,9 +229,7 @@ impl JournalStore {
         if let Some(s) = &self.syncer {
             let mut q = lock(&s.queue);
             q.synced = q.synced.max((next, w.length));
-        }
-        if full {
-            self.mark_synced(next, w.length);
+            self.mark_synced(q.synced);
         }
         Ok(())
     }
@@ -242,7 +240,10 @@ impl JournalStore {
             .to_string()
     }
 
-    fn mark_synced(&self, segment: u64, length: u64) {
+    /// Writes what is synced for the test hook: the furthest position, under the queue's
+    /// lock, so that a sync of an earlier target finishing late (two workers' turns) or a
+    /// rotation never moves the mark back.
+    fn mark_synced(&self, (segment, length): (u64, u64)) {
         if let Some(mark) = &self.options.sync_mark {
             // Fixed width, one write at offset 0: a reader never sees half of two values.
             let line = format!("{segment:020} {length:020}\n");
@@ -299,8 +300,8 @@ impl JournalStore {
                     {
                         let mut q = lock(&s.queue);
                         q.synced = q.synced.max((segment, length));
+                        self.mark_synced(q.synced);
                     }
-                    self.mark_synced(segment, length);
                     let n = answers.len() as u64;
                     self.stats.saved.fetch_add(n, Ordering::Relaxed);
                     tern_server::complete_all(answers);
