@@ -133,6 +133,9 @@ def _run_client(scenario, server, argv, duration, what, parse=_benchjson):
     t0 = time.monotonic()
     busy0, self0 = procs.machine_busy_seconds(), procs.self_cpu_seconds()
     wrk0, cpu0 = procs.children_cpu_seconds(), procs.cpu_seconds(pids)
+    # a database the server saves into (claims-pg): counted apart, not as disturbance
+    companion = getattr(server, "companion_cpu_seconds", lambda _: 0.0)
+    comp0 = companion(scenario)
     with procs.RssSampler(pids) as rss:
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
@@ -140,10 +143,12 @@ def _run_client(scenario, server, argv, duration, what, parse=_benchjson):
             raise BenchError(f"{what} hung against {server.name} in {scenario.name}")
     cpu = procs.cpu_seconds(pids) - cpu0
     wrk_cpu = procs.children_cpu_seconds() - wrk0
+    companion_cpu = companion(scenario) - comp0
     wall = time.monotonic() - t0
-    # CPU time that neither the server, wrk nor this harness used: something else
-    # was busy on the machine during the run, and the numbers are suspect
-    others = procs.machine_busy_seconds() - busy0 - cpu - wrk_cpu - (procs.self_cpu_seconds() - self0)
+    # CPU time that neither the server (and its database), wrk nor this harness used:
+    # something else was busy on the machine during the run, and the numbers are suspect
+    others = (procs.machine_busy_seconds() - busy0 - cpu - wrk_cpu - companion_cpu
+              - (procs.self_cpu_seconds() - self0))
     if not inst.alive():
         raise BenchError(f"{server.name} died during {scenario.name}:\n{inst.log_tail()}")
     w = parse(out.stdout)
@@ -165,6 +170,7 @@ def _run_client(scenario, server, argv, duration, what, parse=_benchjson):
         "p99_ms": w["p99_us"] / 1000,
         "latency_wrk_corrected": bool(w["wrk_corrected"]),
         "cpu_s": round(cpu, 3),
+        "companion_cpu_s": round(companion_cpu, 3),
         "cpu_us_per_req": cpu * 1e6 / reqs if reqs else None,
         "server_cpu_pct": round(100 * cpu / wall, 1),
         "peak_rss": rss.peak,
@@ -206,6 +212,9 @@ def summarize(runs):
         "p50_ms": _median([r["p50_ms"] for r in used]),
         "p99_ms": _median([r["p99_ms"] for r in used]),
         "cpu_us_per_req": _median([r["cpu_us_per_req"] for r in used]),
+        # the database's CPU per request (claims-pg), when the server has one
+        "companion_cpu_us_per_req": _median([r["companion_cpu_s"] * 1e6 / r["requests"]
+                                             for r in used if r.get("companion_cpu_s") and r["requests"]]),
         "peak_rss": max(r["peak_rss"] for r in runs),
         "server_cpu_pct": _median([r["server_cpu_pct"] for r in used]),
         "wrk_cpu_pct": _median([r["wrk_cpu_pct"] for r in used]),
@@ -366,8 +375,20 @@ CLAIM_COUNTERS = {
     "journal_syncs": "syncs",  # fdatasync calls (--sync full)
     "journal_sync_seconds_total": "sync_seconds",
     "compactions": "compactions",
+    "pg_groups": "pg_groups",  # claims-pg: transactions committed (one per group)
+    "pg_commit_seconds_total": "pg_commit_seconds",  # their time, statement to commit
+    "claims_refused_busy": "refused_busy",  # claims-pg: the writer's queue was full (503)
+    "claims_refused_down": "refused_down",  # claims-pg: PostgreSQL unreachable (503)
+    "claims_outcome_unknown": "outcome_unknown",  # claims-pg: commit failed (503)
 }
-FLOAT_COUNTERS = {"sync_seconds"}
+FLOAT_COUNTERS = {"sync_seconds", "pg_commit_seconds"}
+# the /statusz counters each kind of store must have
+REQUIRED_COUNTERS = {
+    "journal": ("claims_saved", "claims_received", "claim_turns", "journal_writes", "claims_changed",
+                "journal_syncs", "journal_sync_seconds_total"),
+    "pg": ("claims_saved", "claims_received", "claim_turns", "claims_changed", "pg_groups",
+           "pg_commit_seconds_total"),
+}
 # /statusz gauges recorded as read once the rounds are over
 CLAIM_GAUGES = {
     "journal_sync_seconds_max": "sync_max_seconds",  # since the server started
@@ -378,7 +399,7 @@ CLAIM_GAUGES = {
 }
 # threads of tern demo (comm names), in the order the report shows them; the workers are
 # tern-worker-0, -1, …
-DEMO_THREADS = ("claim-syncer", "compactor", "score-views", "player-lookup")
+DEMO_THREADS = ("claim-syncer", "compactor", "score-views", "player-lookup", "pg-writer", "pg-follower")
 
 
 def _per(a, b, scale=1.0):
@@ -403,9 +424,8 @@ def claims_scenario(scenario, servers, settings, ctx):
     for s in servers:
         after = _settled_statusz(s.port_for(scenario))
         threads = procs.thread_cpu_seconds(s.instance(scenario).pids())
-        missing = [k for k in ("claims_saved", "claims_received", "claim_turns", "journal_writes",
-                               "claims_changed", "journal_syncs", "journal_sync_seconds_total")
-                   if k not in after]
+        store = "pg" if scenario.sync == "pg" else "journal"
+        missing = [k for k in REQUIRED_COUNTERS[store] if k not in after]
         if missing:
             raise BenchError(f"{s.name}: /statusz lacks {', '.join(missing)}")
         runs = all_runs[s.name]
@@ -435,6 +455,8 @@ def claims_scenario(scenario, servers, settings, ctx):
             "bytes_per_claim_written": _per(d["written_bytes"], d["changed"]),
             "claims_per_sync": _per(d["saved"], d["syncs"]),
             "sync_mean_us": _per(d["sync_seconds"], d["syncs"], 1e6),
+            "claims_per_group": _per(d["saved"], d["pg_groups"]),
+            "pg_commit_mean_ms": _per(d["pg_commit_seconds"], d["pg_groups"], 1e3),
             # server CPU per saved claim by thread (tern-worker-0, claim-syncer, …), over all
             # the claims runs (warm-up included); CLK_TCK resolution (10 ms per thread over the
             # whole scenario)
@@ -447,6 +469,10 @@ def claims_scenario(scenario, servers, settings, ctx):
         results[s.name]["claims"] = c
         sync = (f", {d['syncs']} fdatasync ({c['claims_per_sync'] or 0:.1f} claims each, "
                 f"mean {c['sync_mean_us'] or 0:.0f} µs)") if d["syncs"] else ""
+        if store == "pg":
+            sync = (f", {d['pg_groups']} PostgreSQL transactions ({c['claims_per_group'] or 0:.1f} claims "
+                    f"each, {c['pg_commit_mean_ms'] or 0:.2f} ms each); {d['refused_busy']} refused busy, "
+                    f"{d['refused_down']} down, {d['outcome_unknown']} unknown outcome")
         log(f"  {s.name}: {d['saved']} claims saved, {acked} acknowledged by wrk; {d['turns']} turns "
             f"({c['claims_per_turn'] or 0:.1f} claims each), {d['writes']} journal writes "
             f"({c['claims_per_write'] or 0:.1f} claims each){sync}; {d['refused_full']} refused full; "

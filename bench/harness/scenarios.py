@@ -54,7 +54,7 @@ class Scenario:
     handshake: str = ""  # tlsload: "full" (no session offered) or "resume" (every one resumes)
     h2: bool = False  # HTTP/2: h2 over TLS (ALPN) if tls, else h2c with prior knowledge
     streams: int = 1  # h2load -m: concurrent streams per connection
-    sync: str = ""  # claims: the tern demo started with --sync normal or --sync full
+    sync: str = ""  # claims: tern demo with --sync normal, --sync full, or "pg" (--store postgres://)
 
     @property
     def unit(self):
@@ -201,6 +201,14 @@ SCENARIOS = [
         "claim (one sync for all that was written meanwhile, on the claim-syncer thread)",
         sync="full",
         **CLAIMS,
+    ),
+    Scenario(
+        "claims-pg",
+        "claims against tern demo --store postgres://…: answered only after the PostgreSQL "
+        "commit (synchronous_commit on, fsync on) of the group holding the claim, one "
+        "transaction per group on the pg-writer thread; the database on the client CPU",
+        sync="pg",
+        **{**CLAIMS, "connections": 200},
     ),
     Scenario(
         "idle-rss",

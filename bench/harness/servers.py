@@ -300,16 +300,20 @@ class TernDemo(Tern):
     compactor, score-views and player-lookup threads) is pinned to CPU 0, so the helper
     threads share the worker's one core: that is the "one core" of the claims targets.
     Each start gets a fresh data folder under the workdir; X-Forwarded-For from loopback
-    is believed (--trusted-proxies 127.0.0.1), so wrk can claim any address."""
+    is believed (--trusted-proxies 127.0.0.1), so wrk can claim any address.
+    "pg" (claims-pg): `tern demo --store postgres://…` on a fresh PostgreSQL cluster
+    (harness/pg.py) that runs on the client CPU; its CPU time is the run's "companion"
+    CPU, reported apart from tern's."""
 
     name = "tern-demo"
     app = True
     tls = False  # (claims is over plain HTTP)
-    SYNCS = ("normal", "full")
+    SYNCS = ("normal", "full", "pg")
 
     def setup(self):
         syncs = {"normal", *getattr(self.ctx, "demo_syncs", ())}
         self.argvs, self.data_dirs, self.instances = {}, {}, {}
+        self.pg = None
         for sync in self.SYNCS:
             if sync not in syncs:
                 continue
@@ -320,8 +324,14 @@ class TernDemo(Tern):
                 self.ctx.tern_bin, "demo",
                 "--listen", f"127.0.0.1:{port}", "--workers", "1",
                 "--data", data_dir, "--trusted-proxies", "127.0.0.1",
-                "--sync", sync,
             ]
+            if sync == "pg":
+                from .pg import PgCluster  # (pg imports this module)
+
+                self.pg = PgCluster(self.ctx.workdir)
+                argv += ["--store", self.pg.url]
+            else:
+                argv += ["--sync", sync]
             name = "tern-demo" if sync == "normal" else f"tern-demo-{sync}"
             self.instances[label] = Instance(name, argv, port, self.ctx.workdir)
             self.argvs[label], self.data_dirs[label] = argv, data_dir
@@ -337,6 +347,8 @@ class TernDemo(Tern):
         return self.instances[label]
 
     def start(self):
+        if self.pg:
+            self.pg.start()
         super().start()
         # every thread (the syncer and compactor too) must be confined to the servers' CPU
         for label, inst in self.instances.items():
@@ -347,11 +359,24 @@ class TernDemo(Tern):
                         raise BenchError(f"tern-demo ({label}) thread {tid} may run on CPUs {cpus}, "
                                          f"not only {SERVER_CPU}")
 
+    def stop(self):
+        super().stop()
+        if getattr(self, "pg", None):
+            self.pg.stop()
+
+    def companion_cpu_seconds(self, scenario):
+        """CPU time of the database a scenario's claims are saved in (0: none)."""
+        return self.pg.cpu_seconds() if self._label(scenario) == "pg" and self.pg else 0.0
+
     def setting(self, scenario):
         """How the process a scenario ran against was started, for the results."""
         label = self._label(scenario)
-        return {"argv": self.argvs[label][1:], "sync": self.argvs[label][-1],
-                "data_fs": procs.fs_type(self.data_dirs[label])}
+        out = {"argv": self.argvs[label][1:], "sync": "pg" if label == "pg" else self.argvs[label][-1],
+               "data_fs": procs.fs_type(self.data_dirs[label])}
+        if label == "pg":
+            out["pg"] = {s: self.pg.setting(s) for s in ("server_version", "synchronous_commit", "fsync")}
+            out["pg"]["data_fs"] = procs.fs_type(self.pg.dir)
+        return out
 
 
 class Floor(Server):

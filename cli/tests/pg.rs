@@ -309,7 +309,7 @@ fn check_and_start_up_errors_are_one_line() {
     );
     assert!(ok.status.success(), "{}", ok.stderr);
     assert!(
-        ok.stdout.starts_with("tern: ") && ok.stdout.contains("schema version 1"),
+        ok.stdout.starts_with("tern: ") && ok.stdout.contains("schema version 2"),
         "{}",
         ok.stdout
     );
@@ -381,4 +381,202 @@ fn tern_run_plays_on_postgres_from_its_config() {
     let r = c.read_response(false);
     assert_eq!(r.text(), "127.0.0.1 is now claimed by runner\n");
     assert_eq!(owners(&url)[&u32::from(Ipv4Addr::LOCALHOST)], "runner");
+}
+
+#[test]
+fn a_database_of_schema_version_1_is_upgraded_in_place() {
+    let _one_at_a_time = serial();
+    let pg = cluster();
+    let url = pg.url("postgres");
+    // The schema as the first tern with PostgreSQL left it, with a claim in it.
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    c.batch_execute(
+        "CREATE TABLE tern_schema (version integer NOT NULL);
+         CREATE TABLE land (ip bigint PRIMARY KEY, nick text NOT NULL, created bigint NOT NULL);
+         CREATE TABLE claim_log (
+             id bigserial PRIMARY KEY,
+             xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+             at timestamptz NOT NULL DEFAULT now(),
+             ip bigint NOT NULL, nick text NOT NULL, created bigint NOT NULL);
+         CREATE INDEX claim_log_order ON claim_log (xid, id);
+         CREATE INDEX claim_log_at ON claim_log (at);
+         INSERT INTO tern_schema VALUES (1);
+         INSERT INTO land VALUES (167772161, 'old-timer', 1790000000);",
+    )
+    .unwrap();
+    let a = node(&url);
+    assert_eq!(holdings(&a, "old-timer"), 1);
+    assert_eq!(claim(&a, "10.0.0.2", "newcomer").0, 200);
+    assert_eq!(owners(&url)[&0x0a00_0002], "newcomer");
+    let version: i32 = c
+        .query_one("SELECT max(version) FROM tern_schema", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 2);
+}
+
+#[test]
+fn a_stalled_database_gives_503s_in_bounded_time_and_reads_go_on() {
+    let _one_at_a_time = serial();
+    let pg = cluster();
+    let url = pg.url("postgres");
+    let a = node(&url);
+    assert_eq!(claim(&a, "10.3.0.1", "before").0, 200);
+    // Another session holds the table: the claim transaction waits on its lock.
+    let mut blocker = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let mut tx = blocker.transaction().unwrap();
+    tx.batch_execute("LOCK TABLE land IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let addr = a.addr();
+    let stuck = std::thread::spawn(move || {
+        let started = Instant::now();
+        let r = Client::connect(addr).get(
+            "/claim/stuck",
+            &[("X-Forwarded-For", "10.3.0.2"), ("Accept", "text/plain")],
+        );
+        (
+            r.status,
+            r.header("retry-after").map(str::to_string),
+            started.elapsed(),
+        )
+    });
+    // Once the writer's transaction has run over a second, new claims are refused at
+    // once, and reads are served.
+    let running_for = |tern: &Tern| -> f64 {
+        let s = tern.get("/statusz").text();
+        let line = s
+            .lines()
+            .find_map(|l| l.strip_prefix("pg_transaction_seconds: "))
+            .unwrap_or_else(|| panic!("no pg_transaction_seconds in {s}"));
+        line.trim().parse().unwrap()
+    };
+    // A claim that comes before that waits in the writer's queue, behind the stuck one.
+    assert!(
+        eventually(Duration::from_secs(1), || running_for(&a) > 0.0),
+        "the claim transaction never started"
+    );
+    let queued = std::thread::spawn(move || {
+        let started = Instant::now();
+        let r = Client::connect(addr).get(
+            "/claim/queued",
+            &[("X-Forwarded-For", "10.3.0.5"), ("Accept", "text/plain")],
+        );
+        (r.status, started.elapsed())
+    });
+    assert!(
+        eventually(Duration::from_secs(4), || running_for(&a) > 1.05),
+        "the claim transaction never showed as stalled"
+    );
+    let t = Instant::now();
+    assert_eq!(claim(&a, "10.3.0.3", "later").0, 503);
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    let t = Instant::now();
+    let recent = a.get("/recent");
+    assert_eq!(recent.status, 200);
+    assert!(recent.text().contains("before"));
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    let (status, retry_after, waited) = stuck.join().unwrap();
+    assert_eq!(status, 503);
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    println!("the claim behind the lock was answered 503 after {waited:?}");
+    assert!(waited < Duration::from_secs(8), "{waited:?}");
+    // The queued claim was refused when the writer got to it (it had waited too long),
+    // without another try at the stuck table.
+    let (status, waited) = queued.join().unwrap();
+    assert_eq!(status, 503);
+    assert!(waited < Duration::from_secs(8), "{waited:?}");
+    tx.rollback().unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || claim(&a, "10.3.0.4", "after").0
+            == 200),
+        "claims never came back once the lock was gone"
+    );
+    let s = a.get("/statusz").text();
+    assert!(!s.contains("claims_refused_stalled: 0\n"), "{s}");
+    let held = owners(&url);
+    assert!(!held.contains_key(&0x0a03_0002) && !held.contains_key(&0x0a03_0005));
+}
+
+#[test]
+fn a_standby_promoted_under_load_loses_no_acknowledged_claim() {
+    let _one_at_a_time = serial();
+    let primary = cluster();
+    let standby = primary.standby().expect("a streaming standby");
+    assert!(
+        eventually(Duration::from_secs(20), || primary
+            .replication_state()
+            .unwrap()
+            .is_some_and(|s| s.starts_with("streaming"))),
+        "the standby never streamed"
+    );
+    primary.make_synchronous().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || primary
+            .replication_state()
+            .unwrap()
+            .is_some_and(|s| s == "streaming sync")),
+        "the standby never became synchronous: {:?}",
+        primary.replication_state()
+    );
+    // Both servers in one URL; only the writable one is used.
+    let url = format!(
+        "postgres://tern@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        primary.port(),
+        standby.port()
+    );
+    let a = node(&url);
+    let stop = Arc::new(AtomicBool::new(false));
+    let running = load(&a, 8, 40, stop.clone());
+    std::thread::sleep(Duration::from_millis(1000));
+    primary.stop().unwrap();
+    let failed_at = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(claim(&a, "40.99.0.1", "no-primary").0, 503);
+    standby.promote().unwrap();
+    assert!(
+        eventually(Duration::from_secs(15), || claim(
+            &a,
+            "40.99.0.2",
+            "promoted"
+        )
+        .0 == 200),
+        "claims never came back after the promotion"
+    );
+    println!(
+        "claims were answered again {:?} after the primary stopped",
+        failed_at.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    stop.store(true, Ordering::Release);
+    let (acked, refused) = running.join().unwrap();
+    let new_url = standby.url("postgres");
+    println!(
+        "failover: {} acknowledged claims, {refused} answered 503",
+        acked.len()
+    );
+    assert!(refused > 0, "no claim saw the failover");
+    assert_eq!(
+        missing(&new_url, &acked),
+        0,
+        "acknowledged claims lost in the failover"
+    );
+    // The node follows the new primary's log: a claim made there directly shows up.
+    let mut c = postgres::Client::connect(&new_url, postgres::NoTls).unwrap();
+    c.execute(
+        "SELECT tern_save_claims(ARRAY[$1::int8], ARRAY['direct'], ARRAY[1790000000::int8])",
+        &[&(0x2863_0003i64)],
+    )
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || holdings(&a, "direct") == 1),
+        "the node does not follow the promoted standby"
+    );
 }

@@ -122,6 +122,79 @@ impl PgCluster {
 
     /// Creates database `name` (through `psql`).
     pub fn create_database(&self, name: &str) -> Result<(), String> {
+        self.psql(&format!("CREATE DATABASE \"{name}\""))
+            .map(|_| ())
+    }
+
+    /// A streaming standby of this cluster (`pg_basebackup -R`) in its own folder, on its
+    /// own port, started; its replication is not synchronous until `make_synchronous`.
+    pub fn standby(&self) -> Result<PgCluster, String> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let standby = PgCluster {
+            dir: self.dir.with_file_name(format!(
+                "{}-standby",
+                self.dir
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("pg")
+            )),
+            bin: self.bin.clone(),
+            port,
+            as_postgres: self.as_postgres,
+        };
+        std::fs::create_dir_all(&standby.dir)
+            .map_err(|e| format!("{}: {e}", standby.dir.display()))?;
+        if self.as_postgres {
+            run(Command::new("chown").arg("postgres:").arg(&standby.dir))?;
+        }
+        let db = standby.dir.join("db");
+        standby.pg(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "tern",
+                "-D",
+                path(&db),
+                "-R",
+                "-X",
+                "stream",
+            ],
+        )?;
+        standby.start_again()?;
+        Ok(standby)
+    }
+
+    /// Commits on this (primary) cluster wait for a standby's flush from now on
+    /// (`synchronous_standby_names = '*'`), as a production primary with a synchronous
+    /// standby does.
+    pub fn make_synchronous(&self) -> Result<(), String> {
+        self.psql("ALTER SYSTEM SET synchronous_standby_names = '*'")?;
+        self.psql("SELECT pg_reload_conf()").map(|_| ())
+    }
+
+    /// Whether a standby streams from this cluster (`pg_stat_replication`), and in which
+    /// sync state (`async`, `sync`, …).
+    pub fn replication_state(&self) -> Result<Option<String>, String> {
+        let out = self.psql("SELECT state || ' ' || sync_state FROM pg_stat_replication")?;
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Ok((!text.is_empty()).then_some(text))
+    }
+
+    /// `pg_ctl promote`: this standby becomes a primary.
+    pub fn promote(&self) -> Result<(), String> {
+        let db = self.dir.join("db");
+        self.pg("pg_ctl", &["-D", path(&db), "-w", "promote"])
+            .map(|_| ())
+    }
+
+    fn psql(&self, sql: &str) -> Result<Output, String> {
         self.pg(
             "psql",
             &[
@@ -133,11 +206,10 @@ impl PgCluster {
                 "tern",
                 "-d",
                 "postgres",
-                "-c",
-                &format!("CREATE DATABASE \"{name}\""),
+                "-Atc",
+                sql,
             ],
         )
-        .map(|_| ())
     }
 
     /// `pg_ctl restart -m immediate`: a crash and restart of the database.

@@ -36,10 +36,17 @@ use super::{ClaimStore, Refusal, Staged};
 use crate::land::{Claim, Land, RECENT_LEN};
 
 /// Schema versions this tern knows; a database with a higher one was set up by a newer tern.
-const SCHEMA_VERSION: i32 = 1;
+/// 1: `land`, `claim_log`. 2: `tern_save_claims`, a group's whole transaction in one call.
+const SCHEMA_VERSION: i32 = 2;
 /// `pg_advisory_xact_lock` keys: schema changes, and claim transactions (see the module doc).
 const MIGRATE_LOCK: i64 = 0x7465_726e_0001;
 const CLAIM_LOCK: i64 = 0x7465_726e_0002;
+/// A group whose transaction has run this long means the database is stalled (a lock, a
+/// long query, a slow disk): new claims are refused at once instead of queueing behind it.
+const STALLED: Duration = Duration::from_secs(1);
+/// Claims that waited this long in the writer's queue are refused when it gets to them:
+/// with the statement timeout (5 s) this bounds how long any claim waits for its answer.
+const MAX_QUEUED: Duration = Duration::from_secs(2);
 /// Log rows older than this are deleted (a node always starts from `land`, so only running
 /// nodes read the log, and they are never that far behind).
 const LOG_KEEP: &str = "1 hour";
@@ -57,17 +64,24 @@ pub struct PgOptions {
     pub max_claims: u64,
 }
 
+/// One worker turn's claims, and when they were queued.
+type Turn = (Instant, Vec<Staged>);
+
 pub struct PgStore {
     options: PgOptions,
-    turns: HandoffSender<Vec<Staged>>,
-    receiver: Mutex<Option<HandoffReceiver<Vec<Staged>>>>,
+    turns: HandoffSender<Turn>,
+    receiver: Mutex<Option<HandoffReceiver<Turn>>>,
     /// The writer cannot reach the database: claims are answered 503 at once.
     down: AtomicBool,
+    /// When the writer's current transaction started, in milliseconds since `epoch` (0:
+    /// none running); read by the workers to refuse claims while the database is stalled.
+    saving_since: AtomicU64,
+    epoch: Instant,
     /// Where the follower goes on: (xid as text, id).
     cursor: Mutex<(String, i64)>,
     /// The writer's and the follower's first connections, made at start-up (before the
     /// sandbox closes; later ones are allowed to the database's ports only).
-    first_clients: Mutex<Option<(Client, Client)>>,
+    first_clients: Mutex<Option<(Writer, Client)>>,
     stats: Stats,
 }
 
@@ -78,6 +92,7 @@ struct Stats {
     changes: AtomicU64,
     refused_busy: AtomicU64,
     refused_down: AtomicU64,
+    refused_stalled: AtomicU64,
     refused_full: AtomicU64,
     unknown_outcome: AtomicU64,
     commit_nanos: AtomicU64,
@@ -214,7 +229,44 @@ pub fn migrate(client: &mut Client) -> Result<(), String> {
         )
         .map_err(fail)?;
     }
+    if version < 2 {
+        tx.batch_execute(&save_function()).map_err(fail)?;
+        tx.batch_execute("INSERT INTO tern_schema VALUES (2)")
+            .map_err(fail)?;
+    }
     tx.commit().map_err(fail)
+}
+
+/// `tern_save_claims(ips, nicks, created)`: one group's transaction, so that the writer
+/// sends one statement per group (run as an implicit transaction: it commits before the
+/// answer, one round trip) instead of BEGIN, lock, upsert and COMMIT. It takes the claim
+/// lock (see the module doc), upserts the group (the refresh rule in the `WHERE`) and
+/// appends the changed rows to `claim_log`; returns how many changed. Parameters are
+/// prefixed: PL/pgSQL would read a bare `created` as the parameter, not the column.
+fn save_function() -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION tern_save_claims(p_ips int8[], p_nicks text[], p_created int8[])
+         RETURNS bigint LANGUAGE plpgsql AS $fn$
+         DECLARE
+             n bigint;
+         BEGIN
+             PERFORM pg_advisory_xact_lock({CLAIM_LOCK});
+             WITH input AS (
+                 SELECT * FROM unnest(p_ips, p_nicks, p_created) AS t(ip, nick, created)
+             ), changed AS (
+                 INSERT INTO land AS l (ip, nick, created)
+                 SELECT input.ip, input.nick, input.created FROM input
+                 ON CONFLICT (ip) DO UPDATE SET nick = excluded.nick, created = excluded.created
+                 WHERE l.nick <> excluded.nick OR l.created < excluded.created - 3600
+                 RETURNING l.ip, l.nick, l.created
+             )
+             INSERT INTO claim_log (ip, nick, created)
+             SELECT changed.ip, changed.nick, changed.created FROM changed;
+             GET DIAGNOSTICS n = ROW_COUNT;
+             RETURN n;
+         END
+         $fn$"
+    )
 }
 
 /// `tern demo --store URL --check`: connects, sets up or checks the schema, and says what
@@ -250,6 +302,7 @@ impl PgStore {
         let mut client = connect(&options.url)?;
         migrate(&mut client)?;
         let (cursor, loaded) = bootstrap(&mut client, land)?;
+        let writer = Writer::new(client)?;
         let follower_client = connect(&options.url)?;
         let stats = Stats::default();
         stats.bootstrapped.store(loaded, Ordering::Relaxed);
@@ -267,15 +320,17 @@ impl PgStore {
             turns,
             receiver: Mutex::new(Some(receiver)),
             down: AtomicBool::new(false),
+            saving_since: AtomicU64::new(0),
+            epoch: Instant::now(),
             cursor: Mutex::new(cursor),
-            first_clients: Mutex::new(Some((client, follower_client))),
+            first_clients: Mutex::new(Some((writer, follower_client))),
             stats,
         })
     }
 
     /// The writer thread: one transaction per group of turns, answered after its commit.
-    fn run_writer(&self, rx: HandoffReceiver<Vec<Staged>>, client: Client, stop: StopSignal) {
-        let mut client = Some(client);
+    fn run_writer(&self, rx: HandoffReceiver<Turn>, first: Writer, stop: StopSignal) {
+        let mut writer = Some(first);
         let mut turns = Vec::new();
         let mut backoff = Duration::from_millis(100);
         let mut retry_at = Instant::now();
@@ -283,11 +338,11 @@ impl PgStore {
         loop {
             // While the database is away, claims are refused at once (`commit`), so this
             // thread tries to reconnect on its own, with backoff, not only when claims come.
-            if client.as_ref().is_none_or(|c| c.is_closed()) && Instant::now() >= retry_at {
-                client = None;
-                match connect(&self.options.url) {
-                    Ok(c) => {
-                        client = Some(c);
+            if writer.as_ref().is_none_or(|w| w.client.is_closed()) && Instant::now() >= retry_at {
+                writer = None;
+                match Writer::connect(&self.options.url) {
+                    Ok(w) => {
+                        writer = Some(w);
                         backoff = Duration::from_millis(100);
                         if self.down.swap(false, Ordering::AcqRel) {
                             self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -304,7 +359,7 @@ impl PgStore {
                 }
             }
             turns.clear();
-            let wait = if client.is_some() {
+            let wait = if writer.is_some() {
                 Duration::from_millis(100)
             } else {
                 retry_at
@@ -317,26 +372,46 @@ impl PgStore {
                 Some(0) => continue,
                 Some(_) => {}
             }
-            let claims: Vec<Staged> = turns.drain(..).flatten().collect();
+            let mut claims = Vec::new();
+            let mut late = Vec::new();
+            for (queued, turn) in turns.drain(..) {
+                if queued.elapsed() > MAX_QUEUED {
+                    late.extend(turn);
+                } else {
+                    claims.extend(turn);
+                }
+            }
+            if !late.is_empty() {
+                self.refuse(late, Refusal::WriteFailed, &self.stats.refused_stalled);
+            }
+            if claims.is_empty() {
+                continue;
+            }
             // A connection idle for a while may have died unnoticed (a database restart):
             // check it before trusting claims to it, rather than fail them.
             if last_used.elapsed() > Duration::from_secs(1)
-                && client
+                && writer
                     .as_mut()
-                    .is_some_and(|c| c.is_valid(Duration::from_secs(1)).is_err())
+                    .is_some_and(|w| w.client.is_valid(Duration::from_secs(1)).is_err())
             {
-                client = connect(&self.options.url).ok();
-                if client.is_some() {
+                writer = Writer::connect(&self.options.url).ok();
+                if writer.is_some() {
                     self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            let Some(c) = client.as_mut() else {
+            let Some(w) = writer.as_mut() else {
                 self.refuse(claims, Refusal::WriteFailed, &self.stats.refused_down);
                 continue;
             };
             last_used = Instant::now();
             let started = Instant::now();
-            match save(c, &claims) {
+            self.saving_since.store(
+                (started - self.epoch).as_millis() as u64 + 1,
+                Ordering::Release,
+            );
+            let saved = save(w, &claims);
+            self.saving_since.store(0, Ordering::Release);
+            match saved {
                 Ok(changed) => {
                     self.stats
                         .commit_nanos
@@ -356,8 +431,8 @@ impl PgStore {
                         "saving claims in PostgreSQL failed: {}; answered 503",
                         describe(&e)
                     );
-                    if c.is_closed() {
-                        client = None;
+                    if w.client.is_closed() {
+                        writer = None;
                         if !self.down.swap(true, Ordering::AcqRel) {
                             tracing::error!(
                                 "lost the connection to PostgreSQL; claims are answered 503 until it is back"
@@ -424,8 +499,29 @@ impl PgStore {
 /// Rows read per poll at most.
 const FOLLOW_BATCH: usize = 10_000;
 
-/// Saves one group in one transaction; returns how many claims changed something.
-fn save(client: &mut Client, claims: &[Staged]) -> Result<u64, postgres::Error> {
+/// The writer's connection and its prepared statement.
+struct Writer {
+    client: Client,
+    save: postgres::Statement,
+}
+
+impl Writer {
+    fn connect(url: &str) -> Result<Writer, String> {
+        Writer::new(connect(url)?)
+    }
+
+    fn new(mut client: Client) -> Result<Writer, String> {
+        let save = client
+            .prepare("SELECT tern_save_claims($1, $2, $3)")
+            .map_err(|e| format!("preparing the claim statement failed: {}", describe(&e)))?;
+        Ok(Writer { client, save })
+    }
+}
+
+/// Saves one group in one transaction (one statement, one round trip); returns how many
+/// claims changed something. The call returns once PostgreSQL said ReadyForQuery, after
+/// the implicit transaction's commit; an error at commit is an error here.
+fn save(writer: &mut Writer, claims: &[Staged]) -> Result<u64, postgres::Error> {
     // ON CONFLICT may not meet one address twice in a statement: the last claim of an
     // address in the group stands for it (the earlier ones are answered as if made and
     // replaced at once, which they were).
@@ -438,23 +534,10 @@ fn save(client: &mut Client, claims: &[Staged]) -> Result<u64, postgres::Error> 
     let ips: Vec<i64> = picked.iter().map(|&i| claims[i].ip as i64).collect();
     let nicks: Vec<&str> = picked.iter().map(|&i| claims[i].nick.as_str()).collect();
     let created: Vec<i64> = picked.iter().map(|&i| claims[i].at as i64).collect();
-    let mut tx = client.transaction()?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CLAIM_LOCK])?;
-    let changed = tx.execute(
-        "WITH input AS (
-             SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[]) AS t(ip, nick, created)
-         ), changed AS (
-             INSERT INTO land AS l (ip, nick, created)
-             SELECT ip, nick, created FROM input
-             ON CONFLICT (ip) DO UPDATE SET nick = excluded.nick, created = excluded.created
-             WHERE l.nick <> excluded.nick OR l.created < excluded.created - 3600
-             RETURNING l.ip, l.nick, l.created
-         )
-         INSERT INTO claim_log (ip, nick, created) SELECT ip, nick, created FROM changed",
-        &[&ips, &nicks, &created],
-    )?;
-    tx.commit()?;
-    Ok(changed)
+    let row = writer
+        .client
+        .query_one(&writer.save, &[&ips, &nicks, &created])?;
+    Ok(row.get::<_, i64>(0).max(0) as u64)
 }
 
 /// Loads `land` from the database in one snapshot; returns the log cursor to follow from
@@ -541,6 +624,19 @@ fn follow(
     Ok((rows.len() as u64, lag))
 }
 
+impl PgStore {
+    /// How long the writer's current transaction has run (zero: none is running).
+    fn saving_for(&self) -> Duration {
+        match self.saving_since.load(Ordering::Acquire) {
+            0 => Duration::ZERO,
+            since => self
+                .epoch
+                .elapsed()
+                .saturating_sub(Duration::from_millis(since - 1)),
+        }
+    }
+}
+
 impl ClaimStore for PgStore {
     fn commit(
         &self,
@@ -568,9 +664,16 @@ impl ClaimStore for PgStore {
                 return;
             }
         }
-        match self.turns.offer(std::mem::take(claims)) {
+        if self.saving_for() > STALLED {
+            self.stats
+                .refused_stalled
+                .fetch_add(claims.len() as u64, Ordering::Relaxed);
+            answers.extend(claims.drain(..).map(|c| c.refused(Refusal::WriteFailed)));
+            return;
+        }
+        match self.turns.offer((Instant::now(), std::mem::take(claims))) {
             Ok(()) => {}
-            Err(Refused::Full(back)) | Err(Refused::Closed(back)) => {
+            Err(Refused::Full((_, back))) | Err(Refused::Closed((_, back))) => {
                 self.stats
                     .refused_busy
                     .fetch_add(back.len() as u64, Ordering::Relaxed);
@@ -605,6 +708,7 @@ impl ClaimStore for PgStore {
             ("claims_changed", "claims that changed an address's holder or time", get(&s.changes)),
             ("claims_refused_busy", "claims refused because the writer's queue was full", get(&s.refused_busy)),
             ("claims_refused_down", "claims refused while PostgreSQL was unreachable", get(&s.refused_down)),
+            ("claims_refused_stalled", "claims refused while a claim transaction had run over a second, or after waiting over two seconds for one", get(&s.refused_stalled)),
             ("claims_refused_full", "claims of new addresses refused at --max-claims", get(&s.refused_full)),
             ("claims_outcome_unknown", "claims refused because their commit failed or its outcome is unknown", get(&s.unknown_outcome)),
             ("claims_followed", "claim log rows applied to this node's state", get(&s.followed)),
@@ -619,6 +723,7 @@ impl ClaimStore for PgStore {
         let gauges = [
             ("pg_follow_lag_seconds", "age of the newest claim log row when this node applied it", seconds(&s.follow_lag_nanos)),
             ("pg_down", "1 while the writer cannot reach PostgreSQL", self.down.load(Ordering::Relaxed) as u8 as f64),
+            ("pg_transaction_seconds", "how long the claim transaction running now has run (0: none)", self.saving_for().as_secs_f64()),
             ("recovered_claims", "addresses loaded from PostgreSQL at start-up", get(&s.bootstrapped) as f64),
             ("recovery_seconds", "time the start-up load took", seconds(&s.bootstrap_nanos)),
         ];
