@@ -313,7 +313,19 @@ fn check_and_start_up_errors_are_one_line() {
         "{}",
         ok.stdout
     );
-    // Nothing listening there; a missing database; a schema from a newer tern.
+    // A role with a password: taken from PGPASSWORD when the URL has none.
+    pg.add_password_role("player", "s3cret").unwrap();
+    postgres::Client::connect(&url, postgres::NoTls)
+        .unwrap()
+        .batch_execute("CREATE DATABASE player OWNER player")
+        .unwrap();
+    let with_password = format!("postgres://player@127.0.0.1:{}/player", pg.port());
+    let mut cmd = demo_command(data.path(), &[], &["--store", &with_password, "--check"]);
+    cmd.env("PGPASSWORD", "s3cret");
+    let ok = support::run_to_end(&mut cmd, Duration::from_secs(20));
+    assert!(ok.status.success(), "{}", ok.stderr);
+    // Nothing listening there; a missing database; a schema from a newer tern; a wrong
+    // password.
     let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     c.batch_execute("CREATE DATABASE newer").unwrap();
     let mut n = postgres::Client::connect(&pg.url("newer"), postgres::NoTls).unwrap();
@@ -329,6 +341,10 @@ fn check_and_start_up_errors_are_one_line() {
         (pg.url("nope"), "cannot connect"),
         (pg.url("newer"), "newer tern"),
         ("mysql://x".to_string(), "not a postgres:// URL"),
+        (
+            format!("postgres://player:wrong@127.0.0.1:{}/player", pg.port()),
+            "password authentication failed",
+        ),
     ] {
         let failed = Tern::demo_failing(data.path(), &["--store", &bad]);
         assert!(!failed.status.success(), "{bad}");

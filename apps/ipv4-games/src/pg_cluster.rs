@@ -187,6 +187,22 @@ impl PgCluster {
         Ok((!text.is_empty()).then_some(text))
     }
 
+    /// Creates a role that must log in over TCP with `password` (SCRAM), as a production
+    /// database would ask (the other roles of this cluster are trusted).
+    pub fn add_password_role(&self, role: &str, password: &str) -> Result<(), String> {
+        self.psql(&format!(
+            "CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'"
+        ))?;
+        let hba = self.dir.join("db").join("pg_hba.conf");
+        let old = std::fs::read_to_string(&hba).map_err(|e| format!("{}: {e}", hba.display()))?;
+        std::fs::write(
+            &hba,
+            format!("host all \"{role}\" 127.0.0.1/32 scram-sha-256\n{old}"),
+        )
+        .map_err(|e| format!("{}: {e}", hba.display()))?;
+        self.psql("SELECT pg_reload_conf()").map(|_| ())
+    }
+
     /// `pg_ctl promote`: this standby becomes a primary.
     pub fn promote(&self) -> Result<(), String> {
         let db = self.dir.join("db");

@@ -136,11 +136,18 @@ pub fn endpoints(url: &str) -> Result<(Vec<u16>, Vec<std::path::PathBuf>), Strin
 
 /// The connection settings for `url`, with names resolved now: reconnects happen inside the
 /// sandbox, which allows no DNS lookups (a database that moves to another address needs a
-/// restart of tern, or a stable address such as a virtual IP).
+/// restart of tern, or a stable address such as a virtual IP). A URL without a password
+/// takes `PGPASSWORD` from the environment, as libpq does: a password on the command line
+/// would be visible to every user in `ps`.
 fn config(url: &str) -> Result<postgres::Config, String> {
     let mut config: postgres::Config = url
         .parse()
         .map_err(|e| format!("bad PostgreSQL URL {:?}: {e}", redact(url)))?;
+    if config.get_password().is_none() {
+        if let Some(password) = std::env::var_os("PGPASSWORD") {
+            config.password(password.as_encoded_bytes());
+        }
+    }
     let mut addrs = Vec::new();
     for host in config.get_hosts() {
         if let postgres::config::Host::Tcp(name) = host {
@@ -171,7 +178,7 @@ fn connect(url: &str) -> Result<Client, String> {
         .application_name("tern");
     config
         .connect(NoTls)
-        .map_err(|e| format!("cannot connect to {}: {e}", redact(url)))
+        .map_err(|e| format!("cannot connect to {}: {}", redact(url), describe(&e)))
 }
 
 /// The URL without its password, for messages.
