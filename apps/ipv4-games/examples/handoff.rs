@@ -214,19 +214,8 @@ fn store(sync: SyncMode) -> (tempfile::TempDir, Land, Arc<JournalStore>) {
         .tempdir_in("/dev/shm")
         .expect("a folder on /dev/shm");
     let land = Land::new();
-    let store = JournalStore::open(
-        JournalOptions {
-            dir: dir.path().to_path_buf(),
-            sync,
-            segment_bytes: 64 << 20,
-            max_claims: u64::MAX,
-            max_names: u64::MAX,
-            sync_mark: None,
-            test_sync_delay: Duration::ZERO,
-        },
-        &land,
-    )
-    .expect("a journal store");
+    let store =
+        JournalStore::open(JournalOptions::new(dir.path(), sync), &land).expect("a journal store");
     (dir, land, Arc::new(store))
 }
 

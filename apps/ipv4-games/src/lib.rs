@@ -146,13 +146,12 @@ pub fn mount(server: &mut Server, game: GameConfig) -> Result<Router, String> {
         )?),
         None => Arc::new(store::journal::JournalStore::open(
             store::journal::JournalOptions {
-                dir: game.data_dir.clone(),
-                sync: game.sync,
                 segment_bytes: game.segment_bytes.max(4096),
                 max_claims: game.max_claims,
                 max_names: game.max_names.unwrap_or((game.max_claims / 4).max(1)),
                 sync_mark: game.sync_mark.clone(),
                 test_sync_delay: game.test_sync_delay,
+                ..store::journal::JournalOptions::new(&game.data_dir, game.sync)
             },
             &land,
         )?),

@@ -49,6 +49,21 @@ pub struct JournalOptions {
     pub test_sync_delay: Duration,
 }
 
+impl JournalOptions {
+    /// A journal in `dir` with no limits, 64 MiB segments and no test hooks.
+    pub fn new(dir: &Path, sync: SyncMode) -> JournalOptions {
+        JournalOptions {
+            dir: dir.to_path_buf(),
+            sync,
+            segment_bytes: 64 << 20,
+            max_claims: u64::MAX,
+            max_names: u64::MAX,
+            sync_mark: None,
+            test_sync_delay: Duration::ZERO,
+        }
+    }
+}
+
 /// The journal store; see the module documentation.
 pub struct JournalStore {
     /// Held (an exclusive `flock`) for as long as the store lives: one writer per journal.
@@ -664,15 +679,7 @@ mod tests {
     use tern_server::testing::TestReplies;
 
     fn options(dir: &Path, sync: SyncMode) -> JournalOptions {
-        JournalOptions {
-            dir: dir.to_path_buf(),
-            sync,
-            segment_bytes: 64 << 20,
-            max_claims: u64::MAX,
-            max_names: u64::MAX,
-            sync_mark: None,
-            test_sync_delay: Duration::ZERO,
-        }
+        JournalOptions::new(dir, sync)
     }
 
     /// A fresh data folder and a store on it (`tweak` adjusts the options first).
@@ -709,10 +716,13 @@ mod tests {
     /// (seq, status) of the replies the syncer completed, waiting up to 5 s for the first.
     fn completed(replies: &TestReplies) -> Vec<(u32, u16)> {
         let deadline = Instant::now() + Duration::from_secs(5);
-        let mut done = Vec::new();
-        while done.is_empty() && Instant::now() < deadline {
+        let mut done = replies.completed();
+        while done.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !replies.wait(left) {
+                break;
+            }
             done = replies.completed();
-            std::thread::sleep(Duration::from_millis(5));
         }
         done.iter().map(|(seq, r)| (*seq, r.status)).collect()
     }
