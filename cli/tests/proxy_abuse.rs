@@ -262,6 +262,53 @@ fn bytes_after_an_answer_never_reach_a_later_request() {
     }
 }
 
+/// Answers that have no body by definition (to HEAD, 204, 304) from an upstream that sends a
+/// body anyway, shaped as a second answer: tern sends the head alone, and the bytes behind it
+/// reach neither the next request on that client connection nor another client's.
+#[test]
+fn a_body_behind_a_bodiless_answer_never_reaches_a_later_request() {
+    const STRAY: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nSTRAY-ANSWER";
+    let up = Upstream::start(|s, counts| {
+        serve_batched(s, counts, false, &|line| {
+            let path = path_of(line);
+            let head: &[u8] = if line.starts_with("HEAD ") {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 55\r\n\r\n"
+            } else if path.starts_with("/204") {
+                b"HTTP/1.1 204 No Content\r\nContent-Length: 55\r\n\r\n"
+            } else if path.starts_with("/304") {
+                b"HTTP/1.1 304 Not Modified\r\nContent-Length: 55\r\n\r\n"
+            } else {
+                return answer_of_size(path, 200);
+            };
+            [head, STRAY].concat()
+        })
+    });
+    let config = Config::new();
+    let tern = config.start("", up.addr, "");
+    for (method, path, status) in [
+        ("HEAD", "/h", 200),
+        ("GET", "/204", 204),
+        ("GET", "/304", 304),
+    ] {
+        let mut a = tern.client();
+        a.send(format!("{method} {path} HTTP/1.1\r\nHost: app.test\r\n\r\n").as_bytes());
+        let r = a.read_response(true);
+        assert_eq!(r.status, status, "{method} {path}");
+        for (who, c) in [
+            ("the same client", &mut a),
+            ("another client", &mut tern.client()),
+        ] {
+            let next = format!("/next{path}");
+            let r = c.get(&next, &[]);
+            assert!(
+                r.text().starts_with(&format!("answer to {next};")),
+                "after {method} {path}, {who} got {:?}",
+                r.text()
+            );
+        }
+    }
+}
+
 /// CL.0 through the proxy: a GET whose body holds a second request, to an upstream that
 /// ignores GET bodies and so answers twice. The second answer (here the "gated" one) reaches
 /// no one, wherever the first answer's end falls against tern's reads: not the attacker's next
