@@ -30,6 +30,14 @@ enum Segment {
 /// from the worker's pool), large bodies by reference, files by descriptor, all in order.
 /// It does no I/O: the driver sends what [`Output::memory_slices`] and [`Output::front_file`]
 /// describe (or the TLS transport encrypts it) and reports progress with [`Output::advance`].
+///
+/// Completion-safe: a driver whose sends complete later (io_uring) calls [`Output::seal`]
+/// once it has handed the slices to the kernel. Until the completion, nothing handed out may
+/// move, and an append could reallocate `buf`; so `seal` retires the buffer at once: its
+/// unsent bytes become `Shared` segments (turning the `Vec` into `Bytes` keeps its heap block
+/// where it is, and nothing can write to `Bytes`), and later appends go to a fresh buffer, as
+/// h2o moves its write buffer to `buf_in_flight`. A readiness driver sends and advances in
+/// one step and never seals: it pays nothing for this.
 #[derive(Default)]
 pub struct Output {
     buf: Vec<u8>,
@@ -62,6 +70,41 @@ impl Output {
     /// Accounts for bytes appended to `head_buf()` since the last call.
     pub fn commit(&mut self, before_len: usize) {
         self.pending += self.buf.len() - before_len;
+    }
+
+    /// The memory slices last returned by `memory_slices` were handed to the kernel, which
+    /// reads them until the send completes (see the type's documentation): `buf`'s unsent
+    /// bytes become `Shared` segments in place, and the next append takes a fresh buffer
+    /// from the pool. No byte moves: the heap block of the old `Vec` is owned by the segments
+    /// now, and freed once they are sent.
+    // The completion backend (io_uring, issue 25) is its caller; until then, its test.
+    #[allow(dead_code)]
+    pub fn seal(&mut self) {
+        if self.buf.len() == self.buf_pos {
+            return; // nothing of `buf` is in flight
+        }
+        self.close_run();
+        let old = bytes::Bytes::from(std::mem::take(&mut self.buf));
+        let mut start = self.buf_pos;
+        for seg in self.segments.iter_mut() {
+            if let Segment::Mem { end } = *seg {
+                *seg = Segment::Shared {
+                    bytes: old.slice(start..end),
+                    pos: 0,
+                };
+                start = end;
+            }
+        }
+        self.buf_pos = 0;
+        self.open_run = 0;
+        debug_assert!(
+            self.buf.capacity() == 0
+                && self
+                    .segments
+                    .iter()
+                    .all(|s| !matches!(s, Segment::Mem { .. })),
+            "a sealed output must hold nothing that can move"
+        );
     }
 
     pub fn push_body(&mut self, body: Body) {
@@ -158,7 +201,7 @@ impl Output {
     }
 
     /// Marks `n` bytes as sent: from the file at the front if there is one (see
-    /// [`Self::front_file`]), else from the memory segments.
+    /// [`Self::front_file`]), else from the memory segments. Ends a seal: the send completed.
     pub fn advance(&mut self, n: usize) {
         if let Some(Segment::File { body, sent }) = self.segments.front_mut() {
             *sent += n as u64;
@@ -330,6 +373,46 @@ mod tests {
         let got = reader.join().unwrap();
         assert_eq!(&got[..6], b"HEAD\r\n");
         assert!(got[6..] == content[..]);
+    }
+
+    /// What a completion backend relies on: slices handed out and sealed keep their address
+    /// and bytes whatever is appended before the send completes (here enough to reallocate
+    /// the buffer twice over), and everything still leaves in order.
+    #[test]
+    fn sealed_bytes_never_move_until_the_send_completes() {
+        let mut out = Output::default();
+        let mut expected = Vec::new();
+        let append = |out: &mut Output, expected: &mut Vec<u8>, bytes: &[u8]| {
+            let before = out.head_buf(|| Vec::with_capacity(128)).len();
+            out.head_buf(|| Vec::with_capacity(128))
+                .extend_from_slice(bytes);
+            out.commit(before);
+            expected.extend_from_slice(bytes);
+        };
+        append(&mut out, &mut expected, &[b'a'; 100]);
+        let first = |out: &Output| {
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let (n, _) = out.memory_slices(&mut iov, usize::MAX);
+            assert!(n > 0);
+            (iov[0].as_ptr() as usize, iov[0].to_vec())
+        };
+        let (ptr, bytes) = first(&out);
+        out.seal();
+        append(&mut out, &mut expected, &[b'b'; 10_000]);
+        out.push_copy(&[b'c'; 5000]);
+        expected.extend_from_slice(&[b'c'; 5000]);
+        out.push_body(Body::Owned(vec![b'd'; 20_000]));
+        expected.extend_from_slice(&[b'd'; 20_000]);
+        assert_eq!(first(&out), (ptr, bytes.clone()));
+        // The send completes partly; the rest is resent from where it was.
+        out.advance(40);
+        let (ptr2, rest) = first(&out);
+        assert_eq!((ptr2, &rest[..]), (ptr + 40, &bytes[40..]));
+        // Appends go on in the fresh buffer.
+        append(&mut out, &mut expected, b"tail");
+        assert_eq!(out.pending(), expected.len() - 40);
+        let (a, b) = UnixStream::pair().unwrap();
+        assert_eq!(drain(out, a, b), expected[40..]);
     }
 
     #[test]
