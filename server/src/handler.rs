@@ -95,6 +95,8 @@ pub struct HandlerContext<'a> {
     pub worker_id: usize,
     /// The access log this request's line goes to.
     pub(crate) log: LogTarget,
+    /// The site whose figures count this request's answer.
+    pub(crate) site: crate::stats::SiteSlot,
     /// Who a guard in front let the request through as (set by [`crate::Guarded`] only).
     pub(crate) identity: Option<crate::identity::Identity>,
 }
@@ -104,6 +106,12 @@ impl HandlerContext<'_> {
     /// or nowhere ([`LogTarget::OFF`]).
     pub fn log_to(&mut self, target: LogTarget) {
         self.log = target;
+    }
+
+    /// Counts this request's answer (its class, its duration) under a site of
+    /// `Stats::site` rather than under no site.
+    pub fn count_as(&mut self, site: crate::stats::SiteSlot) {
+        self.site = site;
     }
 
     /// The account a guard in front of this handler established, if any: a handler can
