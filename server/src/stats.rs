@@ -598,6 +598,62 @@ mod tests {
         assert_eq!(duration_bucket(10_000_001), DURATION_BOUNDS.len());
     }
 
+    /// Counts the allocations of the thread that asks for it, so that the request path's
+    /// share of the counting can be shown to allocate nothing.
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        pub struct Counting;
+
+        thread_local! {
+            pub static ALLOCATIONS: Cell<Option<u64>> = const { Cell::new(None) };
+        }
+
+        // SAFETY: every call is forwarded unchanged to the system allocator; counting is a
+        // side effect on a const-initialised thread-local (no allocation, no destructor).
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                let _ = ALLOCATIONS.try_with(|c| c.set(c.get().map(|n| n + 1)));
+                // SAFETY: the caller's layout contract is passed on as is.
+                unsafe { System.alloc(layout) }
+            }
+
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                // SAFETY: `ptr` came from `System.alloc` above with this layout.
+                unsafe { System.dealloc(ptr, layout) }
+            }
+        }
+
+        #[global_allocator]
+        static GLOBAL: Counting = Counting;
+    }
+
+    #[test]
+    fn counting_an_answer_allocates_nothing() {
+        let stats = Stats::new(2);
+        let site = stats.site("blog");
+        let worker = stats.worker(1);
+        counting::ALLOCATIONS.with(|c| c.set(Some(0)));
+        drop(std::hint::black_box(Box::new(7u64)));
+        let control = counting::ALLOCATIONS.with(|c| c.replace(Some(0)));
+        assert_eq!(
+            control,
+            Some(1),
+            "the allocator counts this thread's allocations"
+        );
+        for i in 0..10_000u64 {
+            let status = [200, 304, 404, 503][i as usize % 4];
+            worker.answered(status, Tally { site, start_us: i }, i * 3);
+        }
+        let allocations = counting::ALLOCATIONS.with(|c| c.replace(None));
+        assert_eq!(allocations, Some(0));
+        assert_eq!(
+            stats.snapshot().sites[1].buckets.iter().sum::<u64>(),
+            10_000
+        );
+    }
+
     #[test]
     fn worker_blocks_do_not_share_cache_lines() {
         assert!(std::mem::align_of::<WorkerStats>() >= 128);
