@@ -125,7 +125,7 @@ pub(crate) fn run(
         identity: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
-    tally.site = hcx.site;
+    tally.set_site(hcx.site);
     if let Some(entry) = entry {
         entry.target = hcx.log;
     }
