@@ -3,6 +3,8 @@ use std::sync::{Arc, Mutex};
 
 use tern_codec::RequestError;
 
+pub use crate::handler::SiteSlot;
+
 /// Every counter a worker keeps besides the answers (counted per site, [`SiteSlot`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
@@ -255,20 +257,6 @@ pub const DURATION_BUCKETS: usize = DURATION_BOUNDS.len() + 1;
 /// Answers are counted by class: 1xx to 5xx.
 pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
-/// Which site's row an answer is counted in (see [`Stats::site`]); a handler chooses it with
-/// `HandlerContext::count_as`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SiteSlot(u16);
-
-impl SiteSlot {
-    /// Answers no site took.
-    pub const NONE: SiteSlot = SiteSlot(0);
-
-    fn index(self) -> usize {
-        usize::from(self.0).min(MAX_SITES - 1)
-    }
-}
-
 /// What an answer is counted under: its site, and when its request was complete (the
 /// worker clock's microseconds), for the duration histogram. One word (the site in the top
 /// 16 bits, 48 bits of microseconds: 8.9 years of uptime), since every connection's state
@@ -361,7 +349,7 @@ impl WorkerStats {
     /// class and its duration are counted in its site's row. Three single-writer increments.
     #[inline]
     pub(crate) fn answered(&self, status: u16, tally: Tally, now_us: u64) {
-        let row = &self.sites[tally.site().index()];
+        let row = &self.sites[tally.site().index(MAX_SITES)];
         let class = usize::from(status / 100).clamp(1, 5) - 1;
         bump(&row.classes[class]);
         let us = (now_us & START_MASK).saturating_sub(tally.start_us());
