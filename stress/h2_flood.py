@@ -183,7 +183,7 @@ def main() -> int:
     # ---- the server's view
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in
              ("http2_floods", "http2_connection_errors", "http2_stream_errors",
-              "http2_connections", "timeouts_header", "handler_panics",
+              "http2_connections", 'timeouts{kind="header"}', "handler_panics",
               "connections_accepted")}
     rep.add("server counters (delta)", ", ".join(f"{k} {v}" for k, v in delta.items()))
     reasons: dict[str, int] = {}

@@ -120,10 +120,10 @@ fn slow_heads_ban_the_peer_until_the_ban_expires() {
     assert_answered(&tern, "127.0.0.1");
     assert_eq!(tern.statusz("bans_added"), 1);
     assert_eq!(tern.statusz("connections_banned"), 2);
-    assert!(tern.statusz("timeouts_header") >= 3);
+    assert!(tern.statusz("timeouts{kind=\"header\"}") >= 3);
     let metrics = tern.get("/metrics").text();
     assert!(
-        metrics.contains("\ntern_connections_banned 2\n"),
+        metrics.contains("\ntern_connections_banned_total 2\n"),
         "{metrics}"
     );
     // The ban ends after --ban-seconds.

@@ -506,7 +506,7 @@ fn tern_gate_answers_nginx_auth_requests() {
     assert!(gate
         .get("/metrics")
         .text()
-        .contains("tern_gate_challenges_passed 1"));
+        .contains("tern_gate_challenges_passed_total 1"));
 }
 
 #[test]

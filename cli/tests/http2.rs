@@ -649,7 +649,7 @@ async fn demo_claim_waits_for_its_sync_while_other_streams_are_answered() {
         .unwrap()
         .starts_with("text/plain; version=0.0.4"));
     assert!(
-        m.text().contains("# TYPE tern_claims_saved counter"),
+        m.text().contains("# TYPE tern_claims_saved_total counter"),
         "/metrics:\n{}",
         m.text()
     );

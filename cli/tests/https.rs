@@ -1237,13 +1237,13 @@ fn demo_over_https_counts_handshakes_and_failures() {
     let before = statusz(&mut c);
     for name in [
         "tls_handshakes",
-        "tls_handshake_failures_plain_http",
-        "tls_handshake_failures_timeout",
-        "tls_handshake_failures_bad_record",
-        "tls_handshake_failures_no_shared_params",
-        "tls_handshake_failures_peer_alert",
-        "tls_handshake_failures_closed",
-        "tls_handshake_failures_other",
+        "tls_handshake_failures{cause=\"plain_http\"}",
+        "tls_handshake_failures{cause=\"timeout\"}",
+        "tls_handshake_failures{cause=\"bad_record\"}",
+        "tls_handshake_failures{cause=\"no_shared_params\"}",
+        "tls_handshake_failures{cause=\"peer_alert\"}",
+        "tls_handshake_failures{cause=\"closed\"}",
+        "tls_handshake_failures{cause=\"other\"}",
     ] {
         assert!(before.contains_key(name), "/statusz has no {name}");
     }
@@ -1289,11 +1289,11 @@ fn demo_over_https_counts_handshakes_and_failures() {
     let settled = eventually(Duration::from_secs(3), || {
         after = statusz(&mut c);
         [
-            "tls_handshake_failures_closed",
-            "tls_handshake_failures_bad_record",
-            "tls_handshake_failures_timeout",
-            "tls_handshake_failures_peer_alert",
-            "tls_handshake_failures_no_shared_params",
+            "tls_handshake_failures{cause=\"closed\"}",
+            "tls_handshake_failures{cause=\"bad_record\"}",
+            "tls_handshake_failures{cause=\"timeout\"}",
+            "tls_handshake_failures{cause=\"peer_alert\"}",
+            "tls_handshake_failures{cause=\"no_shared_params\"}",
         ]
         .iter()
         .all(|name| delta(&after, name) >= 1)
@@ -1305,13 +1305,13 @@ fn demo_over_https_counts_handshakes_and_failures() {
     assert!(settled, "counters did not move: {tls:?}");
     for (name, want) in [
         ("tls_handshakes", 2),
-        ("tls_handshake_failures_plain_http", 2),
-        ("tls_handshake_failures_bad_record", 1),
-        ("tls_handshake_failures_closed", 1),
-        ("tls_handshake_failures_timeout", 1),
-        ("tls_handshake_failures_peer_alert", 1),
-        ("tls_handshake_failures_no_shared_params", 1),
-        ("tls_handshake_failures_other", 0),
+        ("tls_handshake_failures{cause=\"plain_http\"}", 2),
+        ("tls_handshake_failures{cause=\"bad_record\"}", 1),
+        ("tls_handshake_failures{cause=\"closed\"}", 1),
+        ("tls_handshake_failures{cause=\"timeout\"}", 1),
+        ("tls_handshake_failures{cause=\"peer_alert\"}", 1),
+        ("tls_handshake_failures{cause=\"no_shared_params\"}", 1),
+        ("tls_handshake_failures{cause=\"other\"}", 0),
     ] {
         assert_eq!(delta(&after, name), want, "{name}: {tls:?}");
     }
@@ -1320,8 +1320,8 @@ fn demo_over_https_counts_handshakes_and_failures() {
     assert_eq!(m.status, 200);
     let text = m.text();
     for name in [
-        "tern_tls_handshakes",
-        "tern_tls_handshake_failures_plain_http",
+        "tern_tls_handshakes_total ",
+        "tern_tls_handshake_failures_total{cause=\"plain_http\"} ",
     ] {
         assert!(
             text.lines().any(|l| l.starts_with(name)),

@@ -95,7 +95,7 @@ fn the_game_plays_sandboxed_and_counts_refused_calls() {
     assert_eq!(tern.statusz("sandbox_denied_syscalls"), 2);
     let metrics = tern.get("/metrics").text();
     assert!(
-        metrics.contains("\ntern_sandbox_denied_syscalls 2\n")
+        metrics.contains("\ntern_sandbox_denied_syscalls_total 2\n")
             || metrics.contains("\nsandbox_denied_syscalls 2\n"),
         "{metrics}"
     );

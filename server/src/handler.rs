@@ -86,6 +86,21 @@ impl LogTarget {
     }
 }
 
+/// Which site's row of the server's counters an answer is counted in (`Stats::site` gives
+/// one per site name); a handler chooses it with [`HandlerContext::count_as`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SiteSlot(pub(crate) u16);
+
+impl SiteSlot {
+    /// Answers no site took.
+    pub const NONE: SiteSlot = SiteSlot(0);
+
+    /// The row's index, below `limit` (the number of rows).
+    pub(crate) fn index(self, limit: usize) -> usize {
+        usize::from(self.0).min(limit - 1)
+    }
+}
+
 /// Handed to a handler for one request. `defer()` turns the reply into a pending one.
 pub struct HandlerContext<'a> {
     pub(crate) inbox: &'a InboxSender<WorkerMessage>,
@@ -95,6 +110,8 @@ pub struct HandlerContext<'a> {
     pub worker_id: usize,
     /// The access log this request's line goes to.
     pub(crate) log: LogTarget,
+    /// The site whose figures count this request's answer.
+    pub(crate) site: SiteSlot,
     /// Who a guard in front let the request through as (set by [`crate::Guarded`] only).
     pub(crate) identity: Option<crate::identity::Identity>,
 }
@@ -104,6 +121,12 @@ impl HandlerContext<'_> {
     /// or nowhere ([`LogTarget::OFF`]).
     pub fn log_to(&mut self, target: LogTarget) {
         self.log = target;
+    }
+
+    /// Counts this request's answer (its class, its duration) under a site of
+    /// `Stats::site` rather than under no site.
+    pub fn count_as(&mut self, site: SiteSlot) {
+        self.site = site;
     }
 
     /// The account a guard in front of this handler established, if any: a handler can

@@ -39,7 +39,10 @@ pub use handler::{
 pub use identity::Identity;
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
-pub use stats::{Counter, Stats, StatsSnapshot, WorkerStats};
+pub use stats::{
+    Counter, SiteFigures, SiteSlot, Stats, StatsSnapshot, WorkerStats, DURATION_BOUNDS,
+    DURATION_BUCKETS, MAX_SITES, OTHER_SITES, STATUS_CLASSES,
+};
 pub use tern_codec::{
     canonical_path, connection_lists, decoded_path, parse_request, path_under, trim_ows, Limits,
     Method, Parsed, PathError, RequestError, RequestHead, Version,

@@ -1,9 +1,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tern_codec::RequestError;
 
-/// Every counter a worker keeps. Names double as metric names.
+pub use crate::handler::SiteSlot;
+
+/// Every counter a worker keeps besides the answers (counted per site, [`SiteSlot`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Counter {
@@ -14,11 +16,6 @@ pub enum Counter {
     /// Closed without an answer by a handler (`Reply::Drop`), e.g. far over a rate limit.
     ConnectionsDropped,
     Requests,
-    Responses1xx,
-    Responses2xx,
-    Responses3xx,
-    Responses4xx,
-    Responses5xx,
     TimeoutHeader,
     TimeoutBody,
     TimeoutIdle,
@@ -76,17 +73,12 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 39] = [
+    pub const ALL: [Counter; 34] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
         Counter::ConnectionsDropped,
         Counter::Requests,
-        Counter::Responses1xx,
-        Counter::Responses2xx,
-        Counter::Responses3xx,
-        Counter::Responses4xx,
-        Counter::Responses5xx,
         Counter::TimeoutHeader,
         Counter::TimeoutBody,
         Counter::TimeoutIdle,
@@ -118,6 +110,8 @@ impl Counter {
         Counter::UpstreamRetries,
     ];
 
+    /// The metric's name: several counters share one, told apart by [`Counter::label`]
+    /// (a cause, a kind of timeout). Prometheus's page adds `_total`.
     pub fn name(self) -> &'static str {
         match self {
             Counter::ConnectionsAccepted => "connections_accepted",
@@ -125,25 +119,20 @@ impl Counter {
             Counter::ConnectionsRefused => "connections_refused",
             Counter::ConnectionsDropped => "connections_dropped",
             Counter::Requests => "requests",
-            Counter::Responses1xx => "responses_1xx",
-            Counter::Responses2xx => "responses_2xx",
-            Counter::Responses3xx => "responses_3xx",
-            Counter::Responses4xx => "responses_4xx",
-            Counter::Responses5xx => "responses_5xx",
-            Counter::TimeoutHeader => "timeouts_header",
-            Counter::TimeoutBody => "timeouts_body",
-            Counter::TimeoutIdle => "timeouts_idle",
-            Counter::TimeoutWrite => "timeouts_write",
+            Counter::TimeoutHeader
+            | Counter::TimeoutBody
+            | Counter::TimeoutIdle
+            | Counter::TimeoutWrite => "timeouts",
             Counter::HandlerPanics => "handler_panics",
             Counter::IoErrors => "io_errors",
             Counter::TlsHandshakes => "tls_handshakes",
-            Counter::TlsFailedPlainHttp => "tls_handshake_failures_plain_http",
-            Counter::TlsFailedTimeout => "tls_handshake_failures_timeout",
-            Counter::TlsFailedBadRecord => "tls_handshake_failures_bad_record",
-            Counter::TlsFailedNoSharedParams => "tls_handshake_failures_no_shared_params",
-            Counter::TlsFailedPeerAlert => "tls_handshake_failures_peer_alert",
-            Counter::TlsFailedClosed => "tls_handshake_failures_closed",
-            Counter::TlsFailedOther => "tls_handshake_failures_other",
+            Counter::TlsFailedPlainHttp
+            | Counter::TlsFailedTimeout
+            | Counter::TlsFailedBadRecord
+            | Counter::TlsFailedNoSharedParams
+            | Counter::TlsFailedPeerAlert
+            | Counter::TlsFailedClosed
+            | Counter::TlsFailedOther => "tls_handshake_failures",
             Counter::Http2Connections => "http2_connections",
             Counter::Http2StreamErrors => "http2_stream_errors",
             Counter::Http2ConnectionErrors => "http2_connection_errors",
@@ -162,6 +151,26 @@ impl Counter {
         }
     }
 
+    /// The label that tells this counter from the others of its [`Counter::name`].
+    pub fn label(self) -> Option<(&'static str, &'static str)> {
+        let (key, value) = match self {
+            Counter::TimeoutHeader => ("kind", "header"),
+            Counter::TimeoutBody => ("kind", "body"),
+            Counter::TimeoutIdle => ("kind", "idle"),
+            Counter::TimeoutWrite => ("kind", "write"),
+            Counter::TlsFailedPlainHttp => ("cause", "plain_http"),
+            Counter::TlsFailedTimeout => ("cause", "timeout"),
+            Counter::TlsFailedBadRecord => ("cause", "bad_record"),
+            Counter::TlsFailedNoSharedParams => ("cause", "no_shared_params"),
+            Counter::TlsFailedPeerAlert => ("cause", "peer_alert"),
+            Counter::TlsFailedClosed => ("cause", "closed"),
+            Counter::TlsFailedOther => ("cause", "other"),
+            _ => return None,
+        };
+        Some((key, value))
+    }
+
+    /// The help line of the counter's name (the same for every label).
     pub fn help(self) -> &'static str {
         match self {
             Counter::ConnectionsAccepted => "TCP connections accepted",
@@ -169,27 +178,23 @@ impl Counter {
             Counter::ConnectionsRefused => "connections closed at once at the connection limit",
             Counter::ConnectionsDropped => "connections closed without an answer by a handler",
             Counter::Requests => "requests whose head was parsed",
-            Counter::Responses1xx => "1xx responses",
-            Counter::Responses2xx => "2xx responses",
-            Counter::Responses3xx => "3xx responses",
-            Counter::Responses4xx => "4xx responses",
-            Counter::Responses5xx => "5xx responses",
-            Counter::TimeoutHeader => "connections cut off for a slow request head",
-            Counter::TimeoutBody => "connections cut off for a slow request body",
-            Counter::TimeoutIdle => "idle keep-alive connections closed",
-            Counter::TimeoutWrite => "connections closed because the client stopped reading",
+            Counter::TimeoutHeader
+            | Counter::TimeoutBody
+            | Counter::TimeoutIdle
+            | Counter::TimeoutWrite => {
+                "connections closed by a timeout: slow request head or body, idle keep-alive, \
+                 a client that stopped reading (write)"
+            }
             Counter::HandlerPanics => "handler panics answered with 500",
             Counter::IoErrors => "socket read/write errors",
             Counter::TlsHandshakes => "TLS handshakes completed",
-            Counter::TlsFailedPlainHttp => "plain HTTP requests on a TLS port (answered 400)",
-            Counter::TlsFailedTimeout => "TLS handshakes cut off by the header timeout",
-            Counter::TlsFailedBadRecord => "TLS sessions failed on bad or unexpected records",
-            Counter::TlsFailedNoSharedParams => {
-                "TLS handshakes with no version, suite or group in common"
-            }
-            Counter::TlsFailedPeerAlert => "TLS sessions ended by a fatal alert from the client",
-            Counter::TlsFailedClosed => "TLS handshakes the client abandoned (connection closed)",
-            Counter::TlsFailedOther => "TLS sessions failed for another reason",
+            Counter::TlsFailedPlainHttp
+            | Counter::TlsFailedTimeout
+            | Counter::TlsFailedBadRecord
+            | Counter::TlsFailedNoSharedParams
+            | Counter::TlsFailedPeerAlert
+            | Counter::TlsFailedClosed
+            | Counter::TlsFailedOther => "TLS sessions that failed, by cause",
             Counter::Http2Connections => "connections that spoke HTTP/2",
             Counter::Http2StreamErrors => "HTTP/2 streams reset for a peer's protocol error",
             Counter::Http2ConnectionErrors => "HTTP/2 connections closed for a protocol error",
@@ -216,6 +221,91 @@ impl Counter {
 const N_COUNTERS: usize = Counter::ALL.len();
 const N_BAD: usize = RequestError::ALL.len();
 
+/// How many sites get figures of their own (answers by class, a duration histogram): a row
+/// each in every worker's block, fixed at start so the request path never allocates. Slot 0
+/// is for answers no site took (a server without sites, bad input, a misdirected host);
+/// sites past the last slot share it ([`OTHER_SITES`]), which bounds the label's values.
+pub const MAX_SITES: usize = 64;
+
+/// The name the last slot reports when more than `MAX_SITES - 2` sites were named.
+pub const OTHER_SITES: &str = "_other";
+
+/// The upper bounds of the request-duration histogram's buckets: microseconds, and the same
+/// in seconds as Prometheus's `le` label shows it. One more bucket counts the rest (`+Inf`).
+pub const DURATION_BOUNDS: [(u64, &str); 16] = [
+    (100, "0.0001"),
+    (250, "0.00025"),
+    (500, "0.0005"),
+    (1_000, "0.001"),
+    (2_500, "0.0025"),
+    (5_000, "0.005"),
+    (10_000, "0.01"),
+    (25_000, "0.025"),
+    (50_000, "0.05"),
+    (100_000, "0.1"),
+    (250_000, "0.25"),
+    (500_000, "0.5"),
+    (1_000_000, "1"),
+    (2_500_000, "2.5"),
+    (5_000_000, "5"),
+    (10_000_000, "10"),
+];
+
+/// Buckets of the duration histogram: one per bound, and `+Inf`.
+pub const DURATION_BUCKETS: usize = DURATION_BOUNDS.len() + 1;
+
+/// Answers are counted by class: 1xx to 5xx.
+pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// What an answer is counted under: its site, and when its request was complete (the
+/// worker clock's microseconds), for the duration histogram. One word (the site in the top
+/// 16 bits, 48 bits of microseconds: 8.9 years of uptime), since every connection's state
+/// carries one and an idle connection must stay small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tally(u64);
+
+const START_BITS: u32 = 48;
+const START_MASK: u64 = (1 << START_BITS) - 1;
+
+impl Tally {
+    pub fn starting(start_us: u64) -> Tally {
+        Tally::new(SiteSlot::NONE, start_us)
+    }
+
+    pub fn new(site: SiteSlot, start_us: u64) -> Tally {
+        Tally(u64::from(site.0) << START_BITS | (start_us & START_MASK))
+    }
+
+    pub fn site(self) -> SiteSlot {
+        SiteSlot((self.0 >> START_BITS) as u16)
+    }
+
+    pub fn start_us(self) -> u64 {
+        self.0 & START_MASK
+    }
+
+    pub fn set_site(&mut self, site: SiteSlot) {
+        *self = Tally::new(site, self.start_us());
+    }
+}
+
+/// One site's figures in one worker's block.
+struct SiteRow {
+    classes: [AtomicU64; STATUS_CLASSES.len()],
+    buckets: [AtomicU64; DURATION_BUCKETS],
+    sum_us: AtomicU64,
+}
+
+impl SiteRow {
+    fn new() -> SiteRow {
+        SiteRow {
+            classes: std::array::from_fn(|_| AtomicU64::new(0)),
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+}
+
 /// One worker's counters, alone on its cache lines so workers never contend. Each worker is the
 /// only writer of its block, so increments are a plain load + store (no locked instruction);
 /// readers sum all blocks with relaxed loads.
@@ -223,6 +313,7 @@ const N_BAD: usize = RequestError::ALL.len();
 pub struct WorkerStats {
     counters: [AtomicU64; N_COUNTERS],
     bad_requests: [AtomicU64; N_BAD],
+    sites: [SiteRow; MAX_SITES],
 }
 
 impl WorkerStats {
@@ -230,6 +321,7 @@ impl WorkerStats {
         WorkerStats {
             counters: std::array::from_fn(|_| AtomicU64::new(0)),
             bad_requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            sites: std::array::from_fn(|_| SiteRow::new()),
         }
     }
 
@@ -253,29 +345,61 @@ impl WorkerStats {
         bump(&self.bad_requests[e.index()]);
     }
 
+    /// An answer with `status` went out at `now_us` (the worker clock's microseconds): its
+    /// class and its duration are counted in its site's row. Three single-writer increments.
     #[inline]
-    pub fn response(&self, status: u16) {
-        let c = match status {
-            100..=199 => Counter::Responses1xx,
-            200..=299 => Counter::Responses2xx,
-            300..=399 => Counter::Responses3xx,
-            400..=499 => Counter::Responses4xx,
-            _ => Counter::Responses5xx,
-        };
-        self.bump(c);
+    pub(crate) fn answered(&self, status: u16, tally: Tally, now_us: u64) {
+        let row = &self.sites[tally.site().index(MAX_SITES)];
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        bump(&row.classes[class]);
+        let us = (now_us & START_MASK).saturating_sub(tally.start_us());
+        bump(&row.buckets[duration_bucket(us)]);
+        add(&row.sum_us, us);
     }
+}
+
+/// The bucket of a duration: the first whose bound it does not exceed. Most answers are
+/// quick, so a scan from the smallest bound ends after a few compares.
+#[inline]
+fn duration_bucket(us: u64) -> usize {
+    DURATION_BOUNDS
+        .iter()
+        .position(|&(bound, _)| us <= bound)
+        .unwrap_or(DURATION_BOUNDS.len())
 }
 
 #[inline]
 fn bump(a: &AtomicU64) {
+    add(a, 1);
+}
+
+#[inline]
+fn add(a: &AtomicU64, n: u64) {
     // Single writer: load + store is enough and avoids a locked read-modify-write.
-    a.store(a.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    a.store(a.load(Ordering::Relaxed) + n, Ordering::Relaxed);
 }
 
 /// All workers' counters; cheap to clone, summed on demand for /statusz and /metrics.
 #[derive(Clone)]
 pub struct Stats {
     workers: Arc<[WorkerStats]>,
+    /// The sites' names by slot (slot 0, no site, is ""), in the order they were first
+    /// named; only start-up, reloads and the pages take the lock.
+    sites: Arc<Mutex<Vec<String>>>,
+}
+
+/// One site's figures summed over the workers.
+#[derive(Debug, Clone)]
+pub struct SiteFigures {
+    /// "" for answers no site took.
+    pub name: String,
+    /// Answers by class ([`STATUS_CLASSES`]).
+    pub responses: [u64; STATUS_CLASSES.len()],
+    /// Answers by duration: bucket i holds those above bound i - 1 up to bound i
+    /// ([`DURATION_BOUNDS`]), the last those above every bound. Not cumulative.
+    pub buckets: [u64; DURATION_BUCKETS],
+    /// The durations' sum in microseconds.
+    pub sum_us: u64,
 }
 
 /// A point-in-time sum over all workers.
@@ -283,6 +407,8 @@ pub struct Stats {
 pub struct StatsSnapshot {
     pub counters: [u64; N_COUNTERS],
     pub bad_requests: [u64; N_BAD],
+    /// Slot 0 (no site) first, then every site named so far, in slot order.
+    pub sites: Vec<SiteFigures>,
 }
 
 impl StatsSnapshot {
@@ -298,6 +424,11 @@ impl StatsSnapshot {
         self.get(Counter::ConnectionsAccepted)
             .saturating_sub(self.get(Counter::ConnectionsClosed))
     }
+
+    /// Answers of status class `class` (1 to 5) over every site.
+    pub fn responses(&self, class: usize) -> u64 {
+        self.sites.iter().map(|s| s.responses[class - 1]).sum()
+    }
 }
 
 impl Stats {
@@ -307,6 +438,7 @@ impl Stats {
             workers: (0..workers.max(1) + 1)
                 .map(|_| WorkerStats::new())
                 .collect(),
+            sites: Arc::new(Mutex::new(vec![String::new()])),
         }
     }
 
@@ -320,10 +452,41 @@ impl Stats {
         &self.workers[id]
     }
 
+    /// The slot of the site called `name`: the one it had if it was named before (a reload
+    /// keeps a site's figures), else the next free one; once all are taken, the shared last
+    /// one, reported as [`OTHER_SITES`]. Not for the request path (it takes a lock).
+    pub fn site(&self, name: &str) -> SiteSlot {
+        let mut names = self.sites.lock().unwrap_or_else(|p| p.into_inner());
+        let index = match names.iter().position(|n| n == name) {
+            Some(i) => i,
+            _ if names.len() < MAX_SITES - 1 => {
+                names.push(name.to_owned());
+                names.len() - 1
+            }
+            _ => {
+                if names.len() < MAX_SITES {
+                    names.push(OTHER_SITES.to_owned());
+                }
+                MAX_SITES - 1
+            }
+        };
+        SiteSlot(index as u16)
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
+        let names = self.sites.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut s = StatsSnapshot {
             counters: [0; N_COUNTERS],
             bad_requests: [0; N_BAD],
+            sites: names
+                .into_iter()
+                .map(|name| SiteFigures {
+                    name,
+                    responses: [0; STATUS_CLASSES.len()],
+                    buckets: [0; DURATION_BUCKETS],
+                    sum_us: 0,
+                })
+                .collect(),
         };
         for w in self.workers.iter() {
             for (sum, c) in s.counters.iter_mut().zip(&w.counters) {
@@ -331,6 +494,15 @@ impl Stats {
             }
             for (sum, c) in s.bad_requests.iter_mut().zip(&w.bad_requests) {
                 *sum += c.load(Ordering::Relaxed);
+            }
+            for (figures, row) in s.sites.iter_mut().zip(&w.sites) {
+                for (sum, c) in figures.responses.iter_mut().zip(&row.classes) {
+                    *sum += c.load(Ordering::Relaxed);
+                }
+                for (sum, c) in figures.buckets.iter_mut().zip(&row.buckets) {
+                    *sum += c.load(Ordering::Relaxed);
+                }
+                figures.sum_us += row.sum_us.load(Ordering::Relaxed);
             }
         }
         s
@@ -346,13 +518,146 @@ mod tests {
         let stats = Stats::new(3);
         stats.worker(0).bump(Counter::Requests);
         stats.worker(2).bump(Counter::Requests);
-        stats.worker(1).response(404);
+        stats.worker(1).answered(404, Tally::starting(0), 10);
         stats.worker(1).bad_request(RequestError::BareLf);
         stats.aux().bump_shared(Counter::Requests);
         let s = stats.snapshot();
         assert_eq!(s.get(Counter::Requests), 3);
-        assert_eq!(s.get(Counter::Responses4xx), 1);
+        assert_eq!(s.responses(4), 1);
+        assert_eq!(s.responses(2), 0);
         assert_eq!(s.bad(RequestError::BareLf), 1);
+    }
+
+    #[test]
+    fn answers_are_counted_per_site_with_their_duration() {
+        let stats = Stats::new(2);
+        let a = stats.site("a");
+        let b = stats.site("b");
+        assert_eq!(stats.site("a"), a, "a site named again keeps its slot");
+        let at = Tally::new;
+        stats.worker(0).answered(200, at(a, 1_000), 1_050); // 50 µs: the first bucket
+        stats.worker(1).answered(200, at(a, 1_000), 1_100); // on the bound: still the first
+        stats.worker(1).answered(503, at(a, 0), 20_000_000); // past every bound
+        stats.worker(0).answered(301, at(b, 0), 3_000); // 3 ms: (2.5 ms, 5 ms]
+        stats.worker(0).answered(400, Tally::starting(0), 0);
+        let s = stats.snapshot();
+        let names: Vec<&str> = s.sites.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["", "a", "b"]);
+        let (none, a, b) = (&s.sites[0], &s.sites[1], &s.sites[2]);
+        assert_eq!(a.responses, [0, 2, 0, 0, 1]);
+        assert_eq!(a.buckets[0], 2);
+        assert_eq!(a.buckets[DURATION_BUCKETS - 1], 1);
+        assert_eq!(a.buckets.iter().sum::<u64>(), 3);
+        assert_eq!(a.sum_us, 50 + 100 + 20_000_000);
+        assert_eq!(b.responses, [0, 0, 1, 0, 0]);
+        assert_eq!(b.buckets[5], 1);
+        assert_eq!(none.responses, [0, 0, 0, 1, 0]);
+        assert_eq!(s.responses(2), 2);
+    }
+
+    #[test]
+    fn a_tally_keeps_its_site_and_start() {
+        let mut t = Tally::new(SiteSlot(63), START_MASK);
+        assert_eq!((t.site(), t.start_us()), (SiteSlot(63), START_MASK));
+        t.set_site(SiteSlot(5));
+        assert_eq!((t.site(), t.start_us()), (SiteSlot(5), START_MASK));
+        assert_eq!(Tally::starting(42).site(), SiteSlot::NONE);
+        assert_eq!(std::mem::size_of::<Tally>(), 8);
+    }
+
+    #[test]
+    fn odd_statuses_fall_into_the_nearest_class() {
+        let stats = Stats::new(1);
+        stats.worker(0).answered(99, Tally::starting(0), 0);
+        stats.worker(0).answered(600, Tally::starting(0), 0);
+        let s = stats.snapshot();
+        assert_eq!(s.sites[0].responses, [1, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn site_slots_are_bounded_and_the_rest_share_one() {
+        let stats = Stats::new(1);
+        let slots: Vec<SiteSlot> = (0..MAX_SITES + 10)
+            .map(|i| stats.site(&format!("site{i}")))
+            .collect();
+        let other = SiteSlot((MAX_SITES - 1) as u16);
+        assert_eq!(slots[MAX_SITES - 3], SiteSlot((MAX_SITES - 2) as u16));
+        assert!(slots[MAX_SITES - 2..].iter().all(|&s| s == other));
+        stats.worker(0).answered(200, Tally::new(other, 0), 0);
+        let s = stats.snapshot();
+        assert_eq!(s.sites.len(), MAX_SITES);
+        assert_eq!(s.sites[MAX_SITES - 1].name, OTHER_SITES);
+        assert_eq!(s.sites[MAX_SITES - 1].responses[1], 1);
+    }
+
+    #[test]
+    fn bounds_rise_and_their_labels_say_the_same_in_seconds() {
+        for pair in DURATION_BOUNDS.windows(2) {
+            assert!(pair[0].0 < pair[1].0);
+        }
+        for (us, le) in DURATION_BOUNDS {
+            assert_eq!(le.parse::<f64>().unwrap(), us as f64 / 1e6, "{le}");
+        }
+        assert_eq!(duration_bucket(0), 0);
+        assert_eq!(duration_bucket(101), 1);
+        assert_eq!(duration_bucket(10_000_000), DURATION_BOUNDS.len() - 1);
+        assert_eq!(duration_bucket(10_000_001), DURATION_BOUNDS.len());
+    }
+
+    /// Counts the allocations of the thread that asks for it, so that the request path's
+    /// share of the counting can be shown to allocate nothing.
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        pub struct Counting;
+
+        thread_local! {
+            pub static ALLOCATIONS: Cell<Option<u64>> = const { Cell::new(None) };
+        }
+
+        // SAFETY: every call is forwarded unchanged to the system allocator; counting is a
+        // side effect on a const-initialised thread-local (no allocation, no destructor).
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                let _ = ALLOCATIONS.try_with(|c| c.set(c.get().map(|n| n + 1)));
+                // SAFETY: the caller's layout contract is passed on as is.
+                unsafe { System.alloc(layout) }
+            }
+
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                // SAFETY: `ptr` came from `System.alloc` above with this layout.
+                unsafe { System.dealloc(ptr, layout) }
+            }
+        }
+
+        #[global_allocator]
+        static GLOBAL: Counting = Counting;
+    }
+
+    #[test]
+    fn counting_an_answer_allocates_nothing() {
+        let stats = Stats::new(2);
+        let site = stats.site("blog");
+        let worker = stats.worker(1);
+        counting::ALLOCATIONS.with(|c| c.set(Some(0)));
+        drop(std::hint::black_box(Box::new(7u64)));
+        let control = counting::ALLOCATIONS.with(|c| c.replace(Some(0)));
+        assert_eq!(
+            control,
+            Some(1),
+            "the allocator counts this thread's allocations"
+        );
+        for i in 0..10_000u64 {
+            let status = [200, 304, 404, 503][i as usize % 4];
+            worker.answered(status, Tally::new(site, i), i * 3);
+        }
+        let allocations = counting::ALLOCATIONS.with(|c| c.replace(None));
+        assert_eq!(allocations, Some(0));
+        assert_eq!(
+            stats.snapshot().sites[1].buckets.iter().sum::<u64>(),
+            10_000
+        );
     }
 
     #[test]

@@ -9,22 +9,34 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
-use tern_server::{Counter, RequestError, StatsSnapshot};
+use tern_server::{
+    Counter, RequestError, StatsSnapshot, DURATION_BOUNDS, DURATION_BUCKETS, STATUS_CLASSES,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetricKind {
     Counter,
     Gauge,
+    /// One sample of a histogram: a bucket, the sum or the count ([`Metric::histogram`]).
+    Histogram,
 }
 
-/// One value for the pages. `label` adds one `key="value"` pair (e.g. the cause of a 400).
+/// A label's value; made at run time for some (a policy rule's name, a site's), hence the
+/// `Cow`.
+pub type LabelValue = std::borrow::Cow<'static, str>;
+
+/// One value for the pages. `name` is the name without `tern_` and, for a counter, without
+/// `_total`: Prometheus's page adds both (a name that already ends in `_total` keeps one),
+/// `/statusz` shows it as given. `labels` tell the values of one name apart (`with_label`).
 #[derive(Debug, Clone)]
 pub struct Metric {
     pub name: &'static str,
     pub help: &'static str,
     pub kind: MetricKind,
-    /// The value may be made at run time (a policy rule's name), hence the `Cow`.
-    pub label: Option<(&'static str, std::borrow::Cow<'static, str>)>,
+    pub labels: Vec<(&'static str, LabelValue)>,
+    /// What follows the name in a histogram's sample (`_bucket`, `_sum`, `_count`); empty
+    /// for counters and gauges.
+    pub suffix: &'static str,
     pub value: f64,
 }
 
@@ -34,8 +46,17 @@ impl Metric {
             name,
             help,
             kind: MetricKind::Counter,
-            label: None,
+            labels: Vec::new(),
+            suffix: "",
             value: value as f64,
+        }
+    }
+
+    /// A counter of a quantity that is not a whole number (seconds spent).
+    pub fn counter_f64(name: &'static str, help: &'static str, value: f64) -> Metric {
+        Metric {
+            kind: MetricKind::Counter,
+            ..Metric::gauge(name, help, value)
         }
     }
 
@@ -44,37 +65,125 @@ impl Metric {
             name,
             help,
             kind: MetricKind::Gauge,
-            label: None,
+            labels: Vec::new(),
+            suffix: "",
             value,
         }
     }
 
-    pub fn with_label(
-        mut self,
-        key: &'static str,
-        value: impl Into<std::borrow::Cow<'static, str>>,
-    ) -> Metric {
-        self.label = Some((key, value.into()));
+    /// Adds a `key="value"` label (after those already there). Keep the values few and
+    /// fixed (causes, classes, configured names), never from requests: each one is a series
+    /// Prometheus keeps.
+    pub fn with_label(mut self, key: &'static str, value: impl Into<LabelValue>) -> Metric {
+        self.labels.push((key, value.into()));
         self
+    }
+
+    /// The samples of one histogram series: a `_bucket` per upper bound (`le`, cumulative,
+    /// then `+Inf`), `_sum` and `_count`. `bounds` are the `le` texts, `counts` the
+    /// non-cumulative counts of each bucket (one more than `bounds`: the last is above every
+    /// bound), `labels` the series' own (a site).
+    pub fn histogram(
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&'static str, LabelValue)],
+        bounds: &[&'static str],
+        counts: &[u64],
+        sum: f64,
+    ) -> Vec<Metric> {
+        debug_assert_eq!(counts.len(), bounds.len() + 1);
+        let sample = |suffix: &'static str, value: f64| Metric {
+            name,
+            help,
+            kind: MetricKind::Histogram,
+            labels: labels.to_vec(),
+            suffix,
+            value,
+        };
+        let mut out = Vec::with_capacity(counts.len() + 2);
+        let mut cumulative = 0;
+        for (i, &n) in counts.iter().enumerate() {
+            cumulative += n;
+            let le = bounds.get(i).copied().unwrap_or("+Inf");
+            out.push(sample("_bucket", cumulative as f64).with_label("le", le));
+        }
+        out.push(sample("_sum", sum));
+        out.push(sample("_count", cumulative as f64));
+        out
+    }
+
+    /// The name Prometheus's page gives its samples after `tern_` (a counter's with
+    /// `_total`), without the histogram's suffix.
+    fn family_name(&self) -> std::borrow::Cow<'static, str> {
+        match self.kind {
+            MetricKind::Counter if !self.name.ends_with("_total") => {
+                format!("{}_total", self.name).into()
+            }
+            _ => self.name.into(),
+        }
+    }
+
+    /// The name `/statusz` shows: the name as given (without the `_total` Prometheus's page
+    /// adds) and the histogram sample's suffix.
+    fn plain_name(&self) -> std::borrow::Cow<'static, str> {
+        if self.suffix.is_empty() {
+            self.name.into()
+        } else {
+            format!("{}{}", self.name, self.suffix).into()
+        }
     }
 }
 
 fn write_value(out: &mut String, v: f64) {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
         let _ = write!(out, "{}", v as i64);
     } else {
-        let _ = write!(out, "{v:.3}");
+        // The shortest text that reads back as the same number (no exponent).
+        let _ = write!(out, "{v}");
     }
 }
 
-/// `name: value` per line; labelled values as `name{key="value"}: value`.
+/// `{key="value",...}`, with `\`, `"` and line breaks escaped as the text format asks; nothing
+/// without labels.
+fn write_labels(out: &mut String, labels: &[(&'static str, LabelValue)]) {
+    if labels.is_empty() {
+        return;
+    }
+    out.push('{');
+    for (i, (key, value)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(key);
+        out.push_str("=\"");
+        for c in value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    out.push('}');
+}
+
+/// `name: value` per line, with the same names and labels as Prometheus's page but without
+/// `tern_` and the `_total` it adds (`requests: 5`, `responses{class="2xx"}: 5`). Of a histogram only the
+/// `_count` and `_sum` lines: its buckets are for Prometheus.
 pub fn render_statusz(metrics: &[Metric]) -> String {
     let mut out = String::with_capacity(metrics.len() * 32);
     for m in metrics {
-        out.push_str(m.name);
-        if let Some((k, v)) = &m.label {
-            let _ = write!(out, "{{{k}=\"{v}\"}}");
+        if m.suffix == "_bucket" {
+            continue;
         }
+        out.push_str(&m.plain_name());
+        write_labels(&mut out, &m.labels);
         out.push_str(": ");
         write_value(&mut out, m.value);
         out.push('\n');
@@ -83,25 +192,27 @@ pub fn render_statusz(metrics: &[Metric]) -> String {
 }
 
 /// Prometheus text exposition format 0.0.4: `# HELP` and `# TYPE` once per metric name
-/// (labelled series of one name must be adjacent), names prefixed with `prefix`.
+/// (the series of one name must be adjacent), names prefixed with `prefix`, counters ending
+/// in `_total`.
 pub fn render_prometheus(prefix: &str, metrics: &[Metric]) -> String {
     let mut out = String::with_capacity(metrics.len() * 96);
     let mut last: Option<&str> = None;
     for m in metrics {
+        let family = m.family_name();
         if last != Some(m.name) {
             let kind = match m.kind {
                 MetricKind::Counter => "counter",
                 MetricKind::Gauge => "gauge",
+                MetricKind::Histogram => "histogram",
             };
-            let _ = writeln!(out, "# HELP {prefix}{} {}", m.name, m.help);
-            let _ = writeln!(out, "# TYPE {prefix}{} {kind}", m.name);
+            let _ = writeln!(out, "# HELP {prefix}{family} {}", m.help);
+            let _ = writeln!(out, "# TYPE {prefix}{family} {kind}");
             last = Some(m.name);
         }
         out.push_str(prefix);
-        out.push_str(m.name);
-        if let Some((k, v)) = &m.label {
-            let _ = write!(out, "{{{k}=\"{v}\"}}");
-        }
+        out.push_str(&family);
+        out.push_str(m.suffix);
+        write_labels(&mut out, &m.labels);
         out.push(' ');
         write_value(&mut out, m.value);
         out.push('\n');
@@ -186,12 +297,19 @@ pub fn page(metrics: &[Metric], prometheus: bool) -> tern_server::Response {
         .with_body(tern_server::Body::Owned(text.into_bytes()))
 }
 
-/// The server layer's counters: connections, requests, responses by class, timeouts, and
-/// bad requests by cause.
+/// The server layer's counters: connections, requests, timeouts, bad requests by cause, and
+/// answers by site and class with the request-duration histogram of each site.
 pub fn server_metrics(s: &StatsSnapshot) -> Vec<Metric> {
+    // Counters of one name are adjacent in `Counter::ALL`, as the page needs.
     let mut out: Vec<Metric> = Counter::ALL
         .iter()
-        .map(|&c| Metric::counter(c.name(), c.help(), s.get(c)))
+        .map(|&c| {
+            let m = Metric::counter(c.name(), c.help(), s.get(c));
+            match c.label() {
+                Some((key, value)) => m.with_label(key, value),
+                None => m,
+            }
+        })
         .collect();
     out.push(Metric::gauge(
         "connections_open",
@@ -207,6 +325,43 @@ pub fn server_metrics(s: &StatsSnapshot) -> Vec<Metric> {
             )
             .with_label("cause", e.name()),
         );
+    }
+    out.extend(site_metrics(s));
+    out
+}
+
+/// Answers by class and the duration histogram, per site. A server without sites (`tern
+/// serve`, `tern demo`) has only the row of no site and shows no `site` label; with sites
+/// (`tern run`) every row has one, `site=""` for answers no site took (bad input, a host no
+/// site serves).
+fn site_metrics(s: &StatsSnapshot) -> Vec<Metric> {
+    let labelled = s.sites.len() > 1;
+    let site_label = |figures: &tern_server::SiteFigures| -> Vec<(&'static str, LabelValue)> {
+        if labelled {
+            vec![("site", figures.name.clone().into())]
+        } else {
+            Vec::new()
+        }
+    };
+    let mut out = Vec::with_capacity(s.sites.len() * (STATUS_CLASSES.len() + DURATION_BUCKETS + 2));
+    for figures in &s.sites {
+        for (class, &n) in STATUS_CLASSES.iter().zip(&figures.responses) {
+            let mut m = Metric::counter("responses", "answers sent, by site and status class", n);
+            m.labels = site_label(figures);
+            out.push(m.with_label("class", *class));
+        }
+    }
+    let bounds = DURATION_BOUNDS.map(|(_, le)| le);
+    for figures in &s.sites {
+        out.extend(Metric::histogram(
+            "request_duration_seconds",
+            "time from a request's arrival to its answer being ready to send (a proxied \
+             answer: to the upstream's last byte), by site",
+            &site_label(figures),
+            &bounds,
+            &figures.buckets,
+            figures.sum_us as f64 / 1e6,
+        ));
     }
     out
 }
@@ -418,20 +573,109 @@ mod tests {
             Metric::counter("requests", "requests served", 42),
             Metric::counter("bad_requests", "by cause", 1).with_label("cause", "bare_lf"),
             Metric::counter("bad_requests", "by cause", 2).with_label("cause", "no_host"),
+            Metric::counter_f64("sync_seconds_total", "time syncing", 0.25),
             Metric::gauge("uptime_seconds", "uptime", 1.5),
         ];
         assert_eq!(
             render_statusz(&m),
             "requests: 42\nbad_requests{cause=\"bare_lf\"}: 1\n\
-             bad_requests{cause=\"no_host\"}: 2\nuptime_seconds: 1.500\n"
+             bad_requests{cause=\"no_host\"}: 2\nsync_seconds_total: 0.25\nuptime_seconds: 1.5\n"
         );
         let p = render_prometheus("tern_", &m);
         assert!(p.starts_with(
-            "# HELP tern_requests requests served\n# TYPE tern_requests counter\ntern_requests 42\n"
+            "# HELP tern_requests_total requests served\n# TYPE tern_requests_total counter\n\
+             tern_requests_total 42\n"
         ));
-        assert_eq!(p.matches("# TYPE tern_bad_requests counter").count(), 1);
-        assert!(p.contains("tern_bad_requests{cause=\"no_host\"} 2\n"));
-        assert!(p.contains("# TYPE tern_uptime_seconds gauge\ntern_uptime_seconds 1.500\n"));
+        assert_eq!(
+            p.matches("# TYPE tern_bad_requests_total counter").count(),
+            1
+        );
+        assert!(p.contains("tern_bad_requests_total{cause=\"no_host\"} 2\n"));
+        // A name that already says `_total` keeps one.
+        assert!(
+            p.contains("# TYPE tern_sync_seconds_total counter\ntern_sync_seconds_total 0.25\n")
+        );
+        assert!(p.contains("# TYPE tern_uptime_seconds gauge\ntern_uptime_seconds 1.5\n"));
+    }
+
+    #[test]
+    fn labels_are_escaped_and_listed_in_order() {
+        let m = [Metric::gauge("g", "h", 1.0)
+            .with_label("site", "a\"b\\c\nd")
+            .with_label("class", "2xx")];
+        assert_eq!(
+            render_prometheus("t_", &m).lines().last(),
+            Some(r#"t_g{site="a\"b\\c\nd",class="2xx"} 1"#)
+        );
+    }
+
+    #[test]
+    fn a_histogram_has_cumulative_buckets_a_sum_and_a_count() {
+        let site = [("site", LabelValue::from("blog"))];
+        let mut m = Metric::histogram(
+            "latency_seconds",
+            "h",
+            &site,
+            &["0.1", "1"],
+            &[2, 3, 4],
+            7.5,
+        );
+        m.extend(Metric::histogram(
+            "latency_seconds",
+            "h",
+            &[],
+            &["0.1", "1"],
+            &[0, 0, 0],
+            0.0,
+        ));
+        let p = render_prometheus("tern_", &m);
+        assert_eq!(
+            p,
+            "# HELP tern_latency_seconds h\n# TYPE tern_latency_seconds histogram\n\
+             tern_latency_seconds_bucket{site=\"blog\",le=\"0.1\"} 2\n\
+             tern_latency_seconds_bucket{site=\"blog\",le=\"1\"} 5\n\
+             tern_latency_seconds_bucket{site=\"blog\",le=\"+Inf\"} 9\n\
+             tern_latency_seconds_sum{site=\"blog\"} 7.5\n\
+             tern_latency_seconds_count{site=\"blog\"} 9\n\
+             tern_latency_seconds_bucket{le=\"0.1\"} 0\n\
+             tern_latency_seconds_bucket{le=\"1\"} 0\n\
+             tern_latency_seconds_bucket{le=\"+Inf\"} 0\n\
+             tern_latency_seconds_sum 0\n\
+             tern_latency_seconds_count 0\n"
+        );
+        // /statusz: the count and the sum, no buckets.
+        assert_eq!(
+            render_statusz(&m[..5]),
+            "latency_seconds_sum{site=\"blog\"}: 7.5\nlatency_seconds_count{site=\"blog\"}: 9\n"
+        );
+    }
+
+    #[test]
+    fn server_figures_are_labelled_by_site_only_when_there_are_sites() {
+        let stats = tern_server::Stats::new(1);
+        let plain = server_metrics(&stats.snapshot());
+        let classes: Vec<_> = plain.iter().filter(|m| m.name == "responses").collect();
+        assert_eq!(classes.len(), 5);
+        assert!(classes
+            .iter()
+            .all(|m| m.labels.len() == 1 && m.labels[0].0 == "class"));
+        stats.site("blog");
+        let sited = server_metrics(&stats.snapshot());
+        let page = render_prometheus("tern_", &sited);
+        assert!(
+            page.contains("tern_responses_total{site=\"\",class=\"2xx\"} 0\n"),
+            "{page}"
+        );
+        assert!(page.contains("tern_responses_total{site=\"blog\",class=\"5xx\"} 0\n"));
+        assert!(
+            page.contains("tern_request_duration_seconds_bucket{site=\"blog\",le=\"+Inf\"} 0\n")
+        );
+        assert!(page.contains("tern_timeouts_total{kind=\"header\"} 0\n"));
+        assert!(page.contains("tern_tls_handshake_failures_total{cause=\"plain_http\"} 0\n"));
+        // Each name's HELP and TYPE once: its series are adjacent.
+        for line in page.lines().filter(|l| l.starts_with("# TYPE")) {
+            assert_eq!(page.matches(&format!("{line}\n")).count(), 1, "{line}");
+        }
     }
 
     #[test]

@@ -25,7 +25,9 @@ mod route;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use tern_server::{Handler, HandlerContext, LogTarget, Reply, Request, RequestHead, Response};
+use tern_server::{
+    Handler, HandlerContext, LogTarget, Reply, Request, RequestHead, Response, SiteSlot,
+};
 
 pub use host::{normalize_pattern, PatternError};
 pub use route::{Action, Fixed, HeaderEdits, Redirect};
@@ -50,11 +52,14 @@ pub struct Site {
     pub routes: Vec<Route>,
     /// The access log its requests' lines go to.
     pub log: LogTarget,
+    /// Where its answers are counted (`Stats::site`), for /metrics' `site` label.
+    pub counted_as: SiteSlot,
 }
 
 struct BuiltSite {
     name: String,
     log: LogTarget,
+    counted_as: SiteSlot,
     /// Longest prefix first, so the first match is the most specific.
     routes: Vec<BuiltRoute>,
 }
@@ -125,6 +130,7 @@ impl SiteTable {
             built.push(BuiltSite {
                 name: site.name,
                 log: site.log,
+                counted_as: site.counted_as,
                 routes,
             });
         }
@@ -171,6 +177,7 @@ impl SiteTable {
             return Response::text(421, "misdirected request: no site here for this host\n").into();
         };
         cx.log_to(site.log);
+        cx.count_as(site.counted_as);
         match route_for(site, req.path()) {
             Some(route) => route.answer(req, cx),
             None => Response::text(404, "not found\n").into(),
@@ -249,6 +256,7 @@ mod tests {
                 .collect(),
             routes: prefixes.iter().map(|p| route(p)).collect(),
             log: LogTarget::DEFAULT,
+            counted_as: SiteSlot::NONE,
         }
     }
 

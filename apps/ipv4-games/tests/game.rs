@@ -1137,10 +1137,10 @@ fn metrics_and_statusz_expose_the_counters() {
             .unwrap()
     };
     for (name, kind) in [
-        ("tern_claims_saved", "counter"),
-        ("tern_claims_received", "counter"),
-        ("tern_journal_writes", "counter"),
-        ("tern_claims_invalid_name", "counter"),
+        ("tern_claims_saved_total", "counter"),
+        ("tern_claims_received_total", "counter"),
+        ("tern_journal_writes_total", "counter"),
+        ("tern_claims_invalid_name_total", "counter"),
         ("tern_claimed_addresses", "gauge"),
         ("tern_snapshot_bytes", "gauge"),
     ] {
@@ -1153,10 +1153,10 @@ fn metrics_and_statusz_expose_the_counters() {
             "no TYPE for {name}"
         );
     }
-    assert_eq!(value("tern_claims_saved"), 3.0);
-    assert_eq!(value("tern_claims_received"), 3.0);
-    assert_eq!(value("tern_claims_invalid_name"), 1.0);
-    assert!(value("tern_journal_writes") >= 1.0);
+    assert_eq!(value("tern_claims_saved_total"), 3.0);
+    assert_eq!(value("tern_claims_received_total"), 3.0);
+    assert_eq!(value("tern_claims_invalid_name_total"), 1.0);
+    assert!(value("tern_journal_writes_total") >= 1.0);
     assert_eq!(value("tern_claimed_addresses"), 3.0);
     // Every line is a comment or `name value`.
     for line in text.lines() {

@@ -367,6 +367,7 @@ fn build_table(
             hosts: site.hosts.clone(),
             routes,
             log: logs[index],
+            counted_as: stats.site(&site.name),
         });
     }
     SiteTable::new(sites, loaded.default_site)

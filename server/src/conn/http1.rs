@@ -18,7 +18,7 @@ use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, ConnCx, Origin, Outcome};
 use crate::response::{status_has_no_body, Response};
-use crate::stats::Counter;
+use crate::stats::{Counter, Tally};
 
 /// Above this much unsent output, stop answering pipelined requests until the client reads.
 pub(crate) const OUTPUT_HIGH_WATER: usize = 256 * 1024;
@@ -53,6 +53,8 @@ pub(crate) struct Exchange {
     pub keep_alive: bool,
     pub http10: bool,
     pub seq: u32,
+    /// What its answer is counted under.
+    pub tally: Tally,
 }
 
 impl Exchange {
@@ -72,12 +74,13 @@ impl Exchange {
     }
 
     /// An answer the server sends on its own (bad input, timeout) before closing.
-    fn last_answer(seq: u32) -> Exchange {
+    fn last_answer(seq: u32, now_us: u64) -> Exchange {
         Exchange {
             head_only: false,
             keep_alive: false,
             http10: false,
             seq,
+            tally: Tally::starting(now_us),
         }
     }
 }
@@ -396,6 +399,7 @@ impl Http1 {
             keep_alive: head.keep_alive && !cx.stopping && !cx.near_limit && !self.peer_eof,
             http10: head.version == Version::Http10,
             seq: self.seq.wrapping_add(1),
+            tally: Tally::starting(cx.clock.now_us()),
         };
         self.seq = exchange.seq;
         let mut entry = cx
@@ -413,7 +417,7 @@ impl Http1 {
             seq: exchange.seq,
         };
         let mut exchange = exchange;
-        let outcome = exchange::run(head, body, from, entry.as_mut(), cx);
+        let outcome = exchange::run(head, body, from, entry.as_mut(), &mut exchange.tally, cx);
         if streamed.is_some() && !matches!(outcome, Outcome::Forward(_)) {
             // Answered without reading the body that follows: the connection cannot go on.
             exchange.keep_alive = false;
@@ -434,6 +438,7 @@ impl Http1 {
                     body,
                     streamed: streamed.map(BodyFollows::Framed),
                     log: saved,
+                    tally: exchange.tally,
                 };
                 let relay = Relay::start(start, ClientSide::H1, out, link, cx);
                 self.state = State::Relay(relay);
@@ -499,7 +504,7 @@ impl Http1 {
             body_bytes = response.body.len();
             out.push_body(response.body);
         }
-        cx.stats.response(status);
+        cx.answered(status, ex.tally);
         if let (Some(log), Some(entry)) = (cx.access_log.as_deref_mut(), entry) {
             log.record(entry, status, body_bytes, cx.clock);
         }
@@ -530,7 +535,7 @@ impl Http1 {
         cx: &mut ConnCx<'_>,
     ) {
         self.state = State::Head;
-        let ex = Exchange::last_answer(self.seq);
+        let ex = Exchange::last_answer(self.seq, cx.clock.now_us());
         let entry = LogEntry::bare(link.peer, cx.clock.now_us());
         self.respond(response, ex, out, link, cx, Some(&entry));
         self.linger_on_close = true;
@@ -591,7 +596,7 @@ impl Http1 {
         cx: &mut ConnCx<'_>,
     ) {
         if matches!(kind, Timeout::Header | Timeout::Body) && out.is_empty() {
-            let ex = Exchange::last_answer(self.seq);
+            let ex = Exchange::last_answer(self.seq, cx.clock.now_us());
             let entry = LogEntry::bare(link.peer, cx.clock.now_us());
             let response = Response::text(408, "request timeout\n");
             self.respond(response, ex, out, link, cx, Some(&entry));

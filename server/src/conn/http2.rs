@@ -20,7 +20,7 @@ use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, ConnCx, Origin, Outcome};
 use crate::response::{status_has_no_body, Body, FileBody, Response};
-use crate::stats::Counter;
+use crate::stats::{Counter, Tally};
 
 /// Body bytes queued ahead of the socket: enough to keep a TLS batch full, little enough that
 /// a late urgent answer is not stuck behind a queue.
@@ -70,9 +70,9 @@ pub(crate) struct Http2 {
     session: Session,
     rbuf: Option<ReadBuf>,
     sending: Vec<Sending>,
-    /// Streams whose handler deferred its reply, whether each asked for the head only, and
-    /// (with an access log) the request's part of its line.
-    awaiting: Vec<(u32, bool, Option<Box<SavedEntry>>)>,
+    /// Streams whose handler deferred its reply, whether each asked for the head only, what
+    /// its answer is counted under, and (with an access log) the request's part of its line.
+    awaiting: Vec<(u32, bool, Tally, Option<Box<SavedEntry>>)>,
     /// Streams relayed to an upstream server (`conn/relay.rs`), until their answer is sent
     /// and their upstream connection released.
     relays: Vec<(u32, Box<Relay>)>,
@@ -314,7 +314,7 @@ impl Http2 {
                 self.respond(
                     stream,
                     Response::text(e.status(), e.message()),
-                    false,
+                    (false, Tally::starting(cx.clock.now_us())),
                     out,
                     link,
                     cx,
@@ -366,6 +366,7 @@ impl Http2 {
             &mut many
         };
         let mut entry = None;
+        let mut tally = Tally::starting(cx.clock.now_us());
         // A streamed body's length was accepted by its route (see `streams_body`); a gathered
         // one's was checked by the session.
         let limits = tern_codec::Limits {
@@ -405,7 +406,7 @@ impl Http2 {
                             conn: link.key,
                             seq: id,
                         };
-                        exchange::run(&head, &data.body, from, entry.as_mut(), cx)
+                        exchange::run(&head, &data.body, from, entry.as_mut(), &mut tally, cx)
                     }
                 };
                 (outcome, head_only)
@@ -420,11 +421,13 @@ impl Http2 {
             entry = Some(LogEntry::bare(link.peer, cx.clock.now_us()));
         }
         match outcome {
-            Outcome::Respond(r) => self.respond(id, r, head_only, out, link, cx, entry.as_ref()),
+            Outcome::Respond(r) => {
+                self.respond(id, r, (head_only, tally), out, link, cx, entry.as_ref())
+            }
             Outcome::Deferred => {
                 // The head's buffers go back now: keep a copy of the line's request part.
                 let saved = entry.as_ref().and_then(SavedEntry::save);
-                self.awaiting.push((id, head_only, saved));
+                self.awaiting.push((id, head_only, tally, saved));
             }
             Outcome::Forward(mut fwd) => {
                 // HTTP/2 has no Upgrade (WebSocket over HTTP/2 would be RFC 8441's
@@ -440,6 +443,7 @@ impl Http2 {
                     body: &data.body,
                     streamed: streamed.then_some(BodyFollows::Raw(data.fields.content_length())),
                     log: entry.as_ref().and_then(SavedEntry::save),
+                    tally,
                 };
                 let client = ClientSide::H2(H2Answer::default());
                 let relay = Relay::start(start, client, out, link, cx);
@@ -475,27 +479,37 @@ impl Http2 {
         let Some(i) = self.awaiting.iter().position(|(s, ..)| *s == seq) else {
             return false;
         };
-        let (_, head_only, saved) = self.awaiting.swap_remove(i);
+        let (_, head_only, tally, saved) = self.awaiting.swap_remove(i);
         let entry = saved.as_ref().map(|s| s.entry());
-        self.respond(seq, response, head_only, out, link, cx, entry.as_ref());
+        self.respond(
+            seq,
+            response,
+            (head_only, tally),
+            out,
+            link,
+            cx,
+            entry.as_ref(),
+        );
         self.pump(out, cx);
         true
     }
 
-    /// Queues the answer of stream `id`; with an access log, records its line (`entry`: the
+    /// Queues the answer of stream `id` (`asked`: whether it asked for the head only, and
+    /// what its answer is counted under); with an access log, records its line (`entry`: the
     /// request's part).
     #[allow(clippy::too_many_arguments)]
     fn respond(
         &mut self,
         id: u32,
         response: Response,
-        head_only: bool,
+        asked: (bool, Tally),
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
         entry: Option<&LogEntry<'_>>,
     ) {
-        cx.stats.response(response.status);
+        let (head_only, tally) = asked;
+        cx.answered(response.status, tally);
         let no_body = status_has_no_body(response.status);
         let len = response.body.len();
         let end_stream = no_body || head_only || len == 0;

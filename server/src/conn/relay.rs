@@ -28,7 +28,7 @@ use super::types::Link;
 use crate::access_log::SavedEntry;
 use crate::exchange::ConnCx;
 use crate::response::Response;
-use crate::stats::Counter;
+use crate::stats::{Counter, Tally};
 use crate::upstream::{Forward, UpstreamOutcome};
 
 /// Request bytes waiting for the upstream before the client is read no further.
@@ -97,6 +97,8 @@ pub(crate) struct RelayStart<'b> {
     pub streamed: Option<BodyFollows>,
     /// The request's part of its access-log line.
     pub log: Option<Box<SavedEntry>>,
+    /// What the answer is counted under.
+    pub tally: Tally,
 }
 
 /// How a request body that follows its head arrives.
@@ -158,6 +160,7 @@ pub(crate) struct Relay {
     pub(crate) fwd: Box<Forward>,
     pub(crate) asked: Asked,
     log: Option<Box<SavedEntry>>,
+    tally: Tally,
     client: ClientSide,
     phase: Phase,
     server: Option<usize>,
@@ -224,6 +227,7 @@ impl Relay {
             body,
             streamed,
             log,
+            tally,
         } = start;
         let has_body = !body.is_empty()
             || matches!(
@@ -267,6 +271,7 @@ impl Relay {
             fwd,
             asked,
             log,
+            tally,
             client,
             phase: Phase::Connect,
             server: None,
@@ -1063,7 +1068,7 @@ impl Relay {
         self.outcome = outcome;
         self.phase = Phase::Done;
         self.deadline_ms = u64::MAX;
-        cx.stats.response(self.status);
+        cx.answered(self.status, self.tally);
         if let (Some(log), Some(saved)) = (cx.access_log.as_deref_mut(), self.log.as_ref()) {
             let entry = saved.entry();
             log.record_upstream(&entry, self.status, self.body_bytes, upstream_us, cx.clock);

@@ -99,10 +99,11 @@ fn push_metrics(
             .iter()
             .map(|&(name, help, v)| Metric::counter(name, help, v)),
     );
-    out.extend(seconds_counters.iter().map(|&(name, help, v)| Metric {
-        kind: tern_services::metrics::MetricKind::Counter,
-        ..Metric::gauge(name, help, v)
-    }));
+    out.extend(
+        seconds_counters
+            .iter()
+            .map(|&(name, help, v)| Metric::counter_f64(name, help, v)),
+    );
     out.extend(
         gauges
             .iter()
