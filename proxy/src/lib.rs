@@ -66,6 +66,7 @@ impl Handler for Proxy {
             ),
             upgrade: built.upgrade,
             edit: None,
+            max_body: u64::MAX,
         }))
     }
 

@@ -113,10 +113,12 @@ pub(crate) fn run(
         worker_id: cx.worker_id,
         log: LogTarget::DEFAULT,
         identity: None,
+        request_id: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
     if let Some(entry) = entry {
         entry.target = hcx.log;
+        entry.request_id = hcx.request_id;
     }
     match result {
         Ok(Reply::Now(response)) => Outcome::Respond(response),

@@ -14,6 +14,7 @@ mod guard;
 mod handler;
 mod identity;
 pub mod negotiate;
+mod request_id;
 mod response;
 mod router;
 mod slab;
@@ -37,6 +38,7 @@ pub use handler::{
     WorkerMessage,
 };
 pub use identity::Identity;
+pub use request_id::{RequestId, MAX_REQUEST_ID};
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
 pub use stats::{Counter, Stats, StatsSnapshot, WorkerStats};
