@@ -43,8 +43,8 @@ pub use response::{Body, FileBody, Response};
 pub use router::Router;
 pub use stats::{Counter, Stats, StatsSnapshot, WorkerStats};
 pub use tern_codec::{
-    canonical_path, connection_lists, decoded_path, parse_request, path_under, trim_ows, Limits,
-    Method, Parsed, PathError, RequestError, RequestHead, Version,
+    canonical_path, connection_lists, decoded_path, parse_request, path_under, trim_ows, BodyKind,
+    Limits, Method, Parsed, PathError, RequestError, RequestHead, Version,
 };
 pub use tern_runtime::{RuntimeConfig, SignalAction};
 pub use tern_tls::{CertFiles, TlsAcceptor, TlsOptions};
