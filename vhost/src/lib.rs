@@ -519,7 +519,7 @@ fn stripped(path: &str, decoded_len: usize) -> Option<Cow<'_, str>> {
         return None;
     }
     match tern_server::canonical_path(rest) {
-        Ok(Cow::Borrowed(p)) => Some(Cow::Borrowed(p)),
+        Ok(canonical) if canonical == rest => Some(Cow::Borrowed(rest)),
         _ => None,
     }
 }
@@ -752,5 +752,425 @@ mod tests {
         s.hosts.push("UPPER.test".into());
         assert!(SiteTable::new(vec![s], None).is_err());
         assert!(SiteTable::new(vec![site("a", &[], &["/"])], Some(1)).is_err());
+    }
+    // Behaviour through a real connection (the codec's parse, the site table, the handler).
+
+    /// Answers `200 <path it saw>`, or 404 for paths under `/missing` and `/spa/deep`.
+    fn echo() -> Action {
+        Action::Handler(Arc::new(
+            |req: &Request<'_>, cx: &mut HandlerContext<'_>| -> Reply {
+                let path = req.path();
+                if path.starts_with("/missing") || path.starts_with("/spa/deep") {
+                    return Response::text(404, "not found\n").into();
+                }
+                let id = cx
+                    .request_id()
+                    .map_or(String::new(), |i| format!(" id={}", i.as_str()));
+                let body = format!("saw {path}{id}");
+                Response::new(200)
+                    .with_body(Body::Shared(Bytes::from(body.into_bytes())))
+                    .into()
+            },
+        ))
+    }
+
+    fn with(prefix: &str, action: Action, options: RouteOptions) -> Route {
+        Route {
+            prefix: prefix.into(),
+            action,
+            headers: HeaderEdits::default(),
+            options,
+        }
+    }
+
+    fn serve(
+        routes: Vec<Route>,
+        tweak: impl FnOnce(&mut Site),
+    ) -> tern_server::testing::MemoryConn {
+        let mut s = Site {
+            name: "s".into(),
+            hosts: vec!["s.test".into()],
+            routes,
+            log: LogTarget::DEFAULT,
+            error_pages: Vec::new(),
+            request_ids: None,
+        };
+        tweak(&mut s);
+        let table = SiteTable::new(vec![s], Some(0)).unwrap();
+        let router = tern_server::Router::new().fallback(Sites::new(table));
+        tern_server::testing::MemoryConn::new(router, None).unwrap()
+    }
+
+    /// Status and raw answer text of one request.
+    fn ask(conn: &mut tern_server::testing::MemoryConn, request: &str) -> (u16, String) {
+        conn.feed(request.as_bytes());
+        let out = conn.take_output();
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text[9..12].parse().unwrap();
+        (status, text)
+    }
+
+    fn get(path: &str) -> String {
+        format!("GET {path} HTTP/1.1\r\nHost: s.test\r\n\r\n")
+    }
+
+    #[test]
+    fn matchers_choose_among_routes_of_one_prefix_in_order() {
+        let mut c = serve(
+            vec![
+                with(
+                    "/api",
+                    fixed("posts"),
+                    RouteOptions {
+                        matchers: MatchSpec {
+                            methods: vec!["POST".into()],
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
+                with(
+                    "/api",
+                    fixed("v2"),
+                    RouteOptions {
+                        matchers: MatchSpec {
+                            headers: vec![("X-Version".into(), "2".into())],
+                            query: vec![("v".into(), "*".into())],
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
+                with(
+                    "/",
+                    fixed("user"),
+                    RouteOptions {
+                        matchers: MatchSpec {
+                            path_regex: Some("^/u/[0-9]+$".into()),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
+                with("/api", fixed("api"), RouteOptions::default()),
+            ],
+            |_| {},
+        );
+        let body = |t: String| t.rsplit("\r\n\r\n").next().unwrap().to_string();
+        assert_eq!(
+            body(
+                ask(
+                    &mut c,
+                    "POST /api/x HTTP/1.1\r\nHost: s.test\r\nContent-Length: 0\r\n\r\n"
+                )
+                .1
+            ),
+            "posts"
+        );
+        assert_eq!(
+            body(
+                ask(
+                    &mut c,
+                    "GET /api/x?v HTTP/1.1\r\nHost: s.test\r\nX-Version: 2\r\n\r\n"
+                )
+                .1
+            ),
+            "v2"
+        );
+        assert_eq!(
+            body(
+                ask(
+                    &mut c,
+                    "GET /api/x HTTP/1.1\r\nHost: s.test\r\nX-Version: 2\r\n\r\n"
+                )
+                .1
+            ),
+            "api"
+        );
+        assert_eq!(body(ask(&mut c, &get("/u/42")).1), "user");
+        assert_eq!(ask(&mut c, &get("/u/42x")).0, 404, "no route at / takes it");
+        assert_eq!(
+            ask(&mut c, &get("/%75/42")).1.rsplit("\r\n\r\n").next(),
+            Some("user")
+        );
+    }
+
+    #[test]
+    fn a_route_shadowed_by_an_earlier_one_is_refused() {
+        let s = Site {
+            name: "s".into(),
+            hosts: vec![],
+            routes: vec![
+                with("/a", fixed("x"), RouteOptions::default()),
+                with(
+                    "/a/",
+                    fixed("y"),
+                    RouteOptions {
+                        matchers: MatchSpec {
+                            methods: vec!["GET".into()],
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
+            ],
+            log: LogTarget::DEFAULT,
+            error_pages: Vec::new(),
+            request_ids: None,
+        };
+        let e = SiteTable::new(vec![s], Some(0)).err().unwrap();
+        assert!(e.contains("could never be chosen"), "{e}");
+    }
+
+    #[test]
+    fn rewrites_and_stripped_prefixes_give_the_handler_a_new_canonical_path() {
+        let mut c = serve(
+            vec![
+                with(
+                    "/old",
+                    Action::Rewrite("/new/$1".into()),
+                    RouteOptions {
+                        matchers: MatchSpec {
+                            path_regex: Some("^/old/(.*)$".into()),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
+                with(
+                    "/loop",
+                    Action::Rewrite("/loop/x".into()),
+                    RouteOptions::default(),
+                ),
+                with(
+                    "/api",
+                    echo(),
+                    RouteOptions {
+                        strip_prefix: true,
+                        ..Default::default()
+                    },
+                ),
+                with(
+                    "/café",
+                    echo(),
+                    RouteOptions {
+                        strip_prefix: true,
+                        ..Default::default()
+                    },
+                ),
+                with("/", echo(), RouteOptions::default()),
+            ],
+            |_| {},
+        );
+        let body = |c: &mut tern_server::testing::MemoryConn, p: &str| {
+            ask(c, &get(p))
+                .1
+                .rsplit("\r\n\r\n")
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(body(&mut c, "/old/a/b?q=1"), "saw /new/a/b");
+        // A capture holding an encoded `%` or `?` stays encoded: no second decoding.
+        assert_eq!(body(&mut c, "/old/a%25x"), "saw /new/a%25x");
+        assert_eq!(body(&mut c, "/old/a%3Fb"), "saw /new/a%3Fb");
+        assert_eq!(
+            body(&mut c, "/old/%2e%2e/x"),
+            "saw /x",
+            "dot segments are resolved first"
+        );
+        assert_eq!(ask(&mut c, &get("/loop")).0, 500, "a cycle ends");
+        assert_eq!(body(&mut c, "/api/users/1"), "saw /users/1");
+        assert_eq!(body(&mut c, "/api"), "saw /");
+        assert_eq!(body(&mut c, "/api/"), "saw /");
+        assert_eq!(body(&mut c, "//api//x/./y/../z"), "saw /x/z");
+        assert_eq!(body(&mut c, "/%61pi/x"), "saw /x");
+        assert_eq!(body(&mut c, "/apix"), "saw /apix", "not under /api");
+        assert_eq!(
+            body(&mut c, "/caf%C3%A9/%C3%A9t%C3%A9"),
+            "saw /%C3%A9t%C3%A9"
+        );
+        assert_eq!(body(&mut c, "/café/x"), "saw /x");
+        assert_eq!(
+            ask(&mut c, &get("/api/a%2Fb")).0,
+            400,
+            "refused before any route"
+        );
+    }
+
+    #[test]
+    fn try_files_takes_the_first_candidate_found_then_the_fallback() {
+        let tf = |list: &[&str]| RouteOptions {
+            try_files: list.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let mut c = serve(
+            vec![
+                with(
+                    "/spa",
+                    echo(),
+                    tf(&["$uri", "$uri/index.html", "/spa/index.html"]),
+                ),
+                with("/missing", echo(), tf(&["$uri", "=410"])),
+                with("/missing/loop", echo(), tf(&["$uri", "/missing/loop/x"])),
+                with("/", echo(), RouteOptions::default()),
+            ],
+            |_| {},
+        );
+        let body = |c: &mut tern_server::testing::MemoryConn, p: &str| {
+            ask(c, &get(p))
+                .1
+                .rsplit("\r\n\r\n")
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(body(&mut c, "/spa/app.js"), "saw /spa/app.js");
+        assert_eq!(body(&mut c, "/spa/deep/link"), "saw /spa/index.html");
+        assert_eq!(ask(&mut c, &get("/missing/x")).0, 410);
+        assert_eq!(
+            ask(&mut c, &get("/missing/loop/y")).0,
+            500,
+            "a fallback cycle ends"
+        );
+    }
+
+    #[test]
+    fn error_pages_replace_tern_s_own_answers_only() {
+        let mut c = serve(
+            vec![
+                with(
+                    "/gone",
+                    Action::Fixed(Fixed {
+                        status: 404,
+                        body: Bytes::from_static(b"mine"),
+                        content_type: "text/plain".into(),
+                    }),
+                    RouteOptions::default(),
+                ),
+                with(
+                    "/small",
+                    echo(),
+                    RouteOptions {
+                        max_body: Some(4),
+                        ..Default::default()
+                    },
+                ),
+            ],
+            |s| {
+                s.error_pages = vec![
+                    ErrorPage {
+                        status: 404,
+                        body: Bytes::from_static(b"<h1>lost</h1>"),
+                        content_type: "text/html".into(),
+                    },
+                    ErrorPage {
+                        status: 413,
+                        body: Bytes::from_static(b"<h1>too big</h1>"),
+                        content_type: "text/html".into(),
+                    },
+                ]
+            },
+        );
+        let (status, text) = ask(&mut c, &get("/nowhere"));
+        assert_eq!(status, 404);
+        assert!(
+            text.contains("Content-Type: text/html\r\n") && text.ends_with("<h1>lost</h1>"),
+            "{text}"
+        );
+        assert!(
+            ask(&mut c, &get("/gone")).1.ends_with("mine"),
+            "a fixed route's body is its own"
+        );
+        let (status, text) = ask(
+            &mut c,
+            "POST /small HTTP/1.1\r\nHost: s.test\r\nContent-Length: 5\r\n\r\nhello",
+        );
+        assert_eq!(status, 413);
+        assert!(text.ends_with("<h1>too big</h1>"), "{text}");
+        let (status, _) = ask(
+            &mut c,
+            "POST /small HTTP/1.1\r\nHost: s.test\r\nContent-Length: 4\r\n\r\nhell",
+        );
+        assert_eq!(status, 200);
+    }
+
+    #[test]
+    fn rate_limits_answer_429_with_retry_after() {
+        let limiter = tern_services::PrefixLimiter::new(
+            tern_services::RateLimitConfig {
+                per_second: 1,
+                burst: 2,
+                buckets: 64,
+                ..Default::default()
+            },
+            1,
+        );
+        let mut c = serve(
+            vec![with(
+                "/",
+                echo(),
+                RouteOptions {
+                    rate_limit: Some(Arc::new(limiter)),
+                    ..Default::default()
+                },
+            )],
+            |_| {},
+        );
+        assert_eq!(ask(&mut c, &get("/a")).0, 200);
+        assert_eq!(ask(&mut c, &get("/a")).0, 200);
+        let (status, text) = ask(&mut c, &get("/a"));
+        assert_eq!(status, 429);
+        assert!(text.contains("Retry-After: 3\r\n"), "{text}");
+    }
+
+    #[test]
+    fn request_ids_are_made_or_taken_from_a_trusted_proxy() {
+        let mut routes = vec![with("/", echo(), RouteOptions::default())];
+        routes[0]
+            .headers
+            .set
+            .push(("X-Request-Id".into(), "$request_id".into()));
+        routes[0]
+            .headers
+            .set
+            .push(("X-Seen".into(), "$scheme://$host $client".into()));
+        let mut c = serve(routes, |s| {
+            s.request_ids = Some(TrustedProxies::parse("192.0.2.0/24").unwrap())
+        });
+        // MemoryConn's peer is 192.0.2.1: trusted.
+        let (_, text) = ask(
+            &mut c,
+            "GET / HTTP/1.1\r\nHost: S.test:81\r\nX-Request-Id: from-lb-1\r\n\r\n",
+        );
+        assert!(text.contains("X-Request-Id: from-lb-1\r\n"), "{text}");
+        assert!(
+            text.contains("X-Seen: http://s.test 192.0.2.1\r\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("saw / id=from-lb-1"), "{text}");
+        let (_, text) = ask(
+            &mut c,
+            "GET / HTTP/1.1\r\nHost: s.test\r\nX-Request-Id: bad id\r\n\r\n",
+        );
+        let id = text
+            .split("X-Request-Id: ")
+            .nth(1)
+            .unwrap()
+            .split("\r\n")
+            .next()
+            .unwrap();
+        assert_eq!(id.len(), 32, "{text}");
+        let mut c = serve(vec![with("/", echo(), RouteOptions::default())], |s| {
+            s.request_ids = Some(TrustedProxies::default())
+        });
+        let (_, text) = ask(
+            &mut c,
+            "GET / HTTP/1.1\r\nHost: s.test\r\nX-Request-Id: from-client\r\n\r\n",
+        );
+        assert!(
+            !text.contains("from-client"),
+            "an untrusted peer's id is replaced: {text}"
+        );
     }
 }
