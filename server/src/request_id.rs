@@ -88,7 +88,7 @@ mod tests {
         assert_eq!(a.as_str().len(), 32);
         assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
-        let other = std::thread::spawn(|| RequestId::generate()).join().unwrap();
+        let other = std::thread::spawn(RequestId::generate).join().unwrap();
         assert_ne!(a, other);
     }
 

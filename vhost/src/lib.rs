@@ -36,7 +36,7 @@ use tern_services::template::Values;
 use tern_services::TrustedProxies;
 
 pub use host::{normalize_pattern, PatternError};
-pub use matcher::{compile_pattern, MatchSpec};
+pub use matcher::{check_matchers, compile_pattern, MatchSpec};
 pub use route::{
     check_header_value, check_rewrite, check_try_files, Action, Fixed, HeaderEdits, Redirect,
     RouteOptions,

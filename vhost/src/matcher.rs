@@ -31,6 +31,11 @@ pub struct MatchSpec {
     pub path_regex: Option<String>,
 }
 
+/// Checks matchers as the site table will build them.
+pub fn check_matchers(spec: &MatchSpec) -> Result<(), String> {
+    Matchers::new(spec).map(|_| ())
+}
+
 /// Compiled matchers.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Matchers {
