@@ -374,9 +374,14 @@ fn try_files(
         let Some(path) = canonical_owned(&buf) else {
             continue;
         };
+        // As nginx's: a candidate without a trailing slash names a file, so a folder's
+        // redirect to its slashed form means "not here" and the next candidate is tried.
+        let file_only = !path.ends_with('/');
         let head = req.head.with_path(Cow::Owned(path));
         let reply = handler.handle(&with_head(req, &head), cx);
-        if !matches!(&reply, Reply::Now(r) if r.status == 404) {
+        let missing =
+            matches!(&reply, Reply::Now(r) if r.status == 404 || (file_only && r.status == 301));
+        if !missing {
             return Tried::Reply(reply);
         }
     }
