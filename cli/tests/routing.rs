@@ -466,3 +466,61 @@ fn check_names_the_lines_of_misused_routing_keys() {
         assert!(err.contains(want), "{want:?} not in {err}");
     }
 }
+
+/// The fenced block of `lang` in the README's SPA section.
+fn readme_block(lang: &str) -> String {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let section = readme
+        .split("### An SPA with an API under `/api`, in tern, nginx and Caddy")
+        .nth(1)
+        .expect("the README has the SPA section");
+    let fence = format!("```{lang}\n");
+    let start = section.find(&fence).expect("the block") + fence.len();
+    let len = section[start..].find("```").unwrap();
+    section[start..start + len].to_string()
+}
+
+#[test]
+fn the_readme_spa_config_checks_and_its_caddyfile_is_valid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dist = dist(tmp.path());
+    let conf = tmp.path().join("tern.toml");
+    let tern = readme_block("toml").replace("/srv/spa/dist", dist.to_str().unwrap());
+    std::fs::write(&conf, tern).unwrap();
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !have("caddy", "version") {
+        eprintln!("SKIPPED: caddy is not installed (scripts/install-proxy-test-deps installs it)");
+        return;
+    }
+    let file = tmp.path().join("Caddyfile");
+    std::fs::write(
+        &file,
+        readme_block("caddy").replace("/srv/spa/dist", dist.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = Command::new("caddy")
+        .args(["validate", "--adapter", "caddyfile", "--config"])
+        .arg(&file)
+        .env("HOME", tmp.path())
+        .env("XDG_DATA_HOME", tmp.path().join("caddy-data"))
+        .env("XDG_CONFIG_HOME", tmp.path().join("caddy-config"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "caddy validate: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
