@@ -524,3 +524,55 @@ fn the_readme_spa_config_checks_and_its_caddyfile_is_valid() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The gate judges the path the app gets: with the prefix stripped, a rule on `/private`
+/// covers `/api/private/...`, in every spelling, and nothing it refused reaches the app.
+#[test]
+fn the_gate_judges_the_stripped_path_the_app_gets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let app = App::start();
+    std::fs::write(
+        tmp.path().join("policy.toml"),
+        "[[rule]]\nname = \"private\"\naction = \"deny\"\npath_prefix = \"/private\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        tmp.path().join("gate.toml"),
+        "keyring = \"gate.keys\"\npolicy = \"policy.toml\"\n",
+    )
+    .unwrap();
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "gate = \"gate.toml\"\n[[site]]\nname = \"a\"\ndefault = true\n\
+             [[site.route]]\npath = \"/api\"\nproxy = \"{}\"\nstrip_prefix = true\ngate = true\n",
+            app.addr
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(TERN);
+    cmd.arg("run").arg("--config").arg(&conf).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--sandbox",
+        "on",
+    ]);
+    let tern = Tern::spawn(cmd);
+    for path in [
+        "/api/private/x",
+        "/api/%70rivate/x",
+        "//api//private",
+        "/api/public/../private/x",
+        "/api/./private",
+    ] {
+        let r = tern.get(path);
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+    }
+    assert!(app.lines().is_empty(), "{:?}", app.lines());
+    let r = tern.get("/api/public");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(app.lines(), ["GET /public HTTP/1.1"]);
+}
