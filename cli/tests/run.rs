@@ -479,7 +479,7 @@ fn the_shipped_example_passes_the_check() {
     assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
     assert!(
         out.stdout
-            .contains(": ok: 3 sites, 5 routes, default site \"www\"; listening on "),
+            .contains(": ok: 3 sites, 6 routes, default site \"www\"; listening on "),
         "{}",
         out.stdout
     );

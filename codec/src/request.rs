@@ -148,6 +148,37 @@ impl<'a> RequestHead<'a> {
         }
     }
 
+    /// The same request with another path (an internal rewrite, a stripped prefix), which
+    /// must be canonical already ([`crate::canonical_path`]): everything that decides on or
+    /// forwards the new head then sees that path, and nothing else changes.
+    pub fn with_path<'p>(&self, path: Cow<'p, str>) -> RequestHead<'p>
+    where
+        'a: 'p,
+    {
+        RequestHead {
+            method: self.method,
+            method_str: self.method_str,
+            target: self.target,
+            path,
+            query: self.query,
+            version: self.version,
+            head_len: self.head_len,
+            body: self.body,
+            keep_alive: self.keep_alive,
+            expect_continue: self.expect_continue,
+            host: self.host,
+            accept: self.accept,
+            accept_encoding: self.accept_encoding,
+            if_none_match: self.if_none_match,
+            if_modified_since: self.if_modified_since,
+            range: self.range,
+            if_range: self.if_range,
+            referer: self.referer,
+            user_agent: self.user_agent,
+            headers: self.headers,
+        }
+    }
+
     /// First value of a header, by case-insensitive name.
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
         self.headers

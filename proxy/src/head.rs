@@ -9,7 +9,8 @@
 
 use std::net::IpAddr;
 
-use tern_server::{connection_lists, trim_ows, Identity, Request};
+use tern_server::{connection_lists, trim_ows, Identity, Request, RequestId};
+use tern_services::template::Values;
 
 use crate::ProxyOptions;
 
@@ -68,7 +69,14 @@ pub struct Built {
 /// The head to send: request line, Host, the end-to-end fields, the forwarding fields, the
 /// account a guard let the request through as (`identity`) and, for a WebSocket handshake,
 /// `Connection: upgrade` and `Upgrade`.
-pub fn build(req: &Request<'_>, options: &ProxyOptions, identity: Option<&Identity>) -> Built {
+/// With a request id (a site that gives them), `X-Request-Id` carries it and the client's own
+/// is dropped (the site took it already when it came from a trusted proxy).
+pub fn build(
+    req: &Request<'_>,
+    options: &ProxyOptions,
+    identity: Option<&Identity>,
+    request_id: Option<&RequestId>,
+) -> Built {
     let head = req.head;
     let mut out = Vec::with_capacity(head.head_len + 160);
     out.extend_from_slice(head.method_str.as_bytes());
@@ -108,6 +116,8 @@ pub fn build(req: &Request<'_>, options: &ProxyOptions, identity: Option<&Identi
             || name.contains('_')
             || name.len() > 6 && name[..6].eq_ignore_ascii_case("proxy-")
             || connection_named(name)
+            || (request_id.is_some() && name.eq_ignore_ascii_case("x-request-id"))
+            || options.request_headers.replaces(name)
         {
             continue;
         }
@@ -182,11 +192,55 @@ pub fn build(req: &Request<'_>, options: &ProxyOptions, identity: Option<&Identi
         line(&mut out, "X-Auth-Realm", &[id.realm().as_bytes()]);
     }
 
+    if let Some(id) = request_id {
+        line(&mut out, "X-Request-Id", &[id.as_str().as_bytes()]);
+    }
+    if !options.request_headers.is_empty() {
+        edit_fields(&mut out, req, options, request_id);
+    }
+
     let upgrade = wants_websocket(req);
     if upgrade {
         out.extend_from_slice(b"Connection: upgrade\r\nUpgrade: websocket\r\n");
     }
     Built { head: out, upgrade }
+}
+
+/// The route's own edits, last: tern's forwarding fields named by one are taken out again
+/// (the route's word replaces them), then the set ones are added with their variables.
+fn edit_fields(
+    out: &mut Vec<u8>,
+    req: &Request<'_>,
+    options: &ProxyOptions,
+    request_id: Option<&RequestId>,
+) {
+    let edits = &options.request_headers;
+    // Only tern's own lines can still carry an edited name (the client's were skipped):
+    // rebuilt without them, after the request line.
+    let line_end = out.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let mut kept = out[..line_end].to_vec();
+    for l in out[line_end..].split_inclusive(|&b| b == b'\n') {
+        let name = l.split(|&b| b == b':').next().unwrap_or_default();
+        let name = std::str::from_utf8(name).unwrap_or("");
+        if !edits.replaces(name) {
+            kept.extend_from_slice(l);
+        }
+    }
+    *out = kept;
+    let values = Values {
+        client: req.peer.ip(),
+        secure: req.secure,
+        host: req.head.host.unwrap_or(b""),
+        request_id: request_id.map(RequestId::as_str),
+        uri: req.path(),
+        captures: &[],
+    };
+    for (name, value) in &edits.set {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        value.render(out, &values);
+        out.extend_from_slice(b"\r\n");
+    }
 }
 
 /// A WebSocket handshake (RFC 6455 §4.1): GET with `Connection: upgrade` and
@@ -321,10 +375,11 @@ mod tests {
             host: None,
             trusted: tern_services::TrustedProxies::parse(trusted).unwrap(),
             gate_cookie: gate_cookie.map(str::to_string),
+            request_headers: Default::default(),
         };
         let peer = peer.parse::<SocketAddr>().unwrap();
         let b = tern_server::testing::with_request(raw.as_bytes(), peer, secure, |req| {
-            build(req, &options, identity)
+            build(req, &options, identity, None)
         });
         (String::from_utf8(b.head).unwrap(), b.upgrade)
     }
@@ -509,5 +564,39 @@ mod tests {
             "{h}"
         );
         assert!(h.contains("Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"));
+    }
+
+    #[test]
+    fn request_edits_replace_client_and_tern_fields_and_render_variables() {
+        use tern_services::template::{Template, HEADER_VARS};
+        let t = |v: &str| Template::parse(v, HEADER_VARS, 0).unwrap();
+        let options = ProxyOptions {
+            request_headers: crate::RequestEdits {
+                set: vec![
+                    ("X-Real-IP".into(), t("$client")),
+                    ("X-Forwarded-Proto".into(), t("https")),
+                    ("X-Trace".into(), t("$request_id@$host")),
+                ],
+                remove: vec!["Cookie".into(), "Forwarded".into()],
+            },
+            ..ProxyOptions::default()
+        };
+        let id = RequestId::parse(b"rid-7").unwrap();
+        let raw = "GET /p HTTP/1.1\r\nHost: A.test\r\nCookie: s=1\r\nX-Real-IP: 6.6.6.6\r\n\
+                   X-Request-Id: client-chosen\r\nX-Trace: old\r\nAccept: */*\r\n\r\n";
+        let b = tern_server::testing::with_request(
+            raw.as_bytes(),
+            "198.51.100.9:1".parse().unwrap(),
+            false,
+            |req| build(req, &options, None, Some(&id)),
+        );
+        let h = String::from_utf8(b.head).unwrap();
+        assert_eq!(
+            h,
+            "GET /p HTTP/1.1\r\nHost: a.test\r\nAccept: */*\r\n\
+             X-Forwarded-For: 198.51.100.9\r\nX-Forwarded-Host: A.test\r\n\
+             X-Request-Id: rid-7\r\nX-Real-IP: 198.51.100.9\r\nX-Forwarded-Proto: https\r\n\
+             X-Trace: rid-7@a.test\r\n"
+        );
     }
 }

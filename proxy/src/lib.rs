@@ -30,6 +30,30 @@ pub struct ProxyOptions {
     /// (`NAME`, `NAME.realm`, `__Host-` ones) are kept from the app, which has no use for
     /// them and could leak them (a log of request headers).
     pub gate_cookie: Option<String>,
+    /// Edits of the request head the app gets (`add_request_headers`,
+    /// `remove_request_headers`), after tern's own fields.
+    pub request_headers: RequestEdits,
+}
+
+/// Fields set on (replacing any of the same name, the client's or tern's forwarding ones)
+/// or removed from the request an app gets; values may hold `$client`, `$scheme`, `$host`,
+/// `$request_id`.
+#[derive(Debug, Clone, Default)]
+pub struct RequestEdits {
+    pub set: Vec<(String, tern_services::template::Template)>,
+    pub remove: Vec<String>,
+}
+
+impl RequestEdits {
+    fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.remove.is_empty()
+    }
+
+    /// Whether the field `name` is dropped for an edit.
+    fn replaces(&self, name: &str) -> bool {
+        self.remove.iter().any(|n| n.eq_ignore_ascii_case(name))
+            || self.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+    }
 }
 
 /// A proxy route's handler.
@@ -56,7 +80,7 @@ impl Handler for Proxy {
         if matches!(req.method(), Method::Trace | Method::Connect) {
             return Response::text(405, "method not allowed\n").into();
         }
-        let built = head::build(req, &self.options, cx.identity());
+        let built = head::build(req, &self.options, cx.identity(), cx.request_id());
         Reply::Forward(Box::new(Forward {
             upstreams: self.group.clone(),
             head: built.head,
@@ -66,6 +90,7 @@ impl Handler for Proxy {
             ),
             upgrade: built.upgrade,
             edit: None,
+            max_body: u64::MAX,
         }))
     }
 

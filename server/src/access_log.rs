@@ -25,6 +25,7 @@ use tern_codec::{RequestHead, Version};
 use tern_runtime::{Clock, InboxSender};
 
 use crate::handler::{LogTarget, WorkerMessage};
+use crate::request_id::RequestId;
 use crate::stats::{Counter, Stats};
 
 /// A buffer is handed to the writer once it holds this much.
@@ -155,6 +156,8 @@ pub(crate) struct LogEntry<'a> {
     pub start_us: u64,
     /// None: answered before a request was parsed (bad input, a timeout).
     pub request: Option<LogRequest<'a>>,
+    /// Set by the handler when the request's site gives ids (`X-Request-Id`).
+    pub request_id: Option<RequestId>,
 }
 
 #[derive(Clone, Copy)]
@@ -175,6 +178,7 @@ impl<'a> LogEntry<'a> {
             client: peer.ip().to_canonical(),
             start_us,
             request: None,
+            request_id: None,
         }
     }
 }
@@ -186,6 +190,7 @@ pub(crate) struct SavedEntry {
     client: IpAddr,
     start_us: u64,
     version: Version,
+    request_id: Option<RequestId>,
     text: Vec<u8>,
     /// Method, target, host, referer, user agent: ranges of `text`.
     fields: [Option<(u32, u32)>; 5],
@@ -215,6 +220,7 @@ impl SavedEntry {
             client: e.client,
             start_us: e.start_us,
             version: r.version,
+            request_id: e.request_id,
             text,
             fields,
         }))
@@ -235,6 +241,7 @@ impl SavedEntry {
                 referer: field(3),
                 user_agent: field(4),
             }),
+            request_id: self.request_id,
         }
     }
 }
@@ -343,6 +350,7 @@ impl LogBuffer {
                 referer: head.referer,
                 user_agent: head.user_agent,
             }),
+            request_id: None,
         }
     }
 
@@ -569,6 +577,12 @@ impl Line<'_> {
             Some(us) => out.extend_from_slice(itoa::Buffer::new().format(us).as_bytes()),
             None => out.push(b'-'),
         }
+        // Only on sites that give ids, so other lines keep their shape. Its characters
+        // need no escaping (see `RequestId::parse`).
+        if let Some(id) = &self.entry.request_id {
+            out.push(b' ');
+            out.extend_from_slice(id.as_str().as_bytes());
+        }
         out.push(b'\n');
     }
 
@@ -607,6 +621,11 @@ impl Line<'_> {
         match self.upstream_us {
             Some(us) => out.extend_from_slice(itoa::Buffer::new().format(us).as_bytes()),
             None => out.extend_from_slice(b"null"),
+        }
+        if let Some(id) = &self.entry.request_id {
+            out.extend_from_slice(b",\"request_id\":\"");
+            out.extend_from_slice(id.as_str().as_bytes());
+            out.push(b'"');
         }
         out.extend_from_slice(b"}\n");
     }
@@ -872,6 +891,7 @@ mod tests {
                 referer: None,
                 user_agent: ua,
             }),
+            request_id: None,
         }
     }
 
@@ -1153,5 +1173,23 @@ mod tests {
             line(AccessLogFormat::Json, &e, 5)
         );
         assert!(SavedEntry::save(&LogEntry::bare("1.2.3.4:5".parse().unwrap(), 0)).is_none());
+    }
+
+    #[test]
+    fn a_request_id_ends_the_line_when_there_is_one() {
+        let mut e = request(b"/", None);
+        e.request_id = RequestId::parse(b"abc-1");
+        let combined = line(AccessLogFormat::Combined, &e, 0);
+        assert!(
+            combined.ends_with("\"example.org\" 56 - abc-1\n"),
+            "{combined}"
+        );
+        let json = line(AccessLogFormat::Json, &e, 0);
+        assert!(
+            json.ends_with(",\"upstream_us\":null,\"request_id\":\"abc-1\"}\n"),
+            "{json}"
+        );
+        let back = SavedEntry::save(&e).unwrap();
+        assert_eq!(line(AccessLogFormat::Json, &back.entry(), 0), json);
     }
 }

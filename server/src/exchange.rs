@@ -123,11 +123,13 @@ pub(crate) fn run(
         log: LogTarget::DEFAULT,
         site: SiteSlot::NONE,
         identity: None,
+        request_id: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
     tally.set_site(hcx.site);
     if let Some(entry) = entry {
         entry.target = hcx.log;
+        entry.request_id = hcx.request_id;
     }
     match result {
         Ok(Reply::Now(response)) => Outcome::Respond(response),

@@ -114,6 +114,8 @@ pub struct HandlerContext<'a> {
     pub(crate) site: SiteSlot,
     /// Who a guard in front let the request through as (set by [`crate::Guarded`] only).
     pub(crate) identity: Option<crate::identity::Identity>,
+    /// The request's id, when its site gives requests one (written to the access log).
+    pub(crate) request_id: Option<crate::request_id::RequestId>,
 }
 
 impl HandlerContext<'_> {
@@ -133,6 +135,15 @@ impl HandlerContext<'_> {
     /// trust it, since only a guard sets it (never the client).
     pub fn identity(&self) -> Option<&crate::identity::Identity> {
         self.identity.as_ref()
+    }
+
+    /// Gives the request an id: the access log writes it, and a proxy forwards it.
+    pub fn set_request_id(&mut self, id: crate::request_id::RequestId) {
+        self.request_id = Some(id);
+    }
+
+    pub fn request_id(&self) -> Option<&crate::request_id::RequestId> {
+        self.request_id.as_ref()
     }
 
     /// Takes a handle that completes this request later; the handler must then return

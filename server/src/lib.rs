@@ -14,6 +14,7 @@ mod guard;
 mod handler;
 mod identity;
 pub mod negotiate;
+mod request_id;
 mod response;
 mod router;
 mod slab;
@@ -37,6 +38,7 @@ pub use handler::{
     WorkerMessage,
 };
 pub use identity::Identity;
+pub use request_id::{RequestId, MAX_REQUEST_ID};
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
 pub use stats::{
@@ -44,8 +46,8 @@ pub use stats::{
     DURATION_BUCKETS, MAX_SITES, OTHER_SITES, STATUS_CLASSES,
 };
 pub use tern_codec::{
-    canonical_path, connection_lists, decoded_path, parse_request, path_under, trim_ows, Limits,
-    Method, Parsed, PathError, RequestError, RequestHead, Version,
+    canonical_path, connection_lists, decoded_path, parse_request, path_under, trim_ows, BodyKind,
+    Limits, Method, Parsed, PathError, RequestError, RequestHead, Version,
 };
 pub use tern_runtime::{RuntimeConfig, SignalAction};
 pub use tern_tls::{CertFiles, TlsAcceptor, TlsOptions};

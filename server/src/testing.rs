@@ -592,6 +592,7 @@ impl Handler for ForwardAll {
             idempotent: matches!(req.method(), Method::Get | Method::Head),
             upgrade,
             edit: None,
+            max_body: u64::MAX,
         }))
     }
 

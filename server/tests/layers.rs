@@ -78,6 +78,7 @@ const FILES: &[(&str, &str)] = &[
     ("router.rs", "api"),
     ("guard.rs", "api"),
     ("identity.rs", "api"),
+    ("request_id.rs", "api"),
     ("upstream/mod.rs", "api"),
     ("stats.rs", "support"),
     ("slab.rs", "support"),

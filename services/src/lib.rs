@@ -7,6 +7,7 @@
 //! - [`ratelimit`]: token buckets per network prefix (/24, /48), one byte each.
 //! - [`client_addr`]: the client's address, trusting forwarding headers only from configured
 //!   proxies.
+//! - [`template`]: values with variables (`$client`, `$uri`...) for `tern run`'s config.
 //! - [`metrics`]: /statusz and /metrics pages from per-worker counters.
 
 pub mod background;
@@ -15,6 +16,7 @@ pub mod handoff;
 pub mod metrics;
 pub mod ratelimit;
 pub mod snapshot;
+pub mod template;
 
 pub use client_addr::TrustedProxies;
 pub use handoff::{handoff, HandoffReceiver, HandoffSender};

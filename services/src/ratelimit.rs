@@ -97,6 +97,14 @@ impl PrefixLimiter {
         }
     }
 
+    /// Seconds after which a prefix just refused has tokens again, at worst (its debt at the
+    /// most a refusal leaves, paid back at this worker's share of the rate): the value of a
+    /// 429's `Retry-After`.
+    pub fn retry_after_secs(&self) -> u64 {
+        let excess = u64::from(self.reject_up_to - self.allow_up_to) + 1;
+        excess.div_ceil(u64::from(self.refill)).max(1)
+    }
+
     pub fn is_exempt(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         ip.is_loopback() || self.config.exempt.iter().any(|n| n.contains(&ip))

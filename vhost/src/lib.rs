@@ -20,20 +20,35 @@
 //! the apps beside it.
 
 mod host;
+mod matcher;
 mod route;
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use tern_server::{
-    Handler, HandlerContext, LogTarget, Reply, Request, RequestHead, Response, SiteSlot,
+    Body, Handler, HandlerContext, LogTarget, Reply, Request, RequestHead, RequestId, Response,
+    SiteSlot,
 };
+use tern_services::template::Values;
+use tern_services::TrustedProxies;
 
 pub use host::{normalize_pattern, PatternError};
-pub use route::{Action, Fixed, HeaderEdits, Redirect};
+pub use matcher::{check_matchers, compile_pattern, MatchSpec};
+pub use route::{
+    check_header_value, check_rewrite, check_try_files, Action, Fixed, HeaderEdits, Redirect,
+    RouteOptions,
+};
 
 use host::HostTable;
-use route::BuiltRoute;
+use route::{Admission, BuiltAction, BuiltRoute, Fallback};
+
+/// Internal re-routings (rewrites, `try_files` fallbacks) one request may take; past them
+/// it is answered 500, as nginx answers a rewrite cycle.
+pub const MAX_REROUTES: u8 = 4;
 
 /// One route of a site.
 pub struct Route {
@@ -42,6 +57,15 @@ pub struct Route {
     pub prefix: String,
     pub action: Action,
     pub headers: HeaderEdits,
+    pub options: RouteOptions,
+}
+
+/// A site's own page for an error status tern answers itself.
+#[derive(Debug, Clone)]
+pub struct ErrorPage {
+    pub status: u16,
+    pub body: Bytes,
+    pub content_type: String,
 }
 
 /// One site: the host patterns that choose it and its routes.
@@ -54,14 +78,23 @@ pub struct Site {
     pub log: LogTarget,
     /// Where its answers are counted (`Stats::site`), for /metrics' `site` label.
     pub counted_as: SiteSlot,
+    pub error_pages: Vec<ErrorPage>,
+    /// Requests get an id (`X-Request-Id`); a peer in the list may bring its own.
+    pub request_ids: Option<TrustedProxies>,
 }
 
 struct BuiltSite {
     name: String,
     log: LogTarget,
     counted_as: SiteSlot,
-    /// Longest prefix first, so the first match is the most specific.
+    /// In the order given: among routes of one prefix, the first whose matchers pass wins.
     routes: Vec<BuiltRoute>,
+    /// Stored prefix → its routes (indexes into `routes`), so finding the route costs one
+    /// hash lookup per segment of the path, however many routes the site has.
+    by_prefix: HashMap<Box<[u8]>, Vec<u32>, foldhash::fast::RandomState>,
+    longest_prefix: usize,
+    error_pages: Vec<(u16, Bytes, Vec<u8>)>,
+    request_ids: Option<TrustedProxies>,
 }
 
 /// Every site, prebuilt for matching.
@@ -74,7 +107,9 @@ pub struct SiteTable {
 
 impl SiteTable {
     /// Builds the table; `default` indexes `sites`. Errors name the site: a host claimed
-    /// twice, a pattern that is not normalised, a prefix not starting with `/` or given twice.
+    /// twice, a pattern that is not normalised, a prefix not starting with `/`, a route that
+    /// an earlier one of the same prefix always takes first, a matcher or value that does
+    /// not compile.
     pub fn new(sites: Vec<Site>, default: Option<usize>) -> Result<SiteTable, String> {
         if let Some(d) = default {
             if d >= sites.len() {
@@ -99,6 +134,8 @@ impl SiteTable {
                 }
             }
             let mut routes: Vec<BuiltRoute> = Vec::with_capacity(site.routes.len());
+            let mut by_prefix: HashMap<Box<[u8]>, Vec<u32>, foldhash::fast::RandomState> =
+                HashMap::default();
             for r in site.routes {
                 if !r.prefix.starts_with('/') {
                     return Err(format!(
@@ -116,22 +153,40 @@ impl SiteTable {
                     )
                 })?;
                 let decoded = tern_server::decoded_path(&canonical);
-                let route = BuiltRoute::new(&decoded, r.action, &r.headers);
-                if routes.iter().any(|other| other.prefix == route.prefix) {
+                let route = BuiltRoute::new(&decoded, r.action, &r.headers, r.options)
+                    .map_err(|e| format!("site {}: route {}: {e}", site.name, r.prefix))?;
+                let same = by_prefix.entry(route.prefix.clone().into()).or_default();
+                if let Some(&earlier) = same
+                    .iter()
+                    .find(|&&j| routes[j as usize].matchers.is_empty())
+                {
+                    let _ = earlier;
                     return Err(format!(
-                        "site {}: prefix {} is given twice",
+                        "site {}: prefix {} is given twice (the earlier route has no other \
+                         matcher, so this one could never be chosen)",
                         site.name, r.prefix
                     ));
                 }
+                same.push(routes.len() as u32);
                 routes.push(route);
             }
-            // Stable: equal lengths cannot both match one path, so order among them is moot.
-            routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+            let longest_prefix = routes.iter().map(|r| r.prefix.len()).max().unwrap_or(0);
             built.push(BuiltSite {
                 name: site.name,
                 log: site.log,
                 counted_as: site.counted_as,
                 routes,
+                by_prefix,
+                longest_prefix,
+                error_pages: site
+                    .error_pages
+                    .into_iter()
+                    .map(|p| {
+                        let line = format!("Content-Type: {}\r\n", p.content_type).into_bytes();
+                        (p.status, p.body, line)
+                    })
+                    .collect(),
+                request_ids: site.request_ids,
             });
         }
         Ok(SiteTable {
@@ -159,17 +214,36 @@ impl SiteTable {
         self.sites.get(index)
     }
 
-    /// The prefix (stored form: decoded, `/` as "") of the route a path takes on a site.
-    pub fn route_prefix(&self, host: Option<&[u8]>, path: &str) -> Option<String> {
-        let site = self.site_for(host)?;
-        route_for(site, path).map(|r| String::from_utf8_lossy(&r.prefix).into_owned())
+    /// The prefix (stored form: decoded, `/` as "") of the route a request head takes on
+    /// its site, before any rewrite (for tests, diagnostics and benchmarks).
+    pub fn route_of(&self, head: &RequestHead<'_>) -> Option<&[u8]> {
+        let site = self.site_for(head.host)?;
+        let decoded = tern_server::decoded_path(&head.path);
+        route_for(site, head, &decoded).map(|r| r.prefix.as_slice())
     }
 
-    /// Whether the route this head takes streams request bodies (a proxy route).
+    /// Whether the route this head ends at, after its rewrites, streams request bodies (a
+    /// proxy route). A `try_files` fallback is not followed: its route gets the body whole.
     fn streams_body(&self, head: &RequestHead<'_>) -> bool {
-        self.site_for(head.host)
-            .and_then(|site| route_for(site, &head.path))
-            .is_some_and(|route| route.streams_body(head))
+        let Some(site) = self.site_for(head.host) else {
+            return false;
+        };
+        let mut current: Option<RequestHead<'_>> = None;
+        for _ in 0..=MAX_REROUTES {
+            let h = current.as_ref().unwrap_or(head);
+            let decoded = tern_server::decoded_path(&h.path);
+            let Some(route) = route_for(site, h, &decoded) else {
+                return false;
+            };
+            match &route.action {
+                BuiltAction::Rewrite(target) => match rewritten(route, target, h, &decoded) {
+                    Some(path) => current = Some(head.with_path(Cow::Owned(path))),
+                    None => return false,
+                },
+                _ => return route.streams_body(h),
+            }
+        }
+        false
     }
 
     fn answer(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
@@ -178,23 +252,326 @@ impl SiteTable {
         };
         cx.log_to(site.log);
         cx.count_as(site.counted_as);
-        match route_for(site, req.path()) {
-            Some(route) => route.answer(req, cx),
-            None => Response::text(404, "not found\n").into(),
+        if let Some(trusted) = &site.request_ids {
+            let from_proxy = trusted
+                .is_trusted(req.peer.ip())
+                .then(|| req.header("x-request-id").and_then(RequestId::parse))
+                .flatten();
+            cx.set_request_id(from_proxy.unwrap_or_else(RequestId::generate));
+        }
+        let (mut reply, own) = answer_on(site, req, cx, 0);
+        if own {
+            if let Reply::Now(response) = &mut reply {
+                error_page(site, response);
+            }
+        }
+        reply
+    }
+}
+
+/// The route for a request on a site: the longest prefix on a segment boundary of its
+/// canonical path ([`RequestHead::path`], the same value the gate judges, the static
+/// handler opens and the proxy forwards), and among that prefix's routes the first whose
+/// matchers pass. `decoded`: the path decoded (safe on a canonical path: no escape can
+/// become a separator), so a prefix matches every spelling of its name.
+fn route_for<'s>(
+    site: &'s BuiltSite,
+    head: &RequestHead<'_>,
+    decoded: &[u8],
+) -> Option<&'s BuiltRoute> {
+    if decoded.first() != Some(&b'/') {
+        return None; // `*`, an authority: under no route
+    }
+    let mut end = decoded.len();
+    loop {
+        if end <= site.longest_prefix {
+            if let Some(list) = site.by_prefix.get(&decoded[..end]) {
+                for &i in list {
+                    let route = &site.routes[i as usize];
+                    if route.matchers.matches(head, decoded) {
+                        return Some(route);
+                    }
+                }
+            }
+        }
+        if end == 0 {
+            return None;
+        }
+        end = memchr::memrchr(b'/', &decoded[..end]).unwrap_or(0);
+    }
+}
+
+/// Answers a request on its site; `hops`: internal re-routings so far. The flag says the
+/// answer is tern's own (a site's error page may replace it), not a fixed route's.
+fn answer_on(
+    site: &BuiltSite,
+    req: &Request<'_>,
+    cx: &mut HandlerContext<'_>,
+    hops: u8,
+) -> (Reply, bool) {
+    let decoded = tern_server::decoded_path(req.path());
+    let Some(route) = route_for(site, req.head, &decoded) else {
+        return (Response::text(404, "not found\n").into(), true);
+    };
+    if let Admission::Refuse(r) = route.admit(req, cx.worker_id) {
+        return (r.into(), true);
+    }
+    let mut reply = match &route.action {
+        BuiltAction::Rewrite(target) => {
+            return match rewritten(route, target, req.head, &decoded) {
+                Some(path) => reroute(site, req, cx, path, hops),
+                None => (bad_path(), true),
+            };
+        }
+        BuiltAction::Handler(handler) => {
+            if let Some(tf) = &route.try_files {
+                match try_files(site, route, tf, handler.as_ref(), req, cx, hops) {
+                    Tried::Reply(r) => r,
+                    Tried::Rerouted(r) => return r,
+                }
+            } else if route.strip_prefix {
+                let Some(path) = stripped(req.path(), route.prefix.len()) else {
+                    return (bad_path(), true);
+                };
+                let head = req.head.with_path(path);
+                handler.handle(&with_head(req, &head), cx)
+            } else {
+                handler.handle(req, cx)
+            }
+        }
+        _ => Reply::Now(route.answer_plain(req).expect("a plain route answers")),
+    };
+    let id = cx.request_id().copied();
+    let values = Values {
+        client: req.peer.ip(),
+        secure: req.secure,
+        host: req.head.host.unwrap_or(b""),
+        request_id: id.as_ref().map(RequestId::as_str),
+        uri: req.path(),
+        captures: &[],
+    };
+    route.edit_reply(&mut reply, &values);
+    (reply, !route.is_fixed())
+}
+
+enum Tried {
+    /// A candidate's answer (or the `=CODE` fallback).
+    Reply(Reply),
+    /// The fallback path's answer, its route's edits applied there.
+    Rerouted((Reply, bool)),
+}
+
+/// `try_files`: each candidate's answer is the handler's for that path, the first that is
+/// not 404 wins (the handler runs at most once per candidate: linear in the list).
+fn try_files(
+    site: &BuiltSite,
+    route: &BuiltRoute,
+    tf: &route::TryFiles,
+    handler: &dyn Handler,
+    req: &Request<'_>,
+    cx: &mut HandlerContext<'_>,
+    hops: u8,
+) -> Tried {
+    let _ = route;
+    let mut buf = Vec::new();
+    for candidate in &tf.candidates {
+        buf.clear();
+        candidate.render(&mut buf, &path_values(req.path()));
+        let Some(path) = canonical_owned(&buf) else {
+            continue;
+        };
+        // As nginx's: a candidate without a trailing slash names a file, so a folder's
+        // redirect to its slashed form means "not here" and the next candidate is tried.
+        let file_only = !path.ends_with('/');
+        let head = req.head.with_path(Cow::Owned(path));
+        let reply = handler.handle(&with_head(req, &head), cx);
+        let missing =
+            matches!(&reply, Reply::Now(r) if r.status == 404 || (file_only && r.status == 301));
+        if !missing {
+            return Tried::Reply(reply);
+        }
+    }
+    match &tf.fallback {
+        Fallback::Status(code) => Tried::Reply(Response::text(*code, status_text(*code)).into()),
+        Fallback::Path(t) => {
+            buf.clear();
+            t.render(&mut buf, &path_values(req.path()));
+            match canonical_owned(&buf) {
+                Some(path) => Tried::Rerouted(reroute(site, req, cx, path, hops)),
+                None => Tried::Rerouted((bad_path(), true)),
+            }
         }
     }
 }
 
-/// The route for a canonical path ([`RequestHead::path`]): the same value the gate judges,
-/// the static handler opens and the proxy forwards, so no spelling of a path can reach a
-/// route other than the one its segments name.
-fn route_for<'s>(site: &'s BuiltSite, path: &str) -> Option<&'s BuiltRoute> {
-    // Compared decoded (safe on a canonical path: no escape can become a separator), so a
-    // prefix matches every spelling of its name; borrowed unless the path holds a `%`.
-    let decoded = tern_server::decoded_path(path);
-    site.routes
+/// Routes the request again on its site with `path` (canonical).
+fn reroute(
+    site: &BuiltSite,
+    req: &Request<'_>,
+    cx: &mut HandlerContext<'_>,
+    path: String,
+    hops: u8,
+) -> (Reply, bool) {
+    if hops >= MAX_REROUTES {
+        return (
+            Response::text(500, "internal redirection cycle\n").into(),
+            true,
+        );
+    }
+    let head = req.head.with_path(Cow::Owned(path));
+    answer_on(site, &with_head(req, &head), cx, hops + 1)
+}
+
+/// The same request with another head (a new path).
+fn with_head<'r>(req: &Request<'r>, head: &'r RequestHead<'r>) -> Request<'r> {
+    Request {
+        head,
+        body: req.body,
+        peer: req.peer,
+        secure: req.secure,
+        unix_secs: req.unix_secs,
+        now_ms: req.now_ms,
+    }
+}
+
+fn path_values(uri: &str) -> Values<'_> {
+    Values {
+        client: std::net::Ipv4Addr::UNSPECIFIED.into(),
+        secure: false,
+        host: b"",
+        request_id: None,
+        uri,
+        captures: &[],
+    }
+}
+
+/// A rewrite's new path, canonical; None if it has no canonical form.
+fn rewritten(
+    route: &BuiltRoute,
+    target: &tern_services::template::Template,
+    head: &RequestHead<'_>,
+    decoded: &[u8],
+) -> Option<String> {
+    // Captures come from the decoded path: they are escaped again before the result is
+    // canonicalised, so a `%` or `?` the client encoded can never become an escape or a
+    // query here (no double decoding).
+    let escaped: Vec<Vec<u8>> = match route.matchers.pattern() {
+        Some(p) if target_uses_captures(target) => match p.captures(decoded) {
+            Some(caps) => caps
+                .iter()
+                .skip(1)
+                .map(|c| escape_capture(c.map_or(&b""[..], |m| m.as_bytes())))
+                .collect(),
+            None => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    let refs: Vec<&[u8]> = escaped.iter().map(Vec::as_slice).collect();
+    let mut out = Vec::with_capacity(head.path.len() + 32);
+    target.render(
+        &mut out,
+        &Values {
+            captures: &refs,
+            ..path_values(&head.path)
+        },
+    );
+    canonical_owned(&out)
+}
+
+fn target_uses_captures(t: &tern_services::template::Template) -> bool {
+    (1..=9).any(|n| t.uses(tern_services::template::Var::Capture(n)))
+}
+
+/// Bytes of a decoded path piece, escaped so that the canonical form reads them back as
+/// they were: `%`, `?`, `#`, `;`, `\`, spaces and controls (a `/` stays a separator: a
+/// canonical path has no encoded one to begin with).
+fn escape_capture(bytes: &[u8]) -> Vec<u8> {
+    use percent_encoding::{percent_encode, AsciiSet, CONTROLS};
+    const SET: &AsciiSet = &CONTROLS
+        .add(b' ')
+        .add(b'"')
+        .add(b'#')
+        .add(b'%')
+        .add(b'?')
+        .add(b';')
+        .add(b'\\')
+        .add(b'<')
+        .add(b'>')
+        .add(b'`')
+        .add(b'{')
+        .add(b'}');
+    percent_encode(bytes, SET).to_string().into_bytes()
+}
+
+/// The canonical form of a path built here, owned; None if it has none (answered 400).
+fn canonical_owned(bytes: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    if !text.starts_with('/') {
+        return None;
+    }
+    tern_server::canonical_path(text).ok().map(Cow::into_owned)
+}
+
+/// The canonical path without the route's prefix (`decoded_len` bytes of it decoded):
+/// `/api/users` → `/users`, `/api` → `/`. The prefix ends on a segment boundary, so what is
+/// left is canonical too; it is checked again all the same.
+fn stripped(path: &str, decoded_len: usize) -> Option<Cow<'_, str>> {
+    let b = path.as_bytes();
+    let (mut i, mut n) = (0, 0);
+    while n < decoded_len && i < b.len() {
+        i += if b[i] == b'%' { 3 } else { 1 };
+        n += 1;
+    }
+    let rest = path.get(i..)?;
+    if rest.is_empty() {
+        return Some(Cow::Borrowed("/"));
+    }
+    if !rest.starts_with('/') {
+        return None;
+    }
+    match tern_server::canonical_path(rest) {
+        Ok(canonical) if canonical == rest => Some(Cow::Borrowed(rest)),
+        _ => None,
+    }
+}
+
+fn bad_path() -> Reply {
+    Response::text(400, "path cannot be normalised safely\n").into()
+}
+
+fn status_text(code: u16) -> &'static str {
+    match code {
+        403 => "forbidden\n",
+        404 => "not found\n",
+        410 => "gone\n",
+        _ if code >= 500 => "error\n",
+        _ => "refused\n",
+    }
+}
+
+/// Puts the site's page for this status in place of tern's short body; the status and the
+/// other fields stay.
+fn error_page(site: &BuiltSite, response: &mut Response) {
+    let Some((_, body, type_line)) = site
+        .error_pages
         .iter()
-        .find(|r| tern_server::path_under(&r.prefix, &*decoded))
+        .find(|(status, _, _)| *status == response.status)
+    else {
+        return;
+    };
+    for name in [
+        "content-type",
+        "content-encoding",
+        "etag",
+        "last-modified",
+        "vary",
+        "accept-ranges",
+        "content-range",
+    ] {
+        response.remove_header(name);
+    }
+    response.body = Body::Shared(body.clone());
+    response.push_raw_headers(type_line);
 }
 
 /// The handler in front of every site: the current table, replaced whole by [`Sites::swap`].
@@ -244,6 +621,7 @@ mod tests {
             prefix: prefix.into(),
             action: fixed("x"),
             headers: HeaderEdits::default(),
+            options: RouteOptions::default(),
         }
     }
 
@@ -257,6 +635,27 @@ mod tests {
             routes: prefixes.iter().map(|p| route(p)).collect(),
             log: LogTarget::DEFAULT,
             counted_as: SiteSlot::NONE,
+            error_pages: Vec::new(),
+            request_ids: None,
+        }
+    }
+
+    impl SiteTable {
+        /// The stored prefix of the route `GET path` on `host` takes.
+        fn route_prefix(&self, host: Option<&[u8]>, path: &str) -> Option<String> {
+            let host = host.map_or(String::new(), |h| {
+                format!("Host: {}\r\n", String::from_utf8_lossy(h))
+            });
+            let raw = format!("GET {path} HTTP/1.1\r\n{host}\r\n");
+            tern_server::testing::with_request(
+                raw.as_bytes(),
+                "127.0.0.1:1".parse().unwrap(),
+                false,
+                |req| {
+                    self.route_of(req.head)
+                        .map(|p| String::from_utf8_lossy(p).into_owned())
+                },
+            )
         }
     }
 
@@ -365,5 +764,427 @@ mod tests {
         s.hosts.push("UPPER.test".into());
         assert!(SiteTable::new(vec![s], None).is_err());
         assert!(SiteTable::new(vec![site("a", &[], &["/"])], Some(1)).is_err());
+    }
+    // Behaviour through a real connection (the codec's parse, the site table, the handler).
+
+    /// Answers `200 <path it saw>`, or 404 for paths under `/missing` and `/spa/deep`.
+    fn echo() -> Action {
+        Action::Handler(Arc::new(
+            |req: &Request<'_>, cx: &mut HandlerContext<'_>| -> Reply {
+                let path = req.path();
+                if path.starts_with("/missing") || path.starts_with("/spa/deep") {
+                    return Response::text(404, "not found\n").into();
+                }
+                let id = cx
+                    .request_id()
+                    .map_or(String::new(), |i| format!(" id={}", i.as_str()));
+                let body = format!("saw {path}{id}");
+                Response::new(200)
+                    .with_body(Body::Shared(Bytes::from(body.into_bytes())))
+                    .into()
+            },
+        ))
+    }
+
+    fn with(prefix: &str, action: Action, options: RouteOptions) -> Route {
+        Route {
+            prefix: prefix.into(),
+            action,
+            headers: HeaderEdits::default(),
+            options,
+        }
+    }
+
+    fn serve(
+        routes: Vec<Route>,
+        tweak: impl FnOnce(&mut Site),
+    ) -> tern_server::testing::MemoryConn {
+        let mut s = Site {
+            name: "s".into(),
+            hosts: vec!["s.test".into()],
+            routes,
+            log: LogTarget::DEFAULT,
+            counted_as: SiteSlot::NONE,
+            error_pages: Vec::new(),
+            request_ids: None,
+        };
+        tweak(&mut s);
+        let table = SiteTable::new(vec![s], Some(0)).unwrap();
+        let router = tern_server::Router::new().fallback(Sites::new(table));
+        tern_server::testing::MemoryConn::new(router, None).unwrap()
+    }
+
+    /// Status and raw answer text of one request.
+    fn ask(conn: &mut tern_server::testing::MemoryConn, request: &str) -> (u16, String) {
+        conn.feed(request.as_bytes());
+        let out = conn.take_output();
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text[9..12].parse().unwrap();
+        (status, text)
+    }
+
+    fn get(path: &str) -> String {
+        format!("GET {path} HTTP/1.1\r\nHost: s.test\r\n\r\n")
+    }
+
+    #[test]
+    fn matchers_choose_among_routes_of_one_prefix_in_order() {
+        let mut c = serve(
+            vec![
+                with(
+                    "/api",
+                    fixed("posts"),
+                    RouteOptions {
+                        matchers: MatchSpec {
+                            methods: vec!["POST".into()],
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
+                with(
+                    "/api",
+                    fixed("v2"),
+                    RouteOptions {
+                        matchers: MatchSpec {
+                            headers: vec![("X-Version".into(), "2".into())],
+                            query: vec![("v".into(), "*".into())],
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
+                with(
+                    "/",
+                    fixed("user"),
+                    RouteOptions {
+                        matchers: MatchSpec {
+                            path_regex: Some("^/u/[0-9]+$".into()),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
+                with("/api", fixed("api"), RouteOptions::default()),
+            ],
+            |_| {},
+        );
+        let body = |t: String| t.rsplit("\r\n\r\n").next().unwrap().to_string();
+        assert_eq!(
+            body(
+                ask(
+                    &mut c,
+                    "POST /api/x HTTP/1.1\r\nHost: s.test\r\nContent-Length: 0\r\n\r\n"
+                )
+                .1
+            ),
+            "posts"
+        );
+        assert_eq!(
+            body(
+                ask(
+                    &mut c,
+                    "GET /api/x?v HTTP/1.1\r\nHost: s.test\r\nX-Version: 2\r\n\r\n"
+                )
+                .1
+            ),
+            "v2"
+        );
+        assert_eq!(
+            body(
+                ask(
+                    &mut c,
+                    "GET /api/x HTTP/1.1\r\nHost: s.test\r\nX-Version: 2\r\n\r\n"
+                )
+                .1
+            ),
+            "api"
+        );
+        assert_eq!(body(ask(&mut c, &get("/u/42")).1), "user");
+        assert_eq!(ask(&mut c, &get("/u/42x")).0, 404, "no route at / takes it");
+        assert_eq!(
+            ask(&mut c, &get("/%75/42")).1.rsplit("\r\n\r\n").next(),
+            Some("user")
+        );
+    }
+
+    #[test]
+    fn a_route_shadowed_by_an_earlier_one_is_refused() {
+        let s = Site {
+            name: "s".into(),
+            hosts: vec![],
+            routes: vec![
+                with("/a", fixed("x"), RouteOptions::default()),
+                with(
+                    "/a/",
+                    fixed("y"),
+                    RouteOptions {
+                        matchers: MatchSpec {
+                            methods: vec!["GET".into()],
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
+            ],
+            log: LogTarget::DEFAULT,
+            counted_as: SiteSlot::NONE,
+            error_pages: Vec::new(),
+            request_ids: None,
+        };
+        let e = SiteTable::new(vec![s], Some(0)).err().unwrap();
+        assert!(e.contains("could never be chosen"), "{e}");
+    }
+
+    #[test]
+    fn rewrites_and_stripped_prefixes_give_the_handler_a_new_canonical_path() {
+        let mut c = serve(
+            vec![
+                with(
+                    "/old",
+                    Action::Rewrite("/new/$1".into()),
+                    RouteOptions {
+                        matchers: MatchSpec {
+                            path_regex: Some("^/old/(.*)$".into()),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ),
+                with(
+                    "/loop",
+                    Action::Rewrite("/loop/x".into()),
+                    RouteOptions::default(),
+                ),
+                with(
+                    "/api",
+                    echo(),
+                    RouteOptions {
+                        strip_prefix: true,
+                        ..Default::default()
+                    },
+                ),
+                with(
+                    "/café",
+                    echo(),
+                    RouteOptions {
+                        strip_prefix: true,
+                        ..Default::default()
+                    },
+                ),
+                with("/", echo(), RouteOptions::default()),
+            ],
+            |_| {},
+        );
+        let body = |c: &mut tern_server::testing::MemoryConn, p: &str| {
+            ask(c, &get(p))
+                .1
+                .rsplit("\r\n\r\n")
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(body(&mut c, "/old/a/b?q=1"), "saw /new/a/b");
+        // A capture holding an encoded `%` or `?` stays encoded: no second decoding.
+        assert_eq!(body(&mut c, "/old/a%25x"), "saw /new/a%25x");
+        assert_eq!(body(&mut c, "/old/a%3Fb"), "saw /new/a%3Fb");
+        assert_eq!(
+            body(&mut c, "/old/%2e%2e/x"),
+            "saw /x",
+            "dot segments are resolved first"
+        );
+        assert_eq!(ask(&mut c, &get("/loop")).0, 500, "a cycle ends");
+        assert_eq!(body(&mut c, "/api/users/1"), "saw /users/1");
+        assert_eq!(body(&mut c, "/api"), "saw /");
+        assert_eq!(body(&mut c, "/api/"), "saw /");
+        assert_eq!(body(&mut c, "//api//x/./y/../z"), "saw /x/z");
+        assert_eq!(body(&mut c, "/%61pi/x"), "saw /x");
+        assert_eq!(body(&mut c, "/apix"), "saw /apix", "not under /api");
+        assert_eq!(
+            body(&mut c, "/caf%C3%A9/%C3%A9t%C3%A9"),
+            "saw /%C3%A9t%C3%A9"
+        );
+        assert_eq!(body(&mut c, "/café/x"), "saw /x");
+        assert_eq!(
+            ask(&mut c, &get("/api/a%2Fb")).0,
+            400,
+            "refused before any route"
+        );
+    }
+
+    #[test]
+    fn try_files_takes_the_first_candidate_found_then_the_fallback() {
+        let tf = |list: &[&str]| RouteOptions {
+            try_files: list.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let mut c = serve(
+            vec![
+                with(
+                    "/spa",
+                    echo(),
+                    tf(&["$uri", "$uri/index.html", "/spa/index.html"]),
+                ),
+                with("/missing", echo(), tf(&["$uri", "=410"])),
+                with("/missing/loop", echo(), tf(&["$uri", "/missing/loop/x"])),
+                with("/", echo(), RouteOptions::default()),
+            ],
+            |_| {},
+        );
+        let body = |c: &mut tern_server::testing::MemoryConn, p: &str| {
+            ask(c, &get(p))
+                .1
+                .rsplit("\r\n\r\n")
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(body(&mut c, "/spa/app.js"), "saw /spa/app.js");
+        assert_eq!(body(&mut c, "/spa/deep/link"), "saw /spa/index.html");
+        assert_eq!(ask(&mut c, &get("/missing/x")).0, 410);
+        assert_eq!(
+            ask(&mut c, &get("/missing/loop/y")).0,
+            500,
+            "a fallback cycle ends"
+        );
+    }
+
+    #[test]
+    fn error_pages_replace_tern_s_own_answers_only() {
+        let mut c = serve(
+            vec![
+                with(
+                    "/gone",
+                    Action::Fixed(Fixed {
+                        status: 404,
+                        body: Bytes::from_static(b"mine"),
+                        content_type: "text/plain".into(),
+                    }),
+                    RouteOptions::default(),
+                ),
+                with(
+                    "/small",
+                    echo(),
+                    RouteOptions {
+                        max_body: Some(4),
+                        ..Default::default()
+                    },
+                ),
+            ],
+            |s| {
+                s.error_pages = vec![
+                    ErrorPage {
+                        status: 404,
+                        body: Bytes::from_static(b"<h1>lost</h1>"),
+                        content_type: "text/html".into(),
+                    },
+                    ErrorPage {
+                        status: 413,
+                        body: Bytes::from_static(b"<h1>too big</h1>"),
+                        content_type: "text/html".into(),
+                    },
+                ]
+            },
+        );
+        let (status, text) = ask(&mut c, &get("/nowhere"));
+        assert_eq!(status, 404);
+        assert!(
+            text.contains("Content-Type: text/html\r\n") && text.ends_with("<h1>lost</h1>"),
+            "{text}"
+        );
+        assert!(
+            ask(&mut c, &get("/gone")).1.ends_with("mine"),
+            "a fixed route's body is its own"
+        );
+        let (status, text) = ask(
+            &mut c,
+            "POST /small HTTP/1.1\r\nHost: s.test\r\nContent-Length: 5\r\n\r\nhello",
+        );
+        assert_eq!(status, 413);
+        assert!(text.ends_with("<h1>too big</h1>"), "{text}");
+        let (status, _) = ask(
+            &mut c,
+            "POST /small HTTP/1.1\r\nHost: s.test\r\nContent-Length: 4\r\n\r\nhell",
+        );
+        assert_eq!(status, 200);
+    }
+
+    #[test]
+    fn rate_limits_answer_429_with_retry_after() {
+        let limiter = tern_services::PrefixLimiter::new(
+            tern_services::RateLimitConfig {
+                per_second: 1,
+                burst: 2,
+                buckets: 64,
+                ..Default::default()
+            },
+            1,
+        );
+        let mut c = serve(
+            vec![with(
+                "/",
+                echo(),
+                RouteOptions {
+                    rate_limit: Some(Arc::new(limiter)),
+                    ..Default::default()
+                },
+            )],
+            |_| {},
+        );
+        assert_eq!(ask(&mut c, &get("/a")).0, 200);
+        assert_eq!(ask(&mut c, &get("/a")).0, 200);
+        let (status, text) = ask(&mut c, &get("/a"));
+        assert_eq!(status, 429);
+        assert!(text.contains("Retry-After: 3\r\n"), "{text}");
+    }
+
+    #[test]
+    fn request_ids_are_made_or_taken_from_a_trusted_proxy() {
+        let mut routes = vec![with("/", echo(), RouteOptions::default())];
+        routes[0]
+            .headers
+            .set
+            .push(("X-Request-Id".into(), "$request_id".into()));
+        routes[0]
+            .headers
+            .set
+            .push(("X-Seen".into(), "$scheme://$host $client".into()));
+        let mut c = serve(routes, |s| {
+            s.request_ids = Some(TrustedProxies::parse("192.0.2.0/24").unwrap())
+        });
+        // MemoryConn's peer is 192.0.2.1: trusted.
+        let (_, text) = ask(
+            &mut c,
+            "GET / HTTP/1.1\r\nHost: S.test:81\r\nX-Request-Id: from-lb-1\r\n\r\n",
+        );
+        assert!(text.contains("X-Request-Id: from-lb-1\r\n"), "{text}");
+        assert!(
+            text.contains("X-Seen: http://s.test 192.0.2.1\r\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("saw / id=from-lb-1"), "{text}");
+        let (_, text) = ask(
+            &mut c,
+            "GET / HTTP/1.1\r\nHost: s.test\r\nX-Request-Id: bad id\r\n\r\n",
+        );
+        let id = text
+            .split("X-Request-Id: ")
+            .nth(1)
+            .unwrap()
+            .split("\r\n")
+            .next()
+            .unwrap();
+        assert_eq!(id.len(), 32, "{text}");
+        let mut c = serve(vec![with("/", echo(), RouteOptions::default())], |s| {
+            s.request_ids = Some(TrustedProxies::default())
+        });
+        let (_, text) = ask(
+            &mut c,
+            "GET / HTTP/1.1\r\nHost: s.test\r\nX-Request-Id: from-client\r\n\r\n",
+        );
+        assert!(
+            !text.contains("from-client"),
+            "an untrusted peer's id is replaced: {text}"
+        );
     }
 }

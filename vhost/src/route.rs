@@ -1,18 +1,27 @@
-//! A route: a path prefix, what answers under it, and the header edits applied to its answers.
+//! A route: a path prefix and its matchers, what answers under it, and what is done on the
+//! way (limits, a rewrite, `try_files`, a stripped prefix, header edits on the answer).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use tern_server::upstream::ResponseEdit;
-use tern_server::{Body, Handler, HandlerContext, Reply, Request, RequestHead, Response};
+use tern_server::{Body, Handler, Request, RequestHead, Response};
+use tern_services::template::{Template, Values, Var, HEADER_VARS};
+use tern_services::{PrefixLimiter, RateDecision};
+
+use crate::matcher::{MatchSpec, Matchers};
 
 /// What answers the requests a route matches.
 pub enum Action {
     /// A handler: static files, or a mounted app's router. It sees the full path (a static
-    /// root under `/docs` is looked up as `ROOT/docs/...`, like nginx's `root`).
+    /// root under `/docs` is looked up as `ROOT/docs/...`, like nginx's `root`), or the path
+    /// without the prefix with [`RouteOptions::strip_prefix`].
     Handler(Arc<dyn Handler>),
     Redirect(Redirect),
     Fixed(Fixed),
+    /// An internal rewrite: the request is routed again on its site with this path
+    /// (`$uri`, `$1`..`$9` from the route's path pattern); the query stays.
+    Rewrite(String),
 }
 
 /// A redirect to `target`, with the request's path and query appended when `keep_path`.
@@ -30,6 +39,7 @@ pub struct Fixed {
 }
 
 /// Headers set on (replacing any of the same name) or removed from a route's answers.
+/// Values may hold `$client`, `$scheme`, `$host`, `$request_id`.
 #[derive(Debug, Default, Clone)]
 pub struct HeaderEdits {
     /// `(name, value)`, in order.
@@ -37,21 +47,139 @@ pub struct HeaderEdits {
     pub remove: Vec<String>,
 }
 
-/// One route as the site table holds it: everything prebuilt, nothing formatted per request.
+/// A route's matchers and what it does on the way to its action.
+#[derive(Default)]
+pub struct RouteOptions {
+    pub matchers: MatchSpec,
+    /// `try_files` for a handler route: candidates (`$uri`, `$uri/index.html`, `/x`) tried
+    /// in order, the first the handler does not answer 404 wins; the last entry is the
+    /// fallback, a path routed again on the site, or `=CODE`.
+    pub try_files: Vec<String>,
+    /// The handler sees the path without the route's prefix (`/api/users` → `/users`).
+    pub strip_prefix: bool,
+    /// The most request body this route takes (413 past it).
+    pub max_body: Option<u64>,
+    /// Token buckets by client network: 429 with `Retry-After` when empty.
+    pub rate_limit: Option<Arc<PrefixLimiter>>,
+}
+
+/// How `try_files` ends when no candidate is there.
+pub(crate) enum Fallback {
+    /// Route again with this path.
+    Path(Template),
+    Status(u16),
+}
+
+pub(crate) struct TryFiles {
+    pub candidates: Vec<Template>,
+    pub fallback: Fallback,
+}
+
+/// Checks a `try_files` list: at least a candidate and a fallback, candidates paths with
+/// `$uri`, the fallback a path or `=CODE` (400-599), and never `$uri` alone (the request
+/// would be routed to itself).
+pub fn check_try_files(list: &[String]) -> Result<(), String> {
+    parse_try_files(list).map(|_| ())
+}
+
+pub(crate) fn parse_try_files(list: &[String]) -> Result<TryFiles, String> {
+    let [candidates @ .., last] = list else {
+        return Err("try_files is empty".into());
+    };
+    if candidates.is_empty() {
+        return Err(
+            "try_files needs at least one candidate and a fallback (e.g. [\"$uri\", \"/index.html\"])"
+                .into(),
+        );
+    }
+    let path = |entry: &String| -> Result<Template, String> {
+        if !entry.starts_with('/') && !entry.starts_with("$uri") && !entry.starts_with("${uri}") {
+            return Err(format!(
+                "try_files entry {entry:?} must be a path (start with / or $uri)"
+            ));
+        }
+        if entry.contains(['?', '#']) {
+            return Err(format!(
+                "try_files entry {entry:?} must be a plain path (no ? or #)"
+            ));
+        }
+        Template::parse(entry, &[Var::Uri], 0).map_err(|e| format!("try_files: {e}"))
+    };
+    let candidates = candidates.iter().map(path).collect::<Result<Vec<_>, _>>()?;
+    let fallback = match last.strip_prefix('=') {
+        Some(code) => match code.parse::<u16>() {
+            Ok(c) if (400..=599).contains(&c) => Fallback::Status(c),
+            _ => {
+                return Err(format!(
+                    "try_files fallback {last:?}: =CODE takes a status 400-599"
+                ))
+            }
+        },
+        None => {
+            let t = path(last)?;
+            if matches!(last.as_str(), "$uri" | "${uri}" | "$uri/" | "${uri}/") {
+                return Err(format!(
+                    "try_files fallback {last:?} routes the request to itself (a fallback loop)"
+                ));
+            }
+            Fallback::Path(t)
+        }
+    };
+    Ok(TryFiles {
+        candidates,
+        fallback,
+    })
+}
+
+/// Checks a rewrite target for a route whose pattern has `captures` groups.
+pub fn check_rewrite(target: &str, captures: u8) -> Result<(), String> {
+    parse_rewrite(target, captures).map(|_| ())
+}
+
+fn parse_rewrite(target: &str, captures: u8) -> Result<Template, String> {
+    if !target.starts_with('/') && !target.starts_with('$') {
+        return Err(format!("rewrite {target:?} must be a path (start with /)"));
+    }
+    if target.contains(['?', '#']) {
+        return Err(format!(
+            "rewrite {target:?} must be a plain path (no ? or #: the query is kept)"
+        ));
+    }
+    if matches!(target, "$uri" | "${uri}") {
+        return Err("rewrite \"$uri\" routes the request to itself (a rewrite loop)".into());
+    }
+    Template::parse(target, &[Var::Uri], captures).map_err(|e| format!("rewrite: {e}"))
+}
+
+/// Checks a header value's variables (answers and requests alike).
+pub fn check_header_value(value: &str) -> Result<Template, String> {
+    Template::parse(value, HEADER_VARS, 0)
+}
+
+/// One route as the site table holds it: everything prebuilt, nothing formatted per request
+/// unless a header value holds a variable.
 pub(crate) struct BuiltRoute {
     /// Decoded canonical form, without a trailing slash; `/` is stored as the empty string
     /// (it matches every path).
     pub prefix: Vec<u8>,
-    action: BuiltAction,
-    /// Names to drop before `set_lines` are added (the removed ones and the set ones).
+    pub matchers: Matchers,
+    pub action: BuiltAction,
+    pub try_files: Option<TryFiles>,
+    pub strip_prefix: bool,
+    pub max_body: Option<u64>,
+    pub rate_limit: Option<Arc<PrefixLimiter>>,
+    /// Names to drop before the set lines are added (the removed ones and the set ones).
     drop: Vec<String>,
-    /// `Name: value\r\n` lines, serialised once.
+    /// `Name: value\r\n` lines without variables, serialised once.
     set_lines: Arc<Vec<u8>>,
-    /// The same edits for a proxied answer, whose head the relay builds later.
+    /// Values with variables, rendered per answer.
+    set_templates: Vec<(String, Template)>,
+    /// The same edits for a proxied answer without variables, whose head the relay builds
+    /// later.
     forward_edit: Option<ResponseEdit>,
 }
 
-enum BuiltAction {
+pub(crate) enum BuiltAction {
     Handler(Arc<dyn Handler>),
     Redirect {
         status: u16,
@@ -63,6 +191,7 @@ enum BuiltAction {
         body: Bytes,
         content_type_line: Vec<u8>,
     },
+    Rewrite(Template),
 }
 
 /// The prefix as stored: no trailing slash (`/app/` is `/app`), and `/` as "".
@@ -74,9 +203,21 @@ pub(crate) fn stored_prefix(prefix: &[u8]) -> &[u8] {
     p
 }
 
+/// What a route decided before its action runs.
+pub(crate) enum Admission {
+    Pass,
+    Refuse(Response),
+}
+
 impl BuiltRoute {
     /// `prefix`: the decoded canonical form of the configured path.
-    pub(crate) fn new(prefix: &[u8], action: Action, edits: &HeaderEdits) -> BuiltRoute {
+    pub(crate) fn new(
+        prefix: &[u8],
+        action: Action,
+        edits: &HeaderEdits,
+        options: RouteOptions,
+    ) -> Result<BuiltRoute, String> {
+        let matchers = Matchers::new(&options.matchers)?;
         let action = match action {
             Action::Handler(h) => BuiltAction::Handler(h),
             Action::Redirect(r) => BuiltAction::Redirect {
@@ -94,12 +235,27 @@ impl BuiltRoute {
                 body: f.body,
                 content_type_line: format!("Content-Type: {}\r\n", f.content_type).into_bytes(),
             },
+            Action::Rewrite(target) => {
+                BuiltAction::Rewrite(parse_rewrite(&target, matchers.capture_count())?)
+            }
+        };
+        let try_files = if options.try_files.is_empty() {
+            None
+        } else if !matches!(action, BuiltAction::Handler(_)) {
+            return Err("try_files is for routes with a handler (static files)".into());
+        } else {
+            Some(parse_try_files(&options.try_files)?)
         };
         let mut drop = edits.remove.clone();
         let mut set_lines = Vec::new();
+        let mut set_templates = Vec::new();
         for (name, value) in &edits.set {
             drop.push(name.clone());
-            set_lines.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+            let t = check_header_value(value).map_err(|e| format!("header {name}: {e}"))?;
+            match t.as_literal() {
+                Some(text) => set_lines.extend_from_slice(format!("{name}: {text}\r\n").as_bytes()),
+                None => set_templates.push((name.clone(), t)),
+            }
         }
         let set_lines = Arc::new(set_lines);
         let forward_edit: Option<ResponseEdit> = if drop.is_empty() && set_lines.is_empty() {
@@ -108,27 +264,68 @@ impl BuiltRoute {
             let (drop, lines) = (drop.clone(), set_lines.clone());
             Some(Arc::new(move |r: &mut Response| edit(r, &drop, &lines)))
         };
-        BuiltRoute {
+        Ok(BuiltRoute {
             prefix: stored_prefix(prefix).to_vec(),
+            matchers,
             action,
+            try_files,
+            strip_prefix: options.strip_prefix,
+            max_body: options.max_body,
+            rate_limit: options.rate_limit,
             drop,
             set_lines,
+            set_templates,
             forward_edit,
-        }
+        })
     }
 
+    pub(crate) fn is_fixed(&self) -> bool {
+        matches!(self.action, BuiltAction::Fixed { .. })
+    }
+
+    /// The route's limits: its rate (by client network) and its body size.
+    pub(crate) fn admit(&self, req: &Request<'_>, worker: usize) -> Admission {
+        if let Some(limiter) = &self.rate_limit {
+            let decision = limiter.check(worker, req.peer.ip(), req.unix_secs);
+            if decision != RateDecision::Allow {
+                let mut secs = itoa::Buffer::new();
+                let r = Response::text(429, "too many requests\n")
+                    .with_header("Retry-After", secs.format(limiter.retry_after_secs()));
+                // Far over: the connection goes too, so a flood costs one answer per
+                // connection.
+                let r = if decision == RateDecision::Drop {
+                    r.close()
+                } else {
+                    r
+                };
+                return Admission::Refuse(r);
+            }
+        }
+        if let Some(max) = self.max_body {
+            let declared = match req.head.body {
+                tern_server::BodyKind::Length(n) => n,
+                _ => 0,
+            };
+            if declared > max || req.body.len() as u64 > max {
+                return Admission::Refuse(Response::text(413, "request body too large\n"));
+            }
+        }
+        Admission::Pass
+    }
+
+    /// Whether the handler takes the body as a stream (a proxy route).
     pub(crate) fn streams_body(&self, head: &RequestHead<'_>) -> bool {
         matches!(&self.action, BuiltAction::Handler(h) if h.streams_body(head))
     }
 
-    pub(crate) fn answer(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
-        let mut reply = match &self.action {
-            BuiltAction::Handler(h) => h.handle(req, cx),
+    /// The answer of a redirect or fixed route.
+    pub(crate) fn answer_plain(&self, req: &Request<'_>) -> Option<Response> {
+        match &self.action {
             BuiltAction::Redirect {
                 status,
                 target,
                 keep_path,
-            } => Reply::Now(redirect(*status, target, *keep_path, req)),
+            } => Some(redirect(*status, target, *keep_path, req)),
             BuiltAction::Fixed {
                 status,
                 body,
@@ -136,17 +333,49 @@ impl BuiltRoute {
             } => {
                 let mut r = Response::new(*status).with_body(Body::Shared(body.clone()));
                 r.push_raw_headers(content_type_line);
-                Reply::Now(r)
+                Some(r)
             }
-        };
-        // A deferred answer (the game's claims) is completed elsewhere and is not edited; a
-        // forwarded one is edited by the relay when its head arrives.
-        match &mut reply {
-            Reply::Now(response) => edit(response, &self.drop, &self.set_lines),
-            Reply::Forward(fwd) => fwd.edit = self.forward_edit.clone(),
+            _ => None,
+        }
+    }
+
+    /// Applies the route's header edits to an answer now, or hands them to the relay for a
+    /// forwarded one (rendered now when they hold variables: the relay has no request).
+    pub(crate) fn edit_reply(&self, reply: &mut tern_server::Reply, values: &Values<'_>) {
+        match reply {
+            tern_server::Reply::Now(response) => {
+                edit(response, &self.drop, &self.set_lines);
+                if !self.set_templates.is_empty() {
+                    response.push_raw_headers(&self.rendered(values));
+                }
+            }
+            tern_server::Reply::Forward(fwd) => {
+                if let Some(max) = self.max_body {
+                    fwd.max_body = max;
+                }
+                fwd.edit = if self.set_templates.is_empty() {
+                    self.forward_edit.clone()
+                } else {
+                    let mut lines = self.set_lines.as_ref().clone();
+                    lines.extend_from_slice(&self.rendered(values));
+                    let (drop, lines) = (self.drop.clone(), lines);
+                    Some(Arc::new(move |r: &mut Response| edit(r, &drop, &lines)))
+                };
+            }
+            // A deferred answer (the game's claims) is completed elsewhere and not edited.
             _ => {}
         }
-        reply
+    }
+
+    fn rendered(&self, values: &Values<'_>) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, t) in &self.set_templates {
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            t.render(&mut out, values);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
     }
 }
 
@@ -196,5 +425,45 @@ mod tests {
             !under(stored_prefix(b"/"), "*"),
             "OPTIONS * is under no route"
         );
+    }
+
+    #[test]
+    fn try_files_lists_are_checked() {
+        let list = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(check_try_files(&list(&["$uri", "$uri/index.html", "/index.html"])).is_ok());
+        assert!(check_try_files(&list(&["$uri", "=404"])).is_ok());
+        for (bad, want) in [
+            (&["/index.html"][..], "at least one candidate"),
+            (&[], "is empty"),
+            (&["$uri", "$uri"], "a fallback loop"),
+            (&["$uri", "${uri}/"], "a fallback loop"),
+            (&["$uri", "=200"], "status 400-599"),
+            (&["$args", "/x"], "must be a path"),
+            (&["$uri", "/x?y"], "plain path"),
+            (&["$uri$host", "/x"], "no meaning here"),
+            (&["$uri", "/$foo"], "unknown variable $foo"),
+        ] {
+            let e = check_try_files(&list(bad)).unwrap_err();
+            assert!(e.contains(want), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn rewrites_are_checked() {
+        assert!(check_rewrite("/p/$1", 1).is_ok());
+        assert!(check_rewrite("/index.php$uri", 0).is_ok());
+        assert!(check_rewrite("$uri", 0).unwrap_err().contains("loop"));
+        assert!(check_rewrite("/p/$2", 1)
+            .unwrap_err()
+            .contains("names no group"));
+        assert!(check_rewrite("x", 0)
+            .unwrap_err()
+            .contains("must be a path"));
+        assert!(check_rewrite("/x?a=1", 0)
+            .unwrap_err()
+            .contains("plain path"));
+        assert!(check_rewrite("/$client", 0)
+            .unwrap_err()
+            .contains("no meaning here"));
     }
 }

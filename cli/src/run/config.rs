@@ -56,6 +56,12 @@ struct SiteFile {
     /// A file of the site's own, or "off".
     access_log: Option<Spanned<String>>,
     access_log_format: Option<Spanned<LogFormatArg>>,
+    /// Pages for the error statuses tern answers itself: `{ 404 = "errors/404.html" }`.
+    error_pages: Option<Spanned<BTreeMap<String, Spanned<PathBuf>>>>,
+    /// Every request gets an id (`X-Request-Id` to apps, `$request_id`, the access log).
+    request_id: Option<Spanned<bool>>,
+    /// Peers whose own `X-Request-Id` is kept.
+    request_id_trusted: Option<Spanned<String>>,
     #[serde(default)]
     route: Vec<RouteFile>,
 }
@@ -96,7 +102,32 @@ struct RouteFile {
     counters: Option<Spanned<String>>,
     add_headers: Option<Spanned<BTreeMap<String, String>>>,
     remove_headers: Option<Spanned<Vec<String>>>,
+    /// Fields set on or removed from the request a proxied app gets.
+    add_request_headers: Option<Spanned<BTreeMap<String, String>>>,
+    remove_request_headers: Option<Spanned<Vec<String>>>,
     gate: Option<Spanned<bool>>,
+    // Matchers beyond the path prefix.
+    methods: Option<Spanned<Vec<String>>>,
+    match_headers: Option<Spanned<BTreeMap<String, String>>>,
+    match_query: Option<Spanned<BTreeMap<String, String>>>,
+    path_glob: Option<Spanned<String>>,
+    path_regex: Option<Spanned<String>>,
+    /// An internal rewrite (a route kind): routed again with this path.
+    rewrite: Option<Spanned<String>>,
+    try_files: Option<Spanned<Vec<String>>>,
+    strip_prefix: Option<Spanned<bool>>,
+    max_body: Option<Spanned<u64>>,
+    rate_limit: Option<Spanned<RateLimitFile>>,
+}
+
+/// `rate_limit = { per_second = 10, burst = 20 }`, by client network.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitFile {
+    per_second: u32,
+    burst: Option<u32>,
+    ipv4_prefix: Option<u8>,
+    ipv6_prefix: Option<u8>,
 }
 
 /// `proxy = "127.0.0.1:8080"` or `proxy = ["a:1", "unix:/run/app.sock"]`.
@@ -126,6 +157,9 @@ pub struct SitePlan {
     pub hosts: Vec<String>,
     pub routes: Vec<RoutePlan>,
     pub log: SiteLog,
+    pub error_pages: Vec<tern_vhost::ErrorPage>,
+    /// Requests get ids; these peers may bring their own.
+    pub request_ids: Option<tern_services::TrustedProxies>,
 }
 
 /// Where a site's access-log lines go.
@@ -144,7 +178,25 @@ pub struct RoutePlan {
     pub headers: HeaderEdits,
     /// Behind the gateway (`gate = true`).
     pub guarded: bool,
+    pub options: RouteOptionsPlan,
 }
+
+/// A route's matchers, limits and path changes, checked.
+#[derive(Debug, Default)]
+pub struct RouteOptionsPlan {
+    pub matchers: tern_vhost::MatchSpec,
+    pub try_files: Vec<String>,
+    pub strip_prefix: bool,
+    pub max_body: Option<u64>,
+    pub rate_limit: Option<tern_services::RateLimitConfig>,
+}
+
+/// Per-route rate-limit buckets per worker: one byte each, so 16 KiB per worker and route.
+const ROUTE_RATE_BUCKETS: usize = 1 << 14;
+/// The largest error page (they are held in memory).
+const MAX_ERROR_PAGE: u64 = 1 << 20;
+/// The server's `max_body` when neither file nor flag gives one (as `tern serve`).
+const DEFAULT_MAX_BODY: u64 = 1024 * 1024;
 
 #[derive(Debug)]
 pub enum RouteKind {
@@ -161,6 +213,8 @@ pub enum RouteKind {
     },
     /// The IPv4 Games (see [`RunConfig::app`]).
     App,
+    /// Routed again on the site with this path (`$uri`, `$1`..`$9`).
+    Rewrite(String),
     Proxy(ProxyPlan),
     /// The server's and process's counters, for loopback and `trusted` peers.
     Counters {
@@ -296,11 +350,22 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
         if site.route.is_empty() {
             p.at(name_at, format!("site {name:?} has no [[site.route]]"));
         }
-        let mut prefixes: BTreeMap<String, usize> = BTreeMap::new();
+        // stored prefix → (line, the route has matchers beyond its path)
+        let mut prefixes: BTreeMap<String, (usize, bool)> = BTreeMap::new();
         let mut routes = Vec::new();
         for route in &site.route {
             let path_at = route.path.span().start;
             let prefix = route.path.get_ref();
+            let options = check_route_options(route, &file, &mut p);
+            let has_matchers = [
+                at(&route.methods),
+                at(&route.match_headers),
+                at(&route.match_query),
+                at(&route.path_glob),
+                at(&route.path_regex),
+            ]
+            .iter()
+            .any(Option::is_some);
             if !prefix.starts_with('/') {
                 p.at(path_at, format!("path {prefix:?} must start with /"));
             } else if prefix
@@ -314,12 +379,16 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
             } else {
                 let stored = prefix.trim_end_matches('/').to_string();
                 match prefixes.get(&stored) {
-                    Some(line) => p.at(
+                    Some((line, false)) => p.at(
                         path_at,
-                        format!("path {prefix:?} is already routed on this site (line {line})"),
+                        format!(
+                            "path {prefix:?} is already routed on this site (line {line}) by a \
+                             route with no other matcher, which takes every request first"
+                        ),
                     ),
-                    None => {
-                        prefixes.insert(stored, p.line(path_at));
+                    Some(_) if has_matchers => {}
+                    _ => {
+                        prefixes.insert(stored, (p.line(path_at), has_matchers));
                     }
                 }
             }
@@ -341,14 +410,45 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                 {
                     p.at(path_at, "gate = true is for static, app and proxy routes");
                 }
-                routes.push(RoutePlan {
-                    prefix: prefix.clone(),
-                    kind,
-                    headers: check_headers(route, &mut p),
-                    guarded,
-                });
+                let headers = check_headers(route, &mut p);
+                if let Some(options) = options {
+                    routes.push((
+                        p.line(path_at),
+                        RoutePlan {
+                            prefix: prefix.clone(),
+                            kind,
+                            headers,
+                            guarded,
+                            options,
+                        },
+                    ));
+                }
             }
         }
+        if !site.request_id.as_ref().is_some_and(|r| *r.get_ref()) {
+            for route in &site.route {
+                for (key, value) in [
+                    ("add_headers", &route.add_headers),
+                    ("add_request_headers", &route.add_request_headers),
+                ] {
+                    if let Some(v) = value {
+                        if v.get_ref()
+                            .values()
+                            .any(|v| v.contains("$request_id") || v.contains("${request_id}"))
+                        {
+                            p.at(
+                                v.span().start,
+                                format!("{key}: $request_id needs request_id = true on the site"),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        check_loops(&routes, &mut p);
+        let routes: Vec<RoutePlan> = routes.into_iter().map(|(_, r)| r).collect();
+        let error_pages = check_error_pages(site, dir, &mut p);
+        let request_ids = check_request_ids(site, &mut p);
         let log = match &site.access_log {
             None => SiteLog::Shared,
             Some(v) if v.get_ref() == "off" => SiteLog::Off,
@@ -374,6 +474,8 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
             hosts: patterns,
             routes,
             log,
+            error_pages,
+            request_ids,
         });
     }
     if !p.list.is_empty() {
@@ -432,6 +534,7 @@ fn check_route(
         ("app", at(&route.app)),
         ("proxy", at(&route.proxy)),
         ("counters", at(&route.counters)),
+        ("rewrite", at(&route.rewrite)),
     ]
     .into_iter()
     .filter_map(|(k, at)| at.map(|at| (k, at)))
@@ -440,7 +543,7 @@ fn check_route(
         [] => {
             p.at(
                 path_at,
-                "a route needs one of `static`, `redirect`, `respond`, `app`, `proxy` or `counters`",
+                "a route needs one of `static`, `redirect`, `respond`, `app`, `proxy`, `counters` or `rewrite`",
             );
             return None;
         }
@@ -454,7 +557,19 @@ fn check_route(
         }
     };
     // Keys that belong to one kind or two; any other kind must not have them.
-    let owned: [(&str, Option<usize>, &[&str]); 18] = [
+    let owned: [(&str, Option<usize>, &[&str]); 22] = [
+        ("try_files", at(&route.try_files), &["static"]),
+        ("strip_prefix", at(&route.strip_prefix), &["proxy"]),
+        (
+            "add_request_headers",
+            at(&route.add_request_headers),
+            &["proxy"],
+        ),
+        (
+            "remove_request_headers",
+            at(&route.remove_request_headers),
+            &["proxy"],
+        ),
         ("balance", at(&route.balance), &["proxy"]),
         ("proxy_host", at(&route.proxy_host), &["proxy"]),
         ("max_fails", at(&route.max_fails), &["proxy"]),
@@ -501,6 +616,7 @@ fn check_route(
         "respond" => check_respond(route, p),
         "proxy" => check_proxy(route, dir, p),
         "counters" => check_counters(route, p),
+        "rewrite" => check_rewrite_kind(route, p),
         _ => check_app(route, dir, p, app),
     };
     kind.filter(|_| ok)
@@ -820,6 +936,15 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
             }
         }
     }
+    let (set, remove) = check_edits(
+        ("add_request_headers", &route.add_request_headers),
+        ("remove_request_headers", &route.remove_request_headers),
+        p,
+    );
+    options.request_headers = tern_proxy::RequestEdits {
+        set: set.into_iter().map(|(n, _, t)| (n, t)).collect(),
+        remove,
+    };
     ok.then_some(RouteKind::Proxy(ProxyPlan { group, options }))
 }
 
@@ -850,6 +975,264 @@ fn check_counters(route: &RouteFile, p: &mut Problems<'_>) -> Option<RouteKind> 
         prometheus,
         trusted,
     })
+}
+
+fn check_rewrite_kind(route: &RouteFile, p: &mut Problems<'_>) -> Option<RouteKind> {
+    let target = route.rewrite.as_ref()?;
+    let captures = tern_vhost::compile_pattern(
+        route.path_glob.as_ref().map(|g| g.get_ref().as_str()),
+        route.path_regex.as_ref().map(|r| r.get_ref().as_str()),
+    )
+    .ok()
+    .flatten()
+    .map_or(0, |re| (re.captures_len() - 1).min(9) as u8);
+    match tern_vhost::check_rewrite(target.get_ref(), captures) {
+        Ok(()) => Some(RouteKind::Rewrite(target.get_ref().clone())),
+        Err(e) => {
+            p.at(target.span().start, e);
+            None
+        }
+    }
+}
+
+/// Matchers, `try_files`, `strip_prefix`, `max_body` and `rate_limit`; `None` when one is
+/// unusable (each problem recorded).
+fn check_route_options(
+    route: &RouteFile,
+    file: &RunFile,
+    p: &mut Problems<'_>,
+) -> Option<RouteOptionsPlan> {
+    let mut ok = true;
+    let mut plan = RouteOptionsPlan::default();
+    let path_at = route.path.span().start;
+    if let Some(m) = &route.methods {
+        plan.matchers.methods = m.get_ref().clone();
+    }
+    if let Some(h) = &route.match_headers {
+        plan.matchers.headers = h.get_ref().clone().into_iter().collect();
+    }
+    if let Some(q) = &route.match_query {
+        plan.matchers.query = q.get_ref().clone().into_iter().collect();
+    }
+    plan.matchers.path_glob = route.path_glob.as_ref().map(|g| g.get_ref().clone());
+    plan.matchers.path_regex = route.path_regex.as_ref().map(|r| r.get_ref().clone());
+    // The same checks the site table makes, here with the key's line.
+    if let Err(e) = tern_vhost::compile_pattern(
+        plan.matchers.path_glob.as_deref(),
+        plan.matchers.path_regex.as_deref(),
+    ) {
+        let at = at(&route.path_regex)
+            .or(at(&route.path_glob))
+            .unwrap_or(path_at);
+        p.at(at, e);
+        ok = false;
+    }
+    let only = |m: &tern_vhost::MatchSpec| tern_vhost::MatchSpec {
+        path_glob: None,
+        path_regex: None,
+        ..m.clone()
+    };
+    if let Err(e) = tern_vhost::check_matchers(&only(&plan.matchers)) {
+        let at = at(&route.methods)
+            .or(at(&route.match_headers))
+            .or(at(&route.match_query))
+            .unwrap_or(path_at);
+        p.at(at, e);
+        ok = false;
+    }
+    if let Some(list) = &route.try_files {
+        match tern_vhost::check_try_files(list.get_ref()) {
+            Ok(()) => plan.try_files = list.get_ref().clone(),
+            Err(e) => {
+                p.at(list.span().start, e);
+                ok = false;
+            }
+        }
+    }
+    plan.strip_prefix = route.strip_prefix.as_ref().is_some_and(|v| *v.get_ref());
+    if let Some(max) = &route.max_body {
+        let server = file.max_body.unwrap_or(DEFAULT_MAX_BODY);
+        if *max.get_ref() > server && route.proxy.is_none() {
+            p.at(
+                max.span().start,
+                format!(
+                    "max_body {} is above the server's max_body {server}: only a proxy route \
+                     (which streams bodies) may take more than the server does",
+                    max.get_ref()
+                ),
+            );
+            ok = false;
+        }
+        plan.max_body = Some(*max.get_ref());
+    }
+    if let Some(limit) = &route.rate_limit {
+        let l = limit.get_ref();
+        let burst = l.burst.unwrap_or(l.per_second.saturating_mul(2).max(1));
+        if l.per_second == 0 || burst == 0 {
+            p.at(
+                limit.span().start,
+                "rate_limit: per_second and burst must be at least 1",
+            );
+            ok = false;
+        }
+        let (v4, v6) = (l.ipv4_prefix.unwrap_or(24), l.ipv6_prefix.unwrap_or(48));
+        if v4 > 32 || v6 > 128 {
+            p.at(
+                limit.span().start,
+                "rate_limit: ipv4_prefix is at most 32 and ipv6_prefix at most 128",
+            );
+            ok = false;
+        }
+        plan.rate_limit = Some(tern_services::RateLimitConfig {
+            per_second: l.per_second,
+            burst,
+            ipv4_prefix: v4,
+            ipv6_prefix: v6,
+            exempt: Vec::new(),
+            buckets: ROUTE_RATE_BUCKETS,
+        });
+    }
+    ok.then_some(plan)
+}
+
+/// Rewrites that lead back to themselves through literal targets (`/a` → `/b` → `/a`): each
+/// would end in 500 at every request, so the file is refused.
+fn check_loops(routes: &[(usize, RoutePlan)], p: &mut Problems<'_>) {
+    // The route a literal path takes by its prefix (the first of the longest prefix: the
+    // one a request without other distinguishing traits gets).
+    let target_of = |path: &str| -> Option<usize> {
+        let canonical = tern_server::canonical_path(path).ok()?;
+        let mut best: Option<(usize, usize)> = None;
+        for (i, (_, r)) in routes.iter().enumerate() {
+            let stored = r.prefix.trim_end_matches('/');
+            if tern_server::path_under(stored, canonical.as_ref())
+                && best.is_none_or(|(_, len)| stored.len() > len)
+            {
+                best = Some((i, stored.len()));
+            }
+        }
+        best.map(|(i, _)| i)
+    };
+    for (start, (line, route)) in routes.iter().enumerate() {
+        let RouteKind::Rewrite(target) = &route.kind else {
+            continue;
+        };
+        if target.contains('$') {
+            continue;
+        }
+        let mut chain = vec![*line];
+        let mut members = vec![start];
+        let mut next = target_of(target);
+        while let Some(i) = next {
+            let (l, r) = &routes[i];
+            let RouteKind::Rewrite(t) = &r.kind else {
+                break;
+            };
+            if i == start {
+                if members.iter().any(|&m| m < start) {
+                    break; // reported from its first route
+                }
+                let lines: Vec<String> = chain.iter().map(|l| format!("line {l}")).collect();
+                p.list.push(format!(
+                    "line {line}: rewrite loop: {} -> line {line}: a request would be routed in \
+                     circles",
+                    lines.join(" -> ")
+                ));
+                break;
+            }
+            if chain.contains(l) || t.contains('$') {
+                break;
+            }
+            chain.push(*l);
+            members.push(i);
+            next = target_of(t);
+        }
+    }
+}
+
+fn check_error_pages(
+    site: &SiteFile,
+    dir: &Path,
+    p: &mut Problems<'_>,
+) -> Vec<tern_vhost::ErrorPage> {
+    let Some(pages) = &site.error_pages else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (code, file) in pages.get_ref() {
+        let status = match code.parse::<u16>() {
+            Ok(s) if (400..=599).contains(&s) => s,
+            _ => {
+                p.at(
+                    pages.span().start,
+                    format!("error_pages: {code:?} is not an error status (400-599)"),
+                );
+                continue;
+            }
+        };
+        let path = dir.join(file.get_ref());
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() && m.len() <= MAX_ERROR_PAGE => match std::fs::read(&path) {
+                Ok(body) => out.push(tern_vhost::ErrorPage {
+                    status,
+                    body: bytes::Bytes::from(body),
+                    content_type: content_type_of(&path),
+                }),
+                Err(e) => p.at(
+                    file.span().start,
+                    format!("error page {}: {e}", path.display()),
+                ),
+            },
+            Ok(m) if m.is_file() => p.at(
+                file.span().start,
+                format!(
+                    "error page {} is over {MAX_ERROR_PAGE} bytes",
+                    path.display()
+                ),
+            ),
+            Ok(_) => p.at(
+                file.span().start,
+                format!("error page {} is not a file", path.display()),
+            ),
+            Err(e) => p.at(
+                file.span().start,
+                format!("error page {}: {e}", path.display()),
+            ),
+        }
+    }
+    out
+}
+
+fn content_type_of(path: &Path) -> String {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("html" | "htm") => "text/html; charset=utf-8".into(),
+        Some("txt") => "text/plain; charset=utf-8".into(),
+        Some("json") => "application/json".into(),
+        Some("xml") => "application/xml".into(),
+        _ => "application/octet-stream".into(),
+    }
+}
+
+fn check_request_ids(
+    site: &SiteFile,
+    p: &mut Problems<'_>,
+) -> Option<tern_services::TrustedProxies> {
+    let on = site.request_id.as_ref().is_some_and(|r| *r.get_ref());
+    let trusted = match &site.request_id_trusted {
+        None => tern_services::TrustedProxies::default(),
+        Some(t) if !on => {
+            p.at(t.span().start, "request_id_trusted needs request_id = true");
+            return None;
+        }
+        Some(t) => match tern_services::TrustedProxies::parse(t.get_ref()) {
+            Ok(list) => list,
+            Err(e) => {
+                p.at(t.span().start, format!("request_id_trusted: {e}"));
+                return None;
+            }
+        },
+    };
+    on.then_some(trusted)
 }
 
 /// `host:port` (a name is resolved now, once), `[v6]:port`, or `unix:/path` (relative paths
@@ -883,39 +1266,63 @@ fn parse_upstream(s: &str, dir: &Path) -> Result<tern_server::UpstreamAddr, Stri
 
 /// `add_headers` and `remove_headers`, checked; problems are recorded, bad entries left out.
 fn check_headers(route: &RouteFile, p: &mut Problems<'_>) -> HeaderEdits {
-    let mut edits = HeaderEdits::default();
-    if let Some(add) = &route.add_headers {
+    let (set, remove) = check_edits(
+        ("add_headers", &route.add_headers),
+        ("remove_headers", &route.remove_headers),
+        p,
+    );
+    HeaderEdits {
+        set: set.into_iter().map(|(n, v, _)| (n, v)).collect(),
+        remove,
+    }
+}
+
+/// A pair of set/remove keys: names, values without control characters, variables known.
+#[allow(clippy::type_complexity)]
+fn check_edits(
+    (add_key, add): (&str, &Option<Spanned<BTreeMap<String, String>>>),
+    (remove_key, remove): (&str, &Option<Spanned<Vec<String>>>),
+    p: &mut Problems<'_>,
+) -> (
+    Vec<(String, String, tern_services::template::Template)>,
+    Vec<String>,
+) {
+    let upstream = add_key == "add_request_headers";
+    let mut set = Vec::new();
+    let mut removed = Vec::new();
+    if let Some(add) = add {
         for (name, value) in add.get_ref() {
-            if let Some(why) = bad_field_name(name) {
-                p.at(add.span().start, format!("add_headers: {name:?} {why}"));
+            if let Some(why) = bad_field_name(name, upstream) {
+                p.at(add.span().start, format!("{add_key}: {name:?} {why}"));
             } else if value
                 .bytes()
                 .any(|b| (b.is_ascii_control() && b != b'\t') || b == 0x7f)
             {
                 p.at(
                     add.span().start,
-                    format!("add_headers: the value of {name} must not hold control characters"),
+                    format!("{add_key}: the value of {name} must not hold control characters"),
                 );
             } else {
-                edits.set.push((name.clone(), value.clone()));
+                match tern_vhost::check_header_value(value) {
+                    Ok(t) => set.push((name.clone(), value.clone(), t)),
+                    Err(e) => p.at(add.span().start, format!("{add_key}: {name}: {e}")),
+                }
             }
         }
     }
-    if let Some(remove) = &route.remove_headers {
+    if let Some(remove) = remove {
         for name in remove.get_ref() {
-            match bad_field_name(name) {
-                Some(why) => p.at(
-                    remove.span().start,
-                    format!("remove_headers: {name:?} {why}"),
-                ),
-                None => edits.remove.push(name.clone()),
+            match bad_field_name(name, upstream) {
+                Some(why) => p.at(remove.span().start, format!("{remove_key}: {name:?} {why}")),
+                None => removed.push(name.clone()),
             }
         }
     }
-    edits
+    (set, removed)
 }
 
-fn bad_field_name(name: &str) -> Option<&'static str> {
+/// Why a route may not edit this field (`upstream`: of the request an app gets).
+fn bad_field_name(name: &str, upstream: bool) -> Option<&'static str> {
     const TCHAR: &[u8] = b"!#$%&'*+-.^_`|~";
     if name.is_empty()
         || !name
@@ -925,6 +1332,14 @@ fn bad_field_name(name: &str) -> Option<&'static str> {
         return Some("is not a header name");
     }
     let lower = name.to_ascii_lowercase();
+    if upstream && lower == "host" {
+        return Some("is set with proxy_host");
+    }
+    if upstream && lower.contains('_') {
+        return Some(
+            "has an underscore, which CGI-style apps read as a dash (tern drops such names)",
+        );
+    }
     CONNECTION_FIELDS
         .contains(&lower.as_str())
         .then_some("is written by the connection, not by a route")
@@ -1253,5 +1668,132 @@ static = "file.txt"
         assert_eq!(merged.workers, Some(1));
         assert_eq!(merged.idle_timeout, Some(9));
         assert_eq!(c.default_site, Some(0));
+    }
+
+    #[test]
+    fn routing_keys_become_a_plan() {
+        let d = dir();
+        std::fs::write(d.path().join("404.html"), "<h1>lost</h1>").unwrap();
+        let text = r#"
+[[site]]
+name = "app"
+default = true
+request_id = true
+request_id_trusted = "10.0.0.0/8"
+error_pages = { 404 = "404.html" }
+
+[[site.route]]
+path = "/"
+static = "site"
+try_files = ["$uri", "$uri/index.html", "/index.html"]
+add_headers = { "X-Request-Id" = "$request_id" }
+
+[[site.route]]
+path = "/api"
+proxy = "127.0.0.1:9"
+strip_prefix = true
+max_body = 10000000
+rate_limit = { per_second = 5, burst = 10 }
+add_request_headers = { "X-Real-IP" = "$client", "X-Scheme" = "$scheme" }
+remove_request_headers = ["Cookie"]
+
+[[site.route]]
+path = "/u"
+path_regex = "^/u/([0-9]+)$"
+methods = ["GET"]
+match_headers = { "Accept" = "*" }
+match_query = { "v" = "2" }
+rewrite = "/api/users/$1"
+"#;
+        let c = parse(text, d.path()).unwrap();
+        let site = &c.sites[0];
+        assert!(site.request_ids.is_some());
+        assert_eq!(site.error_pages[0].status, 404);
+        assert_eq!(site.error_pages[0].content_type, "text/html; charset=utf-8");
+        assert_eq!(site.routes[0].options.try_files.len(), 3);
+        let api = &site.routes[1];
+        assert!(api.options.strip_prefix);
+        assert_eq!(api.options.max_body, Some(10_000_000));
+        assert_eq!(api.options.rate_limit.as_ref().unwrap().burst, 10);
+        match &api.kind {
+            RouteKind::Proxy(plan) => {
+                assert_eq!(plan.options.request_headers.set.len(), 2);
+                assert_eq!(plan.options.request_headers.remove, ["Cookie"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(&site.routes[2].kind, RouteKind::Rewrite(t) if t == "/api/users/$1"));
+        assert_eq!(site.routes[2].options.matchers.methods, ["GET"]);
+    }
+
+    #[test]
+    fn routing_keys_are_refused_with_their_lines() {
+        let text = r#"[[site]]
+name = "a"
+default = true
+error_pages = { 200 = "x.html", 500 = "missing.html" }
+request_id_trusted = "10.0.0.0/8"
+[[site.route]]
+path = "/"
+static = "site"
+try_files = ["$uri", "$uri"]
+add_headers = { "X-Id" = "$request_id", "X-Bad" = "$remote_addr" }
+max_body = 99999999
+[[site.route]]
+path = "/p"
+proxy = "127.0.0.1:9"
+path_regex = "/p/.*"
+add_request_headers = { "Host" = "x" }
+rate_limit = { per_second = 0 }
+[[site.route]]
+path = "/r"
+respond = "x"
+strip_prefix = true
+[[site.route]]
+path = "/a"
+rewrite = "/b"
+[[site.route]]
+path = "/b"
+rewrite = "/a/x"
+[[site.route]]
+path = "/m"
+methods = ["get"]
+respond = "x"
+[[site.route]]
+path = "/m"
+respond = "y"
+[[site.route]]
+path = "/m"
+respond = "z"
+[[site.route]]
+path = "/c"
+rewrite = "/c/$2"
+path_regex = "^/c/(.*)$"
+"#;
+        let e = problems(text);
+        let want = [
+            "line 4: error_pages: \"200\" is not an error status",
+            "line 4: error page ",
+            "line 5: request_id_trusted needs request_id = true",
+            "line 9: try_files fallback \"$uri\" routes the request to itself",
+            "line 10: add_headers: X-Bad: \"$remote_addr\": unknown variable $remote_addr",
+            "line 10: add_headers: $request_id needs request_id = true",
+            "line 11: max_body 99999999 is above the server's max_body",
+            "line 15: path_regex \"/p/.*\" must be anchored",
+            "line 16: add_request_headers: \"Host\" is set with proxy_host",
+            "line 17: rate_limit: per_second and burst must be at least 1",
+            "line 21: `strip_prefix` does not apply to a respond route",
+            "line 23: rewrite loop: line 23 -> line 26 -> line 23",
+            "line 30: method \"get\" is not an upper-case method token",
+            "line 36: path \"/m\" is already routed on this site (line 33) by a route with no other matcher",
+            "line 40: rewrite: \"/c/$2\": $2 names no group",
+        ];
+        for w in want {
+            assert!(
+                e.iter().any(|p| p.starts_with(w)),
+                "missing {w:?} in {e:#?}"
+            );
+        }
+        assert_eq!(e.len(), want.len(), "{e:#?}");
     }
 }

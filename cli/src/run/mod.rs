@@ -17,7 +17,7 @@ use std::sync::Arc;
 use clap::Args;
 use tern_server::static_files::StaticFiles;
 use tern_server::{Handler, LogTarget, Router, Server, ServerConfig, TlsAcceptor, TlsOptions};
-use tern_vhost::{Action, Fixed, Redirect, Route, Site, SiteTable, Sites};
+use tern_vhost::{Action, Fixed, Redirect, Route, RouteOptions, Site, SiteTable, Sites};
 
 use crate::common::{run_server_with_reload, CommonArgs, LogFormatArg, OnReload, ServerReload};
 use crate::hardening::{self, FileHardening, Needs};
@@ -297,6 +297,7 @@ fn build_table(
                 prefix: gate.config().config.path_prefix.clone(),
                 action: Action::Handler(Arc::new(gate.endpoints())),
                 headers: Default::default(),
+                options: RouteOptions::default(),
             });
         }
         for route in &site.routes {
@@ -329,6 +330,7 @@ fn build_table(
                     body: bytes::Bytes::from(body.clone().into_bytes()),
                     content_type: content_type.clone(),
                 }),
+                RouteKind::Rewrite(target) => Action::Rewrite(target.clone()),
                 RouteKind::App => Action::Handler(app.cloned().ok_or(
                     "an app route was added, but the game starts only with tern: restart tern to add it",
                 )?),
@@ -356,10 +358,22 @@ fn build_table(
                 )),
                 (action, _) => action,
             };
+            let o = &route.options;
             routes.push(Route {
                 prefix: route.prefix.clone(),
                 action,
                 headers: route.headers.clone(),
+                options: RouteOptions {
+                    matchers: o.matchers.clone(),
+                    try_files: o.try_files.clone(),
+                    strip_prefix: o.strip_prefix,
+                    max_body: o.max_body,
+                    // New buckets on a reload: a limit starts over with the new table.
+                    rate_limit: o
+                        .rate_limit
+                        .clone()
+                        .map(|c| Arc::new(tern_services::PrefixLimiter::new(c, workers))),
+                },
             });
         }
         sites.push(Site {
@@ -368,6 +382,8 @@ fn build_table(
             routes,
             log: logs[index],
             counted_as: stats.site(&site.name),
+            error_pages: site.error_pages.clone(),
+            request_ids: site.request_ids.clone(),
         });
     }
     SiteTable::new(sites, loaded.default_site)

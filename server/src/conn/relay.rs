@@ -177,6 +177,8 @@ pub(crate) struct Relay {
     up_sent: usize,
     /// The client's body still streaming in, and whether it goes out chunked.
     client_body: Option<(BodyDecoder, bool)>,
+    /// Body bytes taken from the client so far (held to `Forward::max_body`).
+    client_body_bytes: u64,
     from_up: Option<ReadBuf>,
     up_body: UpBody,
     /// Anything came back from the upstream on this attempt.
@@ -282,6 +284,7 @@ impl Relay {
             to_up,
             up_sent: 0,
             client_body,
+            client_body_bytes: body.len() as u64,
             from_up: None,
             up_body: UpBody::Head,
             got_bytes: false,
@@ -606,6 +609,17 @@ impl Relay {
                     return input.len();
                 }
                 Ok(step) => {
+                    self.client_body_bytes += step.data.len() as u64;
+                    if self.client_body_bytes > self.fwd.max_body {
+                        // A route's own limit: the upstream has seen part of the body, so
+                        // its connection goes (the relay never pools one that carried a
+                        // body), and so does the client's, its body unread.
+                        let e = tern_codec::RequestError::BodyTooLarge;
+                        cx.stats.bad_request(e);
+                        self.close_client = true;
+                        self.fail(e.status(), e.message(), out, link, cx);
+                        return input.len();
+                    }
                     if chunked && !step.data.is_empty() {
                         let mut size = [0; 18];
                         self.to_up

@@ -104,6 +104,9 @@ pub struct Forward {
     /// tunnel both ways.
     pub upgrade: bool,
     pub edit: Option<ResponseEdit>,
+    /// The most request body the relay passes on (a route's own limit); past it the
+    /// exchange ends with 413. `u64::MAX`: no limit (the app has its own).
+    pub max_body: u64,
 }
 
 impl std::fmt::Debug for Forward {

@@ -1,0 +1,578 @@
+//! `tern run`'s routing (issue 27): an SPA with a `try_files` fallback and an API proxied
+//! under `/api` with its prefix stripped, run in tern and in Debian's nginx on the same files
+//! and the same fake app, answering the same requests the same way; the path the app gets is
+//! the one every decision was made on (seams); rewrites, matchers, body limits, error pages,
+//! request ids in the access log, and `--check` naming the lines of misused keys.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::*;
+
+/// A fake app: answers `app <path> id=<X-Request-Id> real=<X-Real-IP> body=<n>` to every
+/// request (closing), and records each request line.
+struct App {
+    addr: SocketAddr,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl App {
+    fn start() -> App {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let seen = lines.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let seen = seen.clone();
+                std::thread::spawn(move || answer(stream, &seen));
+            }
+        });
+        App { addr, lines }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+fn answer(mut stream: TcpStream, seen: &Mutex<Vec<String>>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    if reader.read_line(&mut line).is_err() || line.is_empty() {
+        return;
+    }
+    let (mut id, mut real, mut length, mut chunked) = (String::new(), String::new(), 0, false);
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+            break;
+        }
+        let Some((n, v)) = h.split_once(':') else {
+            continue;
+        };
+        let v = v.trim().to_string();
+        match n.to_ascii_lowercase().as_str() {
+            "x-request-id" => id = v,
+            "x-real-ip" => real = v,
+            "content-length" => length = v.parse().unwrap_or(0),
+            "transfer-encoding" => chunked = true,
+            _ => {}
+        }
+    }
+    let mut body = 0;
+    if chunked {
+        loop {
+            let mut size = String::new();
+            if reader.read_line(&mut size).unwrap_or(0) == 0 {
+                return;
+            }
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            let mut chunk = vec![0; n + 2];
+            if reader.read_exact(&mut chunk).is_err() {
+                return;
+            }
+            body += n;
+            if n == 0 {
+                break;
+            }
+        }
+    } else {
+        let mut buf = vec![0; length];
+        if reader.read_exact(&mut buf).is_err() {
+            return;
+        }
+        body = length;
+    }
+    let path = line.split(' ').nth(1).unwrap_or("").to_string();
+    seen.lock().unwrap().push(line.trim_end().to_string());
+    let id_kind = if id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        "hex32".to_string()
+    } else {
+        id
+    };
+    let text = format!("app {path} id={id_kind} real={real} body={body}\n");
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    );
+}
+
+/// The SPA's files.
+fn dist(dir: &Path) -> PathBuf {
+    let d = dir.join("dist");
+    std::fs::create_dir_all(d.join("about")).unwrap();
+    std::fs::create_dir_all(d.join("assets")).unwrap();
+    std::fs::write(d.join("index.html"), "<div id=app></div>\n").unwrap();
+    std::fs::write(d.join("about/index.html"), "<h1>about</h1>\n").unwrap();
+    std::fs::write(d.join("assets/app.js"), "console.log(1)\n").unwrap();
+    d
+}
+
+fn tern_config(dist: &Path, app: SocketAddr) -> String {
+    format!(
+        r#"
+[[site]]
+name = "spa"
+default = true
+request_id = true
+
+[[site.route]]
+path = "/"
+static = "{dist}"
+try_files = ["$uri", "$uri/index.html", "/index.html"]
+
+[[site.route]]
+path = "/api"
+proxy = "{app}"
+strip_prefix = true
+add_request_headers = {{ "X-Real-IP" = "$client" }}
+"#,
+        dist = dist.display()
+    )
+}
+
+fn nginx_config(dist: &Path, app: SocketAddr, port: u16) -> String {
+    format!(
+        r#"
+server {{
+    listen 127.0.0.1:{port};
+    root {dist};
+    location / {{
+        try_files $uri $uri/index.html /index.html;
+    }}
+    location /api/ {{
+        proxy_pass http://{app}/;
+        proxy_set_header X-Real-IP $remote_addr;
+        proxy_set_header X-Request-Id $request_id;
+    }}
+}}
+"#,
+        dist = dist.display()
+    )
+}
+
+/// Requests both servers get: (path, status, body).
+const SAME: &[(&str, u16, &str)] = &[
+    ("/", 200, "<div id=app></div>\n"),
+    ("/assets/app.js", 200, "console.log(1)\n"),
+    ("/deep/link/page", 200, "<div id=app></div>\n"),
+    ("/about/", 200, "<h1>about</h1>\n"),
+    ("/about", 200, "<h1>about</h1>\n"),
+    ("/index.html", 200, "<div id=app></div>\n"),
+    (
+        "/api/users/1?x=1",
+        200,
+        "app /users/1?x=1 id=hex32 real=127.0.0.1 body=0\n",
+    ),
+    ("/api/", 200, "app / id=hex32 real=127.0.0.1 body=0\n"),
+    (
+        "//api//users/./2",
+        200,
+        "app /users/2 id=hex32 real=127.0.0.1 body=0\n",
+    ),
+    (
+        "/api/a%20b",
+        200,
+        "app /a%20b id=hex32 real=127.0.0.1 body=0\n",
+    ),
+    (
+        "/api/x/../y",
+        200,
+        "app /y id=hex32 real=127.0.0.1 body=0\n",
+    ),
+    // Climbing out of /api lands on the SPA, in both: the route was chosen on the
+    // normalised path, not on the spelling.
+    ("/api/%2e%2e/secret", 200, "<div id=app></div>\n"),
+    ("/api/../assets/app.js", 200, "console.log(1)\n"),
+];
+
+fn check_same(addr: SocketAddr, who: &str) {
+    for (path, status, body) in SAME {
+        let mut c = Client::connect(addr);
+        c.send(
+            format!("GET {path} HTTP/1.1\r\nHost: spa.test\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        );
+        let r = c.read_response(false);
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (*status, *body),
+            "{who}: {path}"
+        );
+    }
+}
+
+#[test]
+fn an_spa_and_a_stripped_api_answer_as_in_nginx() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dist = dist(tmp.path());
+    let app = App::start();
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(&conf, tern_config(&dist, app.addr)).unwrap();
+    let mut cmd = Command::new(TERN);
+    cmd.arg("run").arg("--config").arg(&conf).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--sandbox",
+        "on",
+    ]);
+    let tern = Tern::spawn(cmd);
+    check_same(tern.addr(), "tern");
+    drop(tern);
+
+    let Some(nginx) = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .iter()
+        .find(|p| Path::new(p).exists())
+    else {
+        eprintln!("SKIPPED: nginx is not installed (scripts/install-gate-test-deps)");
+        return;
+    };
+    let port = free_port();
+    let t = tmp.path().join("nginx");
+    std::fs::create_dir(&t).unwrap();
+    let conf = t.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off; master_process off; worker_processes 1; pid {t}/nginx.pid;\n\
+             error_log {t}/error.log;\nevents {{ worker_connections 256; }}\n\
+             http {{\n include /etc/nginx/mime.types; access_log off;\n client_body_temp_path {t}/body; proxy_temp_path {t}/proxy;\n\
+             fastcgi_temp_path {t}/fcgi; uwsgi_temp_path {t}/uwsgi; scgi_temp_path {t}/scgi;\n{}\n}}\n",
+            nginx_config(&dist, app.addr, port),
+            t = t.display()
+        ),
+    )
+    .unwrap();
+    let mut child: Child = Command::new(nginx)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-p")
+        .arg(&t)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    if !eventually(Duration::from_secs(5), || TcpStream::connect(addr).is_ok()) {
+        let _ = child.kill();
+        let mut err = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        panic!("nginx did not start: {err}");
+    }
+    check_same(addr, "nginx");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A site with every routing key, started for the tests below.
+struct Full {
+    _tmp: tempfile::TempDir,
+    tern: Tern,
+    app: App,
+    log: PathBuf,
+}
+
+fn full() -> Full {
+    let tmp = tempfile::tempdir().unwrap();
+    let dist = dist(tmp.path());
+    std::fs::write(tmp.path().join("404.html"), "<h1>nothing here</h1>\n").unwrap();
+    let app = App::start();
+    let log = tmp.path().join("access.log");
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            r#"
+access_log = "access.log"
+
+[[site]]
+name = "spa"
+default = true
+request_id = true
+error_pages = {{ 404 = "404.html" }}
+
+[[site.route]]
+path = "/"
+static = "{dist}"
+try_files = ["$uri", "=404"]
+add_headers = {{ "X-Request-Id" = "$request_id" }}
+
+[[site.route]]
+path = "/api"
+methods = ["DELETE"]
+respond = "deletes are off\n"
+status = 403
+
+[[site.route]]
+path = "/api"
+proxy = "{app}"
+strip_prefix = true
+max_body = 100
+
+[[site.route]]
+path = "/v1"
+path_regex = "^/v1/users/([0-9]+)$"
+rewrite = "/api/people/$1"
+
+[[site.route]]
+path = "/v1"
+match_query = {{ "format" = "json" }}
+respond = "json please\n"
+"#,
+            dist = dist.display(),
+            app = app.addr
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(TERN);
+    cmd.arg("run").arg("--config").arg(&conf).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--sandbox",
+        "on",
+    ]);
+    let tern = Tern::spawn(cmd);
+    Full {
+        _tmp: tmp,
+        tern,
+        app,
+        log,
+    }
+}
+
+#[test]
+fn stripped_and_rewritten_paths_are_the_paths_every_decision_saw() {
+    let f = full();
+    // Refused before any route acts: nothing reaches the app.
+    for path in [
+        "/api/a%2Fb",
+        "/api%2F..%2Fsecret",
+        "/api/%2e%2e/%2e%2e/etc/passwd",
+        "/api/..%5C..%5Cx",
+        "/api/x;y",
+        "/api/%2561",
+        "/v1/users/%2e%2e%2F1",
+    ] {
+        let mut c = f.tern.client();
+        c.send(format!("GET {path} HTTP/1.1\r\nHost: spa.test\r\n\r\n").as_bytes());
+        let r = c.read_response(false);
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+    }
+    assert!(f.app.lines().is_empty(), "{:?}", f.app.lines());
+    // What reaches the app is the canonical path without the prefix, and only from /api.
+    for (path, line) in [
+        ("/api", "GET / HTTP/1.1"),
+        ("/%61pi/x", "GET /x HTTP/1.1"),
+        ("/api/./x//y/", "GET /x/y/ HTTP/1.1"),
+        ("/api/caf%c3%a9?q=%2F", "GET /caf%C3%A9?q=%2F HTTP/1.1"),
+        ("/v1/users/42?x=1", "GET /people/42?x=1 HTTP/1.1"),
+        ("/v1/users/%34%32", "GET /people/42 HTTP/1.1"),
+    ] {
+        let r = f.tern.get(path);
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(
+            f.app.lines().last().map(String::as_str),
+            Some(line),
+            "{path}"
+        );
+    }
+    // Not under /api (a longer name, a climb out of it): the static route, its 404 page.
+    for path in ["/apix", "/api/../nothing", "/v1/users/x"] {
+        let r = f.tern.get(path);
+        assert_eq!(r.status, 404, "{path}");
+        assert_eq!(r.text(), "<h1>nothing here</h1>\n", "{path}");
+        assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
+    }
+    assert_eq!(f.app.lines().len(), 6, "{:?}", f.app.lines());
+}
+
+#[test]
+fn matchers_limits_and_request_ids_work_end_to_end() {
+    let f = full();
+    let mut c = f.tern.client();
+    let r = c.request("DELETE", "/api/x", &[]);
+    assert_eq!((r.status, r.text().as_str()), (403, "deletes are off\n"));
+    assert_eq!(f.tern.get("/v1/x?format=json").text(), "json please\n");
+    // A body over the route's limit: declared, or chunked and cut off by the relay.
+    let mut c = f.tern.client();
+    c.send(b"POST /api/up HTTP/1.1\r\nHost: spa.test\r\nContent-Length: 101\r\n\r\n");
+    assert_eq!(c.read_response(false).status, 413);
+    let mut c = f.tern.client();
+    let chunk = "x".repeat(80);
+    c.send(format!("POST /api/up HTTP/1.1\r\nHost: spa.test\r\nTransfer-Encoding: chunked\r\n\r\n50\r\n{chunk}\r\n50\r\n{chunk}\r\n0\r\n\r\n").as_bytes());
+    assert_eq!(c.read_response(false).status, 413);
+    let mut c = f.tern.client();
+    c.send(b"POST /api/up HTTP/1.1\r\nHost: spa.test\r\nContent-Length: 100\r\n\r\n");
+    c.send(&[b'y'; 100]);
+    let r = c.read_response(false);
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("body=100"), "{}", r.text());
+    // Request ids: one per request, to the app and in the log, the client's own replaced.
+    let r = f.tern.get_with("/index.html", &[("X-Request-Id", "mine")]);
+    let id = r.header("x-request-id").unwrap().to_string();
+    assert_eq!(id.len(), 32, "{id}");
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            std::fs::read_to_string(&f.log)
+                .is_ok_and(|t| t.lines().any(|l| l.ends_with(&format!(" {id}"))))
+        }),
+        "{:?}",
+        std::fs::read_to_string(&f.log)
+    );
+    let r = f.tern.get_with("/api/who", &[("X-Request-Id", "mine")]);
+    assert!(r.text().contains("id=hex32"), "{}", r.text());
+}
+
+#[test]
+fn check_names_the_lines_of_misused_routing_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("site")).unwrap();
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(
+        &conf,
+        "[[site]]\nname = \"a\"\ndefault = true\n\
+         [[site.route]]\npath = \"/\"\nstatic = \"site\"\ntry_files = [\"$uri\", \"$uri\"]\n\
+         [[site.route]]\npath = \"/p\"\nproxy = \"127.0.0.1:9\"\npath_regex = \"(a+)+\"\n\
+         add_request_headers = { \"X-Who\" = \"$user\" }\n",
+    )
+    .unwrap();
+    let out = Command::new(TERN)
+        .arg("run")
+        .arg("--check")
+        .arg("--config")
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "line 7: try_files fallback \"$uri\" routes the request to itself",
+        "line 11: path_regex \"(a+)+\" must be anchored",
+        "line 12: add_request_headers: X-Who: \"$user\": unknown variable $user",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+}
+
+/// The fenced block of `lang` in the README's SPA section.
+fn readme_block(lang: &str) -> String {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let section = readme
+        .split("### An SPA with an API under `/api`, in tern, nginx and Caddy")
+        .nth(1)
+        .expect("the README has the SPA section");
+    let fence = format!("```{lang}\n");
+    let start = section.find(&fence).expect("the block") + fence.len();
+    let len = section[start..].find("```").unwrap();
+    section[start..start + len].to_string()
+}
+
+#[test]
+fn the_readme_spa_config_checks_and_its_caddyfile_is_valid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dist = dist(tmp.path());
+    let conf = tmp.path().join("tern.toml");
+    let tern = readme_block("toml").replace("/srv/spa/dist", dist.to_str().unwrap());
+    std::fs::write(&conf, tern).unwrap();
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !have("caddy", "version") {
+        eprintln!("SKIPPED: caddy is not installed (scripts/install-proxy-test-deps installs it)");
+        return;
+    }
+    let file = tmp.path().join("Caddyfile");
+    std::fs::write(
+        &file,
+        readme_block("caddy").replace("/srv/spa/dist", dist.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = Command::new("caddy")
+        .args(["validate", "--adapter", "caddyfile", "--config"])
+        .arg(&file)
+        .env("HOME", tmp.path())
+        .env("XDG_DATA_HOME", tmp.path().join("caddy-data"))
+        .env("XDG_CONFIG_HOME", tmp.path().join("caddy-config"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "caddy validate: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The gate judges the path the app gets: with the prefix stripped, a rule on `/private`
+/// covers `/api/private/...`, in every spelling, and nothing it refused reaches the app.
+#[test]
+fn the_gate_judges_the_stripped_path_the_app_gets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let app = App::start();
+    std::fs::write(
+        tmp.path().join("policy.toml"),
+        "[[rule]]\nname = \"private\"\naction = \"deny\"\npath_prefix = \"/private\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        tmp.path().join("gate.toml"),
+        "keyring = \"gate.keys\"\npolicy = \"policy.toml\"\n",
+    )
+    .unwrap();
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "gate = \"gate.toml\"\n[[site]]\nname = \"a\"\ndefault = true\n\
+             [[site.route]]\npath = \"/api\"\nproxy = \"{}\"\nstrip_prefix = true\ngate = true\n",
+            app.addr
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(TERN);
+    cmd.arg("run").arg("--config").arg(&conf).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--sandbox",
+        "on",
+    ]);
+    let tern = Tern::spawn(cmd);
+    for path in [
+        "/api/private/x",
+        "/api/%70rivate/x",
+        "//api//private",
+        "/api/public/../private/x",
+        "/api/./private",
+    ] {
+        let r = tern.get(path);
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+    }
+    assert!(app.lines().is_empty(), "{:?}", app.lines());
+    let r = tern.get("/api/public");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(app.lines(), ["GET /public HTTP/1.1"]);
+}
