@@ -525,15 +525,18 @@ fn the_readme_spa_config_checks_and_its_caddyfile_is_valid() {
     );
 }
 
-/// The gate judges the path the app gets: with the prefix stripped, a rule on `/private`
-/// covers `/api/private/...`, in every spelling, and nothing it refused reaches the app.
+/// The gate judges the path the client asked for, as the route did: with the prefix
+/// stripped for the app, a rule on `/api/private` covers `/api/private/...` in every
+/// spelling, nothing it refused reaches the app, and a rule written in the app's own paths
+/// (`/private`) does not reach through the prefix.
 #[test]
-fn the_gate_judges_the_stripped_path_the_app_gets() {
+fn the_gate_judges_the_path_the_client_asked_for_not_the_stripped_one() {
     let tmp = tempfile::tempdir().unwrap();
     let app = App::start();
     std::fs::write(
         tmp.path().join("policy.toml"),
-        "[[rule]]\nname = \"private\"\naction = \"deny\"\npath_prefix = \"/private\"\n",
+        "[[rule]]\nname = \"private\"\naction = \"deny\"\npath_prefix = \"/api/private\"\n\
+         [[rule]]\nname = \"app-space\"\naction = \"deny\"\npath_prefix = \"/internal\"\n",
     )
     .unwrap();
     std::fs::write(
@@ -574,5 +577,10 @@ fn the_gate_judges_the_stripped_path_the_app_gets() {
     assert!(app.lines().is_empty(), "{:?}", app.lines());
     let r = tern.get("/api/public");
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(app.lines(), ["GET /public HTTP/1.1"]);
+    let r = tern.get("/api/internal");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        app.lines(),
+        ["GET /public HTTP/1.1", "GET /internal HTTP/1.1"]
+    );
 }

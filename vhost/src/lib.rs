@@ -329,12 +329,6 @@ fn answer_on(
                     Tried::Reply(r) => r,
                     Tried::Rerouted(r) => return r,
                 }
-            } else if route.strip_prefix {
-                let Some(path) = stripped(req.path(), route.prefix.len()) else {
-                    return (bad_path(), true);
-                };
-                let head = req.head.with_path(path);
-                handler.handle(&with_head(req, &head), cx)
             } else {
                 handler.handle(req, cx)
             }
@@ -510,6 +504,45 @@ fn canonical_owned(bytes: &[u8]) -> Option<String> {
         return None;
     }
     tern_server::canonical_path(text).ok().map(Cow::into_owned)
+}
+
+/// A route's handler that sees the path without the route's prefix (`strip_prefix`, nginx's
+/// `location /api/ { proxy_pass http://app/; }`, Caddy's `handle_path`): `/api/users` →
+/// `/users`. `tern run` puts it inside the gate's guard, around the proxy: the route and the
+/// gate judge the path the client asked for (gate rules are written in the site's paths,
+/// one space for every route), and only what is forwarded is cut, from that same canonical
+/// path.
+pub struct StripPrefix {
+    /// Bytes of the route's stored prefix, decoded (as `BuiltRoute::prefix`).
+    decoded_len: usize,
+    inner: Arc<dyn Handler>,
+}
+
+impl StripPrefix {
+    /// `prefix`: the route's `path` as configured.
+    pub fn new(prefix: &str, inner: Arc<dyn Handler>) -> Result<StripPrefix, String> {
+        let canonical = tern_server::canonical_path(prefix)
+            .map_err(|e| format!("prefix {prefix:?} has no canonical form ({e:?})"))?;
+        let decoded = tern_server::decoded_path(&canonical);
+        Ok(StripPrefix {
+            decoded_len: route::stored_prefix(&decoded).len(),
+            inner,
+        })
+    }
+}
+
+impl Handler for StripPrefix {
+    fn handle(&self, req: &Request<'_>, cx: &mut HandlerContext<'_>) -> Reply {
+        let Some(path) = stripped(req.path(), self.decoded_len) else {
+            return bad_path();
+        };
+        let head = req.head.with_path(path);
+        self.inner.handle(&with_head(req, &head), cx)
+    }
+
+    fn streams_body(&self, head: &RequestHead<'_>) -> bool {
+        self.inner.streams_body(head)
+    }
 }
 
 /// The canonical path without the route's prefix (`decoded_len` bytes of it decoded):
@@ -768,6 +801,13 @@ mod tests {
     // Behaviour through a real connection (the codec's parse, the site table, the handler).
 
     /// Answers `200 <path it saw>`, or 404 for paths under `/missing` and `/spa/deep`.
+    fn stripped_echo(prefix: &str) -> Action {
+        let Action::Handler(echo) = echo() else {
+            unreachable!()
+        };
+        Action::Handler(Arc::new(StripPrefix::new(prefix, echo).unwrap()))
+    }
+
     fn echo() -> Action {
         Action::Handler(Arc::new(
             |req: &Request<'_>, cx: &mut HandlerContext<'_>| -> Reply {
@@ -956,22 +996,8 @@ mod tests {
                     Action::Rewrite("/loop/x".into()),
                     RouteOptions::default(),
                 ),
-                with(
-                    "/api",
-                    echo(),
-                    RouteOptions {
-                        strip_prefix: true,
-                        ..Default::default()
-                    },
-                ),
-                with(
-                    "/café",
-                    echo(),
-                    RouteOptions {
-                        strip_prefix: true,
-                        ..Default::default()
-                    },
-                ),
+                with("/api", stripped_echo("/api"), RouteOptions::default()),
+                with("/café", stripped_echo("/café"), RouteOptions::default()),
                 with("/", echo(), RouteOptions::default()),
             ],
             |_| {},

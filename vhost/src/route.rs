@@ -15,7 +15,7 @@ use crate::matcher::{MatchSpec, Matchers};
 pub enum Action {
     /// A handler: static files, or a mounted app's router. It sees the full path (a static
     /// root under `/docs` is looked up as `ROOT/docs/...`, like nginx's `root`), or the path
-    /// without the prefix with [`RouteOptions::strip_prefix`].
+    /// without the prefix when wrapped in [`crate::StripPrefix`].
     Handler(Arc<dyn Handler>),
     Redirect(Redirect),
     Fixed(Fixed),
@@ -55,8 +55,6 @@ pub struct RouteOptions {
     /// in order, the first the handler does not answer 404 wins; the last entry is the
     /// fallback, a path routed again on the site, or `=CODE`.
     pub try_files: Vec<String>,
-    /// The handler sees the path without the route's prefix (`/api/users` → `/users`).
-    pub strip_prefix: bool,
     /// The most request body this route takes (413 past it).
     pub max_body: Option<u64>,
     /// Token buckets by client network: 429 with `Retry-After` when empty.
@@ -165,7 +163,6 @@ pub(crate) struct BuiltRoute {
     pub matchers: Matchers,
     pub action: BuiltAction,
     pub try_files: Option<TryFiles>,
-    pub strip_prefix: bool,
     pub max_body: Option<u64>,
     pub rate_limit: Option<Arc<PrefixLimiter>>,
     /// Names to drop before the set lines are added (the removed ones and the set ones).
@@ -269,7 +266,6 @@ impl BuiltRoute {
             matchers,
             action,
             try_files,
-            strip_prefix: options.strip_prefix,
             max_body: options.max_body,
             rate_limit: options.rate_limit,
             drop,

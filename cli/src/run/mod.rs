@@ -349,7 +349,15 @@ fn build_table(
                         gate_cookie: gate.map(|g| g.config().config.cookie.clone()),
                         ..plan.options.clone()
                     };
-                    Action::Handler(Arc::new(tern_proxy::Proxy::new(Arc::new(group), options)))
+                    let proxy: Arc<dyn Handler> =
+                        Arc::new(tern_proxy::Proxy::new(Arc::new(group), options));
+                    // Inside the guard: the gate judges the path the client asked for, the
+                    // app gets it without the prefix.
+                    Action::Handler(if route.options.strip_prefix {
+                        Arc::new(tern_vhost::StripPrefix::new(&route.prefix, proxy)?)
+                    } else {
+                        proxy
+                    })
                 }
             };
             let action = match (action, gate) {
@@ -366,7 +374,6 @@ fn build_table(
                 options: RouteOptions {
                     matchers: o.matchers.clone(),
                     try_files: o.try_files.clone(),
-                    strip_prefix: o.strip_prefix,
                     max_body: o.max_body,
                     // New buckets on a reload: a limit starts over with the new table.
                     rate_limit: o
