@@ -129,6 +129,7 @@ impl TlsArgs {
                 ticket_keys,
                 // HTTP/2 preferred; a client that offers neither gets HTTP/1.1 too.
                 alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+                acme: false,
             },
             listen: self
                 .listen_tls
