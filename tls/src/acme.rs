@@ -96,7 +96,7 @@ impl AcmeCerts {
             .map_err(|e| format!("bad certificate PEM: {e:?}"))?;
         let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
             .map_err(|e| format!("bad key PEM: {e:?}"))?;
-        let certified = Arc::new(self.certified(chain, key)?);
+        let certified = Arc::new(self.certified(chain, key, true)?);
         self.update(|s| {
             for name in names {
                 let name = name.to_ascii_lowercase();
@@ -121,6 +121,9 @@ impl AcmeCerts {
             Some((cert, key)) => Some(Arc::new(self.certified(
                 vec![CertificateDer::from(cert)],
                 PrivateKeyDer::try_from(key).map_err(|e| format!("bad challenge key: {e}"))?,
+                // The check parses the certificate as webpki does, which refuses the critical
+                // acmeIdentifier extension that a challenge certificate must carry.
+                false,
             )?)),
             None => None,
         };
@@ -176,6 +179,7 @@ impl AcmeCerts {
         &self,
         chain: Vec<CertificateDer<'static>>,
         key: PrivateKeyDer<'static>,
+        check_pair: bool,
     ) -> Result<CertifiedKey, String> {
         if chain.is_empty() {
             return Err("no certificate".into());
@@ -186,9 +190,11 @@ impl AcmeCerts {
             .load_private_key(key)
             .map_err(|e| format!("unusable private key: {e}"))?;
         let certified = CertifiedKey::new(chain, signing);
-        certified
-            .keys_match()
-            .map_err(|e| format!("the key does not belong to the certificate: {e}"))?;
+        if check_pair {
+            certified
+                .keys_match()
+                .map_err(|e| format!("the key does not belong to the certificate: {e}"))?;
+        }
         Ok(certified)
     }
 }
@@ -256,5 +262,135 @@ mod tests {
         assert!(a.challenge(None).is_none());
         a.set_tls_alpn("127.0.0.1", None).unwrap();
         assert!(a.challenge(Some("1.0.0.127.in-addr.arpa")).is_none());
+    }
+}
+
+/// A TLS-ALPN-01 validation handshake against the resolver, as a CA makes it.
+#[cfg(test)]
+mod handshake_tests {
+    use std::sync::{Arc, Mutex};
+
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    use crate::{TlsAcceptor, TlsOptions, ACME_TLS_ALPN};
+
+    /// Accepts any certificate and keeps it (a validator looks at it itself).
+    #[derive(Debug, Default)]
+    struct Keep(Mutex<Option<CertificateDer<'static>>>);
+
+    impl ServerCertVerifier for Keep {
+        fn verify_server_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            *self.0.lock().unwrap() = Some(end_entity.clone().into_owned());
+            Ok(ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            rustls::crypto::aws_lc_rs::default_provider()
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+
+    /// Runs a handshake for `sni` offering `alpn`; the certificate the server showed, if the
+    /// handshake completed, and the protocol agreed on.
+    fn handshake(
+        acceptor: &TlsAcceptor,
+        sni: &str,
+        alpn: &[u8],
+    ) -> Option<(CertificateDer<'static>, Option<Vec<u8>>)> {
+        let keep = Arc::new(Keep::default());
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(keep.clone())
+        .with_no_client_auth();
+        config.alpn_protocols = vec![alpn.to_vec()];
+        let name = ServerName::try_from(sni.to_string()).unwrap();
+        let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let mut server = acceptor.accept();
+        for _ in 0..10 {
+            let mut to_server = Vec::new();
+            while client.wants_write() {
+                client.write_tls(&mut to_server).unwrap();
+            }
+            server.feed(&to_server).ok()?;
+            let mut to_client = Vec::new();
+            server.encode(&mut to_client);
+            let mut rest = &to_client[..];
+            while !rest.is_empty() {
+                client.read_tls(&mut rest).unwrap();
+                client.process_new_packets().ok()?;
+            }
+        }
+        if client.is_handshaking() {
+            return None;
+        }
+        let cert = keep.0.lock().unwrap().clone()?;
+        Some((cert, client.alpn_protocol().map(<[u8]>::to_vec)))
+    }
+
+    #[test]
+    fn a_validator_gets_the_challenge_certificate_and_others_the_site_certificate() {
+        let acceptor = TlsAcceptor::new(&TlsOptions {
+            self_signed: true,
+            acme: true,
+            alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            ..Default::default()
+        })
+        .unwrap();
+        let acme = acceptor.acme().unwrap();
+        // No challenge under way: no handshake at all for a validator.
+        assert!(handshake(&acceptor, "a.test", ACME_TLS_ALPN).is_none());
+        let challenge = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["a.test".to_string()]).unwrap();
+        params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(&[1; 32])];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        acme.set_tls_alpn("a.test", Some((cert.der().to_vec(), key.serialize_der())))
+            .unwrap();
+        acme.set_tls_alpn(
+            "127.0.0.1",
+            Some((
+                challenge.cert.der().to_vec(),
+                challenge.signing_key.serialize_der(),
+            )),
+        )
+        .unwrap();
+        let (got, alpn) = handshake(&acceptor, "a.test", ACME_TLS_ALPN).unwrap();
+        assert_eq!(got.as_ref(), cert.der().as_ref());
+        assert_eq!(alpn.as_deref(), Some(ACME_TLS_ALPN));
+        let (got, _) = handshake(&acceptor, "1.0.0.127.in-addr.arpa", ACME_TLS_ALPN).unwrap();
+        assert_eq!(got.as_ref(), challenge.cert.der().as_ref());
+        // A browser for the same name gets the site's (here the self-signed) certificate.
+        let (got, alpn) = handshake(&acceptor, "a.test", b"h2").unwrap();
+        assert_ne!(got.as_ref(), cert.der().as_ref());
+        assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
     }
 }
