@@ -78,6 +78,7 @@ struct Helper<W: Write> {
     names: Vec<Managed>,
     orders_valid: u64,
     orders_failed: u64,
+    checks: u64,
     check_now: bool,
 }
 
@@ -129,6 +130,7 @@ pub fn run(input: impl BufRead + Send + 'static, out: impl Write) -> Result<(), 
         names,
         orders_valid: 0,
         orders_failed: 0,
+        checks: 0,
         check_now: false,
     };
     helper.serve_stored()?;
@@ -167,6 +169,7 @@ impl<W: Write> Helper<W> {
 
     fn send_status(&mut self) -> Result<(), Closed> {
         let status = Status {
+            checks: self.checks,
             orders_valid: self.orders_valid,
             orders_failed: self.orders_failed,
             certs: self
@@ -252,6 +255,7 @@ impl<W: Write> Helper<W> {
                     return Ok(());
                 }
             }
+            self.checks += 1;
             if self.send_status().is_err() {
                 return Ok(());
             }

@@ -270,6 +270,7 @@ mod tests {
                 key_pem: made.signing_key.serialize_pem(),
             },
             ToServer::Status(Status {
+                checks: 1,
                 orders_valid: 1,
                 orders_failed: 0,
                 certs: vec![CertStatus {

@@ -45,6 +45,8 @@ pub enum ToHelper {
 /// The helper's view of its certificates.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
+    /// Completed looks at every certificate (the first ends after start-up's orders).
+    pub checks: u64,
     pub orders_valid: u64,
     pub orders_failed: u64,
     pub certs: Vec<CertStatus>,

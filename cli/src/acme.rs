@@ -228,6 +228,11 @@ fn metrics(status: &tern_acme::AcmeStatus) -> Vec<Metric> {
         Metric::counter("acme_orders", "ACME orders, by result", s.orders_failed)
             .with_label("result", "failed"),
         Metric::counter(
+            "acme_checks",
+            "Looks the ACME helper took at every certificate (renewal due? ARI?)",
+            s.checks,
+        ),
+        Metric::counter(
             "acme_certificates_installed",
             "Certificates the ACME helper handed to the server (stored ones at start included)",
             status.installed(),

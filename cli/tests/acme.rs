@@ -1,0 +1,544 @@
+//! Automatic HTTPS against a real ACME CA: Let's Encrypt's test server Pebble, with
+//! pebble-challtestsrv as its DNS (every name is 127.0.0.1). Both are installed by
+//! `scripts/install-acme-test-deps` (`go install ...@v2.10.3`) and started here on loopback
+//! ports of their own, one pair per test.
+//!
+//! Each test starts tern first, while the CA is not there yet (start-up must not wait for it:
+//! the self-signed certificate is served), then the CA with its validation ports pointed at
+//! tern's listeners, then sends SIGHUP (tern's helper looks again at once instead of after its
+//! back-off). Served chains are verified against the root Pebble's management API hands out.
+//! Everything runs with `--sandbox on` (the suite's default).
+
+mod support;
+#[path = "support/tls.rs"]
+mod tls_support;
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use rustls::{ClientConfig, RootCertStore};
+use support::*;
+use tls_support::*;
+
+/// A Pebble binary installed by scripts/install-acme-test-deps.
+fn tool(name: &str) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if let Some(gobin) = std::env::var_os("GOBIN") {
+        dirs.push(PathBuf::from(gobin));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        dirs.push(PathBuf::from(home).join("go/bin"));
+    }
+    dirs.iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{name} is missing: run scripts/install-acme-test-deps (it is part of scripts/test-all)")
+        })
+}
+
+/// A Pebble CA and its DNS server, killed when dropped.
+struct Pebble {
+    pebble: Child,
+    dns: Child,
+    /// Trusted for the CA's own HTTPS (`--acme-ca-root`).
+    ca_file: PathBuf,
+    directory: String,
+    management: SocketAddr,
+    log: PathBuf,
+}
+
+impl Drop for Pebble {
+    fn drop(&mut self) {
+        for child in [&mut self.pebble, &mut self.dns] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn listening(addr: SocketAddr) -> bool {
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+}
+
+impl Pebble {
+    /// Starts Pebble validating HTTP-01 on `http_port` and TLS-ALPN-01 on `tls_port` of
+    /// 127.0.0.1, with `env` added (PEBBLE_WFE_NONCEREJECT...). Its directory listens on
+    /// `listen` if given (a URL tern was started with), else on a free port.
+    fn start(
+        dir: &Path,
+        listen: Option<u16>,
+        http_port: u16,
+        tls_port: u16,
+        env: &[(&str, &str)],
+    ) -> Pebble {
+        let ca = Ca::new();
+        let leaf = ca.issue("pebble", &["127.0.0.1", "localhost"]);
+        let (cert, key) = leaf.write(dir, "pebble");
+        let ca_file = ca.write(dir);
+        // Free ports are picked by binding and letting go: if another process takes one in
+        // between, the CA or DNS server exits at once and is started again on others.
+        for _attempt in 0..5 {
+            let (management, dns_port, dns_management) = (free_port(), free_port(), free_port());
+            let listen = listen.unwrap_or_else(free_port);
+            let config = dir.join("pebble.json");
+            let json = format!(
+                r#"{{"pebble": {{"listenAddress": "127.0.0.1:{listen}",
+"managementListenAddress": "127.0.0.1:{management}",
+"certificate": "{}", "privateKey": "{}",
+"httpPort": {http_port}, "tlsPort": {tls_port}, "ocspResponderURL": "",
+"externalAccountBindingRequired": false,
+"retryAfter": {{"authz": 1, "order": 1}}, "keyAlgorithm": "ecdsa",
+"profiles": {{"default": {{"description": "90 days", "validityPeriod": 7776000}},
+"shortlived": {{"description": "6 days", "validityPeriod": 518400}}}}}}}}"#,
+                cert.display(),
+                key.display()
+            );
+            std::fs::write(&config, json).unwrap();
+            let log = dir.join("pebble.log");
+            let mut dns = Command::new(tool("pebble-challtestsrv"))
+                .args(["-dnsserver", &format!("127.0.0.1:{dns_port}")])
+                .args(["-management", &format!("127.0.0.1:{dns_management}")])
+                // No AAAA answers: tern listens on 127.0.0.1 only. Its own challenge
+                // servers are off: tern answers.
+                .args(["-defaultIPv6", "", "-http01", "", "-https01", ""])
+                .args(["-tlsalpn01", "", "-doh", ""])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut pebble = Command::new(tool("pebble"))
+                .arg("-config")
+                .arg(&config)
+                .args(["-dnsserver", &format!("127.0.0.1:{dns_port}")])
+                .env("PEBBLE_VA_NOSLEEP", "1")
+                .env("PEBBLE_WFE_NONCEREJECT", "0")
+                .env("PEBBLE_AUTHZREUSE", "0")
+                .envs(env.iter().copied())
+                .stdout(std::fs::File::create(&log).unwrap())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let addrs =
+                [listen, management, dns_management].map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
+            let up = eventually(Duration::from_secs(10), || {
+                let exited = [&mut pebble, &mut dns]
+                    .iter_mut()
+                    .any(|c| c.try_wait().unwrap().is_some());
+                exited || addrs.iter().all(|a| listening(*a))
+            });
+            let exited = [&mut pebble, &mut dns]
+                .iter_mut()
+                .any(|c| c.try_wait().unwrap().is_some());
+            if up && !exited {
+                return Pebble {
+                    pebble,
+                    dns,
+                    ca_file,
+                    directory: format!("https://127.0.0.1:{listen}/dir"),
+                    management: addrs[1],
+                    log,
+                };
+            }
+            for c in [&mut pebble, &mut dns] {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        panic!("Pebble did not start on free ports five times")
+    }
+
+    /// A request to the management API (HTTPS, Pebble's own test CA), with curl.
+    fn management(&self, method: &str, path: &str, body: Option<&str>) -> String {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "--fail", "-X", method, "--cacert"])
+            .arg(&self.ca_file)
+            .arg(format!("https://{}{path}", self.management));
+        if let Some(b) = body {
+            cmd.args(["--data-binary", b]);
+        }
+        let out = cmd.output().expect("curl");
+        assert!(
+            out.status.success(),
+            "{method} {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// A client that trusts only the root Pebble issues from (its management API's
+    /// `/roots/0`), offering HTTP/1.1.
+    fn client(&self) -> Arc<ClientConfig> {
+        let pem = self.management("GET", "/roots/0", None);
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(pem.as_bytes()).unwrap())
+            .unwrap();
+        let mut config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(config)
+    }
+
+    fn orders_placed(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("POST /order-plz"))
+            .count()
+    }
+}
+
+/// The ACME flags for `names` against `pebble`'s directory, state in `state`.
+fn acme_args(pebble_ca: &Path, directory: &str, state: &Path, names: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "--acme-state".to_string(),
+        state.display().to_string(),
+        "--acme-directory".into(),
+        directory.into(),
+        "--acme-ca-root".into(),
+        pebble_ca.display().to_string(),
+        "--acme-email".into(),
+        "ops@a.test".into(),
+    ];
+    for n in names {
+        args.push("--acme".into());
+        args.push(n.to_string());
+    }
+    args
+}
+
+/// A labelled value of /statusz, e.g. `acme_orders{result="valid"}`.
+fn value(tern: &Tern, name: &str) -> u64 {
+    tern.counter_at("/statusz", name)
+}
+
+/// Waits (SIGHUP every few seconds: the helper backs off a minute after the CA was not
+/// there) until `valid` orders succeeded.
+fn wait_for_orders(tern: &Tern, valid: u64) {
+    let mut next_hup = std::time::Instant::now();
+    let done = eventually(Duration::from_secs(60), || {
+        if std::time::Instant::now() >= next_hup {
+            tern.signal(libc::SIGHUP);
+            next_hup += Duration::from_secs(5);
+        }
+        value(tern, "acme_orders{result=\"valid\"}") >= valid
+    });
+    assert!(
+        done,
+        "{valid} orders not done within 60 s; /statusz:\n{}\nstderr:\n{}",
+        tern.get("/statusz").text(),
+        tern.stderr_text()
+    );
+}
+
+/// The leaf tern shows `name` (any certificate accepted).
+fn leaf_for(tern: &Tern, name: &str) -> CertificateDer<'static> {
+    let config = Arc::new(any_cert_config(&[TLS13]));
+    TlsClient::connect_tls(tern.https(), &config, name).leaf()
+}
+
+/// The start-up promise: the server answers at once, with the self-signed certificate,
+/// while the CA is not even there.
+fn serves_before_the_ca(tern: &Tern, name: &str) -> CertificateDer<'static> {
+    let leaf = leaf_for(tern, name);
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).unwrap();
+    assert_eq!(
+        cert.subject(),
+        cert.issuer(),
+        "a self-signed certificate before any issuance"
+    );
+    leaf
+}
+
+#[test]
+fn tls_alpn_for_a_name_and_an_address_then_a_restart_orders_nothing() {
+    let site = Site::new();
+    site.write("hello.txt", "hello over acme\n");
+    let state = site.base().join("acme-state");
+    let ca_dir = tempfile::tempdir().unwrap();
+    let names = ["a.test", "127.0.0.1"];
+    // The CA is down at start: nothing listens at its URL yet, and its root file is missing.
+    let pebble_port = free_port();
+    let directory = format!("https://127.0.0.1:{pebble_port}/dir");
+    let ca_file = ca_dir.path().join("ca.pem");
+    let mut args: Vec<String> = vec!["--listen".into(), "127.0.0.1:0".into()];
+    args.extend(["--acme-challenge".into(), "tls-alpn-01".into()]);
+    args.extend(acme_args(&ca_file, &directory, &state, &names));
+    let tern = Tern::serve_tls(&site.root, &args);
+    let self_signed = serves_before_the_ca(&tern, "a.test");
+    assert!(
+        eventually(Duration::from_secs(10), || value(
+            &tern,
+            "acme_orders{result=\"failed\"}"
+        ) >= 1),
+        "the CA is down: an order fails; stderr:\n{}",
+        tern.stderr_text()
+    );
+    assert_eq!(leaf_for(&tern, "a.test"), self_signed);
+    // The CA comes up, validating on tern's ports; tern issues without a restart.
+    let pebble = Pebble::start(
+        ca_dir.path(),
+        Some(pebble_port),
+        tern.addr().port(),
+        tern.https().port(),
+        &[],
+    );
+    assert_eq!(pebble.ca_file, ca_file);
+    let second = vec![
+        "--listen".to_string(),
+        format!("127.0.0.1:{}", tern.addr().port()),
+        "--listen-tls".into(),
+        format!("127.0.0.1:{}", tern.https().port()),
+        "--acme-challenge".into(),
+        "tls-alpn-01".into(),
+    ]
+    .into_iter()
+    .chain(acme_args(&ca_file, &directory, &state, &names))
+    .collect::<Vec<_>>();
+    wait_for_orders(&tern, 2);
+    let trusted = pebble.client();
+    let mut c = TlsClient::connect_tls(tern.https(), &trusted, "a.test");
+    let resp = c.get("/hello.txt", &[]);
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.text(), "hello over acme\n");
+    let a_leaf = c.leaf();
+    assert_ne!(a_leaf, self_signed);
+    // An https://127.0.0.1/ client sends no SNI: it gets the address's certificate.
+    let ip_leaf = TlsClient::connect_tls(tern.https(), &trusted, "127.0.0.1").leaf();
+    assert_ne!(ip_leaf, a_leaf);
+    // The address's certificate is a short-lived one (Pebble's `shortlived`: 6 days).
+    let (_, ip) = x509_parser::parse_x509_certificate(ip_leaf.as_ref()).unwrap();
+    let days = (ip.validity().not_after.timestamp() - ip.validity().not_before.timestamp()) / 86400;
+    assert!(days <= 7, "IP certificate valid {days} days");
+    assert_eq!(
+        tern.log_lines("certificate issued").len(),
+        2,
+        "{}",
+        tern.stderr_text()
+    );
+    // Keys are private to tern's account.
+    use std::os::unix::fs::PermissionsExt;
+    let ca_folder = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    for file in [
+        "account.json",
+        "certs/a.test/cert.pem",
+        "certs/127.0.0.1/cert.pem",
+    ] {
+        let mode = std::fs::metadata(ca_folder.join(file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{file}");
+    }
+    drop(tern);
+
+    // A restart with the state folder kept places zero orders and serves the same
+    // certificates from its first handshake on.
+    let orders_before = pebble.orders_placed();
+    assert_eq!(orders_before, 2, "Pebble's log counts the orders");
+    let tern = Tern::spawn(serve_command(&site.root, &[], &second));
+    assert!(
+        eventually(Duration::from_secs(15), || value(&tern, "acme_checks") >= 1),
+        "the helper's first look; stderr:\n{}",
+        tern.stderr_text()
+    );
+    assert_eq!(leaf_for(&tern, "a.test"), a_leaf);
+    assert_eq!(value(&tern, "acme_orders{result=\"valid\"}"), 0);
+    assert_eq!(value(&tern, "acme_orders{result=\"failed\"}"), 0);
+    assert_eq!(pebble.orders_placed(), orders_before);
+    assert!(value(&tern, "acme_next_renewal_seconds{name=\"a.test\"}") > 86400);
+    // The expiry shown is the stored certificate's (Pebble picks a profile at random for
+    // orders that name none: 6 or 90 days).
+    let expiry = value(&tern, "acme_certificate_expiry_seconds{name=\"a.test\"}") as i64;
+    let (_, a) = x509_parser::parse_x509_certificate(a_leaf.as_ref()).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let left = a.validity().not_after.timestamp() - now;
+    assert!((expiry - left).abs() <= 5, "{expiry} vs {left}");
+}
+
+#[test]
+fn http01_is_answered_before_the_https_redirect_despite_bad_nonces() {
+    let site = Site::new();
+    site.write("hello.txt", "hello\n");
+    let state = site.base().join("acme-state");
+    let ca_dir = tempfile::tempdir().unwrap();
+    let (redirect_port, https_port) = (free_port(), free_port());
+    // A third of the good nonces refused (badNonce): instant-acme retries them.
+    let pebble = Pebble::start(
+        ca_dir.path(),
+        None,
+        redirect_port,
+        https_port,
+        &[("PEBBLE_WFE_NONCEREJECT", "30")],
+    );
+    let mut args = vec![
+        "--listen-tls".to_string(),
+        format!("127.0.0.1:{https_port}"),
+        "--redirect-http".into(),
+        format!("127.0.0.1:{redirect_port}"),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--acme-challenge".into(),
+        "http-01".into(),
+    ];
+    args.extend(acme_args(
+        &pebble.ca_file,
+        &pebble.directory,
+        &state,
+        &["a.test"],
+    ));
+    let tern = Tern::spawn(serve_command(&site.root, &[], &args));
+    // Anything else on the redirect listener, unknown tokens included, is redirected.
+    let redirect: SocketAddr = format!("127.0.0.1:{redirect_port}").parse().unwrap();
+    let resp = Client::connect(redirect).get("/.well-known/acme-challenge/unknown", &[]);
+    assert_eq!(resp.status, 308);
+    wait_for_orders(&tern, 1);
+    let trusted = pebble.client();
+    let mut c = TlsClient::connect_tls(tern.https(), &trusted, "a.test");
+    assert_eq!(c.get("/hello.txt", &[]).status, 200);
+    // Pebble's HTTP-01 port is the redirect listener: the answer came before the redirect.
+    assert!(!tern.log_lines("order placed (http-01)").is_empty());
+}
+
+#[test]
+fn the_ca_moving_the_renewal_window_renews_without_a_restart() {
+    let site = Site::new();
+    site.write("hello.txt", "hello\n");
+    let state = site.base().join("acme-state");
+    let ca_dir = tempfile::tempdir().unwrap();
+    let (http_port, https_port) = (free_port(), free_port());
+    let pebble = Pebble::start(ca_dir.path(), None, http_port, https_port, &[]);
+    let mut args = vec![
+        "--listen-tls".to_string(),
+        format!("127.0.0.1:{https_port}"),
+        "--listen".into(),
+        format!("127.0.0.1:{http_port}"),
+    ];
+    args.extend(acme_args(
+        &pebble.ca_file,
+        &pebble.directory,
+        &state,
+        &["a.test"],
+    ));
+    let tern = Tern::spawn(serve_command(&site.root, &[], &args));
+    wait_for_orders(&tern, 1);
+    let trusted = pebble.client();
+    let first = TlsClient::connect_tls(tern.https(), &trusted, "a.test").leaf();
+    // ARI (RFC 9773): the CA says "renew now" (a window that began an hour ago).
+    let pem = format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        base64(first.as_ref())
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let window = format!(
+        r#"{{"suggestedWindow": {{"start": "{}", "end": "{}"}}}}"#,
+        rfc3339(now - 3600),
+        rfc3339(now - 60)
+    );
+    let body = serde_json::json!({"Certificate": pem, "ARIResponse": window}).to_string();
+    pebble.management("POST", "/set-renewal-info/", Some(&body));
+    wait_for_orders(&tern, 2);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            TlsClient::connect_tls(tern.https(), &trusted, "a.test").leaf() != first
+        }),
+        "the renewed certificate is served without a restart"
+    );
+    assert_eq!(tern.log_lines("certificate renewed").len(), 1);
+}
+
+#[test]
+fn a_wildcard_or_a_missing_state_folder_is_refused_at_start() {
+    let site = Site::new();
+    let failed = Tern::start_failing(
+        site.base(),
+        &[
+            "--listen-tls",
+            "127.0.0.1:0",
+            "--acme",
+            "*.a.test",
+            "--acme-state",
+            "/tmp",
+        ],
+    );
+    assert!(!failed.status.success());
+    assert!(failed.stderr.contains("DNS-01"), "{}", failed.stderr);
+    let failed = Tern::start_failing(
+        site.base(),
+        &["--listen-tls", "127.0.0.1:0", "--acme", "a.test"],
+    );
+    assert!(!failed.status.success());
+    assert!(failed.stderr.contains("--acme-state"), "{}", failed.stderr);
+    assert_eq!(failed.stderr.trim().lines().count(), 1, "{}", failed.stderr);
+}
+
+fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Unix seconds as `YYYY-MM-DDTHH:MM:SSZ`.
+fn rfc3339(secs: u64) -> String {
+    let days = secs / 86400;
+    let rem = secs % 86400;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[test]
+fn dates_for_the_renewal_window() {
+    assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+    assert_eq!(rfc3339(1_709_251_199), "2024-02-29T23:59:59Z");
+    assert_eq!(base64(b"hello"), "aGVsbG8=");
+}
