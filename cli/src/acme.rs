@@ -101,6 +101,9 @@ pub fn resolve(
         .clone()
         .or_else(|| f.state.as_ref().map(|p| file_dir.join(p)))
         .ok_or("ACME needs a persistent state folder: give --acme-state DIR (or `state` in [tls.acme])")?;
+    // The helper runs in `/`: relative paths are taken from here, now.
+    let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+    let state = absolute(state);
     let challenge_names: Vec<String> = if !args.challenges.is_empty() {
         args.challenges.clone()
     } else if let Some(c) = &f.challenges {
@@ -137,10 +140,10 @@ pub fn resolve(
         ca_root: args
             .acme_ca_root
             .clone()
-            .or_else(|| f.ca_root.as_ref().map(|p| file_dir.join(p))),
+            .or_else(|| f.ca_root.as_ref().map(|p| file_dir.join(p)))
+            .map(absolute),
     };
     config.validate()?;
-    check_state_folder(&config.state)?;
     Ok(Some(config))
 }
 
@@ -167,6 +170,7 @@ pub fn start(
 ) -> Result<(Receiver, ReceiveLoop), String> {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
+    check_state_folder(&config.state)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find tern's own binary: {e}"))?;
     let account = user
         .map(|u| tern_sandbox::Account::lookup(u, group))

@@ -542,3 +542,81 @@ fn dates_for_the_renewal_window() {
     assert_eq!(rfc3339(1_709_251_199), "2024-02-29T23:59:59Z");
     assert_eq!(base64(b"hello"), "aGVsbG8=");
 }
+
+#[test]
+fn tern_run_takes_the_names_from_the_sites_hosts() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("site")).unwrap();
+    std::fs::write(dir.path().join("site/hello.txt"), "from tern run\n").unwrap();
+    let https_port = free_port();
+    let pebble = Pebble::start(dir.path(), None, free_port(), https_port, &[]);
+    let config = dir.path().join("tern.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+listen = "127.0.0.1:0"
+[tls]
+listen = "127.0.0.1:{https_port}"
+[tls.acme]
+email = "ops@a.test"
+agree_tos = true
+state = "acme-state"
+directory = "{}"
+ca_root = "ca.pem"
+challenges = ["tls-alpn-01"]
+
+[[site]]
+name = "a"
+hosts = ["a.test", "www.a.test"]
+[[site.route]]
+path = "/statusz"
+counters = "statusz"
+[[site.route]]
+path = "/"
+static = "site"
+"#,
+            pebble.directory
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tern"));
+    cmd.arg("run").arg("--config").arg(&config);
+    cmd.args(["--workers", "2", "--sandbox", "on"]);
+    let tern = Tern::spawn(cmd);
+    let statusz = |tern: &Tern| {
+        let mut c = Client::connect(tern.addr());
+        c.send(b"GET /statusz HTTP/1.1\r\nHost: a.test\r\n\r\n");
+        c.read_response(false).text()
+    };
+    let mut next_hup = std::time::Instant::now();
+    let issued = eventually(Duration::from_secs(60), || {
+        if std::time::Instant::now() >= next_hup {
+            tern.signal(libc::SIGHUP);
+            next_hup += Duration::from_secs(5);
+        }
+        statusz(&tern).contains("acme_orders{result=\"valid\"}: 2")
+    });
+    assert!(issued, "{}\n{}", statusz(&tern), tern.stderr_text());
+    let trusted = pebble.client();
+    for name in ["a.test", "www.a.test"] {
+        let mut c = TlsClient::connect_tls(tern.https(), &trusted, name);
+        c.send(format!("GET /hello.txt HTTP/1.1\r\nHost: {name}\r\n\r\n").as_bytes());
+        assert_eq!(c.read_response(false).text(), "from tern run\n");
+    }
+    // A wildcard host needs names of its own.
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("\"www.a.test\"", "\"*.a.test\"");
+    std::fs::write(&config, text).unwrap();
+    let failed = run_to_end(
+        Command::new(env!("CARGO_BIN_EXE_tern"))
+            .arg("run")
+            .arg("--check")
+            .arg("--config")
+            .arg(&config),
+        Duration::from_secs(10),
+    );
+    assert!(!failed.status.success());
+    assert!(failed.stderr.contains("DNS-01"), "{}", failed.stderr);
+}
