@@ -157,8 +157,9 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
         Some(&file_hardening),
         &mut needs,
     )?;
-    // Before the sandbox: the helper is a process of its own (its receiving loop runs on a
-    // background thread, started after the sandbox, which refuses threads only before it).
+    // Before the sandbox: the helper is a process of its own, and the sandbox forbids
+    // starting one. Its receiving loop runs on a server background thread, which starts after
+    // the sandbox (that must lock down while tern has one thread).
     let (acme_receiver, acme_loop) = match (&acme, &acceptor) {
         (Some(config), Some(acceptor)) => {
             let user = args.common.hardening.user.as_deref();
