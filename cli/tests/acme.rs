@@ -79,6 +79,25 @@ impl Pebble {
         tls_port: u16,
         env: &[(&str, &str)],
     ) -> Pebble {
+        Pebble::start_with(dir, listen, http_port, tls_port, env, None)
+    }
+
+    /// [`Pebble::start`], requiring external account binding with `eab` (key id, base64url
+    /// HMAC key) if given.
+    fn start_with(
+        dir: &Path,
+        listen: Option<u16>,
+        http_port: u16,
+        tls_port: u16,
+        env: &[(&str, &str)],
+        eab: Option<(&str, &str)>,
+    ) -> Pebble {
+        let eab_json = match eab {
+            Some((kid, key)) => format!(
+                r#""externalAccountBindingRequired": true, "externalAccountMACKeys": {{"{kid}": "{key}"}},"#
+            ),
+            None => r#""externalAccountBindingRequired": false,"#.to_string(),
+        };
         let ca = Ca::new();
         let leaf = ca.issue("pebble", &["127.0.0.1", "localhost"]);
         let (cert, key) = leaf.write(dir, "pebble");
@@ -94,7 +113,7 @@ impl Pebble {
 "managementListenAddress": "127.0.0.1:{management}",
 "certificate": "{}", "privateKey": "{}",
 "httpPort": {http_port}, "tlsPort": {tls_port}, "ocspResponderURL": "",
-"externalAccountBindingRequired": false,
+{eab_json}
 "retryAfter": {{"authz": 1, "order": 1}}, "keyAlgorithm": "ecdsa",
 "profiles": {{"default": {{"description": "90 days", "validityPeriod": 7776000}},
 "shortlived": {{"description": "6 days", "validityPeriod": 518400}}}}}}}}"#,
@@ -580,24 +599,8 @@ static = "site"
         ),
     )
     .unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tern"));
-    cmd.arg("run").arg("--config").arg(&config);
-    cmd.args(["--workers", "2", "--sandbox", "on"]);
-    let tern = Tern::spawn(cmd);
-    let statusz = |tern: &Tern| {
-        let mut c = Client::connect(tern.addr());
-        c.send(b"GET /statusz HTTP/1.1\r\nHost: a.test\r\n\r\n");
-        c.read_response(false).text()
-    };
-    let mut next_hup = std::time::Instant::now();
-    let issued = eventually(Duration::from_secs(60), || {
-        if std::time::Instant::now() >= next_hup {
-            tern.signal(libc::SIGHUP);
-            next_hup += Duration::from_secs(5);
-        }
-        statusz(&tern).contains("acme_orders{result=\"valid\"}: 2")
-    });
-    assert!(issued, "{}\n{}", statusz(&tern), tern.stderr_text());
+    let tern = start_run(&config);
+    run_wait_for(&tern, "acme_orders{result=\"valid\"}: 2");
     let trusted = pebble.client();
     for name in ["a.test", "www.a.test"] {
         let mut c = TlsClient::connect_tls(tern.https(), &trusted, name);
@@ -619,4 +622,152 @@ static = "site"
     );
     assert!(!failed.status.success());
     assert!(failed.stderr.contains("DNS-01"), "{}", failed.stderr);
+}
+
+/// A `tern run` file for one site `a.test` with `[tls.acme]` lines `acme` added.
+fn run_config(dir: &Path, https_port: u16, directory: &str, acme: &str) -> PathBuf {
+    std::fs::create_dir_all(dir.join("site")).unwrap();
+    std::fs::write(dir.join("site/hello.txt"), "hello\n").unwrap();
+    let config = dir.join("tern.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+listen = "127.0.0.1:0"
+[tls]
+listen = "127.0.0.1:{https_port}"
+[tls.acme]
+agree_tos = true
+state = "acme-state"
+directory = "{directory}"
+ca_root = "ca.pem"
+challenges = ["tls-alpn-01"]
+{acme}
+[[site]]
+name = "a"
+hosts = ["a.test"]
+[[site.route]]
+path = "/statusz"
+counters = "statusz"
+[[site.route]]
+path = "/"
+static = "site"
+"#
+        ),
+    )
+    .unwrap();
+    config
+}
+
+fn start_run(config: &Path) -> Tern {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tern"));
+    cmd.arg("run").arg("--config").arg(config);
+    cmd.args(["--workers", "2", "--sandbox", "on"]);
+    Tern::spawn(cmd)
+}
+
+/// /statusz of a `tern run` whose site is `a.test`.
+fn run_statusz(tern: &Tern) -> String {
+    let mut c = Client::connect(tern.addr());
+    c.send(b"GET /statusz HTTP/1.1\r\nHost: a.test\r\n\r\n");
+    c.read_response(false).text()
+}
+
+/// SIGHUP every 5 s until /statusz holds `line` (60 s at most).
+fn run_wait_for(tern: &Tern, line: &str) {
+    let mut next_hup = std::time::Instant::now();
+    let found = eventually(Duration::from_secs(60), || {
+        if std::time::Instant::now() >= next_hup {
+            tern.signal(libc::SIGHUP);
+            next_hup += Duration::from_secs(5);
+        }
+        run_statusz(tern).contains(line)
+    });
+    assert!(
+        found,
+        "no {line:?}:\n{}\n{}",
+        run_statusz(tern),
+        tern.stderr_text()
+    );
+}
+
+#[test]
+fn a_ca_that_requires_external_account_binding_gets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let https_port = free_port();
+    let key = "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W";
+    let pebble = Pebble::start_with(
+        dir.path(),
+        None,
+        free_port(),
+        https_port,
+        &[],
+        Some(("kid-1", key)),
+    );
+    // Without the binding the CA refuses the account, with its reason in the log.
+    let config = run_config(dir.path(), https_port, &pebble.directory, "");
+    let tern = start_run(&config);
+    run_wait_for(&tern, "acme_orders{result=\"failed\"}: 1");
+    assert!(
+        tern.stderr_text().contains("externalAccountRequired"),
+        "{}",
+        tern.stderr_text()
+    );
+    drop(tern);
+    let config = run_config(
+        dir.path(),
+        https_port,
+        &pebble.directory,
+        &format!("eab_kid = \"kid-1\"\neab_hmac = \"{key}\""),
+    );
+    let tern = start_run(&config);
+    run_wait_for(&tern, "acme_orders{result=\"valid\"}: 1");
+    let mut c = TlsClient::connect_tls(tern.https(), &pebble.client(), "a.test");
+    c.send(b"GET /hello.txt HTTP/1.1\r\nHost: a.test\r\n\r\n");
+    assert_eq!(c.read_response(false).status, 200);
+}
+
+#[test]
+fn a_revoked_certificate_is_replaced_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let https_port = free_port();
+    let pebble = Pebble::start(dir.path(), None, free_port(), https_port, &[]);
+    let config = run_config(dir.path(), https_port, &pebble.directory, "");
+    let tern = start_run(&config);
+    run_wait_for(&tern, "acme_orders{result=\"valid\"}: 1");
+    let trusted = pebble.client();
+    let first = TlsClient::connect_tls(tern.https(), &trusted, "a.test").leaf();
+    // Revoked with tern's own account (as an operator would after a key leak); Pebble's ARI
+    // then says "renew now".
+    let state = dir.path().join("acme-state");
+    let ca_folder = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    let credentials: instant_acme::AccountCredentials =
+        serde_json::from_str(&std::fs::read_to_string(ca_folder.join("account.json")).unwrap())
+            .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let account = instant_acme::Account::builder_with_root(&pebble.ca_file)
+            .unwrap()
+            .from_credentials(credentials)
+            .await
+            .unwrap();
+        account
+            .revoke(&instant_acme::RevocationRequest {
+                certificate: &first,
+                reason: None,
+            })
+            .await
+            .unwrap();
+    });
+    run_wait_for(&tern, "acme_orders{result=\"valid\"}: 2");
+    let second = TlsClient::connect_tls(tern.https(), &trusted, "a.test").leaf();
+    assert_ne!(first, second, "the revoked certificate is no longer served");
+    assert_eq!(tern.log_lines("certificate renewed").len(), 1);
 }
