@@ -89,16 +89,24 @@ fn now() -> i64 {
         .unwrap_or(0)
 }
 
-/// Runs the helper until the server closes its stdin. `input` is the helper's stdin,
-/// `out` its stdout.
-pub fn run(input: impl BufRead + Send + 'static, out: impl Write) -> Result<(), String> {
-    let mut input = input;
+/// Reads the helper's settings: the first line of its stdin.
+pub fn read_config(input: &mut impl BufRead) -> Result<AcmeConfig, String> {
     let mut first = String::new();
     input
         .read_line(&mut first)
         .map_err(|e| format!("cannot read the config: {e}"))?;
     let config: AcmeConfig = wire::decode(&first)?;
     config.validate()?;
+    Ok(config)
+}
+
+/// Runs the helper until the server closes its stdin. `input` is the rest of the helper's
+/// stdin (after [`read_config`]), `out` its stdout.
+pub fn run(
+    config: AcmeConfig,
+    input: impl BufRead + Send + 'static,
+    out: impl Write,
+) -> Result<(), String> {
     let store = Store::open(&config.state, &config.directory)?;
     let (tx, events) = mpsc::channel();
     std::thread::Builder::new()

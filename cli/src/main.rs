@@ -68,7 +68,11 @@ enum Command {
     /// Orders and renews certificates from an ACME CA for a server (started by tern itself;
     /// its settings come on stdin).
     #[command(hide = true)]
-    AcmeHelper,
+    AcmeHelper {
+        /// The server runs with `--sandbox off`: so does the helper.
+        #[arg(long)]
+        no_sandbox: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -96,11 +100,9 @@ fn main() -> ExitCode {
         Command::Gate(args) => gate::gate(args),
         Command::GateExecHelper { programs } => tern_gate::checkers::exec_helper_main(&programs)
             .map_err(|e| format!("gate exec helper: {e}")),
-        Command::AcmeHelper => tern_acme::helper::run(
-            std::io::BufReader::new(std::io::stdin()),
-            std::io::stdout().lock(),
-        )
-        .map_err(|e| format!("acme helper: {e}")),
+        Command::AcmeHelper { no_sandbox } => {
+            acme::helper_main(!no_sandbox).map_err(|e| format!("acme helper: {e}"))
+        }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -162,13 +162,11 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     // the sandbox (that must lock down while tern has one thread).
     let (acme_receiver, acme_loop) = match (&acme, &acceptor) {
         (Some(config), Some(acceptor)) => {
-            let user = args.common.hardening.user.as_deref();
-            let group = args.common.hardening.group.as_deref();
             let (receiver, receive) = crate::acme::start(
                 config,
                 acceptor.clone(),
-                user.or(file_hardening.user.as_deref()),
-                group.or(file_hardening.group.as_deref()),
+                &args.common.hardening,
+                Some(&file_hardening),
             )?;
             (Some(receiver), Some(receive))
         }

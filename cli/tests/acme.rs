@@ -346,6 +346,14 @@ fn tls_alpn_for_a_name_and_an_address_then_a_restart_orders_nothing() {
         "{}",
         tern.stderr_text()
     );
+    // The helper runs sandboxed too (Landlock sets no_new_privs).
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", tern.pid())).unwrap();
+    let helper = children.split_whitespace().next().expect("the ACME helper");
+    let status = std::fs::read_to_string(format!("/proc/{helper}/status")).unwrap();
+    let cmdline = std::fs::read_to_string(format!("/proc/{helper}/cmdline")).unwrap();
+    assert!(cmdline.contains("acme-helper"), "{cmdline:?}");
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
     // Keys are private to tern's account.
     use std::os::unix::fs::PermissionsExt;
     let ca_folder = std::fs::read_dir(&state)

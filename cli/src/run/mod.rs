@@ -69,17 +69,12 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let plain_listener =
         common.listen.is_some() || tls.as_ref().is_some_and(|t| t.redirect_http.is_some());
     let acme = match (loaded.acme(plain_listener)?, &acceptor) {
-        (Some(config), Some(acceptor)) => {
-            let file = loaded.hardening();
-            let user = args.common.hardening.user.clone().or(file.user);
-            let group = args.common.hardening.group.clone().or(file.group);
-            Some(crate::acme::start(
-                &config,
-                acceptor.clone(),
-                user.as_deref(),
-                group.as_deref(),
-            )?)
-        }
+        (Some(config), Some(acceptor)) => Some(crate::acme::start(
+            &config,
+            acceptor.clone(),
+            &args.common.hardening,
+            Some(&loaded.hardening()),
+        )?),
         _ => None,
     };
     let lockdown = hardening::plan(&args.common.hardening, Some(&loaded.hardening()), needs)?;
