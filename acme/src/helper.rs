@@ -107,6 +107,9 @@ pub fn run(
     input: impl BufRead + Send + 'static,
     out: impl Write,
 ) -> Result<(), String> {
+    // The HTTP client asks rustls for the process's provider; with more than one crypto
+    // feature compiled into rustls (a workspace build with tests) there is none by default.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let store = Store::open(&config.state, &config.directory)?;
     let (tx, events) = mpsc::channel();
     std::thread::Builder::new()

@@ -756,6 +756,8 @@ fn a_revoked_certificate_is_replaced_at_once() {
     let credentials: instant_acme::AccountCredentials =
         serde_json::from_str(&std::fs::read_to_string(ca_folder.join("account.json")).unwrap())
             .unwrap();
+    // Two crypto providers are compiled into rustls in a workspace build: name one.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
