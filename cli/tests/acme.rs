@@ -469,11 +469,28 @@ fn the_ca_moving_the_renewal_window_renews_without_a_restart() {
     wait_for_orders(&tern, 1);
     let trusted = pebble.client();
     let first = TlsClient::connect_tls(tern.https(), &trusted, "a.test").leaf();
-    // ARI (RFC 9773): the CA says "renew now" (a window that began an hour ago).
     let pem = format!(
         "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
         base64(first.as_ref())
     );
+    // A malformed ARI answer: logged, nothing ordered, the certificate kept.
+    let body = serde_json::json!({"Certificate": pem, "ARIResponse": "{\"suggestedWindow\": 7"})
+        .to_string();
+    pebble.management("POST", "/set-renewal-info/", Some(&body));
+    tern.signal(libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(10), || !tern
+            .log_lines("a.test: renewal information:")
+            .is_empty()),
+        "{}",
+        tern.stderr_text()
+    );
+    assert_eq!(value(&tern, "acme_orders{result=\"valid\"}"), 1);
+    assert_eq!(
+        TlsClient::connect_tls(tern.https(), &trusted, "a.test").leaf(),
+        first
+    );
+    // ARI (RFC 9773): the CA says "renew now" (a window that began an hour ago).
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
