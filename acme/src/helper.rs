@@ -198,11 +198,10 @@ impl<W: Write> Helper<W> {
     }
 
     /// Sends a challenge answer and waits until the server applied it.
-    fn send_and_wait(&mut self, make: impl FnOnce(u64) -> ToServer) -> Result<(), String> {
+    fn send_and_wait(&mut self, make: impl FnOnce(u64) -> ToServer) -> Result<(), OrderError> {
         self.seq += 1;
         let seq = self.seq;
-        self.send(&make(seq))
-            .map_err(|_| "the server is gone".to_string())?;
+        self.send(&make(seq)).map_err(|_| OrderError::Closed)?;
         let deadline = std::time::Instant::now() + ACK_TIMEOUT;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -210,16 +209,20 @@ impl<W: Write> Helper<W> {
                 Ok(Event::Applied(s, error)) if s == seq => {
                     return match error {
                         None => Ok(()),
-                        Some(e) => Err(format!("the server could not use the answer: {e}")),
+                        Some(e) => Err(OrderError::Failed(format!(
+                            "the server could not use the answer: {e}"
+                        ))),
                     }
                 }
                 Ok(Event::Applied(..)) => {}
                 Ok(Event::CheckNow) => self.check_now = true,
                 Ok(Event::Closed) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err("the server is gone".into())
+                    return Err(OrderError::Closed)
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    return Err("the server did not apply a challenge answer in time".into())
+                    return Err(OrderError::Failed(
+                        "the server did not apply a challenge answer in time".into(),
+                    ))
                 }
             }
         }
@@ -578,10 +581,10 @@ impl<W: Write> Helper<W> {
                     key_authorization: None,
                 },
             };
-            if let Err(e) = self.send_and_wait(message) {
-                if e.contains("gone") {
-                    return Err(OrderError::Closed);
-                }
+            // A failed removal leaves a stale answer nobody asks for; only a server that is
+            // gone ends the helper.
+            if let Err(OrderError::Closed) = self.send_and_wait(message) {
+                return Err(OrderError::Closed);
             }
         }
         result
@@ -657,12 +660,7 @@ impl<W: Write> Helper<W> {
                     })
                 }
             };
-            if let Err(e) = sent {
-                return Err(match e.contains("gone") {
-                    true => OrderError::Closed,
-                    false => OrderError::Failed(e),
-                });
-            }
+            sent?;
         }
         // Now the CA may look.
         {
