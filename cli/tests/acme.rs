@@ -798,3 +798,79 @@ fn a_revoked_certificate_is_replaced_at_once() {
     assert_ne!(first, second, "the revoked certificate is no longer served");
     assert_eq!(tern.log_lines("certificate renewed").len(), 1);
 }
+
+/// The README's "Automatic HTTPS" config: its tern half passes `tern run --check`, its
+/// Caddyfile half (the comments on the right) `caddy validate` when caddy is installed
+/// (scripts/install-proxy-test-deps).
+#[test]
+fn the_readmes_config_and_caddyfile_are_valid() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let section = &readme[readme.find("## Automatic HTTPS").expect("the section")..];
+    let start = section.find("```toml\n").unwrap() + "```toml\n".len();
+    let block = &section[start..start + section[start..].find("```").unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    // The Caddyfile is the right-hand column: what follows `# ` where the first line puts it.
+    let column = block.lines().next().unwrap().rfind("# Caddyfile").unwrap();
+    let caddyfile: String = block
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.get(column..))
+        .map(|c| {
+            format!(
+                "{}\n",
+                c.strip_prefix('#').unwrap_or(c).trim_start_matches(' ')
+            )
+        })
+        .collect();
+    assert!(
+        caddyfile.contains("example.org, www.example.org {"),
+        "{caddyfile}"
+    );
+    let config = dir.path().join("tern.toml");
+    std::fs::write(
+        &config,
+        block
+            .replace("/srv/www", &www.display().to_string())
+            .replace(
+                "/var/lib/tern/acme",
+                &dir.path().join("acme").display().to_string(),
+            ),
+    )
+    .unwrap();
+    let checked = run_to_end(
+        Command::new(env!("CARGO_BIN_EXE_tern"))
+            .arg("run")
+            .arg("--check")
+            .arg("--config")
+            .arg(&config),
+        Duration::from_secs(10),
+    );
+    assert!(checked.status.success(), "{}", checked.stderr);
+    if !have("caddy", "version") {
+        eprintln!("caddy missing (scripts/install-proxy-test-deps): its half is not checked");
+        return;
+    }
+    let file = dir.path().join("Caddyfile");
+    std::fs::write(
+        &file,
+        caddyfile.replace("/srv/www", &www.display().to_string()),
+    )
+    .unwrap();
+    let out = Command::new("caddy")
+        .args(["validate", "--adapter", "caddyfile", "--config"])
+        .arg(&file)
+        .env("HOME", dir.path())
+        .env("XDG_DATA_HOME", dir.path())
+        .env("XDG_CONFIG_HOME", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{caddyfile}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
