@@ -874,3 +874,72 @@ fn the_readmes_config_and_caddyfile_are_valid() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Two nodes sharing one state folder: one order between them (a lock per name), and both
+/// serve its certificate. Pebble validates nothing here (PEBBLE_VA_ALWAYS_VALID): whichever
+/// node orders, the CA cannot reach the other one's port.
+#[test]
+fn two_nodes_sharing_the_state_folder_order_once() {
+    let site = Site::new();
+    site.write("hello.txt", "hello\n");
+    let state = site.base().join("acme-state");
+    let ca_dir = tempfile::tempdir().unwrap();
+    let pebble = Pebble::start(
+        ca_dir.path(),
+        None,
+        free_port(),
+        free_port(),
+        &[("PEBBLE_VA_ALWAYS_VALID", "1")],
+    );
+    let mut args = vec!["--listen".to_string(), "127.0.0.1:0".into()];
+    args.extend(acme_args(
+        &pebble.ca_file,
+        &pebble.directory,
+        &state,
+        &["a.test"],
+    ));
+    let nodes = [
+        Tern::serve_tls(&site.root, &args),
+        Tern::serve_tls(&site.root, &args),
+    ];
+    let trusted = pebble.client();
+    let serves = |tern: &Tern| TlsClient::try_connect_tls(tern.https(), &trusted, "a.test").ok();
+    let mut next_hup = std::time::Instant::now();
+    let both = eventually(Duration::from_secs(60), || {
+        if std::time::Instant::now() >= next_hup {
+            // The node that found the name locked looks again now, not in 30 s.
+            for n in &nodes {
+                n.signal(libc::SIGHUP);
+            }
+            next_hup += Duration::from_secs(2);
+        }
+        nodes.iter().all(|n| serves(n).is_some())
+    });
+    assert!(
+        both,
+        "{}\n---\n{}",
+        nodes[0].stderr_text(),
+        nodes[1].stderr_text()
+    );
+    let leaves: Vec<_> = nodes.iter().map(|n| serves(n).unwrap().leaf()).collect();
+    assert_eq!(leaves[0], leaves[1], "both serve the one certificate");
+    assert_eq!(pebble.orders_placed(), 1, "one order between the two nodes");
+    let valid: u64 = nodes
+        .iter()
+        .map(|n| value(n, "acme_orders{result=\"valid\"}"))
+        .sum();
+    assert_eq!(valid, 1);
+    // The other node waited for the lock or found the certificate stored, and took it.
+    let other = nodes
+        .iter()
+        .find(|n| value(n, "acme_orders{result=\"valid\"}") == 0)
+        .unwrap();
+    assert_eq!(
+        other
+            .log_lines("took the certificate another node stored")
+            .len(),
+        1,
+        "{}",
+        other.stderr_text()
+    );
+}
