@@ -550,9 +550,12 @@ impl<W: Write> Helper<W> {
         let order = match replaces {
             Some(id) => match self
                 .rt
-                .block_on(account.new_order(&new_order().replaces(id)))
+                .block_on(account.new_order(&new_order().replaces(id.clone())))
             {
-                Ok(order) => Ok(order),
+                Ok(order) => {
+                    tracing::info!("acme: {name}: the order replaces certificate {id}");
+                    Ok(order)
+                }
                 // certmagic#361, lego#2475: a `replaces` the CA will not take (already
                 // replaced, 409) must not keep the name from getting a certificate.
                 Err(e) => {

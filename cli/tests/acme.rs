@@ -510,6 +510,14 @@ fn the_ca_moving_the_renewal_window_renews_without_a_restart() {
         "the renewed certificate is served without a restart"
     );
     assert_eq!(tern.log_lines("certificate renewed").len(), 1);
+    // The renewal named the certificate it replaces (RFC 9773 §5), and the CA took it.
+    assert_eq!(
+        tern.log_lines("a.test: the order replaces certificate ")
+            .len(),
+        1,
+        "{}",
+        tern.stderr_text()
+    );
 }
 
 #[test]
