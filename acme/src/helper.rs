@@ -331,7 +331,11 @@ impl<W: Write> Helper<W> {
                     .map_err(|e| format!("new account at {}: {e}", self.config.directory))?;
                 let json = serde_json::to_string(&credentials)
                     .map_err(|e| format!("account credentials: {e}"))?;
-                self.store.save_account(&json)?;
+                // Unsaved (a full disk), the account still serves this run; the next start
+                // makes another.
+                if let Err(e) = self.store.save_account(&json) {
+                    tracing::error!("acme: {e}");
+                }
                 tracing::info!("acme: account {} created", account.id());
                 account
             }

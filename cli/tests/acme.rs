@@ -951,3 +951,66 @@ fn two_nodes_sharing_the_state_folder_order_once() {
         other.stderr_text()
     );
 }
+
+/// A full disk (here: no file may grow past 1 KiB, RLIMIT_FSIZE, inherited by the helper):
+/// the certificate cannot be stored, which is logged, and it is served all the same.
+#[test]
+fn a_full_disk_is_logged_and_the_certificate_still_served() {
+    use std::os::unix::process::CommandExt;
+    let site = Site::new();
+    site.write("hello.txt", "hello\n");
+    let state = site.base().join("acme-state");
+    let ca_dir = tempfile::tempdir().unwrap();
+    let (http_port, https_port) = (free_port(), free_port());
+    let pebble = Pebble::start(ca_dir.path(), None, http_port, https_port, &[]);
+    let mut args = vec![
+        "--listen-tls".to_string(),
+        format!("127.0.0.1:{https_port}"),
+        "--listen".into(),
+        format!("127.0.0.1:{http_port}"),
+    ];
+    args.extend(acme_args(
+        &pebble.ca_file,
+        &pebble.directory,
+        &state,
+        &["a.test"],
+    ));
+    let mut cmd = serve_command(&site.root, &[], &args);
+    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal) on
+    // values the closure owns.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 1024,
+                rlim_max: 1024,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let tern = Tern::spawn(cmd);
+    wait_for_orders(&tern, 1);
+    let mut c = TlsClient::connect_tls(tern.https(), &pebble.client(), "a.test");
+    assert_eq!(c.get("/hello.txt", &[]).status, 200);
+    let errors = tern.log_lines("cannot write");
+    assert!(
+        errors.iter().any(|l| l.contains("cert.pem")),
+        "{}",
+        tern.stderr_text()
+    );
+    // No half-written file is left, under its name or a temporary one.
+    let ca_folder = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    let left: Vec<_> = std::fs::read_dir(ca_folder.join("certs/a.test"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("cert.pem"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
