@@ -3,6 +3,7 @@
 //! This file only dispatches: each command lives in its own module (`serve.rs`), and what
 //! server commands share (the common flags and the start/wait loop) is in `common.rs`.
 
+mod acme;
 mod bans;
 mod common;
 mod config;
@@ -64,6 +65,14 @@ enum Command {
     /// Runs the gate's `exec:` checkers for a sandboxed server (started by tern itself).
     #[command(hide = true)]
     GateExecHelper { programs: Vec<std::path::PathBuf> },
+    /// Orders and renews certificates from an ACME CA for a server (started by tern itself;
+    /// its settings come on stdin).
+    #[command(hide = true)]
+    AcmeHelper {
+        /// The server runs with `--sandbox off`: so does the helper.
+        #[arg(long)]
+        no_sandbox: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -91,6 +100,9 @@ fn main() -> ExitCode {
         Command::Gate(args) => gate::gate(args),
         Command::GateExecHelper { programs } => tern_gate::checkers::exec_helper_main(&programs)
             .map_err(|e| format!("gate exec helper: {e}")),
+        Command::AcmeHelper { no_sandbox } => {
+            acme::helper_main(!no_sandbox).map_err(|e| format!("acme helper: {e}"))
+        }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -33,6 +33,8 @@ pub struct ServeArgs {
     common: CommonArgs,
     #[command(flatten)]
     tls: TlsArgs,
+    #[command(flatten)]
+    acme: crate::acme::AcmeArgs,
     /// Serve files and directories whose name starts with a dot.
     #[arg(long)]
     serve_dotfiles: bool,
@@ -53,17 +55,48 @@ impl ServeArgs {
     /// Reads the config file (if any) and resolves every setting, HTTPS included, and the
     /// file's `user`, `group` and `sandbox` (used at start-up only).
     fn settings(&self) -> Result<(Settings, Option<TlsPlan>, bool, FileHardening), String> {
+        self.settings_and_acme(false)
+            .map(|(s, t, p, h, _)| (s, t, p, h))
+    }
+
+    /// [`Self::settings`] and the ACME settings (start-up only: a reload keeps the helper).
+    #[allow(clippy::type_complexity)]
+    fn settings_and_acme(
+        &self,
+        with_acme: bool,
+    ) -> Result<
+        (
+            Settings,
+            Option<TlsPlan>,
+            bool,
+            FileHardening,
+            Option<tern_acme::AcmeConfig>,
+        ),
+        String,
+    > {
         let file = self.config.as_deref().map(config::load).transpose()?;
         let file_dir = self
             .config
             .as_deref()
             .and_then(Path::parent)
             .unwrap_or(Path::new(""));
-        let tls = self
-            .tls
-            .plan(file.as_ref().and_then(FileConfig::tls), file_dir, None)?;
+        let file_tls = file.as_ref().and_then(FileConfig::tls);
+        let mut tls_args = self.tls.clone();
+        tls_args.acme = !self.acme.names.is_empty();
+        let tls = tls_args.plan(file_tls, file_dir, None)?;
         let plain_given =
             self.common.listen.is_some() || file.as_ref().is_some_and(FileConfig::listen_given);
+        let plain_listener = plain_given || tls.as_ref().is_some_and(|t| t.redirect_http.is_some());
+        let acme = match with_acme {
+            true => crate::acme::resolve(
+                &self.acme,
+                file_tls.and_then(|t| t.acme()),
+                file_dir,
+                &[],
+                plain_listener,
+            )?,
+            false => None,
+        };
         let flags = Flags {
             dir: self.dir.as_deref(),
             serve_dotfiles: self.serve_dotfiles,
@@ -76,6 +109,7 @@ impl ServeArgs {
             tls,
             plain_given,
             file.as_ref().map(FileConfig::hardening).unwrap_or_default(),
+            acme,
         ))
     }
 }
@@ -90,7 +124,7 @@ impl Handler for Files {
 }
 
 pub fn serve(args: ServeArgs) -> Result<(), String> {
-    let (settings, tls, plain_given, file_hardening) = args.settings()?;
+    let (settings, tls, plain_given, file_hardening, acme) = args.settings_and_acme(true)?;
     // Bans are flags only (not in --config); a reload leaves them as they are.
     let bans = args.common.clone();
     let acceptor = tls.as_ref().map(crate::tls::acceptor).transpose()?;
@@ -123,6 +157,21 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
         Some(&file_hardening),
         &mut needs,
     )?;
+    // Before the sandbox: the helper is a process of its own, and the sandbox forbids
+    // starting one. Its receiving loop runs on a server background thread, which starts after
+    // the sandbox (that must lock down while tern has one thread).
+    let (acme_receiver, acme_loop) = match (&acme, &acceptor) {
+        (Some(config), Some(acceptor)) => {
+            let (receiver, receive) = crate::acme::start(
+                config,
+                acceptor.clone(),
+                &args.common.hardening,
+                Some(&file_hardening),
+            )?;
+            (Some(receiver), Some(receive))
+        }
+        _ => (None, None),
+    };
     let lockdown = hardening::plan(&args.common.hardening, Some(&file_hardening), needs)?;
     let probes = args.common.hardening.probes();
     let mut current = settings.clone();
@@ -132,6 +181,9 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     let on_reload: OnReload = Box::new(move |server: ServerReload<'_>| {
         if let Some(gate) = &reload_gate {
             crate::gate::reload(gate);
+        }
+        if let Some(acme) = &acme_receiver {
+            acme.check_now();
         }
         match reload(&args, &current, &reloader, reload_tls.as_deref(), server) {
             Ok((applied, changes)) => {
@@ -148,6 +200,9 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     crate::tls::configure(&mut config, settings.listen, plain_given, tls.as_ref());
     crate::service::adopt_inherited_sockets(&mut config)?;
     let mut router = Router::new().fallback(Files(files));
+    if acme.is_some() {
+        router = crate::acme::counters_routes(router);
+    }
     if probes {
         router = hardening::probe_routes(router);
     }
@@ -159,6 +214,9 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
         server = gate.install(server);
     }
     let mut server = bans.install_bans(server, &[])?;
+    if let Some(receive) = acme_loop {
+        crate::acme::install(&mut server, receive);
+    }
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
     }

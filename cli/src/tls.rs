@@ -40,6 +40,9 @@ pub struct TlsArgs {
     /// Add `Strict-Transport-Security: max-age=SECS` to HTTPS answers.
     #[arg(long, value_name = "SECS")]
     pub hsts: Option<u64>,
+    /// Automatic HTTPS was asked for on the command line (`tern serve --acme`).
+    #[arg(skip)]
+    pub acme: bool,
 }
 
 /// The `[tls]` section of a config file.
@@ -53,6 +56,14 @@ pub struct FileTls {
     ticket_keys: Option<PathBuf>,
     redirect_http: Option<SocketAddr>,
     hsts: Option<u64>,
+    /// `[tls.acme]`: automatic HTTPS.
+    acme: Option<crate::acme::FileAcme>,
+}
+
+impl FileTls {
+    pub fn acme(&self) -> Option<&crate::acme::FileAcme> {
+        self.acme.as_ref()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -108,7 +119,9 @@ impl TlsArgs {
                 })
                 .collect();
         }
-        let self_signed = self.tls_self_signed || f.self_signed.unwrap_or(false);
+        let acme = self.acme || f.acme.is_some();
+        // With ACME, the self-signed certificate is what a name gets until its own is issued.
+        let self_signed = self.tls_self_signed || f.self_signed.unwrap_or(false) || acme;
         if certs.is_empty() && !self_signed {
             let asked =
                 self.listen_tls.is_some() || self.redirect_http.is_some() || self.hsts.is_some();
@@ -129,6 +142,7 @@ impl TlsArgs {
                 ticket_keys,
                 // HTTP/2 preferred; a client that offers neither gets HTTP/1.1 too.
                 alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+                acme,
             },
             listen: self
                 .listen_tls

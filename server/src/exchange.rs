@@ -6,14 +6,14 @@
 use std::net::{IpAddr, SocketAddr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use tern_codec::RequestHead;
+use tern_codec::{Method, RequestHead};
 use tern_runtime::{ratelog, BufPool, Clock, InboxSender};
 
 use crate::access_log::{LogEntry, WorkerLog};
 use crate::bans::{self, BanCause, Bans};
 use crate::config::ServerConfig;
 use crate::handler::{HandlerContext, LogTarget, Reply, Request, WorkerMessage};
-use crate::response::Response;
+use crate::response::{Body, Response};
 use crate::router::{RouteMatch, Router};
 use crate::stats::{Counter, SiteSlot, Tally, WorkerStats};
 use crate::upstream::Forward;
@@ -21,6 +21,8 @@ use crate::upstream::Forward;
 /// Borrowed worker state a connection needs while it runs (the worker builds one per event).
 pub(crate) struct ConnCx<'a> {
     pub router: &'a Router,
+    /// Automatic HTTPS: HTTP-01 answers on plain listeners (`None` without ACME).
+    pub acme: Option<&'a tern_tls::AcmeCerts>,
     /// Where strikes and dropped connections add bans (`Server::with_bans`).
     pub bans: Option<&'a Bans>,
     /// `Strict-Transport-Security: ...\r\n`, for answers over TLS (`--hsts`).
@@ -155,6 +157,23 @@ pub(crate) fn run(
             Outcome::Respond(Response::text(500, "internal error\n").close())
         }
     }
+}
+
+/// RFC 8555 §8.3: `GET /.well-known/acme-challenge/TOKEN` on plain HTTP answers the key
+/// authorization while the ACME helper's validation is under way, for any Host and before
+/// any redirect to https (the CA follows redirects, but only to ports 80 and 443).
+pub(crate) fn acme_http01(head: &RequestHead<'_>, cx: &ConnCx<'_>) -> Option<Response> {
+    let acme = cx.acme?;
+    let token = head.path.strip_prefix("/.well-known/acme-challenge/")?;
+    if !matches!(head.method, Method::Get | Method::Head) {
+        return None;
+    }
+    let key_authorization = acme.http01(token)?;
+    Some(
+        Response::new(200)
+            .with_header("Content-Type", "application/octet-stream")
+            .with_body(Body::Owned(key_authorization.as_bytes().to_vec())),
+    )
 }
 
 /// The answer of a redirect-only listener (`--redirect-http`): 308 to the same host and path

@@ -30,6 +30,7 @@ macro_rules! conn_cx {
     ($this:ident) => {
         ConnCx {
             router: &$this.router,
+            acme: None,
             bans: None,
             hsts_line: None,
             config: &$this.config,

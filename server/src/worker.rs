@@ -168,6 +168,7 @@ impl HttpWorker {
         };
         let mut ccx = ConnCx {
             router: &self.shared.router,
+            acme: self.shared.tls.as_ref().and_then(|t| t.acme()),
             bans: self.shared.bans.as_deref(),
             hsts_line: self.shared.hsts_line.as_deref(),
             config: &self.config,

@@ -8,6 +8,7 @@
 //!
 //! Crypto: aws-lc-rs, chosen by measurement (ARCHITECTURE.md, `examples/providers.rs`).
 
+mod acme;
 mod certs;
 mod resolver;
 mod self_signed;
@@ -21,6 +22,7 @@ use rustls::crypto::{aws_lc_rs as provider, CryptoProvider};
 use rustls::server::NoServerSessionStorage;
 use rustls::ServerConfig;
 
+pub use acme::{tls_alpn_sni, AcmeCerts, ACME_TLS_ALPN};
 pub use certs::LoadedCert;
 pub use resolver::{CertSet, SniResolver};
 pub use session::{Plaintext, TlsFailure, TlsSession};
@@ -44,6 +46,9 @@ pub struct TlsOptions {
     pub ticket_keys: Option<PathBuf>,
     /// ALPN protocols, preferred first.
     pub alpn: Vec<Vec<u8>>,
+    /// Automatic HTTPS: certificates and TLS-ALPN-01 answers come from the ACME helper
+    /// ([`TlsAcceptor::acme`]), and `acme-tls/1` is offered last.
+    pub acme: bool,
 }
 
 /// Shared by every worker: makes a [`TlsSession`] per accepted connection.
@@ -93,13 +98,19 @@ impl TlsAcceptor {
             .then(|| self_signed::make(&provider))
             .transpose()?;
         let set = cert_set(options, self_signed.as_ref(), &provider)?;
-        let resolver = Arc::new(SniResolver::new(set));
+        let resolver = Arc::new(match options.acme {
+            true => SniResolver::with_acme(set, AcmeCerts::new(provider.clone())),
+            false => SniResolver::new(set),
+        });
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| format!("TLS configuration: {e}"))?
             .with_no_client_auth()
             .with_cert_resolver(resolver.clone());
         config.alpn_protocols = options.alpn.clone();
+        if options.acme {
+            config.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
+        }
         config.ticketer = match &options.ticket_keys {
             Some(path) => TicketKeys::with_file(path)?,
             None => TicketKeys::in_memory()?,
@@ -131,6 +142,11 @@ impl TlsAcceptor {
         let set = cert_set(options, self.self_signed.as_ref(), provider)?;
         self.resolver.replace(set);
         Ok(())
+    }
+
+    /// Where the ACME helper's certificates and challenge answers go (automatic HTTPS only).
+    pub fn acme(&self) -> Option<&AcmeCerts> {
+        self.resolver.acme()
     }
 
     /// The SHA-256 fingerprint of the certificate made by `--tls-self-signed`.

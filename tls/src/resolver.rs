@@ -12,6 +12,7 @@ use arc_swap::ArcSwap;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
+use crate::acme::{AcmeCerts, ACME_TLS_ALPN};
 use crate::certs::LoadedCert;
 
 /// Certificates by name. The first one given is the default.
@@ -63,17 +64,32 @@ impl CertSet {
     }
 }
 
-/// The resolver rustls calls during each handshake.
+/// The resolver rustls calls during each handshake. Certificates from ACME come first for
+/// the names they cover; a reload (SIGHUP) replaces the file certificates and keeps them.
 #[derive(Debug)]
 pub struct SniResolver {
     set: ArcSwap<CertSet>,
+    /// Present when automatic HTTPS is on.
+    acme: Option<AcmeCerts>,
 }
 
 impl SniResolver {
     pub fn new(set: CertSet) -> SniResolver {
         SniResolver {
             set: ArcSwap::from_pointee(set),
+            acme: None,
         }
+    }
+
+    pub(crate) fn with_acme(set: CertSet, acme: AcmeCerts) -> SniResolver {
+        SniResolver {
+            set: ArcSwap::from_pointee(set),
+            acme: Some(acme),
+        }
+    }
+
+    pub(crate) fn acme(&self) -> Option<&AcmeCerts> {
+        self.acme.as_ref()
     }
 
     /// New handshakes use `set` from now on.
@@ -84,7 +100,21 @@ impl SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.set.load().pick(hello.server_name()).clone())
+        let sni = hello.server_name();
+        if let Some(acme) = &self.acme {
+            // A TLS-ALPN-01 validator offers only `acme-tls/1` (RFC 8737 §3): it gets the
+            // challenge certificate or no handshake, never a site's certificate.
+            if hello
+                .alpn()
+                .is_some_and(|mut protocols| protocols.any(|p| p == ACME_TLS_ALPN))
+            {
+                return acme.challenge(sni);
+            }
+            if let Some(key) = acme.pick(sni) {
+                return Some(key);
+            }
+        }
+        Some(self.set.load().pick(sni).clone())
     }
 }
 

@@ -1375,6 +1375,28 @@ impl RunConfig {
         TlsArgs::default().plan(self.file.tls.as_ref(), &self.dir, None)
     }
 
+    /// `[tls.acme]`: the helper's settings, the names from the sites' hosts unless the
+    /// section lists its own; `None` without the section.
+    pub fn acme(&self, plain_listener: bool) -> Result<Option<tern_acme::AcmeConfig>, String> {
+        let file = self.file.tls.as_ref().and_then(|t| t.acme());
+        if file.is_none() {
+            return Ok(None);
+        }
+        let hosts: Vec<String> = self
+            .sites
+            .iter()
+            .flat_map(|s| s.hosts.iter().cloned())
+            .collect();
+        crate::acme::resolve(
+            &crate::acme::AcmeArgs::default(),
+            file,
+            &self.dir,
+            &hosts,
+            plain_listener,
+        )
+        .map_err(|e| format!("[tls.acme]: {e}"))
+    }
+
     /// Every upstream of every proxy route (for the sandbox).
     pub fn upstreams(&self) -> Vec<tern_server::UpstreamAddr> {
         self.sites

@@ -66,6 +66,17 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     for (path, format) in &logs.files {
         opened_logs.push(crate::common::open_access_log(path, *format, &mut needs)?);
     }
+    let plain_listener =
+        common.listen.is_some() || tls.as_ref().is_some_and(|t| t.redirect_http.is_some());
+    let acme = match (loaded.acme(plain_listener)?, &acceptor) {
+        (Some(config), Some(acceptor)) => Some(crate::acme::start(
+            &config,
+            acceptor.clone(),
+            &args.common.hardening,
+            Some(&loaded.hardening()),
+        )?),
+        _ => None,
+    };
     let lockdown = hardening::plan(&args.common.hardening, Some(&loaded.hardening()), needs)?;
     let sandbox_connect =
         (lockdown.mode != tern_sandbox::Mode::Off).then(|| lockdown.paths.connect.clone());
@@ -112,6 +123,10 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     if let Some(acceptor) = &acceptor {
         server = server.with_tls(acceptor.clone());
     }
+    let (acme_receiver, acme_loop) = acme.unzip();
+    if let Some(receive) = acme_loop {
+        crate::acme::install(&mut server, receive);
+    }
     let mut reloader = Reloader {
         path: args.config,
         flags: args.common,
@@ -125,16 +140,18 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         stats: stats.clone(),
         sandbox_connect,
     };
-    let on_reload: OnReload =
-        Box::new(
-            move |server: ServerReload<'_>| match reloader.reload(server) {
-                Ok(changes) => tracing::info!("reload (SIGHUP): {changes}"),
-                Err(e) => tracing::error!(
-                    "reload (SIGHUP) failed, nothing changed: {}",
-                    hardening::explain_reload_error(e)
-                ),
-            },
-        );
+    let on_reload: OnReload = Box::new(move |server: ServerReload<'_>| {
+        if let Some(acme) = &acme_receiver {
+            acme.check_now();
+        }
+        match reloader.reload(server) {
+            Ok(changes) => tracing::info!("reload (SIGHUP): {changes}"),
+            Err(e) => tracing::error!(
+                "reload (SIGHUP) failed, nothing changed: {}",
+                hardening::explain_reload_error(e)
+            ),
+        }
+    });
     run_server_with_reload(server, &what, on_reload, acceptor.as_deref())
 }
 
@@ -167,6 +184,11 @@ fn check(args: &RunArgs) -> Result<(), String> {
         TlsAcceptor::new(&options).map_err(|e| format!("config {path}: [tls]: {e}"))?;
     }
     let common = loaded.common(&args.common);
+    let plain_listener =
+        common.listen.is_some() || tls.as_ref().is_some_and(|t| t.redirect_http.is_some());
+    loaded
+        .acme(plain_listener)
+        .map_err(|e| format!("config {path}: {e}"))?;
     let server_config = listeners(&common, tls.as_ref());
     let sites = loaded.sites.len();
     let default = match loaded.default_site {

@@ -406,6 +406,11 @@ impl Http1 {
             .access_log
             .as_ref()
             .map(|log| log.entry(head, link.peer, cx.clock.now_us()));
+        if !link.secure {
+            if let Some(response) = exchange::acme_http01(head, cx) {
+                return self.respond(response, exchange, out, link, cx, entry.as_ref());
+            }
+        }
         if let Some(port) = link.redirect_to_https {
             let response = exchange::redirect_to_https(head, port);
             return self.respond(response, exchange, out, link, cx, entry.as_ref());

@@ -183,6 +183,13 @@ impl Conn {
                 }
                 if tls.just_established() {
                     cx.stats.bump(Counter::TlsHandshakes);
+                    if tls.chose_acme_tls() {
+                        // A TLS-ALPN-01 validation (RFC 8737 §3) only looks at the
+                        // certificate: no application data, close once it is sent.
+                        self.http.abort();
+                        tls.close_notify();
+                        return true;
+                    }
                     if tls.chose_h2() {
                         self.http.upgrade_to_h2(&mut self.out, cx);
                     }

@@ -129,6 +129,11 @@ impl Tls {
         self.session.alpn() == Some(b"h2")
     }
 
+    /// The client is an ACME CA validating by TLS-ALPN-01.
+    pub fn chose_acme_tls(&self) -> bool {
+        self.session.alpn() == Some(tern_tls::ACME_TLS_ALPN)
+    }
+
     pub fn is_handshaking(&self) -> bool {
         !self.established
     }
