@@ -346,6 +346,12 @@ fn tls_alpn_for_a_name_and_an_address_then_a_restart_orders_nothing() {
         "{}",
         tern.stderr_text()
     );
+    // The ACME figures on /metrics keep Prometheus's conventions.
+    if have_promtool() {
+        let page = tern.get("/metrics").text();
+        assert!(page.contains("tern_acme_orders_total{"), "{page}");
+        promtool_accepts("tern serve --acme's /metrics", &page);
+    }
     // The helper runs sandboxed too (Landlock sets no_new_privs).
     let children =
         std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", tern.pid())).unwrap();

@@ -10,60 +10,9 @@
 
 mod support;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use support::*;
-
-/// Whether promtool is here; under CI its absence is a failure.
-fn have_promtool() -> bool {
-    let found = Command::new("promtool")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "promtool is missing under CI: scripts/install-metrics-test-deps installs it"
-        );
-        eprintln!("SKIPPED: promtool is not installed (scripts/install-metrics-test-deps)");
-    }
-    found
-}
-
-/// Pipes `page` through `promtool check metrics`; any problem it reports fails the test.
-fn promtool_accepts(what: &str, page: &str) {
-    assert!(
-        page.contains("# TYPE "),
-        "{what}: not a metrics page:\n{page}"
-    );
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(page.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool check metrics refused {what} ({}):\n{said}\n--- the page:\n{page}",
-        out.status
-    );
-}
 
 /// The value of the sample `series` (name and labels as written) on a Prometheus page.
 fn sample(page: &str, series: &str) -> f64 {

@@ -197,7 +197,18 @@ pub fn render_statusz(metrics: &[Metric]) -> String {
 pub fn render_prometheus(prefix: &str, metrics: &[Metric]) -> String {
     let mut out = String::with_capacity(metrics.len() * 96);
     let mut last: Option<&str> = None;
+    // One HELP and TYPE per family, its samples together (the text format requires it),
+    // whatever order the sources gave them in (e.g. two figures per certificate, one
+    // certificate after the other): families in the order they first appear.
+    let mut first_seen: Vec<&str> = Vec::new();
     for m in metrics {
+        if !first_seen.contains(&m.name) {
+            first_seen.push(m.name);
+        }
+    }
+    let mut ordered: Vec<&Metric> = metrics.iter().collect();
+    ordered.sort_by_key(|m| first_seen.iter().position(|n| *n == m.name));
+    for m in ordered {
         let family = m.family_name();
         if last != Some(m.name) {
             let kind = match m.kind {
@@ -499,6 +510,45 @@ mod tests {
     use super::*;
 
     static NAMES: [(&str, &str); 2] = [("claims", "claims committed"), ("batches", "batches")];
+
+    /// A source that gives two figures per certificate, one certificate after the other:
+    /// each family still gets one HELP and TYPE, and its samples stay together.
+    #[test]
+    fn interleaved_families_are_grouped() {
+        let metrics: Vec<Metric> = ["a.test", "b.test"]
+            .iter()
+            .flat_map(|n| {
+                [
+                    Metric::gauge("expiry_seconds", "to expiry", 1.0).with_label("name", *n),
+                    Metric::gauge("renewal_seconds", "to renewal", 2.0).with_label("name", *n),
+                ]
+            })
+            .collect();
+        let page = render_prometheus("tern_", &metrics);
+        assert_eq!(
+            page.matches("# HELP tern_expiry_seconds ").count(),
+            1,
+            "{page}"
+        );
+        assert_eq!(
+            page.matches("# HELP tern_renewal_seconds ").count(),
+            1,
+            "{page}"
+        );
+        let lines: Vec<&str> = page.lines().filter(|l| !l.starts_with('#')).collect();
+        assert!(
+            lines[0].starts_with("tern_expiry_seconds{name=\"a.test\"}"),
+            "{page}"
+        );
+        assert!(
+            lines[1].starts_with("tern_expiry_seconds{name=\"b.test\"}"),
+            "{page}"
+        );
+        assert!(
+            lines[2].starts_with("tern_renewal_seconds{name=\"a.test\"}"),
+            "{page}"
+        );
+    }
 
     #[test]
     fn counters_sum_over_slots() {

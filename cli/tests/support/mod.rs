@@ -1067,3 +1067,53 @@ pub fn sixteen_pipelined<S: Transport>(c: &mut Client<S>) {
         }
     }
 }
+
+/// Whether promtool is here; under CI its absence is a failure.
+pub fn have_promtool() -> bool {
+    let found = std::process::Command::new("promtool")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "promtool is missing under CI: scripts/install-metrics-test-deps installs it"
+        );
+        eprintln!("SKIPPED: promtool is not installed (scripts/install-metrics-test-deps)");
+    }
+    found
+}
+
+/// Pipes `page` through `promtool check metrics`; any problem it reports fails the test.
+pub fn promtool_accepts(what: &str, page: &str) {
+    assert!(
+        page.contains("# TYPE "),
+        "{what}: not a metrics page:\n{page}"
+    );
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics refused {what} ({}):\n{said}\n--- the page:\n{page}",
+        out.status
+    );
+}
