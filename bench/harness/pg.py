@@ -58,11 +58,13 @@ class PgCluster:
             return None
 
     def cpu_seconds(self):
-        """utime + stime of the postmaster and every process under it (backends that
-        exited since are missing: tern's connections and the background writers live for
-        the whole run, so that is the odd autovacuum worker)."""
+        """utime + stime of the postmaster and every process under it, plus what its
+        children that exited used (cutime + cstime of the postmaster, which reaps them:
+        autovacuum workers come and go on these insert-heavy tables)."""
         pid = self.postmaster()
-        return procs.cpu_seconds(procs.process_tree(pid)) if pid else 0.0
+        if not pid:
+            return 0.0
+        return procs.cpu_seconds(procs.process_tree(pid)) + procs.reaped_children_cpu_seconds(pid)
 
     def setting(self, name):
         out = subprocess.run([f"{self.bin}/psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "tern",

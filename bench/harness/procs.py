@@ -47,6 +47,16 @@ def cpu_seconds(pids):
     return total / CLK_TCK
 
 
+def reaped_children_cpu_seconds(pid):
+    """cutime + cstime of a process: the CPU of its children that exited and it waited
+    for, in seconds."""
+    try:
+        f = _stat_fields(pid)
+    except OSError:
+        return 0.0
+    return (int(f[13]) + int(f[14])) / CLK_TCK  # cutime, cstime (fields 16, 17)
+
+
 def machine_busy_seconds():
     """CPU time all CPUs spent not idle since boot (from /proc/stat), in seconds."""
     with open("/proc/stat") as f:
