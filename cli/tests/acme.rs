@@ -237,6 +237,44 @@ fn acme_args(pebble_ca: &Path, directory: &str, state: &Path, names: &[&str]) ->
     args
 }
 
+/// A site with `hello.txt`, a Pebble that validates on two fresh ports, and the `tern serve`
+/// arguments that listen on them and ask for a certificate for `name`.
+struct OneSite {
+    site: Site,
+    state: PathBuf,
+    pebble: Pebble,
+    args: Vec<String>,
+    _ca_dir: tempfile::TempDir,
+}
+
+fn one_site(name: &str) -> OneSite {
+    let site = Site::new();
+    site.write("hello.txt", "hello\n");
+    let state = site.base().join("acme-state");
+    let ca_dir = tempfile::tempdir().unwrap();
+    let (http_port, https_port) = (free_port(), free_port());
+    let pebble = Pebble::start(ca_dir.path(), None, http_port, https_port, &[]);
+    let mut args = vec![
+        "--listen-tls".to_string(),
+        format!("127.0.0.1:{https_port}"),
+        "--listen".into(),
+        format!("127.0.0.1:{http_port}"),
+    ];
+    args.extend(acme_args(
+        &pebble.ca_file,
+        &pebble.directory,
+        &state,
+        &[name],
+    ));
+    OneSite {
+        site,
+        state,
+        pebble,
+        args,
+        _ca_dir: ca_dir,
+    }
+}
+
 /// A labelled value of /statusz, e.g. `acme_orders{result="valid"}`.
 fn value(tern: &Tern, name: &str) -> u64 {
     tern.counter_at("/statusz", name)
@@ -453,24 +491,13 @@ fn http01_is_answered_before_the_https_redirect_despite_bad_nonces() {
 
 #[test]
 fn the_ca_moving_the_renewal_window_renews_without_a_restart() {
-    let site = Site::new();
-    site.write("hello.txt", "hello\n");
-    let state = site.base().join("acme-state");
-    let ca_dir = tempfile::tempdir().unwrap();
-    let (http_port, https_port) = (free_port(), free_port());
-    let pebble = Pebble::start(ca_dir.path(), None, http_port, https_port, &[]);
-    let mut args = vec![
-        "--listen-tls".to_string(),
-        format!("127.0.0.1:{https_port}"),
-        "--listen".into(),
-        format!("127.0.0.1:{http_port}"),
-    ];
-    args.extend(acme_args(
-        &pebble.ca_file,
-        &pebble.directory,
-        &state,
-        &["a.test"],
-    ));
+    let OneSite {
+        site,
+        pebble,
+        args,
+        _ca_dir,
+        ..
+    } = one_site("a.test");
     let tern = Tern::spawn(serve_command(&site.root, &[], &args));
     wait_for_orders(&tern, 1);
     let trusted = pebble.client();
@@ -963,24 +990,13 @@ fn two_nodes_sharing_the_state_folder_order_once() {
 #[test]
 fn a_full_disk_is_logged_and_the_certificate_still_served() {
     use std::os::unix::process::CommandExt;
-    let site = Site::new();
-    site.write("hello.txt", "hello\n");
-    let state = site.base().join("acme-state");
-    let ca_dir = tempfile::tempdir().unwrap();
-    let (http_port, https_port) = (free_port(), free_port());
-    let pebble = Pebble::start(ca_dir.path(), None, http_port, https_port, &[]);
-    let mut args = vec![
-        "--listen-tls".to_string(),
-        format!("127.0.0.1:{https_port}"),
-        "--listen".into(),
-        format!("127.0.0.1:{http_port}"),
-    ];
-    args.extend(acme_args(
-        &pebble.ca_file,
-        &pebble.directory,
-        &state,
-        &["a.test"],
-    ));
+    let OneSite {
+        site,
+        state,
+        pebble,
+        args,
+        _ca_dir,
+    } = one_site("a.test");
     let mut cmd = serve_command(&site.root, &[], &args);
     // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal) on
     // values the closure owns.

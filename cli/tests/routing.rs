@@ -9,7 +9,7 @@ mod support;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -231,48 +231,12 @@ fn an_spa_and_a_stripped_api_answer_as_in_nginx() {
     check_same(tern.addr(), "tern");
     drop(tern);
 
-    let Some(nginx) = ["/usr/sbin/nginx", "/usr/bin/nginx"]
-        .iter()
-        .find(|p| Path::new(p).exists())
-    else {
-        eprintln!("SKIPPED: nginx is not installed (scripts/install-gate-test-deps)");
+    let port = free_port();
+    let http = nginx_config(&dist, app.addr, port);
+    let Some(nginx) = Nginx::start(&tmp.path().join("nginx"), &http, port) else {
         return;
     };
-    let port = free_port();
-    let t = tmp.path().join("nginx");
-    std::fs::create_dir(&t).unwrap();
-    let conf = t.join("nginx.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "daemon off; master_process off; worker_processes 1; pid {t}/nginx.pid;\n\
-             error_log {t}/error.log;\nevents {{ worker_connections 256; }}\n\
-             http {{\n include /etc/nginx/mime.types; access_log off;\n client_body_temp_path {t}/body; proxy_temp_path {t}/proxy;\n\
-             fastcgi_temp_path {t}/fcgi; uwsgi_temp_path {t}/uwsgi; scgi_temp_path {t}/scgi;\n{}\n}}\n",
-            nginx_config(&dist, app.addr, port),
-            t = t.display()
-        ),
-    )
-    .unwrap();
-    let mut child: Child = Command::new(nginx)
-        .arg("-c")
-        .arg(&conf)
-        .arg("-p")
-        .arg(&t)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    if !eventually(Duration::from_secs(5), || TcpStream::connect(addr).is_ok()) {
-        let _ = child.kill();
-        let mut err = String::new();
-        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-        panic!("nginx did not start: {err}");
-    }
-    check_same(addr, "nginx");
-    let _ = child.kill();
-    let _ = child.wait();
+    check_same(nginx.addr, "nginx");
 }
 
 /// A site with every routing key, started for the tests below.

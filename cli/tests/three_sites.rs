@@ -6,9 +6,9 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -242,49 +242,12 @@ fn the_readme_tern_config_runs_and_answers_as_its_nginx_config() {
     drop(tern);
 
     // nginx, if installed (scripts/install-gate-test-deps).
-    let Some(nginx) = ["/usr/sbin/nginx", "/usr/bin/nginx"]
-        .iter()
-        .find(|p| Path::new(p).exists())
-    else {
-        eprintln!("SKIPPED: nginx is not installed");
+    let port = free_port();
+    let http = setup.adapt(&readme_block("nginx"), "nginx-logs", port);
+    let Some(nginx) = Nginx::start(&setup.path("nginx"), &http, port) else {
         return;
     };
-    let port = free_port();
-    let t = setup.path("nginx");
-    std::fs::create_dir(&t).unwrap();
-    let conf = t.join("nginx.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "daemon off; master_process off; worker_processes 1; pid {t}/nginx.pid;\n\
-             error_log {t}/error.log;\nevents {{ worker_connections 256; }}\n\
-             http {{\n include /etc/nginx/mime.types;\n client_body_temp_path {t}/body; proxy_temp_path {t}/proxy;\n\
-             fastcgi_temp_path {t}/fcgi; uwsgi_temp_path {t}/uwsgi; scgi_temp_path {t}/scgi;\n{}\n}}\n",
-            setup.adapt(&readme_block("nginx"), "nginx-logs", port),
-            t = t.display()
-        ),
-    )
-    .unwrap();
-    let mut child: Child = Command::new(nginx)
-        .arg("-c")
-        .arg(&conf)
-        .arg("-p")
-        .arg(&t)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let up = eventually(Duration::from_secs(5), || TcpStream::connect(addr).is_ok());
-    if !up {
-        let _ = child.kill();
-        let mut err = String::new();
-        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-        panic!("nginx did not start with the README's configuration: {err}");
-    }
-    check_answers(addr, "nginx");
-    let _ = child.kill();
-    let _ = child.wait();
+    check_answers(nginx.addr, "nginx");
 }
 
 #[test]

@@ -1117,3 +1117,61 @@ pub fn promtool_accepts(what: &str, page: &str) {
         out.status
     );
 }
+
+/// nginx from Debian's package, run in the foreground from a folder of its own for a
+/// comparison test; killed on drop. `None` (with a SKIPPED line) when nginx is not installed.
+pub struct Nginx {
+    child: std::process::Child,
+    pub addr: SocketAddr,
+}
+
+impl Nginx {
+    /// nginx with `http_block` (server blocks, listening on `port`) inside a minimal
+    /// `http {}` of its own in `dir`; panics with its error output if it does not start.
+    pub fn start(dir: &Path, http_block: &str, port: u16) -> Option<Nginx> {
+        let Some(nginx) = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .iter()
+            .find(|p| Path::new(p).exists())
+        else {
+            eprintln!("SKIPPED: nginx is not installed (scripts/install-gate-test-deps)");
+            return None;
+        };
+        std::fs::create_dir_all(dir).unwrap();
+        let conf = dir.join("nginx.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "daemon off; master_process off; worker_processes 1; pid {t}/nginx.pid;\n\
+                 error_log {t}/error.log;\nevents {{ worker_connections 256; }}\n\
+                 http {{\n include /etc/nginx/mime.types; access_log off;\n client_body_temp_path {t}/body; proxy_temp_path {t}/proxy;\n\
+                 fastcgi_temp_path {t}/fcgi; uwsgi_temp_path {t}/uwsgi; scgi_temp_path {t}/scgi;\n{http_block}\n}}\n",
+                t = dir.display()
+            ),
+        )
+        .unwrap();
+        let mut child = std::process::Command::new(nginx)
+            .arg("-c")
+            .arg(&conf)
+            .arg("-p")
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        if !eventually(Duration::from_secs(5), || TcpStream::connect(addr).is_ok()) {
+            let _ = child.kill();
+            let mut err = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+            panic!("nginx did not start: {err}");
+        }
+        Some(Nginx { child, addr })
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
