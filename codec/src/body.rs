@@ -319,6 +319,11 @@ fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
+/// A token (RFC 9110 §5.6.2): one or more tchars, as a method or a field name is.
+pub fn is_token(bytes: &[u8]) -> bool {
+    !bytes.is_empty() && bytes.iter().all(|&b| is_tchar(b))
+}
+
 /// The value of one hex digit (chunk sizes, percent escapes).
 pub(crate) fn hex_value(b: u8) -> Option<u8> {
     match b {
@@ -331,6 +336,17 @@ pub(crate) fn hex_value(b: u8) -> Option<u8> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn tokens_are_one_or_more_tchars() {
+        for ok in [&b"GET"[..], b"x-request-id", b"!#$%&'*+-.^_`|~09az"] {
+            assert!(is_token(ok), "{ok:?}");
+        }
+        for bad in [&b""[..], b"a b", b"a:b", b"caf\xc3\xa9", b"(x)", b"a/b"] {
+            assert!(!is_token(bad), "{bad:?}");
+        }
+    }
+
     use super::*;
 
     /// Decodes `input` in one go; `Ok(None)` means it needs more input.

@@ -13,7 +13,7 @@ mod request;
 mod response;
 mod upstream;
 
-pub use body::{BodyDecoder, BodyKind, ChunkedDecoder, Decoded};
+pub use body::{is_token, BodyDecoder, BodyKind, ChunkedDecoder, Decoded};
 pub use date::{format_date_line, DATE_LINE_LEN};
 pub use error::RequestError;
 pub use path::{canonical_path, decoded as decoded_path, path_under, PathError};

@@ -46,8 +46,8 @@ pub use stats::{
     DURATION_BUCKETS, MAX_SITES, OTHER_SITES, STATUS_CLASSES,
 };
 pub use tern_codec::{
-    canonical_path, connection_lists, decoded_path, parse_request, path_under, trim_ows, BodyKind,
-    Limits, Method, Parsed, PathError, RequestError, RequestHead, Version,
+    canonical_path, connection_lists, decoded_path, is_token, parse_request, path_under, trim_ows,
+    BodyKind, Limits, Method, Parsed, PathError, RequestError, RequestHead, Version,
 };
 pub use tern_runtime::{RuntimeConfig, SignalAction};
 pub use tern_tls::{CertFiles, TlsAcceptor, TlsOptions};

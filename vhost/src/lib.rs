@@ -325,7 +325,7 @@ fn answer_on(
         }
         BuiltAction::Handler(handler) => {
             if let Some(tf) = &route.try_files {
-                match try_files(site, route, tf, handler.as_ref(), req, cx, hops) {
+                match try_files(site, tf, handler.as_ref(), req, cx, hops) {
                     Tried::Reply(r) => r,
                     Tried::Rerouted(r) => return r,
                 }
@@ -359,14 +359,12 @@ enum Tried {
 /// not 404 wins (the handler runs at most once per candidate: linear in the list).
 fn try_files(
     site: &BuiltSite,
-    route: &BuiltRoute,
     tf: &route::TryFiles,
     handler: &dyn Handler,
     req: &Request<'_>,
     cx: &mut HandlerContext<'_>,
     hops: u8,
 ) -> Tried {
-    let _ = route;
     let mut buf = Vec::new();
     for candidate in &tf.candidates {
         buf.clear();

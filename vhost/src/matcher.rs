@@ -125,18 +125,13 @@ fn glob_to_regex(glob: &str) -> Result<String, String> {
     Ok(out)
 }
 
-fn is_token(s: &str) -> bool {
-    const TCHAR: &[u8] = b"!#$%&'*+-.^_`|~";
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || TCHAR.contains(&b))
-}
-
 impl Matchers {
     pub(crate) fn new(spec: &MatchSpec) -> Result<Matchers, String> {
         let mut m = Matchers::default();
         for token in &spec.methods {
-            if !is_token(token) || token.bytes().any(|b| b.is_ascii_lowercase()) {
+            if !tern_server::is_token(token.as_bytes())
+                || token.bytes().any(|b| b.is_ascii_lowercase())
+            {
                 return Err(format!(
                     "method {token:?} is not an upper-case method token"
                 ));
@@ -148,7 +143,7 @@ impl Matchers {
             }
         }
         for (name, value) in &spec.headers {
-            if !is_token(name) {
+            if !tern_server::is_token(name.as_bytes()) {
                 return Err(format!("header {name:?} is not a field name"));
             }
             if value.bytes().any(|b| b.is_ascii_control()) {

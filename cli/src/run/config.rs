@@ -1323,12 +1323,7 @@ fn check_edits(
 
 /// Why a route may not edit this field (`upstream`: of the request an app gets).
 fn bad_field_name(name: &str, upstream: bool) -> Option<&'static str> {
-    const TCHAR: &[u8] = b"!#$%&'*+-.^_`|~";
-    if name.is_empty()
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || TCHAR.contains(&b))
-    {
+    if !tern_server::is_token(name.as_bytes()) {
         return Some("is not a header name");
     }
     let lower = name.to_ascii_lowercase();
