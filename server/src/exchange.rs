@@ -159,10 +159,27 @@ pub(crate) fn run(
     }
 }
 
+/// The answer the server gives itself before any route sees the request, whatever the
+/// protocol: on a plain listener, an ACME HTTP-01 challenge first (the CA follows redirects,
+/// but only to ports 80 and 443), then the redirect of a redirect-only listener
+/// (`redirect`: its https port).
+pub(crate) fn before_routing(
+    head: &RequestHead<'_>,
+    secure: bool,
+    redirect: Option<u16>,
+    cx: &ConnCx<'_>,
+) -> Option<Response> {
+    if !secure {
+        if let Some(response) = acme_http01(head, cx) {
+            return Some(response);
+        }
+    }
+    redirect.map(|port| redirect_to_https(head, port))
+}
+
 /// RFC 8555 §8.3: `GET /.well-known/acme-challenge/TOKEN` on plain HTTP answers the key
-/// authorization while the ACME helper's validation is under way, for any Host and before
-/// any redirect to https (the CA follows redirects, but only to ports 80 and 443).
-pub(crate) fn acme_http01(head: &RequestHead<'_>, cx: &ConnCx<'_>) -> Option<Response> {
+/// authorization while the ACME helper's validation is under way, for any Host.
+fn acme_http01(head: &RequestHead<'_>, cx: &ConnCx<'_>) -> Option<Response> {
     let acme = cx.acme?;
     let token = head.path.strip_prefix("/.well-known/acme-challenge/")?;
     if !matches!(head.method, Method::Get | Method::Head) {
@@ -179,7 +196,7 @@ pub(crate) fn acme_http01(head: &RequestHead<'_>, cx: &ConnCx<'_>) -> Option<Res
 /// The answer of a redirect-only listener (`--redirect-http`): 308 to the same host and path
 /// on https. A Host that is not a plain host name or address is refused, so nothing a client
 /// sends can shape the Location beyond the path.
-pub(crate) fn redirect_to_https(head: &RequestHead<'_>, https_port: u16) -> Response {
+fn redirect_to_https(head: &RequestHead<'_>, https_port: u16) -> Response {
     let Some(host) = head
         .header("host")
         .and_then(|h| std::str::from_utf8(h).ok())

@@ -406,13 +406,9 @@ impl Http1 {
             .access_log
             .as_ref()
             .map(|log| log.entry(head, link.peer, cx.clock.now_us()));
-        if !link.secure {
-            if let Some(response) = exchange::acme_http01(head, cx) {
-                return self.respond(response, exchange, out, link, cx, entry.as_ref());
-            }
-        }
-        if let Some(port) = link.redirect_to_https {
-            let response = exchange::redirect_to_https(head, port);
+        if let Some(response) =
+            exchange::before_routing(head, link.secure, link.redirect_to_https, cx)
+        {
             return self.respond(response, exchange, out, link, cx, entry.as_ref());
         }
         let from = Origin {

@@ -397,16 +397,10 @@ impl Http2 {
                     .access_log
                     .as_ref()
                     .map(|log| log.entry(&head, link.peer, cx.clock.now_us()));
-                let acme = match link.secure {
-                    false => exchange::acme_http01(&head, cx),
-                    true => None,
-                };
-                let outcome = match (acme, link.redirect_to_https) {
-                    (Some(response), _) => Outcome::Respond(response),
-                    (None, Some(port)) => {
-                        Outcome::Respond(exchange::redirect_to_https(&head, port))
-                    }
-                    (None, None) => {
+                let own = exchange::before_routing(&head, link.secure, link.redirect_to_https, cx);
+                let outcome = match own {
+                    Some(response) => Outcome::Respond(response),
+                    None => {
                         let from = Origin {
                             peer: link.peer,
                             secure: link.secure,
