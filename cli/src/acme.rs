@@ -168,40 +168,26 @@ pub fn start(
     hardening: &crate::hardening::HardeningArgs,
     file: Option<&crate::hardening::FileHardening>,
 ) -> Result<(Receiver, ReceiveLoop), String> {
-    let user = hardening
+    use crate::hardening::{helper_command, own_binary, SandboxArg};
+    use std::process::Stdio;
+    let settings = hardening.in_force(file);
+    check_state_folder(&config.state)?;
+    let account = settings
         .user
         .as_deref()
-        .or(file.and_then(|f| f.user.as_deref()));
-    let group = hardening
-        .group
-        .as_deref()
-        .or(file.and_then(|f| f.group.as_deref()));
-    let sandbox = hardening.sandbox.or(file.and_then(|f| f.sandbox));
-    use std::os::unix::process::CommandExt;
-    use std::process::{Command, Stdio};
-    check_state_folder(&config.state)?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find tern's own binary: {e}"))?;
-    let account = user
-        .map(|u| tern_sandbox::Account::lookup(u, group))
+        .map(|u| tern_sandbox::Account::lookup(u, settings.group.as_deref()))
         .transpose()?;
-    let mut cmd = Command::new(&exe);
-    cmd.arg("acme-helper");
-    if sandbox == Some(crate::hardening::SandboxArg::Off) {
+    let mut cmd = helper_command(&own_binary()?, "acme-helper", account.as_ref());
+    if settings.sandbox == Some(SandboxArg::Off) {
         cmd.arg("--no-sandbox");
     }
-    cmd.env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .current_dir("/")
-        .stdin(Stdio::piped())
+    cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     for keep in ["TERN_LOG", "SSL_CERT_FILE", "SSL_CERT_DIR"] {
         if let Some(v) = std::env::var_os(keep) {
             cmd.env(keep, v);
         }
-    }
-    if let Some(a) = &account {
-        cmd.uid(a.uid).gid(a.gid);
     }
     let mut child = cmd
         .spawn()

@@ -41,17 +41,14 @@ pub fn open(
     let loaded = gate.config();
     let config = &loaded.config;
     let programs = config.exec_programs();
-    let sandbox = hardening_args.sandbox.or(file.and_then(|f| f.sandbox));
-    if !programs.is_empty() && sandbox != Some(SandboxArg::Off) {
-        let user = hardening_args
-            .user
-            .as_deref()
-            .or(file.and_then(|f| f.user.as_deref()));
-        let group = hardening_args
-            .group
-            .as_deref()
-            .or(file.and_then(|f| f.group.as_deref()));
-        start_exec_helpers(&gate, programs, user, group)?;
+    let settings = hardening_args.in_force(file);
+    if !programs.is_empty() && settings.sandbox != Some(SandboxArg::Off) {
+        start_exec_helpers(
+            &gate,
+            programs,
+            settings.user.as_deref(),
+            settings.group.as_deref(),
+        )?;
     }
     needs.read_file(path);
     for file in config.files_read() {
@@ -79,22 +76,12 @@ fn start_exec_helpers(
     user: Option<&str>,
     group: Option<&str>,
 ) -> Result<(), String> {
-    use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find tern's own binary: {e}"))?;
     let account = user
         .map(|u| tern_sandbox::Account::lookup(u, group))
         .transpose()?;
+    let exe = hardening::own_binary()?;
     let helpers = tern_gate::checkers::ExecHelpers::start(programs, gate.pool_threads(), || {
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("gate-exec-helper")
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .current_dir("/");
-        if let Some(a) = &account {
-            // std drops supplementary groups too when it changes the user as root.
-            cmd.uid(a.uid).gid(a.gid);
-        }
-        cmd
+        hardening::helper_command(&exe, "gate-exec-helper", account.as_ref())
     })
     .map_err(|e| format!("cannot start the gate's exec helpers: {e}"))?;
     gate.use_exec_helpers(helpers);

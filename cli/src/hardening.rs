@@ -63,6 +63,49 @@ pub struct FileHardening {
     pub sandbox: Option<SandboxArg>,
 }
 
+impl HardeningArgs {
+    /// `user`, `group` and `sandbox` in force: each flag wins over the file's key.
+    pub fn in_force(&self, file: Option<&FileHardening>) -> FileHardening {
+        FileHardening {
+            user: self
+                .user
+                .clone()
+                .or_else(|| file.and_then(|f| f.user.clone())),
+            group: self
+                .group
+                .clone()
+                .or_else(|| file.and_then(|f| f.group.clone())),
+            sandbox: self.sandbox.or(file.and_then(|f| f.sandbox)),
+        }
+    }
+}
+
+/// This binary, which helper processes re-run (see [`helper_command`]).
+pub fn own_binary() -> Result<PathBuf, String> {
+    std::env::current_exe().map_err(|e| format!("cannot find tern's own binary: {e}"))
+}
+
+/// A helper process started before the sandbox closes (it forbids starting programs): a
+/// re-run of this binary (`exe`, from [`own_binary`]) as `tern SUBCOMMAND`, with an empty
+/// environment but for `PATH`, in `/`, as `account` (the one tern drops to) when there is one.
+pub fn helper_command(
+    exe: &Path,
+    subcommand: &str,
+    account: Option<&Account>,
+) -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(subcommand)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .current_dir("/");
+    if let Some(a) = account {
+        // std drops supplementary groups too when it changes the user as root.
+        cmd.uid(a.uid).gid(a.gid);
+    }
+    cmd
+}
+
 /// What a running command still needs from the file system and the network.
 #[derive(Debug, Clone, Default)]
 pub struct Needs {
@@ -188,15 +231,13 @@ pub fn plan(
     file: Option<&FileHardening>,
     needs: Needs,
 ) -> Result<Plan, String> {
-    let empty = FileHardening::default();
-    let file = file.unwrap_or(&empty);
-    let user = args.user.as_deref().or(file.user.as_deref());
-    let group = args.group.as_deref().or(file.group.as_deref());
+    let settings = args.in_force(file);
+    let (user, group) = (settings.user.as_deref(), settings.group.as_deref());
     if group.is_some() && user.is_none() {
         return Err("`group` needs `user`".into());
     }
     let account = user.map(|u| Account::lookup(u, group)).transpose()?;
-    let mode = match args.sandbox.or(file.sandbox) {
+    let mode = match settings.sandbox {
         None | Some(SandboxArg::Auto) => Mode::Auto,
         Some(SandboxArg::On) => Mode::On,
         Some(SandboxArg::Off) => Mode::Off,
