@@ -216,7 +216,10 @@ class Tern:
         demo: bool = False,
         config: str | None = None,
         data: str | None = None,
+        inherit: socket.socket | None = None,
     ):
+        """`inherit`: a listening socket handed over as a service manager would (descriptor 3,
+        `LISTEN_FDS=1`); `listen` should then be its address."""
         self.site = site or make_site()
         self.scheme = "https" if tls is not None else "http"
         listen_args = (
@@ -244,13 +247,19 @@ class Tern:
         if "--sandbox" not in cmd:
             # Under attack inside the sandbox, as in production; refuse to run without it.
             cmd += ["--sandbox", "on"]
-        preexec = None
-        if nofile is not None:
-
-            def preexec():  # runs in the child between fork and exec
+        def preexec():  # runs in the child between fork and exec
+            if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+            if inherit is not None:
+                os.dup2(inherit.fileno(), 3)  # SD_LISTEN_FDS_START; dup2 clears close-on-exec
 
         env = dict(os.environ, TERN_LOG=log_level)
+        pass_fds: tuple = ()
+        if inherit is not None:
+            # LISTEN_PID must be tern's own pid: a shell sets it to its own, then execs tern.
+            cmd = ["/bin/sh", "-c", 'export LISTEN_PID=$$; exec "$0" "$@"', *cmd]
+            env["LISTEN_FDS"] = "1"
+            pass_fds = (3,)
         self.log_lines: list[str] = []
         self.proc = track(
             subprocess.Popen(
@@ -258,6 +267,7 @@ class Tern:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 preexec_fn=preexec,
+                pass_fds=pass_fds,
                 env=env,
             )
         )

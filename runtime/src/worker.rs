@@ -252,10 +252,13 @@ impl Runtime {
                 format!("between 1 and {MAX_LISTENERS} listen addresses are needed"),
             ));
         }
-        // Once per process, and only when the sysctl exists and is off.
+        // Once per process, and only when the sysctl exists and is off and some listener is
+        // tern's own (an inherited socket outlives the process: nothing to migrate).
         static HINT: std::sync::Once = std::sync::Once::new();
+        let binds_own = (0..config.listen.len())
+            .any(|i| config.inherited.get(i).and_then(Option::as_ref).is_none());
         HINT.call_once(|| {
-            if let Some(hint) = migrate_req_hint() {
+            if let Some(hint) = migrate_req_hint().filter(|_| binds_own) {
                 tracing::info!("{hint}");
             }
         });

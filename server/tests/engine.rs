@@ -384,6 +384,67 @@ fn idle_keep_alive_connections_are_closed() {
     assert!(t.elapsed() < Duration::from_secs(3));
 }
 
+/// Waits until the server has accepted `n` connections. A client that connects and sends
+/// nothing is handed to `accept` only after TCP_DEFER_ACCEPT's period (1 s, one SYN-ACK
+/// retransmission), as a browser's preconnect or a slow client would be.
+fn wait_accepted(server: &ServerHandle, n: u64) {
+    let t = Instant::now();
+    while server
+        .stats()
+        .snapshot()
+        .get(tern_server::Counter::ConnectionsAccepted)
+        < n
+    {
+        assert!(t.elapsed() < Duration::from_secs(10), "not accepted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A connection accepted before shutdown that has not sent its first request may have one on
+/// its way: closing it as idle when draining begins would reset that request. It gets the
+/// header timeout to arrive, and is answered with `Connection: close`.
+#[test]
+fn graceful_shutdown_waits_for_the_first_request_of_an_accepted_connection() {
+    let server = start(router(), |c| c.header_timeout = Duration::from_secs(5));
+    let mut late = connect(server.local_addr());
+    wait_accepted(&server, 1);
+    server.shutdown();
+    // Well past the settle time after the last accept, when idle connections are closed.
+    std::thread::sleep(Duration::from_millis(600));
+    late.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let all = read_to_close(&mut late);
+    assert!(
+        all.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&all)
+    );
+    assert!(find(&all, b"Connection: close").is_some());
+    server.join();
+}
+
+/// The other side of it: an accepted connection that never sends (a preconnect) holds the
+/// shutdown only for the header timeout, is closed silently, and is no slowloris strike.
+#[test]
+fn graceful_shutdown_closes_a_silent_connection_at_the_header_timeout() {
+    let server = start(router(), |c| c.header_timeout = Duration::from_secs(1));
+    let mut silent = connect(server.local_addr());
+    wait_accepted(&server, 1);
+    let t = Instant::now();
+    server.shutdown();
+    assert!(
+        read_to_close(&mut silent).is_empty(),
+        "closed without a 408"
+    );
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(900), "{waited:?}");
+    let stats = server.stats().snapshot();
+    server.join();
+    assert!(t.elapsed() < Duration::from_secs(3));
+    assert_eq!(stats.get(tern_server::Counter::TimeoutHeader), 0);
+    assert_eq!(stats.get(tern_server::Counter::TimeoutIdle), 1);
+}
+
 #[test]
 fn graceful_shutdown_finishes_the_request_in_flight() {
     let server = start(router(), |_| {});

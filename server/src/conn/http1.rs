@@ -96,9 +96,22 @@ pub(crate) struct Http1 {
     /// Close at once, without an answer or lingering (a handler chose `Reply::Drop`).
     abort: bool,
     peer_eof: bool,
-    /// When the first byte of the current, incomplete head arrived.
-    head_started_ms: Option<u64>,
+    /// What the wait for the next request head runs from.
+    head_wait: HeadWait,
     seq: u32,
+}
+
+/// Which timeout governs a connection between requests.
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum HeadWait {
+    /// No byte of a head yet: the idle timeout.
+    #[default]
+    Idle,
+    /// The first byte of the current, incomplete head arrived at this time: the header timeout.
+    StartedAt(u64),
+    /// Shutting down, and no byte has arrived on this connection yet: its client may be about
+    /// to send its first request, so it is not closed as idle but has until this time.
+    FirstRequestBy(u64),
 }
 
 impl Http1 {
@@ -149,8 +162,8 @@ impl Http1 {
     /// The transport saw the first bytes of what will be a request (for the TLS handshake:
     /// the header timeout covers it too).
     pub fn mark_head_start(&mut self, now_ms: u64) {
-        if self.head_started_ms.is_none() && matches!(self.state, State::Head) {
-            self.head_started_ms = Some(now_ms);
+        if !matches!(self.head_wait, HeadWait::StartedAt(_)) && matches!(self.state, State::Head) {
+            self.head_wait = HeadWait::StartedAt(now_ms);
         }
     }
 
@@ -165,9 +178,20 @@ impl Http1 {
         matches!(self.state, State::Lingering(_))
     }
 
-    /// Between requests with nothing buffered.
+    /// Between requests with nothing buffered (and not waiting for a first request at
+    /// shutdown).
     pub fn is_idle(&self) -> bool {
-        matches!(self.state, State::Head) && self.rbuf.as_ref().is_none_or(|b| b.is_empty())
+        matches!(self.state, State::Head)
+            && self.rbuf.as_ref().is_none_or(|b| b.is_empty())
+            && !matches!(self.head_wait, HeadWait::FirstRequestBy(_))
+    }
+
+    /// No byte of any request has arrived on this connection.
+    fn never_read(&self) -> bool {
+        self.seq == 0
+            && matches!(self.state, State::Head)
+            && self.head_wait == HeadWait::Idle
+            && self.rbuf.as_ref().is_none_or(|b| b.is_empty())
     }
 
     /// True if the protocol would take more plaintext now.
@@ -199,7 +223,10 @@ impl Http1 {
                     if consumed == 0 {
                         break;
                     }
-                    self.head_started_ms = (!rbuf.is_empty()).then(|| cx.clock.now_ms());
+                    self.head_wait = match rbuf.is_empty() {
+                        true => HeadWait::Idle,
+                        false => HeadWait::StartedAt(cx.clock.now_ms()),
+                    };
                 }
                 State::Body(body) => {
                     match feed_body(&mut body.decoder, rbuf.data(), &mut body.body) {
@@ -546,7 +573,14 @@ impl Http1 {
     /// Returns true if the connection can be closed immediately (`may_read`: the socket may
     /// hold an unread request; such a connection is driven once more instead, so the request
     /// is answered rather than reset).
-    pub fn begin_drain(&mut self, out: &Output, may_read: bool) -> bool {
+    pub fn begin_drain(&mut self, out: &Output, may_read: bool, cx: &ConnCx<'_>) -> bool {
+        if self.never_read() {
+            // Closing it now would reset a request already on its way. A client that never
+            // sends (a browser's preconnect) is closed silently at the deadline, as an idle one.
+            let header_ms = cx.config.header_timeout.as_millis() as u64;
+            self.head_wait = HeadWait::FirstRequestBy(cx.clock.now_ms() + header_ms);
+            return false;
+        }
         let idle = self.is_idle() && out.is_empty() && !may_read;
         if idle || self.is_lingering() {
             return true;
@@ -581,9 +615,10 @@ impl Http1 {
             }
             State::Relay(r) => (r.deadline(), Timeout::Upstream),
             State::Body(_) => (now + ms(cfg.body_timeout), Timeout::Body),
-            State::Head => match self.head_started_ms {
-                Some(t) => (t + ms(cfg.header_timeout), Timeout::Header),
-                None => (now + ms(cfg.idle_timeout), Timeout::Idle),
+            State::Head => match self.head_wait {
+                HeadWait::StartedAt(t) => (t + ms(cfg.header_timeout), Timeout::Header),
+                HeadWait::FirstRequestBy(by) => (by, Timeout::Idle),
+                HeadWait::Idle => (now + ms(cfg.idle_timeout), Timeout::Idle),
             },
         }
     }

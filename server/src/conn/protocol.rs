@@ -121,7 +121,7 @@ impl Protocol {
 
     pub fn begin_drain(&mut self, out: &mut Output, may_read: bool, cx: &mut ConnCx<'_>) -> bool {
         match self {
-            Protocol::Http1(h) => h.begin_drain(out, may_read),
+            Protocol::Http1(h) => h.begin_drain(out, may_read, cx),
             Protocol::Http2(h) => h.begin_drain(out, cx),
         }
     }
