@@ -11,15 +11,19 @@
 //!   streamed (a record's content is handed on as it arrives, never buffered whole).
 //! - [`cgi`]: the CGI response head at the start of `STDOUT` (RFC 3875 §6): `Status`,
 //!   `Location`, header fields checked like an upstream's.
+//! - [`http1`]: the whole answer re-expressed as HTTP/1.1 bytes as it arrives (a sized body
+//!   as it is, an unsized one chunked), for the proxy's one answer path.
 //!
 //! The spec: <https://fastcgi-archives.github.io/FastCGI_Specification.html>.
 
 pub mod answer;
 pub mod cgi;
+pub mod http1;
 pub mod params;
 pub mod record;
 
 pub use answer::{AnswerError, AnswerReader, Event, ProtocolStatus};
 pub use cgi::{CgiError, CgiHead, CgiHeadParser};
+pub use http1::{Http1Answer, TranslateError};
 pub use params::{http_param_name, Params};
 pub use record::{begin_request, stdin, RecordType, HEADER_LEN, MAX_CONTENT};

@@ -5,8 +5,11 @@
 //! reading the wire in one piece.
 #![no_main]
 
+use std::mem::MaybeUninit;
+
 use libfuzzer_sys::fuzz_target;
-use tern_fastcgi::{AnswerReader, CgiHead, CgiHeadParser, Event};
+use tern_codec::{parse_upstream_head, ResponseBody};
+use tern_fastcgi::{AnswerReader, CgiHead, CgiHeadParser, Event, Http1Answer};
 
 #[derive(Debug, PartialEq)]
 struct Outcome {
@@ -90,12 +93,50 @@ fn read(wire: &[u8], frag_lens: &[u8]) -> Outcome {
     o
 }
 
+/// The answer re-expressed as HTTP/1.1: whatever the application sent, a translation that
+/// succeeds is one answer tern's own upstream parser reads whole, with nothing left over.
+fn check_translation(wire: &[u8]) {
+    let mut t = Http1Answer::new(1, false);
+    let mut http = Vec::new();
+    let Ok(used) = t.feed(wire, &mut |b| http.extend_from_slice(b)) else {
+        return;
+    };
+    assert!(used <= wire.len());
+    if !t.is_done() {
+        return;
+    }
+    let mut headers = [MaybeUninit::uninit(); 128];
+    let head = parse_upstream_head(&http, &mut headers, false, 1 << 20)
+        .expect("a translated head parses")
+        .expect("a translated head is complete");
+    let body = &http[head.head_len..];
+    match head.body {
+        ResponseBody::Length(n) => assert_eq!(n as usize, body.len()),
+        ResponseBody::Chunked => {
+            let mut dec = tern_codec::ChunkedDecoder::new(u64::MAX);
+            let step = dec.decode(body).expect("translated chunks decode");
+            let mut rest = &body[step.consumed..];
+            let mut done = step.done;
+            while !done {
+                let step = dec.decode(rest).expect("translated chunks decode");
+                assert!(step.consumed > 0 || step.done, "stuck");
+                rest = &rest[step.consumed..];
+                done = step.done;
+            }
+            assert!(rest.is_empty(), "bytes after the last chunk");
+        }
+        ResponseBody::None => assert!(body.is_empty()),
+        ResponseBody::UntilClose => panic!("a translated answer is always framed"),
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&n, rest)) = data.split_first() else {
         return;
     };
     let n = usize::from(n).min(rest.len());
     let (frag_lens, wire) = rest.split_at(n);
+    check_translation(wire);
     let whole = read(wire, &[]);
     let pieces = read(wire, frag_lens);
     assert_eq!(whole, pieces);
