@@ -1,6 +1,10 @@
 //! A FastCGI answer re-expressed as an HTTP/1.1 answer, as it arrives. The proxy then judges
 //! it on its one answer path, with the same head checks, field rules and re-framing as any
 //! upstream's, instead of a second path that could judge differently.
+//!
+//! The HTTP/1.1 answer ends only when `END_REQUEST` has been read (the last bytes of a sized
+//! body, or a bodiless head, wait for it): once the proxy sees the answer end, nothing of the
+//! request is left on the connection, so it can be pooled for the next one.
 
 use crate::answer::{AnswerError, AnswerReader, Event, ProtocolStatus};
 use crate::cgi::{CgiError, CgiHeadParser};
@@ -52,6 +56,8 @@ pub struct Http1Answer {
     body: Body,
     head_only: bool,
     stderr: Vec<u8>,
+    /// The bytes that end the HTTP/1.1 answer, held until `END_REQUEST`.
+    held: Vec<u8>,
     /// `END_REQUEST` was read and the answer ended.
     done: bool,
 }
@@ -64,6 +70,7 @@ impl Http1Answer {
             body: Body::Head(CgiHeadParser::new()),
             head_only,
             stderr: Vec::new(),
+            held: Vec::new(),
             done: false,
         }
     }
@@ -136,7 +143,10 @@ impl Http1Answer {
                     }
                 };
                 line.extend_from_slice(b"\r\n");
-                emit(&line);
+                match self.body {
+                    Body::Dropped | Body::Length(0) => self.held = line,
+                    _ => emit(&line),
+                }
                 &bytes[used..]
             }
             _ => bytes,
@@ -159,7 +169,11 @@ impl Http1Answer {
                     return Err(TranslateError::Length);
                 }
                 *left -= bytes.len() as u64;
-                emit(bytes);
+                if *left == 0 {
+                    self.held.extend_from_slice(bytes);
+                } else {
+                    emit(bytes);
+                }
             }
             Body::Chunked => {
                 emit(format!("{:x}\r\n", bytes.len()).as_bytes());
@@ -186,7 +200,10 @@ impl Http1Answer {
                 emit(b"0\r\n\r\n");
                 Ok(())
             }
-            _ => Ok(()),
+            _ => {
+                emit(&std::mem::take(&mut self.held));
+                Ok(())
+            }
         }
     }
 }
@@ -319,6 +336,30 @@ mod tests {
         let mut t = Http1Answer::new(1, false);
         t.feed(&wire, &mut |_| {}).unwrap();
         assert_eq!(t.take_stderr().len(), MAX_STDERR);
+    }
+
+    #[test]
+    fn the_answer_ends_only_with_end_request() {
+        let mut t = Http1Answer::new(1, false);
+        let mut out = Vec::new();
+        t.feed(&record(6, b"Content-Length: 4\r\n\r\nbo"), &mut |b| {
+            out.extend_from_slice(b)
+        })
+        .unwrap();
+        t.feed(&record(6, b"dy"), &mut |b| out.extend_from_slice(b))
+            .unwrap();
+        assert_eq!(out, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nbo");
+        t.feed(&end(0), &mut |b| out.extend_from_slice(b)).unwrap();
+        assert!(out.ends_with(b"body"));
+        let mut t = Http1Answer::new(1, true);
+        let mut out = Vec::new();
+        t.feed(&record(6, b"X: y\r\n\r\n"), &mut |b| {
+            out.extend_from_slice(b)
+        })
+        .unwrap();
+        assert!(out.is_empty(), "a bodiless head waits for the end");
+        t.feed(&end(0), &mut |b| out.extend_from_slice(b)).unwrap();
+        assert_eq!(out, b"HTTP/1.1 200 OK\r\nX: y\r\n\r\n");
     }
 
     #[test]
