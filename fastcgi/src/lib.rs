@@ -26,4 +26,8 @@ pub use answer::{AnswerError, AnswerReader, Event, ProtocolStatus};
 pub use cgi::{CgiError, CgiHead, CgiHeadParser};
 pub use http1::{Http1Answer, TranslateError};
 pub use params::{http_param_name, Params};
-pub use record::{begin_request, stdin, RecordType, HEADER_LEN, MAX_CONTENT};
+pub use record::{abort_request, begin_request, stdin, RecordType, HEADER_LEN, MAX_CONTENT};
+
+/// The request id a client uses when it sends one request per connection at a time (as tern
+/// does: PHP-FPM does not multiplex either).
+pub const REQUEST_ID: u16 = 1;

@@ -7,6 +7,7 @@
 //! recently). The server's worker then relays the exchange on its own upstream connections
 //! (`tern_server::upstream`): no other thread and no lock on the way.
 
+pub mod fastcgi;
 pub mod group;
 pub mod head;
 
@@ -91,6 +92,7 @@ impl Handler for Proxy {
             upgrade: built.upgrade,
             edit: None,
             max_body: u64::MAX,
+            wire: tern_server::UpstreamWire::Http1,
         }))
     }
 

@@ -594,6 +594,7 @@ impl Handler for ForwardAll {
             upgrade,
             edit: None,
             max_body: u64::MAX,
+            wire: Default::default(),
         }))
     }
 

@@ -89,6 +89,10 @@ struct RouteFile {
     pages: Option<Spanned<PathBuf>>,
     /// One upstream or a list: `host:port`, `[v6]:port` or `unix:/path`.
     proxy: Option<Spanned<Servers>>,
+    /// With `static`: `*.php` scripts under the root run on these FastCGI servers (PHP-FPM).
+    fastcgi: Option<Spanned<Servers>>,
+    /// The script a folder's path runs (default `index.php`).
+    index: Option<Spanned<String>>,
     balance: Option<Spanned<String>>,
     proxy_host: Option<Spanned<String>>,
     max_fails: Option<Spanned<u32>>,
@@ -216,6 +220,13 @@ pub enum RouteKind {
     /// Routed again on the site with this path (`$uri`, `$1`..`$9`).
     Rewrite(String),
     Proxy(ProxyPlan),
+    /// Static files under a root, and its `*.php` scripts run on FastCGI servers.
+    FastCgi {
+        files: StaticOptions,
+        upstream: ProxyPlan,
+        /// The script a folder's path runs.
+        index: String,
+    },
     /// The server's and process's counters, for loopback and `trusted` peers.
     Counters {
         prometheus: bool,
@@ -405,7 +416,10 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                 if guarded
                     && !matches!(
                         kind,
-                        RouteKind::Static(_) | RouteKind::App | RouteKind::Proxy(_)
+                        RouteKind::Static(_)
+                            | RouteKind::App
+                            | RouteKind::Proxy(_)
+                            | RouteKind::FastCgi { .. }
                     )
                 {
                     p.at(path_at, "gate = true is for static, app and proxy routes");
@@ -539,7 +553,17 @@ fn check_route(
     .into_iter()
     .filter_map(|(k, at)| at.map(|at| (k, at)))
     .collect();
+    // `fastcgi` goes with `static` (the document root): a route of its own kind.
+    let fastcgi = route.fastcgi.as_ref().map(|f| f.span().start);
     let kind = match kinds.as_slice() {
+        [("static", _)] if fastcgi.is_some() => "fastcgi",
+        [] if fastcgi.is_some() => {
+            p.at(
+                fastcgi.unwrap_or(path_at),
+                "`fastcgi` needs `static`: the folder its scripts (and the other files) are in",
+            );
+            return None;
+        }
         [] => {
             p.at(
                 path_at,
@@ -557,8 +581,10 @@ fn check_route(
         }
     };
     // Keys that belong to one kind or two; any other kind must not have them.
-    let owned: [(&str, Option<usize>, &[&str]); 22] = [
-        ("try_files", at(&route.try_files), &["static"]),
+    let owned: [(&str, Option<usize>, &[&str]); 24] = [
+        ("fastcgi", fastcgi, &["fastcgi"]),
+        ("index", at(&route.index), &["fastcgi"]),
+        ("try_files", at(&route.try_files), &["static", "fastcgi"]),
         ("strip_prefix", at(&route.strip_prefix), &["proxy"]),
         (
             "add_request_headers",
@@ -570,30 +596,50 @@ fn check_route(
             at(&route.remove_request_headers),
             &["proxy"],
         ),
-        ("balance", at(&route.balance), &["proxy"]),
+        ("balance", at(&route.balance), &["proxy", "fastcgi"]),
         ("proxy_host", at(&route.proxy_host), &["proxy"]),
-        ("max_fails", at(&route.max_fails), &["proxy"]),
-        ("fail_timeout", at(&route.fail_timeout), &["proxy"]),
-        ("connect_timeout", at(&route.connect_timeout), &["proxy"]),
+        ("max_fails", at(&route.max_fails), &["proxy", "fastcgi"]),
+        (
+            "fail_timeout",
+            at(&route.fail_timeout),
+            &["proxy", "fastcgi"],
+        ),
+        (
+            "connect_timeout",
+            at(&route.connect_timeout),
+            &["proxy", "fastcgi"],
+        ),
         (
             "first_byte_timeout",
             at(&route.first_byte_timeout),
-            &["proxy"],
+            &["proxy", "fastcgi"],
         ),
         (
             "upstream_idle_timeout",
             at(&route.upstream_idle_timeout),
-            &["proxy"],
+            &["proxy", "fastcgi"],
         ),
-        ("keepalive", at(&route.keepalive), &["proxy"]),
+        ("keepalive", at(&route.keepalive), &["proxy", "fastcgi"]),
         (
             "trusted_proxies",
             at(&route.trusted_proxies),
-            &["proxy", "counters"],
+            &["proxy", "counters", "fastcgi"],
         ),
-        ("serve_dotfiles", at(&route.serve_dotfiles), &["static"]),
-        ("cache_control", at(&route.cache_control), &["static"]),
-        ("max_cached_size", at(&route.max_cached_size), &["static"]),
+        (
+            "serve_dotfiles",
+            at(&route.serve_dotfiles),
+            &["static", "fastcgi"],
+        ),
+        (
+            "cache_control",
+            at(&route.cache_control),
+            &["static", "fastcgi"],
+        ),
+        (
+            "max_cached_size",
+            at(&route.max_cached_size),
+            &["static", "fastcgi"],
+        ),
         ("keep_path", at(&route.keep_path), &["redirect"]),
         ("content_type", at(&route.content_type), &["respond"]),
         ("status", at(&route.status), &["redirect", "respond"]),
@@ -615,6 +661,7 @@ fn check_route(
         "redirect" => check_redirect(route, p),
         "respond" => check_respond(route, p),
         "proxy" => check_proxy(route, dir, p),
+        "fastcgi" => check_fastcgi(route, dir, p),
         "counters" => check_counters(route, p),
         "rewrite" => check_rewrite_kind(route, p),
         _ => check_app(route, dir, p, app),
@@ -837,7 +884,7 @@ fn check_app(
 }
 
 fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<RouteKind> {
-    let servers = route.proxy.as_ref()?;
+    let servers = route.proxy.as_ref().or(route.fastcgi.as_ref())?;
     let at = servers.span().start;
     let list: Vec<&String> = match servers.get_ref() {
         Servers::One(s) => vec![s],
@@ -946,6 +993,36 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
         remove,
     };
     ok.then_some(RouteKind::Proxy(ProxyPlan { group, options }))
+}
+
+/// `static` and `fastcgi`: the root's files, and its scripts on the FastCGI servers (checked
+/// as a proxy's upstreams are).
+fn check_fastcgi(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<RouteKind> {
+    let files = check_static(route, dir, p);
+    let upstream = check_proxy(route, dir, p);
+    let index = route
+        .index
+        .as_ref()
+        .map_or_else(|| "index.php".to_string(), |i| i.get_ref().clone());
+    if let Some(i) = &route.index {
+        let name = i.get_ref();
+        if name.is_empty() || name.contains('/') || !name.ends_with(".php") || name.starts_with('.')
+        {
+            p.at(
+                i.span().start,
+                format!("index {name:?} must be a script's file name ending in .php"),
+            );
+            return None;
+        }
+    }
+    match (files?, upstream?) {
+        (RouteKind::Static(files), RouteKind::Proxy(upstream)) => Some(RouteKind::FastCgi {
+            files,
+            upstream,
+            index,
+        }),
+        _ => None,
+    }
 }
 
 fn check_counters(route: &RouteFile, p: &mut Problems<'_>) -> Option<RouteKind> {
@@ -1399,6 +1476,7 @@ impl RunConfig {
             .flat_map(|s| &s.routes)
             .filter_map(|r| match &r.kind {
                 RouteKind::Proxy(plan) => Some(plan.group.servers.clone()),
+                RouteKind::FastCgi { upstream, .. } => Some(upstream.group.servers.clone()),
                 _ => None,
             })
             .flatten()

@@ -226,7 +226,9 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
     needs.read_file(path);
     for site in &loaded.sites {
         for route in &site.routes {
-            if let RouteKind::Static(options) = &route.kind {
+            if let RouteKind::Static(options) | RouteKind::FastCgi { files: options, .. } =
+                &route.kind
+            {
                 let root = std::fs::canonicalize(&options.root).unwrap_or(options.root.clone());
                 needs.read.push(hardening::beside(&root));
             }
@@ -364,6 +366,34 @@ fn build_table(
                     *prometheus,
                     trusted.clone(),
                 ))),
+                RouteKind::FastCgi {
+                    files,
+                    upstream,
+                    index,
+                } => {
+                    let static_files = StaticFiles::new(files.clone()).map_err(|e| {
+                        format!(
+                            "site {:?}: cannot serve {}: {e}",
+                            site.name,
+                            files.root.display()
+                        )
+                    })?;
+                    let group = tern_proxy::UpstreamGroup::new(upstream.group.clone(), workers);
+                    let root = std::fs::canonicalize(&files.root).unwrap_or(files.root.clone());
+                    let options = tern_proxy::ProxyOptions {
+                        gate_cookie: gate.map(|g| g.config().config.cookie.clone()),
+                        ..upstream.options.clone()
+                    };
+                    Action::Handler(Arc::new(tern_proxy::fastcgi::FastCgi::new(
+                        Arc::new(group),
+                        tern_proxy::fastcgi::FastCgiOptions {
+                            root,
+                            index: index.clone(),
+                        },
+                        options,
+                        Box::new(static_files),
+                    )))
+                }
                 RouteKind::Proxy(plan) => {
                     let group = tern_proxy::UpstreamGroup::new(plan.group.clone(), workers);
                     let options = tern_proxy::ProxyOptions {

@@ -21,6 +21,7 @@ mod protocol;
 mod relay;
 mod tls;
 mod types;
+mod upstream_wire;
 
 use std::io::IoSlice;
 use std::os::fd::AsRawFd;

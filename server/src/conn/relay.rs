@@ -25,11 +25,12 @@ use tern_runtime::{ratelog, ReadBuf};
 
 use super::output::Output;
 use super::types::Link;
+use super::upstream_wire::{BodyFraming, FastCgiAnswer};
 use crate::access_log::SavedEntry;
 use crate::exchange::ConnCx;
 use crate::response::Response;
 use crate::stats::{Counter, Tally};
-use crate::upstream::{Forward, UpstreamOutcome};
+use crate::upstream::{Forward, UpstreamOutcome, UpstreamWire};
 
 /// Request bytes waiting for the upstream before the client is read no further.
 const TO_UPSTREAM_MAX: usize = 64 * 1024;
@@ -175,11 +176,14 @@ pub(crate) struct Relay {
     /// the whole request stays here.
     to_up: Vec<u8>,
     up_sent: usize,
-    /// The client's body still streaming in, and whether it goes out chunked.
-    client_body: Option<(BodyDecoder, bool)>,
+    /// The client's body still streaming in, and how it is framed for the upstream.
+    client_body: Option<(BodyDecoder, BodyFraming)>,
     /// Body bytes taken from the client so far (held to `Forward::max_body`).
     client_body_bytes: u64,
+    /// The upstream's answer as HTTP/1.1 bytes (a FastCGI answer after re-expressing it).
     from_up: Option<ReadBuf>,
+    /// A FastCGI upstream: its records, re-expressed into `from_up` as they come.
+    fastcgi: Option<Box<FastCgiAnswer>>,
     up_body: UpBody,
     /// Anything came back from the upstream on this attempt.
     got_bytes: bool,
@@ -244,31 +248,62 @@ impl Relay {
         // The handler's head becomes the start of the request bytes (no copy).
         let mut to_up = std::mem::take(&mut fwd.head);
         to_up.reserve(64 + body.len().min(16 * 1024));
-        let client_body = match streamed {
-            Some(BodyFollows::Framed(BodyKind::Length(n)) | BodyFollows::Raw(Some(n))) => {
-                push_length(&mut to_up, n);
-                Some((BodyDecoder::new(BodyKind::Length(n), u64::MAX), false))
-            }
-            Some(BodyFollows::Framed(BodyKind::Chunked)) => {
-                to_up.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
-                // No size limit: the app has its own (as for a declared length).
-                Some((BodyDecoder::new(BodyKind::Chunked, u64::MAX), true))
-            }
-            Some(BodyFollows::Raw(None)) => {
-                // Bytes pass through as they are (a length that is never reached), re-chunked.
-                to_up.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
-                Some((BodyDecoder::new(BodyKind::Length(u64::MAX), u64::MAX), true))
-            }
-            Some(BodyFollows::Framed(BodyKind::None)) | None => {
-                if !body.is_empty() || fwd.idempotent_needs_length() {
-                    push_length(&mut to_up, body.len() as u64);
-                } else {
-                    to_up.extend_from_slice(b"\r\n");
+        let client_body = if fwd.wire == UpstreamWire::FastCgi {
+            // The head (PARAMS) says the length; the body goes as STDIN records, ended by an
+            // empty one.
+            let whole = BodyFraming::FastCgi;
+            match streamed {
+                Some(BodyFollows::Framed(kind)) if kind != BodyKind::None => {
+                    Some((BodyDecoder::new(kind, u64::MAX), whole))
                 }
-                to_up.extend_from_slice(body);
-                None
+                Some(BodyFollows::Raw(n)) => Some((
+                    BodyDecoder::new(BodyKind::Length(n.unwrap_or(u64::MAX)), u64::MAX),
+                    whole,
+                )),
+                _ => {
+                    whole.push(&mut to_up, body);
+                    whole.finish(&mut to_up);
+                    None
+                }
+            }
+        } else {
+            match streamed {
+                Some(BodyFollows::Framed(BodyKind::Length(n)) | BodyFollows::Raw(Some(n))) => {
+                    push_length(&mut to_up, n);
+                    Some((
+                        BodyDecoder::new(BodyKind::Length(n), u64::MAX),
+                        BodyFraming::Plain,
+                    ))
+                }
+                Some(BodyFollows::Framed(BodyKind::Chunked)) => {
+                    to_up.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                    // No size limit: the app has its own (as for a declared length).
+                    Some((
+                        BodyDecoder::new(BodyKind::Chunked, u64::MAX),
+                        BodyFraming::Chunked,
+                    ))
+                }
+                Some(BodyFollows::Raw(None)) => {
+                    // Bytes pass through as they are (a length never reached), re-chunked.
+                    to_up.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                    Some((
+                        BodyDecoder::new(BodyKind::Length(u64::MAX), u64::MAX),
+                        BodyFraming::Chunked,
+                    ))
+                }
+                Some(BodyFollows::Framed(BodyKind::None)) | None => {
+                    if !body.is_empty() || fwd.idempotent_needs_length() {
+                        push_length(&mut to_up, body.len() as u64);
+                    } else {
+                        to_up.extend_from_slice(b"\r\n");
+                    }
+                    to_up.extend_from_slice(body);
+                    None
+                }
             }
         };
+        let fastcgi = (fwd.wire == UpstreamWire::FastCgi)
+            .then(|| Box::new(FastCgiAnswer::new(asked.head_only)));
         let mut relay = Box::new(Relay {
             fwd,
             asked,
@@ -286,6 +321,7 @@ impl Relay {
             client_body,
             client_body_bytes: body.len() as u64,
             from_up: None,
+            fastcgi,
             up_body: UpBody::Head,
             got_bytes: false,
             head_sent: false,
@@ -370,6 +406,9 @@ impl Relay {
         if let Some(b) = self.from_up.take() {
             cx.buffers.give_read(b);
         }
+        if let Some(f) = self.fastcgi.as_mut() {
+            f.recycle(cx.buffers);
+        }
         self.finished = true;
         true
     }
@@ -427,6 +466,11 @@ impl Relay {
             }
             return &mut [];
         }
+        if let Some(f) = self.fastcgi.as_mut() {
+            // Records are read as far as the answer may grow now; a head is read whatever
+            // the room, as below (the CGI head parser bounds it).
+            return f.recv_buf(if head_sent { room } else { usize::MAX }, cx.buffers);
+        }
         let buf = self.from_up.get_or_insert_with(|| cx.buffers.take_read());
         buf.compact();
         if head_sent && buf.capacity() < BODY_READ_SIZE {
@@ -448,7 +492,13 @@ impl Relay {
     /// `n` bytes of the upstream's were read into `recv_buf`.
     pub fn recv(&mut self, n: usize, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
         self.got_bytes = true;
-        if let Some(b) = self.from_up.as_mut() {
+        if let Some(f) = self.fastcgi.as_mut() {
+            let http = self.from_up.get_or_insert_with(|| cx.buffers.take_read());
+            if let Err(e) = f.filled(n, http) {
+                self.fastcgi_failed(e, out, link, cx);
+                return;
+            }
+        } else if let Some(b) = self.from_up.as_mut() {
             b.filled(n);
         }
         let now = cx.clock.now_ms();
@@ -591,10 +641,10 @@ impl Relay {
             self.to_up.extend_from_slice(&input[..take]);
             return take;
         }
-        let Some((decoder, chunked)) = self.client_body.as_mut() else {
+        let Some((decoder, framing)) = self.client_body.as_mut() else {
             return 0;
         };
-        let chunked = *chunked;
+        let framing = *framing;
         let mut used = 0;
         while used < input.len() && self.to_up.len() - self.up_sent < TO_UPSTREAM_MAX {
             let room = TO_UPSTREAM_MAX - (self.to_up.len() - self.up_sent);
@@ -620,20 +670,10 @@ impl Relay {
                         self.fail(e.status(), e.message(), out, link, cx);
                         return input.len();
                     }
-                    if chunked && !step.data.is_empty() {
-                        let mut size = [0; 18];
-                        self.to_up
-                            .extend_from_slice(chunk_size_line(step.data.len(), &mut size));
-                        self.to_up.extend_from_slice(step.data);
-                        self.to_up.extend_from_slice(b"\r\n");
-                    } else {
-                        self.to_up.extend_from_slice(step.data);
-                    }
+                    framing.push(&mut self.to_up, step.data);
                     used += step.consumed;
                     if step.done {
-                        if chunked {
-                            self.to_up.extend_from_slice(b"0\r\n\r\n");
-                        }
+                        framing.finish(&mut self.to_up);
                         self.client_body = None;
                         break;
                     }
@@ -647,12 +687,10 @@ impl Relay {
     }
 
     /// The client's body ended (HTTP/2: END_STREAM) with everything handed to
-    /// `client_input`: a chunked upload gets its last chunk.
+    /// `client_input`: a chunked upload gets its last chunk (FastCGI, its empty STDIN).
     pub fn end_client_body(&mut self) {
-        if let Some((_, chunked)) = self.client_body.take() {
-            if chunked {
-                self.to_up.extend_from_slice(b"0\r\n\r\n");
-            }
+        if let Some((_, framing)) = self.client_body.take() {
+            framing.finish(&mut self.to_up);
         }
     }
 
@@ -798,10 +836,12 @@ impl Relay {
     /// and it had no body the server could have read as requests of its own. (The pool then
     /// makes sure nothing waits in the socket either.)
     fn reusable(&self) -> bool {
-        self.upstream_keep
-            && self.request_sent()
-            && self.outcome == UpstreamOutcome::Ok
-            && !self.carried_body
+        let in_step = match &self.fastcgi {
+            // STDIN records frame a body exactly, and the answer ended with END_REQUEST.
+            Some(f) => f.ended_cleanly(),
+            None => !self.carried_body,
+        };
+        self.upstream_keep && self.request_sent() && self.outcome == UpstreamOutcome::Ok && in_step
     }
 
     /// Back to connecting, sending the request again from the start (`fresh`: not pooled).
@@ -814,6 +854,44 @@ impl Relay {
         self.up_body = UpBody::Head;
         if let Some(b) = self.from_up.as_mut() {
             b.consume(b.len());
+        }
+        if let Some(f) = self.fastcgi.as_mut() {
+            f.reset();
+        }
+    }
+
+    /// A FastCGI answer broke its protocol or ended without an answer.
+    fn fastcgi_failed(
+        &mut self,
+        e: tern_fastcgi::TranslateError,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) {
+        self.upstream_keep = false;
+        if ratelog::admit("fastcgi_answer", cx.clock.now_ms()) {
+            tracing::warn!(upstream = %self.addr(), "FastCGI answer refused: {}", e.message());
+        }
+        let (status, msg) = match e {
+            tern_fastcgi::TranslateError::Overloaded => {
+                (503, "service unavailable: the application is overloaded\n")
+            }
+            _ => (502, "bad gateway: the application's answer is malformed\n"),
+        };
+        self.fail(status, msg, out, link, cx);
+        self.log_fastcgi_stderr(cx);
+    }
+
+    /// What a FastCGI application wrote to its error stream (PHP warnings) goes to tern's
+    /// log, as nginx's "FastCGI sent in stderr", rate-limited.
+    fn log_fastcgi_stderr(&mut self, cx: &ConnCx<'_>) {
+        let Some(f) = self.fastcgi.as_mut() else {
+            return;
+        };
+        let stderr = f.take_stderr();
+        if !stderr.is_empty() && ratelog::admit("fastcgi_stderr", cx.clock.now_ms()) {
+            let addr = self.fwd.upstreams.addr(self.server.unwrap_or(0));
+            tracing::warn!(upstream = %addr, "FastCGI sent in stderr: {}", String::from_utf8_lossy(&stderr).trim_end());
         }
     }
 
@@ -1070,6 +1148,7 @@ impl Relay {
         if self.phase == Phase::Done {
             return;
         }
+        self.log_fastcgi_stderr(cx);
         if let ClientSide::H2(a) = &mut self.client {
             a.end = true;
         }
@@ -1234,7 +1313,7 @@ fn push_length(to: &mut Vec<u8>, n: u64) {
 }
 
 /// `n` in hex and CRLF: a chunk's size line.
-fn chunk_size_line(n: usize, buf: &mut [u8; 18]) -> &[u8] {
+pub(super) fn chunk_size_line(n: usize, buf: &mut [u8; 18]) -> &[u8] {
     let mut i = 16;
     let mut v = n;
     loop {

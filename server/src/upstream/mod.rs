@@ -107,6 +107,19 @@ pub struct Forward {
     /// The most request body the relay passes on (a route's own limit); past it the
     /// exchange ends with 413. `u64::MAX`: no limit (the app has its own).
     pub max_body: u64,
+    /// What the upstream speaks.
+    pub wire: UpstreamWire,
+}
+
+/// The protocol of an exchange with an upstream server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamWire {
+    /// `head` is an HTTP/1.1 request line and fields.
+    #[default]
+    Http1,
+    /// `head` is FastCGI's `BEGIN_REQUEST` and `PARAMS` records, the empty one that ends
+    /// them included (request id `tern_fastcgi::REQUEST_ID`); the body goes as `STDIN`.
+    FastCgi,
 }
 
 impl std::fmt::Debug for Forward {
@@ -115,6 +128,7 @@ impl std::fmt::Debug for Forward {
             .field("head", &String::from_utf8_lossy(&self.head))
             .field("idempotent", &self.idempotent)
             .field("upgrade", &self.upgrade)
+            .field("wire", &self.wire)
             .finish_non_exhaustive()
     }
 }

@@ -1,0 +1,475 @@
+//! A PHP site on Debian's PHP-FPM behind `tern run` (issue 27, set-up 2): static files beside
+//! `*.php` scripts, a front controller by `try_files`, a form post, redirects, a large
+//! answer streamed with `flush()`, errors; the same requests answered the same way by nginx
+//! with the configuration its documentation gives for PHP; and what tern refuses that a
+//! careless PHP set-up does not (scripts named by `upload.jpg/x.php`, `.PHP` sources, client
+//! claims and `Proxy:` reaching PHP as server variables).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::*;
+
+/// PHP-FPM with a pool of its own on a unix socket in `dir`.
+struct PhpFpm {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl PhpFpm {
+    fn start(dir: &Path) -> Option<PhpFpm> {
+        let binary = std::fs::read_dir("/usr/sbin")
+            .ok()?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("php-fpm"))
+            });
+        let Some(binary) = binary else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "php-fpm is missing under CI: scripts/install-fastcgi-test-deps installs it"
+            );
+            eprintln!("SKIPPED: php-fpm is not installed (scripts/install-fastcgi-test-deps)");
+            return None;
+        };
+        let socket = dir.join("php.sock");
+        let conf = dir.join("php-fpm.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "[global]\nerror_log = {d}/fpm.log\ndaemonize = no\n\
+                 [site]\nlisten = {s}\nlisten.mode = 0666\npm = static\npm.max_children = 4\n\
+                 clear_env = yes\nsecurity.limit_extensions = .php\ncatch_workers_output = yes\n\
+                 php_admin_flag[log_errors] = on\nphp_admin_value[output_buffering] = 0\n",
+                d = dir.display(),
+                s = socket.display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(binary);
+        cmd.arg("--nodaemonize").arg("--fpm-config").arg(&conf);
+        cmd.arg("-n"); // no php.ini: the defaults, the same for both servers
+                       // php-fpm refuses to run as root unless told to (CI runs the tests as root).
+                       // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            cmd.arg("--allow-to-run-as-root");
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut fpm = PhpFpm { child, socket };
+        if !eventually(Duration::from_secs(10), || fpm.socket.exists()) {
+            let log = std::fs::read_to_string(dir.join("fpm.log")).unwrap_or_default();
+            let _ = fpm.child.kill();
+            panic!("php-fpm did not start: {log}");
+        }
+        Some(fpm)
+    }
+}
+
+impl Drop for PhpFpm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The site: scripts, a static file, and files that must never run or be served raw.
+fn www(dir: &Path) -> PathBuf {
+    let w = dir.join("www");
+    let put = |rel: &str, text: &str| {
+        let p = w.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    put(
+        "index.php",
+        "<?php header('Content-Type: text/plain');\n\
+         echo 'front ', $_SERVER['REQUEST_URI'], ' script=', $_SERVER['SCRIPT_NAME'],\n\
+         ' info=', $_SERVER['PATH_INFO'] ?? 'unset', ' method=', $_SERVER['REQUEST_METHOD'],\n\
+         ' q=', $_SERVER['QUERY_STRING'], \"\\n\";\n",
+    );
+    put(
+        "form.php",
+        "<?php header('Content-Type: text/plain');\n\
+         echo 'hello ', $_POST['name'] ?? '?', ' len=', $_SERVER['CONTENT_LENGTH'] ?? '-', \"\\n\";\n",
+    );
+    put(
+        "redirect.php",
+        "<?php header('Location: /form.php'); echo 'moving';\n",
+    );
+    put(
+        "moved.php",
+        "<?php http_response_code(301); header('Location: https://example.org/new');\n",
+    );
+    put(
+        "big.php",
+        "<?php header('Content-Type: application/octet-stream');\n\
+         $chunk = str_repeat('0123456789abcdef', 4096);\n\
+         for ($i = 0; $i < 80; $i++) { echo $chunk; flush(); }\n",
+    );
+    put(
+        "fail.php",
+        "<?php error_log('tern-test: something broke'); http_response_code(500); echo \"err\\n\";\n",
+    );
+    put(
+        "blog/index.php",
+        "<?php echo 'blog index ', $_SERVER['SCRIPT_NAME'], \"\\n\";\n",
+    );
+    put(
+        "who.php",
+        "<?php echo 'xff=', $_SERVER['HTTP_X_FORWARDED_FOR'] ?? '-', ' real=',\n\
+         $_SERVER['HTTP_X_REAL_IP'] ?? '-', ' proxy=', $_SERVER['HTTP_PROXY'] ?? '-',\n\
+         ' remote=', $_SERVER['REMOTE_ADDR'], ' https=', $_SERVER['HTTPS'] ?? '-', \"\\n\";\n",
+    );
+    put("style.css", "body { color: teal }\n");
+    put("upload.jpg", "<?php echo 'pwned';\n");
+    put("secret.PHP", "<?php $password = 'hunter2';\n");
+    w
+}
+
+fn tern_config(www: &Path, socket: &Path) -> String {
+    format!(
+        r#"
+[[site]]
+name = "php"
+default = true
+
+[[site.route]]
+path = "/"
+static = "{www}"
+fastcgi = "unix:{socket}"
+try_files = ["$uri", "$uri/", "/index.php"]
+
+[[site.route]]
+path = "/statusz"
+counters = "statusz"
+"#,
+        www = www.display(),
+        socket = socket.display()
+    )
+}
+
+/// nginx's PHP set-up as its documentation and Debian's snippets/fastcgi-php.conf give it.
+fn nginx_config(www: &Path, socket: &Path, port: u16) -> String {
+    format!(
+        r#"
+server {{
+    listen 127.0.0.1:{port};
+    root {www};
+    index index.php;
+    location / {{
+        try_files $uri $uri/ /index.php$is_args$args;
+    }}
+    location ~ [^/]\.php(/|$) {{
+        fastcgi_split_path_info ^(.+?\.php)(/.*)$;
+        if (!-f $document_root$fastcgi_script_name) {{ return 404; }}
+        include /etc/nginx/fastcgi_params;
+        fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;
+        fastcgi_param PATH_INFO $fastcgi_path_info;
+        fastcgi_pass unix:{socket};
+    }}
+}}
+"#,
+        www = www.display(),
+        socket = socket.display()
+    )
+}
+
+struct Case {
+    method: &'static str,
+    path: &'static str,
+    body: &'static str,
+    status: u16,
+    /// The answer's body, or `None` to check only the status.
+    text: Option<&'static str>,
+    location: Option<&'static str>,
+}
+
+const fn get(path: &'static str, status: u16, text: Option<&'static str>) -> Case {
+    Case {
+        method: "GET",
+        path,
+        body: "",
+        status,
+        text,
+        location: None,
+    }
+}
+
+/// Requests both servers get, and the answers both must give.
+const SAME: &[Case] = &[
+    get(
+        "/",
+        200,
+        Some("front / script=/index.php info= method=GET q=\n"),
+    ),
+    get(
+        "/index.php?page=2",
+        200,
+        Some("front /index.php?page=2 script=/index.php info= method=GET q=page=2\n"),
+    ),
+    // The front controller: a path with no file runs /index.php with the path it asked for.
+    get(
+        "/articles/42?x=1",
+        200,
+        Some("front /articles/42?x=1 script=/index.php info= method=GET q=x=1\n"),
+    ),
+    get(
+        "/index.php/extra/info",
+        200,
+        Some("front /index.php/extra/info script=/index.php info=/extra/info method=GET q=\n"),
+    ),
+    get("/blog/", 200, Some("blog index /blog/index.php\n")),
+    get("/style.css", 200, Some("body { color: teal }\n")),
+    Case {
+        method: "POST",
+        path: "/form.php",
+        body: "name=tern&x=1",
+        status: 200,
+        text: Some("hello tern len=13\n"),
+        location: None,
+    },
+    Case {
+        location: Some("/form.php"),
+        ..get("/redirect.php", 302, Some("moving"))
+    },
+    Case {
+        location: Some("https://example.org/new"),
+        ..get("/moved.php", 301, Some(""))
+    },
+    get("/fail.php", 500, Some("err\n")),
+];
+
+fn check_same(addr: SocketAddr, who: &str) {
+    for case in SAME {
+        let mut c = Client::connect(addr);
+        c.chunked_ok = true;
+        let mut headers = vec![("Connection", "close")];
+        let len = case.body.len().to_string();
+        if !case.body.is_empty() {
+            headers.push(("Content-Type", "application/x-www-form-urlencoded"));
+            headers.push(("Content-Length", &len));
+        }
+        let mut req = request_bytes(case.method, case.path, &headers);
+        req.extend_from_slice(case.body.as_bytes());
+        c.send(&req);
+        let r = c.read_response(false);
+        assert_eq!(
+            r.status, case.status,
+            "{who}: {} {}",
+            case.method, case.path
+        );
+        if let Some(text) = case.text {
+            assert_eq!(r.text(), text, "{who}: {} {}", case.method, case.path);
+        }
+        assert_eq!(
+            r.header("location"),
+            case.location,
+            "{who}: {} {}",
+            case.method,
+            case.path
+        );
+    }
+    // A large answer streamed with flush(): every byte, in order.
+    let mut c = Client::connect(addr);
+    c.chunked_ok = true;
+    let r = c.get("/big.php", &[("Connection", "close")]);
+    assert_eq!(r.status, 200, "{who}: big");
+    assert_eq!(r.body.len(), 80 * 65536, "{who}: big");
+    assert!(
+        r.body.chunks(16).all(|c| c == b"0123456789abcdef"),
+        "{who}: big body"
+    );
+}
+
+fn start_tern(conf: &Path) -> Tern {
+    let mut cmd = Command::new(TERN);
+    cmd.arg("run").arg("--config").arg(conf).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--sandbox",
+        "on",
+    ]);
+    Tern::spawn(cmd)
+}
+
+#[test]
+fn a_php_site_answers_as_behind_nginx() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(fpm) = PhpFpm::start(tmp.path()) else {
+        return;
+    };
+    let www = www(tmp.path());
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(&conf, tern_config(&www, &fpm.socket)).unwrap();
+    let tern = start_tern(&conf);
+    check_same(tern.addr(), "tern");
+    // PHP's error stream reaches tern's log, as nginx's "FastCGI sent in stderr".
+    assert!(
+        eventually(Duration::from_secs(5), || !tern
+            .log_lines("tern-test: something broke")
+            .is_empty()),
+        "{}",
+        tern.stderr_text()
+    );
+    drop(tern);
+
+    let port = free_port();
+    let http = nginx_config(&www, &fpm.socket, port);
+    let Some(nginx) = Nginx::start(&tmp.path().join("nginx"), &http, port) else {
+        return;
+    };
+    check_same(nginx.addr, "nginx");
+}
+
+#[test]
+fn what_php_gets_is_what_tern_decided_and_nothing_a_client_claims() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(fpm) = PhpFpm::start(tmp.path()) else {
+        return;
+    };
+    let www = www(tmp.path());
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(&conf, tern_config(&www, &fpm.socket)).unwrap();
+    let tern = start_tern(&conf);
+    let get = |path: &str, headers: &[(&str, &str)]| {
+        let mut c = tern.client();
+        c.chunked_ok = true;
+        c.get(path, headers)
+    };
+    let r = get(
+        "/who.php",
+        &[
+            ("X-Forwarded-For", "6.6.6.6"),
+            ("X-Real-IP", "6.6.6.6"),
+            ("Proxy", "http://evil.example:8080"),
+        ],
+    );
+    assert_eq!(
+        r.text(),
+        "xff=127.0.0.1 real=- proxy=- remote=127.0.0.1 https=-\n"
+    );
+    // A script's source is never sent, whatever the case of its extension: with no such
+    // script, try_files falls back to the front controller (as Caddy's php_fastcgi does;
+    // nginx's `location ~ \.php$` answers 404 instead).
+    let r = get("/secret.PHP", &[]);
+    assert!(!r.text().contains("hunter2"), "{}", r.text());
+    assert_eq!(
+        r.text(),
+        "front /secret.PHP script=/index.php info= method=GET q=\n"
+    );
+    assert_eq!(
+        get("/missing.php", &[]).text(),
+        "front /missing.php script=/index.php info= method=GET q=\n"
+    );
+    // A script named after an uploaded image: the image never runs.
+    let r = get("/upload.jpg/x.php", &[]);
+    assert_eq!(
+        r.text(),
+        "front /upload.jpg/x.php script=/index.php info= method=GET q=\n"
+    );
+    // The path PHP is told is the one routing saw: dot segments resolved.
+    let r = get("/blog/../index.php?a=b", &[]);
+    assert_eq!(
+        r.text(),
+        "front /index.php?a=b script=/index.php info= method=GET q=a=b\n"
+    );
+    // A newline smuggled into PATH_INFO (CVE-2019-11043) is refused before PHP sees it.
+    assert_eq!(get("/index.php/a%0Ab", &[]).status, 400);
+    // HEAD: the head GET would get, no body.
+    let mut c = tern.client();
+    c.chunked_ok = true;
+    let r = c.request("HEAD", "/index.php", &[]);
+    assert_eq!(r.status, 200);
+    assert!(r.body.is_empty());
+    // Keep-alive both ways: many requests on one client connection, and the FastCGI
+    // connection pooled between them (each answer ended exactly with END_REQUEST).
+    let connects = tern.statusz("upstream_connects");
+    let mut c = tern.client();
+    c.chunked_ok = true;
+    for i in 0..20 {
+        let r = c.get(&format!("/index.php?n={i}"), &[]);
+        assert_eq!(r.status, 200);
+        assert!(r.text().ends_with(&format!("q=n={i}\n")), "{}", r.text());
+    }
+    // A form post too: its STDIN ends exactly, so its connection is kept as well.
+    let body = "name=pooled";
+    let len = body.len().to_string();
+    let mut req = request_bytes(
+        "POST",
+        "/form.php",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Content-Length", &len),
+        ],
+    );
+    req.extend_from_slice(body.as_bytes());
+    c.send(&req);
+    assert_eq!(c.read_response(false).text(), "hello pooled len=11\n");
+    assert!(
+        tern.statusz("upstream_connects") - connects <= 1,
+        "connects {} reuses {}",
+        tern.statusz("upstream_connects"),
+        tern.statusz("upstream_reuses")
+    );
+    assert!(tern.statusz("upstream_reuses") >= 20);
+}
+
+#[test]
+fn php_fpm_down_is_a_clear_502_and_the_static_files_go_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let www = www(tmp.path());
+    let conf = tmp.path().join("tern.toml");
+    // Nothing listens on this socket (its folder exists, so the sandbox allows it).
+    std::fs::write(&conf, tern_config(&www, &tmp.path().join("absent.sock"))).unwrap();
+    let tern = start_tern(&conf);
+    let r = tern.get("/index.php");
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(tern.get("/style.css").status, 200);
+}
+
+#[test]
+fn check_names_the_lines_of_misused_fastcgi_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let www = www(tmp.path());
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[[site]]\nname = \"a\"\n\n[[site.route]]\npath = \"/\"\nstatic = \"{w}\"\n\
+             fastcgi = \"unix:{w}/php.sock\"\nindex = \"../x.php\"\n\n\
+             [[site.route]]\npath = \"/p\"\nproxy = \"127.0.0.1:9\"\nindex = \"index.php\"\n\n\
+             [[site.route]]\npath = \"/q\"\nfastcgi = \"127.0.0.1:9000\"\n",
+            w = www.display()
+        ),
+    )
+    .unwrap();
+    let out = run_to_end(
+        Command::new(TERN)
+            .arg("run")
+            .arg("--config")
+            .arg(&conf)
+            .arg("--check"),
+        Duration::from_secs(10),
+    );
+    assert!(!out.status.success());
+    let text = out.stderr;
+    assert!(text.contains("line 8: index \"../x.php\""), "{text}");
+    assert!(
+        text.contains("line 13: `index` does not apply to a proxy route"),
+        "{text}"
+    );
+    assert!(text.contains("line 17:"), "{text}");
+}
