@@ -38,6 +38,9 @@ pub struct Encoder {
     /// The output of the last `finish` (the sink taken out of a consumed encoder).
     last: Sink,
     encoding: Encoding,
+    /// Bytes were written since the last flush (a flush without them would only add
+    /// empty blocks).
+    dirty: bool,
     bytes_in: u64,
     bytes_out: u64,
 }
@@ -76,6 +79,7 @@ impl Encoder {
             inner: Some(inner),
             last: Sink::new(),
             encoding,
+            dirty: false,
             bytes_in: 0,
             bytes_out: 0,
         })
@@ -99,6 +103,7 @@ impl Encoder {
     /// flush or the end). The work is proportional to `data`: callers feed bounded pieces.
     pub fn write(&mut self, data: &[u8]) -> Result<&[u8], EncodeError> {
         self.bytes_in += data.len() as u64;
+        self.dirty |= !data.is_empty();
         let inner = self.inner.as_mut().ok_or(EncodeError)?;
         sink(inner).clear();
         let done = match inner {
@@ -111,10 +116,13 @@ impl Encoder {
     }
 
     /// Everything taken so far, made decodable by the client now (a sync flush: the stream
-    /// goes on after it).
+    /// goes on after it). Nothing when nothing was written since the last one.
     pub fn flush(&mut self) -> Result<&[u8], EncodeError> {
         let inner = self.inner.as_mut().ok_or(EncodeError)?;
         sink(inner).clear();
+        if !std::mem::take(&mut self.dirty) {
+            return Ok(&[]);
+        }
         let done = match inner {
             Inner::Gzip(w) => w.flush(),
             Inner::Br(w) => w.flush(),
@@ -279,7 +287,10 @@ mod tests {
             let mut enc = Encoder::new(e).unwrap();
             let mut wire = enc.write(b"a").unwrap().to_vec();
             wire.extend_from_slice(enc.flush().unwrap());
-            wire.extend_from_slice(enc.flush().unwrap());
+            assert!(
+                enc.flush().unwrap().is_empty(),
+                "{e:?}: a flush with nothing new"
+            );
             wire.extend_from_slice(enc.finish().unwrap());
             assert_eq!(decode(e, &wire), b"a", "{e:?}");
         }
