@@ -416,3 +416,56 @@ fn decode_partial(coding: &str, data: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+#[test]
+fn check_names_the_lines_of_misused_compression_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(
+        &conf,
+        "[[site]]\nname = \"a\"\ndefault = true\ncompress = [\"gzip\", \"deflate\"]\n\
+         compress_types = [\"text/html; charset=utf-8\"]\n\n\
+         [[site.route]]\npath = \"/\"\nrespond = \"x\"\ncompress = []\n\n\
+         [[site.route]]\npath = \"/b\"\nrespond = \"x\"\ncompress = [\"br\", \"br\"]\n",
+    )
+    .unwrap();
+    let out = run_to_end(
+        Command::new(TERN)
+            .args(["run", "--check", "--config"])
+            .arg(&conf),
+        READ_TIMEOUT,
+    );
+    let err = out.stderr;
+    assert!(
+        err.contains("line 4: compress: unknown coding \"deflate\""),
+        "{err}"
+    );
+    assert!(err.contains("line 5: compress_types:"), "{err}");
+    assert!(
+        err.contains("line 10: compress = [] names no coding"),
+        "{err}"
+    );
+    assert!(
+        err.contains("line 15: compress: br is listed twice"),
+        "{err}"
+    );
+
+    std::fs::write(
+        &conf,
+        "[[site]]\nname = \"a\"\ndefault = true\n\n[[site.route]]\npath = \"/\"\n\
+         respond = \"x\"\ncompress_min_size = 100\n",
+    )
+    .unwrap();
+    let out = run_to_end(
+        Command::new(TERN)
+            .args(["run", "--check", "--config"])
+            .arg(&conf),
+        READ_TIMEOUT,
+    );
+    assert!(
+        out.stderr
+            .contains("line 8: compress_min_size does nothing here"),
+        "{}",
+        out.stderr
+    );
+}
