@@ -11,6 +11,7 @@ use tern_runtime::{ratelog, BufPool, Clock, InboxSender};
 
 use crate::access_log::{LogEntry, WorkerLog};
 use crate::bans::{self, BanCause, Bans};
+use crate::compression::{self, Choice};
 use crate::config::ServerConfig;
 use crate::handler::{HandlerContext, LogTarget, Reply, Request, WorkerMessage};
 use crate::response::{Body, Response};
@@ -69,8 +70,8 @@ pub(crate) enum Outcome {
     Deferred,
     /// Close the connection without an answer.
     Drop,
-    /// Relay the exchange to an upstream server.
-    Forward(Box<Forward>),
+    /// Relay the exchange to an upstream server, its answer compressed by the choice.
+    Forward(Box<Forward>, Option<Choice>),
 }
 
 /// Whether the handler of this request takes its body as a stream (it is dispatched on the
@@ -126,6 +127,7 @@ pub(crate) fn run(
         site: SiteSlot::NONE,
         identity: None,
         request_id: None,
+        compress: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
     tally.set_site(hcx.site);
@@ -133,10 +135,19 @@ pub(crate) fn run(
         entry.target = hcx.log;
         entry.request_id = hcx.request_id;
     }
+    let choice = hcx
+        .compress
+        .take()
+        .map(|policy| Choice::new(policy, head.accept_encoding));
     match result {
-        Ok(Reply::Now(response)) => Outcome::Respond(response),
+        Ok(Reply::Now(mut response)) => {
+            if let Some(choice) = &choice {
+                compression::fixed(&mut response, choice, cx.stats);
+            }
+            Outcome::Respond(response)
+        }
         Ok(Reply::Later) if hcx.deferred => Outcome::Deferred,
-        Ok(Reply::Forward(fwd)) => Outcome::Forward(fwd),
+        Ok(Reply::Forward(fwd)) => Outcome::Forward(fwd, choice),
         Ok(Reply::Drop) => {
             cx.stats.bump(Counter::ConnectionsDropped);
             cx.record_ban(from.peer.ip(), BanCause::Dropped);

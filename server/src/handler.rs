@@ -116,6 +116,9 @@ pub struct HandlerContext<'a> {
     pub(crate) identity: Option<crate::identity::Identity>,
     /// The request's id, when its site gives requests one (written to the access log).
     pub(crate) request_id: Option<crate::request_id::RequestId>,
+    /// On-the-fly compression of this request's answer (fixed or proxied), if its site or
+    /// route asks for it.
+    pub(crate) compress: Option<std::sync::Arc<tern_compress::Policy>>,
 }
 
 impl HandlerContext<'_> {
@@ -140,6 +143,12 @@ impl HandlerContext<'_> {
     /// Gives the request an id: the access log writes it, and a proxy forwards it.
     pub fn set_request_id(&mut self, id: crate::request_id::RequestId) {
         self.request_id = Some(id);
+    }
+
+    /// Compresses this request's answer by `policy` (its codings, minimum size and types),
+    /// or not (`None`). Deferred answers are not compressed.
+    pub fn compress_with(&mut self, policy: Option<std::sync::Arc<tern_compress::Policy>>) {
+        self.compress = policy;
     }
 
     pub fn request_id(&self) -> Option<&crate::request_id::RequestId> {

@@ -6,6 +6,7 @@
 
 mod access_log;
 pub mod bans;
+mod compression;
 mod config;
 mod conn;
 mod driver;

@@ -138,6 +138,18 @@ impl Response {
         lines.truncate(write);
     }
 
+    /// The value of the first `name:` line (name compared without regard to case), trimmed.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        let name = name.as_bytes();
+        self.headers.split(|&b| b == b'\n').find_map(|line| {
+            let line = line.strip_suffix(b"\r")?;
+            let matches = line.len() > name.len()
+                && line[name.len()] == b':'
+                && line[..name.len()].eq_ignore_ascii_case(name);
+            matches.then(|| line[name.len() + 1..].trim_ascii())
+        })
+    }
+
     pub fn headers(&self) -> &[u8] {
         &self.headers
     }
@@ -188,6 +200,18 @@ mod tests {
         r.remove_header("Cache-Control-Extra");
         r.remove_header("X-Cache");
         assert_eq!(r.headers(), b"");
+    }
+
+    #[test]
+    fn header_lookup_ignores_case_and_spaces() {
+        let r = Response::new(200)
+            .with_header("Content-Type", "text/html")
+            .with_header("X-Type", "no")
+            .with_header("ETag", " \"a\" ");
+        assert_eq!(r.header("content-type"), Some(&b"text/html"[..]));
+        assert_eq!(r.header("ETAG"), Some(&b"\"a\""[..]));
+        assert_eq!(r.header("Type"), None);
+        assert_eq!(r.header("Vary"), None);
     }
 
     #[test]

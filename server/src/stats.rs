@@ -70,10 +70,22 @@ pub enum Counter {
     UpstreamTimeouts,
     /// Idempotent requests sent again after a pooled connection turned out dead.
     UpstreamRetries,
+    /// Answers compressed on the fly, by coding (`Counter::compressed`).
+    CompressedGzip,
+    CompressedBr,
+    CompressedZstd,
+    /// Body bytes those answers had before compression, by coding.
+    CompressInGzip,
+    CompressInBr,
+    CompressInZstd,
+    /// Bytes they had after, by coding.
+    CompressOutGzip,
+    CompressOutBr,
+    CompressOutZstd,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 34] = [
+    pub const ALL: [Counter; 43] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -108,7 +120,38 @@ impl Counter {
         Counter::UpstreamFailures,
         Counter::UpstreamTimeouts,
         Counter::UpstreamRetries,
+        Counter::CompressedGzip,
+        Counter::CompressedBr,
+        Counter::CompressedZstd,
+        Counter::CompressInGzip,
+        Counter::CompressInBr,
+        Counter::CompressInZstd,
+        Counter::CompressOutGzip,
+        Counter::CompressOutBr,
+        Counter::CompressOutZstd,
     ];
+
+    /// The counters of one coding: answers, bytes in, bytes out.
+    pub fn compressed(encoding: tern_compress::Encoding) -> [Counter; 3] {
+        use tern_compress::Encoding;
+        match encoding {
+            Encoding::Gzip => [
+                Counter::CompressedGzip,
+                Counter::CompressInGzip,
+                Counter::CompressOutGzip,
+            ],
+            Encoding::Br => [
+                Counter::CompressedBr,
+                Counter::CompressInBr,
+                Counter::CompressOutBr,
+            ],
+            Encoding::Zstd => [
+                Counter::CompressedZstd,
+                Counter::CompressInZstd,
+                Counter::CompressOutZstd,
+            ],
+        }
+    }
 
     /// The metric's name: several counters share one, told apart by [`Counter::label`]
     /// (a cause, a kind of timeout). Prometheus's page adds `_total`.
@@ -148,6 +191,15 @@ impl Counter {
             Counter::UpstreamFailures => "upstream_failures",
             Counter::UpstreamTimeouts => "upstream_timeouts",
             Counter::UpstreamRetries => "upstream_retries",
+            Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
+                "compressed_answers"
+            }
+            Counter::CompressInGzip | Counter::CompressInBr | Counter::CompressInZstd => {
+                "compression_bytes_in"
+            }
+            Counter::CompressOutGzip | Counter::CompressOutBr | Counter::CompressOutZstd => {
+                "compression_bytes_out"
+            }
         }
     }
 
@@ -165,6 +217,15 @@ impl Counter {
             Counter::TlsFailedPeerAlert => ("cause", "peer_alert"),
             Counter::TlsFailedClosed => ("cause", "closed"),
             Counter::TlsFailedOther => ("cause", "other"),
+            Counter::CompressedGzip | Counter::CompressInGzip | Counter::CompressOutGzip => {
+                ("encoding", "gzip")
+            }
+            Counter::CompressedBr | Counter::CompressInBr | Counter::CompressOutBr => {
+                ("encoding", "br")
+            }
+            Counter::CompressedZstd | Counter::CompressInZstd | Counter::CompressOutZstd => {
+                ("encoding", "zstd")
+            }
             _ => return None,
         };
         Some((key, value))
@@ -214,6 +275,15 @@ impl Counter {
             Counter::UpstreamFailures => "upstream exchanges that failed (502, 504, cut short)",
             Counter::UpstreamTimeouts => "upstream connect, first-byte or idle timeouts",
             Counter::UpstreamRetries => "idempotent requests resent after a dead pooled connection",
+            Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
+                "answers compressed on the fly, by coding"
+            }
+            Counter::CompressInGzip | Counter::CompressInBr | Counter::CompressInZstd => {
+                "body bytes of answers compressed on the fly, before compression"
+            }
+            Counter::CompressOutGzip | Counter::CompressOutBr | Counter::CompressOutZstd => {
+                "body bytes of answers compressed on the fly, after compression"
+            }
         }
     }
 }
@@ -328,6 +398,12 @@ impl WorkerStats {
     #[inline]
     pub fn bump(&self, c: Counter) {
         bump(&self.counters[c as usize]);
+    }
+
+    /// `n` at once (single writer, like `bump`).
+    #[inline]
+    pub fn add(&self, c: Counter, n: u64) {
+        add(&self.counters[c as usize], n);
     }
 
     /// For a block more than one thread writes (`Stats::aux`): a locked add.

@@ -81,6 +81,7 @@ const FILES: &[(&str, &str)] = &[
     ("request_id.rs", "api"),
     ("upstream/mod.rs", "api"),
     ("stats.rs", "support"),
+    ("compression.rs", "support"),
     ("slab.rs", "support"),
     ("bans.rs", "support"),
     ("access_log.rs", "support"),

@@ -121,5 +121,6 @@ fn site() -> Site {
         counted_as: tern_server::SiteSlot::NONE,
         error_pages: Vec::new(),
         request_ids: None,
+        compress: None,
     }
 }

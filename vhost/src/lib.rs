@@ -81,6 +81,9 @@ pub struct Site {
     pub error_pages: Vec<ErrorPage>,
     /// Requests get an id (`X-Request-Id`); a peer in the list may bring its own.
     pub request_ids: Option<TrustedProxies>,
+    /// On-the-fly compression of answers no route took (404s, 421s are not the site's);
+    /// each route has its own ([`RouteOptions::compress`]).
+    pub compress: Option<Arc<tern_compress::Policy>>,
 }
 
 struct BuiltSite {
@@ -95,6 +98,7 @@ struct BuiltSite {
     longest_prefix: usize,
     error_pages: Vec<(u16, Bytes, Vec<u8>)>,
     request_ids: Option<TrustedProxies>,
+    compress: Option<Arc<tern_compress::Policy>>,
 }
 
 /// Every site, prebuilt for matching.
@@ -187,6 +191,7 @@ impl SiteTable {
                     })
                     .collect(),
                 request_ids: site.request_ids,
+                compress: site.compress,
             });
         }
         Ok(SiteTable {
@@ -252,6 +257,9 @@ impl SiteTable {
         };
         cx.log_to(site.log);
         cx.count_as(site.counted_as);
+        if site.compress.is_some() {
+            cx.compress_with(site.compress.clone());
+        }
         if let Some(trusted) = &site.request_ids {
             let from_proxy = trusted
                 .is_trusted(req.peer.ip())
@@ -313,6 +321,9 @@ fn answer_on(
     let Some(route) = route_for(site, req.head, &decoded) else {
         return (Response::text(404, "not found\n").into(), true);
     };
+    if route.compress.is_some() || site.compress.is_some() {
+        cx.compress_with(route.compress.clone());
+    }
     if let Admission::Refuse(r) = route.admit(req, cx.worker_id) {
         return (r.into(), true);
     }
@@ -668,6 +679,7 @@ mod tests {
             counted_as: SiteSlot::NONE,
             error_pages: Vec::new(),
             request_ids: None,
+            compress: None,
         }
     }
 
@@ -845,6 +857,7 @@ mod tests {
             counted_as: SiteSlot::NONE,
             error_pages: Vec::new(),
             request_ids: None,
+            compress: None,
         };
         tweak(&mut s);
         let table = SiteTable::new(vec![s], Some(0)).unwrap();
@@ -969,6 +982,7 @@ mod tests {
             counted_as: SiteSlot::NONE,
             error_pages: Vec::new(),
             request_ids: None,
+            compress: None,
         };
         let e = SiteTable::new(vec![s], Some(0)).err().unwrap();
         assert!(e.contains("could never be chosen"), "{e}");

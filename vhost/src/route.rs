@@ -59,6 +59,8 @@ pub struct RouteOptions {
     pub max_body: Option<u64>,
     /// Token buckets by client network: 429 with `Retry-After` when empty.
     pub rate_limit: Option<Arc<PrefixLimiter>>,
+    /// On-the-fly compression of the route's answers (fixed and proxied; `None`: off).
+    pub compress: Option<Arc<tern_compress::Policy>>,
 }
 
 /// How `try_files` ends when no candidate is there.
@@ -165,6 +167,7 @@ pub(crate) struct BuiltRoute {
     pub try_files: Option<TryFiles>,
     pub max_body: Option<u64>,
     pub rate_limit: Option<Arc<PrefixLimiter>>,
+    pub compress: Option<Arc<tern_compress::Policy>>,
     /// Names to drop before the set lines are added (the removed ones and the set ones).
     drop: Vec<String>,
     /// `Name: value\r\n` lines without variables, serialised once.
@@ -268,6 +271,7 @@ impl BuiltRoute {
             try_files,
             max_body: options.max_body,
             rate_limit: options.rate_limit,
+            compress: options.compress,
             drop,
             set_lines,
             set_templates,

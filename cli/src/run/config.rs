@@ -62,6 +62,10 @@ struct SiteFile {
     request_id: Option<Spanned<bool>>,
     /// Peers whose own `X-Request-Id` is kept.
     request_id_trusted: Option<Spanned<String>>,
+    /// On-the-fly compression, the default of the site's routes (see [`CompressKeys`]).
+    compress: Option<Spanned<Codings>>,
+    compress_min_size: Option<Spanned<u64>>,
+    compress_types: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     route: Vec<RouteFile>,
 }
@@ -122,6 +126,47 @@ struct RouteFile {
     strip_prefix: Option<Spanned<bool>>,
     max_body: Option<Spanned<u64>>,
     rate_limit: Option<Spanned<RateLimitFile>>,
+    /// On-the-fly compression; each key not given is the site's.
+    compress: Option<Spanned<Codings>>,
+    compress_min_size: Option<Spanned<u64>>,
+    compress_types: Option<Spanned<Vec<String>>>,
+}
+
+/// One level's compression keys (a site's or a route's): `compress = ["zstd", "br",
+/// "gzip"]` (the server's preference; `true`: that list, `false`: off),
+/// `compress_min_size = 512`, `compress_types = ["text/*", ...]`.
+#[derive(Clone, Copy, Default)]
+struct CompressKeys<'a> {
+    compress: Option<&'a Spanned<Codings>>,
+    compress_min_size: Option<&'a Spanned<u64>>,
+    compress_types: Option<&'a Spanned<Vec<String>>>,
+}
+
+impl SiteFile {
+    fn compress_keys(&self) -> CompressKeys<'_> {
+        CompressKeys {
+            compress: self.compress.as_ref(),
+            compress_min_size: self.compress_min_size.as_ref(),
+            compress_types: self.compress_types.as_ref(),
+        }
+    }
+}
+
+impl RouteFile {
+    fn compress_keys(&self) -> CompressKeys<'_> {
+        CompressKeys {
+            compress: self.compress.as_ref(),
+            compress_min_size: self.compress_min_size.as_ref(),
+            compress_types: self.compress_types.as_ref(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Codings {
+    On(bool),
+    List(Vec<String>),
 }
 
 /// `rate_limit = { per_second = 10, burst = 20 }`, by client network.
@@ -164,6 +209,8 @@ pub struct SitePlan {
     pub error_pages: Vec<tern_vhost::ErrorPage>,
     /// Requests get ids; these peers may bring their own.
     pub request_ids: Option<tern_services::TrustedProxies>,
+    /// On-the-fly compression of answers no route took.
+    pub compress: Option<std::sync::Arc<tern_compress::Policy>>,
 }
 
 /// Where a site's access-log lines go.
@@ -193,6 +240,8 @@ pub struct RouteOptionsPlan {
     pub strip_prefix: bool,
     pub max_body: Option<u64>,
     pub rate_limit: Option<tern_services::RateLimitConfig>,
+    /// On-the-fly compression (the site's keys where the route gives none).
+    pub compress: Option<std::sync::Arc<tern_compress::Policy>>,
 }
 
 /// Per-route rate-limit buckets per worker: one byte each, so 16 KiB per worker and route.
@@ -364,10 +413,20 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
         // stored prefix → (line, the route has matchers beyond its path)
         let mut prefixes: BTreeMap<String, (usize, bool)> = BTreeMap::new();
         let mut routes = Vec::new();
+        let site_compress = check_compress_keys(site.compress_keys(), &mut p);
+        let site_policy = compress_policy(site.compress_keys(), CompressKeys::default());
         for route in &site.route {
             let path_at = route.path.span().start;
             let prefix = route.path.get_ref();
-            let options = check_route_options(route, &file, &mut p);
+            let mut options = check_route_options(route, &file, &mut p);
+            let route_compress = check_compress_keys(route.compress_keys(), &mut p);
+            if site_compress && route_compress {
+                let policy = compress_policy(route.compress_keys(), site.compress_keys());
+                check_compress_off(route.compress_keys(), policy.is_some(), &mut p);
+                if let Some(o) = options.as_mut() {
+                    o.compress = policy;
+                }
+            }
             let has_matchers = [
                 at(&route.methods),
                 at(&route.match_headers),
@@ -490,6 +549,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
             log,
             error_pages,
             request_ids,
+            compress: site_policy.filter(|_| site_compress),
         });
     }
     if !p.list.is_empty() {
@@ -524,6 +584,110 @@ fn check_server_keys(file: &RunFile, p: &mut Problems<'_>) {
     ] {
         if let Some(v) = value.as_ref().filter(|v| *v.get_ref() == 0) {
             p.at(v.span().start, format!("{key} must be at least 1"));
+        }
+    }
+}
+
+/// The server's order of preference when `compress = true`: zstd costs the server least for
+/// a ratio like brotli's at these levels, gzip is what every client has.
+const DEFAULT_CODINGS: [tern_compress::Encoding; 3] = [
+    tern_compress::Encoding::Zstd,
+    tern_compress::Encoding::Br,
+    tern_compress::Encoding::Gzip,
+];
+
+/// Checks one level's compression keys (a site's or a route's); false when one is unusable.
+fn check_compress_keys(keys: CompressKeys<'_>, p: &mut Problems<'_>) -> bool {
+    let mut ok = true;
+    if let Some(c) = keys.compress {
+        if let Codings::List(list) = c.get_ref() {
+            if list.is_empty() {
+                p.at(
+                    c.span().start,
+                    "compress = [] names no coding: write compress = false to turn it off",
+                );
+                ok = false;
+            }
+            for name in list {
+                if tern_compress::Encoding::from_name(name).is_none() {
+                    p.at(
+                        c.span().start,
+                        format!("compress: unknown coding {name:?}: the codings are \"zstd\", \"br\" and \"gzip\""),
+                    );
+                    ok = false;
+                }
+            }
+            if ok {
+                if let Err(e) = tern_compress::Policy::with_defaults(&codings(list)) {
+                    p.at(c.span().start, format!("compress: {e}"));
+                    ok = false;
+                }
+            }
+        }
+    }
+    if let Some(types) = keys.compress_types {
+        if let Err(e) = tern_compress::Policy::new(&DEFAULT_CODINGS, 0, types.get_ref()) {
+            p.at(types.span().start, format!("compress_types: {e}"));
+            ok = false;
+        }
+    }
+    ok
+}
+
+fn codings(list: &[String]) -> Vec<tern_compress::Encoding> {
+    list.iter()
+        .filter_map(|n| tern_compress::Encoding::from_name(n))
+        .collect()
+}
+
+/// The policy of checked keys, each taken from `own` if given there, else from `inherited`,
+/// else the default; `None` when compression is off.
+fn compress_policy(
+    own: CompressKeys<'_>,
+    inherited: CompressKeys<'_>,
+) -> Option<std::sync::Arc<tern_compress::Policy>> {
+    let codings = match own.compress.or(inherited.compress)?.get_ref() {
+        Codings::On(false) => return None,
+        Codings::On(true) => DEFAULT_CODINGS.to_vec(),
+        Codings::List(list) => codings(list),
+    };
+    let min = own
+        .compress_min_size
+        .or(inherited.compress_min_size)
+        .map_or(tern_compress::DEFAULT_MIN_SIZE, |v| *v.get_ref());
+    let types: Vec<String> = match own.compress_types.or(inherited.compress_types) {
+        Some(t) => t.get_ref().clone(),
+        None => tern_compress::DEFAULT_TYPES
+            .iter()
+            .map(|t| t.to_string())
+            .collect(),
+    };
+    tern_compress::Policy::new(&codings, min, &types)
+        .ok()
+        .map(std::sync::Arc::new)
+}
+
+/// `compress_min_size` or `compress_types` where compression is off would do nothing: the
+/// file probably meant something else.
+fn check_compress_off(keys: CompressKeys<'_>, on: bool, p: &mut Problems<'_>) {
+    if on {
+        return;
+    }
+    for (key, at) in [
+        (
+            "compress_min_size",
+            keys.compress_min_size.map(|v| v.span().start),
+        ),
+        (
+            "compress_types",
+            keys.compress_types.map(|v| v.span().start),
+        ),
+    ] {
+        if let Some(at) = at {
+            p.at(
+                at,
+                format!("{key} does nothing here: compression is off (set compress)"),
+            );
         }
     }
 }

@@ -432,6 +432,7 @@ fn build_table(
                         .rate_limit
                         .clone()
                         .map(|c| Arc::new(tern_services::PrefixLimiter::new(c, workers))),
+                    compress: o.compress.clone(),
                 },
             });
         }
@@ -443,6 +444,7 @@ fn build_table(
             counted_as: stats.site(&site.name),
             error_pages: site.error_pages.clone(),
             request_ids: site.request_ids.clone(),
+            compress: site.compress.clone(),
         });
     }
     SiteTable::new(sites, loaded.default_site)

@@ -446,7 +446,7 @@ impl Http1 {
         };
         let mut exchange = exchange;
         let outcome = exchange::run(head, body, from, entry.as_mut(), &mut exchange.tally, cx);
-        if streamed.is_some() && !matches!(outcome, Outcome::Forward(_)) {
+        if streamed.is_some() && !matches!(outcome, Outcome::Forward(..)) {
             // Answered without reading the body that follows: the connection cannot go on.
             exchange.keep_alive = false;
         }
@@ -458,10 +458,11 @@ impl Http1 {
                 let saved = entry.as_ref().and_then(SavedEntry::save);
                 self.state = State::Awaiting(exchange, saved);
             }
-            Outcome::Forward(fwd) => {
+            Outcome::Forward(fwd, compress) => {
                 let saved = entry.as_ref().and_then(SavedEntry::save);
                 let start = relay::RelayStart {
                     fwd,
+                    compress,
                     asked: exchange.asked(),
                     body,
                     streamed: streamed.map(BodyFollows::Framed),

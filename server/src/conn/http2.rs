@@ -430,12 +430,13 @@ impl Http2 {
                 let saved = entry.as_ref().and_then(SavedEntry::save);
                 self.awaiting.push((id, head_only, tally, saved));
             }
-            Outcome::Forward(mut fwd) => {
+            Outcome::Forward(mut fwd, compress) => {
                 // HTTP/2 has no Upgrade (WebSocket over HTTP/2 would be RFC 8441's
                 // extended CONNECT, which tern does not offer).
                 fwd.upgrade = false;
                 let start = RelayStart {
                     fwd,
+                    compress,
                     asked: Asked {
                         head_only,
                         keep_alive: true,

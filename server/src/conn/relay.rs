@@ -27,6 +27,7 @@ use super::output::Output;
 use super::types::Link;
 use super::upstream_wire::{BodyFraming, FastCgiAnswer};
 use crate::access_log::SavedEntry;
+use crate::compression::{self, Choice};
 use crate::exchange::ConnCx;
 use crate::response::Response;
 use crate::stats::{Counter, Tally};
@@ -91,6 +92,8 @@ impl Asked {
 /// An exchange a handler forwarded, as the protocol hands it to the relay.
 pub(crate) struct RelayStart<'b> {
     pub fwd: Box<Forward>,
+    /// On-the-fly compression of the answer, if its route asks for it.
+    pub compress: Option<Choice>,
     pub asked: Asked,
     /// The complete body, if it came with the head.
     pub body: &'b [u8],
@@ -191,6 +194,11 @@ pub(crate) struct Relay {
     head_sent: bool,
     /// The body goes to the client chunked.
     chunked_out: bool,
+    /// The route's compression, until the answer's head is known.
+    compress: Option<Choice>,
+    /// The answer's body is being compressed: the encoder's state lives only as long as
+    /// that (see `tern_compress::Encoder` for its size).
+    encoder: Option<Box<tern_compress::Encoder>>,
     /// The upstream allows its connection to be reused after this response.
     upstream_keep: bool,
     status: u16,
@@ -229,6 +237,7 @@ impl Relay {
     ) -> Box<Relay> {
         let RelayStart {
             mut fwd,
+            compress,
             asked,
             body,
             streamed,
@@ -326,6 +335,8 @@ impl Relay {
             got_bytes: false,
             head_sent: false,
             chunked_out: false,
+            compress,
+            encoder: None,
             upstream_keep: false,
             status: 0,
             body_bytes: 0,
@@ -510,7 +521,7 @@ impl Relay {
     pub fn closed(&mut self, error: bool, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
         match (self.phase, &self.up_body) {
             (Phase::Exchange, UpBody::UntilClose) if !error => {
-                self.finish_body(out);
+                self.finish_body(out, cx);
                 self.complete(UpstreamOutcome::Ok, cx);
             }
             (Phase::Tunnel, _) => self.complete(UpstreamOutcome::Ok, cx),
@@ -596,6 +607,7 @@ impl Relay {
     /// The client gave up (its stream was reset): the exchange ends without an answer and
     /// the upstream connection is not reused.
     pub fn abandon(&mut self) {
+        self.encoder = None;
         if self.phase != Phase::Done {
             self.phase = Phase::Done;
             self.outcome = UpstreamOutcome::Abandoned;
@@ -739,10 +751,15 @@ impl Relay {
                     if !done {
                         break;
                     }
-                    self.finish_body(out);
+                    self.finish_body(out, cx);
                     self.complete(UpstreamOutcome::Ok, cx);
                 }
             }
+        }
+        if self.encoder.is_some() && self.phase == Phase::Exchange {
+            // The upstream has nothing more for now: what it sent so far goes to the
+            // client decodable, so a slow app's partial answer is not held back.
+            self.squeeze(Squeeze::Flush, out, cx);
         }
         if self.phase == Phase::Done && !buf.is_empty() {
             // Bytes past the end of the answer (a body after a HEAD answer, say): the
@@ -1059,6 +1076,28 @@ impl Relay {
             ),
             ResponseBody::UntilClose => (None, !self.asked.http10, Some(UpBody::UntilClose)),
         };
+        let (content_length, chunked) = match self.compress.take() {
+            Some(choice) => {
+                // The length the decision sees: the body's, or a HEAD answer's for the GET.
+                match choice.edit_head(&mut r, content_length) {
+                    Some(coding) => {
+                        if body.is_some() && !self.asked.head_only {
+                            match tern_compress::Encoder::new(coding) {
+                                Ok(e) => self.encoder = Some(Box::new(e)),
+                                Err(_) => {
+                                    self.fail(502, "bad gateway: out of memory\n", out, link, cx);
+                                    return 0;
+                                }
+                            }
+                        }
+                        // Streamed: no length, chunked to HTTP/1.1 (HTTP/1.0: until close).
+                        (None, !self.asked.http10)
+                    }
+                    None => (content_length, chunked),
+                }
+            }
+            None => (content_length, chunked),
+        };
         // An HTTP/1.0 client learns where an unsized body ends only by the close.
         if content_length.is_none() && !chunked && body.is_some() {
             self.close_client = true;
@@ -1096,22 +1135,62 @@ impl Relay {
         match body {
             Some(b) if !matches!(&b, UpBody::Decoding(d) if d.is_done()) => self.up_body = b,
             _ => {
-                self.finish_body(out);
+                self.finish_body(out, cx);
                 self.complete(UpstreamOutcome::Ok, cx);
             }
         }
         used
     }
 
-    /// Body bytes of the answer, framed for the client.
+    /// Body bytes of the upstream's answer, compressed if it is, framed for the client.
     fn push_body(&mut self, data: &[u8], out: &mut Output, cx: &mut ConnCx<'_>) {
+        if data.is_empty() || self.asked.head_only {
+            return;
+        }
+        if self.encoder.is_some() {
+            self.squeeze(Squeeze::Data(data), out, cx);
+        } else {
+            self.emit(data, out, cx);
+        }
+    }
+
+    /// One step of the answer's encoder; its output goes to the client. A failing encoder
+    /// (no memory) cuts the answer short, as a failing upstream does.
+    fn squeeze(&mut self, step: Squeeze<'_>, out: &mut Output, cx: &mut ConnCx<'_>) {
+        let Some(mut encoder) = self.encoder.take() else {
+            return;
+        };
+        let coded = match step {
+            Squeeze::Data(data) => encoder.write(data),
+            Squeeze::Flush => encoder.flush(),
+            Squeeze::Finish => encoder.finish(),
+        };
+        match coded {
+            Ok(bytes) => self.emit(bytes, out, cx),
+            Err(_) => {
+                cx.stats.bump(Counter::UpstreamFailures);
+                self.close_client = true;
+                if let ClientSide::H2(a) = &mut self.client {
+                    a.broken = true;
+                }
+                self.end(UpstreamOutcome::Failed, None, cx);
+                return;
+            }
+        }
+        if matches!(step, Squeeze::Finish) {
+            let e = encoder.encoding();
+            compression::count(cx.stats, e, encoder.bytes_in(), encoder.bytes_out());
+        } else {
+            self.encoder = Some(encoder);
+        }
+    }
+
+    /// Body bytes for the client, framed (chunked when the answer is).
+    fn emit(&mut self, data: &[u8], out: &mut Output, cx: &mut ConnCx<'_>) {
         if data.is_empty() {
             return;
         }
         self.body_bytes += data.len() as u64;
-        if self.asked.head_only {
-            return;
-        }
         if self.chunked_out {
             out.head_buf(|| cx.buffers.take_write());
             out.push_copy(chunk_size_line(data.len(), &mut [0; 18]));
@@ -1133,7 +1212,8 @@ impl Relay {
         }
     }
 
-    fn finish_body(&mut self, out: &mut Output) {
+    fn finish_body(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
+        self.squeeze(Squeeze::Finish, out, cx);
         if self.chunked_out {
             out.push_copy(b"0\r\n\r\n");
             self.chunked_out = false;
@@ -1158,6 +1238,8 @@ impl Relay {
 
     /// Ends the exchange with `outcome`: counted, and its access-log line written.
     fn end(&mut self, outcome: UpstreamOutcome, upstream_us: Option<u64>, cx: &mut ConnCx<'_>) {
+        // An answer cut short frees its encoder now, not when the relay goes.
+        self.encoder = None;
         self.outcome = outcome;
         self.phase = Phase::Done;
         self.deadline_ms = u64::MAX;
@@ -1262,6 +1344,16 @@ impl Relay {
             None => "-".into(),
         }
     }
+}
+
+/// A step of the answer's encoder.
+#[derive(Clone, Copy)]
+enum Squeeze<'a> {
+    Data(&'a [u8]),
+    /// The upstream has nothing more for now.
+    Flush,
+    /// The answer is complete.
+    Finish,
 }
 
 /// Copies the upstream's fields a client may see: not the hop-by-hop ones, not those named

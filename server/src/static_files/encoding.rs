@@ -87,107 +87,21 @@ pub(crate) fn worth_it(original: usize, compressed: usize) -> bool {
 }
 
 /// Picks the variant to send. `available[i]` says whether variant `i` exists (identity always
-/// does). Highest q wins; ties prefer the smaller coding (br, then gzip, then identity). An
-/// identity that the header does not mention (and no `*`) is the fallback, below any coding
-/// with q > 0. When nothing acceptable exists we still send identity (RFC 9110 §12.5.3 allows
-/// ignoring the header rather than answering 406).
+/// does). The one Accept-Encoding parser (`tern_compress::negotiate`) decides: highest q
+/// wins, ties prefer the smaller coding (br, then gzip, then identity), an identity the
+/// header does not mention is the fallback, and nothing acceptable still sends identity.
 pub(crate) fn choose(accept_encoding: Option<&[u8]>, available: [bool; 3]) -> usize {
-    let Some(header) = accept_encoding else {
-        return IDENTITY;
+    use tern_compress::Encoding;
+    let offered: &[Encoding] = match (available[BR], available[GZIP]) {
+        (true, true) => &[Encoding::Br, Encoding::Gzip],
+        (true, false) => &[Encoding::Br],
+        (false, true) => &[Encoding::Gzip],
+        (false, false) => return IDENTITY,
     };
-    if !available[GZIP] && !available[BR] {
-        return IDENTITY;
-    }
-    // q in thousandths; None = not mentioned.
-    let (mut br, mut gzip, mut identity, mut star) = (None, None, None, None);
-    // One pass, no iterator adaptors: this runs on every request that sends the header.
-    let h = header;
-    let n = h.len();
-    let mut i = 0;
-    while i < n {
-        while i < n && CLASS[h[i] as usize] == SEP {
-            i += 1;
-        }
-        let start = i;
-        while i < n && CLASS[h[i] as usize] == TOKEN {
-            i += 1;
-        }
-        let coding = &h[start..i];
-        // Parameters up to the next comma; only `q` matters (RFC 9110 §12.4.2).
-        let mut q = 1000u16;
-        while i < n && h[i] != b',' {
-            if h[i] != b';' {
-                i += 1;
-                continue;
-            }
-            i += 1;
-            while i < n && (h[i] == b' ' || h[i] == b'\t') {
-                i += 1;
-            }
-            if i + 1 < n && h[i] | 0x20 == b'q' && h[i + 1] == b'=' {
-                i += 2;
-                let value = i;
-                while i < n && CLASS[h[i] as usize] == TOKEN {
-                    i += 1;
-                }
-                q = parse_q(&h[value..i]).unwrap_or(0);
-            }
-        }
-        let slot = match coding.len() {
-            1 if coding[0] == b'*' => &mut star,
-            2 if coding.eq_ignore_ascii_case(b"br") => &mut br,
-            4 if coding.eq_ignore_ascii_case(b"gzip") => &mut gzip,
-            6 if coding.eq_ignore_ascii_case(b"x-gzip") => &mut gzip,
-            8 if coding.eq_ignore_ascii_case(b"identity") => &mut identity,
-            _ => continue,
-        };
-        // A coding listed twice keeps its highest q.
-        *slot = Some(slot.map_or(q, |old: u16| old.max(q)));
-    }
-    let q_of = |explicit: Option<u16>| i32::from(explicit.or(star).unwrap_or(0));
-    // Identity's q when the header gives one (directly or via `*`); when it does not,
-    // identity is the fallback that loses to any coding with q > 0.
-    let mut best = IDENTITY;
-    let mut best_q = identity.or(star).map_or(0, i32::from);
-    // Ties go to the later, smaller coding: gzip beats identity, br beats gzip.
-    for (idx, q) in [(GZIP, q_of(gzip)), (BR, q_of(br))] {
-        if available[idx] && q > 0 && q >= best_q {
-            best = idx;
-            best_q = q;
-        }
-    }
-    best
-}
-
-const TOKEN: u8 = 0;
-/// OWS and `,`: skipped before a coding.
-const SEP: u8 = 1;
-/// `;`: starts a parameter.
-const SEMI: u8 = 2;
-
-/// Byte classes for the Accept-Encoding scanner.
-static CLASS: [u8; 256] = {
-    let mut t = [TOKEN; 256];
-    t[b' ' as usize] = SEP;
-    t[b'\t' as usize] = SEP;
-    t[b',' as usize] = SEP;
-    t[b';' as usize] = SEMI;
-    t
-};
-
-fn parse_q(s: &[u8]) -> Option<u16> {
-    match s {
-        [b'1'] | [b'1', b'.'] => Some(1000),
-        [b'1', b'.', rest @ ..] if rest.len() <= 3 && rest.iter().all(|&c| c == b'0') => Some(1000),
-        [b'0'] | [b'0', b'.'] => Some(0),
-        [b'0', b'.', rest @ ..] if rest.len() <= 3 && rest.iter().all(u8::is_ascii_digit) => {
-            let mut v = 0u16;
-            for i in 0..3 {
-                v = v * 10 + rest.get(i).map_or(0, |&c| u16::from(c - b'0'));
-            }
-            Some(v)
-        }
-        _ => None,
+    match tern_compress::negotiate(accept_encoding, offered) {
+        Some(Encoding::Br) => BR,
+        Some(Encoding::Gzip) => GZIP,
+        _ => IDENTITY,
     }
 }
 
@@ -278,18 +192,6 @@ mod tests {
             let v = choose(Some(&header), [true, gz, br]);
             proptest::prop_assert!([true, gz, br][v]);
         }
-    }
-
-    #[test]
-    fn q_values() {
-        assert_eq!(parse_q(b"1"), Some(1000));
-        assert_eq!(parse_q(b"1.000"), Some(1000));
-        assert_eq!(parse_q(b"0.5"), Some(500));
-        assert_eq!(parse_q(b"0.123"), Some(123));
-        assert_eq!(parse_q(b"0"), Some(0));
-        assert_eq!(parse_q(b"0.1234"), None);
-        assert_eq!(parse_q(b"1.5"), None);
-        assert_eq!(parse_q(b"2"), None);
     }
 
     #[test]

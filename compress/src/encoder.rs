@@ -1,0 +1,378 @@
+//! A streaming encoder per coding, fed in pieces and flushed whenever its producer has
+//! nothing more for now, so a slow app's partial answer reaches the client decodable.
+//!
+//! Parameters are chosen for a server compressing many answers at once: memory per
+//! in-flight answer (measured by `tests::memory_is_bounded`, see the README's figures) and
+//! CPU per byte stay small, at some cost in ratio against the maxima. The state is made
+//! when an answer starts being compressed and freed when it ends.
+
+use std::io::Write;
+
+use crate::Encoding;
+
+/// flate2 (miniz_oxide) level: nginx's `gzip_comp_level` is 1 by default, Caddy's 5.
+pub const GZIP_LEVEL: u32 = 5;
+/// Brotli quality 4 keeps it near gzip's speed (5 and up switch to slower match finders;
+/// the Rust encoder's q5 hasher also takes far more memory).
+pub const BROTLI_QUALITY: u32 = 4;
+/// Brotli window: 2^18 = 256 KiB (the default 22 would allow 4 MiB per answer).
+pub const BROTLI_LGWIN: u32 = 18;
+/// zstd's level 3 is its default.
+pub const ZSTD_LEVEL: i32 = 3;
+/// zstd window: 2^18 = 256 KiB (level 3 would take up to 2 MiB).
+pub const ZSTD_WINDOW_LOG: u32 = 18;
+
+/// The output sink every encoder writes into; drained by the caller after each call.
+type Sink = Vec<u8>;
+
+enum Inner {
+    Gzip(flate2::write::GzEncoder<Sink>),
+    Br(Box<brotli::CompressorWriter<Sink>>),
+    Zstd(zstd::stream::write::Encoder<'static, Sink>),
+}
+
+/// One answer's encoder. Each call returns the bytes ready for the client (possibly none);
+/// they stay valid until the next call.
+pub struct Encoder {
+    inner: Option<Inner>,
+    /// The output of the last `finish` (the sink taken out of a consumed encoder).
+    last: Sink,
+    encoding: Encoding,
+    /// Bytes were written since the last flush (a flush without them would only add
+    /// empty blocks).
+    dirty: bool,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+/// The encoder failed (out of memory in zstd, say): the answer cannot be completed.
+#[derive(Debug)]
+pub struct EncodeError;
+
+impl Encoder {
+    pub fn new(encoding: Encoding) -> Result<Encoder, EncodeError> {
+        let sink = Sink::new();
+        let inner = match encoding {
+            Encoding::Gzip => Inner::Gzip(flate2::write::GzEncoder::new(
+                sink,
+                flate2::Compression::new(GZIP_LEVEL),
+            )),
+            Encoding::Br => {
+                let params = brotli::enc::BrotliEncoderParams {
+                    quality: BROTLI_QUALITY as i32,
+                    lgwin: BROTLI_LGWIN as i32,
+                    ..Default::default()
+                };
+                Inner::Br(Box::new(brotli::CompressorWriter::with_params(
+                    sink, 4096, &params,
+                )))
+            }
+            Encoding::Zstd => {
+                let mut z =
+                    zstd::stream::write::Encoder::new(sink, ZSTD_LEVEL).map_err(|_| EncodeError)?;
+                z.window_log(ZSTD_WINDOW_LOG).map_err(|_| EncodeError)?;
+                z.include_checksum(false).map_err(|_| EncodeError)?;
+                Inner::Zstd(z)
+            }
+        };
+        Ok(Encoder {
+            inner: Some(inner),
+            last: Sink::new(),
+            encoding,
+            dirty: false,
+            bytes_in: 0,
+            bytes_out: 0,
+        })
+    }
+
+    pub fn encoding(&self) -> Encoding {
+        self.encoding
+    }
+
+    /// Body bytes taken so far.
+    pub fn bytes_in(&self) -> u64 {
+        self.bytes_in
+    }
+
+    /// Coded bytes given out so far.
+    pub fn bytes_out(&self) -> u64 {
+        self.bytes_out
+    }
+
+    /// Compresses `data`; returns what is ready (the coder may hold bytes back until a
+    /// flush or the end). The work is proportional to `data`: callers feed bounded pieces.
+    pub fn write(&mut self, data: &[u8]) -> Result<&[u8], EncodeError> {
+        self.bytes_in += data.len() as u64;
+        self.dirty |= !data.is_empty();
+        let inner = self.inner.as_mut().ok_or(EncodeError)?;
+        sink(inner).clear();
+        let done = match inner {
+            Inner::Gzip(w) => w.write_all(data),
+            Inner::Br(w) => w.write_all(data),
+            Inner::Zstd(w) => w.write_all(data),
+        };
+        done.map_err(|_| EncodeError)?;
+        Ok(self.drained())
+    }
+
+    /// Everything taken so far, made decodable by the client now (a sync flush: the stream
+    /// goes on after it). Nothing when nothing was written since the last one.
+    pub fn flush(&mut self) -> Result<&[u8], EncodeError> {
+        let inner = self.inner.as_mut().ok_or(EncodeError)?;
+        sink(inner).clear();
+        if !std::mem::take(&mut self.dirty) {
+            return Ok(&[]);
+        }
+        let done = match inner {
+            Inner::Gzip(w) => w.flush(),
+            Inner::Br(w) => w.flush(),
+            Inner::Zstd(w) => w.flush(),
+        };
+        done.map_err(|_| EncodeError)?;
+        Ok(self.drained())
+    }
+
+    /// Ends the stream: the last bytes (trailer, end of frame). The state is freed here.
+    pub fn finish(&mut self) -> Result<&[u8], EncodeError> {
+        let inner = self.inner.take().ok_or(EncodeError)?;
+        let mut out = match inner {
+            Inner::Gzip(mut w) => {
+                let taken = std::mem::take(w.get_mut());
+                let mut rest = w.finish().map_err(|_| EncodeError)?;
+                // Bytes a previous call left in the sink were already given out.
+                drop(taken);
+                std::mem::take(&mut rest)
+            }
+            Inner::Br(mut w) => {
+                w.get_mut().clear();
+                w.into_inner()
+            }
+            Inner::Zstd(mut w) => {
+                w.get_mut().clear();
+                w.finish().map_err(|_| EncodeError)?
+            }
+        };
+        self.bytes_out += out.len() as u64;
+        std::mem::swap(&mut self.last, &mut out);
+        Ok(&self.last)
+    }
+
+    fn drained(&mut self) -> &[u8] {
+        let Some(inner) = self.inner.as_mut() else {
+            return &[];
+        };
+        let out = sink(inner);
+        self.bytes_out += out.len() as u64;
+        out
+    }
+}
+
+fn sink(inner: &mut Inner) -> &mut Sink {
+    match inner {
+        Inner::Gzip(w) => w.get_mut(),
+        Inner::Br(w) => w.get_mut(),
+        Inner::Zstd(w) => w.get_mut(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn decode(encoding: Encoding, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        match encoding {
+            Encoding::Gzip => {
+                flate2::read::GzDecoder::new(data)
+                    .read_to_end(&mut out)
+                    .unwrap();
+            }
+            Encoding::Br => {
+                brotli::Decompressor::new(data, 4096)
+                    .read_to_end(&mut out)
+                    .unwrap();
+            }
+            Encoding::Zstd => {
+                out = zstd::stream::decode_all(data).unwrap();
+            }
+        }
+        out
+    }
+
+    /// What a decoder makes of a stream that has not ended yet: every byte it can decode.
+    fn decode_partial(encoding: Encoding, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        match encoding {
+            Encoding::Gzip => {
+                let mut d = flate2::read::GzDecoder::new(data);
+                while let Ok(n @ 1..) = d.read(&mut buf) {
+                    out.extend_from_slice(&buf[..n]);
+                }
+            }
+            Encoding::Br => {
+                let mut d = brotli::Decompressor::new(data, 4096);
+                while let Ok(n @ 1..) = d.read(&mut buf) {
+                    out.extend_from_slice(&buf[..n]);
+                }
+            }
+            Encoding::Zstd => {
+                let mut d = zstd::stream::read::Decoder::new(data).unwrap();
+                while let Ok(n @ 1..) = d.read(&mut buf) {
+                    out.extend_from_slice(&buf[..n]);
+                }
+            }
+        }
+        out
+    }
+
+    fn text(len: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(len);
+        let mut i = 0u64;
+        while v.len() < len {
+            v.extend_from_slice(
+                format!("{{\"id\":{i},\"name\":\"item {}\"}},\n", i * 7 % 13).as_bytes(),
+            );
+            i += 1;
+        }
+        v.truncate(len);
+        v
+    }
+
+    #[test]
+    fn streaming_round_trip_in_pieces() {
+        let body = text(300_000);
+        for e in Encoding::ALL {
+            let mut enc = Encoder::new(e).unwrap();
+            let mut wire = Vec::new();
+            for piece in body.chunks(7_001) {
+                wire.extend_from_slice(enc.write(piece).unwrap());
+            }
+            wire.extend_from_slice(enc.finish().unwrap());
+            assert_eq!(decode(e, &wire), body, "{e:?}");
+            assert_eq!(enc.bytes_in(), body.len() as u64);
+            assert_eq!(enc.bytes_out(), wire.len() as u64);
+            assert!(wire.len() * 4 < body.len(), "{e:?}: {} bytes", wire.len());
+            // Done: no more calls.
+            assert!(enc.write(b"x").is_err());
+        }
+    }
+
+    #[test]
+    fn a_flush_makes_everything_so_far_decodable() {
+        let first = text(5_000);
+        let second = b"and the rest, later".to_vec();
+        for e in Encoding::ALL {
+            let mut enc = Encoder::new(e).unwrap();
+            let mut wire = enc.write(&first).unwrap().to_vec();
+            wire.extend_from_slice(enc.flush().unwrap());
+            // The client decodes the first half before the second exists.
+            assert_eq!(decode_partial(e, &wire), first, "{e:?}");
+            wire.extend_from_slice(enc.write(&second).unwrap());
+            wire.extend_from_slice(enc.flush().unwrap());
+            wire.extend_from_slice(enc.finish().unwrap());
+            let mut whole = first.clone();
+            whole.extend_from_slice(&second);
+            assert_eq!(decode(e, &wire), whole, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn empty_and_tiny_bodies() {
+        for e in Encoding::ALL {
+            let mut enc = Encoder::new(e).unwrap();
+            let wire = enc.finish().unwrap().to_vec();
+            assert_eq!(decode(e, &wire), b"", "{e:?}");
+            let mut enc = Encoder::new(e).unwrap();
+            let mut wire = enc.write(b"a").unwrap().to_vec();
+            wire.extend_from_slice(enc.flush().unwrap());
+            assert!(
+                enc.flush().unwrap().is_empty(),
+                "{e:?}: a flush with nothing new"
+            );
+            wire.extend_from_slice(enc.finish().unwrap());
+            assert_eq!(decode(e, &wire), b"a", "{e:?}");
+        }
+    }
+
+    /// Allocations on this thread: live bytes and the peak since the last reset.
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        pub struct Counting;
+
+        thread_local! {
+            static LIVE: Cell<isize> = const { Cell::new(0) };
+            static PEAK: Cell<isize> = const { Cell::new(0) };
+        }
+
+        fn note(delta: isize) {
+            let _ = LIVE.try_with(|l| {
+                let now = l.get() + delta;
+                l.set(now);
+                let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
+            });
+        }
+
+        pub fn reset() -> isize {
+            let live = LIVE.with(Cell::get);
+            PEAK.with(|p| p.set(live));
+            live
+        }
+
+        pub fn peak() -> isize {
+            PEAK.with(Cell::get)
+        }
+
+        pub fn live() -> isize {
+            LIVE.with(Cell::get)
+        }
+
+        // SAFETY: forwards to the system allocator unchanged; only counts sizes.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                note(layout.size() as isize);
+                unsafe { System.alloc(layout) }
+            }
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                note(-(layout.size() as isize));
+                unsafe { System.dealloc(ptr, layout) }
+            }
+            unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+                note(new as isize - layout.size() as isize);
+                unsafe { System.realloc(ptr, layout, new) }
+            }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOC: counting::Counting = counting::Counting;
+
+    /// Peak memory of one answer's encoder, fed 64 KiB pieces (the relay's read size) of a
+    /// 1 MiB body and flushed after each: the figures the README states. Everything is
+    /// given back at the end.
+    #[test]
+    fn memory_is_bounded() {
+        let body = text(1 << 20);
+        for (e, limit) in [
+            (Encoding::Gzip, 400 << 10),
+            (Encoding::Br, 2300 << 10),
+            (Encoding::Zstd, 2000 << 10),
+        ] {
+            let before = counting::reset();
+            let mut enc = Encoder::new(e).unwrap();
+            for piece in body.chunks(64 << 10) {
+                enc.write(piece).unwrap();
+                enc.flush().unwrap();
+            }
+            enc.finish().unwrap();
+            drop(enc);
+            let (peak, live) = (counting::peak() - before, counting::live());
+            assert_eq!(live, before, "{e:?} kept memory");
+            eprintln!("{e:?}: peak {} KiB", peak >> 10);
+            assert!(peak < limit, "{e:?}: peak {peak} bytes");
+        }
+    }
+}
