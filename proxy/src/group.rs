@@ -1,10 +1,15 @@
 //! An upstream group: the servers of one proxy route, which one takes the next request, and
 //! which are skipped for having failed (passive health, as nginx's `max_fails`/
-//! `fail_timeout`). Balancing state is per worker (a cursor and in-flight counts, each on
-//! its worker's own cache line, written only by that worker); health is shared, one atomic
-//! pair per server, since a server that refuses one worker refuses them all.
+//! `fail_timeout`). Balancing state is per worker (a cursor, smooth weighted round-robin
+//! weights and in-flight counts, each on its worker's own cache line, written only by that
+//! worker); health is shared, one atomic pair per server, since a server that refuses one
+//! worker refuses them all.
+//!
+//! Servers have a weight (a share of the requests, nginx's `weight=`) and may be backups
+//! (`backup`): a backup takes requests only while no primary server can (every primary is
+//! down or already failed this request).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
@@ -15,13 +20,34 @@ use tern_server::{UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
 pub enum Balance {
     #[default]
     RoundRobin,
-    /// The server with the fewest requests in flight from this worker.
+    /// The server with the fewest requests in flight from this worker (per unit of weight).
     LeastConn,
+}
+
+/// One server of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamServer {
+    pub addr: UpstreamAddr,
+    /// Its share of the requests, relative to the others of its tier (at least 1).
+    pub weight: u32,
+    /// Takes requests only while no primary server can.
+    pub backup: bool,
+}
+
+impl UpstreamServer {
+    /// A primary server of weight 1.
+    pub fn new(addr: UpstreamAddr) -> UpstreamServer {
+        UpstreamServer {
+            addr,
+            weight: 1,
+            backup: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct GroupOptions {
-    pub servers: Vec<UpstreamAddr>,
+    pub servers: Vec<UpstreamServer>,
     pub balance: Balance,
     /// Failures in a row after which a server is skipped...
     pub max_fails: u32,
@@ -55,6 +81,9 @@ struct Health {
 #[derive(Default)]
 struct WorkerState {
     cursor: AtomicUsize,
+    /// Smooth weighted round-robin: each server's current weight (nginx's
+    /// `current_weight`); unused when all weights are equal.
+    current: Vec<AtomicI64>,
     /// Requests in flight per server (least-connections).
     in_flight: Vec<AtomicU32>,
 }
@@ -64,6 +93,9 @@ pub struct UpstreamGroup {
     pool_key: u64,
     health: Vec<Health>,
     workers: Vec<CachePadded<WorkerState>>,
+    /// Every server has the same weight: plain round-robin by cursor, no weights to add up.
+    equal_weights: bool,
+    has_backup: bool,
 }
 
 static NEXT_POOL_KEY: AtomicU64 = AtomicU64::new(1);
@@ -77,6 +109,7 @@ impl UpstreamGroup {
             "an upstream group needs a server"
         );
         let n = options.servers.len();
+        let first_weight = options.servers[0].weight;
         UpstreamGroup {
             health: (0..n)
                 .map(|_| Health {
@@ -88,16 +121,19 @@ impl UpstreamGroup {
                 .map(|_| {
                     CachePadded::new(WorkerState {
                         cursor: AtomicUsize::new(0),
+                        current: (0..n).map(|_| AtomicI64::new(0)).collect(),
                         in_flight: (0..n).map(|_| AtomicU32::new(0)).collect(),
                     })
                 })
                 .collect(),
             pool_key: NEXT_POOL_KEY.fetch_add(1, Ordering::Relaxed),
+            equal_weights: options.servers.iter().all(|s| s.weight == first_weight),
+            has_backup: options.servers.iter().any(|s| s.backup),
             options,
         }
     }
 
-    pub fn servers(&self) -> &[UpstreamAddr] {
+    pub fn servers(&self) -> &[UpstreamServer] {
         &self.options.servers
     }
 
@@ -109,6 +145,54 @@ impl UpstreamGroup {
     fn worker(&self, worker: usize) -> &WorkerState {
         &self.workers[worker % self.workers.len()]
     }
+
+    /// The server the balancing method takes among those `ok` accepts, if any.
+    fn choose(&self, w: &WorkerState, ok: impl Fn(usize) -> bool) -> Option<usize> {
+        let n = self.options.servers.len();
+        let start = w.cursor.load(Ordering::Relaxed);
+        let in_turn = (0..n).map(|k| (start + k) % n).filter(|&i| ok(i));
+        let weight = |i: usize| u64::from(self.options.servers[i].weight.max(1));
+        let choice = match self.options.balance {
+            Balance::RoundRobin if self.equal_weights => in_turn.clone().next(),
+            Balance::RoundRobin => {
+                // Smooth weighted round-robin (nginx's): every candidate gains its weight,
+                // the one with the most goes, and pays back the candidates' total. Spreads a
+                // 5:1:1 split as a a b a c a a, not a a a a a b c.
+                let mut total = 0i64;
+                let mut best: Option<(usize, i64)> = None;
+                for i in (0..n).filter(|&i| ok(i)) {
+                    let wi = weight(i) as i64;
+                    let cur = w.current[i].load(Ordering::Relaxed) + wi;
+                    w.current[i].store(cur, Ordering::Relaxed);
+                    total += wi;
+                    if best.is_none_or(|(_, b)| cur > b) {
+                        best = Some((i, cur));
+                    }
+                }
+                best.map(|(i, cur)| {
+                    w.current[i].store(cur - total, Ordering::Relaxed);
+                    i
+                })
+            }
+            // Fewest in flight per unit of weight (a/wa < b/wb as a*wb < b*wa); the first in
+            // turn among equals, so ties go round.
+            Balance::LeastConn => in_turn.clone().reduce(|best, i| {
+                let (a, b) = (
+                    u64::from(w.in_flight[i].load(Ordering::Relaxed)),
+                    u64::from(w.in_flight[best].load(Ordering::Relaxed)),
+                );
+                if a * weight(best) < b * weight(i) {
+                    i
+                } else {
+                    best
+                }
+            }),
+        };
+        if let Some(i) = choice {
+            w.cursor.store((i + 1) % n, Ordering::Relaxed);
+        }
+        choice
+    }
 }
 
 impl Upstreams for UpstreamGroup {
@@ -117,29 +201,27 @@ impl Upstreams for UpstreamGroup {
     }
 
     fn addr(&self, server: usize) -> &UpstreamAddr {
-        &self.options.servers[server]
+        &self.options.servers[server].addr
     }
 
     fn pick(&self, worker: usize, now_ms: u64, tried: u64) -> Option<usize> {
-        let n = self.options.servers.len();
         let w = self.worker(worker);
-        let start = w.cursor.load(Ordering::Relaxed);
+        let servers = &self.options.servers;
         let untried = |i: usize| i >= 64 || tried & (1 << i) == 0;
-        let candidates = (0..n).map(|k| (start + k) % n).filter(|&i| untried(i));
-        let choice = match self.options.balance {
-            Balance::RoundRobin => candidates.clone().find(|&i| !self.is_down(i, now_ms)),
-            Balance::LeastConn => candidates
-                .clone()
-                .filter(|&i| !self.is_down(i, now_ms))
-                .min_by_key(|&i| w.in_flight[i].load(Ordering::Relaxed)),
+        let usable = |i: usize| untried(i) && !self.is_down(i, now_ms);
+        if let Some(i) = self.choose(w, |i| !servers[i].backup && usable(i)) {
+            return Some(i);
+        }
+        if self.has_backup {
+            if let Some(i) = self.choose(w, |i| servers[i].backup && usable(i)) {
+                return Some(i);
+            }
         }
         // Every untried server is down: try the one that comes back first rather than fail
         // outright (a probe; a success brings it back for everyone).
-        .or_else(|| {
-            candidates.min_by_key(|&i| self.health[i].down_until_ms.load(Ordering::Relaxed))
-        })?;
-        w.cursor.store((choice + 1) % n, Ordering::Relaxed);
-        Some(choice)
+        (0..servers.len())
+            .filter(|&i| untried(i))
+            .min_by_key(|&i| self.health[i].down_until_ms.load(Ordering::Relaxed))
     }
 
     fn begin(&self, worker: usize, server: usize) {
@@ -190,7 +272,11 @@ mod tests {
 
     fn group(n: usize, balance: Balance) -> UpstreamGroup {
         let servers = (0..n)
-            .map(|i| UpstreamAddr::Tcp(format!("127.0.0.1:{}", 9000 + i).parse().unwrap()))
+            .map(|i| {
+                UpstreamServer::new(UpstreamAddr::Tcp(
+                    format!("127.0.0.1:{}", 9000 + i).parse().unwrap(),
+                ))
+            })
             .collect();
         UpstreamGroup::new(
             GroupOptions {
@@ -254,5 +340,80 @@ mod tests {
         g.end(0, 0, UpstreamOutcome::Abandoned, 6000);
         g.end(0, 0, UpstreamOutcome::Abandoned, 6000);
         assert!(!g.is_down(0, 6000));
+    }
+
+    fn weighted(specs: &[(u32, bool)], balance: Balance) -> UpstreamGroup {
+        let servers = specs
+            .iter()
+            .enumerate()
+            .map(|(i, &(weight, backup))| UpstreamServer {
+                addr: UpstreamAddr::Tcp(format!("127.0.0.1:{}", 9000 + i).parse().unwrap()),
+                weight,
+                backup,
+            })
+            .collect();
+        UpstreamGroup::new(
+            GroupOptions {
+                servers,
+                balance,
+                max_fails: 1,
+                ..GroupOptions::default()
+            },
+            1,
+        )
+    }
+
+    #[test]
+    fn weights_are_spread_smoothly_as_nginx_does() {
+        let g = weighted(&[(5, false), (1, false), (1, false)], Balance::RoundRobin);
+        let picks: Vec<usize> = (0..14).map(|_| g.pick(0, 0, 0).unwrap()).collect();
+        assert_eq!(picks, [0, 0, 1, 0, 2, 0, 0, 0, 0, 1, 0, 2, 0, 0]);
+        // A server that failed this request is left out, and the rest keep their shares.
+        let g = weighted(&[(3, false), (1, false), (2, false)], Balance::RoundRobin);
+        let mut counts = [0; 3];
+        for _ in 0..30 {
+            counts[g.pick(0, 0, 0b010).unwrap()] += 1;
+        }
+        assert_eq!(counts, [18, 0, 12]);
+    }
+
+    #[test]
+    fn backups_take_requests_only_when_no_primary_can() {
+        for balance in [Balance::RoundRobin, Balance::LeastConn] {
+            let g = weighted(&[(1, false), (2, true), (1, false)], balance);
+            for _ in 0..10 {
+                assert_ne!(g.pick(0, 0, 0), Some(1), "{balance:?}");
+            }
+            assert_eq!(g.pick(0, 0, 0b001), Some(2), "the other primary first");
+            assert_eq!(
+                g.pick(0, 0, 0b101),
+                Some(1),
+                "every primary failed: the backup"
+            );
+            assert_eq!(g.pick(0, 0, 0b111), None);
+            // Both primaries down (max_fails = 1): the backup, until they are back.
+            g.end(0, 0, UpstreamOutcome::Failed, 1000);
+            g.end(0, 2, UpstreamOutcome::Failed, 1000);
+            assert_eq!(g.pick(0, 2000, 0), Some(1));
+            assert_eq!(
+                g.pick(0, 2000, 0b010),
+                Some(0),
+                "all down: probe the first back"
+            );
+            assert_ne!(g.pick(0, 20_000, 0), Some(1), "{balance:?}");
+        }
+    }
+
+    #[test]
+    fn least_connections_counts_per_unit_of_weight() {
+        let g = weighted(&[(3, false), (1, false)], Balance::LeastConn);
+        // 2 in flight on a weight of 3 is less load than 1 on a weight of 1.
+        g.begin(0, 0);
+        g.begin(0, 0);
+        g.begin(0, 1);
+        assert_eq!(g.pick(0, 0, 0), Some(0));
+        g.begin(0, 0);
+        g.begin(0, 0);
+        assert_eq!(g.pick(0, 0, 0), Some(1), "4/3 is more than 1/1");
     }
 }

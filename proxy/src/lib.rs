@@ -17,7 +17,7 @@ use tern_server::{
 };
 use tern_services::TrustedProxies;
 
-pub use group::{Balance, GroupOptions, UpstreamGroup};
+pub use group::{Balance, GroupOptions, UpstreamGroup, UpstreamServer};
 
 /// How a proxy route rewrites requests.
 #[derive(Debug, Clone, Default)]

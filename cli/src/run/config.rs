@@ -87,7 +87,8 @@ struct RouteFile {
     /// The app's claims in PostgreSQL instead of `data` (`postgres://…`).
     store: Option<Spanned<String>>,
     pages: Option<Spanned<PathBuf>>,
-    /// One upstream or a list: `host:port`, `[v6]:port` or `unix:/path`.
+    /// One upstream or a list: `host:port`, `[v6]:port` or `unix:/path`, each maybe followed
+    /// by `weight=N` and `backup`.
     proxy: Option<Spanned<Servers>>,
     balance: Option<Spanned<String>>,
     proxy_host: Option<Spanned<String>>,
@@ -854,13 +855,17 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
     }
     let mut group = tern_proxy::GroupOptions::default();
     for s in &list {
-        match parse_upstream(s, dir) {
-            Ok(addr) => group.servers.push(addr),
+        match parse_server(s, dir) {
+            Ok(server) => group.servers.push(server),
             Err(why) => {
                 p.at(at, format!("upstream {s:?}: {why}"));
                 ok = false;
             }
         }
+    }
+    if !group.servers.is_empty() && group.servers.iter().all(|s| s.backup) {
+        p.at(at, "every upstream is a backup: at least one must not be");
+        ok = false;
     }
     if let Some(b) = &route.balance {
         group.balance = match b.get_ref().as_str() {
@@ -1235,6 +1240,32 @@ fn check_request_ids(
     on.then_some(trusted)
 }
 
+/// An upstream and its parameters, as nginx writes them after the address:
+/// `"10.0.0.1:3000 weight=3"`, `"10.0.0.3:3000 backup"`.
+fn parse_server(s: &str, dir: &Path) -> Result<tern_proxy::UpstreamServer, String> {
+    let mut words = s.split_ascii_whitespace();
+    let addr = words
+        .next()
+        .ok_or("give host:port, [v6]:port or unix:/path")?;
+    let mut server = tern_proxy::UpstreamServer::new(parse_upstream(addr, dir)?);
+    for word in words {
+        if word == "backup" {
+            server.backup = true;
+        } else if let Some(n) = word.strip_prefix("weight=") {
+            server.weight = n
+                .parse()
+                .ok()
+                .filter(|w| (1..=1000).contains(w))
+                .ok_or_else(|| format!("weight {n:?}: give a whole number from 1 to 1000"))?;
+        } else {
+            return Err(format!(
+                "unknown parameter {word:?}: after the address, use weight=N or backup"
+            ));
+        }
+    }
+    Ok(server)
+}
+
 /// `host:port` (a name is resolved now, once), `[v6]:port`, or `unix:/path` (relative paths
 /// from the config's folder).
 fn parse_upstream(s: &str, dir: &Path) -> Result<tern_server::UpstreamAddr, String> {
@@ -1398,7 +1429,13 @@ impl RunConfig {
             .iter()
             .flat_map(|s| &s.routes)
             .filter_map(|r| match &r.kind {
-                RouteKind::Proxy(plan) => Some(plan.group.servers.clone()),
+                RouteKind::Proxy(plan) => Some(
+                    plan.group
+                        .servers
+                        .iter()
+                        .map(|s| s.addr.clone())
+                        .collect::<Vec<_>>(),
+                ),
                 _ => None,
             })
             .flatten()
@@ -1812,5 +1849,47 @@ path_regex = "^/c/(.*)$"
             );
         }
         assert_eq!(e.len(), want.len(), "{e:#?}");
+    }
+
+    fn proxy_plan(c: &RunConfig) -> &ProxyPlan {
+        match &c.sites[0].routes[0].kind {
+            RouteKind::Proxy(plan) => plan,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn upstream_weights_and_backups_become_a_plan_or_are_refused() {
+        let d = dir();
+        let route = "[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\n";
+        let c = parse(
+            &format!("{route}proxy = [\"127.0.0.1:3000 weight=3\", \"127.0.0.1:3001\", \"127.0.0.1:3002  backup \"]\n"),
+            d.path(),
+        )
+        .unwrap();
+        let servers = &proxy_plan(&c).group.servers;
+        assert_eq!(
+            servers
+                .iter()
+                .map(|s| (s.weight, s.backup))
+                .collect::<Vec<_>>(),
+            [(3, false), (1, false), (1, true)]
+        );
+        assert_eq!(servers[2].addr.to_string(), "127.0.0.1:3002");
+        let e = problems(&format!(
+            "{route}proxy = [\"127.0.0.1:3000 weight=0\", \"127.0.0.1:3001 down\"]\n"
+        ));
+        assert_eq!(
+            e,
+            [
+                "line 6: upstream \"127.0.0.1:3000 weight=0\": weight \"0\": give a whole number from 1 to 1000",
+                "line 6: upstream \"127.0.0.1:3001 down\": unknown parameter \"down\": after the address, use weight=N or backup",
+            ]
+        );
+        let e = problems(&format!("{route}proxy = \"127.0.0.1:3000 backup\"\n"));
+        assert_eq!(
+            e,
+            ["line 6: every upstream is a backup: at least one must not be"]
+        );
     }
 }
