@@ -206,3 +206,108 @@ fn weights_share_requests_and_backups_stand_in_only_when_every_primary_is_down()
     }
     assert_eq!(spare.requests(), 4);
 }
+
+/// The value of a `/metrics` sample (a line `NAME VALUE`, labels in NAME); 0 if absent.
+fn metric(tern: &Tern, name: &str) -> u64 {
+    let page = tern.get("/metrics").text();
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[test]
+fn idempotent_requests_go_on_after_refusals_and_retried_statuses_within_tries_and_budget() {
+    let failing = App::start("failing", 503);
+    let good = App::start("good", 200);
+    let slow = {
+        // Answers 503 after 1.2 s: past a 1 s budget, so the 503 goes to the client.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { continue };
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(s.try_clone().unwrap());
+                    while read_head(&mut r).is_some() {
+                        std::thread::sleep(std::time::Duration::from_millis(1200));
+                        let _ = s.write_all(b"HTTP/1.1 503 X\r\nContent-Length: 4\r\n\r\nslow");
+                    }
+                });
+            }
+        });
+        addr
+    };
+    let (dead1, dead2) = (refusing(), refusing());
+    let pair = [failing.addr.to_string(), good.addr.to_string()];
+    let routes = [
+        // (A retried status counts against the server's health, as in nginx: a high
+        // max_fails keeps it in turn here.)
+        route(
+            "/status",
+            &pair,
+            "retry_on_status = [502, 503]\nmax_fails = 100",
+        ),
+        route("/once", &pair, "retry_on_status = [503]\nretries = 0"),
+        route("/plain", &pair, ""),
+        route(
+            "/connect",
+            &[dead1.to_string(), dead2.to_string(), good.addr.to_string()],
+            "retries = 1\nmax_fails = 10",
+        ),
+        route(
+            "/budget",
+            &[slow.to_string(), good.addr.to_string()],
+            "retry_on_status = [503]\nretry_budget = 1",
+        ),
+    ]
+    .concat();
+    let tern = Config::new(&routes).start();
+
+    // Every GET is answered by the good server, after the failing one's 503 (round-robin:
+    // the retry took the good one's turn, so the next request starts at the failing one).
+    for (status, body) in answers(&tern, "/status", 6) {
+        assert_eq!((status, body.as_str()), (200, "good"));
+    }
+    assert_eq!(failing.requests(), 6);
+    assert_eq!(
+        metric(&tern, "tern_upstream_retries_total{cause=\"status\"}"),
+        6
+    );
+    // A POST may have been acted on: its 503 goes to the client.
+    let mut c = tern.client();
+    let posts: Vec<u16> = (0..2)
+        .map(|_| {
+            c.send(b"POST /status HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nx");
+            c.read_response(false).status
+        })
+        .collect();
+    assert_eq!(posts, [503, 200]);
+    assert_eq!(failing.requests(), 7);
+    // No further server allowed, or no status retried: the 503 goes through.
+    let once: Vec<u16> = answers(&tern, "/once", 2).iter().map(|a| a.0).collect();
+    assert!(once.contains(&503) && once.contains(&200), "{once:?}");
+    let plain: Vec<u16> = answers(&tern, "/plain", 2).iter().map(|a| a.0).collect();
+    assert!(plain.contains(&503) && plain.contains(&200), "{plain:?}");
+    assert_eq!(
+        metric(&tern, "tern_upstream_retries_total{cause=\"status\"}"),
+        6
+    );
+
+    // Refused by both dead servers, with one retry allowed: 502; the next request starts at
+    // the good one.
+    let got = answers(&tern, "/connect", 2);
+    assert_eq!(got[0].0, 502, "{got:?}");
+    assert_eq!(got[1], (200, "good".to_string()));
+    assert_eq!(
+        metric(&tern, "tern_upstream_retries_total{cause=\"connect\"}"),
+        1
+    );
+
+    // The slow 503 came after the budget: it is the answer.
+    let got = answers(&tern, "/budget", 1);
+    assert_eq!(got[0], (503, "slow".to_string()));
+    assert_eq!(
+        metric(&tern, "tern_upstream_retries_total{cause=\"status\"}"),
+        6
+    );
+}

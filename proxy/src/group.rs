@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
-use tern_server::{UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
+use tern_server::{RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
 
 /// How a server is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,6 +56,8 @@ pub struct GroupOptions {
     pub timeouts: UpstreamTimeouts,
     /// Idle connections kept per worker and server.
     pub keepalive: usize,
+    /// When a request goes on to the next server.
+    pub retry: RetryPolicy,
 }
 
 impl Default for GroupOptions {
@@ -67,6 +69,7 @@ impl Default for GroupOptions {
             fail_timeout: Duration::from_secs(10),
             timeouts: UpstreamTimeouts::default(),
             keepalive: 128,
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -263,6 +266,10 @@ impl Upstreams for UpstreamGroup {
 
     fn max_idle(&self) -> usize {
         self.options.keepalive
+    }
+
+    fn retry(&self) -> RetryPolicy {
+        self.options.retry
     }
 }
 

@@ -51,7 +51,9 @@ pub use tern_codec::{
 };
 pub use tern_runtime::{RuntimeConfig, SignalAction};
 pub use tern_tls::{CertFiles, TlsAcceptor, TlsOptions};
-pub use upstream::{Forward, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
+pub use upstream::{
+    Forward, RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams,
+};
 
 /// A router plus its settings, ready to start.
 pub struct Server {

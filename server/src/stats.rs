@@ -70,10 +70,14 @@ pub enum Counter {
     UpstreamTimeouts,
     /// Idempotent requests sent again after a pooled connection turned out dead.
     UpstreamRetries,
+    /// Requests sent to the next server after a connect failure.
+    UpstreamRetriesConnect,
+    /// Idempotent requests sent to the next server after a 502, 503 or 504 answer.
+    UpstreamRetriesStatus,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 34] = [
+    pub const ALL: [Counter; 36] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -108,6 +112,8 @@ impl Counter {
         Counter::UpstreamFailures,
         Counter::UpstreamTimeouts,
         Counter::UpstreamRetries,
+        Counter::UpstreamRetriesConnect,
+        Counter::UpstreamRetriesStatus,
     ];
 
     /// The metric's name: several counters share one, told apart by [`Counter::label`]
@@ -147,7 +153,9 @@ impl Counter {
             Counter::UpstreamConnectFailures => "upstream_connect_failures",
             Counter::UpstreamFailures => "upstream_failures",
             Counter::UpstreamTimeouts => "upstream_timeouts",
-            Counter::UpstreamRetries => "upstream_retries",
+            Counter::UpstreamRetries
+            | Counter::UpstreamRetriesConnect
+            | Counter::UpstreamRetriesStatus => "upstream_retries",
         }
     }
 
@@ -165,6 +173,9 @@ impl Counter {
             Counter::TlsFailedPeerAlert => ("cause", "peer_alert"),
             Counter::TlsFailedClosed => ("cause", "closed"),
             Counter::TlsFailedOther => ("cause", "other"),
+            Counter::UpstreamRetries => ("cause", "stale_connection"),
+            Counter::UpstreamRetriesConnect => ("cause", "connect"),
+            Counter::UpstreamRetriesStatus => ("cause", "status"),
             _ => return None,
         };
         Some((key, value))
@@ -213,7 +224,13 @@ impl Counter {
             Counter::UpstreamConnectFailures => "upstream connections that could not be made",
             Counter::UpstreamFailures => "upstream exchanges that failed (502, 504, cut short)",
             Counter::UpstreamTimeouts => "upstream connect, first-byte or idle timeouts",
-            Counter::UpstreamRetries => "idempotent requests resent after a dead pooled connection",
+            Counter::UpstreamRetries
+            | Counter::UpstreamRetriesConnect
+            | Counter::UpstreamRetriesStatus => {
+                "requests sent again: on a new connection after a dead pooled one \
+                 (stale_connection), to the next server after a connect failure (connect) or \
+                 a 502/503/504 answer (status)"
+            }
         }
     }
 }

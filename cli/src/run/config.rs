@@ -98,6 +98,12 @@ struct RouteFile {
     first_byte_timeout: Option<Spanned<u64>>,
     upstream_idle_timeout: Option<Spanned<u64>>,
     keepalive: Option<Spanned<usize>>,
+    /// Servers a request may go on to after its first (connect failures, retried statuses).
+    retries: Option<Spanned<u32>>,
+    /// Seconds after the first try past which no other server is tried.
+    retry_budget: Option<Spanned<u64>>,
+    /// Answers (502, 503, 504) that send an idempotent request to the next server.
+    retry_on_status: Option<Spanned<Vec<u16>>>,
     trusted_proxies: Option<Spanned<String>>,
     /// The server's counters: "statusz" (name: value lines) or "metrics" (Prometheus).
     counters: Option<Spanned<String>>,
@@ -558,7 +564,7 @@ fn check_route(
         }
     };
     // Keys that belong to one kind or two; any other kind must not have them.
-    let owned: [(&str, Option<usize>, &[&str]); 22] = [
+    let owned: [(&str, Option<usize>, &[&str]); 25] = [
         ("try_files", at(&route.try_files), &["static"]),
         ("strip_prefix", at(&route.strip_prefix), &["proxy"]),
         (
@@ -587,6 +593,9 @@ fn check_route(
             &["proxy"],
         ),
         ("keepalive", at(&route.keepalive), &["proxy"]),
+        ("retries", at(&route.retries), &["proxy"]),
+        ("retry_budget", at(&route.retry_budget), &["proxy"]),
+        ("retry_on_status", at(&route.retry_on_status), &["proxy"]),
         (
             "trusted_proxies",
             at(&route.trusted_proxies),
@@ -919,6 +928,23 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
     }
     if let Some(k) = &route.keepalive {
         group.keepalive = *k.get_ref();
+    }
+    if let Some(n) = &route.retries {
+        group.retry.retries = *n.get_ref();
+    }
+    if let Some(d) = secs(&route.retry_budget, "retry_budget", p, &mut ok) {
+        group.retry.budget = Some(d);
+    }
+    if let Some(list) = &route.retry_on_status {
+        for &status in list.get_ref() {
+            if !group.retry.retry_on(status) {
+                p.at(
+                    list.span().start,
+                    format!("retry_on_status: {status} is not retried (only 502, 503 and 504 are)"),
+                );
+                ok = false;
+            }
+        }
     }
     let mut options = tern_proxy::ProxyOptions::default();
     if let Some(h) = &route.proxy_host {
@@ -1891,5 +1917,32 @@ path_regex = "^/c/(.*)$"
             e,
             ["line 6: every upstream is a backup: at least one must not be"]
         );
+    }
+
+    #[test]
+    fn retry_keys_become_a_policy_or_are_refused() {
+        let d = dir();
+        let route = "[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nproxy = [\"127.0.0.1:3000\", \"127.0.0.1:3001\"]\n";
+        let c = parse(
+            &format!("{route}retries = 1\nretry_budget = 3\nretry_on_status = [502, 504]\n"),
+            d.path(),
+        )
+        .unwrap();
+        let retry = proxy_plan(&c).group.retry;
+        assert_eq!(retry.retries, 1);
+        assert_eq!(retry.budget, Some(std::time::Duration::from_secs(3)));
+        assert!(retry.retries_on(502) && retry.retries_on(504) && !retry.retries_on(503));
+        let e = problems(&format!(
+            "{route}retry_budget = 0\nretry_on_status = [500, 503]\n"
+        ));
+        assert_eq!(
+            e,
+            [
+                "line 7: retry_budget must be at least 1 (seconds)",
+                "line 8: retry_on_status: 500 is not retried (only 502, 503 and 504 are)",
+            ]
+        );
+        let e = problems("[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nrespond = \"x\"\nretries = 2\n");
+        assert_eq!(e, ["line 7: `retries` does not apply to a respond route"]);
     }
 }
