@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use support::*;
 
@@ -309,5 +310,114 @@ fn idempotent_requests_go_on_after_refusals_and_retried_statuses_within_tries_an
     assert_eq!(
         metric(&tern, "tern_upstream_retries_total{cause=\"status\"}"),
         6
+    );
+}
+
+#[test]
+fn a_server_failing_its_health_check_is_taken_out_without_a_failed_request_and_comes_back() {
+    let (a, b) = (App::start("a", 200), App::start("b", 200));
+    let servers = [a.addr.to_string(), b.addr.to_string()];
+    // A high max_fails: the health check, not the requests, takes b out (the clients below
+    // send b thousands of requests, each a retried 503, before its check fails).
+    let routes = route(
+        "/",
+        &servers,
+        "retry_on_status = [503]\nmax_fails = 1000000\n\
+         health_check = { path = \"/health\", interval = 1, timeout = 1, rise = 2, fall = 1 }",
+    );
+    let tern = Config::new(&routes).start();
+    let up = |server: &App| {
+        format!(
+            "tern_upstream_server_up{{upstream=\"app /\",server=\"{}\"}}",
+            server.addr
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || b.checks.load(Ordering::SeqCst)
+            > 0),
+        "b is checked"
+    );
+    assert_eq!(metric(&tern, &up(&b)), 1);
+    // Clients all along: none may see a failure.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let (stop, addr) = (stop.clone(), tern.addr());
+        std::thread::spawn(move || {
+            let mut c = Client::connect(addr);
+            let mut got = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let r = c.get("/x", &[]);
+                got.push((r.status, r.text()));
+            }
+            got
+        })
+    };
+    // b goes into maintenance: its check and its answers fail at once.
+    b.health.store(500, Ordering::SeqCst);
+    b.status.store(503, Ordering::SeqCst);
+    assert!(
+        eventually(Duration::from_secs(5), || metric(&tern, &up(&b)) == 0),
+        "b taken out: {}",
+        tern.stderr_text()
+    );
+    let before = b.requests();
+    for (status, body) in answers(&tern, "/x", 6) {
+        assert_eq!((status, body.as_str()), (200, "a"));
+    }
+    assert_eq!(b.requests(), before, "b gets no request while out");
+    assert_eq!(
+        tern.log_lines("taken out").len(),
+        1,
+        "{}",
+        tern.stderr_text()
+    );
+    // Back: two good checks in a row (rise = 2) bring it back into turn.
+    b.status.store(200, Ordering::SeqCst);
+    b.health.store(200, Ordering::SeqCst);
+    assert!(
+        eventually(Duration::from_secs(6), || metric(&tern, &up(&b)) == 1),
+        "b back: {}",
+        tern.stderr_text()
+    );
+    stop.store(true, Ordering::SeqCst);
+    let got = client.join().unwrap();
+    assert!(got.len() > 10, "{}", got.len());
+    assert!(got.iter().all(|(s, _)| *s == 200), "{got:?}");
+    // (The clients are done: these take turns alone.)
+    let bodies: Vec<String> = answers(&tern, "/x", 2).into_iter().map(|a| a.1).collect();
+    assert!(bodies.contains(&"b".to_string()), "{bodies:?}");
+    assert_eq!(
+        tern.log_lines("back in turn").len(),
+        1,
+        "{}",
+        tern.stderr_text()
+    );
+    let page = tern.get("/metrics").text();
+    for want in [
+        format!(
+            "tern_upstream_health_changes_total{{upstream=\"app /\",server=\"{}\",to=\"down\"}} 1",
+            b.addr
+        ),
+        format!(
+            "tern_upstream_health_changes_total{{upstream=\"app /\",server=\"{}\",to=\"up\"}} 1",
+            b.addr
+        ),
+        format!(
+            "tern_upstream_health_checks_total{{upstream=\"app /\",server=\"{}\",result=\"ok\"}}",
+            a.addr
+        ),
+    ] {
+        assert!(page.contains(&want), "missing {want} in\n{page}");
+    }
+    if have_promtool() {
+        promtool_accepts("/metrics with health checks", &page);
+    }
+    let statusz = tern.get("/statusz").text();
+    assert!(
+        statusz.contains(&format!(
+            "upstream_server_up{{upstream=\"app /\",server=\"{}\"}}: 1",
+            b.addr
+        )),
+        "{statusz}"
     );
 }

@@ -9,9 +9,10 @@
 //! (`backup`): a backup takes requests only while no primary server can (every primary is
 //! down or already failed this request).
 
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::health::HealthCheck;
 use crossbeam_utils::CachePadded;
 use tern_server::{RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
 
@@ -47,6 +48,8 @@ impl UpstreamServer {
 
 #[derive(Debug, Clone)]
 pub struct GroupOptions {
+    /// What logs and metrics call the group (its site and route).
+    pub name: String,
     pub servers: Vec<UpstreamServer>,
     pub balance: Balance,
     /// Failures in a row after which a server is skipped...
@@ -58,11 +61,14 @@ pub struct GroupOptions {
     pub keepalive: usize,
     /// When a request goes on to the next server.
     pub retry: RetryPolicy,
+    /// Active health checks, by the process's checker thread (`health::watch`).
+    pub health_check: Option<HealthCheck>,
 }
 
 impl Default for GroupOptions {
     fn default() -> Self {
         GroupOptions {
+            name: String::new(),
             servers: Vec::new(),
             balance: Balance::RoundRobin,
             max_fails: 3,
@@ -70,14 +76,32 @@ impl Default for GroupOptions {
             timeouts: UpstreamTimeouts::default(),
             keepalive: 128,
             retry: RetryPolicy::default(),
+            health_check: None,
         }
     }
 }
 
+#[derive(Default)]
 struct Health {
     fails: AtomicU32,
     /// Monotonic ms until which the server is skipped (0: never).
     down_until_ms: AtomicU64,
+    /// Taken out by its health check (written by the checker thread only).
+    checked_down: AtomicBool,
+    checks_ok: AtomicU64,
+    checks_failed: AtomicU64,
+    went_down: AtomicU64,
+    came_up: AtomicU64,
+}
+
+/// A server's health-check figures, for the counters pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckFigures {
+    pub down: bool,
+    pub ok: u64,
+    pub failed: u64,
+    pub went_down: u64,
+    pub came_up: u64,
 }
 
 /// One worker's balancing state.
@@ -114,12 +138,7 @@ impl UpstreamGroup {
         let n = options.servers.len();
         let first_weight = options.servers[0].weight;
         UpstreamGroup {
-            health: (0..n)
-                .map(|_| Health {
-                    fails: AtomicU32::new(0),
-                    down_until_ms: AtomicU64::new(0),
-                })
-                .collect(),
+            health: (0..n).map(|_| Health::default()).collect(),
             workers: (0..workers.max(1))
                 .map(|_| {
                     CachePadded::new(WorkerState {
@@ -140,9 +159,48 @@ impl UpstreamGroup {
         &self.options.servers
     }
 
-    /// Whether `server` is being skipped at `now_ms`.
+    pub fn name(&self) -> &str {
+        &self.options.name
+    }
+
+    pub fn health_check(&self) -> Option<&HealthCheck> {
+        self.options.health_check.as_ref()
+    }
+
+    /// Whether `server` is being skipped at `now_ms`: it failed recently, or its health
+    /// check took it out.
     pub fn is_down(&self, server: usize, now_ms: u64) -> bool {
-        self.health[server].down_until_ms.load(Ordering::Relaxed) > now_ms
+        let h = &self.health[server];
+        h.down_until_ms.load(Ordering::Relaxed) > now_ms || h.checked_down.load(Ordering::Relaxed)
+    }
+
+    /// The health check's verdict on `server`; true if that changed it (and it was counted).
+    pub fn set_checked_down(&self, server: usize, down: bool) -> bool {
+        let h = &self.health[server];
+        if h.checked_down.swap(down, Ordering::Relaxed) == down {
+            return false;
+        }
+        let changes = if down { &h.went_down } else { &h.came_up };
+        changes.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Counts a health check of `server`.
+    pub fn count_check(&self, server: usize, ok: bool) {
+        let h = &self.health[server];
+        let n = if ok { &h.checks_ok } else { &h.checks_failed };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn check_figures(&self, server: usize) -> CheckFigures {
+        let h = &self.health[server];
+        CheckFigures {
+            down: h.checked_down.load(Ordering::Relaxed),
+            ok: h.checks_ok.load(Ordering::Relaxed),
+            failed: h.checks_failed.load(Ordering::Relaxed),
+            went_down: h.went_down.load(Ordering::Relaxed),
+            came_up: h.came_up.load(Ordering::Relaxed),
+        }
     }
 
     fn worker(&self, worker: usize) -> &WorkerState {
@@ -221,9 +279,10 @@ impl Upstreams for UpstreamGroup {
             }
         }
         // Every untried server is down: try the one that comes back first rather than fail
-        // outright (a probe; a success brings it back for everyone).
+        // outright (a probe; a success brings it back for everyone). Not one its health check
+        // took out: the checker, not a client's request, finds out when it is back.
         (0..servers.len())
-            .filter(|&i| untried(i))
+            .filter(|&i| untried(i) && !self.health[i].checked_down.load(Ordering::Relaxed))
             .min_by_key(|&i| self.health[i].down_until_ms.load(Ordering::Relaxed))
     }
 
@@ -422,5 +481,25 @@ mod tests {
         g.begin(0, 0);
         g.begin(0, 0);
         assert_eq!(g.pick(0, 0, 0), Some(1), "4/3 is more than 1/1");
+    }
+
+    #[test]
+    fn servers_taken_out_by_their_check_are_skipped_and_never_probed() {
+        let g = group(2, Balance::RoundRobin);
+        assert!(g.set_checked_down(0, true));
+        assert!(!g.set_checked_down(0, true), "no change, not counted again");
+        for _ in 0..4 {
+            assert_eq!(g.pick(0, 0, 0), Some(1));
+        }
+        assert_eq!(g.pick(0, 0, 0b10), None, "not probed: the checker decides");
+        g.end(0, 0, UpstreamOutcome::Ok, 0);
+        assert!(
+            g.is_down(0, 0),
+            "a passive success does not overrule the check"
+        );
+        assert!(g.set_checked_down(0, false));
+        assert_eq!(g.pick(0, 0, 0b10), Some(0));
+        let f = g.check_figures(0);
+        assert_eq!((f.down, f.went_down, f.came_up), (false, 1, 1));
     }
 }

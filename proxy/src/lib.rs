@@ -9,6 +9,7 @@
 
 pub mod group;
 pub mod head;
+pub mod health;
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use tern_server::{
 use tern_services::TrustedProxies;
 
 pub use group::{Balance, GroupOptions, UpstreamGroup, UpstreamServer};
+pub use health::HealthCheck;
 
 /// How a proxy route rewrites requests.
 #[derive(Debug, Clone, Default)]

@@ -104,6 +104,8 @@ struct RouteFile {
     retry_budget: Option<Spanned<u64>>,
     /// Answers (502, 503, 504) that send an idempotent request to the next server.
     retry_on_status: Option<Spanned<Vec<u16>>>,
+    /// Active health checks of the upstreams.
+    health_check: Option<Spanned<HealthCheckFile>>,
     trusted_proxies: Option<Spanned<String>>,
     /// The server's counters: "statusz" (name: value lines) or "metrics" (Prometheus).
     counters: Option<Spanned<String>>,
@@ -135,6 +137,19 @@ struct RateLimitFile {
     burst: Option<u32>,
     ipv4_prefix: Option<u8>,
     ipv6_prefix: Option<u8>,
+}
+
+/// `health_check = { path = "/healthz", interval = 5, timeout = 2, status = "200-399",
+/// rise = 2, fall = 3 }`; every key optional.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HealthCheckFile {
+    path: Option<String>,
+    interval: Option<u64>,
+    timeout: Option<u64>,
+    status: Option<String>,
+    rise: Option<u32>,
+    fall: Option<u32>,
 }
 
 /// `proxy = "127.0.0.1:8080"` or `proxy = ["a:1", "unix:/run/app.sock"]`.
@@ -222,7 +237,7 @@ pub enum RouteKind {
     App,
     /// Routed again on the site with this path (`$uri`, `$1`..`$9`).
     Rewrite(String),
-    Proxy(ProxyPlan),
+    Proxy(Box<ProxyPlan>),
     /// The server's and process's counters, for loopback and `trusted` peers.
     Counters {
         prometheus: bool,
@@ -564,7 +579,7 @@ fn check_route(
         }
     };
     // Keys that belong to one kind or two; any other kind must not have them.
-    let owned: [(&str, Option<usize>, &[&str]); 25] = [
+    let owned: [(&str, Option<usize>, &[&str]); 26] = [
         ("try_files", at(&route.try_files), &["static"]),
         ("strip_prefix", at(&route.strip_prefix), &["proxy"]),
         (
@@ -596,6 +611,7 @@ fn check_route(
         ("retries", at(&route.retries), &["proxy"]),
         ("retry_budget", at(&route.retry_budget), &["proxy"]),
         ("retry_on_status", at(&route.retry_on_status), &["proxy"]),
+        ("health_check", at(&route.health_check), &["proxy"]),
         (
             "trusted_proxies",
             at(&route.trusted_proxies),
@@ -946,6 +962,15 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
             }
         }
     }
+    if let Some(hc) = &route.health_check {
+        match check_health(hc.get_ref(), route.proxy_host.as_ref().map(|h| h.get_ref())) {
+            Ok(check) => group.health_check = Some(check),
+            Err(why) => {
+                p.at(hc.span().start, format!("health_check: {why}"));
+                ok = false;
+            }
+        }
+    }
     let mut options = tern_proxy::ProxyOptions::default();
     if let Some(h) = &route.proxy_host {
         let host = h.get_ref();
@@ -976,7 +1001,7 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
         set: set.into_iter().map(|(n, _, t)| (n, t)).collect(),
         remove,
     };
-    ok.then_some(RouteKind::Proxy(ProxyPlan { group, options }))
+    ok.then_some(RouteKind::Proxy(Box::new(ProxyPlan { group, options })))
 }
 
 fn check_counters(route: &RouteFile, p: &mut Problems<'_>) -> Option<RouteKind> {
@@ -1264,6 +1289,68 @@ fn check_request_ids(
         },
     };
     on.then_some(trusted)
+}
+
+/// A route's `health_check` table; the checks send `proxy_host` as the Host, if given.
+fn check_health(
+    file: &HealthCheckFile,
+    host: Option<&String>,
+) -> Result<tern_proxy::HealthCheck, String> {
+    let mut hc = tern_proxy::HealthCheck {
+        host: host.cloned(),
+        ..Default::default()
+    };
+    if let Some(path) = &file.path {
+        if !path.starts_with('/') || path.bytes().any(|b| !b.is_ascii_graphic()) {
+            return Err(format!(
+                "path {path:?} must start with / and hold no spaces or control characters"
+            ));
+        }
+        hc.path = path.clone();
+    }
+    for (key, value, to) in [
+        ("interval", file.interval, &mut hc.interval),
+        ("timeout", file.timeout, &mut hc.timeout),
+    ] {
+        if let Some(secs) = value {
+            if secs == 0 {
+                return Err(format!("{key} must be at least 1 (seconds)"));
+            }
+            *to = std::time::Duration::from_secs(secs);
+        }
+    }
+    if hc.timeout > hc.interval {
+        return Err("timeout must not be longer than interval".into());
+    }
+    for (key, value, to) in [
+        ("rise", file.rise, &mut hc.rise),
+        ("fall", file.fall, &mut hc.fall),
+    ] {
+        if let Some(n) = value {
+            if n == 0 {
+                return Err(format!("{key} must be at least 1 (checks in a row)"));
+            }
+            *to = n;
+        }
+    }
+    if let Some(status) = &file.status {
+        let (lo, hi) = status.split_once('-').unwrap_or((status, status));
+        let code = |s: &str| {
+            s.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|c| (100..=599).contains(c))
+        };
+        match (code(lo), code(hi)) {
+            (Some(lo), Some(hi)) if lo <= hi => hc.statuses = lo..=hi,
+            _ => {
+                return Err(format!(
+                    "status {status:?}: give a status (\"204\") or a range (\"200-399\") from 100 to 599"
+                ))
+            }
+        }
+    }
+    Ok(hc)
 }
 
 /// An upstream and its parameters, as nginx writes them after the address:
@@ -1944,5 +2031,41 @@ path_regex = "^/c/(.*)$"
         );
         let e = problems("[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nrespond = \"x\"\nretries = 2\n");
         assert_eq!(e, ["line 7: `retries` does not apply to a respond route"]);
+    }
+
+    #[test]
+    fn health_checks_become_a_plan_or_are_refused() {
+        let d = dir();
+        let route = "[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nproxy = \"127.0.0.1:3000\"\nproxy_host = \"app.internal\"\n";
+        let c = parse(
+            &format!("{route}health_check = {{ path = \"/healthz\", interval = 3, status = \"204\", fall = 1 }}\n"),
+            d.path(),
+        )
+        .unwrap();
+        let hc = proxy_plan(&c).group.health_check.clone().unwrap();
+        assert_eq!(
+            hc,
+            tern_proxy::HealthCheck {
+                path: "/healthz".into(),
+                host: Some("app.internal".into()),
+                interval: std::time::Duration::from_secs(3),
+                timeout: std::time::Duration::from_secs(2),
+                statuses: 204..=204,
+                rise: 2,
+                fall: 1,
+            }
+        );
+        for (table, why) in [
+            ("{ path = \"health\" }", "health_check: path \"health\" must start with / and hold no spaces or control characters"),
+            ("{ interval = 0 }", "health_check: interval must be at least 1 (seconds)"),
+            ("{ interval = 1, timeout = 3 }", "health_check: timeout must not be longer than interval"),
+            ("{ rise = 0 }", "health_check: rise must be at least 1 (checks in a row)"),
+            ("{ status = \"300-200\" }", "health_check: status \"300-200\": give a status (\"204\") or a range (\"200-399\") from 100 to 599"),
+        ] {
+            let e = problems(&format!("{route}health_check = {table}\n"));
+            assert_eq!(e, [format!("line 8: {why}")], "{table}");
+        }
+        let e = problems(&format!("{route}health_check = {{ url = \"/\" }}\n"));
+        assert_eq!(e, ["line 8: unknown key \"url\""]);
     }
 }
