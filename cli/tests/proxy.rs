@@ -594,7 +594,7 @@ fn a_dead_pooled_connection_is_retried_once_for_idempotent_requests_only() {
     assert_eq!(up.connections(), 2);
     let metrics = tern.get("/metrics").text();
     assert!(
-        metrics.contains("\ntern_upstream_retries_total 1\n"),
+        metrics.contains("\ntern_upstream_retries_total{cause=\"stale_connection\"} 1\n"),
         "{metrics}"
     );
 }

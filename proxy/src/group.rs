@@ -1,27 +1,56 @@
 //! An upstream group: the servers of one proxy route, which one takes the next request, and
 //! which are skipped for having failed (passive health, as nginx's `max_fails`/
-//! `fail_timeout`). Balancing state is per worker (a cursor and in-flight counts, each on
-//! its worker's own cache line, written only by that worker); health is shared, one atomic
-//! pair per server, since a server that refuses one worker refuses them all.
+//! `fail_timeout`). Balancing state is per worker (a cursor, smooth weighted round-robin
+//! weights and in-flight counts, each on its worker's own cache line, written only by that
+//! worker); health is shared, one atomic pair per server, since a server that refuses one
+//! worker refuses them all.
+//!
+//! Servers have a weight (a share of the requests, nginx's `weight=`) and may be backups
+//! (`backup`): a backup takes requests only while no primary server can (every primary is
+//! down or already failed this request).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::health::HealthCheck;
 use crossbeam_utils::CachePadded;
-use tern_server::{UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
+use tern_server::{RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
 
 /// How a server is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Balance {
     #[default]
     RoundRobin,
-    /// The server with the fewest requests in flight from this worker.
+    /// The server with the fewest requests in flight from this worker (per unit of weight).
     LeastConn,
+}
+
+/// One server of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamServer {
+    pub addr: UpstreamAddr,
+    /// Its share of the requests, relative to the others of its tier (at least 1).
+    pub weight: u32,
+    /// Takes requests only while no primary server can.
+    pub backup: bool,
+}
+
+impl UpstreamServer {
+    /// A primary server of weight 1.
+    pub fn new(addr: UpstreamAddr) -> UpstreamServer {
+        UpstreamServer {
+            addr,
+            weight: 1,
+            backup: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct GroupOptions {
-    pub servers: Vec<UpstreamAddr>,
+    /// What logs and metrics call the group (its site and route).
+    pub name: String,
+    pub servers: Vec<UpstreamServer>,
     pub balance: Balance,
     /// Failures in a row after which a server is skipped...
     pub max_fails: u32,
@@ -30,31 +59,58 @@ pub struct GroupOptions {
     pub timeouts: UpstreamTimeouts,
     /// Idle connections kept per worker and server.
     pub keepalive: usize,
+    /// When a request goes on to the next server.
+    pub retry: RetryPolicy,
+    /// Active health checks, by the process's checker thread (`health::watch`).
+    pub health_check: Option<HealthCheck>,
 }
 
 impl Default for GroupOptions {
     fn default() -> Self {
         GroupOptions {
+            name: String::new(),
             servers: Vec::new(),
             balance: Balance::RoundRobin,
             max_fails: 3,
             fail_timeout: Duration::from_secs(10),
             timeouts: UpstreamTimeouts::default(),
             keepalive: 128,
+            retry: RetryPolicy::default(),
+            health_check: None,
         }
     }
 }
 
+#[derive(Default)]
 struct Health {
     fails: AtomicU32,
     /// Monotonic ms until which the server is skipped (0: never).
     down_until_ms: AtomicU64,
+    /// Taken out by its health check (written by the checker thread only).
+    checked_down: AtomicBool,
+    checks_ok: AtomicU64,
+    checks_failed: AtomicU64,
+    went_down: AtomicU64,
+    came_up: AtomicU64,
+}
+
+/// A server's health-check figures, for the counters pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckFigures {
+    pub down: bool,
+    pub ok: u64,
+    pub failed: u64,
+    pub went_down: u64,
+    pub came_up: u64,
 }
 
 /// One worker's balancing state.
 #[derive(Default)]
 struct WorkerState {
     cursor: AtomicUsize,
+    /// Smooth weighted round-robin: each server's current weight (nginx's
+    /// `current_weight`); unused when all weights are equal.
+    current: Vec<AtomicI64>,
     /// Requests in flight per server (least-connections).
     in_flight: Vec<AtomicU32>,
 }
@@ -64,6 +120,9 @@ pub struct UpstreamGroup {
     pool_key: u64,
     health: Vec<Health>,
     workers: Vec<CachePadded<WorkerState>>,
+    /// Every server has the same weight: plain round-robin by cursor, no weights to add up.
+    equal_weights: bool,
+    has_backup: bool,
 }
 
 static NEXT_POOL_KEY: AtomicU64 = AtomicU64::new(1);
@@ -77,37 +136,123 @@ impl UpstreamGroup {
             "an upstream group needs a server"
         );
         let n = options.servers.len();
+        let first_weight = options.servers[0].weight;
         UpstreamGroup {
-            health: (0..n)
-                .map(|_| Health {
-                    fails: AtomicU32::new(0),
-                    down_until_ms: AtomicU64::new(0),
-                })
-                .collect(),
+            health: (0..n).map(|_| Health::default()).collect(),
             workers: (0..workers.max(1))
                 .map(|_| {
                     CachePadded::new(WorkerState {
                         cursor: AtomicUsize::new(0),
+                        current: (0..n).map(|_| AtomicI64::new(0)).collect(),
                         in_flight: (0..n).map(|_| AtomicU32::new(0)).collect(),
                     })
                 })
                 .collect(),
             pool_key: NEXT_POOL_KEY.fetch_add(1, Ordering::Relaxed),
+            equal_weights: options.servers.iter().all(|s| s.weight == first_weight),
+            has_backup: options.servers.iter().any(|s| s.backup),
             options,
         }
     }
 
-    pub fn servers(&self) -> &[UpstreamAddr] {
+    pub fn servers(&self) -> &[UpstreamServer] {
         &self.options.servers
     }
 
-    /// Whether `server` is being skipped at `now_ms`.
+    pub fn name(&self) -> &str {
+        &self.options.name
+    }
+
+    pub fn health_check(&self) -> Option<&HealthCheck> {
+        self.options.health_check.as_ref()
+    }
+
+    /// Whether `server` is being skipped at `now_ms`: it failed recently, or its health
+    /// check took it out.
     pub fn is_down(&self, server: usize, now_ms: u64) -> bool {
-        self.health[server].down_until_ms.load(Ordering::Relaxed) > now_ms
+        let h = &self.health[server];
+        h.down_until_ms.load(Ordering::Relaxed) > now_ms || h.checked_down.load(Ordering::Relaxed)
+    }
+
+    /// The health check's verdict on `server`; true if that changed it (and it was counted).
+    pub fn set_checked_down(&self, server: usize, down: bool) -> bool {
+        let h = &self.health[server];
+        if h.checked_down.swap(down, Ordering::Relaxed) == down {
+            return false;
+        }
+        let changes = if down { &h.went_down } else { &h.came_up };
+        changes.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Counts a health check of `server`.
+    pub fn count_check(&self, server: usize, ok: bool) {
+        let h = &self.health[server];
+        let n = if ok { &h.checks_ok } else { &h.checks_failed };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn check_figures(&self, server: usize) -> CheckFigures {
+        let h = &self.health[server];
+        CheckFigures {
+            down: h.checked_down.load(Ordering::Relaxed),
+            ok: h.checks_ok.load(Ordering::Relaxed),
+            failed: h.checks_failed.load(Ordering::Relaxed),
+            went_down: h.went_down.load(Ordering::Relaxed),
+            came_up: h.came_up.load(Ordering::Relaxed),
+        }
     }
 
     fn worker(&self, worker: usize) -> &WorkerState {
         &self.workers[worker % self.workers.len()]
+    }
+
+    /// The server the balancing method takes among those `ok` accepts, if any.
+    fn choose(&self, w: &WorkerState, ok: impl Fn(usize) -> bool) -> Option<usize> {
+        let n = self.options.servers.len();
+        let start = w.cursor.load(Ordering::Relaxed);
+        let in_turn = (0..n).map(|k| (start + k) % n).filter(|&i| ok(i));
+        let weight = |i: usize| u64::from(self.options.servers[i].weight.max(1));
+        let choice = match self.options.balance {
+            Balance::RoundRobin if self.equal_weights => in_turn.clone().next(),
+            Balance::RoundRobin => {
+                // Smooth weighted round-robin (nginx's): every candidate gains its weight,
+                // the one with the most goes, and pays back the candidates' total. Spreads a
+                // 5:1:1 split as a a b a c a a, not a a a a a b c.
+                let mut total = 0i64;
+                let mut best: Option<(usize, i64)> = None;
+                for i in (0..n).filter(|&i| ok(i)) {
+                    let wi = weight(i) as i64;
+                    let cur = w.current[i].load(Ordering::Relaxed) + wi;
+                    w.current[i].store(cur, Ordering::Relaxed);
+                    total += wi;
+                    if best.is_none_or(|(_, b)| cur > b) {
+                        best = Some((i, cur));
+                    }
+                }
+                best.map(|(i, cur)| {
+                    w.current[i].store(cur - total, Ordering::Relaxed);
+                    i
+                })
+            }
+            // Fewest in flight per unit of weight (a/wa < b/wb as a*wb < b*wa); the first in
+            // turn among equals, so ties go round.
+            Balance::LeastConn => in_turn.clone().reduce(|best, i| {
+                let (a, b) = (
+                    u64::from(w.in_flight[i].load(Ordering::Relaxed)),
+                    u64::from(w.in_flight[best].load(Ordering::Relaxed)),
+                );
+                if a * weight(best) < b * weight(i) {
+                    i
+                } else {
+                    best
+                }
+            }),
+        };
+        if let Some(i) = choice {
+            w.cursor.store((i + 1) % n, Ordering::Relaxed);
+        }
+        choice
     }
 }
 
@@ -117,29 +262,28 @@ impl Upstreams for UpstreamGroup {
     }
 
     fn addr(&self, server: usize) -> &UpstreamAddr {
-        &self.options.servers[server]
+        &self.options.servers[server].addr
     }
 
     fn pick(&self, worker: usize, now_ms: u64, tried: u64) -> Option<usize> {
-        let n = self.options.servers.len();
         let w = self.worker(worker);
-        let start = w.cursor.load(Ordering::Relaxed);
+        let servers = &self.options.servers;
         let untried = |i: usize| i >= 64 || tried & (1 << i) == 0;
-        let candidates = (0..n).map(|k| (start + k) % n).filter(|&i| untried(i));
-        let choice = match self.options.balance {
-            Balance::RoundRobin => candidates.clone().find(|&i| !self.is_down(i, now_ms)),
-            Balance::LeastConn => candidates
-                .clone()
-                .filter(|&i| !self.is_down(i, now_ms))
-                .min_by_key(|&i| w.in_flight[i].load(Ordering::Relaxed)),
+        let usable = |i: usize| untried(i) && !self.is_down(i, now_ms);
+        if let Some(i) = self.choose(w, |i| !servers[i].backup && usable(i)) {
+            return Some(i);
+        }
+        if self.has_backup {
+            if let Some(i) = self.choose(w, |i| servers[i].backup && usable(i)) {
+                return Some(i);
+            }
         }
         // Every untried server is down: try the one that comes back first rather than fail
-        // outright (a probe; a success brings it back for everyone).
-        .or_else(|| {
-            candidates.min_by_key(|&i| self.health[i].down_until_ms.load(Ordering::Relaxed))
-        })?;
-        w.cursor.store((choice + 1) % n, Ordering::Relaxed);
-        Some(choice)
+        // outright (a probe; a success brings it back for everyone). Not one its health check
+        // took out: the checker, not a client's request, finds out when it is back.
+        (0..servers.len())
+            .filter(|&i| untried(i) && !self.health[i].checked_down.load(Ordering::Relaxed))
+            .min_by_key(|&i| self.health[i].down_until_ms.load(Ordering::Relaxed))
     }
 
     fn begin(&self, worker: usize, server: usize) {
@@ -182,6 +326,10 @@ impl Upstreams for UpstreamGroup {
     fn max_idle(&self) -> usize {
         self.options.keepalive
     }
+
+    fn retry(&self) -> RetryPolicy {
+        self.options.retry
+    }
 }
 
 #[cfg(test)]
@@ -190,7 +338,11 @@ mod tests {
 
     fn group(n: usize, balance: Balance) -> UpstreamGroup {
         let servers = (0..n)
-            .map(|i| UpstreamAddr::Tcp(format!("127.0.0.1:{}", 9000 + i).parse().unwrap()))
+            .map(|i| {
+                UpstreamServer::new(UpstreamAddr::Tcp(
+                    format!("127.0.0.1:{}", 9000 + i).parse().unwrap(),
+                ))
+            })
             .collect();
         UpstreamGroup::new(
             GroupOptions {
@@ -254,5 +406,100 @@ mod tests {
         g.end(0, 0, UpstreamOutcome::Abandoned, 6000);
         g.end(0, 0, UpstreamOutcome::Abandoned, 6000);
         assert!(!g.is_down(0, 6000));
+    }
+
+    fn weighted(specs: &[(u32, bool)], balance: Balance) -> UpstreamGroup {
+        let servers = specs
+            .iter()
+            .enumerate()
+            .map(|(i, &(weight, backup))| UpstreamServer {
+                addr: UpstreamAddr::Tcp(format!("127.0.0.1:{}", 9000 + i).parse().unwrap()),
+                weight,
+                backup,
+            })
+            .collect();
+        UpstreamGroup::new(
+            GroupOptions {
+                servers,
+                balance,
+                max_fails: 1,
+                ..GroupOptions::default()
+            },
+            1,
+        )
+    }
+
+    #[test]
+    fn weights_are_spread_smoothly_as_nginx_does() {
+        let g = weighted(&[(5, false), (1, false), (1, false)], Balance::RoundRobin);
+        let picks: Vec<usize> = (0..14).map(|_| g.pick(0, 0, 0).unwrap()).collect();
+        assert_eq!(picks, [0, 0, 1, 0, 2, 0, 0, 0, 0, 1, 0, 2, 0, 0]);
+        // A server that failed this request is left out, and the rest keep their shares.
+        let g = weighted(&[(3, false), (1, false), (2, false)], Balance::RoundRobin);
+        let mut counts = [0; 3];
+        for _ in 0..30 {
+            counts[g.pick(0, 0, 0b010).unwrap()] += 1;
+        }
+        assert_eq!(counts, [18, 0, 12]);
+    }
+
+    #[test]
+    fn backups_take_requests_only_when_no_primary_can() {
+        for balance in [Balance::RoundRobin, Balance::LeastConn] {
+            let g = weighted(&[(1, false), (2, true), (1, false)], balance);
+            for _ in 0..10 {
+                assert_ne!(g.pick(0, 0, 0), Some(1), "{balance:?}");
+            }
+            assert_eq!(g.pick(0, 0, 0b001), Some(2), "the other primary first");
+            assert_eq!(
+                g.pick(0, 0, 0b101),
+                Some(1),
+                "every primary failed: the backup"
+            );
+            assert_eq!(g.pick(0, 0, 0b111), None);
+            // Both primaries down (max_fails = 1): the backup, until they are back.
+            g.end(0, 0, UpstreamOutcome::Failed, 1000);
+            g.end(0, 2, UpstreamOutcome::Failed, 1000);
+            assert_eq!(g.pick(0, 2000, 0), Some(1));
+            assert_eq!(
+                g.pick(0, 2000, 0b010),
+                Some(0),
+                "all down: probe the first back"
+            );
+            assert_ne!(g.pick(0, 20_000, 0), Some(1), "{balance:?}");
+        }
+    }
+
+    #[test]
+    fn least_connections_counts_per_unit_of_weight() {
+        let g = weighted(&[(3, false), (1, false)], Balance::LeastConn);
+        // 2 in flight on a weight of 3 is less load than 1 on a weight of 1.
+        g.begin(0, 0);
+        g.begin(0, 0);
+        g.begin(0, 1);
+        assert_eq!(g.pick(0, 0, 0), Some(0));
+        g.begin(0, 0);
+        g.begin(0, 0);
+        assert_eq!(g.pick(0, 0, 0), Some(1), "4/3 is more than 1/1");
+    }
+
+    #[test]
+    fn servers_taken_out_by_their_check_are_skipped_and_never_probed() {
+        let g = group(2, Balance::RoundRobin);
+        assert!(g.set_checked_down(0, true));
+        assert!(!g.set_checked_down(0, true), "no change, not counted again");
+        for _ in 0..4 {
+            assert_eq!(g.pick(0, 0, 0), Some(1));
+        }
+        assert_eq!(g.pick(0, 0, 0b10), None, "not probed: the checker decides");
+        g.end(0, 0, UpstreamOutcome::Ok, 0);
+        assert!(
+            g.is_down(0, 0),
+            "a passive success does not overrule the check"
+        );
+        assert!(g.set_checked_down(0, false));
+        assert_eq!(g.pick(0, 0, 0b10), Some(0));
+        let f = g.check_figures(0);
+        assert_eq!((f.down, f.went_down, f.came_up), (false, 1, 1));
     }
 }

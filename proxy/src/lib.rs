@@ -10,6 +10,7 @@
 pub mod fastcgi;
 pub mod group;
 pub mod head;
+pub mod health;
 
 use std::sync::Arc;
 
@@ -18,7 +19,8 @@ use tern_server::{
 };
 use tern_services::TrustedProxies;
 
-pub use group::{Balance, GroupOptions, UpstreamGroup};
+pub use group::{Balance, GroupOptions, UpstreamGroup, UpstreamServer};
+pub use health::HealthCheck;
 
 /// How a proxy route rewrites requests.
 #[derive(Debug, Clone, Default)]

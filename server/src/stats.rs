@@ -70,6 +70,10 @@ pub enum Counter {
     UpstreamTimeouts,
     /// Idempotent requests sent again after a pooled connection turned out dead.
     UpstreamRetries,
+    /// Requests sent to the next server after a connect failure.
+    UpstreamRetriesConnect,
+    /// Idempotent requests sent to the next server after a 502, 503 or 504 answer.
+    UpstreamRetriesStatus,
     /// Answers compressed on the fly, by coding (`Counter::compressed`).
     CompressedGzip,
     CompressedBr,
@@ -85,7 +89,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 43] = [
+    pub const ALL: [Counter; 45] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -120,6 +124,8 @@ impl Counter {
         Counter::UpstreamFailures,
         Counter::UpstreamTimeouts,
         Counter::UpstreamRetries,
+        Counter::UpstreamRetriesConnect,
+        Counter::UpstreamRetriesStatus,
         Counter::CompressedGzip,
         Counter::CompressedBr,
         Counter::CompressedZstd,
@@ -190,7 +196,9 @@ impl Counter {
             Counter::UpstreamConnectFailures => "upstream_connect_failures",
             Counter::UpstreamFailures => "upstream_failures",
             Counter::UpstreamTimeouts => "upstream_timeouts",
-            Counter::UpstreamRetries => "upstream_retries",
+            Counter::UpstreamRetries
+            | Counter::UpstreamRetriesConnect
+            | Counter::UpstreamRetriesStatus => "upstream_retries",
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "compressed_answers"
             }
@@ -217,6 +225,9 @@ impl Counter {
             Counter::TlsFailedPeerAlert => ("cause", "peer_alert"),
             Counter::TlsFailedClosed => ("cause", "closed"),
             Counter::TlsFailedOther => ("cause", "other"),
+            Counter::UpstreamRetries => ("cause", "stale_connection"),
+            Counter::UpstreamRetriesConnect => ("cause", "connect"),
+            Counter::UpstreamRetriesStatus => ("cause", "status"),
             Counter::CompressedGzip | Counter::CompressInGzip | Counter::CompressOutGzip => {
                 ("encoding", "gzip")
             }
@@ -274,7 +285,13 @@ impl Counter {
             Counter::UpstreamConnectFailures => "upstream connections that could not be made",
             Counter::UpstreamFailures => "upstream exchanges that failed (502, 504, cut short)",
             Counter::UpstreamTimeouts => "upstream connect, first-byte or idle timeouts",
-            Counter::UpstreamRetries => "idempotent requests resent after a dead pooled connection",
+            Counter::UpstreamRetries
+            | Counter::UpstreamRetriesConnect
+            | Counter::UpstreamRetriesStatus => {
+                "requests sent again: on a new connection after a dead pooled one \
+                 (stale_connection), to the next server after a connect failure (connect) or \
+                 a 502/503/504 answer (status)"
+            }
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "answers compressed on the fly, by coding"
             }

@@ -240,6 +240,8 @@ pub struct CountersPage {
     started: Instant,
     prometheus: bool,
     trusted: crate::TrustedProxies,
+    /// Figures of components above this crate (the proxy's health checks).
+    more: Option<fn(&mut Vec<Metric>)>,
 }
 
 impl CountersPage {
@@ -253,6 +255,15 @@ impl CountersPage {
             started: Instant::now(),
             prometheus,
             trusted,
+            more: None,
+        }
+    }
+
+    /// Adds the figures `more` appends to the page.
+    pub fn with_more(self, more: fn(&mut Vec<Metric>)) -> CountersPage {
+        CountersPage {
+            more: Some(more),
+            ..self
         }
     }
 }
@@ -289,6 +300,9 @@ impl tern_server::Handler for CountersPage {
             return counters_refused().into();
         }
         let mut all = server_metrics(&self.stats.snapshot());
+        if let Some(more) = self.more {
+            more(&mut all);
+        }
         all.extend(process_metrics(self.started));
         page(&all, self.prometheus).into()
     }

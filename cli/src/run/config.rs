@@ -91,7 +91,8 @@ struct RouteFile {
     /// The app's claims in PostgreSQL instead of `data` (`postgres://…`).
     store: Option<Spanned<String>>,
     pages: Option<Spanned<PathBuf>>,
-    /// One upstream or a list: `host:port`, `[v6]:port` or `unix:/path`.
+    /// One upstream or a list: `host:port`, `[v6]:port` or `unix:/path`, each maybe followed
+    /// by `weight=N` and `backup`.
     proxy: Option<Spanned<Servers>>,
     /// With `static`: `*.php` scripts under the root run on these FastCGI servers (PHP-FPM).
     fastcgi: Option<Spanned<Servers>>,
@@ -105,6 +106,14 @@ struct RouteFile {
     first_byte_timeout: Option<Spanned<u64>>,
     upstream_idle_timeout: Option<Spanned<u64>>,
     keepalive: Option<Spanned<usize>>,
+    /// Servers a request may go on to after its first (connect failures, retried statuses).
+    retries: Option<Spanned<u32>>,
+    /// Seconds after the first try past which no other server is tried.
+    retry_budget: Option<Spanned<u64>>,
+    /// Answers (502, 503, 504) that send an idempotent request to the next server.
+    retry_on_status: Option<Spanned<Vec<u16>>>,
+    /// Active health checks of the upstreams.
+    health_check: Option<Spanned<HealthCheckFile>>,
     trusted_proxies: Option<Spanned<String>>,
     /// The server's counters: "statusz" (name: value lines) or "metrics" (Prometheus).
     counters: Option<Spanned<String>>,
@@ -177,6 +186,19 @@ struct RateLimitFile {
     burst: Option<u32>,
     ipv4_prefix: Option<u8>,
     ipv6_prefix: Option<u8>,
+}
+
+/// `health_check = { path = "/healthz", interval = 5, timeout = 2, status = "200-399",
+/// rise = 2, fall = 3 }`; every key optional.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HealthCheckFile {
+    path: Option<String>,
+    interval: Option<u64>,
+    timeout: Option<u64>,
+    status: Option<String>,
+    rise: Option<u32>,
+    fall: Option<u32>,
 }
 
 /// `proxy = "127.0.0.1:8080"` or `proxy = ["a:1", "unix:/run/app.sock"]`.
@@ -268,11 +290,11 @@ pub enum RouteKind {
     App,
     /// Routed again on the site with this path (`$uri`, `$1`..`$9`).
     Rewrite(String),
-    Proxy(ProxyPlan),
+    Proxy(Box<ProxyPlan>),
     /// Static files under a root, and its `*.php` scripts run on FastCGI servers.
     FastCgi {
         files: StaticOptions,
-        upstream: ProxyPlan,
+        upstream: Box<ProxyPlan>,
         /// The script a folder's path runs.
         index: String,
     },
@@ -745,7 +767,7 @@ fn check_route(
         }
     };
     // Keys that belong to one kind or two; any other kind must not have them.
-    let owned: [(&str, Option<usize>, &[&str]); 24] = [
+    let owned: [(&str, Option<usize>, &[&str]); 28] = [
         ("fastcgi", fastcgi, &["fastcgi"]),
         ("index", at(&route.index), &["fastcgi"]),
         ("try_files", at(&route.try_files), &["static", "fastcgi"]),
@@ -784,6 +806,19 @@ fn check_route(
             &["proxy", "fastcgi"],
         ),
         ("keepalive", at(&route.keepalive), &["proxy", "fastcgi"]),
+        ("retries", at(&route.retries), &["proxy", "fastcgi"]),
+        (
+            "retry_budget",
+            at(&route.retry_budget),
+            &["proxy", "fastcgi"],
+        ),
+        (
+            "retry_on_status",
+            at(&route.retry_on_status),
+            &["proxy", "fastcgi"],
+        ),
+        // Checks speak HTTP: a FastCGI server would fail them all.
+        ("health_check", at(&route.health_check), &["proxy"]),
         (
             "trusted_proxies",
             at(&route.trusted_proxies),
@@ -1065,13 +1100,17 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
     }
     let mut group = tern_proxy::GroupOptions::default();
     for s in &list {
-        match parse_upstream(s, dir) {
-            Ok(addr) => group.servers.push(addr),
+        match parse_server(s, dir) {
+            Ok(server) => group.servers.push(server),
             Err(why) => {
                 p.at(at, format!("upstream {s:?}: {why}"));
                 ok = false;
             }
         }
+    }
+    if !group.servers.is_empty() && group.servers.iter().all(|s| s.backup) {
+        p.at(at, "every upstream is a backup: at least one must not be");
+        ok = false;
     }
     if let Some(b) = &route.balance {
         group.balance = match b.get_ref().as_str() {
@@ -1126,6 +1165,32 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
     if let Some(k) = &route.keepalive {
         group.keepalive = *k.get_ref();
     }
+    if let Some(n) = &route.retries {
+        group.retry.retries = *n.get_ref();
+    }
+    if let Some(d) = secs(&route.retry_budget, "retry_budget", p, &mut ok) {
+        group.retry.budget = Some(d);
+    }
+    if let Some(list) = &route.retry_on_status {
+        for &status in list.get_ref() {
+            if !group.retry.retry_on(status) {
+                p.at(
+                    list.span().start,
+                    format!("retry_on_status: {status} is not retried (only 502, 503 and 504 are)"),
+                );
+                ok = false;
+            }
+        }
+    }
+    if let Some(hc) = &route.health_check {
+        match check_health(hc.get_ref(), route.proxy_host.as_ref().map(|h| h.get_ref())) {
+            Ok(check) => group.health_check = Some(check),
+            Err(why) => {
+                p.at(hc.span().start, format!("health_check: {why}"));
+                ok = false;
+            }
+        }
+    }
     let mut options = tern_proxy::ProxyOptions::default();
     if let Some(h) = &route.proxy_host {
         let host = h.get_ref();
@@ -1156,7 +1221,7 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
         set: set.into_iter().map(|(n, _, t)| (n, t)).collect(),
         remove,
     };
-    ok.then_some(RouteKind::Proxy(ProxyPlan { group, options }))
+    ok.then_some(RouteKind::Proxy(Box::new(ProxyPlan { group, options })))
 }
 
 /// `static` and `fastcgi`: the root's files, and its scripts on the FastCGI servers (checked
@@ -1476,6 +1541,94 @@ fn check_request_ids(
     on.then_some(trusted)
 }
 
+/// A route's `health_check` table; the checks send `proxy_host` as the Host, if given.
+fn check_health(
+    file: &HealthCheckFile,
+    host: Option<&String>,
+) -> Result<tern_proxy::HealthCheck, String> {
+    let mut hc = tern_proxy::HealthCheck {
+        host: host.cloned(),
+        ..Default::default()
+    };
+    if let Some(path) = &file.path {
+        if !path.starts_with('/') || path.bytes().any(|b| !b.is_ascii_graphic()) {
+            return Err(format!(
+                "path {path:?} must start with / and hold no spaces or control characters"
+            ));
+        }
+        hc.path = path.clone();
+    }
+    for (key, value, to) in [
+        ("interval", file.interval, &mut hc.interval),
+        ("timeout", file.timeout, &mut hc.timeout),
+    ] {
+        if let Some(secs) = value {
+            if secs == 0 {
+                return Err(format!("{key} must be at least 1 (seconds)"));
+            }
+            *to = std::time::Duration::from_secs(secs);
+        }
+    }
+    if hc.timeout > hc.interval {
+        return Err("timeout must not be longer than interval".into());
+    }
+    for (key, value, to) in [
+        ("rise", file.rise, &mut hc.rise),
+        ("fall", file.fall, &mut hc.fall),
+    ] {
+        if let Some(n) = value {
+            if n == 0 {
+                return Err(format!("{key} must be at least 1 (checks in a row)"));
+            }
+            *to = n;
+        }
+    }
+    if let Some(status) = &file.status {
+        let (lo, hi) = status.split_once('-').unwrap_or((status, status));
+        let code = |s: &str| {
+            s.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|c| (100..=599).contains(c))
+        };
+        match (code(lo), code(hi)) {
+            (Some(lo), Some(hi)) if lo <= hi => hc.statuses = lo..=hi,
+            _ => {
+                return Err(format!(
+                    "status {status:?}: give a status (\"204\") or a range (\"200-399\") from 100 to 599"
+                ))
+            }
+        }
+    }
+    Ok(hc)
+}
+
+/// An upstream and its parameters, as nginx writes them after the address:
+/// `"10.0.0.1:3000 weight=3"`, `"10.0.0.3:3000 backup"`.
+fn parse_server(s: &str, dir: &Path) -> Result<tern_proxy::UpstreamServer, String> {
+    let mut words = s.split_ascii_whitespace();
+    let addr = words
+        .next()
+        .ok_or("give host:port, [v6]:port or unix:/path")?;
+    let mut server = tern_proxy::UpstreamServer::new(parse_upstream(addr, dir)?);
+    for word in words {
+        if word == "backup" {
+            server.backup = true;
+        } else if let Some(n) = word.strip_prefix("weight=") {
+            server.weight = n
+                .parse()
+                .ok()
+                .filter(|w| (1..=1000).contains(w))
+                .ok_or_else(|| format!("weight {n:?}: give a whole number from 1 to 1000"))?;
+        } else {
+            return Err(format!(
+                "unknown parameter {word:?}: after the address, use weight=N or backup"
+            ));
+        }
+    }
+    Ok(server)
+}
+
 /// `host:port` (a name is resolved now, once), `[v6]:port`, or `unix:/path` (relative paths
 /// from the config's folder).
 fn parse_upstream(s: &str, dir: &Path) -> Result<tern_server::UpstreamAddr, String> {
@@ -1639,8 +1792,13 @@ impl RunConfig {
             .iter()
             .flat_map(|s| &s.routes)
             .filter_map(|r| match &r.kind {
-                RouteKind::Proxy(plan) => Some(plan.group.servers.clone()),
-                RouteKind::FastCgi { upstream, .. } => Some(upstream.group.servers.clone()),
+                RouteKind::Proxy(plan) | RouteKind::FastCgi { upstream: plan, .. } => Some(
+                    plan.group
+                        .servers
+                        .iter()
+                        .map(|s| s.addr.clone())
+                        .collect::<Vec<_>>(),
+                ),
                 _ => None,
             })
             .flatten()
@@ -2054,5 +2212,110 @@ path_regex = "^/c/(.*)$"
             );
         }
         assert_eq!(e.len(), want.len(), "{e:#?}");
+    }
+
+    fn proxy_plan(c: &RunConfig) -> &ProxyPlan {
+        match &c.sites[0].routes[0].kind {
+            RouteKind::Proxy(plan) => plan,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn upstream_weights_and_backups_become_a_plan_or_are_refused() {
+        let d = dir();
+        let route = "[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\n";
+        let c = parse(
+            &format!("{route}proxy = [\"127.0.0.1:3000 weight=3\", \"127.0.0.1:3001\", \"127.0.0.1:3002  backup \"]\n"),
+            d.path(),
+        )
+        .unwrap();
+        let servers = &proxy_plan(&c).group.servers;
+        assert_eq!(
+            servers
+                .iter()
+                .map(|s| (s.weight, s.backup))
+                .collect::<Vec<_>>(),
+            [(3, false), (1, false), (1, true)]
+        );
+        assert_eq!(servers[2].addr.to_string(), "127.0.0.1:3002");
+        let e = problems(&format!(
+            "{route}proxy = [\"127.0.0.1:3000 weight=0\", \"127.0.0.1:3001 down\"]\n"
+        ));
+        assert_eq!(
+            e,
+            [
+                "line 6: upstream \"127.0.0.1:3000 weight=0\": weight \"0\": give a whole number from 1 to 1000",
+                "line 6: upstream \"127.0.0.1:3001 down\": unknown parameter \"down\": after the address, use weight=N or backup",
+            ]
+        );
+        let e = problems(&format!("{route}proxy = \"127.0.0.1:3000 backup\"\n"));
+        assert_eq!(
+            e,
+            ["line 6: every upstream is a backup: at least one must not be"]
+        );
+    }
+
+    #[test]
+    fn retry_keys_become_a_policy_or_are_refused() {
+        let d = dir();
+        let route = "[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nproxy = [\"127.0.0.1:3000\", \"127.0.0.1:3001\"]\n";
+        let c = parse(
+            &format!("{route}retries = 1\nretry_budget = 3\nretry_on_status = [502, 504]\n"),
+            d.path(),
+        )
+        .unwrap();
+        let retry = proxy_plan(&c).group.retry;
+        assert_eq!(retry.retries, 1);
+        assert_eq!(retry.budget, Some(std::time::Duration::from_secs(3)));
+        assert!(retry.retries_on(502) && retry.retries_on(504) && !retry.retries_on(503));
+        let e = problems(&format!(
+            "{route}retry_budget = 0\nretry_on_status = [500, 503]\n"
+        ));
+        assert_eq!(
+            e,
+            [
+                "line 7: retry_budget must be at least 1 (seconds)",
+                "line 8: retry_on_status: 500 is not retried (only 502, 503 and 504 are)",
+            ]
+        );
+        let e = problems("[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nrespond = \"x\"\nretries = 2\n");
+        assert_eq!(e, ["line 7: `retries` does not apply to a respond route"]);
+    }
+
+    #[test]
+    fn health_checks_become_a_plan_or_are_refused() {
+        let d = dir();
+        let route = "[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nproxy = \"127.0.0.1:3000\"\nproxy_host = \"app.internal\"\n";
+        let c = parse(
+            &format!("{route}health_check = {{ path = \"/healthz\", interval = 3, status = \"204\", fall = 1 }}\n"),
+            d.path(),
+        )
+        .unwrap();
+        let hc = proxy_plan(&c).group.health_check.clone().unwrap();
+        assert_eq!(
+            hc,
+            tern_proxy::HealthCheck {
+                path: "/healthz".into(),
+                host: Some("app.internal".into()),
+                interval: std::time::Duration::from_secs(3),
+                timeout: std::time::Duration::from_secs(2),
+                statuses: 204..=204,
+                rise: 2,
+                fall: 1,
+            }
+        );
+        for (table, why) in [
+            ("{ path = \"health\" }", "health_check: path \"health\" must start with / and hold no spaces or control characters"),
+            ("{ interval = 0 }", "health_check: interval must be at least 1 (seconds)"),
+            ("{ interval = 1, timeout = 3 }", "health_check: timeout must not be longer than interval"),
+            ("{ rise = 0 }", "health_check: rise must be at least 1 (checks in a row)"),
+            ("{ status = \"300-200\" }", "health_check: status \"300-200\": give a status (\"204\") or a range (\"200-399\") from 100 to 599"),
+        ] {
+            let e = problems(&format!("{route}health_check = {table}\n"));
+            assert_eq!(e, [format!("line 8: {why}")], "{table}");
+        }
+        let e = problems(&format!("{route}health_check = {{ url = \"/\" }}\n"));
+        assert_eq!(e, ["line 8: unknown key \"url\""]);
     }
 }

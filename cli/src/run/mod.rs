@@ -112,7 +112,12 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         router = hardening::probe_routes(router);
     }
     *server.router_mut() = router;
-    let mut server = server.after_bind(hardening::lockdown_step(lockdown));
+    let lockdown = hardening::lockdown_step(lockdown);
+    let mut server = server.after_bind(move || {
+        lockdown()?;
+        // Sandboxed first: the checker thread inherits it.
+        tern_proxy::health::start()
+    });
     if let Some(gate) = &gate {
         server = gate.install(server);
     }
@@ -361,11 +366,14 @@ fn build_table(
                 RouteKind::Counters {
                     prometheus,
                     trusted,
-                } => Action::Handler(Arc::new(tern_services::metrics::CountersPage::new(
-                    stats.clone(),
-                    *prometheus,
-                    trusted.clone(),
-                ))),
+                } => Action::Handler(Arc::new(
+                    tern_services::metrics::CountersPage::new(
+                        stats.clone(),
+                        *prometheus,
+                        trusted.clone(),
+                    )
+                    .with_more(tern_proxy::health::metrics),
+                )),
                 RouteKind::FastCgi {
                     files,
                     upstream,
@@ -395,14 +403,21 @@ fn build_table(
                     )))
                 }
                 RouteKind::Proxy(plan) => {
-                    let group = tern_proxy::UpstreamGroup::new(plan.group.clone(), workers);
+                    let group = Arc::new(tern_proxy::UpstreamGroup::new(
+                        tern_proxy::GroupOptions {
+                            name: format!("{} {}", site.name, route.prefix),
+                            ..plan.group.clone()
+                        },
+                        workers,
+                    ));
+                    tern_proxy::health::watch(&group);
                     let options = tern_proxy::ProxyOptions {
                         // Browsers send the gate's cookies to every route of the host.
                         gate_cookie: gate.map(|g| g.config().config.cookie.clone()),
                         ..plan.options.clone()
                     };
                     let proxy: Arc<dyn Handler> =
-                        Arc::new(tern_proxy::Proxy::new(Arc::new(group), options));
+                        Arc::new(tern_proxy::Proxy::new(group, options));
                     // Inside the guard: the gate judges the path the client asked for, the
                     // app gets it without the prefix.
                     Action::Handler(if route.options.strip_prefix {
@@ -585,6 +600,8 @@ impl Reloader {
             &logs.targets,
             &self.stats,
         )?;
+        tern_proxy::health::start()
+            .map_err(|e| format!("cannot start the health checker thread: {e}"))?;
         let tls_note = match (&self.acceptor, &tls) {
             (Some(acceptor), Some(plan)) => {
                 acceptor.reload(&plan.options)?;

@@ -170,6 +170,13 @@ pub(crate) struct Relay {
     server: Option<usize>,
     /// Servers that failed this request (bit i: server i).
     tried: u64,
+    /// Servers tried after the first (held to `RetryPolicy::retries`).
+    retries: u32,
+    /// Monotonic ms when the first try started (for `RetryPolicy::budget`).
+    first_try_ms: u64,
+    /// The whole request is in `to_up` (no body streams in from the client): it can be sent
+    /// again as it was.
+    whole_request: bool,
     /// The attached connection came from the pool.
     reused: bool,
     /// Send a fresh connection's worth: the pooled one died before answering.
@@ -257,6 +264,7 @@ impl Relay {
         // The handler's head becomes the start of the request bytes (no copy).
         let mut to_up = std::mem::take(&mut fwd.head);
         to_up.reserve(64 + body.len().min(16 * 1024));
+        let whole_request = matches!(streamed, None | Some(BodyFollows::Framed(BodyKind::None)));
         let client_body = if fwd.wire == UpstreamWire::FastCgi {
             // The head (PARAMS) says the length; the body goes as STDIN records, ended by an
             // empty one.
@@ -322,6 +330,9 @@ impl Relay {
             phase: Phase::Connect,
             server: None,
             tried: 0,
+            retries: 0,
+            first_try_ms: cx.clock.now_ms(),
+            whole_request,
             reused: false,
             retry: false,
             attached: false,
@@ -446,7 +457,7 @@ impl Relay {
     pub fn sent(&mut self, n: usize, cx: &ConnCx<'_>) {
         self.up_sent += n;
         let now = cx.clock.now_ms();
-        if self.up_sent == self.to_up.len() && !self.may_retry() {
+        if self.up_sent == self.to_up.len() && !self.may_retry() && !self.may_retry_on_status() {
             self.to_up.clear();
             self.up_sent = 0;
         }
@@ -723,6 +734,11 @@ impl Relay {
             if buf.is_empty() || self.phase == Phase::Done {
                 break;
             }
+            if self.phase == Phase::Connect {
+                // The answer is dropped for another server's (a retried 502/503/504).
+                buf.consume(buf.len());
+                break;
+            }
             if self.phase == Phase::Tunnel {
                 self.body_bytes += buf.len() as u64;
                 self.client_data(buf.data(), out, cx);
@@ -838,6 +854,37 @@ impl Relay {
         self.client_body.is_none() && self.pending_up() == 0
     }
 
+    /// A 502/503/504 answer may send this request to another server: the route asks for it,
+    /// the method may be repeated, and the whole request is still at hand (its body came
+    /// with its head). Checked before the answer's head goes to the client.
+    fn may_retry_on_status(&self) -> bool {
+        self.fwd.idempotent
+            && self.whole_request
+            && !self.fwd.upgrade
+            && self.fwd.upstreams.retry().retries_on_any()
+    }
+
+    /// The server the request goes on to after the current one failed it, if the tries and
+    /// the time budget allow one and a server is left; the current one counts as tried.
+    fn next_server(&mut self, cx: &ConnCx<'_>) -> Option<usize> {
+        if let Some(s) = self.server {
+            if s < 64 {
+                self.tried |= 1 << s;
+            }
+        }
+        let policy = self.fwd.upstreams.retry();
+        let now = cx.clock.now_ms();
+        let spent = now.saturating_sub(self.first_try_ms);
+        if self.retries >= policy.retries
+            || policy.budget.is_some_and(|b| spent >= b.as_millis() as u64)
+        {
+            return None;
+        }
+        let next = self.fwd.upstreams.pick(cx.worker_id, now, self.tried)?;
+        self.retries += 1;
+        Some(next)
+    }
+
     /// The whole request is still at hand (no streamed body), nothing has come back, and the
     /// method may be repeated.
     fn may_retry(&self) -> bool {
@@ -919,16 +966,18 @@ impl Relay {
                 let addr = self.fwd.upstreams.addr(s);
                 tracing::warn!(upstream = %addr, "cannot connect to upstream");
             }
-            if s < 64 {
-                self.tried |= 1 << s;
-            }
         }
         // Nothing of the request reached a server: another one may take it.
         self.outcome = UpstreamOutcome::Failed;
         self.up_sent = 0;
         self.retry = false;
-        self.pick(cx);
-        if self.server.is_none() {
+        let next = self.next_server(cx);
+        self.phase = Phase::Connect;
+        self.deadline_ms = u64::MAX;
+        self.server = next;
+        if next.is_some() {
+            cx.stats.bump(Counter::UpstreamRetriesConnect);
+        } else {
             self.phase = Phase::Exchange;
             self.answer_own(
                 502,
@@ -1033,6 +1082,20 @@ impl Relay {
                 write_interim(out, &h, cx);
             }
             return used;
+        }
+        if self.fwd.upstreams.retry().retries_on(head.status) && self.may_retry_on_status() {
+            if let Some(next) = self.next_server(cx) {
+                cx.stats.bump(Counter::UpstreamRetriesStatus);
+                if ratelog::admit("upstream_retry_status", cx.clock.now_ms()) {
+                    tracing::info!(upstream = %self.addr(), status = head.status, "upstream answered a retried status; request sent to the next server");
+                }
+                self.server = Some(next);
+                self.restart(false);
+                self.outcome = UpstreamOutcome::Failed;
+                self.got_bytes = false;
+                self.upstream_keep = false;
+                return used;
+            }
         }
         // Not switched: an ordinary answer, but a connection asked for an upgrade stays out
         // of the pool.

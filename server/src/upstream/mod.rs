@@ -57,6 +57,58 @@ impl Default for UpstreamTimeouts {
     }
 }
 
+/// When a request goes on to another server of its group: after a connect failure always
+/// (nothing of it reached a server), after a 502, 503 or 504 answer only when asked for and
+/// only for an idempotent request whose whole body is still at hand. Either way within a
+/// count of further servers and a time budget (nginx's `proxy_next_upstream_tries` and
+/// `_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Servers a request may go on to after its first.
+    pub retries: u32,
+    /// No further server is tried once this long has passed since the first try started.
+    pub budget: Option<Duration>,
+    /// Bit i: a `502 + i` answer sends the request on (502, 503, 504).
+    statuses: u8,
+}
+
+impl Default for RetryPolicy {
+    /// Every server of the group once, after connect failures only, with no time limit.
+    fn default() -> Self {
+        RetryPolicy {
+            retries: u32::MAX,
+            budget: None,
+            statuses: 0,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The answer statuses a request may be retried on.
+    pub const STATUSES: [u16; 3] = [502, 503, 504];
+
+    /// Also retried on a `status` answer; false (and nothing changes) for a status not in
+    /// [`RetryPolicy::STATUSES`].
+    pub fn retry_on(&mut self, status: u16) -> bool {
+        match status {
+            502..=504 => {
+                self.statuses |= 1 << (status - 502);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn retries_on(&self, status: u16) -> bool {
+        matches!(status, 502..=504) && self.statuses & (1 << (status - 502)) != 0
+    }
+
+    /// Some answer status is retried on.
+    pub fn retries_on_any(&self) -> bool {
+        self.statuses != 0
+    }
+}
+
 /// How an exchange with an upstream server ended, for its health and balancing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamOutcome {
@@ -85,6 +137,10 @@ pub trait Upstreams: Send + Sync + 'static {
     fn timeouts(&self) -> UpstreamTimeouts;
     /// Idle connections kept per worker and server.
     fn max_idle(&self) -> usize;
+    /// When a request goes on to another server.
+    fn retry(&self) -> RetryPolicy {
+        RetryPolicy::default()
+    }
 }
 
 /// Edits a proxied response's head before it goes to the client (a route's header edits).
