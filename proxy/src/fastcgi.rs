@@ -284,7 +284,9 @@ mod tests {
         std::fs::create_dir(root.join("dir.php")).unwrap();
         let group = UpstreamGroup::new(
             crate::GroupOptions {
-                servers: vec![tern_server::UpstreamAddr::Unix(dir.path().join("php.sock"))],
+                servers: vec![crate::group::UpstreamServer::new(
+                    tern_server::UpstreamAddr::Unix(dir.path().join("php.sock")),
+                )],
                 ..Default::default()
             },
             1,
