@@ -6,14 +6,14 @@
 use std::net::{IpAddr, SocketAddr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use tern_codec::{Method, RequestHead};
+use tern_codec::{Method, RequestError, RequestHead};
 use tern_runtime::{ratelog, BufPool, Clock, InboxSender};
 
 use crate::access_log::{LogEntry, WorkerLog};
 use crate::bans::{self, BanCause, Bans};
 use crate::compression::{self, Choice};
 use crate::config::ServerConfig;
-use crate::handler::{HandlerContext, LogTarget, Reply, Request, WorkerMessage};
+use crate::handler::{HandlerContext, LogTarget, Refusal, Reply, Request, WorkerMessage};
 use crate::response::{Body, Response};
 use crate::router::{RouteMatch, Router};
 use crate::stats::{Counter, SiteSlot, Tally, WorkerStats};
@@ -128,9 +128,15 @@ pub(crate) fn run(
         identity: None,
         request_id: None,
         compress: None,
+        refused: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
     tally.set_site(hcx.site);
+    match hcx.refused {
+        Some(Refusal::RateLimited) => cx.stats.bump(Counter::RateLimited),
+        Some(Refusal::BodyTooLarge) => cx.stats.bad_request(RequestError::BodyTooLarge),
+        None => {}
+    }
     if let Some(entry) = entry {
         entry.target = hcx.log;
         entry.request_id = hcx.request_id;

@@ -119,6 +119,17 @@ pub struct HandlerContext<'a> {
     /// On-the-fly compression of this request's answer (fixed or proxied), if its site or
     /// route asks for it.
     pub(crate) compress: Option<std::sync::Arc<tern_compress::Policy>>,
+    /// Why a limit in front of the handler refused the request, to be counted.
+    pub(crate) refused: Option<Refusal>,
+}
+
+/// A request a route's own limit refused (counted like the server's own refusals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Over a rate limit: 429.
+    RateLimited,
+    /// A body over the route's own `max_body`: 413.
+    BodyTooLarge,
 }
 
 impl HandlerContext<'_> {
@@ -126,6 +137,11 @@ impl HandlerContext<'_> {
     /// or nowhere ([`LogTarget::OFF`]).
     pub fn log_to(&mut self, target: LogTarget) {
         self.log = target;
+    }
+
+    /// Counts the request as refused by a limit of the route's (its answer says so already).
+    pub fn count_refusal(&mut self, why: Refusal) {
+        self.refused = Some(why);
     }
 
     /// Counts this request's answer (its class, its duration) under a site of

@@ -35,7 +35,7 @@ pub use bans::{BanConfig, BanNotice, Bans};
 pub use config::{ListenerKind, ServerConfig};
 pub use guard::{Guard, Guarded, Verdict};
 pub use handler::{
-    complete_all, Handler, HandlerContext, LogTarget, Pending, Reply, Request, TurnEnd,
+    complete_all, Handler, HandlerContext, LogTarget, Pending, Refusal, Reply, Request, TurnEnd,
     WorkerMessage,
 };
 pub use identity::Identity;

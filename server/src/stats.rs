@@ -86,10 +86,12 @@ pub enum Counter {
     CompressOutGzip,
     CompressOutBr,
     CompressOutZstd,
+    /// Requests a route's `rate_limit` refused (429).
+    RateLimited,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 45] = [
+    pub const ALL: [Counter; 46] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -135,6 +137,7 @@ impl Counter {
         Counter::CompressOutGzip,
         Counter::CompressOutBr,
         Counter::CompressOutZstd,
+        Counter::RateLimited,
     ];
 
     /// The counters of one coding: answers, bytes in, bytes out.
@@ -208,6 +211,7 @@ impl Counter {
             Counter::CompressOutGzip | Counter::CompressOutBr | Counter::CompressOutZstd => {
                 "compression_bytes_out"
             }
+            Counter::RateLimited => "rate_limited",
         }
     }
 
@@ -301,6 +305,7 @@ impl Counter {
             Counter::CompressOutGzip | Counter::CompressOutBr | Counter::CompressOutZstd => {
                 "body bytes of answers compressed on the fly, after compression"
             }
+            Counter::RateLimited => "requests a route's rate_limit refused with 429",
         }
     }
 }

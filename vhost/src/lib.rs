@@ -324,7 +324,8 @@ fn answer_on(
     if route.compress.is_some() || site.compress.is_some() {
         cx.compress_with(route.compress.clone());
     }
-    if let Admission::Refuse(r) = route.admit(req, cx.worker_id) {
+    if let Admission::Refuse(r, why) = route.admit(req, cx.worker_id) {
+        cx.count_refusal(why);
         return (r.into(), true);
     }
     let mut reply = match &route.action {
@@ -1140,6 +1141,13 @@ mod tests {
         );
         assert_eq!(status, 413);
         assert!(text.ends_with("<h1>too big</h1>"), "{text}");
+        assert_eq!(
+            c.stats()
+                .snapshot()
+                .bad(tern_server::RequestError::BodyTooLarge),
+            1,
+            "a route's own body limit counts as the server's does"
+        );
         let (status, _) = ask(
             &mut c,
             "POST /small HTTP/1.1\r\nHost: s.test\r\nContent-Length: 4\r\n\r\nhell",
@@ -1174,6 +1182,10 @@ mod tests {
         let (status, text) = ask(&mut c, &get("/a"));
         assert_eq!(status, 429);
         assert!(text.contains("Retry-After: 3\r\n"), "{text}");
+        assert_eq!(
+            c.stats().snapshot().get(tern_server::Counter::RateLimited),
+            1
+        );
     }
 
     #[test]

@@ -206,7 +206,8 @@ pub(crate) fn stored_prefix(prefix: &[u8]) -> &[u8] {
 /// What a route decided before its action runs.
 pub(crate) enum Admission {
     Pass,
-    Refuse(Response),
+    /// The answer, and why (to be counted).
+    Refuse(Response, tern_server::Refusal),
 }
 
 impl BuiltRoute {
@@ -298,7 +299,7 @@ impl BuiltRoute {
                 } else {
                     r
                 };
-                return Admission::Refuse(r);
+                return Admission::Refuse(r, tern_server::Refusal::RateLimited);
             }
         }
         if let Some(max) = self.max_body {
@@ -307,7 +308,10 @@ impl BuiltRoute {
                 _ => 0,
             };
             if declared > max || req.body.len() as u64 > max {
-                return Admission::Refuse(Response::text(413, "request body too large\n"));
+                return Admission::Refuse(
+                    Response::text(413, "request body too large\n"),
+                    tern_server::Refusal::BodyTooLarge,
+                );
             }
         }
         Admission::Pass
