@@ -251,6 +251,8 @@ fn full() -> Full {
     let tmp = tempfile::tempdir().unwrap();
     let dist = dist(tmp.path());
     std::fs::write(tmp.path().join("404.html"), "<h1>nothing here</h1>\n").unwrap();
+    std::fs::write(tmp.path().join("502.html"), "<h1>the app is down</h1>\n").unwrap();
+    let dead = free_port();
     let app = App::start();
     let log = tmp.path().join("access.log");
     let conf = tmp.path().join("tern.toml");
@@ -264,7 +266,7 @@ access_log = "access.log"
 name = "spa"
 default = true
 request_id = true
-error_pages = {{ 404 = "404.html" }}
+error_pages = {{ 404 = "404.html", 502 = "502.html" }}
 
 [[site.route]]
 path = "/"
@@ -293,6 +295,10 @@ rewrite = "/api/people/$1"
 path = "/v1"
 match_query = {{ "format" = "json" }}
 respond = "json please\n"
+
+[[site.route]]
+path = "/down"
+proxy = "127.0.0.1:{dead}"
 "#,
             dist = dist.display(),
             app = app.addr
@@ -547,4 +553,13 @@ fn the_gate_judges_the_path_the_client_asked_for_not_the_stripped_one() {
         app.lines(),
         ["GET /public HTTP/1.1", "GET /internal HTTP/1.1"]
     );
+}
+
+#[test]
+fn the_relay_s_own_502_gets_the_site_s_error_page() {
+    let f = full();
+    let r = f.tern.get("/down/x");
+    assert_eq!(r.status, 502);
+    assert_eq!(r.text(), "<h1>the app is down</h1>\n");
+    assert!(r.has("content-type", "text/html; charset=utf-8"), "{:?}", r.headers);
 }

@@ -157,6 +157,7 @@ impl FastCgi {
             ),
             upgrade: false,
             edit: None,
+            own_answers: None,
             max_body: u64::MAX,
             wire: UpstreamWire::FastCgi,
         }))

@@ -93,6 +93,7 @@ impl Handler for Proxy {
             ),
             upgrade: built.upgrade,
             edit: None,
+            own_answers: None,
             max_body: u64::MAX,
             wire: tern_server::UpstreamWire::Http1,
         }))

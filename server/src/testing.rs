@@ -593,6 +593,7 @@ impl Handler for ForwardAll {
             idempotent: matches!(req.method(), Method::Get | Method::Head),
             upgrade,
             edit: None,
+            own_answers: None,
             max_body: u64::MAX,
             wire: Default::default(),
         }))

@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
+use tern_server::upstream::ResponseEdit;
 use tern_server::{
     Body, Handler, HandlerContext, LogTarget, Reply, Request, RequestHead, RequestId, Response,
     SiteSlot,
@@ -96,10 +97,16 @@ struct BuiltSite {
     /// hash lookup per segment of the path, however many routes the site has.
     by_prefix: HashMap<Box<[u8]>, Vec<u32>, foldhash::fast::RandomState>,
     longest_prefix: usize,
-    error_pages: Vec<(u16, Bytes, Vec<u8>)>,
+    error_pages: Arc<ErrorPages>,
+    /// The same pages for the answers the relay makes itself (502, 503, 504) on this site's
+    /// proxied exchanges; `None` when the site has none.
+    relay_error_pages: Option<ResponseEdit>,
     request_ids: Option<TrustedProxies>,
     compress: Option<Arc<tern_compress::Policy>>,
 }
+
+/// A site's error pages: status, body, its `Content-Type` line.
+struct ErrorPages(Vec<(u16, Bytes, Vec<u8>)>);
 
 /// Every site, prebuilt for matching.
 pub struct SiteTable {
@@ -175,6 +182,15 @@ impl SiteTable {
                 routes.push(route);
             }
             let longest_prefix = routes.iter().map(|r| r.prefix.len()).max().unwrap_or(0);
+            let pages = Arc::new(ErrorPages(
+                site.error_pages
+                    .into_iter()
+                    .map(|p| {
+                        let line = format!("Content-Type: {}\r\n", p.content_type).into_bytes();
+                        (p.status, p.body, line)
+                    })
+                    .collect(),
+            ));
             built.push(BuiltSite {
                 name: site.name,
                 log: site.log,
@@ -182,14 +198,12 @@ impl SiteTable {
                 routes,
                 by_prefix,
                 longest_prefix,
-                error_pages: site
-                    .error_pages
-                    .into_iter()
-                    .map(|p| {
-                        let line = format!("Content-Type: {}\r\n", p.content_type).into_bytes();
-                        (p.status, p.body, line)
-                    })
-                    .collect(),
+                relay_error_pages: (!pages.0.is_empty()).then(|| {
+                    let pages = pages.clone();
+                    let edit: ResponseEdit = Arc::new(move |r: &mut Response| pages.apply(r));
+                    edit
+                }),
+                error_pages: pages,
                 request_ids: site.request_ids,
                 compress: site.compress,
             });
@@ -268,10 +282,10 @@ impl SiteTable {
             cx.set_request_id(from_proxy.unwrap_or_else(RequestId::generate));
         }
         let (mut reply, own) = answer_on(site, req, cx, 0);
-        if own {
-            if let Reply::Now(response) = &mut reply {
-                error_page(site, response);
-            }
+        match &mut reply {
+            Reply::Now(response) if own => site.error_pages.apply(response),
+            Reply::Forward(fwd) => fwd.own_answers = site.relay_error_pages.clone(),
+            _ => {}
         }
         reply
     }
@@ -592,29 +606,31 @@ fn status_text(code: u16) -> &'static str {
     }
 }
 
-/// Puts the site's page for this status in place of tern's short body; the status and the
-/// other fields stay.
-fn error_page(site: &BuiltSite, response: &mut Response) {
-    let Some((_, body, type_line)) = site
-        .error_pages
-        .iter()
-        .find(|(status, _, _)| *status == response.status)
-    else {
-        return;
-    };
-    for name in [
-        "content-type",
-        "content-encoding",
-        "etag",
-        "last-modified",
-        "vary",
-        "accept-ranges",
-        "content-range",
-    ] {
-        response.remove_header(name);
+impl ErrorPages {
+    /// Puts the page for this status in place of tern's short body; the status and the
+    /// other fields stay.
+    fn apply(&self, response: &mut Response) {
+        let Some((_, body, type_line)) = self
+            .0
+            .iter()
+            .find(|(status, _, _)| *status == response.status)
+        else {
+            return;
+        };
+        for name in [
+            "content-type",
+            "content-encoding",
+            "etag",
+            "last-modified",
+            "vary",
+            "accept-ranges",
+            "content-range",
+        ] {
+            response.remove_header(name);
+        }
+        response.body = Body::Shared(body.clone());
+        response.push_raw_headers(type_line);
     }
-    response.body = Body::Shared(body.clone());
-    response.push_raw_headers(type_line);
 }
 
 /// The handler in front of every site: the current table, replaced whole by [`Sites::swap`].

@@ -1368,6 +1368,9 @@ impl Relay {
             self.close_client = true;
         }
         let mut r = Response::text(status, msg);
+        if let Some(page) = &self.fwd.own_answers {
+            page(&mut r); // the site's error page for this status, if it has one
+        }
         let body = r.body.len();
         match &mut self.client {
             ClientSide::H1 => {
@@ -1389,7 +1392,13 @@ impl Relay {
             }
             ClientSide::H2(a) => {
                 if !self.asked.head_only {
-                    a.data.extend_from_slice(msg.as_bytes());
+                    match &r.body {
+                        crate::response::Body::Static(b) => a.data.extend_from_slice(b),
+                        crate::response::Body::Owned(b) => a.data.extend_from_slice(b),
+                        crate::response::Body::Shared(b) => a.data.extend_from_slice(b),
+                        // Pages are in memory; tern's own bodies too.
+                        crate::response::Body::Empty | crate::response::Body::File(_) => {}
+                    }
                 }
                 r.body = crate::response::Body::Empty;
                 a.head = Some((r, Some(body)));

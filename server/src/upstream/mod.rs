@@ -160,6 +160,9 @@ pub struct Forward {
     /// tunnel both ways.
     pub upgrade: bool,
     pub edit: Option<ResponseEdit>,
+    /// Applied to the answers tern makes itself for this exchange (502, 503, 504, 413): a
+    /// site's error pages.
+    pub own_answers: Option<ResponseEdit>,
     /// The most request body the relay passes on (a route's own limit); past it the
     /// exchange ends with 413. `u64::MAX`: no limit (the app has its own).
     pub max_body: u64,
