@@ -292,29 +292,40 @@ fn check_same(addr: SocketAddr, who: &str) {
     );
 }
 
-fn start_tern(conf: &Path) -> Tern {
-    let mut cmd = Command::new(TERN);
-    cmd.arg("run").arg("--config").arg(conf).args([
-        "--listen",
-        "127.0.0.1:0",
-        "--workers",
-        "1",
-        "--sandbox",
-        "on",
-    ]);
-    Tern::spawn(cmd)
+/// PHP-FPM and `tern run` on the test site; `None` (skipped) without php-fpm.
+struct PhpSite {
+    tmp: tempfile::TempDir,
+    fpm: PhpFpm,
+    www: PathBuf,
+    tern: Tern,
+}
+
+fn php_site() -> Option<PhpSite> {
+    let tmp = tempfile::tempdir().unwrap();
+    let fpm = PhpFpm::start(tmp.path())?;
+    let www = www(tmp.path());
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(&conf, tern_config(&www, &fpm.socket)).unwrap();
+    let tern = Tern::start_run(&conf);
+    Some(PhpSite {
+        tmp,
+        fpm,
+        www,
+        tern,
+    })
 }
 
 #[test]
 fn a_php_site_answers_as_behind_nginx() {
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(fpm) = PhpFpm::start(tmp.path()) else {
+    let Some(PhpSite {
+        tmp,
+        fpm,
+        www,
+        tern,
+    }) = php_site()
+    else {
         return;
     };
-    let www = www(tmp.path());
-    let conf = tmp.path().join("tern.toml");
-    std::fs::write(&conf, tern_config(&www, &fpm.socket)).unwrap();
-    let tern = start_tern(&conf);
     check_same(tern.addr(), "tern");
     // PHP's error stream reaches tern's log, as nginx's "FastCGI sent in stderr".
     assert!(
@@ -336,14 +347,11 @@ fn a_php_site_answers_as_behind_nginx() {
 
 #[test]
 fn what_php_gets_is_what_tern_decided_and_nothing_a_client_claims() {
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(fpm) = PhpFpm::start(tmp.path()) else {
+    // Held whole: php-fpm and the site's folder live as long as the test.
+    let Some(site) = php_site() else {
         return;
     };
-    let www = www(tmp.path());
-    let conf = tmp.path().join("tern.toml");
-    std::fs::write(&conf, tern_config(&www, &fpm.socket)).unwrap();
-    let tern = start_tern(&conf);
+    let tern = &site.tern;
     let get = |path: &str, headers: &[(&str, &str)]| {
         let mut c = tern.client();
         c.chunked_ok = true;
@@ -434,7 +442,7 @@ fn php_fpm_down_is_a_clear_502_and_the_static_files_go_on() {
     let conf = tmp.path().join("tern.toml");
     // Nothing listens on this socket (its folder exists, so the sandbox allows it).
     std::fs::write(&conf, tern_config(&www, &tmp.path().join("absent.sock"))).unwrap();
-    let tern = start_tern(&conf);
+    let tern = Tern::start_run(&conf);
     let r = tern.get("/index.php");
     assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(tern.get("/style.css").status, 200);

@@ -561,5 +561,9 @@ fn the_relay_s_own_502_gets_the_site_s_error_page() {
     let r = f.tern.get("/down/x");
     assert_eq!(r.status, 502);
     assert_eq!(r.text(), "<h1>the app is down</h1>\n");
-    assert!(r.has("content-type", "text/html; charset=utf-8"), "{:?}", r.headers);
+    assert!(
+        r.has("content-type", "text/html; charset=utf-8"),
+        "{:?}",
+        r.headers
+    );
 }

@@ -140,6 +140,20 @@ impl Tern {
 
     /// `tern demo --data DATA --listen 127.0.0.1:0 --workers 2 EXTRA...` (the IPv4 Games),
     /// waiting for the start-up line.
+    /// `tern run --config CONF` on a free port, one worker, sandboxed.
+    pub fn start_run(conf: &Path) -> Tern {
+        let mut cmd = Command::new(TERN);
+        cmd.arg("run").arg("--config").arg(conf).args([
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--sandbox",
+            "on",
+        ]);
+        Tern::spawn(cmd)
+    }
+
     pub fn start_demo(data: &Path, extra: &[&str]) -> Tern {
         let tern = Tern::spawn(demo_command(data, LISTEN, extra));
         assert!(
