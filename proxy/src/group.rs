@@ -208,10 +208,21 @@ impl UpstreamGroup {
     }
 
     /// The server the balancing method takes among those `ok` accepts, if any.
-    fn choose(&self, w: &WorkerState, ok: impl Fn(usize) -> bool) -> Option<usize> {
+    /// The next server among those `ok` takes. A retry (`first_try` false) takes the next
+    /// one in turn and moves nothing: were it to move the cursor or the weights, a server that
+    /// fails every request would get the first try of every request.
+    fn choose(
+        &self,
+        w: &WorkerState,
+        ok: impl Fn(usize) -> bool,
+        first_try: bool,
+    ) -> Option<usize> {
         let n = self.options.servers.len();
         let start = w.cursor.load(Ordering::Relaxed);
-        let in_turn = (0..n).map(|k| (start + k) % n).filter(|&i| ok(i));
+        let mut in_turn = (0..n).map(|k| (start + k) % n).filter(|&i| ok(i));
+        if !first_try {
+            return in_turn.next();
+        }
         let weight = |i: usize| u64::from(self.options.servers[i].weight.max(1));
         let choice = match self.options.balance {
             Balance::RoundRobin if self.equal_weights => in_turn.clone().next(),
@@ -270,11 +281,12 @@ impl Upstreams for UpstreamGroup {
         let servers = &self.options.servers;
         let untried = |i: usize| i >= 64 || tried & (1 << i) == 0;
         let usable = |i: usize| untried(i) && !self.is_down(i, now_ms);
-        if let Some(i) = self.choose(w, |i| !servers[i].backup && usable(i)) {
+        let first_try = tried == 0;
+        if let Some(i) = self.choose(w, |i| !servers[i].backup && usable(i), first_try) {
             return Some(i);
         }
         if self.has_backup {
-            if let Some(i) = self.choose(w, |i| servers[i].backup && usable(i)) {
+            if let Some(i) = self.choose(w, |i| servers[i].backup && usable(i), first_try) {
                 return Some(i);
             }
         }
@@ -434,13 +446,33 @@ mod tests {
         let g = weighted(&[(5, false), (1, false), (1, false)], Balance::RoundRobin);
         let picks: Vec<usize> = (0..14).map(|_| g.pick(0, 0, 0).unwrap()).collect();
         assert_eq!(picks, [0, 0, 1, 0, 2, 0, 0, 0, 0, 1, 0, 2, 0, 0]);
-        // A server that failed this request is left out, and the rest keep their shares.
+        // A server that is down is left out, and the rest keep their shares.
         let g = weighted(&[(3, false), (1, false), (2, false)], Balance::RoundRobin);
+        g.end(0, 1, UpstreamOutcome::Failed, 0); // max_fails = 1: down for fail_timeout
         let mut counts = [0; 3];
         for _ in 0..30 {
-            counts[g.pick(0, 0, 0b010).unwrap()] += 1;
+            counts[g.pick(0, 1, 0).unwrap()] += 1;
         }
         assert_eq!(counts, [18, 0, 12]);
+    }
+
+    #[test]
+    fn a_retry_takes_the_next_server_in_turn_and_moves_no_cursor() {
+        for balance in [Balance::RoundRobin, Balance::LeastConn] {
+            let g = weighted(&[(1, false), (1, false), (1, false)], balance);
+            assert_eq!(g.pick(0, 0, 0), Some(0));
+            // Server 0 answered 503: the retry goes to 1, and the next request's first try
+            // is still 1's turn, so a failing server does not get every first try.
+            assert_eq!(g.pick(0, 0, 0b001), Some(1));
+            assert_eq!(g.pick(0, 0, 0), Some(1), "{balance:?}");
+            assert_eq!(g.pick(0, 0, 0), Some(2), "{balance:?}");
+        }
+        // Weighted: a retry leaves the weights as they were.
+        let g = weighted(&[(5, false), (1, false), (1, false)], Balance::RoundRobin);
+        assert_eq!(g.pick(0, 0, 0), Some(0));
+        assert_eq!(g.pick(0, 0, 0b001), Some(1));
+        let picks: Vec<usize> = (0..6).map(|_| g.pick(0, 0, 0).unwrap()).collect();
+        assert_eq!(picks, [0, 1, 0, 2, 0, 0]);
     }
 
     #[test]
