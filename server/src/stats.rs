@@ -70,6 +70,10 @@ pub enum Counter {
     UpstreamTimeouts,
     /// Idempotent requests sent again after a pooled connection turned out dead.
     UpstreamRetries,
+    /// WebSocket tunnels through the reverse proxy (an upstream's `101`, for an HTTP/1.1
+    /// upgrade or an HTTP/2 extended CONNECT), and those that ended.
+    WebsocketTunnelsOpened,
+    WebsocketTunnelsClosed,
     /// Answers compressed on the fly, by coding (`Counter::compressed`).
     CompressedGzip,
     CompressedBr,
@@ -85,7 +89,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 43] = [
+    pub const ALL: [Counter; 45] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -120,6 +124,8 @@ impl Counter {
         Counter::UpstreamFailures,
         Counter::UpstreamTimeouts,
         Counter::UpstreamRetries,
+        Counter::WebsocketTunnelsOpened,
+        Counter::WebsocketTunnelsClosed,
         Counter::CompressedGzip,
         Counter::CompressedBr,
         Counter::CompressedZstd,
@@ -191,6 +197,8 @@ impl Counter {
             Counter::UpstreamFailures => "upstream_failures",
             Counter::UpstreamTimeouts => "upstream_timeouts",
             Counter::UpstreamRetries => "upstream_retries",
+            Counter::WebsocketTunnelsOpened => "websocket_tunnels_opened",
+            Counter::WebsocketTunnelsClosed => "websocket_tunnels_closed",
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "compressed_answers"
             }
@@ -275,6 +283,10 @@ impl Counter {
             Counter::UpstreamFailures => "upstream exchanges that failed (502, 504, cut short)",
             Counter::UpstreamTimeouts => "upstream connect, first-byte or idle timeouts",
             Counter::UpstreamRetries => "idempotent requests resent after a dead pooled connection",
+            Counter::WebsocketTunnelsOpened => {
+                "WebSocket tunnels opened to upstreams (HTTP/1.1 upgrade or HTTP/2 CONNECT)"
+            }
+            Counter::WebsocketTunnelsClosed => "WebSocket tunnels to upstreams that ended",
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "answers compressed on the fly, by coding"
             }
