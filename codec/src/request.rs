@@ -105,6 +105,10 @@ pub struct RequestHead<'a> {
     pub referer: Option<&'a [u8]>,
     pub user_agent: Option<&'a [u8]>,
     pub headers: &'a [httparse::Header<'a>],
+    /// HTTP/2 extended CONNECT's `:protocol` (RFC 8441; `websocket`): the request is
+    /// presented as the GET an HTTP/1.1 handshake would be, and asks for a tunnel speaking
+    /// this protocol. None for every other request.
+    pub protocol: Option<&'a str>,
 }
 
 /// What the request line (or HTTP/2's pseudo-headers) says.
@@ -145,6 +149,7 @@ impl<'a> RequestHead<'a> {
             referer: None,
             user_agent: None,
             headers,
+            protocol: None,
         }
     }
 
@@ -176,6 +181,7 @@ impl<'a> RequestHead<'a> {
             referer: self.referer,
             user_agent: self.user_agent,
             headers: self.headers,
+            protocol: self.protocol,
         }
     }
 

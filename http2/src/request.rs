@@ -22,6 +22,9 @@ pub enum Malformed {
     ContentLengthMismatch,
     BadMethod,
     BadScheme,
+    ProtocolNotEnabled,
+    ProtocolWithoutConnect,
+    BadProtocol,
 }
 
 impl Malformed {
@@ -41,6 +44,9 @@ impl Malformed {
             Malformed::ContentLengthMismatch => "content-length disagrees with DATA",
             Malformed::BadMethod => ":method not a token",
             Malformed::BadScheme => ":scheme not a URI scheme",
+            Malformed::ProtocolNotEnabled => ":protocol without SETTINGS_ENABLE_CONNECT_PROTOCOL",
+            Malformed::ProtocolWithoutConnect => ":protocol on a method other than CONNECT",
+            Malformed::BadProtocol => ":protocol not a token",
         }
     }
 }
@@ -55,6 +61,8 @@ pub struct Fields {
     scheme: Option<Range<u32>>,
     path: Option<Range<u32>>,
     authority: Option<Range<u32>>,
+    /// RFC 8441's `:protocol` (extended CONNECT).
+    protocol: Option<Range<u32>>,
     pub(crate) content_length: Option<u64>,
     cookies: u32,
     /// Set once a field broke a rule; later fields are not stored.
@@ -71,6 +79,7 @@ impl Fields {
         self.scheme = None;
         self.path = None;
         self.authority = None;
+        self.protocol = None;
         self.content_length = None;
         self.cookies = 0;
         self.malformed = None;
@@ -103,6 +112,7 @@ impl Fields {
                 b"scheme" => &mut self.scheme,
                 b"path" => &mut self.path,
                 b"authority" => &mut self.authority,
+                b"protocol" => &mut self.protocol,
                 _ => return Err(Malformed::UnknownPseudo),
             };
             if slot.is_some() {
@@ -136,8 +146,10 @@ impl Fields {
         Ok(())
     }
 
-    /// The block is complete: are the required pseudo-headers there (RFC 9113 §8.3.1)?
-    pub(crate) fn finish(&mut self) -> Result<(), Malformed> {
+    /// The block is complete: are the required pseudo-headers there (RFC 9113 §8.3.1, and
+    /// RFC 8441 §4 for a `:protocol`, which only counts when `extended_connect` was
+    /// advertised)?
+    pub(crate) fn finish(&mut self, extended_connect: bool) -> Result<(), Malformed> {
         if let Some(m) = self.malformed {
             return Err(m);
         }
@@ -155,7 +167,29 @@ impl Fields {
                 return Err(Malformed::BadScheme);
             }
         }
-        if method == b"CONNECT" {
+        if let Some(protocol) = &self.protocol {
+            // Extended CONNECT (RFC 8441 §4): the target is a URI like a GET's, so :scheme
+            // and :path are required; :authority is as for any request.
+            if !extended_connect {
+                return Err(Malformed::ProtocolNotEnabled);
+            }
+            if method != b"CONNECT" {
+                return Err(Malformed::ProtocolWithoutConnect);
+            }
+            let protocol = self.get(protocol);
+            let tchar = |&b: &u8| NAME_BYTE[b as usize] || METHOD_BYTE[b as usize];
+            if protocol.is_empty() || !protocol.iter().all(tchar) {
+                return Err(Malformed::BadProtocol);
+            }
+            match &self.path {
+                None => return Err(Malformed::MissingPseudo),
+                Some(p) if p.is_empty() => return Err(Malformed::EmptyPath),
+                Some(_) => {}
+            }
+            if self.scheme.is_none() {
+                return Err(Malformed::MissingPseudo);
+            }
+        } else if method == b"CONNECT" {
             // CONNECT names only an authority (§8.5); tern routes it (and refuses it) like
             // any other method.
             if self.authority.is_none() || self.scheme.is_some() || self.path.is_some() {
@@ -212,6 +246,11 @@ impl Fields {
     /// The request's declared `content-length`, if any.
     pub fn content_length(&self) -> Option<u64> {
         self.content_length
+    }
+
+    /// An extended CONNECT's `:protocol` (RFC 8441), e.g. `websocket`.
+    pub fn protocol(&self) -> Option<&[u8]> {
+        self.protocol.as_ref().map(|r| self.get(r))
     }
 }
 
@@ -334,7 +373,18 @@ impl RequestData {
             let bytes = r.as_ref().map_or(&b""[..], |r| f.get(r));
             std::str::from_utf8(bytes).map_err(|_| RequestError::BadRequestLine)
         };
-        let method = text(&f.method)?;
+        let protocol = match &f.protocol {
+            Some(_) => Some(text(&f.protocol)?),
+            None => None,
+        };
+        // An extended CONNECT is the GET its HTTP/1.1 handshake would be (RFC 8441 §5: the
+        // same resource, `:protocol` in place of Upgrade): routes, guards, logs and the
+        // request a proxy sends all see that one request, with `protocol` saying a tunnel
+        // was asked for.
+        let method = match protocol {
+            Some(_) => "GET",
+            None => text(&f.method)?,
+        };
         // CONNECT's target is its authority (authority-form).
         let target = match &f.path {
             Some(_) => text(&f.path)?,
@@ -354,7 +404,9 @@ impl RequestData {
             };
             n += 1;
         }
-        head_from_fields(method, target, authority, &headers[..n], limits)
+        let mut head = head_from_fields(method, target, authority, &headers[..n], limits)?;
+        head.protocol = protocol;
+        Ok(head)
     }
 }
 
@@ -369,7 +421,7 @@ mod tests {
                 return Err(f.malformed.unwrap());
             }
         }
-        f.finish()?;
+        f.finish(false)?;
         Ok(f)
     }
 

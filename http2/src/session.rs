@@ -44,6 +44,10 @@ pub struct Config {
     /// Frames that carry no request progress (PING, SETTINGS, WINDOW_UPDATE, PRIORITY, empty
     /// DATA, unknown types) the peer may send beyond what its requests earn.
     pub overhead_budget: i32,
+    /// Accept RFC 8441's extended CONNECT (a CONNECT with `:protocol`, how browsers open a
+    /// WebSocket over HTTP/2) and say so with SETTINGS_ENABLE_CONNECT_PROTOCOL. Off, a
+    /// `:protocol` is malformed like any unknown pseudo-header.
+    pub extended_connect: bool,
 }
 
 impl Default for Config {
@@ -58,6 +62,7 @@ impl Default for Config {
             max_buffered_bodies: 4 * 1024 * 1024,
             reset_budget: 100,
             overhead_budget: 1000,
+            extended_connect: false,
         }
     }
 }
@@ -219,16 +224,17 @@ impl Session {
     /// A server session. Our SETTINGS and the connection window update are written to `out`
     /// at once (the server speaks first, RFC 9113 §3.4).
     pub fn new(cfg: Config, out: &mut Vec<u8>) -> Session {
-        frame::write_settings(
-            out,
-            &[
-                (setting::MAX_CONCURRENT_STREAMS, cfg.max_concurrent_streams),
-                (setting::INITIAL_WINDOW_SIZE, cfg.stream_window),
-                (setting::MAX_HEADER_LIST_SIZE, cfg.max_header_list),
-                (setting::ENABLE_PUSH, 0),
-                (setting::NO_RFC7540_PRIORITIES, 1),
-            ],
-        );
+        let settings = [
+            (setting::MAX_CONCURRENT_STREAMS, cfg.max_concurrent_streams),
+            (setting::INITIAL_WINDOW_SIZE, cfg.stream_window),
+            (setting::MAX_HEADER_LIST_SIZE, cfg.max_header_list),
+            (setting::ENABLE_PUSH, 0),
+            (setting::NO_RFC7540_PRIORITIES, 1),
+            (setting::ENABLE_CONNECT_PROTOCOL, 1),
+        ];
+        // The last one only when extended CONNECT is accepted.
+        let n = settings.len() - usize::from(!cfg.extended_connect);
+        frame::write_settings(out, &settings[..n]);
         if cfg.connection_window > DEFAULT_WINDOW {
             frame::write_window_update(out, 0, cfg.connection_window - DEFAULT_WINDOW);
         }
@@ -638,7 +644,10 @@ impl Session {
         });
         let i = self.streams.len() - 1;
         let too_large = decoded.too_large || self.streams[i].data.fields.too_many;
-        let verdict = self.streams[i].data.fields.finish();
+        let verdict = self.streams[i]
+            .data
+            .fields
+            .finish(self.cfg.extended_connect);
         if let Err(m) = verdict {
             if !too_large {
                 return self.stream_error(id, ErrorCode::Protocol, m.reason(), out);
@@ -964,6 +973,13 @@ impl Session {
                 }
                 setting::ENABLE_PUSH if value > 1 => {
                     return conn_err(ErrorCode::Protocol, "SETTINGS_ENABLE_PUSH not 0 or 1");
+                }
+                // RFC 8441 §3 (what a client says about itself means nothing to a server).
+                setting::ENABLE_CONNECT_PROTOCOL if value > 1 => {
+                    return conn_err(
+                        ErrorCode::Protocol,
+                        "SETTINGS_ENABLE_CONNECT_PROTOCOL not 0 or 1",
+                    );
                 }
                 setting::INITIAL_WINDOW_SIZE => {
                     if i64::from(value) > MAX_WINDOW {

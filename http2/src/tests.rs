@@ -73,6 +73,8 @@ struct Peer {
     events: Vec<Event>,
     /// Take bodies as streams (a proxy route) rather than whole.
     stream_bodies: bool,
+    /// The requests taken at their head when `stream_bodies`.
+    streamed: Vec<crate::RequestData>,
 }
 
 impl Peer {
@@ -84,6 +86,7 @@ impl Peer {
             out,
             events: Vec::new(),
             stream_bodies: false,
+            streamed: Vec::new(),
         };
         let mut hello = PREFACE.to_vec();
         hello.extend(frame_bytes(kind::SETTINGS, 0, 0, &[]));
@@ -99,7 +102,8 @@ impl Peer {
             match e {
                 // As the server does for a proxy route, or any other handler.
                 Event::Head(id) if self.stream_bodies => {
-                    assert!(self.session.stream_body(id, &mut self.out).is_some());
+                    let data = self.session.stream_body(id, &mut self.out);
+                    self.streamed.push(data.expect("a request to stream"));
                     self.events.push(Event::Head(id));
                 }
                 Event::Head(id) => self.session.gather_body(id, &mut self.out),
@@ -856,4 +860,164 @@ fn streamed_bodies_that_wait_hold_back_the_connection_window() {
         1,
         "the held window went back once the bodies were taken"
     );
+}
+
+/// The SETTINGS values a session writes first, by id.
+fn own_settings(cfg: Config) -> Vec<(u16, u32)> {
+    let mut out = Vec::new();
+    Session::new(cfg, &mut out);
+    let h = FrameHeader::parse(out[..HEADER_LEN].try_into().unwrap());
+    assert_eq!(h.kind, kind::SETTINGS);
+    out[HEADER_LEN..HEADER_LEN + h.len as usize]
+        .chunks_exact(6)
+        .map(|c| {
+            (
+                u16::from_be_bytes([c[0], c[1]]),
+                u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+            )
+        })
+        .collect()
+}
+
+const WEBSOCKET: [(&str, &str); 6] = [
+    (":method", "CONNECT"),
+    (":protocol", "websocket"),
+    (":scheme", "https"),
+    (":path", "/chat?room=1"),
+    (":authority", "localhost"),
+    ("sec-websocket-version", "13"),
+];
+
+fn extended() -> Config {
+    Config {
+        extended_connect: true,
+        ..Config::default()
+    }
+}
+
+#[test]
+fn extended_connect_is_advertised_only_when_accepted() {
+    let on = own_settings(extended());
+    assert!(
+        on.contains(&(setting::ENABLE_CONNECT_PROTOCOL, 1)),
+        "{on:?}"
+    );
+    let off = own_settings(Config::default());
+    assert!(
+        !off.iter()
+            .any(|(id, _)| *id == setting::ENABLE_CONNECT_PROTOCOL),
+        "{off:?}"
+    );
+}
+
+#[test]
+fn an_extended_connect_is_the_get_of_its_path_with_a_protocol() {
+    let mut p = Peer::new(extended());
+    p.stream_bodies = true;
+    // No END_STREAM: the stream carries the tunnel's bytes afterwards.
+    p.send(&headers(1, &WEBSOCKET, false)).unwrap();
+    assert_eq!(p.events, [Event::Head(1)]);
+    assert!(p.rst_codes().is_empty());
+    let data = &p.streamed[0];
+    assert_eq!(data.fields.protocol(), Some(&b"websocket"[..]));
+    let mut hs = [httparse::EMPTY_HEADER; crate::MAX_FIELDS];
+    let head = data.head(&mut hs, &Default::default()).unwrap();
+    assert_eq!(head.method, tern_codec::Method::Get);
+    assert_eq!(head.method_str, "GET");
+    assert_eq!((&*head.path, head.query), ("/chat", Some("room=1")));
+    assert_eq!(head.protocol, Some("websocket"));
+    assert_eq!(head.host, Some(&b"localhost"[..]));
+    // Bytes flow both ways on the stream: the client's DATA reaches the caller ...
+    p.send(&frame_bytes(kind::DATA, 0, 1, b"\x81\x02hi"))
+        .unwrap();
+    assert_eq!(p.session.body_chunk(1), Some((&b"\x81\x02hi"[..], false)));
+    // ... and a 200 without END_STREAM leaves the stream open for ours.
+    let mut out = Vec::new();
+    p.session.response(1, 200, &mut out).finish(false);
+    assert!(p.session.send_capacity(1) > 0);
+    p.send(&frame_bytes(kind::DATA, flag::END_STREAM, 1, b""))
+        .unwrap();
+    assert_eq!(p.session.body_chunk(1), Some((&b"\x81\x02hi"[..], true)));
+}
+
+#[test]
+fn malformed_extended_connects_are_stream_errors() {
+    let with = |cfg: Config, fields: &[(&str, &str)]| {
+        let mut p = Peer::new(cfg);
+        p.stream_bodies = true;
+        p.send(&headers(1, fields, false)).unwrap();
+        let codes = p.rst_codes();
+        // The connection goes on.
+        p.send(&headers(3, &GET, true)).unwrap();
+        assert!(p.events.contains(&Event::Request(3)));
+        codes
+    };
+    let protocol_error = vec![(1, ErrorCode::Protocol as u32)];
+    // Not advertised: a :protocol is malformed (RFC 8441 §3).
+    assert_eq!(with(Config::default(), &WEBSOCKET), protocol_error);
+    let without = |name: &str| -> Vec<(&str, &str)> {
+        WEBSOCKET
+            .iter()
+            .copied()
+            .filter(|(n, _)| *n != name)
+            .collect()
+    };
+    // §4: :scheme and :path are required with :protocol.
+    assert_eq!(with(extended(), &without(":scheme")), protocol_error);
+    assert_eq!(with(extended(), &without(":path")), protocol_error);
+    let mut empty_path = WEBSOCKET.to_vec();
+    empty_path[3] = (":path", "");
+    assert_eq!(with(extended(), &empty_path), protocol_error);
+    // :protocol only on CONNECT.
+    let mut on_get = WEBSOCKET.to_vec();
+    on_get[0] = (":method", "GET");
+    assert_eq!(with(extended(), &on_get), protocol_error);
+    for bad in ["", "web socket", "ws\x01"] {
+        let mut l = WEBSOCKET.to_vec();
+        l[1] = (":protocol", bad);
+        assert_eq!(with(extended(), &l), protocol_error, "{bad:?}");
+    }
+    let mut twice = WEBSOCKET.to_vec();
+    twice.insert(2, (":protocol", "websocket"));
+    assert_eq!(with(extended(), &twice), protocol_error);
+    // After a regular field, as any pseudo-header.
+    let mut late = without(":protocol");
+    late.push((":protocol", "websocket"));
+    assert_eq!(with(extended(), &late), protocol_error);
+    // Its authority-form CONNECT keeps its rules (and is still refused without :authority).
+    let plain = [(":method", "CONNECT"), (":authority", "example.org:443")];
+    assert!(with(extended(), &plain).is_empty());
+    assert_eq!(with(extended(), &plain[..1]), protocol_error);
+}
+
+#[test]
+fn a_plain_connect_is_what_it_was() {
+    let mut p = Peer::new(extended());
+    p.send(&headers(
+        1,
+        &[(":method", "CONNECT"), (":authority", "example.org:443")],
+        true,
+    ))
+    .unwrap();
+    assert_eq!(p.events, [Event::Request(1)]);
+    let req = p.session.take_request(1).unwrap();
+    assert_eq!(req.fields.protocol(), None);
+    let mut hs = [httparse::EMPTY_HEADER; crate::MAX_FIELDS];
+    let head = req.head(&mut hs, &Default::default()).unwrap();
+    assert_eq!(head.method, tern_codec::Method::Connect);
+    assert_eq!(head.protocol, None);
+}
+
+#[test]
+fn a_client_may_say_connect_protocol_only_with_0_or_1() {
+    for (value, ok) in [(0u32, true), (1, true), (2, false)] {
+        let mut p = Peer::new(extended());
+        let mut payload = setting::ENABLE_CONNECT_PROTOCOL.to_be_bytes().to_vec();
+        payload.extend_from_slice(&value.to_be_bytes());
+        let r = p.send(&frame_bytes(kind::SETTINGS, 0, 0, &payload));
+        assert_eq!(r.is_ok(), ok, "{value}");
+        if !ok {
+            assert_eq!(r.unwrap_err().code, ErrorCode::Protocol);
+        }
+    }
 }

@@ -117,6 +117,9 @@ pub fn build(
             || name.len() > 6 && name[..6].eq_ignore_ascii_case("proxy-")
             || connection_named(name)
             || (request_id.is_some() && name.eq_ignore_ascii_case("x-request-id"))
+            // HTTP/2 WebSockets carry no key: the relay sends one of its own and checks the
+            // upstream's answer against it (a client's could make a stale 101 look right).
+            || (head.protocol.is_some() && name.eq_ignore_ascii_case("sec-websocket-key"))
             || options.request_headers.replaces(name)
         {
             continue;
@@ -244,8 +247,12 @@ fn edit_fields(
 }
 
 /// A WebSocket handshake (RFC 6455 §4.1): GET with `Connection: upgrade` and
-/// `Upgrade: websocket`. Other upgrades (h2c) are not passed on.
+/// `Upgrade: websocket`, or its HTTP/2 form, an extended CONNECT with `:protocol websocket`
+/// (RFC 8441, presented as that GET). Other upgrades (h2c) are not passed on.
 fn wants_websocket(req: &Request<'_>) -> bool {
+    if let Some(protocol) = req.head.protocol {
+        return protocol.eq_ignore_ascii_case("websocket");
+    }
     connection_lists(req.head.headers, b"upgrade")
         && req.method() == tern_server::Method::Get
         && req

@@ -37,6 +37,9 @@ pub struct ServerConfig {
     pub listener_kinds: Vec<ListenerKind>,
     /// `Strict-Transport-Security: max-age=N` on answers over TLS.
     pub hsts_max_age: Option<u64>,
+    /// Offer WebSocket over HTTP/2 (RFC 8441 extended CONNECT): advertised in SETTINGS, and
+    /// relayed by proxy routes to their upstream as an HTTP/1.1 WebSocket handshake.
+    pub http2_websocket: bool,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +54,7 @@ impl Default for ServerConfig {
             max_connections_per_worker: 16_384,
             listener_kinds: Vec::new(),
             hsts_max_age: None,
+            http2_websocket: false,
         }
     }
 }

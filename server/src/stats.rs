@@ -74,6 +74,10 @@ pub enum Counter {
     UpstreamRetriesConnect,
     /// Idempotent requests sent to the next server after a 502, 503 or 504 answer.
     UpstreamRetriesStatus,
+    /// WebSocket tunnels through the reverse proxy (an upstream's `101`, for an HTTP/1.1
+    /// upgrade or an HTTP/2 extended CONNECT), and those that ended.
+    WebsocketTunnelsOpened,
+    WebsocketTunnelsClosed,
     /// Answers compressed on the fly, by coding (`Counter::compressed`).
     CompressedGzip,
     CompressedBr,
@@ -91,7 +95,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 46] = [
+    pub const ALL: [Counter; 48] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -128,6 +132,8 @@ impl Counter {
         Counter::UpstreamRetries,
         Counter::UpstreamRetriesConnect,
         Counter::UpstreamRetriesStatus,
+        Counter::WebsocketTunnelsOpened,
+        Counter::WebsocketTunnelsClosed,
         Counter::CompressedGzip,
         Counter::CompressedBr,
         Counter::CompressedZstd,
@@ -202,6 +208,8 @@ impl Counter {
             Counter::UpstreamRetries
             | Counter::UpstreamRetriesConnect
             | Counter::UpstreamRetriesStatus => "upstream_retries",
+            Counter::WebsocketTunnelsOpened => "websocket_tunnels_opened",
+            Counter::WebsocketTunnelsClosed => "websocket_tunnels_closed",
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "compressed_answers"
             }
@@ -296,6 +304,10 @@ impl Counter {
                  (stale_connection), to the next server after a connect failure (connect) or \
                  a 502/503/504 answer (status)"
             }
+            Counter::WebsocketTunnelsOpened => {
+                "WebSocket tunnels opened to upstreams (HTTP/1.1 upgrade or HTTP/2 CONNECT)"
+            }
+            Counter::WebsocketTunnelsClosed => "WebSocket tunnels to upstreams that ended",
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "answers compressed on the fly, by coding"
             }

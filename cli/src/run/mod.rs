@@ -50,6 +50,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let acceptor = tls.as_ref().map(crate::tls::acceptor).transpose()?;
     let common = loaded.common(&args.common);
     let mut server_config = listeners(&common, tls.as_ref());
+    server_config.http2_websocket = has_proxy_routes(&loaded);
     let started = Started::new(&loaded, &server_config, tls.is_some());
     crate::service::adopt_inherited_sockets(&mut server_config)?;
     let mut needs = needs(&args.config, &loaded, tls.as_ref());
@@ -211,6 +212,17 @@ fn check(args: &RunArgs) -> Result<(), String> {
         )
     );
     Ok(())
+}
+
+/// WebSocket over HTTP/2 is offered (SETTINGS_ENABLE_CONNECT_PROTOCOL) when some route can
+/// relay one: a proxy route. Decided at start (a reload that adds the first proxy route
+/// offers it to HTTP/2 clients after a restart; HTTP/1.1 upgrades work at once).
+fn has_proxy_routes(loaded: &RunConfig) -> bool {
+    loaded
+        .sites
+        .iter()
+        .flat_map(|s| &s.routes)
+        .any(|r| matches!(r.kind, RouteKind::Proxy(_)))
 }
 
 /// The server settings and listeners: plain HTTP (with HTTPS on, only when `listen` is

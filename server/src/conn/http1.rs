@@ -694,6 +694,13 @@ impl Http1 {
 
     /// The upstream connection was detached: unless a retry follows, the exchange is over
     /// and the next request may be read.
+    /// The connection is closing with its relay unfinished.
+    pub fn abandon_relay(&mut self, cx: &ConnCx<'_>) {
+        if let Some(r) = self.relay_mut() {
+            r.abandon(cx.stats);
+        }
+    }
+
     pub fn relay_released(&mut self, cx: &mut ConnCx<'_>) {
         let Some(r) = self.relay_mut() else { return };
         if !r.released(cx) {

@@ -145,6 +145,7 @@ impl Http2 {
         let cfg = Config {
             max_header_list: limits.max_head as u32,
             max_body: limits.max_body,
+            extended_connect: cx.config.http2_websocket,
             ..Config::default()
         };
         let buf = out.head_buf(|| cx.buffers.take_write());
@@ -251,7 +252,7 @@ impl Http2 {
                         // Nothing more is answered after our GOAWAY with an error.
                         self.sending.clear();
                         self.awaiting.clear();
-                        self.abandon_relays();
+                        self.abandon_relays(cx);
                         let counter = if e.code == ErrorCode::EnhanceYourCalm {
                             Counter::Http2Floods
                         } else {
@@ -283,11 +284,12 @@ impl Http2 {
             }
             Event::Head(id) => {
                 // A body follows: a route that streams bodies (the proxy) gets the request
-                // now and the body as it comes; any other gets it whole, later.
+                // now and the body as it comes; any other gets it whole, later. A tunnel
+                // (extended CONNECT) is answered at its head whatever its route.
                 let streams = self
                     .session
                     .peek_request(id)
-                    .is_some_and(|data| streams_body(data, cx));
+                    .is_some_and(|data| data.fields.protocol().is_some() || streams_body(data, cx));
                 let buf = out.head_buf(|| cx.buffers.take_write());
                 let before = buf.len();
                 let data = if streams {
@@ -324,8 +326,9 @@ impl Http2 {
             Event::Reset(id) => {
                 self.sending.retain(|s| s.stream != id);
                 self.awaiting.retain(|(s, ..)| *s != id);
+                let stats = cx.stats;
                 if let Some(r) = self.relay(id) {
-                    r.abandon();
+                    r.abandon(stats);
                 }
             }
             Event::Reprioritize(id) => {
@@ -377,6 +380,8 @@ impl Http2 {
             },
             ..cx.config.limits
         };
+        // An extended CONNECT (RFC 8441): a tunnel only a proxy route's WebSocket gives.
+        let tunnel = data.fields.protocol().is_some();
         let (outcome, head_only) = match data.head(slots, &limits) {
             Err(e) => {
                 cx.stats.bad_request(e);
@@ -421,6 +426,11 @@ impl Http2 {
             // A head the codec refused: answered without a request to name.
             entry = Some(LogEntry::bare(link.peer, cx.clock.now_us()));
         }
+        let outcome = if tunnel {
+            tunnel_outcome(outcome)
+        } else {
+            outcome
+        };
         match outcome {
             Outcome::Respond(r) => {
                 self.respond(id, r, (head_only, tally), out, link, cx, entry.as_ref())
@@ -431,9 +441,9 @@ impl Http2 {
                 self.awaiting.push((id, head_only, tally, saved));
             }
             Outcome::Forward(mut fwd, compress) => {
-                // HTTP/2 has no Upgrade (WebSocket over HTTP/2 would be RFC 8441's
-                // extended CONNECT, which tern does not offer).
-                fwd.upgrade = false;
+                // HTTP/2 has no Upgrade: a WebSocket is an extended CONNECT (`tunnel_outcome`
+                // let only those through), relayed as an HTTP/1.1 handshake.
+                fwd.upgrade &= tunnel;
                 let start = RelayStart {
                     fwd,
                     compress,
@@ -443,7 +453,9 @@ impl Http2 {
                         http10: false,
                     },
                     body: &data.body,
-                    streamed: streamed.then_some(BodyFollows::Raw(data.fields.content_length())),
+                    // A tunnel's DATA is no body: it goes up as it is once the tunnel is open.
+                    streamed: (streamed && !tunnel)
+                        .then_some(BodyFollows::Raw(data.fields.content_length())),
                     log: entry.as_ref().and_then(SavedEntry::save),
                     tally,
                 };
@@ -785,7 +797,7 @@ impl Http2 {
         out.commit(before);
         self.sending.clear();
         self.awaiting.clear();
-        self.abandon_relays();
+        self.abandon_relays(cx);
         self.closing = true;
     }
 
@@ -996,6 +1008,8 @@ impl Http2 {
         if let Some(r) = self.relay(id) {
             r.recv(n, out, link, cx);
         }
+        // A tunnel just opened takes what its client sent meanwhile.
+        self.feed_relays(out, link, cx);
         self.flush_relays(out, link, cx);
     }
 
@@ -1183,10 +1197,39 @@ impl Http2 {
     }
 
     /// The connection failed or the client left: every relay ends without an answer.
-    fn abandon_relays(&mut self) {
+    pub fn abandon_relays(&mut self, cx: &ConnCx<'_>) {
         for (_, r) in &mut self.relays {
-            r.abandon();
+            r.abandon(cx.stats);
         }
+    }
+
+    pub fn relay_wants_shutdown(&self, id: u32) -> bool {
+        self.relay_ref(id).is_some_and(Relay::wants_shutdown)
+    }
+
+    pub fn relay_shut_down(&mut self, id: u32) {
+        if let Some(r) = self.relay(id) {
+            r.shut_down();
+        }
+    }
+}
+
+/// What an extended CONNECT gets: the tunnel when its route relays it as a WebSocket (the
+/// proxy's `Forward` with `upgrade`), the answer when its route refused it (a guard's 401 or
+/// redirect, a 404, a 405), and 501 otherwise. A 2xx would tell the client its tunnel is
+/// open (RFC 8441 §5), so a static file, a fixed answer, a FastCGI script or a deferred
+/// reply must not get through; 501 rather than 405 because what is missing is tern's support
+/// for tunnels on such routes, not a method of the resource (405 would need an `Allow` the
+/// route cannot honestly give for a WebSocket).
+fn tunnel_outcome(outcome: Outcome) -> Outcome {
+    match outcome {
+        Outcome::Forward(fwd, compress) if fwd.upgrade => Outcome::Forward(fwd, compress),
+        Outcome::Respond(r) if !(200..300).contains(&r.status) => Outcome::Respond(r),
+        Outcome::Drop => Outcome::Drop,
+        _ => Outcome::Respond(Response::text(
+            501,
+            "WebSocket over HTTP/2 is served only by proxy routes\n",
+        )),
     }
 }
 

@@ -22,6 +22,7 @@ mod relay;
 mod tls;
 mod types;
 mod upstream_wire;
+mod websocket;
 
 use std::io::IoSlice;
 use std::os::fd::AsRawFd;
@@ -332,6 +333,30 @@ impl Conn {
         match &mut self.http {
             Protocol::Http1(h) => h.relay_closed(error, &mut self.out, &self.link, cx),
             Protocol::Http2(h) => h.relay_closed(id, error, &mut self.out, &self.link, cx),
+        }
+    }
+
+    /// A tunnel's client ended its side: the upstream connection's write side is due to be
+    /// shut (HTTP/2 WebSocket; an HTTP/1.1 client's close ends its connection instead).
+    pub fn relay_wants_shutdown(&self, id: u32) -> bool {
+        match &self.http {
+            Protocol::Http1(_) => false,
+            Protocol::Http2(h) => h.relay_wants_shutdown(id),
+        }
+    }
+
+    pub fn relay_shut_down(&mut self, id: u32) {
+        if let Protocol::Http2(h) = &mut self.http {
+            h.relay_shut_down(id);
+        }
+    }
+
+    /// The connection is closing: its relays end unfinished (counted; their upstream
+    /// connections are closed by the driver).
+    pub fn abandon_relays(&mut self, cx: &ConnCx<'_>) {
+        match &mut self.http {
+            Protocol::Http1(h) => h.abandon_relay(cx),
+            Protocol::Http2(h) => h.abandon_relays(cx),
         }
     }
 

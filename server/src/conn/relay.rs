@@ -26,6 +26,7 @@ use tern_runtime::{ratelog, ReadBuf};
 use super::output::Output;
 use super::types::Link;
 use super::upstream_wire::{chunk_size_line, BodyFraming, FastCgiAnswer};
+use super::websocket::Handshake;
 use crate::access_log::SavedEntry;
 use crate::compression::{self, Choice};
 use crate::exchange::ConnCx;
@@ -229,6 +230,11 @@ pub(crate) struct Relay {
     /// Over, its upstream connection released (an HTTP/2 stream's relay stays until its
     /// answer is sent).
     finished: bool,
+    /// An HTTP/2 client's WebSocket (RFC 8441): the handshake sent upstream for it.
+    websocket: Option<Box<Handshake>>,
+    /// An HTTP/2 tunnel's client ended its side (END_STREAM): the upstream's write side is
+    /// shut once what it sent is out (`Some(true)`: done).
+    client_ended: Option<bool>,
 }
 
 impl Relay {
@@ -263,6 +269,10 @@ impl Relay {
             );
         // The handler's head becomes the start of the request bytes (no copy).
         let mut to_up = std::mem::take(&mut fwd.head);
+        // An HTTP/2 client's WebSocket: the key its HTTP/1.1 handshake needs is ours.
+        let websocket = (fwd.upgrade && matches!(client, ClientSide::H2(_)))
+            .then(|| Handshake::start(&mut to_up).map(Box::new));
+        let no_key = websocket.as_ref().is_some_and(Option::is_none);
         to_up.reserve(64 + body.len().min(16 * 1024));
         let whole_request = matches!(streamed, None | Some(BodyFollows::Framed(BodyKind::None)));
         let client_body = if fwd.wire == UpstreamWire::FastCgi {
@@ -358,7 +368,19 @@ impl Relay {
             client_stalled: false,
             carried_body: has_body,
             finished: false,
+            websocket: websocket.flatten(),
+            client_ended: None,
         });
+        if no_key {
+            relay.answer_own(
+                503,
+                "no random numbers for a WebSocket key\n",
+                out,
+                link,
+                cx,
+            );
+            return relay;
+        }
         relay.pick(cx);
         if relay.server.is_none() {
             cx.stats.bump(Counter::UpstreamFailures);
@@ -615,10 +637,13 @@ impl Relay {
         self.deadline_ms
     }
 
-    /// The client gave up (its stream was reset): the exchange ends without an answer and
-    /// the upstream connection is not reused.
-    pub fn abandon(&mut self) {
+    /// The client gave up (its stream was reset, its connection closed): the exchange ends
+    /// without an answer and the upstream connection is not reused.
+    pub fn abandon(&mut self, stats: &crate::stats::WorkerStats) {
         self.encoder = None;
+        if self.phase == Phase::Tunnel {
+            stats.bump(Counter::WebsocketTunnelsClosed);
+        }
         if self.phase != Phase::Done {
             self.phase = Phase::Done;
             self.outcome = UpstreamOutcome::Abandoned;
@@ -710,16 +735,31 @@ impl Relay {
     }
 
     /// The client's body ended (HTTP/2: END_STREAM) with everything handed to
-    /// `client_input`: a chunked upload gets its last chunk (FastCGI, its empty STDIN).
+    /// `client_input`: a chunked upload gets its last chunk (FastCGI, its empty STDIN); a
+    /// tunnel's upstream gets its write side shut once the bytes before are out, as TCP's
+    /// FIN (RFC 8441 §4: END_STREAM is the half-close).
     pub fn end_client_body(&mut self) {
         if let Some((_, framing)) = self.client_body.take() {
             framing.finish(&mut self.to_up);
         }
+        if self.phase == Phase::Tunnel && self.client_ended.is_none() {
+            self.client_ended = Some(false);
+        }
+    }
+
+    /// The upstream's write side is due to be shut (see [`Relay::end_client_body`]).
+    pub fn wants_shutdown(&self) -> bool {
+        self.phase == Phase::Tunnel && self.client_ended == Some(false) && self.pending_up() == 0
+    }
+
+    /// The driver shut the upstream's write side.
+    pub fn shut_down(&mut self) {
+        self.client_ended = Some(true);
     }
 
     pub fn wants_input(&self) -> bool {
         match self.phase {
-            Phase::Tunnel => self.pending_up() < TO_UPSTREAM_MAX,
+            Phase::Tunnel => self.client_ended.is_none() && self.pending_up() < TO_UPSTREAM_MAX,
             Phase::Done => false,
             _ => self.client_body.is_some() && self.pending_up() < TO_UPSTREAM_MAX,
         }
@@ -1032,6 +1072,9 @@ impl Relay {
                 );
                 return 0;
             }
+            if let ClientSide::H2(_) = self.client {
+                return self.websocket_accepted(&head, out, link, cx);
+            }
             let mut r = Response::new(101);
             copy_fields(&head, &mut r);
             r.push_header("Connection", b"upgrade");
@@ -1055,15 +1098,22 @@ impl Relay {
             };
             write_head(out, &head, cx);
             self.status = 101;
-            self.head_sent = true;
-            self.phase = Phase::Tunnel;
             // After the tunnel the connection is not HTTP any more: it closes.
             self.close_client = true;
-            self.client_body = None;
-            self.upstream_keep = false;
-            self.deadline_ms =
-                cx.clock.now_ms() + self.fwd.upstreams.timeouts().idle.as_millis() as u64;
+            self.open_tunnel(cx);
             return used;
+        }
+        if self.websocket.is_some() && (200..300).contains(&head.status) {
+            // An HTTP/2 client takes any 2xx to its CONNECT as the tunnel open: an upstream
+            // that answered the handshake as a plain GET must not look like one.
+            self.fail(
+                502,
+                "bad gateway: the upstream did not switch to WebSocket\n",
+                out,
+                link,
+                cx,
+            );
+            return 0;
         }
         if head.status < 200 {
             // 100 Continue was ours to give; other interim answers (103 Early Hints) go to
@@ -1205,6 +1255,59 @@ impl Relay {
         used
     }
 
+    /// The upstream's `101` to an HTTP/2 client's WebSocket: checked against the key sent,
+    /// then the client gets its `200` (RFC 8441 §5) with the upstream's end-to-end fields
+    /// (`Sec-WebSocket-Protocol`, `-Extensions`, cookies), and the stream is the tunnel.
+    fn websocket_accepted(
+        &mut self,
+        head: &tern_codec::UpstreamHead<'_>,
+        out: &mut Output,
+        link: &Link,
+        cx: &mut ConnCx<'_>,
+    ) -> usize {
+        let fields = head.headers.iter().map(|h| (h.name, h.value));
+        if !self
+            .websocket
+            .as_ref()
+            .is_some_and(|w| w.completed_by(fields))
+        {
+            if ratelog::admit("websocket_accept", cx.clock.now_ms()) {
+                tracing::warn!(upstream = %self.addr(), "upstream's 101 does not complete the WebSocket handshake");
+            }
+            self.fail(
+                502,
+                "bad gateway: the upstream's WebSocket handshake is wrong\n",
+                out,
+                link,
+                cx,
+            );
+            return 0;
+        }
+        let mut r = Response::new(200);
+        copy_fields(head, &mut r);
+        r.remove_header("sec-websocket-accept");
+        if let Some(edit) = &self.fwd.edit {
+            edit(&mut r);
+        }
+        if let ClientSide::H2(a) = &mut self.client {
+            a.head = Some((r, None));
+        }
+        self.status = 200;
+        self.open_tunnel(cx);
+        head.head_len
+    }
+
+    /// The upstream switched protocols: bytes both ways from now on.
+    fn open_tunnel(&mut self, cx: &mut ConnCx<'_>) {
+        cx.stats.bump(Counter::WebsocketTunnelsOpened);
+        self.head_sent = true;
+        self.phase = Phase::Tunnel;
+        self.client_body = None;
+        self.upstream_keep = false;
+        self.deadline_ms =
+            cx.clock.now_ms() + self.fwd.upstreams.timeouts().idle.as_millis() as u64;
+    }
+
     /// Body bytes of the upstream's answer, compressed if it is, framed for the client.
     fn push_body(&mut self, data: &[u8], out: &mut Output, cx: &mut ConnCx<'_>) {
         if data.is_empty() || self.asked.head_only {
@@ -1303,6 +1406,9 @@ impl Relay {
     fn end(&mut self, outcome: UpstreamOutcome, upstream_us: Option<u64>, cx: &mut ConnCx<'_>) {
         // An answer cut short frees its encoder now, not when the relay goes.
         self.encoder = None;
+        if self.phase == Phase::Tunnel {
+            cx.stats.bump(Counter::WebsocketTunnelsClosed);
+        }
         self.outcome = outcome;
         self.phase = Phase::Done;
         self.deadline_ms = u64::MAX;

@@ -49,6 +49,7 @@ fn call(sf: &StaticFiles, method: Method, target: &str, h: H<'_>, now_ms: u64) -
         referer: None,
         user_agent: None,
         headers: &[],
+        protocol: None,
     };
     let req = Request {
         head: &head,

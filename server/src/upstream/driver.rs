@@ -64,6 +64,7 @@ pub(crate) fn drive(
 /// The client connection is closing: its upstream connections (if any) are closed too; what
 /// they were relaying cannot be finished.
 pub(crate) fn abandon(e: &mut Entry, up: &mut UpstreamCx<'_>, cx: &ConnCx<'_>) {
+    e.conn.abandon_relays(cx);
     for (_, key) in e.upstreams.drain(..) {
         if let Some(c) = up.conns.get_mut(key) {
             c.set.end(
@@ -207,6 +208,12 @@ fn io(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>) -> b
                 return true;
             }
         }
+    }
+    if e.conn.relay_wants_shutdown(id) {
+        // An HTTP/2 WebSocket's END_STREAM: the upstream reads its end, and may still answer.
+        let _ = c.stream.shutdown_write();
+        e.conn.relay_shut_down(id);
+        moved = true;
     }
     if c.may_read {
         let buf = e.conn.relay_recv_buf(id, cx);

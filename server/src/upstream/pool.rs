@@ -45,6 +45,14 @@ impl UpStream {
         }
     }
 
+    /// Sends our FIN (a tunnel's client ended its side); reading goes on.
+    pub fn shutdown_write(&self) -> io::Result<()> {
+        match self {
+            UpStream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+            UpStream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+        }
+    }
+
     fn fd(&self) -> RawFd {
         match self {
             UpStream::Tcp(s) => s.as_raw_fd(),
