@@ -178,8 +178,24 @@ async function openPage(opts = {}) {
     note(`console error: ${m.text()} (${m.location().url})`);
   });
   page.on('pageerror', (e) => note(`page error: ${e.message}`));
-  page.on('request', (r) => requests.push(r.url()));
-  page.on('requestfailed', (r) => note(`request failed: ${r.method()} ${r.url()}: ${r.failure()?.errorText}`));
+  // A poll still in flight when the page navigates away (a click on a map cell) is cancelled
+  // by the browser itself (net::ERR_ABORTED): not a failure of the server's. Those are told
+  // apart by a main-frame navigation having started since the request did, or the document
+  // that sent it being gone.
+  let navigations = 0;
+  const started = new Map();
+  page.on('request', (r) => {
+    requests.push(r.url());
+    if (r.isNavigationRequest() && r.frame() === page.mainFrame()) navigations += 1;
+    started.set(r, { navigations, document: page.url() });
+  });
+  page.on('requestfailed', (r) => {
+    const why = r.failure()?.errorText;
+    const at = started.get(r);
+    const leftBehind = why === 'net::ERR_ABORTED' && !r.isNavigationRequest() && at
+      && (at.navigations < navigations || at.document !== page.url());
+    if (!leftBehind) note(`request failed: ${r.method()} ${r.url()}: ${why}`);
+  });
   page.on('response', (r) => {
     if (r.status() >= 400 && !allow(r.url(), r.status())) note(`HTTP ${r.status()}: ${r.request().method()} ${r.url()}`);
   });
