@@ -82,10 +82,13 @@ pub enum Counter {
     CompressOutGzip,
     CompressOutBr,
     CompressOutZstd,
+    /// Answers whose encoder failed (out of memory): cut short, or sent uncompressed when
+    /// nothing had gone out yet.
+    CompressionFailures,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 43] = [
+    pub const ALL: [Counter; 44] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -129,6 +132,7 @@ impl Counter {
         Counter::CompressOutGzip,
         Counter::CompressOutBr,
         Counter::CompressOutZstd,
+        Counter::CompressionFailures,
     ];
 
     /// The counters of one coding: answers, bytes in, bytes out.
@@ -200,6 +204,7 @@ impl Counter {
             Counter::CompressOutGzip | Counter::CompressOutBr | Counter::CompressOutZstd => {
                 "compression_bytes_out"
             }
+            Counter::CompressionFailures => "compression_failures",
         }
     }
 
@@ -283,6 +288,9 @@ impl Counter {
             }
             Counter::CompressOutGzip | Counter::CompressOutBr | Counter::CompressOutZstd => {
                 "body bytes of answers compressed on the fly, after compression"
+            }
+            Counter::CompressionFailures => {
+                "answers whose encoder failed (out of memory): cut short, or sent as they are"
             }
         }
     }
