@@ -25,7 +25,7 @@ use tern_runtime::{ratelog, ReadBuf};
 
 use super::output::Output;
 use super::types::Link;
-use super::upstream_wire::{BodyFraming, FastCgiAnswer};
+use super::upstream_wire::{chunk_size_line, BodyFraming, FastCgiAnswer};
 use crate::access_log::SavedEntry;
 use crate::compression::{self, Choice};
 use crate::exchange::ConnCx;
@@ -1414,21 +1414,4 @@ fn push_length(to: &mut Vec<u8>, n: u64) {
     to.extend_from_slice(b"Content-Length: ");
     to.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
     to.extend_from_slice(b"\r\n\r\n");
-}
-
-/// `n` in hex and CRLF: a chunk's size line.
-pub(super) fn chunk_size_line(n: usize, buf: &mut [u8; 18]) -> &[u8] {
-    let mut i = 16;
-    let mut v = n;
-    loop {
-        i -= 1;
-        buf[i] = b"0123456789abcdef"[v & 15];
-        v >>= 4;
-        if v == 0 {
-            break;
-        }
-    }
-    buf[16] = b'\r';
-    buf[17] = b'\n';
-    &buf[i..]
 }

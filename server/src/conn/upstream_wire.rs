@@ -26,7 +26,7 @@ impl BodyFraming {
             BodyFraming::Plain => to_up.extend_from_slice(data),
             BodyFraming::Chunked => {
                 let mut size = [0; 18];
-                to_up.extend_from_slice(super::relay::chunk_size_line(data.len(), &mut size));
+                to_up.extend_from_slice(chunk_size_line(data.len(), &mut size));
                 to_up.extend_from_slice(data);
                 to_up.extend_from_slice(b"\r\n");
             }
@@ -127,6 +127,23 @@ fn append(buf: &mut ReadBuf, bytes: &[u8]) {
     }
     buf.spare_mut()[..bytes.len()].copy_from_slice(bytes);
     buf.filled(bytes.len());
+}
+
+/// `n` in hex and CRLF: a chunk's size line.
+pub(super) fn chunk_size_line(n: usize, buf: &mut [u8; 18]) -> &[u8] {
+    let mut i = 16;
+    let mut v = n;
+    loop {
+        i -= 1;
+        buf[i] = b"0123456789abcdef"[v & 15];
+        v >>= 4;
+        if v == 0 {
+            break;
+        }
+    }
+    buf[16] = b'\r';
+    buf[17] = b'\n';
+    &buf[i..]
 }
 
 #[cfg(test)]
