@@ -1,10 +1,15 @@
 //! On-the-fly compression in `tern run` (issue 27): proxied and fixed answers by
 //! Accept-Encoding, type and size, streamed (a slow app's first half reaches the client
 //! decodable before the app sends the rest), with `Vary`; never on Range, already-encoded,
-//! `no-transform` or small answers; HEAD answers with the GET's fields; HTTP/2; counters;
-//! and the same answers as nginx's `gzip on`.
+//! `no-transform` (the answer's or the request's) or small answers; HEAD answers with the
+//! GET's fields; HTTP/2 over TLS (DATA frames past the flow-control windows, the slow app);
+//! counters. The comparison with nginx's `gzip on` is in `routing.rs`.
 
+#[path = "support/h2.rs"]
+mod h2_support;
 mod support;
+#[path = "support/tls.rs"]
+mod tls_support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -27,7 +32,23 @@ fn page(len: usize) -> String {
     s
 }
 
+/// 2 MiB of hex digits from a fixed pseudo-random sequence: compresses only about 2:1, so
+/// its compressed form still spans many HTTP/2 flow-control windows.
+fn noise() -> String {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut s = String::with_capacity(2 << 20);
+    while s.len() < 2 << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push_str(&format!("{x:016x}\n"));
+    }
+    s.truncate(2 << 20);
+    s
+}
+
 /// A fake app. Paths: `/big` (8 KiB HTML, sized, strong ETag), `/json` (chunked JSON),
+/// `/huge` (2 MiB of [`noise`], sized),
 /// `/small` (100 bytes), `/encoded` (already gzip), `/notransform`, `/range` (a 206),
 /// `/png` (not a listed type), `/slow` (half, then the rest once `release` is sent).
 struct App {
@@ -92,6 +113,7 @@ fn serve(mut stream: TcpStream, release: &Mutex<Option<mpsc::Sender<()>>>) {
             big.as_bytes(),
         ),
         "/small" => sized("text/plain", "", page(100).as_bytes()),
+        "/huge" => sized("text/plain", "", noise().as_bytes()),
         "/encoded" => sized(
             "text/html",
             "Content-Encoding: gzip\r\n",
@@ -180,12 +202,44 @@ compress = false
 fn start(app: &App, tmp: &std::path::Path) -> Tern {
     let conf = tmp.join("tern.toml");
     std::fs::write(&conf, config(app.addr)).unwrap();
+    spawn(&conf)
+}
+
+fn spawn(conf: &std::path::Path) -> Tern {
     let mut cmd = Command::new(TERN);
     cmd.arg("run")
         .arg("--config")
-        .arg(&conf)
+        .arg(conf)
         .args(["--listen", "127.0.0.1:0", "--workers", "1"]);
     Tern::spawn(cmd)
+}
+
+/// The same site behind a TLS listener too, and an HTTP/2 client of it (ALPN h2).
+async fn start_h2(app: &App, tmp: &std::path::Path) -> (Tern, h2_support::H2Conn) {
+    let ca = tls_support::Ca::new();
+    let (cert, key) = ca
+        .issue("default", &["localhost", "127.0.0.1"])
+        .write(tmp, "default");
+    let conf = tmp.join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[tls]\nlisten = \"127.0.0.1:0\"\n[[tls.certificates]]\ncert = \"{}\"\nkey = \"{}\"\n{}",
+            cert.display(),
+            key.display(),
+            config(app.addr)
+        ),
+    )
+    .unwrap();
+    let tern = spawn(&conf);
+    let h2 = h2_support::H2Conn::tls(
+        tern.https(),
+        &h2_support::alpn_config(&ca, &["h2"]),
+        "localhost",
+    )
+    .await
+    .expect("ALPN h2");
+    (tern, h2)
 }
 
 fn decode(coding: &str, data: &[u8]) -> Vec<u8> {
@@ -289,6 +343,24 @@ fn proxied_and_fixed_answers_are_compressed_by_accept_encoding() {
             "{path}: sized as the app sent it"
         );
     }
+    // A client that asks intermediaries not to transform (RFC 9111 §5.2.1.6) gets the
+    // app's bytes, with the Vary a candidate answer always has.
+    for path in ["/api/big", "/fixed"] {
+        let mut c = Client::connect(addr);
+        let r = c.request(
+            "GET",
+            path,
+            &[
+                ("Connection", "close"),
+                ("Accept-Encoding", "gzip, br"),
+                ("Cache-Control", "max-age=0, no-transform"),
+            ],
+        );
+        assert_eq!(r.header("content-encoding"), None, "{path}");
+        assert!(r.header("vary").unwrap().ends_with("Accept-Encoding"));
+        assert_eq!(r.content_length(), Some(r.body.len() as u64));
+        assert_eq!(r.body.len(), if path == "/fixed" { 3000 } else { 8192 });
+    }
     let r = get(addr, "GET", "/api/encoded", "gzip");
     assert_eq!(r.header("content-encoding"), Some("gzip"));
     assert_eq!(r.body, b"not really gzip");
@@ -324,6 +396,11 @@ fn proxied_and_fixed_answers_are_compressed_by_accept_encoding() {
     let metrics = tern.get("/metrics").text();
     assert!(
         metrics.contains("compressed_answers_total{encoding=\"zstd\"} "),
+        "{metrics}"
+    );
+    // No encoder failed (only running out of memory makes one fail).
+    assert!(
+        metrics.contains("tern_compression_failures_total 0\n"),
         "{metrics}"
     );
 }
@@ -468,4 +545,131 @@ fn check_names_the_lines_of_misused_compression_keys() {
         "{}",
         out.stderr
     );
+}
+
+/// HTTP/2 over TLS: the same answers, framed as DATA (a streamed compressed answer has no
+/// `content-length`; a fixed one has its compressed length), HEAD with the GET's fields, and
+/// a slow app's first half decodable before the app sends the second.
+#[tokio::test(flavor = "current_thread")]
+async fn http2_answers_are_compressed_the_same_way() {
+    let tmp = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let (tern, mut h2) = start_h2(&app, tmp.path()).await;
+    let big = page(8192);
+    for (accept, coding) in [
+        ("gzip", "gzip"),
+        ("gzip, deflate, br", "br"),
+        ("gzip, br, zstd", "zstd"),
+    ] {
+        let ae = [("accept-encoding", accept)];
+        let r = h2.get("/api/big", &ae).await;
+        assert_eq!(r.status, 200);
+        h2_support::assert_no_connection_headers(&r, accept);
+        assert_eq!(r.header("content-encoding"), Some(coding), "{accept}");
+        assert_eq!(r.header("content-length"), None, "{accept}");
+        assert_eq!(r.header("vary"), Some("Origin, Accept-Encoding"));
+        assert_eq!(r.header("etag"), Some("W/\"v1\""));
+        assert_eq!(r.header("accept-ranges"), None);
+        assert_eq!(decode(coding, &r.body), big.as_bytes(), "{accept}");
+
+        let r = h2.get("/api/json", &ae).await;
+        assert_eq!(r.header("content-encoding"), Some(coding), "{accept}");
+        assert_eq!(r.header("content-length"), None, "{accept}");
+        assert_eq!(decode(coding, &r.body), page(6000).as_bytes(), "{accept}");
+
+        let r = h2.get("/fixed", &ae).await;
+        assert_eq!(r.header("content-encoding"), Some(coding), "{accept}");
+        assert_eq!(r.content_length(), Some(r.body.len() as u64));
+        assert_eq!(r.header("vary"), Some("Accept-Encoding"));
+        assert_eq!(decode(coding, &r.body), page(3000).as_bytes(), "{accept}");
+
+        // Larger than the stream's and the connection's windows once compressed.
+        let r = h2.get("/api/huge", &ae).await;
+        assert_eq!(r.header("content-encoding"), Some(coding), "{accept}");
+        assert!(r.body.len() > 256 * 1024, "{}", r.body.len());
+        assert!(decode(coding, &r.body) == noise().as_bytes(), "{accept}");
+    }
+    // Identity: the app's bytes and length, with Vary; the same for a client that asks
+    // for no transformation.
+    let r = h2
+        .get(
+            "/api/big",
+            &[
+                ("accept-encoding", "gzip"),
+                ("cache-control", "no-transform"),
+            ],
+        )
+        .await;
+    assert_eq!(r.header("content-encoding"), None);
+    assert_eq!(r.body, big.as_bytes());
+    let r = h2.get("/api/big", &[("accept-encoding", "identity")]).await;
+    assert_eq!(r.header("content-encoding"), None);
+    assert_eq!(r.content_length(), Some(8192));
+    assert_eq!(r.header("vary"), Some("Origin, Accept-Encoding"));
+    assert_eq!(r.body, big.as_bytes());
+    // Not compressed: a type not listed, a range, an encoded answer.
+    for path in ["/api/png", "/api/range", "/api/encoded", "/api/notransform"] {
+        let r = h2.get(path, &[("accept-encoding", "gzip, br, zstd")]).await;
+        assert!(
+            r.header("content-encoding").is_none() || path == "/api/encoded",
+            "{path}"
+        );
+        assert_eq!(r.content_length(), Some(r.body.len() as u64), "{path}");
+    }
+
+    // HEAD: the GET's fields, no DATA at all.
+    let ae = [("accept-encoding", "gzip")];
+    let r = h2.try_request("HEAD", "/api/big", &ae, None).await.unwrap();
+    assert_eq!(r.status, 200);
+    assert!(r.ended_with_headers && r.body.is_empty());
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    assert_eq!(r.header("content-length"), None);
+    assert_eq!(r.header("vary"), Some("Origin, Accept-Encoding"));
+    assert_eq!(r.header("etag"), Some("W/\"v1\""));
+    let get_fixed = h2.get("/fixed", &ae).await;
+    let r = h2.try_request("HEAD", "/fixed", &ae, None).await.unwrap();
+    assert!(r.ended_with_headers && r.body.is_empty());
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    assert_eq!(r.content_length(), get_fixed.content_length());
+
+    // A slow app: the first half arrives decodable while the app holds the second.
+    for coding in ["gzip", "br", "zstd"] {
+        let req = h2.request("GET", "/api/slow", &[("accept-encoding", coding)]);
+        let mut send = h2.send.clone().ready().await.unwrap();
+        let (resp, _) = send.send_request(req, true).unwrap();
+        let resp = h2_support::within(h2_support::H2_TIMEOUT, "slow head", resp)
+            .await
+            .unwrap();
+        assert_eq!(resp.headers()["content-encoding"], coding);
+        assert!(resp.headers().get("content-length").is_none());
+        let mut body = resp.into_body();
+        let whole = page(6000);
+        let first = &whole.as_bytes()[..3000];
+        let mut raw = Vec::new();
+        loop {
+            // Well before the app's own 10 s give-up: only a flushed first half gets here.
+            let chunk = h2_support::within(Duration::from_secs(5), "the first half", body.data())
+                .await
+                .unwrap_or_else(|| panic!("{coding}: ended before the first half"))
+                .unwrap();
+            let _ = body.flow_control().release_capacity(chunk.len());
+            raw.extend_from_slice(&chunk);
+            let decoded = decode_partial(coding, &raw);
+            if decoded.len() >= first.len() {
+                assert_eq!(&decoded[..], first, "{coding}");
+                break;
+            }
+        }
+        app.release();
+        while let Some(chunk) =
+            h2_support::within(h2_support::H2_TIMEOUT, "the second half", body.data()).await
+        {
+            let chunk = chunk.unwrap();
+            let _ = body.flow_control().release_capacity(chunk.len());
+            raw.extend_from_slice(&chunk);
+        }
+        assert_eq!(decode(coding, &raw), whole.as_bytes(), "{coding}");
+    }
+    let answers = tern.counter_at("/statusz", "compressed_answers{encoding=\"gzip\"}");
+    assert!(answers >= 4, "{answers}");
 }

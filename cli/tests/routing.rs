@@ -1,6 +1,7 @@
 //! `tern run`'s routing (issue 27): an SPA with a `try_files` fallback and an API proxied
-//! under `/api` with its prefix stripped, run in tern and in Debian's nginx on the same files
-//! and the same fake app, answering the same requests the same way; the path the app gets is
+//! under `/api` with its prefix stripped, compressed (tern's `compress = ["gzip"]`, nginx's
+//! `gzip on`), run in tern and in Debian's nginx on the same files and the same fake app,
+//! answering the same requests the same way (and differing where by design); the path the app gets is
 //! the one every decision was made on (seams); rewrites, matchers, body limits, error pages,
 //! request ids in the access log, and `--check` naming the lines of misused keys.
 
@@ -15,8 +16,8 @@ use std::time::Duration;
 
 use support::*;
 
-/// A fake app: answers `app <path> id=<X-Request-Id> real=<X-Real-IP> body=<n>` to every
-/// request (closing), and records each request line.
+/// A fake app: answers `app <path> id=<X-Request-Id> real=<X-Real-IP> body=<n>` and
+/// [`filler`] to every request (closing), and records each request line.
 struct App {
     addr: SocketAddr,
     lines: Arc<Mutex<Vec<String>>>,
@@ -98,7 +99,10 @@ fn answer(mut stream: TcpStream, seen: &Mutex<Vec<String>>) {
     } else {
         id
     };
-    let text = format!("app {path} id={id_kind} real={real} body={body}\n");
+    let text = format!(
+        "app {path} id={id_kind} real={real} body={body}\n{}",
+        filler("app")
+    );
     let _ = write!(
         stream,
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
@@ -106,15 +110,40 @@ fn answer(mut stream: TcpStream, seen: &Mutex<Vec<String>>) {
     );
 }
 
-/// The SPA's files.
+/// Lines that make an answer worth compressing: about 1 KiB, over both servers'
+/// minimum ([`MIN_SIZE`]).
+fn filler(tag: &str) -> String {
+    (0..40).map(|i| format!("// {tag} line {i}\n")).collect()
+}
+
+/// The smallest answer either server compresses (`compress_min_size`, `gzip_min_length`).
+const MIN_SIZE: usize = 256;
+
+/// The SPA's files, each [`filler`]ed past [`MIN_SIZE`] but `tiny.js`.
 fn dist(dir: &Path) -> PathBuf {
     let d = dir.join("dist");
     std::fs::create_dir_all(d.join("about")).unwrap();
     std::fs::create_dir_all(d.join("assets")).unwrap();
-    std::fs::write(d.join("index.html"), "<div id=app></div>\n").unwrap();
-    std::fs::write(d.join("about/index.html"), "<h1>about</h1>\n").unwrap();
-    std::fs::write(d.join("assets/app.js"), "console.log(1)\n").unwrap();
+    for (file, text) in FILES {
+        std::fs::write(d.join(file), file_body(text)).unwrap();
+    }
+    std::fs::write(d.join("assets/tiny.js"), TINY).unwrap();
     d
+}
+
+const FILES: [(&str, &str); 3] = [
+    ("index.html", INDEX),
+    ("about/index.html", ABOUT),
+    ("assets/app.js", APP_JS),
+];
+const INDEX: &str = "<div id=app></div>\n";
+const ABOUT: &str = "<h1>about</h1>\n";
+const APP_JS: &str = "console.log(1)\n";
+const TINY: &str = "console.log(2)\n";
+
+/// A file's whole text: its first line, then [`filler`].
+fn file_body(first: &str) -> String {
+    format!("{first}{}", filler(first.trim_end()))
 }
 
 fn tern_config(dist: &Path, app: SocketAddr) -> String {
@@ -124,6 +153,9 @@ fn tern_config(dist: &Path, app: SocketAddr) -> String {
 name = "spa"
 default = true
 request_id = true
+compress = ["gzip"]
+compress_min_size = {MIN_SIZE}
+compress_types = {TYPES:?}
 
 [[site.route]]
 path = "/"
@@ -140,9 +172,21 @@ add_request_headers = {{ "X-Real-IP" = "$client" }}
     )
 }
 
+/// The types both servers compress (nginx compresses text/html whatever `gzip_types` says).
+const TYPES: [&str; 4] = [
+    "text/html",
+    "text/plain",
+    "application/javascript",
+    "text/javascript",
+];
+
 fn nginx_config(dist: &Path, app: SocketAddr, port: u16) -> String {
     format!(
         r#"
+gzip on;
+gzip_types {types};
+gzip_vary on;
+gzip_min_length {MIN_SIZE};
 server {{
     listen 127.0.0.1:{port};
     root {dist};
@@ -156,59 +200,109 @@ server {{
     }}
 }}
 "#,
-        dist = dist.display()
+        dist = dist.display(),
+        types = TYPES.join(" ")
     )
 }
 
-/// Requests both servers get: (path, status, body).
-const SAME: &[(&str, u16, &str)] = &[
-    ("/", 200, "<div id=app></div>\n"),
-    ("/assets/app.js", 200, "console.log(1)\n"),
-    ("/deep/link/page", 200, "<div id=app></div>\n"),
-    ("/about/", 200, "<h1>about</h1>\n"),
-    ("/about", 200, "<h1>about</h1>\n"),
-    ("/index.html", 200, "<div id=app></div>\n"),
-    (
-        "/api/users/1?x=1",
-        200,
-        "app /users/1?x=1 id=hex32 real=127.0.0.1 body=0\n",
-    ),
-    ("/api/", 200, "app / id=hex32 real=127.0.0.1 body=0\n"),
-    (
-        "//api//users/./2",
-        200,
-        "app /users/2 id=hex32 real=127.0.0.1 body=0\n",
-    ),
-    (
-        "/api/a%20b",
-        200,
-        "app /a%20b id=hex32 real=127.0.0.1 body=0\n",
-    ),
-    (
-        "/api/x/../y",
-        200,
-        "app /y id=hex32 real=127.0.0.1 body=0\n",
-    ),
-    // Climbing out of /api lands on the SPA, in both: the route was chosen on the
-    // normalised path, not on the spelling.
-    ("/api/%2e%2e/secret", 200, "<div id=app></div>\n"),
-    ("/api/../assets/app.js", 200, "console.log(1)\n"),
-];
+/// Where an answer comes from, for the differences by design.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum From {
+    /// A file (tern: its cached gzip variant, sized; nginx: gzipped as it is sent, chunked).
+    File,
+    /// The app (both: compressed as it streams, chunked).
+    App,
+}
 
-fn check_same(addr: SocketAddr, who: &str) {
-    for (path, status, body) in SAME {
-        let mut c = Client::connect(addr);
-        c.send(
-            format!("GET {path} HTTP/1.1\r\nHost: spa.test\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        );
-        let r = c.read_response(false);
-        assert_eq!(
-            (r.status, r.text().as_str()),
-            (*status, *body),
-            "{who}: {path}"
-        );
+/// Requests both servers get: (path, where the answer comes from, body); all 200.
+fn same() -> Vec<(&'static str, From, String)> {
+    let app = |line: &str| {
+        format!(
+            "app {line} id=hex32 real=127.0.0.1 body=0\n{}",
+            filler("app")
+        )
+    };
+    vec![
+        ("/", From::File, file_body(INDEX)),
+        ("/assets/app.js", From::File, file_body(APP_JS)),
+        ("/deep/link/page", From::File, file_body(INDEX)),
+        ("/about/", From::File, file_body(ABOUT)),
+        ("/about", From::File, file_body(ABOUT)),
+        ("/index.html", From::File, file_body(INDEX)),
+        ("/api/users/1?x=1", From::App, app("/users/1?x=1")),
+        ("/api/", From::App, app("/")),
+        ("//api//users/./2", From::App, app("/users/2")),
+        ("/api/a%20b", From::App, app("/a%20b")),
+        ("/api/x/../y", From::App, app("/y")),
+        // Climbing out of /api lands on the SPA, in both: the route was chosen on the
+        // normalised path, not on the spelling.
+        ("/api/%2e%2e/secret", From::File, file_body(INDEX)),
+        ("/api/../assets/app.js", From::File, file_body(APP_JS)),
+    ]
+}
+
+fn fetch(addr: SocketAddr, method: &str, path: &str, accept: Option<&str>) -> Resp {
+    let mut c = Client::connect(addr);
+    c.chunked_ok = true;
+    let ae = accept.map_or(String::new(), |a| format!("Accept-Encoding: {a}\r\n"));
+    c.send(
+        format!("{method} {path} HTTP/1.1\r\nHost: spa.test\r\n{ae}Connection: close\r\n\r\n")
+            .as_bytes(),
+    );
+    c.read_response(method == "HEAD")
+}
+
+/// What a server answered a request with `Accept-Encoding: gzip`, as far as the two must
+/// agree: status, the decoded body, Content-Encoding and Vary.
+#[derive(Debug, PartialEq, Eq)]
+struct Compressed {
+    status: u16,
+    body: String,
+    content_encoding: Option<String>,
+    vary: Option<String>,
+}
+
+/// Asks every [`same`] request without and with `Accept-Encoding: gzip`; checks the
+/// identity answers and the framing each server gives the compressed ones by design, and
+/// returns what the two servers must agree on.
+fn check_same(addr: SocketAddr, who: &str) -> Vec<Compressed> {
+    let mut seen = Vec::new();
+    for (path, from, body) in same() {
+        let r = fetch(addr, "GET", path, None);
+        assert_eq!((r.status, r.text()), (200, body.clone()), "{who}: {path}");
+        assert_eq!(r.header("content-encoding"), None, "{who}: {path}");
+
+        let r = fetch(addr, "GET", path, Some("gzip"));
+        let decoded = match r.header("content-encoding") {
+            Some("gzip") => String::from_utf8(gunzip(&r.body)).unwrap(),
+            _ => r.text(),
+        };
+        // Different by design: tern sends a file's gzip variant from its cache, with its
+        // length; nginx (without gzip_static) compresses the file as it sends it, chunked.
+        // Both stream the app's answer through the encoder, chunked.
+        let sized = match (who, from) {
+            ("tern", From::File) => Some(r.body.len() as u64),
+            _ => None,
+        };
+        assert_eq!(r.content_length(), sized, "{who}: {path}");
+        seen.push(Compressed {
+            status: r.status,
+            body: decoded,
+            content_encoding: r.header("content-encoding").map(str::to_owned),
+            vary: r.header("vary").map(str::to_owned),
+        });
     }
+    // Under the minimum: as it is, in both; nginx adds no Vary to what it never compresses.
+    let r = fetch(addr, "GET", "/assets/tiny.js", Some("gzip"));
+    assert_eq!(r.text(), TINY, "{who}");
+    assert_eq!(r.header("content-encoding"), None, "{who}");
+    seen.push(Compressed {
+        status: r.status,
+        body: r.text(),
+        content_encoding: None,
+        vary: r.header("vary").map(str::to_owned),
+    });
+    seen
 }
 
 #[test]
@@ -228,7 +322,8 @@ fn an_spa_and_a_stripped_api_answer_as_in_nginx() {
         "on",
     ]);
     let tern = Tern::spawn(cmd);
-    check_same(tern.addr(), "tern");
+    let in_tern = check_same(tern.addr(), "tern");
+    let tern_head = head_answers(tern.addr(), "tern");
     drop(tern);
 
     let port = free_port();
@@ -236,7 +331,54 @@ fn an_spa_and_a_stripped_api_answer_as_in_nginx() {
     let Some(nginx) = Nginx::start(&tmp.path().join("nginx"), &http, port) else {
         return;
     };
-    check_same(nginx.addr, "nginx");
+    let in_nginx = check_same(nginx.addr, "nginx");
+    for (i, (t, n)) in in_tern.iter().zip(&in_nginx).enumerate() {
+        assert_eq!(t, n, "request {i}: tern, then nginx");
+    }
+    assert!(
+        in_tern
+            .iter()
+            .filter(|c| c.content_encoding.as_deref() == Some("gzip"))
+            .count()
+            == same().len(),
+        "every answer but tiny.js compressed: {in_tern:?}"
+    );
+
+    // HEAD: in both, the fields the GET gets (nginx's gzip filter takes HEAD answers too),
+    // so the same Content-Encoding and Vary; only a file's length differs, as for GET.
+    let nginx_head = head_answers(nginx.addr, "nginx");
+    assert_eq!(tern_head, nginx_head);
+}
+
+/// HEAD with `Accept-Encoding: gzip` of a file and of the app's answer, checked against the
+/// GET's fields (Content-Length too); returns their Content-Encoding and Vary.
+fn head_answers(addr: SocketAddr, who: &str) -> Vec<(Option<String>, Option<String>)> {
+    ["/", "/api/users/1"]
+        .iter()
+        .map(|path| {
+            let fields = |r: &Resp| {
+                (
+                    r.header("content-encoding").map(str::to_owned),
+                    r.content_length(),
+                    r.header("vary").map(str::to_owned),
+                )
+            };
+            let head = fetch(addr, "HEAD", path, Some("gzip"));
+            let get = fetch(addr, "GET", path, Some("gzip"));
+            assert_eq!(
+                (head.status, fields(&head)),
+                (200, fields(&get)),
+                "{who}: {path}"
+            );
+            assert_eq!(
+                head.header("content-encoding"),
+                Some("gzip"),
+                "{who}: {path}"
+            );
+            let (coding, _, vary) = fields(&head);
+            (coding, vary)
+        })
+        .collect()
 }
 
 /// A site with every routing key, started for the tests below.

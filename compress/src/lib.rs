@@ -15,7 +15,8 @@ mod policy;
 pub use accept::negotiate;
 pub use encoder::{Encoder, BROTLI_LGWIN, BROTLI_QUALITY, GZIP_LEVEL, ZSTD_LEVEL, ZSTD_WINDOW_LOG};
 pub use policy::{
-    vary_with_accept_encoding, weak_etag, Answer, Decision, Policy, DEFAULT_MIN_SIZE, DEFAULT_TYPES,
+    no_transform, vary_with_accept_encoding, weak_etag, Answer, Decision, Policy, DEFAULT_MIN_SIZE,
+    DEFAULT_TYPES,
 };
 
 /// A content coding tern can produce on the fly.

@@ -122,7 +122,7 @@ impl Policy {
         {
             return Decision::Leave;
         }
-        if answer.cache_control.is_some_and(has_no_transform) {
+        if answer.cache_control.is_some_and(no_transform) {
             return Decision::Leave;
         }
         if answer.length.is_some_and(|n| n < self.min_size) {
@@ -181,7 +181,10 @@ fn trim(v: &[u8]) -> &[u8] {
     v.trim_ascii()
 }
 
-fn has_no_transform(cache_control: &[u8]) -> bool {
+/// Whether a `Cache-Control` value has the `no-transform` directive (RFC 9111 §5.2.1.6 and
+/// §5.2.2.6): on an answer, intermediaries must not change its content; on a request, the
+/// client asks them not to.
+pub fn no_transform(cache_control: &[u8]) -> bool {
     cache_control.split(|&b| b == b',').any(|d| {
         let d = trim(d);
         let name = d.split(|&b| b == b'=').next().unwrap_or(b"");

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use tern_compress::{Answer, Decision, Encoder, Encoding, Policy};
 
+use tern_codec::RequestHead;
+
 use crate::response::{Body, Response};
 use crate::stats::{Counter, WorkerStats};
 
@@ -22,8 +24,16 @@ pub(crate) struct Choice {
 }
 
 impl Choice {
-    pub fn new(policy: Arc<Policy>, accept_encoding: Option<&[u8]>) -> Choice {
-        let chosen = policy.negotiate(accept_encoding);
+    /// The coding the request's client gets: by its Accept-Encoding, and none when it asks
+    /// intermediaries not to transform the answer (`Cache-Control: no-transform` on the
+    /// request, RFC 9111 §5.2.1.6: tern compressing an app's answer is such a transform).
+    /// Such a client still gets `Vary: Accept-Encoding` on a candidate answer (what it gets
+    /// is the identity copy any client may be given), and no `Vary: Cache-Control`, which
+    /// would split every cache entry for a rare request field.
+    pub fn new(policy: Arc<Policy>, head: &RequestHead<'_>) -> Choice {
+        let chosen = policy
+            .negotiate(head.accept_encoding)
+            .filter(|_| !asks_no_transform(head));
         Choice { policy, chosen }
     }
 
@@ -63,6 +73,14 @@ impl Choice {
     }
 }
 
+/// The request carries `Cache-Control: no-transform` (in any of its Cache-Control fields).
+fn asks_no_transform(head: &RequestHead<'_>) -> bool {
+    head.headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("cache-control"))
+        .any(|h| tern_compress::no_transform(h.value))
+}
+
 /// Compresses a fixed answer (a handler's, an error page) in place when its choice says so.
 /// A file body is never compressed here (it keeps `sendfile`), nor one over [`FIXED_MAX`].
 pub(crate) fn fixed(r: &mut Response, choice: &Choice, stats: &WorkerStats) {
@@ -92,6 +110,7 @@ pub(crate) fn fixed(r: &mut Response, choice: &Choice, stats: &WorkerStats) {
         }
         Err(_) => {
             // Only an allocation failure in zstd gets here: send the body as it is.
+            stats.bump(Counter::CompressionFailures);
             r.remove_header("content-encoding");
         }
     }
@@ -110,8 +129,17 @@ mod tests {
     use super::*;
 
     fn choice(accept: &str) -> Choice {
+        choice_for(&format!(
+            "GET / HTTP/1.1\r\nHost: a\r\nAccept-Encoding: {accept}\r\n\r\n"
+        ))
+    }
+
+    /// The choice for the request `raw` (a whole head).
+    fn choice_for(raw: &str) -> Choice {
         let p = Policy::with_defaults(&[Encoding::Zstd, Encoding::Br, Encoding::Gzip]).unwrap();
-        Choice::new(Arc::new(p), Some(accept.as_bytes()))
+        crate::testing::with_request(raw.as_bytes(), ([127, 0, 0, 1], 1).into(), false, |req| {
+            Choice::new(Arc::new(p), req.head)
+        })
     }
 
     fn page(len: usize) -> Response {
@@ -160,6 +188,37 @@ mod tests {
         assert_eq!(r.header("vary"), Some(&b"Origin, Accept-Encoding"[..]));
         assert_eq!(r.header("etag"), Some(&b"\"v1\""[..]));
         assert_eq!(r.body.len(), len);
+    }
+
+    #[test]
+    fn a_request_that_says_no_transform_gets_identity_with_vary() {
+        let stats = crate::stats::Stats::new(1);
+        for cc in [
+            "no-transform",
+            "max-age=0, No-Transform",
+            "no-cache\r\nCache-Control: no-transform",
+        ] {
+            let mut r = page(4000);
+            let len = r.body.len();
+            let c = choice_for(&format!(
+                "GET / HTTP/1.1\r\nHost: a\r\nAccept-Encoding: gzip\r\nCache-Control: {cc}\r\n\r\n"
+            ));
+            fixed(&mut r, &c, stats.worker(0));
+            assert_eq!(r.header("content-encoding"), None, "{cc}");
+            assert_eq!(
+                r.header("vary"),
+                Some(&b"Origin, Accept-Encoding"[..]),
+                "{cc}"
+            );
+            assert_eq!(r.body.len(), len, "{cc}");
+        }
+        // Other directives do not stop it.
+        let mut r = page(4000);
+        let c = choice_for(
+            "GET / HTTP/1.1\r\nHost: a\r\nAccept-Encoding: gzip\r\nCache-Control: no-cache, no-store\r\n\r\n",
+        );
+        fixed(&mut r, &c, stats.worker(0));
+        assert_eq!(r.header("content-encoding"), Some(&b"gzip"[..]));
     }
 
     #[test]

@@ -141,10 +141,7 @@ pub(crate) fn run(
         entry.target = hcx.log;
         entry.request_id = hcx.request_id;
     }
-    let choice = hcx
-        .compress
-        .take()
-        .map(|policy| Choice::new(policy, head.accept_encoding));
+    let choice = hcx.compress.take().map(|policy| Choice::new(policy, head));
     match result {
         Ok(Reply::Now(mut response)) => {
             if let Some(choice) = &choice {

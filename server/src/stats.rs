@@ -92,10 +92,13 @@ pub enum Counter {
     CompressOutZstd,
     /// Requests a route's `rate_limit` refused (429).
     RateLimited,
+    /// Answers whose encoder failed (out of memory): cut short, or sent uncompressed when
+    /// nothing had gone out yet.
+    CompressionFailures,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 48] = [
+    pub const ALL: [Counter; 49] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -144,6 +147,7 @@ impl Counter {
         Counter::CompressOutBr,
         Counter::CompressOutZstd,
         Counter::RateLimited,
+        Counter::CompressionFailures,
     ];
 
     /// The counters of one coding: answers, bytes in, bytes out.
@@ -220,6 +224,7 @@ impl Counter {
                 "compression_bytes_out"
             }
             Counter::RateLimited => "rate_limited",
+            Counter::CompressionFailures => "compression_failures",
         }
     }
 
@@ -318,6 +323,9 @@ impl Counter {
                 "body bytes of answers compressed on the fly, after compression"
             }
             Counter::RateLimited => "requests a route's rate_limit refused with 429",
+            Counter::CompressionFailures => {
+                "answers whose encoder failed (out of memory): cut short, or sent as they are"
+            }
         }
     }
 }

@@ -1198,7 +1198,17 @@ impl Relay {
                             match tern_compress::Encoder::new(coding) {
                                 Ok(e) => self.encoder = Some(Box::new(e)),
                                 Err(_) => {
-                                    self.fail(502, "bad gateway: out of memory\n", out, link, cx);
+                                    // Ours, not the upstream's: counted apart, and its
+                                    // connection is not blamed (nor reused).
+                                    cx.stats.bump(Counter::CompressionFailures);
+                                    self.outcome = UpstreamOutcome::Abandoned;
+                                    self.answer_own(
+                                        502,
+                                        "bad gateway: out of memory\n",
+                                        out,
+                                        link,
+                                        cx,
+                                    );
                                     return 0;
                                 }
                             }
@@ -1321,7 +1331,8 @@ impl Relay {
     }
 
     /// One step of the answer's encoder; its output goes to the client. A failing encoder
-    /// (no memory) cuts the answer short, as a failing upstream does.
+    /// (no memory) cuts the answer short, as a failing upstream does, but it is counted as
+    /// ours and says nothing about the upstream's health.
     fn squeeze(&mut self, step: Squeeze<'_>, out: &mut Output, cx: &mut ConnCx<'_>) {
         let Some(mut encoder) = self.encoder.take() else {
             return;
@@ -1334,12 +1345,13 @@ impl Relay {
         match coded {
             Ok(bytes) => self.emit(bytes, out, cx),
             Err(_) => {
-                cx.stats.bump(Counter::UpstreamFailures);
+                cx.stats.bump(Counter::CompressionFailures);
                 self.close_client = true;
+                self.upstream_keep = false;
                 if let ClientSide::H2(a) = &mut self.client {
                     a.broken = true;
                 }
-                self.end(UpstreamOutcome::Failed, None, cx);
+                self.end(UpstreamOutcome::Abandoned, None, cx);
                 return;
             }
         }
