@@ -74,6 +74,13 @@ pub enum Counter {
     UpstreamRetriesConnect,
     /// Idempotent requests sent to the next server after a 502, 503 or 504 answer.
     UpstreamRetriesStatus,
+    /// TLS handshakes with upstream servers that succeeded.
+    UpstreamTlsHandshakes,
+    /// TLS handshakes with upstream servers that failed, by cause (`Counter::upstream_tls_failure`).
+    UpstreamTlsFailUnknownCa,
+    UpstreamTlsFailNameMismatch,
+    UpstreamTlsFailExpired,
+    UpstreamTlsFailOther,
     /// Answers compressed on the fly, by coding (`Counter::compressed`).
     CompressedGzip,
     CompressedBr,
@@ -89,7 +96,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 45] = [
+    pub const ALL: [Counter; 50] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -126,6 +133,11 @@ impl Counter {
         Counter::UpstreamRetries,
         Counter::UpstreamRetriesConnect,
         Counter::UpstreamRetriesStatus,
+        Counter::UpstreamTlsHandshakes,
+        Counter::UpstreamTlsFailUnknownCa,
+        Counter::UpstreamTlsFailNameMismatch,
+        Counter::UpstreamTlsFailExpired,
+        Counter::UpstreamTlsFailOther,
         Counter::CompressedGzip,
         Counter::CompressedBr,
         Counter::CompressedZstd,
@@ -199,6 +211,11 @@ impl Counter {
             Counter::UpstreamRetries
             | Counter::UpstreamRetriesConnect
             | Counter::UpstreamRetriesStatus => "upstream_retries",
+            Counter::UpstreamTlsHandshakes => "upstream_tls_handshakes",
+            Counter::UpstreamTlsFailUnknownCa
+            | Counter::UpstreamTlsFailNameMismatch
+            | Counter::UpstreamTlsFailExpired
+            | Counter::UpstreamTlsFailOther => "upstream_tls_failures",
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "compressed_answers"
             }
@@ -208,6 +225,16 @@ impl Counter {
             Counter::CompressOutGzip | Counter::CompressOutBr | Counter::CompressOutZstd => {
                 "compression_bytes_out"
             }
+        }
+    }
+
+    /// The failure counter for a cause named by `tern_tls::upstream::failure_cause`.
+    pub fn upstream_tls_failure(cause: &str) -> Counter {
+        match cause {
+            "unknown_ca" => Counter::UpstreamTlsFailUnknownCa,
+            "name_mismatch" => Counter::UpstreamTlsFailNameMismatch,
+            "expired" => Counter::UpstreamTlsFailExpired,
+            _ => Counter::UpstreamTlsFailOther,
         }
     }
 
@@ -228,6 +255,10 @@ impl Counter {
             Counter::UpstreamRetries => ("cause", "stale_connection"),
             Counter::UpstreamRetriesConnect => ("cause", "connect"),
             Counter::UpstreamRetriesStatus => ("cause", "status"),
+            Counter::UpstreamTlsFailUnknownCa => ("cause", "unknown_ca"),
+            Counter::UpstreamTlsFailNameMismatch => ("cause", "name_mismatch"),
+            Counter::UpstreamTlsFailExpired => ("cause", "expired"),
+            Counter::UpstreamTlsFailOther => ("cause", "other"),
             Counter::CompressedGzip | Counter::CompressInGzip | Counter::CompressOutGzip => {
                 ("encoding", "gzip")
             }
@@ -291,6 +322,14 @@ impl Counter {
                 "requests sent again: on a new connection after a dead pooled one \
                  (stale_connection), to the next server after a connect failure (connect) or \
                  a 502/503/504 answer (status)"
+            }
+            Counter::UpstreamTlsHandshakes => "TLS handshakes with upstream servers",
+            Counter::UpstreamTlsFailUnknownCa
+            | Counter::UpstreamTlsFailNameMismatch
+            | Counter::UpstreamTlsFailExpired
+            | Counter::UpstreamTlsFailOther => {
+                "failed TLS handshakes with upstream servers, by cause (a certificate from an \
+                 unknown CA, for another name, expired; other)"
             }
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "answers compressed on the fly, by coding"
