@@ -369,6 +369,10 @@ fn a_client_certificate_is_shown_to_an_upstream_that_requires_one() {
     let r = tern.get("/x");
     assert_eq!((r.status, r.text().as_str()), (200, "a GET /x 0 0"));
     assert_eq!(app.client_certs.load(Ordering::SeqCst), 1);
+    // A reload reads the CA, certificate and key files again, inside the sandbox.
+    let line = tern.reload(1);
+    assert!(!line.contains("failed"), "{line}");
+    assert_eq!(tern.get("/y").status, 200);
 }
 
 #[test]

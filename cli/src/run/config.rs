@@ -313,11 +313,17 @@ pub enum RouteKind {
     },
 }
 
+/// Where Debian keeps the system's CA certificates (what `rustls-native-certs` reads there).
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 /// A proxy route's upstreams and how requests reach them.
 #[derive(Debug, Clone)]
 pub struct ProxyPlan {
     pub group: tern_proxy::GroupOptions,
     pub options: tern_proxy::ProxyOptions,
+    /// Files TLS to the upstreams reads (a CA file, a client certificate and key), read again
+    /// on reload inside the sandbox.
+    pub tls_files: Vec<PathBuf>,
 }
 
 /// The one app instance: where its database and pages are.
@@ -1138,6 +1144,23 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
         }
     }
     ok &= check_upstream_tls(route, dir, at, &tls_hosts, &mut group, p);
+    let tls_files = match &group.tls {
+        None => Vec::new(),
+        // The system's roots (Debian's bundle) when no CA file is given.
+        Some(_) => [
+            &route.proxy_tls_ca,
+            &route.proxy_tls_client_cert,
+            &route.proxy_tls_client_key,
+        ]
+        .into_iter()
+        .map(|v| v.as_ref().map(|v| dir.join(v.get_ref())))
+        .enumerate()
+        .filter_map(|(i, f)| match (i, f) {
+            (0, None) => Some(PathBuf::from(SYSTEM_CA_BUNDLE)),
+            (_, f) => f,
+        })
+        .collect(),
+    };
     if !group.servers.is_empty() && group.servers.iter().all(|s| s.backup) {
         p.at(at, "every upstream is a backup: at least one must not be");
         ok = false;
@@ -1251,7 +1274,11 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
         set: set.into_iter().map(|(n, _, t)| (n, t)).collect(),
         remove,
     };
-    ok.then_some(RouteKind::Proxy(Box::new(ProxyPlan { group, options })))
+    ok.then_some(RouteKind::Proxy(Box::new(ProxyPlan {
+        group,
+        options,
+        tls_files,
+    })))
 }
 
 /// `static` and `fastcgi`: the root's files, and its scripts on the FastCGI servers (checked
@@ -1944,6 +1971,19 @@ impl RunConfig {
                         .map(|s| s.addr.clone())
                         .collect::<Vec<_>>(),
                 ),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// Files that TLS to upstreams reads, for every route.
+    pub fn upstream_tls_files(&self) -> Vec<PathBuf> {
+        self.sites
+            .iter()
+            .flat_map(|s| &s.routes)
+            .filter_map(|r| match &r.kind {
+                RouteKind::Proxy(plan) => Some(plan.tls_files.clone()),
                 _ => None,
             })
             .flatten()
