@@ -32,6 +32,10 @@ const BIG: usize = 300_000;
 /// the client certificates they showed.
 struct TlsApp {
     addr: SocketAddr,
+    /// Status of answers other than `/health` ones.
+    status: Arc<AtomicU16>,
+    /// Requests answered, health checks apart.
+    requests: Arc<AtomicUsize>,
     health: Arc<AtomicU16>,
     handshakes: Arc<AtomicUsize>,
     checks: Arc<AtomicUsize>,
@@ -64,6 +68,8 @@ impl TlsApp {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let app = TlsApp {
             addr: listener.local_addr().unwrap(),
+            status: Arc::new(AtomicU16::new(200)),
+            requests: Arc::new(AtomicUsize::new(0)),
             health: Arc::new(AtomicU16::new(200)),
             handshakes: Arc::new(AtomicUsize::new(0)),
             checks: Arc::new(AtomicUsize::new(0)),
@@ -72,6 +78,7 @@ impl TlsApp {
             resumed: Arc::new(AtomicUsize::new(0)),
         };
         let resumed = app.resumed.clone();
+        let (status, requests) = (app.status.clone(), app.requests.clone());
         let (health, handshakes, checks, snis, client_certs) = (
             app.health.clone(),
             app.handshakes.clone(),
@@ -84,6 +91,7 @@ impl TlsApp {
                 let Ok(mut tcp) = tcp else { continue };
                 let config = config.clone();
                 let resumed = resumed.clone();
+                let (status, requests) = (status.clone(), requests.clone());
                 let (health, handshakes, checks, snis, client_certs) = (
                     health.clone(),
                     handshakes.clone(),
@@ -120,7 +128,12 @@ impl TlsApp {
                                 (health.load(Ordering::SeqCst), Vec::new())
                             }
                             "/big" => (200, big_body()),
+                            _ if status.load(Ordering::SeqCst) != 200 => {
+                                requests.fetch_add(1, Ordering::SeqCst);
+                                (status.load(Ordering::SeqCst), b"unavailable".to_vec())
+                            }
                             _ => {
+                                requests.fetch_add(1, Ordering::SeqCst);
                                 let sum: u64 = body.iter().map(|&b| u64::from(b)).sum();
                                 let text = format!("{name} {method} {path} {len} {sum}");
                                 (200, text.into_bytes())
@@ -459,4 +472,119 @@ fn check_refuses_tls_settings_it_cannot_honour() {
         "[[site.route]]\npath = \"/\"\nproxy = \"https://127.0.0.1:1\"\nproxy_tls_ca = \"ca.pem\"\n",
     );
     assert_eq!(config.check().0, 0, "{}", config.check().1);
+}
+
+/// Set-up (3) of issue 27: an app over TLS on two servers (weights 2:1) and a backup, the
+/// second failing its health check and answering 503, retries, a per-route body limit; run in
+/// tern and in Debian's nginx, which answer the same requests the same way. By design they
+/// differ in how: tern's health check takes the failing server out before any request
+/// reaches it, while open-source nginx has no active checks and learns from a request that
+/// gets a 503 (passed on to the next server by `proxy_next_upstream http_503`, POSTs too with
+/// `non_idempotent`; tern retries only idempotent requests on a status, and needs no retry
+/// here since no request reaches the failing server).
+#[test]
+fn setup_3_an_app_over_tls_with_a_failing_server_answers_as_in_nginx() {
+    let ca = Ca::new();
+    let leaf = ca.issue("app", &["app.test"]);
+    let a = TlsApp::start("a", &leaf, None);
+    let b = TlsApp::start("b", &leaf, None);
+    let spare = TlsApp::start("spare", &leaf, None);
+    b.health.store(500, Ordering::SeqCst);
+    b.status.store(503, Ordering::SeqCst);
+    let routes = format!(
+        "[[site.route]]\npath = \"/\"\n\
+         proxy = [\"https://127.0.0.1:{} weight=2\", \"https://127.0.0.1:{}\", \"https://127.0.0.1:{} backup\"]\n\
+         proxy_tls_server_name = \"app.test\"\nproxy_tls_ca = \"ca.pem\"\n\
+         retry_on_status = [503]\nmax_fails = 1\nfail_timeout = 30\nmax_body = 1024\n\
+         health_check = {{ path = \"/health\", interval = 1, timeout = 1, rise = 2, fall = 1 }}\n",
+        a.addr.port(),
+        b.addr.port(),
+        spare.addr.port()
+    );
+    let config = Config::new(&ca, &routes);
+    let tern = config.start();
+    let b_up = format!(
+        "tern_upstream_server_up{{upstream=\"app /\",server=\"{}\"}}",
+        b.addr
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || b.checks.load(Ordering::SeqCst)
+            > 0
+            && metric(&tern, &b_up) == 0),
+        "b taken out by its check: {}",
+        tern.stderr_text()
+    );
+    let tern_answers = setup_3_answers(tern.addr());
+    assert_eq!(
+        b.requests.load(Ordering::SeqCst),
+        0,
+        "tern: b gets no request"
+    );
+    drop(tern);
+
+    let nginx_dir = config.dir.path().join("nginx");
+    let port = free_port();
+    let http = format!(
+        r#"
+upstream app {{
+    server 127.0.0.1:{a} weight=2 max_fails=1 fail_timeout=30s;
+    server 127.0.0.1:{b} max_fails=1 fail_timeout=30s;
+    server 127.0.0.1:{spare} backup;
+}}
+server {{
+    listen 127.0.0.1:{port};
+    location / {{
+        proxy_pass https://app;
+        proxy_ssl_verify on;
+        proxy_ssl_trusted_certificate {ca};
+        proxy_ssl_name app.test;
+        proxy_ssl_server_name on;
+        proxy_next_upstream error timeout http_503 non_idempotent;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        client_max_body_size 1k;
+    }}
+}}
+"#,
+        a = a.addr.port(),
+        b = b.addr.port(),
+        spare = spare.addr.port(),
+        ca = config.dir.path().join("ca.pem").display(),
+    );
+    let Some(nginx) = Nginx::start(&nginx_dir, &http, port) else {
+        return;
+    };
+    let nginx_answers = setup_3_answers(nginx.addr);
+    assert_eq!(tern_answers, nginx_answers);
+    assert!(
+        b.requests.load(Ordering::SeqCst) >= 1,
+        "nginx: b learnt about from a request's 503"
+    );
+    assert_eq!(
+        spare.requests.load(Ordering::SeqCst),
+        0,
+        "the backup stays idle in both"
+    );
+}
+
+/// The requests of set-up (3), each on a new connection: (status, body, or only the status
+/// for a 413, whose body is each server's own).
+fn setup_3_answers(addr: SocketAddr) -> Vec<(u16, String)> {
+    let mut got = Vec::new();
+    for i in 0..6 {
+        let r = Client::connect(addr).get(&format!("/page/{i}?q=1"), &[]);
+        got.push((r.status, r.text()));
+    }
+    let small = vec![b'x'; 500];
+    let r = post(&mut Client::connect(addr), "/form", &small);
+    got.push((r.status, r.text()));
+    let mut c = Client::connect(addr);
+    c.send(&request_bytes(
+        "POST",
+        "/form",
+        &[("Content-Length", "2000")],
+    ));
+    let r = c.read_response(false);
+    got.push((r.status, String::new()));
+    got
 }
