@@ -588,3 +588,35 @@ fn setup_3_answers(addr: SocketAddr) -> Vec<(u16, String)> {
     got.push((r.status, String::new()));
     got
 }
+
+/// Without `proxy_tls_ca` the system's roots are used (Debian's `ca-certificates`): the config
+/// checks, and tern starts sandboxed with the bundle granted; the test CA's upstream is then,
+/// rightly, not trusted.
+#[test]
+fn system_roots_are_the_default_and_do_not_trust_a_private_ca() {
+    if !std::path::Path::new("/etc/ssl/certs/ca-certificates.crt").exists() {
+        eprintln!("SKIPPED: no system CA bundle (Debian's ca-certificates package)");
+        return;
+    }
+    let ca = Ca::new();
+    let app = TlsApp::start("a", &ca.issue("app", &["app.test"]), None);
+    let routes = format!(
+        "[[site.route]]\npath = \"/\"\nproxy = \"https://127.0.0.1:{}\"\n\
+         proxy_tls_server_name = \"app.test\"\n",
+        app.addr.port()
+    );
+    let config = Config::new(&ca, &routes);
+    assert_eq!(config.check().0, 0, "{}", config.check().1);
+    let tern = config.start();
+    assert_eq!(tern.get("/x").status, 502);
+    assert_eq!(
+        metric(
+            &tern,
+            "tern_upstream_tls_failures_total{cause=\"unknown_ca\"}"
+        ),
+        1
+    );
+    // A reload reads the bundle again, inside the sandbox.
+    let line = tern.reload(1);
+    assert!(!line.contains("failed"), "{line}");
+}

@@ -1156,7 +1156,10 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
         .map(|v| v.as_ref().map(|v| dir.join(v.get_ref())))
         .enumerate()
         .filter_map(|(i, f)| match (i, f) {
-            (0, None) => Some(PathBuf::from(SYSTEM_CA_BUNDLE)),
+            // (A rule for a missing file would stop the sandbox from applying.)
+            (0, None) => Path::new(SYSTEM_CA_BUNDLE)
+                .exists()
+                .then(|| PathBuf::from(SYSTEM_CA_BUNDLE)),
             (_, f) => f,
         })
         .collect(),

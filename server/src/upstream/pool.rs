@@ -31,7 +31,8 @@ pub(crate) enum UpStream {
 pub(crate) struct TlsUp {
     sock: mio::net::TcpStream,
     tls: rustls::ClientConnection,
-    /// The socket reported end of file.
+    /// The socket reported end of file (or the peer's close_notify came with the last bytes
+    /// read): a read must still report the end.
     eof: bool,
 }
 
@@ -114,7 +115,11 @@ impl TlsUp {
         let mut n = 0;
         loop {
             match self.tls.reader().read(&mut buf[n..]) {
-                Ok(0) => return Ok(n), // close_notify: the end
+                // close_notify: the end, said by the next read if this one has bytes.
+                Ok(0) => {
+                    self.eof |= n > 0;
+                    return Ok(n);
+                }
                 Ok(k) => {
                     n += k;
                     if n == buf.len() {
