@@ -337,7 +337,14 @@ fn an_unknown_ca_or_another_name_is_refused_with_502_a_log_line_and_a_counter() 
         ),
         1
     );
-    let lines = tern.log_lines("TLS handshake with the upstream failed");
+    // The log line was written before the 502; stderr reaches the test through a pipe.
+    let logged = || tern.log_lines("TLS handshake with the upstream failed");
+    assert!(
+        eventually(Duration::from_secs(5), || !logged().is_empty()),
+        "{}",
+        tern.stderr_text()
+    );
+    let lines = logged();
     assert_eq!(lines.len(), 1, "{}", tern.stderr_text());
     assert!(lines[0].contains("unknown_ca"), "{}", lines[0]);
     assert_eq!(tern.get("/name/x").status, 502);
