@@ -10,11 +10,14 @@
 //! down or already failed this request).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::health::HealthCheck;
 use crossbeam_utils::CachePadded;
-use tern_server::{RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
+use tern_server::{
+    RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, UpstreamTls, Upstreams,
+};
 
 /// How a server is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -33,6 +36,9 @@ pub struct UpstreamServer {
     pub weight: u32,
     /// Takes requests only while no primary server can.
     pub backup: bool,
+    /// With TLS (the group's [`GroupOptions::tls`]): the name its certificate must carry,
+    /// sent as SNI.
+    pub tls_name: Option<rustls::pki_types::ServerName<'static>>,
 }
 
 impl UpstreamServer {
@@ -42,6 +48,7 @@ impl UpstreamServer {
             addr,
             weight: 1,
             backup: false,
+            tls_name: None,
         }
     }
 }
@@ -63,6 +70,9 @@ pub struct GroupOptions {
     pub retry: RetryPolicy,
     /// Active health checks, by the process's checker thread (`health::watch`).
     pub health_check: Option<HealthCheck>,
+    /// TLS to every server of the group (`tern_tls::upstream::client_config`); each server
+    /// gives its name in [`UpstreamServer::tls_name`].
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for GroupOptions {
@@ -77,6 +87,7 @@ impl Default for GroupOptions {
             keepalive: 128,
             retry: RetryPolicy::default(),
             health_check: None,
+            tls: None,
         }
     }
 }
@@ -123,6 +134,8 @@ pub struct UpstreamGroup {
     /// Every server has the same weight: plain round-robin by cursor, no weights to add up.
     equal_weights: bool,
     has_backup: bool,
+    /// Per server, when the group speaks TLS.
+    tls: Vec<Option<UpstreamTls>>,
 }
 
 static NEXT_POOL_KEY: AtomicU64 = AtomicU64::new(1);
@@ -151,6 +164,15 @@ impl UpstreamGroup {
             pool_key: NEXT_POOL_KEY.fetch_add(1, Ordering::Relaxed),
             equal_weights: options.servers.iter().all(|s| s.weight == first_weight),
             has_backup: options.servers.iter().any(|s| s.backup),
+            tls: options
+                .servers
+                .iter()
+                .map(|s| {
+                    let config = options.tls.clone()?;
+                    let name = s.tls_name.clone()?;
+                    Some(UpstreamTls { config, name })
+                })
+                .collect(),
             options,
         }
     }
@@ -342,6 +364,10 @@ impl Upstreams for UpstreamGroup {
     fn retry(&self) -> RetryPolicy {
         self.options.retry
     }
+
+    fn tls(&self, server: usize) -> Option<&UpstreamTls> {
+        self.tls[server].as_ref()
+    }
 }
 
 #[cfg(test)]
@@ -428,6 +454,7 @@ mod tests {
                 addr: UpstreamAddr::Tcp(format!("127.0.0.1:{}", 9000 + i).parse().unwrap()),
                 weight,
                 backup,
+                tls_name: None,
             })
             .collect();
         UpstreamGroup::new(

@@ -15,7 +15,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use tern_server::UpstreamAddr;
+use tern_server::{UpstreamAddr, UpstreamTls, Upstreams};
 use tern_services::metrics::Metric;
 
 use crate::group::UpstreamGroup;
@@ -56,9 +56,18 @@ impl Default for HealthCheck {
 const MAX_STATUS_LINE: usize = 1024;
 
 /// One check of `addr`: the status of its answer, or why there is none.
-pub fn check(addr: &UpstreamAddr, check: &HealthCheck) -> Result<u16, String> {
+/// With `tls`, over TLS (the handshake within the timeout; a failed one is the check's
+/// failure, with rustls's reason).
+pub fn check(
+    addr: &UpstreamAddr,
+    tls: Option<&UpstreamTls>,
+    check: &HealthCheck,
+) -> Result<u16, String> {
     let host = match (&check.host, addr) {
         (Some(h), _) => h.clone(),
+        (None, UpstreamAddr::Tcp(_)) if tls.is_some() => tls
+            .map(|t| t.name.to_str().into_owned())
+            .unwrap_or_default(),
         (None, UpstreamAddr::Tcp(a)) => a.to_string(),
         (None, UpstreamAddr::Unix(_)) => "localhost".into(),
     };
@@ -70,7 +79,18 @@ pub fn check(addr: &UpstreamAddr, check: &HealthCheck) -> Result<u16, String> {
     match addr {
         UpstreamAddr::Tcp(a) => {
             let s = TcpStream::connect_timeout(a, check.timeout).map_err(|e| e.to_string())?;
-            exchange(s, request.as_bytes(), deadline)
+            match tls {
+                None => exchange(s, request.as_bytes(), deadline),
+                Some(tls) => {
+                    let conn = rustls::ClientConnection::new(tls.config.clone(), tls.name.clone())
+                        .map_err(|e| e.to_string())?;
+                    exchange(
+                        rustls::StreamOwned::new(conn, s),
+                        request.as_bytes(),
+                        deadline,
+                    )
+                }
+            }
         }
         UpstreamAddr::Unix(p) => {
             let s = UnixStream::connect(p).map_err(|e| e.to_string())?;
@@ -133,6 +153,12 @@ impl SetTimeouts for TcpStream {
     fn set_timeouts(&self, d: Duration) -> std::io::Result<()> {
         self.set_read_timeout(Some(d))?;
         self.set_write_timeout(Some(d))
+    }
+}
+
+impl SetTimeouts for rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    fn set_timeouts(&self, d: Duration) -> std::io::Result<()> {
+        self.sock.set_timeouts(d)
     }
 }
 
@@ -246,7 +272,7 @@ fn run() {
             continue;
         };
         for (server, streak) in streaks.iter_mut().enumerate() {
-            let verdict = check(&group.servers()[server].addr, &hc);
+            let verdict = check(&group.servers()[server].addr, group.tls(server), &hc);
             judge(&group, server, streak, verdict, &hc);
         }
         groups = r.groups.lock().unwrap_or_else(|p| p.into_inner());
@@ -401,16 +427,19 @@ mod tests {
             ..HealthCheck::default()
         };
         assert_eq!(
-            check(&server(Some(b"HTTP/1.1 204 No Content\r\n\r\n")), &hc),
+            check(&server(Some(b"HTTP/1.1 204 No Content\r\n\r\n")), None, &hc),
             Ok(204)
         );
-        assert_eq!(check(&server(Some(b"HTTP/1.1 500 Oops\r\n")), &hc), Ok(500));
         assert_eq!(
-            check(&server(Some(b"garbage\r\n")), &hc),
+            check(&server(Some(b"HTTP/1.1 500 Oops\r\n")), None, &hc),
+            Ok(500)
+        );
+        assert_eq!(
+            check(&server(Some(b"garbage\r\n")), None, &hc),
             Err("a malformed status line".into())
         );
         let t = Instant::now();
-        assert_eq!(check(&server(None), &hc), Err("timed out".into()));
+        assert_eq!(check(&server(None), None, &hc), Err("timed out".into()));
         assert!(
             t.elapsed() < Duration::from_millis(1500),
             "{:?}",
@@ -420,6 +449,6 @@ mod tests {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             UpstreamAddr::Tcp(l.local_addr().unwrap())
         };
-        assert!(check(&refused, &hc).is_err());
+        assert!(check(&refused, None, &hc).is_err());
     }
 }

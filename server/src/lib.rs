@@ -53,7 +53,8 @@ pub use tern_codec::{
 pub use tern_runtime::{RuntimeConfig, SignalAction};
 pub use tern_tls::{CertFiles, TlsAcceptor, TlsOptions};
 pub use upstream::{
-    Forward, RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, UpstreamWire, Upstreams,
+    Forward, RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, UpstreamTls,
+    UpstreamWire, Upstreams,
 };
 
 /// A router plus its settings, ready to start.

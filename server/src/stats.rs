@@ -78,6 +78,13 @@ pub enum Counter {
     /// upgrade or an HTTP/2 extended CONNECT), and those that ended.
     WebsocketTunnelsOpened,
     WebsocketTunnelsClosed,
+    /// TLS handshakes with upstream servers that succeeded.
+    UpstreamTlsHandshakes,
+    /// TLS handshakes with upstream servers that failed, by cause (`Counter::upstream_tls_failure`).
+    UpstreamTlsFailUnknownCa,
+    UpstreamTlsFailNameMismatch,
+    UpstreamTlsFailExpired,
+    UpstreamTlsFailOther,
     /// Answers compressed on the fly, by coding (`Counter::compressed`).
     CompressedGzip,
     CompressedBr,
@@ -98,7 +105,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 49] = [
+    pub const ALL: [Counter; 54] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -137,6 +144,11 @@ impl Counter {
         Counter::UpstreamRetriesStatus,
         Counter::WebsocketTunnelsOpened,
         Counter::WebsocketTunnelsClosed,
+        Counter::UpstreamTlsHandshakes,
+        Counter::UpstreamTlsFailUnknownCa,
+        Counter::UpstreamTlsFailNameMismatch,
+        Counter::UpstreamTlsFailExpired,
+        Counter::UpstreamTlsFailOther,
         Counter::CompressedGzip,
         Counter::CompressedBr,
         Counter::CompressedZstd,
@@ -214,6 +226,11 @@ impl Counter {
             | Counter::UpstreamRetriesStatus => "upstream_retries",
             Counter::WebsocketTunnelsOpened => "websocket_tunnels_opened",
             Counter::WebsocketTunnelsClosed => "websocket_tunnels_closed",
+            Counter::UpstreamTlsHandshakes => "upstream_tls_handshakes",
+            Counter::UpstreamTlsFailUnknownCa
+            | Counter::UpstreamTlsFailNameMismatch
+            | Counter::UpstreamTlsFailExpired
+            | Counter::UpstreamTlsFailOther => "upstream_tls_failures",
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "compressed_answers"
             }
@@ -225,6 +242,16 @@ impl Counter {
             }
             Counter::RateLimited => "rate_limited",
             Counter::CompressionFailures => "compression_failures",
+        }
+    }
+
+    /// The failure counter for a cause named by `tern_tls::upstream::failure_cause`.
+    pub fn upstream_tls_failure(cause: &str) -> Counter {
+        match cause {
+            "unknown_ca" => Counter::UpstreamTlsFailUnknownCa,
+            "name_mismatch" => Counter::UpstreamTlsFailNameMismatch,
+            "expired" => Counter::UpstreamTlsFailExpired,
+            _ => Counter::UpstreamTlsFailOther,
         }
     }
 
@@ -245,6 +272,10 @@ impl Counter {
             Counter::UpstreamRetries => ("cause", "stale_connection"),
             Counter::UpstreamRetriesConnect => ("cause", "connect"),
             Counter::UpstreamRetriesStatus => ("cause", "status"),
+            Counter::UpstreamTlsFailUnknownCa => ("cause", "unknown_ca"),
+            Counter::UpstreamTlsFailNameMismatch => ("cause", "name_mismatch"),
+            Counter::UpstreamTlsFailExpired => ("cause", "expired"),
+            Counter::UpstreamTlsFailOther => ("cause", "other"),
             Counter::CompressedGzip | Counter::CompressInGzip | Counter::CompressOutGzip => {
                 ("encoding", "gzip")
             }
@@ -313,6 +344,14 @@ impl Counter {
                 "WebSocket tunnels opened to upstreams (HTTP/1.1 upgrade or HTTP/2 CONNECT)"
             }
             Counter::WebsocketTunnelsClosed => "WebSocket tunnels to upstreams that ended",
+            Counter::UpstreamTlsHandshakes => "TLS handshakes with upstream servers",
+            Counter::UpstreamTlsFailUnknownCa
+            | Counter::UpstreamTlsFailNameMismatch
+            | Counter::UpstreamTlsFailExpired
+            | Counter::UpstreamTlsFailOther => {
+                "failed TLS handshakes with upstream servers, by cause (a certificate from an \
+                 unknown CA, for another name, expired; other)"
+            }
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "answers compressed on the fly, by coding"
             }

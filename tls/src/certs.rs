@@ -60,7 +60,7 @@ pub fn from_der(
     })
 }
 
-fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let iter = CertificateDer::pem_file_iter(path)
         .map_err(|e| format!("cannot read {}: {}", path.display(), pem_error(e)))?;
     let chain = iter

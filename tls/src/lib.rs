@@ -14,6 +14,7 @@ mod resolver;
 mod self_signed;
 mod session;
 mod tickets;
+pub mod upstream;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -100,6 +100,14 @@ struct RouteFile {
     index: Option<Spanned<String>>,
     balance: Option<Spanned<String>>,
     proxy_host: Option<Spanned<String>>,
+    /// TLS to `https://` upstreams: the name their certificates must carry (and SNI), for
+    /// every server of the route; default: each server's host.
+    proxy_tls_server_name: Option<Spanned<String>>,
+    /// A PEM file of the CAs to trust instead of the system's.
+    proxy_tls_ca: Option<Spanned<String>>,
+    /// A client certificate (PEM chain) and key for upstreams that ask for one.
+    proxy_tls_client_cert: Option<Spanned<String>>,
+    proxy_tls_client_key: Option<Spanned<String>>,
     max_fails: Option<Spanned<u32>>,
     fail_timeout: Option<Spanned<u64>>,
     connect_timeout: Option<Spanned<u64>>,
@@ -305,11 +313,17 @@ pub enum RouteKind {
     },
 }
 
+/// Where Debian keeps the system's CA certificates (what `rustls-native-certs` reads there).
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 /// A proxy route's upstreams and how requests reach them.
 #[derive(Debug, Clone)]
 pub struct ProxyPlan {
     pub group: tern_proxy::GroupOptions,
     pub options: tern_proxy::ProxyOptions,
+    /// Files TLS to the upstreams reads (a CA file, a client certificate and key), read again
+    /// on reload inside the sandbox.
+    pub tls_files: Vec<PathBuf>,
 }
 
 /// The one app instance: where its database and pages are.
@@ -767,7 +781,7 @@ fn check_route(
         }
     };
     // Keys that belong to one kind or two; any other kind must not have them.
-    let owned: [(&str, Option<usize>, &[&str]); 28] = [
+    let owned: [(&str, Option<usize>, &[&str]); 32] = [
         ("fastcgi", fastcgi, &["fastcgi"]),
         ("index", at(&route.index), &["fastcgi"]),
         ("try_files", at(&route.try_files), &["static", "fastcgi"]),
@@ -784,6 +798,22 @@ fn check_route(
         ),
         ("balance", at(&route.balance), &["proxy", "fastcgi"]),
         ("proxy_host", at(&route.proxy_host), &["proxy"]),
+        (
+            "proxy_tls_server_name",
+            at(&route.proxy_tls_server_name),
+            &["proxy"],
+        ),
+        ("proxy_tls_ca", at(&route.proxy_tls_ca), &["proxy"]),
+        (
+            "proxy_tls_client_cert",
+            at(&route.proxy_tls_client_cert),
+            &["proxy"],
+        ),
+        (
+            "proxy_tls_client_key",
+            at(&route.proxy_tls_client_key),
+            &["proxy"],
+        ),
         ("max_fails", at(&route.max_fails), &["proxy", "fastcgi"]),
         (
             "fail_timeout",
@@ -1099,15 +1129,41 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
         ok = false;
     }
     let mut group = tern_proxy::GroupOptions::default();
+    // Each server's host when it is written https://host:port.
+    let mut tls_hosts = Vec::new();
     for s in &list {
         match parse_server(s, dir) {
-            Ok(server) => group.servers.push(server),
+            Ok((server, tls_host)) => {
+                group.servers.push(server);
+                tls_hosts.push(tls_host);
+            }
             Err(why) => {
                 p.at(at, format!("upstream {s:?}: {why}"));
                 ok = false;
             }
         }
     }
+    ok &= check_upstream_tls(route, dir, at, &tls_hosts, &mut group, p);
+    let tls_files = match &group.tls {
+        None => Vec::new(),
+        // The system's roots (Debian's bundle) when no CA file is given.
+        Some(_) => [
+            &route.proxy_tls_ca,
+            &route.proxy_tls_client_cert,
+            &route.proxy_tls_client_key,
+        ]
+        .into_iter()
+        .map(|v| v.as_ref().map(|v| dir.join(v.get_ref())))
+        .enumerate()
+        .filter_map(|(i, f)| match (i, f) {
+            // (A rule for a missing file would stop the sandbox from applying.)
+            (0, None) => Path::new(SYSTEM_CA_BUNDLE)
+                .exists()
+                .then(|| PathBuf::from(SYSTEM_CA_BUNDLE)),
+            (_, f) => f,
+        })
+        .collect(),
+    };
     if !group.servers.is_empty() && group.servers.iter().all(|s| s.backup) {
         p.at(at, "every upstream is a backup: at least one must not be");
         ok = false;
@@ -1221,7 +1277,11 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
         set: set.into_iter().map(|(n, _, t)| (n, t)).collect(),
         remove,
     };
-    ok.then_some(RouteKind::Proxy(Box::new(ProxyPlan { group, options })))
+    ok.then_some(RouteKind::Proxy(Box::new(ProxyPlan {
+        group,
+        options,
+        tls_files,
+    })))
 }
 
 /// `static` and `fastcgi`: the root's files, and its scripts on the FastCGI servers (checked
@@ -1605,12 +1665,36 @@ fn check_health(
 
 /// An upstream and its parameters, as nginx writes them after the address:
 /// `"10.0.0.1:3000 weight=3"`, `"10.0.0.3:3000 backup"`.
-fn parse_server(s: &str, dir: &Path) -> Result<tern_proxy::UpstreamServer, String> {
+/// A server, and its host when it is written `https://host:port` (TLS).
+fn parse_server(
+    s: &str,
+    dir: &Path,
+) -> Result<(tern_proxy::UpstreamServer, Option<String>), String> {
     let mut words = s.split_ascii_whitespace();
     let addr = words
         .next()
         .ok_or("give host:port, [v6]:port or unix:/path")?;
-    let mut server = tern_proxy::UpstreamServer::new(parse_upstream(addr, dir)?);
+    let (addr, tls_host) = match addr.strip_prefix("https://") {
+        Some(rest) => {
+            let rest = rest.trim_end_matches('/');
+            let host = match rest.rsplit_once(':') {
+                Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+                _ => rest,
+            };
+            if host.is_empty() || rest.contains('/') {
+                return Err("give https://host:port".into());
+            }
+            let with_port = if host.len() == rest.len() {
+                format!("{rest}:443")
+            } else {
+                rest.to_string()
+            };
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            (parse_upstream(&with_port, dir)?, Some(host.to_string()))
+        }
+        None => (parse_upstream(addr, dir)?, None),
+    };
+    let mut server = tern_proxy::UpstreamServer::new(addr);
     for word in words {
         if word == "backup" {
             server.backup = true;
@@ -1626,7 +1710,101 @@ fn parse_server(s: &str, dir: &Path) -> Result<tern_proxy::UpstreamServer, Strin
             ));
         }
     }
-    Ok(server)
+    Ok((server, tls_host))
+}
+
+/// TLS to a route's upstreams: all its servers written `https://` or none, a name to verify
+/// for each (its host, or `proxy_tls_server_name`; an IP address is verified against the
+/// certificate's IP addresses), the CA and client-certificate files read now. False if
+/// anything was refused.
+fn check_upstream_tls(
+    route: &RouteFile,
+    dir: &Path,
+    at: usize,
+    tls_hosts: &[Option<String>],
+    group: &mut tern_proxy::GroupOptions,
+    p: &mut Problems<'_>,
+) -> bool {
+    let tls = tls_hosts.iter().filter(|h| h.is_some()).count();
+    let keys = [
+        ("proxy_tls_server_name", &route.proxy_tls_server_name),
+        ("proxy_tls_ca", &route.proxy_tls_ca),
+        ("proxy_tls_client_cert", &route.proxy_tls_client_cert),
+        ("proxy_tls_client_key", &route.proxy_tls_client_key),
+    ];
+    if tls == 0 {
+        let mut ok = true;
+        for (key, value) in keys {
+            if let Some(v) = value {
+                p.at(
+                    v.span().start,
+                    format!("{key} needs TLS upstreams: write the servers https://host:port"),
+                );
+                ok = false;
+            }
+        }
+        return ok;
+    }
+    if route.fastcgi.is_some() {
+        p.at(
+            at,
+            "FastCGI servers are reached without TLS: give host:port",
+        );
+        return false;
+    }
+    if tls != tls_hosts.len() {
+        p.at(
+            at,
+            "either every upstream of a route is https:// or none is",
+        );
+        return false;
+    }
+    let mut ok = true;
+    let forced = route.proxy_tls_server_name.as_ref();
+    for (server, host) in group.servers.iter_mut().zip(tls_hosts) {
+        let name = forced.map_or(host.as_deref().unwrap_or(""), |n| n.get_ref().as_str());
+        match rustls::pki_types::ServerName::try_from(name.to_string()) {
+            Ok(n) => server.tls_name = Some(n),
+            Err(_) => {
+                let at = forced.map_or(at, |n| n.span().start);
+                p.at(at, format!("{name:?} is not a DNS name or IP address to verify the upstream's certificate against"));
+                ok = false;
+            }
+        }
+    }
+    let file = |v: &Option<Spanned<String>>| v.as_ref().map(|v| dir.join(v.get_ref()));
+    let client_cert = match (&route.proxy_tls_client_cert, &route.proxy_tls_client_key) {
+        (Some(cert), Some(key)) => Some(tern_tls::CertFiles {
+            cert: dir.join(cert.get_ref()),
+            key: dir.join(key.get_ref()),
+        }),
+        (None, None) => None,
+        (Some(v), None) | (None, Some(v)) => {
+            p.at(
+                v.span().start,
+                "proxy_tls_client_cert and proxy_tls_client_key go together",
+            );
+            return false;
+        }
+    };
+    let options = tern_tls::upstream::UpstreamTlsOptions {
+        ca: file(&route.proxy_tls_ca),
+        client_cert,
+    };
+    match tern_tls::upstream::client_config(&options) {
+        Ok(config) => group.tls = Some(config),
+        Err(why) => {
+            let at = [&route.proxy_tls_ca, &route.proxy_tls_client_cert]
+                .into_iter()
+                .flatten()
+                .map(|v| v.span().start)
+                .next()
+                .unwrap_or(at);
+            p.at(at, format!("upstream TLS: {why}"));
+            ok = false;
+        }
+    }
+    ok
 }
 
 /// `host:port` (a name is resolved now, once), `[v6]:port`, or `unix:/path` (relative paths
@@ -1638,9 +1816,6 @@ fn parse_upstream(s: &str, dir: &Path) -> Result<tern_server::UpstreamAddr, Stri
             return Err("a unix: upstream needs a socket path".into());
         }
         return Ok(tern_server::UpstreamAddr::Unix(dir.join(path)));
-    }
-    if s.starts_with("https://") {
-        return Err("the proxy speaks plain HTTP/1.1 to upstreams (no TLS): give host:port".into());
     }
     let s = s.strip_prefix("http://").unwrap_or(s).trim_end_matches('/');
     if let Ok(addr) = s.parse::<SocketAddr>() {
@@ -1799,6 +1974,19 @@ impl RunConfig {
                         .map(|s| s.addr.clone())
                         .collect::<Vec<_>>(),
                 ),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// Files that TLS to upstreams reads, for every route.
+    pub fn upstream_tls_files(&self) -> Vec<PathBuf> {
+        self.sites
+            .iter()
+            .flat_map(|s| &s.routes)
+            .filter_map(|r| match &r.kind {
+                RouteKind::Proxy(plan) => Some(plan.tls_files.clone()),
                 _ => None,
             })
             .flatten()
@@ -1978,7 +2166,7 @@ respond = "gone"
 status = 204
 [[site.route]]
 path = "/p"
-proxy = "https://127.0.0.1:3000"
+proxy = "https://:3000"
 [[site.route]]
 path = "/s"
 static = "site"
@@ -2013,7 +2201,7 @@ static = "file.txt"
             "line 18: status 200 is not a redirect",
             "line 20: path \"/r/\" is already routed on this site (line 16)",
             "line 22: status 204 has no body",
-            "line 25: upstream \"https://127.0.0.1:3000\": the proxy speaks plain HTTP/1.1 to upstreams (no TLS): give host:port",
+            "line 25: upstream \"https://:3000\": give https://host:port",
             "line 29: `status` does not apply to a static route",
             "line 33: add_headers: \"Content-Length\" is written by the connection",
             "line 33: add_headers: \"X Bad\" is not a header name",

@@ -274,6 +274,9 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
     for upstream in loaded.upstreams() {
         needs.connect_to(&upstream);
     }
+    for file in loaded.upstream_tls_files() {
+        needs.read_file(&file);
+    }
     needs
 }
 

@@ -45,6 +45,11 @@ pub struct Leaf {
 
 impl Ca {
     pub fn new() -> Ca {
+        Ca::named("tern test CA")
+    }
+
+    /// A CA with its own common name (two CAs of one name are told apart only by signature).
+    pub fn named(name: &str) -> Ca {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![
@@ -52,9 +57,7 @@ impl Ca {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "tern test CA");
+        params.distinguished_name.push(DnType::CommonName, name);
         let key = KeyPair::generate().unwrap();
         Ca {
             issuer: CertifiedIssuer::self_signed(params, key).unwrap(),

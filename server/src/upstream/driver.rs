@@ -7,7 +7,9 @@ use std::io;
 
 use mio::Registry;
 
-use super::pool::UpstreamConns;
+use tern_runtime::ratelog;
+
+use super::pool::{tls_failure, UpstreamConns};
 use super::UpstreamOutcome;
 use crate::conn::{RelayNeed, Status};
 use crate::driver::Entry;
@@ -165,9 +167,24 @@ fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>
                     return progressed;
                 };
                 match c.poll_connected() {
-                    Ok(true) => e.conn.relay_connected(id, cx),
+                    Ok(true) => {
+                        if c.stream.is_tls() {
+                            cx.stats.bump(Counter::UpstreamTlsHandshakes);
+                        }
+                        e.conn.relay_connected(id, cx)
+                    }
                     Ok(false) => return progressed,
-                    Err(_) => e.conn.relay_connect_failed(id, cx),
+                    Err(err) => {
+                        if let Some(tls) = tls_failure(&err) {
+                            let cause = tern_tls::upstream::failure_cause(tls);
+                            cx.stats.bump(Counter::upstream_tls_failure(cause));
+                            if ratelog::admit("upstream_tls_failure", cx.clock.now_ms()) {
+                                let addr = c.set.addr(c.server).to_string();
+                                tracing::warn!(upstream = %addr, cause, error = %tls, "TLS handshake with the upstream failed");
+                            }
+                        }
+                        e.conn.relay_connect_failed(id, cx)
+                    }
                 }
             }
             RelayNeed::Io => {
@@ -187,6 +204,10 @@ fn io(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>) -> b
         return false;
     };
     let mut moved = false;
+    if c.stream.flush_pending().is_err() {
+        e.conn.relay_closed(id, true, cx);
+        return true;
+    }
     loop {
         let buf = e.conn.relay_send_buf(id);
         if buf.is_empty() {
@@ -226,7 +247,7 @@ fn io(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>) -> b
                     moved = true;
                 }
                 Ok(n) => {
-                    if n < want && !c.fin {
+                    if n < want && !c.fin && !c.stream.holds_more() {
                         c.may_read = false;
                     }
                     e.conn.relay_recv(id, n, cx);

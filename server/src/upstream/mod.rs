@@ -32,6 +32,14 @@ impl std::fmt::Display for UpstreamAddr {
     }
 }
 
+/// TLS toward one upstream server: the route's client configuration (`tern_tls::upstream`)
+/// and the name the server's certificate must carry, sent as SNI.
+#[derive(Debug, Clone)]
+pub struct UpstreamTls {
+    pub config: Arc<rustls::ClientConfig>,
+    pub name: rustls::pki_types::ServerName<'static>,
+}
+
 /// The proxy's timeouts toward its upstreams.
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamTimeouts {
@@ -140,6 +148,10 @@ pub trait Upstreams: Send + Sync + 'static {
     /// When a request goes on to another server.
     fn retry(&self) -> RetryPolicy {
         RetryPolicy::default()
+    }
+    /// TLS to `server`, if it is spoken (after connecting, before the request).
+    fn tls(&self, _server: usize) -> Option<&UpstreamTls> {
+        None
     }
 }
 

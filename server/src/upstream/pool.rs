@@ -21,6 +21,174 @@ pub(crate) const UPSTREAM_TOKEN: u64 = 1 << 63;
 pub(crate) enum UpStream {
     Tcp(mio::net::TcpStream),
     Unix(mio::net::UnixStream),
+    /// TCP with TLS on it (boxed: the rustls state is large, plain connections stay small).
+    Tls(Box<TlsUp>),
+}
+
+/// A TLS client connection to an upstream, driven sans-IO: the relay's bytes are encrypted
+/// into rustls and the records written to the socket; records read from the socket are
+/// decrypted into the relay's buffer.
+pub(crate) struct TlsUp {
+    sock: mio::net::TcpStream,
+    tls: rustls::ClientConnection,
+    /// The socket reported end of file (or the peer's close_notify came with the last bytes
+    /// read): a read must still report the end.
+    eof: bool,
+}
+
+/// Plaintext taken from the relay per write: one buffer's worth at most sits in rustls
+/// (records not yet written to the socket), so a slow upstream holds no more than a plain
+/// connection's socket buffer would.
+const TLS_WRITE_CHUNK: usize = 16 * 1024;
+
+impl TlsUp {
+    /// Writes the records rustls holds; WouldBlock if some remain.
+    fn flush(&mut self) -> io::Result<()> {
+        while self.tls.wants_write() {
+            match self.tls.write_tls(&mut self.sock) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads records into rustls; Ok(false) at end of file.
+    fn take_records(&mut self) -> io::Result<bool> {
+        loop {
+            match self.tls.read_tls(&mut self.sock) {
+                Ok(0) => {
+                    self.eof = true;
+                    return Ok(false);
+                }
+                Ok(_) => {
+                    if let Err(e) = self.tls.process_new_packets() {
+                        // Best effort: the alert rustls wants to send says why.
+                        let _ = self.flush();
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                    }
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Moves the handshake on: true once it is done. A failed handshake's error holds the
+    /// `rustls::Error` (see [`tls_failure`]).
+    fn handshake(&mut self, may_read: &mut bool) -> io::Result<bool> {
+        loop {
+            match self.flush() {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+            if !self.tls.is_handshaking() {
+                return Ok(true);
+            }
+            if !*may_read {
+                return Ok(false);
+            }
+            match self.take_records() {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "closed during the TLS handshake",
+                    ))
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    *may_read = false;
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Fills `buf` with plaintext as far as there is any: a short read means both the
+    /// socket and rustls are drained (or the socket ended: [`UpStream::holds_more`]).
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut n = 0;
+        loop {
+            match self.tls.reader().read(&mut buf[n..]) {
+                // close_notify: the end, said by the next read if this one has bytes.
+                Ok(0) => {
+                    self.eof |= n > 0;
+                    return Ok(n);
+                }
+                Ok(k) => {
+                    n += k;
+                    if n == buf.len() {
+                        return Ok(n);
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // Closed without close_notify: many servers do; the HTTP framing tells a
+                // cut-short answer.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(n),
+                Err(e) => return if n > 0 { Ok(n) } else { Err(e) },
+            }
+            match self.take_records() {
+                Ok(_) => {}
+                Err(e) if n > 0 && e.kind() == io::ErrorKind::WouldBlock => return Ok(n),
+                Err(e) => return if n > 0 { Ok(n) } else { Err(e) },
+            }
+            // Anything rustls answers by itself (a key update) goes out now.
+            match self.flush() {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.flush()?;
+        let n = self
+            .tls
+            .writer()
+            .write(&buf[..buf.len().min(TLS_WRITE_CHUNK)])?;
+        if n == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        match self.flush() {
+            Ok(()) => Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(n),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Between exchanges: plaintext nobody asked for, the end, or nothing (records that carry
+    /// no data, such as a late session ticket, are taken and say nothing).
+    fn waiting(&mut self) -> Waiting {
+        loop {
+            match self.tls.process_new_packets() {
+                Ok(state) if state.plaintext_bytes_to_read() > 0 => return Waiting::Bytes,
+                Ok(state) if state.peer_has_closed() => return Waiting::Closed,
+                Ok(_) => {}
+                Err(_) => return Waiting::Closed,
+            }
+            if self.eof {
+                return Waiting::Closed;
+            }
+            match self.take_records() {
+                Ok(true) => {}
+                Ok(false) => return Waiting::Closed,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Waiting::Nothing,
+                Err(_) => return Waiting::Closed,
+            }
+        }
+    }
+}
+
+/// The rustls error inside an I/O error from a TLS upstream connection, if that is what it is.
+pub(crate) fn tls_failure(e: &io::Error) -> Option<&rustls::Error> {
+    e.get_ref().and_then(|inner| inner.downcast_ref())
 }
 
 impl UpStream {
@@ -28,35 +196,69 @@ impl UpStream {
         match self {
             UpStream::Tcp(s) => s,
             UpStream::Unix(s) => s,
+            UpStream::Tls(t) => &mut t.sock,
         }
     }
 
-    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            UpStream::Tcp(s) => (&*s).read(buf),
-            UpStream::Unix(s) => (&*s).read(buf),
+            UpStream::Tcp(s) => s.read(buf),
+            UpStream::Unix(s) => s.read(buf),
+            UpStream::Tls(t) => t.read(buf),
         }
     }
 
-    pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+    pub fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            UpStream::Tcp(s) => (&*s).write(buf),
-            UpStream::Unix(s) => (&*s).write(buf),
+            UpStream::Tcp(s) => s.write(buf),
+            UpStream::Unix(s) => s.write(buf),
+            UpStream::Tls(t) => t.write(buf),
         }
     }
 
-    /// Sends our FIN (a tunnel's client ended its side); reading goes on.
-    pub fn shutdown_write(&self) -> io::Result<()> {
+    /// Sends our end of the stream (a tunnel's client ended its side); reading goes on. Over
+    /// TLS that is close_notify, then the FIN once it is written (if the socket is full now,
+    /// `flush_pending` writes it later and the FIN is left out: close_notify says it all).
+    pub fn shutdown_write(&mut self) -> io::Result<()> {
         match self {
             UpStream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
             UpStream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            UpStream::Tls(t) => {
+                t.tls.send_close_notify();
+                match t.flush() {
+                    Ok(()) => t.sock.shutdown(std::net::Shutdown::Write),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
         }
+    }
+
+    /// Writes what TLS still holds from earlier writes (a plain socket holds nothing back).
+    pub fn flush_pending(&mut self) -> io::Result<()> {
+        match self {
+            UpStream::Tls(t) => match t.flush() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+                other => other,
+            },
+            _ => Ok(()),
+        }
+    }
+
+    /// A short read did not drain it: the socket ended and a read must still say so.
+    pub fn holds_more(&self) -> bool {
+        matches!(self, UpStream::Tls(t) if t.eof)
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, UpStream::Tls(_))
     }
 
     fn fd(&self) -> RawFd {
         match self {
             UpStream::Tcp(s) => s.as_raw_fd(),
             UpStream::Unix(s) => s.as_raw_fd(),
+            UpStream::Tls(t) => t.sock.as_raw_fd(),
         }
     }
 
@@ -65,7 +267,10 @@ impl UpStream {
     /// the answer to a request smuggled in a body the server did not read as one), and the
     /// next request sent on it would be answered with them. Edge-triggered readiness cannot
     /// tell: the bytes may have come with the last answer's, in the read that ended it.
-    pub fn waiting(&self) -> Waiting {
+    pub fn waiting(&mut self) -> Waiting {
+        if let UpStream::Tls(t) = self {
+            return t.waiting();
+        }
         let mut byte = 0u8;
         loop {
             // SAFETY: `recv` into one live, exclusively borrowed byte, on a socket this
@@ -98,6 +303,7 @@ impl UpStream {
         let (err, peer) = match self {
             UpStream::Tcp(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
             UpStream::Unix(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
+            UpStream::Tls(t) => (t.sock.take_error()?, t.sock.peer_addr().map(|_| ())),
         };
         if let Some(e) = err {
             return Err(e);
@@ -153,16 +359,22 @@ impl UpConn {
         }
     }
 
-    /// For a connection still connecting: has it connected (or failed) since?
+    /// For a connection still connecting: has it connected (or failed) since? With TLS,
+    /// connected means the handshake is done too.
     pub fn poll_connected(&mut self) -> io::Result<bool> {
-        if self.connected {
-            return Ok(true);
+        if !self.connected {
+            if !self.write_event {
+                return Ok(false);
+            }
+            self.connected = self.stream.check_connected()?;
+            if !self.connected {
+                return Ok(false);
+            }
         }
-        if !self.write_event {
-            return Ok(false);
+        match &mut self.stream {
+            UpStream::Tls(t) => t.handshake(&mut self.may_read),
+            _ => Ok(true),
         }
-        self.connected = self.stream.check_connected()?;
-        Ok(self.connected)
     }
 }
 
@@ -216,7 +428,19 @@ impl UpstreamConns {
             UpstreamAddr::Tcp(addr) => {
                 let s = mio::net::TcpStream::connect(*addr)?;
                 s.set_nodelay(true)?;
-                UpStream::Tcp(s)
+                match set.tls(server) {
+                    None => UpStream::Tcp(s),
+                    Some(tls) => {
+                        let conn =
+                            rustls::ClientConnection::new(tls.config.clone(), tls.name.clone())
+                                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                        UpStream::Tls(Box::new(TlsUp {
+                            sock: s,
+                            tls: conn,
+                            eof: false,
+                        }))
+                    }
+                }
             }
             UpstreamAddr::Unix(path) => UpStream::Unix(mio::net::UnixStream::connect(path)?),
         };
@@ -282,7 +506,7 @@ impl UpstreamConns {
         // since is a new event (edge-triggered), seen while it is idle. Otherwise (the answer
         // ended exactly where a read buffer did) bytes may be there with no event to come:
         // look, without taking them.
-        if conn.may_read || conn.fin {
+        if conn.may_read || conn.fin || conn.stream.is_tls() {
             let waiting = conn.stream.waiting();
             if waiting != Waiting::Nothing {
                 self.drop_unclean(key, waiting, now_ms);
@@ -355,7 +579,7 @@ mod tests {
 
     /// Waits (bounded) until `stream` reports anything but `Nothing`: loopback delivery is
     /// not instant.
-    fn settled(stream: &UpStream) -> Waiting {
+    fn settled(stream: &mut UpStream) -> Waiting {
         for _ in 0..500 {
             let w = stream.waiting();
             if w != Waiting::Nothing {
@@ -372,21 +596,21 @@ mod tests {
         let ours = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         ours.set_nonblocking(true).unwrap();
         let (mut server, _) = listener.accept().unwrap();
-        let up = UpStream::Tcp(mio::net::TcpStream::from_std(ours));
+        let mut up = UpStream::Tcp(mio::net::TcpStream::from_std(ours));
         assert_eq!(up.waiting(), Waiting::Nothing);
         server.write_all(b"HTTP/1.1 200 OK\r\n").unwrap();
-        assert_eq!(settled(&up), Waiting::Bytes);
+        assert_eq!(settled(&mut up), Waiting::Bytes);
         // Looking took nothing: the bytes are all still there, and still seen.
         assert_eq!(up.waiting(), Waiting::Bytes);
         let mut buf = [0u8; 64];
         assert_eq!(up.read(&mut buf).unwrap(), 17);
         assert_eq!(up.waiting(), Waiting::Nothing);
         drop(server);
-        assert_eq!(settled(&up), Waiting::Closed);
+        assert_eq!(settled(&mut up), Waiting::Closed);
 
         let (ours, mut server) = std::os::unix::net::UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
-        let up = UpStream::Unix(mio::net::UnixStream::from_std(ours));
+        let mut up = UpStream::Unix(mio::net::UnixStream::from_std(ours));
         assert_eq!(up.waiting(), Waiting::Nothing);
         server.write_all(b"x").unwrap();
         assert_eq!(up.waiting(), Waiting::Bytes);
