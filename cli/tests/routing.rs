@@ -312,16 +312,7 @@ fn an_spa_and_a_stripped_api_answer_as_in_nginx() {
     let app = App::start();
     let conf = tmp.path().join("tern.toml");
     std::fs::write(&conf, tern_config(&dist, app.addr)).unwrap();
-    let mut cmd = Command::new(TERN);
-    cmd.arg("run").arg("--config").arg(&conf).args([
-        "--listen",
-        "127.0.0.1:0",
-        "--workers",
-        "1",
-        "--sandbox",
-        "on",
-    ]);
-    let tern = Tern::spawn(cmd);
+    let tern = Tern::start_run(&conf);
     let in_tern = check_same(tern.addr(), "tern");
     let tern_head = head_answers(tern.addr(), "tern");
     drop(tern);
@@ -447,16 +438,7 @@ proxy = "127.0.0.1:{dead}"
         ),
     )
     .unwrap();
-    let mut cmd = Command::new(TERN);
-    cmd.arg("run").arg("--config").arg(&conf).args([
-        "--listen",
-        "127.0.0.1:0",
-        "--workers",
-        "1",
-        "--sandbox",
-        "on",
-    ]);
-    let tern = Tern::spawn(cmd);
+    let tern = Tern::start_run(&conf);
     Full {
         _tmp: tmp,
         tern,
@@ -666,16 +648,7 @@ fn the_gate_judges_the_path_the_client_asked_for_not_the_stripped_one() {
         ),
     )
     .unwrap();
-    let mut cmd = Command::new(TERN);
-    cmd.arg("run").arg("--config").arg(&conf).args([
-        "--listen",
-        "127.0.0.1:0",
-        "--workers",
-        "1",
-        "--sandbox",
-        "on",
-    ]);
-    let tern = Tern::spawn(cmd);
+    let tern = Tern::start_run(&conf);
     for path in [
         "/api/private/x",
         "/api/%70rivate/x",

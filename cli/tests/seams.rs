@@ -13,7 +13,6 @@ mod tls_support;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use support::*;
@@ -122,17 +121,7 @@ impl Setup {
     }
 
     fn start(&self) -> Tern {
-        let mut cmd = Command::new(TERN);
-        cmd.arg("run").arg("--config").arg(self.path("tern.toml"));
-        cmd.args([
-            "--listen",
-            "127.0.0.1:0",
-            "--workers",
-            "1",
-            "--sandbox",
-            "on",
-        ]);
-        let tern = Tern::spawn(cmd);
+        let tern = Tern::start_run(&self.path("tern.toml"));
         assert!(tern.line.starts_with("tern: running "), "{}", tern.line);
         tern
     }

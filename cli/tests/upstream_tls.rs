@@ -214,17 +214,7 @@ impl Config {
 
     /// `tern run` on it, one worker (one pool), sandboxed.
     fn start(&self) -> Tern {
-        let mut cmd = Command::new(TERN);
-        cmd.arg("run").arg("--config").arg(self.path());
-        cmd.args([
-            "--listen",
-            "127.0.0.1:0",
-            "--sandbox",
-            "on",
-            "--workers",
-            "1",
-        ]);
-        let tern = Tern::spawn(cmd);
+        let tern = Tern::start_run(&self.path());
         assert!(tern.line.starts_with("tern: running "), "{}", tern.line);
         tern
     }

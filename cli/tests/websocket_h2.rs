@@ -14,7 +14,6 @@ mod tls_support;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -296,17 +295,7 @@ async fn connect(tern: &Tern) -> H2Conn {
 fn start(dir: &Path, config: &str) -> Tern {
     let path = dir.join("tern.toml");
     std::fs::write(&path, config).unwrap();
-    let mut cmd = Command::new(TERN);
-    cmd.arg("run").arg("--config").arg(&path);
-    cmd.args([
-        "--listen",
-        "127.0.0.1:0",
-        "--workers",
-        "1",
-        "--sandbox",
-        "on",
-    ]);
-    let tern = Tern::spawn(cmd);
+    let tern = Tern::start_run(&path);
     assert!(tern.line.starts_with("tern: running "), "{}", tern.line);
     tern
 }
