@@ -10,7 +10,10 @@ use std::io::Write;
 
 use crate::Encoding;
 
-/// flate2 (miniz_oxide) level: nginx's `gzip_comp_level` is 1 by default, Caddy's 5.
+/// flate2 level: nginx's `gzip_comp_level` is 1 by default, Caddy's 5. The backend is
+/// zlib-rs (the workspace's flate2 feature), not miniz_oxide: at level 5 it took 11 % less CPU
+/// per proxied 16 KiB answer in `bench/proxy proxy-gzip` (95 against 106 µs; nginx's zlib
+/// 85 µs), for about 60 KiB more state per answer.
 pub const GZIP_LEVEL: u32 = 5;
 /// Brotli quality 4 keeps it near gzip's speed (5 and up switch to slower match finders;
 /// the Rust encoder's q5 hasher also takes far more memory).
@@ -357,7 +360,7 @@ mod tests {
     fn memory_is_bounded() {
         let body = text(1 << 20);
         for (e, limit) in [
-            (Encoding::Gzip, 400 << 10),
+            (Encoding::Gzip, 450 << 10),
             (Encoding::Br, 2300 << 10),
             (Encoding::Zstd, 2000 << 10),
         ] {
