@@ -481,3 +481,17 @@ fn check_names_the_lines_of_misused_fastcgi_keys() {
     );
     assert!(text.contains("line 17:"), "{text}");
 }
+
+#[test]
+fn the_readme_php_caddyfile_is_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("blog");
+    std::fs::create_dir(&root).unwrap();
+    let file = dir.path().join("Caddyfile");
+    let caddyfile = readme_block("### PHP sites (FastCGI)", "caddy")
+        .replace("/srv/blog", root.to_str().unwrap());
+    std::fs::write(&file, caddyfile).unwrap();
+    if let Some(Err(e)) = caddy_validate(&file, dir.path()) {
+        panic!("{e}");
+    }
+}

@@ -563,17 +563,10 @@ fn check_names_the_lines_of_misused_routing_keys() {
 
 /// The fenced block of `lang` in the README's SPA section.
 fn readme_block(lang: &str) -> String {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .unwrap();
-    let section = readme
-        .split("### An SPA with an API under `/api`, in tern, nginx and Caddy")
-        .nth(1)
-        .expect("the README has the SPA section");
-    let fence = format!("```{lang}\n");
-    let start = section.find(&fence).expect("the block") + fence.len();
-    let len = section[start..].find("```").unwrap();
-    section[start..start + len].to_string()
+    support::readme_block(
+        "### An SPA with an API under `/api`, in tern, nginx and Caddy",
+        lang,
+    )
 }
 
 #[test]
@@ -593,30 +586,15 @@ fn the_readme_spa_config_checks_and_its_caddyfile_is_valid() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    if !have("caddy", "version") {
-        eprintln!("SKIPPED: caddy is not installed (scripts/install-proxy-test-deps installs it)");
-        return;
-    }
     let file = tmp.path().join("Caddyfile");
     std::fs::write(
         &file,
         readme_block("caddy").replace("/srv/spa/dist", dist.to_str().unwrap()),
     )
     .unwrap();
-    let out = Command::new("caddy")
-        .args(["validate", "--adapter", "caddyfile", "--config"])
-        .arg(&file)
-        .env("HOME", tmp.path())
-        .env("XDG_DATA_HOME", tmp.path().join("caddy-data"))
-        .env("XDG_CONFIG_HOME", tmp.path().join("caddy-config"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "caddy validate: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Some(Err(e)) = caddy_validate(&file, tmp.path()) {
+        panic!("{e}");
+    }
 }
 
 /// The gate judges the path the client asked for, as the route did: with the prefix

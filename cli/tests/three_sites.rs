@@ -7,8 +7,8 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,20 +17,7 @@ use support::*;
 
 /// The fenced block of `lang` in the README's three-site section.
 fn readme_block(lang: &str) -> String {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .unwrap();
-    let section = readme
-        .split("### Three sites in tern, nginx and Caddy")
-        .nth(1)
-        .expect("the README has the three-site section");
-    let fence = format!("```{lang}\n");
-    let start = section
-        .find(&fence)
-        .unwrap_or_else(|| panic!("no {lang} block"))
-        + fence.len();
-    let len = section[start..].find("```").unwrap();
-    section[start..start + len].to_string()
+    support::readme_block("### Three sites in tern, nginx and Caddy", lang)
 }
 
 /// A fake wiki server: answers every request with which server it is, the path, and what
@@ -253,29 +240,9 @@ fn the_readme_tern_config_runs_and_answers_as_its_nginx_config() {
 #[test]
 fn the_readme_caddyfile_is_valid() {
     let setup = Setup::new();
-    let Ok(status) = Command::new("caddy")
-        .arg("version")
-        .stdout(Stdio::null())
-        .status()
-    else {
-        eprintln!("SKIPPED: caddy is not installed (scripts/install-proxy-test-deps installs it)");
-        return;
-    };
-    assert!(status.success());
     let file = setup.path("Caddyfile");
     std::fs::write(&file, setup.adapt(&readme_block("caddy"), "caddy-logs", 0)).unwrap();
-    let out = Command::new("caddy")
-        .args(["validate", "--adapter", "caddyfile", "--config"])
-        .arg(&file)
-        .env("HOME", setup.tmp.path())
-        .env("XDG_DATA_HOME", setup.path("caddy-data"))
-        .env("XDG_CONFIG_HOME", setup.path("caddy-config"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "caddy validate: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Some(Err(e)) = caddy_validate(&file, setup.tmp.path()) {
+        panic!("{e}");
+    }
 }

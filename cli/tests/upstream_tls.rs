@@ -488,16 +488,11 @@ fn setup_3_an_app_over_tls_with_a_failing_server_answers_as_in_nginx() {
     let spare = TlsApp::start("spare", &leaf, None);
     b.health.store(500, Ordering::SeqCst);
     b.status.store(503, Ordering::SeqCst);
-    let routes = format!(
-        "[[site.route]]\npath = \"/\"\n\
-         proxy = [\"https://127.0.0.1:{} weight=2\", \"https://127.0.0.1:{}\", \"https://127.0.0.1:{} backup\"]\n\
-         proxy_tls_server_name = \"app.test\"\nproxy_tls_ca = \"ca.pem\"\n\
-         retry_on_status = [503]\nmax_fails = 1\nfail_timeout = 30\nmax_body = 1024\n\
-         health_check = {{ path = \"/health\", interval = 1, timeout = 1, rise = 2, fall = 1 }}\n",
-        a.addr.port(),
-        b.addr.port(),
-        spare.addr.port()
-    );
+    // The README's block, on this test's ports.
+    let routes = setup_3_readme_block("toml")
+        .replace("10.0.0.1:8443", &a.addr.to_string())
+        .replace("10.0.0.2:8443", &b.addr.to_string())
+        .replace("10.0.0.3:8443", &spare.addr.to_string());
     let config = Config::new(&ca, &routes);
     let tern = config.start();
     let b_up = format!(
@@ -562,6 +557,31 @@ server {{
         0,
         "the backup stays idle in both"
     );
+}
+
+fn setup_3_readme_block(lang: &str) -> String {
+    readme_block(
+        "### An app over TLS on two servers, one failing, in tern and nginx",
+        lang,
+    )
+}
+
+#[test]
+fn setup_3_caddyfile_is_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), Ca::new().pem()).unwrap();
+    let file = dir.path().join("Caddyfile");
+    let caddyfile = setup_3_readme_block("caddy").replace(
+        "tls_trusted_ca_certs ca.pem",
+        &format!(
+            "tls_trusted_ca_certs {}",
+            dir.path().join("ca.pem").display()
+        ),
+    );
+    std::fs::write(&file, caddyfile).unwrap();
+    if let Some(Err(e)) = caddy_validate(&file, dir.path()) {
+        panic!("{e}");
+    }
 }
 
 /// The requests of set-up (3), each on a new connection: (status, body, or only the status

@@ -25,6 +25,67 @@ pub const ZSTD_LEVEL: i32 = 3;
 /// zstd window: 2^18 = 256 KiB (level 3 would take up to 2 MiB).
 pub const ZSTD_WINDOW_LOG: u32 = 18;
 
+/// The level of each coding, as a site or route sets them (`compress_level`); checked
+/// against [`Levels::RANGES`] by [`Levels::set`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Levels {
+    pub gzip: u32,
+    pub br: u32,
+    pub zstd: u32,
+}
+
+impl Default for Levels {
+    fn default() -> Levels {
+        Levels {
+            gzip: GZIP_LEVEL,
+            br: BROTLI_QUALITY,
+            zstd: ZSTD_LEVEL as u32,
+        }
+    }
+}
+
+impl Levels {
+    /// The levels a config may choose: gzip's whole range (its state does not grow with the
+    /// level: about 410 KiB), brotli up to quality 6 and zstd up to level 6 (3.6 MiB per
+    /// answer at most). One step above, the match finders take 9.8 MiB (brotli 7) and
+    /// 6.2 MiB (zstd 7) per answer in flight, and CPU per byte climbs past what compressing
+    /// on the fly should cost; precompress such files instead (static files keep their
+    /// `.br`/`.zst` variants). Measured by `tests::memory_is_bounded_at_every_level`.
+    pub const RANGES: [(Encoding, u32, u32); 3] = [
+        (Encoding::Gzip, 1, 9),
+        (Encoding::Br, 0, 6),
+        (Encoding::Zstd, 1, 6),
+    ];
+
+    pub fn get(&self, encoding: Encoding) -> u32 {
+        match encoding {
+            Encoding::Gzip => self.gzip,
+            Encoding::Br => self.br,
+            Encoding::Zstd => self.zstd,
+        }
+    }
+
+    /// Sets one coding's level, refusing one outside its range with the range.
+    pub fn set(&mut self, encoding: Encoding, level: u32) -> Result<(), String> {
+        let (_, low, high) = Levels::RANGES
+            .into_iter()
+            .find(|(e, _, _)| *e == encoding)
+            .expect("every coding has a range");
+        if !(low..=high).contains(&level) {
+            return Err(format!(
+                "{} level {level} is outside {low}..={high}",
+                encoding.name()
+            ));
+        }
+        match encoding {
+            Encoding::Gzip => self.gzip = level,
+            Encoding::Br => self.br = level,
+            Encoding::Zstd => self.zstd = level,
+        }
+        Ok(())
+    }
+}
+
 /// The output sink every encoder writes into; drained by the caller after each call.
 type Sink = Vec<u8>;
 
@@ -53,16 +114,21 @@ pub struct Encoder {
 pub struct EncodeError;
 
 impl Encoder {
+    /// An encoder at the default levels.
     pub fn new(encoding: Encoding) -> Result<Encoder, EncodeError> {
+        Encoder::with_levels(encoding, &Levels::default())
+    }
+
+    pub fn with_levels(encoding: Encoding, levels: &Levels) -> Result<Encoder, EncodeError> {
         let sink = Sink::new();
         let inner = match encoding {
             Encoding::Gzip => Inner::Gzip(flate2::write::GzEncoder::new(
                 sink,
-                flate2::Compression::new(GZIP_LEVEL),
+                flate2::Compression::new(levels.gzip),
             )),
             Encoding::Br => {
                 let params = brotli::enc::BrotliEncoderParams {
-                    quality: BROTLI_QUALITY as i32,
+                    quality: levels.br as i32,
                     lgwin: BROTLI_LGWIN as i32,
                     ..Default::default()
                 };
@@ -71,8 +137,8 @@ impl Encoder {
                 )))
             }
             Encoding::Zstd => {
-                let mut z =
-                    zstd::stream::write::Encoder::new(sink, ZSTD_LEVEL).map_err(|_| EncodeError)?;
+                let mut z = zstd::stream::write::Encoder::new(sink, levels.zstd as i32)
+                    .map_err(|_| EncodeError)?;
                 z.window_log(ZSTD_WINDOW_LOG).map_err(|_| EncodeError)?;
                 z.include_checksum(false).map_err(|_| EncodeError)?;
                 Inner::Zstd(z)
@@ -376,6 +442,69 @@ mod tests {
             assert_eq!(live, before, "{e:?} kept memory");
             eprintln!("{e:?}: peak {} KiB", peak >> 10);
             assert!(peak < limit, "{e:?}: peak {peak} bytes");
+        }
+    }
+
+    /// The most memory any allowed level takes, so [`Levels::RANGES`] is what bounds a
+    /// config's answers (the README's figures).
+    #[test]
+    fn memory_is_bounded_at_every_level() {
+        let body = text(1 << 20);
+        for (e, low, high) in Levels::RANGES {
+            for level in low..=high {
+                let mut levels = Levels::default();
+                levels.set(e, level).unwrap();
+                let before = counting::reset();
+                let mut enc = Encoder::with_levels(e, &levels).unwrap();
+                for piece in body.chunks(64 << 10) {
+                    enc.write(piece).unwrap();
+                    enc.flush().unwrap();
+                }
+                let out = enc.finish().unwrap().len();
+                drop(enc);
+                let peak = counting::peak() - before;
+                eprintln!("{e:?} {level}: peak {} KiB, last piece {out}", peak >> 10);
+                assert!(peak < 3800 << 10, "{e:?} {level}: peak {peak} bytes");
+            }
+        }
+    }
+
+    #[test]
+    fn levels_outside_their_range_are_refused() {
+        let mut l = Levels::default();
+        assert!(l.set(Encoding::Gzip, 0).is_err());
+        assert!(l.set(Encoding::Gzip, 10).is_err());
+        assert!(l.set(Encoding::Br, 7).is_err());
+        assert!(l.set(Encoding::Zstd, 0).is_err());
+        assert_eq!(
+            l.set(Encoding::Zstd, 7).unwrap_err(),
+            "zstd level 7 is outside 1..=6"
+        );
+        l.set(Encoding::Br, 0).unwrap();
+        assert_eq!(
+            l,
+            Levels {
+                br: 0,
+                ..Levels::default()
+            }
+        );
+    }
+
+    /// A higher level gives a smaller answer on text (the level reaches the encoder).
+    #[test]
+    fn the_level_reaches_the_encoder() {
+        let body = text(256 << 10);
+        for e in Encoding::ALL {
+            let (_, low, high) = Levels::RANGES.into_iter().find(|r| r.0 == e).unwrap();
+            let size = |level| {
+                let mut levels = Levels::default();
+                levels.set(e, level).unwrap();
+                let mut enc = Encoder::with_levels(e, &levels).unwrap();
+                let mut n = enc.write(&body).unwrap().len();
+                n += enc.finish().unwrap().len();
+                n
+            };
+            assert!(size(high) < size(low), "{e:?}");
         }
     }
 }

@@ -13,7 +13,10 @@ mod encoder;
 mod policy;
 
 pub use accept::negotiate;
-pub use encoder::{Encoder, BROTLI_LGWIN, BROTLI_QUALITY, GZIP_LEVEL, ZSTD_LEVEL, ZSTD_WINDOW_LOG};
+pub use encoder::{
+    EncodeError, Encoder, Levels, BROTLI_LGWIN, BROTLI_QUALITY, GZIP_LEVEL, ZSTD_LEVEL,
+    ZSTD_WINDOW_LOG,
+};
 pub use policy::{
     no_transform, vary_with_accept_encoding, weak_etag, Answer, Decision, Policy, DEFAULT_MIN_SIZE,
     DEFAULT_TYPES,

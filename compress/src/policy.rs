@@ -1,6 +1,6 @@
 //! Which answers are compressed, and the header edits a compressed answer needs.
 
-use crate::{accept, Encoding};
+use crate::{accept, Encoding, Levels};
 
 /// Answers whose size is known and below this are sent as they are (Caddy's default; nginx's
 /// `gzip_min_length` is 20): below it the coding's own framing eats most of the gain.
@@ -34,6 +34,7 @@ pub struct Policy {
     min_size: u64,
     /// Lowercase `type/subtype` or `type/*`.
     types: Vec<String>,
+    levels: Levels,
 }
 
 /// What an answer's head says, as far as compression is concerned.
@@ -84,7 +85,17 @@ impl Policy {
             encodings: encodings.to_vec(),
             min_size,
             types: checked,
+            levels: Levels::default(),
         })
+    }
+
+    /// The same policy compressing at `levels`.
+    pub fn with_levels(self, levels: Levels) -> Policy {
+        Policy { levels, ..self }
+    }
+
+    pub fn levels(&self) -> &Levels {
+        &self.levels
     }
 
     /// The server's codings, the default size and types.

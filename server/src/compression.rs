@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use tern_compress::{Answer, Decision, Encoder, Encoding, Policy};
+use tern_compress::{Answer, Decision, EncodeError, Encoder, Encoding, Policy};
 
 use tern_codec::RequestHead;
 
@@ -71,6 +71,11 @@ impl Choice {
         r.push_header("Content-Encoding", e.name().as_bytes());
         Some(e)
     }
+
+    /// A streaming encoder for `e` at the route's levels.
+    pub fn encoder(&self, e: Encoding) -> Result<Encoder, EncodeError> {
+        Encoder::with_levels(e, self.policy.levels())
+    }
 }
 
 /// The request carries `Cache-Control: no-transform` (in any of its Cache-Control fields).
@@ -98,7 +103,7 @@ pub(crate) fn fixed(r: &mut Response, choice: &Choice, stats: &WorkerStats) {
         Body::Shared(b) => b.as_ref(),
         Body::File(_) => return,
     };
-    let compressed = Encoder::new(e).and_then(|mut enc| {
+    let compressed = choice.encoder(e).and_then(|mut enc| {
         let mut out = enc.write(body)?.to_vec();
         out.extend_from_slice(enc.finish()?);
         Ok(out)

@@ -66,6 +66,7 @@ struct SiteFile {
     compress: Option<Spanned<Codings>>,
     compress_min_size: Option<Spanned<u64>>,
     compress_types: Option<Spanned<Vec<String>>>,
+    compress_level: Option<Spanned<BTreeMap<String, u32>>>,
     #[serde(default)]
     route: Vec<RouteFile>,
 }
@@ -147,16 +148,19 @@ struct RouteFile {
     compress: Option<Spanned<Codings>>,
     compress_min_size: Option<Spanned<u64>>,
     compress_types: Option<Spanned<Vec<String>>>,
+    compress_level: Option<Spanned<BTreeMap<String, u32>>>,
 }
 
 /// One level's compression keys (a site's or a route's): `compress = ["zstd", "br",
 /// "gzip"]` (the server's preference; `true`: that list, `false`: off),
-/// `compress_min_size = 512`, `compress_types = ["text/*", ...]`.
+/// `compress_min_size = 512`, `compress_types = ["text/*", ...]`, `compress_level =
+/// { gzip = 6, br = 5, zstd = 3 }`.
 #[derive(Clone, Copy, Default)]
 struct CompressKeys<'a> {
     compress: Option<&'a Spanned<Codings>>,
     compress_min_size: Option<&'a Spanned<u64>>,
     compress_types: Option<&'a Spanned<Vec<String>>>,
+    compress_level: Option<&'a Spanned<BTreeMap<String, u32>>>,
 }
 
 impl SiteFile {
@@ -165,6 +169,7 @@ impl SiteFile {
             compress: self.compress.as_ref(),
             compress_min_size: self.compress_min_size.as_ref(),
             compress_types: self.compress_types.as_ref(),
+            compress_level: self.compress_level.as_ref(),
         }
     }
 }
@@ -175,6 +180,7 @@ impl RouteFile {
             compress: self.compress.as_ref(),
             compress_min_size: self.compress_min_size.as_ref(),
             compress_types: self.compress_types.as_ref(),
+            compress_level: self.compress_level.as_ref(),
         }
     }
 }
@@ -667,7 +673,27 @@ fn check_compress_keys(keys: CompressKeys<'_>, p: &mut Problems<'_>) -> bool {
             ok = false;
         }
     }
+    if let Some(levels) = keys.compress_level {
+        if let Err(e) = levels_over(tern_compress::Levels::default(), levels.get_ref()) {
+            p.at(levels.span().start, format!("compress_level: {e}"));
+            ok = false;
+        }
+    }
     ok
+}
+
+/// `base` with the levels a `compress_level` table sets.
+fn levels_over(
+    mut base: tern_compress::Levels,
+    table: &BTreeMap<String, u32>,
+) -> Result<tern_compress::Levels, String> {
+    for (name, level) in table {
+        let coding = tern_compress::Encoding::from_name(name).ok_or_else(|| {
+            format!("unknown coding {name:?}: the codings are \"zstd\", \"br\" and \"gzip\"")
+        })?;
+        base.set(coding, *level)?;
+    }
+    Ok(base)
 }
 
 fn codings(list: &[String]) -> Vec<tern_compress::Encoding> {
@@ -698,9 +724,17 @@ fn compress_policy(
             .map(|t| t.to_string())
             .collect(),
     };
+    // The site's levels, then the route's own over them (checked already).
+    let mut levels = tern_compress::Levels::default();
+    for table in [inherited.compress_level, own.compress_level]
+        .into_iter()
+        .flatten()
+    {
+        levels = levels_over(levels, table.get_ref()).ok()?;
+    }
     tern_compress::Policy::new(&codings, min, &types)
         .ok()
-        .map(std::sync::Arc::new)
+        .map(|p| std::sync::Arc::new(p.with_levels(levels)))
 }
 
 /// `compress_min_size` or `compress_types` where compression is off would do nothing: the
@@ -717,6 +751,10 @@ fn check_compress_off(keys: CompressKeys<'_>, on: bool, p: &mut Problems<'_>) {
         (
             "compress_types",
             keys.compress_types.map(|v| v.span().start),
+        ),
+        (
+            "compress_level",
+            keys.compress_level.map(|v| v.span().start),
         ),
     ] {
         if let Some(at) = at {

@@ -1189,3 +1189,56 @@ impl Drop for Nginx {
         let _ = self.child.wait();
     }
 }
+
+/// The first fenced block of `lang` after the README heading `section` (a whole line, such
+/// as "### PHP sites (FastCGI)"): the examples the tests run or validate are the ones a
+/// reader copies.
+pub fn readme_block(section: &str, lang: &str) -> String {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let heading = format!("\n{section}\n");
+    let body = readme
+        .split(&heading)
+        .nth(1)
+        .unwrap_or_else(|| panic!("the README has no section {section:?}"));
+    let fence = format!("```{lang}\n");
+    let start = body
+        .find(&fence)
+        .unwrap_or_else(|| panic!("no {lang} block in {section:?}"))
+        + fence.len();
+    let len = body[start..].find("```").unwrap();
+    body[start..start + len].to_string()
+}
+
+/// `caddy validate` on a Caddyfile, with Caddy's state kept under `home`. `None` when Caddy
+/// is not installed (scripts/install-proxy-test-deps installs it), the output on failure.
+pub fn caddy_validate(file: &Path, home: &Path) -> Option<Result<(), String>> {
+    let installed = Command::new("caddy")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !installed {
+        eprintln!("SKIPPED: caddy is not installed (scripts/install-proxy-test-deps installs it)");
+        return None;
+    }
+    let out = Command::new("caddy")
+        .args(["validate", "--adapter", "caddyfile", "--config"])
+        .arg(file)
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("caddy-data"))
+        .env("XDG_CONFIG_HOME", home.join("caddy-config"))
+        .output()
+        .unwrap();
+    Some(if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "caddy validate: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    })
+}

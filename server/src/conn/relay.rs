@@ -1195,7 +1195,7 @@ impl Relay {
                 match choice.edit_head(&mut r, content_length) {
                     Some(coding) => {
                         if body.is_some() && !self.asked.head_only {
-                            match tern_compress::Encoder::new(coding) {
+                            match choice.encoder(coding) {
                                 Ok(e) => self.encoder = Some(Box::new(e)),
                                 Err(_) => {
                                     // Ours, not the upstream's: counted apart, and its
