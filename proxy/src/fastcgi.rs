@@ -108,7 +108,7 @@ impl FastCgi {
                 });
             }
         }
-        if any || ends_with_script_extension(path) {
+        if any || names_php_source(path) {
             Target::MissingScript
         } else {
             Target::File
@@ -164,10 +164,14 @@ impl FastCgi {
     }
 }
 
-/// `.php` in any case at the end of a path: never a static file.
-fn ends_with_script_extension(path: &str) -> bool {
-    path.len() >= SCRIPT_EXTENSION.len()
-        && path[path.len() - SCRIPT_EXTENSION.len()..].eq_ignore_ascii_case(SCRIPT_EXTENSION)
+/// The last segment is PHP source under some name, never sent as a static file: `.php` in
+/// any case, and anything that still has `.php` inside its name (an editor's or a deploy's
+/// copy: `config.php.bak`, `index.php~`, `.index.php.swp`, `app.php5`) or ends in `.phtml`
+/// or `.phar`. nginx and Caddy send such copies as plain files, with the source and the
+/// passwords in it.
+fn names_php_source(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path).to_ascii_lowercase();
+    name.contains(SCRIPT_EXTENSION) || name.ends_with(".phtml") || name.ends_with(".phar")
 }
 
 /// The CGI/1.1 meta-variables (RFC 3875 §4.1) PHP reads, as nginx's `fastcgi_params` sets them.
@@ -331,8 +335,21 @@ mod tests {
         let (_d, h) = handler();
         assert_eq!(h.target("/img.jpg/x.php"), Target::MissingScript);
         assert_eq!(h.target("/img.jpg"), Target::File);
-        assert_eq!(h.target("/app.phpx"), Target::File);
         assert_eq!(h.target("/app.PHP"), Target::MissingScript);
+        assert_eq!(h.target("/app.phpx"), Target::MissingScript);
+        for copy in [
+            "/app.php.bak",
+            "/app.php~",
+            "/.app.php.swp",
+            "/app.PHP.orig",
+            "/app.php5",
+            "/lib/view.phtml",
+            "/tool.phar",
+        ] {
+            assert_eq!(h.target(copy), Target::MissingScript, "{copy}");
+        }
+        assert_eq!(h.target("/php/readme.txt"), Target::File);
+        assert_eq!(h.target("/phpinfo.txt"), Target::File);
         assert_eq!(h.target("/nope.php/x"), Target::MissingScript);
         assert_eq!(h.target("/nofolder/"), Target::File);
     }
