@@ -3,7 +3,8 @@
 //! (handshake, echo of frames) as the app. Messages both ways, a message larger than the
 //! flow-control windows, closes from each side, RST_STREAM, an upstream that refuses, a
 //! wrong accept value, the gate refusing, other routes refusing, and SETTINGS without
-//! ENABLE_CONNECT_PROTOCOL when no route can relay a WebSocket.
+//! ENABLE_CONNECT_PROTOCOL when no route can relay a WebSocket or `http2_websocket = false`
+//! (then a `:protocol` request is a stream error and WebSockets take HTTP/1.1).
 
 #[path = "support/h2.rs"]
 mod h2_support;
@@ -20,7 +21,9 @@ use std::time::Duration;
 use base64::Engine;
 use bytes::Bytes;
 use h2::{RecvStream, SendStream};
-use h2_support::{within, H2Conn, H2_TIMEOUT};
+use h2_support::{
+    within, H2Conn, RawH2, ACK, GOAWAY, H2_TIMEOUT, HEADERS, PROTOCOL_ERROR, RST_STREAM, SETTINGS,
+};
 use support::*;
 
 /// What the upstream saw: each handshake's head, and each connection's end.
@@ -300,6 +303,11 @@ fn start(dir: &Path, config: &str) -> Tern {
     tern
 }
 
+const OPENED_HTTP1: &str = "websocket_tunnels_opened{protocol=\"http1\"}";
+const OPENED_HTTP2: &str = "websocket_tunnels_opened{protocol=\"http2\"}";
+/// RFC 8441's SETTINGS parameter.
+const ENABLE_CONNECT_PROTOCOL: u16 = 0x8;
+
 const POLICY: &str =
     "[[rule]]\nname = \"private\"\naction = \"deny\"\npath_prefix = \"/private\"\n";
 
@@ -448,7 +456,8 @@ async fn websockets_over_http2_reach_an_http1_upstream_and_back() {
     let r = h2.get("/files/index.html", &[]).await;
     assert_eq!(r.text(), "hi\n");
     assert!(!h2.ended());
-    assert_eq!(tern.counter_at("/statusz", "websocket_tunnels_opened"), 4);
+    assert_eq!(tern.counter_at("/statusz", OPENED_HTTP2), 4);
+    assert_eq!(tern.counter_at("/statusz", OPENED_HTTP1), 0);
     assert!(eventually(Duration::from_secs(5), || tern
         .counter_at("/statusz", "websocket_tunnels_closed")
         == 4));
@@ -465,4 +474,115 @@ async fn without_a_proxy_route_extended_connect_is_not_offered() {
     );
     let h2 = connect(&tern).await;
     assert!(!h2.send.is_extended_connect_protocol_enabled());
+}
+
+/// A WebSocket over HTTP/1.1 through tern on `path`: the handshake (the upstream computes the
+/// accept value from the client's key, which an HTTP/1.1 upgrade passes on), one message
+/// echoed, and a Close frame exchange.
+fn http1_websocket(tern: &Tern, path: &str) {
+    let mut s = TcpStream::connect(tern.addr()).unwrap();
+    s.set_read_timeout(Some(H2_TIMEOUT)).unwrap();
+    let key = "dGhlIHNhbXBsZSBub25jZQ==";
+    s.write_all(
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n\
+             Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut b).unwrap(), 1, "the head ended early: {head:?}");
+        head.push(b[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert_eq!(
+        field(&head, "sec-websocket-accept"),
+        Some(accept_for(key).as_str())
+    );
+    s.write_all(&frame(TEXT, b"over HTTP/1.1", Some([9, 8, 7, 6])))
+        .unwrap();
+    assert_eq!(read_frame(&mut s), Some((TEXT, b"over HTTP/1.1".to_vec())));
+    s.write_all(&frame(CLOSE, &1000u16.to_be_bytes(), Some([1, 1, 1, 1])))
+        .unwrap();
+    assert_eq!(
+        read_frame(&mut s),
+        Some((CLOSE, 1000u16.to_be_bytes().to_vec()))
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn with_http2_websocket_off_websockets_take_http1() {
+    let mut up = WsUpstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let tern = start(
+        dir.path(),
+        &format!(
+            "http2_websocket = false\n\n[[site]]\nname = \"app\"\ndefault = true\n\n\
+             [[site.route]]\npath = \"/\"\nproxy = \"{}\"\n\n\
+             [[site.route]]\npath = \"/statusz\"\ncounters = \"statusz\"\n",
+            up.addr
+        ),
+    );
+    // A proxy route, yet the SETTINGS do not offer extended CONNECT.
+    let h2 = connect(&tern).await;
+    assert!(!h2.send.is_extended_connect_protocol_enabled());
+    drop(h2);
+
+    // By hand (the h2 crate will not send a `:protocol` unoffered): the SETTINGS lack the
+    // parameter, and such a request is a stream error (RFC 8441 §3: a malformed request),
+    // never reaching the app; the connection goes on.
+    let mut raw = RawH2::connect(tern.addr(), &[]);
+    let settings = raw.until("the server's SETTINGS", |f| {
+        f.ty == SETTINGS && f.flags & ACK == 0
+    });
+    assert!(
+        settings
+            .settings()
+            .iter()
+            .all(|(id, _)| *id != ENABLE_CONNECT_PROTOCOL),
+        "{settings:?}"
+    );
+    raw.request(
+        1,
+        "CONNECT",
+        "/chat",
+        &[(":protocol", "websocket"), ("sec-websocket-version", "13")],
+        true,
+    );
+    let f = raw.until("stream 1's reset", |f| f.stream == 1 || f.ty == GOAWAY);
+    assert_eq!(f.ty, RST_STREAM, "{f:?}; frames: {:?}", raw.seen);
+    assert_eq!(f.error_code(), Some(PROTOCOL_ERROR), "{f:?}");
+    raw.request(3, "GET", "/statusz", &[], false);
+    let f = raw.until("stream 3's answer", |f| f.stream == 3 || f.ty == GOAWAY);
+    assert_eq!(f.ty, HEADERS, "{f:?}; frames: {:?}", raw.seen);
+    assert!(up.heads().is_empty(), "{:?}", up.heads());
+
+    // WebSockets still work, over HTTP/1.1.
+    http1_websocket(&tern, "/chat");
+    assert_eq!(up.next_end().await, End::CloseFrame);
+    assert_eq!(tern.counter_at("/statusz", OPENED_HTTP1), 1);
+    assert_eq!(tern.counter_at("/statusz", OPENED_HTTP2), 0);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn http2_websocket_true_offers_it_without_a_proxy_route() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("site")).unwrap();
+    std::fs::write(dir.path().join("site/index.html"), "hi\n").unwrap();
+    let tern = start(
+        dir.path(),
+        "http2_websocket = true\n\n[[site]]\nname = \"s\"\ndefault = true\n\n\
+         [[site.route]]\npath = \"/\"\nstatic = \"site\"\n\n\
+         [[site.route]]\npath = \"/statusz\"\ncounters = \"statusz\"\n",
+    );
+    let mut h2 = connect(&tern).await;
+    assert!(h2.send.is_extended_connect_protocol_enabled());
+    // No route relays one: refused as a static route refuses it.
+    let (parts, t, _) = open(&mut h2, "/index.html", &[]).await;
+    assert!(t.is_none());
+    assert_eq!(parts.status, 501);
 }

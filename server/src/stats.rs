@@ -74,9 +74,11 @@ pub enum Counter {
     UpstreamRetriesConnect,
     /// Idempotent requests sent to the next server after a 502, 503 or 504 answer.
     UpstreamRetriesStatus,
-    /// WebSocket tunnels through the reverse proxy (an upstream's `101`, for an HTTP/1.1
-    /// upgrade or an HTTP/2 extended CONNECT), and those that ended.
-    WebsocketTunnelsOpened,
+    /// WebSocket tunnels through the reverse proxy (an upstream's `101`), by the client's
+    /// protocol: an HTTP/1.1 upgrade or an HTTP/2 extended CONNECT (RFC 8441); and those that
+    /// ended (both protocols).
+    WebsocketTunnelsOpenedHttp1,
+    WebsocketTunnelsOpenedHttp2,
     WebsocketTunnelsClosed,
     /// TLS handshakes with upstream servers that succeeded.
     UpstreamTlsHandshakes,
@@ -105,7 +107,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 54] = [
+    pub const ALL: [Counter; 55] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -142,7 +144,8 @@ impl Counter {
         Counter::UpstreamRetries,
         Counter::UpstreamRetriesConnect,
         Counter::UpstreamRetriesStatus,
-        Counter::WebsocketTunnelsOpened,
+        Counter::WebsocketTunnelsOpenedHttp1,
+        Counter::WebsocketTunnelsOpenedHttp2,
         Counter::WebsocketTunnelsClosed,
         Counter::UpstreamTlsHandshakes,
         Counter::UpstreamTlsFailUnknownCa,
@@ -224,7 +227,9 @@ impl Counter {
             Counter::UpstreamRetries
             | Counter::UpstreamRetriesConnect
             | Counter::UpstreamRetriesStatus => "upstream_retries",
-            Counter::WebsocketTunnelsOpened => "websocket_tunnels_opened",
+            Counter::WebsocketTunnelsOpenedHttp1 | Counter::WebsocketTunnelsOpenedHttp2 => {
+                "websocket_tunnels_opened"
+            }
             Counter::WebsocketTunnelsClosed => "websocket_tunnels_closed",
             Counter::UpstreamTlsHandshakes => "upstream_tls_handshakes",
             Counter::UpstreamTlsFailUnknownCa
@@ -276,6 +281,8 @@ impl Counter {
             Counter::UpstreamTlsFailNameMismatch => ("cause", "name_mismatch"),
             Counter::UpstreamTlsFailExpired => ("cause", "expired"),
             Counter::UpstreamTlsFailOther => ("cause", "other"),
+            Counter::WebsocketTunnelsOpenedHttp1 => ("protocol", "http1"),
+            Counter::WebsocketTunnelsOpenedHttp2 => ("protocol", "http2"),
             Counter::CompressedGzip | Counter::CompressInGzip | Counter::CompressOutGzip => {
                 ("encoding", "gzip")
             }
@@ -340,8 +347,9 @@ impl Counter {
                  (stale_connection), to the next server after a connect failure (connect) or \
                  a 502/503/504 answer (status)"
             }
-            Counter::WebsocketTunnelsOpened => {
-                "WebSocket tunnels opened to upstreams (HTTP/1.1 upgrade or HTTP/2 CONNECT)"
+            Counter::WebsocketTunnelsOpenedHttp1 | Counter::WebsocketTunnelsOpenedHttp2 => {
+                "WebSocket tunnels opened to upstreams, by the client's protocol: an HTTP/1.1 \
+                 upgrade (http1) or an HTTP/2 extended CONNECT (http2)"
             }
             Counter::WebsocketTunnelsClosed => "WebSocket tunnels to upstreams that ended",
             Counter::UpstreamTlsHandshakes => "TLS handshakes with upstream servers",

@@ -42,6 +42,9 @@ struct RunFile {
     /// The access log of sites that name none of their own.
     access_log: Option<PathBuf>,
     access_log_format: Option<LogFormatArg>,
+    /// WebSocket over HTTP/2 (RFC 8441's extended CONNECT) offered in the SETTINGS; default:
+    /// when some route is a proxy.
+    http2_websocket: Option<bool>,
     #[serde(default)]
     site: Vec<SiteFile>,
 }
@@ -1972,6 +1975,17 @@ impl RunConfig {
         c
     }
 
+    /// Whether HTTP/2 clients are offered WebSockets (SETTINGS_ENABLE_CONNECT_PROTOCOL):
+    /// `http2_websocket` when given, else when some route can relay one (a proxy route).
+    pub fn http2_websocket(&self) -> bool {
+        self.file.http2_websocket.unwrap_or_else(|| {
+            self.sites
+                .iter()
+                .flat_map(|s| &s.routes)
+                .any(|r| matches!(r.kind, RouteKind::Proxy(_)))
+        })
+    }
+
     /// HTTPS from `[tls]` (none without a certificate or `self_signed`).
     pub fn tls_plan(&self) -> Result<Option<TlsPlan>, String> {
         TlsArgs::default().plan(self.file.tls.as_ref(), &self.dir, None)
@@ -2176,6 +2190,25 @@ data = "data"
         assert_eq!(e, [r#"line 6: unknown key "root""#]);
         let e = problems("[[site]]\nname = \"a\"\n[[site.route]]\npath = \"/\"\nredirect = \"/x\"\nstatus = \"moved\"\n");
         assert!(e[0].starts_with("line 6: status: "), "{e:?}");
+        let e = problems("workers = 1\nhttp2_websocket = \"off\"\n[[site]]\nname = \"a\"\n");
+        assert!(e[0].starts_with("line 2: http2_websocket: "), "{e:?}");
+    }
+
+    #[test]
+    fn http2_websocket_is_on_by_default_only_with_a_proxy_route() {
+        let d = dir();
+        let offered = |top: &str, route: &str| {
+            let text =
+                format!("{top}[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\n{route}\n");
+            parse(&text, d.path()).unwrap().http2_websocket()
+        };
+        assert!(offered("", "proxy = \"127.0.0.1:9\""));
+        assert!(!offered("", "static = \"site\""));
+        assert!(!offered(
+            "http2_websocket = false\n",
+            "proxy = \"127.0.0.1:9\""
+        ));
+        assert!(offered("http2_websocket = true\n", "static = \"site\""));
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let acceptor = tls.as_ref().map(crate::tls::acceptor).transpose()?;
     let common = loaded.common(&args.common);
     let mut server_config = listeners(&common, tls.as_ref());
-    server_config.http2_websocket = has_proxy_routes(&loaded);
+    server_config.http2_websocket = loaded.http2_websocket();
     let started = Started::new(&loaded, &server_config, tls.is_some());
     crate::service::adopt_inherited_sockets(&mut server_config)?;
     let mut needs = needs(&args.config, &loaded, tls.as_ref());
@@ -212,17 +212,6 @@ fn check(args: &RunArgs) -> Result<(), String> {
         )
     );
     Ok(())
-}
-
-/// WebSocket over HTTP/2 is offered (SETTINGS_ENABLE_CONNECT_PROTOCOL) when some route can
-/// relay one: a proxy route. Decided at start (a reload that adds the first proxy route
-/// offers it to HTTP/2 clients after a restart; HTTP/1.1 upgrades work at once).
-fn has_proxy_routes(loaded: &RunConfig) -> bool {
-    loaded
-        .sites
-        .iter()
-        .flat_map(|s| &s.routes)
-        .any(|r| matches!(r.kind, RouteKind::Proxy(_)))
 }
 
 /// The server settings and listeners: plain HTTP (with HTTPS on, only when `listen` is
@@ -497,6 +486,10 @@ struct Started {
     pin: bool,
     shutdown_grace: std::time::Duration,
     tls: bool,
+    /// WebSocket over HTTP/2 offered in the SETTINGS (`RunConfig::http2_websocket`): a
+    /// reload that adds the first proxy route offers it only after a restart; HTTP/1.1
+    /// upgrades work at once.
+    http2_websocket: bool,
     app: Option<AppPlan>,
     hardening: FileHardening,
 }
@@ -510,6 +503,7 @@ impl Started {
             pin: config.runtime.pin,
             shutdown_grace: config.runtime.shutdown_grace,
             tls,
+            http2_websocket: loaded.http2_websocket(),
             app: loaded.app.clone(),
             hardening: loaded.hardening(),
         }
@@ -532,6 +526,9 @@ impl Started {
         }
         if self.tls != new.tls {
             out.push("HTTPS on/off");
+        }
+        if self.http2_websocket != new.http2_websocket {
+            out.push("http2_websocket");
         }
         if self.app.is_some() && new.app.is_some() && self.app != new.app {
             out.push("the app's data or pages");

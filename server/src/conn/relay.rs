@@ -1309,7 +1309,10 @@ impl Relay {
 
     /// The upstream switched protocols: bytes both ways from now on.
     fn open_tunnel(&mut self, cx: &mut ConnCx<'_>) {
-        cx.stats.bump(Counter::WebsocketTunnelsOpened);
+        cx.stats.bump(match self.client {
+            ClientSide::H1 => Counter::WebsocketTunnelsOpenedHttp1,
+            ClientSide::H2(_) => Counter::WebsocketTunnelsOpenedHttp2,
+        });
         self.head_sent = true;
         self.phase = Phase::Tunnel;
         self.client_body = None;
