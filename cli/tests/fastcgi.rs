@@ -433,6 +433,11 @@ fn what_php_gets_is_what_tern_decided_and_nothing_a_client_claims() {
         tern.statusz("upstream_reuses")
     );
     assert!(tern.statusz("upstream_reuses") >= 20);
+    // Counted for the route's FastCGI group, named as a proxy route's group is.
+    assert_eq!(
+        tern.statusz("upstream_reuses{upstream=\"php /\"}"),
+        tern.statusz("upstream_reuses")
+    );
 }
 
 #[test]

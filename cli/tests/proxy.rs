@@ -362,6 +362,11 @@ fn one_pooled_upstream_connection_serves_many_requests() {
     assert_eq!(tern.counter_at("/statusz", "upstream_connects"), 1);
     assert_eq!(tern.counter_at("/statusz", "upstream_reuses"), 59);
     assert_eq!(tern.counter_at("/statusz", "upstream_failures"), 0);
+    // The same for the route's group, by its label: the only group, so the same figures.
+    let group = "{upstream=\"app /\"}";
+    for (name, want) in [("upstream_connects", 1), ("upstream_reuses", 59)] {
+        assert_eq!(tern.counter_at("/statusz", &format!("{name}{group}")), want);
+    }
 }
 
 #[test]
@@ -594,7 +599,9 @@ fn a_dead_pooled_connection_is_retried_once_for_idempotent_requests_only() {
     assert_eq!(up.connections(), 2);
     let metrics = tern.get("/metrics").text();
     assert!(
-        metrics.contains("\ntern_upstream_retries_total{cause=\"stale_connection\"} 1\n"),
+        metrics.contains(
+            "\ntern_upstream_retries_total{upstream=\"app /\",cause=\"stale_connection\"} 1\n"
+        ),
         "{metrics}"
     );
 }

@@ -237,12 +237,15 @@ impl Config {
     }
 }
 
-/// The value of a `/metrics` sample; 0 if absent.
+/// The value of a `/metrics` sample (name and labels as written).
 fn metric(tern: &Tern, name: &str) -> u64 {
     let page = tern.get("/metrics").text();
     page.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .map_or(0, |v| v.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("no {name} in\n{page}"))
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 fn post(c: &mut Client, path: &str, body: &[u8]) -> Resp {
@@ -289,8 +292,15 @@ fn requests_and_bodies_go_over_tls_on_one_kept_alive_connection() {
         1,
         "the session is resumed"
     );
-    assert_eq!(metric(&tern, "tern_upstream_tls_handshakes_total"), 2);
-    assert_eq!(metric(&tern, "tern_upstream_reuses_total"), 7);
+    let root = "{upstream=\"app /\"}";
+    assert_eq!(
+        metric(&tern, &format!("tern_upstream_tls_handshakes_total{root}")),
+        2
+    );
+    assert_eq!(
+        metric(&tern, &format!("tern_upstream_reuses_total{root}")),
+        7
+    );
     assert_eq!(
         app.snis.lock().unwrap().as_slice(),
         ["app.test", "app.test"]
@@ -301,6 +311,16 @@ fn requests_and_bodies_go_over_tls_on_one_kept_alive_connection() {
     assert_eq!(
         app.snis.lock().unwrap().as_slice(),
         ["app.test", "app.test", ""]
+    );
+    // Counted for its own route's group.
+    let by_ip = "{upstream=\"app /by-ip/\"}";
+    assert_eq!(
+        metric(&tern, &format!("tern_upstream_tls_handshakes_total{by_ip}")),
+        1
+    );
+    assert_eq!(
+        metric(&tern, &format!("tern_upstream_tls_handshakes_total{root}")),
+        2
     );
 }
 
@@ -323,7 +343,7 @@ fn an_unknown_ca_or_another_name_is_refused_with_502_a_log_line_and_a_counter() 
     assert_eq!(
         metric(
             &tern,
-            "tern_upstream_tls_failures_total{cause=\"unknown_ca\"}"
+            "tern_upstream_tls_failures_total{upstream=\"app /ca/\",cause=\"unknown_ca\"}"
         ),
         1
     );
@@ -338,14 +358,22 @@ fn an_unknown_ca_or_another_name_is_refused_with_502_a_log_line_and_a_counter() 
     assert_eq!(lines.len(), 1, "{}", tern.stderr_text());
     assert!(lines[0].contains("unknown_ca"), "{}", lines[0]);
     assert_eq!(tern.get("/name/x").status, 502);
-    assert_eq!(
+    let failures = |group: &str, cause: &str| {
         metric(
             &tern,
-            "tern_upstream_tls_failures_total{cause=\"name_mismatch\"}"
-        ),
-        1
-    );
-    assert_eq!(metric(&tern, "tern_upstream_tls_handshakes_total"), 0);
+            &format!(
+                "tern_upstream_tls_failures_total{{upstream=\"app {group}\",cause=\"{cause}\"}}"
+            ),
+        )
+    };
+    assert_eq!(failures("/name/", "name_mismatch"), 1);
+    assert_eq!(failures("/name/", "unknown_ca"), 0);
+    assert_eq!(failures("/ca/", "unknown_ca"), 1);
+    assert_eq!(failures("/ca/", "name_mismatch"), 0);
+    for group in ["/ca/", "/name/"] {
+        let series = format!("tern_upstream_tls_handshakes_total{{upstream=\"app {group}\"}}");
+        assert_eq!(metric(&tern, &series), 0);
+    }
     assert_eq!(app.handshakes() + named.handshakes(), 0);
 }
 
@@ -629,7 +657,7 @@ fn system_roots_are_the_default_and_do_not_trust_a_private_ca() {
     assert_eq!(
         metric(
             &tern,
-            "tern_upstream_tls_failures_total{cause=\"unknown_ca\"}"
+            "tern_upstream_tls_failures_total{upstream=\"app /\",cause=\"unknown_ca\"}"
         ),
         1
     );

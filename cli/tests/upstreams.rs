@@ -197,12 +197,23 @@ fn weights_share_requests_and_backups_stand_in_only_when_every_primary_is_down()
     assert_eq!(spare.requests(), 4);
 }
 
-/// The value of a `/metrics` sample (a line `NAME VALUE`, labels in NAME); 0 if absent.
+/// The value of a `/metrics` sample (a line `NAME VALUE`, labels in NAME).
 fn metric(tern: &Tern, name: &str) -> u64 {
     let page = tern.get("/metrics").text();
     page.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .map_or(0, |v| v.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("no {name} in\n{page}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The retries of cause `cause` of the upstream group of route `path` (site "app").
+fn retries(tern: &Tern, path: &str, cause: &str) -> u64 {
+    metric(
+        tern,
+        &format!("tern_upstream_retries_total{{upstream=\"app {path}\",cause=\"{cause}\"}}"),
+    )
 }
 
 #[test]
@@ -260,10 +271,7 @@ fn idempotent_requests_go_on_after_refusals_and_retried_statuses_within_tries_an
         assert_eq!((status, body.as_str()), (200, "good"));
     }
     assert_eq!(failing.requests(), 3);
-    assert_eq!(
-        metric(&tern, "tern_upstream_retries_total{cause=\"status\"}"),
-        3
-    );
+    assert_eq!(retries(&tern, "/status", "status"), 3);
     // A POST may have been acted on: its 503 goes to the client.
     let mut c = tern.client();
     let posts: Vec<u16> = (0..2)
@@ -279,28 +287,30 @@ fn idempotent_requests_go_on_after_refusals_and_retried_statuses_within_tries_an
     assert!(once.contains(&503) && once.contains(&200), "{once:?}");
     let plain: Vec<u16> = answers(&tern, "/plain", 2).iter().map(|a| a.0).collect();
     assert!(plain.contains(&503) && plain.contains(&200), "{plain:?}");
-    assert_eq!(
-        metric(&tern, "tern_upstream_retries_total{cause=\"status\"}"),
-        3
-    );
+    assert_eq!(retries(&tern, "/status", "status"), 3);
+    assert_eq!(retries(&tern, "/once", "status"), 0);
+    assert_eq!(retries(&tern, "/plain", "status"), 0);
 
     // Refused by both dead servers, with one retry allowed: 502; the next request starts at
     // the next server in turn (the second dead one), is refused, and goes on to the good one.
     let got = answers(&tern, "/connect", 2);
     assert_eq!(got[0].0, 502, "{got:?}");
     assert_eq!(got[1], (200, "good".to_string()));
+    assert_eq!(retries(&tern, "/connect", "connect"), 2);
     assert_eq!(
-        metric(&tern, "tern_upstream_retries_total{cause=\"connect\"}"),
-        2
+        metric(
+            &tern,
+            "tern_upstream_connect_failures_total{upstream=\"app /connect\"}"
+        ),
+        3
     );
+    assert_eq!(retries(&tern, "/status", "connect"), 0);
 
     // The slow 503 came after the budget: it is the answer.
     let got = answers(&tern, "/budget", 1);
     assert_eq!(got[0], (503, "slow".to_string()));
-    assert_eq!(
-        metric(&tern, "tern_upstream_retries_total{cause=\"status\"}"),
-        3
-    );
+    assert_eq!(retries(&tern, "/budget", "status"), 0);
+    assert_eq!(retries(&tern, "/status", "status"), 3);
 }
 
 #[test]

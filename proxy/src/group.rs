@@ -16,7 +16,8 @@ use std::time::Duration;
 use crate::health::HealthCheck;
 use crossbeam_utils::CachePadded;
 use tern_server::{
-    RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, UpstreamTls, Upstreams,
+    RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamRow, UpstreamTimeouts, UpstreamTls,
+    Upstreams,
 };
 
 /// How a server is chosen.
@@ -57,6 +58,9 @@ impl UpstreamServer {
 pub struct GroupOptions {
     /// What logs and metrics call the group (its site and route).
     pub name: String,
+    /// The row of the server's counters its exchanges are counted in (`Stats::upstream` of
+    /// its name).
+    pub counted_as: UpstreamRow,
     pub servers: Vec<UpstreamServer>,
     pub balance: Balance,
     /// Failures in a row after which a server is skipped...
@@ -79,6 +83,7 @@ impl Default for GroupOptions {
     fn default() -> Self {
         GroupOptions {
             name: String::new(),
+            counted_as: UpstreamRow::NONE,
             servers: Vec::new(),
             balance: Balance::RoundRobin,
             max_fails: 3,
@@ -367,6 +372,10 @@ impl Upstreams for UpstreamGroup {
 
     fn tls(&self, server: usize) -> Option<&UpstreamTls> {
         self.tls[server].as_ref()
+    }
+
+    fn counted_as(&self) -> UpstreamRow {
+        self.options.counted_as
     }
 }
 

@@ -16,7 +16,7 @@ use crate::config::ServerConfig;
 use crate::handler::{HandlerContext, LogTarget, Refusal, Reply, Request, WorkerMessage};
 use crate::response::{Body, Response};
 use crate::router::{RouteMatch, Router};
-use crate::stats::{Counter, SiteSlot, Tally, WorkerStats};
+use crate::stats::{AnswerRow, Counter, Tally, WorkerStats};
 use crate::upstream::Forward;
 
 /// Borrowed worker state a connection needs while it runs (the worker builds one per event).
@@ -92,7 +92,7 @@ pub(crate) struct Origin {
 }
 
 /// Runs the exchange; the handler's choice of access log goes into `entry`, its choice of
-/// site to count the answer under into `tally`.
+/// row to count the answer in (site, route) into `tally`.
 pub(crate) fn run(
     head: &RequestHead<'_>,
     body: &[u8],
@@ -124,14 +124,14 @@ pub(crate) fn run(
         deferred: false,
         worker_id: cx.worker_id,
         log: LogTarget::DEFAULT,
-        site: SiteSlot::NONE,
+        counted_as: AnswerRow::NONE,
         identity: None,
         request_id: None,
         compress: None,
         refused: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
-    tally.set_site(hcx.site);
+    tally.set_row(hcx.counted_as);
     match hcx.refused {
         Some(Refusal::RateLimited) => cx.stats.bump(Counter::RateLimited),
         Some(Refusal::BodyTooLarge) => cx.stats.bad_request(RequestError::BodyTooLarge),

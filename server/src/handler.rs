@@ -86,18 +86,18 @@ impl LogTarget {
     }
 }
 
-/// Which site's row of the server's counters an answer is counted in (`Stats::site` gives
-/// one per site name); a handler chooses it with [`HandlerContext::count_as`].
+/// Which row of the server's answer figures (answers by class, a duration histogram) an
+/// answer is counted in: a site's own (`Stats::site`: the site's answers no route took) or a
+/// route's (`Stats::route`); a handler chooses it with [`HandlerContext::count_as`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SiteSlot(pub(crate) u16);
+pub struct AnswerRow(pub(crate) u16);
 
-impl SiteSlot {
+impl AnswerRow {
     /// Answers no site took.
-    pub const NONE: SiteSlot = SiteSlot(0);
+    pub const NONE: AnswerRow = AnswerRow(0);
 
-    /// The row's index, below `limit` (the number of rows).
-    pub(crate) fn index(self, limit: usize) -> usize {
-        usize::from(self.0).min(limit - 1)
+    pub(crate) fn index(self) -> usize {
+        usize::from(self.0)
     }
 }
 
@@ -110,8 +110,8 @@ pub struct HandlerContext<'a> {
     pub worker_id: usize,
     /// The access log this request's line goes to.
     pub(crate) log: LogTarget,
-    /// The site whose figures count this request's answer.
-    pub(crate) site: SiteSlot,
+    /// The row of figures (its site's, its route's) this request's answer is counted in.
+    pub(crate) counted_as: AnswerRow,
     /// Who a guard in front let the request through as (set by [`crate::Guarded`] only).
     pub(crate) identity: Option<crate::identity::Identity>,
     /// The request's id, when its site gives requests one (written to the access log).
@@ -144,10 +144,10 @@ impl HandlerContext<'_> {
         self.refused = Some(why);
     }
 
-    /// Counts this request's answer (its class, its duration) under a site of
-    /// `Stats::site` rather than under no site.
-    pub fn count_as(&mut self, site: SiteSlot) {
-        self.site = site;
+    /// Counts this request's answer (its class, its duration) in a row of `Stats::site` or
+    /// `Stats::route` rather than under no site; the last call wins.
+    pub fn count_as(&mut self, row: AnswerRow) {
+        self.counted_as = row;
     }
 
     /// The account a guard in front of this handler established, if any: a handler can

@@ -43,8 +43,9 @@ pub use request_id::{RequestId, MAX_REQUEST_ID};
 pub use response::{Body, FileBody, Response};
 pub use router::Router;
 pub use stats::{
-    Counter, SiteFigures, SiteSlot, Stats, StatsSnapshot, WorkerStats, DURATION_BOUNDS,
-    DURATION_BUCKETS, MAX_SITES, OTHER_SITES, STATUS_CLASSES,
+    AnswerFigures, AnswerRow, Counter, Stats, StatsSnapshot, UpstreamCounter, UpstreamFigures,
+    UpstreamRow, WorkerStats, ANSWER_CHUNK, DURATION_BOUNDS, DURATION_BUCKETS, MAX_ANSWER_ROWS,
+    MAX_SITES, MAX_UPSTREAMS, OTHER, STATUS_CLASSES, UPSTREAM_CHUNK,
 };
 pub use tern_codec::{
     canonical_path, connection_lists, decoded_path, is_token, parse_request, path_under, trim_ows,

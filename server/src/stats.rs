@@ -1,11 +1,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tern_codec::RequestError;
 
-pub use crate::handler::SiteSlot;
+pub use crate::handler::AnswerRow;
+pub use crate::upstream::UpstreamRow;
 
-/// Every counter a worker keeps besides the answers (counted per site, [`SiteSlot`]).
+/// Every counter a worker keeps besides the answers (counted per site and route,
+/// [`AnswerRow`]) and the upstream exchanges (per group, [`UpstreamCounter`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Counter {
@@ -58,35 +60,12 @@ pub enum Counter {
     /// Access-log lines lost: the writer fell behind (the queue was full), or the write
     /// failed (a full disk).
     AccessLogLinesDropped,
-    /// Reverse proxy: new connections to upstream servers.
-    UpstreamConnects,
-    /// Requests sent on a pooled upstream connection.
-    UpstreamReuses,
-    /// Upstream connections that could not be made (refused, unreachable, timed out).
-    UpstreamConnectFailures,
-    /// Upstream exchanges that failed: no answer, a malformed or cut-short answer, 502/504.
-    UpstreamFailures,
-    /// Upstream connect, first-byte or idle timeouts.
-    UpstreamTimeouts,
-    /// Idempotent requests sent again after a pooled connection turned out dead.
-    UpstreamRetries,
-    /// Requests sent to the next server after a connect failure.
-    UpstreamRetriesConnect,
-    /// Idempotent requests sent to the next server after a 502, 503 or 504 answer.
-    UpstreamRetriesStatus,
     /// WebSocket tunnels through the reverse proxy (an upstream's `101`), by the client's
     /// protocol: an HTTP/1.1 upgrade or an HTTP/2 extended CONNECT (RFC 8441); and those that
     /// ended (both protocols).
     WebsocketTunnelsOpenedHttp1,
     WebsocketTunnelsOpenedHttp2,
     WebsocketTunnelsClosed,
-    /// TLS handshakes with upstream servers that succeeded.
-    UpstreamTlsHandshakes,
-    /// TLS handshakes with upstream servers that failed, by cause (`Counter::upstream_tls_failure`).
-    UpstreamTlsFailUnknownCa,
-    UpstreamTlsFailNameMismatch,
-    UpstreamTlsFailExpired,
-    UpstreamTlsFailOther,
     /// Answers compressed on the fly, by coding (`Counter::compressed`).
     CompressedGzip,
     CompressedBr,
@@ -107,7 +86,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 55] = [
+    pub const ALL: [Counter; 42] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -136,22 +115,9 @@ impl Counter {
         Counter::BanNftFailures,
         Counter::AccessLogLines,
         Counter::AccessLogLinesDropped,
-        Counter::UpstreamConnects,
-        Counter::UpstreamReuses,
-        Counter::UpstreamConnectFailures,
-        Counter::UpstreamFailures,
-        Counter::UpstreamTimeouts,
-        Counter::UpstreamRetries,
-        Counter::UpstreamRetriesConnect,
-        Counter::UpstreamRetriesStatus,
         Counter::WebsocketTunnelsOpenedHttp1,
         Counter::WebsocketTunnelsOpenedHttp2,
         Counter::WebsocketTunnelsClosed,
-        Counter::UpstreamTlsHandshakes,
-        Counter::UpstreamTlsFailUnknownCa,
-        Counter::UpstreamTlsFailNameMismatch,
-        Counter::UpstreamTlsFailExpired,
-        Counter::UpstreamTlsFailOther,
         Counter::CompressedGzip,
         Counter::CompressedBr,
         Counter::CompressedZstd,
@@ -219,23 +185,10 @@ impl Counter {
             Counter::BanNftFailures => "ban_nft_failures",
             Counter::AccessLogLines => "access_log_lines",
             Counter::AccessLogLinesDropped => "access_log_lines_dropped",
-            Counter::UpstreamConnects => "upstream_connects",
-            Counter::UpstreamReuses => "upstream_reuses",
-            Counter::UpstreamConnectFailures => "upstream_connect_failures",
-            Counter::UpstreamFailures => "upstream_failures",
-            Counter::UpstreamTimeouts => "upstream_timeouts",
-            Counter::UpstreamRetries
-            | Counter::UpstreamRetriesConnect
-            | Counter::UpstreamRetriesStatus => "upstream_retries",
             Counter::WebsocketTunnelsOpenedHttp1 | Counter::WebsocketTunnelsOpenedHttp2 => {
                 "websocket_tunnels_opened"
             }
             Counter::WebsocketTunnelsClosed => "websocket_tunnels_closed",
-            Counter::UpstreamTlsHandshakes => "upstream_tls_handshakes",
-            Counter::UpstreamTlsFailUnknownCa
-            | Counter::UpstreamTlsFailNameMismatch
-            | Counter::UpstreamTlsFailExpired
-            | Counter::UpstreamTlsFailOther => "upstream_tls_failures",
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "compressed_answers"
             }
@@ -247,16 +200,6 @@ impl Counter {
             }
             Counter::RateLimited => "rate_limited",
             Counter::CompressionFailures => "compression_failures",
-        }
-    }
-
-    /// The failure counter for a cause named by `tern_tls::upstream::failure_cause`.
-    pub fn upstream_tls_failure(cause: &str) -> Counter {
-        match cause {
-            "unknown_ca" => Counter::UpstreamTlsFailUnknownCa,
-            "name_mismatch" => Counter::UpstreamTlsFailNameMismatch,
-            "expired" => Counter::UpstreamTlsFailExpired,
-            _ => Counter::UpstreamTlsFailOther,
         }
     }
 
@@ -274,13 +217,6 @@ impl Counter {
             Counter::TlsFailedPeerAlert => ("cause", "peer_alert"),
             Counter::TlsFailedClosed => ("cause", "closed"),
             Counter::TlsFailedOther => ("cause", "other"),
-            Counter::UpstreamRetries => ("cause", "stale_connection"),
-            Counter::UpstreamRetriesConnect => ("cause", "connect"),
-            Counter::UpstreamRetriesStatus => ("cause", "status"),
-            Counter::UpstreamTlsFailUnknownCa => ("cause", "unknown_ca"),
-            Counter::UpstreamTlsFailNameMismatch => ("cause", "name_mismatch"),
-            Counter::UpstreamTlsFailExpired => ("cause", "expired"),
-            Counter::UpstreamTlsFailOther => ("cause", "other"),
             Counter::WebsocketTunnelsOpenedHttp1 => ("protocol", "http1"),
             Counter::WebsocketTunnelsOpenedHttp2 => ("protocol", "http2"),
             Counter::CompressedGzip | Counter::CompressInGzip | Counter::CompressOutGzip => {
@@ -335,31 +271,11 @@ impl Counter {
             Counter::AccessLogLinesDropped => {
                 "access-log lines dropped (writer behind, or the write failed)"
             }
-            Counter::UpstreamConnects => "new connections to upstream servers",
-            Counter::UpstreamReuses => "requests sent on a pooled upstream connection",
-            Counter::UpstreamConnectFailures => "upstream connections that could not be made",
-            Counter::UpstreamFailures => "upstream exchanges that failed (502, 504, cut short)",
-            Counter::UpstreamTimeouts => "upstream connect, first-byte or idle timeouts",
-            Counter::UpstreamRetries
-            | Counter::UpstreamRetriesConnect
-            | Counter::UpstreamRetriesStatus => {
-                "requests sent again: on a new connection after a dead pooled one \
-                 (stale_connection), to the next server after a connect failure (connect) or \
-                 a 502/503/504 answer (status)"
-            }
             Counter::WebsocketTunnelsOpenedHttp1 | Counter::WebsocketTunnelsOpenedHttp2 => {
                 "WebSocket tunnels opened to upstreams, by the client's protocol: an HTTP/1.1 \
                  upgrade (http1) or an HTTP/2 extended CONNECT (http2)"
             }
             Counter::WebsocketTunnelsClosed => "WebSocket tunnels to upstreams that ended",
-            Counter::UpstreamTlsHandshakes => "TLS handshakes with upstream servers",
-            Counter::UpstreamTlsFailUnknownCa
-            | Counter::UpstreamTlsFailNameMismatch
-            | Counter::UpstreamTlsFailExpired
-            | Counter::UpstreamTlsFailOther => {
-                "failed TLS handshakes with upstream servers, by cause (a certificate from an \
-                 unknown CA, for another name, expired; other)"
-            }
             Counter::CompressedGzip | Counter::CompressedBr | Counter::CompressedZstd => {
                 "answers compressed on the fly, by coding"
             }
@@ -377,17 +293,164 @@ impl Counter {
     }
 }
 
+/// The reverse proxy's counters, kept per upstream group ([`UpstreamRow`]): a group's
+/// figures are what its route's upstreams did. The pages show them by `upstream` label, and
+/// `/statusz` also the process's totals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum UpstreamCounter {
+    /// New connections to upstream servers.
+    Connects,
+    /// Requests sent on a pooled upstream connection.
+    Reuses,
+    /// Upstream connections that could not be made (refused, unreachable, timed out).
+    ConnectFailures,
+    /// Upstream exchanges that failed: no answer, a malformed or cut-short answer, 502/504.
+    Failures,
+    /// Upstream connect, first-byte or idle timeouts.
+    Timeouts,
+    /// Idempotent requests sent again after a pooled connection turned out dead.
+    RetriesStale,
+    /// Requests sent to the next server after a connect failure.
+    RetriesConnect,
+    /// Idempotent requests sent to the next server after a 502, 503 or 504 answer.
+    RetriesStatus,
+    /// TLS handshakes with upstream servers that succeeded.
+    TlsHandshakes,
+    /// TLS handshakes with upstream servers that failed, by cause
+    /// ([`UpstreamCounter::tls_failure`]).
+    TlsFailUnknownCa,
+    TlsFailNameMismatch,
+    TlsFailExpired,
+    TlsFailOther,
+}
+
+impl UpstreamCounter {
+    /// Counters of one name are adjacent, as the page needs.
+    pub const ALL: [UpstreamCounter; 13] = [
+        UpstreamCounter::Connects,
+        UpstreamCounter::Reuses,
+        UpstreamCounter::ConnectFailures,
+        UpstreamCounter::Failures,
+        UpstreamCounter::Timeouts,
+        UpstreamCounter::RetriesStale,
+        UpstreamCounter::RetriesConnect,
+        UpstreamCounter::RetriesStatus,
+        UpstreamCounter::TlsHandshakes,
+        UpstreamCounter::TlsFailUnknownCa,
+        UpstreamCounter::TlsFailNameMismatch,
+        UpstreamCounter::TlsFailExpired,
+        UpstreamCounter::TlsFailOther,
+    ];
+
+    /// The failure counter for a cause named by `tern_tls::upstream::failure_cause`.
+    pub fn tls_failure(cause: &str) -> UpstreamCounter {
+        match cause {
+            "unknown_ca" => UpstreamCounter::TlsFailUnknownCa,
+            "name_mismatch" => UpstreamCounter::TlsFailNameMismatch,
+            "expired" => UpstreamCounter::TlsFailExpired,
+            _ => UpstreamCounter::TlsFailOther,
+        }
+    }
+
+    /// The metric's name, as [`Counter::name`].
+    pub fn name(self) -> &'static str {
+        match self {
+            UpstreamCounter::Connects => "upstream_connects",
+            UpstreamCounter::Reuses => "upstream_reuses",
+            UpstreamCounter::ConnectFailures => "upstream_connect_failures",
+            UpstreamCounter::Failures => "upstream_failures",
+            UpstreamCounter::Timeouts => "upstream_timeouts",
+            UpstreamCounter::RetriesStale
+            | UpstreamCounter::RetriesConnect
+            | UpstreamCounter::RetriesStatus => "upstream_retries",
+            UpstreamCounter::TlsHandshakes => "upstream_tls_handshakes",
+            UpstreamCounter::TlsFailUnknownCa
+            | UpstreamCounter::TlsFailNameMismatch
+            | UpstreamCounter::TlsFailExpired
+            | UpstreamCounter::TlsFailOther => "upstream_tls_failures",
+        }
+    }
+
+    /// The label that tells this counter from the others of its name, as [`Counter::label`].
+    pub fn label(self) -> Option<(&'static str, &'static str)> {
+        let value = match self {
+            UpstreamCounter::RetriesStale => "stale_connection",
+            UpstreamCounter::RetriesConnect => "connect",
+            UpstreamCounter::RetriesStatus => "status",
+            UpstreamCounter::TlsFailUnknownCa => "unknown_ca",
+            UpstreamCounter::TlsFailNameMismatch => "name_mismatch",
+            UpstreamCounter::TlsFailExpired => "expired",
+            UpstreamCounter::TlsFailOther => "other",
+            _ => return None,
+        };
+        Some(("cause", value))
+    }
+
+    pub fn help(self) -> &'static str {
+        match self {
+            UpstreamCounter::Connects => "new connections to upstream servers, by upstream group",
+            UpstreamCounter::Reuses => {
+                "requests sent on a pooled upstream connection, by upstream group"
+            }
+            UpstreamCounter::ConnectFailures => {
+                "upstream connections that could not be made, by upstream group"
+            }
+            UpstreamCounter::Failures => {
+                "upstream exchanges that failed (502, 504, cut short), by upstream group"
+            }
+            UpstreamCounter::Timeouts => {
+                "upstream connect, first-byte or idle timeouts, by upstream group"
+            }
+            UpstreamCounter::RetriesStale
+            | UpstreamCounter::RetriesConnect
+            | UpstreamCounter::RetriesStatus => {
+                "requests sent again, by upstream group: on a new connection after a dead \
+                 pooled one (stale_connection), to the next server after a connect failure \
+                 (connect) or a 502/503/504 answer (status)"
+            }
+            UpstreamCounter::TlsHandshakes => {
+                "TLS handshakes with upstream servers, by upstream group"
+            }
+            UpstreamCounter::TlsFailUnknownCa
+            | UpstreamCounter::TlsFailNameMismatch
+            | UpstreamCounter::TlsFailExpired
+            | UpstreamCounter::TlsFailOther => {
+                "failed TLS handshakes with upstream servers, by upstream group and cause (a \
+                 certificate from an unknown CA, for another name, expired; other)"
+            }
+        }
+    }
+}
+
 const N_COUNTERS: usize = Counter::ALL.len();
 const N_BAD: usize = RequestError::ALL.len();
+const N_UPSTREAM: usize = UpstreamCounter::ALL.len();
 
-/// How many sites get figures of their own (answers by class, a duration histogram): a row
-/// each in every worker's block, fixed at start so the request path never allocates. Slot 0
-/// is for answers no site took (a server without sites, bad input, a misdirected host);
-/// sites past the last slot share it ([`OTHER_SITES`]), which bounds the label's values.
+/// How many sites get figures of their own (answers by class, a duration histogram): the
+/// first rows of answer figures ([`AnswerRow`]), one per site. Row 0 is for answers no site
+/// took (a server without sites, bad input, a misdirected host); sites past the last row
+/// share it ([`OTHER`]), which bounds the label's values.
 pub const MAX_SITES: usize = 64;
 
-/// The name the last slot reports when more than `MAX_SITES - 2` sites were named.
-pub const OTHER_SITES: &str = "_other";
+/// How many rows of answer figures there are in all: the sites' ([`MAX_SITES`]), then the
+/// routes'. Routes past the bound share the last row, reported as site and route [`OTHER`].
+/// A worker holds memory only for the rows in use, a chunk of [`ANSWER_CHUNK`] at a time.
+pub const MAX_ANSWER_ROWS: usize = 512;
+
+/// Answer rows are allocated this many at a time (about 11.5 KiB a worker).
+pub const ANSWER_CHUNK: usize = MAX_SITES;
+
+/// How many upstream groups get counters of their own ([`UpstreamRow`]); row 0 is for
+/// exchanges of no named group, the last is shared by the groups past the bound ([`OTHER`]).
+pub const MAX_UPSTREAMS: usize = 256;
+
+/// Upstream rows are allocated this many at a time (about 3.3 KiB a worker).
+pub const UPSTREAM_CHUNK: usize = 32;
+
+/// The name a shared last row reports: sites past [`MAX_SITES`], routes past
+/// [`MAX_ANSWER_ROWS`], upstream groups past [`MAX_UPSTREAMS`].
+pub const OTHER: &str = "_other";
 
 /// The upper bounds of the request-duration histogram's buckets: microseconds, and the same
 /// in seconds as Prometheus's `le` label shows it. One more bucket counts the rest (`+Inf`).
@@ -416,54 +479,114 @@ pub const DURATION_BUCKETS: usize = DURATION_BOUNDS.len() + 1;
 /// Answers are counted by class: 1xx to 5xx.
 pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
-/// What an answer is counted under: its site, and when its request was complete (the
-/// worker clock's microseconds), for the duration histogram. One word (the site in the top
-/// 16 bits, 48 bits of microseconds: 8.9 years of uptime), since every connection's state
-/// carries one and an idle connection must stay small.
+/// What an answer is counted under: its row (site or route), and when its request was
+/// complete (the worker clock's microseconds), for the duration histogram. One word (the row
+/// in the top 16 bits, 48 bits of microseconds: 8.9 years of uptime), since every
+/// connection's state carries one and an idle connection must stay small.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Tally(u64);
 
 const START_BITS: u32 = 48;
 const START_MASK: u64 = (1 << START_BITS) - 1;
 
+// The row must fit the 16 bits above the start.
+const _: () = assert!(MAX_ANSWER_ROWS <= 1 << (64 - START_BITS));
+
 impl Tally {
     pub fn starting(start_us: u64) -> Tally {
-        Tally::new(SiteSlot::NONE, start_us)
+        Tally::new(AnswerRow::NONE, start_us)
     }
 
-    pub fn new(site: SiteSlot, start_us: u64) -> Tally {
-        Tally(u64::from(site.0) << START_BITS | (start_us & START_MASK))
+    pub fn new(row: AnswerRow, start_us: u64) -> Tally {
+        Tally(u64::from(row.0) << START_BITS | (start_us & START_MASK))
     }
 
-    pub fn site(self) -> SiteSlot {
-        SiteSlot((self.0 >> START_BITS) as u16)
+    pub fn row(self) -> AnswerRow {
+        AnswerRow((self.0 >> START_BITS) as u16)
     }
 
     pub fn start_us(self) -> u64 {
         self.0 & START_MASK
     }
 
-    pub fn set_site(&mut self, site: SiteSlot) {
-        *self = Tally::new(site, self.start_us());
+    pub fn set_row(&mut self, row: AnswerRow) {
+        *self = Tally::new(row, self.start_us());
     }
 }
 
-/// One site's figures in one worker's block.
-struct SiteRow {
+/// One row's answer figures (a site's or a route's) in one worker's block.
+#[derive(Default)]
+struct AnswerCells {
     classes: [AtomicU64; STATUS_CLASSES.len()],
     buckets: [AtomicU64; DURATION_BUCKETS],
     sum_us: AtomicU64,
 }
 
-impl SiteRow {
-    fn new() -> SiteRow {
-        SiteRow {
-            classes: std::array::from_fn(|_| AtomicU64::new(0)),
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            sum_us: AtomicU64::new(0),
+/// One upstream group's counters in one worker's block.
+#[derive(Default)]
+struct UpstreamCells([AtomicU64; N_UPSTREAM]);
+
+/// A chunk of rows, alone on its cache lines (each worker's are its own allocation).
+#[repr(align(128))]
+struct Chunk<T, const N: usize>([T; N]);
+
+fn new_chunk<T: Default, const N: usize>() -> Box<Chunk<T, N>> {
+    Box::new(Chunk(std::array::from_fn(|_| T::default())))
+}
+
+/// One kind of rows in one worker's block: `N` rows always there, `MORE` chunks of `N`
+/// allocated when a name first needs a row in them ([`Rows::reserve`], at start-up or a
+/// reload, never on the request path), so a worker holds memory for the rows in use.
+struct Rows<T, const N: usize, const MORE: usize> {
+    first: Box<Chunk<T, N>>,
+    more: [OnceLock<Box<Chunk<T, N>>>; MORE],
+}
+
+impl<T: Default, const N: usize, const MORE: usize> Rows<T, N, MORE> {
+    const CAPACITY: usize = N * (1 + MORE);
+
+    fn new() -> Self {
+        Rows {
+            first: new_chunk(),
+            more: std::array::from_fn(|_| OnceLock::new()),
         }
     }
+
+    /// Row `i`, if its chunk is there.
+    #[inline]
+    fn get(&self, i: usize) -> Option<&T> {
+        match i.checked_sub(N) {
+            None => self.first.0.get(i),
+            Some(past) => Some(&self.more.get(past / N)?.get()?.0[past % N]),
+        }
+    }
+
+    /// Row `i` for counting into: row 0 if its chunk is not there, which cannot happen to a
+    /// row a name was given (its chunk is reserved first, in every block).
+    #[inline]
+    fn counted(&self, i: usize) -> &T {
+        self.get(i).unwrap_or(&self.first.0[0])
+    }
+
+    /// Makes sure row `i`'s chunk is there.
+    fn reserve(&self, i: usize) {
+        if let Some(chunk) = i.checked_sub(N).and_then(|past| self.more.get(past / N)) {
+            chunk.get_or_init(new_chunk);
+        }
+    }
+
+    /// The bytes this block's rows take now.
+    fn bytes(&self) -> usize {
+        let chunks = 1 + self.more.iter().filter(|c| c.get().is_some()).count();
+        chunks * std::mem::size_of::<Chunk<T, N>>()
+    }
 }
+
+type AnswerRows = Rows<AnswerCells, ANSWER_CHUNK, { MAX_ANSWER_ROWS / ANSWER_CHUNK - 1 }>;
+type UpstreamRows = Rows<UpstreamCells, UPSTREAM_CHUNK, { MAX_UPSTREAMS / UPSTREAM_CHUNK - 1 }>;
+
+const _: () = assert!(AnswerRows::CAPACITY == MAX_ANSWER_ROWS);
+const _: () = assert!(UpstreamRows::CAPACITY == MAX_UPSTREAMS);
 
 /// One worker's counters, alone on its cache lines so workers never contend. Each worker is the
 /// only writer of its block, so increments are a plain load + store (no locked instruction);
@@ -472,7 +595,8 @@ impl SiteRow {
 pub struct WorkerStats {
     counters: [AtomicU64; N_COUNTERS],
     bad_requests: [AtomicU64; N_BAD],
-    sites: [SiteRow; MAX_SITES],
+    answers: AnswerRows,
+    upstreams: UpstreamRows,
 }
 
 impl WorkerStats {
@@ -480,7 +604,8 @@ impl WorkerStats {
         WorkerStats {
             counters: std::array::from_fn(|_| AtomicU64::new(0)),
             bad_requests: std::array::from_fn(|_| AtomicU64::new(0)),
-            sites: std::array::from_fn(|_| SiteRow::new()),
+            answers: Rows::new(),
+            upstreams: Rows::new(),
         }
     }
 
@@ -510,16 +635,28 @@ impl WorkerStats {
         bump(&self.bad_requests[e.index()]);
     }
 
+    /// Counts `c` for the upstream group of `row` (single writer, like `bump`).
+    #[inline]
+    pub fn bump_upstream(&self, row: UpstreamRow, c: UpstreamCounter) {
+        bump(&self.upstreams.counted(row.index()).0[c as usize]);
+    }
+
     /// An answer with `status` went out at `now_us` (the worker clock's microseconds): its
-    /// class and its duration are counted in its site's row. Three single-writer increments.
+    /// class and its duration are counted in its row (its route's, or its site's). Three
+    /// single-writer increments.
     #[inline]
     pub(crate) fn answered(&self, status: u16, tally: Tally, now_us: u64) {
-        let row = &self.sites[tally.site().index(MAX_SITES)];
+        let row = self.answers.counted(tally.row().index());
         let class = usize::from(status / 100).clamp(1, 5) - 1;
         bump(&row.classes[class]);
         let us = (now_us & START_MASK).saturating_sub(tally.start_us());
         bump(&row.buckets[duration_bucket(us)]);
         add(&row.sum_us, us);
+    }
+
+    /// The bytes this block takes now: its counters and the chunks of rows it holds.
+    pub fn bytes(&self) -> usize {
+        std::mem::size_of::<WorkerStats>() + self.answers.bytes() + self.upstreams.bytes()
     }
 }
 
@@ -544,20 +681,32 @@ fn add(a: &AtomicU64, n: u64) {
     a.store(a.load(Ordering::Relaxed) + n, Ordering::Relaxed);
 }
 
+/// Which rows have been given to which names. Only start-up, reloads and the pages take
+/// its lock.
+struct Names {
+    /// The sites' names by row (row 0, no site, is ""), in the order they were first named.
+    sites: Vec<String>,
+    /// The routes' rows from [`MAX_SITES`] on: the row of their site, and their label.
+    routes: Vec<(AnswerRow, String)>,
+    /// The upstream groups' names by row (row 0, no named group, is "").
+    upstreams: Vec<String>,
+}
+
 /// All workers' counters; cheap to clone, summed on demand for /statusz and /metrics.
 #[derive(Clone)]
 pub struct Stats {
     workers: Arc<[WorkerStats]>,
-    /// The sites' names by slot (slot 0, no site, is ""), in the order they were first
-    /// named; only start-up, reloads and the pages take the lock.
-    sites: Arc<Mutex<Vec<String>>>,
+    names: Arc<Mutex<Names>>,
 }
 
-/// One site's figures summed over the workers.
+/// One row's figures summed over the workers: a site's own (`route` empty: answers of the
+/// site no route took) or a route's.
 #[derive(Debug, Clone)]
-pub struct SiteFigures {
+pub struct AnswerFigures {
     /// "" for answers no site took.
-    pub name: String,
+    pub site: String,
+    /// "" for a site's own row.
+    pub route: String,
     /// Answers by class ([`STATUS_CLASSES`]).
     pub responses: [u64; STATUS_CLASSES.len()],
     /// Answers by duration: bucket i holds those above bound i - 1 up to bound i
@@ -567,13 +716,29 @@ pub struct SiteFigures {
     pub sum_us: u64,
 }
 
+/// One upstream group's counters summed over the workers.
+#[derive(Debug, Clone)]
+pub struct UpstreamFigures {
+    /// "" for exchanges of no named group.
+    pub name: String,
+    pub counts: [u64; N_UPSTREAM],
+}
+
+impl UpstreamFigures {
+    pub fn get(&self, c: UpstreamCounter) -> u64 {
+        self.counts[c as usize]
+    }
+}
+
 /// A point-in-time sum over all workers.
 #[derive(Debug, Clone)]
 pub struct StatsSnapshot {
     pub counters: [u64; N_COUNTERS],
     pub bad_requests: [u64; N_BAD],
-    /// Slot 0 (no site) first, then every site named so far, in slot order.
-    pub sites: Vec<SiteFigures>,
+    /// Row 0 (no site) first, then every site named so far, then every route, in row order.
+    pub answers: Vec<AnswerFigures>,
+    /// Row 0 (no named group) first, then every upstream group named so far.
+    pub upstreams: Vec<UpstreamFigures>,
 }
 
 impl StatsSnapshot {
@@ -590,9 +755,29 @@ impl StatsSnapshot {
             .saturating_sub(self.get(Counter::ConnectionsClosed))
     }
 
-    /// Answers of status class `class` (1 to 5) over every site.
+    /// Answers of status class `class` (1 to 5) over every row.
     pub fn responses(&self, class: usize) -> u64 {
-        self.sites.iter().map(|s| s.responses[class - 1]).sum()
+        self.answers.iter().map(|s| s.responses[class - 1]).sum()
+    }
+
+    /// The figures of the route labelled `route` on `site` ("": the site's own row).
+    pub fn answers_of(&self, site: &str, route: &str) -> Option<&AnswerFigures> {
+        self.answers
+            .iter()
+            .find(|f| f.site == site && f.route == route)
+    }
+
+    /// `c` over every upstream group.
+    pub fn upstream_total(&self, c: UpstreamCounter) -> u64 {
+        self.upstreams.iter().map(|u| u.get(c)).sum()
+    }
+
+    /// `c` of the upstream group called `name` (0 if there is none).
+    pub fn upstream(&self, name: &str, c: UpstreamCounter) -> u64 {
+        self.upstreams
+            .iter()
+            .find(|u| u.name == name)
+            .map_or(0, |u| u.get(c))
     }
 }
 
@@ -603,7 +788,11 @@ impl Stats {
             workers: (0..workers.max(1) + 1)
                 .map(|_| WorkerStats::new())
                 .collect(),
-            sites: Arc::new(Mutex::new(vec![String::new()])),
+            names: Arc::new(Mutex::new(Names {
+                sites: vec![String::new()],
+                routes: Vec::new(),
+                upstreams: vec![String::new()],
+            })),
         }
     }
 
@@ -617,41 +806,123 @@ impl Stats {
         &self.workers[id]
     }
 
-    /// The slot of the site called `name`: the one it had if it was named before (a reload
+    /// The workers' blocks: every block but `aux`, which counts neither answers nor
+    /// upstream exchanges.
+    fn worker_blocks(&self) -> &[WorkerStats] {
+        &self.workers[..self.workers.len() - 1]
+    }
+
+    fn names(&self) -> std::sync::MutexGuard<'_, Names> {
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The row of the site called `name`: the one it had if it was named before (a reload
     /// keeps a site's figures), else the next free one; once all are taken, the shared last
-    /// one, reported as [`OTHER_SITES`]. Not for the request path (it takes a lock).
-    pub fn site(&self, name: &str) -> SiteSlot {
-        let mut names = self.sites.lock().unwrap_or_else(|p| p.into_inner());
-        let index = match names.iter().position(|n| n == name) {
+    /// one, reported as [`OTHER`]. Not for the request path (it takes a lock).
+    pub fn site(&self, name: &str) -> AnswerRow {
+        let mut names = self.names();
+        AnswerRow(name_row(&mut names.sites, name, MAX_SITES) as u16)
+    }
+
+    /// The row of the route labelled `label` on the site of row `site` (a route's `name`, or
+    /// its path as written): the one it had if it was named before, else the next free one,
+    /// its chunk reserved in every worker's block; once all are taken, the shared last one,
+    /// reported as site and route [`OTHER`]. Routes of one site with one label share a row.
+    /// Not for the request path (it takes a lock, and may allocate a chunk).
+    pub fn route(&self, site: AnswerRow, label: &str) -> AnswerRow {
+        let mut names = self.names();
+        let site = AnswerRow(site.index().min(MAX_SITES - 1) as u16);
+        let routes = &mut names.routes;
+        let last = MAX_ANSWER_ROWS - MAX_SITES - 1;
+        let index = match routes.iter().position(|(s, l)| *s == site && l == label) {
             Some(i) => i,
-            _ if names.len() < MAX_SITES - 1 => {
-                names.push(name.to_owned());
-                names.len() - 1
+            None if routes.len() < last => {
+                routes.push((site, label.to_owned()));
+                routes.len() - 1
             }
-            _ => {
-                if names.len() < MAX_SITES {
-                    names.push(OTHER_SITES.to_owned());
+            None => {
+                if routes.len() == last {
+                    routes.push((AnswerRow(OTHER_ROW), OTHER.to_owned()));
                 }
-                MAX_SITES - 1
+                last
             }
         };
-        SiteSlot(index as u16)
+        let row = MAX_SITES + index;
+        for w in self.worker_blocks() {
+            w.answers.reserve(row);
+        }
+        AnswerRow(row as u16)
+    }
+
+    /// The row of the upstream group called `name` (`"SITE ROUTE"` in `tern run`, as its
+    /// health figures are labelled): as [`Stats::site`], with its chunk reserved in every
+    /// worker's block. Not for the request path.
+    pub fn upstream(&self, name: &str) -> UpstreamRow {
+        let mut names = self.names();
+        let row = name_row(&mut names.upstreams, name, MAX_UPSTREAMS);
+        for w in self.worker_blocks() {
+            w.upstreams.reserve(row);
+        }
+        UpstreamRow(row as u16)
+    }
+
+    /// The bytes one worker's block takes now (every worker holds the same chunks).
+    pub fn worker_bytes(&self) -> usize {
+        self.worker(0).bytes()
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
-        let names = self.sites.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let (sites, routes, upstreams) = {
+            let names = self.names();
+            (
+                names.sites.clone(),
+                names.routes.clone(),
+                names.upstreams.clone(),
+            )
+        };
+        let figures = |row: usize, site: &str, route: &str| {
+            AnswerFigures {
+                site: site.to_owned(),
+                route: route.to_owned(),
+                responses: [0; STATUS_CLASSES.len()],
+                buckets: [0; DURATION_BUCKETS],
+                sum_us: 0,
+            }
+            .summed(row, self.worker_blocks())
+        };
+        let mut answers: Vec<AnswerFigures> = sites
+            .iter()
+            .enumerate()
+            .map(|(row, site)| figures(row, site, ""))
+            .collect();
+        answers.extend(routes.iter().enumerate().map(|(i, (site, route))| {
+            let site = if site.0 == OTHER_ROW {
+                OTHER
+            } else {
+                sites.get(site.index()).map_or("", String::as_str)
+            };
+            figures(MAX_SITES + i, site, route)
+        }));
+        let upstreams = upstreams
+            .into_iter()
+            .enumerate()
+            .map(|(row, name)| {
+                let mut counts = [0; N_UPSTREAM];
+                for w in self.worker_blocks() {
+                    if let Some(cells) = w.upstreams.get(row) {
+                        for (sum, c) in counts.iter_mut().zip(&cells.0) {
+                            *sum += c.load(Ordering::Relaxed);
+                        }
+                    }
+                }
+                UpstreamFigures { name, counts }
+            })
+            .collect();
         let mut s = StatsSnapshot {
             counters: [0; N_COUNTERS],
             bad_requests: [0; N_BAD],
-            sites: names
-                .into_iter()
-                .map(|name| SiteFigures {
-                    name,
-                    responses: [0; STATUS_CLASSES.len()],
-                    buckets: [0; DURATION_BUCKETS],
-                    sum_us: 0,
-                })
-                .collect(),
+            answers,
+            upstreams,
         };
         for w in self.workers.iter() {
             for (sum, c) in s.counters.iter_mut().zip(&w.counters) {
@@ -660,17 +931,48 @@ impl Stats {
             for (sum, c) in s.bad_requests.iter_mut().zip(&w.bad_requests) {
                 *sum += c.load(Ordering::Relaxed);
             }
-            for (figures, row) in s.sites.iter_mut().zip(&w.sites) {
-                for (sum, c) in figures.responses.iter_mut().zip(&row.classes) {
-                    *sum += c.load(Ordering::Relaxed);
-                }
-                for (sum, c) in figures.buckets.iter_mut().zip(&row.buckets) {
-                    *sum += c.load(Ordering::Relaxed);
-                }
-                figures.sum_us += row.sum_us.load(Ordering::Relaxed);
-            }
         }
         s
+    }
+}
+
+/// A marker in a route row's site: the shared last route row, whose site is [`OTHER`].
+const OTHER_ROW: u16 = u16::MAX;
+
+/// The row of `name` in `rows` (bounded by `max`): the one it had, else the next free one,
+/// else the shared last one, named [`OTHER`].
+fn name_row(rows: &mut Vec<String>, name: &str, max: usize) -> usize {
+    match rows.iter().position(|n| n == name) {
+        Some(i) => i,
+        _ if rows.len() < max - 1 => {
+            rows.push(name.to_owned());
+            rows.len() - 1
+        }
+        _ => {
+            if rows.len() < max {
+                rows.push(OTHER.to_owned());
+            }
+            max - 1
+        }
+    }
+}
+
+impl AnswerFigures {
+    /// These figures plus row `row` of every block.
+    fn summed(mut self, row: usize, blocks: &[WorkerStats]) -> AnswerFigures {
+        for w in blocks {
+            let Some(cells) = w.answers.get(row) else {
+                continue;
+            };
+            for (sum, c) in self.responses.iter_mut().zip(&cells.classes) {
+                *sum += c.load(Ordering::Relaxed);
+            }
+            for (sum, c) in self.buckets.iter_mut().zip(&cells.buckets) {
+                *sum += c.load(Ordering::Relaxed);
+            }
+            self.sum_us += cells.sum_us.load(Ordering::Relaxed);
+        }
+        self
     }
 }
 
@@ -698,7 +1000,7 @@ mod tests {
         let stats = Stats::new(2);
         let a = stats.site("a");
         let b = stats.site("b");
-        assert_eq!(stats.site("a"), a, "a site named again keeps its slot");
+        assert_eq!(stats.site("a"), a, "a site named again keeps its row");
         let at = Tally::new;
         stats.worker(0).answered(200, at(a, 1_000), 1_050); // 50 µs: the first bucket
         stats.worker(1).answered(200, at(a, 1_000), 1_100); // on the bound: still the first
@@ -706,9 +1008,13 @@ mod tests {
         stats.worker(0).answered(301, at(b, 0), 3_000); // 3 ms: (2.5 ms, 5 ms]
         stats.worker(0).answered(400, Tally::starting(0), 0);
         let s = stats.snapshot();
-        let names: Vec<&str> = s.sites.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(names, ["", "a", "b"]);
-        let (none, a, b) = (&s.sites[0], &s.sites[1], &s.sites[2]);
+        let names: Vec<(&str, &str)> = s
+            .answers
+            .iter()
+            .map(|f| (f.site.as_str(), f.route.as_str()))
+            .collect();
+        assert_eq!(names, [("", ""), ("a", ""), ("b", "")]);
+        let (none, a, b) = (&s.answers[0], &s.answers[1], &s.answers[2]);
         assert_eq!(a.responses, [0, 2, 0, 0, 1]);
         assert_eq!(a.buckets[0], 2);
         assert_eq!(a.buckets[DURATION_BUCKETS - 1], 1);
@@ -721,12 +1027,221 @@ mod tests {
     }
 
     #[test]
-    fn a_tally_keeps_its_site_and_start() {
-        let mut t = Tally::new(SiteSlot(63), START_MASK);
-        assert_eq!((t.site(), t.start_us()), (SiteSlot(63), START_MASK));
-        t.set_site(SiteSlot(5));
-        assert_eq!((t.site(), t.start_us()), (SiteSlot(5), START_MASK));
-        assert_eq!(Tally::starting(42).site(), SiteSlot::NONE);
+    fn routes_get_rows_of_their_own_that_know_their_site() {
+        let stats = Stats::new(2);
+        let blog = stats.site("blog");
+        let shop = stats.site("shop");
+        let posts = stats.route(blog, "/posts");
+        let api = stats.route(shop, "api");
+        let shop_root = stats.route(shop, "/");
+        let blog_root = stats.route(blog, "/");
+        assert_eq!(
+            posts,
+            AnswerRow(MAX_SITES as u16),
+            "route rows follow the sites'"
+        );
+        assert_eq!(
+            stats.route(shop, "api"),
+            api,
+            "a route named again keeps its row"
+        );
+        assert_ne!(shop_root, blog_root, "one label on two sites: two rows");
+        let at = Tally::new;
+        stats.worker(0).answered(200, at(posts, 0), 40);
+        stats.worker(1).answered(200, at(posts, 0), 300); // (250 µs, 500 µs]
+        stats.worker(1).answered(502, at(api, 0), 7_000);
+        stats.worker(0).answered(404, at(shop, 0), 10);
+        let s = stats.snapshot();
+        let rows: Vec<(&str, &str)> = s
+            .answers
+            .iter()
+            .map(|f| (f.site.as_str(), f.route.as_str()))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("", ""),
+                ("blog", ""),
+                ("shop", ""),
+                ("blog", "/posts"),
+                ("shop", "api"),
+                ("shop", "/"),
+                ("blog", "/"),
+            ]
+        );
+        assert_eq!(s.answers[3].responses, [0, 2, 0, 0, 0]);
+        assert_eq!(s.answers[3].buckets[0], 1);
+        assert_eq!(s.answers[3].buckets[2], 1);
+        assert_eq!(s.answers[3].sum_us, 340);
+        assert_eq!(s.answers[4].responses, [0, 0, 0, 0, 1]);
+        assert_eq!(s.answers[4].buckets[6], 1);
+        assert_eq!(s.answers[2].responses, [0, 0, 0, 1, 0]);
+        assert_eq!(s.answers[5].responses, [0; 5]);
+        assert_eq!(s.responses(2), 2);
+    }
+
+    #[test]
+    fn route_rows_are_bounded_and_the_rest_share_one() {
+        let stats = Stats::new(2);
+        let site = stats.site("big");
+        let rows: Vec<AnswerRow> = (0..MAX_ANSWER_ROWS)
+            .map(|i| stats.route(site, &format!("/r{i}")))
+            .collect();
+        let own = MAX_ANSWER_ROWS - MAX_SITES - 1;
+        let other = AnswerRow((MAX_ANSWER_ROWS - 1) as u16);
+        assert_eq!(rows[own - 1], AnswerRow((MAX_ANSWER_ROWS - 2) as u16));
+        assert!(
+            rows[own..].iter().all(|&r| r == other),
+            "past the bound: one row"
+        );
+        assert_eq!(stats.route(site, "/r0"), rows[0], "rows given stay");
+        stats.worker(1).answered(200, Tally::new(other, 0), 0);
+        stats
+            .worker(0)
+            .answered(200, Tally::new(rows[own - 1], 0), 0);
+        let s = stats.snapshot();
+        assert_eq!(
+            s.answers.len(),
+            2 + MAX_ANSWER_ROWS - MAX_SITES,
+            "no site, big, routes"
+        );
+        let last = s.answers.last().unwrap();
+        assert_eq!((last.site.as_str(), last.route.as_str()), (OTHER, OTHER));
+        assert_eq!(last.responses[1], 1);
+        let before = &s.answers[s.answers.len() - 2];
+        assert_eq!(before.route, format!("/r{}", own - 1));
+        assert_eq!(before.responses[1], 1);
+        // Every chunk is there now, and only then.
+        let chunk = std::mem::size_of::<Chunk<AnswerCells, ANSWER_CHUNK>>();
+        assert_eq!(
+            stats.worker(0).answers.bytes(),
+            MAX_ANSWER_ROWS / ANSWER_CHUNK * chunk
+        );
+    }
+
+    #[test]
+    fn chunks_are_allocated_for_the_rows_in_use_only() {
+        let stats = Stats::new(2);
+        let answers = std::mem::size_of::<Chunk<AnswerCells, ANSWER_CHUNK>>();
+        let upstreams = std::mem::size_of::<Chunk<UpstreamCells, UPSTREAM_CHUNK>>();
+        let base = std::mem::size_of::<WorkerStats>() + answers + upstreams;
+        assert_eq!(
+            stats.worker_bytes(),
+            base,
+            "the sites' rows and row 0 of upstreams"
+        );
+        let site = stats.site("a");
+        stats.route(site, "/");
+        assert_eq!(stats.worker_bytes(), base + answers);
+        for i in 0..ANSWER_CHUNK {
+            stats.route(site, &format!("/{i}"));
+        }
+        assert_eq!(
+            stats.worker_bytes(),
+            base + 2 * answers,
+            "a second chunk of routes"
+        );
+        for i in 0..UPSTREAM_CHUNK {
+            stats.upstream(&format!("a /{i}"));
+        }
+        assert_eq!(stats.worker_bytes(), base + 2 * answers + upstreams);
+        assert_eq!(
+            stats.worker(1).bytes(),
+            stats.worker_bytes(),
+            "every worker alike"
+        );
+        assert_eq!(
+            stats.aux().bytes(),
+            base,
+            "the aux block counts neither answers nor upstreams"
+        );
+        // The figures of the rows reported in the report's words.
+        assert!(answers <= 64 * 192, "{answers}");
+        assert!(upstreams <= 32 * 112, "{upstreams}");
+    }
+
+    #[test]
+    fn upstream_counters_are_kept_per_group() {
+        let stats = Stats::new(2);
+        let api = stats.upstream("shop /api");
+        let wiki = stats.upstream("wiki /");
+        assert_eq!(stats.upstream("shop /api"), api);
+        stats
+            .worker(0)
+            .bump_upstream(api, UpstreamCounter::Connects);
+        stats
+            .worker(1)
+            .bump_upstream(api, UpstreamCounter::Connects);
+        stats
+            .worker(1)
+            .bump_upstream(api, UpstreamCounter::RetriesStatus);
+        stats
+            .worker(0)
+            .bump_upstream(wiki, UpstreamCounter::tls_failure("unknown_ca"));
+        stats
+            .worker(0)
+            .bump_upstream(UpstreamRow::NONE, UpstreamCounter::Reuses);
+        let s = stats.snapshot();
+        let names: Vec<&str> = s.upstreams.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["", "shop /api", "wiki /"]);
+        assert_eq!(s.upstream("shop /api", UpstreamCounter::Connects), 2);
+        assert_eq!(s.upstream("shop /api", UpstreamCounter::RetriesStatus), 1);
+        assert_eq!(s.upstream("wiki /", UpstreamCounter::TlsFailUnknownCa), 1);
+        assert_eq!(s.upstream("wiki /", UpstreamCounter::Connects), 0);
+        assert_eq!(s.upstream("", UpstreamCounter::Reuses), 1);
+        assert_eq!(s.upstream_total(UpstreamCounter::Connects), 2);
+        assert_eq!(s.upstream_total(UpstreamCounter::Reuses), 1);
+    }
+
+    #[test]
+    fn upstream_rows_are_bounded_and_the_rest_share_one() {
+        let stats = Stats::new(1);
+        let rows: Vec<UpstreamRow> = (0..MAX_UPSTREAMS + 5)
+            .map(|i| stats.upstream(&format!("s /{i}")))
+            .collect();
+        let other = UpstreamRow((MAX_UPSTREAMS - 1) as u16);
+        assert_eq!(rows[0], UpstreamRow(1));
+        assert!(rows[MAX_UPSTREAMS - 2..].iter().all(|&r| r == other));
+        stats
+            .worker(0)
+            .bump_upstream(rows[MAX_UPSTREAMS], UpstreamCounter::Timeouts);
+        let s = stats.snapshot();
+        assert_eq!(s.upstreams.len(), MAX_UPSTREAMS);
+        assert_eq!(s.upstream(OTHER, UpstreamCounter::Timeouts), 1);
+    }
+
+    #[test]
+    fn upstream_counters_have_one_name_per_quantity_and_causes_as_labels() {
+        let mut seen: Vec<&str> = Vec::new();
+        for c in UpstreamCounter::ALL {
+            assert_eq!(
+                UpstreamCounter::ALL[c as usize],
+                c,
+                "ALL in declaration order"
+            );
+            if seen.last() != Some(&c.name()) {
+                assert!(!seen.contains(&c.name()), "{} not adjacent", c.name());
+                seen.push(c.name());
+            }
+        }
+        for cause in ["unknown_ca", "name_mismatch", "expired", "other"] {
+            let c = UpstreamCounter::tls_failure(cause);
+            assert_eq!(c.label(), Some(("cause", cause)));
+        }
+        assert_eq!(
+            UpstreamCounter::tls_failure("bad_mac"),
+            UpstreamCounter::TlsFailOther
+        );
+    }
+
+    #[test]
+    fn a_tally_keeps_its_row_and_start() {
+        let last = AnswerRow((MAX_ANSWER_ROWS - 1) as u16);
+        let mut t = Tally::new(last, START_MASK);
+        assert_eq!((t.row(), t.start_us()), (last, START_MASK));
+        t.set_row(AnswerRow(5));
+        assert_eq!((t.row(), t.start_us()), (AnswerRow(5), START_MASK));
+        assert_eq!(Tally::starting(42).row(), AnswerRow::NONE);
         assert_eq!(std::mem::size_of::<Tally>(), 8);
     }
 
@@ -736,23 +1251,28 @@ mod tests {
         stats.worker(0).answered(99, Tally::starting(0), 0);
         stats.worker(0).answered(600, Tally::starting(0), 0);
         let s = stats.snapshot();
-        assert_eq!(s.sites[0].responses, [1, 0, 0, 0, 1]);
+        assert_eq!(s.answers[0].responses, [1, 0, 0, 0, 1]);
     }
 
     #[test]
-    fn site_slots_are_bounded_and_the_rest_share_one() {
+    fn site_rows_are_bounded_and_the_rest_share_one() {
         let stats = Stats::new(1);
-        let slots: Vec<SiteSlot> = (0..MAX_SITES + 10)
+        let rows: Vec<AnswerRow> = (0..MAX_SITES + 10)
             .map(|i| stats.site(&format!("site{i}")))
             .collect();
-        let other = SiteSlot((MAX_SITES - 1) as u16);
-        assert_eq!(slots[MAX_SITES - 3], SiteSlot((MAX_SITES - 2) as u16));
-        assert!(slots[MAX_SITES - 2..].iter().all(|&s| s == other));
+        let other = AnswerRow((MAX_SITES - 1) as u16);
+        assert_eq!(rows[MAX_SITES - 3], AnswerRow((MAX_SITES - 2) as u16));
+        assert!(rows[MAX_SITES - 2..].iter().all(|&s| s == other));
         stats.worker(0).answered(200, Tally::new(other, 0), 0);
+        // A route of a site past the bound is the shared site's.
+        let route = stats.route(rows[MAX_SITES + 5], "/");
         let s = stats.snapshot();
-        assert_eq!(s.sites.len(), MAX_SITES);
-        assert_eq!(s.sites[MAX_SITES - 1].name, OTHER_SITES);
-        assert_eq!(s.sites[MAX_SITES - 1].responses[1], 1);
+        assert_eq!(s.answers.len(), MAX_SITES + 1);
+        assert_eq!(s.answers[MAX_SITES - 1].site, OTHER);
+        assert_eq!(s.answers[MAX_SITES - 1].responses[1], 1);
+        assert_eq!(s.answers[MAX_SITES].route, "/");
+        assert_eq!(s.answers[MAX_SITES].site, OTHER);
+        assert_eq!(route, AnswerRow(MAX_SITES as u16));
     }
 
     #[test]
@@ -804,6 +1324,8 @@ mod tests {
     fn counting_an_answer_allocates_nothing() {
         let stats = Stats::new(2);
         let site = stats.site("blog");
+        let route = stats.route(site, "/");
+        let group = stats.upstream("blog /");
         let worker = stats.worker(1);
         counting::ALLOCATIONS.with(|c| c.set(Some(0)));
         drop(std::hint::black_box(Box::new(7u64)));
@@ -815,12 +1337,19 @@ mod tests {
         );
         for i in 0..10_000u64 {
             let status = [200, 304, 404, 503][i as usize % 4];
-            worker.answered(status, Tally::new(site, i), i * 3);
+            worker.answered(status, Tally::new(route, i), i * 3);
+            worker.bump_upstream(group, UpstreamCounter::Reuses);
         }
         let allocations = counting::ALLOCATIONS.with(|c| c.replace(None));
         assert_eq!(allocations, Some(0));
         assert_eq!(
-            stats.snapshot().sites[1].buckets.iter().sum::<u64>(),
+            stats
+                .snapshot()
+                .answers_of("blog", "/")
+                .unwrap()
+                .buckets
+                .iter()
+                .sum::<u64>(),
             10_000
         );
     }

@@ -136,6 +136,13 @@ impl MemoryConn {
         })
     }
 
+    /// Counts into `stats` (whose rows a handler of the router was given) instead of
+    /// counters of its own.
+    pub fn with_stats(mut self, stats: Stats) -> MemoryConn {
+        self.stats = stats;
+        self
+    }
+
     /// Bytes from the peer, as one read each time the connection asks for input.
     pub fn feed(&mut self, bytes: &[u8]) {
         self.run(bytes, false);

@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 use tern_server::{
-    Counter, RequestError, StatsSnapshot, DURATION_BOUNDS, DURATION_BUCKETS, STATUS_CLASSES,
+    Counter, RequestError, StatsSnapshot, UpstreamCounter, DURATION_BOUNDS, DURATION_BUCKETS,
+    STATUS_CLASSES,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,9 @@ pub struct Metric {
     /// for counters and gauges.
     pub suffix: &'static str,
     pub value: f64,
+    /// Shown on `/statusz` only: a total of series `/metrics` shows by label (Prometheus
+    /// sums them itself, and a total beside its parts in one family would count twice).
+    pub statusz_only: bool,
 }
 
 impl Metric {
@@ -49,6 +53,7 @@ impl Metric {
             labels: Vec::new(),
             suffix: "",
             value: value as f64,
+            statusz_only: false,
         }
     }
 
@@ -68,6 +73,7 @@ impl Metric {
             labels: Vec::new(),
             suffix: "",
             value,
+            statusz_only: false,
         }
     }
 
@@ -99,6 +105,7 @@ impl Metric {
             labels: labels.to_vec(),
             suffix,
             value,
+            statusz_only: false,
         };
         let mut out = Vec::with_capacity(counts.len() + 2);
         let mut cumulative = 0;
@@ -110,6 +117,12 @@ impl Metric {
         out.push(sample("_sum", sum));
         out.push(sample("_count", cumulative as f64));
         out
+    }
+
+    /// Shows the value on `/statusz` only ([`Metric::statusz_only`]).
+    pub fn statusz_only(mut self) -> Metric {
+        self.statusz_only = true;
+        self
     }
 
     /// The name Prometheus's page gives its samples after `tern_` (a counter's with
@@ -206,7 +219,7 @@ pub fn render_prometheus(prefix: &str, metrics: &[Metric]) -> String {
             first_seen.push(m.name);
         }
     }
-    let mut ordered: Vec<&Metric> = metrics.iter().collect();
+    let mut ordered: Vec<&Metric> = metrics.iter().filter(|m| !m.statusz_only).collect();
     ordered.sort_by_key(|m| first_seen.iter().position(|n| *n == m.name));
     for m in ordered {
         let family = m.family_name();
@@ -322,8 +335,9 @@ pub fn page(metrics: &[Metric], prometheus: bool) -> tern_server::Response {
         .with_body(tern_server::Body::Owned(text.into_bytes()))
 }
 
-/// The server layer's counters: connections, requests, timeouts, bad requests by cause, and
-/// answers by site and class with the request-duration histogram of each site.
+/// The server layer's counters: connections, requests, timeouts, bad requests by cause, the
+/// upstream exchanges by group, and answers by site, route and class with the
+/// request-duration histogram of each route.
 pub fn server_metrics(s: &StatsSnapshot) -> Vec<Metric> {
     // Counters of one name are adjacent in `Counter::ALL`, as the page needs.
     let mut out: Vec<Metric> = Counter::ALL
@@ -351,42 +365,148 @@ pub fn server_metrics(s: &StatsSnapshot) -> Vec<Metric> {
             .with_label("cause", e.name()),
         );
     }
-    out.extend(site_metrics(s));
+    out.extend(upstream_metrics(s));
+    out.extend(answer_metrics(s));
     out
 }
 
-/// Answers by class and the duration histogram, per site. A server without sites (`tern
-/// serve`, `tern demo`) has only the row of no site and shows no `site` label; with sites
-/// (`tern run`) every row has one, `site=""` for answers no site took (bad input, a host no
-/// site serves).
-fn site_metrics(s: &StatsSnapshot) -> Vec<Metric> {
-    let labelled = s.sites.len() > 1;
-    let site_label = |figures: &tern_server::SiteFigures| -> Vec<(&'static str, LabelValue)> {
+/// The upstream counters by group (`upstream="SITE ROUTE"`, as the health figures). A
+/// server without named groups shows one unlabelled series per counter; with groups,
+/// `/statusz` also shows the process's total as the unlabelled line it always had.
+/// Exchanges of no named group (none in `tern run`) show as `upstream=""` once there are some.
+fn upstream_metrics(s: &StatsSnapshot) -> Vec<Metric> {
+    let labelled = s.upstreams.len() > 1;
+    let mut out = Vec::with_capacity(UpstreamCounter::ALL.len() * (s.upstreams.len() + 1));
+    for c in UpstreamCounter::ALL {
+        let with_cause = |m: Metric| match c.label() {
+            Some((key, value)) => m.with_label(key, value),
+            None => m,
+        };
         if labelled {
-            vec![("site", figures.name.clone().into())]
-        } else {
-            Vec::new()
+            out.push(
+                with_cause(Metric::counter(c.name(), c.help(), s.upstream_total(c))).statusz_only(),
+            );
         }
-    };
-    let mut out = Vec::with_capacity(s.sites.len() * (STATUS_CLASSES.len() + DURATION_BUCKETS + 2));
-    for figures in &s.sites {
-        for (class, &n) in STATUS_CLASSES.iter().zip(&figures.responses) {
-            let mut m = Metric::counter("responses", "answers sent, by site and status class", n);
-            m.labels = site_label(figures);
-            out.push(m.with_label("class", *class));
+        for (row, group) in s.upstreams.iter().enumerate() {
+            let n = group.get(c);
+            if !labelled {
+                out.push(with_cause(Metric::counter(c.name(), c.help(), n)));
+            } else if row > 0 || group.counts.iter().any(|&n| n > 0) {
+                let m = Metric::counter(c.name(), c.help(), n)
+                    .with_label("upstream", group.name.clone());
+                out.push(with_cause(m));
+            }
         }
     }
+    out
+}
+
+/// Answers by class and the duration histogram, per route (each row of figures: a route's,
+/// or a site's own for its answers no route took, `route=""`). A server without sites (`tern
+/// serve`, `tern demo`) has only the row of no site and shows neither label; with sites
+/// (`tern run`) every row has both, `site=""` for answers no site took (bad input, a host no
+/// site serves). `/statusz` also shows each site's sums, the lines it had before routes.
+fn answer_metrics(s: &StatsSnapshot) -> Vec<Metric> {
+    const RESPONSES_HELP: &str = "answers sent, by site, route and status class";
+    const DURATION_HELP: &str = "time from a request's arrival to its answer being ready to \
+                                 send (a proxied answer: to the upstream's last byte), by site \
+                                 and route";
     let bounds = DURATION_BOUNDS.map(|(_, le)| le);
-    for figures in &s.sites {
-        out.extend(Metric::histogram(
-            "request_duration_seconds",
-            "time from a request's arrival to its answer being ready to send (a proxied \
-             answer: to the upstream's last byte), by site",
-            &site_label(figures),
-            &bounds,
-            &figures.buckets,
-            figures.sum_us as f64 / 1e6,
-        ));
+    if s.answers.len() <= 1 {
+        let mut out = Vec::new();
+        for figures in &s.answers {
+            for (class, &n) in STATUS_CLASSES.iter().zip(&figures.responses) {
+                out.push(
+                    Metric::counter("responses", RESPONSES_HELP, n).with_label("class", *class),
+                );
+            }
+            out.extend(Metric::histogram(
+                "request_duration_seconds",
+                DURATION_HELP,
+                &[],
+                &bounds,
+                &figures.buckets,
+                figures.sum_us as f64 / 1e6,
+            ));
+        }
+        return out;
+    }
+    // Sites in the order their rows come, each followed by its routes.
+    let mut sites: Vec<&str> = Vec::new();
+    for f in &s.answers {
+        if !sites.contains(&f.site.as_str()) {
+            sites.push(&f.site);
+        }
+    }
+    fn rows_of<'a>(
+        s: &'a StatsSnapshot,
+        site: &'a str,
+    ) -> impl Iterator<Item = &'a tern_server::AnswerFigures> {
+        s.answers.iter().filter(move |f| f.site == site)
+    }
+    let mut out = Vec::with_capacity(
+        (s.answers.len() + sites.len()) * (STATUS_CLASSES.len() + DURATION_BUCKETS + 2),
+    );
+    for &site in &sites {
+        let mut sum = [0; STATUS_CLASSES.len()];
+        for f in rows_of(s, site) {
+            for (total, n) in sum.iter_mut().zip(f.responses) {
+                *total += n;
+            }
+        }
+        for (class, &n) in STATUS_CLASSES.iter().zip(&sum) {
+            out.push(
+                Metric::counter("responses", RESPONSES_HELP, n)
+                    .with_label("site", site.to_owned())
+                    .with_label("class", *class)
+                    .statusz_only(),
+            );
+        }
+        for f in rows_of(s, site) {
+            for (class, &n) in STATUS_CLASSES.iter().zip(&f.responses) {
+                out.push(
+                    Metric::counter("responses", RESPONSES_HELP, n)
+                        .with_label("site", f.site.clone())
+                        .with_label("route", f.route.clone())
+                        .with_label("class", *class),
+                );
+            }
+        }
+    }
+    for &site in &sites {
+        let mut buckets = [0; DURATION_BUCKETS];
+        let mut sum_us = 0;
+        for f in rows_of(s, site) {
+            for (total, n) in buckets.iter_mut().zip(f.buckets) {
+                *total += n;
+            }
+            sum_us += f.sum_us;
+        }
+        out.extend(
+            Metric::histogram(
+                "request_duration_seconds",
+                DURATION_HELP,
+                &[("site", site.to_owned().into())],
+                &bounds,
+                &buckets,
+                sum_us as f64 / 1e6,
+            )
+            .into_iter()
+            .map(Metric::statusz_only),
+        );
+        for f in rows_of(s, site) {
+            out.extend(Metric::histogram(
+                "request_duration_seconds",
+                DURATION_HELP,
+                &[
+                    ("site", f.site.clone().into()),
+                    ("route", f.route.clone().into()),
+                ],
+                &bounds,
+                &f.buckets,
+                f.sum_us as f64 / 1e6,
+            ));
+        }
     }
     out
 }
@@ -715,7 +835,7 @@ mod tests {
     }
 
     #[test]
-    fn server_figures_are_labelled_by_site_only_when_there_are_sites() {
+    fn server_figures_are_labelled_by_site_and_route_only_when_there_are_sites() {
         let stats = tern_server::Stats::new(1);
         let plain = server_metrics(&stats.snapshot());
         let classes: Vec<_> = plain.iter().filter(|m| m.name == "responses").collect();
@@ -723,23 +843,126 @@ mod tests {
         assert!(classes
             .iter()
             .all(|m| m.labels.len() == 1 && m.labels[0].0 == "class"));
-        stats.site("blog");
+        let page = render_prometheus("tern_", &plain);
+        assert!(
+            page.contains("tern_request_duration_seconds_count 0\n"),
+            "{page}"
+        );
+        assert!(page.contains("tern_upstream_connects_total 0\n"), "{page}");
+        assert!(page.contains("tern_upstream_retries_total{cause=\"status\"} 0\n"));
+        assert_eq!(
+            render_statusz(&plain).matches("upstream_connects").count(),
+            1
+        );
+
+        let blog = stats.site("blog");
+        stats.route(blog, "/");
+        stats.route(blog, "api");
         let sited = server_metrics(&stats.snapshot());
         let page = render_prometheus("tern_", &sited);
         assert!(
-            page.contains("tern_responses_total{site=\"\",class=\"2xx\"} 0\n"),
+            page.contains("tern_responses_total{site=\"\",route=\"\",class=\"2xx\"} 0\n"),
             "{page}"
         );
-        assert!(page.contains("tern_responses_total{site=\"blog\",class=\"5xx\"} 0\n"));
+        assert!(page.contains("tern_responses_total{site=\"blog\",route=\"\",class=\"4xx\"} 0\n"));
         assert!(
-            page.contains("tern_request_duration_seconds_bucket{site=\"blog\",le=\"+Inf\"} 0\n")
+            page.contains("tern_responses_total{site=\"blog\",route=\"api\",class=\"5xx\"} 0\n")
         );
+        assert!(page.contains(
+            "tern_request_duration_seconds_bucket{site=\"blog\",route=\"/\",le=\"+Inf\"} 0\n"
+        ));
+        // No site-only series beside the routes' on /metrics: they would count twice.
+        assert!(!page.contains("{site=\"blog\",class="), "{page}");
+        assert!(!page.contains("_count{site=\"blog\"}"), "{page}");
         assert!(page.contains("tern_timeouts_total{kind=\"header\"} 0\n"));
         assert!(page.contains("tern_tls_handshake_failures_total{cause=\"plain_http\"} 0\n"));
         // Each name's HELP and TYPE once: its series are adjacent.
         for line in page.lines().filter(|l| l.starts_with("# TYPE")) {
             assert_eq!(page.matches(&format!("{line}\n")).count(), 1, "{line}");
         }
+    }
+
+    #[test]
+    fn statusz_keeps_the_sites_sums_beside_the_routes() {
+        let stats = tern_server::Stats::new(1);
+        let blog = stats.site("blog");
+        let shop = stats.site("shop");
+        stats.route(blog, "/");
+        stats.route(shop, "/api");
+        stats.route(blog, "/feed");
+        let page = render_statusz(&server_metrics(&stats.snapshot()));
+        let lines: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with("responses{") && l.contains("class=\"2xx\""))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "responses{site=\"\",class=\"2xx\"}: 0",
+                "responses{site=\"\",route=\"\",class=\"2xx\"}: 0",
+                "responses{site=\"blog\",class=\"2xx\"}: 0",
+                "responses{site=\"blog\",route=\"\",class=\"2xx\"}: 0",
+                "responses{site=\"blog\",route=\"/\",class=\"2xx\"}: 0",
+                "responses{site=\"blog\",route=\"/feed\",class=\"2xx\"}: 0",
+                "responses{site=\"shop\",class=\"2xx\"}: 0",
+                "responses{site=\"shop\",route=\"\",class=\"2xx\"}: 0",
+                "responses{site=\"shop\",route=\"/api\",class=\"2xx\"}: 0",
+            ]
+        );
+        assert!(page.contains("\nrequest_duration_seconds_count{site=\"blog\"}: 0\n"));
+        assert!(page.contains("\nrequest_duration_seconds_sum{site=\"blog\",route=\"/feed\"}: 0\n"));
+    }
+
+    #[test]
+    fn upstream_counters_are_labelled_by_group_with_totals_on_statusz() {
+        let stats = tern_server::Stats::new(2);
+        let api = stats.upstream("shop /api");
+        let wiki = stats.upstream("wiki /");
+        // What the relay counts for a group: a worker's single-writer cells.
+        let counted = [
+            (0, api, tern_server::UpstreamCounter::Connects),
+            (1, api, tern_server::UpstreamCounter::Connects),
+            (1, wiki, tern_server::UpstreamCounter::Connects),
+            (0, wiki, tern_server::UpstreamCounter::RetriesConnect),
+        ];
+        for (worker, row, c) in counted {
+            stats.worker(worker).bump_upstream(row, c);
+        }
+        let metrics = server_metrics(&stats.snapshot());
+        let page = render_prometheus("tern_", &metrics);
+        assert!(
+            page.contains("\ntern_upstream_connects_total{upstream=\"shop /api\"} 2\n"),
+            "{page}"
+        );
+        assert!(page.contains("\ntern_upstream_connects_total{upstream=\"wiki /\"} 1\n"));
+        assert!(page
+            .contains("\ntern_upstream_retries_total{upstream=\"wiki /\",cause=\"connect\"} 1\n"));
+        assert!(page.contains(
+            "\ntern_upstream_tls_failures_total{upstream=\"shop /api\",cause=\"unknown_ca\"} 0\n"
+        ));
+        // Neither a total nor the row of no group (empty) beside the groups.
+        assert!(!page.contains("\ntern_upstream_connects_total "), "{page}");
+        assert!(!page.contains("upstream=\"\""), "{page}");
+        let statusz = render_statusz(&metrics);
+        for line in [
+            "upstream_connects: 3",
+            "upstream_connects{upstream=\"shop /api\"}: 2",
+            "upstream_retries{cause=\"connect\"}: 1",
+            "upstream_retries{upstream=\"wiki /\",cause=\"connect\"}: 1",
+        ] {
+            assert!(statusz.lines().any(|l| l == line), "{line}:\n{statusz}");
+        }
+        // Counted without a named group: shown, as upstream="".
+        stats.worker(0).bump_upstream(
+            tern_server::UpstreamRow::NONE,
+            tern_server::UpstreamCounter::Reuses,
+        );
+        let page = render_prometheus("tern_", &server_metrics(&stats.snapshot()));
+        assert!(
+            page.contains("\ntern_upstream_reuses_total{upstream=\"\"} 1\n"),
+            "{page}"
+        );
+        assert!(page.contains("\ntern_upstream_connects_total{upstream=\"\"} 0\n"));
     }
 
     #[test]

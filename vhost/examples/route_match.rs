@@ -118,7 +118,7 @@ fn site() -> Site {
         hosts: vec!["bench.test".into()],
         routes,
         log: tern_server::LogTarget::DEFAULT,
-        counted_as: tern_server::SiteSlot::NONE,
+        counted_as: tern_server::AnswerRow::NONE,
         error_pages: Vec::new(),
         request_ids: None,
         compress: None,

@@ -31,8 +31,8 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use tern_server::upstream::ResponseEdit;
 use tern_server::{
-    Body, Handler, HandlerContext, LogTarget, Reply, Request, RequestHead, RequestId, Response,
-    SiteSlot,
+    AnswerRow, Body, Handler, HandlerContext, LogTarget, Reply, Request, RequestHead, RequestId,
+    Response,
 };
 use tern_services::template::Values;
 use tern_services::TrustedProxies;
@@ -77,8 +77,9 @@ pub struct Site {
     pub routes: Vec<Route>,
     /// The access log its requests' lines go to.
     pub log: LogTarget,
-    /// Where its answers are counted (`Stats::site`), for /metrics' `site` label.
-    pub counted_as: SiteSlot,
+    /// Where its answers no route took are counted (`Stats::site`), for /metrics' `site`
+    /// label; each route has its own row ([`RouteOptions::counted_as`]).
+    pub counted_as: AnswerRow,
     pub error_pages: Vec<ErrorPage>,
     /// Requests get an id (`X-Request-Id`); a peer in the list may bring its own.
     pub request_ids: Option<TrustedProxies>,
@@ -90,7 +91,7 @@ pub struct Site {
 struct BuiltSite {
     name: String,
     log: LogTarget,
-    counted_as: SiteSlot,
+    counted_as: AnswerRow,
     /// In the order given: among routes of one prefix, the first whose matchers pass wins.
     routes: Vec<BuiltRoute>,
     /// Stored prefix → its routes (indexes into `routes`), so finding the route costs one
@@ -335,6 +336,8 @@ fn answer_on(
     let Some(route) = route_for(site, req.head, &decoded) else {
         return (Response::text(404, "not found\n").into(), true);
     };
+    // The route that answers counts the answer: after a rewrite or a fallback, the last.
+    cx.count_as(route.counted_as.unwrap_or(site.counted_as));
     if route.compress.is_some() || site.compress.is_some() {
         cx.compress_with(route.compress.clone());
     }
@@ -693,7 +696,7 @@ mod tests {
                 .collect(),
             routes: prefixes.iter().map(|p| route(p)).collect(),
             log: LogTarget::DEFAULT,
-            counted_as: SiteSlot::NONE,
+            counted_as: AnswerRow::NONE,
             error_pages: Vec::new(),
             request_ids: None,
             compress: None,
@@ -871,7 +874,7 @@ mod tests {
             hosts: vec!["s.test".into()],
             routes,
             log: LogTarget::DEFAULT,
-            counted_as: SiteSlot::NONE,
+            counted_as: AnswerRow::NONE,
             error_pages: Vec::new(),
             request_ids: None,
             compress: None,
@@ -977,6 +980,45 @@ mod tests {
     }
 
     #[test]
+    fn answers_are_counted_in_the_row_of_the_route_that_answered() {
+        let stats = tern_server::Stats::new(1);
+        let site = stats.site("s");
+        let counted = |label: &str| RouteOptions {
+            counted_as: Some(stats.route(site, label)),
+            ..Default::default()
+        };
+        let routes = vec![
+            with("/a", fixed("a"), counted("/a")),
+            with("/b", fixed("b"), counted("posts")),
+            with("/old", Action::Rewrite("/b".into()), counted("/old")),
+            // A route without a row of its own counts in its site's.
+            with("/c", fixed("c"), RouteOptions::default()),
+        ];
+        let mut c = serve(routes, |s| s.counted_as = site).with_stats(stats.clone());
+        assert_eq!(ask(&mut c, &get("/a/x")).0, 200);
+        assert_eq!(ask(&mut c, &get("/b")).0, 200);
+        assert_eq!(ask(&mut c, &get("/old")).0, 200, "rewritten to /b");
+        assert_eq!(ask(&mut c, &get("/c")).0, 200);
+        assert_eq!(ask(&mut c, &get("/nothing")).0, 404);
+        let s = stats.snapshot();
+        let twos = |route: &str| s.answers_of("s", route).unwrap().responses[1];
+        assert_eq!(twos("/a"), 1);
+        assert_eq!(
+            twos("posts"),
+            2,
+            "the route a rewrite ends at counts its answer"
+        );
+        assert_eq!(twos("/old"), 0);
+        let own = s.answers_of("s", "").unwrap();
+        assert_eq!(
+            own.responses,
+            [0, 1, 0, 1, 0],
+            "/c, and the 404 of no route"
+        );
+        assert_eq!(s.answers_of("", "").unwrap().responses, [0; 5]);
+    }
+
+    #[test]
     fn a_route_shadowed_by_an_earlier_one_is_refused() {
         let s = Site {
             name: "s".into(),
@@ -996,7 +1038,7 @@ mod tests {
                 ),
             ],
             log: LogTarget::DEFAULT,
-            counted_as: SiteSlot::NONE,
+            counted_as: AnswerRow::NONE,
             error_pages: Vec::new(),
             request_ids: None,
             compress: None,

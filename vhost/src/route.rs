@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tern_server::upstream::ResponseEdit;
-use tern_server::{Body, Handler, Request, RequestHead, Response};
+use tern_server::{AnswerRow, Body, Handler, Request, RequestHead, Response};
 use tern_services::template::{Template, Values, Var, HEADER_VARS};
 use tern_services::{PrefixLimiter, RateDecision};
 
@@ -61,6 +61,8 @@ pub struct RouteOptions {
     pub rate_limit: Option<Arc<PrefixLimiter>>,
     /// On-the-fly compression of the route's answers (fixed and proxied; `None`: off).
     pub compress: Option<Arc<tern_compress::Policy>>,
+    /// The row of figures its answers are counted in (`Stats::route`); `None`: its site's.
+    pub counted_as: Option<AnswerRow>,
 }
 
 /// How `try_files` ends when no candidate is there.
@@ -168,6 +170,7 @@ pub(crate) struct BuiltRoute {
     pub max_body: Option<u64>,
     pub rate_limit: Option<Arc<PrefixLimiter>>,
     pub compress: Option<Arc<tern_compress::Policy>>,
+    pub counted_as: Option<AnswerRow>,
     /// Names to drop before the set lines are added (the removed ones and the set ones).
     drop: Vec<String>,
     /// `Name: value\r\n` lines without variables, serialised once.
@@ -273,6 +276,7 @@ impl BuiltRoute {
             max_body: options.max_body,
             rate_limit: options.rate_limit,
             compress: options.compress,
+            counted_as: options.counted_as,
             drop,
             set_lines,
             set_templates,

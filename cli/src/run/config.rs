@@ -80,6 +80,8 @@ struct SiteFile {
 #[serde(deny_unknown_fields)]
 struct RouteFile {
     path: Spanned<String>,
+    /// What /metrics calls the route (its `route` label); default: `path` as written.
+    name: Option<Spanned<String>>,
     #[serde(rename = "static")]
     static_root: Option<Spanned<PathBuf>>,
     serve_dotfiles: Option<Spanned<bool>>,
@@ -264,6 +266,9 @@ pub enum SiteLog {
 #[derive(Debug)]
 pub struct RoutePlan {
     pub prefix: String,
+    /// The route's `route` label on /metrics, and its upstream group's name after the site's:
+    /// its `name`, or its path as written.
+    pub label: String,
     pub kind: RouteKind,
     pub headers: HeaderEdits,
     /// Behind the gateway (`gate = true`).
@@ -457,6 +462,8 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
         }
         // stored prefix → (line, the route has matchers beyond its path)
         let mut prefixes: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+        // route label → (line, given as a `name`)
+        let mut labels: BTreeMap<String, (usize, bool)> = BTreeMap::new();
         let mut routes = Vec::new();
         let site_compress = check_compress_keys(site.compress_keys(), &mut p);
         let site_policy = compress_policy(site.compress_keys(), CompressKeys::default());
@@ -507,6 +514,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                     }
                 }
             }
+            let label = check_route_name(route, &mut labels, &mut p);
             let guarded = route.gate.as_ref().is_some_and(|g| *g.get_ref());
             if let (Some(g), true) = (&route.gate, guarded) {
                 if file.gate.is_none() {
@@ -534,6 +542,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                         p.line(path_at),
                         RoutePlan {
                             prefix: prefix.clone(),
+                            label,
                             kind,
                             headers,
                             guarded,
@@ -607,6 +616,70 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
         default_site: default_site.map(|(i, _, _)| i),
         app: app.map(|(a, _)| a),
     })
+}
+
+/// The longest route `name`: a label value of every series of the route.
+const MAX_ROUTE_NAME: usize = 64;
+
+/// A route's label (its `name`, or its path as written), checked: a name is 1 to
+/// [`MAX_ROUTE_NAME`] of `A-Z a-z 0-9 _ . : / -`, not the shared row's `_other`, and no two
+/// routes of a site have one label unless both go by their path (routes of one path told
+/// apart by matchers share their series then, by choice). `labels`: the site's so far.
+fn check_route_name(
+    route: &RouteFile,
+    labels: &mut BTreeMap<String, (usize, bool)>,
+    p: &mut Problems<'_>,
+) -> String {
+    let (label, at, named) = match &route.name {
+        Some(name) => (name.get_ref().clone(), name.span().start, true),
+        None => (route.path.get_ref().clone(), route.path.span().start, false),
+    };
+    if named {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || "_.:/-".contains(c);
+        if label.is_empty() || label.len() > MAX_ROUTE_NAME {
+            p.at(
+                at,
+                format!("route name {label:?} must be 1 to {MAX_ROUTE_NAME} characters"),
+            );
+            return label;
+        }
+        if let Some(c) = label.chars().find(|&c| !allowed(c)) {
+            p.at(
+                at,
+                format!(
+                    "route name {label:?} has {c:?}: use A-Z a-z 0-9 and _ . : / - (it is a \
+                     label value on /metrics)"
+                ),
+            );
+            return label;
+        }
+        if label == tern_server::OTHER {
+            p.at(
+                at,
+                format!("route name {label:?} is what /metrics calls the routes past its bound"),
+            );
+            return label;
+        }
+    }
+    match labels.get(&label) {
+        Some(&(line, earlier_named)) if named || earlier_named => {
+            let what = if named { "name" } else { "path" };
+            let other = if earlier_named { "name" } else { "path" };
+            p.at(
+                at,
+                format!(
+                    "route {what} {label:?} is the {other} of another route of this site (line \
+                     {line}): their figures on /metrics would be one series; give one a name \
+                     of its own"
+                ),
+            );
+        }
+        Some(_) => {}
+        None => {
+            labels.insert(label.clone(), (p.line(at), named));
+        }
+    }
+    label
 }
 
 fn check_server_keys(file: &RunFile, p: &mut Problems<'_>) {
@@ -2178,6 +2251,85 @@ data = "data"
         let common = c.common(&CommonArgs::default());
         assert_eq!(common.workers, Some(2));
         assert_eq!(common.listen, Some("127.0.0.1:0".parse().unwrap()));
+    }
+
+    #[test]
+    fn routes_are_labelled_by_name_or_path_and_bad_names_refused_with_their_line() {
+        let d = dir();
+        let ok = "[[site]]\nname = \"a\"\nhosts = [\"a.test\"]\n\
+                  [[site.route]]\npath = \"/api\"\nmethods = [\"POST\"]\nrespond = \"y\"\nname = \"api.write:v2/x-y_z\"\n\
+                  [[site.route]]\npath = \"/api/\"\nrespond = \"x\"\n\
+                  [[site.route]]\npath = \"/\"\nrespond = \"z\"\n\
+                  [[site]]\nname = \"b\"\nhosts = [\"b.test\"]\n\
+                  [[site.route]]\npath = \"/\"\nrespond = \"z\"\nname = \"api.write:v2/x-y_z\"\n";
+        let c = parse(ok, d.path()).unwrap();
+        let labels: Vec<&str> = c.sites[0].routes.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            ["api.write:v2/x-y_z", "/api/", "/"],
+            "or the path as written"
+        );
+        assert_eq!(
+            c.sites[1].routes[0].label, "api.write:v2/x-y_z",
+            "names are per site"
+        );
+        let route = |extra: &str| {
+            format!(
+                "[[site]]\nname = \"a\"\nhosts = [\"a.test\"]\n\
+                 [[site.route]]\npath = \"/x\"\nrespond = \"x\"\nname = \"first\"\n\
+                 [[site.route]]\npath = \"/\"\nrespond = \"y\"\n{extra}\n"
+            )
+        };
+        let long = "n".repeat(65);
+        for (extra, want) in [
+            ("name = \"a b\"", "line 11: route name \"a b\" has ' '"),
+            ("name = \"café\"", "line 11: route name \"café\" has 'é'"),
+            (
+                "name = \"a{x=\\\"\"",
+                "line 11: route name \"a{x=\\\"\" has '{'",
+            ),
+            (
+                "name = \"\"",
+                "line 11: route name \"\" must be 1 to 64 characters",
+            ),
+            (&format!("name = \"{long}\""), "must be 1 to 64 characters"),
+            (
+                "name = \"_other\"",
+                "line 11: route name \"_other\" is what /metrics calls",
+            ),
+            (
+                "name = \"first\"",
+                "line 11: route name \"first\" is the name of another route of this site (line 7)",
+            ),
+        ] {
+            let e = problems(&route(extra));
+            assert_eq!(e.len(), 1, "{extra}: {e:?}");
+            assert!(
+                e[0].starts_with(want) || e[0].contains(want),
+                "{extra}: {e:?}"
+            );
+        }
+        // A name that is an earlier unnamed route's path; a named route's path is free.
+        let e = problems(&route("name = \"/x\"").replace("name = \"first\"\n", ""));
+        assert_eq!(
+            e,
+            [
+                "line 10: route name \"/x\" is the path of another route of this site (line 5): \
+              their figures on /metrics would be one series; give one a name of its own"
+            ]
+        );
+        parse(&route("name = \"/x\""), d.path()).unwrap();
+        // An unnamed route whose path is an earlier route's name.
+        let text = route("")
+            .replace("name = \"first\"", "name = \"/y\"")
+            .replace("path = \"/\"", "path = \"/y\"");
+        assert_eq!(
+            problems(&text),
+            [
+                "line 9: route path \"/y\" is the name of another route of this site (line 7): \
+              their figures on /metrics would be one series; give one a name of its own"
+            ]
+        );
     }
 
     #[test]

@@ -323,17 +323,24 @@ fn build_table(
 ) -> Result<SiteTable, String> {
     let mut sites = Vec::with_capacity(loaded.sites.len());
     for (index, site) in loaded.sites.iter().enumerate() {
+        let site_row = stats.site(&site.name);
         let mut routes = Vec::with_capacity(site.routes.len() + 1);
         if let (Some(gate), true) = (gate, site.routes.iter().any(|r| r.guarded)) {
             // The gate's own pages (login, challenge, its scripts) on every guarded site.
+            let prefix = gate.config().config.path_prefix.clone();
             routes.push(Route {
-                prefix: gate.config().config.path_prefix.clone(),
+                options: RouteOptions {
+                    counted_as: Some(stats.route(site_row, &prefix)),
+                    ..RouteOptions::default()
+                },
+                prefix,
                 action: Action::Handler(Arc::new(gate.endpoints())),
                 headers: Default::default(),
-                options: RouteOptions::default(),
             });
         }
         for route in &site.routes {
+            // What the health figures and the upstream counters call the route's group.
+            let group_name = format!("{} {}", site.name, route.label);
             let action = match &route.kind {
                 RouteKind::Static(options) => {
                     let files = StaticFiles::new(options.clone()).map_err(|e| {
@@ -390,7 +397,14 @@ fn build_table(
                             files.root.display()
                         )
                     })?;
-                    let group = tern_proxy::UpstreamGroup::new(upstream.group.clone(), workers);
+                    let group = tern_proxy::UpstreamGroup::new(
+                        tern_proxy::GroupOptions {
+                            counted_as: stats.upstream(&group_name),
+                            name: group_name,
+                            ..upstream.group.clone()
+                        },
+                        workers,
+                    );
                     let root = std::fs::canonicalize(&files.root).unwrap_or(files.root.clone());
                     let options = tern_proxy::ProxyOptions {
                         gate_cookie: gate.map(|g| g.config().config.cookie.clone()),
@@ -409,7 +423,8 @@ fn build_table(
                 RouteKind::Proxy(plan) => {
                     let group = Arc::new(tern_proxy::UpstreamGroup::new(
                         tern_proxy::GroupOptions {
-                            name: format!("{} {}", site.name, route.prefix),
+                            counted_as: stats.upstream(&group_name),
+                            name: group_name,
                             ..plan.group.clone()
                         },
                         workers,
@@ -452,6 +467,7 @@ fn build_table(
                         .clone()
                         .map(|c| Arc::new(tern_services::PrefixLimiter::new(c, workers))),
                     compress: o.compress.clone(),
+                    counted_as: Some(stats.route(site_row, &route.label)),
                 },
             });
         }
@@ -460,7 +476,7 @@ fn build_table(
             hosts: site.hosts.clone(),
             routes,
             log: logs[index],
-            counted_as: stats.site(&site.name),
+            counted_as: site_row,
             error_pages: site.error_pages.clone(),
             request_ids: site.request_ids.clone(),
             compress: site.compress.clone(),

@@ -72,7 +72,7 @@ pub struct Tern {
     pub listeners: Vec<Listener>,
     /// The worker count the start-up line names.
     pub workers: usize,
-    pub stderr: Arc<Mutex<Vec<u8>>>,
+    pub stderr: Drained,
     status: Option<ExitStatus>,
     /// System calls the sandbox may refuse in this test (it probes them on purpose); any
     /// other refusal in the log fails the test when the server is dropped.
@@ -305,7 +305,8 @@ impl Tern {
         }
     }
 
-    /// Waits up to `limit` for the process to exit.
+    /// Waits up to `limit` for the process to exit, and then for the end of its stderr, so
+    /// that [`Tern::stderr_text`] holds every line it wrote.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + limit;
         while self.alive() {
@@ -314,11 +315,12 @@ impl Tern {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.stderr.wait_end(Duration::from_secs(5));
         self.status
     }
 
     pub fn stderr_text(&self) -> String {
-        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+        self.stderr.text()
     }
 
     /// The value of `name` on /statusz (`tern demo` has that page).
@@ -506,16 +508,17 @@ fn run(cmd: &mut Command, input: Option<&[u8]>, limit: Duration) -> Failed {
             let _ = child.wait();
             panic!(
                 "{cmd:?} still running after {limit:?}; stdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.lock().unwrap()),
-                String::from_utf8_lossy(&err.lock().unwrap())
+                out.text(),
+                err.text()
             );
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    // The pipes close at exit; give the drain threads a moment to see EOF.
-    std::thread::sleep(Duration::from_millis(50));
-    let stdout = String::from_utf8_lossy(&out.lock().unwrap()).into_owned();
-    let stderr = String::from_utf8_lossy(&err.lock().unwrap()).into_owned();
+    // The pipes close at exit: what the process wrote is all read once the drains end.
+    out.wait_end(Duration::from_secs(5));
+    err.wait_end(Duration::from_secs(5));
+    let stdout = out.text();
+    let stderr = err.text();
     Failed {
         status,
         stdout,
@@ -538,19 +541,50 @@ pub fn have(tool: &str, arg: &str) -> bool {
     ok
 }
 
-fn drain(mut r: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
-    let buf = Arc::new(Mutex::new(Vec::new()));
-    let b = buf.clone();
+/// What a thread has read of a child's pipe so far, and whether it reached the end.
+#[derive(Clone, Default)]
+pub struct Drained(Arc<DrainState>);
+
+#[derive(Default)]
+pub struct DrainState {
+    /// The bytes, and whether the pipe ended.
+    read: Mutex<(Vec<u8>, bool)>,
+    ended: std::sync::Condvar,
+}
+
+impl Drained {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.read.lock().unwrap().0).into_owned()
+    }
+
+    /// Waits, `limit` at most, for the pipe's end (every writer closed it: a process that
+    /// exited, unless a child of its holds it).
+    pub fn wait_end(&self, limit: Duration) {
+        let read = self.0.read.lock().unwrap();
+        let _ = self
+            .0
+            .ended
+            .wait_timeout_while(read, limit, |(_, end)| !*end);
+    }
+}
+
+fn drain(mut r: impl Read + Send + 'static) -> Drained {
+    let drained = Drained::default();
+    let state = drained.0.clone();
     std::thread::spawn(move || {
         let mut chunk = [0u8; 4096];
         loop {
-            match r.read(&mut chunk) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => b.lock().unwrap().extend_from_slice(&chunk[..n]),
+            let n = r.read(&mut chunk).unwrap_or(0);
+            let mut read = state.read.lock().unwrap();
+            read.0.extend_from_slice(&chunk[..n]);
+            if n == 0 {
+                read.1 = true;
+                state.ended.notify_all();
+                return;
             }
         }
     });
-    buf
+    drained
 }
 
 /// The listeners and worker count of a start-up line,

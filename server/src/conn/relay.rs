@@ -31,8 +31,8 @@ use crate::access_log::SavedEntry;
 use crate::compression::{self, Choice};
 use crate::exchange::ConnCx;
 use crate::response::Response;
-use crate::stats::{Counter, Tally};
-use crate::upstream::{Forward, UpstreamOutcome, UpstreamWire};
+use crate::stats::{Counter, Tally, UpstreamCounter};
+use crate::upstream::{Forward, UpstreamOutcome, UpstreamRow, UpstreamWire};
 
 /// Request bytes waiting for the upstream before the client is read no further.
 const TO_UPSTREAM_MAX: usize = 64 * 1024;
@@ -166,6 +166,8 @@ pub(crate) struct Relay {
     pub(crate) asked: Asked,
     log: Option<Box<SavedEntry>>,
     tally: Tally,
+    /// The upstream group's row of counters (asked of the group once).
+    counted_as: UpstreamRow,
     client: ClientSide,
     phase: Phase,
     server: Option<usize>,
@@ -332,6 +334,7 @@ impl Relay {
         let fastcgi = (fwd.wire == UpstreamWire::FastCgi)
             .then(|| Box::new(FastCgiAnswer::new(asked.head_only)));
         let mut relay = Box::new(Relay {
+            counted_as: fwd.upstreams.counted_as(),
             fwd,
             asked,
             log,
@@ -383,7 +386,8 @@ impl Relay {
         }
         relay.pick(cx);
         if relay.server.is_none() {
-            cx.stats.bump(Counter::UpstreamFailures);
+            cx.stats
+                .bump_upstream(relay.counted_as, UpstreamCounter::Failures);
             relay.answer_own(503, "no upstream server is available\n", out, link, cx);
         }
         relay
@@ -566,7 +570,8 @@ impl Relay {
                 {
                     // The pooled connection was closed by the server before it saw this
                     // request (its keep-alive ran out): send it once more on a new one.
-                    cx.stats.bump(Counter::UpstreamRetries);
+                    cx.stats
+                        .bump_upstream(self.counted_as, UpstreamCounter::RetriesStale);
                     self.restart(true);
                     return;
                 }
@@ -593,7 +598,8 @@ impl Relay {
     ) {
         match self.phase {
             Phase::Connecting => {
-                cx.stats.bump(Counter::UpstreamTimeouts);
+                cx.stats
+                    .bump_upstream(self.counted_as, UpstreamCounter::Timeouts);
                 self.connect_failed(out, link, cx)
             }
             Phase::Exchange | Phase::Tunnel if self.head_sent && !client_room => {
@@ -613,7 +619,8 @@ impl Relay {
                 self.end(UpstreamOutcome::Abandoned, None, cx);
             }
             Phase::Exchange | Phase::Tunnel => {
-                cx.stats.bump(Counter::UpstreamTimeouts);
+                cx.stats
+                    .bump_upstream(self.counted_as, UpstreamCounter::Timeouts);
                 if self.phase == Phase::Tunnel {
                     self.complete(UpstreamOutcome::Ok, cx);
                 } else {
@@ -1000,7 +1007,8 @@ impl Relay {
     }
 
     pub fn connect_failed(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        cx.stats.bump(Counter::UpstreamConnectFailures);
+        cx.stats
+            .bump_upstream(self.counted_as, UpstreamCounter::ConnectFailures);
         if let Some(s) = self.server {
             if ratelog::admit("upstream_connect", cx.clock.now_ms()) {
                 let addr = self.fwd.upstreams.addr(s);
@@ -1016,7 +1024,8 @@ impl Relay {
         self.deadline_ms = u64::MAX;
         self.server = next;
         if next.is_some() {
-            cx.stats.bump(Counter::UpstreamRetriesConnect);
+            cx.stats
+                .bump_upstream(self.counted_as, UpstreamCounter::RetriesConnect);
         } else {
             self.phase = Phase::Exchange;
             self.answer_own(
@@ -1135,7 +1144,8 @@ impl Relay {
         }
         if self.fwd.upstreams.retry().retries_on(head.status) && self.may_retry_on_status() {
             if let Some(next) = self.next_server(cx) {
-                cx.stats.bump(Counter::UpstreamRetriesStatus);
+                cx.stats
+                    .bump_upstream(self.counted_as, UpstreamCounter::RetriesStatus);
                 if ratelog::admit("upstream_retry_status", cx.clock.now_ms()) {
                     tracing::info!(upstream = %self.addr(), status = head.status, "upstream answered a retried status; request sent to the next server");
                 }
@@ -1447,7 +1457,8 @@ impl Relay {
         if self.phase == Phase::Done {
             return;
         }
-        cx.stats.bump(Counter::UpstreamFailures);
+        cx.stats
+            .bump_upstream(self.counted_as, UpstreamCounter::Failures);
         if self.head_sent {
             // Whatever was queued goes out, then the connection closes: the client sees a
             // short body (or no last chunk), never a later response mistaken for this one.

@@ -14,7 +14,7 @@ use super::UpstreamOutcome;
 use crate::conn::{RelayNeed, Status};
 use crate::driver::Entry;
 use crate::exchange::ConnCx;
-use crate::stats::Counter;
+use crate::stats::UpstreamCounter;
 
 /// Rounds of client-then-upstream work per call before yielding to other connections (a
 /// fast download through the proxy must not hold the worker).
@@ -145,13 +145,15 @@ fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>
                     up.conns.take_idle(set.pool_key(), server, owner, now)
                 };
                 if let Some(key) = pooled {
-                    cx.stats.bump(Counter::UpstreamReuses);
+                    cx.stats
+                        .bump_upstream(set.counted_as(), UpstreamCounter::Reuses);
                     e.upstreams.push((id, key));
                     e.conn.relay_attached(id, true, true, cx);
                 } else {
                     match up.conns.connect(&set, server, owner, up.registry) {
                         Ok(key) => {
-                            cx.stats.bump(Counter::UpstreamConnects);
+                            cx.stats
+                                .bump_upstream(set.counted_as(), UpstreamCounter::Connects);
                             e.upstreams.push((id, key));
                             e.conn.relay_attached(id, false, false, cx);
                         }
@@ -169,7 +171,8 @@ fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>
                 match c.poll_connected() {
                     Ok(true) => {
                         if c.stream.is_tls() {
-                            cx.stats.bump(Counter::UpstreamTlsHandshakes);
+                            let row = c.set.counted_as();
+                            cx.stats.bump_upstream(row, UpstreamCounter::TlsHandshakes);
                         }
                         e.conn.relay_connected(id, cx)
                     }
@@ -177,7 +180,8 @@ fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>
                     Err(err) => {
                         if let Some(tls) = tls_failure(&err) {
                             let cause = tern_tls::upstream::failure_cause(tls);
-                            cx.stats.bump(Counter::upstream_tls_failure(cause));
+                            let failed = UpstreamCounter::tls_failure(cause);
+                            cx.stats.bump_upstream(c.set.counted_as(), failed);
                             if ratelog::admit("upstream_tls_failure", cx.clock.now_ms()) {
                                 let addr = c.set.addr(c.server).to_string();
                                 tracing::warn!(upstream = %addr, cause, error = %tls, "TLS handshake with the upstream failed");

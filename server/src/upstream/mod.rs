@@ -128,6 +128,20 @@ pub enum UpstreamOutcome {
     Abandoned,
 }
 
+/// Which row of the server's upstream counters an upstream group's exchanges are counted in
+/// (`Stats::upstream` gives one per group name); [`Upstreams::counted_as`] says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UpstreamRow(pub(crate) u16);
+
+impl UpstreamRow {
+    /// Exchanges of no named group.
+    pub const NONE: UpstreamRow = UpstreamRow(0);
+
+    pub(crate) fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
 /// A group of upstream servers for one proxy route: which to use, and what happened. The
 /// reverse proxy app implements it (balancing, passive health); the server calls it on the
 /// worker thread, once per attempt: `pick`, then `begin` when a connection is attached,
@@ -152,6 +166,10 @@ pub trait Upstreams: Send + Sync + 'static {
     /// TLS to `server`, if it is spoken (after connecting, before the request).
     fn tls(&self, _server: usize) -> Option<&UpstreamTls> {
         None
+    }
+    /// The row the group's connects, reuses, failures, timeouts and retries are counted in.
+    fn counted_as(&self) -> UpstreamRow {
+        UpstreamRow::NONE
     }
 }
 
