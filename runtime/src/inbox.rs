@@ -1,6 +1,7 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
@@ -102,10 +103,67 @@ impl<M> InboxSender<M> {
     }
 }
 
+/// An inbox no worker reads, with its own poll to wait for wake-ups as a worker's event loop
+/// does: for code that completes work outside any worker (unit tests of an app's store, a
+/// benchmark of the hand-off to another thread, the in-memory connection harness).
+pub struct DetachedInbox<M> {
+    /// The poll the waker is registered with, and its event buffer.
+    poll: Mutex<(mio::Poll, mio::Events)>,
+    inbox: Arc<Inbox<M>>,
+}
+
+impl<M> DetachedInbox<M> {
+    pub fn new(capacity: usize) -> io::Result<DetachedInbox<M>> {
+        let poll = mio::Poll::new()?;
+        let waker = mio::Waker::new(poll.registry(), mio::Token(0))?;
+        Ok(DetachedInbox {
+            poll: Mutex::new((poll, mio::Events::with_capacity(4))),
+            inbox: Arc::new(Inbox::new(waker, capacity)),
+        })
+    }
+
+    pub fn sender(&self) -> InboxSender<M> {
+        InboxSender::new(self.inbox.clone())
+    }
+
+    pub fn inbox(&self) -> &Arc<Inbox<M>> {
+        &self.inbox
+    }
+
+    /// Waits up to `timeout` for the waker, as a worker's event loop does; false if it did
+    /// not fire. A wake-up that came before the call is seen at once; `drain` re-arms it.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let mut guard = self.poll.lock().unwrap_or_else(|e| e.into_inner());
+        let (poll, events) = &mut *guard;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match poll.poll(events, Some(left)) {
+                Ok(()) if !events.is_empty() => return true,
+                Ok(()) if left.is_zero() => return false,
+                Ok(()) => {} // (woken without an event: wait out the rest)
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+
+    #[test]
+    fn a_detached_inbox_wakes_its_waiter() {
+        let detached = DetachedInbox::new(4).unwrap();
+        assert!(!detached.wait(Duration::from_millis(10)));
+        let sender = detached.sender();
+        std::thread::spawn(move || sender.send(5u8).unwrap());
+        assert!(detached.wait(Duration::from_secs(5)));
+        let mut got = Vec::new();
+        detached.inbox().drain(|m| got.push(m));
+        assert_eq!(got, [5]);
+    }
 
     #[test]
     fn quiet_sends_wake_once_when_asked() {

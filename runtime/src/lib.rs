@@ -9,6 +9,7 @@
 mod bufpool;
 mod clock;
 mod inbox;
+pub mod io;
 mod listener;
 pub mod ratelog;
 mod rlimit;
@@ -19,7 +20,7 @@ mod worker;
 
 pub use bufpool::{BufPool, ReadBuf};
 pub use clock::Clock;
-pub use inbox::{Inbox, InboxSender};
+pub use inbox::{DetachedInbox, Inbox, InboxSender};
 pub use listener::bind_reuseport;
 pub use rlimit::raise_fd_limit;
 pub use signals::{spawn_signal_thread, SignalAction};

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use mio::event::Event;
-use mio::{Events, Interest, Poll, Registry, Token};
+use mio::{Events, Interest, Poll, Token};
 
 use crate::bufpool::BufPool;
 use crate::clock::Clock;
 use crate::inbox::{Inbox, InboxSender};
+use crate::io::{EpollIo, Readiness};
 use crate::listener::{bind_reuseport, migrate_req_hint, share_inherited};
 use crate::timer::{TimerKey, TimerWheel};
 
@@ -78,10 +78,10 @@ impl Default for RuntimeConfig {
     }
 }
 
-/// What the event loop lends the app on every callback: registry, clock, timers, buffers and
-/// the worker's own inbox sender (to hand to other threads).
+/// What the event loop lends the app on every callback: its sockets' backend, clock, timers,
+/// buffers and the worker's own inbox sender (to hand to other threads).
 pub struct Context<'w, M> {
-    pub registry: &'w Registry,
+    pub io: &'w mut EpollIo,
     pub clock: &'w Clock,
     pub timers: &'w mut TimerWheel,
     pub buffers: &'w mut BufPool,
@@ -99,16 +99,17 @@ pub trait WorkerApp: 'static {
     /// What other threads send this worker through its inbox.
     type Message: Send + 'static;
 
-    /// A connection arrived on `listener` (its index in `RuntimeConfig::listen`).
+    /// A connection arrived on `listener` (its index in `RuntimeConfig::listen`); non-blocking,
+    /// for `cx.io.adopt`.
     fn on_accept(
         &mut self,
         cx: &mut Context<'_, Self::Message>,
-        stream: mio::net::TcpStream,
+        stream: std::net::TcpStream,
         peer: SocketAddr,
         listener: usize,
     );
-    /// Readiness for a token `>= FIRST_CONN_TOKEN` that the app registered.
-    fn on_ready(&mut self, cx: &mut Context<'_, Self::Message>, event: &Event);
+    /// Readiness for a token `>= FIRST_CONN_TOKEN` that the app watches (`Io::watch`).
+    fn on_ready(&mut self, cx: &mut Context<'_, Self::Message>, ready: Readiness);
     fn on_timer(&mut self, cx: &mut Context<'_, Self::Message>, key: TimerKey, at_ms: u64);
     fn on_message(&mut self, cx: &mut Context<'_, Self::Message>, msg: Self::Message);
     /// Shutdown began: close idle connections, mark busy ones to close when done.
@@ -119,12 +120,7 @@ pub trait WorkerApp: 'static {
     /// Sees the turn's events once before any is handled, so the app can act on what one
     /// event says before another event's handler runs (an idle pooled connection that became
     /// readable must be dropped before a client's request in the same turn takes it).
-    fn before_events(
-        &mut self,
-        _cx: &mut Context<'_, Self::Message>,
-        _events: &mio::event::Events,
-    ) {
-    }
+    fn before_events(&mut self, _cx: &mut Context<'_, Self::Message>, _ready: &[Readiness]) {}
     /// Called once per loop turn after events, timers and messages.
     fn after_turn(&mut self, _cx: &mut Context<'_, Self::Message>) {}
     /// True if the app has work it postponed for fairness: the loop then polls without
@@ -321,7 +317,14 @@ impl Runtime {
                         pin_to_cpu(cpu);
                     }
                     let app = make_app(id, sender.clone());
-                    let mut worker = Worker::new(id, poll, listeners, inbox, sender, stop, &config);
+                    let mut worker =
+                        match Worker::new(id, poll, listeners, inbox, sender, stop, &config) {
+                            Ok(w) => w,
+                            Err(e) => {
+                                tracing::error!(worker = id, "event loop failed to start: {e}");
+                                return;
+                            }
+                        };
                     if let Err(e) = worker.run(app, &heartbeats[id]) {
                         tracing::error!(worker = id, "event loop failed: {e}");
                     }
@@ -341,6 +344,8 @@ impl Runtime {
 struct Worker<M> {
     id: usize,
     poll: Poll,
+    /// The sockets' backend the app gets (the same epoll, through a cloned registry).
+    io: EpollIo,
     /// Closed (taken) when shutdown begins.
     listeners: Vec<mio::net::TcpListener>,
     inbox: Arc<Inbox<M>>,
@@ -361,9 +366,10 @@ impl<M: Send + 'static> Worker<M> {
         sender: InboxSender<M>,
         stop: Arc<AtomicBool>,
         config: &RuntimeConfig,
-    ) -> Worker<M> {
-        Worker {
+    ) -> io::Result<Worker<M>> {
+        Ok(Worker {
             id,
+            io: EpollIo::new(poll.registry().try_clone()?),
             poll,
             listeners,
             inbox,
@@ -376,7 +382,7 @@ impl<M: Send + 'static> Worker<M> {
             // of 16 KiB buffers parked (idle connections are budgeted at < 512 bytes each).
             buffers: BufPool::new(config.read_buf_size, config.write_buf_size, 32),
             grace_ms: config.shutdown_grace.as_millis() as u64,
-        }
+        })
     }
 
     fn run<A: WorkerApp<Message = M>>(
@@ -393,6 +399,8 @@ impl<M: Send + 'static> Worker<M> {
         }
         let all_listeners: u64 = (1u64 << self.listeners.len()) - 1;
         let mut events = Events::with_capacity(1024);
+        // The turn's events as the app sees them (kept: no allocation per turn).
+        let mut ready: Vec<Readiness> = Vec::with_capacity(1024);
         // Expired timers not yet handled (kept in order; the wheel appends newer ones).
         let mut fired = Vec::new();
         let mut timers_pending = false;
@@ -437,8 +445,16 @@ impl<M: Send + 'static> Worker<M> {
             heartbeat.0.store(turns, Ordering::Relaxed);
             self.clock.update();
 
+            ready.clear();
+            ready.extend(events.iter().map(|e| Readiness {
+                token: e.token().0,
+                readable: e.is_readable(),
+                writable: e.is_writable(),
+                read_closed: e.is_read_closed(),
+                error: e.is_error(),
+            }));
             let mut cx = Context {
-                registry: self.poll.registry(),
+                io: &mut self.io,
                 clock: &self.clock,
                 timers: &mut self.timers,
                 buffers: &mut self.buffers,
@@ -449,15 +465,15 @@ impl<M: Send + 'static> Worker<M> {
             };
             app.before_turn(&mut cx);
 
-            app.before_events(&mut cx, &events);
+            app.before_events(&mut cx, &ready);
             let mut listener_ready = accept_more;
-            for event in events.iter() {
-                match event.token() {
-                    WAKER => self.inbox.drain(|m| app.on_message(&mut cx, m)),
-                    Token(t) if t < FIRST_CONN_TOKEN => {
+            for r in &ready {
+                match r.token {
+                    t if t == WAKER.0 => self.inbox.drain(|m| app.on_message(&mut cx, m)),
+                    t if t < FIRST_CONN_TOKEN => {
                         listener_ready |= 1 << (t - FIRST_LISTENER_TOKEN);
                     }
-                    _ => app.on_ready(&mut cx, event),
+                    _ => app.on_ready(&mut cx, *r),
                 }
             }
             // A waker event may have been coalesced with an earlier turn; draining an empty
@@ -510,7 +526,7 @@ impl<M: Send + 'static> Worker<M> {
                 // net.ipv4.tcp_migrate_req=1 moves them to another listener), so first take
                 // everything queued and serve it like any other connection.
                 for (i, mut l) in std::mem::take(&mut self.listeners).into_iter().enumerate() {
-                    let _ = cx.registry.deregister(&mut l);
+                    let _ = self.poll.registry().deregister(&mut l);
                     let _ = accept_batch(&l, i, &mut app, &mut cx, SHUTDOWN_ACCEPT_LIMIT);
                 }
                 accept_more = 0;
@@ -561,7 +577,7 @@ fn accept_batch<A: WorkerApp>(
 ) -> AcceptOutcome {
     for _ in 0..budget {
         match listener.accept() {
-            Ok((stream, peer)) => app.on_accept(cx, stream, peer, index),
+            Ok((stream, peer)) => app.on_accept(cx, stream.into(), peer, index),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return AcceptOutcome::Drained,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             // The peer gave up before we accepted; nothing to do.
@@ -644,6 +660,7 @@ mod tests {
 #[cfg(test)]
 mod shutdown_tests {
     use super::*;
+    use crate::io::Io;
     use std::collections::HashMap;
     use std::io::{Read, Write};
 
@@ -652,7 +669,7 @@ mod shutdown_tests {
     /// keeps the worker busy for the given time (so connections queue in the backlog).
     #[derive(Default)]
     pub(super) struct Answerer {
-        conns: HashMap<usize, mio::net::TcpStream>,
+        conns: HashMap<usize, crate::io::EpollSock>,
         next: usize,
     }
 
@@ -662,24 +679,30 @@ mod shutdown_tests {
         fn on_accept(
             &mut self,
             cx: &mut Context<'_, Duration>,
-            mut s: mio::net::TcpStream,
+            s: std::net::TcpStream,
             _: SocketAddr,
             _: usize,
         ) {
             let token = FIRST_CONN_TOKEN + self.next;
             self.next += 1;
-            cx.registry
-                .register(&mut s, Token(token), Interest::READABLE)
-                .unwrap();
+            let mut s = cx.io.adopt(s);
+            cx.io.watch(&mut s, token).unwrap();
             self.conns.insert(token, s);
         }
 
-        fn on_ready(&mut self, _: &mut Context<'_, Duration>, event: &Event) {
-            let token = event.token().0;
+        fn on_ready(&mut self, cx: &mut Context<'_, Duration>, ready: Readiness) {
+            let token = ready.token;
             if let Some(s) = self.conns.get_mut(&token) {
                 let mut buf = [0u8; 64];
-                if matches!(s.read(&mut buf), Ok(n) if n > 0) {
-                    let _ = s.write_all(b"ok");
+                if matches!(cx.io.recv(s, &mut buf), Ok(n) if n > 0) {
+                    let iov = [std::io::IoSlice::new(b"ok")];
+                    let _ = cx.io.send(
+                        s,
+                        &crate::io::Transmit::Memory {
+                            iov: &iov,
+                            more: false,
+                        },
+                    );
                 }
                 self.conns.remove(&token);
             }
@@ -819,12 +842,12 @@ mod timer_tests {
         fn on_accept(
             &mut self,
             _: &mut Context<'_, u64>,
-            _: mio::net::TcpStream,
+            _: std::net::TcpStream,
             _: SocketAddr,
             _: usize,
         ) {
         }
-        fn on_ready(&mut self, _: &mut Context<'_, u64>, _: &Event) {}
+        fn on_ready(&mut self, _: &mut Context<'_, u64>, _: Readiness) {}
 
         fn on_timer(&mut self, _: &mut Context<'_, u64>, _: TimerKey, _: u64) {
             self.fired_this_turn += 1;

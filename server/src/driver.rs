@@ -1,22 +1,25 @@
 //! The socket side of a connection: the only code that reads, writes, sends files, shuts down
-//! and closes. It runs a [`Conn`] (which does no I/O) the way quinn's driver runs a
-//! quinn-proto connection: send what `poll_transmit` offers until the socket is full or the
-//! budget is spent, ask `poll_action` what next, read into `recv_buf` and report it with
-//! `handle_recv`, repeat. An io_uring driver would replace this file, not the connection.
+//! and closes client sockets, all through the worker's [`Io`] backend. It runs a [`Conn`]
+//! (which does no I/O) the way quinn's driver runs a quinn-proto connection: send what
+//! `poll_transmit` offers until the socket is full or the budget is spent, ask `poll_action`
+//! what next, read into `recv_buf` and report it with `handle_recv`, repeat.
 
-use std::io::{self, IoSlice, Read};
-use std::net::Shutdown;
-use std::os::fd::{AsRawFd, RawFd};
+use std::io::{self, IoSlice};
 
-use mio::net::TcpStream;
+use tern_runtime::io::{EpollIo, Io, Transmit as IoTransmit};
 
 use crate::conn::output::MAX_IOVECS;
 use crate::conn::{Action, Conn, Status, Timeout, Transmit};
 use crate::exchange::ConnCx;
 use crate::stats::Counter;
 
-/// Largest `sendfile` per call: bounds how long one connection holds the worker.
-const SENDFILE_CHUNK: u64 = 1 << 20;
+/// The sockets' backend the server runs on. Every socket call goes through its [`Io`]
+/// methods, so another backend (io_uring, sockets in memory) replaces this line, not the
+/// code that uses it.
+pub(crate) type Backend = EpollIo;
+/// A socket of [`Backend`].
+pub(crate) type Sock = <Backend as Io>::Sock;
+
 /// Bytes one connection may write per turn before yielding to the others.
 pub const FLUSH_BUDGET: usize = 4 << 20;
 
@@ -35,7 +38,7 @@ pub(crate) struct Entry {
 
 /// A connection's socket and what the driver knows about it.
 pub(crate) struct Socket {
-    pub stream: TcpStream,
+    pub sock: Sock,
     /// The socket may hold unread bytes (an event came, and no short read since).
     may_read: bool,
     /// epoll reported the peer's FIN: a short read does not mean drained then, the EOF still
@@ -52,9 +55,9 @@ pub(crate) struct Socket {
 }
 
 impl Socket {
-    pub fn new(stream: TcpStream) -> Socket {
+    pub fn new(sock: Sock) -> Socket {
         Socket {
-            stream,
+            sock,
             may_read: true,
             peer_fin: false,
             unacked_mark: 0,
@@ -73,6 +76,7 @@ impl Socket {
 pub(crate) fn drive(
     conn: &mut Conn,
     sock: &mut Socket,
+    io: &mut Backend,
     readable: bool,
     peer_fin: bool,
     cx: &mut ConnCx<'_>,
@@ -83,17 +87,17 @@ pub(crate) fn drive(
     if peer_fin {
         sock.peer_fin = true;
     }
-    let status = run(conn, sock, cx);
+    let status = run(conn, sock, io, cx);
     if status != Status::Close {
         conn.release_idle_buffers(cx.buffers);
     }
     status
 }
 
-fn run(conn: &mut Conn, sock: &mut Socket, cx: &mut ConnCx<'_>) -> Status {
+fn run(conn: &mut Conn, sock: &mut Socket, io: &mut Backend, cx: &mut ConnCx<'_>) -> Status {
     let mut written = 0usize;
     loop {
-        match send(conn, sock, cx, &mut written) {
+        match send(conn, sock, io, cx, &mut written) {
             Sent::All => {}
             Sent::Blocked => return Status::Open,
             Sent::BudgetSpent => return Status::Yielded,
@@ -107,7 +111,7 @@ fn run(conn: &mut Conn, sock: &mut Socket, cx: &mut ConnCx<'_>) -> Status {
             Action::Close => return Status::Close,
             Action::Wait => return Status::Open,
             Action::ShutdownWrite => {
-                let _ = sock.stream.shutdown(Shutdown::Write);
+                let _ = io.shutdown_write(&mut sock.sock);
                 sock.may_read = true;
                 conn.handle_write_shutdown(cx);
             }
@@ -126,7 +130,7 @@ fn run(conn: &mut Conn, sock: &mut Socket, cx: &mut ConnCx<'_>) -> Status {
                     return Status::Open; // the connection takes no input now (backpressure)
                 }
                 let want = buf.len();
-                match (&sock.stream).read(buf) {
+                match io.recv(&mut sock.sock, buf) {
                     Ok(0) => {
                         sock.may_read = false;
                         conn.handle_eof(cx);
@@ -168,8 +172,13 @@ enum Sent {
 
 /// Sends what the connection has until it has nothing more, the socket is full, or the
 /// turn's budget is spent.
-fn send(conn: &mut Conn, sock: &mut Socket, cx: &mut ConnCx<'_>, written: &mut usize) -> Sent {
-    let fd = sock.stream.as_raw_fd();
+fn send(
+    conn: &mut Conn,
+    sock: &mut Socket,
+    io: &mut Backend,
+    cx: &mut ConnCx<'_>,
+    written: &mut usize,
+) -> Sent {
     loop {
         if *written >= FLUSH_BUDGET {
             return Sent::BudgetSpent;
@@ -178,7 +187,7 @@ fn send(conn: &mut Conn, sock: &mut Socket, cx: &mut ConnCx<'_>, written: &mut u
         let result = match conn.poll_transmit(cx, &mut iov) {
             Transmit::Nothing => return Sent::All,
             Transmit::Failed => return Sent::Failed,
-            transmit => send_once(fd, &transmit, &iov),
+            transmit => send_once(io, &mut sock.sock, &transmit, &iov),
         };
         match result {
             Ok(Some(n)) => {
@@ -193,81 +202,42 @@ fn send(conn: &mut Conn, sock: &mut Socket, cx: &mut ConnCx<'_>, written: &mut u
 
 /// One last attempt to send what is queued (a 408, close_notify), ignoring the outcome: the
 /// connection closes right after.
-pub(crate) fn send_best_effort(conn: &mut Conn, sock: &mut Socket, cx: &mut ConnCx<'_>) {
+pub(crate) fn send_best_effort(
+    conn: &mut Conn,
+    sock: &mut Socket,
+    io: &mut Backend,
+    cx: &mut ConnCx<'_>,
+) {
     let mut written = 0;
-    let _ = send(conn, sock, cx, &mut written);
+    let _ = send(conn, sock, io, cx, &mut written);
 }
 
-/// One `write`, `writev`, `sendmsg(MSG_MORE)` or `sendfile`. `Ok(None)` means would block.
-pub(crate) fn send_once(
-    fd: RawFd,
+/// Hands what `poll_transmit` chose to the backend. `Ok(None)` means no room now.
+pub(crate) fn send_once<I: Io>(
+    io: &mut I,
+    sock: &mut I::Sock,
     transmit: &Transmit,
     iov: &[IoSlice<'_>],
 ) -> io::Result<Option<usize>> {
-    let result = match *transmit {
-        Transmit::Memory { count, more } => write_memory(fd, &iov[..count], more),
-        Transmit::File { file, offset, len } => send_file(fd, file, offset, len),
+    let what = match *transmit {
+        Transmit::Memory { count, more } => IoTransmit::Memory {
+            iov: &iov[..count],
+            more,
+        },
+        Transmit::File { file, offset, len } => IoTransmit::File {
+            fd: file,
+            offset,
+            len,
+        },
         Transmit::Nothing | Transmit::Failed => return Ok(Some(0)),
     };
-    match result {
-        Ok(0) => Err(io::ErrorKind::WriteZero.into()),
-        Ok(n) => Ok(Some(n)),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Some(0)),
-        Err(e) => Err(e),
-    }
-}
-
-fn write_memory(fd: RawFd, iov: &[IoSlice<'_>], more: bool) -> io::Result<usize> {
-    // A file follows (a head before sendfile): MSG_MORE lets the kernel fill the head's packet
-    // with the file's first bytes instead of sending the head alone.
-    let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
-    let n = if iov.len() == 1 {
-        // The common case: one contiguous buffer.
-        // SAFETY: the slice is valid for its length for the duration of the call; `fd` is
-        // the caller's open socket.
-        unsafe { libc::send(fd, iov[0].as_ptr().cast(), iov[0].len(), flags) }
-    } else {
-        // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees it); the slices
-        // outlive the call; the msghdr names no address and no control data.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-            msg.msg_iovlen = iov.len() as _;
-            libc::sendmsg(fd, &msg, flags)
-        }
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
-}
-
-fn send_file(fd: RawFd, file: RawFd, offset: u64, len: u64) -> io::Result<usize> {
-    let count = len.min(SENDFILE_CHUNK) as usize;
-    let mut off = offset as libc::off_t;
-    // SAFETY: both descriptors are open for the duration of the call (the socket is the
-    // caller's, the file is held by the output segment); `off` is a valid, exclusively
-    // borrowed off_t that the kernel updates; no memory is shared otherwise.
-    let n = unsafe { libc::sendfile(fd, file, &mut off, count) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if n == 0 {
-        // The file shrank under us: the promised Content-Length can no longer be met.
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "file truncated while sending",
-        ));
-    }
-    Ok(n as usize)
+    io.send(sock, &what)
 }
 
 /// Called whenever the deadline is set, with the one the connection's state calls for; returns
 /// the one to arm. A write deadline is kept from when output started waiting (remembering how
 /// much of it the client had yet to acknowledge then), not pushed back by every event.
-pub(crate) fn write_period(sock: &mut Socket, kind: Timeout, deadline: u64) -> u64 {
+pub(crate) fn write_period(sock: &mut Socket, io: &Backend, kind: Timeout, deadline: u64) -> u64 {
     if kind != Timeout::Write {
         sock.write_deadline_ms = None;
         return deadline;
@@ -276,7 +246,7 @@ pub(crate) fn write_period(sock: &mut Socket, kind: Timeout, deadline: u64) -> u
         return d;
     }
     // An error leaves 0, which nothing can undercut: the stall then times out.
-    sock.unacked_mark = tern_runtime::unacked_bytes(&sock.stream).unwrap_or(0);
+    sock.unacked_mark = io.unacked_bytes(&sock.sock).unwrap_or(0);
     sock.write_deadline_ms = Some(deadline);
     deadline
 }
@@ -285,9 +255,11 @@ pub(crate) fn write_period(sock: &mut Socket, kind: Timeout, deadline: u64) -> u
 /// period began: it is reading, only slower than the kernel wakes us (epoll reports a socket
 /// writable only once a third of its send buffer is free). Such a client gets another period
 /// (the next [`write_period`] starts one); one that acknowledged nothing is cut off.
-pub(crate) fn still_reading(conn: &Conn, sock: &mut Socket, cx: &ConnCx<'_>) -> bool {
+pub(crate) fn still_reading(conn: &Conn, sock: &mut Socket, io: &Backend, cx: &ConnCx<'_>) -> bool {
     let reading = conn.next_deadline(cx).1 == Timeout::Write
-        && tern_runtime::unacked_bytes(&sock.stream).is_ok_and(|n| n < sock.unacked_mark);
+        && io
+            .unacked_bytes(&sock.sock)
+            .is_ok_and(|n| n < sock.unacked_mark);
     if reading {
         sock.write_deadline_ms = None;
     }

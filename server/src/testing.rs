@@ -6,10 +6,10 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tern_codec::{parse_request, Limits, Method, RequestHead};
-use tern_runtime::{BufPool, Clock, Inbox, InboxSender};
+use tern_runtime::{BufPool, Clock, DetachedInbox, InboxSender};
 use tern_tls::TlsAcceptor;
 
 use crate::config::{ListenerKind, ServerConfig};
@@ -21,8 +21,8 @@ use crate::handler::{Handler, HandlerContext, Pending, Reply, Request};
 use crate::response::Response;
 use crate::router::Router;
 use crate::stats::Stats;
-use crate::upstream::pool::Waiting;
 use crate::upstream::{Forward, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
+use tern_runtime::io::Waiting;
 
 /// The borrowed worker state a step of the connection runs with (a macro: it borrows
 /// fields of the `MemoryConn` one by one, leaving `conn` and `output` free).
@@ -57,7 +57,8 @@ pub struct MemoryConn {
     buffers: BufPool,
     scratch: Vec<u8>,
     inbox: InboxSender<WorkerMessage>,
-    _poll: mio::Poll,
+    /// Where the connection's deferred replies land (kept open for the senders).
+    _replies: DetachedInbox<WorkerMessage>,
     conn: Conn,
     output: Vec<u8>,
     closed: bool,
@@ -107,9 +108,8 @@ impl MemoryConn {
             }],
             ..ServerConfig::default()
         };
-        let poll = mio::Poll::new()?;
-        let waker = mio::Waker::new(poll.registry(), mio::Token(0))?;
-        let inbox = InboxSender::new(Arc::new(Inbox::new(waker, 16)));
+        let replies = DetachedInbox::new(16)?;
+        let inbox = replies.sender();
         let session = tls.as_ref().map(|t| t.accept());
         let link = Link {
             peer: SocketAddr::from(([192, 0, 2, 1], 40000)),
@@ -125,7 +125,7 @@ impl MemoryConn {
             buffers: BufPool::new(4096, 16 * 1024, 4),
             scratch: Vec::new(),
             inbox,
-            _poll: poll,
+            _replies: replies,
             conn: Conn::new(link, session, 0),
             output: Vec::new(),
             closed: false,
@@ -616,18 +616,13 @@ impl Handler for ForwardAll {
 /// `completed` takes them out. `wait` sleeps the way a worker does, in `epoll_wait` until the
 /// inbox's waker fires, so a benchmark can measure a real hand-off to another thread.
 pub struct TestReplies {
-    /// The poll the inbox's waker is registered with, and its event buffer.
-    poll: Mutex<(mio::Poll, mio::Events)>,
-    inbox: Arc<Inbox<WorkerMessage>>,
+    inbox: DetachedInbox<WorkerMessage>,
 }
 
 impl TestReplies {
     pub fn new() -> TestReplies {
-        let poll = mio::Poll::new().expect("a poll instance");
-        let waker = mio::Waker::new(poll.registry(), mio::Token(0)).expect("a waker");
         TestReplies {
-            poll: Mutex::new((poll, mio::Events::with_capacity(4))),
-            inbox: Arc::new(Inbox::new(waker, 4096)),
+            inbox: DetachedInbox::new(4096).expect("a poll instance"),
         }
     }
 
@@ -636,30 +631,18 @@ impl TestReplies {
     /// A wake-up that came before the call is seen at once. Take the replies with
     /// `completed`, which also re-arms the waker.
     pub fn wait(&self, timeout: std::time::Duration) -> bool {
-        let mut guard = self.poll.lock().unwrap_or_else(|e| e.into_inner());
-        let (poll, events) = &mut *guard;
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match poll.poll(events, Some(left)) {
-                Ok(()) if !events.is_empty() => return true,
-                Ok(()) if left.is_zero() => return false,
-                Ok(()) => {} // (woken without an event: wait out the rest)
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return false,
-            }
-        }
+        self.inbox.wait(timeout)
     }
 
     /// A reply to be completed; `seq` tells it apart in `completed`.
     pub fn pending(&self, seq: u32) -> Pending {
-        Pending::new(InboxSender::new(self.inbox.clone()), 0, seq)
+        Pending::new(self.inbox.sender(), 0, seq)
     }
 
     /// The replies completed so far, as (seq, response), in the order they came.
     pub fn completed(&self) -> Vec<(u32, Response)> {
         let mut out = Vec::new();
-        self.inbox.drain(|m| match m {
+        self.inbox.inbox().drain(|m| match m {
             WorkerMessage::Complete { seq, response, .. } => out.push((seq, response)),
         });
         out

@@ -3,8 +3,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use mio::event::Event;
-use mio::{Interest, Token};
+use tern_runtime::io::{Io, Readiness};
 use tern_runtime::{Context, InboxSender, TimerKey, WorkerApp};
 
 use crate::access_log::{LogShared, WorkerLog};
@@ -18,7 +17,7 @@ use crate::response::Response;
 use crate::router::Router;
 use crate::slab::Slab;
 use crate::stats::{Counter, Stats};
-use crate::upstream::driver::{self as relay_driver, UpstreamCx};
+use crate::upstream::driver::{self as relay_driver, Sockets};
 use crate::upstream::pool::{UpstreamConns, UPSTREAM_TOKEN};
 
 /// What every worker shares, read-only (but for reloads).
@@ -160,7 +159,7 @@ impl HttpWorker {
         &mut self,
         cx: &mut Context<'_, WorkerMessage>,
         key: u64,
-        f: impl FnOnce(&mut Entry, &mut ConnCx<'_>, &mut UpstreamCx<'_>) -> Status,
+        f: impl FnOnce(&mut Entry, &mut ConnCx<'_>, &mut Sockets<'_>) -> Status,
     ) {
         let near_limit = self.conns.len >= self.near_limit_at;
         let Some(entry) = self.conns.get_mut(key) else {
@@ -183,9 +182,9 @@ impl HttpWorker {
             draining: cx.draining,
             near_limit,
         };
-        let mut ucx = UpstreamCx {
+        let mut ucx = Sockets {
+            io: cx.io,
             conns: &mut self.upstreams,
-            registry: cx.registry,
             ids: &mut self.relay_ids,
         };
         match f(entry, &mut ccx, &mut ucx) {
@@ -194,7 +193,7 @@ impl HttpWorker {
                 // close_notify on an established TLS session (and a 408 a timeout queued):
                 // one attempt, nobody waits for the peer.
                 entry.conn.prepare_close();
-                driver::send_best_effort(&mut entry.conn, &mut entry.sock, &mut ccx);
+                driver::send_best_effort(&mut entry.conn, &mut entry.sock, ucx.io, &mut ccx);
                 entry.conn.recycle(ccx.buffers);
                 // Dropping the stream closes the fd, which also removes it from epoll.
                 self.conns.remove(key);
@@ -205,7 +204,7 @@ impl HttpWorker {
             Status::Open => {}
         }
         let (deadline, kind) = entry.conn.next_deadline(&ccx);
-        let deadline = driver::write_period(&mut entry.sock, kind, deadline);
+        let deadline = driver::write_period(&mut entry.sock, ucx.io, kind, deadline);
         entry.deadline_ms = deadline;
         if deadline < entry.armed_ms {
             entry.armed_ms = deadline;
@@ -214,25 +213,21 @@ impl HttpWorker {
     }
 }
 
-/// An event that calls for a read: bytes, the peer's FIN, or an error to collect.
-fn readable(event: &Event) -> bool {
-    event.is_readable() || event.is_read_closed() || event.is_error()
-}
-
 impl HttpWorker {
     /// Readiness of an upstream connection: drive the client connection relaying through
     /// it; an idle pooled one that became readable was closed by its server (or sent
     /// something unasked) and is dropped.
-    fn on_upstream_ready(&mut self, cx: &mut Context<'_, WorkerMessage>, key: u64, event: &Event) {
+    fn on_upstream_ready(
+        &mut self,
+        cx: &mut Context<'_, WorkerMessage>,
+        key: u64,
+        ready: Readiness,
+    ) {
         let Some(up) = self.upstreams.get_mut(key) else {
             return;
         };
-        let readable = readable(event);
-        up.note_event(
-            readable,
-            event.is_writable() || event.is_error(),
-            event.is_read_closed(),
-        );
+        let readable = ready.calls_for_read();
+        up.note_event(readable, ready.writable || ready.error, ready.read_closed);
         if up.owner == 0 {
             if readable {
                 self.upstreams.close(key);
@@ -252,7 +247,7 @@ impl WorkerApp for HttpWorker {
     fn on_accept(
         &mut self,
         cx: &mut Context<'_, WorkerMessage>,
-        stream: mio::net::TcpStream,
+        stream: std::net::TcpStream,
         peer: SocketAddr,
         listener: usize,
     ) {
@@ -302,7 +297,7 @@ impl WorkerApp for HttpWorker {
                     tls,
                     cx.clock.now_ms(),
                 ),
-                sock: Socket::new(stream),
+                sock: Socket::new(cx.io.adopt(stream)),
                 deadline_ms: u64::MAX,
                 armed_ms: u64::MAX,
                 upstreams: Vec::new(),
@@ -320,22 +315,18 @@ impl WorkerApp for HttpWorker {
         let Some(entry) = self.conns.get_mut(key) else {
             return;
         };
-        if let Err(e) = cx.registry.register(
-            &mut entry.sock.stream,
-            Token(key as usize),
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
+        if let Err(e) = cx.io.watch(&mut entry.sock.sock, key as usize) {
             tracing::warn!("register failed: {e}");
             self.conns.remove(key);
         }
     }
 
-    fn on_ready(&mut self, cx: &mut Context<'_, WorkerMessage>, event: &Event) {
-        let key = event.token().0 as u64;
-        let readable = readable(event);
-        let fin = event.is_read_closed();
+    fn on_ready(&mut self, cx: &mut Context<'_, WorkerMessage>, ready: Readiness) {
+        let key = ready.token as u64;
+        let readable = ready.calls_for_read();
+        let fin = ready.read_closed;
         if key & UPSTREAM_TOKEN != 0 {
-            return self.on_upstream_ready(cx, key, event);
+            return self.on_upstream_ready(cx, key, ready);
         }
         self.with_conn(cx, key, |e, ccx, up| {
             relay_driver::drive(e, up, readable, fin, ccx)
@@ -358,7 +349,7 @@ impl WorkerApp for HttpWorker {
             return;
         }
         self.with_conn(cx, key, |e, ccx, up| {
-            if driver::still_reading(&e.conn, &mut e.sock, ccx) {
+            if driver::still_reading(&e.conn, &mut e.sock, up.io, ccx) {
                 return Status::Open; // with_conn sets a fresh deadline and mark
             }
             if e.conn.trim_if_due(ccx) {
@@ -405,16 +396,16 @@ impl WorkerApp for HttpWorker {
         }
     }
 
-    fn before_events(&mut self, _cx: &mut Context<'_, WorkerMessage>, events: &mio::event::Events) {
+    fn before_events(&mut self, _cx: &mut Context<'_, WorkerMessage>, ready: &[Readiness]) {
         // An idle pooled upstream connection with news (bytes nobody asked for, or its close)
         // is dropped before any client event of this turn can take it from the pool; one that
         // goes idle during the turn is dropped on its event by `on_upstream_ready`.
         if self.upstreams.idle_count() == 0 {
             return;
         }
-        for event in events.iter() {
-            let key = event.token().0 as u64;
-            if key & UPSTREAM_TOKEN != 0 && readable(event) {
+        for r in ready {
+            let key = r.token as u64;
+            if key & UPSTREAM_TOKEN != 0 && r.calls_for_read() {
                 self.upstreams.close_if_idle(key);
             }
         }

@@ -268,20 +268,21 @@ impl Output {
 mod tests {
     use super::*;
     use std::io::{self, Read, Write};
-    use std::os::fd::{AsRawFd, RawFd};
     use std::os::unix::net::UnixStream;
     use std::sync::Arc;
+    use tern_runtime::io::{EpollIo, EpollSock};
 
     /// Sends the output the way the driver does for a plain connection: `Ok(true)` when all
     /// of it went out, `Ok(false)` when the socket was full.
-    fn flush(out: &mut Output, fd: RawFd) -> io::Result<bool> {
+    fn flush(out: &mut Output, sock: &mut EpollSock) -> io::Result<bool> {
+        let mut io = EpollIo::detached()?;
         loop {
             let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
             let t = crate::conn::plain_transmit(out, &mut iov);
             if matches!(t, crate::conn::Transmit::Nothing) {
                 return Ok(true);
             }
-            match crate::driver::send_once(fd, &t, &iov)? {
+            match crate::driver::send_once(&mut io, sock, &t, &iov)? {
                 Some(n) => out.advance(n),
                 None => return Ok(false),
             }
@@ -294,8 +295,10 @@ mod tests {
             b.read_to_end(&mut got).unwrap();
             got
         });
-        a.set_nonblocking(false).unwrap();
-        while !flush(&mut out, a.as_raw_fd()).unwrap() {}
+        let mut a = EpollSock::from_std_unix(a).unwrap();
+        while !flush(&mut out, &mut a).unwrap() {
+            std::thread::yield_now();
+        }
         drop(a);
         reader.join().unwrap()
     }
@@ -368,7 +371,10 @@ mod tests {
             b.read_exact(&mut got).unwrap();
             got
         });
-        while !flush(&mut out, a.as_raw_fd()).unwrap() {}
+        let mut a = EpollSock::from_std_tcp(a).unwrap();
+        while !flush(&mut out, &mut a).unwrap() {
+            std::thread::yield_now();
+        }
         // The connection stays open: the reader must get everything without an EOF push.
         let got = reader.join().unwrap();
         assert_eq!(&got[..6], b"HEAD\r\n");
@@ -425,6 +431,6 @@ mod tests {
             len: 10,
         }));
         let (a, _b) = UnixStream::pair().unwrap();
-        assert!(flush(&mut out, a.as_raw_fd()).is_err());
+        assert!(flush(&mut out, &mut EpollSock::from_std_unix(a).unwrap()).is_err());
     }
 }

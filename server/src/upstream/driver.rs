@@ -5,14 +5,12 @@
 
 use std::io;
 
-use mio::Registry;
-
 use tern_runtime::ratelog;
 
 use super::pool::{tls_failure, UpstreamConns};
 use super::UpstreamOutcome;
 use crate::conn::{RelayNeed, Status};
-use crate::driver::Entry;
+use crate::driver::{Backend, Entry};
 use crate::exchange::ConnCx;
 use crate::stats::UpstreamCounter;
 
@@ -25,10 +23,10 @@ const MAX_ROUNDS: usize = 64;
 /// connection to be released (browsers hold six per host over HTTP/1.1 for the same reason).
 pub(crate) const MAX_UPSTREAMS_PER_CONN: usize = 16;
 
-/// The worker's upstream side, lent to a connection's turn.
-pub(crate) struct UpstreamCx<'a> {
+/// The worker's sockets, lent to a connection's turn: the backend, and the upstream side.
+pub(crate) struct Sockets<'a> {
+    pub io: &'a mut Backend,
     pub conns: &'a mut UpstreamConns,
-    pub registry: &'a Registry,
     /// Scratch for the relay ids of a connection.
     pub ids: &'a mut Vec<u32>,
 }
@@ -36,12 +34,12 @@ pub(crate) struct UpstreamCx<'a> {
 /// Drives the connection's client side, and, while it relays, its upstream side too.
 pub(crate) fn drive(
     e: &mut Entry,
-    up: &mut UpstreamCx<'_>,
+    up: &mut Sockets<'_>,
     readable: bool,
     fin: bool,
     cx: &mut ConnCx<'_>,
 ) -> Status {
-    let mut status = crate::driver::drive(&mut e.conn, &mut e.sock, readable, fin, cx);
+    let mut status = crate::driver::drive(&mut e.conn, &mut e.sock, up.io, readable, fin, cx);
     if e.upstreams.is_empty() && !e.conn.in_relay() {
         return status; // the common case: one check
     }
@@ -50,7 +48,7 @@ pub(crate) fn drive(
         if !step(e, up, cx) {
             break;
         }
-        status = crate::driver::drive(&mut e.conn, &mut e.sock, false, false, cx);
+        status = crate::driver::drive(&mut e.conn, &mut e.sock, up.io, false, false, cx);
         rounds += 1;
         if rounds == MAX_ROUNDS && status == Status::Open {
             status = Status::Yielded;
@@ -65,7 +63,7 @@ pub(crate) fn drive(
 
 /// The client connection is closing: its upstream connections (if any) are closed too; what
 /// they were relaying cannot be finished.
-pub(crate) fn abandon(e: &mut Entry, up: &mut UpstreamCx<'_>, cx: &ConnCx<'_>) {
+pub(crate) fn abandon(e: &mut Entry, up: &mut Sockets<'_>, cx: &ConnCx<'_>) {
     e.conn.abandon_relays(cx);
     for (_, key) in e.upstreams.drain(..) {
         if let Some(c) = up.conns.get_mut(key) {
@@ -82,7 +80,7 @@ pub(crate) fn abandon(e: &mut Entry, up: &mut UpstreamCx<'_>, cx: &ConnCx<'_>) {
 
 /// One pass over what the connection's relays need. True if anything moved (the client side
 /// may then have output to send or input to take).
-fn step(e: &mut Entry, up: &mut UpstreamCx<'_>, cx: &mut ConnCx<'_>) -> bool {
+fn step(e: &mut Entry, up: &mut Sockets<'_>, cx: &mut ConnCx<'_>) -> bool {
     let mut progressed = false;
     let mut ids = std::mem::take(up.ids);
     loop {
@@ -107,7 +105,7 @@ fn attached(e: &Entry, id: u32) -> Option<u64> {
 }
 
 /// What one relay needs, until it needs nothing that can be done now.
-fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>) -> bool {
+fn step_one(e: &mut Entry, up: &mut Sockets<'_>, id: u32, cx: &mut ConnCx<'_>) -> bool {
     let mut progressed = false;
     loop {
         match e.conn.relay_need(id) {
@@ -120,7 +118,7 @@ fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>
                         c.set.end(cx.worker_id, c.server, outcome, now);
                     }
                     if keep {
-                        up.conns.release(key, now);
+                        up.conns.release(key, up.io, now);
                     } else {
                         up.conns.close(key);
                     }
@@ -150,7 +148,7 @@ fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>
                     e.upstreams.push((id, key));
                     e.conn.relay_attached(id, true, true, cx);
                 } else {
-                    match up.conns.connect(&set, server, owner, up.registry) {
+                    match up.conns.connect(&set, server, owner, up.io) {
                         Ok(key) => {
                             cx.stats
                                 .bump_upstream(set.counted_as(), UpstreamCounter::Connects);
@@ -168,7 +166,7 @@ fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>
                 let Some(c) = attached(e, id).and_then(|k| up.conns.get_mut(k)) else {
                     return progressed;
                 };
-                match c.poll_connected() {
+                match c.poll_connected(up.io) {
                     Ok(true) => {
                         if c.stream.is_tls() {
                             let row = c.set.counted_as();
@@ -203,12 +201,12 @@ fn step_one(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>
 
 /// Sends what the relay has for the upstream and reads what it will take. True if
 /// anything moved.
-fn io(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>) -> bool {
+fn io(e: &mut Entry, up: &mut Sockets<'_>, id: u32, cx: &mut ConnCx<'_>) -> bool {
     let Some(c) = attached(e, id).and_then(|k| up.conns.get_mut(k)) else {
         return false;
     };
     let mut moved = false;
-    if c.stream.flush_pending().is_err() {
+    if c.stream.flush_pending(up.io).is_err() {
         e.conn.relay_closed(id, true, cx);
         return true;
     }
@@ -217,7 +215,7 @@ fn io(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>) -> b
         if buf.is_empty() {
             break;
         }
-        match c.stream.write(buf) {
+        match c.stream.write(up.io, buf) {
             Ok(0) => {
                 e.conn.relay_closed(id, true, cx);
                 return true;
@@ -236,7 +234,7 @@ fn io(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>) -> b
     }
     if e.conn.relay_wants_shutdown(id) {
         // An HTTP/2 WebSocket's END_STREAM: the upstream reads its end, and may still answer.
-        let _ = c.stream.shutdown_write();
+        let _ = c.stream.shutdown_write(up.io);
         e.conn.relay_shut_down(id);
         moved = true;
     }
@@ -244,7 +242,7 @@ fn io(e: &mut Entry, up: &mut UpstreamCx<'_>, id: u32, cx: &mut ConnCx<'_>) -> b
         let buf = e.conn.relay_recv_buf(id, cx);
         if !buf.is_empty() {
             let want = buf.len();
-            match c.stream.read(buf) {
+            match c.stream.read(up.io, buf) {
                 Ok(0) => {
                     c.may_read = false;
                     e.conn.relay_closed(id, false, cx);

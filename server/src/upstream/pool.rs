@@ -4,23 +4,23 @@
 //! once, for its whole life, under a token with [`UPSTREAM_TOKEN`] set.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::io::{self, IoSlice, Read, Write};
 use std::sync::Arc;
 
-use mio::{Interest, Registry, Token};
+use tern_runtime::io::{Io, Peer, Transmit, Waiting};
 use tern_runtime::ratelog;
 
 use super::{UpstreamAddr, Upstreams};
+use crate::driver::{Backend, Sock};
 use crate::slab::Slab;
 
-/// Set in the mio token (and slab key) of every upstream connection; client connection keys
+/// Set in the token (and slab key) of every upstream connection; client connection keys
 /// never have it (their generation is kept below 2^31).
 pub(crate) const UPSTREAM_TOKEN: u64 = 1 << 63;
 
 pub(crate) enum UpStream {
-    Tcp(mio::net::TcpStream),
-    Unix(mio::net::UnixStream),
+    /// TCP or a Unix socket, bytes as they are.
+    Plain(Sock),
     /// TCP with TLS on it (boxed: the rustls state is large, plain connections stay small).
     Tls(Box<TlsUp>),
 }
@@ -29,7 +29,7 @@ pub(crate) enum UpStream {
 /// into rustls and the records written to the socket; records read from the socket are
 /// decrypted into the relay's buffer.
 pub(crate) struct TlsUp {
-    sock: mio::net::TcpStream,
+    sock: Sock,
     tls: rustls::ClientConnection,
     /// The socket reported end of file (or the peer's close_notify came with the last bytes
     /// read): a read must still report the end.
@@ -41,11 +41,46 @@ pub(crate) struct TlsUp {
 /// connection's socket buffer would.
 const TLS_WRITE_CHUNK: usize = 16 * 1024;
 
+/// The socket as rustls reads and writes its records: through the backend.
+struct Wire<'a> {
+    io: &'a mut Backend,
+    sock: &'a mut Sock,
+}
+
+impl Read for Wire<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.io.recv(self.sock, buf)
+    }
+}
+
+impl Write for Wire<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let iov = [IoSlice::new(buf)];
+        let what = Transmit::Memory {
+            iov: &iov,
+            more: false,
+        };
+        match self.io.send(self.sock, &what)? {
+            Some(0) => Err(io::ErrorKind::Interrupted.into()),
+            Some(n) => Ok(n),
+            None => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn wire<'a>(sock: &'a mut Sock, io: &'a mut Backend) -> Wire<'a> {
+    Wire { io, sock }
+}
+
 impl TlsUp {
     /// Writes the records rustls holds; WouldBlock if some remain.
-    fn flush(&mut self) -> io::Result<()> {
+    fn flush(&mut self, io: &mut Backend) -> io::Result<()> {
         while self.tls.wants_write() {
-            match self.tls.write_tls(&mut self.sock) {
+            match self.tls.write_tls(&mut wire(&mut self.sock, io)) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -56,9 +91,9 @@ impl TlsUp {
     }
 
     /// Reads records into rustls; Ok(false) at end of file.
-    fn take_records(&mut self) -> io::Result<bool> {
+    fn take_records(&mut self, io: &mut Backend) -> io::Result<bool> {
         loop {
-            match self.tls.read_tls(&mut self.sock) {
+            match self.tls.read_tls(&mut wire(&mut self.sock, io)) {
                 Ok(0) => {
                     self.eof = true;
                     return Ok(false);
@@ -66,7 +101,7 @@ impl TlsUp {
                 Ok(_) => {
                     if let Err(e) = self.tls.process_new_packets() {
                         // Best effort: the alert rustls wants to send says why.
-                        let _ = self.flush();
+                        let _ = self.flush(io);
                         return Err(io::Error::new(io::ErrorKind::InvalidData, e));
                     }
                     return Ok(true);
@@ -79,9 +114,9 @@ impl TlsUp {
 
     /// Moves the handshake on: true once it is done. A failed handshake's error holds the
     /// `rustls::Error` (see [`tls_failure`]).
-    fn handshake(&mut self, may_read: &mut bool) -> io::Result<bool> {
+    fn handshake(&mut self, io: &mut Backend, may_read: &mut bool) -> io::Result<bool> {
         loop {
-            match self.flush() {
+            match self.flush(io) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) => return Err(e),
@@ -92,7 +127,7 @@ impl TlsUp {
             if !*may_read {
                 return Ok(false);
             }
-            match self.take_records() {
+            match self.take_records(io) {
                 Ok(true) => {}
                 Ok(false) => {
                     return Err(io::Error::new(
@@ -111,7 +146,7 @@ impl TlsUp {
 
     /// Fills `buf` with plaintext as far as there is any: a short read means both the
     /// socket and rustls are drained (or the socket ended: [`UpStream::holds_more`]).
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    fn read(&mut self, io: &mut Backend, buf: &mut [u8]) -> io::Result<usize> {
         let mut n = 0;
         loop {
             match self.tls.reader().read(&mut buf[n..]) {
@@ -133,13 +168,13 @@ impl TlsUp {
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(n),
                 Err(e) => return if n > 0 { Ok(n) } else { Err(e) },
             }
-            match self.take_records() {
+            match self.take_records(io) {
                 Ok(_) => {}
                 Err(e) if n > 0 && e.kind() == io::ErrorKind::WouldBlock => return Ok(n),
                 Err(e) => return if n > 0 { Ok(n) } else { Err(e) },
             }
             // Anything rustls answers by itself (a key update) goes out now.
-            match self.flush() {
+            match self.flush(io) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
@@ -147,8 +182,8 @@ impl TlsUp {
         }
     }
 
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.flush()?;
+    fn write(&mut self, io: &mut Backend, buf: &[u8]) -> io::Result<usize> {
+        self.flush(io)?;
         let n = self
             .tls
             .writer()
@@ -156,7 +191,7 @@ impl TlsUp {
         if n == 0 {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        match self.flush() {
+        match self.flush(io) {
             Ok(()) => Ok(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(n),
             Err(e) => Err(e),
@@ -165,7 +200,7 @@ impl TlsUp {
 
     /// Between exchanges: plaintext nobody asked for, the end, or nothing (records that carry
     /// no data, such as a late session ticket, are taken and say nothing).
-    fn waiting(&mut self) -> Waiting {
+    fn waiting(&mut self, io: &mut Backend) -> Waiting {
         loop {
             match self.tls.process_new_packets() {
                 Ok(state) if state.plaintext_bytes_to_read() > 0 => return Waiting::Bytes,
@@ -176,7 +211,7 @@ impl TlsUp {
             if self.eof {
                 return Waiting::Closed;
             }
-            match self.take_records() {
+            match self.take_records(io) {
                 Ok(true) => {}
                 Ok(false) => return Waiting::Closed,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Waiting::Nothing,
@@ -192,41 +227,37 @@ pub(crate) fn tls_failure(e: &io::Error) -> Option<&rustls::Error> {
 }
 
 impl UpStream {
-    fn source(&mut self) -> &mut dyn mio::event::Source {
+    fn sock(&mut self) -> &mut Sock {
         match self {
-            UpStream::Tcp(s) => s,
-            UpStream::Unix(s) => s,
+            UpStream::Plain(s) => s,
             UpStream::Tls(t) => &mut t.sock,
         }
     }
 
-    pub fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    pub fn read(&mut self, io: &mut Backend, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            UpStream::Tcp(s) => s.read(buf),
-            UpStream::Unix(s) => s.read(buf),
-            UpStream::Tls(t) => t.read(buf),
+            UpStream::Plain(s) => io.recv(s, buf),
+            UpStream::Tls(t) => t.read(io, buf),
         }
     }
 
-    pub fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+    pub fn write(&mut self, io: &mut Backend, buf: &[u8]) -> io::Result<usize> {
         match self {
-            UpStream::Tcp(s) => s.write(buf),
-            UpStream::Unix(s) => s.write(buf),
-            UpStream::Tls(t) => t.write(buf),
+            UpStream::Plain(s) => wire(s, io).write(buf),
+            UpStream::Tls(t) => t.write(io, buf),
         }
     }
 
     /// Sends our end of the stream (a tunnel's client ended its side); reading goes on. Over
     /// TLS that is close_notify, then the FIN once it is written (if the socket is full now,
     /// `flush_pending` writes it later and the FIN is left out: close_notify says it all).
-    pub fn shutdown_write(&mut self) -> io::Result<()> {
+    pub fn shutdown_write(&mut self, io: &mut Backend) -> io::Result<()> {
         match self {
-            UpStream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
-            UpStream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            UpStream::Plain(s) => io.shutdown_write(s),
             UpStream::Tls(t) => {
                 t.tls.send_close_notify();
-                match t.flush() {
-                    Ok(()) => t.sock.shutdown(std::net::Shutdown::Write),
+                match t.flush(io) {
+                    Ok(()) => io.shutdown_write(&mut t.sock),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
                     Err(e) => Err(e),
                 }
@@ -235,13 +266,13 @@ impl UpStream {
     }
 
     /// Writes what TLS still holds from earlier writes (a plain socket holds nothing back).
-    pub fn flush_pending(&mut self) -> io::Result<()> {
+    pub fn flush_pending(&mut self, io: &mut Backend) -> io::Result<()> {
         match self {
-            UpStream::Tls(t) => match t.flush() {
+            UpStream::Tls(t) => match t.flush(io) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
                 other => other,
             },
-            _ => Ok(()),
+            UpStream::Plain(_) => Ok(()),
         }
     }
 
@@ -254,77 +285,17 @@ impl UpStream {
         matches!(self, UpStream::Tls(_))
     }
 
-    fn fd(&self) -> RawFd {
-        match self {
-            UpStream::Tcp(s) => s.as_raw_fd(),
-            UpStream::Unix(s) => s.as_raw_fd(),
-            UpStream::Tls(t) => t.sock.as_raw_fd(),
-        }
-    }
-
     /// What waits in the socket, looked at without taking it. A connection between exchanges
     /// must hold nothing: bytes there are an answer to no request of ours (a stray answer, or
     /// the answer to a request smuggled in a body the server did not read as one), and the
     /// next request sent on it would be answered with them. Edge-triggered readiness cannot
     /// tell: the bytes may have come with the last answer's, in the read that ended it.
-    pub fn waiting(&mut self) -> Waiting {
-        if let UpStream::Tls(t) = self {
-            return t.waiting();
-        }
-        let mut byte = 0u8;
-        loop {
-            // SAFETY: `recv` into one live, exclusively borrowed byte, on a socket this
-            // connection owns and keeps open for the call; MSG_PEEK leaves the byte queued and
-            // MSG_DONTWAIT keeps the call from blocking.
-            let n = unsafe {
-                libc::recv(
-                    self.fd(),
-                    (&mut byte as *mut u8).cast(),
-                    1,
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                )
-            };
-            return match n {
-                0 => Waiting::Closed,
-                1.. => Waiting::Bytes,
-                _ => match io::Error::last_os_error().kind() {
-                    io::ErrorKind::WouldBlock => Waiting::Nothing,
-                    io::ErrorKind::Interrupted => continue,
-                    // Reset or failed: as good as closed.
-                    _ => Waiting::Closed,
-                },
-            };
+    pub fn waiting(&mut self, io: &mut Backend) -> Waiting {
+        match self {
+            UpStream::Plain(s) => io.peek(s),
+            UpStream::Tls(t) => t.waiting(io),
         }
     }
-
-    /// After a writable event on a connecting socket: connected (true), still connecting
-    /// (false), or failed.
-    fn check_connected(&self) -> io::Result<bool> {
-        let (err, peer) = match self {
-            UpStream::Tcp(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
-            UpStream::Unix(s) => (s.take_error()?, s.peer_addr().map(|_| ())),
-            UpStream::Tls(t) => (t.sock.take_error()?, t.sock.peer_addr().map(|_| ())),
-        };
-        if let Some(e) = err {
-            return Err(e);
-        }
-        match peer {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// What [`UpStream::waiting`] found in a socket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Waiting {
-    /// Nothing: the connection may carry another exchange.
-    Nothing,
-    /// Bytes no request of ours asked for.
-    Bytes,
-    /// The server closed it (or it failed).
-    Closed,
 }
 
 /// One upstream connection.
@@ -361,19 +332,19 @@ impl UpConn {
 
     /// For a connection still connecting: has it connected (or failed) since? With TLS,
     /// connected means the handshake is done too.
-    pub fn poll_connected(&mut self) -> io::Result<bool> {
+    pub fn poll_connected(&mut self, io: &mut Backend) -> io::Result<bool> {
         if !self.connected {
             if !self.write_event {
                 return Ok(false);
             }
-            self.connected = self.stream.check_connected()?;
+            self.connected = io.connected(self.stream.sock())?;
             if !self.connected {
                 return Ok(false);
             }
         }
         match &mut self.stream {
-            UpStream::Tls(t) => t.handshake(&mut self.may_read),
-            _ => Ok(true),
+            UpStream::Tls(t) => t.handshake(io, &mut self.may_read),
+            UpStream::Plain(_) => Ok(true),
         }
     }
 }
@@ -403,7 +374,7 @@ impl UpstreamConns {
         self.slab.get_mut(key)
     }
 
-    /// Closes it (dropping the socket also takes it out of epoll).
+    /// Closes it (dropping the socket also ends its readiness reports).
     pub fn close(&mut self, key: u64) {
         let Some(c) = self.slab.remove(key) else {
             return;
@@ -422,27 +393,26 @@ impl UpstreamConns {
         set: &Arc<dyn Upstreams>,
         server: usize,
         owner: u64,
-        registry: &Registry,
+        io: &mut Backend,
     ) -> io::Result<u64> {
         let stream = match set.addr(server) {
             UpstreamAddr::Tcp(addr) => {
-                let s = mio::net::TcpStream::connect(*addr)?;
-                s.set_nodelay(true)?;
+                let sock = io.connect(Peer::Tcp(*addr))?;
                 match set.tls(server) {
-                    None => UpStream::Tcp(s),
+                    None => UpStream::Plain(sock),
                     Some(tls) => {
                         let conn =
                             rustls::ClientConnection::new(tls.config.clone(), tls.name.clone())
                                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                         UpStream::Tls(Box::new(TlsUp {
-                            sock: s,
+                            sock,
                             tls: conn,
                             eof: false,
                         }))
                     }
                 }
             }
-            UpstreamAddr::Unix(path) => UpStream::Unix(mio::net::UnixStream::connect(path)?),
+            UpstreamAddr::Unix(path) => UpStream::Plain(io.connect(Peer::Unix(path))?),
         };
         let key = self.slab.insert(|_| UpConn {
             stream,
@@ -456,11 +426,7 @@ impl UpstreamConns {
             idle_until_ms: 0,
         });
         let conn = self.get_mut(key).expect("just inserted");
-        if let Err(e) = registry.register(
-            conn.stream.source(),
-            Token(key as usize),
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
+        if let Err(e) = io.watch(conn.stream.sock(), key as usize) {
             self.close(key);
             return Err(e);
         }
@@ -498,7 +464,7 @@ impl UpstreamConns {
     /// Puts a connection whose exchange ended cleanly into the pool, or closes it if the
     /// pool for its server is full or anything waits in its socket (see
     /// [`UpStream::waiting`]).
-    pub fn release(&mut self, key: u64, now_ms: u64) {
+    pub fn release(&mut self, key: u64, io: &mut Backend, now_ms: u64) {
         let Some(conn) = self.get_mut(key) else {
             return;
         };
@@ -507,7 +473,7 @@ impl UpstreamConns {
         // ended exactly where a read buffer did) bytes may be there with no event to come:
         // look, without taking them.
         if conn.may_read || conn.fin || conn.stream.is_tls() {
-            let waiting = conn.stream.waiting();
+            let waiting = conn.stream.waiting(io);
             if waiting != Waiting::Nothing {
                 self.drop_unclean(key, waiting, now_ms);
                 return;
@@ -576,12 +542,13 @@ impl UpstreamConns {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tern_runtime::io::EpollSock;
 
     /// Waits (bounded) until `stream` reports anything but `Nothing`: loopback delivery is
     /// not instant.
-    fn settled(stream: &mut UpStream) -> Waiting {
+    fn settled(stream: &mut UpStream, io: &mut Backend) -> Waiting {
         for _ in 0..500 {
-            let w = stream.waiting();
+            let w = stream.waiting(io);
             if w != Waiting::Nothing {
                 return w;
             }
@@ -592,30 +559,29 @@ mod tests {
 
     #[test]
     fn waiting_sees_stray_bytes_and_closes_without_taking_them() {
+        let io = &mut Backend::detached().unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let ours = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        ours.set_nonblocking(true).unwrap();
         let (mut server, _) = listener.accept().unwrap();
-        let mut up = UpStream::Tcp(mio::net::TcpStream::from_std(ours));
-        assert_eq!(up.waiting(), Waiting::Nothing);
+        let mut up = UpStream::Plain(EpollSock::from_std_tcp(ours).unwrap());
+        assert_eq!(up.waiting(io), Waiting::Nothing);
         server.write_all(b"HTTP/1.1 200 OK\r\n").unwrap();
-        assert_eq!(settled(&mut up), Waiting::Bytes);
+        assert_eq!(settled(&mut up, io), Waiting::Bytes);
         // Looking took nothing: the bytes are all still there, and still seen.
-        assert_eq!(up.waiting(), Waiting::Bytes);
+        assert_eq!(up.waiting(io), Waiting::Bytes);
         let mut buf = [0u8; 64];
-        assert_eq!(up.read(&mut buf).unwrap(), 17);
-        assert_eq!(up.waiting(), Waiting::Nothing);
+        assert_eq!(up.read(io, &mut buf).unwrap(), 17);
+        assert_eq!(up.waiting(io), Waiting::Nothing);
         drop(server);
-        assert_eq!(settled(&mut up), Waiting::Closed);
+        assert_eq!(settled(&mut up, io), Waiting::Closed);
 
         let (ours, mut server) = std::os::unix::net::UnixStream::pair().unwrap();
-        ours.set_nonblocking(true).unwrap();
-        let mut up = UpStream::Unix(mio::net::UnixStream::from_std(ours));
-        assert_eq!(up.waiting(), Waiting::Nothing);
+        let mut up = UpStream::Plain(EpollSock::from_std_unix(ours).unwrap());
+        assert_eq!(up.waiting(io), Waiting::Nothing);
         server.write_all(b"x").unwrap();
-        assert_eq!(up.waiting(), Waiting::Bytes);
-        assert_eq!(up.read(&mut buf).unwrap(), 1);
+        assert_eq!(up.waiting(io), Waiting::Bytes);
+        assert_eq!(up.read(io, &mut buf).unwrap(), 1);
         drop(server);
-        assert_eq!(up.waiting(), Waiting::Closed);
+        assert_eq!(up.waiting(io), Waiting::Closed);
     }
 }

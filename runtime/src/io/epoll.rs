@@ -1,0 +1,342 @@
+//! The readiness backend: non-blocking sockets watched by the worker's epoll (through
+//! `mio`), each call one syscall made at once. Edge-triggered: a socket is registered once
+//! for reading and writing and reported again only when something new happens.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+use socket2::SockRef;
+
+use super::{Io, Peer, Transmit, Waiting};
+
+/// Largest `sendfile` per call: bounds how long one connection holds the worker.
+const SENDFILE_CHUNK: u64 = 1 << 20;
+
+/// One worker's epoll, as the sockets see it.
+pub struct EpollIo {
+    registry: Registry,
+}
+
+impl EpollIo {
+    pub fn new(registry: Registry) -> EpollIo {
+        EpollIo { registry }
+    }
+
+    /// A backend on an epoll nobody waits on: for sockets driven by hand (tests, tools).
+    pub fn detached() -> io::Result<EpollIo> {
+        // The registry keeps its own descriptor of the epoll instance.
+        Ok(EpollIo::new(mio::Poll::new()?.registry().try_clone()?))
+    }
+}
+
+/// A socket of the epoll backend: TCP or Unix, non-blocking, its descriptor alone (an idle
+/// connection's state is budgeted in bytes). Dropping it closes it, which also takes it out
+/// of epoll.
+#[derive(Debug)]
+pub struct EpollSock {
+    fd: OwnedFd,
+}
+
+impl EpollSock {
+    fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// A connected Unix socket, made non-blocking (tests, and pairs).
+    pub fn from_std_unix(s: std::os::unix::net::UnixStream) -> io::Result<EpollSock> {
+        s.set_nonblocking(true)?;
+        Ok(EpollSock { fd: s.into() })
+    }
+
+    /// A connected TCP socket, made non-blocking.
+    pub fn from_std_tcp(s: std::net::TcpStream) -> io::Result<EpollSock> {
+        s.set_nonblocking(true)?;
+        Ok(EpollSock { fd: s.into() })
+    }
+}
+
+impl Io for EpollIo {
+    type Sock = EpollSock;
+
+    fn adopt(&mut self, stream: std::net::TcpStream) -> EpollSock {
+        // The runtime's listeners hand out non-blocking sockets already.
+        EpollSock { fd: stream.into() }
+    }
+
+    fn connect(&mut self, to: Peer<'_>) -> io::Result<EpollSock> {
+        // mio's connect makes the socket non-blocking (and close-on-exec) before connecting.
+        let fd: OwnedFd = match to {
+            Peer::Tcp(addr) => {
+                let s = mio::net::TcpStream::connect(addr)?;
+                s.set_nodelay(true)?;
+                std::net::TcpStream::from(s).into()
+            }
+            Peer::Unix(path) => {
+                std::os::unix::net::UnixStream::from(mio::net::UnixStream::connect(path)?).into()
+            }
+        };
+        Ok(EpollSock { fd })
+    }
+
+    fn watch(&mut self, sock: &mut EpollSock, token: usize) -> io::Result<()> {
+        self.registry.register(
+            &mut SourceFd(&sock.fd()),
+            Token(token),
+            Interest::READABLE | Interest::WRITABLE,
+        )
+    }
+
+    fn connected(&mut self, sock: &mut EpollSock) -> io::Result<bool> {
+        let s = SockRef::from(&sock.fd);
+        if let Some(e) = s.take_error()? {
+            return Err(e);
+        }
+        match s.peer_addr().map(|_| ()) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn send(&mut self, sock: &mut EpollSock, what: &Transmit<'_>) -> io::Result<Option<usize>> {
+        let fd = sock.fd();
+        let result = match *what {
+            Transmit::Memory { iov, more } => write_memory(fd, iov, more),
+            Transmit::File {
+                fd: file,
+                offset,
+                len,
+            } => send_file(fd, file, offset, len),
+        };
+        match result {
+            Ok(0) => Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Some(0)),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn recv(&mut self, sock: &mut EpollSock, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: `buf` is a live, exclusively borrowed slice valid for its length during
+        // the call; the fd is this socket's, open while `sock` is borrowed.
+        let n = unsafe { libc::read(sock.fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    fn peek(&mut self, sock: &mut EpollSock) -> Waiting {
+        let mut byte = 0u8;
+        loop {
+            // SAFETY: `recv` into one live, exclusively borrowed byte, on a socket open for
+            // the call; MSG_PEEK leaves the byte queued and MSG_DONTWAIT keeps it from
+            // blocking.
+            let n = unsafe {
+                libc::recv(
+                    sock.fd(),
+                    (&mut byte as *mut u8).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            return match n {
+                0 => Waiting::Closed,
+                1.. => Waiting::Bytes,
+                _ => match io::Error::last_os_error().kind() {
+                    io::ErrorKind::WouldBlock => Waiting::Nothing,
+                    io::ErrorKind::Interrupted => continue,
+                    // Reset or failed: as good as closed.
+                    _ => Waiting::Closed,
+                },
+            };
+        }
+    }
+
+    fn shutdown_write(&mut self, sock: &mut EpollSock) -> io::Result<()> {
+        SockRef::from(&sock.fd).shutdown(std::net::Shutdown::Write)
+    }
+
+    fn unacked_bytes(&self, sock: &EpollSock) -> io::Result<u32> {
+        crate::sockstat::unacked_bytes(&sock.fd)
+    }
+}
+
+fn write_memory(fd: RawFd, iov: &[io::IoSlice<'_>], more: bool) -> io::Result<usize> {
+    // A file follows (a head before sendfile): MSG_MORE lets the kernel fill the head's packet
+    // with the file's first bytes instead of sending the head alone.
+    let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+    let n = if iov.len() == 1 {
+        // The common case: one contiguous buffer.
+        // SAFETY: the slice is valid for its length for the duration of the call; `fd` is
+        // the caller's open socket.
+        unsafe { libc::send(fd, iov[0].as_ptr().cast(), iov[0].len(), flags) }
+    } else {
+        // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees it); the slices
+        // outlive the call; the msghdr names no address and no control data.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = iov.len() as _;
+            libc::sendmsg(fd, &msg, flags)
+        }
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+fn send_file(fd: RawFd, file: RawFd, offset: u64, len: u64) -> io::Result<usize> {
+    let count = len.min(SENDFILE_CHUNK) as usize;
+    let mut off = offset as libc::off_t;
+    // SAFETY: both descriptors are open for the duration of the call (the socket is the
+    // caller's, the file is held by the output segment); `off` is a valid, exclusively
+    // borrowed off_t that the kernel updates; no memory is shared otherwise.
+    let n = unsafe { libc::sendfile(fd, file, &mut off, count) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n == 0 {
+        // The file shrank under us: the promised Content-Length can no longer be met.
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "file truncated while sending",
+        ));
+    }
+    Ok(n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{IoSlice, Read, Write};
+
+    fn pair() -> (EpollIo, EpollSock, std::net::TcpStream) {
+        let poll = mio::Poll::new().unwrap();
+        let io = EpollIo::new(poll.registry().try_clone().unwrap());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (theirs, _) = listener.accept().unwrap();
+        (io, EpollSock::from_std_tcp(ours).unwrap(), theirs)
+    }
+
+    /// Every call against a real socket: gathered sends, MSG_MORE, a file range, reads,
+    /// peeks, the write shutdown (exercises each `unsafe` block here).
+    #[test]
+    fn sends_reads_peeks_and_shuts_down() {
+        let (mut io, mut sock, mut peer) = pair();
+        let iov = [IoSlice::new(b"head "), IoSlice::new(b"and body")];
+        let sent = io
+            .send(
+                &mut sock,
+                &Transmit::Memory {
+                    iov: &iov,
+                    more: false,
+                },
+            )
+            .unwrap();
+        assert_eq!(sent, Some(13));
+        let one = [IoSlice::new(b"!")];
+        io.send(
+            &mut sock,
+            &Transmit::Memory {
+                iov: &one,
+                more: true,
+            },
+        )
+        .unwrap();
+        let mut file = tempfile_with(b"0123456789");
+        let f = Transmit::File {
+            fd: file.as_raw_fd(),
+            offset: 2,
+            len: 5,
+        };
+        assert_eq!(io.send(&mut sock, &f).unwrap(), Some(5));
+        let mut got = [0u8; 19];
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"head and body!23456");
+        // Past the file's end: the length promised cannot be met.
+        let past = Transmit::File {
+            fd: file.as_raw_fd(),
+            offset: 10,
+            len: 5,
+        };
+        assert_eq!(
+            io.send(&mut sock, &past).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+        file.flush().unwrap();
+
+        assert_eq!(io.peek(&mut sock), Waiting::Nothing);
+        let mut buf = [0u8; 8];
+        assert_eq!(
+            io.recv(&mut sock, &mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        peer.write_all(b"hello").unwrap();
+        while io.peek(&mut sock) == Waiting::Nothing {
+            std::thread::yield_now();
+        }
+        assert_eq!(io.peek(&mut sock), Waiting::Bytes);
+        assert_eq!(io.recv(&mut sock, &mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"hello");
+
+        io.shutdown_write(&mut sock).unwrap();
+        assert_eq!(peer.read(&mut buf).unwrap(), 0, "the peer sees our end");
+        drop(peer);
+        while io.peek(&mut sock) == Waiting::Nothing {
+            std::thread::yield_now();
+        }
+        assert_eq!(io.peek(&mut sock), Waiting::Closed);
+        assert_eq!(io.unacked_bytes(&sock).unwrap(), 0);
+    }
+
+    #[test]
+    fn connects_over_tcp_and_unix_and_reports_a_refusal() {
+        let poll = mio::Poll::new().unwrap();
+        let mut io = EpollIo::new(poll.registry().try_clone().unwrap());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut s = io
+            .connect(Peer::Tcp(listener.local_addr().unwrap()))
+            .unwrap();
+        io.watch(&mut s, 9).unwrap();
+        let _accepted = listener.accept().unwrap();
+        while !io.connected(&mut s).unwrap() {
+            std::thread::yield_now();
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let unix = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut u = io.connect(Peer::Unix(&path)).unwrap();
+        let _accepted = unix.accept().unwrap();
+        assert!(io.connected(&mut u).unwrap());
+
+        // A port nobody listens on: the connect fails, now or once it is tried.
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = free.local_addr().unwrap();
+        drop(free);
+        if let Ok(mut s) = io.connect(Peer::Tcp(addr)) {
+            let failed = loop {
+                match io.connected(&mut s) {
+                    Ok(true) => break false,
+                    Ok(false) => std::thread::yield_now(),
+                    Err(_) => break true,
+                }
+            };
+            assert!(failed);
+        }
+    }
+
+    fn tempfile_with(bytes: &[u8]) -> std::fs::File {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f
+    }
+}

@@ -1,0 +1,103 @@
+//! The boundary between the server and its sockets: everything above it names no file
+//! descriptor, no `mio` type and no socket syscall, so another backend (io_uring, or sockets
+//! in memory for tests) plugs in here without the connections above changing.
+//!
+//! The calls are *progress* calls. A readiness backend (epoll, [`EpollIo`]) makes the
+//! syscall at once; a completion backend may submit the operation and answer "not yet"
+//! (`WouldBlock`, `Ok(None)`), then report readiness for the socket's token once it
+//! completed, and hand the result to the next call. Memory a [`Transmit`] names must
+//! therefore not move until a call reports it sent (`conn/output.rs` seals what it handed
+//! out), and `recv` copies into its buffer only when it returns bytes, so read buffers may
+//! move between calls.
+
+mod epoll;
+
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::path::Path;
+
+pub use epoll::{EpollIo, EpollSock};
+
+/// What the event loop learnt about one watched socket in a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Readiness {
+    /// The token the socket was watched under ([`Io::watch`]).
+    pub token: usize,
+    /// Bytes, the peer's FIN, or an error may be waiting: a read will say which.
+    pub readable: bool,
+    /// Room to write (for a connect in progress: it finished, one way or the other).
+    pub writable: bool,
+    /// The peer closed its side: a short read does not mean drained then, the end still has
+    /// to be read (edge-triggered readiness will not report it again).
+    pub read_closed: bool,
+    /// The socket has an error to collect (by a read, or [`Io::connected`]).
+    pub error: bool,
+}
+
+impl Readiness {
+    /// Anything that calls for a read: bytes, the peer's FIN, or an error to collect.
+    pub fn calls_for_read(&self) -> bool {
+        self.readable || self.read_closed || self.error
+    }
+}
+
+/// Bytes to send: memory (gathered), or a range of an open file.
+#[derive(Debug)]
+pub enum Transmit<'a> {
+    /// `more`: more follows at once (a head before a file): the kernel may hold a partial
+    /// packet back for it.
+    Memory {
+        iov: &'a [IoSlice<'a>],
+        more: bool,
+    },
+    File {
+        fd: RawFd,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// Where an outgoing connection goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Peer<'a> {
+    Tcp(SocketAddr),
+    Unix(&'a Path),
+}
+
+/// What waits in a socket, looked at without taking it ([`Io::peek`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    Nothing,
+    Bytes,
+    /// The peer closed it (or it failed).
+    Closed,
+}
+
+/// One worker's sockets. Every call is made on the worker's own thread.
+pub trait Io {
+    type Sock;
+
+    /// Takes a connection the listener accepted (not watched yet: the first request is
+    /// often there already and is served before any event).
+    fn adopt(&mut self, stream: std::net::TcpStream) -> Self::Sock;
+    /// Starts an outgoing connection (non-blocking: [`Io::connected`] tells when it is up).
+    fn connect(&mut self, to: Peer<'_>) -> io::Result<Self::Sock>;
+    /// Reports the socket's readiness under `token` from now on, for its whole life.
+    fn watch(&mut self, sock: &mut Self::Sock, token: usize) -> io::Result<()>;
+    /// For an outgoing connection, after its socket turned writable: established (`true`),
+    /// still connecting (`false`), or its error.
+    fn connected(&mut self, sock: &mut Self::Sock) -> io::Result<bool>;
+    /// Sends some of `what`: `Ok(Some(n))` bytes went, `Ok(None)` no room now. A file range
+    /// that ended early (the file shrank) is an `UnexpectedEof` error.
+    fn send(&mut self, sock: &mut Self::Sock, what: &Transmit<'_>) -> io::Result<Option<usize>>;
+    /// Reads into `buf`: `Ok(0)` is the peer's end; `WouldBlock` means nothing now.
+    fn recv(&mut self, sock: &mut Self::Sock, buf: &mut [u8]) -> io::Result<usize>;
+    /// Looks at what waits without taking it.
+    fn peek(&mut self, sock: &mut Self::Sock) -> Waiting;
+    /// Sends our end of the stream; reading goes on.
+    fn shutdown_write(&mut self, sock: &mut Self::Sock) -> io::Result<()>;
+    /// Bytes sent that the peer has not acknowledged yet: a client that reads, however
+    /// slowly, makes it shrink (the write-stall check).
+    fn unacked_bytes(&self, sock: &Self::Sock) -> io::Result<u32>;
+}
