@@ -6,6 +6,8 @@ use tern_codec::{format_date_line, DATE_LINE_LEN};
 /// timers; the wall-clock `Date` line is re-formatted only when the second changes, so a
 /// response never pays for date formatting.
 pub struct Clock {
+    /// Set by [`Clock::manual`]: time moves only by [`Clock::advance_ms`].
+    manual: bool,
     start: Instant,
     now_us: u64,
     now_ms: u64,
@@ -17,6 +19,7 @@ impl Clock {
     pub fn new() -> Clock {
         let unix_secs = unix_now();
         Clock {
+            manual: false,
             start: Instant::now(),
             now_us: 0,
             now_ms: 0,
@@ -25,8 +28,37 @@ impl Clock {
         }
     }
 
+    /// A clock that stands still until told to move: for tests that drive a worker by hand
+    /// (timeouts without waiting). Its wall clock starts at `unix_secs`.
+    pub fn manual(unix_secs: u64) -> Clock {
+        Clock {
+            manual: true,
+            start: Instant::now(),
+            now_us: 0,
+            now_ms: 0,
+            unix_secs,
+            date_line: format_date_line(unix_secs),
+        }
+    }
+
+    /// Moves a manual clock on (the wall clock too, by whole seconds).
+    pub fn advance_ms(&mut self, ms: u64) {
+        debug_assert!(self.manual, "only a manual clock is moved by hand");
+        let before = self.now_us / 1_000_000;
+        self.now_us += ms * 1000;
+        self.now_ms = self.now_us / 1000;
+        let secs = self.now_us / 1_000_000 - before;
+        if secs > 0 {
+            self.unix_secs += secs;
+            self.date_line = format_date_line(self.unix_secs);
+        }
+    }
+
     /// Refreshes the cached time. Two vDSO calls, no syscalls.
     pub fn update(&mut self) {
+        if self.manual {
+            return;
+        }
         self.now_us = self.start.elapsed().as_micros() as u64;
         self.now_ms = self.now_us / 1000;
         let unix = unix_now();
@@ -50,6 +82,9 @@ impl Clock {
     /// Microseconds since this worker started, read now rather than cached (one vDSO call):
     /// for the end of an access log's duration.
     pub fn precise_us(&self) -> u64 {
+        if self.manual {
+            return self.now_us;
+        }
         self.start.elapsed().as_micros() as u64
     }
 
@@ -100,5 +135,20 @@ mod tests {
         assert!(clock.now_ms() >= a + 15);
         assert_eq!(clock.now_ms(), clock.now_us() / 1000);
         assert!(clock.precise_us() >= clock.now_us());
+    }
+
+    #[test]
+    fn a_manual_clock_moves_only_when_told() {
+        let mut clock = Clock::manual(1_000_000_000);
+        let date = clock.date_line().to_vec();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        clock.update();
+        assert_eq!((clock.now_ms(), clock.precise_us()), (0, 0));
+        clock.advance_ms(999);
+        assert_eq!(clock.date_line(), &date[..], "still the same second");
+        clock.advance_ms(1);
+        assert_eq!(clock.now_ms(), 1000);
+        assert_eq!(clock.unix_secs(), 1_000_000_001);
+        assert_ne!(clock.date_line(), &date[..]);
     }
 }

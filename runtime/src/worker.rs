@@ -10,7 +10,7 @@ use mio::{Events, Interest, Poll, Token};
 use crate::bufpool::BufPool;
 use crate::clock::Clock;
 use crate::inbox::{Inbox, InboxSender};
-use crate::io::{EpollIo, Readiness};
+use crate::io::{EpollIo, Io, Readiness};
 use crate::listener::{bind_reuseport, migrate_req_hint, share_inherited};
 use crate::timer::{TimerKey, TimerWheel};
 
@@ -80,8 +80,8 @@ impl Default for RuntimeConfig {
 
 /// What the event loop lends the app on every callback: its sockets' backend, clock, timers,
 /// buffers and the worker's own inbox sender (to hand to other threads).
-pub struct Context<'w, M> {
-    pub io: &'w mut EpollIo,
+pub struct Context<'w, M, I: Io = EpollIo> {
+    pub io: &'w mut I,
     pub clock: &'w Clock,
     pub timers: &'w mut TimerWheel,
     pub buffers: &'w mut BufPool,
@@ -94,35 +94,37 @@ pub struct Context<'w, M> {
     pub draining: bool,
 }
 
-/// The layer above the runtime (the HTTP server) implements this once per worker.
-pub trait WorkerApp: 'static {
+/// The layer above the runtime (the HTTP server) implements this once per worker, for the
+/// sockets' backend `I` it runs on (this runtime's loop is epoll's; a test harness may drive
+/// the same app over sockets in memory).
+pub trait WorkerApp<I: Io = EpollIo>: 'static {
     /// What other threads send this worker through its inbox.
     type Message: Send + 'static;
 
-    /// A connection arrived on `listener` (its index in `RuntimeConfig::listen`); non-blocking,
-    /// for `cx.io.adopt`.
+    /// A connection arrived on `listener` (its index in `RuntimeConfig::listen`), not
+    /// watched yet.
     fn on_accept(
         &mut self,
-        cx: &mut Context<'_, Self::Message>,
-        stream: std::net::TcpStream,
+        cx: &mut Context<'_, Self::Message, I>,
+        sock: I::Sock,
         peer: SocketAddr,
         listener: usize,
     );
     /// Readiness for a token `>= FIRST_CONN_TOKEN` that the app watches (`Io::watch`).
-    fn on_ready(&mut self, cx: &mut Context<'_, Self::Message>, ready: Readiness);
-    fn on_timer(&mut self, cx: &mut Context<'_, Self::Message>, key: TimerKey, at_ms: u64);
-    fn on_message(&mut self, cx: &mut Context<'_, Self::Message>, msg: Self::Message);
+    fn on_ready(&mut self, cx: &mut Context<'_, Self::Message, I>, ready: Readiness);
+    fn on_timer(&mut self, cx: &mut Context<'_, Self::Message, I>, key: TimerKey, at_ms: u64);
+    fn on_message(&mut self, cx: &mut Context<'_, Self::Message, I>, msg: Self::Message);
     /// Shutdown began: close idle connections, mark busy ones to close when done.
-    fn on_shutdown(&mut self, cx: &mut Context<'_, Self::Message>);
+    fn on_shutdown(&mut self, cx: &mut Context<'_, Self::Message, I>);
     /// Called once per loop turn before its events: the place to pick up, with one cheap check,
     /// what other threads published for this worker (a reload), so the turn's events see it.
-    fn before_turn(&mut self, _cx: &mut Context<'_, Self::Message>) {}
+    fn before_turn(&mut self, _cx: &mut Context<'_, Self::Message, I>) {}
     /// Sees the turn's events once before any is handled, so the app can act on what one
     /// event says before another event's handler runs (an idle pooled connection that became
     /// readable must be dropped before a client's request in the same turn takes it).
-    fn before_events(&mut self, _cx: &mut Context<'_, Self::Message>, _ready: &[Readiness]) {}
+    fn before_events(&mut self, _cx: &mut Context<'_, Self::Message, I>, _ready: &[Readiness]) {}
     /// Called once per loop turn after events, timers and messages.
-    fn after_turn(&mut self, _cx: &mut Context<'_, Self::Message>) {}
+    fn after_turn(&mut self, _cx: &mut Context<'_, Self::Message, I>) {}
     /// True if the app has work it postponed for fairness: the loop then polls without
     /// sleeping and calls `after_turn` again.
     fn wants_another_turn(&self) -> bool {
@@ -577,7 +579,10 @@ fn accept_batch<A: WorkerApp>(
 ) -> AcceptOutcome {
     for _ in 0..budget {
         match listener.accept() {
-            Ok((stream, peer)) => app.on_accept(cx, stream.into(), peer, index),
+            Ok((stream, peer)) => {
+                let sock = cx.io.adopt(stream.into());
+                app.on_accept(cx, sock, peer, index)
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return AcceptOutcome::Drained,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             // The peer gave up before we accepted; nothing to do.
@@ -679,13 +684,12 @@ mod shutdown_tests {
         fn on_accept(
             &mut self,
             cx: &mut Context<'_, Duration>,
-            s: std::net::TcpStream,
+            mut s: crate::io::EpollSock,
             _: SocketAddr,
             _: usize,
         ) {
             let token = FIRST_CONN_TOKEN + self.next;
             self.next += 1;
-            let mut s = cx.io.adopt(s);
             cx.io.watch(&mut s, token).unwrap();
             self.conns.insert(token, s);
         }
@@ -842,7 +846,7 @@ mod timer_tests {
         fn on_accept(
             &mut self,
             _: &mut Context<'_, u64>,
-            _: std::net::TcpStream,
+            _: crate::io::EpollSock,
             _: SocketAddr,
             _: usize,
         ) {

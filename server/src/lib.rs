@@ -221,7 +221,9 @@ impl Server {
         let runtime = tern_runtime::Runtime::start_with(
             self.config.runtime.clone(),
             after_bind,
-            move |id, inbox| worker::HttpWorker::new(id, for_workers.clone(), inbox),
+            move |id, inbox| {
+                worker::HttpWorker::<driver::Backend>::new(id, for_workers.clone(), inbox)
+            },
         )?;
         let https = (0..runtime.local_addrs().len())
             .find(|&i| self.config.listener_kinds.get(i) == Some(&ListenerKind::Https));

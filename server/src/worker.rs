@@ -48,14 +48,14 @@ pub(crate) struct Shared {
 const END_TURN_ROUNDS: usize = 8;
 
 /// The HTTP server on one worker thread.
-pub(crate) struct HttpWorker {
+pub(crate) struct HttpWorker<I: Io> {
     id: usize,
     shared: Arc<Shared>,
     inbox: InboxSender<WorkerMessage>,
     /// Boxed, so that the slot vector stays small: growing it by doubling then copies
     /// 16-byte slots, not whole connections, and leaves little freed-but-resident memory
     /// behind (idle connections are budgeted in bytes).
-    conns: Slab<Box<Entry>>,
+    conns: Slab<Box<Entry<I>>>,
     /// Connections whose flush yielded to be fair to others; driven again next turn.
     yielded: Vec<u64>,
     near_limit_at: usize,
@@ -68,7 +68,7 @@ pub(crate) struct HttpWorker {
     /// This worker's access-log buffer (with `--access-log`).
     access_log: Option<WorkerLog>,
     /// Connections to upstream servers (reverse proxy): relaying, or idle in the pool.
-    upstreams: UpstreamConns,
+    upstreams: UpstreamConns<I>,
     /// Scratch for a connection's relay ids.
     relay_ids: Vec<u32>,
     /// Reused by `end_turn`.
@@ -77,8 +77,8 @@ pub(crate) struct HttpWorker {
     turn_end_again: bool,
 }
 
-impl HttpWorker {
-    pub fn new(id: usize, shared: Arc<Shared>, inbox: InboxSender<WorkerMessage>) -> HttpWorker {
+impl<I: Io> HttpWorker<I> {
+    pub fn new(id: usize, shared: Arc<Shared>, inbox: InboxSender<WorkerMessage>) -> HttpWorker<I> {
         let seen_reloads = shared.reloads.load(Ordering::Acquire);
         let config = shared.live.load_full();
         let max = config.max_connections_per_worker;
@@ -103,7 +103,7 @@ impl HttpWorker {
 
     /// Runs the apps' end-of-turn hooks and delivers the answers they give, like inbox
     /// completions but without the message.
-    fn end_turn(&mut self, cx: &mut Context<'_, WorkerMessage>) {
+    fn end_turn(&mut self, cx: &mut Context<'_, WorkerMessage, I>) {
         let shared = self.shared.clone();
         let mut answers = std::mem::take(&mut self.turn_answers);
         self.turn_end_again = false;
@@ -157,9 +157,9 @@ impl HttpWorker {
     /// close it, queue it for another turn, or (re)arm its timer.
     fn with_conn(
         &mut self,
-        cx: &mut Context<'_, WorkerMessage>,
+        cx: &mut Context<'_, WorkerMessage, I>,
         key: u64,
-        f: impl FnOnce(&mut Entry, &mut ConnCx<'_>, &mut Sockets<'_>) -> Status,
+        f: impl FnOnce(&mut Entry<I>, &mut ConnCx<'_>, &mut Sockets<'_, I>) -> Status,
     ) {
         let near_limit = self.conns.len >= self.near_limit_at;
         let Some(entry) = self.conns.get_mut(key) else {
@@ -213,13 +213,13 @@ impl HttpWorker {
     }
 }
 
-impl HttpWorker {
+impl<I: Io> HttpWorker<I> {
     /// Readiness of an upstream connection: drive the client connection relaying through
     /// it; an idle pooled one that became readable was closed by its server (or sent
     /// something unasked) and is dropped.
     fn on_upstream_ready(
         &mut self,
-        cx: &mut Context<'_, WorkerMessage>,
+        cx: &mut Context<'_, WorkerMessage, I>,
         key: u64,
         ready: Readiness,
     ) {
@@ -241,13 +241,13 @@ impl HttpWorker {
     }
 }
 
-impl WorkerApp for HttpWorker {
+impl<I: Io> WorkerApp<I> for HttpWorker<I> {
     type Message = WorkerMessage;
 
     fn on_accept(
         &mut self,
-        cx: &mut Context<'_, WorkerMessage>,
-        stream: std::net::TcpStream,
+        cx: &mut Context<'_, WorkerMessage, I>,
+        sock: I::Sock,
         peer: SocketAddr,
         listener: usize,
     ) {
@@ -297,7 +297,7 @@ impl WorkerApp for HttpWorker {
                     tls,
                     cx.clock.now_ms(),
                 ),
-                sock: Socket::new(cx.io.adopt(stream)),
+                sock: Socket::new(sock),
                 deadline_ms: u64::MAX,
                 armed_ms: u64::MAX,
                 upstreams: Vec::new(),
@@ -321,7 +321,7 @@ impl WorkerApp for HttpWorker {
         }
     }
 
-    fn on_ready(&mut self, cx: &mut Context<'_, WorkerMessage>, ready: Readiness) {
+    fn on_ready(&mut self, cx: &mut Context<'_, WorkerMessage, I>, ready: Readiness) {
         let key = ready.token as u64;
         let readable = ready.calls_for_read();
         let fin = ready.read_closed;
@@ -333,7 +333,7 @@ impl WorkerApp for HttpWorker {
         });
     }
 
-    fn on_timer(&mut self, cx: &mut Context<'_, WorkerMessage>, key: TimerKey, at_ms: u64) {
+    fn on_timer(&mut self, cx: &mut Context<'_, WorkerMessage, I>, key: TimerKey, at_ms: u64) {
         let now = cx.clock.now_ms();
         let Some(entry) = self.conns.get_mut(key) else {
             return;
@@ -364,7 +364,7 @@ impl WorkerApp for HttpWorker {
         });
     }
 
-    fn on_message(&mut self, cx: &mut Context<'_, WorkerMessage>, msg: WorkerMessage) {
+    fn on_message(&mut self, cx: &mut Context<'_, WorkerMessage, I>, msg: WorkerMessage) {
         match msg {
             WorkerMessage::Complete {
                 conn,
@@ -382,7 +382,7 @@ impl WorkerApp for HttpWorker {
         }
     }
 
-    fn on_shutdown(&mut self, cx: &mut Context<'_, WorkerMessage>) {
+    fn on_shutdown(&mut self, cx: &mut Context<'_, WorkerMessage, I>) {
         for key in self.conns.keys() {
             self.with_conn(cx, key, |e, ccx, up| {
                 if e.conn.begin_drain(e.sock.may_read(), ccx) {
@@ -396,7 +396,7 @@ impl WorkerApp for HttpWorker {
         }
     }
 
-    fn before_events(&mut self, _cx: &mut Context<'_, WorkerMessage>, ready: &[Readiness]) {
+    fn before_events(&mut self, _cx: &mut Context<'_, WorkerMessage, I>, ready: &[Readiness]) {
         // An idle pooled upstream connection with news (bytes nobody asked for, or its close)
         // is dropped before any client event of this turn can take it from the pool; one that
         // goes idle during the turn is dropped on its event by `on_upstream_ready`.
@@ -411,7 +411,7 @@ impl WorkerApp for HttpWorker {
         }
     }
 
-    fn before_turn(&mut self, _cx: &mut Context<'_, WorkerMessage>) {
+    fn before_turn(&mut self, _cx: &mut Context<'_, WorkerMessage, I>) {
         // One uncontended load per turn (written only by a reload).
         let reloads = self.shared.reloads.load(Ordering::Acquire);
         if reloads != self.seen_reloads {
@@ -419,7 +419,7 @@ impl WorkerApp for HttpWorker {
         }
     }
 
-    fn after_turn(&mut self, cx: &mut Context<'_, WorkerMessage>) {
+    fn after_turn(&mut self, cx: &mut Context<'_, WorkerMessage, I>) {
         if !self.shared.turn_ends.is_empty() {
             self.end_turn(cx);
         }

@@ -24,6 +24,13 @@ impl EpollIo {
         EpollIo { registry }
     }
 
+    /// Takes a connection the listener accepted (not watched yet: the first request is
+    /// often there already and is served before any event).
+    pub fn adopt(&mut self, stream: std::net::TcpStream) -> EpollSock {
+        // The runtime's listeners hand out non-blocking sockets already.
+        EpollSock { fd: stream.into() }
+    }
+
     /// A backend on an epoll nobody waits on: for sockets driven by hand (tests, tools).
     pub fn detached() -> io::Result<EpollIo> {
         // The registry keeps its own descriptor of the epoll instance.
@@ -59,11 +66,6 @@ impl EpollSock {
 
 impl Io for EpollIo {
     type Sock = EpollSock;
-
-    fn adopt(&mut self, stream: std::net::TcpStream) -> EpollSock {
-        // The runtime's listeners hand out non-blocking sockets already.
-        EpollSock { fd: stream.into() }
-    }
 
     fn connect(&mut self, to: Peer<'_>) -> io::Result<EpollSock> {
         // mio's connect makes the socket non-blocking (and close-on-exec) before connecting.

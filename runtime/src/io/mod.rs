@@ -11,6 +11,7 @@
 //! move between calls.
 
 mod epoll;
+mod memory;
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use std::os::fd::RawFd;
 use std::path::Path;
 
 pub use epoll::{EpollIo, EpollSock};
+pub use memory::{MemoryAddr, MemoryIo, MemoryPeer, MemorySock};
 
 /// What the event loop learnt about one watched socket in a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,12 +77,9 @@ pub enum Waiting {
 }
 
 /// One worker's sockets. Every call is made on the worker's own thread.
-pub trait Io {
+pub trait Io: 'static {
     type Sock;
 
-    /// Takes a connection the listener accepted (not watched yet: the first request is
-    /// often there already and is served before any event).
-    fn adopt(&mut self, stream: std::net::TcpStream) -> Self::Sock;
     /// Starts an outgoing connection (non-blocking: [`Io::connected`] tells when it is up).
     fn connect(&mut self, to: Peer<'_>) -> io::Result<Self::Sock>;
     /// Reports the socket's readiness under `token` from now on, for its whole life.

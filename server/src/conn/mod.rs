@@ -546,7 +546,8 @@ mod tests {
     /// slab slot and kernel-side bookkeeping in user space included).
     #[test]
     fn an_idle_connection_is_small() {
-        let size = std::mem::size_of::<Conn>() + std::mem::size_of::<crate::driver::Socket>();
+        let size = std::mem::size_of::<Conn>()
+            + std::mem::size_of::<crate::driver::Socket<crate::driver::Backend>>();
         assert!(size <= 256, "Conn and its socket are {size} bytes");
     }
 }

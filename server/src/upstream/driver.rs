@@ -10,7 +10,9 @@ use tern_runtime::ratelog;
 use super::pool::{tls_failure, UpstreamConns};
 use super::UpstreamOutcome;
 use crate::conn::{RelayNeed, Status};
-use crate::driver::{Backend, Entry};
+use tern_runtime::io::Io;
+
+use crate::driver::Entry;
 use crate::exchange::ConnCx;
 use crate::stats::UpstreamCounter;
 
@@ -24,17 +26,17 @@ const MAX_ROUNDS: usize = 64;
 pub(crate) const MAX_UPSTREAMS_PER_CONN: usize = 16;
 
 /// The worker's sockets, lent to a connection's turn: the backend, and the upstream side.
-pub(crate) struct Sockets<'a> {
-    pub io: &'a mut Backend,
-    pub conns: &'a mut UpstreamConns,
+pub(crate) struct Sockets<'a, I: Io> {
+    pub io: &'a mut I,
+    pub conns: &'a mut UpstreamConns<I>,
     /// Scratch for the relay ids of a connection.
     pub ids: &'a mut Vec<u32>,
 }
 
 /// Drives the connection's client side, and, while it relays, its upstream side too.
-pub(crate) fn drive(
-    e: &mut Entry,
-    up: &mut Sockets<'_>,
+pub(crate) fn drive<I: Io>(
+    e: &mut Entry<I>,
+    up: &mut Sockets<'_, I>,
     readable: bool,
     fin: bool,
     cx: &mut ConnCx<'_>,
@@ -63,7 +65,7 @@ pub(crate) fn drive(
 
 /// The client connection is closing: its upstream connections (if any) are closed too; what
 /// they were relaying cannot be finished.
-pub(crate) fn abandon(e: &mut Entry, up: &mut Sockets<'_>, cx: &ConnCx<'_>) {
+pub(crate) fn abandon<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, cx: &ConnCx<'_>) {
     e.conn.abandon_relays(cx);
     for (_, key) in e.upstreams.drain(..) {
         if let Some(c) = up.conns.get_mut(key) {
@@ -80,7 +82,7 @@ pub(crate) fn abandon(e: &mut Entry, up: &mut Sockets<'_>, cx: &ConnCx<'_>) {
 
 /// One pass over what the connection's relays need. True if anything moved (the client side
 /// may then have output to send or input to take).
-fn step(e: &mut Entry, up: &mut Sockets<'_>, cx: &mut ConnCx<'_>) -> bool {
+fn step<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, cx: &mut ConnCx<'_>) -> bool {
     let mut progressed = false;
     let mut ids = std::mem::take(up.ids);
     loop {
@@ -100,12 +102,17 @@ fn step(e: &mut Entry, up: &mut Sockets<'_>, cx: &mut ConnCx<'_>) -> bool {
 }
 
 /// The upstream connection relay `id` has.
-fn attached(e: &Entry, id: u32) -> Option<u64> {
+fn attached<I: Io>(e: &Entry<I>, id: u32) -> Option<u64> {
     e.upstreams.iter().find(|(i, _)| *i == id).map(|(_, k)| *k)
 }
 
 /// What one relay needs, until it needs nothing that can be done now.
-fn step_one(e: &mut Entry, up: &mut Sockets<'_>, id: u32, cx: &mut ConnCx<'_>) -> bool {
+fn step_one<I: Io>(
+    e: &mut Entry<I>,
+    up: &mut Sockets<'_, I>,
+    id: u32,
+    cx: &mut ConnCx<'_>,
+) -> bool {
     let mut progressed = false;
     loop {
         match e.conn.relay_need(id) {
@@ -201,7 +208,7 @@ fn step_one(e: &mut Entry, up: &mut Sockets<'_>, id: u32, cx: &mut ConnCx<'_>) -
 
 /// Sends what the relay has for the upstream and reads what it will take. True if
 /// anything moved.
-fn io(e: &mut Entry, up: &mut Sockets<'_>, id: u32, cx: &mut ConnCx<'_>) -> bool {
+fn io<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, id: u32, cx: &mut ConnCx<'_>) -> bool {
     let Some(c) = attached(e, id).and_then(|k| up.conns.get_mut(k)) else {
         return false;
     };

@@ -11,25 +11,24 @@ use tern_runtime::io::{Io, Peer, Transmit, Waiting};
 use tern_runtime::ratelog;
 
 use super::{UpstreamAddr, Upstreams};
-use crate::driver::{Backend, Sock};
 use crate::slab::Slab;
 
 /// Set in the token (and slab key) of every upstream connection; client connection keys
 /// never have it (their generation is kept below 2^31).
 pub(crate) const UPSTREAM_TOKEN: u64 = 1 << 63;
 
-pub(crate) enum UpStream {
+pub(crate) enum UpStream<I: Io> {
     /// TCP or a Unix socket, bytes as they are.
-    Plain(Sock),
+    Plain(I::Sock),
     /// TCP with TLS on it (boxed: the rustls state is large, plain connections stay small).
-    Tls(Box<TlsUp>),
+    Tls(Box<TlsUp<I>>),
 }
 
 /// A TLS client connection to an upstream, driven sans-IO: the relay's bytes are encrypted
 /// into rustls and the records written to the socket; records read from the socket are
 /// decrypted into the relay's buffer.
-pub(crate) struct TlsUp {
-    sock: Sock,
+pub(crate) struct TlsUp<I: Io> {
+    sock: I::Sock,
     tls: rustls::ClientConnection,
     /// The socket reported end of file (or the peer's close_notify came with the last bytes
     /// read): a read must still report the end.
@@ -42,18 +41,18 @@ pub(crate) struct TlsUp {
 const TLS_WRITE_CHUNK: usize = 16 * 1024;
 
 /// The socket as rustls reads and writes its records: through the backend.
-struct Wire<'a> {
-    io: &'a mut Backend,
-    sock: &'a mut Sock,
+struct Wire<'a, I: Io> {
+    io: &'a mut I,
+    sock: &'a mut I::Sock,
 }
 
-impl Read for Wire<'_> {
+impl<I: Io> Read for Wire<'_, I> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.io.recv(self.sock, buf)
     }
 }
 
-impl Write for Wire<'_> {
+impl<I: Io> Write for Wire<'_, I> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let iov = [IoSlice::new(buf)];
         let what = Transmit::Memory {
@@ -72,13 +71,13 @@ impl Write for Wire<'_> {
     }
 }
 
-fn wire<'a>(sock: &'a mut Sock, io: &'a mut Backend) -> Wire<'a> {
+fn wire<'a, I: Io>(sock: &'a mut I::Sock, io: &'a mut I) -> Wire<'a, I> {
     Wire { io, sock }
 }
 
-impl TlsUp {
+impl<I: Io> TlsUp<I> {
     /// Writes the records rustls holds; WouldBlock if some remain.
-    fn flush(&mut self, io: &mut Backend) -> io::Result<()> {
+    fn flush(&mut self, io: &mut I) -> io::Result<()> {
         while self.tls.wants_write() {
             match self.tls.write_tls(&mut wire(&mut self.sock, io)) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -91,7 +90,7 @@ impl TlsUp {
     }
 
     /// Reads records into rustls; Ok(false) at end of file.
-    fn take_records(&mut self, io: &mut Backend) -> io::Result<bool> {
+    fn take_records(&mut self, io: &mut I) -> io::Result<bool> {
         loop {
             match self.tls.read_tls(&mut wire(&mut self.sock, io)) {
                 Ok(0) => {
@@ -114,7 +113,7 @@ impl TlsUp {
 
     /// Moves the handshake on: true once it is done. A failed handshake's error holds the
     /// `rustls::Error` (see [`tls_failure`]).
-    fn handshake(&mut self, io: &mut Backend, may_read: &mut bool) -> io::Result<bool> {
+    fn handshake(&mut self, io: &mut I, may_read: &mut bool) -> io::Result<bool> {
         loop {
             match self.flush(io) {
                 Ok(()) => {}
@@ -146,7 +145,7 @@ impl TlsUp {
 
     /// Fills `buf` with plaintext as far as there is any: a short read means both the
     /// socket and rustls are drained (or the socket ended: [`UpStream::holds_more`]).
-    fn read(&mut self, io: &mut Backend, buf: &mut [u8]) -> io::Result<usize> {
+    fn read(&mut self, io: &mut I, buf: &mut [u8]) -> io::Result<usize> {
         let mut n = 0;
         loop {
             match self.tls.reader().read(&mut buf[n..]) {
@@ -182,7 +181,7 @@ impl TlsUp {
         }
     }
 
-    fn write(&mut self, io: &mut Backend, buf: &[u8]) -> io::Result<usize> {
+    fn write(&mut self, io: &mut I, buf: &[u8]) -> io::Result<usize> {
         self.flush(io)?;
         let n = self
             .tls
@@ -200,7 +199,7 @@ impl TlsUp {
 
     /// Between exchanges: plaintext nobody asked for, the end, or nothing (records that carry
     /// no data, such as a late session ticket, are taken and say nothing).
-    fn waiting(&mut self, io: &mut Backend) -> Waiting {
+    fn waiting(&mut self, io: &mut I) -> Waiting {
         loop {
             match self.tls.process_new_packets() {
                 Ok(state) if state.plaintext_bytes_to_read() > 0 => return Waiting::Bytes,
@@ -226,22 +225,22 @@ pub(crate) fn tls_failure(e: &io::Error) -> Option<&rustls::Error> {
     e.get_ref().and_then(|inner| inner.downcast_ref())
 }
 
-impl UpStream {
-    fn sock(&mut self) -> &mut Sock {
+impl<I: Io> UpStream<I> {
+    fn sock(&mut self) -> &mut I::Sock {
         match self {
             UpStream::Plain(s) => s,
             UpStream::Tls(t) => &mut t.sock,
         }
     }
 
-    pub fn read(&mut self, io: &mut Backend, buf: &mut [u8]) -> io::Result<usize> {
+    pub fn read(&mut self, io: &mut I, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             UpStream::Plain(s) => io.recv(s, buf),
             UpStream::Tls(t) => t.read(io, buf),
         }
     }
 
-    pub fn write(&mut self, io: &mut Backend, buf: &[u8]) -> io::Result<usize> {
+    pub fn write(&mut self, io: &mut I, buf: &[u8]) -> io::Result<usize> {
         match self {
             UpStream::Plain(s) => wire(s, io).write(buf),
             UpStream::Tls(t) => t.write(io, buf),
@@ -251,7 +250,7 @@ impl UpStream {
     /// Sends our end of the stream (a tunnel's client ended its side); reading goes on. Over
     /// TLS that is close_notify, then the FIN once it is written (if the socket is full now,
     /// `flush_pending` writes it later and the FIN is left out: close_notify says it all).
-    pub fn shutdown_write(&mut self, io: &mut Backend) -> io::Result<()> {
+    pub fn shutdown_write(&mut self, io: &mut I) -> io::Result<()> {
         match self {
             UpStream::Plain(s) => io.shutdown_write(s),
             UpStream::Tls(t) => {
@@ -266,7 +265,7 @@ impl UpStream {
     }
 
     /// Writes what TLS still holds from earlier writes (a plain socket holds nothing back).
-    pub fn flush_pending(&mut self, io: &mut Backend) -> io::Result<()> {
+    pub fn flush_pending(&mut self, io: &mut I) -> io::Result<()> {
         match self {
             UpStream::Tls(t) => match t.flush(io) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
@@ -290,7 +289,7 @@ impl UpStream {
     /// the answer to a request smuggled in a body the server did not read as one), and the
     /// next request sent on it would be answered with them. Edge-triggered readiness cannot
     /// tell: the bytes may have come with the last answer's, in the read that ended it.
-    pub fn waiting(&mut self, io: &mut Backend) -> Waiting {
+    pub fn waiting(&mut self, io: &mut I) -> Waiting {
         match self {
             UpStream::Plain(s) => io.peek(s),
             UpStream::Tls(t) => t.waiting(io),
@@ -299,8 +298,8 @@ impl UpStream {
 }
 
 /// One upstream connection.
-pub(crate) struct UpConn {
-    pub stream: UpStream,
+pub(crate) struct UpConn<I: Io> {
+    pub stream: UpStream<I>,
     pub set: Arc<dyn Upstreams>,
     pub server: usize,
     /// The client connection relaying through it; 0 while idle in the pool.
@@ -316,7 +315,7 @@ pub(crate) struct UpConn {
     idle_until_ms: u64,
 }
 
-impl UpConn {
+impl<I: Io> UpConn<I> {
     /// An event for this connection.
     pub fn note_event(&mut self, readable: bool, writable: bool, fin: bool) {
         if readable || fin {
@@ -332,7 +331,7 @@ impl UpConn {
 
     /// For a connection still connecting: has it connected (or failed) since? With TLS,
     /// connected means the handshake is done too.
-    pub fn poll_connected(&mut self, io: &mut Backend) -> io::Result<bool> {
+    pub fn poll_connected(&mut self, io: &mut I) -> io::Result<bool> {
         if !self.connected {
             if !self.write_event {
                 return Ok(false);
@@ -349,8 +348,8 @@ impl UpConn {
     }
 }
 
-pub(crate) struct UpstreamConns {
-    slab: Slab<UpConn>,
+pub(crate) struct UpstreamConns<I: Io> {
+    slab: Slab<UpConn<I>>,
     /// Idle connections by (pool key, server), most recently used last.
     idle: HashMap<(u64, usize), Vec<u64>>,
     idle_count: usize,
@@ -358,7 +357,7 @@ pub(crate) struct UpstreamConns {
     swept_ms: u64,
 }
 
-impl Default for UpstreamConns {
+impl<I: Io> Default for UpstreamConns<I> {
     fn default() -> Self {
         UpstreamConns {
             slab: Slab::new(UPSTREAM_TOKEN),
@@ -369,8 +368,8 @@ impl Default for UpstreamConns {
     }
 }
 
-impl UpstreamConns {
-    pub fn get_mut(&mut self, key: u64) -> Option<&mut UpConn> {
+impl<I: Io> UpstreamConns<I> {
+    pub fn get_mut(&mut self, key: u64) -> Option<&mut UpConn<I>> {
         self.slab.get_mut(key)
     }
 
@@ -393,7 +392,7 @@ impl UpstreamConns {
         set: &Arc<dyn Upstreams>,
         server: usize,
         owner: u64,
-        io: &mut Backend,
+        io: &mut I,
     ) -> io::Result<u64> {
         let stream = match set.addr(server) {
             UpstreamAddr::Tcp(addr) => {
@@ -464,7 +463,7 @@ impl UpstreamConns {
     /// Puts a connection whose exchange ended cleanly into the pool, or closes it if the
     /// pool for its server is full or anything waits in its socket (see
     /// [`UpStream::waiting`]).
-    pub fn release(&mut self, key: u64, io: &mut Backend, now_ms: u64) {
+    pub fn release(&mut self, key: u64, io: &mut I, now_ms: u64) {
         let Some(conn) = self.get_mut(key) else {
             return;
         };
@@ -542,11 +541,13 @@ impl UpstreamConns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tern_runtime::io::EpollSock;
+    use tern_runtime::io::{EpollIo, EpollSock};
+
+    type Backend = EpollIo;
 
     /// Waits (bounded) until `stream` reports anything but `Nothing`: loopback delivery is
     /// not instant.
-    fn settled(stream: &mut UpStream, io: &mut Backend) -> Waiting {
+    fn settled(stream: &mut UpStream<Backend>, io: &mut Backend) -> Waiting {
         for _ in 0..500 {
             let w = stream.waiting(io);
             if w != Waiting::Nothing {
