@@ -42,6 +42,11 @@ pub(crate) struct Socket<I: Io> {
     /// epoll reported the peer's FIN: a short read does not mean drained then, the EOF still
     /// has to be read (edge-triggered epoll will not report it again).
     peer_fin: bool,
+    /// While output waits: some of it went out since the write period began. The socket
+    /// was full when the period began, so a send that succeeded since means the client's
+    /// side took bytes (and that our refills may keep the kernel's queue as full as
+    /// `unacked_mark` says it was).
+    sent_in_period: bool,
     /// While output waits: the kernel's unacknowledged bytes when the write period began,
     /// to tell a slow reader (it shrinks) from one that stopped (it does not).
     unacked_mark: u32,
@@ -58,6 +63,7 @@ impl<I: Io> Socket<I> {
             sock,
             may_read: true,
             peer_fin: false,
+            sent_in_period: false,
             unacked_mark: 0,
             write_deadline_ms: None,
         }
@@ -191,6 +197,7 @@ fn send<I: Io>(
             Ok(Some(n)) => {
                 conn.handle_sent(n);
                 *written += n;
+                sock.sent_in_period |= n > 0 && sock.write_deadline_ms.is_some();
             }
             Ok(None) => return Sent::Blocked,
             Err(_) => return Sent::Failed,
@@ -250,14 +257,17 @@ pub(crate) fn write_period<I: Io>(
     }
     // An error leaves 0, which nothing can undercut: the stall then times out.
     sock.unacked_mark = io.unacked_bytes(&sock.sock).unwrap_or(0);
+    sock.sent_in_period = false;
     sock.write_deadline_ms = Some(deadline);
     deadline
 }
 
-/// The write deadline passed, but the client acknowledged some of our output since the
-/// period began: it is reading, only slower than the kernel wakes us (epoll reports a socket
-/// writable only once a third of its send buffer is free). Such a client gets another period
-/// (the next [`write_period`] starts one); one that acknowledged nothing is cut off.
+/// The write deadline passed, but the client took some of our output since the period
+/// began: more of it went out (room freed up, and we filled it again), or the kernel holds
+/// fewer unacknowledged bytes than then (it reads, only slower than the kernel wakes us:
+/// epoll reports a socket writable only once a third of its send buffer is free). Such a
+/// client gets another period (the next [`write_period`] starts one); one that took nothing
+/// is cut off.
 pub(crate) fn still_reading<I: Io>(
     conn: &Conn,
     sock: &mut Socket<I>,
@@ -265,9 +275,10 @@ pub(crate) fn still_reading<I: Io>(
     cx: &ConnCx<'_>,
 ) -> bool {
     let reading = conn.next_deadline(cx).1 == Timeout::Write
-        && io
-            .unacked_bytes(&sock.sock)
-            .is_ok_and(|n| n < sock.unacked_mark);
+        && (sock.sent_in_period
+            || io
+                .unacked_bytes(&sock.sock)
+                .is_ok_and(|n| n < sock.unacked_mark));
     if reading {
         sock.write_deadline_ms = None;
     }

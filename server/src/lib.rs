@@ -14,6 +14,7 @@ mod exchange;
 mod guard;
 mod handler;
 mod identity;
+mod memory_worker;
 pub mod negotiate;
 mod request_id;
 mod response;

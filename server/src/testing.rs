@@ -24,6 +24,10 @@ use crate::stats::Stats;
 use crate::upstream::{Forward, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
 use tern_runtime::io::Waiting;
 
+/// The whole worker over sockets in memory, with a manual clock (see `memory_worker.rs`).
+pub use crate::memory_worker::MemoryWorker;
+pub use tern_runtime::io::{MemoryAddr, MemoryPeer};
+
 /// The borrowed worker state a step of the connection runs with (a macro: it borrows
 /// fields of the `MemoryConn` one by one, leaving `conn` and `output` free).
 macro_rules! conn_cx {

@@ -95,6 +95,7 @@ const FILES: &[(&str, &str)] = &[
     ("upstream/pool.rs", "driver"),
     ("worker.rs", "worker"),
     ("testing.rs", "worker"),
+    ("memory_worker.rs", "worker"),
     ("lib.rs", "root"),
 ];
 

@@ -1,0 +1,466 @@
+//! The real worker (`HttpWorker`: connections, relays, timers, deferred replies, bans)
+//! driven over sockets in memory (`tern_runtime::io::MemoryIo`) with a clock that moves only
+//! when the test says so. What needs seconds of waiting and real sockets elsewhere (a header
+//! timeout, a write stall, idle keep-alive, a slow client's strikes) is a few calls here,
+//! exact and without sleeping. The turn is the epoll loop's (`runtime/src/worker.rs`), in
+//! the same order: reports, inbox, expired timers, end of turn.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tern_runtime::io::{MemoryIo, MemoryPeer};
+use tern_runtime::{BufPool, Clock, Context, DetachedInbox, InboxSender, TimerWheel, WorkerApp};
+
+/// The context the worker borrows for a call, from the harness's fields (written out so the
+/// worker itself stays borrowable beside it).
+macro_rules! context {
+    ($h:expr) => {
+        Context {
+            io: &mut $h.io,
+            clock: &$h.clock,
+            timers: &mut $h.timers,
+            buffers: &mut $h.buffers,
+            inbox: &$h.sender,
+            worker_id: 0,
+            stopping: $h.draining,
+            draining: $h.draining,
+        }
+    };
+}
+
+use crate::bans::Bans;
+use crate::config::ServerConfig;
+use crate::handler::WorkerMessage;
+use crate::router::Router;
+use crate::stats::{Counter, Stats, StatsSnapshot};
+use crate::worker::{HttpWorker, Shared};
+
+/// Turns `settle` may take before it gives up: a worker that never goes quiet is a bug the
+/// test should see, not a hang.
+const MAX_TURNS: usize = 10_000;
+
+/// One worker, its sockets in memory and a manual clock.
+pub struct MemoryWorker {
+    worker: HttpWorker<MemoryIo>,
+    shared: Arc<Shared>,
+    io: MemoryIo,
+    clock: Clock,
+    timers: TimerWheel,
+    buffers: BufPool,
+    inbox: DetachedInbox<WorkerMessage>,
+    sender: InboxSender<WorkerMessage>,
+    fired: Vec<(u64, u64)>,
+    draining: bool,
+    next_port: u16,
+}
+
+impl MemoryWorker {
+    /// A worker serving `router` with `config` (its listener kinds say what connection 0,
+    /// 1... of `connect` speak), with `bans` if given.
+    pub fn new(router: Router, config: ServerConfig, bans: Option<Arc<Bans>>) -> MemoryWorker {
+        let stats = Stats::new(1);
+        let shared = Arc::new(Shared {
+            router,
+            config: config.clone(),
+            stats,
+            live: arc_swap::ArcSwap::from_pointee(config.clone()),
+            reloads: std::sync::atomic::AtomicU64::new(0),
+            tls: None,
+            hsts_line: None,
+            https_port: std::sync::atomic::AtomicU16::new(0),
+            bans,
+            access_logs: Vec::new(),
+            turn_ends: Vec::new(),
+            reload_hooks: Vec::new(),
+        });
+        let inbox = DetachedInbox::new(1024).expect("a poll instance");
+        let sender = inbox.sender();
+        let worker = HttpWorker::new(0, shared.clone(), sender.clone());
+        MemoryWorker {
+            worker,
+            shared,
+            io: MemoryIo::new(),
+            // A fixed wall clock: the Date line is the same in every run.
+            clock: Clock::manual(1_800_000_000),
+            // The runtime's own wheel: 100 ms ticks.
+            timers: TimerWheel::new(100, 1024),
+            buffers: BufPool::new(4096, 16 * 1024, 32),
+            inbox,
+            sender,
+            fired: Vec::new(),
+            draining: false,
+            next_port: 40_000,
+        }
+    }
+
+    /// A client connects from 192.0.2.1 (a new port each time) and has already sent
+    /// `first` (as TCP_DEFER_ACCEPT hands over a connection with its first bytes); the
+    /// worker serves it at once, then the loop settles.
+    pub fn connect(&mut self, first: &[u8]) -> MemoryPeer {
+        self.next_port += 1;
+        self.connect_from(SocketAddr::from(([192, 0, 2, 1], self.next_port)), first)
+    }
+
+    /// As [`MemoryWorker::connect`], from `peer`, on listener 0.
+    pub fn connect_from(&mut self, peer: SocketAddr, first: &[u8]) -> MemoryPeer {
+        self.connect_with(peer, first, |_| {})
+    }
+
+    /// As [`MemoryWorker::connect_from`], with the client's socket set up by `set` first
+    /// (its room, its read size).
+    pub fn connect_with(
+        &mut self,
+        peer: SocketAddr,
+        first: &[u8],
+        set: impl FnOnce(&MemoryPeer),
+    ) -> MemoryPeer {
+        let (sock, client) = self.io.pair();
+        set(&client);
+        client.write(first);
+        let mut cx = context!(self);
+        // (The runtime's epoll loop makes the same call after `accept`.)
+        self.worker.on_accept(&mut cx, sock, peer, 0);
+        self.settle();
+        client
+    }
+
+    /// The sockets, to let the worker connect to upstreams (`listen`) and take them
+    /// (`accept`).
+    pub fn io(&mut self) -> &mut MemoryIo {
+        &mut self.io
+    }
+
+    /// Runs loop turns until nothing is left to do now: every report, message and due
+    /// timer handled.
+    pub fn settle(&mut self) {
+        for _ in 0..MAX_TURNS {
+            if !self.turn() {
+                return;
+            }
+        }
+        panic!("the worker did not settle in {MAX_TURNS} turns");
+    }
+
+    /// Moves the clock on by `by`, then settles (timers due by then fire).
+    pub fn advance(&mut self, by: Duration) {
+        // In steps of a tick at most, as a sleeping worker would wake for each deadline.
+        let mut left = by.as_millis() as u64;
+        while left > 0 {
+            let step = left.min(100);
+            self.clock.advance_ms(step);
+            left -= step;
+            self.settle();
+        }
+    }
+
+    /// Begins shutdown as the runtime does once its settle time is over: idle connections
+    /// close, busy ones finish with `Connection: close`.
+    pub fn drain(&mut self) {
+        self.draining = true;
+        let mut cx = context!(self);
+        self.worker.on_shutdown(&mut cx);
+        self.settle();
+    }
+
+    /// Open connections.
+    pub fn connections(&self) -> usize {
+        WorkerApp::<MemoryIo>::connections(&self.worker)
+    }
+
+    pub fn counter(&self, c: Counter) -> u64 {
+        self.stats().get(c)
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.stats.snapshot()
+    }
+
+    /// Milliseconds on the worker's clock.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// One loop turn; false if there was nothing to do.
+    fn turn(&mut self) -> bool {
+        let ready = self.io.take_reports();
+        let messages = !self.inbox.inbox().is_empty();
+        self.timers.expire(self.clock.now_ms(), &mut self.fired);
+        let timers = !self.fired.is_empty();
+        let again = WorkerApp::<MemoryIo>::wants_another_turn(&self.worker);
+        if ready.is_empty() && !messages && !timers && !again {
+            return false;
+        }
+        let fired = std::mem::take(&mut self.fired);
+        let worker = &mut self.worker;
+        let inbox = &self.inbox;
+        let mut cx = context!(self);
+        worker.before_turn(&mut cx);
+        worker.before_events(&mut cx, &ready);
+        for r in &ready {
+            worker.on_ready(&mut cx, *r);
+        }
+        inbox.inbox().drain(|m| worker.on_message(&mut cx, m));
+        for (key, at) in fired {
+            worker.on_timer(&mut cx, key, at);
+        }
+        worker.after_turn(&mut cx);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handler::{Pending, Reply};
+    use crate::response::{Body, Response};
+    use crate::BanConfig;
+    use std::sync::Mutex;
+    use tern_runtime::io::MemoryAddr;
+
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+
+    fn config() -> ServerConfig {
+        ServerConfig {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
+            ..ServerConfig::default()
+        }
+    }
+
+    fn hello() -> Router {
+        Router::new().fallback(
+            |_: &crate::Request<'_>, _: &mut crate::HandlerContext<'_>| {
+                Reply::Now(Response::text(200, "hello"))
+            },
+        )
+    }
+
+    fn text(bytes: &[u8]) -> String {
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_slow_head_gets_408_at_the_header_timeout_not_before() {
+        let mut w = MemoryWorker::new(hello(), config(), None);
+        let c = w.connect(b"GET / HTTP/1.1\r\nHost: a\r\n");
+        w.advance(Duration::from_millis(9_800));
+        assert_eq!(w.connections(), 1);
+        assert!(c.read().is_empty());
+        w.advance(Duration::from_millis(400));
+        let out = text(&c.read());
+        assert!(out.starts_with("HTTP/1.1 408 "), "{out}");
+        assert!(c.closed_by_worker());
+        assert_eq!(w.connections(), 0);
+        assert_eq!(w.counter(Counter::TimeoutHeader), 1);
+    }
+
+    #[test]
+    fn an_idle_keep_alive_connection_closes_silently_at_the_idle_timeout() {
+        let mut w = MemoryWorker::new(hello(), config(), None);
+        let c = w.connect(GET);
+        assert!(text(&c.read()).starts_with("HTTP/1.1 200 OK"));
+        w.advance(59 * SECOND);
+        assert_eq!(w.connections(), 1, "idle, but not for long enough");
+        // A second request on it: the idle period starts again from its answer.
+        c.write(GET);
+        w.settle();
+        assert!(text(&c.read()).starts_with("HTTP/1.1 200 OK"));
+        w.advance(59 * SECOND);
+        assert_eq!(w.connections(), 1);
+        w.advance(2 * SECOND);
+        assert!(c.closed_by_worker());
+        assert!(c.read().is_empty(), "closed without a word");
+        assert_eq!(w.counter(Counter::TimeoutIdle), 1);
+        assert_eq!(w.counter(Counter::TimeoutHeader), 0);
+    }
+
+    fn big(len: usize) -> Router {
+        Router::new().fallback(
+            move |_: &crate::Request<'_>, _: &mut crate::HandlerContext<'_>| {
+                Reply::Now(Response::new(200).with_body(Body::Owned(vec![b'x'; len])))
+            },
+        )
+    }
+
+    /// A client that reads nothing is cut off once the write timeout passes with nothing
+    /// acknowledged; one that reads, however slowly, keeps its connection and gets it all.
+    #[test]
+    fn a_stalled_reader_is_cut_off_at_the_write_timeout_and_a_slow_one_is_not() {
+        let len = 256 * 1024;
+        let mut w = MemoryWorker::new(big(len), config(), None);
+        let peer = SocketAddr::from(([192, 0, 2, 7], 1000));
+        let stalled = w.connect_with(peer, GET, |c| c.set_room(32 * 1024));
+        assert_eq!(stalled.unread(), 32 * 1024, "the room is full");
+        w.advance(29 * SECOND);
+        assert!(!stalled.closed_by_worker());
+        w.advance(2 * SECOND);
+        assert!(stalled.closed_by_worker());
+        assert_eq!(w.counter(Counter::TimeoutWrite), 1);
+
+        let slow = w.connect_with(peer, GET, |c| c.set_room(32 * 1024));
+        let mut got = slow.read_some(4096);
+        // 4 KiB every 20 s: less than a write period's worth of room, but steady. Once the
+        // whole answer is handed over (the rest waits in the "kernel"), the connection is
+        // idle and may close; what was sent is still delivered, as a TCP close delivers it.
+        while slow.unread() > 0 || !slow.closed_by_worker() {
+            w.advance(20 * SECOND);
+            got.extend(slow.read_some(4096));
+        }
+        let body_at = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        assert_eq!(got.len() - body_at, len, "the whole answer");
+        assert_eq!(w.counter(Counter::TimeoutWrite), 1, "only the stalled one");
+        assert_eq!(
+            w.counter(Counter::TimeoutIdle),
+            1,
+            "the slow one, once all was sent"
+        );
+    }
+
+    type Parked = Arc<Mutex<Vec<Pending>>>;
+
+    fn deferring(parked: Parked) -> Router {
+        Router::new().fallback(
+            move |req: &crate::Request<'_>, cx: &mut crate::HandlerContext<'_>| {
+                if req.path() == "/later" {
+                    parked.lock().unwrap().push(cx.defer());
+                    Reply::Later
+                } else {
+                    Reply::Now(Response::text(200, "now"))
+                }
+            },
+        )
+    }
+
+    /// A deferred reply completed from elsewhere reaches its connection through the inbox;
+    /// the request pipelined behind it waits its turn, and the answers leave in order.
+    #[test]
+    fn a_deferred_reply_goes_out_first_and_the_pipelined_request_waits_for_it() {
+        let parked = Parked::default();
+        let mut w = MemoryWorker::new(deferring(parked.clone()), config(), None);
+        let c = w
+            .connect(b"GET /later HTTP/1.1\r\nHost: a\r\n\r\nGET /now HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(c.read().is_empty());
+        let pending = parked.lock().unwrap().pop().expect("deferred");
+        // Time passes while the reply is being made: no timeout applies to the wait.
+        w.advance(90 * SECOND);
+        assert_eq!(w.connections(), 1);
+        assert!(pending.complete(Response::text(201, "later")).is_ok());
+        w.settle();
+        let out = text(&c.read());
+        let later = out.find("HTTP/1.1 201").expect("the deferred answer");
+        let now = out.find("HTTP/1.1 200").expect("the pipelined answer");
+        assert!(later < now, "{out}");
+    }
+
+    /// Draining: an idle connection closes at once; one waiting for its deferred reply gets
+    /// it, marked `Connection: close`, and then closes.
+    #[test]
+    fn draining_closes_idle_connections_and_finishes_busy_ones() {
+        let parked = Parked::default();
+        let mut w = MemoryWorker::new(deferring(parked.clone()), config(), None);
+        let idle = w.connect(b"GET /now HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(text(&idle.read()).contains("200 OK"));
+        let busy = w.connect(b"GET /later HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.drain();
+        assert!(idle.closed_by_worker());
+        assert!(!busy.closed_by_worker());
+        let pending = parked.lock().unwrap().pop().unwrap();
+        assert!(pending.complete(Response::text(200, "done")).is_ok());
+        w.settle();
+        let out = text(&busy.read()).to_ascii_lowercase();
+        assert!(out.contains("connection: close"), "{out}");
+        assert!(busy.closed_by_worker());
+        assert_eq!(w.connections(), 0);
+    }
+
+    /// Slow heads from one address are strikes; enough of them ban it, and its next
+    /// connection is closed at accept, unread.
+    #[test]
+    fn slow_heads_strike_then_ban_the_peer() {
+        let bans = Arc::new(Bans::new(BanConfig {
+            after_strikes: 2,
+            ..BanConfig::default()
+        }));
+        let mut w = MemoryWorker::new(hello(), config(), Some(bans));
+        let slowloris = SocketAddr::from(([198, 51, 100, 9], 5000));
+        for _ in 0..2 {
+            let c = w.connect_from(slowloris, b"GET / HTTP/1.1\r\n");
+            w.advance(11 * SECOND);
+            assert!(c.closed_by_worker());
+        }
+        assert_eq!(w.counter(Counter::BansAdded), 1);
+        let c = w.connect_from(slowloris, GET);
+        assert!(c.closed_by_worker());
+        assert!(c.read().is_empty());
+        assert_eq!(w.counter(Counter::ConnectionsBanned), 1);
+        // Others are served as before.
+        let other = w.connect(GET);
+        assert!(text(&other.read()).starts_with("HTTP/1.1 200"));
+    }
+
+    fn proxy() -> (MemoryWorker, MemoryAddr) {
+        let upstream = Arc::new(crate::testing::MemoryUpstream::default());
+        let router = Router::new().fallback(crate::testing::ForwardAll(upstream));
+        let mut w = MemoryWorker::new(router, config(), None);
+        let addr = MemoryAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 9)));
+        w.io().listen(addr.clone());
+        (w, addr)
+    }
+
+    /// The relay over sockets in memory: the request reaches the upstream the test plays,
+    /// its answer the client; the upstream connection is pooled and reused, unless it holds
+    /// bytes no request asked for, which close it instead.
+    #[test]
+    fn a_proxied_exchange_pools_its_connection_and_a_stray_byte_unpools_it() {
+        let (mut w, addr) = proxy();
+        let c = w.connect(b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n");
+        let up = w.io().accept(&addr).expect("the worker connected");
+        assert!(text(&up.read()).starts_with("GET /a HTTP/1.1\r\n"));
+        up.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst");
+        w.settle();
+        let out = text(&c.read());
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK") && out.ends_with("first"),
+            "{out}"
+        );
+
+        c.write(b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.settle();
+        assert!(
+            w.io().accept(&addr).is_none(),
+            "the pooled connection is reused"
+        );
+        assert!(text(&up.read()).starts_with("GET /b HTTP/1.1\r\n"));
+        // The answer, and one byte more that no request asked for.
+        up.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecondX");
+        w.settle();
+        assert!(text(&c.read()).ends_with("second"));
+        assert!(up.closed_by_worker(), "not pooled with a stray byte in it");
+
+        c.write(b"GET /c HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.settle();
+        let fresh = w.io().accept(&addr).expect("a new connection");
+        assert!(text(&fresh.read()).starts_with("GET /c HTTP/1.1\r\n"));
+    }
+
+    /// An upstream that never answers: 504 at the first-byte timeout, exactly then.
+    #[test]
+    fn a_silent_upstream_gets_504_at_its_first_byte_timeout() {
+        let (mut w, addr) = proxy();
+        let first_byte = crate::upstream::UpstreamTimeouts::default().first_byte;
+        let c = w.connect(GET);
+        let up = w.io().accept(&addr).unwrap();
+        assert!(!up.read().is_empty());
+        w.advance(first_byte - SECOND);
+        assert!(c.read().is_empty(), "still waiting");
+        w.advance(2 * SECOND);
+        let out = text(&c.read());
+        assert!(out.starts_with("HTTP/1.1 504 "), "{out}");
+        assert!(up.closed_by_worker());
+        assert_eq!(w.connections(), 1, "the client's connection goes on");
+    }
+}
