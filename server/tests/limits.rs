@@ -355,6 +355,36 @@ fn write_timeout_spares_a_client_that_reads_slowly() {
     );
 }
 
+/// A client reading steadily, fast enough that the kernel wakes tern to refill its socket
+/// within a write period: tern's refills keep the send queue as full as when the period
+/// began, so only the bytes sent since show that it reads. Before that counted, such a
+/// client (2 MB/s here) was cut off after a few periods.
+#[test]
+fn write_timeout_spares_a_steady_reader_whose_reads_let_tern_refill() {
+    let server = start(|c| c.write_timeout = Duration::from_secs(1));
+    let stats = server.stats();
+    let mut s = connect(server.local_addr());
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut got = 0usize;
+    // 16 KiB every 8 ms: about 2 MB/s, for 5 write periods.
+    let mut next = started;
+    while started.elapsed() < Duration::from_secs(5) {
+        next += Duration::from_millis(8);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        let n = s.read(&mut buf).expect("the reader is still served");
+        assert!(n > 0, "closed after {got} bytes in {:?}", started.elapsed());
+        got += n;
+    }
+    assert_eq!(
+        stats.snapshot().get(Counter::TimeoutWrite),
+        0,
+        "a reading client was timed out ({got} bytes read)"
+    );
+}
+
 #[test]
 fn connection_limit_refuses_extras_and_near_it_keep_alive_stops() {
     const MAX: usize = 20;
