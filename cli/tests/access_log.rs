@@ -670,17 +670,7 @@ fn tern_run_writes_each_site_to_its_own_log() {
         ),
     )
     .unwrap();
-    let mut cmd = std::process::Command::new(TERN);
-    cmd.arg("run").arg("--config").arg(&conf);
-    cmd.args([
-        "--listen",
-        "127.0.0.1:0",
-        "--workers",
-        "2",
-        "--sandbox",
-        "on",
-    ]);
-    let tern = Tern::spawn(cmd);
+    let tern = Tern::start_run_workers(&conf, 2);
     let get = |host: &str, ua: &str| {
         let mut c = tern.client();
         c.send(

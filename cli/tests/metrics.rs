@@ -243,17 +243,7 @@ fn routes_have_their_own_answers_histograms_and_upstream_counters() {
         ),
     )
     .unwrap();
-    let mut cmd = Command::new(TERN);
-    cmd.arg("run").arg("--config").arg(&config);
-    cmd.args([
-        "--listen",
-        "127.0.0.1:0",
-        "--workers",
-        "2",
-        "--sandbox",
-        "on",
-    ]);
-    let tern = Tern::spawn(cmd);
+    let tern = Tern::start_run_workers(&config, 2);
     assert!(tern.line.starts_with("tern: running "), "{}", tern.line);
 
     // One client connection, so one worker and its pool: each group connects once, then

@@ -324,6 +324,23 @@ fn write_timeout_drops_a_client_that_stops_reading() {
     assert_eq!(snap.get(Counter::TimeoutIdle), 0);
 }
 
+/// Reads up to 16 KiB every `every` for `total`, on a fixed schedule; the bytes read. The
+/// server must keep the connection open all along.
+fn read_paced(s: &mut TcpStream, every: Duration, total: Duration) -> usize {
+    let started = Instant::now();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut got = 0usize;
+    let mut next = started;
+    while started.elapsed() < total {
+        next += every;
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        let n = s.read(&mut buf).expect("the reader is still served");
+        assert!(n > 0, "closed after {got} bytes in {:?}", started.elapsed());
+        got += n;
+    }
+    got
+}
+
 #[test]
 fn write_timeout_spares_a_client_that_reads_slowly() {
     // 16 KiB every 100 ms: far slower than the kernel's "writable" wake-ups (a third of a
@@ -333,15 +350,11 @@ fn write_timeout_spares_a_client_that_reads_slowly() {
     let mut s = connect(server.local_addr());
     s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
-    let started = Instant::now();
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut got = 0usize;
-    while started.elapsed() < Duration::from_millis(3500) {
-        std::thread::sleep(Duration::from_millis(100));
-        let n = s.read(&mut buf).expect("the slow reader is still served");
-        assert!(n > 0, "closed after {got} bytes in {:?}", started.elapsed());
-        got += n;
-    }
+    let got = read_paced(
+        &mut s,
+        Duration::from_millis(100),
+        Duration::from_millis(3500),
+    );
     assert_eq!(
         stats.snapshot().get(Counter::TimeoutWrite),
         0,
@@ -366,18 +379,8 @@ fn write_timeout_spares_a_steady_reader_whose_reads_let_tern_refill() {
     let mut s = connect(server.local_addr());
     s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
-    let started = Instant::now();
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut got = 0usize;
     // 16 KiB every 8 ms: about 2 MB/s, for 5 write periods.
-    let mut next = started;
-    while started.elapsed() < Duration::from_secs(5) {
-        next += Duration::from_millis(8);
-        std::thread::sleep(next.saturating_duration_since(Instant::now()));
-        let n = s.read(&mut buf).expect("the reader is still served");
-        assert!(n > 0, "closed after {got} bytes in {:?}", started.elapsed());
-        got += n;
-    }
+    let got = read_paced(&mut s, Duration::from_millis(8), Duration::from_secs(5));
     assert_eq!(
         stats.snapshot().get(Counter::TimeoutWrite),
         0,

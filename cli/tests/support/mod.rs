@@ -138,22 +138,27 @@ impl Tern {
         )
     }
 
-    /// `tern demo --data DATA --listen 127.0.0.1:0 --workers 2 EXTRA...` (the IPv4 Games),
-    /// waiting for the start-up line.
     /// `tern run --config CONF` on a free port, one worker, sandboxed.
     pub fn start_run(conf: &Path) -> Tern {
+        Tern::start_run_workers(conf, 1)
+    }
+
+    /// `tern run --config CONF` on a free port with `workers` workers, sandboxed.
+    pub fn start_run_workers(conf: &Path, workers: usize) -> Tern {
         let mut cmd = Command::new(TERN);
         cmd.arg("run").arg("--config").arg(conf).args([
             "--listen",
             "127.0.0.1:0",
             "--workers",
-            "1",
+            &workers.to_string(),
             "--sandbox",
             "on",
         ]);
         Tern::spawn(cmd)
     }
 
+    /// `tern demo --data DATA --listen 127.0.0.1:0 --workers 2 EXTRA...` (the IPv4 Games),
+    /// waiting for the start-up line.
     pub fn start_demo(data: &Path, extra: &[&str]) -> Tern {
         let tern = Tern::spawn(demo_command(data, LISTEN, extra));
         assert!(
