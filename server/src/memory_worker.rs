@@ -463,4 +463,92 @@ mod tests {
         assert!(up.closed_by_worker());
         assert_eq!(w.connections(), 1, "the client's connection goes on");
     }
+
+    /// An HTTP/2 frame: length, type, flags, stream, payload.
+    fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend([ty, flags]);
+        f.extend(stream.to_be_bytes());
+        f.extend(payload);
+        f
+    }
+
+    /// A GET's header block, every field a literal without indexing (RFC 7541 §6.2.2).
+    fn get_block(path: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        for (name, value) in [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":authority", "a"),
+            (":path", path),
+        ] {
+            b.push(0);
+            b.push(name.len() as u8);
+            b.extend(name.as_bytes());
+            b.push(value.len() as u8);
+            b.extend(value.as_bytes());
+        }
+        b
+    }
+
+    /// The (type, stream) of each frame in `bytes`, and the DATA payloads by stream.
+    fn frames(mut bytes: &[u8]) -> (Vec<(u8, u32)>, Vec<(u32, Vec<u8>)>) {
+        let (mut kinds, mut data) = (Vec::new(), Vec::new());
+        while bytes.len() >= 9 {
+            let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
+            let (ty, stream) = (
+                bytes[3],
+                u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff,
+            );
+            kinds.push((ty, stream));
+            if ty == 0 && len > 0 {
+                data.push((stream, bytes[9..9 + len].to_vec()));
+            }
+            bytes = &bytes[9 + len..];
+        }
+        (kinds, data)
+    }
+
+    /// Over HTTP/2 deferred replies are independent: completed in the opposite order of
+    /// their requests, each answer goes out as its reply arrives, on its own stream.
+    #[test]
+    fn http2_deferred_replies_completed_out_of_order_go_out_as_they_complete() {
+        let parked = Parked::default();
+        let mut w = MemoryWorker::new(deferring(parked.clone()), config(), None);
+        let mut hello = tern_http2::PREFACE.to_vec();
+        hello.extend(frame(4, 0, 0, &[])); // SETTINGS
+        const END_HEADERS_AND_STREAM: u8 = 0x4 | 0x1;
+        hello.extend(frame(1, END_HEADERS_AND_STREAM, 1, &get_block("/later")));
+        hello.extend(frame(1, END_HEADERS_AND_STREAM, 3, &get_block("/later")));
+        let c = w.connect(&hello);
+        let (kinds, _) = frames(&c.read());
+        assert!(
+            kinds.iter().all(|&(_, stream)| stream == 0),
+            "only connection frames (SETTINGS, WINDOW_UPDATE) so far: {kinds:?}"
+        );
+        let (first, second) = {
+            let mut p = parked.lock().unwrap();
+            assert_eq!(p.len(), 2, "both streams deferred at once");
+            let second = p.pop().unwrap();
+            (p.pop().unwrap(), second)
+        };
+        assert!(second.complete(Response::text(200, "two")).is_ok());
+        w.settle();
+        let (kinds, data) = frames(&c.read());
+        assert!(
+            kinds.contains(&(1, 3)),
+            "stream 3 answered first: {kinds:?}"
+        );
+        assert!(
+            !kinds.iter().any(|&(_, s)| s == 1),
+            "stream 1 still waits: {kinds:?}"
+        );
+        assert_eq!(data, [(3, b"two".to_vec())]);
+        assert!(first.complete(Response::text(200, "one")).is_ok());
+        w.settle();
+        let (kinds, data) = frames(&c.read());
+        assert!(kinds.contains(&(1, 1)), "{kinds:?}");
+        assert_eq!(data, [(1, b"one".to_vec())]);
+        assert_eq!(w.connections(), 1);
+    }
 }
