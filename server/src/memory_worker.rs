@@ -491,8 +491,13 @@ mod tests {
         b
     }
 
-    /// The (type, stream) of each frame in `bytes`, and the DATA payloads by stream.
-    fn frames(mut bytes: &[u8]) -> (Vec<(u8, u32)>, Vec<(u32, Vec<u8>)>) {
+    /// Each frame's (type, stream), in order.
+    type Kinds = Vec<(u8, u32)>;
+    /// DATA payloads with their stream, in order.
+    type Payloads = Vec<(u32, Vec<u8>)>;
+
+    /// The frames in `bytes`: their kinds, and the DATA payloads.
+    fn frames(mut bytes: &[u8]) -> (Kinds, Payloads) {
         let (mut kinds, mut data) = (Vec::new(), Vec::new());
         while bytes.len() >= 9 {
             let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
