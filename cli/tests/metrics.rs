@@ -366,6 +366,59 @@ fn routes_have_their_own_answers_histograms_and_upstream_counters() {
     }
 }
 
+/// Two proxy routes on one path, told apart by a matcher, share their `route` label but not
+/// their upstream group: each group counts its own connections ("SITE ROUTE", then
+/// "SITE ROUTE#2").
+#[test]
+fn two_proxy_routes_on_one_path_have_upstream_groups_of_their_own() {
+    let posts = app("posts", Duration::ZERO);
+    let reads = app("reads", Duration::ZERO);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tern.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[site]]\nname = \"app\"\ndefault = true\n\n\
+             [[site.route]]\npath = \"/twin\"\nmethods = [\"POST\"]\nproxy = \"{posts}\"\n\n\
+             [[site.route]]\npath = \"/twin\"\nproxy = \"{reads}\"\n\n\
+             [[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n"
+        ),
+    )
+    .unwrap();
+    let tern = Tern::start_run(&config);
+    let mut c = tern.client();
+    c.send(b"POST /twin HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n");
+    assert_eq!(c.read_response(false).text(), "posts");
+    for _ in 0..2 {
+        c.send(b"GET /twin HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(c.read_response(false).text(), "reads");
+    }
+    let page = tern.get("/metrics").text();
+    let connects = |group: &str| {
+        sample(
+            &page,
+            &format!("tern_upstream_connects_total{{upstream=\"{group}\"}}"),
+        )
+    };
+    assert_eq!(connects("app /twin"), 1.0, "{page}");
+    assert_eq!(connects("app /twin#2"), 1.0, "{page}");
+    assert_eq!(
+        sample(
+            &page,
+            "tern_upstream_reuses_total{upstream=\"app /twin#2\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &page,
+            "tern_responses_total{site=\"app\",route=\"/twin\",class=\"2xx\"}"
+        ),
+        3.0,
+        "one route label for both"
+    );
+}
+
 /// `--check` refuses a route `name` that is not a short label value, with its line.
 #[test]
 fn a_bad_route_name_is_refused_with_its_line() {

@@ -11,6 +11,7 @@
 
 mod config;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -338,9 +339,10 @@ fn build_table(
                 headers: Default::default(),
             });
         }
+        // Upstream groups named so far in this site (see `group_name`).
+        let mut groups_named: HashMap<String, usize> = HashMap::new();
         for route in &site.routes {
-            // What the health figures and the upstream counters call the route's group.
-            let group_name = format!("{} {}", site.name, route.label);
+            let group_name = group_name(&site.name, route, &mut groups_named);
             let action = match &route.kind {
                 RouteKind::Static(options) => {
                     let files = StaticFiles::new(options.clone()).map_err(|e| {
@@ -655,5 +657,24 @@ impl Reloader {
             ));
         }
         Ok(line)
+    }
+}
+
+/// What the health figures and the upstream counters call a route's upstream group: "SITE
+/// ROUTE" (the route's `name`, or its path as written). Routes of one path told apart by
+/// matchers share their `route` label on purpose, but each has servers of its own: the
+/// second group of a name is "SITE ROUTE#2", and so on, so that no two groups share a row.
+/// Routes without upstreams take no number.
+fn group_name(site: &str, route: &config::RoutePlan, named: &mut HashMap<String, usize>) -> String {
+    let base = format!("{site} {}", route.label);
+    if !matches!(route.kind, RouteKind::Proxy(_) | RouteKind::FastCgi { .. }) {
+        return base;
+    }
+    let n = named.entry(base.clone()).or_insert(0);
+    *n += 1;
+    if *n == 1 {
+        base
+    } else {
+        format!("{base}#{n}")
     }
 }
