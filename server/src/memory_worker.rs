@@ -59,6 +59,19 @@ impl MemoryWorker {
     /// A worker serving `router` with `config` (its listener kinds say what connection 0,
     /// 1... of `connect` speak), with `bans` if given.
     pub fn new(router: Router, config: ServerConfig, bans: Option<Arc<Bans>>) -> MemoryWorker {
+        MemoryWorker::with_tls(router, config, bans, None)
+    }
+
+    /// As [`MemoryWorker::new`]; with `tls`, listener 0 speaks HTTPS with that acceptor.
+    pub fn with_tls(
+        router: Router,
+        mut config: ServerConfig,
+        bans: Option<Arc<Bans>>,
+        tls: Option<Arc<tern_tls::TlsAcceptor>>,
+    ) -> MemoryWorker {
+        if tls.is_some() {
+            config.listener_kinds = vec![crate::config::ListenerKind::Https];
+        }
         let stats = Stats::new(1);
         let shared = Arc::new(Shared {
             router,
@@ -66,7 +79,7 @@ impl MemoryWorker {
             stats,
             live: arc_swap::ArcSwap::from_pointee(config.clone()),
             reloads: std::sync::atomic::AtomicU64::new(0),
-            tls: None,
+            tls,
             hsts_line: None,
             https_port: std::sync::atomic::AtomicU16::new(0),
             bans,
@@ -555,5 +568,43 @@ mod tests {
         assert!(kinds.contains(&(1, 1)), "{kinds:?}");
         assert_eq!(data, [(1, b"one".to_vec())]);
         assert_eq!(w.connections(), 1);
+    }
+
+    fn acceptor() -> Arc<tern_tls::TlsAcceptor> {
+        Arc::new(
+            tern_tls::TlsAcceptor::new(&tern_tls::TlsOptions {
+                self_signed: true,
+                alpn: vec![b"http/1.1".to_vec()],
+                ..Default::default()
+            })
+            .unwrap(),
+        )
+    }
+
+    /// A TLS client that starts a handshake and stops: at the header timeout it is cut off,
+    /// counted as a handshake that timed out (not as an HTTP one), and it is a strike like
+    /// a slow head; garbage instead of a ClientHello gets an alert at once.
+    #[test]
+    fn a_stalled_tls_handshake_times_out_as_one_and_strikes() {
+        let bans = Arc::new(Bans::new(BanConfig {
+            after_strikes: 1,
+            ..BanConfig::default()
+        }));
+        let mut w = MemoryWorker::with_tls(hello(), config(), Some(bans), Some(acceptor()));
+        let peer = SocketAddr::from(([198, 51, 100, 20], 4000));
+        // The first bytes of a ClientHello record, and no more.
+        let c = w.connect_from(peer, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]);
+        w.advance(9 * SECOND);
+        assert!(!c.closed_by_worker());
+        w.advance(2 * SECOND);
+        assert!(c.closed_by_worker());
+        assert_eq!(w.counter(Counter::TlsFailedTimeout), 1);
+        assert_eq!(w.counter(Counter::TimeoutHeader), 0);
+        assert_eq!(w.counter(Counter::BansAdded), 1);
+
+        let garbage = w.connect(&[0x16, 0x03, 0x01, 0x00, 0x04, 1, 0, 0, 0]);
+        assert!(garbage.closed_by_worker());
+        assert_eq!(garbage.read().first(), Some(&0x15), "an alert record");
+        assert_eq!(w.counter(Counter::TlsFailedBadRecord), 1);
     }
 }
