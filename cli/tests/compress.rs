@@ -506,6 +506,22 @@ fn decode_partial(coding: &str, data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A sized answer that comes whole in one read (the app writes it at once; the relay reads
+/// answers that may be compressed in 64 KiB steps from the first) is gzipped in one pass:
+/// its bytes are exactly what `Encoder::finish_with` makes of the body (libdeflate), not a
+/// stream of flushed pieces.
+#[test]
+fn a_whole_sized_answer_is_gzipped_in_one_pass() {
+    let tmp = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let tern = start(&app, tmp.path());
+    let r = get(tern.addr(), "GET", "/api/big", "gzip");
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    let mut enc = tern_compress::Encoder::new(tern_compress::Encoding::Gzip).unwrap();
+    let whole = enc.finish_with(page(8192).as_bytes()).unwrap();
+    assert!(r.body == whole, "not the one-pass gzip of the body");
+}
+
 /// `compress_level` reaches the encoder of its route only: the same answer, decoded the same,
 /// is larger at the lowest level than at the highest. zstd is left out here: on these
 /// bodies, flushed per read, its level 1 happens to come out smaller than 3 or 6; the

@@ -72,6 +72,11 @@ impl Choice {
         Some(e)
     }
 
+    /// The client gets a coding if the answer turns out to be one to compress.
+    pub fn may_compress(&self) -> bool {
+        self.chosen.is_some()
+    }
+
     /// A streaming encoder for `e` at the route's levels.
     pub fn encoder(&self, e: Encoding) -> Result<Encoder, EncodeError> {
         Encoder::with_levels(e, self.policy.levels())
@@ -103,11 +108,9 @@ pub(crate) fn fixed(r: &mut Response, choice: &Choice, stats: &WorkerStats) {
         Body::Shared(b) => b.as_ref(),
         Body::File(_) => return,
     };
-    let compressed = choice.encoder(e).and_then(|mut enc| {
-        let mut out = enc.write(body)?.to_vec();
-        out.extend_from_slice(enc.finish()?);
-        Ok(out)
-    });
+    let compressed = choice
+        .encoder(e)
+        .and_then(|mut enc| Ok(enc.finish_with(body)?.to_vec()));
     match compressed {
         Ok(out) => {
             count(stats, e, len, out.len() as u64);

@@ -521,7 +521,11 @@ impl Relay {
         }
         let buf = self.from_up.get_or_insert_with(|| cx.buffers.take_read());
         buf.compact();
-        if head_sent && buf.capacity() < BODY_READ_SIZE {
+        // An answer that may be compressed is read in large steps from the first: one that
+        // comes whole in one read is then compressed in one pass (`Encoder::finish_with`),
+        // and the encoder's own state dwarfs the buffer anyway.
+        let compressing = self.compress.as_ref().is_some_and(|c| c.may_compress());
+        if (head_sent || compressing) && buf.capacity() < BODY_READ_SIZE {
             // A body is flowing and did not fit the first read: read it in larger steps.
             buf.grow_to(BODY_READ_SIZE);
         } else if buf.spare_mut().is_empty() {
@@ -856,7 +860,11 @@ impl Relay {
                     used += step.consumed;
                     let done = step.done;
                     let stalled = step.consumed == 0;
-                    self.push_body(step.data, out, cx);
+                    if done {
+                        self.push_last(step.data, out, cx);
+                    } else {
+                        self.push_body(step.data, out, cx);
+                    }
                     if done {
                         return (used, true, false);
                     }
@@ -1343,6 +1351,16 @@ impl Relay {
         }
     }
 
+    /// The last body bytes of a sized or chunked answer: an answer that came whole is
+    /// compressed in one pass (see `Encoder::finish_with`), never held back for it.
+    fn push_last(&mut self, data: &[u8], out: &mut Output, cx: &mut ConnCx<'_>) {
+        if self.encoder.is_some() && !data.is_empty() && !self.asked.head_only {
+            self.squeeze(Squeeze::Last(data), out, cx);
+        } else {
+            self.push_body(data, out, cx);
+        }
+    }
+
     /// One step of the answer's encoder; its output goes to the client. A failing encoder
     /// (no memory) cuts the answer short, as a failing upstream does, but it is counted as
     /// ours and says nothing about the upstream's health.
@@ -1354,6 +1372,7 @@ impl Relay {
             Squeeze::Data(data) => encoder.write(data),
             Squeeze::Flush => encoder.flush(),
             Squeeze::Finish => encoder.finish(),
+            Squeeze::Last(data) => encoder.finish_with(data),
         };
         match coded {
             Ok(bytes) => self.emit(bytes, out, cx),
@@ -1368,7 +1387,7 @@ impl Relay {
                 return;
             }
         }
-        if matches!(step, Squeeze::Finish) {
+        if matches!(step, Squeeze::Finish | Squeeze::Last(_)) {
             let e = encoder.encoding();
             compression::count(cx.stats, e, encoder.bytes_in(), encoder.bytes_out());
         } else {
@@ -1558,6 +1577,8 @@ enum Squeeze<'a> {
     Flush,
     /// The answer is complete.
     Finish,
+    /// These are the answer's last bytes: compress them and end.
+    Last(&'a [u8]),
 }
 
 /// Copies the upstream's fields a client may see: not the hop-by-hop ones, not those named
