@@ -146,6 +146,20 @@ impl Fields {
         Ok(())
     }
 
+    /// A request whose target is a URI (every method but plain CONNECT, and an extended
+    /// CONNECT too) needs a non-empty `:path` and a `:scheme` (RFC 9113 §8.3.1).
+    fn require_path_and_scheme(&self) -> Result<(), Malformed> {
+        match &self.path {
+            None => return Err(Malformed::MissingPseudo),
+            Some(p) if p.is_empty() => return Err(Malformed::EmptyPath),
+            Some(_) => {}
+        }
+        if self.scheme.is_none() {
+            return Err(Malformed::MissingPseudo);
+        }
+        Ok(())
+    }
+
     /// The block is complete: are the required pseudo-headers there (RFC 9113 §8.3.1, and
     /// RFC 8441 §4 for a `:protocol`, which only counts when `extended_connect` was
     /// advertised)?
@@ -181,14 +195,7 @@ impl Fields {
             if protocol.is_empty() || !protocol.iter().all(tchar) {
                 return Err(Malformed::BadProtocol);
             }
-            match &self.path {
-                None => return Err(Malformed::MissingPseudo),
-                Some(p) if p.is_empty() => return Err(Malformed::EmptyPath),
-                Some(_) => {}
-            }
-            if self.scheme.is_none() {
-                return Err(Malformed::MissingPseudo);
-            }
+            self.require_path_and_scheme()?;
         } else if method == b"CONNECT" {
             // CONNECT names only an authority (§8.5); tern routes it (and refuses it) like
             // any other method.
@@ -196,14 +203,7 @@ impl Fields {
                 return Err(Malformed::MissingPseudo);
             }
         } else {
-            match &self.path {
-                None => return Err(Malformed::MissingPseudo),
-                Some(p) if p.is_empty() => return Err(Malformed::EmptyPath),
-                Some(_) => {}
-            }
-            if self.scheme.is_none() {
-                return Err(Malformed::MissingPseudo);
-            }
+            self.require_path_and_scheme()?;
         }
         if self.cookies > 1 {
             self.join_cookies();
