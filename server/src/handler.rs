@@ -59,12 +59,18 @@ impl From<Response> for Reply {
     }
 }
 
+/// One exchange (a request and its answer) of a connection, whatever the protocol: an
+/// HTTP/1.1 connection's request count, an HTTP/2 stream id. 64 bits, as QUIC stream ids
+/// (62 bits) will need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ExchangeId(pub u64);
+
 /// A message a worker receives in its inbox.
 pub enum WorkerMessage {
-    /// A pending reply is ready for connection `conn`.
+    /// A pending reply is ready for exchange `exchange` of connection `conn`.
     Complete {
         conn: u64,
-        seq: u32,
+        exchange: ExchangeId,
         response: Response,
     },
 }
@@ -105,7 +111,7 @@ impl AnswerRow {
 pub struct HandlerContext<'a> {
     pub(crate) inbox: &'a InboxSender<WorkerMessage>,
     pub(crate) conn: u64,
-    pub(crate) seq: u32,
+    pub(crate) exchange: ExchangeId,
     pub(crate) deferred: bool,
     pub worker_id: usize,
     /// The access log this request's line goes to.
@@ -179,7 +185,7 @@ impl HandlerContext<'_> {
         Pending {
             inbox: Some(self.inbox.clone()),
             conn: self.conn,
-            seq: self.seq,
+            exchange: self.exchange,
         }
     }
 }
@@ -189,17 +195,21 @@ impl HandlerContext<'_> {
 pub struct Pending {
     inbox: Option<InboxSender<WorkerMessage>>,
     conn: u64,
-    /// Which request of the connection this answers, so a stale reply is never mistaken
+    /// Which exchange of the connection this answers, so a stale reply is never mistaken
     /// for the answer to a later request.
-    seq: u32,
+    exchange: ExchangeId,
 }
 
 impl Pending {
-    pub(crate) fn new(inbox: InboxSender<WorkerMessage>, conn: u64, seq: u32) -> Pending {
+    pub(crate) fn new(
+        inbox: InboxSender<WorkerMessage>,
+        conn: u64,
+        exchange: ExchangeId,
+    ) -> Pending {
         Pending {
             inbox: Some(inbox),
             conn,
-            seq,
+            exchange,
         }
     }
 
@@ -209,7 +219,7 @@ impl Pending {
         let inbox = self.inbox.take().expect("pending reply completed twice");
         match inbox.send(WorkerMessage::Complete {
             conn: self.conn,
-            seq: self.seq,
+            exchange: self.exchange,
             response,
         }) {
             Ok(()) => Ok(()),
@@ -222,9 +232,9 @@ impl Pending {
 
     /// The request this reply answers, for the worker that owns it to complete it in place
     /// (no inbox message): see [`TurnEnd`].
-    pub(crate) fn into_local(mut self) -> (u64, u32) {
+    pub(crate) fn into_local(mut self) -> (u64, ExchangeId) {
         self.inbox = None;
-        (self.conn, self.seq)
+        (self.conn, self.exchange)
     }
 
     /// Gives the reply back to the handler: for a handler that deferred, then found it can
@@ -278,7 +288,7 @@ pub fn complete_all(replies: impl IntoIterator<Item = (Pending, Response)>) {
         let inbox = pending.inbox.take().expect("pending reply completed twice");
         let mut msg = WorkerMessage::Complete {
             conn: pending.conn,
-            seq: pending.seq,
+            exchange: pending.exchange,
             response,
         };
         let give_up = std::time::Instant::now() + std::time::Duration::from_secs(2);
@@ -306,7 +316,7 @@ impl Drop for Pending {
             let response = Response::text(500, "reply was never completed\n").close();
             let _ = inbox.send(WorkerMessage::Complete {
                 conn: self.conn,
-                seq: self.seq,
+                exchange: self.exchange,
                 response,
             });
         }

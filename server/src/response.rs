@@ -38,6 +38,17 @@ impl Body {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The bytes of a body held in memory (`None` for a file).
+    pub fn as_memory(&self) -> Option<&[u8]> {
+        match self {
+            Body::Empty => Some(&[]),
+            Body::Static(b) => Some(b),
+            Body::Owned(b) => Some(b),
+            Body::Shared(b) => Some(b),
+            Body::File(_) => None,
+        }
+    }
 }
 
 /// A response a handler returns: status, extra header lines, body. Date, Server,

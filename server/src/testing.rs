@@ -639,15 +639,17 @@ impl TestReplies {
     }
 
     /// A reply to be completed; `seq` tells it apart in `completed`.
-    pub fn pending(&self, seq: u32) -> Pending {
-        Pending::new(self.inbox.sender(), 0, seq)
+    pub fn pending(&self, seq: u64) -> Pending {
+        Pending::new(self.inbox.sender(), 0, crate::handler::ExchangeId(seq))
     }
 
     /// The replies completed so far, as (seq, response), in the order they came.
-    pub fn completed(&self) -> Vec<(u32, Response)> {
+    pub fn completed(&self) -> Vec<(u64, Response)> {
         let mut out = Vec::new();
         self.inbox.inbox().drain(|m| match m {
-            WorkerMessage::Complete { seq, response, .. } => out.push((seq, response)),
+            WorkerMessage::Complete {
+                exchange, response, ..
+            } => out.push((exchange.0, response)),
         });
         out
     }

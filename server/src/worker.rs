@@ -117,12 +117,12 @@ impl<I: Io> HttpWorker<I> {
                 hook.end_turn(self.id, &mut answers);
                 answered |= !answers.is_empty();
                 for (pending, response) in answers.drain(..) {
-                    let (conn, seq) = pending.into_local();
+                    let (conn, exchange) = pending.into_local();
                     self.on_message(
                         cx,
                         WorkerMessage::Complete {
                             conn,
-                            seq,
+                            exchange,
                             response,
                         },
                     );
@@ -368,11 +368,11 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
         match msg {
             WorkerMessage::Complete {
                 conn,
-                seq,
+                exchange,
                 response,
             } => {
                 self.with_conn(cx, conn, |e, ccx, up| {
-                    if e.conn.complete(seq, response, ccx) {
+                    if e.conn.complete(exchange, response, ccx) {
                         relay_driver::drive(e, up, false, false, ccx)
                     } else {
                         Status::Open

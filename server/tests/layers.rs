@@ -88,7 +88,7 @@ const FILES: &[(&str, &str)] = &[
     ("config.rs", "support"),
     ("static_files/", "handlers"),
     ("negotiate.rs", "handlers"),
-    ("exchange.rs", "exchange"),
+    ("exchange/", "exchange"),
     ("conn/", "conn"),
     ("driver.rs", "driver"),
     ("upstream/driver.rs", "driver"),

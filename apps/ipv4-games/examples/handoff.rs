@@ -223,7 +223,7 @@ fn store(sync: SyncMode) -> (tempfile::TempDir, Land, Arc<JournalStore>) {
 struct Claims {
     n: u32,
     names: Vec<String>,
-    seq: u32,
+    seq: u64,
 }
 
 impl Claims {

@@ -1,7 +1,8 @@
 //! The HTTP/1.1 protocol of a connection: plaintext bytes in (its read buffer), exchanges run,
 //! answers written into the connection's [`Output`]. Keep-alive, pipelining (answers in
 //! order, one at a time while a reply is pending), `100 Continue`, bad-input answers and the
-//! lingering close after them live here. It knows nothing of sockets or TLS.
+//! lingering close after them live here, and so does the framing of a relayed answer (its
+//! [`Sink`]: chunking, `Connection`, 1xx, the 101 tunnel). It knows nothing of sockets or TLS.
 
 use std::mem::MaybeUninit;
 
@@ -13,10 +14,12 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 
 use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
-use super::relay::{self, Asked, BodyFollows, ClientSide, Relay, RelayNeed};
+use super::relay::{self, BodyFollows, Relay, RelayNeed};
 use super::types::{Link, Timeout};
+use super::upstream_wire::chunk_size_line;
 use crate::access_log::{LogEntry, SavedEntry};
-use crate::exchange::{self, ConnCx, Origin, Outcome};
+use crate::exchange::{self, Awaiting, ConnCx, Facts, Outcome, Sink};
+use crate::handler::ExchangeId;
 use crate::response::{status_has_no_body, Response};
 use crate::stats::{Counter, Tally};
 
@@ -30,13 +33,14 @@ enum State {
     Head,
     /// The head arrived, the body is still coming in.
     Body(Box<BodyState>),
-    /// A handler deferred its reply; nothing else is processed until it arrives. With an
-    /// access log, the request's part of its line is kept here meanwhile.
-    Awaiting(Exchange, Option<Box<SavedEntry>>),
+    /// A handler deferred its reply; nothing else is processed until it arrives. (The
+    /// table holds one exchange: answers go out in order. Kept in the state, not beside it,
+    /// so that an idle connection does not carry it.)
+    Awaiting(Awaiting),
     /// We answered and half-closed; reading and discarding until the client closes.
     Lingering(Linger),
     /// The exchange is relayed to an upstream server (`conn/relay.rs`).
-    Relay(Box<Relay>),
+    Relay(Box<Relayed>),
 }
 
 struct BodyState {
@@ -46,43 +50,153 @@ struct BodyState {
     body: Vec<u8>,
 }
 
-/// The facts about a request its response needs.
-#[derive(Clone, Copy)]
-pub(crate) struct Exchange {
-    pub head_only: bool,
-    pub keep_alive: bool,
-    pub http10: bool,
-    pub seq: u32,
-    /// What its answer is counted under.
-    pub tally: Tally,
+/// An exchange relayed to an upstream server, and how its answer is framed for this client.
+struct Relayed {
+    relay: Relay,
+    framing: Framing,
 }
 
-impl Exchange {
-    /// What the `Connection` field of an answer says: close, or keep-alive in the form the
-    /// client's version needs.
-    pub fn connection(&self, keep: bool) -> ConnectionHeader {
-        ConnectionHeader::for_answer(keep, self.http10)
+impl Relayed {
+    /// The relay, and the sink it writes the answer through.
+    fn parts<'a>(&'a mut self, out: &'a mut Output, link: &'a Link) -> (&'a mut Relay, H1Sink<'a>) {
+        let sink = H1Sink {
+            framing: &mut self.framing,
+            out,
+            link,
+        };
+        (&mut self.relay, sink)
     }
 
-    /// What a relay needs of it to shape the upstream's answer.
-    fn asked(&self) -> Asked {
-        Asked {
-            head_only: self.head_only,
-            keep_alive: self.keep_alive,
-            http10: self.http10,
+    /// The client's connection cannot take another exchange after this one.
+    fn closes_client(&self) -> bool {
+        self.relay.closes_client() || self.framing.close || !self.framing.facts.keep_alive
+    }
+}
+
+/// HTTP/1.1's state for an answer that comes in pieces (a relayed one).
+struct Framing {
+    facts: Facts,
+    /// The body goes out chunked.
+    chunked: bool,
+    /// The connection closes after this answer.
+    close: bool,
+}
+
+/// What a relay writes its answer through: HTTP/1.1 bytes in the connection's output.
+struct H1Sink<'a> {
+    framing: &'a mut Framing,
+    out: &'a mut Output,
+    link: &'a Link,
+}
+
+impl Sink for H1Sink<'_> {
+    fn room(&self) -> usize {
+        if self.out.pending() < OUTPUT_HIGH_WATER {
+            usize::MAX
+        } else {
+            0
         }
     }
 
-    /// An answer the server sends on its own (bad input, timeout) before closing.
-    fn last_answer(seq: u32, now_us: u64) -> Exchange {
-        Exchange {
-            head_only: false,
-            keep_alive: false,
-            http10: false,
-            seq,
-            tally: Tally::starting(now_us),
+    fn head(
+        &mut self,
+        mut r: Response,
+        len: Option<u64>,
+        body: bool,
+        close: bool,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let f = &mut *self.framing;
+        let unsized_body = body && len.is_none();
+        // An HTTP/1.0 client learns where an unsized body ends only by the close.
+        f.close |= close || (unsized_body && f.facts.http10);
+        let keep = f.facts.keep_alive && !f.close && !cx.stopping;
+        f.close |= !keep;
+        f.chunked = unsized_body && !f.facts.http10;
+        if let Some(line) = self.link.hsts(cx) {
+            r.push_raw_headers(line);
+        }
+        let head = ResponseHead {
+            status: r.status,
+            date_line: cx.clock.date_line(),
+            headers: r.headers(),
+            content_length: len,
+            chunked: f.chunked,
+            connection: ConnectionHeader::for_answer(keep, f.facts.http10),
+        };
+        write_head(self.out, &head, cx);
+    }
+
+    fn interim(&mut self, r: &Response, cx: &mut ConnCx<'_>) {
+        // HTTP/1.0 has no interim answers.
+        if self.framing.facts.http10 {
+            return;
+        }
+        let buf = self.out.head_buf(|| cx.buffers.take_write());
+        let before = buf.len();
+        buf.extend_from_slice(b"HTTP/1.1 ");
+        buf.extend_from_slice(itoa::Buffer::new().format(r.status).as_bytes());
+        buf.push(b' ');
+        buf.extend_from_slice(tern_codec::reason_phrase(r.status).as_bytes());
+        buf.extend_from_slice(b"\r\n");
+        buf.extend_from_slice(r.headers());
+        buf.extend_from_slice(b"\r\n");
+        self.out.commit(before);
+    }
+
+    fn tunnel(&mut self, mut r: Response, upgrade: Option<&[u8]>, cx: &mut ConnCx<'_>) -> u16 {
+        r.status = 101;
+        r.push_header("Connection", b"upgrade");
+        if let Some(protocol) = upgrade {
+            r.push_header("Upgrade", protocol);
+        }
+        let head = ResponseHead {
+            status: 101,
+            date_line: cx.clock.date_line(),
+            headers: r.headers(),
+            content_length: None,
+            chunked: false,
+            connection: ConnectionHeader::Persistent,
+        };
+        write_head(self.out, &head, cx);
+        // After the tunnel the connection is not HTTP any more.
+        self.framing.close = true;
+        cx.stats.bump(Counter::WebsocketTunnelsOpenedHttp1);
+        101
+    }
+
+    fn data(&mut self, bytes: &[u8], cx: &mut ConnCx<'_>) {
+        self.out.head_buf(|| cx.buffers.take_write());
+        if self.framing.chunked {
+            self.out
+                .push_copy(chunk_size_line(bytes.len(), &mut [0; 18]));
+            self.out.push_copy(bytes);
+            self.out.push_copy(b"\r\n");
+        } else {
+            self.out.push_copy(bytes);
         }
     }
+
+    fn end(&mut self, cx: &mut ConnCx<'_>) {
+        if self.framing.chunked {
+            self.out.head_buf(|| cx.buffers.take_write());
+            self.out.push_copy(b"0\r\n\r\n");
+            self.framing.chunked = false;
+        }
+    }
+
+    fn reset(&mut self) {
+        // Whatever is queued goes out, then the connection closes: the client sees a short
+        // body (or no last chunk), never a later answer mistaken for this one.
+        self.framing.close = true;
+    }
+}
+
+fn write_head(out: &mut Output, head: &ResponseHead<'_>, cx: &mut ConnCx<'_>) {
+    let buf = out.head_buf(|| cx.buffers.take_write());
+    let before = buf.len();
+    head.write_to(buf);
+    out.commit(before);
 }
 
 #[derive(Default)]
@@ -98,7 +212,8 @@ pub(crate) struct Http1 {
     peer_eof: bool,
     /// What the wait for the next request head runs from.
     head_wait: HeadWait,
-    seq: u32,
+    /// Requests dispatched so far (the last one's exchange id).
+    seq: u64,
 }
 
 /// Which timeout governs a connection between requests.
@@ -200,7 +315,7 @@ impl Http1 {
             && out.pending() < OUTPUT_HIGH_WATER
             && match &self.state {
                 State::Head | State::Body(_) => true,
-                State::Relay(r) => r.wants_input(),
+                State::Relay(r) => r.relay.wants_input(),
                 _ => false,
             }
     }
@@ -240,13 +355,14 @@ impl Http1 {
                     }
                 }
                 State::Relay(r) => {
-                    let used = r.client_input(rbuf.data(), out, link, cx);
+                    let (relay, mut sink) = r.parts(out, link);
+                    let used = relay.client_input(rbuf.data(), &mut sink, cx);
                     rbuf.consume(used);
                     if used == 0 {
                         break;
                     }
                 }
-                State::Awaiting(..) | State::Lingering(_) => break,
+                State::Awaiting(_) | State::Lingering(_) => break,
             }
         }
         self.rbuf = Some(rbuf);
@@ -258,11 +374,11 @@ impl Http1 {
             return Next::Close;
         }
         match &self.state {
-            State::Awaiting(..) => Next::Wait,
+            State::Awaiting(_) => Next::Wait,
             State::Lingering(_) => Next::Read,
             // A client that went away while its body or a tunnel was still flowing is gone
             // for good; one that half-closed after its request still gets the answer.
-            State::Relay(r) if r.wants_input() => {
+            State::Relay(r) if r.relay.wants_input() => {
                 if self.peer_eof {
                     Next::Close
                 } else {
@@ -421,56 +537,52 @@ impl Http1 {
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) {
-        let exchange = Exchange {
+        self.seq += 1;
+        let mut facts = Facts {
+            id: ExchangeId(self.seq),
             head_only: head.method == Method::Head,
             keep_alive: head.keep_alive && !cx.stopping && !cx.near_limit && !self.peer_eof,
             http10: head.version == Version::Http10,
-            seq: self.seq.wrapping_add(1),
             tally: Tally::starting(cx.clock.now_us()),
         };
-        self.seq = exchange.seq;
-        let mut entry = cx
-            .access_log
-            .as_ref()
-            .map(|log| log.entry(head, link.peer, cx.clock.now_us()));
-        if let Some(response) =
-            exchange::before_routing(head, link.secure, link.redirect_to_https, cx)
-        {
-            return self.respond(response, exchange, out, link, cx, entry.as_ref());
-        }
-        let from = Origin {
-            peer: link.peer,
-            secure: link.secure,
-            conn: link.key,
-            seq: exchange.seq,
-        };
-        let mut exchange = exchange;
-        let outcome = exchange::run(head, body, from, entry.as_mut(), &mut exchange.tally, cx);
+        let exchange::Dispatched { outcome, entry } =
+            exchange::dispatch(head, body, link, &mut facts, cx);
         if streamed.is_some() && !matches!(outcome, Outcome::Forward(..)) {
             // Answered without reading the body that follows: the connection cannot go on.
-            exchange.keep_alive = false;
+            facts.keep_alive = false;
         }
         match outcome {
             Outcome::Respond(response) => {
-                self.respond(response, exchange, out, link, cx, entry.as_ref())
+                self.respond(response, facts, out, link, cx, entry.as_ref())
             }
             Outcome::Deferred => {
-                let saved = entry.as_ref().and_then(SavedEntry::save);
-                self.state = State::Awaiting(exchange, saved);
+                let mut awaiting = Awaiting::default();
+                awaiting.park(facts, entry.as_ref());
+                self.state = State::Awaiting(awaiting);
             }
             Outcome::Forward(fwd, compress) => {
-                let saved = entry.as_ref().and_then(SavedEntry::save);
                 let start = relay::RelayStart {
                     fwd,
                     compress,
-                    asked: exchange.asked(),
+                    head_only: facts.head_only,
+                    handshake_is_ours: false,
                     body,
                     streamed: streamed.map(BodyFollows::Framed),
-                    log: saved,
-                    tally: exchange.tally,
+                    log: entry.as_ref().and_then(SavedEntry::save),
+                    tally: facts.tally,
                 };
-                let relay = Relay::start(start, ClientSide::H1, out, link, cx);
-                self.state = State::Relay(relay);
+                let mut framing = Framing {
+                    facts,
+                    chunked: false,
+                    close: false,
+                };
+                let mut sink = H1Sink {
+                    framing: &mut framing,
+                    out,
+                    link,
+                };
+                let relay = Relay::start(start, &mut sink, cx);
+                self.state = State::Relay(Box::new(Relayed { relay, framing }));
             }
             Outcome::Drop => self.abort(),
         }
@@ -480,37 +592,36 @@ impl Http1 {
     /// e.g. the handler panicked after deferring).
     pub fn complete(
         &mut self,
-        seq: u32,
+        id: ExchangeId,
         response: Response,
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) -> bool {
-        match std::mem::take(&mut self.state) {
-            State::Awaiting(exchange, saved) if exchange.seq == seq => {
-                let entry = saved.as_ref().map(|s| s.entry());
-                self.respond(response, exchange, out, link, cx, entry.as_ref());
-                true
-            }
-            other => {
-                self.state = other;
-                false
-            }
-        }
+        let State::Awaiting(awaiting) = &mut self.state else {
+            return false;
+        };
+        let Some(waiting) = awaiting.take(id) else {
+            return false;
+        };
+        self.state = State::Head;
+        let entry = waiting.log.as_ref().map(|s| s.entry());
+        self.respond(response, waiting.facts, out, link, cx, entry.as_ref());
+        true
     }
 
     /// Writes the answer; with an access log, records its line (`entry`: the request's part).
     fn respond(
         &mut self,
         mut response: Response,
-        ex: Exchange,
+        ex: Facts,
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
         entry: Option<&LogEntry<'_>>,
     ) {
         let keep = ex.keep_alive && !response.close && !cx.stopping;
-        let connection = ex.connection(keep);
+        let connection = ConnectionHeader::for_answer(keep, ex.http10);
         if let Some(line) = link.hsts(cx) {
             response.push_raw_headers(line);
         }
@@ -564,7 +675,7 @@ impl Http1 {
         cx: &mut ConnCx<'_>,
     ) {
         self.state = State::Head;
-        let ex = Exchange::last_answer(self.seq, cx.clock.now_us());
+        let ex = Facts::own_answer(ExchangeId(self.seq), cx.clock.now_us());
         let entry = LogEntry::bare(link.peer, cx.clock.now_us());
         self.respond(response, ex, out, link, cx, Some(&entry));
         self.linger_on_close = true;
@@ -588,8 +699,8 @@ impl Http1 {
         }
         // Whatever is being answered now is the last answer on this connection.
         match &mut self.state {
-            State::Awaiting(ex, _) => ex.keep_alive = false,
-            State::Relay(r) => r.asked.keep_alive = false,
+            State::Awaiting(awaiting) => awaiting.end_keep_alive(),
+            State::Relay(r) => r.framing.facts.keep_alive = false,
             _ => {}
         }
         false
@@ -605,16 +716,16 @@ impl Http1 {
             // A relay's own deadline runs on while the client reads slowly (only the
             // upstream's progress moves it, and the upstream is read only as the client takes
             // the answer): a slow reader cannot hold the upstream connection past it.
-            State::Relay(r) if out_waiting && r.deadline() < now + ms(cfg.write_timeout) => {
-                (r.deadline(), Timeout::Upstream)
+            State::Relay(r) if out_waiting && r.relay.deadline() < now + ms(cfg.write_timeout) => {
+                (r.relay.deadline(), Timeout::Upstream)
             }
             _ if out_waiting => (now + ms(cfg.write_timeout), Timeout::Write),
-            State::Awaiting(..) => (u64::MAX, Timeout::Idle),
+            State::Awaiting(_) => (u64::MAX, Timeout::Idle),
             // The client's body is awaited: its own timeout; else the upstream's.
-            State::Relay(r) if r.wants_input() && !r.is_tunnel() => {
+            State::Relay(r) if r.relay.wants_input() && !r.relay.is_tunnel() => {
                 (now + ms(cfg.body_timeout), Timeout::Body)
             }
-            State::Relay(r) => (r.deadline(), Timeout::Upstream),
+            State::Relay(r) => (r.relay.deadline(), Timeout::Upstream),
             State::Body(_) => (now + ms(cfg.body_timeout), Timeout::Body),
             State::Head => match self.head_wait {
                 HeadWait::StartedAt(t) => (t + ms(cfg.header_timeout), Timeout::Header),
@@ -633,7 +744,7 @@ impl Http1 {
         cx: &mut ConnCx<'_>,
     ) {
         if matches!(kind, Timeout::Header | Timeout::Body) && out.is_empty() {
-            let ex = Exchange::last_answer(self.seq, cx.clock.now_us());
+            let ex = Facts::own_answer(ExchangeId(self.seq), cx.clock.now_us());
             let entry = LogEntry::bare(link.peer, cx.clock.now_us());
             let response = Response::text(408, "request timeout\n");
             self.respond(response, ex, out, link, cx, Some(&entry));
@@ -659,51 +770,52 @@ impl Http1 {
 /// The relay's side of the protocol: the connection's `relay_*` calls, for the one exchange
 /// being relayed.
 impl Http1 {
-    fn relay_mut(&mut self) -> Option<&mut Relay> {
+    fn relayed(&mut self) -> Option<&mut Relayed> {
         match &mut self.state {
             State::Relay(r) => Some(r),
             _ => None,
         }
     }
 
-    pub fn relay_need(&self) -> RelayNeed {
+    fn relay_ref(&self) -> Option<&Relay> {
         match &self.state {
-            State::Relay(r) => r.need(),
-            _ => RelayNeed::Nothing,
-        }
-    }
-
-    pub fn relay_upstreams(&self) -> Option<&std::sync::Arc<dyn crate::upstream::Upstreams>> {
-        match &self.state {
-            State::Relay(r) => Some(r.upstreams()),
+            State::Relay(r) => Some(&r.relay),
             _ => None,
         }
     }
 
+    pub fn relay_need(&self) -> RelayNeed {
+        self.relay_ref().map_or(RelayNeed::Nothing, Relay::need)
+    }
+
+    pub fn relay_upstreams(&self) -> Option<&std::sync::Arc<dyn crate::upstream::Upstreams>> {
+        self.relay_ref().map(Relay::upstreams)
+    }
+
     pub fn relay_attached(&mut self, reused: bool, connected: bool, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay_mut() {
-            r.attached(reused, connected, cx);
+        if let Some(r) = self.relayed() {
+            r.relay.attached(reused, connected, cx);
         }
     }
 
     pub fn relay_connected(&mut self, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay_mut() {
-            r.now_connected(cx);
+        if let Some(r) = self.relayed() {
+            r.relay.now_connected(cx);
+        }
+    }
+
+    /// The connection is closing with its relay unfinished.
+    pub fn abandon_relay(&mut self, cx: &ConnCx<'_>) {
+        if let Some(r) = self.relayed() {
+            r.relay.abandon(cx.stats);
         }
     }
 
     /// The upstream connection was detached: unless a retry follows, the exchange is over
     /// and the next request may be read.
-    /// The connection is closing with its relay unfinished.
-    pub fn abandon_relay(&mut self, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay_mut() {
-            r.abandon(cx.stats);
-        }
-    }
-
     pub fn relay_released(&mut self, cx: &mut ConnCx<'_>) {
-        let Some(r) = self.relay_mut() else { return };
-        if !r.released(cx) {
+        let Some(r) = self.relayed() else { return };
+        if !r.relay.released(cx) {
             return;
         }
         let close = r.closes_client();
@@ -714,33 +826,35 @@ impl Http1 {
     }
 
     pub fn relay_send_buf(&self) -> &[u8] {
-        match &self.state {
-            State::Relay(r) => r.send_buf(),
-            _ => &[],
-        }
+        self.relay_ref().map_or(&[][..], Relay::send_buf)
     }
 
     pub fn relay_sent(&mut self, n: usize, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay_mut() {
-            r.sent(n, cx);
+        if let Some(r) = self.relayed() {
+            r.relay.sent(n, cx);
         }
     }
 
-    pub fn relay_recv_buf(&mut self, out: &Output, cx: &mut ConnCx<'_>) -> &mut [u8] {
-        let room = if out.pending() < OUTPUT_HIGH_WATER {
-            usize::MAX
-        } else {
-            0
-        };
-        match &mut self.state {
-            State::Relay(r) => r.recv_buf(room, cx),
-            _ => &mut [],
+    pub fn relay_recv_buf<'a>(
+        &'a mut self,
+        out: &'a mut Output,
+        link: &'a Link,
+        cx: &mut ConnCx<'_>,
+    ) -> &'a mut [u8] {
+        match self.relayed() {
+            Some(r) => {
+                let (relay, sink) = r.parts(out, link);
+                let room = sink.room();
+                relay.recv_buf(room, cx)
+            }
+            None => &mut [],
         }
     }
 
     pub fn relay_recv(&mut self, n: usize, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        if let Some(r) = self.relay_mut() {
-            r.recv(n, out, link, cx);
+        if let Some(r) = self.relayed() {
+            let (relay, mut sink) = r.parts(out, link);
+            relay.recv(n, &mut sink, cx);
         }
     }
 
@@ -751,25 +865,28 @@ impl Http1 {
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) {
-        if let Some(r) = self.relay_mut() {
-            r.closed(error, out, link, cx);
+        if let Some(r) = self.relayed() {
+            let (relay, mut sink) = r.parts(out, link);
+            relay.closed(error, &mut sink, cx);
         }
     }
 
     pub fn relay_connect_failed(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        if let Some(r) = self.relay_mut() {
-            r.connect_failed(out, link, cx);
+        if let Some(r) = self.relayed() {
+            let (relay, mut sink) = r.parts(out, link);
+            relay.connect_failed(&mut sink, cx);
         }
     }
 
     /// The relay's deadline passed. True if the connection must close now: the client
     /// stopped taking the answer, which can then never be completed.
     pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) -> bool {
-        let room = out.pending() < OUTPUT_HIGH_WATER;
-        match self.relay_mut() {
+        match self.relayed() {
             Some(r) => {
-                r.timed_out(room, out, link, cx);
-                r.client_stalled()
+                let (relay, mut sink) = r.parts(out, link);
+                let room = sink.room() > 0;
+                relay.timed_out(room, &mut sink, cx);
+                relay.client_stalled()
             }
             None => false,
         }

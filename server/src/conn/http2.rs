@@ -2,7 +2,9 @@
 //! of `tern-http2` turns it into requests, exchanges run as for HTTP/1.1, and answers go out
 //! as HEADERS and DATA frames in the connection's [`Output`]. Here live what the session does
 //! not know: which answers are waiting for window, their order (RFC 9218 urgency, then
-//! incremental round-robin), pending replies, timeouts and closing.
+//! incremental round-robin), pending replies, timeouts and closing; and the HTTP/2 side of a
+//! relayed answer (its [`Sink`]: HEADERS and DATA as flow control allows, RST_STREAM when it
+//! breaks).
 
 use std::cell::Cell;
 use std::os::unix::fs::FileExt;
@@ -15,10 +17,11 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 
 use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
-use super::relay::{Asked, BodyFollows, ClientSide, H2Answer, Relay, RelayNeed, RelayStart};
+use super::relay::{BodyFollows, Relay, RelayNeed, RelayStart};
 use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
-use crate::exchange::{self, ConnCx, Origin, Outcome};
+use crate::exchange::{self, Awaiting, ConnCx, Facts, Outcome, Sink};
+use crate::handler::ExchangeId;
 use crate::response::{status_has_no_body, Body, FileBody, Response};
 use crate::stats::{Counter, Tally};
 
@@ -66,16 +69,89 @@ impl Remaining {
     }
 }
 
+/// A stream relayed to an upstream server, and its answer as the relay produced it.
+struct RelayedStream {
+    id: u32,
+    relay: Box<Relay>,
+    answer: H2Answer,
+}
+
+impl RelayedStream {
+    /// The client gave up (its stream reset, its connection failed): nothing more goes to it.
+    fn abandon(&mut self, stats: &crate::stats::WorkerStats) {
+        self.relay.abandon(stats);
+        self.answer = H2Answer {
+            end: true,
+            ..H2Answer::default()
+        };
+    }
+}
+
+/// A relayed answer waiting to be framed: sent as HEADERS, then DATA as windows allow.
+#[derive(Default)]
+struct H2Answer {
+    /// The head, once known, not yet sent: the fields and the length, if known.
+    head: Option<(Response, Option<u64>)>,
+    /// Body bytes not yet framed (as much as [`Http2::relay_room`] gave room for).
+    data: Vec<u8>,
+    /// The body is complete.
+    end: bool,
+    /// The answer broke after its head went out: the stream must be reset.
+    broken: bool,
+}
+
+/// What a stream's relay writes its answer through; `flush_relays` and `pump_relay` frame it.
+struct H2Sink<'a> {
+    answer: &'a mut H2Answer,
+    room: usize,
+}
+
+impl Sink for H2Sink<'_> {
+    fn room(&self) -> usize {
+        self.room
+    }
+
+    fn head(&mut self, r: Response, len: Option<u64>, _: bool, _: bool, _: &mut ConnCx<'_>) {
+        // HTTP/2 frames the body itself: no chunking, no Connection; HSTS is added as the
+        // head is encoded.
+        self.answer.head = Some((r, len));
+    }
+
+    fn interim(&mut self, _: &Response, _: &mut ConnCx<'_>) {
+        // Interim answers are not passed on over HTTP/2 (as before the sink: a 103 from an
+        // app reaches HTTP/1.1 clients only).
+    }
+
+    fn tunnel(&mut self, mut r: Response, _: Option<&[u8]>, cx: &mut ConnCx<'_>) -> u16 {
+        // RFC 8441 §5: a 2xx to the extended CONNECT opens the tunnel.
+        r.status = 200;
+        self.answer.head = Some((r, None));
+        cx.stats.bump(Counter::WebsocketTunnelsOpenedHttp2);
+        200
+    }
+
+    fn data(&mut self, bytes: &[u8], _: &mut ConnCx<'_>) {
+        self.answer.data.extend_from_slice(bytes);
+    }
+
+    fn end(&mut self, _: &mut ConnCx<'_>) {
+        self.answer.end = true;
+    }
+
+    fn reset(&mut self) {
+        self.answer.broken = true;
+    }
+}
+
 pub(crate) struct Http2 {
     session: Session,
     rbuf: Option<ReadBuf>,
     sending: Vec<Sending>,
-    /// Streams whose handler deferred its reply, whether each asked for the head only, what
-    /// its answer is counted under, and (with an access log) the request's part of its line.
-    awaiting: Vec<(u32, bool, Tally, Option<Box<SavedEntry>>)>,
+    /// Streams whose handler deferred its reply.
+    awaiting: Awaiting,
     /// Streams relayed to an upstream server (`conn/relay.rs`), until their answer is sent
     /// and their upstream connection released.
-    relays: Vec<(u32, Box<Relay>)>,
+    relays: Vec<RelayedStream>,
     /// The stream served last among incremental ones (round-robin position).
     last_served: u32,
     /// Close once the output is sent (connection error, timeout, Drop).
@@ -156,7 +232,7 @@ impl Http2 {
             session,
             rbuf,
             sending: Vec::new(),
-            awaiting: Vec::new(),
+            awaiting: Awaiting::default(),
             relays: Vec::new(),
             last_served: 0,
             closing: false,
@@ -271,7 +347,7 @@ impl Http2 {
         while let Some(event) = self.session.poll_event() {
             self.on_event(event, out, link, cx);
         }
-        self.feed_relays(out, link, cx);
+        self.feed_relays(out, cx);
         self.pump(out, cx);
     }
 
@@ -303,7 +379,7 @@ impl Http2 {
                     self.dispatch(data, true, out, link, cx);
                 }
             }
-            Event::Body(_) => self.feed_relays(out, link, cx),
+            Event::Body(_) => self.feed_relays(out, cx),
             Event::Refuse { stream, status } => {
                 let e = if status == 413 {
                     tern_codec::RequestError::BodyTooLarge
@@ -313,10 +389,11 @@ impl Http2 {
                 cx.stats.bump(Counter::Requests);
                 cx.stats.bad_request(e);
                 let entry = LogEntry::bare(link.peer, cx.clock.now_us());
+                let facts = Facts::own_answer(ExchangeId(u64::from(stream)), cx.clock.now_us());
                 self.respond(
                     stream,
                     Response::text(e.status(), e.message()),
-                    (false, Tally::starting(cx.clock.now_us())),
+                    facts,
                     out,
                     link,
                     cx,
@@ -325,10 +402,9 @@ impl Http2 {
             }
             Event::Reset(id) => {
                 self.sending.retain(|s| s.stream != id);
-                self.awaiting.retain(|(s, ..)| *s != id);
-                let stats = cx.stats;
-                if let Some(r) = self.relay(id) {
-                    r.abandon(stats);
+                self.awaiting.forget(ExchangeId(u64::from(id)));
+                if let Some(r) = self.relays.iter_mut().find(|r| r.id == id) {
+                    r.abandon(cx.stats);
                 }
             }
             Event::Reprioritize(id) => {
@@ -368,8 +444,13 @@ impl Http2 {
             many = vec![httparse::EMPTY_HEADER; data.fields.field_count()];
             &mut many
         };
-        let mut entry = None;
-        let mut tally = Tally::starting(cx.clock.now_us());
+        let mut facts = Facts {
+            id: ExchangeId(u64::from(id)),
+            head_only: false,
+            keep_alive: true,
+            http10: false,
+            tally: Tally::starting(cx.clock.now_us()),
+        };
         // A streamed body's length was accepted by its route (see `streams_body`); a gathered
         // one's was checked by the session.
         let limits = tern_codec::Limits {
@@ -382,7 +463,7 @@ impl Http2 {
         };
         // An extended CONNECT (RFC 8441): a tunnel only a proxy route's WebSocket gives.
         let tunnel = data.fields.protocol().is_some();
-        let (outcome, head_only) = match data.head(slots, &limits) {
+        let (outcome, mut entry) = match data.head(slots, &limits) {
             Err(e) => {
                 cx.stats.bad_request(e);
                 if ratelog::admit(e.name(), cx.clock.now_ms()) {
@@ -391,31 +472,15 @@ impl Http2 {
                 }
                 (
                     Outcome::Respond(Response::text(e.status(), e.message())),
-                    false,
+                    None,
                 )
             }
             Ok(head) => {
-                let head_only = head.method == Method::Head;
-                // Borrows the request's buffers: they go back to the session only after the
-                // answer.
-                entry = cx
-                    .access_log
-                    .as_ref()
-                    .map(|log| log.entry(&head, link.peer, cx.clock.now_us()));
-                let own = exchange::before_routing(&head, link.secure, link.redirect_to_https, cx);
-                let outcome = match own {
-                    Some(response) => Outcome::Respond(response),
-                    None => {
-                        let from = Origin {
-                            peer: link.peer,
-                            secure: link.secure,
-                            conn: link.key,
-                            seq: id,
-                        };
-                        exchange::run(&head, &data.body, from, entry.as_mut(), &mut tally, cx)
-                    }
-                };
-                (outcome, head_only)
+                facts.head_only = head.method == Method::Head;
+                // The entry borrows the request's buffers: they go back to the session only
+                // after the answer.
+                let dispatched = exchange::dispatch(&head, &data.body, link, &mut facts, cx);
+                (dispatched.outcome, dispatched.entry)
             }
         };
         if cx.stopping || cx.near_limit {
@@ -432,13 +497,11 @@ impl Http2 {
             outcome
         };
         match outcome {
-            Outcome::Respond(r) => {
-                self.respond(id, r, (head_only, tally), out, link, cx, entry.as_ref())
-            }
+            Outcome::Respond(r) => self.respond(id, r, facts, out, link, cx, entry.as_ref()),
             Outcome::Deferred => {
-                // The head's buffers go back now: keep a copy of the line's request part.
-                let saved = entry.as_ref().and_then(SavedEntry::save);
-                self.awaiting.push((id, head_only, tally, saved));
+                // The head's buffers go back now: the table keeps a copy of the line's
+                // request part.
+                self.awaiting.park(facts, entry.as_ref());
             }
             Outcome::Forward(mut fwd, compress) => {
                 // HTTP/2 has no Upgrade: a WebSocket is an extended CONNECT (`tunnel_outcome`
@@ -447,22 +510,24 @@ impl Http2 {
                 let start = RelayStart {
                     fwd,
                     compress,
-                    asked: Asked {
-                        head_only,
-                        keep_alive: true,
-                        http10: false,
-                    },
+                    head_only: facts.head_only,
+                    handshake_is_ours: true,
                     body: &data.body,
                     // A tunnel's DATA is no body: it goes up as it is once the tunnel is open.
                     streamed: (streamed && !tunnel)
                         .then_some(BodyFollows::Raw(data.fields.content_length())),
                     log: entry.as_ref().and_then(SavedEntry::save),
-                    tally,
+                    tally: facts.tally,
                 };
-                let client = ClientSide::H2(H2Answer::default());
-                let relay = Relay::start(start, client, out, link, cx);
-                self.relays.push((id, relay));
-                self.feed_relays(out, link, cx);
+                let mut answer = H2Answer::default();
+                let room = self.room_for(0);
+                let mut sink = H2Sink {
+                    answer: &mut answer,
+                    room,
+                };
+                let relay = Box::new(Relay::start(start, &mut sink, cx));
+                self.relays.push(RelayedStream { id, relay, answer });
+                self.feed_relays(out, cx);
                 self.flush_relays(out, link, cx);
             }
             Outcome::Drop => {
@@ -481,7 +546,7 @@ impl Http2 {
     /// A deferred reply arrived. False if its stream is gone (reset meanwhile) or unknown.
     pub fn complete(
         &mut self,
-        seq: u32,
+        id: ExchangeId,
         response: Response,
         out: &mut Output,
         link: &Link,
@@ -490,15 +555,16 @@ impl Http2 {
         if self.closing || self.lingering.is_some() || self.session.is_closed() {
             return false;
         }
-        let Some(i) = self.awaiting.iter().position(|(s, ..)| *s == seq) else {
+        let Some(waiting) = self.awaiting.take(id) else {
             return false;
         };
-        let (_, head_only, tally, saved) = self.awaiting.swap_remove(i);
-        let entry = saved.as_ref().map(|s| s.entry());
+        let entry = waiting.log.as_ref().map(|s| s.entry());
+        // Stream ids are 31 bits: every id parked here came from one.
+        let stream = u32::try_from(id.0).expect("an HTTP/2 stream id");
         self.respond(
-            seq,
+            stream,
             response,
-            (head_only, tally),
+            waiting.facts,
             out,
             link,
             cx,
@@ -508,7 +574,7 @@ impl Http2 {
         true
     }
 
-    /// Queues the answer of stream `id` (`asked`: whether it asked for the head only, and
+    /// Queues the answer of stream `id` (`facts`: whether it asked for the head only, and
     /// what its answer is counted under); with an access log, records its line (`entry`: the
     /// request's part).
     #[allow(clippy::too_many_arguments)]
@@ -516,13 +582,13 @@ impl Http2 {
         &mut self,
         id: u32,
         response: Response,
-        asked: (bool, Tally),
+        facts: Facts,
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
         entry: Option<&LogEntry<'_>>,
     ) {
-        let (head_only, tally) = asked;
+        let (head_only, tally) = (facts.head_only, facts.tally);
         cx.answered(response.status, tally);
         let no_body = status_has_no_body(response.status);
         let len = response.body.len();
@@ -726,7 +792,7 @@ impl Http2 {
     }
 
     fn h2_answer(&self, id: u32) -> Option<&H2Answer> {
-        self.relay_ref(id).and_then(Relay::h2_answer_ref)
+        self.relays.iter().find(|r| r.id == id).map(|r| &r.answer)
     }
 
     /// What to do once the output is sent.
@@ -830,7 +896,7 @@ impl Http2 {
         let relay = self
             .relays
             .iter()
-            .map(|(_, r)| r.deadline())
+            .map(|r| r.relay.deadline())
             .min()
             .filter(|&d| d != u64::MAX)
             .map(|d| (d, Timeout::Upstream));
@@ -890,7 +956,7 @@ impl Http2 {
     /// two batches of requests, and freeing there would cost allocations on every batch.
     pub fn trim(&mut self) {
         self.sending = Vec::new();
-        self.awaiting = Vec::new();
+        self.awaiting.release();
         self.relays = Vec::new();
         self.session.release_idle_memory();
         self.trimmed = true;
@@ -913,17 +979,30 @@ impl Http2 {
 /// The streams relayed to upstream servers: the connection's `relay_*` calls, by stream id.
 impl Http2 {
     fn relay_ref(&self, id: u32) -> Option<&Relay> {
-        self.relays
-            .iter()
-            .find(|(s, _)| *s == id)
-            .map(|(_, r)| &**r)
+        self.relays.iter().find(|r| r.id == id).map(|r| &*r.relay)
     }
 
     fn relay(&mut self, id: u32) -> Option<&mut Relay> {
         self.relays
             .iter_mut()
-            .find(|(s, _)| *s == id)
-            .map(|(_, r)| &mut **r)
+            .find(|r| r.id == id)
+            .map(|r| &mut *r.relay)
+    }
+
+    /// The relay of stream `id` and the sink it writes its answer through.
+    fn relay_parts(&mut self, id: u32) -> Option<(&mut Relay, H2Sink<'_>)> {
+        let i = self.relays.iter().position(|r| r.id == id)?;
+        Some(self.parts_at(i))
+    }
+
+    fn parts_at(&mut self, i: usize) -> (&mut Relay, H2Sink<'_>) {
+        let room = self.relay_room(i);
+        let r = &mut self.relays[i];
+        let sink = H2Sink {
+            answer: &mut r.answer,
+            room,
+        };
+        (&mut r.relay, sink)
     }
 
     pub fn in_relay(&self) -> bool {
@@ -931,7 +1010,7 @@ impl Http2 {
     }
 
     pub fn relay_ids(&self, into: &mut Vec<u32>) {
-        into.extend(self.relays.iter().map(|(s, _)| *s));
+        into.extend(self.relays.iter().map(|r| r.id));
     }
 
     pub fn relay_need(&self, id: u32) -> RelayNeed {
@@ -977,11 +1056,13 @@ impl Http2 {
     }
 
     pub fn relay_recv_buf(&mut self, id: u32, cx: &mut ConnCx<'_>) -> &mut [u8] {
-        let Some(i) = self.relays.iter().position(|(s, _)| *s == id) else {
-            return &mut [];
-        };
-        let room = self.relay_room(i);
-        self.relays[i].1.recv_buf(room, cx)
+        match self.relay_parts(id) {
+            Some((relay, sink)) => {
+                let room = sink.room();
+                relay.recv_buf(room, cx)
+            }
+            None => &mut [],
+        }
     }
 
     /// How many more bytes of its answer the relay at `i` may take from its upstream now:
@@ -989,9 +1070,12 @@ impl Http2 {
     /// together). A stream whose window the client keeps shut fills its share and stops there:
     /// its upstream is then read no further (backpressure, not buffering).
     fn relay_room(&self, i: usize) -> usize {
-        let held = |r: &Relay| r.h2_answer_ref().map_or(0, |a| a.data.len());
-        let total: usize = self.relays.iter().map(|(_, r)| held(r)).sum();
-        let own = held(&self.relays[i].1);
+        self.room_for(self.relays[i].answer.data.len())
+    }
+
+    /// The room of a stream holding `own` bytes of its answer.
+    fn room_for(&self, own: usize) -> usize {
+        let total: usize = self.relays.iter().map(|r| r.answer.data.len()).sum();
         RELAY_STREAM_BUFFER
             .saturating_sub(own)
             .min(RELAY_CONN_BUFFER.saturating_sub(total))
@@ -1005,11 +1089,11 @@ impl Http2 {
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) {
-        if let Some(r) = self.relay(id) {
-            r.recv(n, out, link, cx);
+        if let Some((relay, mut sink)) = self.relay_parts(id) {
+            relay.recv(n, &mut sink, cx);
         }
         // A tunnel just opened takes what its client sent meanwhile.
-        self.feed_relays(out, link, cx);
+        self.feed_relays(out, cx);
         self.flush_relays(out, link, cx);
     }
 
@@ -1021,8 +1105,8 @@ impl Http2 {
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) {
-        if let Some(r) = self.relay(id) {
-            r.closed(error, out, link, cx);
+        if let Some((relay, mut sink)) = self.relay_parts(id) {
+            relay.closed(error, &mut sink, cx);
         }
         self.flush_relays(out, link, cx);
     }
@@ -1034,8 +1118,8 @@ impl Http2 {
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) {
-        if let Some(r) = self.relay(id) {
-            r.connect_failed(out, link, cx);
+        if let Some((relay, mut sink)) = self.relay_parts(id) {
+            relay.connect_failed(&mut sink, cx);
         }
         self.flush_relays(out, link, cx);
     }
@@ -1045,9 +1129,10 @@ impl Http2 {
     pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
         let now = cx.clock.now_ms();
         for i in 0..self.relays.len() {
-            if self.relays[i].1.deadline() <= now {
-                let room = self.relay_room(i) > 0;
-                self.relays[i].1.timed_out(room, out, link, cx);
+            if self.relays[i].relay.deadline() <= now {
+                let (relay, mut sink) = self.parts_at(i);
+                let room = sink.room() > 0;
+                relay.timed_out(room, &mut sink, cx);
             }
         }
         self.flush_relays(out, link, cx);
@@ -1055,22 +1140,31 @@ impl Http2 {
 
     /// Hands streamed request bodies to their relays as far as each takes them (the rest,
     /// and the stream's window, wait for the upstream to take more).
-    fn feed_relays(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        for (id, r) in &mut self.relays {
-            if !r.wants_input() {
+    fn feed_relays(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
+        for i in 0..self.relays.len() {
+            let id = self.relays[i].id;
+            if !self.relays[i].relay.wants_input() {
                 continue;
             }
-            let Some((chunk, ended)) = self.session.body_chunk(*id) else {
+            let Some((chunk, ended)) = self.session.body_chunk(id) else {
                 continue;
             };
-            let used = r.client_input(chunk, out, link, cx);
+            // (The session's buffers and the relays are separate fields: the chunk stays
+            // borrowed from the session while the relay takes it.)
+            let room = RELAY_STREAM_BUFFER; // input never reads the upstream: room unused
+            let r = &mut self.relays[i];
+            let mut sink = H2Sink {
+                answer: &mut r.answer,
+                room,
+            };
+            let used = r.relay.client_input(chunk, &mut sink, cx);
             let all = used == chunk.len();
             let buf = out.head_buf(|| cx.buffers.take_write());
             let before = buf.len();
-            self.session.consume_body(*id, used, buf);
+            self.session.consume_body(id, used, buf);
             out.commit(before);
             if all && ended {
-                r.end_client_body();
+                self.relays[i].relay.end_client_body();
             }
         }
     }
@@ -1082,11 +1176,9 @@ impl Http2 {
             return;
         }
         for i in 0..self.relays.len() {
-            let id = self.relays[i].0;
-            let head_only = self.relays[i].1.asked.head_only;
-            let Some(answer) = self.relays[i].1.h2_answer() else {
-                continue;
-            };
+            let id = self.relays[i].id;
+            let head_only = self.relays[i].relay.head_only();
+            let answer = &mut self.relays[i].answer;
             if let Some((response, length)) = answer.head.take() {
                 let end_stream = head_only
                     || status_has_no_body(response.status)
@@ -1155,11 +1247,12 @@ impl Http2 {
     fn pump_relay(&mut self, i: usize, out: &mut Output, cx: &mut ConnCx<'_>) {
         let id = self.sending[i].stream;
         let cap = self.session.send_capacity(id);
-        let Some((_, relay)) = self.relays.iter_mut().find(|(s, _)| *s == id) else {
-            self.sending.swap_remove(i);
-            return;
-        };
-        let Some(answer) = relay.h2_answer() else {
+        let Some(answer) = self
+            .relays
+            .iter_mut()
+            .find(|r| r.id == id)
+            .map(|r| &mut r.answer)
+        else {
             self.sending.swap_remove(i);
             return;
         };
@@ -1189,16 +1282,15 @@ impl Http2 {
     /// Relays whose upstream connection is released and whose answer is out (or reset).
     fn drop_finished_relays(&mut self) {
         let sending = &self.sending;
-        self.relays.retain(|(id, r)| {
-            let answered = !sending.iter().any(|s| s.stream == *id)
-                && r.h2_answer_ref().is_none_or(|a| a.head.is_none());
-            !(r.is_finished() && answered)
+        self.relays.retain(|r| {
+            let answered = !sending.iter().any(|s| s.stream == r.id) && r.answer.head.is_none();
+            !(r.relay.is_finished() && answered)
         });
     }
 
     /// The connection failed or the client left: every relay ends without an answer.
     pub fn abandon_relays(&mut self, cx: &ConnCx<'_>) {
-        for (_, r) in &mut self.relays {
+        for r in &mut self.relays {
             r.abandon(cx.stats);
         }
     }

@@ -31,6 +31,7 @@ use tern_runtime::{ratelog, BufPool};
 
 use crate::bans::BanCause;
 use crate::exchange::ConnCx;
+use crate::handler::ExchangeId;
 use crate::response::Response;
 use crate::stats::Counter;
 use close::{CloseKind, Next};
@@ -316,7 +317,7 @@ impl Conn {
 
     pub fn relay_recv_buf(&mut self, id: u32, cx: &mut ConnCx<'_>) -> &mut [u8] {
         match &mut self.http {
-            Protocol::Http1(h) => h.relay_recv_buf(&self.out, cx),
+            Protocol::Http1(h) => h.relay_recv_buf(&mut self.out, &self.link, cx),
             Protocol::Http2(h) => h.relay_recv_buf(id, cx),
         }
     }
@@ -385,9 +386,9 @@ impl Conn {
     }
 
     /// A deferred reply arrived from the inbox. False if it was stale.
-    pub fn complete(&mut self, seq: u32, response: Response, cx: &mut ConnCx<'_>) -> bool {
+    pub fn complete(&mut self, id: ExchangeId, response: Response, cx: &mut ConnCx<'_>) -> bool {
         self.http
-            .complete(seq, response, &mut self.out, &self.link, cx)
+            .complete(id, response, &mut self.out, &self.link, cx)
     }
 
     /// Between requests with nothing buffered (shutdown may close it).

@@ -10,6 +10,7 @@ use super::http2::Http2;
 use super::output::Output;
 use super::types::{Link, Timeout};
 use crate::exchange::ConnCx;
+use crate::handler::ExchangeId;
 use crate::response::Response;
 
 pub(crate) enum Protocol {
@@ -110,13 +111,13 @@ impl Protocol {
 
     pub fn complete(
         &mut self,
-        seq: u32,
+        id: ExchangeId,
         response: Response,
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) -> bool {
-        forward!(self, p => p.complete(seq, response, out, link, cx))
+        forward!(self, p => p.complete(id, response, out, link, cx))
     }
 
     pub fn begin_drain(&mut self, out: &mut Output, may_read: bool, cx: &mut ConnCx<'_>) -> bool {

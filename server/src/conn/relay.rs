@@ -2,7 +2,9 @@
 //! an HTTP/2 connection's streams. Sans-IO like the rest of the connection: the driver (`upstream/driver.rs`) attaches an upstream
 //! connection, sends [`Relay::send_buf`], reads into [`Relay::recv_buf`], and reports what
 //! happened; the relay parses the upstream's answer (`tern_codec::parse_upstream_head`),
-//! rewrites its head, and streams its body into the client's output.
+//! rewrites its head, and streams its body to the client through the protocol's
+//! [`Sink`] (`exchange/sink.rs`): the relay knows no client protocol, HTTP/1.1 framing lives
+//! in `http1.rs` and HTTP/2's in `http2.rs`.
 //!
 //! Memory is bounded both ways: the request body is taken from the client only while less
 //! than `TO_UPSTREAM_MAX` waits for the upstream, and the upstream is read only as far as the
@@ -17,19 +19,14 @@
 
 use std::mem::MaybeUninit;
 
-use tern_codec::{
-    parse_upstream_head, BodyDecoder, BodyKind, ConnectionHeader, ResponseBody, ResponseHead,
-    UpstreamError,
-};
+use tern_codec::{parse_upstream_head, BodyDecoder, BodyKind, ResponseBody, UpstreamError};
 use tern_runtime::{ratelog, ReadBuf};
 
-use super::output::Output;
-use super::types::Link;
-use super::upstream_wire::{chunk_size_line, BodyFraming, FastCgiAnswer};
+use super::upstream_wire::{BodyFraming, FastCgiAnswer};
 use super::websocket::Handshake;
 use crate::access_log::SavedEntry;
 use crate::compression::{self, Choice};
-use crate::exchange::ConnCx;
+use crate::exchange::{ConnCx, Sink};
 use crate::response::Response;
 use crate::stats::{Counter, Tally, UpstreamCounter};
 use crate::upstream::{Forward, UpstreamOutcome, UpstreamRow, UpstreamWire};
@@ -72,30 +69,16 @@ enum Phase {
     Done,
 }
 
-/// What the relay needs to know of the client's request to shape the answer it passes on.
-#[derive(Clone, Copy)]
-pub(crate) struct Asked {
-    /// A HEAD request: the answer has no body.
-    pub head_only: bool,
-    /// The client may keep the connection open after this exchange.
-    pub keep_alive: bool,
-    /// An HTTP/1.0 client (no chunking; keep-alive said explicitly).
-    pub http10: bool,
-}
-
-impl Asked {
-    /// What the `Connection` field of an HTTP/1.1 answer says.
-    fn connection(&self, keep: bool) -> ConnectionHeader {
-        ConnectionHeader::for_answer(keep, self.http10)
-    }
-}
-
 /// An exchange a handler forwarded, as the protocol hands it to the relay.
 pub(crate) struct RelayStart<'b> {
     pub fwd: Box<Forward>,
     /// On-the-fly compression of the answer, if its route asks for it.
     pub compress: Option<Choice>,
-    pub asked: Asked,
+    /// A HEAD request: the answer has no body.
+    pub head_only: bool,
+    /// The client made no HTTP/1.1 WebSocket handshake of its own (HTTP/2's extended
+    /// CONNECT): the relay makes the one the upstream needs, and checks its answer.
+    pub handshake_is_ours: bool,
     /// The complete body, if it came with the head.
     pub body: &'b [u8],
     /// A body still to come from the client.
@@ -140,35 +123,13 @@ enum UpBody {
     UntilClose,
 }
 
-/// Who the answer goes to.
-pub(crate) enum ClientSide {
-    /// HTTP/1.1: written into the connection's output, chunked when unsized.
-    H1,
-    /// HTTP/2: kept for the protocol to frame as flow control allows.
-    H2(H2Answer),
-}
-
-/// An HTTP/2 stream's answer as the relay produces it.
-#[derive(Default)]
-pub(crate) struct H2Answer {
-    /// The head, once known, not yet sent: the fields and the length, if known.
-    pub head: Option<(Response, Option<u64>)>,
-    /// Body bytes not yet framed (as much as the protocol gave room for).
-    pub data: Vec<u8>,
-    /// The body is complete.
-    pub end: bool,
-    /// The answer broke after its head went out: the stream must be reset.
-    pub broken: bool,
-}
-
 pub(crate) struct Relay {
     pub(crate) fwd: Box<Forward>,
-    pub(crate) asked: Asked,
+    head_only: bool,
     log: Option<Box<SavedEntry>>,
     tally: Tally,
     /// The upstream group's row of counters (asked of the group once).
     counted_as: UpstreamRow,
-    client: ClientSide,
     phase: Phase,
     server: Option<usize>,
     /// Servers that failed this request (bit i: server i).
@@ -202,8 +163,6 @@ pub(crate) struct Relay {
     got_bytes: bool,
     /// The response head went to the client.
     head_sent: bool,
-    /// The body goes to the client chunked.
-    chunked_out: bool,
     /// The route's compression, until the answer's head is known.
     compress: Option<Choice>,
     /// The answer's body is being compressed: the encoder's state lives only as long as
@@ -243,17 +202,12 @@ impl Relay {
     /// A relay for an exchange a handler forwarded. `body`: the complete body, if it came
     /// with the head; `streamed`: the framing of a body still to come from the client (HTTP/1.1
     /// only). With no server to try, the answer (503) is ready at once.
-    pub fn start(
-        start: RelayStart<'_>,
-        client: ClientSide,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) -> Box<Relay> {
+    pub fn start(start: RelayStart<'_>, sink: &mut impl Sink, cx: &mut ConnCx<'_>) -> Relay {
         let RelayStart {
             mut fwd,
             compress,
-            asked,
+            head_only,
+            handshake_is_ours,
             body,
             streamed,
             log,
@@ -272,8 +226,8 @@ impl Relay {
         // The handler's head becomes the start of the request bytes (no copy).
         let mut to_up = std::mem::take(&mut fwd.head);
         // An HTTP/2 client's WebSocket: the key its HTTP/1.1 handshake needs is ours.
-        let websocket = (fwd.upgrade && matches!(client, ClientSide::H2(_)))
-            .then(|| Handshake::start(&mut to_up).map(Box::new));
+        let websocket =
+            (fwd.upgrade && handshake_is_ours).then(|| Handshake::start(&mut to_up).map(Box::new));
         let no_key = websocket.as_ref().is_some_and(Option::is_none);
         to_up.reserve(64 + body.len().min(16 * 1024));
         let whole_request = matches!(streamed, None | Some(BodyFollows::Framed(BodyKind::None)));
@@ -331,15 +285,14 @@ impl Relay {
                 }
             }
         };
-        let fastcgi = (fwd.wire == UpstreamWire::FastCgi)
-            .then(|| Box::new(FastCgiAnswer::new(asked.head_only)));
-        let mut relay = Box::new(Relay {
+        let fastcgi =
+            (fwd.wire == UpstreamWire::FastCgi).then(|| Box::new(FastCgiAnswer::new(head_only)));
+        let mut relay = Relay {
             counted_as: fwd.upstreams.counted_as(),
             fwd,
-            asked,
+            head_only,
             log,
             tally,
-            client,
             phase: Phase::Connect,
             server: None,
             tried: 0,
@@ -358,7 +311,6 @@ impl Relay {
             up_body: UpBody::Head,
             got_bytes: false,
             head_sent: false,
-            chunked_out: false,
             compress,
             encoder: None,
             upstream_keep: false,
@@ -373,22 +325,16 @@ impl Relay {
             finished: false,
             websocket: websocket.flatten(),
             client_ended: None,
-        });
+        };
         if no_key {
-            relay.answer_own(
-                503,
-                "no random numbers for a WebSocket key\n",
-                out,
-                link,
-                cx,
-            );
+            relay.answer_own(503, "no random numbers for a WebSocket key\n", sink, cx);
             return relay;
         }
         relay.pick(cx);
         if relay.server.is_none() {
             cx.stats
                 .bump_upstream(relay.counted_as, UpstreamCounter::Failures);
-            relay.answer_own(503, "no upstream server is available\n", out, link, cx);
+            relay.answer_own(503, "no upstream server is available\n", sink, cx);
         }
         relay
     }
@@ -468,7 +414,7 @@ impl Relay {
 
     /// The client's connection cannot take another exchange after this one.
     pub fn closes_client(&self) -> bool {
-        self.close_client || !self.asked.keep_alive
+        self.close_client
     }
 
     /// Request bytes to send upstream (empty: none now).
@@ -542,12 +488,12 @@ impl Relay {
     }
 
     /// `n` bytes of the upstream's were read into `recv_buf`.
-    pub fn recv(&mut self, n: usize, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+    pub fn recv(&mut self, n: usize, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         self.got_bytes = true;
         if let Some(f) = self.fastcgi.as_mut() {
             let http = self.from_up.get_or_insert_with(|| cx.buffers.take_read());
             if let Err(e) = f.filled(n, http) {
-                self.fastcgi_failed(e, out, link, cx);
+                self.fastcgi_failed(e, sink, cx);
                 return;
             }
         } else if let Some(b) = self.from_up.as_mut() {
@@ -555,17 +501,17 @@ impl Relay {
         }
         let now = cx.clock.now_ms();
         self.deadline_ms = now + self.fwd.upstreams.timeouts().idle.as_millis() as u64;
-        self.process(out, link, cx);
+        self.process(sink, cx);
     }
 
     /// The upstream closed its side (`error`: or the connection failed).
-    pub fn closed(&mut self, error: bool, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+    pub fn closed(&mut self, error: bool, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         match (self.phase, &self.up_body) {
             (Phase::Exchange, UpBody::UntilClose) if !error => {
-                self.finish_body(out, cx);
-                self.complete(UpstreamOutcome::Ok, cx);
+                self.finish_body(sink, cx);
+                self.complete(UpstreamOutcome::Ok, sink, cx);
             }
-            (Phase::Tunnel, _) => self.complete(UpstreamOutcome::Ok, cx),
+            (Phase::Tunnel, _) => self.complete(UpstreamOutcome::Ok, sink, cx),
             (Phase::Exchange | Phase::Connecting, _) => {
                 if self.phase == Phase::Exchange
                     && self.reused
@@ -584,7 +530,7 @@ impl Relay {
                 } else {
                     "upstream closed the connection without answering"
                 };
-                self.fail(502, cause, out, link, cx);
+                self.fail(502, cause, sink, cx);
             }
             _ => {}
         }
@@ -593,18 +539,12 @@ impl Relay {
     /// The relay's deadline passed. `client_room`: the client side would take more of the
     /// answer now (false: the relay stopped reading the upstream because the client leaves
     /// the answer unread, so the client, not the upstream, stalled the exchange).
-    pub fn timed_out(
-        &mut self,
-        client_room: bool,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
+    pub fn timed_out(&mut self, client_room: bool, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         match self.phase {
             Phase::Connecting => {
                 cx.stats
                     .bump_upstream(self.counted_as, UpstreamCounter::Timeouts);
-                self.connect_failed(out, link, cx)
+                self.connect_failed(sink, cx)
             }
             Phase::Exchange | Phase::Tunnel if self.head_sent && !client_room => {
                 // A reader too slow for the upstream idle timeout must not hold the upstream
@@ -617,18 +557,16 @@ impl Relay {
                 self.client_stalled = true;
                 self.close_client = true;
                 self.upstream_keep = false;
-                if let ClientSide::H2(a) = &mut self.client {
-                    a.broken = true;
-                }
+                sink.reset();
                 self.end(UpstreamOutcome::Abandoned, None, cx);
             }
             Phase::Exchange | Phase::Tunnel => {
                 cx.stats
                     .bump_upstream(self.counted_as, UpstreamCounter::Timeouts);
                 if self.phase == Phase::Tunnel {
-                    self.complete(UpstreamOutcome::Ok, cx);
+                    self.complete(UpstreamOutcome::Ok, sink, cx);
                 } else {
-                    self.fail(504, "upstream timed out", out, link, cx);
+                    self.fail(504, "upstream timed out", sink, cx);
                 }
             }
             Phase::Connect | Phase::Done => {}
@@ -661,36 +599,18 @@ impl Relay {
             self.upstream_keep = false;
             self.deadline_ms = u64::MAX;
         }
-        // Nothing more goes to a client that left.
-        if let ClientSide::H2(a) = &mut self.client {
-            *a = H2Answer {
-                end: true,
-                ..H2Answer::default()
-            };
-        }
     }
 
-    /// HTTP/2: the answer so far, for the protocol to frame.
-    pub fn h2_answer(&mut self) -> Option<&mut H2Answer> {
-        match &mut self.client {
-            ClientSide::H2(a) => Some(a),
-            ClientSide::H1 => None,
-        }
-    }
-
-    pub fn h2_answer_ref(&self) -> Option<&H2Answer> {
-        match &self.client {
-            ClientSide::H2(a) => Some(a),
-            ClientSide::H1 => None,
-        }
+    /// The answer is for a HEAD request.
+    pub fn head_only(&self) -> bool {
+        self.head_only
     }
 
     /// Client input while relaying: the request body, or a tunnel's bytes.
     pub fn client_input(
         &mut self,
         input: &[u8],
-        out: &mut Output,
-        link: &Link,
+        sink: &mut impl Sink,
         cx: &mut ConnCx<'_>,
     ) -> usize {
         if self.phase == Phase::Tunnel {
@@ -714,7 +634,7 @@ impl Relay {
                     // from it, and the upstream has seen a partial request: drop both.
                     cx.stats.bad_request(e);
                     self.close_client = true;
-                    self.fail(e.status(), e.message(), out, link, cx);
+                    self.fail(e.status(), e.message(), sink, cx);
                     return input.len();
                 }
                 Ok(step) => {
@@ -726,7 +646,7 @@ impl Relay {
                         let e = tern_codec::RequestError::BodyTooLarge;
                         cx.stats.bad_request(e);
                         self.close_client = true;
-                        self.fail(e.status(), e.message(), out, link, cx);
+                        self.fail(e.status(), e.message(), sink, cx);
                         return input.len();
                     }
                     framing.push(&mut self.to_up, step.data);
@@ -777,7 +697,7 @@ impl Relay {
     }
 
     /// Parses and relays what the upstream sent.
-    fn process(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+    fn process(&mut self, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         let Some(mut buf) = self.from_up.take() else {
             return;
         };
@@ -792,41 +712,41 @@ impl Relay {
             }
             if self.phase == Phase::Tunnel {
                 self.body_bytes += buf.len() as u64;
-                self.client_data(buf.data(), out, cx);
+                sink.data(buf.data(), cx);
                 buf.consume(buf.len());
                 break;
             }
             match &mut self.up_body {
                 UpBody::Head => {
-                    let used = self.take_head(buf.data(), out, link, cx);
+                    let used = self.take_head(buf.data(), sink, cx);
                     if used == 0 {
                         break;
                     }
                     buf.consume(used);
                 }
                 UpBody::UntilClose => {
-                    self.push_body(buf.data(), out, cx);
+                    self.push_body(buf.data(), sink, cx);
                     buf.consume(buf.len());
                 }
                 UpBody::Decoding(_) => {
-                    let (used, done, broken) = self.decode_body(buf.data(), out, cx);
+                    let (used, done, broken) = self.decode_body(buf.data(), sink, cx);
                     buf.consume(used);
                     if broken {
-                        self.fail(502, "upstream sent a malformed chunked body", out, link, cx);
+                        self.fail(502, "upstream sent a malformed chunked body", sink, cx);
                         break;
                     }
                     if !done {
                         break;
                     }
-                    self.finish_body(out, cx);
-                    self.complete(UpstreamOutcome::Ok, cx);
+                    self.finish_body(sink, cx);
+                    self.complete(UpstreamOutcome::Ok, sink, cx);
                 }
             }
         }
         if self.encoder.is_some() && self.phase == Phase::Exchange {
             // The upstream has nothing more for now: what it sent so far goes to the
             // client decodable, so a slow app's partial answer is not held back.
-            self.squeeze(Squeeze::Flush, out, cx);
+            self.squeeze(Squeeze::Flush, sink, cx);
         }
         if self.phase == Phase::Done && !buf.is_empty() {
             // Bytes past the end of the answer (a body after a HEAD answer, say): the
@@ -846,7 +766,7 @@ impl Relay {
     fn decode_body(
         &mut self,
         input: &[u8],
-        out: &mut Output,
+        sink: &mut impl Sink,
         cx: &mut ConnCx<'_>,
     ) -> (usize, bool, bool) {
         let mut used = 0;
@@ -861,9 +781,9 @@ impl Relay {
                     let done = step.done;
                     let stalled = step.consumed == 0;
                     if done {
-                        self.push_last(step.data, out, cx);
+                        self.push_last(step.data, sink, cx);
                     } else {
-                        self.push_body(step.data, out, cx);
+                        self.push_body(step.data, sink, cx);
                     }
                     if done {
                         return (used, true, false);
@@ -983,8 +903,7 @@ impl Relay {
     fn fastcgi_failed(
         &mut self,
         e: tern_fastcgi::TranslateError,
-        out: &mut Output,
-        link: &Link,
+        sink: &mut impl Sink,
         cx: &mut ConnCx<'_>,
     ) {
         self.upstream_keep = false;
@@ -997,7 +916,7 @@ impl Relay {
             }
             _ => (502, "bad gateway: the application's answer is malformed\n"),
         };
-        self.fail(status, msg, out, link, cx);
+        self.fail(status, msg, sink, cx);
         self.log_fastcgi_stderr(cx);
     }
 
@@ -1014,7 +933,7 @@ impl Relay {
         }
     }
 
-    pub fn connect_failed(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+    pub fn connect_failed(&mut self, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         cx.stats
             .bump_upstream(self.counted_as, UpstreamCounter::ConnectFailures);
         if let Some(s) = self.server {
@@ -1039,28 +958,17 @@ impl Relay {
             self.answer_own(
                 502,
                 "bad gateway: no upstream server could be reached\n",
-                out,
-                link,
+                sink,
                 cx,
             );
         }
     }
 
     /// Takes a response head from `data`; returns the bytes used (0: incomplete).
-    fn take_head(
-        &mut self,
-        data: &[u8],
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) -> usize {
+    fn take_head(&mut self, data: &[u8], sink: &mut impl Sink, cx: &mut ConnCx<'_>) -> usize {
         let mut headers = [MaybeUninit::uninit(); MAX_UPSTREAM_HEADERS];
-        let head = match parse_upstream_head(
-            data,
-            &mut headers,
-            self.asked.head_only,
-            MAX_UPSTREAM_HEAD,
-        ) {
+        let head = match parse_upstream_head(data, &mut headers, self.head_only, MAX_UPSTREAM_HEAD)
+        {
             Ok(Some(h)) => h,
             Ok(None) => return 0,
             Err(e) => {
@@ -1073,7 +981,7 @@ impl Relay {
                     }
                     _ => "bad gateway: the upstream's response is malformed\n",
                 };
-                self.fail(502, msg, out, link, cx);
+                self.fail(502, msg, sink, cx);
                 return 0;
             }
         };
@@ -1083,38 +991,26 @@ impl Relay {
                 self.fail(
                     502,
                     "bad gateway: the upstream switched protocols unasked\n",
-                    out,
-                    link,
+                    sink,
                     cx,
                 );
                 return 0;
             }
-            if let ClientSide::H2(_) = self.client {
-                return self.websocket_accepted(&head, out, link, cx);
+            if self.websocket.is_some() {
+                return self.websocket_accepted(&head, sink, cx);
             }
+            // The client's own handshake: the upstream's answer to it goes back as it is.
             let mut r = Response::new(101);
             copy_fields(&head, &mut r);
-            r.push_header("Connection", b"upgrade");
-            if let Some(u) = head
-                .headers
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case("upgrade"))
-            {
-                r.push_header("Upgrade", u.value);
-            }
             if let Some(edit) = &self.fwd.edit {
                 edit(&mut r);
             }
-            let head = ResponseHead {
-                status: 101,
-                date_line: cx.clock.date_line(),
-                headers: r.headers(),
-                content_length: None,
-                chunked: false,
-                connection: ConnectionHeader::Persistent,
-            };
-            write_head(out, &head, cx);
-            self.status = 101;
+            let upgrade = head
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("upgrade"))
+                .map(|h| h.value);
+            self.status = sink.tunnel(r, upgrade, cx);
             // After the tunnel the connection is not HTTP any more: it closes.
             self.close_client = true;
             self.open_tunnel(cx);
@@ -1126,27 +1022,18 @@ impl Relay {
             self.fail(
                 502,
                 "bad gateway: the upstream did not switch to WebSocket\n",
-                out,
-                link,
+                sink,
                 cx,
             );
             return 0;
         }
         if head.status < 200 {
-            // 100 Continue was ours to give; other interim answers (103 Early Hints) go to
-            // HTTP/1.1 clients as they are.
-            if head.status != 100 && !self.asked.http10 && matches!(self.client, ClientSide::H1) {
+            // 100 Continue was ours to give; other interim answers (103 Early Hints) go on
+            // where the client's protocol passes them.
+            if head.status != 100 {
                 let mut r = Response::new(head.status);
                 copy_fields(&head, &mut r);
-                let h = ResponseHead {
-                    status: head.status,
-                    date_line: b"",
-                    headers: r.headers(),
-                    content_length: None,
-                    chunked: false,
-                    connection: ConnectionHeader::Persistent,
-                };
-                write_interim(out, &h, cx);
+                sink.interim(&r, cx);
             }
             return used;
         }
@@ -1174,24 +1061,22 @@ impl Relay {
         if let Some(edit) = &self.fwd.edit {
             edit(&mut r);
         }
-        let (content_length, chunked, body) = match head.body {
+        let (content_length, body) = match head.body {
             ResponseBody::None => {
                 // A HEAD answer keeps the length the GET would have had.
-                let len =
-                    if self.asked.head_only && !crate::response::status_has_no_body(head.status) {
-                        head.headers
-                            .iter()
-                            .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                            .and_then(|h| std::str::from_utf8(h.value).ok())
-                            .and_then(|v| v.trim().parse::<u64>().ok())
-                    } else {
-                        None
-                    };
-                (len, false, None)
+                let len = if self.head_only && !crate::response::status_has_no_body(head.status) {
+                    head.headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                        .and_then(|h| std::str::from_utf8(h.value).ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                } else {
+                    None
+                };
+                (len, None)
             }
             ResponseBody::Length(n) => (
                 Some(n),
-                false,
                 Some(UpBody::Decoding(BodyDecoder::new(
                     BodyKind::Length(n),
                     u64::MAX,
@@ -1199,20 +1084,19 @@ impl Relay {
             ),
             ResponseBody::Chunked => (
                 None,
-                !self.asked.http10,
                 Some(UpBody::Decoding(BodyDecoder::new(
                     BodyKind::Chunked,
                     u64::MAX,
                 ))),
             ),
-            ResponseBody::UntilClose => (None, !self.asked.http10, Some(UpBody::UntilClose)),
+            ResponseBody::UntilClose => (None, Some(UpBody::UntilClose)),
         };
-        let (content_length, chunked) = match self.compress.take() {
+        let content_length = match self.compress.take() {
             Some(choice) => {
                 // The length the decision sees: the body's, or a HEAD answer's for the GET.
                 match choice.edit_head(&mut r, content_length) {
                     Some(coding) => {
-                        if body.is_some() && !self.asked.head_only {
+                        if body.is_some() && !self.head_only {
                             match choice.encoder(coding) {
                                 Ok(e) => self.encoder = Some(Box::new(e)),
                                 Err(_) => {
@@ -1220,64 +1104,32 @@ impl Relay {
                                     // connection is not blamed (nor reused).
                                     cx.stats.bump(Counter::CompressionFailures);
                                     self.outcome = UpstreamOutcome::Abandoned;
-                                    self.answer_own(
-                                        502,
-                                        "bad gateway: out of memory\n",
-                                        out,
-                                        link,
-                                        cx,
-                                    );
+                                    self.answer_own(502, "bad gateway: out of memory\n", sink, cx);
                                     return 0;
                                 }
                             }
                         }
-                        // Streamed: no length, chunked to HTTP/1.1 (HTTP/1.0: until close).
-                        (None, !self.asked.http10)
+                        // Streamed: no length.
+                        None
                     }
-                    None => (content_length, chunked),
+                    None => content_length,
                 }
             }
-            None => (content_length, chunked),
+            None => content_length,
         };
-        // An HTTP/1.0 client learns where an unsized body ends only by the close.
-        if content_length.is_none() && !chunked && body.is_some() {
-            self.close_client = true;
-        }
         if self.client_body.is_some() {
             // Answered before the request body was all sent: the client's connection cannot
             // be read in step any more, nor the upstream's reused.
             self.close_client = true;
         }
-        let keep = self.asked.keep_alive && !self.close_client && !cx.stopping;
-        if !keep {
-            self.close_client = true;
-        }
-        match &mut self.client {
-            ClientSide::H1 => {
-                // (HTTP/2 adds HSTS as it encodes the head.)
-                if let Some(line) = link.hsts(cx) {
-                    r.push_raw_headers(line);
-                }
-                let h = ResponseHead {
-                    status: head.status,
-                    date_line: cx.clock.date_line(),
-                    headers: r.headers(),
-                    content_length,
-                    chunked: chunked && !self.asked.head_only,
-                    connection: self.asked.connection(keep),
-                };
-                write_head(out, &h, cx);
-                self.chunked_out = chunked && !self.asked.head_only;
-            }
-            // HTTP/2 frames the body itself: no chunking, no Connection.
-            ClientSide::H2(a) => a.head = Some((r, content_length)),
-        }
+        let follows = body.is_some() && !self.head_only;
+        sink.head(r, content_length, follows, self.close_client, cx);
         self.head_sent = true;
         match body {
             Some(b) if !matches!(&b, UpBody::Decoding(d) if d.is_done()) => self.up_body = b,
             _ => {
-                self.finish_body(out, cx);
-                self.complete(UpstreamOutcome::Ok, cx);
+                self.finish_body(sink, cx);
+                self.complete(UpstreamOutcome::Ok, sink, cx);
             }
         }
         used
@@ -1289,8 +1141,7 @@ impl Relay {
     fn websocket_accepted(
         &mut self,
         head: &tern_codec::UpstreamHead<'_>,
-        out: &mut Output,
-        link: &Link,
+        sink: &mut impl Sink,
         cx: &mut ConnCx<'_>,
     ) -> usize {
         let fields = head.headers.iter().map(|h| (h.name, h.value));
@@ -1305,8 +1156,7 @@ impl Relay {
             self.fail(
                 502,
                 "bad gateway: the upstream's WebSocket handshake is wrong\n",
-                out,
-                link,
+                sink,
                 cx,
             );
             return 0;
@@ -1317,20 +1167,14 @@ impl Relay {
         if let Some(edit) = &self.fwd.edit {
             edit(&mut r);
         }
-        if let ClientSide::H2(a) = &mut self.client {
-            a.head = Some((r, None));
-        }
-        self.status = 200;
+        self.status = sink.tunnel(r, None, cx);
         self.open_tunnel(cx);
         head.head_len
     }
 
-    /// The upstream switched protocols: bytes both ways from now on.
+    /// The upstream switched protocols: bytes both ways from now on (the sink counted the
+    /// tunnel under its protocol).
     fn open_tunnel(&mut self, cx: &mut ConnCx<'_>) {
-        cx.stats.bump(match self.client {
-            ClientSide::H1 => Counter::WebsocketTunnelsOpenedHttp1,
-            ClientSide::H2(_) => Counter::WebsocketTunnelsOpenedHttp2,
-        });
         self.head_sent = true;
         self.phase = Phase::Tunnel;
         self.client_body = None;
@@ -1340,31 +1184,31 @@ impl Relay {
     }
 
     /// Body bytes of the upstream's answer, compressed if it is, framed for the client.
-    fn push_body(&mut self, data: &[u8], out: &mut Output, cx: &mut ConnCx<'_>) {
-        if data.is_empty() || self.asked.head_only {
+    fn push_body(&mut self, data: &[u8], sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
+        if data.is_empty() || self.head_only {
             return;
         }
         if self.encoder.is_some() {
-            self.squeeze(Squeeze::Data(data), out, cx);
+            self.squeeze(Squeeze::Data(data), sink, cx);
         } else {
-            self.emit(data, out, cx);
+            self.emit(data, sink, cx);
         }
     }
 
     /// The last body bytes of a sized or chunked answer: an answer that came whole is
     /// compressed in one pass (see `Encoder::finish_with`), never held back for it.
-    fn push_last(&mut self, data: &[u8], out: &mut Output, cx: &mut ConnCx<'_>) {
-        if self.encoder.is_some() && !data.is_empty() && !self.asked.head_only {
-            self.squeeze(Squeeze::Last(data), out, cx);
+    fn push_last(&mut self, data: &[u8], sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
+        if self.encoder.is_some() && !data.is_empty() && !self.head_only {
+            self.squeeze(Squeeze::Last(data), sink, cx);
         } else {
-            self.push_body(data, out, cx);
+            self.push_body(data, sink, cx);
         }
     }
 
     /// One step of the answer's encoder; its output goes to the client. A failing encoder
     /// (no memory) cuts the answer short, as a failing upstream does, but it is counted as
     /// ours and says nothing about the upstream's health.
-    fn squeeze(&mut self, step: Squeeze<'_>, out: &mut Output, cx: &mut ConnCx<'_>) {
+    fn squeeze(&mut self, step: Squeeze<'_>, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         let Some(mut encoder) = self.encoder.take() else {
             return;
         };
@@ -1375,14 +1219,12 @@ impl Relay {
             Squeeze::Last(data) => encoder.finish_with(data),
         };
         match coded {
-            Ok(bytes) => self.emit(bytes, out, cx),
+            Ok(bytes) => self.emit(bytes, sink, cx),
             Err(_) => {
                 cx.stats.bump(Counter::CompressionFailures);
                 self.close_client = true;
                 self.upstream_keep = false;
-                if let ClientSide::H2(a) = &mut self.client {
-                    a.broken = true;
-                }
+                sink.reset();
                 self.end(UpstreamOutcome::Abandoned, None, cx);
                 return;
             }
@@ -1395,53 +1237,27 @@ impl Relay {
         }
     }
 
-    /// Body bytes for the client, framed (chunked when the answer is).
-    fn emit(&mut self, data: &[u8], out: &mut Output, cx: &mut ConnCx<'_>) {
+    /// Body bytes for the client (the sink frames them).
+    fn emit(&mut self, data: &[u8], sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         if data.is_empty() {
             return;
         }
         self.body_bytes += data.len() as u64;
-        if self.chunked_out {
-            out.head_buf(|| cx.buffers.take_write());
-            out.push_copy(chunk_size_line(data.len(), &mut [0; 18]));
-            out.push_copy(data);
-            out.push_copy(b"\r\n");
-        } else {
-            self.client_data(data, out, cx);
-        }
+        sink.data(data, cx);
     }
 
-    /// Bytes for the client as they are (a sized body, a tunnel).
-    fn client_data(&mut self, data: &[u8], out: &mut Output, cx: &mut ConnCx<'_>) {
-        match &mut self.client {
-            ClientSide::H1 => {
-                out.head_buf(|| cx.buffers.take_write());
-                out.push_copy(data);
-            }
-            ClientSide::H2(a) => a.data.extend_from_slice(data),
-        }
-    }
-
-    fn finish_body(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
-        self.squeeze(Squeeze::Finish, out, cx);
-        if self.chunked_out {
-            out.push_copy(b"0\r\n\r\n");
-            self.chunked_out = false;
-        }
-        if let ClientSide::H2(a) = &mut self.client {
-            a.end = true;
-        }
+    fn finish_body(&mut self, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
+        self.squeeze(Squeeze::Finish, sink, cx);
+        sink.end(cx);
     }
 
     /// The exchange is over: count it, log it, and let the driver release the upstream.
-    fn complete(&mut self, outcome: UpstreamOutcome, cx: &mut ConnCx<'_>) {
+    fn complete(&mut self, outcome: UpstreamOutcome, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         if self.phase == Phase::Done {
             return;
         }
         self.log_fastcgi_stderr(cx);
-        if let ClientSide::H2(a) = &mut self.client {
-            a.end = true;
-        }
+        sink.end(cx);
         let upstream_us = cx.clock.now_us().saturating_sub(self.sent_us);
         self.end(outcome, Some(upstream_us), cx);
     }
@@ -1465,14 +1281,7 @@ impl Relay {
 
     /// The upstream failed this exchange: a `status` answer if the client has heard nothing
     /// yet, else the client connection is cut (its answer cannot be completed honestly).
-    fn fail(
-        &mut self,
-        status: u16,
-        msg: &'static str,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
+    fn fail(&mut self, status: u16, msg: &'static str, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         if self.phase == Phase::Done {
             return;
         }
@@ -1483,9 +1292,7 @@ impl Relay {
             // short body (or no last chunk), never a later response mistaken for this one.
             // On HTTP/2 the stream is reset instead (its answer never ends).
             self.close_client = true;
-            if let ClientSide::H2(a) = &mut self.client {
-                a.broken = true;
-            }
+            sink.reset();
             self.end(UpstreamOutcome::Failed, None, cx);
             return;
         }
@@ -1494,7 +1301,7 @@ impl Relay {
         } else {
             self.outcome = UpstreamOutcome::Failed;
         }
-        self.answer_own(status, msg, out, link, cx);
+        self.answer_own(status, msg, sink, cx);
     }
 
     /// Answers the client with tern's own short response in place of the upstream's.
@@ -1502,8 +1309,7 @@ impl Relay {
         &mut self,
         status: u16,
         msg: &'static str,
-        out: &mut Output,
-        link: &Link,
+        sink: &mut impl Sink,
         cx: &mut ConnCx<'_>,
     ) {
         let outcome = if self.outcome == UpstreamOutcome::Ok {
@@ -1514,51 +1320,22 @@ impl Relay {
         if self.client_body.is_some() {
             self.close_client = true;
         }
-        let keep = self.asked.keep_alive && !self.close_client && !cx.stopping;
-        if !keep {
-            self.close_client = true;
-        }
         let mut r = Response::text(status, msg);
         if let Some(page) = &self.fwd.own_answers {
             page(&mut r); // the site's error page for this status, if it has one
         }
-        let body = r.body.len();
-        match &mut self.client {
-            ClientSide::H1 => {
-                if let Some(line) = link.hsts(cx) {
-                    r.push_raw_headers(line);
-                }
-                let h = ResponseHead {
-                    status,
-                    date_line: cx.clock.date_line(),
-                    headers: r.headers(),
-                    content_length: Some(body),
-                    chunked: false,
-                    connection: self.asked.connection(keep),
-                };
-                write_head(out, &h, cx);
-                if !self.asked.head_only {
-                    out.push_body(std::mem::take(&mut r.body));
-                }
-            }
-            ClientSide::H2(a) => {
-                if !self.asked.head_only {
-                    match &r.body {
-                        crate::response::Body::Static(b) => a.data.extend_from_slice(b),
-                        crate::response::Body::Owned(b) => a.data.extend_from_slice(b),
-                        crate::response::Body::Shared(b) => a.data.extend_from_slice(b),
-                        // Pages are in memory; tern's own bodies too.
-                        crate::response::Body::Empty | crate::response::Body::File(_) => {}
-                    }
-                }
-                r.body = crate::response::Body::Empty;
-                a.head = Some((r, Some(body)));
-            }
+        let body = std::mem::take(&mut r.body);
+        // Pages are in memory, tern's own bodies too (a file would be sent as empty).
+        let bytes = body.as_memory().unwrap_or_default();
+        let len = bytes.len() as u64;
+        sink.head(r, Some(len), !self.head_only, self.close_client, cx);
+        if !self.head_only {
+            sink.data(bytes, cx);
         }
         self.head_sent = true;
         self.status = status;
-        self.body_bytes = body;
-        self.complete(outcome, cx);
+        self.body_bytes = len;
+        self.complete(outcome, sink, cx);
     }
 
     fn addr(&self) -> String {
@@ -1600,27 +1377,6 @@ fn copy_fields(head: &tern_codec::UpstreamHead<'_>, r: &mut Response) {
         // The parser took only a token name and a value without CR, LF or NUL.
         r.push_parsed_header(name, h.value);
     }
-}
-
-fn write_head(out: &mut Output, head: &ResponseHead<'_>, cx: &mut ConnCx<'_>) {
-    let buf = out.head_buf(|| cx.buffers.take_write());
-    let before = buf.len();
-    head.write_to(buf);
-    out.commit(before);
-}
-
-/// An interim (1xx) head: status line and fields only.
-fn write_interim(out: &mut Output, head: &ResponseHead<'_>, cx: &mut ConnCx<'_>) {
-    let buf = out.head_buf(|| cx.buffers.take_write());
-    let before = buf.len();
-    buf.extend_from_slice(b"HTTP/1.1 ");
-    buf.extend_from_slice(itoa::Buffer::new().format(head.status).as_bytes());
-    buf.push(b' ');
-    buf.extend_from_slice(tern_codec::reason_phrase(head.status).as_bytes());
-    buf.extend_from_slice(b"\r\n");
-    buf.extend_from_slice(head.headers);
-    buf.extend_from_slice(b"\r\n");
-    out.commit(before);
 }
 
 fn push_length(to: &mut Vec<u8>, n: u64) {

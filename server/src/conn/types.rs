@@ -1,13 +1,12 @@
 //! The words a connection's parts and its driver share: what to send ([`Transmit`]), what to
 //! do next ([`Action`]), what the worker should do with the connection ([`Status`]), which
-//! deadline runs ([`Timeout`]), and who the connection is ([`Link`]). No logic but
-//! [`Link::hsts`]; the protocols import these from here, not from `conn/mod.rs`, so that no
+//! deadline runs ([`Timeout`]), and who the connection is ([`Link`], defined with the
+//! exchanges that need it). No logic; the protocols import these from here, not from `conn/mod.rs`, so that no
 //! file of `conn/` imports the file that declares it.
 
-use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
-use crate::exchange::ConnCx;
+pub(crate) use crate::exchange::Link;
 
 /// What a connection asks of its worker after an event.
 #[derive(Debug, PartialEq, Eq)]
@@ -69,22 +68,4 @@ pub(crate) enum Action {
     /// Half-close the socket, then call `handle_write_shutdown` and keep reading.
     ShutdownWrite,
     Close,
-}
-
-/// Who the connection is, for exchanges.
-pub(crate) struct Link {
-    pub peer: SocketAddr,
-    pub key: u64,
-    /// Over TLS (HSTS goes on answers).
-    pub secure: bool,
-    /// A `--redirect-http` listener: every request is answered 308 to this https port.
-    pub redirect_to_https: Option<u16>,
-}
-
-impl Link {
-    /// The `Strict-Transport-Security` line answers on this connection carry (`--hsts`,
-    /// over TLS only).
-    pub fn hsts<'s>(&self, cx: &ConnCx<'s>) -> Option<&'s [u8]> {
-        cx.hsts_line.filter(|_| self.secure)
-    }
 }

@@ -695,7 +695,7 @@ mod tests {
         (dir, land, store, TestReplies::new())
     }
 
-    fn staged(replies: &TestReplies, seq: u32, ip: u32, nick: &str, at: u64) -> Staged {
+    fn staged(replies: &TestReplies, seq: u64, ip: u32, nick: &str, at: u64) -> Staged {
         Staged {
             ip,
             nick: nick.into(),
@@ -714,7 +714,7 @@ mod tests {
     }
 
     /// (seq, status) of the replies the syncer completed, waiting up to 5 s for the first.
-    fn completed(replies: &TestReplies) -> Vec<(u32, u16)> {
+    fn completed(replies: &TestReplies) -> Vec<(u64, u16)> {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut done = replies.completed();
         while done.is_empty() {
@@ -980,7 +980,7 @@ mod tests {
                             .map(|k| {
                                 let ip = (turn * 7 + k) % 300;
                                 let nick = format!("w{w}-{}", turn % 3);
-                                staged(&replies, k, ip, &nick, turn as u64)
+                                staged(&replies, k.into(), ip, &nick, turn as u64)
                             })
                             .collect();
                         store.commit(&land, &mut claims, &mut answers);

@@ -1,66 +1,33 @@
-//! One exchange, whatever the protocol: route the request, run the handler (a panic answers
-//! 500 and the worker lives on), and say what the protocol must do with the outcome. Also the
-//! context a connection runs with ([`ConnCx`]): what it borrows of its worker, defined here,
-//! below the connection, so that nothing under the worker names the worker.
+//! One exchange, whatever the protocol: [`dispatch`] begins its access-log entry, gives the
+//! server's own answers (ACME, the https redirect), routes the request and runs the handler (a
+//! panic answers 500 and the worker lives on), and says what the protocol must do with the
+//! outcome. Written once for HTTP/1.1 and HTTP/2 (and any protocol after them): a protocol
+//! parses, calls [`dispatch`], parks deferred replies in [`Awaiting`], and takes a relayed
+//! answer through its [`Sink`]. The context a connection runs with ([`ConnCx`], what it
+//! borrows of its worker) is defined in this layer (`context.rs`), below the connection, so
+//! that nothing under the worker names the worker.
 
-use std::net::{IpAddr, SocketAddr};
+mod awaiting;
+mod context;
+mod sink;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tern_codec::{Method, RequestError, RequestHead};
-use tern_runtime::{ratelog, BufPool, Clock, InboxSender};
+use tern_runtime::ratelog;
 
-use crate::access_log::{LogEntry, WorkerLog};
-use crate::bans::{self, BanCause, Bans};
+use crate::access_log::LogEntry;
+use crate::bans::BanCause;
 use crate::compression::{self, Choice};
-use crate::config::ServerConfig;
-use crate::handler::{HandlerContext, LogTarget, Refusal, Reply, Request, WorkerMessage};
+use crate::handler::{HandlerContext, LogTarget, Refusal, Reply, Request};
 use crate::response::{Body, Response};
-use crate::router::{RouteMatch, Router};
-use crate::stats::{AnswerRow, Counter, Tally, WorkerStats};
+use crate::router::RouteMatch;
+use crate::stats::{AnswerRow, Counter};
 use crate::upstream::Forward;
 
-/// Borrowed worker state a connection needs while it runs (the worker builds one per event).
-pub(crate) struct ConnCx<'a> {
-    pub router: &'a Router,
-    /// Automatic HTTPS: HTTP-01 answers on plain listeners (`None` without ACME).
-    pub acme: Option<&'a tern_tls::AcmeCerts>,
-    /// Where strikes and dropped connections add bans (`Server::with_bans`).
-    pub bans: Option<&'a Bans>,
-    /// `Strict-Transport-Security: ...\r\n`, for answers over TLS (`--hsts`).
-    pub hsts_line: Option<&'a [u8]>,
-    /// The worker's settings in force (timeouts, limits; changed by reloads between turns).
-    pub config: &'a ServerConfig,
-    pub stats: &'a WorkerStats,
-    pub clock: &'a Clock,
-    pub buffers: &'a mut BufPool,
-    /// The worker's buffer for file bytes on their way into TLS.
-    pub scratch: &'a mut Vec<u8>,
-    /// The worker's access log, if there is one: every answer is recorded there.
-    pub access_log: Option<&'a mut WorkerLog>,
-    pub inbox: &'a InboxSender<WorkerMessage>,
-    pub worker_id: usize,
-    /// A stop was requested: no answer keeps its connection alive.
-    pub stopping: bool,
-    pub draining: bool,
-    /// The worker is near its connection limit: answer, but do not keep alive.
-    pub near_limit: bool,
-}
-
-impl ConnCx<'_> {
-    /// An answer with `status` is complete: its class and its duration are counted (one
-    /// clock read, the same vDSO call as an access log's duration).
-    #[inline]
-    pub fn answered(&self, status: u16, tally: Tally) {
-        self.stats.answered(status, tally, self.clock.precise_us());
-    }
-
-    /// A strike (slow request head) or a dropped connection from `ip`: may add a ban.
-    pub fn record_ban(&self, ip: IpAddr, cause: BanCause) {
-        if let Some(bans) = self.bans {
-            bans::record(bans, self.stats, self.clock, ip, cause);
-        }
-    }
-}
+pub(crate) use awaiting::Awaiting;
+pub(crate) use context::{ConnCx, Facts, Link};
+pub(crate) use sink::Sink;
 
 /// What became of a request.
 pub(crate) enum Outcome {
@@ -83,22 +50,43 @@ pub(crate) fn streams_body(head: &RequestHead<'_>, cx: &ConnCx<'_>) -> bool {
     }
 }
 
-/// Where the request came from, for the handler and for pending replies.
-pub(crate) struct Origin {
-    pub peer: SocketAddr,
-    pub secure: bool,
-    pub conn: u64,
-    pub seq: u32,
+/// What [`dispatch`] came to, with the request's part of its access-log line (borrowing the
+/// request's head: a protocol that keeps it past the head saves it, see [`Awaiting::park`]).
+pub(crate) struct Dispatched<'h> {
+    pub outcome: Outcome,
+    pub entry: Option<LogEntry<'h>>,
 }
 
-/// Runs the exchange; the handler's choice of access log goes into `entry`, its choice of
-/// row to count the answer in (site, route) into `tally`.
-pub(crate) fn run(
+/// One request, whatever its protocol, from its parsed head to what becomes of it: its
+/// access-log entry begun, the server's own answers before any route sees it, then its
+/// route's handler (which picks the log, the row it is counted in (`facts.tally`), and
+/// whether its answer is compressed).
+pub(crate) fn dispatch<'h>(
+    head: &RequestHead<'h>,
+    body: &[u8],
+    link: &Link,
+    facts: &mut Facts,
+    cx: &mut ConnCx<'_>,
+) -> Dispatched<'h> {
+    let mut entry = cx
+        .access_log
+        .as_ref()
+        .map(|log| log.entry(head, link.peer, cx.clock.now_us()));
+    let outcome = match before_routing(head, link.secure, link.redirect_to_https, cx) {
+        Some(response) => Outcome::Respond(response),
+        None => run(head, body, link, facts, entry.as_mut(), cx),
+    };
+    Dispatched { outcome, entry }
+}
+
+/// Runs the exchange's handler; its choice of access log goes into `entry`, its choice of
+/// row to count the answer in (site, route) into `facts.tally`.
+fn run(
     head: &RequestHead<'_>,
     body: &[u8],
-    from: Origin,
+    link: &Link,
+    facts: &mut Facts,
     entry: Option<&mut LogEntry<'_>>,
-    tally: &mut Tally,
     cx: &mut ConnCx<'_>,
 ) -> Outcome {
     let handler = match cx.router.find(head.method, &head.path) {
@@ -112,15 +100,15 @@ pub(crate) fn run(
     let req = Request {
         head,
         body,
-        peer: from.peer,
-        secure: from.secure,
+        peer: link.peer,
+        secure: link.secure,
         unix_secs: cx.clock.unix_secs(),
         now_ms: cx.clock.now_ms(),
     };
     let mut hcx = HandlerContext {
         inbox: cx.inbox,
-        conn: from.conn,
-        seq: from.seq,
+        conn: link.key,
+        exchange: facts.id,
         deferred: false,
         worker_id: cx.worker_id,
         log: LogTarget::DEFAULT,
@@ -131,7 +119,7 @@ pub(crate) fn run(
         refused: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
-    tally.set_row(hcx.counted_as);
+    facts.tally.set_row(hcx.counted_as);
     match hcx.refused {
         Some(Refusal::RateLimited) => cx.stats.bump(Counter::RateLimited),
         Some(Refusal::BodyTooLarge) => cx.stats.bad_request(RequestError::BodyTooLarge),
@@ -153,7 +141,7 @@ pub(crate) fn run(
         Ok(Reply::Forward(fwd)) => Outcome::Forward(fwd, choice),
         Ok(Reply::Drop) => {
             cx.stats.bump(Counter::ConnectionsDropped);
-            cx.record_ban(from.peer.ip(), BanCause::Dropped);
+            cx.record_ban(link.peer.ip(), BanCause::Dropped);
             Outcome::Drop
         }
         Ok(Reply::Later) => {
@@ -165,7 +153,7 @@ pub(crate) fn run(
         Err(_) => {
             cx.stats.bump(Counter::HandlerPanics);
             if ratelog::admit("handler_panic", cx.clock.now_ms()) {
-                let peer = from.peer;
+                let peer = link.peer;
                 tracing::error!(path = &*head.path, %peer, "handler panicked; answered 500");
             }
             Outcome::Respond(Response::text(500, "internal error\n").close())
@@ -177,7 +165,7 @@ pub(crate) fn run(
 /// protocol: on a plain listener, an ACME HTTP-01 challenge first (the CA follows redirects,
 /// but only to ports 80 and 443), then the redirect of a redirect-only listener
 /// (`redirect`: its https port).
-pub(crate) fn before_routing(
+fn before_routing(
     head: &RequestHead<'_>,
     secure: bool,
     redirect: Option<u16>,

@@ -1,0 +1,104 @@
+//! What an exchange runs with: the context a connection lends it ([`ConnCx`], what it borrows
+//! of its worker), who the connection is ([`Link`]), and what its answer needs to know of the
+//! request ([`Facts`]). A leaf of the exchange layer: the other files of `exchange/` import it.
+
+use std::net::{IpAddr, SocketAddr};
+
+use tern_runtime::{BufPool, Clock, InboxSender};
+
+use crate::access_log::WorkerLog;
+use crate::bans::{self, BanCause, Bans};
+use crate::config::ServerConfig;
+use crate::handler::{ExchangeId, WorkerMessage};
+use crate::router::Router;
+use crate::stats::{Tally, WorkerStats};
+
+/// Borrowed worker state a connection needs while it runs (the worker builds one per event).
+pub(crate) struct ConnCx<'a> {
+    pub router: &'a Router,
+    /// Automatic HTTPS: HTTP-01 answers on plain listeners (`None` without ACME).
+    pub acme: Option<&'a tern_tls::AcmeCerts>,
+    /// Where strikes and dropped connections add bans (`Server::with_bans`).
+    pub bans: Option<&'a Bans>,
+    /// `Strict-Transport-Security: ...\r\n`, for answers over TLS (`--hsts`).
+    pub hsts_line: Option<&'a [u8]>,
+    /// The worker's settings in force (timeouts, limits; changed by reloads between turns).
+    pub config: &'a ServerConfig,
+    pub stats: &'a WorkerStats,
+    pub clock: &'a Clock,
+    pub buffers: &'a mut BufPool,
+    /// The worker's buffer for file bytes on their way into TLS.
+    pub scratch: &'a mut Vec<u8>,
+    /// The worker's access log, if there is one: every answer is recorded there.
+    pub access_log: Option<&'a mut WorkerLog>,
+    pub inbox: &'a InboxSender<WorkerMessage>,
+    pub worker_id: usize,
+    /// A stop was requested: no answer keeps its connection alive.
+    pub stopping: bool,
+    pub draining: bool,
+    /// The worker is near its connection limit: answer, but do not keep alive.
+    pub near_limit: bool,
+}
+
+impl ConnCx<'_> {
+    /// An answer with `status` is complete: its class and its duration are counted (one
+    /// clock read, the same vDSO call as an access log's duration).
+    #[inline]
+    pub fn answered(&self, status: u16, tally: Tally) {
+        self.stats.answered(status, tally, self.clock.precise_us());
+    }
+
+    /// A strike (slow request head) or a dropped connection from `ip`: may add a ban.
+    pub fn record_ban(&self, ip: IpAddr, cause: BanCause) {
+        if let Some(bans) = self.bans {
+            bans::record(bans, self.stats, self.clock, ip, cause);
+        }
+    }
+}
+
+/// Who the connection is, for exchanges.
+pub(crate) struct Link {
+    pub peer: SocketAddr,
+    pub key: u64,
+    /// Over TLS (HSTS goes on answers).
+    pub secure: bool,
+    /// A `--redirect-http` listener: every request is answered 308 to this https port.
+    pub redirect_to_https: Option<u16>,
+}
+
+impl Link {
+    /// The `Strict-Transport-Security` line answers on this connection carry (`--hsts`,
+    /// over TLS only).
+    pub fn hsts<'s>(&self, cx: &ConnCx<'s>) -> Option<&'s [u8]> {
+        cx.hsts_line.filter(|_| self.secure)
+    }
+}
+
+/// What an exchange's answer needs to know of its request, whatever the protocol.
+#[derive(Clone, Copy)]
+pub(crate) struct Facts {
+    pub id: ExchangeId,
+    /// A HEAD request: the answer has no body.
+    pub head_only: bool,
+    /// The client may keep its connection for another exchange after this one (HTTP/2:
+    /// always; its streams end on their own).
+    pub keep_alive: bool,
+    /// An HTTP/1.0 client (no chunking; keep-alive said explicitly).
+    pub http10: bool,
+    /// What its answer is counted under.
+    pub tally: Tally,
+}
+
+impl Facts {
+    /// An answer the server sends on its own (bad input, a timeout), after which the
+    /// connection closes.
+    pub fn own_answer(id: ExchangeId, now_us: u64) -> Facts {
+        Facts {
+            id,
+            head_only: false,
+            keep_alive: false,
+            http10: false,
+            tally: Tally::starting(now_us),
+        }
+    }
+}
