@@ -607,4 +607,184 @@ mod tests {
         assert_eq!(garbage.read().first(), Some(&0x15), "an alert record");
         assert_eq!(w.counter(Counter::TlsFailedBadRecord), 1);
     }
+
+    /// An upstream group of one server spoken to over TLS, at `addr`.
+    struct TlsGroup {
+        addr: crate::upstream::UpstreamAddr,
+        tls: crate::upstream::UpstreamTls,
+    }
+
+    impl crate::upstream::Upstreams for TlsGroup {
+        fn pool_key(&self) -> u64 {
+            2
+        }
+        fn addr(&self, _: usize) -> &crate::upstream::UpstreamAddr {
+            &self.addr
+        }
+        fn pick(&self, _: usize, _: u64, tried: u64) -> Option<usize> {
+            (tried & 1 == 0).then_some(0)
+        }
+        fn begin(&self, _: usize, _: usize) {}
+        fn end(&self, _: usize, _: usize, _: crate::upstream::UpstreamOutcome, _: u64) {}
+        fn timeouts(&self) -> crate::upstream::UpstreamTimeouts {
+            crate::upstream::UpstreamTimeouts::default()
+        }
+        fn max_idle(&self) -> usize {
+            1
+        }
+        fn tls(&self, _: usize) -> Option<&crate::upstream::UpstreamTls> {
+            Some(&self.tls)
+        }
+    }
+
+    /// The upstream's end of a TLS connection, played by the test: rustls's server side
+    /// (tern's own acceptor) over the socket in memory.
+    struct TlsUpstream {
+        peer: MemoryPeer,
+        session: tern_tls::TlsSession,
+        /// The plaintext it received.
+        got: Vec<u8>,
+    }
+
+    impl TlsUpstream {
+        /// Takes what the worker sent, answers what the session has to say.
+        fn shuttle(&mut self) {
+            let bytes = self.peer.read();
+            if !bytes.is_empty() {
+                assert_eq!(self.session.feed(&bytes), Ok(bytes.len()));
+            }
+            let mut buf = [0u8; 4096];
+            while let tern_tls::Plaintext::Data(n) = self.session.read_plaintext(&mut buf) {
+                self.got.extend_from_slice(&buf[..n]);
+            }
+            let mut out = Vec::new();
+            self.session.encode(&mut out);
+            if !out.is_empty() {
+                self.peer.write(&out);
+            }
+        }
+
+        fn send(&mut self, plaintext: &[u8]) {
+            let iov = [std::io::IoSlice::new(plaintext)];
+            assert_eq!(self.session.write_plaintext(&iov), plaintext.len());
+            self.shuttle();
+        }
+    }
+
+    /// TLS toward an upstream through the same socket loop as everything else: the handshake,
+    /// the request, an answer read in pieces of a few bytes of ciphertext, the connection
+    /// pooled and reused for the next request without a second handshake, and dropped once
+    /// the upstream closes it while idle.
+    #[test]
+    fn a_tls_upstream_is_handshaken_relayed_in_pieces_and_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = rcgen::generate_simple_self_signed(vec!["upstream.test".into()]).unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        let acceptor = tern_tls::TlsAcceptor::new(&tern_tls::TlsOptions {
+            certs: vec![tern_tls::CertFiles {
+                cert: cert.clone(),
+                key,
+            }],
+            alpn: vec![b"http/1.1".to_vec()],
+            ..Default::default()
+        })
+        .unwrap();
+        let client = tern_tls::upstream::client_config(&tern_tls::upstream::UpstreamTlsOptions {
+            ca: Some(cert),
+            client_cert: None,
+        })
+        .unwrap();
+        let at = SocketAddr::from(([127, 0, 0, 1], 443));
+        let group = Arc::new(TlsGroup {
+            addr: crate::upstream::UpstreamAddr::Tcp(at),
+            tls: crate::upstream::UpstreamTls {
+                config: client,
+                name: "upstream.test".try_into().unwrap(),
+            },
+        });
+        let router = Router::new().fallback(
+            move |req: &crate::Request<'_>, _: &mut crate::HandlerContext<'_>| {
+                let head = format!("GET {} HTTP/1.1\r\nHost: upstream\r\n", req.head.target);
+                Reply::Forward(Box::new(crate::upstream::Forward {
+                    upstreams: group.clone(),
+                    head: head.into_bytes(),
+                    idempotent: true,
+                    upgrade: false,
+                    edit: None,
+                    own_answers: None,
+                    max_body: 0,
+                    wire: Default::default(),
+                }))
+            },
+        );
+        let mut w = MemoryWorker::new(router, config(), None);
+        let addr = MemoryAddr::Tcp(at);
+        w.io().listen(addr.clone());
+
+        let c = w.connect(GET);
+        let peer = w.io().accept(&addr).expect("the worker connected");
+        peer.set_max_read(5);
+        let mut up = TlsUpstream {
+            peer,
+            session: acceptor.accept(),
+            got: Vec::new(),
+        };
+        let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nover tls!\r\n";
+        for round in 1.. {
+            assert!(round < 100, "no answer after {round} rounds");
+            up.shuttle();
+            w.settle();
+            if up.got.ends_with(b"\r\n\r\n") {
+                break;
+            }
+        }
+        assert!(
+            text(&up.got).starts_with("GET / HTTP/1.1\r\n"),
+            "{}",
+            text(&up.got)
+        );
+        up.send(answer);
+        w.settle();
+        let out = text(&c.read());
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK") && out.ends_with("over tls!\r\n"),
+            "{out}"
+        );
+        let handshakes = || {
+            w.stats()
+                .upstream_total(crate::stats::UpstreamCounter::TlsHandshakes)
+        };
+        assert_eq!(handshakes(), 1);
+
+        // The next request reuses the connection and its session.
+        up.got.clear();
+        c.write(b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.settle();
+        assert!(w.io().accept(&addr).is_none(), "no second connection");
+        assert_eq!(up.peer.exchanges(), 2);
+        up.shuttle();
+        assert!(
+            text(&up.got).starts_with("GET /b HTTP/1.1\r\n"),
+            "{}",
+            text(&up.got)
+        );
+        up.send(answer);
+        w.settle();
+        assert!(text(&c.read()).ends_with("over tls!\r\n"));
+        assert_eq!(
+            w.stats()
+                .upstream_total(crate::stats::UpstreamCounter::TlsHandshakes),
+            1
+        );
+        assert_eq!(up.peer.reused_with_unread_bytes(), 0);
+
+        // The upstream closes the idle connection (close_notify, then its end): dropped.
+        up.session.close();
+        up.shuttle();
+        up.peer.shutdown();
+        w.settle();
+        assert!(up.peer.closed_by_worker());
+    }
 }

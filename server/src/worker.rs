@@ -189,7 +189,7 @@ impl<I: Io> HttpWorker<I> {
         };
         match f(entry, &mut ccx, &mut ucx) {
             Status::Close => {
-                relay_driver::abandon(entry, &mut ucx, &ccx);
+                relay_driver::abandon(entry, &mut ucx, &mut ccx);
                 // close_notify on an established TLS session (and a 408 a timeout queued):
                 // one attempt, nobody waits for the peer.
                 entry.conn.prepare_close();
@@ -297,7 +297,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
                     tls,
                     cx.clock.now_ms(),
                 ),
-                sock: Socket::new(sock),
+                sock: Socket::new(sock, true),
                 deadline_ms: u64::MAX,
                 armed_ms: u64::MAX,
                 upstreams: Vec::new(),
