@@ -73,7 +73,7 @@ impl MemoryWorker {
             config.listener_kinds = vec![crate::config::ListenerKind::Https];
         }
         let stats = Stats::new(1);
-        let shared = Arc::new(Shared {
+        let shared = Shared {
             router,
             config: config.clone(),
             stats,
@@ -86,9 +86,10 @@ impl MemoryWorker {
             access_logs: Vec::new(),
             turn_ends: Vec::new(),
             reload_hooks: Vec::new(),
-        });
+        };
         let inbox = DetachedInbox::new(1024).expect("a poll instance");
         let sender = inbox.sender();
+        let shared = Arc::new(shared);
         let worker = HttpWorker::new(0, shared.clone(), sender.clone());
         MemoryWorker {
             worker,
@@ -104,6 +105,43 @@ impl MemoryWorker {
             fired: Vec::new(),
             draining: false,
             next_port: 40_000,
+        }
+    }
+
+    /// Counts into `stats` (whose rows a handler of the router was given) instead of
+    /// counters of its own. Before any connection: the worker is made again around them.
+    pub(crate) fn with_stats(self, stats: Stats) -> MemoryWorker {
+        let MemoryWorker {
+            worker,
+            shared,
+            io,
+            clock,
+            timers,
+            buffers,
+            inbox,
+            sender,
+            fired,
+            draining,
+            next_port,
+        } = self;
+        assert_eq!(WorkerApp::<MemoryIo>::connections(&worker), 0);
+        drop(worker); // it held the only other reference to `shared`
+        let Ok(old) = Arc::try_unwrap(shared) else {
+            unreachable!("the worker held the only other reference")
+        };
+        let shared = Arc::new(Shared { stats, ..old });
+        MemoryWorker {
+            worker: HttpWorker::new(0, shared.clone(), sender.clone()),
+            shared,
+            io,
+            clock,
+            timers,
+            buffers,
+            inbox,
+            sender,
+            fired,
+            draining,
+            next_port,
         }
     }
 
@@ -187,6 +225,16 @@ impl MemoryWorker {
 
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.stats.snapshot()
+    }
+
+    /// The counters themselves.
+    pub(crate) fn stats_handle(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    /// Some connection is relaying an exchange (its answer may be incomplete so far).
+    pub fn relaying(&mut self) -> bool {
+        self.worker.relaying()
     }
 
     /// Milliseconds on the worker's clock.

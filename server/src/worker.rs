@@ -214,6 +214,16 @@ impl<I: Io> HttpWorker<I> {
 }
 
 impl<I: Io> HttpWorker<I> {
+    /// Some connection is relaying an exchange to an upstream server (for the in-memory
+    /// harness: an answer may be incomplete so far).
+    pub(crate) fn relaying(&mut self) -> bool {
+        let conns = &mut self.conns;
+        conns
+            .keys()
+            .into_iter()
+            .any(|k| conns.get_mut(k).is_some_and(|e| e.conn.in_relay()))
+    }
+
     /// Readiness of an upstream connection: drive the client connection relaying through
     /// it; an idle pooled one that became readable was closed by its server (or sent
     /// something unasked) and is dropped.
