@@ -692,6 +692,8 @@ mod tests {
         session: tern_tls::TlsSession,
         /// The plaintext it received.
         got: Vec<u8>,
+        /// The worker's close_notify came.
+        closed: bool,
     }
 
     impl TlsUpstream {
@@ -702,8 +704,12 @@ mod tests {
                 assert_eq!(self.session.feed(&bytes), Ok(bytes.len()));
             }
             let mut buf = [0u8; 4096];
-            while let tern_tls::Plaintext::Data(n) = self.session.read_plaintext(&mut buf) {
-                self.got.extend_from_slice(&buf[..n]);
+            loop {
+                match self.session.read_plaintext(&mut buf) {
+                    tern_tls::Plaintext::Data(n) => self.got.extend_from_slice(&buf[..n]),
+                    tern_tls::Plaintext::Closed => break self.closed = true,
+                    tern_tls::Plaintext::Empty => break,
+                }
             }
             let mut out = Vec::new();
             self.session.encode(&mut out);
@@ -719,12 +725,14 @@ mod tests {
         }
     }
 
-    /// TLS toward an upstream through the same socket loop as everything else: the handshake,
-    /// the request, an answer read in pieces of a few bytes of ciphertext, the connection
-    /// pooled and reused for the next request without a second handshake, and dropped once
-    /// the upstream closes it while idle.
-    #[test]
-    fn a_tls_upstream_is_handshaken_relayed_in_pieces_and_reused() {
+    /// A worker with `config` whose every request is forwarded (as `GET` of its target, a
+    /// WebSocket handshake if `upgrade`) to one upstream over TLS, at the returned address;
+    /// the acceptor is the upstream's side (a certificate for `upstream.test`, which the
+    /// worker's client config trusts).
+    fn tls_proxy(
+        config: ServerConfig,
+        upgrade: bool,
+    ) -> (MemoryWorker, MemoryAddr, tern_tls::TlsAcceptor) {
         let dir = tempfile::tempdir().unwrap();
         let made = rcgen::generate_simple_self_signed(vec!["upstream.test".into()]).unwrap();
         let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
@@ -754,23 +762,35 @@ mod tests {
         });
         let router = Router::new().fallback(
             move |req: &crate::Request<'_>, _: &mut crate::HandlerContext<'_>| {
-                let head = format!("GET {} HTTP/1.1\r\nHost: upstream\r\n", req.head.target);
+                let mut head = format!("GET {} HTTP/1.1\r\nHost: upstream\r\n", req.head.target);
+                if upgrade {
+                    head.push_str("Connection: upgrade\r\nUpgrade: websocket\r\n");
+                }
                 Reply::Forward(Box::new(crate::upstream::Forward {
                     upstreams: group.clone(),
                     head: head.into_bytes(),
                     idempotent: true,
-                    upgrade: false,
+                    upgrade,
                     edit: None,
                     own_answers: None,
-                    max_body: 0,
+                    max_body: u64::MAX,
                     wire: Default::default(),
                 }))
             },
         );
-        let mut w = MemoryWorker::new(router, config(), None);
+        let mut w = MemoryWorker::new(router, config, None);
         let addr = MemoryAddr::Tcp(at);
         w.io().listen(addr.clone());
+        (w, addr, acceptor)
+    }
 
+    /// TLS toward an upstream through the same socket loop as everything else: the handshake,
+    /// the request, an answer read in pieces of a few bytes of ciphertext, the connection
+    /// pooled and reused for the next request without a second handshake, and dropped once
+    /// the upstream closes it while idle.
+    #[test]
+    fn a_tls_upstream_is_handshaken_relayed_in_pieces_and_reused() {
+        let (mut w, addr, acceptor) = tls_proxy(config(), false);
         let c = w.connect(GET);
         let peer = w.io().accept(&addr).expect("the worker connected");
         peer.set_max_read(5);
@@ -778,6 +798,7 @@ mod tests {
             peer,
             session: acceptor.accept(),
             got: Vec::new(),
+            closed: false,
         };
         let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nover tls!\r\n";
         for round in 1.. {
@@ -834,5 +855,101 @@ mod tests {
         up.peer.shutdown();
         w.settle();
         assert!(up.peer.closed_by_worker());
+    }
+
+    /// A header block of literal fields without indexing (RFC 7541 §6.2.2).
+    fn block(fields: &[(&str, &str)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for (name, value) in fields {
+            b.push(0);
+            b.push(name.len() as u8);
+            b.extend(name.as_bytes());
+            b.push(value.len() as u8);
+            b.extend(value.as_bytes());
+        }
+        b
+    }
+
+    /// A WebSocket over HTTP/2 relayed to a TLS upstream: the tunnel opens on the upstream's
+    /// 101, the client's bytes go through, and the client's END_STREAM ends the upstream's
+    /// side as TLS ends it: close_notify first, then the FIN (a send after the FIN would fail).
+    #[test]
+    fn an_http2_tunnel_to_a_tls_upstream_ends_with_close_notify_then_the_fin() {
+        let config = ServerConfig {
+            http2_websocket: true,
+            ..config()
+        };
+        let (mut w, addr, acceptor) = tls_proxy(config, true);
+        let mut hello = tern_http2::PREFACE.to_vec();
+        hello.extend(frame(4, 0, 0, &[])); // SETTINGS
+        const END_HEADERS: u8 = 0x4;
+        let connect = block(&[
+            (":method", "CONNECT"),
+            (":protocol", "websocket"),
+            (":scheme", "http"),
+            (":authority", "a"),
+            (":path", "/chat"),
+            ("sec-websocket-version", "13"),
+        ]);
+        hello.extend(frame(1, END_HEADERS, 1, &connect));
+        let c = w.connect(&hello);
+        let mut up = TlsUpstream {
+            peer: w.io().accept(&addr).expect("the worker connected"),
+            session: acceptor.accept(),
+            got: Vec::new(),
+            closed: false,
+        };
+        for round in 1.. {
+            assert!(round < 100, "no handshake request after {round} rounds");
+            up.shuttle();
+            w.settle();
+            if up.got.ends_with(b"\r\n\r\n") {
+                break;
+            }
+        }
+        let head = text(&up.got);
+        assert!(head.starts_with("GET /chat HTTP/1.1\r\n"), "{head}");
+        let key = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
+            .expect("the relay's key");
+        let digest = aws_lc_rs::digest::digest(
+            &aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY,
+            format!("{key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11").as_bytes(),
+        );
+        use base64::Engine as _;
+        let accept = base64::engine::general_purpose::STANDARD.encode(digest.as_ref());
+        up.got.clear();
+        up.send(
+            format!(
+                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                 Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        w.settle();
+        let (kinds, _) = frames(&c.read());
+        assert!(kinds.contains(&(1, 1)), "the tunnel's 200: {kinds:?}");
+
+        // The client's last bytes, and the end of its side.
+        const END_STREAM: u8 = 0x1;
+        c.write(&frame(0, END_STREAM, 1, b"hello"));
+        w.settle();
+        up.shuttle();
+        assert_eq!(text(&up.got), "hello");
+        assert!(up.closed, "close_notify came");
+        assert!(up.peer.shut_by_worker(), "then the FIN");
+        assert!(!up.peer.closed_by_worker(), "the upstream may still answer");
+
+        // It answers, then ends its side: the stream ends.
+        up.send(b"bye");
+        up.session.close();
+        up.shuttle();
+        up.peer.shutdown();
+        w.settle();
+        let (kinds, data) = frames(&c.read());
+        assert_eq!(data, [(1, b"bye".to_vec())], "{kinds:?}");
+        assert!(up.peer.closed_by_worker());
+        assert_eq!(w.connections(), 1);
     }
 }
