@@ -3,11 +3,11 @@
 //! the worker's [`Io`] backend. It runs a [`Stream`] the way quinn's driver runs a quinn-proto
 //! connection: send what `poll_transmit` offers until the socket is full or the budget is
 //! spent, ask `poll_action` what next, read into `recv_buf` and report it with `handle_recv`,
-//! repeat. The stream is a client's [`Conn`] (TLS, when it is on, lives inside it), or the
-//! upstream half of one of its relays (`conn/upstream.rs`: TLS toward the upstream lives
-//! there too, for the same reason: the socket side moves records, never plaintext, so the
-//! loop needs no wrapper per transport and a completion backend is handed buffers that stay
-//! put). What stays here besides the loop is the client socket's write-stall bookkeeping.
+//! repeat. The stream is a client's [`Conn`] or the upstream half of one of its relays
+//! (`conn/upstream.rs`). TLS lives on the stream side of both (inside `Conn`; beside the
+//! relay in the upstream half): the loop moves records, never plaintext, so it needs no
+//! wrapper per transport, and a completion backend is handed buffers that stay put until
+//! sent. Besides the loop, this file keeps the client socket's write-stall bookkeeping.
 
 use std::io::{self, IoSlice};
 
