@@ -1,5 +1,6 @@
-//! Relayed exchanges, in memory (tern_server::testing::MemoryConn plays both the client's
-//! and the upstream's sockets): arbitrary client bytes through the real HTTP/1.1 protocol and
+//! Relayed exchanges, in memory (tern_server::testing::MemoryConn: the real worker, socket
+//! loop, relay and upstream pool over sockets in memory, the fuzzer playing both the client
+//! and the upstream): arbitrary client bytes through the real HTTP/1.1 protocol and
 //! `ForwardAll` handler, arbitrary upstream answers in arbitrary read sizes, with or without
 //! the upstream closing. The upstream answers each request that reaches one of its
 //! connections with the next of its answers, which may carry anything after the answer:
@@ -9,8 +10,9 @@
 //! Nothing may panic; what the client receives must always read as well-formed HTTP/1.1
 //! answers (an incomplete last one only if the connection closed or the answer is still being
 //! relayed), so a broken upstream never desynchronises the client's connection; and bytes an
-//! upstream sent in answer to one request are never read for another (`upstream_answers`
-//! panics): a connection with surplus bytes is never reused.
+//! upstream sent in answer to one request are never read for another: a connection with
+//! surplus bytes is never reused (`upstream_answers` panics if the pool hands one out with
+//! bytes still unread in it).
 #![no_main]
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! A whole server connection over TLS, in memory (tern_server::testing::MemoryConn: the real
-//! transport, HTTP/1.1 protocol and handlers, no socket). Two ways in, chosen by the first byte:
+//! worker, socket loop, transport, HTTP/1.1 protocol and handlers, over sockets in memory). Two ways in, chosen by the first byte:
 //! - raw: the bytes go straight to the server's TLS session, in pieces (record framing,
 //!   ClientHello parsing, alerts, plain HTTP on the TLS port);
 //! - through a real handshake: an in-memory rustls client connects, then sends the bytes as

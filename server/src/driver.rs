@@ -1,24 +1,29 @@
-//! The socket side of a connection: the only code that reads, writes, sends files, shuts down
-//! and closes client sockets, all through the worker's [`Io`] backend. It runs a [`Conn`]
-//! (which does no I/O) the way quinn's driver runs a quinn-proto connection: send what
-//! `poll_transmit` offers until the socket is full or the budget is spent, ask `poll_action`
-//! what next, read into `recv_buf` and report it with `handle_recv`, repeat.
+//! The socket side of the server: the one loop that moves bytes between a socket and a
+//! sans-IO byte stream ([`pump`]), for client sockets and upstream sockets alike, all through
+//! the worker's [`Io`] backend. It runs a [`Stream`] the way quinn's driver runs a quinn-proto
+//! connection: send what `poll_transmit` offers until the socket is full or the budget is
+//! spent, ask `poll_action` what next, read into `recv_buf` and report it with `handle_recv`,
+//! repeat. The stream is a client's [`Conn`] or the upstream half of one of its relays
+//! (`conn/upstream.rs`). TLS lives on the stream side of both (inside `Conn`; beside the
+//! relay in the upstream half): the loop moves records, never plaintext, so it needs no
+//! wrapper per transport, and a completion backend is handed buffers that stay put until
+//! sent. Besides the loop, this file keeps the client socket's write-stall bookkeeping.
 
 use std::io::{self, IoSlice};
 
 use tern_runtime::io::{EpollIo, Io, Transmit as IoTransmit};
 
 use crate::conn::output::MAX_IOVECS;
+use crate::conn::stream::Stream;
 use crate::conn::{Action, Conn, Status, Timeout, Transmit};
 use crate::exchange::ConnCx;
-use crate::stats::Counter;
 
 /// The sockets' backend the server runs on in production. Everything below the worker is
 /// generic over [`Io`] (monomorphised: no `dyn` on the request path), so tests drive the same
 /// worker over sockets in memory, and io_uring would be one more backend.
 pub(crate) type Backend = EpollIo;
 
-/// Bytes one connection may write per turn before yielding to the others.
+/// Bytes one client connection may write per turn before yielding to the others.
 pub const FLUSH_BUDGET: usize = 4 << 20;
 
 /// A connection in the worker's slab: the socket (driver side), the sans-IO connection, and
@@ -34,18 +39,19 @@ pub(crate) struct Entry<I: Io> {
     pub upstreams: Vec<(u32, u64)>,
 }
 
-/// A connection's socket and what the driver knows about it.
+/// A socket and what the driver knows about it: a client's, or one to an upstream server.
 pub(crate) struct Socket<I: Io> {
     pub sock: I::Sock,
     /// The socket may hold unread bytes (an event came, and no short read since).
     may_read: bool,
-    /// epoll reported the peer's FIN: a short read does not mean drained then, the EOF still
-    /// has to be read (edge-triggered epoll will not report it again).
+    /// The event loop reported the peer's FIN: a short read does not mean drained then, the
+    /// EOF still has to be read (edge-triggered readiness will not report it again).
     peer_fin: bool,
     /// While output waits: some of it went out since the write period began. The socket
     /// was full when the period began, so a send that succeeded since means the client's
     /// side took bytes (and that our refills may keep the kernel's queue as full as
-    /// `unacked_mark` says it was).
+    /// `unacked_mark` says it was). (Client sockets only, as the two fields below: an
+    /// upstream socket never starts a write period, its timeouts are the relay's.)
     sent_in_period: bool,
     /// While output waits: the kernel's unacknowledged bytes when the write period began,
     /// to tell a slow reader (it shrinks) from one that stopped (it does not).
@@ -58,10 +64,12 @@ pub(crate) struct Socket<I: Io> {
 }
 
 impl<I: Io> Socket<I> {
-    pub fn new(sock: I::Sock) -> Socket<I> {
+    /// `may_read`: bytes may be there already (an accepted client socket: the listener waited
+    /// for its first bytes); an outgoing connection waits for its first readiness report.
+    pub fn new(sock: I::Sock, may_read: bool) -> Socket<I> {
         Socket {
             sock,
-            may_read: true,
+            may_read,
             peer_fin: false,
             sent_in_period: false,
             unacked_mark: 0,
@@ -69,14 +77,29 @@ impl<I: Io> Socket<I> {
         }
     }
 
+    /// A readiness report: bytes (or an error) may wait, and the peer may have ended its side.
+    pub fn note(&mut self, readable: bool, peer_fin: bool) {
+        if readable || peer_fin {
+            self.may_read = true;
+        }
+        if peer_fin {
+            self.peer_fin = true;
+        }
+    }
+
     /// True if bytes may be waiting unread (shutdown then reads before closing).
     pub fn may_read(&self) -> bool {
         self.may_read
     }
+
+    /// The event loop reported the peer's FIN.
+    pub fn peer_fin(&self) -> bool {
+        self.peer_fin
+    }
 }
 
-/// Readiness (or a retry after a yield, or a completed reply): send, read, answer, repeat.
-/// `peer_fin`: the event said the peer closed its side.
+/// Readiness (or a retry after a yield, or a completed reply) of a client connection: send,
+/// read, answer, repeat. `peer_fin`: the event said the peer closed its side.
 pub(crate) fn drive<I: Io>(
     conn: &mut Conn,
     sock: &mut Socket<I>,
@@ -85,67 +108,72 @@ pub(crate) fn drive<I: Io>(
     peer_fin: bool,
     cx: &mut ConnCx<'_>,
 ) -> Status {
-    if readable {
-        sock.may_read = true;
-    }
-    if peer_fin {
-        sock.peer_fin = true;
-    }
-    let status = run(conn, sock, io, cx);
+    sock.note(readable, peer_fin);
+    let status = pump(conn, sock, io, cx, FLUSH_BUDGET);
     if status != Status::Close {
         conn.release_idle_buffers(cx.buffers);
     }
     status
 }
 
-fn run<I: Io>(conn: &mut Conn, sock: &mut Socket<I>, io: &mut I, cx: &mut ConnCx<'_>) -> Status {
+/// The one socket loop: sends what the stream offers, then does what it asks next (read,
+/// wait, shut the write side, close), until it waits, the socket is full or drained, or
+/// `budget` bytes were written (`Yielded`: the worker drives it again next turn). `Close`:
+/// the stream asked for it, or the socket failed (the stream was told, `handle_error`).
+pub(crate) fn pump<I: Io, S: Stream>(
+    s: &mut S,
+    sock: &mut Socket<I>,
+    io: &mut I,
+    cx: &mut ConnCx<'_>,
+    budget: usize,
+) -> Status {
     let mut written = 0usize;
     loop {
-        match send(conn, sock, io, cx, &mut written) {
+        match send(s, sock, io, cx, &mut written, budget) {
             Sent::All => {}
             Sent::Blocked => return Status::Open,
             Sent::BudgetSpent => return Status::Yielded,
             Sent::Failed => {
-                cx.stats.bump(Counter::IoErrors);
+                s.handle_error(cx);
                 return Status::Close;
             }
         }
-        match conn.poll_action(cx) {
+        match s.poll_action(cx) {
             Action::Transmit => {}
             Action::Close => return Status::Close,
             Action::Wait => return Status::Open,
             Action::ShutdownWrite => {
                 let _ = io.shutdown_write(&mut sock.sock);
                 sock.may_read = true;
-                conn.handle_write_shutdown(cx);
+                s.handle_write_shutdown(cx);
             }
             Action::Read => {
                 if !sock.may_read {
                     // Shutting down, between requests, and the socket is drained: this
                     // connection is done. (With bytes possibly waiting we read first: closing
                     // a socket with an unread request would reset it.)
-                    if cx.draining && conn.is_idle() {
+                    if cx.draining && s.is_idle() {
                         return Status::Close;
                     }
                     return Status::Open;
                 }
-                let buf = conn.recv_buf(cx);
+                let buf = s.recv_buf(cx);
                 if buf.is_empty() {
-                    return Status::Open; // the connection takes no input now (backpressure)
+                    return Status::Open; // the stream takes no input now (backpressure)
                 }
                 let want = buf.len();
                 match io.recv(&mut sock.sock, buf) {
                     Ok(0) => {
                         sock.may_read = false;
-                        conn.handle_eof(cx);
+                        s.handle_eof(cx);
                     }
                     Ok(n) => {
                         // A short read drained the socket: skip the read that would say EAGAIN
                         // (unless a FIN is known to follow the data).
-                        if n < want && !sock.peer_fin {
+                        if n < want && !sock.peer_fin && io.short_read_drains(&sock.sock) {
                             sock.may_read = false;
                         }
-                        conn.handle_recv(n, cx);
+                        s.handle_recv(n, cx);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         sock.may_read = false;
@@ -156,9 +184,8 @@ fn run<I: Io>(conn: &mut Conn, sock: &mut Socket<I>, io: &mut I, cx: &mut ConnCx
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => {
-                        if !conn.is_lingering() {
-                            cx.stats.bump(Counter::IoErrors);
-                        }
+                        sock.may_read = false;
+                        s.handle_error(cx);
                         return Status::Close;
                     }
                 }
@@ -174,28 +201,29 @@ enum Sent {
     Failed,
 }
 
-/// Sends what the connection has until it has nothing more, the socket is full, or the
-/// turn's budget is spent.
-fn send<I: Io>(
-    conn: &mut Conn,
+/// Sends what the stream has until it has nothing more, the socket is full, or `budget` is
+/// spent.
+fn send<I: Io, S: Stream>(
+    s: &mut S,
     sock: &mut Socket<I>,
     io: &mut I,
     cx: &mut ConnCx<'_>,
     written: &mut usize,
+    budget: usize,
 ) -> Sent {
     loop {
-        if *written >= FLUSH_BUDGET {
+        if *written >= budget {
             return Sent::BudgetSpent;
         }
         let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
-        let result = match conn.poll_transmit(cx, &mut iov) {
+        let result = match s.poll_transmit(cx, &mut iov) {
             Transmit::Nothing => return Sent::All,
             Transmit::Failed => return Sent::Failed,
             transmit => send_once(io, &mut sock.sock, &transmit, &iov),
         };
         match result {
             Ok(Some(n)) => {
-                conn.handle_sent(n);
+                s.handle_sent(n, cx);
                 *written += n;
                 sock.sent_in_period |= n > 0 && sock.write_deadline_ms.is_some();
             }
@@ -214,7 +242,7 @@ pub(crate) fn send_best_effort<I: Io>(
     cx: &mut ConnCx<'_>,
 ) {
     let mut written = 0;
-    let _ = send(conn, sock, io, cx, &mut written);
+    let _ = send(conn, sock, io, cx, &mut written, FLUSH_BUDGET);
 }
 
 /// Hands what `poll_transmit` chose to the backend. `Ok(None)` means no room now.

@@ -73,7 +73,7 @@ impl MemoryWorker {
             config.listener_kinds = vec![crate::config::ListenerKind::Https];
         }
         let stats = Stats::new(1);
-        let shared = Arc::new(Shared {
+        let shared = Shared {
             router,
             config: config.clone(),
             stats,
@@ -86,9 +86,10 @@ impl MemoryWorker {
             access_logs: Vec::new(),
             turn_ends: Vec::new(),
             reload_hooks: Vec::new(),
-        });
+        };
         let inbox = DetachedInbox::new(1024).expect("a poll instance");
         let sender = inbox.sender();
+        let shared = Arc::new(shared);
         let worker = HttpWorker::new(0, shared.clone(), sender.clone());
         MemoryWorker {
             worker,
@@ -104,6 +105,43 @@ impl MemoryWorker {
             fired: Vec::new(),
             draining: false,
             next_port: 40_000,
+        }
+    }
+
+    /// Counts into `stats` (whose rows a handler of the router was given) instead of
+    /// counters of its own. Before any connection: the worker is made again around them.
+    pub(crate) fn with_stats(self, stats: Stats) -> MemoryWorker {
+        let MemoryWorker {
+            worker,
+            shared,
+            io,
+            clock,
+            timers,
+            buffers,
+            inbox,
+            sender,
+            fired,
+            draining,
+            next_port,
+        } = self;
+        assert_eq!(WorkerApp::<MemoryIo>::connections(&worker), 0);
+        drop(worker); // it held the only other reference to `shared`
+        let Ok(old) = Arc::try_unwrap(shared) else {
+            unreachable!("the worker held the only other reference")
+        };
+        let shared = Arc::new(Shared { stats, ..old });
+        MemoryWorker {
+            worker: HttpWorker::new(0, shared.clone(), sender.clone()),
+            shared,
+            io,
+            clock,
+            timers,
+            buffers,
+            inbox,
+            sender,
+            fired,
+            draining,
+            next_port,
         }
     }
 
@@ -187,6 +225,16 @@ impl MemoryWorker {
 
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.stats.snapshot()
+    }
+
+    /// The counters themselves.
+    pub(crate) fn stats_handle(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    /// Some connection is relaying an exchange (its answer may be incomplete so far).
+    pub fn relaying(&mut self) -> bool {
+        self.worker.relaying()
     }
 
     /// Milliseconds on the worker's clock.
@@ -606,5 +654,302 @@ mod tests {
         assert!(garbage.closed_by_worker());
         assert_eq!(garbage.read().first(), Some(&0x15), "an alert record");
         assert_eq!(w.counter(Counter::TlsFailedBadRecord), 1);
+    }
+
+    /// An upstream group of one server spoken to over TLS, at `addr`.
+    struct TlsGroup {
+        addr: crate::upstream::UpstreamAddr,
+        tls: crate::upstream::UpstreamTls,
+    }
+
+    impl crate::upstream::Upstreams for TlsGroup {
+        fn pool_key(&self) -> u64 {
+            2
+        }
+        fn addr(&self, _: usize) -> &crate::upstream::UpstreamAddr {
+            &self.addr
+        }
+        fn pick(&self, _: usize, _: u64, tried: u64) -> Option<usize> {
+            (tried & 1 == 0).then_some(0)
+        }
+        fn begin(&self, _: usize, _: usize) {}
+        fn end(&self, _: usize, _: usize, _: crate::upstream::UpstreamOutcome, _: u64) {}
+        fn timeouts(&self) -> crate::upstream::UpstreamTimeouts {
+            crate::upstream::UpstreamTimeouts::default()
+        }
+        fn max_idle(&self) -> usize {
+            1
+        }
+        fn tls(&self, _: usize) -> Option<&crate::upstream::UpstreamTls> {
+            Some(&self.tls)
+        }
+    }
+
+    /// The upstream's end of a TLS connection, played by the test: rustls's server side
+    /// (tern's own acceptor) over the socket in memory.
+    struct TlsUpstream {
+        peer: MemoryPeer,
+        session: tern_tls::TlsSession,
+        /// The plaintext it received.
+        got: Vec<u8>,
+        /// The worker's close_notify came.
+        closed: bool,
+    }
+
+    impl TlsUpstream {
+        /// Takes what the worker sent, answers what the session has to say.
+        fn shuttle(&mut self) {
+            let bytes = self.peer.read();
+            if !bytes.is_empty() {
+                assert_eq!(self.session.feed(&bytes), Ok(bytes.len()));
+            }
+            let mut buf = [0u8; 4096];
+            loop {
+                match self.session.read_plaintext(&mut buf) {
+                    tern_tls::Plaintext::Data(n) => self.got.extend_from_slice(&buf[..n]),
+                    tern_tls::Plaintext::Closed => break self.closed = true,
+                    tern_tls::Plaintext::Empty => break,
+                }
+            }
+            let mut out = Vec::new();
+            self.session.encode(&mut out);
+            if !out.is_empty() {
+                self.peer.write(&out);
+            }
+        }
+
+        fn send(&mut self, plaintext: &[u8]) {
+            let iov = [std::io::IoSlice::new(plaintext)];
+            assert_eq!(self.session.write_plaintext(&iov), plaintext.len());
+            self.shuttle();
+        }
+    }
+
+    /// A worker with `config` whose every request is forwarded (as `GET` of its target, a
+    /// WebSocket handshake if `upgrade`) to one upstream over TLS, at the returned address;
+    /// the acceptor is the upstream's side (a certificate for `upstream.test`, which the
+    /// worker's client config trusts).
+    fn tls_proxy(
+        config: ServerConfig,
+        upgrade: bool,
+    ) -> (MemoryWorker, MemoryAddr, tern_tls::TlsAcceptor) {
+        let dir = tempfile::tempdir().unwrap();
+        let made = rcgen::generate_simple_self_signed(vec!["upstream.test".into()]).unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        let acceptor = tern_tls::TlsAcceptor::new(&tern_tls::TlsOptions {
+            certs: vec![tern_tls::CertFiles {
+                cert: cert.clone(),
+                key,
+            }],
+            alpn: vec![b"http/1.1".to_vec()],
+            ..Default::default()
+        })
+        .unwrap();
+        let client = tern_tls::upstream::client_config(&tern_tls::upstream::UpstreamTlsOptions {
+            ca: Some(cert),
+            client_cert: None,
+        })
+        .unwrap();
+        let at = SocketAddr::from(([127, 0, 0, 1], 443));
+        let group = Arc::new(TlsGroup {
+            addr: crate::upstream::UpstreamAddr::Tcp(at),
+            tls: crate::upstream::UpstreamTls {
+                config: client,
+                name: "upstream.test".try_into().unwrap(),
+            },
+        });
+        let router = Router::new().fallback(
+            move |req: &crate::Request<'_>, _: &mut crate::HandlerContext<'_>| {
+                let mut head = format!("GET {} HTTP/1.1\r\nHost: upstream\r\n", req.head.target);
+                if upgrade {
+                    head.push_str("Connection: upgrade\r\nUpgrade: websocket\r\n");
+                }
+                Reply::Forward(Box::new(crate::upstream::Forward {
+                    upstreams: group.clone(),
+                    head: head.into_bytes(),
+                    idempotent: true,
+                    upgrade,
+                    edit: None,
+                    own_answers: None,
+                    max_body: u64::MAX,
+                    wire: Default::default(),
+                }))
+            },
+        );
+        let mut w = MemoryWorker::new(router, config, None);
+        let addr = MemoryAddr::Tcp(at);
+        w.io().listen(addr.clone());
+        (w, addr, acceptor)
+    }
+
+    /// TLS toward an upstream through the same socket loop as everything else: the handshake,
+    /// the request, an answer read in pieces of a few bytes of ciphertext, the connection
+    /// pooled and reused for the next request without a second handshake, and dropped once
+    /// the upstream closes it while idle.
+    #[test]
+    fn a_tls_upstream_is_handshaken_relayed_in_pieces_and_reused() {
+        let (mut w, addr, acceptor) = tls_proxy(config(), false);
+        let c = w.connect(GET);
+        let peer = w.io().accept(&addr).expect("the worker connected");
+        peer.set_max_read(5);
+        let mut up = TlsUpstream {
+            peer,
+            session: acceptor.accept(),
+            got: Vec::new(),
+            closed: false,
+        };
+        let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nover tls!\r\n";
+        for round in 1.. {
+            assert!(round < 100, "no answer after {round} rounds");
+            up.shuttle();
+            w.settle();
+            if up.got.ends_with(b"\r\n\r\n") {
+                break;
+            }
+        }
+        assert!(
+            text(&up.got).starts_with("GET / HTTP/1.1\r\n"),
+            "{}",
+            text(&up.got)
+        );
+        up.send(answer);
+        w.settle();
+        let out = text(&c.read());
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK") && out.ends_with("over tls!\r\n"),
+            "{out}"
+        );
+        let handshakes = || {
+            w.stats()
+                .upstream_total(crate::stats::UpstreamCounter::TlsHandshakes)
+        };
+        assert_eq!(handshakes(), 1);
+
+        // The next request reuses the connection and its session.
+        up.got.clear();
+        c.write(b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.settle();
+        assert!(w.io().accept(&addr).is_none(), "no second connection");
+        assert_eq!(up.peer.exchanges(), 2);
+        up.shuttle();
+        assert!(
+            text(&up.got).starts_with("GET /b HTTP/1.1\r\n"),
+            "{}",
+            text(&up.got)
+        );
+        up.send(answer);
+        w.settle();
+        assert!(text(&c.read()).ends_with("over tls!\r\n"));
+        assert_eq!(
+            w.stats()
+                .upstream_total(crate::stats::UpstreamCounter::TlsHandshakes),
+            1
+        );
+        assert_eq!(up.peer.reused_with_unread_bytes(), 0);
+
+        // The upstream closes the idle connection (close_notify, then its end): dropped.
+        up.session.close();
+        up.shuttle();
+        up.peer.shutdown();
+        w.settle();
+        assert!(up.peer.closed_by_worker());
+    }
+
+    /// A header block of literal fields without indexing (RFC 7541 §6.2.2).
+    fn block(fields: &[(&str, &str)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for (name, value) in fields {
+            b.push(0);
+            b.push(name.len() as u8);
+            b.extend(name.as_bytes());
+            b.push(value.len() as u8);
+            b.extend(value.as_bytes());
+        }
+        b
+    }
+
+    /// A WebSocket over HTTP/2 relayed to a TLS upstream: the tunnel opens on the upstream's
+    /// 101, the client's bytes go through, and the client's END_STREAM ends the upstream's
+    /// side as TLS ends it: close_notify first, then the FIN (a send after the FIN would fail).
+    #[test]
+    fn an_http2_tunnel_to_a_tls_upstream_ends_with_close_notify_then_the_fin() {
+        let config = ServerConfig {
+            http2_websocket: true,
+            ..config()
+        };
+        let (mut w, addr, acceptor) = tls_proxy(config, true);
+        let mut hello = tern_http2::PREFACE.to_vec();
+        hello.extend(frame(4, 0, 0, &[])); // SETTINGS
+        const END_HEADERS: u8 = 0x4;
+        let connect = block(&[
+            (":method", "CONNECT"),
+            (":protocol", "websocket"),
+            (":scheme", "http"),
+            (":authority", "a"),
+            (":path", "/chat"),
+            ("sec-websocket-version", "13"),
+        ]);
+        hello.extend(frame(1, END_HEADERS, 1, &connect));
+        let c = w.connect(&hello);
+        let mut up = TlsUpstream {
+            peer: w.io().accept(&addr).expect("the worker connected"),
+            session: acceptor.accept(),
+            got: Vec::new(),
+            closed: false,
+        };
+        for round in 1.. {
+            assert!(round < 100, "no handshake request after {round} rounds");
+            up.shuttle();
+            w.settle();
+            if up.got.ends_with(b"\r\n\r\n") {
+                break;
+            }
+        }
+        let head = text(&up.got);
+        assert!(head.starts_with("GET /chat HTTP/1.1\r\n"), "{head}");
+        let key = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
+            .expect("the relay's key");
+        let digest = aws_lc_rs::digest::digest(
+            &aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY,
+            format!("{key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11").as_bytes(),
+        );
+        use base64::Engine as _;
+        let accept = base64::engine::general_purpose::STANDARD.encode(digest.as_ref());
+        up.got.clear();
+        up.send(
+            format!(
+                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                 Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        w.settle();
+        let (kinds, _) = frames(&c.read());
+        assert!(kinds.contains(&(1, 1)), "the tunnel's 200: {kinds:?}");
+
+        // The client's last bytes, and the end of its side.
+        const END_STREAM: u8 = 0x1;
+        c.write(&frame(0, END_STREAM, 1, b"hello"));
+        w.settle();
+        up.shuttle();
+        assert_eq!(text(&up.got), "hello");
+        assert!(up.closed, "close_notify came");
+        assert!(up.peer.shut_by_worker(), "then the FIN");
+        assert!(!up.peer.closed_by_worker(), "the upstream may still answer");
+
+        // It answers, then ends its side: the stream ends.
+        up.send(b"bye");
+        up.session.close();
+        up.shuttle();
+        up.peer.shutdown();
+        w.settle();
+        let (kinds, data) = frames(&c.read());
+        assert_eq!(data, [(1, b"bye".to_vec())], "{kinds:?}");
+        assert!(up.peer.closed_by_worker());
+        assert_eq!(w.connections(), 1);
     }
 }

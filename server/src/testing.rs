@@ -1,184 +1,124 @@
-//! A connection driven in memory, with no socket: the very [`Conn`](crate::conn) a worker runs,
-//! fed bytes by the caller, its output collected. This is what the sans-IO split buys: the
-//! fuzzer (`fuzz/fuzz_targets/tls_http.rs`) and tests run the transport, the protocol and the
-//! handlers without the network or threads. Deferred replies are never completed here.
+//! What tests and fuzz targets need from outside the crate: the whole worker over sockets in
+//! memory ([`MemoryWorker`]), one client connection to it as a handle ([`MemoryConn`]), an
+//! upstream group it plays ([`MemoryUpstream`], [`ForwardAll`]), the strict reader of a
+//! connection's answers ([`parse_responses`]), a request for handler tests
+//! ([`with_request`]), and pending replies outside any worker ([`TestReplies`]). This is
+//! what the sans-IO split buys: the fuzzers (`fuzz/fuzz_targets/tls_http.rs`,
+//! `proxy_relay.rs`) run the transport, the protocols, the relay, the upstream pool and the
+//! handlers (the very worker and socket loop a server runs) without the network or threads.
 
-use std::collections::VecDeque;
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tern_codec::{parse_request, Limits, Method, RequestHead};
-use tern_runtime::{BufPool, Clock, DetachedInbox, InboxSender};
+use tern_runtime::DetachedInbox;
 use tern_tls::TlsAcceptor;
 
-use crate::config::{ListenerKind, ServerConfig};
-use crate::conn::output::MAX_IOVECS;
-use crate::conn::{Action, Conn, Link, RelayNeed, Transmit};
-use crate::exchange::ConnCx;
+use crate::config::ServerConfig;
 use crate::handler::WorkerMessage;
 use crate::handler::{Handler, HandlerContext, Pending, Reply, Request};
 use crate::response::Response;
 use crate::router::Router;
 use crate::stats::Stats;
 use crate::upstream::{Forward, UpstreamAddr, UpstreamOutcome, UpstreamTimeouts, Upstreams};
-use tern_runtime::io::Waiting;
 
 /// The whole worker over sockets in memory, with a manual clock (see `memory_worker.rs`).
 pub use crate::memory_worker::MemoryWorker;
 pub use tern_runtime::io::{MemoryAddr, MemoryPeer};
 
-/// The borrowed worker state a step of the connection runs with (a macro: it borrows
-/// fields of the `MemoryConn` one by one, leaving `conn` and `output` free).
-macro_rules! conn_cx {
-    ($this:ident) => {
-        ConnCx {
-            router: &$this.router,
-            acme: None,
-            bans: None,
-            hsts_line: None,
-            config: &$this.config,
-            stats: $this.stats.worker(0),
-            clock: &$this.clock,
-            buffers: &mut $this.buffers,
-            scratch: &mut $this.scratch,
-            access_log: None,
-            inbox: &$this.inbox,
-            worker_id: 0,
-            stopping: false,
-            draining: false,
-            near_limit: false,
-        }
-    };
-}
+/// Rounds of [`MemoryConn::upstream_answers`] before it gives up on a relay that keeps
+/// sending (each round answers what reached the upstream, then lets the worker settle).
+const MAX_UPSTREAM_ROUNDS: usize = 100_000;
 
-/// One connection, in memory.
+/// One client connection to a [`MemoryWorker`] of its own, fed and read as a whole: the
+/// bytes fed arrive as the kernel would hand them over, the worker runs until it settles,
+/// and what it sent is collected. Relayed exchanges reach [`MemoryUpstream`]'s address,
+/// whose side [`MemoryConn::upstream_answers`] plays. Deferred replies are completed only if
+/// their handler does so itself.
 pub struct MemoryConn {
-    router: Router,
-    config: ServerConfig,
-    stats: Stats,
-    clock: Clock,
-    buffers: BufPool,
-    scratch: Vec<u8>,
-    inbox: InboxSender<WorkerMessage>,
-    /// Where the connection's deferred replies land (kept open for the senders).
-    _replies: DetachedInbox<WorkerMessage>,
-    conn: Conn,
-    output: Vec<u8>,
-    closed: bool,
-    eof_delivered: bool,
-    /// The upstream connection kept idle between exchanges (a pool of one).
-    pooled: Option<FakeUpstreamConn>,
+    worker: MemoryWorker,
+    /// The client's end, from the first bytes fed on (the listener hands a connection over
+    /// with its first bytes).
+    client: Option<MemoryPeer>,
+    /// The upstream's ends of the connections the worker made, and the exchange of each that
+    /// was answered last.
+    upstreams: Vec<(MemoryPeer, u32)>,
     /// Upstream connections opened so far.
     upstream_connections: usize,
-    /// Exchanges relayed so far (numbers the bytes each exchange's answer came in).
-    exchanges: u32,
-}
-
-/// One upstream connection as [`MemoryConn::upstream_answers`] plays it.
-#[derive(Default)]
-struct FakeUpstreamConn {
-    /// Bytes the upstream sent that the relay has not read yet, each with the number of the
-    /// exchange whose request it was answering.
-    unread: VecDeque<(u32, u8)>,
-    /// The exchange this connection last received a request of (answered once).
-    answering: Option<u32>,
-    /// The upstream closed its side (after `unread`); `eof_told`: the relay read the EOF.
-    closed: bool,
-    eof_told: bool,
-}
-
-impl FakeUpstreamConn {
-    /// What a peek at its socket would find (see `UpStream::waiting`).
-    fn waiting(&self) -> Waiting {
-        if !self.unread.is_empty() {
-            Waiting::Bytes
-        } else if self.closed {
-            Waiting::Closed
-        } else {
-            Waiting::Nothing
-        }
-    }
 }
 
 impl MemoryConn {
     /// A connection as if accepted on a TLS listener (with `tls`) or a plain one.
     pub fn new(router: Router, tls: Option<Arc<TlsAcceptor>>) -> io::Result<MemoryConn> {
-        let config = ServerConfig {
-            listener_kinds: vec![if tls.is_some() {
-                ListenerKind::Https
-            } else {
-                ListenerKind::Http
-            }],
-            ..ServerConfig::default()
-        };
-        let replies = DetachedInbox::new(16)?;
-        let inbox = replies.sender();
-        let session = tls.as_ref().map(|t| t.accept());
-        let link = Link {
-            peer: SocketAddr::from(([192, 0, 2, 1], 40000)),
-            key: 1 << 32,
-            secure: session.is_some(),
-            redirect_to_https: None,
-        };
+        let mut worker = MemoryWorker::with_tls(router, ServerConfig::default(), None, tls);
+        worker.io().listen(upstream_addr());
         Ok(MemoryConn {
-            router,
-            config,
-            stats: Stats::new(1),
-            clock: Clock::new(),
-            buffers: BufPool::new(4096, 16 * 1024, 4),
-            scratch: Vec::new(),
-            inbox,
-            _replies: replies,
-            conn: Conn::new(link, session, 0),
-            output: Vec::new(),
-            closed: false,
-            eof_delivered: false,
-            pooled: None,
+            worker,
+            client: None,
+            upstreams: Vec::new(),
             upstream_connections: 0,
-            exchanges: 0,
         })
     }
 
     /// Counts into `stats` (whose rows a handler of the router was given) instead of
     /// counters of its own.
     pub fn with_stats(mut self, stats: Stats) -> MemoryConn {
-        self.stats = stats;
+        assert!(self.client.is_none(), "counters are chosen before any byte");
+        self.worker = self.worker.with_stats(stats);
         self
     }
 
-    /// Bytes from the peer, as one read each time the connection asks for input.
+    /// Bytes from the peer, read by the worker as they arrive; it runs until it settles.
     pub fn feed(&mut self, bytes: &[u8]) {
-        self.run(bytes, false);
+        match &self.client {
+            None => self.client = Some(self.worker.connect(bytes)),
+            Some(c) if c.closed_by_worker() => {}
+            Some(c) => {
+                c.write(bytes);
+                self.worker.settle();
+            }
+        }
     }
 
     /// The peer closed its side.
     pub fn feed_eof(&mut self) {
-        self.run(&[], true);
+        if self.client.is_none() {
+            self.feed(&[]);
+        }
+        if let Some(c) = &self.client {
+            c.shutdown();
+            self.worker.settle();
+        }
     }
 
     /// Everything the connection has sent since the last call.
     pub fn take_output(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.output)
+        self.client
+            .as_ref()
+            .map(MemoryPeer::read)
+            .unwrap_or_default()
     }
 
     /// The connection closed (or shut its write side down to linger).
     pub fn is_closed(&self) -> bool {
-        self.closed
+        self.client
+            .as_ref()
+            .is_some_and(|c| c.closed_by_worker() || c.shut_by_worker())
     }
 
     /// An exchange is still being relayed (its answer may be incomplete so far).
-    pub fn relaying(&self) -> bool {
-        self.conn.in_relay()
+    pub fn relaying(&mut self) -> bool {
+        self.worker.relaying()
     }
 
     /// The server's counters (handshakes, failures, responses).
     pub fn stats(&self) -> &Stats {
-        &self.stats
+        self.worker.stats_handle()
     }
 
-    /// Upstream connections opened so far by [`Self::upstream_answers`] (the others were
-    /// reused from its pool of one).
+    /// Upstream connections the worker opened so far (the others were reused from its
+    /// pool, which keeps one for [`MemoryUpstream`]).
     pub fn upstream_connections(&self) -> usize {
         self.upstream_connections
     }
@@ -191,197 +131,69 @@ impl MemoryConn {
     }
 
     /// Plays the upstream server of the exchanges relayed from here on, over as many
-    /// connections as the relay asks for, keeping one idle between exchanges by the worker's
-    /// pool rule (`UpstreamConns::release` and `take_idle`): in only when its exchange allows
-    /// it and nothing waits in its socket, out again only if nothing waits in it then. Each
-    /// request reaching a connection is answered with the next of `answers`, any bytes: a
-    /// well-formed answer, a broken one, one followed by surplus bytes or by whole answers
-    /// nobody asked for. The relay reads at most `piece` bytes at a time. With `close`, a
-    /// connection with no answer left to give is closed by the upstream (after its last one).
-    /// Returns the bytes the upstream received. Every step the client side runs too.
+    /// connections as the worker opens; the worker keeps them in its pool between exchanges
+    /// by its own rule. Each request reaching a connection (the first bytes of an exchange
+    /// on it) is answered with the next of `answers`, any bytes: a well-formed answer, a
+    /// broken one, one followed by surplus bytes or by whole answers nobody asked for. The
+    /// worker reads at most `piece` bytes at a time. With `close`, a connection with no
+    /// answer left to give is closed by the upstream (after its last one). Returns the bytes
+    /// the upstream received.
     ///
-    /// Panics if the relay reads, for one exchange, bytes sent in answer to another: the
-    /// next request on a reused connection would be answered with them.
+    /// Panics if the worker takes a connection from its pool for a new exchange while bytes
+    /// the upstream sent earlier are still unread in it: they would be read as the new
+    /// request's answer.
     pub fn upstream_answers(&mut self, answers: &[&[u8]], piece: usize, close: bool) -> Vec<u8> {
         let piece = piece.max(1);
         let mut got = Vec::new();
         let mut answers = answers.iter();
-        let mut attached: Option<FakeUpstreamConn> = None;
-        for _ in 0..1_000_000 {
-            if self.closed {
-                break;
+        let addr = upstream_addr();
+        for _ in 0..MAX_UPSTREAM_ROUNDS {
+            let mut moved = false;
+            while let Some(peer) = self.worker.io().accept(&addr) {
+                peer.set_max_read(piece);
+                self.upstreams.push((peer, 0));
+                self.upstream_connections += 1;
+                moved = true;
             }
-            let mut cx = conn_cx!(self);
-            let mut moved = true;
-            // The first relay under way (HTTP/1.1 has one).
-            let mut ids = Vec::new();
-            self.conn.relay_ids(&mut ids);
-            let id = ids.first().copied().unwrap_or(0);
-            match self.conn.relay_need(id) {
-                RelayNeed::Nothing => moved = false,
-                RelayNeed::Release { keep, .. } => {
-                    if let Some(c) = attached.take() {
-                        if keep && c.waiting() == Waiting::Nothing {
-                            self.pooled = Some(c);
-                        }
-                    }
-                    self.conn.relay_released(id, &mut cx);
-                    if !self.conn.in_relay() {
-                        self.exchanges += 1;
-                    }
-                }
-                RelayNeed::Connect { fresh, .. } => {
-                    let idle = if fresh { None } else { self.pooled.take() };
-                    match idle.filter(|c| c.waiting() == Waiting::Nothing) {
-                        Some(c) => {
-                            attached = Some(c);
-                            self.conn.relay_attached(id, true, true, &cx);
-                        }
-                        None => {
-                            attached = Some(FakeUpstreamConn::default());
-                            self.upstream_connections += 1;
-                            self.conn.relay_attached(id, false, false, &cx);
-                        }
-                    }
-                }
-                RelayNeed::Connecting => self.conn.relay_connected(id, &cx),
-                RelayNeed::Io => {
-                    let Some(c) = attached.as_mut() else {
-                        break;
-                    };
-                    let out = self.conn.relay_send_buf(id);
-                    let sent = out.len();
-                    got.extend_from_slice(out);
-                    if sent > 0 {
-                        self.conn.relay_sent(id, sent, &cx);
+            for (peer, answered) in &mut self.upstreams {
+                let bytes = peer.read();
+                if !bytes.is_empty() {
+                    moved = true;
+                    got.extend_from_slice(&bytes);
+                    let exchange = peer.exchanges();
+                    if *answered != exchange {
                         // A request (its first bytes) reached the upstream: it answers.
-                        if c.answering != Some(self.exchanges) {
-                            c.answering = Some(self.exchanges);
-                            if let Some(answer) = answers.next() {
-                                c.unread.extend(answer.iter().map(|&b| (self.exchanges, b)));
-                            }
-                            if close && answers.as_slice().is_empty() {
-                                c.closed = true;
-                            }
+                        *answered = exchange;
+                        if let Some(answer) = answers.next() {
+                            peer.write(answer);
                         }
-                    } else if !c.unread.is_empty() {
-                        let buf = self.conn.relay_recv_buf(id, &mut cx);
-                        let n = buf.len().min(piece).min(c.unread.len());
-                        if n == 0 {
-                            moved = false;
-                        } else {
-                            for (slot, (exchange, byte)) in buf.iter_mut().zip(c.unread.drain(..n))
-                            {
-                                assert_eq!(
-                                    exchange, self.exchanges,
-                                    "bytes sent in answer to exchange {exchange} were read for \
-                                     exchange {}: a stray answer reaches another request",
-                                    self.exchanges
-                                );
-                                *slot = byte;
-                            }
-                            self.conn.relay_recv(id, n, &mut cx);
+                        if close && answers.as_slice().is_empty() {
+                            peer.shutdown();
                         }
-                    } else if c.closed && !c.eof_told {
-                        c.eof_told = true;
-                        self.conn.relay_closed(id, false, &mut cx);
-                    } else {
-                        moved = false;
                     }
                 }
+                assert_eq!(
+                    peer.reused_with_unread_bytes(),
+                    0,
+                    "an upstream connection was reused with bytes of an earlier answer unread \
+                     in it: they would be read as the next request's answer"
+                );
             }
-            let before = self.output.len();
-            self.run(&[], false);
-            if !moved && self.output.len() == before {
+            self.upstreams.retain(|(p, _)| !p.closed_by_worker());
+            if !moved {
                 break;
             }
+            self.worker.settle();
         }
         got
     }
+}
 
-    fn run(&mut self, mut input: &[u8], eof: bool) {
-        if self.closed {
-            return;
-        }
-        let mut cx = conn_cx!(self);
-        loop {
-            loop {
-                let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
-                let sent = match self.conn.poll_transmit(&mut cx, &mut iov) {
-                    Transmit::Nothing => break,
-                    Transmit::Failed => {
-                        self.closed = true;
-                        return;
-                    }
-                    Transmit::Memory { count, .. } => {
-                        let mut n = 0;
-                        for slice in &iov[..count] {
-                            self.output.extend_from_slice(slice);
-                            n += slice.len();
-                        }
-                        n
-                    }
-                    Transmit::File { file, offset, len } => {
-                        let len = len.min(1 << 20) as usize;
-                        let start = self.output.len();
-                        self.output.resize(start + len, 0);
-                        // SAFETY: `file` is open (held by the connection's output for as long
-                        // as the segment is queued); the buffer is valid for `len` bytes.
-                        let got = unsafe {
-                            libc::pread(
-                                file,
-                                self.output[start..].as_mut_ptr().cast(),
-                                len,
-                                offset as libc::off_t,
-                            )
-                        };
-                        if got <= 0 {
-                            self.output.truncate(start);
-                            self.closed = true;
-                            return;
-                        }
-                        self.output.truncate(start + got as usize);
-                        got as usize
-                    }
-                };
-                self.conn.handle_sent(sent);
-            }
-            match self.conn.poll_action(&mut cx) {
-                Action::Transmit => {}
-                Action::Wait => return,
-                Action::Close | Action::ShutdownWrite => {
-                    self.conn.prepare_close();
-                    let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
-                    if let Transmit::Memory { count, .. } =
-                        self.conn.poll_transmit(&mut cx, &mut iov)
-                    {
-                        for slice in &iov[..count] {
-                            self.output.extend_from_slice(slice);
-                        }
-                    }
-                    self.closed = true;
-                    return;
-                }
-                Action::Read => {
-                    if input.is_empty() {
-                        if eof && !self.eof_delivered {
-                            self.eof_delivered = true;
-                            self.conn.handle_eof(&mut cx);
-                            continue;
-                        }
-                        return;
-                    }
-                    let buf = self.conn.recv_buf(&mut cx);
-                    if buf.is_empty() {
-                        return;
-                    }
-                    let n = buf.len().min(input.len());
-                    buf[..n].copy_from_slice(&input[..n]);
-                    input = &input[n..];
-                    self.conn.handle_recv(n, &mut cx);
-                }
-            }
-        }
+/// Where [`MemoryUpstream`] is (nobody listens there but the worker in memory).
+fn upstream_addr() -> MemoryAddr {
+    match MemoryUpstream::default().addr {
+        UpstreamAddr::Tcp(a) => MemoryAddr::Tcp(a),
+        UpstreamAddr::Unix(p) => MemoryAddr::Unix(p),
     }
 }
 

@@ -189,7 +189,7 @@ impl<I: Io> HttpWorker<I> {
         };
         match f(entry, &mut ccx, &mut ucx) {
             Status::Close => {
-                relay_driver::abandon(entry, &mut ucx, &ccx);
+                relay_driver::abandon(entry, &mut ucx, &mut ccx);
                 // close_notify on an established TLS session (and a 408 a timeout queued):
                 // one attempt, nobody waits for the peer.
                 entry.conn.prepare_close();
@@ -214,6 +214,16 @@ impl<I: Io> HttpWorker<I> {
 }
 
 impl<I: Io> HttpWorker<I> {
+    /// Some connection is relaying an exchange to an upstream server (for the in-memory
+    /// harness: an answer may be incomplete so far).
+    pub(crate) fn relaying(&mut self) -> bool {
+        let conns = &mut self.conns;
+        conns
+            .keys()
+            .into_iter()
+            .any(|k| conns.get_mut(k).is_some_and(|e| e.conn.in_relay()))
+    }
+
     /// Readiness of an upstream connection: drive the client connection relaying through
     /// it; an idle pooled one that became readable was closed by its server (or sent
     /// something unasked) and is dropped.
@@ -297,7 +307,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
                     tls,
                     cx.clock.now_ms(),
                 ),
-                sock: Socket::new(sock),
+                sock: Socket::new(sock, true),
                 deadline_ms: u64::MAX,
                 armed_ms: u64::MAX,
                 upstreams: Vec::new(),

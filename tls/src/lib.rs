@@ -4,7 +4,8 @@
 //!   1.2 with Mozilla's "intermediate" suites and groups, no 0-RTT), the SNI certificate
 //!   resolver (reloadable) and the rotating session-ticket keys (optionally kept on disk).
 //! - [`TlsSession`] is one connection's TLS state, driven without I/O by the server's
-//!   connection: it never touches a socket.
+//!   connection: it never touches a socket. [`ClientSession`] is the same for a connection
+//!   to an upstream server (the reverse proxy as a TLS client).
 //!
 //! Crypto: aws-lc-rs, chosen by measurement (ARCHITECTURE.md, `examples/providers.rs`).
 
@@ -26,7 +27,7 @@ use rustls::ServerConfig;
 pub use acme::{tls_alpn_sni, AcmeCerts, ACME_TLS_ALPN};
 pub use certs::LoadedCert;
 pub use resolver::{CertSet, SniResolver};
-pub use session::{Plaintext, TlsFailure, TlsSession};
+pub use session::{ClientSession, Plaintext, Session, TlsFailure, TlsSession};
 pub use tickets::TicketKeys;
 
 /// A certificate chain file and its key file.

@@ -1,10 +1,15 @@
-//! One server-side TLS session, driven without I/O: ciphertext in, plaintext out, plaintext in,
-//! ciphertext out. This is the only place that calls rustls's connection API, so moving to
+//! One TLS session, driven without I/O: ciphertext in, plaintext out, plaintext in, ciphertext
+//! out. The server side of a client's connection ([`TlsSession`]) and the client side of a
+//! connection to an upstream server ([`ClientSession`]) are the same code over rustls's two
+//! connection types. This is the only place that calls rustls's connection API, so moving to
 //! rustls 0.24's split connection changes this file alone.
 
 use std::io::{self, IoSlice, Read};
+use std::ops::DerefMut;
+use std::sync::Arc;
 
-use rustls::ServerConnection;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, ConnectionCommon, ServerConnection};
 
 /// Why a handshake or session failed; counted by cause.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,24 +46,34 @@ pub enum Plaintext {
     Data(usize),
     /// Nothing decrypted is waiting.
     Empty,
-    /// The peer sent close_notify: no more data will come.
+    /// The peer sent close_notify (or its stream ended): no more data will come.
     Closed,
 }
 
-pub struct TlsSession {
-    conn: ServerConnection,
+/// One TLS session over rustls's connection `C` (server or client).
+pub struct Session<C> {
+    conn: C,
 }
 
-impl TlsSession {
-    pub(crate) fn new(conn: ServerConnection) -> TlsSession {
-        TlsSession { conn }
+/// The server side of a client's connection (made by [`crate::TlsAcceptor::accept`]).
+pub type TlsSession = Session<ServerConnection>;
+
+/// The client side of a connection to an upstream server.
+pub type ClientSession = Session<ClientConnection>;
+
+impl<C, D: 'static> Session<C>
+where
+    C: DerefMut<Target = ConnectionCommon<D>>,
+{
+    pub(crate) fn new(conn: C) -> Session<C> {
+        Session { conn }
     }
 
     /// Feeds received ciphertext and processes the records it completes. Returns how much of
     /// `input` was taken: less than all when rustls's buffer of decrypted data is full (read
     /// plaintext, then feed the rest again). On an error the session is dead; an alert for
     /// the peer may be waiting in [`Self::encode`].
-    pub fn feed(&mut self, input: &[u8]) -> Result<usize, TlsFailure> {
+    fn feed_records(&mut self, input: &[u8]) -> Result<usize, rustls::Error> {
         let mut rest = input;
         while !rest.is_empty() {
             match self.conn.read_tls(&mut rest) {
@@ -68,9 +83,7 @@ impl TlsSession {
                 // Backpressure: the decrypted-data buffer is full.
                 Err(_) => break,
             }
-            if let Err(e) = self.conn.process_new_packets() {
-                return Err(TlsFailure::of(&e));
-            }
+            self.conn.process_new_packets()?;
         }
         Ok(input.len() - rest.len())
     }
@@ -124,6 +137,54 @@ impl TlsSession {
     /// True when this session was resumed from a ticket.
     pub fn resumed(&self) -> bool {
         self.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+    }
+}
+
+impl TlsSession {
+    /// Feeds received ciphertext (see [`Session::read_plaintext`] for what comes out). Returns
+    /// how much of `input` was taken: less than all when rustls's buffer of decrypted data is
+    /// full (read plaintext, then feed the rest again). On an error the session is dead; an
+    /// alert for the peer may be waiting in [`Session::encode`].
+    pub fn feed(&mut self, input: &[u8]) -> Result<usize, TlsFailure> {
+        self.feed_records(input).map_err(|e| TlsFailure::of(&e))
+    }
+}
+
+impl ClientSession {
+    /// A session that will introduce itself as `name` (SNI, and the name the certificate is
+    /// checked against).
+    pub fn connect(
+        config: Arc<ClientConfig>,
+        name: ServerName<'static>,
+    ) -> Result<ClientSession, rustls::Error> {
+        ClientConnection::new(config, name).map(Session::new)
+    }
+
+    /// As [`TlsSession::feed`], with rustls's own error (the upstream's failures are counted
+    /// and logged by cause: `crate::upstream::failure_cause`).
+    pub fn feed(&mut self, input: &[u8]) -> Result<usize, rustls::Error> {
+        self.feed_records(input)
+    }
+
+    /// The stream under the session ended: from now on reading plaintext says
+    /// [`Plaintext::Closed`] once the data before the end is read (whether close_notify came
+    /// or not: many servers close without it, and the HTTP framing tells a cut-short answer).
+    pub fn feed_eof(&mut self) {
+        let _ = self.conn.read_tls(&mut io::empty());
+    }
+
+    /// What the session holds that nobody has read: decrypted bytes (their count), the
+    /// peer's close_notify, or nothing. A record that carries no data (a late session
+    /// ticket) says nothing.
+    pub fn waiting(&mut self) -> Plaintext {
+        match self.conn.process_new_packets() {
+            Ok(state) if state.plaintext_bytes_to_read() > 0 => {
+                Plaintext::Data(state.plaintext_bytes_to_read())
+            }
+            Ok(state) if state.peer_has_closed() => Plaintext::Closed,
+            Ok(_) => Plaintext::Empty,
+            Err(_) => Plaintext::Closed,
+        }
     }
 }
 

@@ -339,6 +339,30 @@ mod tests {
         }
     }
 
+    /// A look at what waits takes nothing, on TCP and Unix sockets alike (the upstream
+    /// pool's check of a connection between exchanges).
+    #[test]
+    fn peek_sees_bytes_and_the_end_without_taking_them() {
+        let (mut io, mut sock, mut peer) = pair();
+        peer.write_all(b"HTTP/1.1 200 OK\r\n").unwrap();
+        while io.peek(&mut sock) == Waiting::Nothing {
+            std::thread::yield_now();
+        }
+        assert_eq!(io.peek(&mut sock), Waiting::Bytes, "still there");
+        let mut buf = [0u8; 64];
+        assert_eq!(io.recv(&mut sock, &mut buf).unwrap(), 17);
+        assert_eq!(io.peek(&mut sock), Waiting::Nothing);
+
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut unix = EpollSock::from_std_unix(ours).unwrap();
+        assert_eq!(io.peek(&mut unix), Waiting::Nothing);
+        theirs.write_all(b"x").unwrap();
+        assert_eq!(io.peek(&mut unix), Waiting::Bytes);
+        assert_eq!(io.recv(&mut unix, &mut buf).unwrap(), 1);
+        drop(theirs);
+        assert_eq!(io.peek(&mut unix), Waiting::Closed);
+    }
+
     fn tempfile_with(bytes: &[u8]) -> std::fs::File {
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(bytes).unwrap();

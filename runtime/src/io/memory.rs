@@ -30,7 +30,8 @@ struct Pipe {
     outbound: Vec<u8>,
     /// The most `outbound` may hold: a send finds no room past it.
     room: usize,
-    /// A read returns at most this many bytes (the relay's "every piece size" tests).
+    /// A read returns at most this many bytes (the relay's "every piece size" tests); such a
+    /// socket says a short read does not drain it (`Io::short_read_drains`).
     max_read: usize,
     worker_shut: bool,
     /// The worker dropped its socket.
@@ -39,6 +40,11 @@ struct Pipe {
     token: Option<usize>,
     /// The worker found no room: the next read by the peer reports writable.
     blocked: bool,
+    /// Exchanges the connection has carried: 1, and one more each time the worker took it
+    /// from its pool again (`Io::reused`).
+    exchanges: u32,
+    /// Times it was taken again with bytes from the peer still unread in it.
+    reused_unread: u32,
     reports: Reports,
 }
 
@@ -141,6 +147,23 @@ impl MemoryPeer {
     pub fn watched(&self) -> bool {
         self.pipe.borrow().token.is_some()
     }
+
+    /// Bytes sent to the worker that it has not read yet.
+    pub fn unread_by_worker(&self) -> usize {
+        self.pipe.borrow().inbound.len()
+    }
+
+    /// Exchanges the worker has sent over this connection so far: 1 from the start, one more
+    /// each time it took the connection from its pool again.
+    pub fn exchanges(&self) -> u32 {
+        self.pipe.borrow().exchanges
+    }
+
+    /// Times the worker took this connection from its pool with bytes of ours still unread
+    /// in it: whatever it reads next would be taken for the new exchange's answer.
+    pub fn reused_with_unread_bytes(&self) -> u32 {
+        self.pipe.borrow().reused_unread
+    }
 }
 
 /// Where an outgoing connection may go: a TCP address or a Unix socket path.
@@ -189,6 +212,7 @@ impl MemoryIo {
         let pipe = Rc::new(RefCell::new(Pipe {
             room: UNLIMITED,
             max_read: usize::MAX,
+            exchanges: 1,
             reports: self.reports.clone(),
             ..Pipe::default()
         }));
@@ -331,6 +355,18 @@ impl Io for MemoryIo {
     fn unacked_bytes(&self, sock: &MemorySock) -> io::Result<u32> {
         Ok(sock.pipe.borrow().outbound.len().min(u32::MAX as usize) as u32)
     }
+
+    fn short_read_drains(&self, sock: &MemorySock) -> bool {
+        sock.pipe.borrow().max_read == usize::MAX
+    }
+
+    fn reused(&mut self, sock: &mut MemorySock) {
+        let mut p = sock.pipe.borrow_mut();
+        p.exchanges += 1;
+        if !p.inbound.is_empty() {
+            p.reused_unread += 1;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -420,5 +456,28 @@ mod tests {
         .unwrap();
         assert_eq!(upstream.read(), b"GET / HTTP/1.1\r\n\r\n");
         assert!(io.accept(&MemoryAddr::Tcp(addr)).is_none());
+    }
+
+    #[test]
+    fn reads_in_pieces_do_not_claim_to_drain_and_reuse_is_noted() {
+        let mut io = MemoryIo::new();
+        let (mut sock, peer) = io.pair();
+        assert!(io.short_read_drains(&sock));
+        peer.set_max_read(2);
+        assert!(
+            !io.short_read_drains(&sock),
+            "a short read leaves bytes behind"
+        );
+        peer.write(b"abcde");
+        let mut buf = [0u8; 8];
+        assert_eq!(io.recv(&mut sock, &mut buf).unwrap(), 2);
+        assert_eq!(peer.unread_by_worker(), 3);
+
+        assert_eq!(peer.exchanges(), 1);
+        io.reused(&mut sock);
+        assert_eq!((peer.exchanges(), peer.reused_with_unread_bytes()), (2, 1));
+        while io.recv(&mut sock, &mut buf).is_ok() {}
+        io.reused(&mut sock);
+        assert_eq!((peer.exchanges(), peer.reused_with_unread_bytes()), (3, 1));
     }
 }

@@ -99,4 +99,22 @@ pub trait Io: 'static {
     /// Bytes sent that the peer has not acknowledged yet: a client that reads, however
     /// slowly, makes it shrink (the write-stall check).
     fn unacked_bytes(&self, sock: &Self::Sock) -> io::Result<u32>;
+
+    /// True if a `recv` that filled less than its buffer took everything that was waiting,
+    /// as a kernel socket's does: the worker then skips the read that would only say
+    /// `WouldBlock`, and trusts the socket to be empty until its next readiness report. A
+    /// backend that hands bytes out in smaller pieces on purpose (the memory one, to run the
+    /// relay over every read size) says false for such a socket, and is read until
+    /// `WouldBlock`.
+    #[inline]
+    fn short_read_drains(&self, _sock: &Self::Sock) -> bool {
+        true
+    }
+
+    /// A connection that waited idle in a pool is taken to carry another exchange. Nothing
+    /// for a kernel socket; the memory backend notes it, so that a test sees a connection
+    /// reused with bytes of an earlier answer still unread in it (they would be read as the
+    /// next answer).
+    #[inline]
+    fn reused(&mut self, _sock: &mut Self::Sock) {}
 }

@@ -19,8 +19,10 @@ mod http2;
 pub(crate) mod output;
 mod protocol;
 mod relay;
+pub(crate) mod stream;
 mod tls;
 mod types;
+pub(crate) mod upstream;
 mod upstream_wire;
 mod websocket;
 

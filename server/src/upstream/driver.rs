@@ -1,18 +1,19 @@
-//! Drives a client connection that is relaying an exchange: the client socket through the
-//! ordinary driver (`crate::driver`), and the upstream connection here, in turns, until
-//! neither side can move. The relay itself (`conn/relay.rs`) does no I/O; this is the
-//! only code that connects, reads and writes upstream sockets.
+//! Drives a client connection that is relaying exchanges: its client socket and the upstream
+//! sockets of its relays, in turns, until neither side can move. Every socket goes through
+//! the one socket loop (`driver::pump`): the client's with its `Conn`, an upstream's with the
+//! relay's upstream half (`conn::upstream::UpstreamView`) or, for a TLS handshake and the
+//! look before pooling, its TLS session alone (`TlsRecords`). What is left here is the
+//! relays' bookkeeping: connecting, taking from and giving back to the pool
+//! (`upstream/pool.rs`), counting, and the order of turns.
 
-use std::io;
-
+use tern_runtime::io::{Io, Waiting};
 use tern_runtime::ratelog;
 
-use super::pool::{tls_failure, UpstreamConns};
+use super::pool::{UpConn, UpstreamConns};
 use super::UpstreamOutcome;
+use crate::conn::upstream::{Handshake, TlsRecords, UpstreamView};
 use crate::conn::{RelayNeed, Status};
-use tern_runtime::io::Io;
-
-use crate::driver::Entry;
+use crate::driver::{pump, Entry};
 use crate::exchange::ConnCx;
 use crate::stats::UpstreamCounter;
 
@@ -65,10 +66,11 @@ pub(crate) fn drive<I: Io>(
 
 /// The client connection is closing: its upstream connections (if any) are closed too; what
 /// they were relaying cannot be finished.
-pub(crate) fn abandon<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, cx: &ConnCx<'_>) {
+pub(crate) fn abandon<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, cx: &mut ConnCx<'_>) {
     e.conn.abandon_relays(cx);
     for (_, key) in e.upstreams.drain(..) {
         if let Some(c) = up.conns.get_mut(key) {
+            c.release_buffers(cx.buffers);
             c.set.end(
                 cx.worker_id,
                 c.server,
@@ -121,11 +123,16 @@ fn step_one<I: Io>(
                 if let Some(i) = e.upstreams.iter().position(|(i, _)| *i == id) {
                     let (_, key) = e.upstreams.swap_remove(i);
                     let now = cx.clock.now_ms();
+                    let mut waiting = Waiting::Closed;
                     if let Some(c) = up.conns.get_mut(key) {
                         c.set.end(cx.worker_id, c.server, outcome, now);
+                        if keep {
+                            waiting = look_before_pooling(c, up.io, cx);
+                        }
+                        c.release_buffers(cx.buffers);
                     }
                     if keep {
-                        up.conns.release(key, up.io, now);
+                        up.conns.release(key, waiting, now);
                     } else {
                         up.conns.close(key);
                     }
@@ -147,7 +154,8 @@ fn step_one<I: Io>(
                 let pooled = if fresh {
                     None
                 } else {
-                    up.conns.take_idle(set.pool_key(), server, owner, now)
+                    up.conns
+                        .take_idle(set.pool_key(), server, owner, up.io, now)
                 };
                 if let Some(key) = pooled {
                     cx.stats
@@ -174,31 +182,32 @@ fn step_one<I: Io>(
                     return progressed;
                 };
                 match c.poll_connected(up.io) {
-                    Ok(true) => {
-                        if c.stream.is_tls() {
-                            let row = c.set.counted_as();
-                            cx.stats.bump_upstream(row, UpstreamCounter::TlsHandshakes);
-                        }
-                        e.conn.relay_connected(id, cx)
-                    }
                     Ok(false) => return progressed,
-                    Err(err) => {
-                        if let Some(tls) = tls_failure(&err) {
-                            let cause = tern_tls::upstream::failure_cause(tls);
-                            let failed = UpstreamCounter::tls_failure(cause);
-                            cx.stats.bump_upstream(c.set.counted_as(), failed);
-                            if ratelog::admit("upstream_tls_failure", cx.clock.now_ms()) {
-                                let addr = c.set.addr(c.server).to_string();
-                                tracing::warn!(upstream = %addr, cause, error = %tls, "TLS handshake with the upstream failed");
-                            }
-                        }
-                        e.conn.relay_connect_failed(id, cx)
-                    }
+                    Err(_) => e.conn.relay_connect_failed(id, cx),
+                    Ok(true) => match handshake(c, up.io, cx) {
+                        Handshake::Pending => return progressed,
+                        Handshake::Done => e.conn.relay_connected(id, cx),
+                        Handshake::Failed(_) => e.conn.relay_connect_failed(id, cx),
+                    },
                 }
             }
             RelayNeed::Io => {
-                if !io(e, up, id, cx) {
+                let Some(c) = attached(e, id).and_then(|k| up.conns.get_mut(k)) else {
                     return progressed;
+                };
+                let mut view = UpstreamView::new(&mut e.conn, id, c.tls.as_deref_mut());
+                // The loop runs until the upstream socket or the relay can go no further
+                // (the relay's own budget bounds what it reads: its client's output).
+                pump(&mut view, &mut c.sock, up.io, cx, usize::MAX);
+                let moved = view.moved();
+                // A tunnel may stay quiet for long: it holds no empty buffer meanwhile.
+                c.release_buffers(cx.buffers);
+                if !moved {
+                    return progressed;
+                }
+                if matches!(e.conn.relay_need(id), RelayNeed::Io) {
+                    // Blocked for now: the client side moves next (or an event comes).
+                    return true;
                 }
             }
         }
@@ -206,71 +215,52 @@ fn step_one<I: Io>(
     }
 }
 
-/// Sends what the relay has for the upstream and reads what it will take. True if
-/// anything moved.
-fn io<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, id: u32, cx: &mut ConnCx<'_>) -> bool {
-    let Some(c) = attached(e, id).and_then(|k| up.conns.get_mut(k)) else {
-        return false;
+/// A connection just made: its TLS handshake, through the socket loop (done at once for
+/// one without TLS). A failed one is counted by cause and logged (rate-limited).
+fn handshake<I: Io>(c: &mut UpConn<I>, io: &mut I, cx: &mut ConnCx<'_>) -> Handshake {
+    let Some(tls) = c.tls.as_deref_mut() else {
+        return Handshake::Done;
     };
-    let mut moved = false;
-    if c.stream.flush_pending(up.io).is_err() {
-        e.conn.relay_closed(id, true, cx);
-        return true;
-    }
-    loop {
-        let buf = e.conn.relay_send_buf(id);
-        if buf.is_empty() {
-            break;
-        }
-        match c.stream.write(up.io, buf) {
-            Ok(0) => {
-                e.conn.relay_closed(id, true, cx);
-                return true;
-            }
-            Ok(n) => {
-                e.conn.relay_sent(id, n, cx);
-                moved = true;
-            }
-            Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
-            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => {
-                e.conn.relay_closed(id, true, cx);
-                return true;
+    let mut records = TlsRecords::handshake(tls);
+    pump(&mut records, &mut c.sock, io, cx, usize::MAX);
+    let state = records.handshake_state();
+    c.release_buffers(cx.buffers);
+    let row = c.set.counted_as();
+    match &state {
+        Handshake::Done => cx.stats.bump_upstream(row, UpstreamCounter::TlsHandshakes),
+        Handshake::Failed(Some(tls)) => {
+            let cause = tern_tls::upstream::failure_cause(tls);
+            cx.stats
+                .bump_upstream(row, UpstreamCounter::tls_failure(cause));
+            if ratelog::admit("upstream_tls_failure", cx.clock.now_ms()) {
+                let addr = c.set.addr(c.server).to_string();
+                tracing::warn!(upstream = %addr, cause, error = %tls, "TLS handshake with the upstream failed");
             }
         }
+        Handshake::Failed(None) | Handshake::Pending => {}
     }
-    if e.conn.relay_wants_shutdown(id) {
-        // An HTTP/2 WebSocket's END_STREAM: the upstream reads its end, and may still answer.
-        let _ = c.stream.shutdown_write(up.io);
-        e.conn.relay_shut_down(id);
-        moved = true;
-    }
-    if c.may_read {
-        let buf = e.conn.relay_recv_buf(id, cx);
-        if !buf.is_empty() {
-            let want = buf.len();
-            match c.stream.read(up.io, buf) {
-                Ok(0) => {
-                    c.may_read = false;
-                    e.conn.relay_closed(id, false, cx);
-                    moved = true;
-                }
-                Ok(n) => {
-                    if n < want && !c.fin && !c.stream.holds_more() {
-                        c.may_read = false;
-                    }
-                    e.conn.relay_recv(id, n, cx);
-                    moved = true;
-                }
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => c.may_read = false,
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => moved = true,
-                Err(_) => {
-                    c.may_read = false;
-                    e.conn.relay_closed(id, true, cx);
-                    moved = true;
-                }
+    state
+}
+
+/// What waits in an upstream connection whose exchange ended cleanly, before it goes back
+/// to the pool. A connection between exchanges must hold nothing: bytes there are an answer
+/// to no request of ours (a stray answer, or the answer to a request smuggled in a body the
+/// server did not read as one), and the next request sent on it would be answered with them.
+/// A short read after the last readiness event proved the socket empty, and anything since
+/// is a new event (edge-triggered), seen while it is idle (which closes it). Otherwise (the
+/// answer ended exactly where a read buffer did) bytes may be there with no event to come:
+/// look, without taking them; over TLS, read the records that came, which may carry no data
+/// (a late session ticket), and see what the session holds.
+fn look_before_pooling<I: Io>(c: &mut UpConn<I>, io: &mut I, cx: &mut ConnCx<'_>) -> Waiting {
+    let unread = c.sock.may_read() || c.sock.peer_fin();
+    match c.tls.as_deref_mut() {
+        None if unread => io.peek(&mut c.sock.sock),
+        None => Waiting::Nothing,
+        Some(tls) => {
+            if unread {
+                pump(&mut TlsRecords::look(tls), &mut c.sock, io, cx, usize::MAX);
             }
+            tls.waiting()
         }
     }
-    moved
 }

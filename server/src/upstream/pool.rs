@@ -1,305 +1,32 @@
 //! A worker's connections to upstream servers: the ones relaying an exchange (owned by a
 //! client connection) and the idle ones kept alive for the next request, per server. Only
-//! the worker touches them, so there is no lock; each is registered with the worker's epoll
-//! once, for its whole life, under a token with [`UPSTREAM_TOKEN`] set.
+//! the worker touches them, so there is no lock; each is watched by the worker's event loop
+//! once, for its whole life, under a token with [`UPSTREAM_TOKEN`] set. Their bytes move
+//! through the one socket loop (`driver::pump`, see `upstream/driver.rs`); this file only
+//! keeps them.
 
 use std::collections::HashMap;
-use std::io::{self, IoSlice, Read, Write};
+use std::io;
 use std::sync::Arc;
 
-use tern_runtime::io::{Io, Peer, Transmit, Waiting};
-use tern_runtime::ratelog;
+use tern_runtime::io::{Io, Peer, Waiting};
+use tern_runtime::{ratelog, BufPool};
 
 use super::{UpstreamAddr, Upstreams};
+use crate::conn::upstream::TlsClient;
+use crate::driver::Socket;
 use crate::slab::Slab;
 
 /// Set in the token (and slab key) of every upstream connection; client connection keys
 /// never have it (their generation is kept below 2^31).
 pub(crate) const UPSTREAM_TOKEN: u64 = 1 << 63;
 
-pub(crate) enum UpStream<I: Io> {
-    /// TCP or a Unix socket, bytes as they are.
-    Plain(I::Sock),
-    /// TCP with TLS on it (boxed: the rustls state is large, plain connections stay small).
-    Tls(Box<TlsUp<I>>),
-}
-
-/// A TLS client connection to an upstream, driven sans-IO: the relay's bytes are encrypted
-/// into rustls and the records written to the socket; records read from the socket are
-/// decrypted into the relay's buffer.
-pub(crate) struct TlsUp<I: Io> {
-    sock: I::Sock,
-    tls: rustls::ClientConnection,
-    /// The socket reported end of file (or the peer's close_notify came with the last bytes
-    /// read): a read must still report the end.
-    eof: bool,
-}
-
-/// Plaintext taken from the relay per write: one buffer's worth at most sits in rustls
-/// (records not yet written to the socket), so a slow upstream holds no more than a plain
-/// connection's socket buffer would.
-const TLS_WRITE_CHUNK: usize = 16 * 1024;
-
-/// The socket as rustls reads and writes its records: through the backend.
-struct Wire<'a, I: Io> {
-    io: &'a mut I,
-    sock: &'a mut I::Sock,
-}
-
-impl<I: Io> Read for Wire<'_, I> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.io.recv(self.sock, buf)
-    }
-}
-
-impl<I: Io> Write for Wire<'_, I> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let iov = [IoSlice::new(buf)];
-        let what = Transmit::Memory {
-            iov: &iov,
-            more: false,
-        };
-        match self.io.send(self.sock, &what)? {
-            Some(0) => Err(io::ErrorKind::Interrupted.into()),
-            Some(n) => Ok(n),
-            None => Err(io::ErrorKind::WouldBlock.into()),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-fn wire<'a, I: Io>(sock: &'a mut I::Sock, io: &'a mut I) -> Wire<'a, I> {
-    Wire { io, sock }
-}
-
-impl<I: Io> TlsUp<I> {
-    /// Writes the records rustls holds; WouldBlock if some remain.
-    fn flush(&mut self, io: &mut I) -> io::Result<()> {
-        while self.tls.wants_write() {
-            match self.tls.write_tls(&mut wire(&mut self.sock, io)) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads records into rustls; Ok(false) at end of file.
-    fn take_records(&mut self, io: &mut I) -> io::Result<bool> {
-        loop {
-            match self.tls.read_tls(&mut wire(&mut self.sock, io)) {
-                Ok(0) => {
-                    self.eof = true;
-                    return Ok(false);
-                }
-                Ok(_) => {
-                    if let Err(e) = self.tls.process_new_packets() {
-                        // Best effort: the alert rustls wants to send says why.
-                        let _ = self.flush(io);
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-                    }
-                    return Ok(true);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Moves the handshake on: true once it is done. A failed handshake's error holds the
-    /// `rustls::Error` (see [`tls_failure`]).
-    fn handshake(&mut self, io: &mut I, may_read: &mut bool) -> io::Result<bool> {
-        loop {
-            match self.flush(io) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) => return Err(e),
-            }
-            if !self.tls.is_handshaking() {
-                return Ok(true);
-            }
-            if !*may_read {
-                return Ok(false);
-            }
-            match self.take_records(io) {
-                Ok(true) => {}
-                Ok(false) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "closed during the TLS handshake",
-                    ))
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    *may_read = false;
-                    return Ok(false);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Fills `buf` with plaintext as far as there is any: a short read means both the
-    /// socket and rustls are drained (or the socket ended: [`UpStream::holds_more`]).
-    fn read(&mut self, io: &mut I, buf: &mut [u8]) -> io::Result<usize> {
-        let mut n = 0;
-        loop {
-            match self.tls.reader().read(&mut buf[n..]) {
-                // close_notify: the end, said by the next read if this one has bytes.
-                Ok(0) => {
-                    self.eof |= n > 0;
-                    return Ok(n);
-                }
-                Ok(k) => {
-                    n += k;
-                    if n == buf.len() {
-                        return Ok(n);
-                    }
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                // Closed without close_notify: many servers do; the HTTP framing tells a
-                // cut-short answer.
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(n),
-                Err(e) => return if n > 0 { Ok(n) } else { Err(e) },
-            }
-            match self.take_records(io) {
-                Ok(_) => {}
-                Err(e) if n > 0 && e.kind() == io::ErrorKind::WouldBlock => return Ok(n),
-                Err(e) => return if n > 0 { Ok(n) } else { Err(e) },
-            }
-            // Anything rustls answers by itself (a key update) goes out now.
-            match self.flush(io) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn write(&mut self, io: &mut I, buf: &[u8]) -> io::Result<usize> {
-        self.flush(io)?;
-        let n = self
-            .tls
-            .writer()
-            .write(&buf[..buf.len().min(TLS_WRITE_CHUNK)])?;
-        if n == 0 {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        match self.flush(io) {
-            Ok(()) => Ok(n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(n),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Between exchanges: plaintext nobody asked for, the end, or nothing (records that carry
-    /// no data, such as a late session ticket, are taken and say nothing).
-    fn waiting(&mut self, io: &mut I) -> Waiting {
-        loop {
-            match self.tls.process_new_packets() {
-                Ok(state) if state.plaintext_bytes_to_read() > 0 => return Waiting::Bytes,
-                Ok(state) if state.peer_has_closed() => return Waiting::Closed,
-                Ok(_) => {}
-                Err(_) => return Waiting::Closed,
-            }
-            if self.eof {
-                return Waiting::Closed;
-            }
-            match self.take_records(io) {
-                Ok(true) => {}
-                Ok(false) => return Waiting::Closed,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Waiting::Nothing,
-                Err(_) => return Waiting::Closed,
-            }
-        }
-    }
-}
-
-/// The rustls error inside an I/O error from a TLS upstream connection, if that is what it is.
-pub(crate) fn tls_failure(e: &io::Error) -> Option<&rustls::Error> {
-    e.get_ref().and_then(|inner| inner.downcast_ref())
-}
-
-impl<I: Io> UpStream<I> {
-    fn sock(&mut self) -> &mut I::Sock {
-        match self {
-            UpStream::Plain(s) => s,
-            UpStream::Tls(t) => &mut t.sock,
-        }
-    }
-
-    pub fn read(&mut self, io: &mut I, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            UpStream::Plain(s) => io.recv(s, buf),
-            UpStream::Tls(t) => t.read(io, buf),
-        }
-    }
-
-    pub fn write(&mut self, io: &mut I, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            UpStream::Plain(s) => wire(s, io).write(buf),
-            UpStream::Tls(t) => t.write(io, buf),
-        }
-    }
-
-    /// Sends our end of the stream (a tunnel's client ended its side); reading goes on. Over
-    /// TLS that is close_notify, then the FIN once it is written (if the socket is full now,
-    /// `flush_pending` writes it later and the FIN is left out: close_notify says it all).
-    pub fn shutdown_write(&mut self, io: &mut I) -> io::Result<()> {
-        match self {
-            UpStream::Plain(s) => io.shutdown_write(s),
-            UpStream::Tls(t) => {
-                t.tls.send_close_notify();
-                match t.flush(io) {
-                    Ok(()) => io.shutdown_write(&mut t.sock),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-        }
-    }
-
-    /// Writes what TLS still holds from earlier writes (a plain socket holds nothing back).
-    pub fn flush_pending(&mut self, io: &mut I) -> io::Result<()> {
-        match self {
-            UpStream::Tls(t) => match t.flush(io) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
-                other => other,
-            },
-            UpStream::Plain(_) => Ok(()),
-        }
-    }
-
-    /// A short read did not drain it: the socket ended and a read must still say so.
-    pub fn holds_more(&self) -> bool {
-        matches!(self, UpStream::Tls(t) if t.eof)
-    }
-
-    pub fn is_tls(&self) -> bool {
-        matches!(self, UpStream::Tls(_))
-    }
-
-    /// What waits in the socket, looked at without taking it. A connection between exchanges
-    /// must hold nothing: bytes there are an answer to no request of ours (a stray answer, or
-    /// the answer to a request smuggled in a body the server did not read as one), and the
-    /// next request sent on it would be answered with them. Edge-triggered readiness cannot
-    /// tell: the bytes may have come with the last answer's, in the read that ended it.
-    pub fn waiting(&mut self, io: &mut I) -> Waiting {
-        match self {
-            UpStream::Plain(s) => io.peek(s),
-            UpStream::Tls(t) => t.waiting(io),
-        }
-    }
-}
-
 /// One upstream connection.
 pub(crate) struct UpConn<I: Io> {
-    pub stream: UpStream<I>,
+    pub sock: Socket<I>,
+    /// TLS with the upstream (boxed: the rustls state is large, plain connections stay
+    /// small). Driven by the socket loop like a client's (`conn/upstream.rs`).
+    pub tls: Option<Box<TlsClient>>,
     pub set: Arc<dyn Upstreams>,
     pub server: usize,
     /// The client connection relaying through it; 0 while idle in the pool.
@@ -307,10 +34,6 @@ pub(crate) struct UpConn<I: Io> {
     pub connected: bool,
     /// An event said it may be writable (for a connect in progress).
     pub write_event: bool,
-    /// Bytes may be waiting (an event came, and no short read since).
-    pub may_read: bool,
-    /// The peer's FIN was reported: a short read does not mean drained then.
-    pub fin: bool,
     /// When it went idle, and how long it may stay so.
     idle_until_ms: u64,
 }
@@ -318,32 +41,28 @@ pub(crate) struct UpConn<I: Io> {
 impl<I: Io> UpConn<I> {
     /// An event for this connection.
     pub fn note_event(&mut self, readable: bool, writable: bool, fin: bool) {
-        if readable || fin {
-            self.may_read = true;
-        }
-        if fin {
-            self.fin = true;
-        }
+        self.sock.note(readable, fin);
         if writable {
             self.write_event = true;
         }
     }
 
-    /// For a connection still connecting: has it connected (or failed) since? With TLS,
-    /// connected means the handshake is done too.
+    /// For a connection still connecting: has its TCP (or Unix) connection been made (or
+    /// failed) since? A TLS handshake follows (`upstream/driver.rs`).
     pub fn poll_connected(&mut self, io: &mut I) -> io::Result<bool> {
         if !self.connected {
             if !self.write_event {
                 return Ok(false);
             }
-            self.connected = io.connected(self.stream.sock())?;
-            if !self.connected {
-                return Ok(false);
-            }
+            self.connected = io.connected(&mut self.sock.sock)?;
         }
-        match &mut self.stream {
-            UpStream::Tls(t) => t.handshake(io, &mut self.may_read),
-            UpStream::Plain(_) => Ok(true),
+        Ok(self.connected)
+    }
+
+    /// Gives back the TLS session's buffers that hold nothing (between exchanges).
+    pub fn release_buffers(&mut self, pool: &mut BufPool) {
+        if let Some(tls) = self.tls.as_deref_mut() {
+            tls.release_buffers(pool);
         }
     }
 }
@@ -394,38 +113,32 @@ impl<I: Io> UpstreamConns<I> {
         owner: u64,
         io: &mut I,
     ) -> io::Result<u64> {
-        let stream = match set.addr(server) {
+        let (sock, tls) = match set.addr(server) {
             UpstreamAddr::Tcp(addr) => {
-                let sock = io.connect(Peer::Tcp(*addr))?;
-                match set.tls(server) {
-                    None => UpStream::Plain(sock),
-                    Some(tls) => {
-                        let conn =
-                            rustls::ClientConnection::new(tls.config.clone(), tls.name.clone())
-                                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-                        UpStream::Tls(Box::new(TlsUp {
-                            sock,
-                            tls: conn,
-                            eof: false,
-                        }))
-                    }
-                }
+                let tls = match set.tls(server) {
+                    None => None,
+                    Some(tls) => Some(Box::new(
+                        TlsClient::new(tls.config.clone(), tls.name.clone())
+                            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
+                    )),
+                };
+                (io.connect(Peer::Tcp(*addr))?, tls)
             }
-            UpstreamAddr::Unix(path) => UpStream::Plain(io.connect(Peer::Unix(path))?),
+            UpstreamAddr::Unix(path) => (io.connect(Peer::Unix(path))?, None),
         };
         let key = self.slab.insert(|_| UpConn {
-            stream,
+            // Nothing to read before the connection is made and reported.
+            sock: Socket::new(sock, false),
+            tls,
             set: set.clone(),
             server,
             owner,
             connected: false,
             write_event: false,
-            may_read: false,
-            fin: false,
             idle_until_ms: 0,
         });
         let conn = self.get_mut(key).expect("just inserted");
-        if let Err(e) = io.watch(conn.stream.sock(), key as usize) {
+        if let Err(e) = io.watch(&mut conn.sock.sock, key as usize) {
             self.close(key);
             return Err(e);
         }
@@ -438,6 +151,7 @@ impl<I: Io> UpstreamConns<I> {
         pool_key: u64,
         server: usize,
         owner: u64,
+        io: &mut I,
         now_ms: u64,
     ) -> Option<u64> {
         loop {
@@ -452,31 +166,25 @@ impl<I: Io> UpstreamConns<I> {
             // anything since is a readiness event, which drops it while idle: before any
             // client of the same turn gets here (`HttpWorker::before_events`), or in a later
             // turn.
-            if conn.idle_until_ms <= now_ms || conn.fin {
+            if conn.idle_until_ms <= now_ms || conn.sock.peer_fin() {
                 self.close(key);
                 continue;
             }
+            io.reused(&mut conn.sock.sock);
             return Some(key);
         }
     }
 
     /// Puts a connection whose exchange ended cleanly into the pool, or closes it if the
-    /// pool for its server is full or anything waits in its socket (see
-    /// [`UpStream::waiting`]).
-    pub fn release(&mut self, key: u64, io: &mut I, now_ms: u64) {
+    /// pool for its server is full or anything waits in it: `waiting` is what a look found
+    /// (`upstream::driver`'s `look_before_pooling`).
+    pub fn release(&mut self, key: u64, waiting: Waiting, now_ms: u64) {
         let Some(conn) = self.get_mut(key) else {
             return;
         };
-        // A short read after the last readiness event proved the socket empty, and anything
-        // since is a new event (edge-triggered), seen while it is idle. Otherwise (the answer
-        // ended exactly where a read buffer did) bytes may be there with no event to come:
-        // look, without taking them.
-        if conn.may_read || conn.fin || conn.stream.is_tls() {
-            let waiting = conn.stream.waiting(io);
-            if waiting != Waiting::Nothing {
-                self.drop_unclean(key, waiting, now_ms);
-                return;
-            }
+        if waiting != Waiting::Nothing {
+            self.drop_unclean(key, waiting, now_ms);
+            return;
         }
         let max = conn.set.max_idle();
         let keepalive = conn.set.timeouts().keepalive.as_millis() as u64;
@@ -541,48 +249,50 @@ impl<I: Io> UpstreamConns<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tern_runtime::io::{EpollIo, EpollSock};
+    use crate::testing::MemoryUpstream;
+    use tern_runtime::io::{MemoryAddr, MemoryIo};
 
-    type Backend = EpollIo;
-
-    /// Waits (bounded) until `stream` reports anything but `Nothing`: loopback delivery is
-    /// not instant.
-    fn settled(stream: &mut UpStream<Backend>, io: &mut Backend) -> Waiting {
-        for _ in 0..500 {
-            let w = stream.waiting(io);
-            if w != Waiting::Nothing {
-                return w;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-        Waiting::Nothing
-    }
-
+    /// The pool's rule: in only if nothing waits and there is room, out only before its
+    /// keep-alive time is over; a connection taken out again is told to the backend.
     #[test]
-    fn waiting_sees_stray_bytes_and_closes_without_taking_them() {
-        let io = &mut Backend::detached().unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let ours = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut server, _) = listener.accept().unwrap();
-        let mut up = UpStream::Plain(EpollSock::from_std_tcp(ours).unwrap());
-        assert_eq!(up.waiting(io), Waiting::Nothing);
-        server.write_all(b"HTTP/1.1 200 OK\r\n").unwrap();
-        assert_eq!(settled(&mut up, io), Waiting::Bytes);
-        // Looking took nothing: the bytes are all still there, and still seen.
-        assert_eq!(up.waiting(io), Waiting::Bytes);
-        let mut buf = [0u8; 64];
-        assert_eq!(up.read(io, &mut buf).unwrap(), 17);
-        assert_eq!(up.waiting(io), Waiting::Nothing);
-        drop(server);
-        assert_eq!(settled(&mut up, io), Waiting::Closed);
+    fn connections_are_pooled_only_clean_and_reuse_is_told() {
+        let mut io = MemoryIo::new();
+        let set: Arc<dyn Upstreams> = Arc::new(MemoryUpstream::default());
+        let UpstreamAddr::Tcp(addr) = *set.addr(0) else {
+            unreachable!()
+        };
+        let addr = MemoryAddr::Tcp(addr);
+        io.listen(addr.clone());
+        let mut pool = UpstreamConns::<MemoryIo>::default();
 
-        let (ours, mut server) = std::os::unix::net::UnixStream::pair().unwrap();
-        let mut up = UpStream::Plain(EpollSock::from_std_unix(ours).unwrap());
-        assert_eq!(up.waiting(io), Waiting::Nothing);
-        server.write_all(b"x").unwrap();
-        assert_eq!(up.waiting(io), Waiting::Bytes);
-        assert_eq!(up.read(io, &mut buf).unwrap(), 1);
-        drop(server);
-        assert_eq!(up.waiting(io), Waiting::Closed);
+        let a = pool.connect(&set, 0, 7, &mut io).unwrap();
+        let peer_a = io.accept(&addr).unwrap();
+        pool.release(a, Waiting::Nothing, 1_000);
+        assert_eq!(pool.idle_count(), 1);
+        // The pool holds one per server (`max_idle`): a second clean one is closed.
+        let b = pool.connect(&set, 0, 7, &mut io).unwrap();
+        let peer_b = io.accept(&addr).unwrap();
+        pool.release(b, Waiting::Nothing, 1_000);
+        assert!(peer_b.closed_by_worker());
+
+        assert_eq!(
+            pool.take_idle(set.pool_key(), 0, 9, &mut io, 2_000),
+            Some(a)
+        );
+        assert_eq!(peer_a.exchanges(), 2, "reuse is told to the backend");
+        assert_eq!(pool.idle_count(), 0);
+        // Bytes nobody asked for: closed, not pooled.
+        pool.release(a, Waiting::Bytes, 3_000);
+        assert!(peer_a.closed_by_worker());
+        assert_eq!(pool.idle_count(), 0);
+
+        // Past its keep-alive time a pooled connection is not handed out.
+        let c = pool.connect(&set, 0, 7, &mut io).unwrap();
+        let peer_c = io.accept(&addr).unwrap();
+        pool.release(c, Waiting::Nothing, 4_000);
+        let keepalive = set.timeouts().keepalive.as_millis() as u64;
+        let late = 4_000 + keepalive;
+        assert_eq!(pool.take_idle(set.pool_key(), 0, 9, &mut io, late), None);
+        assert!(peer_c.closed_by_worker());
     }
 }
