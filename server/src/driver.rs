@@ -17,6 +17,7 @@ use crate::conn::output::MAX_IOVECS;
 use crate::conn::stream::Stream;
 use crate::conn::{Action, Conn, Status, Timeout, Transmit};
 use crate::exchange::ConnCx;
+use crate::handler::ExchangeId;
 
 /// The sockets' backend the server runs on in production. Everything below the worker is
 /// generic over [`Io`] (monomorphised: no `dyn` on the request path), so tests drive the same
@@ -36,7 +37,7 @@ pub(crate) struct Entry<I: Io> {
     pub armed_ms: u64,
     /// The upstream connections (keys in the worker's `UpstreamConns`) of the exchanges it
     /// relays, by relay id (HTTP/1.1: one, id 0; HTTP/2: a stream id each).
-    pub upstreams: Vec<(u32, u64)>,
+    pub upstreams: Vec<(ExchangeId, u64)>,
 }
 
 /// A socket and what the driver knows about it: a client's, or one to an upstream server.
@@ -227,7 +228,12 @@ fn send<I: Io, S: Stream>(
                 *written += n;
                 sock.sent_in_period |= n > 0 && sock.write_deadline_ms.is_some();
             }
-            Ok(None) => return Sent::Blocked,
+            Ok(None) => {
+                if I::SENDS_COMPLETE_LATER {
+                    s.seal();
+                }
+                return Sent::Blocked;
+            }
             Err(_) => return Sent::Failed,
         }
     }

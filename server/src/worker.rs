@@ -12,6 +12,7 @@ use crate::config::{ListenerKind, ServerConfig};
 use crate::conn::{Conn, Link, Status};
 use crate::driver::{self, Entry, Socket};
 use crate::exchange::ConnCx;
+use crate::handler::ExchangeId;
 use crate::handler::{Pending, TurnEnd, WorkerMessage};
 use crate::response::Response;
 use crate::router::Router;
@@ -70,7 +71,7 @@ pub(crate) struct HttpWorker<I: Io> {
     /// Connections to upstream servers (reverse proxy): relaying, or idle in the pool.
     upstreams: UpstreamConns<I>,
     /// Scratch for a connection's relay ids.
-    relay_ids: Vec<u32>,
+    relay_ids: Vec<ExchangeId>,
     /// Reused by `end_turn`.
     turn_answers: Vec<(Pending, Response)>,
     /// `end_turn` stopped while its hooks still answered: run them again next turn.

@@ -80,6 +80,12 @@ pub enum Waiting {
 pub trait Io: 'static {
     type Sock;
 
+    /// A send may complete after [`Io::send`] returns (a completion backend: io_uring): it
+    /// answers `Ok(None)` for a send it took, keeps using the memory it was given until the
+    /// socket's next readiness report, and the server seals that memory meanwhile (see
+    /// `Output::seal` in tern-server). Readiness backends send at once.
+    const SENDS_COMPLETE_LATER: bool = false;
+
     /// Starts an outgoing connection (non-blocking: [`Io::connected`] tells when it is up).
     fn connect(&mut self, to: Peer<'_>) -> io::Result<Self::Sock>;
     /// Reports the socket's readiness under `token` from now on, for its whole life.

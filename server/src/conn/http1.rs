@@ -784,6 +784,14 @@ impl Http1 {
         }
     }
 
+    /// The exchange being relayed, if one is.
+    pub fn relay_id(&self) -> Option<ExchangeId> {
+        match &self.state {
+            State::Relay(r) => Some(r.framing.facts.id),
+            _ => None,
+        }
+    }
+
     pub fn relay_need(&self) -> RelayNeed {
         self.relay_ref().map_or(RelayNeed::Nothing, Relay::need)
     }
@@ -822,6 +830,12 @@ impl Http1 {
         self.state = State::Head;
         if close {
             self.closing = true;
+        }
+    }
+
+    pub fn relay_seal(&mut self) {
+        if let Some(r) = self.relayed() {
+            r.relay.seal_send();
         }
     }
 

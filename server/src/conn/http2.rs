@@ -1009,8 +1009,8 @@ impl Http2 {
         !self.relays.is_empty()
     }
 
-    pub fn relay_ids(&self, into: &mut Vec<u32>) {
-        into.extend(self.relays.iter().map(|r| r.id));
+    pub fn relay_ids(&self, into: &mut Vec<ExchangeId>) {
+        into.extend(self.relays.iter().map(|r| ExchangeId(u64::from(r.id))));
     }
 
     pub fn relay_need(&self, id: u32) -> RelayNeed {
@@ -1043,6 +1043,12 @@ impl Http2 {
             r.released(cx);
         }
         self.drop_finished_relays();
+    }
+
+    pub fn relay_seal(&mut self, id: u32) {
+        if let Some(r) = self.relay(id) {
+            r.seal_send();
+        }
     }
 
     pub fn relay_send_buf(&self, id: u32) -> &[u8] {

@@ -22,6 +22,7 @@ mod relay;
 pub(crate) mod stream;
 mod tls;
 mod types;
+mod up_queue;
 pub(crate) mod upstream;
 mod upstream_wire;
 mod websocket;
@@ -99,6 +100,15 @@ impl Conn {
         match &mut self.transport {
             Transport::Tls(tls) => tls.sent(n),
             Transport::Plain => self.out.advance(n),
+        }
+    }
+
+    /// What `poll_transmit` described was handed to a backend whose send completes later:
+    /// plain output is sealed (see `Output::seal`); TLS records are made only once the
+    /// previous ones are all sent, so they stay put anyway.
+    pub fn seal(&mut self) {
+        if let Transport::Plain = self.transport {
+            self.out.seal();
         }
     }
 
@@ -247,8 +257,8 @@ impl Conn {
 
     /// Exchanges are being relayed to upstream servers (see `relay.rs`): the HTTP/1.1
     /// exchange in progress, or HTTP/2 streams. The `relay_*` methods below are the upstream
-    /// side's counterparts of the socket methods, for the relay `id` names (a stream id on
-    /// HTTP/2; HTTP/1.1 has one relay at a time and ignores it).
+    /// side's counterparts of the socket methods, for the relay of exchange `id` (a stream
+    /// id on HTTP/2; HTTP/1.1 has one relay at a time and ignores it).
     pub fn in_relay(&self) -> bool {
         match &self.http {
             Protocol::Http1(h) => h.in_relay(),
@@ -257,100 +267,115 @@ impl Conn {
     }
 
     /// The ids of the relays under way, appended to `into`.
-    pub fn relay_ids(&self, into: &mut Vec<u32>) {
+    pub fn relay_ids(&self, into: &mut Vec<ExchangeId>) {
         match &self.http {
-            Protocol::Http1(h) if h.in_relay() => into.push(0),
-            Protocol::Http1(_) => {}
+            Protocol::Http1(h) => into.extend(h.relay_id()),
             Protocol::Http2(h) => h.relay_ids(into),
         }
     }
 
-    pub fn relay_need(&self, id: u32) -> RelayNeed {
+    pub fn relay_need(&self, id: ExchangeId) -> RelayNeed {
         match &self.http {
             Protocol::Http1(h) => h.relay_need(),
-            Protocol::Http2(h) => h.relay_need(id),
+            Protocol::Http2(h) => h.relay_need(stream_id(id)),
         }
     }
 
     pub fn relay_upstreams(
         &self,
-        id: u32,
+        id: ExchangeId,
     ) -> Option<std::sync::Arc<dyn crate::upstream::Upstreams>> {
         match &self.http {
             Protocol::Http1(h) => h.relay_upstreams().cloned(),
-            Protocol::Http2(h) => h.relay_upstreams(id).cloned(),
+            Protocol::Http2(h) => h.relay_upstreams(stream_id(id)).cloned(),
         }
     }
 
-    pub fn relay_attached(&mut self, id: u32, reused: bool, connected: bool, cx: &ConnCx<'_>) {
+    pub fn relay_attached(
+        &mut self,
+        id: ExchangeId,
+        reused: bool,
+        connected: bool,
+        cx: &ConnCx<'_>,
+    ) {
         match &mut self.http {
             Protocol::Http1(h) => h.relay_attached(reused, connected, cx),
-            Protocol::Http2(h) => h.relay_attached(id, reused, connected, cx),
+            Protocol::Http2(h) => h.relay_attached(stream_id(id), reused, connected, cx),
         }
     }
 
-    pub fn relay_connected(&mut self, id: u32, cx: &ConnCx<'_>) {
+    pub fn relay_connected(&mut self, id: ExchangeId, cx: &ConnCx<'_>) {
         match &mut self.http {
             Protocol::Http1(h) => h.relay_connected(cx),
-            Protocol::Http2(h) => h.relay_connected(id, cx),
+            Protocol::Http2(h) => h.relay_connected(stream_id(id), cx),
         }
     }
 
-    pub fn relay_released(&mut self, id: u32, cx: &mut ConnCx<'_>) {
+    pub fn relay_released(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) {
         match &mut self.http {
             Protocol::Http1(h) => h.relay_released(cx),
-            Protocol::Http2(h) => h.relay_released(id, cx),
+            Protocol::Http2(h) => h.relay_released(stream_id(id), cx),
         }
     }
 
-    pub fn relay_send_buf(&self, id: u32) -> &[u8] {
+    /// What `relay_send_buf` gave was handed to a backend whose send completes later.
+    pub fn relay_seal(&mut self, id: ExchangeId) {
+        match &mut self.http {
+            Protocol::Http1(h) => h.relay_seal(),
+            Protocol::Http2(h) => h.relay_seal(stream_id(id)),
+        }
+    }
+
+    pub fn relay_send_buf(&self, id: ExchangeId) -> &[u8] {
         match &self.http {
             Protocol::Http1(h) => h.relay_send_buf(),
-            Protocol::Http2(h) => h.relay_send_buf(id),
+            Protocol::Http2(h) => h.relay_send_buf(stream_id(id)),
         }
     }
 
-    pub fn relay_sent(&mut self, id: u32, n: usize, cx: &ConnCx<'_>) {
+    pub fn relay_sent(&mut self, id: ExchangeId, n: usize, cx: &ConnCx<'_>) {
         match &mut self.http {
             Protocol::Http1(h) => h.relay_sent(n, cx),
-            Protocol::Http2(h) => h.relay_sent(id, n, cx),
+            Protocol::Http2(h) => h.relay_sent(stream_id(id), n, cx),
         }
     }
 
-    pub fn relay_recv_buf(&mut self, id: u32, cx: &mut ConnCx<'_>) -> &mut [u8] {
+    pub fn relay_recv_buf(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) -> &mut [u8] {
         match &mut self.http {
             Protocol::Http1(h) => h.relay_recv_buf(&mut self.out, &self.link, cx),
-            Protocol::Http2(h) => h.relay_recv_buf(id, cx),
+            Protocol::Http2(h) => h.relay_recv_buf(stream_id(id), cx),
         }
     }
 
-    pub fn relay_recv(&mut self, id: u32, n: usize, cx: &mut ConnCx<'_>) {
+    pub fn relay_recv(&mut self, id: ExchangeId, n: usize, cx: &mut ConnCx<'_>) {
         match &mut self.http {
             Protocol::Http1(h) => h.relay_recv(n, &mut self.out, &self.link, cx),
-            Protocol::Http2(h) => h.relay_recv(id, n, &mut self.out, &self.link, cx),
+            Protocol::Http2(h) => h.relay_recv(stream_id(id), n, &mut self.out, &self.link, cx),
         }
     }
 
     /// The upstream closed (`error`: the connection failed).
-    pub fn relay_closed(&mut self, id: u32, error: bool, cx: &mut ConnCx<'_>) {
+    pub fn relay_closed(&mut self, id: ExchangeId, error: bool, cx: &mut ConnCx<'_>) {
         match &mut self.http {
             Protocol::Http1(h) => h.relay_closed(error, &mut self.out, &self.link, cx),
-            Protocol::Http2(h) => h.relay_closed(id, error, &mut self.out, &self.link, cx),
+            Protocol::Http2(h) => {
+                h.relay_closed(stream_id(id), error, &mut self.out, &self.link, cx)
+            }
         }
     }
 
     /// A tunnel's client ended its side: the upstream connection's write side is due to be
     /// shut (HTTP/2 WebSocket; an HTTP/1.1 client's close ends its connection instead).
-    pub fn relay_wants_shutdown(&self, id: u32) -> bool {
+    pub fn relay_wants_shutdown(&self, id: ExchangeId) -> bool {
         match &self.http {
             Protocol::Http1(_) => false,
-            Protocol::Http2(h) => h.relay_wants_shutdown(id),
+            Protocol::Http2(h) => h.relay_wants_shutdown(stream_id(id)),
         }
     }
 
-    pub fn relay_shut_down(&mut self, id: u32) {
+    pub fn relay_shut_down(&mut self, id: ExchangeId) {
         if let Protocol::Http2(h) = &mut self.http {
-            h.relay_shut_down(id);
+            h.relay_shut_down(stream_id(id));
         }
     }
 
@@ -363,10 +388,12 @@ impl Conn {
         }
     }
 
-    pub fn relay_connect_failed(&mut self, id: u32, cx: &mut ConnCx<'_>) {
+    pub fn relay_connect_failed(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) {
         match &mut self.http {
             Protocol::Http1(h) => h.relay_connect_failed(&mut self.out, &self.link, cx),
-            Protocol::Http2(h) => h.relay_connect_failed(id, &mut self.out, &self.link, cx),
+            Protocol::Http2(h) => {
+                h.relay_connect_failed(stream_id(id), &mut self.out, &self.link, cx)
+            }
         }
     }
 
@@ -539,6 +566,11 @@ fn tls_failed(failure: tern_tls::TlsFailure, handshaking: bool, link: &Link, cx:
         let when = if handshaking { "handshake" } else { "session" };
         tracing::info!(peer = %link.peer, "TLS {when} failed: {}", counter.name());
     }
+}
+
+/// The HTTP/2 stream an exchange id names (stream ids are 31 bits; a larger id names none).
+fn stream_id(id: ExchangeId) -> u32 {
+    u32::try_from(id.0).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

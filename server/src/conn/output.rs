@@ -77,8 +77,6 @@ impl Output {
     /// bytes become `Shared` segments in place, and the next append takes a fresh buffer
     /// from the pool. No byte moves: the heap block of the old `Vec` is owned by the segments
     /// now, and freed once they are sent.
-    // The completion backend (io_uring, issue 25) is its caller; until then, its test.
-    #[allow(dead_code)]
     pub fn seal(&mut self) {
         if self.buf.len() == self.buf_pos {
             return; // nothing of `buf` is in flight

@@ -22,6 +22,7 @@ use std::mem::MaybeUninit;
 use tern_codec::{parse_upstream_head, BodyDecoder, BodyKind, ResponseBody, UpstreamError};
 use tern_runtime::{ratelog, ReadBuf};
 
+use super::up_queue::UpQueue;
 use super::upstream_wire::{BodyFraming, FastCgiAnswer};
 use super::websocket::Handshake;
 use crate::access_log::SavedEntry;
@@ -146,10 +147,9 @@ pub(crate) struct Relay {
     /// Send a fresh connection's worth: the pooled one died before answering.
     retry: bool,
     attached: bool,
-    /// Request bytes for the upstream; `up_sent` of them are out. While a retry is possible
+    /// Request bytes for the upstream (see `up_queue.rs`). While a retry is possible
     /// the whole request stays here.
-    to_up: Vec<u8>,
-    up_sent: usize,
+    to_up: UpQueue,
     /// The client's body still streaming in, and how it is framed for the upstream.
     client_body: Option<(BodyDecoder, BodyFraming)>,
     /// Body bytes taken from the client so far (held to `Forward::max_body`).
@@ -302,8 +302,7 @@ impl Relay {
             reused: false,
             retry: false,
             attached: false,
-            to_up,
-            up_sent: 0,
+            to_up: UpQueue::new(to_up),
             client_body,
             client_body_bytes: body.len() as u64,
             from_up: None,
@@ -417,21 +416,26 @@ impl Relay {
         self.close_client
     }
 
+    /// What `send_buf` gave was handed to a backend whose send completes later: it stays
+    /// where it is until `sent` (see `up_queue.rs`).
+    pub fn seal_send(&mut self) {
+        self.to_up.seal();
+    }
+
     /// Request bytes to send upstream (empty: none now).
     pub fn send_buf(&self) -> &[u8] {
         if matches!(self.phase, Phase::Exchange | Phase::Tunnel) {
-            &self.to_up[self.up_sent..]
+            self.to_up.unsent()
         } else {
             &[]
         }
     }
 
     pub fn sent(&mut self, n: usize, cx: &ConnCx<'_>) {
-        self.up_sent += n;
+        self.to_up.advance(n);
         let now = cx.clock.now_ms();
-        if self.up_sent == self.to_up.len() && !self.may_retry() && !self.may_retry_on_status() {
+        if self.to_up.all_sent() && !self.may_retry() && !self.may_retry_on_status() {
             self.to_up.clear();
-            self.up_sent = 0;
         }
         let t = self.fwd.upstreams.timeouts();
         self.deadline_ms = if !self.request_sent() || self.phase == Phase::Tunnel || self.head_sent
@@ -617,7 +621,7 @@ impl Relay {
             let take = input
                 .len()
                 .min(TO_UPSTREAM_MAX.saturating_sub(self.pending_up()));
-            self.to_up.extend_from_slice(&input[..take]);
+            self.to_up.tail().extend_from_slice(&input[..take]);
             return take;
         }
         let Some((decoder, framing)) = self.client_body.as_mut() else {
@@ -625,8 +629,8 @@ impl Relay {
         };
         let framing = *framing;
         let mut used = 0;
-        while used < input.len() && self.to_up.len() - self.up_sent < TO_UPSTREAM_MAX {
-            let room = TO_UPSTREAM_MAX - (self.to_up.len() - self.up_sent);
+        while used < input.len() && self.to_up.pending() < TO_UPSTREAM_MAX {
+            let room = TO_UPSTREAM_MAX - self.to_up.pending();
             let end = input.len().min(used + room);
             match decoder.decode(&input[used..end]) {
                 Err(e) => {
@@ -649,10 +653,10 @@ impl Relay {
                         self.fail(e.status(), e.message(), sink, cx);
                         return input.len();
                     }
-                    framing.push(&mut self.to_up, step.data);
+                    framing.push(self.to_up.tail(), step.data);
                     used += step.consumed;
                     if step.done {
-                        framing.finish(&mut self.to_up);
+                        framing.finish(self.to_up.tail());
                         self.client_body = None;
                         break;
                     }
@@ -671,7 +675,7 @@ impl Relay {
     /// FIN (RFC 8441 §4: END_STREAM is the half-close).
     pub fn end_client_body(&mut self) {
         if let Some((_, framing)) = self.client_body.take() {
-            framing.finish(&mut self.to_up);
+            framing.finish(self.to_up.tail());
         }
         if self.phase == Phase::Tunnel && self.client_ended.is_none() {
             self.client_ended = Some(false);
@@ -822,7 +826,7 @@ impl Relay {
     }
 
     fn pending_up(&self) -> usize {
-        self.to_up.len() - self.up_sent
+        self.to_up.pending()
     }
 
     fn request_sent(&self) -> bool {
@@ -886,7 +890,7 @@ impl Relay {
     /// Back to connecting, sending the request again from the start (`fresh`: not pooled).
     fn restart(&mut self, fresh: bool) {
         self.retry = fresh;
-        self.up_sent = 0;
+        self.to_up.rewind();
         self.phase = Phase::Connect;
         self.outcome = UpstreamOutcome::Abandoned;
         self.deadline_ms = u64::MAX;
@@ -944,7 +948,7 @@ impl Relay {
         }
         // Nothing of the request reached a server: another one may take it.
         self.outcome = UpstreamOutcome::Failed;
-        self.up_sent = 0;
+        self.to_up.rewind();
         self.retry = false;
         let next = self.next_server(cx);
         self.phase = Phase::Connect;

@@ -17,6 +17,10 @@ pub(crate) trait Stream {
     fn poll_transmit<'a>(&'a mut self, cx: &mut ConnCx<'_>, iov: &mut [IoSlice<'a>]) -> Transmit;
     /// `n` bytes of what `poll_transmit` described were sent.
     fn handle_sent(&mut self, n: usize, cx: &mut ConnCx<'_>);
+    /// What `poll_transmit` described last was handed to a backend whose send completes
+    /// later (`Io::SENDS_COMPLETE_LATER`): it stays where it is, whatever is queued
+    /// meanwhile, until `handle_sent`.
+    fn seal(&mut self);
     /// What next, once everything is sent.
     fn poll_action(&mut self, cx: &mut ConnCx<'_>) -> Action;
     /// Where to read into. Empty: take no input now (backpressure).
@@ -41,6 +45,10 @@ impl Stream for Conn {
 
     fn handle_sent(&mut self, n: usize, _cx: &mut ConnCx<'_>) {
         Conn::handle_sent(self, n)
+    }
+
+    fn seal(&mut self) {
+        Conn::seal(self)
     }
 
     fn poll_action(&mut self, cx: &mut ConnCx<'_>) -> Action {

@@ -24,6 +24,7 @@ use super::stream::Stream;
 use super::types::{Action, Transmit};
 use super::Conn;
 use crate::exchange::ConnCx;
+use crate::handler::ExchangeId;
 
 /// Plaintext encrypted per batch of records: one batch is sent before the next is made, so
 /// a slow upstream holds no more than a plain connection's socket buffer would.
@@ -183,13 +184,13 @@ impl TlsClient {
 /// (with its TLS session, if any), for as long as the relay needs I/O (`RelayNeed::Io`).
 pub(crate) struct UpstreamView<'a> {
     conn: &'a mut Conn,
-    id: u32,
+    id: ExchangeId,
     tls: Option<&'a mut TlsClient>,
     moved: bool,
 }
 
 impl<'a> UpstreamView<'a> {
-    pub fn new(conn: &'a mut Conn, id: u32, tls: Option<&'a mut TlsClient>) -> Self {
+    pub fn new(conn: &'a mut Conn, id: ExchangeId, tls: Option<&'a mut TlsClient>) -> Self {
         UpstreamView {
             conn,
             id,
@@ -277,6 +278,13 @@ impl Stream for UpstreamView<'_> {
             None => self.conn.relay_sent(self.id, n, cx),
         }
         self.moved |= n > 0;
+    }
+
+    fn seal(&mut self) {
+        // TLS records are made only once the previous ones are all sent: they stay put.
+        if self.tls.is_none() {
+            self.conn.relay_seal(self.id);
+        }
     }
 
     fn poll_action(&mut self, cx: &mut ConnCx<'_>) -> Action {
@@ -402,6 +410,10 @@ impl Stream for TlsRecords<'_> {
 
     fn handle_sent(&mut self, n: usize, _cx: &mut ConnCx<'_>) {
         self.tls.sent(n);
+    }
+
+    fn seal(&mut self) {
+        // Records are made only once the previous ones are all sent: they stay put.
     }
 
     fn poll_action(&mut self, _cx: &mut ConnCx<'_>) -> Action {

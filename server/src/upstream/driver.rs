@@ -15,6 +15,7 @@ use crate::conn::upstream::{Handshake, TlsRecords, UpstreamView};
 use crate::conn::{RelayNeed, Status};
 use crate::driver::{pump, Entry};
 use crate::exchange::ConnCx;
+use crate::handler::ExchangeId;
 use crate::stats::UpstreamCounter;
 
 /// Rounds of client-then-upstream work per call before yielding to other connections (a
@@ -31,7 +32,7 @@ pub(crate) struct Sockets<'a, I: Io> {
     pub io: &'a mut I,
     pub conns: &'a mut UpstreamConns<I>,
     /// Scratch for the relay ids of a connection.
-    pub ids: &'a mut Vec<u32>,
+    pub ids: &'a mut Vec<ExchangeId>,
 }
 
 /// Drives the connection's client side, and, while it relays, its upstream side too.
@@ -104,7 +105,7 @@ fn step<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, cx: &mut ConnCx<'_>) -
 }
 
 /// The upstream connection relay `id` has.
-fn attached<I: Io>(e: &Entry<I>, id: u32) -> Option<u64> {
+fn attached<I: Io>(e: &Entry<I>, id: ExchangeId) -> Option<u64> {
     e.upstreams.iter().find(|(i, _)| *i == id).map(|(_, k)| *k)
 }
 
@@ -112,7 +113,7 @@ fn attached<I: Io>(e: &Entry<I>, id: u32) -> Option<u64> {
 fn step_one<I: Io>(
     e: &mut Entry<I>,
     up: &mut Sockets<'_, I>,
-    id: u32,
+    id: ExchangeId,
     cx: &mut ConnCx<'_>,
 ) -> bool {
     let mut progressed = false;
