@@ -18,6 +18,7 @@ pub(crate) mod http1;
 mod http2;
 pub(crate) mod output;
 mod protocol;
+mod records;
 mod relay;
 pub(crate) mod stream;
 mod tls;

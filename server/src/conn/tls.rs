@@ -11,10 +11,11 @@
 use std::io::IoSlice;
 use std::os::unix::fs::FileExt;
 
-use tern_runtime::{BufPool, ReadBuf};
+use tern_runtime::BufPool;
 use tern_tls::{Plaintext, TlsFailure, TlsSession};
 
 use super::output::{Output, MAX_IOVECS};
+use super::records::Records;
 use super::types::Transmit;
 use crate::exchange::ConnCx;
 
@@ -24,11 +25,8 @@ const BATCH: usize = 60 * 1024;
 
 pub(super) struct Tls {
     session: TlsSession,
-    /// Ciphertext read but not yet taken by the session (pooled; absent when idle).
-    inbuf: Option<ReadBuf>,
-    /// Records to send, and how much of them is sent (pooled; empty when idle).
-    outbuf: Vec<u8>,
-    out_pos: usize,
+    /// Ciphertext read, and records to send.
+    records: Records,
     /// The first byte arrived (the plain-HTTP check is done).
     started: bool,
     /// The handshake completed (and was counted).
@@ -50,9 +48,7 @@ impl Tls {
     pub fn new(session: TlsSession) -> Tls {
         Tls {
             session,
-            inbuf: None,
-            outbuf: Vec::new(),
-            out_pos: 0,
+            records: Records::default(),
             started: false,
             established: false,
             failed: false,
@@ -62,13 +58,14 @@ impl Tls {
     }
 
     pub fn recv_buf(&mut self, pool: &mut BufPool) -> &mut [u8] {
-        self.inbuf
+        self.records
+            .inbuf
             .get_or_insert_with(|| pool.take_read())
             .spare_mut()
     }
 
     pub fn filled(&mut self, n: usize) {
-        if let Some(inbuf) = self.inbuf.as_mut() {
+        if let Some(inbuf) = self.records.inbuf.as_mut() {
             inbuf.filled(n);
         }
     }
@@ -79,7 +76,12 @@ impl Tls {
         if self.started {
             return false;
         }
-        let Some(first) = self.inbuf.as_ref().and_then(|b| b.data().first().copied()) else {
+        let Some(first) = self
+            .records
+            .inbuf
+            .as_ref()
+            .and_then(|b| b.data().first().copied())
+        else {
             return false;
         };
         self.started = true;
@@ -92,7 +94,7 @@ impl Tls {
 
     /// Feeds the ciphertext read so far to the session (as much as it takes).
     pub fn decrypt(&mut self) -> Result<(), TlsFailure> {
-        let Some(inbuf) = self.inbuf.as_mut() else {
+        let Some(inbuf) = self.records.inbuf.as_mut() else {
             return Ok(());
         };
         if self.failed {
@@ -153,21 +155,19 @@ impl Tls {
     /// Encrypts the next batch of the protocol's output, once the previous batch is sent.
     /// Fails if a file being sent shrank.
     pub fn fill(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) -> Result<(), ()> {
-        if self.out_pos < self.outbuf.len() {
+        if self.records.sending() {
             return Ok(());
         }
-        self.outbuf.clear();
-        self.out_pos = 0;
         let plaintext = self.established && !self.failed && !out.is_empty();
         let close_due = self.close_requested && !self.close_sent;
         if !plaintext && !close_due && !self.session.wants_write() {
             return Ok(());
         }
-        if self.outbuf.capacity() == 0 {
-            self.outbuf = cx.buffers.take_write();
-        }
-        while plaintext && self.outbuf.len() < BATCH && !out.is_empty() {
-            let room = BATCH - self.outbuf.len();
+        let Some(outbuf) = self.records.next_batch(cx.buffers) else {
+            return Ok(());
+        };
+        while plaintext && outbuf.len() < BATCH && !out.is_empty() {
+            let room = BATCH - outbuf.len();
             let taken = if let Some((file, offset, len)) = out.front_file() {
                 let want = room.min(len as usize);
                 if cx.scratch.len() < want {
@@ -185,7 +185,7 @@ impl Tls {
                 self.session.write_plaintext(&iov[..count])
             };
             out.advance(taken);
-            self.session.encode(&mut self.outbuf);
+            self.session.encode(outbuf);
             if taken == 0 {
                 break; // rustls takes nothing even with its buffer flushed: try again later
             }
@@ -196,32 +196,21 @@ impl Tls {
             self.session.close();
         }
         // Handshake messages, alerts, close_notify.
-        self.session.encode(&mut self.outbuf);
+        self.session.encode(outbuf);
         Ok(())
     }
 
     pub fn transmit<'a>(&'a self, iov: &mut [IoSlice<'a>]) -> Transmit {
-        if self.out_pos >= self.outbuf.len() {
-            return Transmit::Nothing;
-        }
-        iov[0] = IoSlice::new(&self.outbuf[self.out_pos..]);
-        Transmit::Memory {
-            count: 1,
-            more: false,
-        }
+        self.records.transmit(iov)
     }
 
     pub fn sent(&mut self, n: usize) {
-        self.out_pos += n;
-        if self.out_pos >= self.outbuf.len() {
-            self.outbuf.clear();
-            self.out_pos = 0;
-        }
+        self.records.sent(n);
     }
 
     /// Records are queued or waiting in the session (or close_notify is due).
     pub fn wants_write(&self) -> bool {
-        self.out_pos < self.outbuf.len()
+        self.records.sending()
             || self.session.wants_write()
             || (self.close_requested && !self.close_sent)
     }
@@ -237,27 +226,14 @@ impl Tls {
     }
 
     pub fn is_idle(&self) -> bool {
-        self.established && self.inbuf.as_ref().is_none_or(|b| b.is_empty()) && !self.wants_write()
+        self.established && self.records.read_all_taken() && !self.wants_write()
     }
 
     pub fn release_idle_buffers(&mut self, pool: &mut BufPool) {
-        if self.inbuf.as_ref().is_some_and(|b| b.is_empty()) {
-            if let Some(b) = self.inbuf.take() {
-                pool.give_read(b);
-            }
-        }
-        if self.out_pos >= self.outbuf.len() && self.outbuf.capacity() > 0 {
-            pool.give_write(std::mem::take(&mut self.outbuf));
-            self.out_pos = 0;
-        }
+        self.records.release_idle(pool);
     }
 
     pub fn recycle(&mut self, pool: &mut BufPool) {
-        if let Some(b) = self.inbuf.take() {
-            pool.give_read(b);
-        }
-        if self.outbuf.capacity() > 0 {
-            pool.give_write(std::mem::take(&mut self.outbuf));
-        }
+        self.records.recycle(pool);
     }
 }

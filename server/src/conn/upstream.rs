@@ -16,9 +16,10 @@ use std::sync::Arc;
 
 use rustls::pki_types::ServerName;
 use tern_runtime::io::Waiting;
-use tern_runtime::{BufPool, ReadBuf};
+use tern_runtime::BufPool;
 use tern_tls::{ClientSession, Plaintext};
 
+use super::records::Records;
 use super::relay::RelayNeed;
 use super::stream::Stream;
 use super::types::{Action, Transmit};
@@ -33,11 +34,8 @@ const TLS_WRITE_CHUNK: usize = 16 * 1024;
 /// A TLS client session with an upstream server, driven without I/O.
 pub(crate) struct TlsClient {
     session: ClientSession,
-    /// Ciphertext read but not yet taken by the session (pooled; given back when empty).
-    inbuf: Option<ReadBuf>,
-    /// Records to send, and how much of them is sent (pooled; given back once sent).
-    outbuf: Vec<u8>,
-    out_pos: usize,
+    /// Ciphertext read, and records to send.
+    records: Records,
     /// The socket's stream ended (told to the session once what came before is taken).
     eof: bool,
     /// The socket failed.
@@ -64,9 +62,7 @@ impl TlsClient {
     ) -> Result<TlsClient, rustls::Error> {
         Ok(TlsClient {
             session: ClientSession::connect(config, name)?,
-            inbuf: None,
-            outbuf: Vec::new(),
-            out_pos: 0,
+            records: Records::default(),
             eof: false,
             broken: false,
             failure: None,
@@ -82,48 +78,38 @@ impl TlsClient {
     /// a chunk of it) and whatever the session has to say itself (handshake messages,
     /// alerts, close_notify). Returns how much of `plaintext` the session took.
     fn fill(&mut self, plaintext: &[u8], pool: &mut BufPool) -> usize {
-        if self.out_pos < self.outbuf.len() {
+        if self.records.sending() {
             return 0;
         }
-        self.outbuf.clear();
-        self.out_pos = 0;
         let mut taken = 0;
         if !plaintext.is_empty() && !self.session.is_handshaking() && self.usable() {
             let chunk = &plaintext[..plaintext.len().min(TLS_WRITE_CHUNK)];
             taken = self.session.write_plaintext(&[IoSlice::new(chunk)]);
         }
         if self.session.wants_write() {
-            if self.outbuf.capacity() == 0 {
-                self.outbuf = pool.take_write();
+            if let Some(outbuf) = self.records.next_batch(pool) {
+                self.session.encode(outbuf);
             }
-            self.session.encode(&mut self.outbuf);
         }
         taken
     }
 
     fn transmit<'a>(&'a self, iov: &mut [IoSlice<'a>]) -> Transmit {
-        if self.out_pos >= self.outbuf.len() {
-            return Transmit::Nothing;
-        }
-        iov[0] = IoSlice::new(&self.outbuf[self.out_pos..]);
-        Transmit::Memory {
-            count: 1,
-            more: false,
-        }
+        self.records.transmit(iov)
     }
 
     fn sent(&mut self, n: usize) {
-        self.out_pos += n;
+        self.records.sent(n);
     }
 
     fn recv_buf(&mut self, pool: &mut BufPool) -> &mut [u8] {
-        let buf = self.inbuf.get_or_insert_with(|| pool.take_read());
+        let buf = self.records.inbuf.get_or_insert_with(|| pool.take_read());
         buf.compact();
         buf.spare_mut()
     }
 
     fn filled(&mut self, n: usize) {
-        if let Some(b) = self.inbuf.as_mut() {
+        if let Some(b) = self.records.inbuf.as_mut() {
             b.filled(n);
         }
     }
@@ -135,7 +121,7 @@ impl TlsClient {
         if !self.usable() {
             return;
         }
-        if let Some(buf) = self.inbuf.as_mut().filter(|b| !b.is_empty()) {
+        if let Some(buf) = self.records.inbuf.as_mut().filter(|b| !b.is_empty()) {
             match self.session.feed(buf.data()) {
                 Ok(n) => buf.consume(n),
                 Err(e) => {
@@ -145,7 +131,7 @@ impl TlsClient {
                 }
             }
         }
-        if self.eof && self.inbuf.as_ref().is_none_or(|b| b.is_empty()) {
+        if self.eof && self.records.inbuf.as_ref().is_none_or(|b| b.is_empty()) {
             self.session.feed_eof();
         }
     }
@@ -156,7 +142,7 @@ impl TlsClient {
         if !self.usable() || self.eof {
             return Waiting::Closed;
         }
-        if self.inbuf.as_ref().is_some_and(|b| !b.is_empty()) {
+        if self.records.inbuf.as_ref().is_some_and(|b| !b.is_empty()) {
             return Waiting::Bytes;
         }
         match self.session.waiting() {
@@ -168,15 +154,7 @@ impl TlsClient {
 
     /// Gives back the buffers that hold nothing (between exchanges, and before closing).
     pub fn release_buffers(&mut self, pool: &mut BufPool) {
-        if self.inbuf.as_ref().is_some_and(|b| b.is_empty()) {
-            if let Some(b) = self.inbuf.take() {
-                pool.give_read(b);
-            }
-        }
-        if self.out_pos >= self.outbuf.len() && self.outbuf.capacity() > 0 {
-            pool.give_write(std::mem::take(&mut self.outbuf));
-            self.out_pos = 0;
-        }
+        self.records.release_idle(pool);
     }
 }
 
