@@ -12,6 +12,10 @@ use crate::exchange::ConnCx;
 use crate::stats::Counter;
 
 pub(crate) trait Stream {
+    /// `poll_transmit` never fills more than one slice (TLS records, a relay's request
+    /// bytes): the loop hands it one.
+    const ONE_SLICE: bool = false;
+
     /// Describes the next bytes to send, filling `iov` for memory. What it names must not
     /// move until `handle_sent` reports it sent (a completion backend may still hold it).
     fn poll_transmit<'a>(&'a mut self, cx: &mut ConnCx<'_>, iov: &mut [IoSlice<'a>]) -> Transmit;

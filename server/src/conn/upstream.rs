@@ -224,6 +224,8 @@ impl<'a> UpstreamView<'a> {
 }
 
 impl Stream for UpstreamView<'_> {
+    const ONE_SLICE: bool = true;
+
     fn poll_transmit<'a>(&'a mut self, cx: &mut ConnCx<'_>, iov: &mut [IoSlice<'a>]) -> Transmit {
         if let Some(tls) = self.tls.as_deref_mut() {
             let taken = tls.fill(self.conn.relay_send_buf(self.id), cx.buffers);
@@ -380,6 +382,8 @@ impl<'a> TlsRecords<'a> {
 }
 
 impl Stream for TlsRecords<'_> {
+    const ONE_SLICE: bool = true;
+
     fn poll_transmit<'a>(&'a mut self, cx: &mut ConnCx<'_>, iov: &mut [IoSlice<'a>]) -> Transmit {
         self.tls.fill(&[], cx.buffers);
         let this: &'a Self = self;
