@@ -1081,10 +1081,12 @@ impl Http2 {
 
     /// The room of a stream holding `own` bytes of its answer.
     fn room_for(&self, own: usize) -> usize {
-        let total: usize = self.relays.iter().map(|r| r.answer.data.len()).sum();
-        RELAY_STREAM_BUFFER
-            .saturating_sub(own)
-            .min(RELAY_CONN_BUFFER.saturating_sub(total))
+        room_given(own, self.held())
+    }
+
+    /// Answer bytes all the connection's relays hold.
+    fn held(&self) -> usize {
+        self.relays.iter().map(|r| r.answer.data.len()).sum()
     }
 
     pub fn relay_recv(
@@ -1147,17 +1149,19 @@ impl Http2 {
     /// Hands streamed request bodies to their relays as far as each takes them (the rest,
     /// and the stream's window, wait for the upstream to take more).
     fn feed_relays(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
+        // (Taking client input reads nothing from the upstreams: what they hold stays.)
+        let held = self.held();
         for i in 0..self.relays.len() {
             let id = self.relays[i].id;
             if !self.relays[i].relay.wants_input() {
                 continue;
             }
+            let room = room_given(self.relays[i].answer.data.len(), held);
             let Some((chunk, ended)) = self.session.body_chunk(id) else {
                 continue;
             };
             // (The session's buffers and the relays are separate fields: the chunk stays
             // borrowed from the session while the relay takes it.)
-            let room = RELAY_STREAM_BUFFER; // input never reads the upstream: room unused
             let r = &mut self.relays[i];
             let mut sink = H2Sink {
                 answer: &mut r.answer,
@@ -1329,6 +1333,14 @@ fn tunnel_outcome(outcome: Outcome) -> Outcome {
             "WebSocket over HTTP/2 is served only by proxy routes\n",
         )),
     }
+}
+
+/// How many more answer bytes a relayed stream may take from its upstream, holding `own` of
+/// them while the connection's relays hold `held` together.
+fn room_given(own: usize, held: usize) -> usize {
+    RELAY_STREAM_BUFFER
+        .saturating_sub(own)
+        .min(RELAY_CONN_BUFFER.saturating_sub(held))
 }
 
 /// Whether the route of a request (its head as decoded so far) takes bodies as a stream.

@@ -58,6 +58,13 @@ impl Records {
         }
     }
 
+    /// `n` bytes were read into the ciphertext buffer's spare room.
+    pub fn filled(&mut self, n: usize) {
+        if let Some(inbuf) = self.inbuf.as_mut() {
+            inbuf.filled(n);
+        }
+    }
+
     /// Nothing read waits for the session.
     pub fn read_all_taken(&self) -> bool {
         self.inbuf.as_ref().is_none_or(|b| b.is_empty())

@@ -65,9 +65,7 @@ impl Tls {
     }
 
     pub fn filled(&mut self, n: usize) {
-        if let Some(inbuf) = self.records.inbuf.as_mut() {
-            inbuf.filled(n);
-        }
+        self.records.filled(n);
     }
 
     /// On the first bytes only: does the client speak plain HTTP (a request line starts

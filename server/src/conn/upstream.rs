@@ -109,9 +109,7 @@ impl TlsClient {
     }
 
     fn filled(&mut self, n: usize) {
-        if let Some(b) = self.records.inbuf.as_mut() {
-            b.filled(n);
-        }
+        self.records.filled(n);
     }
 
     /// Feeds the ciphertext read so far to the session, as much as it takes (it stops when
@@ -131,7 +129,7 @@ impl TlsClient {
                 }
             }
         }
-        if self.eof && self.records.inbuf.as_ref().is_none_or(|b| b.is_empty()) {
+        if self.eof && self.records.read_all_taken() {
             self.session.feed_eof();
         }
     }
@@ -142,7 +140,7 @@ impl TlsClient {
         if !self.usable() || self.eof {
             return Waiting::Closed;
         }
-        if self.records.inbuf.as_ref().is_some_and(|b| !b.is_empty()) {
+        if !self.records.read_all_taken() {
             return Waiting::Bytes;
         }
         match self.session.waiting() {
