@@ -545,8 +545,8 @@ impl Http1 {
             http10: head.version == Version::Http10,
             tally: Tally::starting(cx.clock.now_us()),
         };
-        let exchange::Dispatched { outcome, entry } =
-            exchange::dispatch(head, body, link, &mut facts, cx);
+        let mut entry = None;
+        let outcome = exchange::dispatch(head, body, link, &mut facts, &mut entry, cx);
         if streamed.is_some() && !matches!(outcome, Outcome::Forward(..)) {
             // Answered without reading the body that follows: the connection cannot go on.
             facts.keep_alive = false;

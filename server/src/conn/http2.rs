@@ -463,24 +463,21 @@ impl Http2 {
         };
         // An extended CONNECT (RFC 8441): a tunnel only a proxy route's WebSocket gives.
         let tunnel = data.fields.protocol().is_some();
-        let (outcome, mut entry) = match data.head(slots, &limits) {
+        // The entry borrows the request's buffers: they go back to the session only after the
+        // answer.
+        let mut entry = None;
+        let outcome = match data.head(slots, &limits) {
             Err(e) => {
                 cx.stats.bad_request(e);
                 if ratelog::admit(e.name(), cx.clock.now_ms()) {
                     let cause = e.message().trim_end();
                     tracing::info!(peer = %link.peer, status = e.status(), "bad HTTP/2 request: {cause}");
                 }
-                (
-                    Outcome::Respond(Response::text(e.status(), e.message())),
-                    None,
-                )
+                Outcome::Respond(Response::text(e.status(), e.message()))
             }
             Ok(head) => {
                 facts.head_only = head.method == Method::Head;
-                // The entry borrows the request's buffers: they go back to the session only
-                // after the answer.
-                let dispatched = exchange::dispatch(&head, &data.body, link, &mut facts, cx);
-                (dispatched.outcome, dispatched.entry)
+                exchange::dispatch(&head, &data.body, link, &mut facts, &mut entry, cx)
             }
         };
         if cx.stopping || cx.near_limit {

@@ -50,33 +50,27 @@ pub(crate) fn streams_body(head: &RequestHead<'_>, cx: &ConnCx<'_>) -> bool {
     }
 }
 
-/// What [`dispatch`] came to, with the request's part of its access-log line (borrowing the
-/// request's head: a protocol that keeps it past the head saves it, see [`Awaiting::park`]).
-pub(crate) struct Dispatched<'h> {
-    pub outcome: Outcome,
-    pub entry: Option<LogEntry<'h>>,
-}
-
 /// One request, whatever its protocol, from its parsed head to what becomes of it: its
-/// access-log entry begun, the server's own answers before any route sees it, then its
-/// route's handler (which picks the log, the row it is counted in (`facts.tally`), and
-/// whether its answer is compressed).
+/// access-log entry begun in `entry` (borrowing the request's head: a protocol that keeps it
+/// past the head saves it, see [`Awaiting::park`]), the server's own answers before any route
+/// sees it, then its route's handler (which picks the log, the row it is counted in
+/// (`facts.tally`), and whether its answer is compressed). The entry is written in place, not
+/// returned beside the outcome: the pair is 250 bytes, copied twice per request.
 pub(crate) fn dispatch<'h>(
     head: &RequestHead<'h>,
     body: &[u8],
     link: &Link,
     facts: &mut Facts,
+    entry: &mut Option<LogEntry<'h>>,
     cx: &mut ConnCx<'_>,
-) -> Dispatched<'h> {
-    let mut entry = cx
-        .access_log
-        .as_ref()
-        .map(|log| log.entry(head, link.peer, cx.clock.now_us()));
-    let outcome = match before_routing(head, link.secure, link.redirect_to_https, cx) {
+) -> Outcome {
+    if let Some(log) = cx.access_log.as_ref() {
+        *entry = Some(log.entry(head, link.peer, cx.clock.now_us()));
+    }
+    match before_routing(head, link.secure, link.redirect_to_https, cx) {
         Some(response) => Outcome::Respond(response),
         None => run(head, body, link, facts, entry.as_mut(), cx),
-    };
-    Dispatched { outcome, entry }
+    }
 }
 
 /// Runs the exchange's handler; its choice of access log goes into `entry`, its choice of
