@@ -12,6 +12,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use ipnet::IpNet;
 use serde::Deserialize;
+use tern_runtime::IoChoice;
 use tern_server::{
     AccessLog, AccessLogFormat, BanConfig, Server, ServerConfig, SignalAction, TlsAcceptor,
 };
@@ -33,6 +34,11 @@ pub struct CommonArgs {
     /// Pin each worker to its own CPU.
     #[arg(long)]
     pub pin: bool,
+    /// The sockets' backend: `epoll`; `uring` (io_uring, one ring per worker; start-up
+    /// fails if the kernel or its policy refuses it); `auto` (io_uring where it can be set
+    /// up, else epoll) [default: epoll]. Start-up names the one in use.
+    #[arg(long, env = "TERN_IO", value_enum, value_name = "epoll|uring|auto")]
+    pub io: Option<IoArg>,
     /// Seconds a client may take to send a request head, from its first byte [default: 10].
     #[arg(long, value_name = "SECS")]
     pub header_timeout: Option<u64>,
@@ -100,6 +106,26 @@ pub struct CommonArgs {
     pub access_log_format: Option<LogFormatArg>,
 }
 
+/// `--io` (and `io` in a config file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoArg {
+    #[default]
+    Epoll,
+    Uring,
+    Auto,
+}
+
+impl From<IoArg> for IoChoice {
+    fn from(io: IoArg) -> IoChoice {
+        match io {
+            IoArg::Epoll => IoChoice::Epoll,
+            IoArg::Uring => IoChoice::Uring,
+            IoArg::Auto => IoChoice::Auto,
+        }
+    }
+}
+
 /// `--access-log-format` (and `access_log_format` in a config file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -145,6 +171,7 @@ impl CommonArgs {
             config.runtime.workers = n.max(1);
         }
         config.runtime.pin = self.pin;
+        config.runtime.io = self.io.unwrap_or_default().into();
         let secs = |flag: Option<u64>, default: Duration| flag.map_or(default, Duration::from_secs);
         config.runtime.shutdown_grace = secs(self.shutdown_grace, config.runtime.shutdown_grace);
         config.header_timeout = secs(self.header_timeout, config.header_timeout);

@@ -42,7 +42,7 @@ use tern_server::static_files::StaticOptions;
 use tern_server::ServerConfig;
 use toml::Spanned;
 
-use crate::common::{CommonArgs, LogFormatArg};
+use crate::common::{CommonArgs, IoArg, LogFormatArg};
 
 /// The keys a config file may hold; all optional.
 #[derive(Debug, Default, Deserialize)]
@@ -61,6 +61,7 @@ pub struct FileConfig {
     listen: Option<SocketAddr>,
     workers: Option<Spanned<usize>>,
     pin: Option<bool>,
+    io: Option<IoArg>,
     shutdown_grace: Option<u64>,
     tls: Option<crate::tls::FileTls>,
     user: Option<String>,
@@ -200,6 +201,7 @@ pub struct Settings {
     pub listen: SocketAddr,
     pub workers: usize,
     pub pin: bool,
+    pub io: IoArg,
     pub shutdown_grace: u64,
     pub access_log: Option<PathBuf>,
     pub access_log_format: LogFormatArg,
@@ -271,6 +273,7 @@ impl Settings {
                 .unwrap_or(defaults.runtime.workers)
                 .max(1),
             pin: c.pin || f.pin.unwrap_or(false),
+            io: c.io.or(f.io).unwrap_or_default(),
             shutdown_grace: c
                 .shutdown_grace
                 .or(f.shutdown_grace)
@@ -301,6 +304,7 @@ impl Settings {
         config.runtime.listen = vec![self.listen];
         config.runtime.workers = self.workers;
         config.runtime.pin = self.pin;
+        config.runtime.io = self.io.into();
         config.runtime.shutdown_grace = Duration::from_secs(self.shutdown_grace);
         config.header_timeout = Duration::from_secs(self.header_timeout);
         config.body_timeout = Duration::from_secs(self.body_timeout);
@@ -317,6 +321,7 @@ impl Settings {
             listen: self.listen,
             workers: self.workers,
             pin: self.pin,
+            io: self.io,
             shutdown_grace: self.shutdown_grace,
             access_log: self.access_log.clone(),
             access_log_format: self.access_log_format,
@@ -467,6 +472,7 @@ max_connections = 8
 listen = "127.0.0.1:9090"
 workers = 3
 pin = true
+io = "uring"
 shutdown_grace = 9
 access_log = "logs/access.log"
 access_log_format = "json"
@@ -491,6 +497,7 @@ access_log_format = "json"
                 listen: "127.0.0.1:9090".parse().unwrap(),
                 workers: 3,
                 pin: true,
+                io: IoArg::Uring,
                 shutdown_grace: 9,
                 access_log: Some(PathBuf::from("/etc/tern/logs/access.log")),
                 access_log_format: LogFormatArg::Json,

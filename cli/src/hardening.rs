@@ -262,9 +262,10 @@ pub fn plan(
 }
 
 /// The step for [`tern_server::Server::after_bind`]: lockdown, then one log line naming the
-/// protections in force.
-pub fn lockdown_step(plan: Plan) -> impl FnOnce() -> io::Result<()> {
-    move || {
+/// protections in force and the sockets' backend (whose io_uring rings were made and
+/// restricted before this step).
+pub fn lockdown_step(plan: Plan) -> impl FnOnce(&str) -> io::Result<()> {
+    move |backend| {
         // Here, not at planning: a start-up error stays the only line a failed start prints.
         if plan.account.is_none() && tern_sandbox::account::running_as_root() {
             tracing::warn!("running as root: give --user NAME to drop privileges after start-up");
@@ -281,23 +282,26 @@ pub fn lockdown_step(plan: Plan) -> impl FnOnce() -> io::Result<()> {
         let applied =
             tern_sandbox::lockdown(&plan).map_err(|e| io::Error::other(LockdownError(e)))?;
         if applied.missing.is_empty() {
-            tracing::info!("protections: {}", applied.describe());
+            tracing::info!("protections: {}; sockets: {backend}", applied.describe());
         } else {
-            tracing::warn!("protections: {}", applied.describe());
+            tracing::warn!("protections: {}; sockets: {backend}", applied.describe());
         }
         Ok(())
     }
 }
 
-/// The start error's line: a lockdown failure as it is, anything else as a bind error.
+/// The start error's line: a lockdown failure as it is, a backend that cannot be set up
+/// (`--io uring`) with what refused it, anything else as a bind error.
 pub fn start_error(e: &io::Error) -> String {
-    match e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<LockdownError>())
-    {
-        Some(lockdown) => lockdown.0.clone(),
-        None => format!("cannot listen on {e}"),
+    let inner = e.get_ref();
+    if let Some(lockdown) = inner.and_then(|i| i.downcast_ref::<LockdownError>()) {
+        return lockdown.0.clone();
     }
+    if let Some(backend) = inner.and_then(|i| i.downcast_ref::<tern_runtime::BackendUnavailable>())
+    {
+        return format!("cannot use {backend} (--io auto falls back to epoll)");
+    }
+    format!("cannot listen on {e}")
 }
 
 /// A reload error, with a hint when the sandbox is why a new path cannot be opened.
@@ -316,7 +320,7 @@ pub fn explain_reload_error(e: String) -> String {
 /// `openat2-setuid?PATH` creates a setuid file with `openat2`.
 pub fn probe_routes(router: Router) -> Router {
     type Probe = fn(&str) -> io::Result<()>;
-    let probes: [(&str, Probe); 6] = [
+    let probes: [(&str, Probe); 7] = [
         ("open", probe_open),
         ("exec", probe_exec),
         ("connect", |addr| {
@@ -328,6 +332,10 @@ pub fn probe_routes(router: Router) -> Router {
         }),
         ("fast-open", probe_fast_open),
         ("openat2-setuid", probe_openat2_setuid),
+        // A new io_uring (a worker's was made before lockdown).
+        ("io-uring", |_| {
+            tern_runtime::io::UringIo::prepare(1).map(drop)
+        }),
     ];
     probes.into_iter().fold(router, |router, (name, probe)| {
         router.route(

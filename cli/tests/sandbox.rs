@@ -21,6 +21,18 @@ use tls_support::*;
 const PROTECTED: &str =
     "protections: Landlock (fully enforced); seccomp allow-list (other system calls fail with EPERM)";
 
+/// The start-up line naming the protections, without its last part (the sockets' backend,
+/// checked by `io_uring_rings_exist_only_from_before_the_lockdown`).
+fn protections(tern: &Tern) -> Vec<String> {
+    tern.log_lines("protections:")
+        .into_iter()
+        .map(|l| match l.rfind("; sockets: ") {
+            Some(i) => l[..i].to_string(),
+            None => l,
+        })
+        .collect()
+}
+
 fn probe(tern: &Tern, what: &str) -> String {
     tern.get(&format!("/.tern-test/sandbox/{what}")).text()
 }
@@ -67,7 +79,7 @@ fn a_sandboxed_server_reaches_only_its_paths_and_system_calls() {
 fn without_the_sandbox_the_same_probes_get_through() {
     let site = Site::new();
     let tern = site.start(&["--sandbox-probes", "--sandbox", "off"]);
-    let line = tern.log_lines("protections:");
+    let line = protections(&tern);
     assert!(
         line.len() == 1 && line[0].ends_with("protections: no sandbox"),
         "{line:?}"
@@ -258,7 +270,7 @@ fn on_a_kernel_without_landlock_on_refuses_to_start_and_the_default_says_what_is
     );
     cmd.env("TERN_TEST_KERNEL_WITHOUT", "landlock,seccomp");
     let tern = Tern::spawn(cmd);
-    let line = tern.log_lines("protections:");
+    let line = protections(&tern);
     assert!(
         line.len() == 1 && line[0].ends_with("protections: no sandbox; without Landlock (not in this kernel (TERN_TEST_KERNEL_WITHOUT)), seccomp (not in this kernel (TERN_TEST_KERNEL_WITHOUT))"),
         "{line:?}"
@@ -529,7 +541,7 @@ fn without_landlock_tcp_rules_the_start_up_line_says_any_port_is_reachable() {
     let mut cmd = config.command();
     cmd.env("TERN_TEST_KERNEL_WITHOUT", "landlock-tcp");
     let tern = Tern::spawn(cmd);
-    let line = tern.log_lines("protections:");
+    let line = protections(&tern);
     assert!(
         line.len() == 1
             && line[0].ends_with("without Landlock TCP port rules (kernel ABI 3 < 4: the workers may connect to any TCP port)"),
@@ -599,5 +611,59 @@ fn a_system_folder_is_never_granted_whole_and_says_so_at_start_up() {
     assert_eq!(
         failed.stderr,
         "tern: cannot sandbox: the access log's folder /tmp is a system folder, which the sandbox never opens whole: use a folder of its own, or --sandbox off\n"
+    );
+}
+
+/// io_uring under the sandbox: the workers' rings are made before lockdown (the start-up
+/// line names the backend) and serve; a ring asked for afterwards is refused by seccomp, and
+/// the server lives on. (What a ring itself may do is its allow-list, tested in
+/// `runtime/src/io/uring/tests.rs`.)
+#[test]
+fn io_uring_rings_exist_only_from_before_the_lockdown() {
+    let site = Site::new();
+    site.write("index.html", "home\n");
+    let mut tern = site.start(&["--sandbox-probes", "--io", "uring"]);
+    tern.refusals_expected = &["io_uring_setup"];
+    let line = tern.log_lines("protections:");
+    assert!(
+        line.len() == 1 && line[0].contains(PROTECTED) && line[0].ends_with("; sockets: io_uring"),
+        "{line:?}"
+    );
+    assert_eq!(tern.get("/").text(), "home\n");
+    assert_eq!(
+        probe(&tern, "io-uring"),
+        "error: io_uring_setup: Operation not permitted (os error 1)\n"
+    );
+    assert_eq!(tern.get("/").text(), "home\n");
+}
+
+/// `--io auto` on a kernel without io_uring (pretended, debug builds only) starts on epoll
+/// and says why in the start-up line; `--io uring` refuses to start, in one line.
+#[test]
+fn without_io_uring_auto_falls_back_and_uring_refuses_to_start() {
+    let site = Site::new();
+    site.write("index.html", "home\n");
+    let mut cmd = serve_command(&site.root, LISTEN, &["--io", "auto"]);
+    cmd.env("TERN_TEST_KERNEL_WITHOUT", "io_uring");
+    let tern = Tern::spawn(cmd);
+    let line = tern.log_lines("protections:");
+    assert!(
+        line.len() == 1
+            && line[0].ends_with(
+                "; sockets: epoll (io_uring: not in this kernel (TERN_TEST_KERNEL_WITHOUT))"
+            ),
+        "{line:?}"
+    );
+    assert_eq!(tern.get("/").text(), "home\n");
+
+    let mut cmd = serve_command(&site.root, LISTEN, &["--io", "uring"]);
+    cmd.env("TERN_TEST_KERNEL_WITHOUT", "io_uring");
+    let failed = run_to_end(&mut cmd, Duration::from_secs(10));
+    assert!(!failed.status.success());
+    assert_eq!(
+        failed.stderr.lines().last(),
+        Some("tern: cannot use io_uring: not in this kernel (TERN_TEST_KERNEL_WITHOUT) (--io auto falls back to epoll)"),
+        "{}",
+        failed.stderr
     );
 }

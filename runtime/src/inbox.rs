@@ -5,17 +5,19 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-/// A worker's inbox: a bounded lock-free queue plus the worker's `mio::Waker`. Any thread may
+use crate::waker::Waker;
+
+/// A worker's inbox: a bounded lock-free queue plus the worker's [`Waker`]. Any thread may
 /// send; only the owning worker receives. Wake-ups are coalesced: a burst of sends costs one
 /// eventfd write, not one per message.
 pub struct Inbox<M> {
     queue: ArrayQueue<M>,
     notified: AtomicBool,
-    waker: mio::Waker,
+    waker: Waker,
 }
 
 impl<M> Inbox<M> {
-    pub fn new(waker: mio::Waker, capacity: usize) -> Inbox<M> {
+    pub fn new(waker: Waker, capacity: usize) -> Inbox<M> {
         Inbox {
             queue: ArrayQueue::new(capacity),
             notified: AtomicBool::new(false),
@@ -39,6 +41,11 @@ impl<M> Inbox<M> {
 
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
+    }
+
+    /// The wake-up the worker's backend watches.
+    pub fn waker(&self) -> &Waker {
+        &self.waker
     }
 
     fn wake(&self) -> io::Result<()> {
@@ -115,7 +122,7 @@ pub struct DetachedInbox<M> {
 impl<M> DetachedInbox<M> {
     pub fn new(capacity: usize) -> io::Result<DetachedInbox<M>> {
         let poll = mio::Poll::new()?;
-        let waker = mio::Waker::new(poll.registry(), mio::Token(0))?;
+        let waker = watched_waker(&poll, mio::Token(0))?;
         Ok(DetachedInbox {
             poll: Mutex::new((poll, mio::Events::with_capacity(4))),
             inbox: Arc::new(Inbox::new(waker, capacity)),
@@ -149,6 +156,17 @@ impl<M> DetachedInbox<M> {
     }
 }
 
+/// A waker watched by a `mio` poll (edge-triggered: every wake is reported).
+fn watched_waker(poll: &mio::Poll, token: mio::Token) -> io::Result<Waker> {
+    let waker = Waker::new()?;
+    poll.registry().register(
+        &mut mio::unix::SourceFd(&waker.fd()),
+        token,
+        mio::Interest::READABLE,
+    )?;
+    Ok(waker)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,7 +186,7 @@ mod tests {
     #[test]
     fn quiet_sends_wake_once_when_asked() {
         let mut poll = mio::Poll::new().unwrap();
-        let waker = mio::Waker::new(poll.registry(), mio::Token(7)).unwrap();
+        let waker = watched_waker(&poll, mio::Token(7)).unwrap();
         let inbox = Arc::new(Inbox::new(waker, 16));
         let sender = InboxSender::new(inbox.clone());
         assert!(sender.same_inbox(&sender.clone()));
@@ -191,7 +209,7 @@ mod tests {
     #[test]
     fn messages_from_other_threads_wake_the_poll_and_arrive_in_order() {
         let mut poll = mio::Poll::new().unwrap();
-        let waker = mio::Waker::new(poll.registry(), mio::Token(1)).unwrap();
+        let waker = watched_waker(&poll, mio::Token(1)).unwrap();
         let inbox = Arc::new(Inbox::new(waker, 1024));
         let sender = InboxSender::new(inbox.clone());
         let producer = std::thread::spawn(move || {
@@ -220,7 +238,7 @@ mod tests {
     #[test]
     fn full_inbox_returns_the_message() {
         let poll = mio::Poll::new().unwrap();
-        let waker = mio::Waker::new(poll.registry(), mio::Token(1)).unwrap();
+        let waker = watched_waker(&poll, mio::Token(1)).unwrap();
         let sender = InboxSender::new(Arc::new(Inbox::new(waker, 2)));
         assert!(sender.send(1).is_ok());
         assert!(sender.send(2).is_ok());

@@ -16,6 +16,7 @@ mod rlimit;
 mod signals;
 mod sockstat;
 mod timer;
+mod waker;
 mod worker;
 
 pub use bufpool::{BufPool, ReadBuf};
@@ -26,7 +27,8 @@ pub use rlimit::raise_fd_limit;
 pub use signals::{spawn_signal_thread, SignalAction};
 pub use sockstat::unacked_bytes;
 pub use timer::{TimerKey, TimerWheel};
+pub use waker::Waker;
 pub use worker::{
-    available_cpus, Context, Runtime, RuntimeConfig, RuntimeHandle, WorkerApp, FIRST_CONN_TOKEN,
-    MAX_LISTENERS,
+    available_cpus, BackendUnavailable, Context, IoChoice, MakeApp, Runtime, RuntimeConfig,
+    RuntimeHandle, WorkerApp, FIRST_CONN_TOKEN, MAX_LISTENERS,
 };

@@ -5,18 +5,17 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use mio::{Events, Interest, Poll, Token};
-
 use crate::bufpool::BufPool;
 use crate::clock::Clock;
 use crate::inbox::{Inbox, InboxSender};
-use crate::io::{EpollIo, Io, Readiness};
+use crate::io::{Backend, EpollIo, Io, Readiness, UringIo};
 use crate::listener::{bind_reuseport, migrate_req_hint, share_inherited};
 use crate::timer::{TimerKey, TimerWheel};
+use crate::waker::Waker;
 
 /// Expired timers handled per loop turn; the rest wait for the next turn (taken at once).
 const TIMERS_PER_TURN: usize = 256;
-const WAKER: Token = Token(1);
+const WAKER: usize = 1;
 /// Listener `i` of a worker has token `FIRST_LISTENER_TOKEN + i`.
 const FIRST_LISTENER_TOKEN: usize = 2;
 /// The most addresses a runtime listens on (plain, TLS, redirect, ...).
@@ -57,6 +56,20 @@ pub struct RuntimeConfig {
     /// `listen`: where one is given, every worker serves a duplicate of it and `listen[i]` is
     /// not bound. Missing entries and `None` mean "bind `listen[i]`".
     pub inherited: Vec<Option<Arc<std::net::TcpListener>>>,
+    /// The sockets' backend the workers run on.
+    pub io: IoChoice,
+}
+
+/// Which sockets' backend the workers run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoChoice {
+    /// Readiness: epoll, one syscall per socket operation.
+    #[default]
+    Epoll,
+    /// Completions: io_uring, one ring per worker; start-up fails if it cannot be set up.
+    Uring,
+    /// io_uring if this kernel and its policy allow it, else epoll (start-up says why).
+    Auto,
 }
 
 impl Default for RuntimeConfig {
@@ -74,6 +87,7 @@ impl Default for RuntimeConfig {
             write_buf_size: 16 * 1024,
             shutdown_grace: Duration::from_secs(5),
             inherited: Vec::new(),
+            io: IoChoice::default(),
         }
     }
 }
@@ -147,6 +161,9 @@ pub struct RuntimeHandle<M> {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     heartbeats: Arc<[Heartbeat]>,
+    backend: &'static str,
+    /// Why `IoChoice::Auto` did not get io_uring.
+    fallback: Option<String>,
 }
 
 impl<M: Send + 'static> RuntimeHandle<M> {
@@ -162,6 +179,16 @@ impl<M: Send + 'static> RuntimeHandle<M> {
 
     pub fn inboxes(&self) -> &[InboxSender<M>] {
         &self.inboxes
+    }
+
+    /// The sockets' backend the workers run on ("epoll", "io_uring").
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Why io_uring was not used although `IoChoice::Auto` asked for it if possible.
+    pub fn backend_fallback(&self) -> Option<&str> {
+        self.fallback.as_deref()
     }
 
     /// A cloneable function that begins graceful shutdown (for signal threads).
@@ -243,7 +270,71 @@ impl Runtime {
         F: Fn(usize, InboxSender<A::Message>) -> A + Send + Sync + 'static,
         B: FnOnce() -> io::Result<()>,
     {
+        let prepared = (0..config.workers.max(1)).map(|_| ()).collect();
+        Runtime::launch::<EpollIo, A, F, B>(config, after_bind, make_app, prepared, None)
+    }
+
+    /// Like [`start_with`](Self::start_with), on the backend `config.io` names: `make`
+    /// makes each worker's app for whichever it is. io_uring's rings are made here, before
+    /// `after_bind` closes the sandbox (which then refuses new rings); `after_bind` is told
+    /// the backend in a few words, for the start-up line ("io_uring", or "epoll (io_uring:
+    /// why not)").
+    pub fn start_app<M, B>(
+        config: RuntimeConfig,
+        after_bind: B,
+        make: M,
+    ) -> io::Result<RuntimeHandle<M::Message>>
+    where
+        M: MakeApp,
+        B: FnOnce(&str) -> io::Result<()>,
+    {
         let workers = config.workers.max(1);
+        let make = Arc::new(make);
+        let rings = match config.io {
+            IoChoice::Epoll => Err(None),
+            IoChoice::Uring | IoChoice::Auto => {
+                UringIo::prepare(workers).map_err(|e| Some(format!("io_uring: {e}")))
+            }
+        };
+        match rings {
+            Ok(rings) => {
+                let make_app = move |id, inbox| make.make::<UringIo>(id, inbox);
+                let after_bind = || after_bind(UringIo::NAME);
+                Runtime::launch::<UringIo, _, _, _>(config, after_bind, make_app, rings, None)
+            }
+            Err(Some(why)) if config.io == IoChoice::Uring => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                BackendUnavailable(why),
+            )),
+            Err(why) => {
+                let make_app = move |id, inbox| make.make::<EpollIo>(id, inbox);
+                let prepared = (0..workers).map(|_| ()).collect();
+                let named = match &why {
+                    Some(why) => format!("{} ({why})", EpollIo::NAME),
+                    None => EpollIo::NAME.to_string(),
+                };
+                let after_bind = || after_bind(&named);
+                Runtime::launch::<EpollIo, _, _, _>(config, after_bind, make_app, prepared, why)
+            }
+        }
+    }
+
+    /// Binds, runs `after_bind`, and starts one worker per prepared backend.
+    fn launch<Bk, A, F, B>(
+        config: RuntimeConfig,
+        after_bind: B,
+        make_app: F,
+        prepared: Vec<Bk::Prepared>,
+        fallback: Option<String>,
+    ) -> io::Result<RuntimeHandle<A::Message>>
+    where
+        Bk: Backend,
+        A: WorkerApp<Bk>,
+        F: Fn(usize, InboxSender<A::Message>) -> A + Send + Sync + 'static,
+        B: FnOnce() -> io::Result<()>,
+    {
+        let workers = config.workers.max(1);
+        debug_assert_eq!(prepared.len(), workers);
         if config.listen.is_empty() || config.listen.len() > MAX_LISTENERS {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -298,10 +389,8 @@ impl Runtime {
         let make_app = Arc::new(make_app);
         let mut inboxes = Vec::with_capacity(workers);
         let mut threads = Vec::with_capacity(workers);
-        for (id, listeners) in per_worker.into_iter().enumerate() {
-            let poll = Poll::new()?;
-            let waker = mio::Waker::new(poll.registry(), WAKER)?;
-            let inbox = Arc::new(Inbox::new(waker, config.inbox_capacity));
+        for ((id, listeners), prepared) in per_worker.into_iter().enumerate().zip(prepared) {
+            let inbox = Arc::new(Inbox::new(Waker::new()?, config.inbox_capacity));
             let sender = InboxSender::new(inbox.clone());
             inboxes.push(sender.clone());
             let make_app = make_app.clone();
@@ -318,15 +407,15 @@ impl Runtime {
                     if let Some(cpu) = cpu {
                         pin_to_cpu(cpu);
                     }
+                    let io = match Bk::start(prepared) {
+                        Ok(io) => io,
+                        Err(e) => {
+                            tracing::error!(worker = id, "event loop failed to start: {e}");
+                            return;
+                        }
+                    };
                     let app = make_app(id, sender.clone());
-                    let mut worker =
-                        match Worker::new(id, poll, listeners, inbox, sender, stop, &config) {
-                            Ok(w) => w,
-                            Err(e) => {
-                                tracing::error!(worker = id, "event loop failed to start: {e}");
-                                return;
-                            }
-                        };
+                    let mut worker = Worker::new(id, io, listeners, inbox, sender, stop, &config);
                     if let Err(e) = worker.run(app, &heartbeats[id]) {
                         tracing::error!(worker = id, "event loop failed: {e}");
                     }
@@ -339,15 +428,39 @@ impl Runtime {
             stop,
             threads,
             heartbeats,
+            backend: Bk::NAME,
+            fallback,
         })
     }
 }
 
-struct Worker<M> {
+/// The start error when the backend asked for cannot be set up (`IoChoice::Uring` on a
+/// kernel or policy that refuses io_uring): says what was refused.
+#[derive(Debug)]
+pub struct BackendUnavailable(pub String);
+
+impl std::fmt::Display for BackendUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BackendUnavailable {}
+
+/// Makes each worker's app for whichever backend the worker runs on (a closure cannot be
+/// generic over it).
+pub trait MakeApp: Send + Sync + 'static {
+    type Message: Send + 'static;
+    type App<B: Backend>: WorkerApp<B, Message = Self::Message>;
+
+    /// Runs on worker `worker`'s own thread.
+    fn make<B: Backend>(&self, worker: usize, inbox: InboxSender<Self::Message>) -> Self::App<B>;
+}
+
+struct Worker<M, B: Backend> {
     id: usize,
-    poll: Poll,
-    /// The sockets' backend the app gets (the same epoll, through a cloned registry).
-    io: EpollIo,
+    /// The sockets' backend: the app's sockets, and what the loop waits on.
+    io: B,
     /// Closed (taken) when shutdown begins.
     listeners: Vec<mio::net::TcpListener>,
     inbox: Arc<Inbox<M>>,
@@ -359,20 +472,19 @@ struct Worker<M> {
     grace_ms: u64,
 }
 
-impl<M: Send + 'static> Worker<M> {
+impl<M: Send + 'static, B: Backend> Worker<M, B> {
     fn new(
         id: usize,
-        poll: Poll,
+        io: B,
         listeners: Vec<mio::net::TcpListener>,
         inbox: Arc<Inbox<M>>,
         sender: InboxSender<M>,
         stop: Arc<AtomicBool>,
         config: &RuntimeConfig,
-    ) -> io::Result<Worker<M>> {
-        Ok(Worker {
+    ) -> Worker<M, B> {
+        Worker {
             id,
-            io: EpollIo::new(poll.registry().try_clone()?),
-            poll,
+            io,
             listeners,
             inbox,
             sender,
@@ -384,23 +496,19 @@ impl<M: Send + 'static> Worker<M> {
             // of 16 KiB buffers parked (idle connections are budgeted at < 512 bytes each).
             buffers: BufPool::new(config.read_buf_size, config.write_buf_size, 32),
             grace_ms: config.shutdown_grace.as_millis() as u64,
-        })
+        }
     }
 
-    fn run<A: WorkerApp<Message = M>>(
+    fn run<A: WorkerApp<B, Message = M>>(
         &mut self,
         mut app: A,
         heartbeat: &Heartbeat,
     ) -> io::Result<()> {
         for (i, l) in self.listeners.iter_mut().enumerate() {
-            self.poll.registry().register(
-                l,
-                Token(FIRST_LISTENER_TOKEN + i),
-                Interest::READABLE,
-            )?;
+            self.io.watch_listener(l, FIRST_LISTENER_TOKEN + i)?;
         }
+        self.io.watch_waker(self.inbox.waker(), WAKER)?;
         let all_listeners: u64 = (1u64 << self.listeners.len()) - 1;
-        let mut events = Events::with_capacity(1024);
         // The turn's events as the app sees them (kept: no allocation per turn).
         let mut ready: Vec<Readiness> = Vec::with_capacity(1024);
         // Expired timers not yet handled (kept in order; the wheel appends newer ones).
@@ -435,26 +543,13 @@ impl<M: Send + 'static> Worker<M> {
             if accept_more != 0 || timers_pending || app.wants_another_turn() {
                 timeout = Some(0);
             }
-            match self
-                .poll
-                .poll(&mut events, timeout.map(Duration::from_millis))
-            {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+            ready.clear();
+            self.io
+                .wait(timeout.map(Duration::from_millis), &mut ready)?;
             turns += 1;
             heartbeat.0.store(turns, Ordering::Relaxed);
             self.clock.update();
 
-            ready.clear();
-            ready.extend(events.iter().map(|e| Readiness {
-                token: e.token().0,
-                readable: e.is_readable(),
-                writable: e.is_writable(),
-                read_closed: e.is_read_closed(),
-                error: e.is_error(),
-            }));
             let mut cx = Context {
                 io: &mut self.io,
                 clock: &self.clock,
@@ -471,7 +566,7 @@ impl<M: Send + 'static> Worker<M> {
             let mut listener_ready = accept_more;
             for r in &ready {
                 match r.token {
-                    t if t == WAKER.0 => self.inbox.drain(|m| app.on_message(&mut cx, m)),
+                    t if t == WAKER => self.inbox.drain(|m| app.on_message(&mut cx, m)),
                     t if t < FIRST_CONN_TOKEN => {
                         listener_ready |= 1 << (t - FIRST_LISTENER_TOKEN);
                     }
@@ -528,7 +623,7 @@ impl<M: Send + 'static> Worker<M> {
                 // net.ipv4.tcp_migrate_req=1 moves them to another listener), so first take
                 // everything queued and serve it like any other connection.
                 for (i, mut l) in std::mem::take(&mut self.listeners).into_iter().enumerate() {
-                    let _ = self.poll.registry().deregister(&mut l);
+                    cx.io.unwatch_listener(&mut l);
                     let _ = accept_batch(&l, i, &mut app, &mut cx, SHUTDOWN_ACCEPT_LIMIT);
                 }
                 accept_more = 0;
@@ -570,11 +665,11 @@ enum AcceptOutcome {
     OutOfFds,
 }
 
-fn accept_batch<A: WorkerApp>(
+fn accept_batch<B: Backend, A: WorkerApp<B>>(
     listener: &mio::net::TcpListener,
     index: usize,
     app: &mut A,
-    cx: &mut Context<'_, A::Message>,
+    cx: &mut Context<'_, A::Message, B>,
     budget: usize,
 ) -> AcceptOutcome {
     for _ in 0..budget {

@@ -73,7 +73,8 @@ mod sys {
         socket => SYS_socket, connect => SYS_connect, bind => SYS_bind, listen => SYS_listen,
         kill => SYS_kill, mount => SYS_mount, setuid => SYS_setuid, setgid => SYS_setgid,
         unshare => SYS_unshare, setns => SYS_setns, memfd_create => SYS_memfd_create,
-        io_uring_setup => SYS_io_uring_setup, bpf => SYS_bpf,
+        io_uring_setup => SYS_io_uring_setup, io_uring_enter => SYS_io_uring_enter,
+        io_uring_register => SYS_io_uring_register, bpf => SYS_bpf,
         perf_event_open => SYS_perf_event_open, process_vm_readv => SYS_process_vm_readv,
         process_vm_writev => SYS_process_vm_writev, init_module => SYS_init_module,
         finit_module => SYS_finit_module, kexec_load => SYS_kexec_load, reboot => SYS_reboot,
@@ -189,6 +190,10 @@ const ALLOWED: &[(&str, i64)] = syscalls![
     wait4,
     // mimalloc asks which CPU it runs on (its NUMA node) on hosts with several.
     getcpu,
+    // A worker's io_uring, made before lockdown: submitting and waiting. What its operations
+    // may do is the ring's own allow-list (`runtime/src/io/uring/setup.rs`); seccomp cannot
+    // see them.
+    io_uring_enter,
 ];
 
 #[cfg(target_arch = "x86_64")]
@@ -213,6 +218,7 @@ const CHECKED: &[(&str, i64)] = syscalls![
     tgkill,
     sched_setaffinity,
     setpriority,
+    io_uring_register,
 ];
 #[cfg(target_arch = "x86_64")]
 const CHECKED_LEGACY: &[(&str, i64)] = syscalls![open, mkdir];
@@ -410,6 +416,14 @@ fn rules(connect: &Connect) -> BTreeMap<i64, Vec<SeccompRule>> {
         .unwrap()],
     );
 
+    // io_uring_register: only to enable a ring made (and restricted) before lockdown, by the
+    // worker that will submit to it. No new restrictions, personalities (which would carry
+    // pre-sandbox credentials), buffers, files or io-wq settings.
+    const IORING_REGISTER_ENABLE_RINGS: u64 = 12;
+    rules.insert(
+        libc::SYS_io_uring_register,
+        one_of(1, &[IORING_REGISTER_ENABLE_RINGS]),
+    );
     // socketpair: a Unix pair (the signal thread's wake-up), never a network socket.
     rules.insert(libc::SYS_socketpair, one_of(0, &[libc::AF_UNIX as u64]));
     // socket: stream sockets of the families the upstreams need, nothing else: IPv4 and IPv6
@@ -971,12 +985,27 @@ mod tests {
             if opened != -1 || *libc::__errno_location() != libc::ENOSYS {
                 return 24;
             }
+            // No new io_uring after lockdown (a worker's ring is made before), and a ring
+            // may only be enabled: registering anything else (here buffers) is refused.
+            let mut params = [0u8; 120]; // struct io_uring_params
+            if libc::syscall(libc::SYS_io_uring_setup, 8, params.as_mut_ptr()) != -1 || !eperm() {
+                return 25;
+            }
+            let null = std::ptr::null::<u8>();
+            if libc::syscall(libc::SYS_io_uring_register, -1, 0, null, 0) != -1 || !eperm() {
+                return 26;
+            }
+            // Enabling passes the filter (and fails in the kernel, EINVAL or EBADF: there is
+            // no such ring).
+            if libc::syscall(libc::SYS_io_uring_register, -1, 12, null, 0) != -1 || eperm() {
+                return 27;
+            }
             // A SIGSYS sent by a process, not by the filter, changes nothing.
             let pid = libc::getpid();
             if libc::syscall(libc::SYS_tgkill, pid, libc::gettid(), libc::SIGSYS) != 0 {
                 return 21;
             }
-            if denied_syscalls() != before + 4 {
+            if denied_syscalls() != before + 6 {
                 return 22;
             }
             // A thread can still start and finish.

@@ -11,18 +11,13 @@
 
 use std::io::{self, IoSlice};
 
-use tern_runtime::io::{EpollIo, Io, Transmit as IoTransmit};
+use tern_runtime::io::{Io, Transmit as IoTransmit};
 
 use crate::conn::output::MAX_IOVECS;
 use crate::conn::stream::Stream;
 use crate::conn::{Action, Conn, Status, Timeout, Transmit};
 use crate::exchange::ConnCx;
 use crate::handler::ExchangeId;
-
-/// The sockets' backend the server runs on in production. Everything below the worker is
-/// generic over [`Io`] (monomorphised: no `dyn` on the request path), so tests drive the same
-/// worker over sockets in memory, and io_uring would be one more backend.
-pub(crate) type Backend = EpollIo;
 
 /// Bytes one client connection may write per turn before yielding to the others.
 pub const FLUSH_BUDGET: usize = 4 << 20;

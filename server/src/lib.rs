@@ -72,7 +72,7 @@ pub struct Server {
     turn_ends: Vec<Arc<dyn TurnEnd>>,
 }
 
-type AfterBind = Box<dyn FnOnce() -> io::Result<()>>;
+type AfterBind = Box<dyn FnOnce(&str) -> io::Result<()>>;
 type BackgroundTask = Box<dyn FnOnce(StopSignal) + Send + 'static>;
 
 /// Tells a background thread that the server is stopping. It is raised only after every worker
@@ -112,7 +112,8 @@ impl Server {
     /// Runs `f` on the starting thread once the listeners are bound and before any thread
     /// of the server exists (workers, background threads): where privileges are dropped and
     /// the sandbox entered, so that every thread inherits them. Its error stops the start.
-    pub fn after_bind(mut self, f: impl FnOnce() -> io::Result<()> + 'static) -> Server {
+    /// It is told the sockets' backend the workers will run on, in a few words.
+    pub fn after_bind(mut self, f: impl FnOnce(&str) -> io::Result<()> + 'static) -> Server {
         self.after_bind = Some(Box::new(f));
         self
     }
@@ -218,13 +219,11 @@ impl Server {
             reload_hooks: vec![static_files::forget_thread_caches],
         });
         let for_workers = shared.clone();
-        let after_bind = self.after_bind.unwrap_or_else(|| Box::new(|| Ok(())));
-        let runtime = tern_runtime::Runtime::start_with(
+        let after_bind = self.after_bind.unwrap_or_else(|| Box::new(|_| Ok(())));
+        let runtime = tern_runtime::Runtime::start_app(
             self.config.runtime.clone(),
             after_bind,
-            move |id, inbox| {
-                worker::HttpWorker::<driver::Backend>::new(id, for_workers.clone(), inbox)
-            },
+            worker::MakeHttpWorker(for_workers),
         )?;
         let https = (0..runtime.local_addrs().len())
             .find(|&i| self.config.listener_kinds.get(i) == Some(&ListenerKind::Https));

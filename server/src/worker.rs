@@ -3,8 +3,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use tern_runtime::io::{Io, Readiness};
-use tern_runtime::{Context, InboxSender, TimerKey, WorkerApp};
+use tern_runtime::io::{Backend, Io, Readiness};
+use tern_runtime::{Context, InboxSender, MakeApp, TimerKey, WorkerApp};
 
 use crate::access_log::{LogShared, WorkerLog};
 use crate::bans::Bans;
@@ -249,6 +249,18 @@ impl<I: Io> HttpWorker<I> {
         self.with_conn(cx, owner, |e, ccx, up| {
             relay_driver::drive(e, up, false, false, ccx)
         });
+    }
+}
+
+/// Makes each worker's [`HttpWorker`] for the backend the runtime chose.
+pub(crate) struct MakeHttpWorker(pub Arc<Shared>);
+
+impl MakeApp for MakeHttpWorker {
+    type Message = WorkerMessage;
+    type App<B: Backend> = HttpWorker<B>;
+
+    fn make<B: Backend>(&self, id: usize, inbox: InboxSender<WorkerMessage>) -> HttpWorker<B> {
+        HttpWorker::new(id, self.0.clone(), inbox)
     }
 }
 

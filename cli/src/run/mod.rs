@@ -115,8 +115,8 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     }
     *server.router_mut() = router;
     let lockdown = hardening::lockdown_step(lockdown);
-    let mut server = server.after_bind(move || {
-        lockdown()?;
+    let mut server = server.after_bind(move |backend| {
+        lockdown(backend)?;
         // Sandboxed first: the checker thread inherits it.
         tern_proxy::health::start()
     });

@@ -5,30 +5,38 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use std::time::Duration;
+
 use mio::unix::SourceFd;
-use mio::{Interest, Registry, Token};
+use mio::{Events, Interest, Poll, Registry, Token};
 use socket2::SockRef;
 
-use super::{Io, Peer, Transmit, Waiting};
-
-/// Largest `sendfile` per call: bounds how long one connection holds the worker.
-const SENDFILE_CHUNK: u64 = 1 << 20;
+use super::{sys, Backend, Io, Peer, Readiness, Transmit, Waiting};
+use crate::waker::Waker;
 
 /// One worker's epoll, as the sockets see it.
 pub struct EpollIo {
     registry: Registry,
+    /// The epoll a worker's loop waits on, and its event buffer (none for a detached
+    /// backend, whose sockets are driven by hand).
+    poll: Option<(Poll, Events)>,
 }
 
 impl EpollIo {
     pub fn new(registry: Registry) -> EpollIo {
-        EpollIo { registry }
+        EpollIo {
+            registry,
+            poll: None,
+        }
     }
 
-    /// Takes a connection the listener accepted (not watched yet: the first request is
-    /// often there already and is served before any event).
-    pub fn adopt(&mut self, stream: std::net::TcpStream) -> EpollSock {
-        // The runtime's listeners hand out non-blocking sockets already.
-        EpollSock { fd: stream.into() }
+    /// The backend of a worker's loop, on an epoll of its own.
+    pub fn for_worker() -> io::Result<EpollIo> {
+        let poll = Poll::new()?;
+        Ok(EpollIo {
+            registry: poll.registry().try_clone()?,
+            poll: Some((poll, Events::with_capacity(1024))),
+        })
     }
 
     /// A backend on an epoll nobody waits on: for sockets driven by hand (tests, tools).
@@ -68,18 +76,9 @@ impl Io for EpollIo {
     type Sock = EpollSock;
 
     fn connect(&mut self, to: Peer<'_>) -> io::Result<EpollSock> {
-        // mio's connect makes the socket non-blocking (and close-on-exec) before connecting.
-        let fd: OwnedFd = match to {
-            Peer::Tcp(addr) => {
-                let s = mio::net::TcpStream::connect(addr)?;
-                s.set_nodelay(true)?;
-                std::net::TcpStream::from(s).into()
-            }
-            Peer::Unix(path) => {
-                std::os::unix::net::UnixStream::from(mio::net::UnixStream::connect(path)?).into()
-            }
-        };
-        Ok(EpollSock { fd })
+        Ok(EpollSock {
+            fd: sys::connect(to)?,
+        })
     }
 
     fn watch(&mut self, sock: &mut EpollSock, token: usize) -> io::Result<()> {
@@ -91,26 +90,18 @@ impl Io for EpollIo {
     }
 
     fn connected(&mut self, sock: &mut EpollSock) -> io::Result<bool> {
-        let s = SockRef::from(&sock.fd);
-        if let Some(e) = s.take_error()? {
-            return Err(e);
-        }
-        match s.peer_addr().map(|_| ()) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
-            Err(e) => Err(e),
-        }
+        sys::connected(&sock.fd)
     }
 
     fn send(&mut self, sock: &mut EpollSock, what: &Transmit<'_>) -> io::Result<Option<usize>> {
         let fd = sock.fd();
         let result = match *what {
-            Transmit::Memory { iov, more } => write_memory(fd, iov, more),
+            Transmit::Memory { iov, more } => sys::write_memory(fd, iov, more),
             Transmit::File {
                 fd: file,
                 offset,
                 len,
-            } => send_file(fd, file, offset, len),
+            } => sys::send_file(fd, file, offset, len),
         };
         match result {
             Ok(0) => Err(io::ErrorKind::WriteZero.into()),
@@ -136,30 +127,7 @@ impl Io for EpollIo {
     }
 
     fn peek(&mut self, sock: &mut EpollSock) -> Waiting {
-        let mut byte = 0u8;
-        loop {
-            // SAFETY: `recv` into one live, exclusively borrowed byte, on a socket open for
-            // the call; MSG_PEEK leaves the byte queued and MSG_DONTWAIT keeps it from
-            // blocking.
-            let n = unsafe {
-                libc::recv(
-                    sock.fd(),
-                    (&mut byte as *mut u8).cast(),
-                    1,
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                )
-            };
-            return match n {
-                0 => Waiting::Closed,
-                1.. => Waiting::Bytes,
-                _ => match io::Error::last_os_error().kind() {
-                    io::ErrorKind::WouldBlock => Waiting::Nothing,
-                    io::ErrorKind::Interrupted => continue,
-                    // Reset or failed: as good as closed.
-                    _ => Waiting::Closed,
-                },
-            };
-        }
+        sys::peek(sock.fd())
     }
 
     fn shutdown_write(&mut self, sock: &mut EpollSock) -> io::Result<()> {
@@ -171,50 +139,56 @@ impl Io for EpollIo {
     }
 }
 
-fn write_memory(fd: RawFd, iov: &[io::IoSlice<'_>], more: bool) -> io::Result<usize> {
-    // A file follows (a head before sendfile): MSG_MORE lets the kernel fill the head's packet
-    // with the file's first bytes instead of sending the head alone.
-    let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
-    let n = if iov.len() == 1 {
-        // The common case: one contiguous buffer.
-        // SAFETY: the slice is valid for its length for the duration of the call; `fd` is
-        // the caller's open socket.
-        unsafe { libc::send(fd, iov[0].as_ptr().cast(), iov[0].len(), flags) }
-    } else {
-        // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees it); the slices
-        // outlive the call; the msghdr names no address and no control data.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-            msg.msg_iovlen = iov.len() as _;
-            libc::sendmsg(fd, &msg, flags)
-        }
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
-}
+impl Backend for EpollIo {
+    const NAME: &'static str = "epoll";
+    type Prepared = ();
 
-fn send_file(fd: RawFd, file: RawFd, offset: u64, len: u64) -> io::Result<usize> {
-    let count = len.min(SENDFILE_CHUNK) as usize;
-    let mut off = offset as libc::off_t;
-    // SAFETY: both descriptors are open for the duration of the call (the socket is the
-    // caller's, the file is held by the output segment); `off` is a valid, exclusively
-    // borrowed off_t that the kernel updates; no memory is shared otherwise.
-    let n = unsafe { libc::sendfile(fd, file, &mut off, count) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
+    fn start((): ()) -> io::Result<EpollIo> {
+        EpollIo::for_worker()
     }
-    if n == 0 {
-        // The file shrank under us: the promised Content-Length can no longer be met.
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "file truncated while sending",
-        ));
+
+    fn watch_listener(
+        &mut self,
+        listener: &mut mio::net::TcpListener,
+        token: usize,
+    ) -> io::Result<()> {
+        self.registry
+            .register(listener, Token(token), Interest::READABLE)
     }
-    Ok(n as usize)
+
+    fn unwatch_listener(&mut self, listener: &mut mio::net::TcpListener) {
+        let _ = self.registry.deregister(listener);
+    }
+
+    fn watch_waker(&mut self, waker: &Waker, token: usize) -> io::Result<()> {
+        // Edge-triggered: every write to the eventfd is reported, none needs reading.
+        self.registry
+            .register(&mut SourceFd(&waker.fd()), Token(token), Interest::READABLE)
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>, ready: &mut Vec<Readiness>) -> io::Result<()> {
+        let Some((poll, events)) = &mut self.poll else {
+            return Err(io::Error::other("a detached epoll backend has no loop"));
+        };
+        match poll.poll(events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        ready.extend(events.iter().map(|e| Readiness {
+            token: e.token().0,
+            readable: e.is_readable(),
+            writable: e.is_writable(),
+            read_closed: e.is_read_closed(),
+            error: e.is_error(),
+        }));
+        Ok(())
+    }
+
+    fn adopt(&mut self, stream: std::net::TcpStream) -> EpollSock {
+        // The runtime's listeners hand out non-blocking sockets already.
+        EpollSock { fd: stream.into() }
+    }
 }
 
 #[cfg(test)]

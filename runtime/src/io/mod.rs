@@ -12,14 +12,20 @@
 
 mod epoll;
 mod memory;
+mod sys;
+mod uring;
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::path::Path;
+use std::time::Duration;
+
+use crate::waker::Waker;
 
 pub use epoll::{EpollIo, EpollSock};
 pub use memory::{MemoryAddr, MemoryIo, MemoryPeer, MemorySock};
+pub use uring::{UringIo, UringSock, UringStats};
 
 /// What the event loop learnt about one watched socket in a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -123,4 +129,35 @@ pub trait Io: 'static {
     /// next answer).
     #[inline]
     fn reused(&mut self, _sock: &mut Self::Sock) {}
+}
+
+/// The event-loop side of a backend: what the runtime's worker loop asks of the backend it
+/// runs on (epoll's [`EpollIo`], or io_uring's), besides the sockets' calls of [`Io`].
+pub trait Backend: Io + Sized {
+    /// The name start-up reports.
+    const NAME: &'static str;
+    /// What a worker's backend needs made on the thread that starts the runtime, before the
+    /// sandbox closes; handed to the worker's thread.
+    type Prepared: Send + 'static;
+
+    /// Makes the backend on its worker's own thread.
+    fn start(prepared: Self::Prepared) -> io::Result<Self>;
+
+    /// Reports `listener` readable under `token` whenever connections wait in its queue
+    /// (the worker then accepts them with `accept` until it would block).
+    fn watch_listener(
+        &mut self,
+        listener: &mut mio::net::TcpListener,
+        token: usize,
+    ) -> io::Result<()>;
+    /// Stops reporting `listener` (it is about to close).
+    fn unwatch_listener(&mut self, listener: &mut mio::net::TcpListener);
+    /// Reports the inbox's waker under `token` whenever another thread wakes the worker.
+    fn watch_waker(&mut self, waker: &Waker, token: usize) -> io::Result<()>;
+    /// Waits up to `timeout` (`None`: until something happens; zero: not at all) and
+    /// appends what it learnt to `ready`, at most one entry per token.
+    fn wait(&mut self, timeout: Option<Duration>, ready: &mut Vec<Readiness>) -> io::Result<()>;
+    /// Takes a connection a listener accepted (not watched yet: the first request is often
+    /// there already and is served before any event).
+    fn adopt(&mut self, stream: std::net::TcpStream) -> Self::Sock;
 }

@@ -579,11 +579,20 @@ mod tests {
     use super::*;
 
     /// Idle keep-alive connections must stay cheap (the target is ≤ 512 bytes of RSS each,
-    /// slab slot and kernel-side bookkeeping in user space included).
+    /// slab slot and kernel-side bookkeeping in user space included), on either backend
+    /// (io_uring's keeps a slot of its own per socket).
     #[test]
     fn an_idle_connection_is_small() {
-        let size = std::mem::size_of::<Conn>()
-            + std::mem::size_of::<crate::driver::Socket<crate::driver::Backend>>();
-        assert!(size <= 256, "Conn and its socket are {size} bytes");
+        use tern_runtime::io::{EpollIo, UringIo};
+        let conn = std::mem::size_of::<Conn>();
+        let epoll = conn + std::mem::size_of::<crate::driver::Socket<EpollIo>>();
+        assert!(epoll <= 256, "Conn and its epoll socket are {epoll} bytes");
+        let uring = conn
+            + std::mem::size_of::<crate::driver::Socket<UringIo>>()
+            + UringIo::BYTES_PER_SOCKET;
+        assert!(
+            uring <= 384,
+            "Conn and its io_uring socket are {uring} bytes"
+        );
     }
 }

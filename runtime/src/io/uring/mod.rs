@@ -1,0 +1,817 @@
+//! The completion backend: one io_uring per worker, behind the same progress calls as epoll
+//! (`Io`), so nothing above the runtime changes.
+//!
+//! - **Receiving**: a watched socket keeps one multishot receive on the ring, which takes
+//!   buffers from the worker's provided-buffer ring (`bufring.rs`) as bytes arrive; `recv`
+//!   copies from the oldest such buffer and gives it back. An idle connection holds no
+//!   buffer, as with epoll. A socket whose unread bytes pass [`RX_CAP`] (an app that stopped
+//!   reading it) has its receive cancelled until it is read down, so one client cannot take
+//!   every buffer; a receive that found no buffer (`ENOBUFS`) waits for buffers to come back.
+//! - **Sending**: `send` copies up to [`SEND_CHUNK`] bytes into a buffer of the backend and
+//!   queues one send on the ring; all of a turn's sends go to the kernel in the turn's one
+//!   `io_uring_enter`. Copying, rather than pointing the kernel at the caller's memory,
+//!   leaves the caller free to reuse or drop its buffers at once (a connection closed while
+//!   its send is in flight must not have its memory recycled under the kernel); the cost is
+//!   one copy of what a kernel `send` copies anyway. While a send is in flight the socket
+//!   takes nothing more (`Ok(None)`), and its completion reports the socket writable.
+//! - **Files** go out by `sendfile` as a syscall (zero copy); when the socket is full, a
+//!   one-shot poll on the ring says when to try again.
+//! - **Connecting**, peeking and shutting down stay syscalls (seccomp's socket rules keep
+//!   judging the connects; see `sys.rs`).
+//! - **Closing**: dropping a [`UringSock`] hands its descriptor back to the backend, which
+//!   cancels what is in flight on it and closes it once the last completion is in.
+//!
+//! The ring is made before the sandbox closes, disabled, with an allow-list of exactly the
+//! operations above (`setup.rs`), and enabled by its worker.
+
+mod bufring;
+mod setup;
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+use self::bufring::BufRing;
+pub use self::setup::Prepared;
+use super::{sys, Backend, Io, Peer, Readiness, Transmit, Waiting};
+use crate::waker::Waker;
+
+/// Unread bytes a socket may hold in ring buffers before its receive is paused.
+const RX_CAP: usize = 64 * 1024;
+/// Most bytes one send copies and queues.
+const SEND_CHUNK: usize = 64 * 1024;
+/// Send buffers kept for reuse.
+const SPARE_SENDS: usize = 64;
+
+/// What a completion is about: the top byte of its `user_data`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Recv = 1,
+    Send = 2,
+    PollOut = 3,
+    Cancel = 4,
+    Listener = 5,
+    Waker = 6,
+}
+
+impl Op {
+    fn from_u8(v: u8) -> Option<Op> {
+        Some(match v {
+            1 => Op::Recv,
+            2 => Op::Send,
+            3 => Op::PollOut,
+            4 => Op::Cancel,
+            5 => Op::Listener,
+            6 => Op::Waker,
+            _ => return None,
+        })
+    }
+}
+
+/// `user_data`: the operation, the slot's generation (so a late completion for a slot that
+/// was reused is recognised), and the slot (or the listener's token).
+fn user_data(op: Op, generation: u32, slot: u32) -> u64 {
+    (op as u64) << 56 | u64::from(generation & 0x00ff_ffff) << 32 | u64::from(slot)
+}
+
+fn split_user_data(data: u64) -> (Option<Op>, u32, u32) {
+    (
+        Op::from_u8((data >> 56) as u8),
+        (data >> 32) as u32 & 0x00ff_ffff,
+        data as u32,
+    )
+}
+
+/// Counters of the ring's work, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UringStats {
+    /// Operations queued on the ring.
+    pub submissions: u64,
+    /// Completions taken from it.
+    pub completions: u64,
+    /// Calls of `io_uring_enter` (one per loop turn, plus one when the queue fills).
+    pub enters: u64,
+    /// Multishot receives started again after they ended (pause, buffers, or the kernel).
+    pub rearms: u64,
+    /// Receives that found the buffer ring empty.
+    pub buffers_exhausted: u64,
+}
+
+/// One socket's state in the backend, by slot.
+#[derive(Default)]
+struct Slot {
+    /// Bumped when the slot is freed: completions carry it.
+    generation: u32,
+    fd: RawFd,
+    token: Option<usize>,
+    /// Bytes received, oldest first, then the end or an error.
+    rx: VecDeque<Rx>,
+    rx_bytes: u32,
+    /// A multishot receive is on the ring.
+    recv_armed: bool,
+    /// Its receive was stopped: too much unread, or no buffer was left.
+    recv_paused: bool,
+    /// The send on the ring (boxed: an idle socket's slot stays small).
+    send: Option<Box<Outgoing>>,
+    /// A send failed with this errno (0: none): the next call reports it.
+    error: i32,
+    shutdown_after_send: bool,
+    /// A one-shot poll for room (or for a connect's outcome) is on the ring.
+    poll_out: bool,
+    connecting: bool,
+    /// Completions still to come for this slot.
+    owed: u32,
+    /// Dropped by the app: closes once nothing is owed.
+    closing: Option<OwnedFd>,
+    /// What to report for it at the end of the turn (`Readiness` bits).
+    news: u8,
+}
+
+/// Bytes on their way out, and how many went.
+#[derive(Default)]
+struct Outgoing {
+    buf: Vec<u8>,
+    sent: usize,
+}
+
+enum Rx {
+    Data { bid: u16, off: u32, len: u32 },
+    End,
+    Error(i32),
+}
+
+const READABLE: u8 = 1;
+const WRITABLE: u8 = 2;
+const READ_CLOSED: u8 = 4;
+const ERROR: u8 = 8;
+
+type Dropped = Rc<RefCell<Vec<(u32, u32, OwnedFd)>>>;
+
+pub struct UringIo {
+    // Field order matters: the ring (and with it every registration) goes before the buffer
+    // memory it was given.
+    ring: IoUring,
+    bufs: BufRing,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Sockets the app dropped since the last turn: (slot, generation, descriptor).
+    dropped: Dropped,
+    /// Slots with news this turn.
+    touched: Vec<u32>,
+    /// Receives waiting for buffers to come back.
+    starved: Vec<u32>,
+    /// Watched listeners: descriptor and token.
+    listeners: Vec<(RawFd, usize)>,
+    /// The inbox's eventfd and token, and where the ring reads its counter into.
+    waker: Option<(RawFd, usize)>,
+    waker_buf: Box<[u8; 8]>,
+    /// Boxed as the slots hold them: moving one between them moves no buffer header.
+    #[allow(clippy::vec_box)]
+    spare_sends: Vec<Box<Outgoing>>,
+    completions: Vec<cqueue::Entry>,
+    stats: UringStats,
+}
+
+/// A socket of the io_uring backend. Dropping it closes it (through the backend, once the
+/// ring is done with it).
+pub struct UringSock {
+    slot: u32,
+    generation: u32,
+    fd: Option<OwnedFd>,
+    dropped: Dropped,
+}
+
+impl UringSock {
+    fn fd(&self) -> RawFd {
+        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+}
+
+impl Drop for UringSock {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd.take() {
+            self.dropped
+                .borrow_mut()
+                .push((self.slot, self.generation, fd));
+        }
+    }
+}
+
+impl UringIo {
+    /// What the backend keeps per socket besides the socket itself (an idle one's share).
+    pub const BYTES_PER_SOCKET: usize = std::mem::size_of::<Slot>();
+
+    /// Rings for `workers` workers, made on the calling thread before the sandbox closes:
+    /// each disabled, restricted to what this backend submits, with its buffers registered.
+    /// An error names what this kernel or its policy refused.
+    pub fn prepare(workers: usize) -> io::Result<Vec<Prepared>> {
+        (0..workers).map(|_| setup::prepare()).collect()
+    }
+
+    /// A backend on the calling thread (tests and tools; a worker's comes from `prepare`).
+    pub fn on_this_thread() -> io::Result<UringIo> {
+        UringIo::start(setup::prepare()?)
+    }
+
+    pub fn stats(&self) -> UringStats {
+        self.stats
+    }
+
+    fn from_prepared(prepared: Prepared) -> io::Result<UringIo> {
+        let (ring, bufs) = prepared.enable()?;
+        Ok(UringIo {
+            ring,
+            bufs,
+            slots: Vec::new(),
+            free: Vec::new(),
+            dropped: Rc::default(),
+            touched: Vec::new(),
+            starved: Vec::new(),
+            listeners: Vec::new(),
+            waker: None,
+            waker_buf: Box::new([0; 8]),
+            spare_sends: Vec::new(),
+            completions: Vec::with_capacity(1024),
+            stats: UringStats::default(),
+        })
+    }
+
+    fn sock(&mut self, fd: OwnedFd, connecting: bool) -> UringSock {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(Slot::default());
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let s = &mut self.slots[slot as usize];
+        s.fd = fd.as_raw_fd();
+        s.connecting = connecting;
+        UringSock {
+            slot,
+            generation: s.generation,
+            fd: Some(fd),
+            dropped: self.dropped.clone(),
+        }
+    }
+
+    /// Queues an operation; a full submission queue goes to the kernel first.
+    fn push(&mut self, sqe: squeue::Entry) {
+        self.stats.submissions += 1;
+        loop {
+            // SAFETY: every operation queued here names memory the backend owns and keeps
+            // until its completion: a send buffer held in its slot, the waker's boxed
+            // counter, the registered buffer ring; descriptors stay open until their last
+            // completion (`closing`).
+            if unsafe { self.ring.submission().push(&sqe) }.is_ok() {
+                return;
+            }
+            self.stats.enters += 1;
+            if let Err(e) = self.ring.submit() {
+                if e.raw_os_error() != Some(libc::EBUSY) {
+                    tracing::error!("io_uring submit failed: {e}");
+                }
+            }
+        }
+    }
+
+    fn arm_recv(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        if s.recv_armed || s.closing.is_some() || s.token.is_none() {
+            return;
+        }
+        s.recv_armed = true;
+        s.recv_paused = false;
+        s.owed += 1;
+        let data = user_data(Op::Recv, s.generation, slot);
+        let sqe = opcode::RecvMulti::new(types::Fd(s.fd), bufring::GROUP)
+            .build()
+            .user_data(data);
+        self.push(sqe);
+    }
+
+    fn arm_poll_out(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        if s.poll_out {
+            return;
+        }
+        s.poll_out = true;
+        s.owed += 1;
+        let data = user_data(Op::PollOut, s.generation, slot);
+        let sqe = opcode::PollAdd::new(types::Fd(s.fd), libc::POLLOUT as u32)
+            .build()
+            .user_data(data);
+        self.push(sqe);
+    }
+
+    fn cancel(&mut self, op: Op, slot: u32) {
+        let generation = self.slots[slot as usize].generation;
+        let sqe = opcode::AsyncCancel::new(user_data(op, generation, slot))
+            .build()
+            .user_data(user_data(Op::Cancel, generation, slot));
+        self.push(sqe);
+    }
+
+    fn submit_send(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        let Some(out) = &s.send else { return };
+        let rest = &out.buf[out.sent..];
+        s.owed += 1;
+        let sqe = opcode::Send::new(types::Fd(s.fd), rest.as_ptr(), rest.len() as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(user_data(Op::Send, s.generation, slot));
+        self.push(sqe);
+    }
+
+    fn note(&mut self, slot: u32, news: u8) {
+        let s = &mut self.slots[slot as usize];
+        if s.news == 0 {
+            self.touched.push(slot);
+        }
+        s.news |= news;
+    }
+
+    /// Sockets the app dropped: cancel what is in flight; close when nothing is owed.
+    fn bury_dropped(&mut self) {
+        let dropped = std::mem::take(&mut *self.dropped.borrow_mut());
+        for (slot, generation, fd) in dropped {
+            let s = &mut self.slots[slot as usize];
+            debug_assert_eq!(s.generation, generation);
+            s.token = None;
+            s.closing = Some(fd);
+            let (recv, send, poll) = (s.recv_armed, s.send.is_some(), s.poll_out);
+            if recv {
+                self.cancel(Op::Recv, slot);
+            }
+            // A send still on the ring is one the socket had no room for: like bytes epoll
+            // could not write before closing, they are dropped.
+            if send {
+                self.cancel(Op::Send, slot);
+            }
+            if poll {
+                self.cancel(Op::PollOut, slot);
+            }
+            self.finish_if_closed(slot);
+        }
+    }
+
+    fn finish_if_closed(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        if s.closing.is_none() || s.owed > 0 {
+            return;
+        }
+        let mut old = std::mem::take(s);
+        s.generation = old.generation.wrapping_add(1) & 0x00ff_ffff;
+        for rx in old.rx.drain(..) {
+            if let Rx::Data { bid, .. } = rx {
+                self.bufs.give_back(bid);
+            }
+        }
+        if let Some(out) = old.send.take() {
+            self.recycle(out);
+        }
+        self.free.push(slot);
+        // `old.closing` drops here: the descriptor closes.
+    }
+
+    fn recycle(&mut self, mut out: Box<Outgoing>) {
+        if self.spare_sends.len() < SPARE_SENDS {
+            out.buf.clear();
+            out.sent = 0;
+            self.spare_sends.push(out);
+        }
+    }
+
+    fn live(&self, slot: u32, generation: u32) -> bool {
+        self.slots
+            .get(slot as usize)
+            .is_some_and(|s| s.generation == generation)
+    }
+
+    fn complete(&mut self, cqe: &cqueue::Entry, ready: &mut Vec<Readiness>) {
+        self.stats.completions += 1;
+        let (op, generation, slot) = split_user_data(cqe.user_data());
+        let (res, flags) = (cqe.result(), cqe.flags());
+        match op {
+            Some(Op::Listener) => {
+                let token = slot as usize;
+                if let Some(&(fd, _)) = self.listeners.iter().find(|(_, t)| *t == token) {
+                    ready.push(Readiness {
+                        token,
+                        readable: true,
+                        ..Readiness::default()
+                    });
+                    if !cqueue::more(flags) {
+                        self.watch_listener_fd(fd, token);
+                    }
+                }
+            }
+            Some(Op::Waker) => {
+                if let Some((fd, token)) = self.waker {
+                    ready.push(Readiness {
+                        token,
+                        readable: true,
+                        ..Readiness::default()
+                    });
+                    self.read_waker(fd);
+                }
+            }
+            Some(Op::Recv) => self.received(slot, generation, res, flags),
+            Some(Op::Send) if self.live(slot, generation) => self.sent(slot, res),
+            Some(Op::PollOut) if self.live(slot, generation) => {
+                let s = &mut self.slots[slot as usize];
+                s.poll_out = false;
+                s.owed -= 1;
+                self.note(slot, WRITABLE);
+                self.finish_if_closed(slot);
+            }
+            _ => {}
+        }
+    }
+
+    fn received(&mut self, slot: u32, generation: u32, res: i32, flags: u32) {
+        let buffer = cqueue::buffer_select(flags);
+        if buffer.is_some() {
+            self.bufs.taken();
+        }
+        if !self.live(slot, generation) {
+            if let Some(bid) = buffer {
+                self.bufs.give_back(bid);
+            }
+            return;
+        }
+        let more = cqueue::more(flags);
+        let s = &mut self.slots[slot as usize];
+        if !more {
+            s.recv_armed = false;
+            s.owed -= 1;
+        }
+        if s.closing.is_some() {
+            // The bytes are nobody's.
+            if let Some(bid) = buffer {
+                self.bufs.give_back(bid);
+            }
+            self.finish_if_closed(slot);
+            return;
+        }
+        let news = match res {
+            1.. => {
+                let bid = buffer.expect("a receive with bytes names its buffer");
+                s.rx.push_back(Rx::Data {
+                    bid,
+                    off: 0,
+                    len: res as u32,
+                });
+                s.rx_bytes += res as u32;
+                READABLE
+            }
+            0 => {
+                s.rx.push_back(Rx::End);
+                READABLE | READ_CLOSED
+            }
+            _ if -res == libc::ENOBUFS => {
+                self.stats.buffers_exhausted += 1;
+                s.recv_paused = true;
+                self.starved.push(slot);
+                0
+            }
+            _ if -res == libc::ECANCELED => 0,
+            _ => {
+                s.rx.push_back(Rx::Error(-res));
+                READABLE | ERROR
+            }
+        };
+        let over = s.rx_bytes as usize >= RX_CAP;
+        let ended = matches!(s.rx.back(), Some(Rx::End | Rx::Error(_)));
+        if over && !s.recv_paused {
+            // The app is not reading it: stop taking buffers for it (`recv` starts again).
+            s.recv_paused = true;
+            if more {
+                self.cancel(Op::Recv, slot);
+            }
+        } else if !more && !ended && !s.recv_paused {
+            // The kernel ended the multishot receive (it may, at any time).
+            self.stats.rearms += 1;
+            self.arm_recv(slot);
+        }
+        if news != 0 {
+            self.note(slot, news);
+        }
+    }
+
+    fn sent(&mut self, slot: u32, res: i32) {
+        let s = &mut self.slots[slot as usize];
+        s.owed -= 1;
+        let mut done = true;
+        if res >= 0 {
+            if let Some(out) = &mut s.send {
+                out.sent += res as usize;
+                done = out.sent >= out.buf.len() || s.closing.is_some();
+            }
+        } else if -res != libc::ECANCELED {
+            s.error = -res;
+        }
+        if !done {
+            self.submit_send(slot);
+            return;
+        }
+        let s = &mut self.slots[slot as usize];
+        let out = s.send.take();
+        if s.shutdown_after_send && s.closing.is_none() {
+            s.shutdown_after_send = false;
+            // SAFETY: shutdown takes no pointers; the descriptor is this open socket's.
+            unsafe { libc::shutdown(s.fd, libc::SHUT_WR) };
+        }
+        let news = if s.error != 0 {
+            WRITABLE | ERROR
+        } else {
+            WRITABLE
+        };
+        if let Some(out) = out {
+            self.recycle(out);
+        }
+        self.note(slot, news);
+        self.finish_if_closed(slot);
+    }
+
+    fn watch_listener_fd(&mut self, fd: RawFd, token: usize) {
+        let sqe = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+            .multi(true)
+            .build()
+            .user_data(user_data(Op::Listener, 0, token as u32));
+        self.push(sqe);
+    }
+
+    fn read_waker(&mut self, fd: RawFd) {
+        let sqe = opcode::Read::new(types::Fd(fd), self.waker_buf.as_mut_ptr(), 8)
+            .build()
+            .user_data(user_data(Op::Waker, 0, 0));
+        self.push(sqe);
+    }
+
+    /// Receives that ran out of buffers start again once some came back.
+    fn feed_starved(&mut self) {
+        while self.bufs.available() > 0 {
+            let Some(slot) = self.starved.pop() else {
+                return;
+            };
+            let s = &self.slots[slot as usize];
+            if s.recv_paused && (s.rx_bytes as usize) < RX_CAP && !s.recv_armed {
+                self.stats.rearms += 1;
+                self.arm_recv(slot);
+            }
+        }
+    }
+
+    fn enter(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.stats.enters += 1;
+        let submitter = self.ring.submitter();
+        let result = match timeout {
+            Some(t) if t.is_zero() => submitter.submit_and_wait(0),
+            Some(t) => {
+                let ts = types::Timespec::from(t);
+                submitter.submit_with_args(1, &types::SubmitArgs::new().timespec(&ts))
+            }
+            None => submitter.submit_and_wait(1),
+        };
+        match result {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Io for UringIo {
+    type Sock = UringSock;
+
+    fn connect(&mut self, to: Peer<'_>) -> io::Result<UringSock> {
+        let fd = sys::connect(to)?;
+        Ok(self.sock(fd, true))
+    }
+
+    fn watch(&mut self, sock: &mut UringSock, token: usize) -> io::Result<()> {
+        let slot = sock.slot;
+        let s = &mut self.slots[slot as usize];
+        s.token = Some(token);
+        if s.connecting {
+            // Room to write means the connect finished; receiving starts once it did.
+            self.arm_poll_out(slot);
+        } else {
+            self.arm_recv(slot);
+        }
+        Ok(())
+    }
+
+    fn connected(&mut self, sock: &mut UringSock) -> io::Result<bool> {
+        let done = sys::connected(sock.fd.as_ref().expect("an open socket"))?;
+        let s = &mut self.slots[sock.slot as usize];
+        if done && s.connecting {
+            s.connecting = false;
+            self.arm_recv(sock.slot);
+        } else if !done {
+            self.arm_poll_out(sock.slot);
+        }
+        Ok(done)
+    }
+
+    fn send(&mut self, sock: &mut UringSock, what: &Transmit<'_>) -> io::Result<Option<usize>> {
+        let slot = sock.slot;
+        let s = &mut self.slots[slot as usize];
+        if s.error != 0 {
+            return Err(io::Error::from_raw_os_error(std::mem::take(&mut s.error)));
+        }
+        if s.send.is_some() {
+            return Ok(None); // in flight: its completion reports the socket writable
+        }
+        match *what {
+            Transmit::Memory { iov, more: _ } => {
+                // (`more`: a file follows. The file waits for this send's completion, a turn
+                // later, so holding this one back for it would only delay it.)
+                let mut out = self.spare_sends.pop().unwrap_or_default();
+                for slice in iov {
+                    let room = SEND_CHUNK - out.buf.len();
+                    out.buf.extend_from_slice(&slice[..slice.len().min(room)]);
+                    if out.buf.len() == SEND_CHUNK {
+                        break;
+                    }
+                }
+                let n = out.buf.len();
+                if n == 0 {
+                    self.recycle(out);
+                    return Ok(Some(0));
+                }
+                self.slots[slot as usize].send = Some(out);
+                self.submit_send(slot);
+                Ok(Some(n))
+            }
+            Transmit::File {
+                fd: file,
+                offset,
+                len,
+            } => match sys::send_file(s.fd, file, offset, len) {
+                Ok(0) => Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => Ok(Some(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.arm_poll_out(slot);
+                    Ok(None)
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Some(0)),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    fn recv(&mut self, sock: &mut UringSock, buf: &mut [u8]) -> io::Result<usize> {
+        let slot = sock.slot;
+        let s = &mut self.slots[slot as usize];
+        let Some(front) = s.rx.front_mut() else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        let (n, emptied) = match front {
+            Rx::Data { bid, off, len } => {
+                let n = buf.len().min(*len as usize);
+                buf[..n].copy_from_slice(self.bufs.bytes(*bid, *off, n as u32));
+                *off += n as u32;
+                *len -= n as u32;
+                (n, (*len == 0).then_some(*bid))
+            }
+            Rx::End => return Ok(0),
+            Rx::Error(e) => return Err(io::Error::from_raw_os_error(*e)),
+        };
+        s.rx_bytes -= n as u32;
+        if let Some(bid) = emptied {
+            s.rx.pop_front();
+            self.bufs.give_back(bid);
+        }
+        let s = &self.slots[slot as usize];
+        let low = (s.rx_bytes as usize) < RX_CAP / 2;
+        if s.recv_paused && !s.recv_armed && low && self.bufs.available() > 0 {
+            self.stats.rearms += 1;
+            self.arm_recv(slot);
+        }
+        Ok(n)
+    }
+
+    fn peek(&mut self, sock: &mut UringSock) -> Waiting {
+        match self.slots[sock.slot as usize].rx.front() {
+            Some(Rx::Data { .. }) => Waiting::Bytes,
+            Some(_) => Waiting::Closed,
+            None => sys::peek(sock.fd()),
+        }
+    }
+
+    fn shutdown_write(&mut self, sock: &mut UringSock) -> io::Result<()> {
+        let s = &mut self.slots[sock.slot as usize];
+        if s.send.is_some() {
+            // After the bytes on the ring, not before them.
+            s.shutdown_after_send = true;
+            return Ok(());
+        }
+        let fd = sock.fd.as_ref().expect("an open socket");
+        socket2::SockRef::from(fd).shutdown(std::net::Shutdown::Write)
+    }
+
+    fn unacked_bytes(&self, sock: &UringSock) -> io::Result<u32> {
+        let fd = sock.fd.as_ref().expect("an open socket");
+        let queued = self.slots[sock.slot as usize]
+            .send
+            .as_ref()
+            .map_or(0, |out| out.buf.len() - out.sent);
+        Ok(crate::sockstat::unacked_bytes(fd)? + queued as u32)
+    }
+
+    fn short_read_drains(&self, sock: &UringSock) -> bool {
+        // Nothing more is queued here: the next bytes come with a completion, which reports
+        // the socket readable.
+        self.slots[sock.slot as usize].rx.is_empty()
+    }
+}
+
+impl Backend for UringIo {
+    const NAME: &'static str = "io_uring";
+    type Prepared = Prepared;
+
+    fn start(prepared: Prepared) -> io::Result<UringIo> {
+        UringIo::from_prepared(prepared)
+    }
+
+    fn watch_listener(
+        &mut self,
+        listener: &mut mio::net::TcpListener,
+        token: usize,
+    ) -> io::Result<()> {
+        let fd = listener.as_raw_fd();
+        self.listeners.push((fd, token));
+        self.watch_listener_fd(fd, token);
+        Ok(())
+    }
+
+    fn unwatch_listener(&mut self, listener: &mut mio::net::TcpListener) {
+        let fd = listener.as_raw_fd();
+        let Some(i) = self.listeners.iter().position(|&(f, _)| f == fd) else {
+            return;
+        };
+        let (_, token) = self.listeners.swap_remove(i);
+        let sqe = opcode::AsyncCancel::new(user_data(Op::Listener, 0, token as u32))
+            .build()
+            .user_data(user_data(Op::Cancel, 0, 0));
+        self.push(sqe);
+        // At once: the poll holds the listener open, and the caller closes it next.
+        self.stats.enters += 1;
+        let _ = self.ring.submit();
+    }
+
+    fn watch_waker(&mut self, waker: &Waker, token: usize) -> io::Result<()> {
+        self.waker = Some((waker.fd(), token));
+        self.read_waker(waker.fd());
+        Ok(())
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>, ready: &mut Vec<Readiness>) -> io::Result<()> {
+        self.bury_dropped();
+        self.feed_starved();
+        self.enter(timeout)?;
+        let mut completions = std::mem::take(&mut self.completions);
+        completions.extend(self.ring.completion());
+        for cqe in &completions {
+            self.complete(cqe, ready);
+        }
+        completions.clear();
+        self.completions = completions;
+        for slot in std::mem::take(&mut self.touched) {
+            let s = &mut self.slots[slot as usize];
+            let news = std::mem::take(&mut s.news);
+            if let Some(token) = s.token {
+                ready.push(Readiness {
+                    token,
+                    readable: news & READABLE != 0,
+                    writable: news & WRITABLE != 0,
+                    read_closed: news & READ_CLOSED != 0,
+                    error: news & ERROR != 0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn adopt(&mut self, stream: std::net::TcpStream) -> UringSock {
+        self.sock(stream.into(), false)
+    }
+}
+
+#[cfg(test)]
+mod tests;
