@@ -653,6 +653,11 @@ impl<M: Send + 'static, B: Backend> Worker<M, B> {
                         "shutdown grace expired; dropping connections"
                     );
                 }
+                // Closed connections' last bytes may still be on their way (a completion
+                // backend's sends); they get what is left of the grace period.
+                drop(app);
+                let left = drain_deadline.saturating_sub(self.clock.now_ms());
+                self.io.flush(Duration::from_millis(left));
                 return Ok(());
             }
         }

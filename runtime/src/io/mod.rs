@@ -160,4 +160,8 @@ pub trait Backend: Io + Sized {
     /// Takes a connection a listener accepted (not watched yet: the first request is often
     /// there already and is served before any event).
     fn adopt(&mut self, stream: std::net::TcpStream) -> Self::Sock;
+    /// The worker is about to exit, its sockets dropped: what they sent that is still on its
+    /// way gets up to `within` to go out (a kernel socket's buffer outlives the process; a
+    /// ring's operations do not). Nothing to do for a readiness backend.
+    fn flush(&mut self, _within: Duration) {}
 }

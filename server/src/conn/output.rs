@@ -8,6 +8,8 @@ use crate::response::{Body, FileBody};
 /// Bodies up to this size are copied next to their head, so head and body leave in one
 /// write; above it they are queued by reference and gathered with `writev`.
 const COPY_BODY_MAX: usize = 16 * 1024;
+/// Sent bytes at the front of the buffer worth moving the rest down for (see `compact`).
+const COMPACT_AT: usize = 64 * 1024;
 /// Most slices handed out for one `writev`.
 pub const MAX_IOVECS: usize = 64;
 
@@ -64,6 +66,7 @@ impl Output {
         if self.buf.capacity() == 0 {
             self.buf = pool_buf();
         }
+        self.compact();
         &mut self.buf
     }
 
@@ -127,6 +130,7 @@ impl Output {
 
     /// Appends raw bytes (e.g. `100 Continue`).
     pub fn push_copy(&mut self, bytes: &[u8]) {
+        self.compact();
         self.buf.extend_from_slice(bytes);
         self.pending += bytes.len();
     }
@@ -135,6 +139,26 @@ impl Output {
         self.close_run();
         self.pending += bytes.len();
         self.segments.push_back(Segment::Shared { bytes, pos: 0 });
+    }
+
+    /// The buffer is emptied when everything is sent; output that is refilled before it ever
+    /// drains (a relay feeding a client as fast as the socket takes it, in pieces) would grow
+    /// it by everything that passes. So once the sent prefix is large and at least half the
+    /// buffer, the unsent rest moves down. Only between sends: a readiness driver's sends are
+    /// done by then, and a completion driver's in-flight bytes were sealed out of `buf`.
+    fn compact(&mut self) {
+        if self.buf_pos < COMPACT_AT || self.buf_pos * 2 < self.buf.len() {
+            return;
+        }
+        let sent = self.buf_pos;
+        self.buf.drain(..sent);
+        for seg in self.segments.iter_mut() {
+            if let Segment::Mem { end } = seg {
+                *end -= sent;
+            }
+        }
+        self.open_run = self.open_run.saturating_sub(sent);
+        self.buf_pos = 0;
     }
 
     fn close_run(&mut self) {
@@ -299,6 +323,38 @@ mod tests {
         }
         drop(a);
         reader.join().unwrap()
+    }
+
+    /// Output refilled before it ever drains (a relay feeding a client whose sends take all
+    /// but the last piece) keeps its buffer bounded.
+    #[test]
+    fn output_that_never_drains_stays_bounded() {
+        let mut out = Output::default();
+        let mut sent = Vec::new();
+        let mut pushed = 0u32;
+        for round in 0..2000 {
+            for _ in 0..5 {
+                let piece: Vec<u8> = (0..10_000u32).map(|i| (pushed + i) as u8).collect();
+                pushed += 10_000;
+                out.push_body(Body::Owned(piece));
+            }
+            out.push_body(Body::Shared(bytes::Bytes::from_static(&[0xAA; 20_000])));
+            // Take all but a little, so that it never drains.
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let (n, _) = out.memory_slices(&mut iov, out.pending() - 5000);
+            let took: usize = iov[..n].iter().map(|s| s.len()).sum();
+            for s in &iov[..n] {
+                sent.extend_from_slice(s);
+            }
+            out.advance(took);
+            assert!(!out.is_empty(), "round {round} drained");
+            assert!(
+                out.buf.capacity() <= 1 << 20,
+                "round {round}: {}",
+                out.buf.capacity()
+            );
+        }
+        assert!(sent.len() > 100 << 20);
     }
 
     #[test]

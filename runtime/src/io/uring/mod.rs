@@ -19,7 +19,9 @@
 //! - **Connecting**, peeking and shutting down stay syscalls (seccomp's socket rules keep
 //!   judging the connects; see `sys.rs`).
 //! - **Closing**: dropping a [`UringSock`] hands its descriptor back to the backend, which
-//!   cancels what is in flight on it and closes it once the last completion is in.
+//!   cancels its receive and polls, lets a send under way finish (the app counted those
+//!   bytes as sent, as it counts bytes in a kernel socket's buffer; [`ORPHAN_SEND_LIMIT`]
+//!   bounds it), and closes it once the last completion is in.
 //!
 //! The ring is made before the sandbox closes, disabled, with an allow-list of exactly the
 //! operations above (`setup.rs`), and enabled by its worker.
@@ -47,6 +49,10 @@ const RX_CAP: usize = 64 * 1024;
 const SEND_CHUNK: usize = 64 * 1024;
 /// Send buffers kept for reuse.
 const SPARE_SENDS: usize = 64;
+/// How long a dropped socket's last send may take before it is cancelled: what the app
+/// sent before closing goes out, as a kernel socket's buffer would after `close`, but a
+/// peer that stopped reading does not keep it forever.
+const ORPHAN_SEND_LIMIT: Duration = Duration::from_secs(30);
 
 /// What a completion is about: the top byte of its `user_data`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,8 +120,11 @@ struct Slot {
     rx_bytes: u32,
     /// A multishot receive is on the ring.
     recv_armed: bool,
-    /// Its receive was stopped: too much unread, or no buffer was left.
-    recv_paused: bool,
+    /// Its receive was stopped because the app left too much unread: it starts again once
+    /// the app read it down to half.
+    recv_held: bool,
+    /// Its receive found no buffer: it starts again once buffers came back.
+    recv_starved: bool,
     /// The send on the ring (boxed: an idle socket's slot stays small).
     send: Option<Box<Outgoing>>,
     /// A send failed with this errno (0: none): the next call reports it.
@@ -165,6 +174,8 @@ pub struct UringIo {
     touched: Vec<u32>,
     /// Receives waiting for buffers to come back.
     starved: Vec<u32>,
+    /// Dropped sockets whose last send is still under way, and when it is given up.
+    orphans: Vec<(u32, u32, std::time::Instant)>,
     /// Watched listeners: descriptor and token.
     listeners: Vec<(RawFd, usize)>,
     /// The inbox's eventfd and token, and where the ring reads its counter into.
@@ -232,6 +243,7 @@ impl UringIo {
             dropped: Rc::default(),
             touched: Vec::new(),
             starved: Vec::new(),
+            orphans: Vec::new(),
             listeners: Vec::new(),
             waker: None,
             waker_buf: Box::new([0; 8]),
@@ -286,7 +298,8 @@ impl UringIo {
             return;
         }
         s.recv_armed = true;
-        s.recv_paused = false;
+        s.recv_held = false;
+        s.recv_starved = false;
         s.owed += 1;
         let data = user_data(Op::Recv, s.generation, slot);
         let sqe = opcode::RecvMulti::new(types::Fd(s.fd), bufring::GROUP)
@@ -349,10 +362,11 @@ impl UringIo {
             if recv {
                 self.cancel(Op::Recv, slot);
             }
-            // A send still on the ring is one the socket had no room for: like bytes epoll
-            // could not write before closing, they are dropped.
+            // The app counted the bytes of a send on the ring as sent (as it counts bytes
+            // in a kernel socket's buffer): they go out before the descriptor closes.
             if send {
-                self.cancel(Op::Send, slot);
+                let limit = std::time::Instant::now() + ORPHAN_SEND_LIMIT;
+                self.orphans.push((slot, generation, limit));
             }
             if poll {
                 self.cancel(Op::PollOut, slot);
@@ -477,8 +491,10 @@ impl UringIo {
             }
             _ if -res == libc::ENOBUFS => {
                 self.stats.buffers_exhausted += 1;
-                s.recv_paused = true;
-                self.starved.push(slot);
+                if !s.recv_starved {
+                    s.recv_starved = true;
+                    self.starved.push(slot);
+                }
                 0
             }
             _ if -res == libc::ECANCELED => 0,
@@ -487,18 +503,16 @@ impl UringIo {
                 READABLE | ERROR
             }
         };
-        let over = s.rx_bytes as usize >= RX_CAP;
-        let ended = matches!(s.rx.back(), Some(Rx::End | Rx::Error(_)));
-        if over && !s.recv_paused {
+        if s.rx_bytes as usize >= RX_CAP && !s.recv_held {
             // The app is not reading it: stop taking buffers for it (`recv` starts again).
-            s.recv_paused = true;
+            s.recv_held = true;
             if more {
                 self.cancel(Op::Recv, slot);
             }
-        } else if !more && !ended && !s.recv_paused {
-            // The kernel ended the multishot receive (it may, at any time).
-            self.stats.rearms += 1;
-            self.arm_recv(slot);
+        }
+        if !more {
+            // Ended: by the kernel (it may, at any time), our cancel, or no buffer.
+            self.maybe_rearm(slot);
         }
         if news != 0 {
             self.note(slot, news);
@@ -512,7 +526,7 @@ impl UringIo {
         if res >= 0 {
             if let Some(out) = &mut s.send {
                 out.sent += res as usize;
-                done = out.sent >= out.buf.len() || s.closing.is_some();
+                done = out.sent >= out.buf.len();
             }
         } else if -res != libc::ECANCELED {
             s.error = -res;
@@ -555,18 +569,49 @@ impl UringIo {
         self.push(sqe);
     }
 
+    /// Dropped sockets whose last send did not finish in time: cancelled (then closed).
+    fn give_up_orphans(&mut self) {
+        if self.orphans.is_empty() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let mut orphans = std::mem::take(&mut self.orphans);
+        orphans.retain(|&(slot, generation, limit)| {
+            let s = &self.slots[slot as usize];
+            let waiting = s.generation == generation && s.send.is_some();
+            if waiting && now >= limit {
+                self.cancel(Op::Send, slot);
+                return false;
+            }
+            waiting
+        });
+        self.orphans = orphans;
+    }
+
     /// Receives that ran out of buffers start again once some came back.
     fn feed_starved(&mut self) {
         while self.bufs.available() > 0 {
             let Some(slot) = self.starved.pop() else {
                 return;
             };
-            let s = &self.slots[slot as usize];
-            if s.recv_paused && (s.rx_bytes as usize) < RX_CAP && !s.recv_armed {
-                self.stats.rearms += 1;
-                self.arm_recv(slot);
-            }
+            self.maybe_rearm(slot);
         }
+    }
+
+    /// Starts the socket's receive again if it ended and nothing holds it back: not the end
+    /// or an error (the socket is done), not the app's unread bytes above half the cap, not
+    /// an empty buffer ring, not a close or a connect under way.
+    fn maybe_rearm(&mut self, slot: u32) {
+        let s = &self.slots[slot as usize];
+        let ended = matches!(s.rx.back(), Some(Rx::End | Rx::Error(_)));
+        let held = s.recv_held && s.rx_bytes as usize >= RX_CAP / 2;
+        let starved = s.recv_starved && self.bufs.available() == 0;
+        let gone = s.closing.is_some() || s.token.is_none();
+        if s.recv_armed || ended || held || starved || s.connecting || gone {
+            return;
+        }
+        self.stats.rearms += 1;
+        self.arm_recv(slot);
     }
 
     fn enter(&mut self, timeout: Option<Duration>) -> io::Result<()> {
@@ -676,32 +721,40 @@ impl Io for UringIo {
     }
 
     fn recv(&mut self, sock: &mut UringSock, buf: &mut [u8]) -> io::Result<usize> {
+        // From as many queued buffers as fit, as a kernel read takes everything waiting (a
+        // relay that gets a whole answer in one read compresses it in one pass).
         let slot = sock.slot;
         let s = &mut self.slots[slot as usize];
-        let Some(front) = s.rx.front_mut() else {
-            return Err(io::ErrorKind::WouldBlock.into());
-        };
-        let (n, emptied) = match front {
-            Rx::Data { bid, off, len } => {
-                let n = buf.len().min(*len as usize);
-                buf[..n].copy_from_slice(self.bufs.bytes(*bid, *off, n as u32));
-                *off += n as u32;
-                *len -= n as u32;
-                (n, (*len == 0).then_some(*bid))
+        let mut n = 0;
+        while n < buf.len() {
+            let Some(front) = s.rx.front_mut() else {
+                break;
+            };
+            match front {
+                Rx::Data { bid, off, len } => {
+                    let take = (buf.len() - n).min(*len as usize);
+                    buf[n..n + take].copy_from_slice(self.bufs.bytes(*bid, *off, take as u32));
+                    n += take;
+                    *off += take as u32;
+                    *len -= take as u32;
+                    s.rx_bytes -= take as u32;
+                    if *len == 0 {
+                        let bid = *bid;
+                        s.rx.pop_front();
+                        self.bufs.give_back(bid);
+                    }
+                }
+                // The end or an error comes after the bytes before it, on the next call.
+                _ if n > 0 => break,
+                Rx::End => return Ok(0),
+                Rx::Error(e) => return Err(io::Error::from_raw_os_error(*e)),
             }
-            Rx::End => return Ok(0),
-            Rx::Error(e) => return Err(io::Error::from_raw_os_error(*e)),
-        };
-        s.rx_bytes -= n as u32;
-        if let Some(bid) = emptied {
-            s.rx.pop_front();
-            self.bufs.give_back(bid);
         }
-        let s = &self.slots[slot as usize];
-        let low = (s.rx_bytes as usize) < RX_CAP / 2;
-        if s.recv_paused && !s.recv_armed && low && self.bufs.available() > 0 {
-            self.stats.rearms += 1;
-            self.arm_recv(slot);
+        if n == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        if self.slots[slot as usize].recv_held {
+            self.maybe_rearm(slot);
         }
         Ok(n)
     }
@@ -783,6 +836,7 @@ impl Backend for UringIo {
 
     fn wait(&mut self, timeout: Option<Duration>, ready: &mut Vec<Readiness>) -> io::Result<()> {
         self.bury_dropped();
+        self.give_up_orphans();
         self.feed_starved();
         self.enter(timeout)?;
         let mut completions = std::mem::take(&mut self.completions);
@@ -810,6 +864,23 @@ impl Backend for UringIo {
 
     fn adopt(&mut self, stream: std::net::TcpStream) -> UringSock {
         self.sock(stream.into(), false)
+    }
+
+    fn flush(&mut self, within: Duration) {
+        let limit = std::time::Instant::now() + within;
+        let mut ready = Vec::new();
+        loop {
+            self.bury_dropped();
+            let sending = self.slots.iter().any(|s| s.send.is_some());
+            let now = std::time::Instant::now();
+            if !sending || now >= limit {
+                return;
+            }
+            ready.clear();
+            if self.wait(Some(limit - now), &mut ready).is_err() {
+                return;
+            }
+        }
     }
 }
 

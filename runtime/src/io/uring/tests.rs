@@ -213,3 +213,29 @@ fn an_operation_outside_the_allow_list_is_refused() {
     // SAFETY: the result is a descriptor the open made, owned by nothing else.
     drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(cqe.result()) });
 }
+
+/// A socket whose app stops reading is held at the cap (its receive cancelled), and starts
+/// again once the app read it down, even when the app drains it before the cancel is in.
+#[test]
+fn a_held_receive_starts_again_once_read() {
+    let mut io = UringIo::on_this_thread().unwrap();
+    let (mut sock, mut peer) = pair(&mut io);
+    io.watch(&mut sock, 42).unwrap();
+    const BYTES: usize = 1 << 20;
+    let writer = std::thread::spawn(move || {
+        peer.write_all(&vec![7u8; BYTES]).unwrap();
+        peer
+    });
+    turn_until(&mut io, |io, _| io.slots[sock.slot as usize].recv_held);
+    assert!(io.slots[sock.slot as usize].rx_bytes as usize >= RX_CAP);
+    let mut got = 0;
+    let mut buf = vec![0u8; 256 * 1024];
+    turn_until(&mut io, |io, _| {
+        while let Ok(n @ 1..) = io.recv(&mut sock, &mut buf) {
+            assert!(buf[..n].iter().all(|&b| b == 7));
+            got += n;
+        }
+        got == BYTES
+    });
+    drop(writer.join().unwrap());
+}
