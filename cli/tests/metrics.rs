@@ -501,3 +501,44 @@ fn tern_demo_has_a_page_promtool_accepts() {
     assert!(sample(&page, "tern_request_duration_seconds_count") >= 2.0);
     assert_eq!(sample(&page, "tern_claims_received_total"), 1.0);
 }
+
+/// On io_uring (`--io uring`) the page counts the rings' work; the counters are there on
+/// epoll too, at zero, so a dashboard's series exist whichever backend runs.
+#[test]
+fn the_io_uring_counters_count_the_rings_work() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("www")).unwrap();
+    std::fs::write(dir.path().join("www/index.html"), "<p>home</p>\n").unwrap();
+    let config = dir.path().join("tern.toml");
+    std::fs::write(
+        &config,
+        "[[site]]\nname = \"www\"\ndefault = true\n\n\
+         [[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n\n\
+         [[site.route]]\npath = \"/\"\nstatic = \"www\"\n",
+    )
+    .unwrap();
+    let page_on = |io: &str| {
+        let mut cmd = Command::new(TERN);
+        cmd.arg("run").arg("--config").arg(&config);
+        cmd.args(["--listen", "127.0.0.1:0", "--workers", "1", "--io", io]);
+        let tern = Tern::spawn(cmd);
+        for _ in 0..5 {
+            assert_eq!(tern.get("/").text(), "<p>home</p>\n");
+        }
+        tern.get("/metrics").text()
+    };
+    let page = page_on("uring");
+    for series in [
+        "tern_io_uring_submissions_total",
+        "tern_io_uring_completions_total",
+        "tern_io_uring_enters_total",
+    ] {
+        assert!(sample(&page, series) >= 5.0, "{series}: {page}");
+    }
+    assert_eq!(sample(&page, "tern_io_uring_buffer_exhaustions_total"), 0.0);
+    if have_promtool() {
+        promtool_accepts("/metrics on io_uring", &page);
+    }
+    let page = page_on("epoll");
+    assert_eq!(sample(&page, "tern_io_uring_enters_total"), 0.0);
+}

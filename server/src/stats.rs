@@ -83,10 +83,18 @@ pub enum Counter {
     /// Answers whose encoder failed (out of memory): cut short, or sent uncompressed when
     /// nothing had gone out yet.
     CompressionFailures,
+    /// The io_uring backend's work (`--io uring`): operations queued, completions taken,
+    /// `io_uring_enter` calls, multishot receives started again, receives that found the
+    /// buffer ring empty.
+    IoUringSubmissions,
+    IoUringCompletions,
+    IoUringEnters,
+    IoUringRearms,
+    IoUringBufferExhaustions,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 42] = [
+    pub const ALL: [Counter; 47] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -129,6 +137,11 @@ impl Counter {
         Counter::CompressOutZstd,
         Counter::RateLimited,
         Counter::CompressionFailures,
+        Counter::IoUringSubmissions,
+        Counter::IoUringCompletions,
+        Counter::IoUringEnters,
+        Counter::IoUringRearms,
+        Counter::IoUringBufferExhaustions,
     ];
 
     /// The counters of one coding: answers, bytes in, bytes out.
@@ -200,6 +213,11 @@ impl Counter {
             }
             Counter::RateLimited => "rate_limited",
             Counter::CompressionFailures => "compression_failures",
+            Counter::IoUringSubmissions => "io_uring_submissions",
+            Counter::IoUringCompletions => "io_uring_completions",
+            Counter::IoUringEnters => "io_uring_enters",
+            Counter::IoUringRearms => "io_uring_rearms",
+            Counter::IoUringBufferExhaustions => "io_uring_buffer_exhaustions",
         }
     }
 
@@ -288,6 +306,15 @@ impl Counter {
             Counter::RateLimited => "requests a route's rate_limit refused with 429",
             Counter::CompressionFailures => {
                 "answers whose encoder failed (out of memory): cut short, or sent as they are"
+            }
+            Counter::IoUringSubmissions => "operations queued on the workers' io_uring rings",
+            Counter::IoUringCompletions => "completions taken from the workers' io_uring rings",
+            Counter::IoUringEnters => {
+                "io_uring_enter calls (one per event-loop turn, more when a queue fills)"
+            }
+            Counter::IoUringRearms => "multishot receives started again after they ended",
+            Counter::IoUringBufferExhaustions => {
+                "receives that found the io_uring provided-buffer ring empty"
             }
         }
     }

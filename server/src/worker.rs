@@ -443,6 +443,14 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
     }
 
     fn after_turn(&mut self, cx: &mut Context<'_, WorkerMessage, I>) {
+        if let Some(ring) = cx.io.take_ring_counts() {
+            let stats = self.shared.stats.worker(self.id);
+            stats.add(Counter::IoUringSubmissions, ring.submissions);
+            stats.add(Counter::IoUringCompletions, ring.completions);
+            stats.add(Counter::IoUringEnters, ring.enters);
+            stats.add(Counter::IoUringRearms, ring.rearms);
+            stats.add(Counter::IoUringBufferExhaustions, ring.buffers_exhausted);
+        }
         if !self.shared.turn_ends.is_empty() {
             self.end_turn(cx);
         }

@@ -129,6 +129,12 @@ pub trait Io: 'static {
     /// next answer).
     #[inline]
     fn reused(&mut self, _sock: &mut Self::Sock) {}
+
+    /// The ring's work since the last call, for a completion backend (`None` for others).
+    #[inline]
+    fn take_ring_counts(&mut self) -> Option<UringStats> {
+        None
+    }
 }
 
 /// The event-loop side of a backend: what the runtime's worker loop asks of the backend it

@@ -130,6 +130,10 @@ struct Slot {
     /// A send failed with this errno (0: none): the next call reports it.
     error: i32,
     shutdown_after_send: bool,
+    /// The app was told to wait for the send under way (`Ok(None)`): its completion reports
+    /// the socket writable. (Otherwise it reports nothing: a pass over the connection per
+    /// completed send would cost as much as the syscall it saves.)
+    want_writable: bool,
     /// A one-shot poll for room (or for a connect's outcome) is on the ring.
     poll_out: bool,
     connecting: bool,
@@ -186,6 +190,8 @@ pub struct UringIo {
     spare_sends: Vec<Box<Outgoing>>,
     completions: Vec<cqueue::Entry>,
     stats: UringStats,
+    /// `stats` when the app last took them (`take_ring_counts`).
+    reported: UringStats,
 }
 
 /// A socket of the io_uring backend. Dropping it closes it (through the backend, once the
@@ -250,6 +256,7 @@ impl UringIo {
             spare_sends: Vec::new(),
             completions: Vec::with_capacity(1024),
             stats: UringStats::default(),
+            reported: UringStats::default(),
         })
     }
 
@@ -544,13 +551,17 @@ impl UringIo {
         }
         let news = if s.error != 0 {
             WRITABLE | ERROR
-        } else {
+        } else if std::mem::take(&mut s.want_writable) {
             WRITABLE
+        } else {
+            0
         };
         if let Some(out) = out {
             self.recycle(out);
         }
-        self.note(slot, news);
+        if news != 0 {
+            self.note(slot, news);
+        }
         self.finish_if_closed(slot);
     }
 
@@ -680,6 +691,7 @@ impl Io for UringIo {
             return Err(io::Error::from_raw_os_error(std::mem::take(&mut s.error)));
         }
         if s.send.is_some() {
+            s.want_writable = true;
             return Ok(None); // in flight: its completion reports the socket writable
         }
         match *what {
@@ -785,6 +797,18 @@ impl Io for UringIo {
             .as_ref()
             .map_or(0, |out| out.buf.len() - out.sent);
         Ok(crate::sockstat::unacked_bytes(fd)? + queued as u32)
+    }
+
+    fn take_ring_counts(&mut self) -> Option<UringStats> {
+        let now = self.stats;
+        let last = std::mem::replace(&mut self.reported, now);
+        Some(UringStats {
+            submissions: now.submissions - last.submissions,
+            completions: now.completions - last.completions,
+            enters: now.enters - last.enters,
+            rearms: now.rearms - last.rearms,
+            buffers_exhausted: now.buffers_exhausted - last.buffers_exhausted,
+        })
     }
 
     fn short_read_drains(&self, sock: &UringSock) -> bool {
