@@ -21,8 +21,9 @@ use super::bufring::BufRing;
 const SQ_ENTRIES: u32 = 4096;
 /// Completion queue entries: multishot receives may post many per turn.
 const CQ_ENTRIES: u32 = 16384;
-/// Receive buffers per worker, and their size (4 MiB a worker).
-const BUFFERS: u16 = 1024;
+/// Receive buffers per worker, and their size (2 MiB a worker, resident once a burst has
+/// touched them all: kept small, as a receive that finds none waits and is counted).
+const BUFFERS: u16 = 512;
 const BUFFER_SIZE: u32 = 4096;
 
 /// The operations the backend submits, and nothing else.
