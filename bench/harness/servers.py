@@ -276,6 +276,20 @@ class Tern(Server):
         return rev or "?"
 
 
+class TernUring(Tern):
+    """`tern serve --io uring`: the same server on the io_uring backend (one ring per
+    worker), side by side with tern on epoll."""
+
+    name = "tern-uring"
+
+    def setup(self):
+        super().setup()
+        for key, inst in list(self.instances.items()):
+            name = "tern-uring" if key == "main" else "tern-uring-tls"
+            argv = [*inst.argv, "--io", "uring"]
+            self.instances[key] = Instance(name, argv, inst.port, self.ctx.workdir)
+
+
 _tern_tls = {}
 
 
@@ -404,5 +418,5 @@ class Floor(Server):
 
 
 # Display and interleaving order. nginx and h2o are the references for ratios.
-SERVERS = {cls.name: cls for cls in (Nginx, H2o, Tern, Floor, TernDemo)}
+SERVERS = {cls.name: cls for cls in (Nginx, H2o, Tern, TernUring, Floor, TernDemo)}
 REFERENCES = ("nginx", "h2o")
