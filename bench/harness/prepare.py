@@ -26,6 +26,7 @@ PACKAGES = {
 # file -> Debian package that provides it (build dependencies without a command)
 FILES = {
     "/usr/include/openssl/ssl.h": "libssl-dev",  # bench/tlsload/tlsload.c
+    "/usr/include/liburing.h": "liburing-dev",  # bench/floor/floor-uring.c
 }
 
 INDEX_SIZE = 953
@@ -94,6 +95,15 @@ def build_floor(bench_dir, out_dir):
     out = os.path.join(out_dir, "floor")
     subprocess.run(
         ["gcc", "-O2", "-Wall", "-o", out, os.path.join(bench_dir, "floor", "floor.c")], check=True
+    )
+    return out
+
+
+def build_floor_uring(bench_dir, out_dir):
+    out = os.path.join(out_dir, "floor-uring")
+    subprocess.run(
+        ["gcc", "-O2", "-Wall", "-o", out, os.path.join(bench_dir, "floor", "floor-uring.c"), "-luring"],
+        check=True,
     )
     return out
 

@@ -417,6 +417,28 @@ class Floor(Server):
         return "bench/floor/floor.c"
 
 
+class FloorUring(Floor):
+    """bench/floor/floor-uring.c: floor.c's canned bytes through one io_uring (multishot
+    accept and receive from a buffer ring, sends from the canned bytes, one enter per
+    turn): the limit for `tern-uring`, as `floor` is tern's on epoll."""
+
+    name = "floor-uring"
+
+    def setup(self):
+        body = os.path.join(self.ctx.docroot, "index.html")
+        ka, cl = free_port(), free_port()
+        bin_ = self.ctx.floor_uring_bin
+        self.instances = {
+            "main": Instance("floor-uring", [bin_, str(ka), body], ka, self.ctx.workdir),
+            "close": Instance(
+                "floor-uring-close", [bin_, str(cl), body, "--close"], cl, self.ctx.workdir
+            ),
+        }
+
+    def version(self):
+        return "bench/floor/floor-uring.c"
+
+
 # Display and interleaving order. nginx and h2o are the references for ratios.
-SERVERS = {cls.name: cls for cls in (Nginx, H2o, Tern, TernUring, Floor, TernDemo)}
+SERVERS = {cls.name: cls for cls in (Nginx, H2o, Tern, TernUring, Floor, FloorUring, TernDemo)}
 REFERENCES = ("nginx", "h2o")
