@@ -89,7 +89,13 @@ static void drop(int fd) {
     if (c->closing)
         return;
     c->closing = 1;
+    /* A multishot receive holds the socket open: cancel it, then close (hard-linked: the
+     * close runs even when the receive had ended already and the cancel finds nothing). */
     struct io_uring_sqe *s = sqe();
+    io_uring_prep_cancel_fd(s, fd, 0);
+    s->flags |= IOSQE_IO_HARDLINK;
+    io_uring_sqe_set_data64(s, tag(OP_CLOSE, fd));
+    s = sqe();
     io_uring_prep_close(s, fd);
     io_uring_sqe_set_data64(s, tag(OP_CLOSE, fd));
 }
