@@ -41,6 +41,21 @@ pub(super) fn connected(fd: &OwnedFd) -> io::Result<bool> {
     }
 }
 
+/// Reads into `buf` (a non-blocking socket, or `MSG_DONTWAIT`: never waits).
+pub(super) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // `recv`, not `read`: a socket read through the VFS also pays the file-access hooks
+    // (fsnotify, the LSMs' permission check) on every call; measured on proxy-small-50
+    // (four socket calls per request), `read` cost about 1 µs per request more.
+    // SAFETY: `buf` is a live, exclusively borrowed slice valid for its length during the
+    // call; the fd is the caller's open socket.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 /// What waits in the socket, without taking it.
 pub(super) fn peek(fd: RawFd) -> Waiting {
     let mut byte = 0u8;

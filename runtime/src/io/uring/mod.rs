@@ -737,6 +737,13 @@ impl Io for UringIo {
         // relay that gets a whole answer in one read compresses it in one pass).
         let slot = sock.slot;
         let s = &mut self.slots[slot as usize];
+        if s.token.is_none() && s.rx.is_empty() {
+            // Not watched yet: a connection just accepted, whose request is usually there
+            // already (the listener defers accepts until bytes arrive). One syscall answers
+            // it in this turn, as epoll does, where waiting for a receive on the ring would
+            // take two more turns (and a connection answered and closed at once, never one).
+            return sys::recv(s.fd, buf);
+        }
         let mut n = 0;
         while n < buf.len() {
             let Some(front) = s.rx.front_mut() else {
