@@ -31,7 +31,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define COPIES 32 /* responses pre-built back to back, for pipelined writes */
+#include "canned.h"
+
 #define BUFS 1024
 #define BUF_SIZE 4096
 #define GROUP 0
@@ -100,31 +101,6 @@ static void drop(int fd) {
     io_uring_sqe_set_data64(s, tag(OP_CLOSE, fd));
 }
 
-static uint32_t count_ends(struct conn *c, const char *buf, size_t n) {
-    uint32_t ends = 0;
-    uint8_t m = c->match;
-    const char *p = buf, *end = buf + n;
-    while (p < end) {
-        if (m == 0) {
-            p = memchr(p, '\r', (size_t)(end - p));
-            if (!p)
-                break;
-        }
-        char ch = *p++;
-        if (ch == '\r')
-            m = (m == 2) ? 3 : 1;
-        else if (ch == '\n' && m == 1)
-            m = 2;
-        else if (ch == '\n' && m == 3) {
-            ends++;
-            m = 0;
-        } else
-            m = 0;
-    }
-    c->match = m;
-    return ends;
-}
-
 /* Queue a send of what is owed, straight from the canned bytes. */
 static void flush(int fd) {
     struct conn *c = &conns[fd];
@@ -178,7 +154,7 @@ static void on_cqe(struct io_uring_cqe *cqe) {
         struct conn *c = &conns[fd];
         if (res > 0) {
             unsigned bid = cqe->flags >> IORING_CQE_BUFFER_SHIFT;
-            uint32_t ends = count_ends(c, bufs + (size_t)bid * BUF_SIZE, (size_t)res);
+            uint32_t ends = count_ends(&c->match, bufs + (size_t)bid * BUF_SIZE, (size_t)res);
             io_uring_buf_ring_add(br, bufs + (size_t)bid * BUF_SIZE, BUF_SIZE, (unsigned short)bid,
                                   io_uring_buf_ring_mask(BUFS), 0);
             io_uring_buf_ring_advance(br, 1);
@@ -220,26 +196,6 @@ static void on_cqe(struct io_uring_cqe *cqe) {
     }
 }
 
-static char *read_file(const char *path, size_t *len) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        die(path, errno);
-    struct stat st;
-    if (fstat(fd, &st) < 0)
-        die("fstat", errno);
-    char *b = malloc((size_t)st.st_size);
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t n = read(fd, b + got, (size_t)st.st_size - got);
-        if (n <= 0)
-            die("read body", errno);
-        got += (size_t)n;
-    }
-    close(fd);
-    *len = got;
-    return b;
-}
-
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s PORT BODY_FILE [--close]\n", argv[0]);
@@ -256,27 +212,7 @@ int main(int argc, char **argv) {
     max_fd = rl.rlim_cur;
     conns = calloc((size_t)max_fd, sizeof *conns);
 
-    size_t body_len;
-    char *body = read_file(argv[2], &body_len);
-    char head[512];
-    int hl = snprintf(head, sizeof head,
-                      "HTTP/1.1 200 OK\r\n"
-                      "Server: floor\r\n"
-                      "Date: Thu, 01 Jan 2026 00:00:00 GMT\r\n"
-                      "Content-Type: text/html; charset=utf-8\r\n"
-                      "Content-Length: %zu\r\n"
-                      "Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\n"
-                      "Connection: %s\r\n"
-                      "ETag: \"6955b900-%zx\"\r\n"
-                      "Accept-Ranges: bytes\r\n"
-                      "\r\n",
-                      body_len, close_mode ? "close" : "keep-alive", body_len);
-    resp_len = (size_t)hl + body_len;
-    canned = malloc(resp_len * COPIES);
-    for (int i = 0; i < COPIES; i++) {
-        memcpy(canned + i * resp_len, head, (size_t)hl);
-        memcpy(canned + i * resp_len + hl, body, body_len);
-    }
+    canned = build_canned(argv[2], close_mode, &resp_len);
 
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (lfd < 0)

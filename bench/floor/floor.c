@@ -37,7 +37,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define COPIES 32 /* responses pre-built back to back, for pipelined writes */
+#include "canned.h"
+
 #define READ_BUF (64 * 1024)
 #define MAX_EVENTS 512
 
@@ -63,32 +64,6 @@ static void die(const char *what) {
 static void drop(int fd) {
     memset(&conns[fd], 0, sizeof conns[fd]);
     close(fd); /* also removes it from the epoll set */
-}
-
-/* Count request ends ("\r\n\r\n") in buf, carrying a partial match across reads. */
-static uint32_t count_ends(struct conn *c, const char *buf, size_t n) {
-    uint32_t ends = 0;
-    uint8_t m = c->match;
-    const char *p = buf, *end = buf + n;
-    while (p < end) {
-        if (m == 0) {
-            p = memchr(p, '\r', (size_t)(end - p));
-            if (!p)
-                break;
-        }
-        char ch = *p++;
-        if (ch == '\r')
-            m = (m == 2) ? 3 : 1;
-        else if (ch == '\n' && m == 1)
-            m = 2;
-        else if (ch == '\n' && m == 3) {
-            ends++;
-            m = 0;
-        } else
-            m = 0;
-    }
-    c->match = m;
-    return ends;
 }
 
 /* Write what is owed; returns 0 if the connection was closed. */
@@ -137,7 +112,7 @@ static void on_readable(int fd, char *buf) {
         drop(fd);
         return;
     }
-    uint32_t ends = count_ends(c, buf, (size_t)n);
+    uint32_t ends = count_ends(&c->match, buf, (size_t)n);
     if (ends == 0)
         return;
     c->owed += ends;
@@ -171,28 +146,6 @@ static void on_accept(int lfd, char *buf) {
     }
 }
 
-static char *read_file(const char *path, size_t *len) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        die(path);
-    struct stat st;
-    if (fstat(fd, &st) < 0)
-        die("fstat");
-    char *b = malloc((size_t)st.st_size);
-    if (!b)
-        die("malloc");
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t n = read(fd, b + got, (size_t)st.st_size - got);
-        if (n <= 0)
-            die("read body");
-        got += (size_t)n;
-    }
-    close(fd);
-    *len = got;
-    return b;
-}
-
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s PORT BODY_FILE [--close]\n", argv[0]);
@@ -211,30 +164,7 @@ int main(int argc, char **argv) {
     if (!conns)
         die("calloc");
 
-    /* One response, headers shaped like a real static server's. */
-    size_t body_len;
-    char *body = read_file(argv[2], &body_len);
-    char head[512];
-    int hl = snprintf(head, sizeof head,
-                      "HTTP/1.1 200 OK\r\n"
-                      "Server: floor\r\n"
-                      "Date: Thu, 01 Jan 2026 00:00:00 GMT\r\n"
-                      "Content-Type: text/html; charset=utf-8\r\n"
-                      "Content-Length: %zu\r\n"
-                      "Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\n"
-                      "Connection: %s\r\n"
-                      "ETag: \"6955b900-%zx\"\r\n"
-                      "Accept-Ranges: bytes\r\n"
-                      "\r\n",
-                      body_len, close_mode ? "close" : "keep-alive", body_len);
-    resp_len = (size_t)hl + body_len;
-    canned = malloc(resp_len * COPIES);
-    if (!canned)
-        die("malloc");
-    for (int i = 0; i < COPIES; i++) {
-        memcpy(canned + i * resp_len, head, (size_t)hl);
-        memcpy(canned + i * resp_len + hl, body, body_len);
-    }
+    canned = build_canned(argv[2], close_mode, &resp_len);
 
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (lfd < 0)
