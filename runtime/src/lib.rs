@@ -1,6 +1,7 @@
 //! tern-runtime: thread per core, shared nothing.
 //!
-//! Each worker thread owns a `mio` event loop, its own `SO_REUSEPORT` listener (the kernel
+//! Each worker thread owns an event loop on its sockets' backend (epoll through `mio`, or one
+//! io_uring: [`io::Backend`]), its own `SO_REUSEPORT` listener (the kernel
 //! spreads connections across workers, so there is no shared accept lock), a timer wheel, a
 //! buffer pool, a clock that formats the `Date` line once per second, and an [`Inbox`] through
 //! which other threads hand it finished work. The runtime knows nothing about HTTP: the layer
