@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -98,6 +99,20 @@ static char *build_canned(const char *body_file, int close_mode, size_t *resp_le
     }
     free(body);
     return canned;
+}
+
+/* Raises the open-file limit to its hard limit (returned in *max_fd) and allocates one
+ * zeroed per-connection state of `each` bytes for every descriptor below it. */
+static void *conns_for_every_fd(size_t each, rlim_t *max_fd) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    *max_fd = rl.rlim_cur;
+    void *conns = calloc((size_t)*max_fd, each);
+    if (!conns)
+        canned_die("calloc");
+    return conns;
 }
 
 #endif

@@ -205,12 +205,7 @@ int main(int argc, char **argv) {
     close_mode = argc > 3 && strcmp(argv[3], "--close") == 0;
     signal(SIGPIPE, SIG_IGN);
 
-    struct rlimit rl;
-    getrlimit(RLIMIT_NOFILE, &rl);
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-    max_fd = rl.rlim_cur;
-    conns = calloc((size_t)max_fd, sizeof *conns);
+    conns = conns_for_every_fd(sizeof *conns, &max_fd);
 
     canned = build_canned(argv[2], close_mode, &resp_len);
 

@@ -161,9 +161,6 @@ pub struct RuntimeHandle<M> {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     heartbeats: Arc<[Heartbeat]>,
-    backend: &'static str,
-    /// Why `IoChoice::Auto` did not get io_uring.
-    fallback: Option<String>,
 }
 
 impl<M: Send + 'static> RuntimeHandle<M> {
@@ -179,16 +176,6 @@ impl<M: Send + 'static> RuntimeHandle<M> {
 
     pub fn inboxes(&self) -> &[InboxSender<M>] {
         &self.inboxes
-    }
-
-    /// The sockets' backend the workers run on ("epoll", "io_uring").
-    pub fn backend(&self) -> &'static str {
-        self.backend
-    }
-
-    /// Why io_uring was not used although `IoChoice::Auto` asked for it if possible.
-    pub fn backend_fallback(&self) -> Option<&str> {
-        self.fallback.as_deref()
     }
 
     /// A cloneable function that begins graceful shutdown (for signal threads).
@@ -271,7 +258,7 @@ impl Runtime {
         B: FnOnce() -> io::Result<()>,
     {
         let prepared = (0..config.workers.max(1)).map(|_| ()).collect();
-        Runtime::launch::<EpollIo, A, F, B>(config, after_bind, make_app, prepared, None)
+        Runtime::launch::<EpollIo, A, F, B>(config, after_bind, make_app, prepared)
     }
 
     /// Like [`start_with`](Self::start_with), on the backend `config.io` names: `make`
@@ -300,7 +287,7 @@ impl Runtime {
             Ok(rings) => {
                 let make_app = move |id, inbox| make.make::<UringIo>(id, inbox);
                 let after_bind = || after_bind(UringIo::NAME);
-                Runtime::launch::<UringIo, _, _, _>(config, after_bind, make_app, rings, None)
+                Runtime::launch::<UringIo, _, _, _>(config, after_bind, make_app, rings)
             }
             Err(Some(why)) if config.io == IoChoice::Uring => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -314,7 +301,7 @@ impl Runtime {
                     None => EpollIo::NAME.to_string(),
                 };
                 let after_bind = || after_bind(&named);
-                Runtime::launch::<EpollIo, _, _, _>(config, after_bind, make_app, prepared, why)
+                Runtime::launch::<EpollIo, _, _, _>(config, after_bind, make_app, prepared)
             }
         }
     }
@@ -325,7 +312,6 @@ impl Runtime {
         after_bind: B,
         make_app: F,
         prepared: Vec<Bk::Prepared>,
-        fallback: Option<String>,
     ) -> io::Result<RuntimeHandle<A::Message>>
     where
         Bk: Backend,
@@ -428,8 +414,6 @@ impl Runtime {
             stop,
             threads,
             heartbeats,
-            backend: Bk::NAME,
-            fallback,
         })
     }
 }
