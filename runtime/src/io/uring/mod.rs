@@ -13,7 +13,8 @@
 //!   leaves the caller free to reuse or drop its buffers at once (a connection closed while
 //!   its send is in flight must not have its memory recycled under the kernel); the cost is
 //!   one copy of what a kernel `send` copies anyway. While a send is in flight the socket
-//!   takes nothing more (`Ok(None)`), and its completion reports the socket writable.
+//!   takes up to as much again, sent after it in order (a frame queued just before a close
+//!   still goes out), then nothing more (`Ok(None)`) until a completion reports it writable.
 //! - **Files** go out by `sendfile` as a syscall (zero copy); when the socket is full, a
 //!   one-shot poll on the ring says when to try again.
 //! - **Connecting**, peeking and shutting down stay syscalls (seccomp's socket rules keep
@@ -127,6 +128,10 @@ struct Slot {
     recv_starved: bool,
     /// The send on the ring (boxed: an idle socket's slot stays small).
     send: Option<Box<Outgoing>>,
+    /// Bytes taken while that send is under way, sent after it (in order): a last frame
+    /// queued just before a close (a GOAWAY after a PING's ACK) goes out as it would from a
+    /// kernel socket's buffer.
+    next: Option<Box<Outgoing>>,
     /// A send failed with this errno (0: none): the next call reports it.
     error: i32,
     shutdown_after_send: bool,
@@ -394,7 +399,7 @@ impl UringIo {
                 self.bufs.give_back(bid);
             }
         }
-        if let Some(out) = old.send.take() {
+        for out in [old.send.take(), old.next.take()].into_iter().flatten() {
             self.recycle(out);
         }
         self.free.push(slot);
@@ -544,6 +549,20 @@ impl UringIo {
         }
         let s = &mut self.slots[slot as usize];
         let out = s.send.take();
+        if res >= 0 {
+            if let Some(next) = s.next.take() {
+                s.send = Some(next);
+                self.submit_send(slot);
+                if let Some(out) = out {
+                    self.recycle(out);
+                }
+                return;
+            }
+        } else if let Some(next) = s.next.take() {
+            // Failed or cancelled: what waited behind it is lost with it.
+            self.recycle(next);
+        }
+        let s = &mut self.slots[slot as usize];
         if s.shutdown_after_send && s.closing.is_none() {
             s.shutdown_after_send = false;
             // SAFETY: shutdown takes no pointers; the descriptor is this open socket's.
@@ -690,15 +709,21 @@ impl Io for UringIo {
         if s.error != 0 {
             return Err(io::Error::from_raw_os_error(std::mem::take(&mut s.error)));
         }
-        if s.send.is_some() {
+        let in_flight = s.send.is_some();
+        let next_full = s.next.as_ref().is_some_and(|n| n.buf.len() >= SEND_CHUNK);
+        if in_flight && (next_full || matches!(what, Transmit::File { .. })) {
             s.want_writable = true;
-            return Ok(None); // in flight: its completion reports the socket writable
+            return Ok(None); // its completion reports the socket writable
         }
         match *what {
             Transmit::Memory { iov, more: _ } => {
                 // (`more`: a file follows. The file waits for this send's completion, a turn
                 // later, so holding this one back for it would only delay it.)
-                let mut out = self.spare_sends.pop().unwrap_or_default();
+                let mut out = match s.next.take() {
+                    Some(next) => next,
+                    None => self.spare_sends.pop().unwrap_or_default(),
+                };
+                let before = out.buf.len();
                 for slice in iov {
                     let room = SEND_CHUNK - out.buf.len();
                     out.buf.extend_from_slice(&slice[..slice.len().min(room)]);
@@ -706,13 +731,18 @@ impl Io for UringIo {
                         break;
                     }
                 }
-                let n = out.buf.len();
-                if n == 0 {
+                let n = out.buf.len() - before;
+                if out.buf.is_empty() {
                     self.recycle(out);
                     return Ok(Some(0));
                 }
-                self.slots[slot as usize].send = Some(out);
-                self.submit_send(slot);
+                if in_flight {
+                    // Waits behind the send under way (`sent` submits it).
+                    self.slots[slot as usize].next = Some(out);
+                } else {
+                    self.slots[slot as usize].send = Some(out);
+                    self.submit_send(slot);
+                }
                 Ok(Some(n))
             }
             Transmit::File {
@@ -799,10 +829,9 @@ impl Io for UringIo {
 
     fn unacked_bytes(&self, sock: &UringSock) -> io::Result<u32> {
         let fd = sock.fd.as_ref().expect("an open socket");
-        let queued = self.slots[sock.slot as usize]
-            .send
-            .as_ref()
-            .map_or(0, |out| out.buf.len() - out.sent);
+        let s = &self.slots[sock.slot as usize];
+        let queued = s.send.as_ref().map_or(0, |out| out.buf.len() - out.sent)
+            + s.next.as_ref().map_or(0, |next| next.buf.len());
         Ok(crate::sockstat::unacked_bytes(fd)? + queued as u32)
     }
 

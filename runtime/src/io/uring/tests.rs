@@ -239,3 +239,30 @@ fn a_held_receive_starts_again_once_read() {
     });
     drop(writer.join().unwrap());
 }
+
+/// Bytes offered while a send is under way wait behind it, in order, and a socket dropped
+/// right after (a GOAWAY queued just before a close) still delivers both, then its end.
+#[test]
+fn bytes_offered_during_a_send_follow_it_even_through_a_close() {
+    let mut io = UringIo::on_this_thread().unwrap();
+    let (mut sock, mut peer) = pair(&mut io);
+    io.watch(&mut sock, 43).unwrap();
+    for part in [&b"first "[..], b"second ", b"third"] {
+        let iov = [IoSlice::new(part)];
+        let what = Transmit::Memory {
+            iov: &iov,
+            more: false,
+        };
+        assert_eq!(io.send(&mut sock, &what).unwrap(), Some(part.len()));
+    }
+    assert!(
+        io.unacked_bytes(&sock).unwrap() >= 12,
+        "the queued bytes count as unsent"
+    );
+    let slot = sock.slot;
+    drop(sock);
+    turn_until(&mut io, |io, _| io.free.contains(&slot));
+    let mut got = Vec::new();
+    peer.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"first second third");
+}
