@@ -20,6 +20,10 @@ impl ReadBuf {
         &self.bytes[self.start..self.end]
     }
 
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes[self.start..self.end]
+    }
+
     pub fn len(&self) -> usize {
         self.end - self.start
     }
@@ -76,11 +80,16 @@ impl ReadBuf {
     }
 }
 
-/// Per-worker pool of read buffers and output vectors. Idle keep-alive connections hand their
-/// buffers back here, so memory scales with active connections, not open ones.
+/// The size of a block: output built in place (TLS records), a batch at a time.
+pub const BLOCK_SIZE: usize = 64 * 1024;
+
+/// Per-worker pool of read buffers, output vectors and blocks. Idle keep-alive connections
+/// hand their buffers back here, so memory scales with active connections, not open ones.
 pub struct BufPool {
     read: Vec<ReadBuf>,
     write: Vec<Vec<u8>>,
+    /// Initialised once, so what is built in them is never zeroed first.
+    blocks: Vec<ReadBuf>,
     read_size: usize,
     write_size: usize,
     max_free: usize,
@@ -91,6 +100,7 @@ impl BufPool {
         BufPool {
             read: Vec::new(),
             write: Vec::new(),
+            blocks: Vec::new(),
             read_size,
             write_size,
             max_free,
@@ -123,6 +133,22 @@ impl BufPool {
         if buf.capacity() <= self.write_size * 4 && self.write.len() < self.max_free {
             buf.clear();
             self.write.push(buf);
+        }
+    }
+
+    /// A [`BLOCK_SIZE`] buffer, empty: build into `spare_mut`, send `data`, `consume` what
+    /// was sent.
+    pub fn take_block(&mut self) -> ReadBuf {
+        self.blocks
+            .pop()
+            .unwrap_or_else(|| ReadBuf::with_capacity(BLOCK_SIZE))
+    }
+
+    pub fn give_block(&mut self, mut buf: ReadBuf) {
+        if buf.capacity() == BLOCK_SIZE && self.blocks.len() < self.max_free {
+            buf.start = 0;
+            buf.end = 0;
+            self.blocks.push(buf);
         }
     }
 

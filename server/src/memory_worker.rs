@@ -685,11 +685,11 @@ mod tests {
         }
     }
 
-    /// The upstream's end of a TLS connection, played by the test: rustls's server side
-    /// (tern's own acceptor) over the socket in memory.
+    /// The upstream's end of a TLS connection, played by the test: rustls's own server
+    /// connection (with tern's acceptor's configuration) over the socket in memory.
     struct TlsUpstream {
         peer: MemoryPeer,
-        session: tern_tls::TlsSession,
+        session: rustls::ServerConnection,
         /// The plaintext it received.
         got: Vec<u8>,
         /// The worker's close_notify came.
@@ -700,27 +700,30 @@ mod tests {
         /// Takes what the worker sent, answers what the session has to say.
         fn shuttle(&mut self) {
             let bytes = self.peer.read();
-            if !bytes.is_empty() {
-                assert_eq!(self.session.feed(&bytes), Ok(bytes.len()));
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                self.session.read_tls(&mut rest).unwrap();
+                self.session.process_new_packets().unwrap();
             }
             let mut buf = [0u8; 4096];
             loop {
-                match self.session.read_plaintext(&mut buf) {
-                    tern_tls::Plaintext::Data(n) => self.got.extend_from_slice(&buf[..n]),
-                    tern_tls::Plaintext::Closed => break self.closed = true,
-                    tern_tls::Plaintext::Empty => break,
+                match std::io::Read::read(&mut self.session.reader(), &mut buf) {
+                    Ok(0) => break self.closed = true,
+                    Ok(n) => self.got.extend_from_slice(&buf[..n]),
+                    Err(_) => break,
                 }
             }
             let mut out = Vec::new();
-            self.session.encode(&mut out);
+            while self.session.wants_write() {
+                self.session.write_tls(&mut out).unwrap();
+            }
             if !out.is_empty() {
                 self.peer.write(&out);
             }
         }
 
         fn send(&mut self, plaintext: &[u8]) {
-            let iov = [std::io::IoSlice::new(plaintext)];
-            assert_eq!(self.session.write_plaintext(&iov), plaintext.len());
+            std::io::Write::write_all(&mut self.session.writer(), plaintext).unwrap();
             self.shuttle();
         }
     }
@@ -796,7 +799,7 @@ mod tests {
         peer.set_max_read(5);
         let mut up = TlsUpstream {
             peer,
-            session: acceptor.accept(),
+            session: rustls::ServerConnection::new(acceptor.config()).unwrap(),
             got: Vec::new(),
             closed: false,
         };
@@ -850,7 +853,7 @@ mod tests {
         assert_eq!(up.peer.reused_with_unread_bytes(), 0);
 
         // The upstream closes the idle connection (close_notify, then its end): dropped.
-        up.session.close();
+        up.session.send_close_notify();
         up.shuttle();
         up.peer.shutdown();
         w.settle();
@@ -895,7 +898,7 @@ mod tests {
         let c = w.connect(&hello);
         let mut up = TlsUpstream {
             peer: w.io().accept(&addr).expect("the worker connected"),
-            session: acceptor.accept(),
+            session: rustls::ServerConnection::new(acceptor.config()).unwrap(),
             got: Vec::new(),
             closed: false,
         };
@@ -943,7 +946,7 @@ mod tests {
 
         // It answers, then ends its side: the stream ends.
         up.send(b"bye");
-        up.session.close();
+        up.session.send_close_notify();
         up.shuttle();
         up.peer.shutdown();
         w.settle();

@@ -64,8 +64,6 @@ pub(crate) struct HttpWorker<I: Io> {
     config: Arc<ServerConfig>,
     /// The `Shared::reloads` value `config` reflects.
     seen_reloads: u64,
-    /// File bytes on their way into TLS (see conn/tls.rs); grown on first use.
-    scratch: Vec<u8>,
     /// This worker's access-log buffer (with `--access-log`).
     access_log: Option<WorkerLog>,
     /// Connections to upstream servers (reverse proxy): relaying, or idle in the pool.
@@ -94,7 +92,6 @@ impl<I: Io> HttpWorker<I> {
             access_log: (!shared.access_logs.is_empty())
                 .then(|| WorkerLog::new(&shared.access_logs, id)),
             shared,
-            scratch: Vec::new(),
             upstreams: UpstreamConns::default(),
             relay_ids: Vec::new(),
             turn_answers: Vec::new(),
@@ -175,7 +172,6 @@ impl<I: Io> HttpWorker<I> {
             stats: self.shared.stats.worker(self.id),
             clock: cx.clock,
             buffers: cx.buffers,
-            scratch: &mut self.scratch,
             access_log: self.access_log.as_mut(),
             inbox: &self.inbox,
             worker_id: self.id,

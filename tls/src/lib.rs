@@ -4,15 +4,18 @@
 //!   1.2 with Mozilla's "intermediate" suites and groups, no 0-RTT), the SNI certificate
 //!   resolver (reloadable) and the rotating session-ticket keys (optionally kept on disk).
 //! - [`TlsSession`] is one connection's TLS state, driven without I/O by the server's
-//!   connection: it never touches a socket. [`ClientSession`] is the same for a connection
-//!   to an upstream server (the reverse proxy as a TLS client).
+//!   connection over its own buffers: rustls runs the handshake, then records are sealed and
+//!   opened in place (`record.rs`). [`ClientSession`] is a connection to an upstream server
+//!   (the reverse proxy as a TLS client), on rustls's buffered connection.
 //!
 //! Crypto: aws-lc-rs, chosen by measurement (ARCHITECTURE.md, `examples/providers.rs`).
 
 mod acme;
 mod certs;
+mod record;
 mod resolver;
 mod self_signed;
+mod server_session;
 mod session;
 mod tickets;
 pub mod upstream;
@@ -26,8 +29,10 @@ use rustls::ServerConfig;
 
 pub use acme::{tls_alpn_sni, AcmeCerts, ACME_TLS_ALPN};
 pub use certs::LoadedCert;
+pub use record::{MAX_PLAINTEXT, MAX_RECORD};
 pub use resolver::{CertSet, SniResolver};
-pub use session::{ClientSession, Plaintext, Session, TlsFailure, TlsSession};
+pub use server_session::{Received, TlsSession};
+pub use session::{ClientSession, Plaintext, TlsFailure};
 pub use tickets::TicketKeys;
 
 /// A certificate chain file and its key file.
@@ -123,6 +128,8 @@ impl TlsAcceptor {
         // sends by default costs an encryption and a record on every handshake.
         config.send_tls13_tickets = 1;
         config.max_early_data_size = 0;
+        // Established sessions seal and open their records themselves (`record.rs`).
+        config.enable_secret_extraction = true;
         Ok(TlsAcceptor {
             config: Arc::new(config),
             resolver,
@@ -132,9 +139,13 @@ impl TlsAcceptor {
 
     /// A fresh server session for an accepted connection.
     pub fn accept(&self) -> TlsSession {
-        TlsSession::new(
-            rustls::ServerConnection::new(self.config.clone()).expect("a valid server config"),
-        )
+        TlsSession::new(self.config.clone())
+    }
+
+    /// The rustls configuration every session starts from (for tests that play a TLS
+    /// server with rustls's own connection).
+    pub fn config(&self) -> Arc<ServerConfig> {
+        self.config.clone()
     }
 
     /// Re-reads the certificate files; new handshakes use them, open connections keep theirs.

@@ -223,6 +223,11 @@ impl Conn {
                         break;
                     }
                     tls::Moved::Nothing => break,
+                    tls::Moved::Failed(failure) => {
+                        tls_failed(failure, false, &self.link, cx);
+                        self.http.abort();
+                        return tls.wants_write(); // the alert, sent before closing
+                    }
                 }
             },
         }

@@ -1,4 +1,4 @@
-//! The ciphertext side of a TLS session, client's or upstream's: records read and not yet
+//! The ciphertext side of a TLS session to an upstream: records read and not yet
 //! taken by the session, and records made and not yet sent, each in a pooled buffer given
 //! back when it holds nothing (an idle session keeps no buffer here). Records are made one
 //! batch at a time, only once the previous batch is all sent, so what a send was given never
@@ -81,17 +81,6 @@ impl Records {
             pool.give_write(std::mem::take(&mut self.out));
             self.out_pos = 0;
         }
-    }
-
-    /// Gives back both buffers, whatever they hold (the connection is gone).
-    pub fn recycle(&mut self, pool: &mut BufPool) {
-        if let Some(b) = self.inbuf.take() {
-            pool.give_read(b);
-        }
-        if self.out.capacity() > 0 {
-            pool.give_write(std::mem::take(&mut self.out));
-        }
-        self.out_pos = 0;
     }
 }
 

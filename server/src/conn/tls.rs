@@ -1,32 +1,41 @@
-//! The TLS transport: ciphertext from the driver goes into the session, plaintext comes out
-//! into the protocol's read buffer; the protocol's output (memory and file ranges) is
-//! encrypted in bounded batches into a pooled buffer of records the driver sends. Idle, it
-//! holds no buffer of tern's, only the session.
-//!
-//! A pipelined batch of answers is handed to rustls in one vectored write, so its records are
-//! as few and as full as possible and leave in one `write`. Files cannot use `sendfile`
-//! (without kernel TLS): they are read with `pread` in batch-sized pieces into the worker's
-//! scratch buffer and encrypted from there, never read whole.
+//! The TLS transport: ciphertext read into a pooled buffer is opened there, one record at a
+//! time as the protocol asks, and its plaintext copied once into the protocol's read buffer.
+//! The protocol's output (memory and file ranges) is sealed into records built in place in a
+//! pooled block: memory is copied into the record once, a file's bytes are read straight
+//! into it (`pread`; `sendfile` needs kernel TLS), and the record is encrypted where it
+//! lies. A batch of records is one block, sent whole before the next is made, so what a send
+//! was given never moves. Idle, it holds no buffer, only the session's keys.
 
 use std::io::IoSlice;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
-use tern_runtime::BufPool;
-use tern_tls::{Plaintext, TlsFailure, TlsSession};
+use tern_runtime::{BufPool, ReadBuf};
+use tern_tls::{Received, TlsFailure, TlsSession, MAX_PLAINTEXT, MAX_RECORD};
 
 use super::output::{Output, MAX_IOVECS};
-use super::records::Records;
 use super::types::Transmit;
 use crate::exchange::ConnCx;
 
-/// Plaintext encrypted per batch: the records of one batch stay under the pool's largest
-/// kept buffer (64 KiB) and leave in one write.
-const BATCH: usize = 60 * 1024;
+/// A record shorter than this is not started at a block's end when more output waits: it
+/// goes first in the next block, so records stay full.
+const MIN_RECORD: usize = 4096;
+
+/// The most a handshake may make the read buffer hold (several records of one message).
+const MAX_HANDSHAKE_BUFFER: usize = 4 * MAX_RECORD;
 
 pub(super) struct Tls {
     session: TlsSession,
-    /// Ciphertext read, and records to send.
-    records: Records,
+    /// Ciphertext read and not yet consumed; a record being read by the protocol is opened
+    /// in place at its front.
+    inbuf: Option<ReadBuf>,
+    /// Decrypted data at the front of `inbuf` the protocol has not taken yet, and how much
+    /// of `inbuf` to consume once it has.
+    plain: Option<(Range<usize>, usize)>,
+    /// How many bytes from `inbuf`'s front the session needs to go on (a whole record).
+    want: Option<usize>,
+    /// Records to send: a pooled block, sent whole before the next batch is made.
+    outbuf: Option<ReadBuf>,
     /// The first byte arrived (the plain-HTTP check is done).
     started: bool,
     /// The handshake completed (and was counted).
@@ -42,13 +51,17 @@ pub(super) enum Moved {
     Bytes(usize),
     Nothing,
     PeerClosed,
+    Failed(TlsFailure),
 }
 
 impl Tls {
     pub fn new(session: TlsSession) -> Tls {
         Tls {
             session,
-            records: Records::default(),
+            inbuf: None,
+            plain: None,
+            want: None,
+            outbuf: None,
             started: false,
             established: false,
             failed: false,
@@ -57,15 +70,24 @@ impl Tls {
         }
     }
 
+    /// Where ciphertext is read into. A record (or handshake message) longer than the pooled
+    /// buffer grows it to fit, up to the protocol's limits.
     pub fn recv_buf(&mut self, pool: &mut BufPool) -> &mut [u8] {
-        self.records
-            .inbuf
-            .get_or_insert_with(|| pool.take_read())
-            .spare_mut()
+        let inbuf = self.inbuf.get_or_insert_with(|| pool.take_read());
+        if inbuf.spare_mut().is_empty() {
+            if let Some(want) = self.want {
+                if want > inbuf.len() && want <= MAX_HANDSHAKE_BUFFER {
+                    inbuf.grow_to(want);
+                }
+            }
+        }
+        inbuf.spare_mut()
     }
 
     pub fn filled(&mut self, n: usize) {
-        self.records.filled(n);
+        if let Some(inbuf) = self.inbuf.as_mut() {
+            inbuf.filled(n);
+        }
     }
 
     /// On the first bytes only: does the client speak plain HTTP (a request line starts
@@ -74,12 +96,7 @@ impl Tls {
         if self.started {
             return false;
         }
-        let Some(first) = self
-            .records
-            .inbuf
-            .as_ref()
-            .and_then(|b| b.data().first().copied())
-        else {
+        let Some(first) = self.inbuf.as_ref().and_then(|b| b.data().first().copied()) else {
             return false;
         };
         self.started = true;
@@ -90,21 +107,28 @@ impl Tls {
         self.started
     }
 
-    /// Feeds the ciphertext read so far to the session (as much as it takes).
+    /// Runs the handshake on the ciphertext read so far (records after it are opened by
+    /// [`Self::read_plaintext`]).
     pub fn decrypt(&mut self) -> Result<(), TlsFailure> {
-        let Some(inbuf) = self.records.inbuf.as_mut() else {
+        let Some(inbuf) = self.inbuf.as_mut() else {
             return Ok(());
         };
         if self.failed {
             inbuf.consume(inbuf.len());
             return Ok(());
         }
-        if inbuf.is_empty() {
+        if !self.session.is_handshaking() || inbuf.is_empty() {
             return Ok(());
         }
-        match self.session.feed(inbuf.data()) {
-            Ok(n) => {
-                inbuf.consume(n);
+        match self.session.receive(inbuf.data_mut()) {
+            Ok(Received::More { taken, want }) => {
+                inbuf.consume(taken);
+                self.want = want;
+                Ok(())
+            }
+            // The client closed during the handshake: the connection's end comes with EOF.
+            Ok(Received::Closed { taken }) | Ok(Received::Data { taken, .. }) => {
+                inbuf.consume(taken);
                 Ok(())
             }
             Err(failure) => {
@@ -138,22 +162,57 @@ impl Tls {
         !self.established
     }
 
-    /// Moves decrypted bytes into the protocol's buffer (asked for only when needed).
+    /// Moves decrypted bytes into the protocol's buffer (asked for only when there are
+    /// some), opening the next record when the last is all taken.
     pub fn read_plaintext<'b>(&mut self, buf: impl FnOnce() -> &'b mut [u8]) -> Moved {
-        if !self.established {
+        if !self.established || self.failed {
             return Moved::Nothing;
         }
-        match self.session.read_plaintext(buf()) {
-            Plaintext::Data(n) => Moved::Bytes(n),
-            Plaintext::Empty => Moved::Nothing,
-            Plaintext::Closed => Moved::PeerClosed,
+        let Some(inbuf) = self.inbuf.as_mut() else {
+            return Moved::Nothing;
+        };
+        if self.plain.is_none() {
+            match self.session.receive(inbuf.data_mut()) {
+                Ok(Received::More { taken, want }) => {
+                    inbuf.consume(taken);
+                    self.want = want;
+                    return Moved::Nothing;
+                }
+                Ok(Received::Data { data, taken }) => self.plain = Some((data, taken)),
+                Ok(Received::Closed { taken }) => {
+                    inbuf.consume(taken);
+                    return Moved::PeerClosed;
+                }
+                Err(failure) => {
+                    self.failed = true;
+                    inbuf.consume(inbuf.len());
+                    return Moved::Failed(failure);
+                }
+            }
+        }
+        let Some((data, taken)) = self.plain.as_mut() else {
+            return Moved::Nothing;
+        };
+        let into = buf();
+        let n = into.len().min(data.len());
+        into[..n].copy_from_slice(&inbuf.data()[data.start..data.start + n]);
+        data.start += n;
+        if data.start == data.end {
+            inbuf.consume(*taken);
+            self.plain = None;
+        }
+        if n == 0 {
+            Moved::Nothing
+        } else {
+            Moved::Bytes(n)
         }
     }
 
-    /// Encrypts the next batch of the protocol's output, once the previous batch is sent.
-    /// Fails if a file being sent shrank.
+    /// Seals the next batch of the protocol's output into records, once the previous batch
+    /// is sent. Fails if a file being sent shrank, or output waits that the session can no
+    /// longer seal (a TLS 1.2 key at its limit).
     pub fn fill(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) -> Result<(), ()> {
-        if self.records.sending() {
+        if self.outbuf.as_ref().is_some_and(|b| !b.is_empty()) {
             return Ok(());
         }
         let plaintext = self.established && !self.failed && !out.is_empty();
@@ -161,59 +220,72 @@ impl Tls {
         if !plaintext && !close_due && !self.session.wants_write() {
             return Ok(());
         }
-        let Some(outbuf) = self.records.next_batch(cx.buffers) else {
-            return Ok(());
-        };
-        while plaintext && outbuf.len() < BATCH && !out.is_empty() {
-            let room = BATCH - outbuf.len();
-            let taken = if let Some((file, offset, len)) = out.front_file() {
-                let want = room.min(len as usize);
-                if cx.scratch.len() < want {
-                    cx.scratch.resize(BATCH, 0);
-                }
-                let got = match file.read_at(&mut cx.scratch[..want], offset) {
-                    Ok(0) | Err(_) => return Err(()), // shrank: Content-Length can't be met
-                    Ok(got) => got,
-                };
-                self.session
-                    .write_plaintext(&[IoSlice::new(&cx.scratch[..got])])
-            } else {
-                let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
-                let (count, _) = out.memory_slices(&mut iov, room);
-                self.session.write_plaintext(&iov[..count])
+        let block = self.outbuf.get_or_insert_with(|| cx.buffers.take_block());
+        let spare = block.spare_mut();
+        // Handshake messages, alerts, key updates: before anything sealed after them.
+        let mut made = self.session.take_control(spare);
+        if plaintext && !self.session.wants_write() {
+            let Some((front, back)) = self.session.record_frame() else {
+                return Err(());
             };
-            out.advance(taken);
-            self.session.encode(outbuf);
-            if taken == 0 {
-                break; // rustls takes nothing even with its buffer flushed: try again later
+            while !out.is_empty() {
+                let room = (spare.len() - made).saturating_sub(front + back);
+                let body_len = room.min(MAX_PLAINTEXT);
+                if body_len < MIN_RECORD.min(out.pending()) || body_len == 0 {
+                    break;
+                }
+                let record = &mut spare[made..];
+                let len = fill_body(out, &mut record[front..front + body_len])?;
+                if len == 0 {
+                    break;
+                }
+                made += self.session.seal(record, len);
+                // A key update follows the record that used up the key.
+                made += self.session.take_control(&mut spare[made..]);
+                if self.session.wants_write() {
+                    break;
+                }
             }
         }
         // close_notify goes after everything the protocol queued (a 408 before closing).
-        if close_due && out.is_empty() {
+        if close_due && out.is_empty() && !self.session.wants_write() {
             self.close_sent = true;
             self.session.close();
+            made += self.session.take_control(&mut spare[made..]);
         }
-        // Handshake messages, alerts, close_notify.
-        self.session.encode(outbuf);
+        block.filled(made);
         Ok(())
     }
 
     pub fn transmit<'a>(&'a self, iov: &mut [IoSlice<'a>]) -> Transmit {
-        self.records.transmit(iov)
+        match &self.outbuf {
+            Some(block) if !block.is_empty() => {
+                iov[0] = IoSlice::new(block.data());
+                Transmit::Memory {
+                    count: 1,
+                    more: false,
+                }
+            }
+            _ => Transmit::Nothing,
+        }
     }
 
     pub fn sent(&mut self, n: usize) {
-        self.records.sent(n);
+        if let Some(block) = self.outbuf.as_mut() {
+            block.consume(n);
+        }
+    }
+
+    fn sending(&self) -> bool {
+        self.outbuf.as_ref().is_some_and(|b| !b.is_empty())
     }
 
     /// Records are queued or waiting in the session (or close_notify is due).
     pub fn wants_write(&self) -> bool {
-        self.records.sending()
-            || self.session.wants_write()
-            || (self.close_requested && !self.close_sent)
+        self.sending() || self.session.wants_write() || (self.close_requested && !self.close_sent)
     }
 
-    /// Asks for close_notify once, on an established session; it is encrypted after the
+    /// Asks for close_notify once, on an established session; it is sealed after the
     /// output still queued. True if it was asked for now.
     pub fn close_notify(&mut self) -> bool {
         if self.close_requested || self.failed || !self.established {
@@ -224,14 +296,65 @@ impl Tls {
     }
 
     pub fn is_idle(&self) -> bool {
-        self.established && self.records.read_all_taken() && !self.wants_write()
+        self.established
+            && self.plain.is_none()
+            && self.inbuf.as_ref().is_none_or(|b| b.is_empty())
+            && !self.wants_write()
     }
 
+    /// Gives back the buffers that hold nothing.
     pub fn release_idle_buffers(&mut self, pool: &mut BufPool) {
-        self.records.release_idle(pool);
+        if self.plain.is_none() && self.inbuf.as_ref().is_some_and(|b| b.is_empty()) {
+            if let Some(b) = self.inbuf.take() {
+                pool.give_read(b);
+            }
+        }
+        if !self.sending() {
+            if let Some(b) = self.outbuf.take() {
+                pool.give_block(b);
+            }
+        }
     }
 
+    /// Gives back both buffers, whatever they hold (the connection is gone).
     pub fn recycle(&mut self, pool: &mut BufPool) {
-        self.records.recycle(pool);
+        self.plain = None;
+        if let Some(b) = self.inbuf.take() {
+            pool.give_read(b);
+        }
+        if let Some(b) = self.outbuf.take() {
+            pool.give_block(b);
+        }
     }
+}
+
+/// Fills a record's plaintext from the front of the output: memory copied, files read
+/// straight in. Returns how many bytes; fails if a file shrank (its Content-Length can no
+/// longer be met).
+fn fill_body(out: &mut Output, body: &mut [u8]) -> Result<usize, ()> {
+    let mut n = 0;
+    while n < body.len() && !out.is_empty() {
+        let taken = if let Some((file, offset, len)) = out.front_file() {
+            let want = (body.len() - n).min(len as usize);
+            match file.read_at(&mut body[n..n + want], offset) {
+                Ok(0) | Err(_) => return Err(()),
+                Ok(got) => got,
+            }
+        } else {
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let (count, _) = out.memory_slices(&mut iov, body.len() - n);
+            let mut copied = 0;
+            for slice in &iov[..count] {
+                body[n + copied..n + copied + slice.len()].copy_from_slice(slice);
+                copied += slice.len();
+            }
+            copied
+        };
+        if taken == 0 {
+            break;
+        }
+        out.advance(taken);
+        n += taken;
+    }
+    Ok(n)
 }

@@ -27,8 +27,6 @@ pub(crate) struct ConnCx<'a> {
     pub stats: &'a WorkerStats,
     pub clock: &'a Clock,
     pub buffers: &'a mut BufPool,
-    /// The worker's buffer for file bytes on their way into TLS.
-    pub scratch: &'a mut Vec<u8>,
     /// The worker's access log, if there is one: every answer is recorded there.
     pub access_log: Option<&'a mut WorkerLog>,
     pub inbox: &'a InboxSender<WorkerMessage>,
