@@ -167,6 +167,10 @@ pub(crate) struct Http2 {
     trimmed: bool,
     /// Since when the client has been owed bytes without DATA going out (see [`Stall`]).
     stall: Cell<Stall>,
+    /// Over TLS, the payload of a DATA frame of a file: one frame then fills one TLS record,
+    /// and its bytes are read by the transport straight into it. 0 in plain TCP, where a
+    /// frame is read next to its header in memory so one write carries many frames.
+    file_frame: u16,
 }
 
 /// An HTTP/2 connection that owes its client bytes (answers waiting for window, or output
@@ -215,7 +219,12 @@ struct HeadMemo {
 impl Http2 {
     /// A new HTTP/2 connection; `rbuf` holds what was already read (on a plain port, the
     /// preface and maybe more). Our SETTINGS go out first.
-    pub fn new(rbuf: Option<ReadBuf>, out: &mut Output, cx: &mut ConnCx<'_>) -> Http2 {
+    pub fn new(
+        rbuf: Option<ReadBuf>,
+        file_frame: u16,
+        out: &mut Output,
+        cx: &mut ConnCx<'_>,
+    ) -> Http2 {
         cx.stats.bump(Counter::Http2Connections);
         let limits = &cx.config.limits;
         let cfg = Config {
@@ -243,6 +252,7 @@ impl Http2 {
             head_memo: Box::default(),
             trimmed: false,
             stall: Cell::default(),
+            file_frame,
         }
     }
 
@@ -695,7 +705,11 @@ impl Http2 {
                 continue;
             }
             let s = &mut self.sending[i];
-            let cap = self.session.send_capacity(s.stream);
+            let mut cap = self.session.send_capacity(s.stream);
+            let file_segments = self.file_frame > 0 && matches!(s.body, Remaining::File { .. });
+            if file_segments {
+                cap = cap.min(self.file_frame as usize);
+            }
             let n = (cap as u64).min(s.body.len()) as usize;
             let end = n as u64 == s.body.len();
             let id = s.stream;
@@ -705,6 +719,20 @@ impl Http2 {
                     out.head_buf(|| cx.buffers.take_write());
                     out.push_copy(&header);
                     out.push_body(Body::Shared(b.split_to(n)));
+                }
+                Remaining::File { body } if file_segments => {
+                    // A file that shrinks under a segment fails the transport's read: the
+                    // connection closes (in plain TCP only the stream is reset).
+                    let header = self.session.data_frame(id, n, end);
+                    out.head_buf(|| cx.buffers.take_write());
+                    out.push_copy(&header);
+                    out.push_body(Body::File(FileBody {
+                        file: body.file.clone(),
+                        offset: body.offset,
+                        len: n as u64,
+                    }));
+                    body.offset += n as u64;
+                    body.len -= n as u64;
                 }
                 Remaining::File { body } => {
                     // Read next to its frame header: the frame is then one contiguous piece of

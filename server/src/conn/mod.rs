@@ -58,6 +58,9 @@ pub(crate) struct Conn {
     out: Output,
 }
 
+/// Over TLS, a DATA frame of a file is one whole record: its 9-byte header and the rest.
+const H2_FILE_FRAME: u16 = (tern_tls::MAX_PLAINTEXT - tern_http2::frame::HEADER_LEN) as u16;
+
 impl Conn {
     /// A connection accepted at `now_ms`. Over TLS the header timeout runs from here: a
     /// client must finish its handshake (and first request head) within it, as in nginx.
@@ -183,7 +186,7 @@ impl Conn {
         match &mut self.transport {
             Transport::Plain => {
                 match self.http.sniff_preface() {
-                    Preface::Yes => self.http.upgrade_to_h2(&mut self.out, cx),
+                    Preface::Yes => self.http.upgrade_to_h2(0, &mut self.out, cx),
                     Preface::Undecided => return false,
                     Preface::No => {}
                 }
@@ -207,7 +210,7 @@ impl Conn {
                         return true;
                     }
                     if tls.chose_h2() {
-                        self.http.upgrade_to_h2(&mut self.out, cx);
+                        self.http.upgrade_to_h2(H2_FILE_FRAME, &mut self.out, cx);
                     }
                 }
                 // First what the protocol already holds (requests held back behind a pending

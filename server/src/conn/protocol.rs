@@ -38,12 +38,13 @@ macro_rules! forward {
 
 impl Protocol {
     /// Switches to HTTP/2, keeping the input read so far.
-    pub fn upgrade_to_h2(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
+    /// `file_frame`: see [`Http2`]'s field (0 in plain TCP).
+    pub fn upgrade_to_h2(&mut self, file_frame: u16, out: &mut Output, cx: &mut ConnCx<'_>) {
         let rbuf: Option<ReadBuf> = match self {
             Protocol::Http1(h) => h.take_read_buf(),
             Protocol::Http2(_) => return,
         };
-        *self = Protocol::Http2(Box::new(Http2::new(rbuf, out, cx)));
+        *self = Protocol::Http2(Box::new(Http2::new(rbuf, file_frame, out, cx)));
     }
 
     /// On a plain connection that has not answered anything yet: is this HTTP/2?
