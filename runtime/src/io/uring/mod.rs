@@ -21,8 +21,9 @@
 //!   judging the connects; see `sys.rs`).
 //! - **Closing**: dropping a [`UringSock`] hands its descriptor back to the backend, which
 //!   cancels its receive and polls, lets a send under way finish (the app counted those
-//!   bytes as sent, as it counts bytes in a kernel socket's buffer; [`ORPHAN_SEND_LIMIT`]
-//!   bounds it), and closes it once the last completion is in.
+//!   bytes as sent, as it counts bytes in a kernel socket's buffer; it is cancelled when the
+//!   peer takes nothing for [`ORPHAN_SEND_STALL`], and [`ORPHAN_SEND_LIMIT`] bounds it in
+//!   all), and closes it once the last completion is in.
 //!
 //! The ring is made before the sandbox closes, disabled, with an allow-list of exactly the
 //! operations above (`setup.rs`), and enabled by its worker.
@@ -54,6 +55,22 @@ const SPARE_SENDS: usize = 64;
 /// sent before closing goes out, as a kernel socket's buffer would after `close`, but a
 /// peer that stopped reading does not keep it forever.
 const ORPHAN_SEND_LIMIT: Duration = Duration::from_secs(30);
+/// How long a dropped socket's send may make no progress: a peer that stopped reading
+/// would otherwise hold a descriptor and a send buffer for the whole limit (a kernel
+/// socket closed with unsent bytes holds no descriptor).
+const ORPHAN_SEND_STALL: Duration = Duration::from_secs(2);
+/// While dropped sockets' sends are under way, the loop looks at them at least this often.
+const ORPHAN_CHECK: Duration = Duration::from_millis(250);
+
+/// A dropped socket whose last send is still under way.
+struct Orphan {
+    slot: u32,
+    generation: u32,
+    /// Cancelled at this time whatever happens.
+    limit: std::time::Instant,
+    /// Cancelled at this time unless the peer takes bytes before.
+    stalled_at: std::time::Instant,
+}
 
 /// What a completion is about: the top byte of its `user_data`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,7 +201,9 @@ pub struct UringIo {
     /// Receives waiting for buffers to come back.
     starved: Vec<u32>,
     /// Dropped sockets whose last send is still under way, and when it is given up.
-    orphans: Vec<(u32, u32, std::time::Instant)>,
+    orphans: Vec<Orphan>,
+    /// [`ORPHAN_SEND_STALL`], shorter in tests.
+    orphan_stall: Duration,
     /// Watched listeners: descriptor and token.
     listeners: Vec<(RawFd, usize)>,
     /// The inbox's eventfd and token, and where the ring reads its counter into.
@@ -240,6 +259,11 @@ impl UringIo {
         UringIo::start(setup::prepare()?)
     }
 
+    #[cfg(test)]
+    fn set_orphan_stall(&mut self, stall: Duration) {
+        self.orphan_stall = stall;
+    }
+
     pub fn stats(&self) -> UringStats {
         self.stats
     }
@@ -255,6 +279,7 @@ impl UringIo {
             touched: Vec::new(),
             starved: Vec::new(),
             orphans: Vec::new(),
+            orphan_stall: ORPHAN_SEND_STALL,
             listeners: Vec::new(),
             waker: None,
             waker_buf: Box::new([0; 8]),
@@ -377,8 +402,13 @@ impl UringIo {
             // The app counted the bytes of a send on the ring as sent (as it counts bytes
             // in a kernel socket's buffer): they go out before the descriptor closes.
             if send {
-                let limit = std::time::Instant::now() + ORPHAN_SEND_LIMIT;
-                self.orphans.push((slot, generation, limit));
+                let now = std::time::Instant::now();
+                self.orphans.push(Orphan {
+                    slot,
+                    generation,
+                    limit: now + ORPHAN_SEND_LIMIT,
+                    stalled_at: now + self.orphan_stall,
+                });
             }
             if poll {
                 self.cancel(Op::PollOut, slot);
@@ -534,6 +564,14 @@ impl UringIo {
     fn sent(&mut self, slot: u32, res: i32) {
         let s = &mut self.slots[slot as usize];
         s.owed -= 1;
+        if s.closing.is_some() && res > 0 {
+            // A dropped socket's peer took bytes: its stall clock starts again.
+            let stall = self.orphan_stall;
+            if let Some(o) = self.orphans.iter_mut().find(|o| o.slot == slot) {
+                o.stalled_at = std::time::Instant::now() + stall;
+            }
+        }
+        let s = &mut self.slots[slot as usize];
         let mut done = true;
         if res >= 0 {
             if let Some(out) = &mut s.send {
@@ -606,11 +644,11 @@ impl UringIo {
         }
         let now = std::time::Instant::now();
         let mut orphans = std::mem::take(&mut self.orphans);
-        orphans.retain(|&(slot, generation, limit)| {
-            let s = &self.slots[slot as usize];
-            let waiting = s.generation == generation && s.send.is_some();
-            if waiting && now >= limit {
-                self.cancel(Op::Send, slot);
+        orphans.retain(|o| {
+            let s = &self.slots[o.slot as usize];
+            let waiting = s.generation == o.generation && s.send.is_some();
+            if waiting && (now >= o.limit || now >= o.stalled_at) {
+                self.cancel(Op::Send, o.slot);
                 return false;
             }
             waiting
@@ -898,6 +936,10 @@ impl Backend for UringIo {
         self.bury_dropped();
         self.give_up_orphans();
         self.feed_starved();
+        let timeout = match self.orphans.is_empty() {
+            true => timeout,
+            false => Some(timeout.map_or(ORPHAN_CHECK, |t| t.min(ORPHAN_CHECK))),
+        };
         self.enter(timeout)?;
         let mut completions = std::mem::take(&mut self.completions);
         completions.extend(self.ring.completion());

@@ -266,3 +266,45 @@ fn bytes_offered_during_a_send_follow_it_even_through_a_close() {
     peer.read_to_end(&mut got).unwrap();
     assert_eq!(got, b"first second third");
 }
+
+/// A dropped socket whose peer reads nothing gives its descriptor back once its send has
+/// stalled, long before the overall limit (a reading peer gets everything:
+/// `bytes_offered_during_a_send_follow_it_even_through_a_close`).
+#[test]
+fn a_dropped_socket_whose_peer_stopped_reading_is_closed_once_it_stalls() {
+    let mut io = UringIo::on_this_thread().unwrap();
+    io.set_orphan_stall(Duration::from_millis(300));
+    let (mut sock, peer) = pair(&mut io);
+    io.watch(&mut sock, 44).unwrap();
+    // Fill the kernel's buffers until a send stays on the ring.
+    let chunk = vec![7u8; 64 * 1024];
+    let mut offered = 0;
+    let start = Instant::now();
+    loop {
+        let iov = [IoSlice::new(&chunk)];
+        let what = Transmit::Memory {
+            iov: &iov,
+            more: false,
+        };
+        match io.send(&mut sock, &what).unwrap() {
+            Some(n) => offered += n,
+            None => break,
+        }
+        let mut ready = Vec::new();
+        io.wait(Some(Duration::from_millis(1)), &mut ready).unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "never filled ({offered} bytes)"
+        );
+    }
+    let slot = sock.slot;
+    drop(sock);
+    let dropped = Instant::now();
+    turn_until(&mut io, |io, _| io.free.contains(&slot));
+    let took = dropped.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "closed after {took:?}"
+    );
+    drop(peer);
+}
