@@ -82,6 +82,13 @@ impl ReadBuf {
 
 /// The size of a block: output built in place (TLS records), a batch at a time.
 pub const BLOCK_SIZE: usize = 64 * 1024;
+/// A big block, for a peer that takes whole blocks as fast as they are made: a quarter of
+/// the sends (and file reads) per byte.
+pub const BIG_BLOCK_SIZE: usize = 256 * 1024;
+/// Big blocks out at once per worker: a peer that reads fast and then stops holds one until
+/// its connection ends, so their number is bounded (16 MiB of them per worker); past it,
+/// blocks are the standard size.
+const MAX_BIG_BLOCKS_OUT: usize = 64;
 
 /// Per-worker pool of read buffers, output vectors and blocks. Idle keep-alive connections
 /// hand their buffers back here, so memory scales with active connections, not open ones.
@@ -90,6 +97,9 @@ pub struct BufPool {
     write: Vec<Vec<u8>>,
     /// Initialised once, so what is built in them is never zeroed first.
     blocks: Vec<ReadBuf>,
+    big_blocks: Vec<ReadBuf>,
+    /// Big blocks taken and not given back.
+    big_out: usize,
     read_size: usize,
     write_size: usize,
     max_free: usize,
@@ -101,6 +111,8 @@ impl BufPool {
             read: Vec::new(),
             write: Vec::new(),
             blocks: Vec::new(),
+            big_blocks: Vec::new(),
+            big_out: 0,
             read_size,
             write_size,
             max_free,
@@ -136,19 +148,36 @@ impl BufPool {
         }
     }
 
-    /// A [`BLOCK_SIZE`] buffer, empty: build into `spare_mut`, send `data`, `consume` what
-    /// was sent.
-    pub fn take_block(&mut self) -> ReadBuf {
+    /// A [`BLOCK_SIZE`] buffer (or a [`BIG_BLOCK_SIZE`] one if asked for and fewer than
+    /// [`MAX_BIG_BLOCKS_OUT`] are out), empty: build into `spare_mut`, send `data`,
+    /// `consume` what was sent.
+    pub fn take_block(&mut self, big: bool) -> ReadBuf {
+        if big && self.big_out < MAX_BIG_BLOCKS_OUT {
+            self.big_out += 1;
+            return self
+                .big_blocks
+                .pop()
+                .unwrap_or_else(|| ReadBuf::with_capacity(BIG_BLOCK_SIZE));
+        }
         self.blocks
             .pop()
             .unwrap_or_else(|| ReadBuf::with_capacity(BLOCK_SIZE))
     }
 
+    /// Takes a block back (kept for reuse while the pool has room; big ones fewer).
     pub fn give_block(&mut self, mut buf: ReadBuf) {
-        if buf.capacity() == BLOCK_SIZE && self.blocks.len() < self.max_free {
+        let (list, keep) = match buf.capacity() {
+            BLOCK_SIZE => (&mut self.blocks, self.max_free),
+            BIG_BLOCK_SIZE => {
+                self.big_out = self.big_out.saturating_sub(1);
+                (&mut self.big_blocks, self.max_free / 4)
+            }
+            _ => return,
+        };
+        if list.len() < keep {
             buf.start = 0;
             buf.end = 0;
-            self.blocks.push(buf);
+            list.push(buf);
         }
     }
 
@@ -164,6 +193,28 @@ impl BufPool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn big_blocks_out_at_once_are_bounded() {
+        let mut pool = BufPool::new(8, 8, 32);
+        let big: Vec<ReadBuf> = (0..MAX_BIG_BLOCKS_OUT)
+            .map(|_| pool.take_block(true))
+            .collect();
+        assert!(big.iter().all(|b| b.capacity() == BIG_BLOCK_SIZE));
+        assert_eq!(
+            pool.take_block(true).capacity(),
+            BLOCK_SIZE,
+            "past the bound"
+        );
+        for b in big {
+            pool.give_block(b);
+        }
+        assert_eq!(
+            pool.take_block(true).capacity(),
+            BIG_BLOCK_SIZE,
+            "given back"
+        );
+    }
+
     use super::*;
 
     #[test]

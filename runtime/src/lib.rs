@@ -20,7 +20,7 @@ mod timer;
 mod waker;
 mod worker;
 
-pub use bufpool::{BufPool, ReadBuf, BLOCK_SIZE};
+pub use bufpool::{BufPool, ReadBuf, BIG_BLOCK_SIZE, BLOCK_SIZE};
 pub use clock::Clock;
 pub use inbox::{DetachedInbox, Inbox, InboxSender};
 pub use listener::bind_reuseport;

@@ -10,7 +10,7 @@ use std::io::IoSlice;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
-use tern_runtime::{BufPool, ReadBuf};
+use tern_runtime::{BufPool, ReadBuf, BLOCK_SIZE};
 use tern_tls::{Received, TlsFailure, TlsSession, MAX_PLAINTEXT, MAX_RECORD};
 
 use super::output::{Output, MAX_IOVECS};
@@ -36,6 +36,11 @@ pub(super) struct Tls {
     want: Option<usize>,
     /// Records to send: a pooled block, sent whole before the next batch is made.
     outbuf: Option<ReadBuf>,
+    /// The peer took the last batch in one send: while it keeps doing so and more than a
+    /// block waits, batches are big blocks. A slow reader holds a small one at most.
+    fast_peer: bool,
+    /// Sends of the batch under way.
+    sends: u8,
     /// The first byte arrived (the plain-HTTP check is done).
     started: bool,
     /// The handshake completed (and was counted).
@@ -62,6 +67,8 @@ impl Tls {
             plain: None,
             want: None,
             outbuf: None,
+            fast_peer: false,
+            sends: 0,
             started: false,
             established: false,
             failed: false,
@@ -220,7 +227,18 @@ impl Tls {
         if !plaintext && !close_due && !self.session.wants_write() {
             return Ok(());
         }
-        let block = self.outbuf.get_or_insert_with(|| cx.buffers.take_block());
+        let big = self.fast_peer && out.pending() > BLOCK_SIZE;
+        if self
+            .outbuf
+            .as_ref()
+            .is_some_and(|b| (b.capacity() > BLOCK_SIZE) != big)
+        {
+            cx.buffers.give_block(self.outbuf.take().expect("a block"));
+        }
+        let block = self
+            .outbuf
+            .get_or_insert_with(|| cx.buffers.take_block(big));
+        self.sends = 0;
         let spare = block.spare_mut();
         // Handshake messages, alerts, key updates: before anything sealed after them.
         let mut made = self.session.take_control(spare);
@@ -288,6 +306,12 @@ impl Tls {
     pub fn sent(&mut self, n: usize) {
         if let Some(block) = self.outbuf.as_mut() {
             block.consume(n);
+            self.sends = self.sends.saturating_add(1);
+            if block.is_empty() {
+                self.fast_peer = self.sends == 1;
+            } else {
+                self.fast_peer = false;
+            }
         }
     }
 
@@ -343,8 +367,8 @@ impl Tls {
     }
 }
 
-/// Records at most one batch reads from a file at once.
-const FILE_RECORDS: usize = 4;
+/// Records at most one batch reads from a file at once (a big block holds 16).
+const FILE_RECORDS: usize = 16;
 
 /// Seals records whose plaintext comes from the file at the front of the output, read into
 /// their places with one `preadv` (rather than a `pread` each), from `made` on in `block`.
