@@ -193,6 +193,8 @@ impl BufPool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn big_blocks_out_at_once_are_bounded() {
         let mut pool = BufPool::new(8, 8, 32);
@@ -214,8 +216,6 @@ mod tests {
             "given back"
         );
     }
-
-    use super::*;
 
     #[test]
     fn read_window_consumes_and_compacts() {

@@ -15,7 +15,8 @@
 use std::ops::Range;
 
 use aws_lc_rs::aead::{
-    Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM, CHACHA20_POLY1305, NONCE_LEN,
+    self, Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM, CHACHA20_POLY1305,
+    NONCE_LEN,
 };
 use rustls::ConnectionTrafficSecrets;
 
@@ -121,6 +122,25 @@ impl Keys {
             *n ^= s;
         }
         nonce
+    }
+
+    /// Encrypts `in_out` in place; the tag is returned, not appended.
+    fn seal(&self, nonce: [u8; NONCE_LEN], aad: &[u8], in_out: &mut [u8]) -> aead::Tag {
+        self.key
+            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(aad), in_out)
+            .expect("sealing fits the record")
+    }
+
+    /// Decrypts `in_out` (ciphertext, then tag) in place: the plaintext part.
+    fn open<'a>(
+        &self,
+        nonce: [u8; NONCE_LEN],
+        aad: &[u8],
+        in_out: &'a mut [u8],
+    ) -> Result<&'a mut [u8], RecordError> {
+        self.key
+            .open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(aad), in_out)
+            .map_err(|_| RecordError::BadMac)
     }
 }
 
@@ -237,49 +257,37 @@ impl RecordLayer {
         debug_assert!(len <= MAX_PLAINTEXT && !self.tx_exhausted());
         let front = self.front();
         let nonce = self.tx.nonce();
-        let (sealed_len, body_end) = match self.protection {
+        // What is encrypted (`body` bytes from `front`), the type the header shows, and the
+        // additional data: TLS 1.3 hides the real type inside and authenticates the header;
+        // TLS 1.2 authenticates sequence number, type, version and length.
+        let (outer_type, body) = match self.protection {
             Protection::Tls13 => {
-                // The real content type goes inside; outside, every record is data.
                 record[front + len] = content_type;
-                let ciphertext = len + 1 + TAG;
-                let head = header(content::APPLICATION_DATA, ciphertext);
-                record[..HEADER].copy_from_slice(&head);
-                let tag = self
-                    .tx
-                    .key
-                    .seal_in_place_separate_tag(
-                        Nonce::assume_unique_for_key(nonce),
-                        Aad::from(head),
-                        &mut record[front..front + len + 1],
-                    )
-                    .expect("sealing fits the record");
-                record[front + len + 1..front + len + 1 + TAG].copy_from_slice(tag.as_ref());
-                (HEADER + ciphertext, front + len + 1)
+                (content::APPLICATION_DATA, len + 1)
             }
             Protection::Tls12Gcm | Protection::Tls12ChaCha => {
-                let aad = tls12_aad(self.tx.seq, content_type, len);
-                let ciphertext = front - HEADER + len + TAG;
-                record[..HEADER].copy_from_slice(&header(content_type, ciphertext));
                 if self.protection == Protection::Tls12Gcm {
                     // The explicit nonce is the sequence-derived part, unique per record.
                     record[HEADER..front].copy_from_slice(&nonce[4..]);
                 }
-                let tag = self
-                    .tx
-                    .key
-                    .seal_in_place_separate_tag(
-                        Nonce::assume_unique_for_key(nonce),
-                        Aad::from(aad),
-                        &mut record[front..front + len],
-                    )
-                    .expect("sealing fits the record");
-                record[front + len..front + len + TAG].copy_from_slice(tag.as_ref());
-                (HEADER + ciphertext, front + len)
+                (content_type, len)
             }
         };
-        debug_assert_eq!(sealed_len, body_end + TAG);
+        let record_len = front + body + TAG;
+        let head = header(outer_type, record_len - HEADER);
+        record[..HEADER].copy_from_slice(&head);
+        let tls12;
+        let aad: &[u8] = match self.protection {
+            Protection::Tls13 => &head,
+            Protection::Tls12Gcm | Protection::Tls12ChaCha => {
+                tls12 = tls12_aad(self.tx.seq, content_type, len);
+                &tls12
+            }
+        };
+        let tag = self.tx.seal(nonce, aad, &mut record[front..front + body]);
+        record[front + body..record_len].copy_from_slice(tag.as_ref());
         self.tx.seq += 1;
-        sealed_len
+        record_len
     }
 
     /// Seals `bytes` (a control message: an alert, a key update) as one record appended to
@@ -309,17 +317,8 @@ impl RecordLayer {
                 if body < 1 + TAG {
                     return Err(RecordError::Decode);
                 }
-                let head: [u8; HEADER] = record[..HEADER].try_into().expect("a header");
-                let nonce = self.rx.nonce();
-                let inner = self
-                    .rx
-                    .key
-                    .open_in_place(
-                        Nonce::assume_unique_for_key(nonce),
-                        Aad::from(head),
-                        &mut record[HEADER..],
-                    )
-                    .map_err(|_| RecordError::BadMac)?;
+                let (head, body) = record.split_at_mut(HEADER);
+                let inner = self.rx.open(self.rx.nonce(), head, body)?;
                 if inner.len() > MAX_PLAINTEXT + 1 {
                     return Err(RecordError::Overflow);
                 }
@@ -356,14 +355,7 @@ impl RecordLayer {
                     _ => self.rx.nonce(),
                 };
                 let aad = tls12_aad(self.rx.seq, content_type, len);
-                self.rx
-                    .key
-                    .open_in_place(
-                        Nonce::assume_unique_for_key(nonce),
-                        Aad::from(aad),
-                        &mut record[front..],
-                    )
-                    .map_err(|_| RecordError::BadMac)?;
+                self.rx.open(nonce, &aad, &mut record[front..])?;
                 if len > MAX_PLAINTEXT {
                     return Err(RecordError::Overflow);
                 }

@@ -735,9 +735,8 @@ impl Http2 {
                     body.len -= n as u64;
                 }
                 Remaining::File { body } => {
-                    // Read next to its frame header: the frame is then one contiguous piece of
-                    // output, so TLS makes full records of it (a file segment would be a record
-                    // of its own after a 9-byte one) and plain TCP sends many frames per write.
+                    // Plain TCP: read next to its frame header, so the frame is one contiguous
+                    // piece of output and one write carries many frames.
                     let buf = out.head_buf(|| cx.buffers.take_write());
                     let before = buf.len();
                     buf.resize(before + HEADER_LEN + n, 0);

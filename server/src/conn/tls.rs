@@ -254,7 +254,7 @@ impl Tls {
                         Ok(Some(end)) => {
                             made = end;
                             made += self.session.take_control(&mut spare[made..]);
-                            if self.session.wants_write() || self.session.record_frame().is_none() {
+                            if !may_seal_more(&self.session) {
                                 break;
                             }
                             continue;
@@ -275,7 +275,7 @@ impl Tls {
                 made += self.session.seal(record, len);
                 // A key update follows the record that used up the key.
                 made += self.session.take_control(&mut spare[made..]);
-                if self.session.wants_write() {
+                if !may_seal_more(&self.session) {
                     break;
                 }
             }
@@ -307,11 +307,7 @@ impl Tls {
         if let Some(block) = self.outbuf.as_mut() {
             block.consume(n);
             self.sends = self.sends.saturating_add(1);
-            if block.is_empty() {
-                self.fast_peer = self.sends == 1;
-            } else {
-                self.fast_peer = false;
-            }
+            self.fast_peer = block.is_empty() && self.sends == 1;
         }
     }
 
@@ -365,6 +361,12 @@ impl Tls {
             pool.give_block(b);
         }
     }
+}
+
+/// After a record: more may follow in this batch unless control records wait to go first
+/// (a key update that did not fit) or the session can no longer seal.
+fn may_seal_more(session: &TlsSession) -> bool {
+    !session.wants_write() && session.record_frame().is_some()
 }
 
 /// Records at most one batch reads from a file at once (a big block holds 16).
@@ -425,7 +427,7 @@ fn seal_file_records(
     // are read again for the next batch: only what is sealed counts as sent).
     let (mut made, mut left, mut sealed) = (made, got, 0);
     for &(start, body) in &plan[..count] {
-        if left == 0 || session.record_frame().is_none() || session.wants_write() {
+        if left == 0 || !may_seal_more(session) {
             break;
         }
         debug_assert_eq!(start, made, "records before this one were full");

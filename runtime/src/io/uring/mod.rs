@@ -566,8 +566,9 @@ impl UringIo {
         s.owed -= 1;
         if s.closing.is_some() && res > 0 {
             // A dropped socket's peer took bytes: its stall clock starts again.
-            let stall = self.orphan_stall;
-            if let Some(o) = self.orphans.iter_mut().find(|o| o.slot == slot) {
+            let (stall, generation) = (self.orphan_stall, s.generation);
+            let orphan = |o: &&mut Orphan| o.slot == slot && o.generation == generation;
+            if let Some(o) = self.orphans.iter_mut().find(orphan) {
                 o.stalled_at = std::time::Instant::now() + stall;
             }
         }
