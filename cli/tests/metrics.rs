@@ -536,6 +536,7 @@ fn the_io_uring_counters_count_the_rings_work() {
         assert!(sample(&page, series) >= 5.0, "{series}: {page}");
     }
     assert_eq!(sample(&page, "tern_io_uring_buffer_exhaustions_total"), 0.0);
+    assert_eq!(sample(&page, "tern_io_uring_buffers_reclaimed_total"), 0.0);
     if have_promtool() {
         promtool_accepts("/metrics on io_uring", &page);
     }

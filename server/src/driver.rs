@@ -155,7 +155,10 @@ pub(crate) fn pump<I: Io, S: Stream>(
                 }
                 let buf = s.recv_buf(cx);
                 if buf.is_empty() {
-                    return Status::Open; // the stream takes no input now (backpressure)
+                    // The stream takes no input now (backpressure): what waits stays in
+                    // the kernel until it asks again.
+                    io.hold_input(&mut sock.sock);
+                    return Status::Open;
                 }
                 let want = buf.len();
                 match io.recv(&mut sock.sock, buf) {

@@ -85,16 +85,17 @@ pub enum Counter {
     CompressionFailures,
     /// The io_uring backend's work (`--io uring`): operations queued, completions taken,
     /// `io_uring_enter` calls, multishot receives started again, receives that found the
-    /// buffer ring empty.
+    /// buffer ring empty, buffers given back early (their unread bytes copied out).
     IoUringSubmissions,
     IoUringCompletions,
     IoUringEnters,
     IoUringRearms,
     IoUringBufferExhaustions,
+    IoUringBuffersReclaimed,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 47] = [
+    pub const ALL: [Counter; 48] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -142,6 +143,7 @@ impl Counter {
         Counter::IoUringEnters,
         Counter::IoUringRearms,
         Counter::IoUringBufferExhaustions,
+        Counter::IoUringBuffersReclaimed,
     ];
 
     /// The counters of one coding: answers, bytes in, bytes out.
@@ -218,6 +220,7 @@ impl Counter {
             Counter::IoUringEnters => "io_uring_enters",
             Counter::IoUringRearms => "io_uring_rearms",
             Counter::IoUringBufferExhaustions => "io_uring_buffer_exhaustions",
+            Counter::IoUringBuffersReclaimed => "io_uring_buffers_reclaimed",
         }
     }
 
@@ -315,6 +318,9 @@ impl Counter {
             Counter::IoUringRearms => "multishot receives started again after they ended",
             Counter::IoUringBufferExhaustions => {
                 "receives that found the io_uring provided-buffer ring empty"
+            }
+            Counter::IoUringBuffersReclaimed => {
+                "io_uring receive buffers given back while the ring was dry, their unread bytes copied out"
             }
         }
     }

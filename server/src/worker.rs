@@ -446,6 +446,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
             stats.add(Counter::IoUringEnters, ring.enters);
             stats.add(Counter::IoUringRearms, ring.rearms);
             stats.add(Counter::IoUringBufferExhaustions, ring.buffers_exhausted);
+            stats.add(Counter::IoUringBuffersReclaimed, ring.buffers_reclaimed);
         }
         if !self.shared.turn_ends.is_empty() {
             self.end_turn(cx);

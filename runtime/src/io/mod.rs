@@ -130,6 +130,13 @@ pub trait Io: 'static {
     #[inline]
     fn reused(&mut self, _sock: &mut Self::Sock) {}
 
+    /// The app has no room for this socket's input now (a relay whose client takes
+    /// nothing): a backend that receives ahead of the app stops doing so until the next
+    /// `recv`, so the bytes wait in the kernel's socket buffer (and push back on the sender)
+    /// rather than in the backend's memory. A readiness backend never reads ahead.
+    #[inline]
+    fn hold_input(&mut self, _sock: &mut Self::Sock) {}
+
     /// The ring's work since the last call, for a completion backend (`None` for others).
     #[inline]
     fn take_ring_counts(&mut self) -> Option<UringStats> {

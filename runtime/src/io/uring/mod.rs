@@ -7,6 +7,9 @@
 //!   buffer, as with epoll. A socket whose unread bytes pass [`RX_CAP`] (an app that stopped
 //!   reading it) has its receive cancelled until it is read down, so one client cannot take
 //!   every buffer; a receive that found no buffer (`ENOBUFS`) waits for buffers to come back.
+//!   When it does, the bytes other sockets' apps left unread are copied to the heap and their
+//!   buffers given back (`reclaim_unread`): sockets held back (a relay whose client opens no
+//!   window) must not starve the ones that are read.
 //! - **Sending**: `send` copies up to [`SEND_CHUNK`] bytes into a buffer of the backend and
 //!   queues one send on the ring; all of a turn's sends go to the kernel in the turn's one
 //!   `io_uring_enter`. Copying, rather than pointing the kernel at the caller's memory,
@@ -124,6 +127,8 @@ pub struct UringStats {
     pub rearms: u64,
     /// Receives that found the buffer ring empty.
     pub buffers_exhausted: u64,
+    /// Buffers given back early, their unread bytes copied out (`reclaim_unread`).
+    pub buffers_reclaimed: u64,
 }
 
 /// One socket's state in the backend, by slot.
@@ -135,6 +140,10 @@ struct Slot {
     token: Option<usize>,
     /// Bytes received, oldest first, then the end or an error.
     rx: VecDeque<Rx>,
+    /// Unread bytes copied out of ring buffers when the ring ran dry (`reclaim_unread`):
+    /// they come before everything in `rx`.
+    set_aside: Option<Box<SetAside>>,
+    /// Unread bytes, in `set_aside` and `rx`.
     rx_bytes: u32,
     /// A multishot receive is on the ring.
     recv_armed: bool,
@@ -143,6 +152,8 @@ struct Slot {
     recv_held: bool,
     /// Its receive found no buffer: it starts again once buffers came back.
     recv_starved: bool,
+    /// The app has no room for its input (`hold_input`): no receive until it calls `recv`.
+    recv_paused: bool,
     /// The send on the ring (boxed: an idle socket's slot stays small).
     send: Option<Box<Outgoing>>,
     /// Bytes taken while that send is under way, sent after it (in order): a last frame
@@ -172,6 +183,12 @@ struct Slot {
 struct Outgoing {
     buf: Vec<u8>,
     sent: usize,
+}
+
+/// Bytes the app left unread, in the heap, and how many it has read since.
+struct SetAside {
+    bytes: Vec<u8>,
+    read: usize,
 }
 
 enum Rx {
@@ -657,6 +674,35 @@ impl UringIo {
         self.orphans = orphans;
     }
 
+    /// The ring ran dry while sockets sit on bytes their app has not read (a relay held back
+    /// by a client that opens no window, a connection paused at its cap): those bytes are
+    /// copied to the heap and their buffers given back. Without this, sockets the app does
+    /// not read could keep every buffer, and the worker's other sockets, starved, would never
+    /// receive again (as with a kernel socket's own buffer, a socket's unread bytes are its
+    /// own cost, bounded by the cap). Only under pressure: the copy is not free.
+    fn reclaim_unread(&mut self) {
+        if self.starved.is_empty() {
+            return;
+        }
+        let bufs = &mut self.bufs;
+        for s in &mut self.slots {
+            while let Some(&Rx::Data { bid, off, len }) = s.rx.front() {
+                s.rx.pop_front();
+                if s.closing.is_none() {
+                    let aside = s.set_aside.get_or_insert_with(|| {
+                        Box::new(SetAside {
+                            bytes: Vec::with_capacity(s.rx_bytes as usize),
+                            read: 0,
+                        })
+                    });
+                    aside.bytes.extend_from_slice(bufs.bytes(bid, off, len));
+                } // else the bytes are nobody's
+                bufs.give_back(bid);
+                self.stats.buffers_reclaimed += 1;
+            }
+        }
+    }
+
     /// Receives that ran out of buffers start again once some came back.
     fn feed_starved(&mut self) {
         while self.bufs.available() > 0 {
@@ -676,7 +722,7 @@ impl UringIo {
         let held = s.recv_held && s.rx_bytes as usize >= RX_CAP / 2;
         let starved = s.recv_starved && self.bufs.available() == 0;
         let gone = s.closing.is_some() || s.token.is_none();
-        if s.recv_armed || ended || held || starved || s.connecting || gone {
+        if s.recv_armed || s.recv_paused || ended || held || starved || s.connecting || gone {
             return;
         }
         self.stats.rearms += 1;
@@ -806,14 +852,26 @@ impl Io for UringIo {
         // relay that gets a whole answer in one read compresses it in one pass).
         let slot = sock.slot;
         let s = &mut self.slots[slot as usize];
-        if s.token.is_none() && s.rx.is_empty() {
+        if s.token.is_none() && s.rx.is_empty() && s.set_aside.is_none() {
             // Not watched yet: a connection just accepted, whose request is usually there
             // already (the listener defers accepts until bytes arrive). One syscall answers
             // it in this turn, as epoll does, where waiting for a receive on the ring would
             // take two more turns (and a connection answered and closed at once, never one).
             return sys::recv(s.fd, buf);
         }
+        // The app has room again: its receive starts again below.
+        let resume = std::mem::take(&mut s.recv_paused);
         let mut n = 0;
+        if let Some(aside) = &mut s.set_aside {
+            let rest = &aside.bytes[aside.read..];
+            n = rest.len().min(buf.len());
+            buf[..n].copy_from_slice(&rest[..n]);
+            aside.read += n;
+            s.rx_bytes -= n as u32;
+            if aside.read == aside.bytes.len() {
+                s.set_aside = None;
+            }
+        }
         while n < buf.len() {
             let Some(front) = s.rx.front_mut() else {
                 break;
@@ -838,17 +896,34 @@ impl Io for UringIo {
                 Rx::Error(e) => return Err(io::Error::from_raw_os_error(*e)),
             }
         }
+        if resume || self.slots[slot as usize].recv_held {
+            self.maybe_rearm(slot);
+        }
         if n == 0 {
             return Err(io::ErrorKind::WouldBlock.into());
-        }
-        if self.slots[slot as usize].recv_held {
-            self.maybe_rearm(slot);
         }
         Ok(n)
     }
 
+    fn hold_input(&mut self, sock: &mut UringSock) {
+        let slot = sock.slot;
+        let s = &mut self.slots[slot as usize];
+        if s.recv_paused {
+            return;
+        }
+        s.recv_paused = true;
+        // (A receive held at the cap has its cancel on the way already.)
+        if s.recv_armed && !s.recv_held {
+            self.cancel(Op::Recv, slot);
+        }
+    }
+
     fn peek(&mut self, sock: &mut UringSock) -> Waiting {
-        match self.slots[sock.slot as usize].rx.front() {
+        let s = &self.slots[sock.slot as usize];
+        if s.set_aside.is_some() {
+            return Waiting::Bytes;
+        }
+        match s.rx.front() {
             Some(Rx::Data { .. }) => Waiting::Bytes,
             Some(_) => Waiting::Closed,
             None => sys::peek(sock.fd()),
@@ -883,13 +958,15 @@ impl Io for UringIo {
             enters: now.enters - last.enters,
             rearms: now.rearms - last.rearms,
             buffers_exhausted: now.buffers_exhausted - last.buffers_exhausted,
+            buffers_reclaimed: now.buffers_reclaimed - last.buffers_reclaimed,
         })
     }
 
     fn short_read_drains(&self, sock: &UringSock) -> bool {
         // Nothing more is queued here: the next bytes come with a completion, which reports
         // the socket readable.
-        self.slots[sock.slot as usize].rx.is_empty()
+        let s = &self.slots[sock.slot as usize];
+        s.rx.is_empty() && s.set_aside.is_none()
     }
 }
 
@@ -936,6 +1013,7 @@ impl Backend for UringIo {
     fn wait(&mut self, timeout: Option<Duration>, ready: &mut Vec<Readiness>) -> io::Result<()> {
         self.bury_dropped();
         self.give_up_orphans();
+        self.reclaim_unread();
         self.feed_starved();
         let timeout = match self.orphans.is_empty() {
             true => timeout,

@@ -23,8 +23,8 @@ const SQ_ENTRIES: u32 = 4096;
 const CQ_ENTRIES: u32 = 16384;
 /// Receive buffers per worker, and their size (2 MiB a worker, resident once a burst has
 /// touched them all: kept small, as a receive that finds none waits and is counted).
-const BUFFERS: u16 = 512;
-const BUFFER_SIZE: u32 = 4096;
+pub(super) const BUFFERS: u16 = 512;
+pub(super) const BUFFER_SIZE: u32 = 4096;
 
 /// The operations the backend submits, and nothing else.
 const ALLOWED_OPS: [u8; 5] = [

@@ -308,3 +308,110 @@ fn a_dropped_socket_whose_peer_stopped_reading_is_closed_once_it_stalls() {
     );
     drop(peer);
 }
+
+/// Sockets whose app never reads them (each held at its cap) take every buffer of the ring;
+/// once a receive finds it dry, their bytes are copied out and the buffers given back, so a
+/// socket the app does read still receives, and the held ones lose nothing.
+#[test]
+fn unread_sockets_do_not_starve_the_others() {
+    let mut io = UringIo::on_this_thread().unwrap();
+    let ring_bytes = setup::BUFFERS as usize * setup::BUFFER_SIZE as usize;
+    let held = ring_bytes / RX_CAP + 8;
+    const BYTES: usize = RX_CAP + 16 * 1024;
+    let pattern = |i: usize, n: usize| ((i * 13 + n) % 251) as u8;
+    let mut socks = Vec::new();
+    let mut writers = Vec::new();
+    for i in 0..held {
+        let (mut s, mut p) = pair(&mut io);
+        io.watch(&mut s, 200 + i).unwrap();
+        socks.push(s);
+        writers.push(std::thread::spawn(move || {
+            let bytes: Vec<u8> = (0..BYTES).map(|n| pattern(i, n)).collect();
+            p.write_all(&bytes).unwrap();
+            p
+        }));
+    }
+    // Turns without reading any of them, until the ring has run dry.
+    turn_until(&mut io, |io, _| io.stats().buffers_exhausted > 0);
+
+    let (mut fresh, mut peer) = pair(&mut io);
+    io.watch(&mut fresh, 199).unwrap();
+    peer.write_all(b"ping").unwrap();
+    let mut buf = [0u8; 16];
+    turn_until(&mut io, |io, _| {
+        matches!(io.recv(&mut fresh, &mut buf), Ok(4))
+    });
+    assert_eq!(&buf[..4], b"ping");
+    assert!(io.stats().buffers_reclaimed > 0);
+
+    let mut got = vec![Vec::new(); held];
+    let mut buf = [0u8; 5000];
+    turn_until(&mut io, |io, _| {
+        for (i, s) in socks.iter_mut().enumerate() {
+            while let Ok(n @ 1..) = io.recv(s, &mut buf) {
+                got[i].extend_from_slice(&buf[..n]);
+            }
+        }
+        got.iter().all(|g| g.len() == BYTES)
+    });
+    for (i, g) in got.iter().enumerate() {
+        assert!(
+            g.iter().enumerate().all(|(n, &b)| b == pattern(i, n)),
+            "socket {i}"
+        );
+    }
+    assert!(socks
+        .iter()
+        .all(|s| io.slots[s.slot as usize].set_aside.is_none()));
+    drop(
+        writers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .collect::<Vec<_>>(),
+    );
+}
+
+/// An app with no room for a socket's input holds it: the ring stops receiving for it (what
+/// comes next waits in the kernel), and its next `recv`, even one that finds nothing, starts
+/// the receive again.
+#[test]
+fn held_input_waits_in_the_kernel_until_the_app_reads() {
+    let mut io = UringIo::on_this_thread().unwrap();
+    let (mut sock, mut peer) = pair(&mut io);
+    io.watch(&mut sock, 43).unwrap();
+    let slot = sock.slot as usize;
+    let a_few_turns = |io: &mut UringIo| {
+        let mut ready = Vec::new();
+        for _ in 0..20 {
+            io.wait(Some(Duration::from_millis(5)), &mut ready).unwrap();
+        }
+    };
+
+    peer.write_all(&[1; 1000]).unwrap();
+    turn_until(&mut io, |io, _| io.slots[slot].rx_bytes == 1000);
+    io.hold_input(&mut sock);
+    turn_until(&mut io, |io, _| !io.slots[slot].recv_armed);
+    peer.write_all(&[2; 1000]).unwrap();
+    a_few_turns(&mut io);
+    assert_eq!(io.slots[slot].rx_bytes, 1000, "the second write stays in the kernel");
+
+    let mut buf = [0u8; 4096];
+    assert_eq!(io.recv(&mut sock, &mut buf).unwrap(), 1000);
+    assert!(buf[..1000].iter().all(|&b| b == 1));
+    turn_until(&mut io, |io, _| io.slots[slot].rx_bytes == 1000);
+    assert_eq!(io.recv(&mut sock, &mut buf).unwrap(), 1000);
+    assert!(buf[..1000].iter().all(|&b| b == 2));
+
+    // Held with nothing unread: a `recv` that says WouldBlock starts it again too.
+    io.hold_input(&mut sock);
+    turn_until(&mut io, |io, _| !io.slots[slot].recv_armed);
+    peer.write_all(&[3; 10]).unwrap();
+    a_few_turns(&mut io);
+    assert_eq!(io.slots[slot].rx_bytes, 0);
+    assert_eq!(
+        io.recv(&mut sock, &mut buf).unwrap_err().kind(),
+        io::ErrorKind::WouldBlock
+    );
+    turn_until(&mut io, |io, _| io.slots[slot].rx_bytes == 10);
+    assert_eq!(io.recv(&mut sock, &mut buf).unwrap(), 10);
+}
