@@ -393,7 +393,10 @@ fn held_input_waits_in_the_kernel_until_the_app_reads() {
     turn_until(&mut io, |io, _| !io.slots[slot].recv_armed);
     peer.write_all(&[2; 1000]).unwrap();
     a_few_turns(&mut io);
-    assert_eq!(io.slots[slot].rx_bytes, 1000, "the second write stays in the kernel");
+    assert_eq!(
+        io.slots[slot].rx_bytes, 1000,
+        "the second write stays in the kernel"
+    );
 
     let mut buf = [0u8; 4096];
     assert_eq!(io.recv(&mut sock, &mut buf).unwrap(), 1000);
