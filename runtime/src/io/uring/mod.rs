@@ -10,13 +10,14 @@
 //!   When it does, the bytes other sockets' apps left unread are copied to the heap and their
 //!   buffers given back (`reclaim_unread`): sockets held back (a relay whose client opens no
 //!   window) must not starve the ones that are read.
-//! - **Sending**: `send` copies up to [`SEND_CHUNK`] bytes into a buffer of the backend and
-//!   queues one send on the ring; all of a turn's sends go to the kernel in the turn's one
-//!   `io_uring_enter`. Copying, rather than pointing the kernel at the caller's memory,
-//!   leaves the caller free to reuse or drop its buffers at once (a connection closed while
-//!   its send is in flight must not have its memory recycled under the kernel); the cost is
-//!   one copy of what a kernel `send` copies anyway. While a send is in flight the socket
-//!   takes up to as much again, sent after it in order (a frame queued just before a close
+//! - **Sending**: `send` copies up to [`SEND_CHUNK`] bytes (up to [`BIG_SEND`] when offered
+//!   more and no send is under way, [`MAX_BIG_SENDS_OUT`] at once per worker) into a buffer
+//!   of the backend and queues one send on the ring; all of a turn's sends go to the kernel
+//!   in the turn's one `io_uring_enter`. Copying, rather than pointing the kernel at the
+//!   caller's memory, leaves the caller free to reuse or drop its buffers at once (a
+//!   connection closed while its send is in flight must not have its memory recycled under
+//!   the kernel); the cost is one copy of what a kernel `send` copies anyway. While a send is in flight the socket
+//!   takes up to a chunk more, sent after it in order (a frame queued just before a close
 //!   still goes out), then nothing more (`Ok(None)`) until a completion reports it writable.
 //! - **Files** go out by `sendfile` as a syscall (zero copy); when the socket is full, a
 //!   one-shot poll on the ring says when to try again.
@@ -50,10 +51,20 @@ use crate::waker::Waker;
 
 /// Unread bytes a socket may hold in ring buffers before its receive is paused.
 const RX_CAP: usize = 64 * 1024;
-/// Most bytes one send copies and queues.
+/// Most bytes one send copies and queues (but see [`BIG_SEND`]).
 const SEND_CHUNK: usize = 64 * 1024;
 /// Send buffers kept for reuse.
 const SPARE_SENDS: usize = 64;
+/// Most bytes a send that starts at once copies: a TLS transport's big block (256 KiB of
+/// records, for a peer that keeps up) goes out in one send, as it does on epoll, and the
+/// transport, seeing it taken whole, keeps making big blocks.
+const BIG_SEND: usize = 256 * 1024;
+/// Big send buffers kept for reuse.
+const SPARE_BIG_SENDS: usize = 8;
+/// Big sends under way at once, per worker: the ring copies what the transport offers, so
+/// a peer that stops reading holds its send's buffer (unlike the transport's own blocks,
+/// which it gets back at once); past this, sends are [`SEND_CHUNK`] again.
+const MAX_BIG_SENDS_OUT: usize = 16;
 /// How long a dropped socket's last send may take before it is cancelled: what the app
 /// sent before closing goes out, as a kernel socket's buffer would after `close`, but a
 /// peer that stopped reading does not keep it forever.
@@ -183,6 +194,8 @@ struct Slot {
 struct Outgoing {
     buf: Vec<u8>,
     sent: usize,
+    /// Holds up to [`BIG_SEND`] bytes (counted in `big_sends_out`).
+    big: bool,
 }
 
 /// Bytes the app left unread, in the heap, and how many it has read since.
@@ -229,6 +242,10 @@ pub struct UringIo {
     /// Boxed as the slots hold them: moving one between them moves no buffer header.
     #[allow(clippy::vec_box)]
     spare_sends: Vec<Box<Outgoing>>,
+    #[allow(clippy::vec_box)]
+    spare_big_sends: Vec<Box<Outgoing>>,
+    /// Big send buffers in use ([`MAX_BIG_SENDS_OUT`]).
+    big_sends_out: usize,
     completions: Vec<cqueue::Entry>,
     stats: UringStats,
     /// `stats` when the app last took them (`take_ring_counts`).
@@ -301,6 +318,8 @@ impl UringIo {
             waker: None,
             waker_buf: Box::new([0; 8]),
             spare_sends: Vec::new(),
+            spare_big_sends: Vec::new(),
+            big_sends_out: 0,
             completions: Vec::with_capacity(1024),
             stats: UringStats::default(),
             reported: UringStats::default(),
@@ -454,7 +473,14 @@ impl UringIo {
     }
 
     fn recycle(&mut self, mut out: Box<Outgoing>) {
-        if self.spare_sends.len() < SPARE_SENDS {
+        if out.big {
+            self.big_sends_out -= 1;
+            if self.spare_big_sends.len() < SPARE_BIG_SENDS {
+                out.buf.clear();
+                out.sent = 0;
+                self.spare_big_sends.push(out);
+            }
+        } else if self.spare_sends.len() < SPARE_SENDS {
             out.buf.clear();
             out.sent = 0;
             self.spare_sends.push(out);
@@ -804,15 +830,29 @@ impl Io for UringIo {
             Transmit::Memory { iov, more: _ } => {
                 // (`more`: a file follows. The file waits for this send's completion, a turn
                 // later, so holding this one back for it would only delay it.)
-                let mut out = match s.next.take() {
-                    Some(next) => next,
-                    None => self.spare_sends.pop().unwrap_or_default(),
+                let (mut out, cap) = match s.next.take() {
+                    Some(next) => (next, SEND_CHUNK),
+                    None if in_flight => (self.spare_sends.pop().unwrap_or_default(), SEND_CHUNK),
+                    None if self.big_sends_out < MAX_BIG_SENDS_OUT
+                        && iov.iter().map(|s| s.len()).sum::<usize>() > SEND_CHUNK =>
+                    {
+                        self.big_sends_out += 1;
+                        let big = self.spare_big_sends.pop().unwrap_or_else(|| {
+                            Box::new(Outgoing {
+                                buf: Vec::with_capacity(BIG_SEND),
+                                sent: 0,
+                                big: true,
+                            })
+                        });
+                        (big, BIG_SEND)
+                    }
+                    None => (self.spare_sends.pop().unwrap_or_default(), SEND_CHUNK),
                 };
                 let before = out.buf.len();
                 for slice in iov {
-                    let room = SEND_CHUNK - out.buf.len();
+                    let room = cap - out.buf.len();
                     out.buf.extend_from_slice(&slice[..slice.len().min(room)]);
-                    if out.buf.len() == SEND_CHUNK {
+                    if out.buf.len() == cap {
                         break;
                     }
                 }

@@ -418,3 +418,48 @@ fn held_input_waits_in_the_kernel_until_the_app_reads() {
     turn_until(&mut io, |io, _| io.slots[slot].rx_bytes == 10);
     assert_eq!(io.recv(&mut sock, &mut buf).unwrap(), 10);
 }
+
+/// A send offered more than a chunk at once takes up to a big send (a TLS transport's
+/// 256 KiB block goes out whole), at most `MAX_BIG_SENDS_OUT` of them under way per worker;
+/// past that, sends are a chunk again. Every big buffer comes back.
+#[test]
+fn big_sends_are_bounded_per_worker() {
+    let mut io = UringIo::on_this_thread().unwrap();
+    let block = vec![5u8; BIG_SEND + 1000];
+    let mut socks = Vec::new();
+    let mut readers = Vec::new();
+    for i in 0..=MAX_BIG_SENDS_OUT {
+        let (mut s, mut p) = pair(&mut io);
+        io.watch(&mut s, 300 + i).unwrap();
+        let iov = [IoSlice::new(&block)];
+        let what = Transmit::Memory {
+            iov: &iov,
+            more: false,
+        };
+        // All in one turn: none has completed yet.
+        let taken = io.send(&mut s, &what).unwrap().unwrap();
+        let want = if i < MAX_BIG_SENDS_OUT {
+            BIG_SEND
+        } else {
+            SEND_CHUNK
+        };
+        assert_eq!(taken, want, "send {i}");
+        socks.push(s);
+        readers.push(std::thread::spawn(move || {
+            let mut got = vec![0u8; want];
+            p.read_exact(&mut got).unwrap();
+            assert!(got.iter().all(|&b| b == 5));
+            p
+        }));
+    }
+    assert_eq!(io.big_sends_out, MAX_BIG_SENDS_OUT);
+    turn_until(&mut io, |io, _| io.slots.iter().all(|s| s.send.is_none()));
+    assert_eq!(io.big_sends_out, 0);
+    assert!(io.spare_big_sends.len() <= SPARE_BIG_SENDS);
+    drop(
+        readers
+            .into_iter()
+            .map(|r| r.join().unwrap())
+            .collect::<Vec<_>>(),
+    );
+}
