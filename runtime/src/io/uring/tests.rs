@@ -41,6 +41,33 @@ fn send_all(io: &mut UringIo, sock: &mut UringSock, bytes: &[u8]) {
     }
 }
 
+/// Reads every socket, in `piece`-byte reads, until each gave `bytes`, and checks that socket
+/// `i`'s byte `n` is `pattern(i, n)`.
+fn read_all_in_order(
+    io: &mut UringIo,
+    socks: &mut [UringSock],
+    bytes: usize,
+    pattern: impl Fn(usize, usize) -> u8,
+    piece: usize,
+) {
+    let mut got = vec![Vec::new(); socks.len()];
+    let mut buf = vec![0u8; piece];
+    turn_until(io, |io, _| {
+        for (i, s) in socks.iter_mut().enumerate() {
+            while let Ok(n @ 1..) = io.recv(s, &mut buf) {
+                got[i].extend_from_slice(&buf[..n]);
+            }
+        }
+        got.iter().all(|g| g.len() == bytes)
+    });
+    for (i, g) in got.iter().enumerate() {
+        assert!(
+            g.iter().enumerate().all(|(n, &b)| b == pattern(i, n)),
+            "socket {i}"
+        );
+    }
+}
+
 /// Every call against a real socket: a send through the ring, a multishot receive read in
 /// pieces, a peek, a file range, the write shutdown after the bytes on the ring, the end.
 #[test]
@@ -166,22 +193,7 @@ fn buffer_exhaustion_loses_nothing() {
         .collect();
     // Turns without reading, until the ring has run dry.
     turn_until(&mut io, |io, _| io.stats().buffers_exhausted > 0);
-    let mut got = vec![Vec::new(); SOCKETS];
-    let mut buf = [0u8; 16 * 1024];
-    turn_until(&mut io, |io, _| {
-        for (i, s) in socks.iter_mut().enumerate() {
-            while let Ok(n @ 1..) = io.recv(s, &mut buf) {
-                got[i].extend_from_slice(&buf[..n]);
-            }
-        }
-        got.iter().all(|g| g.len() == BYTES)
-    });
-    for (i, g) in got.iter().enumerate() {
-        assert!(
-            g.iter().enumerate().all(|(n, &b)| b == pattern(i, n)),
-            "socket {i}"
-        );
-    }
+    read_all_in_order(&mut io, &mut socks, BYTES, pattern, 16 * 1024);
     let peers: Vec<_> = writers.into_iter().map(|w| w.join().unwrap()).collect();
     assert!(io.stats().rearms > 0);
     drop(peers);
@@ -344,22 +356,7 @@ fn unread_sockets_do_not_starve_the_others() {
     assert_eq!(&buf[..4], b"ping");
     assert!(io.stats().buffers_reclaimed > 0);
 
-    let mut got = vec![Vec::new(); held];
-    let mut buf = [0u8; 5000];
-    turn_until(&mut io, |io, _| {
-        for (i, s) in socks.iter_mut().enumerate() {
-            while let Ok(n @ 1..) = io.recv(s, &mut buf) {
-                got[i].extend_from_slice(&buf[..n]);
-            }
-        }
-        got.iter().all(|g| g.len() == BYTES)
-    });
-    for (i, g) in got.iter().enumerate() {
-        assert!(
-            g.iter().enumerate().all(|(n, &b)| b == pattern(i, n)),
-            "socket {i}"
-        );
-    }
+    read_all_in_order(&mut io, &mut socks, BYTES, pattern, 5000);
     assert!(socks
         .iter()
         .all(|s| io.slots[s.slot as usize].set_aside.is_none()));
