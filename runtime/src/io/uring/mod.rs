@@ -473,17 +473,16 @@ impl UringIo {
     }
 
     fn recycle(&mut self, mut out: Box<Outgoing>) {
-        if out.big {
+        let (spares, keep) = if out.big {
             self.big_sends_out -= 1;
-            if self.spare_big_sends.len() < SPARE_BIG_SENDS {
-                out.buf.clear();
-                out.sent = 0;
-                self.spare_big_sends.push(out);
-            }
-        } else if self.spare_sends.len() < SPARE_SENDS {
+            (&mut self.spare_big_sends, SPARE_BIG_SENDS)
+        } else {
+            (&mut self.spare_sends, SPARE_SENDS)
+        };
+        if spares.len() < keep {
             out.buf.clear();
             out.sent = 0;
-            self.spare_sends.push(out);
+            spares.push(out);
         }
     }
 
@@ -832,8 +831,8 @@ impl Io for UringIo {
                 // later, so holding this one back for it would only delay it.)
                 let (mut out, cap) = match s.next.take() {
                     Some(next) => (next, SEND_CHUNK),
-                    None if in_flight => (self.spare_sends.pop().unwrap_or_default(), SEND_CHUNK),
-                    None if self.big_sends_out < MAX_BIG_SENDS_OUT
+                    None if !in_flight
+                        && self.big_sends_out < MAX_BIG_SENDS_OUT
                         && iov.iter().map(|s| s.len()).sum::<usize>() > SEND_CHUNK =>
                     {
                         self.big_sends_out += 1;
