@@ -588,3 +588,140 @@ fn a_slow_reader_does_not_pin_its_upstream_connection() {
     );
     assert_eq!(up.cut(), 1, "closed under the answer, not after it");
 }
+
+/// `len` bytes of text that compresses about 3:1 (words drawn by an LCG, never repeating
+/// within a compression window), so an encoder keeps working through a large answer.
+fn wordy_text(len: usize) -> Vec<u8> {
+    const WORDS: [&str; 16] = [
+        "tern ",
+        "gull ",
+        "skua ",
+        "puffin ",
+        "auk ",
+        "gannet ",
+        "shag ",
+        "petrel ",
+        "fulmar ",
+        "kittiwake ",
+        "razorbill ",
+        "guillemot ",
+        "eider ",
+        "scoter ",
+        "loon ",
+        "grebe ",
+    ];
+    let mut out = Vec::with_capacity(len + 16);
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    while out.len() < len {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        out.extend_from_slice(WORDS[(x >> 60) as usize].as_bytes());
+        if x & 0xff < 24 {
+            out.extend_from_slice(format!("{} ", x >> 40).as_bytes());
+        }
+    }
+    out.truncate(len);
+    out
+}
+
+/// Answers every request with `body` as text/plain, then waits for the next request.
+fn serve_text(mut s: TcpStream, counts: &Counts, body: &[u8]) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16384];
+    loop {
+        while let Some((line, head, _)) = parse_head(&buf) {
+            buf.drain(..head);
+            counts.requests.lock().unwrap().push(line);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            if s.write_all(head.as_bytes()).is_err() {
+                return;
+            }
+            for piece in body.chunks(16384) {
+                if s.write_all(piece).is_err() {
+                    counts.cut.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// A gauge or counter of `/metrics` (its first series whose line starts with `name`).
+fn metric(tern: &Tern, name: &str) -> f64 {
+    let text = tern.get("/metrics").text();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} on /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// An HTTP/2 client that shuts its windows and asks for 16 large answers of a route that
+/// compresses them (brotli, about 2 MiB of encoder state each) gets one encoder for its
+/// connection, not one per stream: the other answers go uncompressed, counted. When it
+/// half-closes its connection (it can open no window any more), every stalled answer is
+/// abandoned at once (encoder freed, upstream connections closed), not at the write timeout.
+#[test]
+fn compressed_answers_to_shut_http2_windows_hold_one_encoder_and_end_at_eof() {
+    use h2_support::{RawH2, SETTINGS_INITIAL_WINDOW_SIZE};
+    let body = Arc::new(wordy_text(1 << 20));
+    let up = Upstream::start(move |s, counts| serve_text(s, counts, &body));
+    let config = Config::new();
+    std::fs::write(
+        config.path(),
+        format!(
+            "write_timeout = 60\n[[site]]\nname = \"app\"\ndefault = true\n\
+             [[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n\
+             [[site.route]]\npath = \"/\"\nproxy = \"{}\"\ncompress = [\"br\"]\n",
+            up.addr
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(TERN);
+    cmd.arg("run").arg("--config").arg(config.path());
+    cmd.args(["--listen", "127.0.0.1:0", "--workers", "1"]);
+    let tern = Tern::spawn(cmd);
+    let mut h2 = RawH2::connect(tern.addr(), &[(SETTINGS_INITIAL_WINDOW_SIZE, 0)]);
+    for i in 0..16u32 {
+        h2.request(
+            1 + 2 * i,
+            "GET",
+            &format!("/big/{i}"),
+            &[("accept-encoding", "br")],
+            false,
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || up.requests().len() == 16
+            && metric(
+                &tern,
+                "tern_compression_skipped_total{cause=\"memory\"}"
+            ) >= 15.0),
+        "upstream requests {}, skipped {}",
+        up.requests().len(),
+        metric(&tern, "tern_compression_skipped_total{cause=\"memory\"}")
+    );
+    let held = metric(&tern, "tern_compress_encoder_bytes");
+    assert!(
+        (1_000_000.0..=2_200_000.0).contains(&held),
+        "one brotli encoder expected, {held} bytes charged"
+    );
+    // The client can open no window any more: nothing it is owed can go out.
+    h2.sock.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || up.live() == 0),
+        "{} upstream connections still open after the client's EOF",
+        up.live()
+    );
+    assert_eq!(metric(&tern, "tern_compress_encoder_bytes"), 0.0);
+}

@@ -8,6 +8,7 @@
 
 use std::io::Write;
 
+use crate::budget::Charge;
 use crate::Encoding;
 
 /// flate2 level: nginx's `gzip_comp_level` is 1 by default, Caddy's 5. The backend is
@@ -111,6 +112,8 @@ pub struct Encoder {
     dirty: bool,
     bytes_in: u64,
     bytes_out: u64,
+    /// What the state was charged to its producer's budget: given back when it is freed.
+    charge: Option<Charge>,
 }
 
 /// The encoder failed (out of memory in zstd, say): the answer cannot be completed.
@@ -135,7 +138,47 @@ impl Encoder {
             dirty: false,
             bytes_in: 0,
             bytes_out: 0,
+            charge: None,
         })
+    }
+
+    /// The most memory the streaming state of `encoding` at `levels` takes, measured with the
+    /// relay's 64 KiB pieces and a flush after each (`tests::memory_is_bounded_at_every_level`
+    /// holds every allowed level to it, within a quarter). What a producer charges its budget
+    /// for one answer in flight.
+    pub fn state_bytes(encoding: Encoding, levels: &Levels) -> usize {
+        const KIB: usize = 1024;
+        match encoding {
+            // zlib-rs's window, hash chains and pending buffer do not grow with the level.
+            Encoding::Gzip => 420 * KIB,
+            Encoding::Br => match levels.br {
+                0 => 300 * KIB,
+                1 => 760 * KIB,
+                2..=3 => 1_180 * KIB,
+                4 => 2_100 * KIB,
+                5 => 2_700 * KIB,
+                _ => 3_700 * KIB,
+            },
+            Encoding::Zstd => match levels.zstd {
+                0..=1 => 1_180 * KIB,
+                2 => 1_380 * KIB,
+                3 => 1_900 * KIB,
+                4 => 3_200 * KIB,
+                _ => 3_700 * KIB,
+            },
+        }
+    }
+
+    /// This encoder's state is charged `charge` (given back when the state is freed: at the
+    /// end of the answer, or when the encoder is dropped).
+    pub fn charged(mut self, charge: Charge) -> Encoder {
+        self.charge = Some(charge);
+        self
+    }
+
+    /// The bytes this encoder is charged now.
+    pub fn charged_bytes(&self) -> usize {
+        self.charge.as_ref().map_or(0, Charge::bytes)
     }
 
     /// The streaming state, made now if this is its first use; an error once finished.
@@ -203,6 +246,7 @@ impl Encoder {
     pub fn finish(&mut self) -> Result<&[u8], EncodeError> {
         self.state()?;
         let inner = self.inner.take().ok_or(EncodeError)?;
+        self.charge = None;
         let mut out = match inner {
             Inner::Gzip(mut w) => {
                 let taken = std::mem::take(w.get_mut());
@@ -238,6 +282,7 @@ impl Encoder {
             return Ok(&self.last);
         }
         self.fresh = false;
+        self.charge = None;
         self.bytes_in += data.len() as u64;
         self.last = whole::gzip(data, self.levels.gzip)?;
         self.bytes_out += self.last.len() as u64;
@@ -540,9 +585,20 @@ mod tests {
                 }
                 let out = enc.finish().unwrap().len();
                 drop(enc);
-                let peak = counting::peak() - before;
-                eprintln!("{e:?} {level}: peak {} KiB, last piece {out}", peak >> 10);
+                let peak = (counting::peak() - before) as usize;
+                let charged = Encoder::state_bytes(e, &levels);
+                eprintln!(
+                    "{e:?} {level}: peak {} KiB, charged {} KiB, last piece {out}",
+                    peak >> 10,
+                    charged >> 10
+                );
                 assert!(peak < 3800 << 10, "{e:?} {level}: peak {peak} bytes");
+                // What a budget is charged covers the state, and not by much more.
+                assert!(peak <= charged, "{e:?} {level}: {peak} > {charged}");
+                assert!(
+                    charged <= peak + peak / 4,
+                    "{e:?} {level}: {charged} ≫ {peak}"
+                );
             }
         }
     }

@@ -9,10 +9,12 @@
 //! (`server/src/static_files/encoding.rs`), negotiated with the same [`negotiate`].
 
 mod accept;
+mod budget;
 mod encoder;
 mod policy;
 
 pub use accept::negotiate;
+pub use budget::{Budget, Charge};
 pub use encoder::{
     EncodeError, Encoder, Levels, BROTLI_LGWIN, BROTLI_QUALITY, GZIP_LEVEL, ZSTD_LEVEL,
     ZSTD_WINDOW_LOG,

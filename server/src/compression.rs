@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use tern_compress::{Answer, Decision, EncodeError, Encoder, Encoding, Policy};
+use tern_compress::{Answer, Budget, Decision, EncodeError, Encoder, Encoding, Policy};
 
 use tern_codec::RequestHead;
 
@@ -16,6 +16,26 @@ use crate::stats::{Counter, WorkerStats};
 /// length is known and sent). Larger ones go as they are: at these levels 256 KiB costs a
 /// worker 1–3 ms, about the most one answer should take from the others.
 pub const FIXED_MAX: u64 = 256 * 1024;
+
+/// The streaming-encoder state one connection's answers hold together (HTTP/2: all its
+/// streams) beyond their first: one encoder at any level, or several while they fit (four
+/// gzip answers, one brotli or zstd one at the default levels). A client that opens many
+/// compressed answers and reads none holds about one encoder, not one per stream.
+pub const CONN_ENCODER_BUDGET: usize = 2 << 20;
+
+/// Where a streamed answer's encoder would be charged: its worker's budget, and what the
+/// connection's other answers hold already.
+pub(crate) struct EncoderRoom<'a> {
+    pub worker: &'a Arc<Budget>,
+    pub conn_held: usize,
+}
+
+/// How a streamed answer goes out, once its head is edited.
+pub(crate) enum Streamed {
+    AsIs,
+    /// Compressed: with this encoder, or none when no body follows (a HEAD answer).
+    Compressed(Option<Box<Encoder>>),
+}
 
 /// A request's compression: its route's policy and the coding its client gets.
 pub(crate) struct Choice {
@@ -43,6 +63,50 @@ impl Choice {
     /// `Accept-Ranges`. Returns the coding the body must then be compressed with; the
     /// caller sends it without a length (or with the compressed one).
     pub fn edit_head(&self, r: &mut Response, length: Option<u64>) -> Option<Encoding> {
+        let decision = self.decide(r, length);
+        self.apply(r, decision)
+    }
+
+    /// As [`Choice::edit_head`] for an answer whose body is compressed as it streams: its
+    /// encoder is made only if its state can be charged to `room` (none is needed for a
+    /// HEAD answer: `room` is `None`). When it cannot, the answer goes as it is (with its
+    /// `Vary`, as any answer a client may get uncompressed), counted.
+    pub fn edit_streamed_head(
+        &self,
+        r: &mut Response,
+        length: Option<u64>,
+        room: Option<EncoderRoom<'_>>,
+        stats: &WorkerStats,
+    ) -> Result<Streamed, EncodeError> {
+        let mut decision = self.decide(r, length);
+        let mut encoder = None;
+        if let (Decision::Compress(e), Some(room)) = (decision, room) {
+            match self.charge(e, room) {
+                Some(charge) => encoder = Some(Box::new(self.encoder(e)?.charged(charge))),
+                None => {
+                    stats.bump(Counter::CompressionSkippedMemory);
+                    decision = Decision::VaryOnly;
+                }
+            }
+        }
+        Ok(match self.apply(r, decision) {
+            Some(_) => Streamed::Compressed(encoder),
+            None => Streamed::AsIs,
+        })
+    }
+
+    /// The charge for an encoder of `e` at the route's levels: a connection holding none
+    /// may always take one (if its worker's budget allows), else only while the connection's
+    /// encoders stay within [`CONN_ENCODER_BUDGET`].
+    fn charge(&self, e: Encoding, room: EncoderRoom<'_>) -> Option<tern_compress::Charge> {
+        let bytes = Encoder::state_bytes(e, self.policy.levels());
+        if room.conn_held > 0 && room.conn_held + bytes > CONN_ENCODER_BUDGET {
+            return None;
+        }
+        room.worker.charge(bytes)
+    }
+
+    fn decide(&self, r: &Response, length: Option<u64>) -> Decision {
         let answer = Answer {
             status: r.status,
             content_type: r.header("content-type"),
@@ -51,7 +115,12 @@ impl Choice {
             content_range: r.header("content-range").is_some(),
             length,
         };
-        let coding = match self.policy.decide(&answer, self.chosen) {
+        self.policy.decide(&answer, self.chosen)
+    }
+
+    /// The head's edits for `decision`; the coding the body gets, if any.
+    fn apply(&self, r: &mut Response, decision: Decision) -> Option<Encoding> {
+        let coding = match decision {
             Decision::Leave => return None,
             Decision::VaryOnly => None,
             Decision::Compress(e) => Some(e),
@@ -184,6 +253,70 @@ mod tests {
         assert_eq!(snap.get(Counter::CompressedGzip), 1);
         assert_eq!(snap.get(Counter::CompressInGzip), original.len() as u64);
         assert_eq!(snap.get(Counter::CompressOutGzip), gz.len() as u64);
+    }
+
+    /// A streamed answer's encoder is charged to its worker's budget and counted against
+    /// its connection's: past either, the answer goes as it is, with its `Vary`, counted;
+    /// a HEAD answer is edited as the GET's but charges nothing.
+    #[test]
+    fn streamed_encoders_are_charged_or_the_answer_goes_as_it_is() {
+        let stats = crate::stats::Stats::new(1);
+        let w = stats.worker(0);
+        let c = choice("br");
+        let br = Encoder::state_bytes(Encoding::Br, &tern_compress::Levels::default());
+        let room = |conn_held| {
+            Some(EncoderRoom {
+                worker: w.encoders(),
+                conn_held,
+            })
+        };
+        let streamed = |conn_held| {
+            let mut r = page(100).with_header("Content-Length", "100000");
+            let out = c
+                .edit_streamed_head(&mut r, Some(100_000), room(conn_held), w)
+                .unwrap();
+            (out, r)
+        };
+        // The connection's first encoder, whatever its size.
+        let (Streamed::Compressed(Some(first)), r) = streamed(0) else {
+            panic!("not compressed")
+        };
+        assert_eq!(r.header("content-encoding"), Some(&b"br"[..]));
+        assert_eq!((first.charged_bytes(), w.encoders().live()), (br, br));
+        // A second one would take the connection past its budget: as it is, with Vary.
+        let (Streamed::AsIs, r) = streamed(br) else {
+            panic!("compressed past the connection's budget")
+        };
+        assert_eq!(r.header("content-encoding"), None);
+        assert_eq!(r.header("content-length"), Some(&b"100000"[..]));
+        assert_eq!(r.header("vary"), Some(&b"Origin, Accept-Encoding"[..]));
+        assert_eq!(stats.snapshot().get(Counter::CompressionSkippedMemory), 1);
+        assert_eq!(w.encoders().live(), br, "a skipped answer charges nothing");
+        // Other connections take encoders until the worker's budget is spent.
+        let mut held = vec![first];
+        loop {
+            match streamed(0) {
+                (Streamed::Compressed(Some(e)), _) => held.push(e),
+                (Streamed::AsIs, _) => break,
+                _ => panic!("no encoder for a GET"),
+            }
+        }
+        assert_eq!(held.len(), crate::stats::WORKER_ENCODER_BUDGET / br);
+        assert_eq!(stats.snapshot().get(Counter::CompressionSkippedMemory), 2);
+        // A HEAD answer (no room asked) says br, as its GET would, and charges nothing.
+        let mut r = page(100);
+        let out = c
+            .edit_streamed_head(&mut r, Some(100_000), None, w)
+            .unwrap();
+        assert!(matches!(out, Streamed::Compressed(None)));
+        assert_eq!(r.header("content-encoding"), Some(&b"br"[..]));
+        // Ended or dropped, encoders give their charge back.
+        let mut e = held.pop().unwrap();
+        e.finish().unwrap();
+        assert_eq!(e.charged_bytes(), 0);
+        drop(held);
+        assert_eq!(w.encoders().live(), 0);
+        assert_eq!(stats.snapshot().encoder_bytes, 0);
     }
 
     #[test]

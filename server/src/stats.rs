@@ -83,6 +83,9 @@ pub enum Counter {
     /// Answers whose encoder failed (out of memory): cut short, or sent uncompressed when
     /// nothing had gone out yet.
     CompressionFailures,
+    /// Answers sent uncompressed because the encoder budget (the worker's, or the
+    /// connection's) was spent.
+    CompressionSkippedMemory,
     /// The io_uring backend's work (`--io uring`): operations queued, completions taken,
     /// `io_uring_enter` calls, multishot receives started again, receives that found the
     /// buffer ring empty, buffers given back early (their unread bytes copied out).
@@ -95,7 +98,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 48] = [
+    pub const ALL: [Counter; 49] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -138,6 +141,7 @@ impl Counter {
         Counter::CompressOutZstd,
         Counter::RateLimited,
         Counter::CompressionFailures,
+        Counter::CompressionSkippedMemory,
         Counter::IoUringSubmissions,
         Counter::IoUringCompletions,
         Counter::IoUringEnters,
@@ -215,6 +219,7 @@ impl Counter {
             }
             Counter::RateLimited => "rate_limited",
             Counter::CompressionFailures => "compression_failures",
+            Counter::CompressionSkippedMemory => "compression_skipped",
             Counter::IoUringSubmissions => "io_uring_submissions",
             Counter::IoUringCompletions => "io_uring_completions",
             Counter::IoUringEnters => "io_uring_enters",
@@ -238,6 +243,7 @@ impl Counter {
             Counter::TlsFailedPeerAlert => ("cause", "peer_alert"),
             Counter::TlsFailedClosed => ("cause", "closed"),
             Counter::TlsFailedOther => ("cause", "other"),
+            Counter::CompressionSkippedMemory => ("cause", "memory"),
             Counter::WebsocketTunnelsOpenedHttp1 => ("protocol", "http1"),
             Counter::WebsocketTunnelsOpenedHttp2 => ("protocol", "http2"),
             Counter::CompressedGzip | Counter::CompressInGzip | Counter::CompressOutGzip => {
@@ -309,6 +315,10 @@ impl Counter {
             Counter::RateLimited => "requests a route's rate_limit refused with 429",
             Counter::CompressionFailures => {
                 "answers whose encoder failed (out of memory): cut short, or sent as they are"
+            }
+            Counter::CompressionSkippedMemory => {
+                "answers sent uncompressed that would have been compressed: the encoder \
+                 budget of the worker or of the connection was spent"
             }
             Counter::IoUringSubmissions => "operations queued on the workers' io_uring rings",
             Counter::IoUringCompletions => "completions taken from the workers' io_uring rings",
@@ -630,7 +640,16 @@ pub struct WorkerStats {
     bad_requests: [AtomicU64; N_BAD],
     answers: AnswerRows,
     upstreams: UpstreamRows,
+    /// The worker's streaming encoders: what their state is charged now, against
+    /// [`WORKER_ENCODER_BUDGET`] (kept here so the pages read it as they read counters).
+    encoders: Arc<tern_compress::Budget>,
 }
+
+/// The most streaming-encoder state one worker holds at once: about 15 brotli or zstd
+/// answers in flight at the default levels, 78 gzip ones. Past it, answers that would be
+/// compressed on the fly go uncompressed until some end (counted), so clients that open
+/// compressed answers and never read them cannot make a worker allocate without bound.
+pub const WORKER_ENCODER_BUDGET: usize = 32 << 20;
 
 impl WorkerStats {
     fn new() -> WorkerStats {
@@ -639,7 +658,13 @@ impl WorkerStats {
             bad_requests: std::array::from_fn(|_| AtomicU64::new(0)),
             answers: Rows::new(),
             upstreams: Rows::new(),
+            encoders: tern_compress::Budget::new(WORKER_ENCODER_BUDGET),
         }
+    }
+
+    /// The budget this worker's streaming encoders are charged to.
+    pub fn encoders(&self) -> &Arc<tern_compress::Budget> {
+        &self.encoders
     }
 
     #[inline]
@@ -772,6 +797,9 @@ pub struct StatsSnapshot {
     pub answers: Vec<AnswerFigures>,
     /// Row 0 (no named group) first, then every upstream group named so far.
     pub upstreams: Vec<UpstreamFigures>,
+    /// Streaming-encoder state charged now, over all workers, and what they may charge.
+    pub encoder_bytes: u64,
+    pub encoder_budget: u64,
 }
 
 impl StatsSnapshot {
@@ -956,7 +984,13 @@ impl Stats {
             bad_requests: [0; N_BAD],
             answers,
             upstreams,
+            encoder_bytes: 0,
+            encoder_budget: 0,
         };
+        for w in self.worker_blocks() {
+            s.encoder_bytes += w.encoders.live() as u64;
+            s.encoder_budget += w.encoders.limit() as u64;
+        }
         for w in self.workers.iter() {
             for (sum, c) in s.counters.iter_mut().zip(&w.counters) {
                 *sum += c.load(Ordering::Relaxed);

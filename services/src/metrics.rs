@@ -355,6 +355,17 @@ pub fn server_metrics(s: &StatsSnapshot) -> Vec<Metric> {
         "TCP connections open now",
         s.open_connections() as f64,
     ));
+    out.push(Metric::gauge(
+        "compress_encoder_bytes",
+        "state of the streaming encoders in flight (answers compressed on the fly), as \
+         charged to the workers' budgets",
+        s.encoder_bytes as f64,
+    ));
+    out.push(Metric::gauge(
+        "compress_encoder_budget_bytes",
+        "the most streaming-encoder state the workers hold at once",
+        s.encoder_budget as f64,
+    ));
     for e in RequestError::ALL {
         out.push(
             Metric::counter(

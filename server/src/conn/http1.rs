@@ -282,7 +282,7 @@ impl Http1 {
         }
     }
 
-    pub fn handle_eof(&mut self) {
+    pub fn handle_eof(&mut self, _: &ConnCx<'_>) {
         self.peer_eof = true;
         if let State::Lingering(_) = self.state {
             self.abort = true;

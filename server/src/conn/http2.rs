@@ -104,11 +104,17 @@ struct H2Answer {
 struct H2Sink<'a> {
     answer: &'a mut H2Answer,
     room: usize,
+    /// Encoder state the connection's other streams hold.
+    encoders_held: usize,
 }
 
 impl Sink for H2Sink<'_> {
     fn room(&self) -> usize {
         self.room
+    }
+
+    fn encoders_held(&self) -> usize {
+        self.encoders_held
     }
 
     fn head(&mut self, r: Response, len: Option<u64>, _: bool, _: bool, _: &mut ConnCx<'_>) {
@@ -283,11 +289,35 @@ impl Http2 {
         }
     }
 
-    pub fn handle_eof(&mut self) {
+    pub fn handle_eof(&mut self, cx: &ConnCx<'_>) {
         self.peer_eof = true;
         if self.lingering.is_some() {
             self.abort = true;
         }
+        self.drop_starved(cx);
+    }
+
+    /// After the peer's EOF no WINDOW_UPDATE can come: an answer that needs window and has
+    /// none left can never be completed. Its relay is abandoned now (its encoder and
+    /// buffers freed, its upstream released) and its body forgotten, rather than held until
+    /// the write timeout for a client that is gone.
+    fn drop_starved(&mut self, cx: &ConnCx<'_>) {
+        if !self.peer_eof {
+            return;
+        }
+        let session = &self.session;
+        let starved = |id: u32| session.send_capacity(id) == 0;
+        for r in &mut self.relays {
+            let owes_data = !r.answer.end || !r.answer.data.is_empty();
+            if owes_data && starved(r.id) {
+                self.sending.retain(|s| s.stream != r.id);
+                r.abandon(cx.stats);
+            }
+        }
+        // Bodies of the connection's own answers (files, memory) likewise.
+        self.sending.retain(|s| {
+            matches!(s.body, Remaining::Relay) || s.body.len() == 0 || !starved(s.stream)
+        });
     }
 
     pub fn is_lingering(&self) -> bool {
@@ -531,6 +561,7 @@ impl Http2 {
                 let mut sink = H2Sink {
                     answer: &mut answer,
                     room,
+                    encoders_held: self.encoders_held(),
                 };
                 let relay = Box::new(Relay::start(start, &mut sink, cx));
                 self.relays.push(RelayedStream { id, relay, answer });
@@ -696,6 +727,13 @@ impl Http2 {
     /// lowest urgency first; within it, non-incremental answers one after another in stream
     /// order, incremental ones a frame each in turn (RFC 9218 §4).
     fn pump(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
+        self.pump_frames(out, cx);
+        // A frame just sent may have taken the last of a window that can no longer grow.
+        self.drop_starved(cx);
+    }
+
+    /// The frames of [`Http2::pump`].
+    fn pump_frames(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
         while out.pending() < PUMP_TARGET && !self.session.is_closed() {
             let Some(i) = self.next_to_send() else {
                 return;
@@ -1021,10 +1059,12 @@ impl Http2 {
 
     fn parts_at(&mut self, i: usize) -> (&mut Relay, H2Sink<'_>) {
         let room = self.relay_room(i);
+        let encoders_held = self.encoders_held() - self.relays[i].relay.encoder_bytes();
         let r = &mut self.relays[i];
         let sink = H2Sink {
             answer: &mut r.answer,
             room,
+            encoders_held,
         };
         (&mut r.relay, sink)
     }
@@ -1113,6 +1153,11 @@ impl Http2 {
         self.relays.iter().map(|r| r.answer.data.len()).sum()
     }
 
+    /// Encoder state all the connection's relays hold (see `compression::CONN_ENCODER_BUDGET`).
+    fn encoders_held(&self) -> usize {
+        self.relays.iter().map(|r| r.relay.encoder_bytes()).sum()
+    }
+
     pub fn relay_recv(
         &mut self,
         id: u32,
@@ -1175,6 +1220,7 @@ impl Http2 {
     fn feed_relays(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
         // (Taking client input reads nothing from the upstreams: what they hold stays.)
         let held = self.held();
+        let encoders = self.encoders_held();
         for i in 0..self.relays.len() {
             let id = self.relays[i].id;
             if !self.relays[i].relay.wants_input() {
@@ -1190,6 +1236,7 @@ impl Http2 {
             let mut sink = H2Sink {
                 answer: &mut r.answer,
                 room,
+                encoders_held: encoders - r.relay.encoder_bytes(),
             };
             let used = r.relay.client_input(chunk, &mut sink, cx);
             let all = used == chunk.len();

@@ -177,7 +177,7 @@ impl Conn {
                 self.http.abort();
             }
         }
-        self.http.handle_eof();
+        self.http.handle_eof(cx);
     }
 
     /// Runs the transport and the protocol on the input they hold. True if output was queued.
@@ -222,7 +222,7 @@ impl Conn {
                 match tls.read_plaintext(|| self.http.recv_buf(cx)) {
                     tls::Moved::Bytes(n) => self.http.filled(n, cx.clock.now_ms()),
                     tls::Moved::PeerClosed => {
-                        self.http.handle_eof();
+                        self.http.handle_eof(cx);
                         break;
                     }
                     tls::Moved::Nothing => break,

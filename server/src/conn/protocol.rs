@@ -74,8 +74,8 @@ impl Protocol {
         forward!(self, p => p.filled(n, now_ms))
     }
 
-    pub fn handle_eof(&mut self) {
-        forward!(self, p => p.handle_eof())
+    pub fn handle_eof(&mut self, cx: &ConnCx<'_>) {
+        forward!(self, p => p.handle_eof(cx))
     }
 
     pub fn is_lingering(&self) -> bool {

@@ -26,7 +26,7 @@ use super::up_queue::UpQueue;
 use super::upstream_wire::{BodyFraming, FastCgiAnswer};
 use super::websocket::Handshake;
 use crate::access_log::SavedEntry;
-use crate::compression::{self, Choice};
+use crate::compression::{self, Choice, EncoderRoom, Streamed};
 use crate::exchange::{ConnCx, Sink};
 use crate::response::Response;
 use crate::stats::{Counter, Tally, UpstreamCounter};
@@ -605,6 +605,12 @@ impl Relay {
         }
     }
 
+    /// What this exchange's encoder is charged now (0 when its answer is not being
+    /// compressed, or no longer).
+    pub fn encoder_bytes(&self) -> usize {
+        self.encoder.as_ref().map_or(0, |e| e.charged_bytes())
+    }
+
     /// The answer is for a HEAD request.
     pub fn head_only(&self) -> bool {
         self.head_only
@@ -1097,26 +1103,28 @@ impl Relay {
         };
         let content_length = match self.compress.take() {
             Some(choice) => {
+                // The encoder's state is charged to the worker's and the connection's
+                // budgets; a HEAD answer needs none.
+                let room = (body.is_some() && !self.head_only).then(|| EncoderRoom {
+                    worker: cx.stats.encoders(),
+                    conn_held: sink.encoders_held(),
+                });
                 // The length the decision sees: the body's, or a HEAD answer's for the GET.
-                match choice.edit_head(&mut r, content_length) {
-                    Some(coding) => {
-                        if body.is_some() && !self.head_only {
-                            match choice.encoder(coding) {
-                                Ok(e) => self.encoder = Some(Box::new(e)),
-                                Err(_) => {
-                                    // Ours, not the upstream's: counted apart, and its
-                                    // connection is not blamed (nor reused).
-                                    cx.stats.bump(Counter::CompressionFailures);
-                                    self.outcome = UpstreamOutcome::Abandoned;
-                                    self.answer_own(502, "bad gateway: out of memory\n", sink, cx);
-                                    return 0;
-                                }
-                            }
-                        }
+                match choice.edit_streamed_head(&mut r, content_length, room, cx.stats) {
+                    Ok(Streamed::Compressed(encoder)) => {
+                        self.encoder = encoder;
                         // Streamed: no length.
                         None
                     }
-                    None => content_length,
+                    Ok(Streamed::AsIs) => content_length,
+                    Err(_) => {
+                        // Ours, not the upstream's: counted apart, and its connection is
+                        // not blamed (nor reused).
+                        cx.stats.bump(Counter::CompressionFailures);
+                        self.outcome = UpstreamOutcome::Abandoned;
+                        self.answer_own(502, "bad gateway: out of memory\n", sink, cx);
+                        return 0;
+                    }
                 }
             }
             None => content_length,

@@ -11,6 +11,12 @@ pub(crate) trait Sink {
     /// How many more body bytes the client side takes now (0: none until the client reads).
     fn room(&self) -> usize;
 
+    /// Streaming-encoder state the connection's other exchanges hold now (HTTP/2: its other
+    /// streams, see `compression::CONN_ENCODER_BUDGET`). HTTP/1.1 runs one exchange at a time.
+    fn encoders_held(&self) -> usize {
+        0
+    }
+
     /// The answer's head (`r`: status and end-to-end fields). `len`: its body's length, if
     /// known; `body`: a body follows (false: none, or a HEAD answer); `close`: the client's
     /// connection cannot carry another exchange after this one.
