@@ -689,3 +689,25 @@ fn group_name(site: &str, route: &config::RoutePlan, named: &mut HashMap<String,
         format!("{base}#{n}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::server_name;
+
+    #[test]
+    fn a_sites_server_name_is_its_first_exact_host_or_none() {
+        let hosts = |list: &[&str]| list.iter().map(|h| h.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            server_name(&hosts(&["a.example", "b.example"])),
+            "a.example"
+        );
+        assert_eq!(
+            server_name(&hosts(&["*.a.example", "a.example"])),
+            "a.example"
+        );
+        assert_eq!(server_name(&hosts(&["[::1]"])), "[::1]");
+        // A catch-all, or only wildcards: no name of its own.
+        assert_eq!(server_name(&[]), "");
+        assert_eq!(server_name(&hosts(&["*.a.example"])), "");
+    }
+}
