@@ -3,7 +3,8 @@
 //! answer streamed with `flush()`, errors; the same requests answered the same way by nginx
 //! with the configuration its documentation gives for PHP; and what tern refuses that a
 //! careless PHP set-up does not (scripts named by `upload.jpg/x.php`, `.PHP` sources, client
-//! claims and `Proxy:` reaching PHP as server variables).
+//! claims and `Proxy:` reaching PHP as server variables, scripts through symlinks out of the
+//! root and dotfile scripts, `SERVER_NAME`/`SERVER_PORT` taken from `Host`).
 
 mod support;
 
@@ -83,7 +84,8 @@ impl Drop for PhpFpm {
     }
 }
 
-/// The site: scripts, a static file, and files that must never run or be served raw.
+/// The site: scripts, a static file, and files that must never run or be served raw; beside
+/// it, `outside/` with a script that symlinks in `www` point to and must never run.
 fn www(dir: &Path) -> PathBuf {
     let w = dir.join("www");
     let put = |rel: &str, text: &str| {
@@ -131,18 +133,39 @@ fn www(dir: &Path) -> PathBuf {
          $_SERVER['HTTP_X_REAL_IP'] ?? '-', ' proxy=', $_SERVER['HTTP_PROXY'] ?? '-',\n\
          ' remote=', $_SERVER['REMOTE_ADDR'], ' https=', $_SERVER['HTTPS'] ?? '-', \"\\n\";\n",
     );
+    put(
+        "server.php",
+        "<?php echo 'name=', $_SERVER['SERVER_NAME'], ' port=', $_SERVER['SERVER_PORT'],\n\
+         ' host=', $_SERVER['HTTP_HOST'], \"\\n\";\n",
+    );
     put("style.css", "body { color: teal }\n");
     put("upload.jpg", "<?php echo 'pwned';\n");
     put("secret.PHP", "<?php $password = 'hunter2';\n");
+    put(".hidden.php", "<?php echo 'hidden ran';\n");
+    put(".git/x.php", "<?php echo 'git ran';\n");
+    let outside = dir.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("evil.php"), "<?php echo 'outside ran';\n").unwrap();
+    std::fs::write(outside.join("index.php"), "<?php echo 'outside ran';\n").unwrap();
+    let link =
+        |target: &Path, name: &str| std::os::unix::fs::symlink(target, w.join(name)).unwrap();
+    link(Path::new("../outside/evil.php"), "escape.php");
+    link(&outside.join("evil.php"), "abs-escape.php");
+    link(Path::new("../outside"), "linked");
+    // A link that stays beneath the root is followed, as for static files.
+    link(Path::new("blog/index.php"), "alias.php");
     w
 }
 
+/// Two sites on the same folder: `php` (the default) with a front controller, `bare` without
+/// one, where a refused script gets the static side's answer as it is.
 fn tern_config(www: &Path, socket: &Path) -> String {
     format!(
         r#"
 [[site]]
 name = "php"
 default = true
+hosts = ["*.php.example", "php.example"]
 
 [[site.route]]
 path = "/"
@@ -153,6 +176,15 @@ try_files = ["$uri", "$uri/", "/index.php"]
 [[site.route]]
 path = "/statusz"
 counters = "statusz"
+
+[[site]]
+name = "bare"
+hosts = ["bare.example"]
+
+[[site.route]]
+path = "/"
+static = "{www}"
+fastcgi = "unix:{socket}"
 "#,
         www = www.display(),
         socket = socket.display()
@@ -438,6 +470,77 @@ fn what_php_gets_is_what_tern_decided_and_nothing_a_client_claims() {
         tern.statusz("upstream_reuses{upstream=\"php /\"}"),
         tern.statusz("upstream_reuses")
     );
+}
+
+/// One request on a new connection with its own `Host`.
+fn get_as(tern: &Tern, host: &str, path: &str) -> Resp {
+    let mut c = tern.client();
+    c.chunked_ok = true;
+    c.send(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes());
+    c.read_response(false)
+}
+
+/// A script is judged as the static files judge a file: nothing through a symlink (of the
+/// script or of a folder on its way) out of the root, no dotfile; the same 404.
+#[test]
+fn scripts_through_symlinks_out_of_the_root_or_dotfiles_never_run() {
+    let Some(site) = php_site() else {
+        return;
+    };
+    let tern = &site.tern;
+    let refused = [
+        "/escape.php",
+        "/abs-escape.php",
+        "/linked/evil.php",
+        "/linked/evil.php/info",
+        "/.hidden.php",
+        "/.git/x.php",
+    ];
+    for path in refused {
+        // As the static side answers for the file itself.
+        let r = get_as(tern, "bare.example", path);
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+        assert!(!r.text().contains("ran"), "{path}: {}", r.text());
+        // Behind try_files, a refused script is a missing one: the front controller answers.
+        let r = get_as(tern, "php.example", path);
+        assert_eq!(
+            r.text(),
+            format!("front {path} script=/index.php info= method=GET q=\n")
+        );
+    }
+    // The folder's index script beyond the link: the folder is the static side's (404).
+    assert_eq!(get_as(tern, "bare.example", "/linked/").status, 404);
+    // The static side answers the same for the same paths' static files.
+    assert_eq!(get_as(tern, "bare.example", "/.git/").status, 404);
+    // A link that stays inside the root runs its target, under the name asked for.
+    let r = get_as(tern, "bare.example", "/alias.php");
+    assert_eq!(r.text(), "blog index /alias.php\n");
+}
+
+/// `SERVER_NAME` is the site's first name and `SERVER_PORT` the listener's, whatever the
+/// `Host` says; `HTTP_HOST` still says what the client sent.
+#[test]
+fn server_name_and_port_come_from_the_config_and_the_listener() {
+    let Some(site) = php_site() else {
+        return;
+    };
+    let tern = &site.tern;
+    let port = tern.addr().port();
+    let cases = [
+        // Any Host reaches the default site: none may name the server.
+        ("evil.example:6666", "php.example"),
+        ("evil.example", "php.example"),
+        // A wildcard is no name: the site's first exact one.
+        ("a.php.example:81", "php.example"),
+        ("bare.example:6666", "bare.example"),
+    ];
+    for (host, name) in cases {
+        assert_eq!(
+            get_as(tern, host, "/server.php").text(),
+            format!("name={name} port={port} host={host}\n"),
+            "Host: {host}"
+        );
+    }
 }
 
 #[test]

@@ -33,6 +33,14 @@ impl Params {
         &self.bytes
     }
 
+    /// The value last added under `name` (for tests and checks: a linear search).
+    pub fn get(&self, name: &[u8]) -> Option<&[u8]> {
+        pairs(&self.bytes)
+            .filter(|(n, _)| *n == name)
+            .last()
+            .map(|(_, value)| value)
+    }
+
     /// Appends the pairs as `PARAMS` records and the empty record that ends them.
     pub fn write_records(&self, out: &mut Vec<u8>, request_id: u16) {
         if !self.bytes.is_empty() {
@@ -77,6 +85,20 @@ pub fn http_param_name(field: &[u8]) -> Option<Vec<u8>> {
     Some(name)
 }
 
+/// The pairs of an encoded `PARAMS` stream in order, up to the first one cut short.
+pub fn pairs(mut bytes: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    std::iter::from_fn(move || {
+        let (name_len, a) = read_len(bytes)?;
+        let (value_len, b) = read_len(bytes.get(a..)?)?;
+        let name_at = a + b;
+        let value_at = name_at.checked_add(name_len)?;
+        let end = value_at.checked_add(value_len)?;
+        let pair = (bytes.get(name_at..value_at)?, bytes.get(value_at..end)?);
+        bytes = &bytes[end..];
+        Some(pair)
+    })
+}
+
 /// Reads one length of the pair encoding (for the tests and the fuzz target's checks).
 pub fn read_len(input: &[u8]) -> Option<(usize, usize)> {
     let first = *input.first()?;
@@ -92,19 +114,10 @@ mod tests {
     use super::*;
     use crate::record::{Header, HEADER_LEN, MAX_CONTENT};
 
-    fn pairs(mut bytes: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut out = Vec::new();
-        while !bytes.is_empty() {
-            let (n, a) = read_len(bytes).unwrap();
-            let (v, b) = read_len(&bytes[a..]).unwrap();
-            let at = a + b;
-            out.push((
-                bytes[at..at + n].to_vec(),
-                bytes[at + n..at + n + v].to_vec(),
-            ));
-            bytes = &bytes[at + n + v..];
-        }
-        out
+    fn all_pairs(bytes: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        pairs(bytes)
+            .map(|(n, v)| (n.to_vec(), v.to_vec()))
+            .collect()
     }
 
     #[test]
@@ -119,12 +132,20 @@ mod tests {
         assert_eq!(p.encoded()[second], 11);
         assert_eq!(&p.encoded()[second + 1..second + 5], &[0x80, 0, 0, 200]);
         assert_eq!(
-            pairs(p.encoded()),
+            all_pairs(p.encoded()),
             vec![
                 (b"SCRIPT_NAME".to_vec(), b"/index.php".to_vec()),
-                (b"HTTP_COOKIE".to_vec(), long)
+                (b"HTTP_COOKIE".to_vec(), long.clone())
             ]
         );
+        assert_eq!(p.get(b"HTTP_COOKIE"), Some(&long[..]));
+        assert_eq!(p.get(b"SCRIPT"), None);
+        p.add(b"SCRIPT_NAME", b"/again.php");
+        assert_eq!(p.get(b"SCRIPT_NAME"), Some(&b"/again.php"[..]));
+        // A stream cut short yields the whole pairs before the cut, and no more.
+        let cut = &p.encoded()[..p.encoded().len() - 1];
+        assert_eq!(all_pairs(cut).len(), 2);
+        assert_eq!(all_pairs(&[0x80, 0, 0]), vec![]);
     }
 
     #[test]

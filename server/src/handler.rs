@@ -13,6 +13,8 @@ pub struct Request<'a> {
     pub peer: SocketAddr,
     /// Arrived over TLS (so cookies can be `Secure`, `__Host-`).
     pub secure: bool,
+    /// The port of the listener it arrived on (what the client's `Host` says may differ).
+    pub local_port: u16,
     /// Wall-clock seconds (the worker's per-turn clock; no syscall).
     pub unix_secs: u64,
     /// Monotonic milliseconds of the worker's clock.

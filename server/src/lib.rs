@@ -210,6 +210,9 @@ impl Server {
             tls: self.tls,
             hsts_line,
             https_port: std::sync::atomic::AtomicU16::new(0),
+            listener_ports: (self.config.runtime.listen.iter())
+                .map(|addr| std::sync::atomic::AtomicU16::new(addr.port()))
+                .collect(),
             bans: self.bans,
             access_logs: access_logs
                 .iter()
@@ -225,6 +228,9 @@ impl Server {
             after_bind,
             worker::MakeHttpWorker(for_workers),
         )?;
+        for (port, addr) in shared.listener_ports.iter().zip(runtime.local_addrs()) {
+            port.store(addr.port(), std::sync::atomic::Ordering::Relaxed);
+        }
         let https = (0..runtime.local_addrs().len())
             .find(|&i| self.config.listener_kinds.get(i) == Some(&ListenerKind::Https));
         if let Some(i) = https {

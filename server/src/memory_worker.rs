@@ -82,6 +82,9 @@ impl MemoryWorker {
             tls,
             hsts_line: None,
             https_port: std::sync::atomic::AtomicU16::new(0),
+            listener_ports: (config.runtime.listen.iter())
+                .map(|addr| std::sync::atomic::AtomicU16::new(addr.port()))
+                .collect(),
             bans,
             access_logs: Vec::new(),
             turn_ends: Vec::new(),

@@ -220,6 +220,7 @@ pub fn with_request<R>(
         body: &[],
         peer,
         secure,
+        local_port: if secure { 443 } else { 80 },
         unix_secs: 0,
         now_ms: 0,
     })

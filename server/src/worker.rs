@@ -36,6 +36,9 @@ pub(crate) struct Shared {
     pub hsts_line: Option<Vec<u8>>,
     /// The bound port of the first TLS listener (for `--redirect-http`); 0 until known.
     pub https_port: std::sync::atomic::AtomicU16,
+    /// Each listener's bound port (by index in `runtime.listen`): the configured one, then,
+    /// once the runtime has bound them, the one chosen for port 0.
+    pub listener_ports: Vec<std::sync::atomic::AtomicU16>,
     pub bans: Option<Arc<Bans>>,
     pub access_logs: Vec<Arc<LogShared>>,
     /// Apps' end-of-turn work (see `TurnEnd`).
@@ -311,6 +314,11 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
                         peer,
                         key,
                         secure: tls.is_some(),
+                        local_port: self
+                            .shared
+                            .listener_ports
+                            .get(listener)
+                            .map_or(0, |p| p.load(Ordering::Relaxed)),
                         redirect_to_https,
                     },
                     tls,

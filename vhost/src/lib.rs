@@ -450,6 +450,7 @@ fn with_head<'r>(req: &Request<'r>, head: &'r RequestHead<'r>) -> Request<'r> {
         body: req.body,
         peer: req.peer,
         secure: req.secure,
+        local_port: req.local_port,
         unix_secs: req.unix_secs,
         now_ms: req.now_ms,
     }

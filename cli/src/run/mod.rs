@@ -270,6 +270,18 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
     needs
 }
 
+/// `SERVER_NAME` for a site's scripts: its first host that names one host (nginx passes its
+/// first `server_name`), never the client's `Host`. A site with none (a catch-all, or only
+/// `*.` patterns) has no name of its own: empty, as nginx passes for a server with no
+/// `server_name`, since any `Host` reaches it and so proves nothing.
+fn server_name(hosts: &[String]) -> String {
+    hosts
+        .iter()
+        .find(|h| !h.starts_with("*."))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Opens every static root and assembles the table. `app` is the running game, if any;
 /// `gate` the gateway that routes with `gate = true` stand behind.
 /// The access-log files, in the order the server gets them, and the log of each site.
@@ -407,7 +419,6 @@ fn build_table(
                         },
                         workers,
                     );
-                    let root = std::fs::canonicalize(&files.root).unwrap_or(files.root.clone());
                     let options = tern_proxy::ProxyOptions {
                         gate_cookie: gate.map(|g| g.config().config.cookie.clone()),
                         ..upstream.options.clone()
@@ -415,11 +426,11 @@ fn build_table(
                     Action::Handler(Arc::new(tern_proxy::fastcgi::FastCgi::new(
                         Arc::new(group),
                         tern_proxy::fastcgi::FastCgiOptions {
-                            root,
                             index: index.clone(),
+                            server_name: server_name(&site.hosts),
                         },
                         options,
-                        Box::new(static_files),
+                        static_files,
                     )))
                 }
                 RouteKind::Proxy(plan) => {
@@ -676,5 +687,27 @@ fn group_name(site: &str, route: &config::RoutePlan, named: &mut HashMap<String,
         base
     } else {
         format!("{base}#{n}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_name;
+
+    #[test]
+    fn a_sites_server_name_is_its_first_exact_host_or_none() {
+        let hosts = |list: &[&str]| list.iter().map(|h| h.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            server_name(&hosts(&["a.example", "b.example"])),
+            "a.example"
+        );
+        assert_eq!(
+            server_name(&hosts(&["*.a.example", "a.example"])),
+            "a.example"
+        );
+        assert_eq!(server_name(&hosts(&["[::1]"])), "[::1]");
+        // A catch-all, or only wildcards: no name of its own.
+        assert_eq!(server_name(&[]), "");
+        assert_eq!(server_name(&hosts(&["*.a.example"])), "");
     }
 }

@@ -60,6 +60,8 @@ pub(crate) struct Link {
     pub key: u64,
     /// Over TLS (HSTS goes on answers).
     pub secure: bool,
+    /// The bound port of the listener it came in on.
+    pub local_port: u16,
     /// A `--redirect-http` listener: every request is answered 308 to this https port.
     pub redirect_to_https: Option<u16>,
 }

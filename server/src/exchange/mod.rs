@@ -96,6 +96,7 @@ fn run(
         body,
         peer: link.peer,
         secure: link.secure,
+        local_port: link.local_port,
         unix_secs: cx.clock.unix_secs(),
         now_ms: cx.clock.now_ms(),
     };

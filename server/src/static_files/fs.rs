@@ -23,6 +23,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 const OPEN_FLAGS: libc::c_int =
     libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
 
+/// Flags to resolve a file without reading it (no read right needed; `fstat` works on it).
+/// `openat2` refuses any flag beside these with `O_PATH`.
+const PATH_ONLY_FLAGS: libc::c_int = libc::O_PATH | libc::O_CLOEXEC;
+
 /// Set once `openat2` answered ENOSYS; from then on the fallback is used directly.
 static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
 
@@ -81,6 +85,9 @@ pub(crate) struct Root {
     fd: OwnedFd,
     /// (dev, ino) of the directory, to notice when the configured path names another one.
     id: (u64, u64),
+    /// The directory's path with no symlink in it (`current -> releases/N` resolved when it
+    /// was opened), for programs that open its files by name (FastCGI scripts).
+    real: std::path::PathBuf,
 }
 
 impl Root {
@@ -91,7 +98,9 @@ impl Root {
                 format!("static root {}: {what}: {e}", path.display()),
             )
         };
-        let meta = std::fs::metadata(path).map_err(|e| ctx(e, "cannot access"))?;
+        // The directory is opened by its resolved path, so `real` names the one opened.
+        let real = std::fs::canonicalize(path).map_err(|e| ctx(e, "cannot access"))?;
+        let meta = std::fs::metadata(&real).map_err(|e| ctx(e, "cannot access"))?;
         if !meta.is_dir() {
             return Err(io::Error::new(
                 io::ErrorKind::NotADirectory,
@@ -101,15 +110,21 @@ impl Root {
         let dir = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-            .open(path)
+            .open(&real)
             .map_err(|e| ctx(e, "cannot open"))?;
         // Listing proves the directory is readable (opening alone does not need `x`).
-        std::fs::read_dir(path).map_err(|e| ctx(e, "cannot read"))?;
+        std::fs::read_dir(&real).map_err(|e| ctx(e, "cannot read"))?;
         let st = fstat(&dir).map_err(|e| ctx(e, "cannot stat"))?;
         Ok(Root {
             fd: OwnedFd::from(dir),
             id: (st.dev, st.ino),
+            real,
         })
+    }
+
+    /// The root's path as opened, with no symlink in it.
+    pub fn real_path(&self) -> &Path {
+        &self.real
     }
 
     /// Whether `path` (followed through symlinks) still names this directory. False when it
@@ -122,9 +137,22 @@ impl Root {
     /// Opens `rel` (relative, no leading slash; `.` for the root itself) for reading, refusing
     /// anything that resolves outside the root.
     pub fn open_beneath(&self, rel: &CStr) -> io::Result<File> {
+        self.open_beneath_with(rel, OPEN_FLAGS)
+    }
+
+    /// `stat` of what `rel` resolves to by the same rule as [`Root::open_beneath`] (nothing
+    /// outside the root), without the right to read it: the file is opened `O_PATH`. For a
+    /// file another program opens by name (a FastCGI script tern never reads).
+    pub fn stat_beneath(&self, rel: &CStr) -> io::Result<FileStat> {
+        let file = self.open_beneath_with(rel, PATH_ONLY_FLAGS)?;
+        fstat(&file)
+    }
+
+    /// `flags` for the file itself: [`OPEN_FLAGS`] or [`PATH_ONLY_FLAGS`].
+    fn open_beneath_with(&self, rel: &CStr, flags: libc::c_int) -> io::Result<File> {
         #[cfg(target_os = "linux")]
         if !OPENAT2_MISSING.load(Ordering::Relaxed) {
-            match self.open_openat2(rel) {
+            match self.open_openat2(rel, flags) {
                 Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
                     // Expected in the sandbox and as safe: not worth a warning.
                     OPENAT2_MISSING.store(true, Ordering::Relaxed);
@@ -135,15 +163,16 @@ impl Root {
                 other => return other,
             }
         }
-        self.open_fallback(rel)
+        self.open_fallback(rel, flags)
     }
 
+    /// `flags` for the file itself: [`OPEN_FLAGS`] or [`PATH_ONLY_FLAGS`].
     #[cfg(target_os = "linux")]
-    pub fn open_openat2(&self, rel: &CStr) -> io::Result<File> {
+    fn open_openat2(&self, rel: &CStr, flags: libc::c_int) -> io::Result<File> {
         // `open_how` is non_exhaustive in libc, so build it zeroed and fill the fields in.
         // SAFETY: open_how is a plain C struct of three u64s; all-zero is a valid value.
         let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-        how.flags = OPEN_FLAGS as u64;
+        how.flags = flags as u64;
         how.mode = 0;
         how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
         // SAFETY: openat2(2) takes (dirfd, NUL-terminated path, *const open_how, size). `rel`
@@ -172,8 +201,8 @@ impl Root {
     /// like a path walk), so nothing renamed or swapped in meanwhile can lead out. A symlink
     /// met on the way is read (`readlinkat`) and its target walked the same way: an absolute
     /// target, or a `..` above the root, fails with EXDEV, more than 40 links with ELOOP, as
-    /// `openat2` does.
-    pub fn open_fallback(&self, rel: &CStr) -> io::Result<File> {
+    /// `openat2` does. `file_flags` for the file itself: [`OPEN_FLAGS`] or [`PATH_ONLY_FLAGS`].
+    fn open_fallback(&self, rel: &CStr, file_flags: libc::c_int) -> io::Result<File> {
         const MAX_LINKS: usize = 40;
         let folder_flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         // The folders walked into below the root (the root itself when empty), and the names
@@ -191,11 +220,16 @@ impl Root {
             let at = folders.last().unwrap_or(&self.fd).as_raw_fd();
             let last = names.is_empty();
             let flags = if last {
-                OPEN_FLAGS | libc::O_NOFOLLOW
+                file_flags | libc::O_NOFOLLOW
             } else {
                 folder_flags
             };
             let error = match open_at(at, &name, flags) {
+                // `O_PATH | O_NOFOLLOW` opens a symlink itself where a read open fails with
+                // ELOOP: followed below the same way.
+                Ok(fd) if last && file_flags & libc::O_PATH != 0 && is_symlink(&fd)? => {
+                    io::Error::from_raw_os_error(libc::ELOOP)
+                }
                 Ok(fd) if last => return Ok(File::from(fd)),
                 Ok(fd) => {
                     folders.push(fd);
@@ -221,7 +255,7 @@ impl Root {
         }
         // `rel` was `.` (or led back to a folder by `..`): open that folder itself.
         let at = folders.last().unwrap_or(&self.fd).as_raw_fd();
-        open_at(at, b".", OPEN_FLAGS).map(File::from)
+        open_at(at, b".", file_flags).map(File::from)
     }
 
     /// `stat` of `rel` relative to the root, following symlinks like the open does. Used only
@@ -260,6 +294,11 @@ fn open_at(at: libc::c_int, name: &[u8], flags: libc::c_int) -> io::Result<Owned
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Whether `fd` (opened `O_PATH | O_NOFOLLOW`) is a symlink.
+fn is_symlink(fd: &OwnedFd) -> io::Result<bool> {
+    Ok(raw_fstat(fd)?.st_mode & libc::S_IFMT == libc::S_IFLNK)
+}
+
 /// The target of the symlink `name` in the folder `at`.
 fn read_link_at(at: libc::c_int, name: &[u8]) -> io::Result<Vec<u8>> {
     let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::ENOENT))?;
@@ -276,14 +315,20 @@ fn read_link_at(at: libc::c_int, name: &[u8]) -> io::Result<Vec<u8>> {
 }
 
 pub(crate) fn fstat(file: &File) -> io::Result<FileStat> {
+    raw_fstat(file).map(|st| FileStat::from_libc(&st))
+}
+
+/// `fstat(2)`; an `O_PATH` descriptor may be given too.
+fn raw_fstat(fd: &impl AsRawFd) -> io::Result<libc::stat> {
     // SAFETY: all-zero is a valid `struct stat`; fstat fills it in on success.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `file` keeps the descriptor open across the call; `st` is writable.
-    let ret = unsafe { libc::fstat(file.as_raw_fd(), &mut st) };
+    // SAFETY: the caller's borrow keeps the descriptor open across the call; `st` is
+    // writable and the kernel writes only into it.
+    let ret = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
     if ret != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(FileStat::from_libc(&st))
+    Ok(st)
 }
 
 #[cfg(test)]
@@ -338,16 +383,16 @@ mod tests {
     #[test]
     fn openat2_refuses_everything_outside_the_root() {
         let (_tmp, root) = setup();
-        check_escapes(|p| root.open_openat2(p));
-        let err = root.open_openat2(&c("rel-out")).unwrap_err();
+        check_escapes(|p| root.open_openat2(p, OPEN_FLAGS));
+        let err = root.open_openat2(&c("rel-out"), OPEN_FLAGS).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EXDEV));
     }
 
     #[test]
     fn fallback_refuses_everything_outside_the_root() {
         let (_tmp, root) = setup();
-        check_escapes(|p| root.open_fallback(p));
-        let err = root.open_fallback(&c("rel-out")).unwrap_err();
+        check_escapes(|p| root.open_fallback(p, OPEN_FLAGS));
+        let err = root.open_fallback(&c("rel-out"), OPEN_FLAGS).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EXDEV));
     }
 
@@ -363,13 +408,13 @@ mod tests {
         std::os::unix::fs::symlink("../sub/in.txt", base.join("sub/back-in")).unwrap();
         std::os::unix::fs::symlink("loop", base.join("loop")).unwrap();
         std::fs::create_dir(base.join("moved")).unwrap();
-        type Open = fn(&Root, &CStr) -> io::Result<File>;
+        type Open = fn(&Root, &CStr, libc::c_int) -> io::Result<File>;
         let opens: [(&str, Open); 2] = [
             ("openat2", Root::open_openat2),
             ("fallback", Root::open_fallback),
         ];
         for (how, open) in opens {
-            let open = |p: &str| open(&root, &c(p));
+            let open = |p: &str| open(&root, &c(p), OPEN_FLAGS);
             assert_eq!(read(open("sub-link/in.txt")).unwrap(), "inside", "{how}");
             assert_eq!(read(open("sub/back-in")).unwrap(), "inside", "{how}");
             assert_eq!(read(open("./sub//in.txt")).unwrap(), "inside", "{how}");
@@ -381,8 +426,63 @@ mod tests {
         // A folder replaced by an absolute link, here to the outside.
         std::fs::remove_dir(base.join("moved")).unwrap();
         std::os::unix::fs::symlink(tmp.path(), base.join("moved")).unwrap();
-        let replaced = root.open_fallback(&c("moved/secret.txt")).unwrap_err();
+        let replaced = root
+            .open_fallback(&c("moved/secret.txt"), OPEN_FLAGS)
+            .unwrap_err();
         assert_eq!(replaced.raw_os_error(), Some(libc::EXDEV));
+    }
+
+    /// Resolving without reading (`O_PATH`, a FastCGI script's check) keeps the same rule
+    /// both ways, follows links that stay inside, and needs no right to read the file.
+    #[test]
+    fn stat_beneath_resolves_by_the_same_rule_without_reading() {
+        use std::os::unix::fs::PermissionsExt;
+        let (tmp, root) = setup();
+        let base = tmp.path().join("root");
+        std::fs::write(base.join("sealed.php"), "x").unwrap();
+        let sealed = std::fs::Permissions::from_mode(0o000);
+        std::fs::set_permissions(base.join("sealed.php"), sealed).unwrap();
+        std::os::unix::fs::symlink("sub", base.join("sub-link")).unwrap();
+        std::os::unix::fs::symlink("loop", base.join("loop")).unwrap();
+        type Open = fn(&Root, &CStr, libc::c_int) -> io::Result<File>;
+        let mut ways: Vec<(&str, Open)> = vec![("fallback", Root::open_fallback)];
+        #[cfg(target_os = "linux")]
+        ways.push(("openat2", Root::open_openat2));
+        for (how, open) in ways {
+            let stat = |p: &str| open(&root, &c(p), PATH_ONLY_FLAGS).and_then(|f| fstat(&f));
+            let inside = stat("rel-in").unwrap();
+            assert_eq!((inside.kind, inside.size), (Kind::File, 6), "{how}");
+            assert_eq!(stat("sub-link/in.txt").unwrap().kind, Kind::File, "{how}");
+            assert_eq!(stat("sub").unwrap().kind, Kind::Dir, "{how}");
+            assert_eq!(stat(".").unwrap().kind, Kind::Dir, "{how}");
+            assert_eq!(stat("sealed.php").unwrap().kind, Kind::File, "{how}");
+            for bad in [
+                "rel-out",
+                "abs-out",
+                "up/secret.txt",
+                "../secret.txt",
+                "magic",
+                "/etc/passwd",
+            ] {
+                assert!(stat(bad).is_err(), "{how}: {bad} must not resolve");
+            }
+            let looped = stat("loop").unwrap_err();
+            assert_eq!(looped.raw_os_error(), Some(libc::ELOOP), "{how}");
+        }
+        assert_eq!(root.stat_beneath(&c("rel-in")).unwrap().size, 6);
+        let out = root.stat_beneath(&c("rel-out")).unwrap_err();
+        assert_eq!(out.raw_os_error(), Some(libc::EXDEV));
+    }
+
+    #[test]
+    fn a_root_opened_through_a_symlink_knows_its_real_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("releases/1")).unwrap();
+        std::os::unix::fs::symlink("releases/1", tmp.path().join("current")).unwrap();
+        let root = Root::open(&tmp.path().join("current")).unwrap();
+        let real = std::fs::canonicalize(tmp.path().join("releases/1")).unwrap();
+        assert_eq!(root.real_path(), real);
+        assert!(root.is_still(&tmp.path().join("current")));
     }
 
     #[test]

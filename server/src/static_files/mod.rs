@@ -124,6 +124,17 @@ fn validate(mut opts: StaticOptions) -> io::Result<StaticOptions> {
     Ok(opts)
 }
 
+/// A regular file beneath a static root, for a program that opens it by name itself (a
+/// FastCGI server running a script).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileBeneath {
+    /// The root's path with no symlink in it, as last opened: a deploy that switches a
+    /// `current -> releases/N` link is followed as for the files served.
+    pub root: PathBuf,
+    /// The file: `root`, then the request's path below it.
+    pub path: PathBuf,
+}
+
 impl StaticFiles {
     /// Opens the root directory. Fails with a message naming the path when it is missing,
     /// unreadable or not a directory, or when an option is unusable.
@@ -183,6 +194,45 @@ impl StaticFiles {
         }));
         self.settings.store(Arc::new(Settings { gen, opts }));
         Ok(())
+    }
+
+    /// The regular file `key` names beneath the root, judged by the rules a request for it
+    /// meets here: the same path and dotfile rules, the same resolution that refuses `..`
+    /// and any symlink leading out of the root. `key` is decoded from the canonical path the
+    /// request was routed by ([`crate::decoded_path`]), e.g. `/blog/index.php`. The file is
+    /// resolved, not opened for reading (`O_PATH`): tern needs no right to read a script it
+    /// never sends.
+    ///
+    /// `Ok(None)`: no regular file there (missing, a folder, or outside the root: a request
+    /// for it finds nothing either). `Err`: the answer a request for it gets instead (404
+    /// for a dotfile while dotfiles are not served, like the file itself; 400; 403; 503).
+    pub fn file_beneath(&self, key: &str, now_ms: u64) -> Result<Option<FileBeneath>, Response> {
+        match path::check_key(key.as_bytes(), self.settings.load().opts.serve_dotfiles) {
+            Ok(()) => {}
+            Err(PathError::BadRequest) => return Err(bad_request()),
+            Err(PathError::NotFound) => return Err(not_found()),
+        }
+        let rel = &key[1..];
+        if rel.is_empty() || rel.ends_with('/') {
+            return Ok(None); // a folder
+        }
+        // `check_key` refused NUL.
+        let Ok(rel_c) = CString::new(rel) else {
+            return Err(bad_request());
+        };
+        let rooted = self.root();
+        match rooted.dir.stat_beneath(&rel_c) {
+            Ok(stat) if stat.kind == Kind::File => {
+                let root = rooted.dir.real_path();
+                Ok(Some(FileBeneath {
+                    root: root.to_path_buf(),
+                    path: root.join(rel),
+                }))
+            }
+            Ok(_) => Ok(None),
+            Err(e) if entry::is_absent(&e) => Ok(None),
+            Err(e) => Err(io_failure(&e, now_ms)),
+        }
     }
 
     pub fn cache_stats(&self) -> CacheStats {

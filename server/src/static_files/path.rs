@@ -26,10 +26,19 @@ pub(crate) enum PathError {
 /// dotfiles and what only a head built by hand, not by the codec, could hold (NUL, `\\`,
 /// `//`, a `.` or `..` segment), which must never reach the file system.
 pub(crate) fn file_key(path: &str, serve_dotfiles: bool) -> Result<Cow<'_, [u8]>, PathError> {
-    if !path.starts_with('/') {
+    let key = decoded_path(path);
+    check_key(&key, serve_dotfiles)?;
+    Ok(key)
+}
+
+/// The rules a decoded path below the root must pass, whoever opens its file (the static
+/// files, or a FastCGI server given a script's name): none of what only a head built by
+/// hand could hold (NUL, `\\`, `//`, a `.` or `..` segment: 400), and no dotfile while
+/// dotfiles are off (404).
+pub(crate) fn check_key(key: &[u8], serve_dotfiles: bool) -> Result<(), PathError> {
+    if !key.starts_with(b"/") {
         return Err(PathError::BadRequest);
     }
-    let key = decoded_path(path);
     let mut dotfile = false;
     let mut prev = 0u8;
     for (i, &c) in key.iter().enumerate() {
@@ -50,7 +59,7 @@ pub(crate) fn file_key(path: &str, serve_dotfiles: bool) -> Result<Cow<'_, [u8]>
     if dotfile && !serve_dotfiles {
         return Err(PathError::NotFound);
     }
-    Ok(key)
+    Ok(())
 }
 
 /// The codec's canonical form, then [`file_key`]: from a raw request path to the file a

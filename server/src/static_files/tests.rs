@@ -56,6 +56,7 @@ fn call(sf: &StaticFiles, method: Method, target: &str, h: H<'_>, now_ms: u64) -
         body: &[],
         peer: "127.0.0.1:9".parse().unwrap(),
         secure: false,
+        local_port: 80,
         unix_secs: 0,
         now_ms,
     };
