@@ -122,9 +122,27 @@ fn describe(e: &postgres::Error) -> String {
         if !text.contains(&more) {
             text = format!("{text}: {more}");
         }
+        if let Some(hint) = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .and_then(certificate_hint)
+        {
+            text = format!("{text} ({hint})");
+        }
         cause = c.source();
     }
     text
+}
+
+/// What a refused server certificate means, where rustls says it in its own terms.
+fn certificate_hint(e: &rustls::Error) -> Option<&'static str> {
+    match e {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer) => {
+            Some("the server's certificate is not issued by a CA of sslrootcert")
+        }
+        _ => None,
+    }
 }
 
 /// What the sandbox must let tern connect to for `url`: TCP ports, and folders of Unix
@@ -245,7 +263,7 @@ impl Database {
         connected.map_err(|e| format!("cannot connect to {}: {}", self.shown, describe(&e)))
     }
 
-    /// How TLS is set up, e.g. "verify-full (chain and host name checked against FILE)".
+    /// How TLS is set up, e.g. "verify-full: chain and host name checked against FILE".
     pub fn tls_summary(&self) -> &str {
         &self.tls.summary
     }
@@ -375,7 +393,7 @@ pub fn check(url: &str) -> Result<String, String> {
         .get(0);
     Ok(format!(
         "{}: PostgreSQL {server}, schema version {SCHEMA_VERSION}, {claims} claimed addresses, \
-         synchronous_commit = {sync}, connection {} (sslmode={})",
+         synchronous_commit = {sync}, connection {}, sslmode={}",
         redact(url),
         encryption.as_deref().unwrap_or("not encrypted"),
         database.tls_summary()

@@ -139,7 +139,7 @@ pub struct Tls {
     pub mode: PgSslMode,
     /// `None` with `Disable`.
     pub connector: Option<MakeRustlsConnect>,
-    /// For logs and `--check`: e.g. "verify-full (roots from /etc/tern/pg-ca.pem)".
+    /// For logs and `--check`: e.g. "verify-full: chain and host name checked against FILE".
     pub summary: String,
 }
 
@@ -202,7 +202,7 @@ pub fn settle(params: &TlsParams, env: &Env, unix_only: bool) -> Result<Tls, Str
             mode: PgSslMode::Disable,
             connector: None,
             summary: if unix_only {
-                "no TLS over a Unix socket".into()
+                "disable: no TLS over a Unix socket".into()
             } else {
                 "disable".into()
             },
@@ -270,7 +270,7 @@ pub fn settle(params: &TlsParams, env: &Env, unix_only: bool) -> Result<Tls, Str
             PgSslMode::Require
         },
         connector: Some(MakeRustlsConnect::new(config)),
-        summary: format!("{} ({checked})", mode.name()),
+        summary: format!("{}: {checked}", mode.name()),
     })
 }
 
