@@ -843,3 +843,29 @@ impl ClaimStore for PgStore {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_parameters_are_checked_with_the_endpoints_and_kept_out_of_rust_postgres() {
+        // The README's failover URL: names for the certificates, addresses for the sandbox.
+        let url = "postgres://tern@db1.internal,db2.internal:5433/games?hostaddr=10.0.0.5,10.0.0.6\
+                   &target_session_attrs=read-write&sslmode=verify-full&sslrootcert=/etc/ca.pem";
+        assert_eq!(endpoints(url).unwrap().0, vec![5432, 5433]);
+        let e = endpoints("postgres://tern@h/games?sslmode=verify").unwrap_err();
+        assert!(e.contains("sslmode=\"verify\" is not supported"), "{e}");
+        // No lookup where the URL gives the addresses; TLS without a root needs no file.
+        let database = Database::open(
+            "postgres://tern@db1.internal,db2.internal/games?hostaddr=10.0.0.5,10.0.0.6\
+             &sslmode=require",
+        )
+        .unwrap();
+        assert_eq!(database.config.get_hostaddrs().len(), 2);
+        assert_eq!(
+            database.config.get_ssl_mode(),
+            postgres::config::SslMode::Require
+        );
+    }
+}
