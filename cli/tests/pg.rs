@@ -768,6 +768,24 @@ fn postgres_over_tls_as_libpq_does_it() {
     assert_eq!(owners(&plain)[&0x0a09_0002], "again");
     drop(a);
 
+    // A password role over verified TLS, SCRAM bound to the server's certificate
+    // (channel_binding=require: tls-server-end-point from the TLS adapter).
+    pg.add_password_role("player", "s3cret").unwrap();
+    postgres::Client::connect(&plain, postgres::NoTls)
+        .unwrap()
+        .batch_execute("CREATE DATABASE player OWNER player")
+        .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let player = format!(
+        "postgres://player@db.example:{}/player?hostaddr=127.0.0.1&channel_binding=require&sslmode=verify-full&sslrootcert={}",
+        pg.port(),
+        ca_file.display()
+    );
+    let mut cmd = demo_command(data.path(), &[], &["--store", &player, "--check"]);
+    cmd.env("HOME", home.path()).env("PGPASSWORD", "s3cret");
+    let ok = support::run_to_end(&mut cmd, Duration::from_secs(20));
+    assert!(encrypted(&ok), "{}", ok.stdout);
+
     // verify-full refuses a certificate for another name.
     let err = start_up_error(
         &by_ip(&format!(
