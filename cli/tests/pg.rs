@@ -2,8 +2,12 @@
 //! nodes on a throwaway cluster (`tern_ipv4_games::pg_cluster`, Debian's PostgreSQL binaries,
 //! installed by scripts/install-pg-test-deps). Several nodes play one game; an acknowledged
 //! claim is in the database whatever is killed; the database going away gives 503s, not hangs.
+//! TLS to the database as libpq's `sslmode` and `sslrootcert` say, against a cluster with
+//! `ssl = on` and certificates of a test CA.
 
 mod support;
+#[path = "support/tls.rs"]
+mod tls_support;
 
 use std::io::Write;
 use std::net::Ipv4Addr;
@@ -41,6 +45,66 @@ fn node(url: &str) -> Tern {
             "0.0.0.0/0",
         ],
     ))
+}
+
+/// `tern demo --store URL` with `HOME` set to `home` (where libpq's default root certificate
+/// file would be).
+fn node_at_home(url: &str, home: &std::path::Path) -> Tern {
+    let data = tempfile::tempdir().unwrap().keep();
+    let mut cmd = demo_command(
+        &data,
+        &["--listen", "127.0.0.1:0"],
+        &[
+            "--store",
+            url,
+            "--trusted-proxies",
+            "127.0.0.1",
+            "--rate-exempt",
+            "0.0.0.0/0",
+        ],
+    );
+    cmd.env("HOME", home);
+    Tern::spawn(cmd)
+}
+
+/// `tern demo --store URL --check` with `HOME` set to `home`, to its end.
+fn check_store(url: &str, home: &std::path::Path) -> support::Failed {
+    let data = tempfile::tempdir().unwrap();
+    let mut cmd = demo_command(data.path(), &[], &["--store", url, "--check"]);
+    cmd.env("HOME", home)
+        .env_remove("PGSSLMODE")
+        .env_remove("PGSSLROOTCERT");
+    support::run_to_end(&mut cmd, Duration::from_secs(20))
+}
+
+/// The one-line start-up error of `tern demo --store URL` (which must fail).
+fn start_up_error(url: &str, home: &std::path::Path) -> String {
+    let data = tempfile::tempdir().unwrap();
+    let mut cmd = demo_command(data.path(), support::LISTEN, &["--store", url]);
+    cmd.env("HOME", home)
+        .env_remove("PGSSLMODE")
+        .env_remove("PGSSLROOTCERT");
+    let failed = support::run_to_end(&mut cmd, Duration::from_secs(20));
+    assert!(!failed.status.success(), "{url} started");
+    let err = failed.stderr.trim_end().to_string();
+    assert_eq!(err.lines().count(), 1, "{url}: {err}");
+    assert!(err.starts_with("tern: "), "{url}: {err}");
+    err
+}
+
+/// How many of tern's sessions (`application_name = 'tern'`) use TLS, and how many do not
+/// (`pg_stat_ssl`, asked over a plain connection of the test's own).
+fn tern_sessions(url: &str) -> (i64, i64) {
+    let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    let row = c
+        .query_one(
+            "SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl)
+             FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+             WHERE a.application_name = 'tern'",
+            &[],
+        )
+        .unwrap();
+    (row.get(0), row.get(1))
 }
 
 fn claim(tern: &Tern, ip: &str, name: &str) -> (u16, String) {
@@ -313,6 +377,17 @@ fn check_and_start_up_errors_are_one_line() {
         "{}",
         ok.stdout
     );
+    // libpq's default, sslmode=prefer, goes plain with a server without TLS.
+    for url in [url.clone(), format!("{url}?sslmode=prefer")] {
+        let ok = check_store(&url, data.path());
+        assert!(ok.status.success(), "{url}: {}", ok.stderr);
+        assert!(
+            ok.stdout
+                .contains("connection not encrypted, sslmode=prefer"),
+            "{url}: {}",
+            ok.stdout
+        );
+    }
     // A role with a password: taken from PGPASSWORD when the URL has none.
     pg.add_password_role("player", "s3cret").unwrap();
     postgres::Client::connect(&url, postgres::NoTls)
@@ -344,6 +419,11 @@ fn check_and_start_up_errors_are_one_line() {
         (
             format!("postgres://player:wrong@127.0.0.1:{}/player", pg.port()),
             "password authentication failed",
+        ),
+        // TLS required of a server without it.
+        (
+            format!("{url}?sslmode=require"),
+            "error performing TLS handshake: server does not support TLS",
         ),
     ] {
         let failed = Tern::demo_failing(data.path(), &["--store", &bad]);
@@ -382,6 +462,20 @@ fn tern_run_plays_on_postgres_from_its_config() {
     assert!(!failed.status.success());
     assert!(
         failed.stderr.contains("line 8: store:") && failed.stderr.contains("not a postgres:// URL"),
+        "{}",
+        failed.stderr
+    );
+    // So is a TLS setting PostgreSQL's own client would refuse.
+    write(&format!("{url}?sslmode=verify-everything"));
+    let mut cmd = std::process::Command::new(support::TERN);
+    cmd.arg("run").arg("--check").arg("--config").arg(&config);
+    let failed = support::run_to_end(&mut cmd, Duration::from_secs(20));
+    assert!(!failed.status.success());
+    assert!(
+        failed.stderr.contains("line 8: store:")
+            && failed
+                .stderr
+                .contains("sslmode=\"verify-everything\" is not supported"),
         "{}",
         failed.stderr
     );
@@ -595,4 +689,179 @@ fn a_standby_promoted_under_load_loses_no_acknowledged_claim() {
         eventually(Duration::from_secs(5), || holdings(&a, "direct") == 1),
         "the node does not follow the promoted standby"
     );
+}
+
+#[test]
+fn postgres_over_tls_as_libpq_does_it() {
+    let _one_at_a_time = serial();
+    let pg = cluster();
+    let ca = tls_support::Ca::named("tern test PostgreSQL CA");
+    let stranger = tls_support::Ca::named("another CA");
+    let leaf = ca.issue("db", &["db.example"]);
+    pg.enable_tls(&leaf.cert_pem, &leaf.key_pem).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let ca_file = ca.write(home.path());
+    let stranger_dir = tempfile::tempdir().unwrap();
+    let stranger_file = stranger.write(stranger_dir.path());
+    let plain = pg.url("postgres");
+    let by_ip = |params: &str| format!("{plain}?{params}");
+    // The certificate's name, reached at the cluster's address without a lookup.
+    let by_name = |params: &str| {
+        format!(
+            "postgres://tern@db.example:{}/postgres?hostaddr=127.0.0.1&{params}",
+            pg.port()
+        )
+    };
+    let encrypted = |out: &support::Failed| {
+        assert!(out.status.success(), "{}", out.stderr);
+        out.stdout.contains("connection TLSv1.3 ")
+    };
+
+    // require: TLS, no certificate check (the name does not match, the CA is not given).
+    let ok = check_store(&by_ip("sslmode=require"), home.path());
+    assert!(encrypted(&ok), "{}", ok.stdout);
+    // libpq's default, prefer, takes TLS when the server offers it.
+    let ok = check_store(&plain, home.path());
+    assert!(encrypted(&ok), "{}", ok.stdout);
+    // disable: plain, although the server offers TLS.
+    let ok = check_store(&by_ip("sslmode=disable"), home.path());
+    assert!(ok.status.success(), "{}", ok.stderr);
+    assert!(
+        ok.stdout.contains("connection not encrypted"),
+        "{}",
+        ok.stdout
+    );
+
+    // verify-full: the right CA and name. Both of the node's sessions (the writer's and the
+    // follower's) are TLS, and so are they after the database restarted: reconnects inside
+    // the sandbox use the root certificate read at start-up.
+    let verified = by_name(&format!(
+        "sslmode=verify-full&sslrootcert={}",
+        ca_file.display()
+    ));
+    let ok = check_store(&verified, home.path());
+    assert!(encrypted(&ok), "{}", ok.stdout);
+    assert!(
+        ok.stdout.contains("chain and host name checked"),
+        "{}",
+        ok.stdout
+    );
+    println!("verify-full: {}", ok.stdout.trim_end());
+    let a = node_at_home(&verified, home.path());
+    assert_eq!(claim(&a, "10.9.0.1", "over-tls").0, 200);
+    assert!(
+        eventually(Duration::from_secs(5), || tern_sessions(&plain) == (2, 0)),
+        "tern's sessions: {:?}",
+        tern_sessions(&plain)
+    );
+    pg.restart_immediate().unwrap();
+    assert!(
+        eventually(Duration::from_secs(15), || claim(&a, "10.9.0.2", "again").0
+            == 200),
+        "claims never came back after the restart"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || tern_sessions(&plain) == (2, 0)),
+        "tern's sessions after the restart: {:?}",
+        tern_sessions(&plain)
+    );
+    assert_eq!(owners(&plain)[&0x0a09_0002], "again");
+    drop(a);
+
+    // A password role over verified TLS, SCRAM bound to the server's certificate
+    // (channel_binding=require: tls-server-end-point from the TLS adapter).
+    pg.add_password_role("player", "s3cret").unwrap();
+    postgres::Client::connect(&plain, postgres::NoTls)
+        .unwrap()
+        .batch_execute("CREATE DATABASE player OWNER player")
+        .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let player = format!(
+        "postgres://player@db.example:{}/player?hostaddr=127.0.0.1&channel_binding=require&sslmode=verify-full&sslrootcert={}",
+        pg.port(),
+        ca_file.display()
+    );
+    let mut cmd = demo_command(data.path(), &[], &["--store", &player, "--check"]);
+    cmd.env("HOME", home.path()).env("PGPASSWORD", "s3cret");
+    let ok = support::run_to_end(&mut cmd, Duration::from_secs(20));
+    assert!(encrypted(&ok), "{}", ok.stdout);
+
+    // verify-full refuses a certificate for another name.
+    let err = start_up_error(
+        &by_ip(&format!(
+            "sslmode=verify-full&sslrootcert={}",
+            ca_file.display()
+        )),
+        home.path(),
+    );
+    assert!(
+        err.contains("cannot connect") && err.contains("not valid for name \"127.0.0.1\""),
+        "{err}"
+    );
+    println!("verify-full, wrong name: {err}");
+    // verify-ca checks the chain, not the name.
+    let ok = check_store(
+        &by_ip(&format!(
+            "sslmode=verify-ca&sslrootcert={}",
+            ca_file.display()
+        )),
+        home.path(),
+    );
+    assert!(encrypted(&ok), "{}", ok.stdout);
+    // verify-ca, verify-full and require with a root certificate refuse another CA's chain.
+    for mode in ["verify-ca", "verify-full", "require"] {
+        let err = start_up_error(
+            &by_name(&format!(
+                "sslmode={mode}&sslrootcert={}",
+                stranger_file.display()
+            )),
+            home.path(),
+        );
+        assert!(
+            err.contains("cannot connect")
+                && err.contains("invalid peer certificate: UnknownIssuer"),
+            "{mode}: {err}"
+        );
+        println!("{mode}, another CA: {err}");
+    }
+    // libpq's default root file counts: require checks the chain once it is there.
+    let default_root = home.path().join(".postgresql/root.crt");
+    std::fs::create_dir_all(default_root.parent().unwrap()).unwrap();
+    std::fs::write(&default_root, stranger.pem()).unwrap();
+    let err = start_up_error(&by_ip("sslmode=require"), home.path());
+    assert!(err.contains("UnknownIssuer"), "{err}");
+    std::fs::write(&default_root, ca.pem()).unwrap();
+    let ok = check_store(&by_name("sslmode=verify-full"), home.path());
+    assert!(encrypted(&ok), "{}", ok.stdout);
+    std::fs::remove_file(&default_root).unwrap();
+
+    // Settings that cannot work are one-line start-up errors.
+    for (url, says) in [
+        (by_ip("sslmode=allow"), "sslmode=\"allow\" is not supported"),
+        (by_ip("sslmode=verify-full"), "needs the CA certificate"),
+        (
+            by_ip("sslmode=verify-ca&sslrootcert=/nonexistent/ca.pem"),
+            "cannot read sslrootcert /nonexistent/ca.pem",
+        ),
+        (
+            by_ip("sslrootcert=system&sslmode=require"),
+            "sslrootcert=system needs sslmode=verify-full",
+        ),
+    ] {
+        let err = start_up_error(&url, home.path());
+        assert!(err.contains(says), "{url}: {err}");
+    }
+
+    // prefer goes plain when the handshake fails (libpq's retry); require does not.
+    pg.set("ssl_max_protocol_version", "TLSv1.2").unwrap();
+    pg.set("ssl_ciphers", "AES128-SHA").unwrap();
+    let ok = check_store(&plain, home.path());
+    assert!(ok.status.success(), "{}", ok.stderr);
+    assert!(
+        ok.stdout.contains("connection not encrypted"),
+        "{}",
+        ok.stdout
+    );
+    let err = start_up_error(&by_ip("sslmode=require"), home.path());
+    assert!(err.contains("error performing TLS handshake"), "{err}");
 }

@@ -203,6 +203,46 @@ impl PgCluster {
         self.psql("SELECT pg_reload_conf()").map(|_| ())
     }
 
+    /// Turns TLS on (`ssl = on`, reloaded) with this certificate chain and key (PEM), written
+    /// into the data folder where PostgreSQL wants them (the key readable by its owner only);
+    /// returns once new connections are offered TLS. Plain connections are still accepted.
+    pub fn enable_tls(&self, cert_pem: &str, key_pem: &str) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt;
+        let db = self.dir.join("db");
+        for (name, pem, mode) in [
+            ("server.crt", cert_pem, 0o644),
+            ("server.key", key_pem, 0o600),
+        ] {
+            let file = db.join(name);
+            std::fs::write(&file, pem).map_err(|e| format!("{}: {e}", file.display()))?;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| format!("{}: {e}", file.display()))?;
+            if self.as_postgres {
+                run(Command::new("chown").arg("postgres:").arg(&file))?;
+            }
+        }
+        self.set("ssl", "on")
+    }
+
+    /// `ALTER SYSTEM SET name = 'value'`, reloaded; returns once new sessions see it (a bad
+    /// value is refused by the reload, which then never shows: an error after 10 s).
+    pub fn set(&self, name: &str, value: &str) -> Result<(), String> {
+        self.psql(&format!("ALTER SYSTEM SET {name} = '{value}'"))?;
+        self.psql("SELECT pg_reload_conf()")?;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let out = self.psql(&format!("SHOW {name}"))?;
+            if String::from_utf8_lossy(&out.stdout).trim() == value {
+                return Ok(());
+            }
+            if std::time::Instant::now() > until {
+                let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
+                return Err(format!("{name} = '{value}' never took effect; log:\n{log}"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// `pg_ctl promote`: this standby becomes a primary.
     pub fn promote(&self) -> Result<(), String> {
         let db = self.dir.join("db");
@@ -228,14 +268,11 @@ impl PgCluster {
         )
     }
 
-    /// `pg_ctl restart -m immediate`: a crash and restart of the database.
+    /// A crash and restart of the database: `stop` then `start_again` (`pg_ctl restart` would
+    /// leave the new server writing to this process's pipe, and `output()` would never end).
     pub fn restart_immediate(&self) -> Result<(), String> {
-        let db = self.dir.join("db");
-        self.pg(
-            "pg_ctl",
-            &["-D", path(&db), "-m", "immediate", "-w", "restart"],
-        )
-        .map(|_| ())
+        self.stop()?;
+        self.start_again()
     }
 
     /// `pg_ctl stop -m immediate`.

@@ -9,6 +9,7 @@
 
 pub mod journal;
 pub mod postgres;
+mod postgres_tls;
 
 use std::sync::Arc;
 

@@ -20,13 +20,17 @@
 //! statement and the commit's flush.
 //!
 //! The client is `postgres` (rust-postgres, synchronous, its own current-thread tokio runtime
-//! inside the two threads that use it).
+//! inside the two threads that use it). Every connection (the writer's, the follower's,
+//! their reconnects, `--check`) is made from one [`Database`], settled at start-up: TLS as
+//! the URL's `sslmode` and `sslrootcert` say (`postgres_tls`), names resolved.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use postgres::{Client, NoTls};
+
+use super::postgres_tls::{self, Tls};
 use tern_server::{Pending, Response, Server, StopSignal};
 use tern_services::handoff::Refused;
 use tern_services::metrics::Metric;
@@ -54,7 +58,8 @@ const LOG_KEEP: &str = "1 hour";
 /// Settings of the PostgreSQL store.
 #[derive(Debug, Clone)]
 pub struct PgOptions {
-    /// `postgres://user@host:port/db` (any libpq-style URL rust-postgres accepts).
+    /// `postgres://user@host:port/db?sslmode=verify-full&sslrootcert=/etc/ca.pem` (any URL
+    /// rust-postgres accepts, plus libpq's `sslmode` values and `sslrootcert`).
     pub url: String,
     /// Turns' claims that may wait for the writer; beyond it claims are answered 503.
     pub queue: usize,
@@ -69,6 +74,7 @@ type Turn = (Instant, Vec<Staged>);
 
 pub struct PgStore {
     options: PgOptions,
+    database: Database,
     turns: HandoffSender<Turn>,
     receiver: Mutex<Option<HandoffReceiver<Turn>>>,
     /// The writer cannot reach the database: claims are answered 503 at once.
@@ -103,19 +109,50 @@ struct Stats {
     bootstrapped: AtomicU64,
 }
 
-/// An error with the database's own message when there is one (rust-postgres's `Display`
-/// says only "db error").
+/// An error with the database's own message when there is one, else with its causes
+/// (rust-postgres's `Display` says only "db error", "error performing TLS handshake").
 fn describe(e: &postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{}: {}", db.severity(), db.message()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {}", db.severity(), db.message());
+    }
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        if let Some(hint) = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .and_then(certificate_hint)
+        {
+            text = format!("{text} ({hint})");
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// What a refused server certificate means, where rustls says it in its own terms.
+fn certificate_hint(e: &rustls::Error) -> Option<&'static str> {
+    match e {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer) => {
+            Some("the server's certificate is not issued by a CA of sslrootcert")
+        }
+        _ => None,
     }
 }
 
 /// What the sandbox must let tern connect to for `url`: TCP ports, and folders of Unix
 /// sockets (a `host=/run/postgresql` URL).
+/// Also checks the URL's TLS parameters (no file is read here).
 pub fn endpoints(url: &str) -> Result<(Vec<u16>, Vec<std::path::PathBuf>), String> {
-    let config: postgres::Config = url
+    let params = postgres_tls::split_url(url)?;
+    postgres_tls::check(&params)?;
+    let config: postgres::Config = params
+        .url
         .parse()
         .map_err(|e| format!("bad PostgreSQL URL {:?}: {e}", redact(url)))?;
     let ports = config.get_ports();
@@ -134,51 +171,102 @@ pub fn endpoints(url: &str) -> Result<(Vec<u16>, Vec<std::path::PathBuf>), Strin
     Ok((tcp, unix))
 }
 
-/// The connection settings for `url`, with names resolved now: reconnects happen inside the
-/// sandbox, which allows no DNS lookups (a database that moves to another address needs a
-/// restart of tern, or a stable address such as a virtual IP). A URL without a password
-/// takes `PGPASSWORD` from the environment, as libpq does: a password on the command line
-/// would be visible to every user in `ps`.
-fn config(url: &str) -> Result<postgres::Config, String> {
-    let mut config: postgres::Config = url
-        .parse()
-        .map_err(|e| format!("bad PostgreSQL URL {:?}: {e}", redact(url)))?;
-    if config.get_password().is_none() {
-        if let Some(password) = std::env::var_os("PGPASSWORD") {
-            config.password(password.as_encoded_bytes());
-        }
-    }
-    let mut addrs = Vec::new();
-    for host in config.get_hosts() {
-        if let postgres::config::Host::Tcp(name) = host {
-            let ip = match name.parse::<std::net::IpAddr>() {
-                Ok(ip) => ip,
-                Err(_) => std::net::ToSocketAddrs::to_socket_addrs(&(name.as_str(), 0))
-                    .map_err(|e| format!("cannot resolve the PostgreSQL host {name}: {e}"))?
-                    .next()
-                    .ok_or_else(|| format!("the PostgreSQL host {name} has no address"))?
-                    .ip(),
-            };
-            addrs.push(ip);
-        }
-    }
-    for ip in addrs {
-        config.hostaddr(ip);
-    }
-    Ok(config)
+/// Where and how every connection is made, settled once at start-up: names resolved and root
+/// certificates read now, because reconnects happen inside the sandbox, which allows neither
+/// DNS lookups nor reading files (a database that moves to another address needs a restart
+/// of tern, or a stable address such as a virtual IP). A URL without a password takes
+/// `PGPASSWORD` from the environment, as libpq does: a password on the command line would be
+/// visible to every user in `ps`. Statement and lock timeouts turn a stuck database into
+/// errors (503s) instead of claims waiting without end.
+#[derive(Clone)]
+pub struct Database {
+    config: postgres::Config,
+    tls: Tls,
+    /// The URL without its password, for messages.
+    shown: String,
 }
 
-/// Connects with a statement timeout, so that a stuck database turns into errors (503s)
-/// instead of claims waiting without end.
-fn connect(url: &str) -> Result<Client, String> {
-    let mut config = config(url)?;
-    config
-        .connect_timeout(Duration::from_secs(5))
-        .options("-c statement_timeout=5000 -c lock_timeout=5000 -c client_min_messages=warning")
-        .application_name("tern");
-    config
-        .connect(NoTls)
-        .map_err(|e| format!("cannot connect to {}: {}", redact(url), describe(&e)))
+impl Database {
+    pub fn open(url: &str) -> Result<Database, String> {
+        let shown = redact(url);
+        let params = postgres_tls::split_url(url)?;
+        let mut config: postgres::Config = params
+            .url
+            .parse()
+            .map_err(|e| format!("bad PostgreSQL URL {shown:?}: {e}"))?;
+        if config.get_password().is_none() {
+            if let Some(password) = std::env::var_os("PGPASSWORD") {
+                config.password(password.as_encoded_bytes());
+            }
+        }
+        // A URL's own `hostaddr` says where to connect without a lookup.
+        if config.get_hostaddrs().is_empty() {
+            let mut addrs = Vec::new();
+            for host in config.get_hosts() {
+                if let postgres::config::Host::Tcp(name) = host {
+                    let ip = match name.parse::<std::net::IpAddr>() {
+                        Ok(ip) => ip,
+                        Err(_) => std::net::ToSocketAddrs::to_socket_addrs(&(name.as_str(), 0))
+                            .map_err(|e| format!("cannot resolve the PostgreSQL host {name}: {e}"))?
+                            .next()
+                            .ok_or_else(|| format!("the PostgreSQL host {name} has no address"))?
+                            .ip(),
+                    };
+                    addrs.push(ip);
+                }
+            }
+            for ip in addrs {
+                config.hostaddr(ip);
+            }
+        }
+        let unix_only = !config.get_hosts().is_empty()
+            && config.get_hostaddrs().is_empty()
+            && config
+                .get_hosts()
+                .iter()
+                .all(|h| !matches!(h, postgres::config::Host::Tcp(_)));
+        let tls = postgres_tls::settle(&params, &postgres_tls::Env::process(), unix_only)?;
+        config
+            .ssl_mode(tls.mode)
+            .connect_timeout(Duration::from_secs(5))
+            .options(
+                "-c statement_timeout=5000 -c lock_timeout=5000 -c client_min_messages=warning",
+            )
+            .application_name("tern");
+        Ok(Database { config, tls, shown })
+    }
+
+    pub fn connect(&self) -> Result<Client, String> {
+        let connected = match &self.tls.connector {
+            None => self.config.connect(NoTls),
+            Some(tls) => self.config.connect(tls.clone()),
+        };
+        let connected = match connected {
+            // `prefer` goes plain when the handshake fails, as libpq does (the server said it
+            // speaks TLS, but not in a way rustls accepts: an old protocol version, no
+            // common cipher suite). rust-postgres only says so in its message.
+            Err(e)
+                if self.tls.mode == postgres::config::SslMode::Prefer
+                    && e.to_string() == "error performing TLS handshake" =>
+            {
+                tracing::warn!(
+                    "the TLS handshake with PostgreSQL failed ({}); sslmode=prefer: connecting \
+                     without TLS",
+                    describe(&e)
+                );
+                let mut plain = self.config.clone();
+                plain.ssl_mode(postgres::config::SslMode::Disable);
+                plain.connect(NoTls)
+            }
+            other => other,
+        };
+        connected.map_err(|e| format!("cannot connect to {}: {}", self.shown, describe(&e)))
+    }
+
+    /// How TLS is set up, e.g. "verify-full: chain and host name checked against FILE".
+    pub fn tls_summary(&self) -> &str {
+        &self.tls.summary
+    }
 }
 
 /// The URL without its password, for messages.
@@ -279,7 +367,8 @@ fn save_function() -> String {
 /// `tern demo --store URL --check`: connects, sets up or checks the schema, and says what
 /// the database holds.
 pub fn check(url: &str) -> Result<String, String> {
-    let mut client = connect(url)?;
+    let database = Database::open(url)?;
+    let mut client = database.connect()?;
     migrate(&mut client)?;
     let fail = |e: postgres::Error| format!("reading the database failed: {}", describe(&e));
     let claims: i64 = client
@@ -294,10 +383,20 @@ pub fn check(url: &str) -> Result<String, String> {
         .query_one("SHOW synchronous_commit", &[])
         .map_err(fail)?
         .get(0);
+    let encryption: Option<String> = client
+        .query_one(
+            "SELECT CASE WHEN ssl THEN version || ' ' || cipher END FROM pg_stat_ssl \
+             WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .map_err(fail)?
+        .get(0);
     Ok(format!(
         "{}: PostgreSQL {server}, schema version {SCHEMA_VERSION}, {claims} claimed addresses, \
-         synchronous_commit = {sync}",
-        redact(url)
+         synchronous_commit = {sync}, connection {}, sslmode={}",
+        redact(url),
+        encryption.as_deref().unwrap_or("not encrypted"),
+        database.tls_summary()
     ))
 }
 
@@ -306,11 +405,12 @@ impl PgStore {
     /// here is a start-up error (one line).
     pub fn open(options: PgOptions, land: &Land) -> Result<PgStore, String> {
         let started = Instant::now();
-        let mut client = connect(&options.url)?;
+        let database = Database::open(&options.url)?;
+        let mut client = database.connect()?;
         migrate(&mut client)?;
         let (cursor, loaded) = bootstrap(&mut client, land)?;
         let writer = Writer::new(client)?;
-        let follower_client = connect(&options.url)?;
+        let follower_client = database.connect()?;
         let stats = Stats::default();
         stats.bootstrapped.store(loaded, Ordering::Relaxed);
         stats
@@ -319,11 +419,13 @@ impl PgStore {
         tracing::info!(
             addresses = loaded,
             ms = started.elapsed().as_millis() as u64,
+            tls = database.tls_summary(),
             "IPv4 Games state loaded from PostgreSQL"
         );
         let (turns, receiver) = handoff(options.queue.max(1));
         Ok(PgStore {
             options,
+            database,
             turns,
             receiver: Mutex::new(Some(receiver)),
             down: AtomicBool::new(false),
@@ -347,7 +449,7 @@ impl PgStore {
             // thread tries to reconnect on its own, with backoff, not only when claims come.
             if writer.as_ref().is_none_or(|w| w.client.is_closed()) && Instant::now() >= retry_at {
                 writer = None;
-                match Writer::connect(&self.options.url) {
+                match Writer::connect(&self.database) {
                     Ok(w) => {
                         writer = Some(w);
                         backoff = Duration::from_millis(100);
@@ -401,7 +503,7 @@ impl PgStore {
                     .as_mut()
                     .is_some_and(|w| w.client.is_valid(Duration::from_secs(1)).is_err())
             {
-                writer = Writer::connect(&self.options.url).ok();
+                writer = Writer::connect(&self.database).ok();
                 if writer.is_some() {
                     self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
                 }
@@ -464,7 +566,7 @@ impl PgStore {
         let mut last_prune = Instant::now();
         while !stop.is_stopped() {
             if client.as_ref().is_none_or(|c| c.is_closed()) {
-                client = connect(&self.options.url).ok();
+                client = self.database.connect().ok();
                 if client.is_none() {
                     std::thread::sleep(Duration::from_millis(500));
                     continue;
@@ -513,8 +615,8 @@ struct Writer {
 }
 
 impl Writer {
-    fn connect(url: &str) -> Result<Writer, String> {
-        Writer::new(connect(url)?)
+    fn connect(database: &Database) -> Result<Writer, String> {
+        Writer::new(database.connect()?)
     }
 
     fn new(mut client: Client) -> Result<Writer, String> {
@@ -740,4 +842,30 @@ impl ClaimStore for PgStore {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_parameters_are_checked_with_the_endpoints_and_kept_out_of_rust_postgres() {
+        // The README's failover URL: names for the certificates, addresses for the sandbox.
+        let url = "postgres://tern@db1.internal,db2.internal:5433/games?hostaddr=10.0.0.5,10.0.0.6\
+                   &target_session_attrs=read-write&sslmode=verify-full&sslrootcert=/etc/ca.pem";
+        assert_eq!(endpoints(url).unwrap().0, vec![5432, 5433]);
+        let e = endpoints("postgres://tern@h/games?sslmode=verify").unwrap_err();
+        assert!(e.contains("sslmode=\"verify\" is not supported"), "{e}");
+        // No lookup where the URL gives the addresses; TLS without a root needs no file.
+        let database = Database::open(
+            "postgres://tern@db1.internal,db2.internal/games?hostaddr=10.0.0.5,10.0.0.6\
+             &sslmode=require",
+        )
+        .unwrap();
+        assert_eq!(database.config.get_hostaddrs().len(), 2);
+        assert_eq!(
+            database.config.get_ssl_mode(),
+            postgres::config::SslMode::Require
+        );
+    }
 }
