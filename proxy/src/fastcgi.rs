@@ -332,7 +332,7 @@ impl FastCgi {
     }
 
     /// A folder's path: the first `index` name in it (a script runs, another file is sent),
-    /// else the front controller, else the static side's answer for the folder.
+    /// else, if the folder exists, the front controller, else the static side's answer.
     fn folder(&self, path: &str, uri: &str, now_ms: u64) -> Result<Target, Response> {
         let index = &self.options.index;
         for name in &index.names {
@@ -348,9 +348,13 @@ impl FastCgi {
                 }));
             }
         }
+        // As nginx's index: the front controller for a folder that exists, nothing else.
         let Some(front) = &index.front_controller else {
             return Ok(Target::File);
         };
+        if !self.files.folder_beneath(path, now_ms)? {
+            return Ok(Target::File);
+        }
         let mut rendered = Vec::with_capacity(uri.len() + 16);
         front.render(&mut rendered, &uri_values(uri));
         let rendered = String::from_utf8_lossy(&rendered);
@@ -815,6 +819,7 @@ mod tests {
         let root = d.path().join("www");
         std::fs::create_dir_all(root.join("docs")).unwrap();
         std::fs::create_dir_all(root.join("apps/files")).unwrap();
+        std::fs::create_dir_all(root.join("a b")).unwrap();
         std::fs::write(root.join("docs/index.html"), "x").unwrap();
         let h = fastcgi_with(
             StaticOptions::new(&root),
@@ -834,6 +839,9 @@ mod tests {
             h.target("/a b/", "/a%20b/", 0).unwrap(),
             script(&d, "/index.php", "/a b/")
         );
+        // No such folder: no front controller (nginx's index answers 404), the static side.
+        assert_eq!(target(&h, "/nowhere/"), Target::File);
+        assert_eq!(target(&h, "/img.jpg/"), Target::File);
         // Without its script, the front controller is a missing script, never a loop.
         std::fs::remove_file(root.join("index.php")).unwrap();
         assert_eq!(target(&h, "/apps/files/"), Target::MissingScript);
