@@ -124,10 +124,7 @@ pub fn check_index(list: &[String]) -> Result<Index, String> {
 /// `/index.php` or `/index.php$uri`, so it can only run that script.
 fn check_front_controller(entry: &str) -> Result<Template, String> {
     let fixed = &entry[..entry.find('$').unwrap_or(entry.len())];
-    let names_script = fixed
-        .find(SCRIPT_EXTENSION)
-        .map(|at| at + SCRIPT_EXTENSION.len())
-        .is_some_and(|end| end == fixed.len() || fixed.as_bytes()[end] == b'/');
+    let names_script = script_end(fixed).is_some();
     if !names_script || fixed.starts_with("//") || fixed.contains(['?', '#', '\\']) {
         return Err(format!(
             "index {entry:?}: the front controller must be a script's path such as \"/index.php\" or \"/index.php$uri\""
@@ -312,12 +309,8 @@ impl FastCgi {
     fn split(&self, path: &str, now_ms: u64) -> Result<(Option<Script>, bool), Response> {
         let mut any = false;
         let mut from = 0;
-        while let Some(at) = path[from..].find(SCRIPT_EXTENSION) {
-            let end = from + at + SCRIPT_EXTENSION.len();
+        while let Some(end) = script_end(&path[from..]).map(|end| from + end) {
             from = end;
-            if end < path.len() && path.as_bytes()[end] != b'/' {
-                continue; // `/x.phpfoo`: not the extension
-            }
             any = true;
             if let Some(file) = self.files.file_beneath(&path[..end], now_ms)? {
                 let script = Script {
@@ -365,9 +358,17 @@ impl FastCgi {
         let Ok(decoded) = std::str::from_utf8(&decoded) else {
             return Err(Response::text(400, "bad request: the path is not UTF-8\n"));
         };
-        // The split alone, never `folder` again: the front controller is a script or 404.
-        Ok(match self.split(decoded, now_ms)?.0 {
-            Some(script) => Target::Script(script),
+        // The script its fixed start names (checked by `check_index`), or 404: never a
+        // script further on in the client's part, never `folder` again.
+        let Some(end) = script_end(decoded) else {
+            return Ok(Target::MissingScript);
+        };
+        Ok(match self.files.file_beneath(&decoded[..end], now_ms)? {
+            Some(file) => Target::Script(Script {
+                name: decoded[..end].to_string(),
+                file,
+                path_info: decoded[end..].to_string(),
+            }),
             None => Target::MissingScript,
         })
     }
@@ -430,6 +431,19 @@ impl FastCgi {
             wire: UpstreamWire::FastCgi,
         }))
     }
+}
+
+/// Where the first `.php` segment of `path` ends (`/x.php` or `/x.php/...`, not `/x.phpfoo`).
+fn script_end(path: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(at) = path[from..].find(SCRIPT_EXTENSION) {
+        let end = from + at + SCRIPT_EXTENSION.len();
+        if end == path.len() || path.as_bytes()[end] == b'/' {
+            return Some(end);
+        }
+        from = end;
+    }
+    None
 }
 
 /// The last segment is PHP source under some name, never sent as a static file: `.php` in
@@ -842,9 +856,14 @@ mod tests {
         // No such folder: no front controller (nginx's index answers 404), the static side.
         assert_eq!(target(&h, "/nowhere/"), Target::File);
         assert_eq!(target(&h, "/img.jpg/"), Target::File);
-        // Without its script, the front controller is a missing script, never a loop.
+        // Without its script, the front controller is a missing script, never a loop, and
+        // never a script named in the part the client chose.
         std::fs::remove_file(root.join("index.php")).unwrap();
         assert_eq!(target(&h, "/apps/files/"), Target::MissingScript);
+        std::fs::create_dir_all(root.join("x.php")).unwrap();
+        std::fs::create_dir_all(root.join("index.php")).unwrap();
+        std::fs::write(root.join("index.php/x.php"), "x").unwrap();
+        assert_eq!(target(&h, "/x.php/"), Target::MissingScript);
 
         let h = fastcgi_with(
             StaticOptions::new(&root),

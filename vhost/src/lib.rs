@@ -427,6 +427,8 @@ fn try_files(
                 Some(reply) => return Tried::Reply(reply),
                 None => continue,
             }
+        } else if previous.as_ref().is_some_and(|(asked, _)| *asked == path) {
+            continue; // `$uri/` for `/a/` is `$uri` again: missing again
         } else {
             path
         };
@@ -1236,6 +1238,15 @@ mod tests {
         LOOKUPS.store(0, Ordering::Relaxed);
         assert_eq!(ask(&mut c, &get("/docs")).0, 301);
         assert_eq!(LOOKUPS.load(Ordering::Relaxed), 1, "the redirect is $uri's");
+        LOOKUPS.store(0, Ordering::Relaxed);
+        assert!(ask(&mut c, &get("/articles/42/"))
+            .1
+            .ends_with("saw /index.php"));
+        assert_eq!(
+            LOOKUPS.load(Ordering::Relaxed),
+            2,
+            "$uri/ is $uri: asked once"
+        );
     }
 
     #[test]
