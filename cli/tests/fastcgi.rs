@@ -6,83 +6,17 @@
 //! claims and `Proxy:` reaching PHP as server variables, scripts through symlinks out of the
 //! root and dotfile scripts, `SERVER_NAME`/`SERVER_PORT` taken from `Host`).
 
+#[path = "support/php.rs"]
+mod php_support;
 mod support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
+use php_support::PhpFpm;
 use support::*;
-
-/// PHP-FPM with a pool of its own on a unix socket in `dir`.
-struct PhpFpm {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl PhpFpm {
-    fn start(dir: &Path) -> Option<PhpFpm> {
-        let binary = std::fs::read_dir("/usr/sbin")
-            .ok()?
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("php-fpm"))
-            });
-        let Some(binary) = binary else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "php-fpm is missing under CI: scripts/install-fastcgi-test-deps installs it"
-            );
-            eprintln!("SKIPPED: php-fpm is not installed (scripts/install-fastcgi-test-deps)");
-            return None;
-        };
-        let socket = dir.join("php.sock");
-        let conf = dir.join("php-fpm.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "[global]\nerror_log = {d}/fpm.log\ndaemonize = no\n\
-                 [site]\nlisten = {s}\nlisten.mode = 0666\npm = static\npm.max_children = 4\n\
-                 clear_env = yes\nsecurity.limit_extensions = .php\ncatch_workers_output = yes\n\
-                 php_admin_flag[log_errors] = on\nphp_admin_value[output_buffering] = 0\n",
-                d = dir.display(),
-                s = socket.display()
-            ),
-        )
-        .unwrap();
-        let mut cmd = Command::new(binary);
-        cmd.arg("--nodaemonize").arg("--fpm-config").arg(&conf);
-        cmd.arg("-n"); // no php.ini: the defaults, the same for both servers
-                       // php-fpm refuses to run as root unless told to (CI runs the tests as root).
-                       // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } == 0 {
-            cmd.arg("--allow-to-run-as-root");
-        }
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut fpm = PhpFpm { child, socket };
-        if !eventually(Duration::from_secs(10), || fpm.socket.exists()) {
-            let log = std::fs::read_to_string(dir.join("fpm.log")).unwrap_or_default();
-            let _ = fpm.child.kill();
-            panic!("php-fpm did not start: {log}");
-        }
-        Some(fpm)
-    }
-}
-
-impl Drop for PhpFpm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The site: scripts, a static file, and files that must never run or be served raw; beside
 /// it, `outside/` with a script that symlinks in `www` point to and must never run.
@@ -567,7 +501,12 @@ fn check_names_the_lines_of_misused_fastcgi_keys() {
             "[[site]]\nname = \"a\"\n\n[[site.route]]\npath = \"/\"\nstatic = \"{w}\"\n\
              fastcgi = \"unix:{w}/php.sock\"\nindex = \"../x.php\"\n\n\
              [[site.route]]\npath = \"/p\"\nproxy = \"127.0.0.1:9\"\nindex = \"index.php\"\n\n\
-             [[site.route]]\npath = \"/q\"\nfastcgi = \"127.0.0.1:9000\"\n",
+             [[site.route]]\npath = \"/q\"\nfastcgi = \"127.0.0.1:9000\"\n\n\
+             [[site.route]]\npath = \"/r\"\nstatic = \"{w}\"\nfastcgi = \"unix:{w}/php.sock\"\n\
+             index = [\"index.php\", \"/$uri\"]\n\
+             [site.route.fastcgi_params]\nSCRIPT_FILENAME = \"/etc/passwd\"\n\
+             SERVER_NAME = \"$host\"\nAPP_ENV = \"$nope\"\nfront_controller_active = \"true\"\n\n\
+             [[site.route]]\npath = \"/s\"\nproxy = \"127.0.0.1:9\"\nfastcgi_params = {{ A = \"1\" }}\n",
             w = www.display()
         ),
     )
@@ -588,6 +527,29 @@ fn check_names_the_lines_of_misused_fastcgi_keys() {
         "{text}"
     );
     assert!(text.contains("line 17:"), "{text}");
+    // The front controller must name a script; parameters that choose the script are
+    // refused, those that name the server take fixed values, variables are known ones.
+    assert!(
+        text.contains("line 23: index \"/$uri\": the front controller"),
+        "{text}"
+    );
+    assert!(
+        text.contains("line 25: fastcgi_params: SCRIPT_FILENAME is decided by tern"),
+        "{text}"
+    );
+    assert!(
+        text.contains("line 26: fastcgi_params: SERVER_NAME takes a fixed value"),
+        "{text}"
+    );
+    assert!(
+        text.contains("line 27: fastcgi_params: APP_ENV: \"$nope\": unknown variable $nope"),
+        "{text}"
+    );
+    assert!(!text.contains("line 28"), "{text}");
+    assert!(
+        text.contains("line 33: `fastcgi_params` does not apply to a proxy route"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -18,11 +18,23 @@
 //! in on (a `Host` claims both, and apps build absolute links, password resets among them,
 //! from these two).
 //!
+//! How a path is split (nginx's `fastcgi_split_path_info ^(.+?\.php)(/.*)$`): the first
+//! `.php` segment that names a script wins, wherever it is, and the rest is `PATH_INFO`, so
+//! `/remote.php/dav/files/admin/` (every WebDAV client lists folders with a trailing slash)
+//! runs `/remote.php`; only a path with no script in it is a folder, whose `index` names are
+//! tried in order and then, if the route has one, its front controller runs.
+//!
+//! What the config may add (`fastcgi_params`): parameters of its own and overrides of those
+//! tern sets only by convention (`HTTPS`, `SERVER_NAME`...), never the ones that say which
+//! script runs and for whom (`SCRIPT_FILENAME`, `DOCUMENT_ROOT`, `REMOTE_ADDR`...), see
+//! [`check_param`].
+//!
 //! What is never done: a script is run only if it exists as a file ending in `.php` (no
 //! `cgi.fix_pathinfo` guessing, so `upload.jpg/x.php` runs nothing); a `.php` file is never
 //! sent as a static file, whatever the case of its extension; a path with control characters
 //! is refused (PATH_INFO with a newline broke PHP-FPM: CVE-2019-11043).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use tern_fastcgi::{begin_request, http_param_name, Params, REQUEST_ID};
@@ -31,18 +43,197 @@ use tern_server::{
     Forward, Handler, HandlerContext, Method, Reply, Request, RequestHead, Response, UpstreamWire,
 };
 
+use tern_services::template::{Template, Values, Var};
+
 use crate::head;
 use crate::{ProxyOptions, UpstreamGroup};
 
 const SCRIPT_EXTENSION: &str = ".php";
 
-/// How a folder's script is named, and what the scripts are told the server is called.
+/// What a folder's path runs, what the scripts are told the server is called, and the
+/// parameters the config adds.
 #[derive(Debug, Clone, Default)]
 pub struct FastCgiOptions {
-    /// The script a folder's path runs when it exists (nginx's `index index.php`).
-    pub index: String,
+    /// What a folder's path runs or serves (nginx's `index`).
+    pub index: Index,
     /// `SERVER_NAME`: the site's name from the config (empty for a site that has none).
     pub server_name: String,
+    /// Parameters set or overridden by the config (nginx's `fastcgi_param`), checked by
+    /// [`check_param`].
+    pub params: Vec<Param>,
+}
+
+/// nginx's `index index.php index.html /index.php$request_uri`: file names tried in order
+/// in a folder (a `.php` name runs, another is sent as a file), then, for a folder none of
+/// them is in, the front controller: a script's path, maybe with `$uri`.
+#[derive(Debug, Clone)]
+pub struct Index {
+    pub names: Vec<String>,
+    pub front_controller: Option<Template>,
+}
+
+impl Default for Index {
+    fn default() -> Index {
+        Index {
+            names: vec![DEFAULT_INDEX.to_string()],
+            front_controller: None,
+        }
+    }
+}
+
+/// The script a folder's path runs when the config names none.
+pub const DEFAULT_INDEX: &str = "index.php";
+/// At most this many `index` entries: each costs a lookup for a folder's path.
+const MAX_INDEX: usize = 8;
+
+/// Checks an `index` list (see [`Index`]); the error says what is wrong with which entry.
+pub fn check_index(list: &[String]) -> Result<Index, String> {
+    if list.is_empty() || list.len() > MAX_INDEX {
+        return Err(format!("index takes 1 to {MAX_INDEX} entries"));
+    }
+    let (last, before) = list.split_last().expect("not empty");
+    let (names, front_controller) = if last.starts_with('/') {
+        (before, Some(check_front_controller(last)?))
+    } else {
+        (list, None)
+    };
+    for name in names {
+        let plain = !name.is_empty()
+            && !name.starts_with('.')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && !b"/\\?#%$".contains(&b));
+        if !plain {
+            return Err(format!(
+                "index {name:?} must be a file name (no `/`, not a dotfile) or, last, a script's path such as \"/index.php$uri\""
+            ));
+        }
+        if !name.ends_with(SCRIPT_EXTENSION) && names_php_source(name) {
+            return Err(format!(
+                "index {name:?} is PHP source under another name: it would be sent as a file"
+            ));
+        }
+    }
+    Ok(Index {
+        names: names.to_vec(),
+        front_controller,
+    })
+}
+
+/// The front controller: a path whose fixed start (before any variable) names a script,
+/// `/index.php` or `/index.php$uri`, so it can only run that script.
+fn check_front_controller(entry: &str) -> Result<Template, String> {
+    let fixed = &entry[..entry.find('$').unwrap_or(entry.len())];
+    let names_script = script_end(fixed).is_some();
+    if !names_script || fixed.starts_with("//") || fixed.contains(['?', '#', '\\']) {
+        return Err(format!(
+            "index {entry:?}: the front controller must be a script's path such as \"/index.php\" or \"/index.php$uri\""
+        ));
+    }
+    Template::parse(entry, &[Var::Uri], 0).map_err(|e| format!("index: {e}"))
+}
+
+/// One `fastcgi_params` entry: a CGI parameter and its value.
+#[derive(Debug, Clone)]
+pub struct Param {
+    pub name: String,
+    pub value: Template,
+}
+
+/// At most this many `fastcgi_params` per route.
+pub const MAX_PARAMS: usize = 64;
+
+/// The variables a parameter's value may hold.
+pub const PARAM_VARS: &[Var] = &[
+    Var::Client,
+    Var::Scheme,
+    Var::Host,
+    Var::RequestId,
+    Var::Uri,
+];
+
+/// What tern decides from the request it judged: which script runs, on which path, for
+/// whom, with which body. Overriding one would run a script the static files never judged
+/// (`SCRIPT_FILENAME`, or `PATH_TRANSLATED`, which PHP-FPM reads when the former is
+/// missing), tell the app another client or user than the gate saw, or break the body's
+/// framing.
+const DECIDED_PARAMS: &[&str] = &[
+    "SCRIPT_FILENAME",
+    "PATH_TRANSLATED",
+    "SCRIPT_NAME",
+    "PATH_INFO",
+    "DOCUMENT_ROOT",
+    "DOCUMENT_URI",
+    "REQUEST_URI",
+    "QUERY_STRING",
+    "REQUEST_METHOD",
+    "REMOTE_ADDR",
+    "REMOTE_PORT",
+    "REMOTE_USER",
+    "AUTH_TYPE",
+    "CONTENT_TYPE",
+    "CONTENT_LENGTH",
+    "SERVER_PROTOCOL",
+    "GATEWAY_INTERFACE",
+];
+
+/// Set from the config only, never from a request's variables: what the server is called
+/// (apps build absolute links, password resets among them, from these; `$host` here would
+/// be the Host header attack of nginx set-ups with `fastcgi_param SERVER_NAME $host`) and
+/// PHP's ini settings (a request must not choose `auto_prepend_file`...).
+const CONSTANT_PARAMS: &[&str] = &[
+    "SERVER_NAME",
+    "SERVER_PORT",
+    "SERVER_ADDR",
+    "HTTPS",
+    "REQUEST_SCHEME",
+    "PHP_VALUE",
+    "PHP_ADMIN_VALUE",
+];
+
+/// Checks one `fastcgi_params` entry: a name of letters, digits and `_` (not one tern
+/// decides, not `HTTP_*`, which are the request's fields), a value without control
+/// characters (PHP's ini parameters may hold newlines between settings) whose variables
+/// are [`PARAM_VARS`], none in [`CONSTANT_PARAMS`].
+pub fn check_param(name: &str, value: &str) -> Result<Param, String> {
+    let word = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !word {
+        return Err(format!(
+            "fastcgi_params: {name:?} is not a parameter name (letters, digits and _)"
+        ));
+    }
+    let upper = name.to_ascii_uppercase();
+    if DECIDED_PARAMS.contains(&upper.as_str()) {
+        return Err(format!(
+            "fastcgi_params: {name} is decided by tern from the request (which script runs, for whom), never by the config"
+        ));
+    }
+    if upper.starts_with("HTTP_") {
+        return Err(format!(
+            "fastcgi_params: {name}: HTTP_* parameters are the request's header fields"
+        ));
+    }
+    let ini = upper == "PHP_VALUE" || upper == "PHP_ADMIN_VALUE";
+    let control = |b: u8| (b < 0x20 && !(ini && b == b'\n')) || b == 0x7f;
+    if value.len() > 4096 || value.bytes().any(control) {
+        return Err(format!(
+            "fastcgi_params: the value of {name} must be at most 4096 bytes with no control characters"
+        ));
+    }
+    let template = Template::parse(value, PARAM_VARS, 0)
+        .map_err(|e| format!("fastcgi_params: {name}: {e}"))?;
+    if CONSTANT_PARAMS.contains(&upper.as_str()) && template.has_vars() {
+        return Err(format!(
+            "fastcgi_params: {name} takes a fixed value: a request must not choose it"
+        ));
+    }
+    Ok(Param {
+        name: name.to_string(),
+        value: template,
+    })
 }
 
 /// A route's handler: scripts to the FastCGI group, other paths to `files`, the route's
@@ -68,6 +259,8 @@ enum Target {
     Script(Script),
     /// A `.php` path with no such script: 404 (never the file itself).
     MissingScript,
+    /// A folder's index that is not a script: this name in the folder, sent as a file.
+    IndexFile(String),
     /// Not a script: a static file (or not found).
     File,
 }
@@ -88,39 +281,20 @@ impl FastCgi {
         }
     }
 
-    /// The script `path` (decoded, canonical) runs: the first `.php` segment end whose prefix
-    /// is a file, then PATH_INFO is the rest; a folder's path runs its index script. A
-    /// script's file is judged as the static files judge a file (see the module docs); the
-    /// error is their answer for a path they refuse (a dotfile: 404). PATH_INFO is no file
-    /// and is not judged (`/index.php/.well-known/x` runs `/index.php`).
-    fn target(&self, path: &str, now_ms: u64) -> Result<Target, Response> {
-        if path.ends_with('/') {
-            let name = format!("{path}{}", self.options.index);
-            if let Some(file) = self.files.file_beneath(&name, now_ms)? {
-                return Ok(Target::Script(Script {
-                    name,
-                    file,
-                    path_info: String::new(),
-                }));
-            }
-            return Ok(Target::File);
+    /// What `path` (decoded, canonical) asks for: the script of its first `.php` segment
+    /// that names one (PATH_INFO is the rest, a trailing slash included), else for a
+    /// folder's path its index, else a static file. `uri`: the same path as routed (still
+    /// encoded), for the front controller's `$uri`. A script's file is judged as the static
+    /// files judge a file (see the module docs); the error is their answer for a path they
+    /// refuse (a dotfile: 404). PATH_INFO is no file and is not judged
+    /// (`/index.php/.well-known/x` runs `/index.php`).
+    fn target(&self, path: &str, uri: &str, now_ms: u64) -> Result<Target, Response> {
+        let (script, any) = self.split(path, now_ms)?;
+        if let Some(script) = script {
+            return Ok(Target::Script(script));
         }
-        let mut any = false;
-        let mut from = 0;
-        while let Some(at) = path[from..].find(SCRIPT_EXTENSION) {
-            let end = from + at + SCRIPT_EXTENSION.len();
-            from = end;
-            if end < path.len() && path.as_bytes()[end] != b'/' {
-                continue; // `/x.phpfoo`: not the extension
-            }
-            any = true;
-            if let Some(file) = self.files.file_beneath(&path[..end], now_ms)? {
-                return Ok(Target::Script(Script {
-                    name: path[..end].to_string(),
-                    file,
-                    path_info: path[end..].to_string(),
-                }));
-            }
+        if path.ends_with('/') {
+            return self.folder(path, uri, now_ms);
         }
         Ok(if any || names_php_source(path) {
             Target::MissingScript
@@ -129,12 +303,101 @@ impl FastCgi {
         })
     }
 
+    /// nginx's `fastcgi_split_path_info ^(.+?\.php)(/.*)$`, but only on a script that
+    /// exists: the first `.php` segment end whose prefix is a file. The flag says whether
+    /// the path had a `.php` segment at all.
+    fn split(&self, path: &str, now_ms: u64) -> Result<(Option<Script>, bool), Response> {
+        let mut any = false;
+        let mut from = 0;
+        while let Some(end) = script_end(&path[from..]).map(|end| from + end) {
+            from = end;
+            any = true;
+            if let Some(file) = self.files.file_beneath(&path[..end], now_ms)? {
+                let script = Script {
+                    name: path[..end].to_string(),
+                    file,
+                    path_info: path[end..].to_string(),
+                };
+                return Ok((Some(script), true));
+            }
+        }
+        Ok((None, any))
+    }
+
+    /// A folder's path: the first `index` name in it (a script runs, another file is sent),
+    /// else, if the folder exists, the front controller, else the static side's answer.
+    fn folder(&self, path: &str, uri: &str, now_ms: u64) -> Result<Target, Response> {
+        let index = &self.options.index;
+        for name in &index.names {
+            let candidate = format!("{path}{name}");
+            if let Some(file) = self.files.file_beneath(&candidate, now_ms)? {
+                if !name.ends_with(SCRIPT_EXTENSION) {
+                    return Ok(Target::IndexFile(name.clone()));
+                }
+                return Ok(Target::Script(Script {
+                    name: candidate,
+                    file,
+                    path_info: String::new(),
+                }));
+            }
+        }
+        // As nginx's index: the front controller for a folder that exists, nothing else.
+        let Some(front) = &index.front_controller else {
+            return Ok(Target::File);
+        };
+        if !self.files.folder_beneath(path, now_ms)? {
+            return Ok(Target::File);
+        }
+        let mut rendered = Vec::with_capacity(uri.len() + 16);
+        front.render(&mut rendered, &uri_values(uri));
+        let rendered = String::from_utf8_lossy(&rendered);
+        let Ok(canonical) = tern_server::canonical_path(&rendered) else {
+            return Err(Response::text(400, "bad request\n"));
+        };
+        let decoded = tern_server::decoded_path(&canonical);
+        let Ok(decoded) = std::str::from_utf8(&decoded) else {
+            return Err(Response::text(400, "bad request: the path is not UTF-8\n"));
+        };
+        // The script its fixed start names (checked by `check_index`), or 404: never a
+        // script further on in the client's part, never `folder` again.
+        let Some(end) = script_end(decoded) else {
+            return Ok(Target::MissingScript);
+        };
+        Ok(match self.files.file_beneath(&decoded[..end], now_ms)? {
+            Some(file) => Target::Script(Script {
+                name: decoded[..end].to_string(),
+                file,
+                path_info: decoded[end..].to_string(),
+            }),
+            None => Target::MissingScript,
+        })
+    }
+
     fn forward(&self, req: &Request<'_>, script: &Script, cx: &mut HandlerContext<'_>) -> Reply {
         let built = head::build(req, &self.proxy, cx.identity(), cx.request_id());
         let mut params = Params::new();
-        cgi_params(&mut params, req, script, &self.options.server_name);
+        let mut sink = Sink {
+            params: &mut params,
+            set: &self.options.params,
+        };
+        cgi_params(&mut sink, req, script, &self.options.server_name);
         if let Some(id) = cx.identity() {
             params.add(b"REMOTE_USER", id.user().as_bytes());
+        }
+        // The config's own, after tern's (which `Sink` left out where they are overridden).
+        let values = Values {
+            client: req.peer.ip(),
+            secure: req.secure,
+            host: req.head.host.unwrap_or(b""),
+            request_id: cx.request_id().map(|id| id.as_str()),
+            uri: req.path(),
+            captures: &[],
+        };
+        let mut value = Vec::new();
+        for param in &self.options.params {
+            value.clear();
+            param.value.render(&mut value, &values);
+            params.add(param.name.as_bytes(), &value);
         }
         // The fields an HTTP app would get, as HTTP_* parameters (after the request line).
         let fields = built
@@ -170,6 +433,19 @@ impl FastCgi {
     }
 }
 
+/// Where the first `.php` segment of `path` ends (`/x.php` or `/x.php/...`, not `/x.phpfoo`).
+fn script_end(path: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(at) = path[from..].find(SCRIPT_EXTENSION) {
+        let end = from + at + SCRIPT_EXTENSION.len();
+        if end == path.len() || path.as_bytes()[end] == b'/' {
+            return Some(end);
+        }
+        from = end;
+    }
+    None
+}
+
 /// The last segment is PHP source under some name, never sent as a static file: `.php` in
 /// any case, and anything that still has `.php` inside its name (an editor's or a deploy's
 /// copy: `config.php.bak`, `index.php~`, `.index.php.swp`, `app.php5`) or ends in `.phtml`
@@ -180,9 +456,37 @@ fn names_php_source(path: &str) -> bool {
     name.contains(SCRIPT_EXTENSION) || name.ends_with(".phtml") || name.ends_with(".phar")
 }
 
+/// `$uri` alone, for the front controller.
+fn uri_values(uri: &str) -> Values<'_> {
+    Values {
+        client: std::net::Ipv4Addr::UNSPECIFIED.into(),
+        secure: false,
+        host: b"",
+        request_id: None,
+        uri,
+        captures: &[],
+    }
+}
+
+/// tern's parameters, less those the config sets itself (only names [`check_param`] lets
+/// it set: never one that says which script runs).
+struct Sink<'a> {
+    params: &'a mut Params,
+    set: &'a [Param],
+}
+
+impl Sink<'_> {
+    fn add(&mut self, name: &[u8], value: &[u8]) -> &mut Self {
+        if !self.set.iter().any(|p| p.name.as_bytes() == name) {
+            self.params.add(name, value);
+        }
+        self
+    }
+}
+
 /// The CGI/1.1 meta-variables (RFC 3875 §4.1) PHP reads, as nginx's `fastcgi_params` sets them
 /// (with `$realpath_root` for the root, as for deploys that switch a symlink).
-fn cgi_params(p: &mut Params, req: &Request<'_>, script: &Script, server_name: &str) {
+fn cgi_params(p: &mut Sink<'_>, req: &Request<'_>, script: &Script, server_name: &str) {
     let head = req.head;
     let root = script.file.root.to_string_lossy();
     let file = script.file.path.to_string_lossy();
@@ -258,9 +562,24 @@ impl Handler for FastCgi {
         if path.bytes().any(|b| b < 0x20 || b == 0x7f) {
             return Response::text(400, "bad request: control characters in the path\n").into();
         }
-        match self.target(path, req.now_ms) {
+        match self.target(path, req.path(), req.now_ms) {
             Ok(Target::Script(script)) => self.forward(req, &script, cx),
             Ok(Target::MissingScript) => Response::text(404, "not found\n").into(),
+            Ok(Target::IndexFile(name)) => {
+                let head = req
+                    .head
+                    .with_path(Cow::Owned(format!("{}{name}", req.path())));
+                let index = Request {
+                    head: &head,
+                    body: req.body,
+                    peer: req.peer,
+                    secure: req.secure,
+                    local_port: req.local_port,
+                    unix_secs: req.unix_secs,
+                    now_ms: req.now_ms,
+                };
+                self.files.handle(&index, cx)
+            }
             Ok(Target::File) => self.files.handle(req, cx),
             Err(refused) => refused.into(),
         }
@@ -308,6 +627,10 @@ mod tests {
 
     /// A handler for the files of `files`, its scripts to a socket nobody listens on.
     fn fastcgi_over(files: StaticOptions) -> FastCgi {
+        fastcgi_with(files, FastCgiOptions::default())
+    }
+
+    fn fastcgi_with(files: StaticOptions, options: FastCgiOptions) -> FastCgi {
         let group = UpstreamGroup::new(
             crate::GroupOptions {
                 servers: vec![crate::group::UpstreamServer::new(
@@ -320,8 +643,8 @@ mod tests {
         FastCgi::new(
             Arc::new(group),
             FastCgiOptions {
-                index: "index.php".into(),
                 server_name: "site.example".into(),
+                ..options
             },
             ProxyOptions::default(),
             StaticFiles::new(files).unwrap(),
@@ -334,12 +657,12 @@ mod tests {
     }
 
     fn target(h: &FastCgi, path: &str) -> Target {
-        h.target(path, 0)
+        h.target(path, path, 0)
             .unwrap_or_else(|r| panic!("{path}: refused with {}", r.status))
     }
 
     fn refusal(h: &FastCgi, path: &str) -> u16 {
-        match h.target(path, 0) {
+        match h.target(path, path, 0) {
             Ok(t) => panic!("{path}: {t:?}"),
             Err(r) => r.status,
         }
@@ -471,6 +794,196 @@ mod tests {
         assert_eq!(target(&h, "/.git/x.php"), script(&d, "/.git/x.php", ""));
     }
 
+    /// A `.php` segment wins over a trailing slash, as nginx's `fastcgi_split_path_info
+    /// ^(.+?\.php)(/.*)$`: WebDAV clients list folders as `/remote.php/dav/files/admin/`.
+    #[test]
+    fn a_script_segment_wins_over_a_trailing_slash() {
+        let (d, h) = handler();
+        assert_eq!(
+            target(&h, "/app.php/dav/files/admin/"),
+            script(&d, "/app.php", "/dav/files/admin/")
+        );
+        assert_eq!(target(&h, "/index.php/"), script(&d, "/index.php", "/"));
+        assert_eq!(
+            target(&h, "/index.php/apps/files/"),
+            script(&d, "/index.php", "/apps/files/")
+        );
+        // No script in the path: a folder still, and a missing one stays missing.
+        assert_eq!(target(&h, "/blog/"), script(&d, "/blog/index.php", ""));
+        assert_eq!(target(&h, "/nope.php/x/"), Target::File);
+        // A folder named like a script is a folder: its own index runs.
+        std::fs::write(d.path().join("www/dir.php/index.php"), "x").unwrap();
+        assert_eq!(
+            target(&h, "/dir.php/"),
+            script(&d, "/dir.php/index.php", "")
+        );
+        // A dotfile on the way is refused before anything runs.
+        assert_eq!(refusal(&h, "/.git/x.php/a/"), 404);
+    }
+
+    fn index(list: &[&str]) -> Index {
+        check_index(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    /// `index` as nginx's: names in order (a script runs, another file is sent), then the
+    /// front controller with the folder's path, which only ever runs a script.
+    #[test]
+    fn index_names_are_tried_in_order_then_the_front_controller() {
+        let (d, _) = handler();
+        let root = d.path().join("www");
+        std::fs::create_dir_all(root.join("docs")).unwrap();
+        std::fs::create_dir_all(root.join("apps/files")).unwrap();
+        std::fs::create_dir_all(root.join("a b")).unwrap();
+        std::fs::write(root.join("docs/index.html"), "x").unwrap();
+        let h = fastcgi_with(
+            StaticOptions::new(&root),
+            FastCgiOptions {
+                index: index(&["index.php", "index.html", "/index.php$uri"]),
+                ..Default::default()
+            },
+        );
+        assert_eq!(target(&h, "/blog/"), script(&d, "/blog/index.php", ""));
+        assert_eq!(target(&h, "/docs/"), Target::IndexFile("index.html".into()));
+        assert_eq!(
+            target(&h, "/apps/files/"),
+            script(&d, "/index.php", "/apps/files/")
+        );
+        // An encoded path reaches the front controller decoded, once.
+        assert_eq!(
+            h.target("/a b/", "/a%20b/", 0).unwrap(),
+            script(&d, "/index.php", "/a b/")
+        );
+        // No such folder: no front controller (nginx's index answers 404), the static side.
+        assert_eq!(target(&h, "/nowhere/"), Target::File);
+        assert_eq!(target(&h, "/img.jpg/"), Target::File);
+        // Without its script, the front controller is a missing script, never a loop, and
+        // never a script named in the part the client chose.
+        std::fs::remove_file(root.join("index.php")).unwrap();
+        assert_eq!(target(&h, "/apps/files/"), Target::MissingScript);
+        std::fs::create_dir_all(root.join("x.php")).unwrap();
+        std::fs::create_dir_all(root.join("index.php")).unwrap();
+        std::fs::write(root.join("index.php/x.php"), "x").unwrap();
+        assert_eq!(target(&h, "/x.php/"), Target::MissingScript);
+
+        let h = fastcgi_with(
+            StaticOptions::new(&root),
+            FastCgiOptions {
+                index: index(&["default.php"]),
+                ..Default::default()
+            },
+        );
+        // Not named: the static side answers for the folder.
+        assert_eq!(target(&h, "/blog/"), Target::File);
+    }
+
+    #[test]
+    fn index_lists_are_checked() {
+        let bad = |list: &[&str]| {
+            check_index(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap_err()
+        };
+        assert!(bad(&[]).contains("1 to 8"));
+        assert!(bad(&["../x.php"]).contains("file name"));
+        assert!(bad(&[".index.php"]).contains("file name"));
+        assert!(bad(&["a/index.php"]).contains("file name"));
+        assert!(bad(&["index.php.bak"]).contains("PHP source"));
+        assert!(bad(&["index.phtml"]).contains("PHP source"));
+        // The front controller names a script, last only.
+        assert!(bad(&["/index.html"]).contains("front controller"));
+        assert!(bad(&["/$uri"]).contains("front controller"));
+        assert!(bad(&["//evil.php"]).contains("front controller"));
+        assert!(bad(&["/index.php?x=$uri"]).contains("front controller"));
+        assert!(bad(&["/index.php$host"]).contains("$host"));
+        assert!(bad(&["/index.php", "index.php"]).contains("file name"));
+        let i = index(&["index.php", "index.html", "/index.php$uri"]);
+        assert_eq!(i.names, ["index.php", "index.html"]);
+        assert!(i.front_controller.is_some());
+        assert!(index(&["/index.php"]).names.is_empty());
+    }
+
+    #[test]
+    fn params_that_choose_the_script_or_the_client_are_refused() {
+        for name in [
+            "SCRIPT_FILENAME",
+            "script_filename",
+            "PATH_TRANSLATED",
+            "DOCUMENT_ROOT",
+            "SCRIPT_NAME",
+            "PATH_INFO",
+            "REMOTE_ADDR",
+            "REMOTE_USER",
+            "CONTENT_LENGTH",
+            "REQUEST_METHOD",
+        ] {
+            let e = check_param(name, "/etc/passwd").unwrap_err();
+            assert!(e.contains("decided by tern"), "{name}: {e}");
+        }
+        assert!(check_param("HTTP_HOST", "x")
+            .unwrap_err()
+            .contains("header"));
+        assert!(check_param("HTTP_PROXY", "")
+            .unwrap_err()
+            .contains("header"));
+        for name in ["", "A-B", "1X", "a b", "É"] {
+            assert!(check_param(name, "x").is_err(), "{name:?}");
+        }
+        // What names the server, and PHP's ini settings: fixed values only.
+        for name in ["SERVER_NAME", "HTTPS", "PHP_VALUE", "php_admin_value"] {
+            let e = check_param(name, "$host").unwrap_err();
+            assert!(e.contains("fixed value"), "{name}: {e}");
+        }
+        assert!(check_param("X", "a\nb").is_err());
+        assert!(check_param("PHP_VALUE", "a=1\nb=2").is_ok());
+        assert!(check_param("APP_ENV", &"x".repeat(4097)).is_err());
+        assert!(check_param("X", "$remote_addr")
+            .unwrap_err()
+            .contains("unknown"));
+        for (name, value) in [
+            ("front_controller_active", "true"),
+            ("modHeadersAvailable", "true"),
+            ("HTTPS", "on"),
+            ("SERVER_PORT", "443"),
+            ("APP_CLIENT", "$client $scheme $host $request_id $uri $$"),
+        ] {
+            assert!(check_param(name, value).is_ok(), "{name}");
+        }
+    }
+
+    /// The config's parameters are added, and replace tern's of the same name (one pair
+    /// each: PHP would take the last, other FastCGI servers the first).
+    #[test]
+    fn params_from_the_config_are_added_or_override() {
+        let (_d, h) = handler();
+        let params: Vec<Param> = [
+            ("HTTPS", "on"),
+            ("SERVER_PORT", "443"),
+            ("front_controller_active", "true"),
+        ]
+        .iter()
+        .map(|(n, v)| check_param(n, v).unwrap())
+        .collect();
+        let peer = "192.0.2.7:5555".parse().unwrap();
+        tern_server::testing::with_request(
+            b"GET /app.php HTTP/1.1\r\nHost: a\r\n\r\n",
+            peer,
+            false,
+            |req| {
+                let Ok(Target::Script(script)) = h.target(req.path(), req.path(), 0) else {
+                    panic!("no script");
+                };
+                let mut p = Params::new();
+                let mut sink = Sink {
+                    params: &mut p,
+                    set: &params,
+                };
+                cgi_params(&mut sink, req, &script, "site.example");
+                // Left for the config's: not sent by tern.
+                assert_eq!(p.get(b"SERVER_PORT"), None);
+                assert_eq!(p.get(b"SERVER_NAME"), Some(&b"site.example"[..]));
+                assert_eq!(p.get(b"HTTPS"), None, "plain HTTP: tern sends none");
+            },
+        );
+    }
+
     /// The CGI parameters of `raw`, which must name a script, and the site's folder.
     fn params_for(raw: &str, local_port: u16, secure: bool) -> (tempfile::TempDir, Params) {
         let (d, h) = handler();
@@ -485,11 +998,15 @@ mod tests {
                 unix_secs: req.unix_secs,
                 now_ms: req.now_ms,
             };
-            let Ok(Target::Script(script)) = h.target(req.path(), 0) else {
+            let Ok(Target::Script(script)) = h.target(req.path(), req.path(), 0) else {
                 panic!("no script for {raw:?}");
             };
             let mut params = Params::new();
-            cgi_params(&mut params, &req, &script, &h.options.server_name);
+            let mut sink = Sink {
+                params: &mut params,
+                set: &[],
+            };
+            cgi_params(&mut sink, &req, &script, &h.options.server_name);
             (d, params)
         })
     }

@@ -386,6 +386,13 @@ enum Tried {
 
 /// `try_files`: each candidate's answer is the handler's for that path, the first that is
 /// not 404 wins (the handler runs at most once per candidate: linear in the list).
+///
+/// As nginx's: a candidate without a trailing slash names a file, so a folder's redirect to
+/// its slashed form means "not here". A folder candidate (`$uri/`) that is not the path
+/// asked for (`/wp-admin/` for `/wp-admin`) stands for the folder without its slash, as
+/// nginx's `try_files` sets `$uri` to it: when that is a folder, the handler's redirect to
+/// the slashed form (with the query) is the answer, so the folder's page (its `index.php`)
+/// never runs under a path its relative links would break on.
 fn try_files(
     site: &BuiltSite,
     tf: &route::TryFiles,
@@ -395,22 +402,44 @@ fn try_files(
     hops: u8,
 ) -> Tried {
     let mut buf = Vec::new();
+    // The previous candidate's path and, if it was a folder, the redirect it got: the
+    // folder candidate after `$uri` asks about the same path, and gets its answer without a
+    // second lookup.
+    let mut previous: Option<(String, Option<Reply>)> = None;
     for candidate in &tf.candidates {
         buf.clear();
         candidate.render(&mut buf, &path_values(req.path()));
         let Some(path) = canonical_owned(&buf) else {
             continue;
         };
-        // As nginx's: a candidate without a trailing slash names a file, so a folder's
-        // redirect to its slashed form means "not here" and the next candidate is tried.
         let file_only = !path.ends_with('/');
+        let path = if !file_only && path != req.path() {
+            let folder = &path[..path.len() - 1];
+            let redirect = match previous.take() {
+                Some((asked, redirect)) if asked == folder => redirect,
+                _ => {
+                    let head = req.head.with_path(Cow::Owned(folder.to_string()));
+                    let reply = handler.handle(&with_head(req, &head), cx);
+                    matches!(&reply, Reply::Now(r) if r.status == 301).then_some(reply)
+                }
+            };
+            match redirect {
+                Some(reply) => return Tried::Reply(reply),
+                None => continue,
+            }
+        } else if previous.as_ref().is_some_and(|(asked, _)| *asked == path) {
+            continue; // `$uri/` for `/a/` is `$uri` again: missing again
+        } else {
+            path
+        };
         let head = req.head.with_path(Cow::Owned(path));
         let reply = handler.handle(&with_head(req, &head), cx);
-        let missing =
-            matches!(&reply, Reply::Now(r) if r.status == 404 || (file_only && r.status == 301));
+        let folder = matches!(&reply, Reply::Now(r) if file_only && r.status == 301);
+        let missing = folder || matches!(&reply, Reply::Now(r) if r.status == 404);
         if !missing {
             return Tried::Reply(reply);
         }
+        previous = Some((head.path.into_owned(), folder.then_some(reply)));
     }
     match &tf.fallback {
         Fallback::Status(code) => Tried::Reply(Response::text(*code, status_text(*code)).into()),
@@ -1144,6 +1173,79 @@ mod tests {
             ask(&mut c, &get("/missing/loop/y")).0,
             500,
             "a fallback cycle ends"
+        );
+    }
+
+    /// A folder asked for without its slash is redirected to it, as nginx's `try_files $uri
+    /// $uri/` and a static route do, instead of its page answering under the bare name
+    /// (WordPress's `/wp-admin`); each candidate still costs at most one lookup.
+    #[test]
+    fn try_files_redirects_a_folder_to_its_slashed_path() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static LOOKUPS: AtomicUsize = AtomicUsize::new(0);
+        // Files as a static route answers: `/docs` and `/empty` are folders (301 to the
+        // slashed path with the query), `/docs/` has an index, `/empty/` none.
+        let files = Action::Handler(Arc::new(
+            |req: &Request<'_>, _cx: &mut HandlerContext<'_>| -> Reply {
+                LOOKUPS.fetch_add(1, Ordering::Relaxed);
+                let path = req.path();
+                match path {
+                    "/docs" | "/empty" => {
+                        let mut r = Response::text(301, "moved\n");
+                        let query = req.query().map_or(String::new(), |q| format!("?{q}"));
+                        r.push_header("Location", format!("{path}/{query}").as_bytes());
+                        r.into()
+                    }
+                    "/docs/" | "/index.php" | "/a.txt" => {
+                        let body = format!("saw {path}");
+                        Response::new(200)
+                            .with_body(Body::Shared(Bytes::from(body.into_bytes())))
+                            .into()
+                    }
+                    _ => Response::text(404, "not found\n").into(),
+                }
+            },
+        ));
+        let mut c = serve(
+            vec![with(
+                "/",
+                files,
+                RouteOptions {
+                    try_files: vec!["$uri".into(), "$uri/".into(), "/index.php".into()],
+                    ..Default::default()
+                },
+            )],
+            |_| {},
+        );
+        let (status, text) = ask(&mut c, &get("/docs?lang=en"));
+        assert_eq!(status, 301, "{text}");
+        assert!(text.contains("Location: /docs/?lang=en\r\n"), "{text}");
+        // A folder with nothing to show is redirected too (nginx checks that it exists).
+        assert_eq!(ask(&mut c, &get("/empty")).0, 301);
+        // With its slash the folder answers; without one, a file is a file.
+        assert!(ask(&mut c, &get("/docs/")).1.ends_with("saw /docs/"));
+        assert!(ask(&mut c, &get("/a.txt")).1.ends_with("saw /a.txt"));
+        // No file, no folder: the fallback, after one lookup for `$uri` and `$uri/` both.
+        LOOKUPS.store(0, Ordering::Relaxed);
+        assert!(ask(&mut c, &get("/articles/42"))
+            .1
+            .ends_with("saw /index.php"));
+        assert_eq!(
+            LOOKUPS.load(Ordering::Relaxed),
+            2,
+            "$uri, then the fallback"
+        );
+        LOOKUPS.store(0, Ordering::Relaxed);
+        assert_eq!(ask(&mut c, &get("/docs")).0, 301);
+        assert_eq!(LOOKUPS.load(Ordering::Relaxed), 1, "the redirect is $uri's");
+        LOOKUPS.store(0, Ordering::Relaxed);
+        assert!(ask(&mut c, &get("/articles/42/"))
+            .1
+            .ends_with("saw /index.php"));
+        assert_eq!(
+            LOOKUPS.load(Ordering::Relaxed),
+            2,
+            "$uri/ is $uri: asked once"
         );
     }
 

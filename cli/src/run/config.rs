@@ -102,8 +102,11 @@ struct RouteFile {
     proxy: Option<Spanned<Servers>>,
     /// With `static`: `*.php` scripts under the root run on these FastCGI servers (PHP-FPM).
     fastcgi: Option<Spanned<Servers>>,
-    /// The script a folder's path runs (default `index.php`).
-    index: Option<Spanned<String>>,
+    /// What a folder's path runs: file names in order, and last maybe the front controller
+    /// (`["index.php", "index.html", "/index.php$uri"]`; default `index.php`).
+    index: Option<Spanned<Names>>,
+    /// CGI parameters set or overridden (nginx's `fastcgi_param`).
+    fastcgi_params: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
     balance: Option<Spanned<String>>,
     proxy_host: Option<Spanned<String>>,
     /// TLS to `https://` upstreams: the name their certificates must carry (and SNI), for
@@ -228,6 +231,14 @@ enum Servers {
     Many(Vec<String>),
 }
 
+/// One name or a list of them (`index = "index.php"` or `["index.php", "index.html"]`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Names {
+    One(String),
+    Many(Vec<String>),
+}
+
 /// A checked file, paths resolved against its folder.
 #[derive(Debug)]
 pub struct RunConfig {
@@ -317,8 +328,10 @@ pub enum RouteKind {
     FastCgi {
         files: StaticOptions,
         upstream: Box<ProxyPlan>,
-        /// The script a folder's path runs.
-        index: String,
+        /// What a folder's path runs.
+        index: tern_proxy::fastcgi::Index,
+        /// The config's own CGI parameters.
+        params: Vec<tern_proxy::fastcgi::Param>,
     },
     /// The server's and process's counters, for loopback and `trusted` peers.
     Counters {
@@ -895,9 +908,10 @@ fn check_route(
         }
     };
     // Keys that belong to one kind or two; any other kind must not have them.
-    let owned: [(&str, Option<usize>, &[&str]); 32] = [
+    let owned: [(&str, Option<usize>, &[&str]); 33] = [
         ("fastcgi", fastcgi, &["fastcgi"]),
         ("index", at(&route.index), &["fastcgi"]),
+        ("fastcgi_params", at(&route.fastcgi_params), &["fastcgi"]),
         ("try_files", at(&route.try_files), &["static", "fastcgi"]),
         ("strip_prefix", at(&route.strip_prefix), &["proxy"]),
         (
@@ -1403,27 +1417,50 @@ fn check_proxy(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<Ro
 fn check_fastcgi(route: &RouteFile, dir: &Path, p: &mut Problems<'_>) -> Option<RouteKind> {
     let files = check_static(route, dir, p);
     let upstream = check_proxy(route, dir, p);
-    let index = route
-        .index
-        .as_ref()
-        .map_or_else(|| "index.php".to_string(), |i| i.get_ref().clone());
-    if let Some(i) = &route.index {
-        let name = i.get_ref();
-        if name.is_empty() || name.contains('/') || !name.ends_with(".php") || name.starts_with('.')
-        {
+    let index = match &route.index {
+        None => Some(tern_proxy::fastcgi::Index::default()),
+        Some(i) => {
+            let list = match i.get_ref() {
+                Names::One(one) => std::slice::from_ref(one),
+                Names::Many(many) => many.as_slice(),
+            };
+            tern_proxy::fastcgi::check_index(list)
+                .map_err(|e| p.at(i.span().start, e))
+                .ok()
+        }
+    };
+    let mut params = Vec::new();
+    let mut params_ok = true;
+    if let Some(table) = &route.fastcgi_params {
+        if table.get_ref().len() > tern_proxy::fastcgi::MAX_PARAMS {
             p.at(
-                i.span().start,
-                format!("index {name:?} must be a script's file name ending in .php"),
+                table.span().start,
+                format!(
+                    "fastcgi_params: at most {} parameters",
+                    tern_proxy::fastcgi::MAX_PARAMS
+                ),
             );
-            return None;
+            params_ok = false;
+        }
+        for (name, value) in table.get_ref() {
+            match tern_proxy::fastcgi::check_param(name, value.get_ref()) {
+                Ok(param) => params.push(param),
+                Err(e) => {
+                    p.at(value.span().start, e);
+                    params_ok = false;
+                }
+            }
         }
     }
-    match (files?, upstream?) {
-        (RouteKind::Static(files), RouteKind::Proxy(upstream)) => Some(RouteKind::FastCgi {
-            files,
-            upstream,
-            index,
-        }),
+    match (files?, upstream?, index?) {
+        (RouteKind::Static(files), RouteKind::Proxy(upstream), index) if params_ok => {
+            Some(RouteKind::FastCgi {
+                files,
+                upstream,
+                index,
+                params,
+            })
+        }
         _ => None,
     }
 }

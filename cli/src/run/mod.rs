@@ -403,6 +403,7 @@ fn build_table(
                     files,
                     upstream,
                     index,
+                    params,
                 } => {
                     let static_files = StaticFiles::new(files.clone()).map_err(|e| {
                         format!(
@@ -428,6 +429,7 @@ fn build_table(
                         tern_proxy::fastcgi::FastCgiOptions {
                             index: index.clone(),
                             server_name: server_name(&site.hosts),
+                            params: params.clone(),
                         },
                         options,
                         static_files,

@@ -207,29 +207,59 @@ impl StaticFiles {
     /// for it finds nothing either). `Err`: the answer a request for it gets instead (404
     /// for a dotfile while dotfiles are not served, like the file itself; 400; 403; 503).
     pub fn file_beneath(&self, key: &str, now_ms: u64) -> Result<Option<FileBeneath>, Response> {
-        match path::check_key(key.as_bytes(), self.settings.load().opts.serve_dotfiles) {
-            Ok(()) => {}
-            Err(PathError::BadRequest) => return Err(bad_request()),
-            Err(PathError::NotFound) => return Err(not_found()),
-        }
-        let rel = &key[1..];
+        let rel = &key[1.min(key.len())..];
         if rel.is_empty() || rel.ends_with('/') {
+            self.check_key(key)?;
             return Ok(None); // a folder
         }
-        // `check_key` refused NUL.
-        let Ok(rel_c) = CString::new(rel) else {
-            return Err(bad_request());
-        };
         let rooted = self.root();
-        match rooted.dir.stat_beneath(&rel_c) {
-            Ok(stat) if stat.kind == Kind::File => {
+        match self.kind_beneath(&rooted, key, now_ms)? {
+            Some(Kind::File) => {
                 let root = rooted.dir.real_path();
                 Ok(Some(FileBeneath {
                     root: root.to_path_buf(),
                     path: root.join(rel),
                 }))
             }
-            Ok(_) => Ok(None),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether `key`, a folder's path (`/apps/files/`), names a folder beneath the root,
+    /// judged as [`StaticFiles::file_beneath`] judges a file (`Err`: the answer a request
+    /// for it gets instead). The root itself is one.
+    pub fn folder_beneath(&self, key: &str, now_ms: u64) -> Result<bool, Response> {
+        if key.trim_start_matches('/').is_empty() {
+            self.check_key(key)?;
+            return Ok(true);
+        }
+        let rooted = self.root();
+        Ok(self.kind_beneath(&rooted, key.trim_end_matches('/'), now_ms)? == Some(Kind::Dir))
+    }
+
+    fn check_key(&self, key: &str) -> Result<(), Response> {
+        match path::check_key(key.as_bytes(), self.settings.load().opts.serve_dotfiles) {
+            Ok(()) => Ok(()),
+            Err(PathError::BadRequest) => Err(bad_request()),
+            Err(PathError::NotFound) => Err(not_found()),
+        }
+    }
+
+    /// What `key` (not the root) is beneath the root, resolved without reading it; `None`
+    /// when there is nothing there.
+    fn kind_beneath(
+        &self,
+        rooted: &Rooted,
+        key: &str,
+        now_ms: u64,
+    ) -> Result<Option<Kind>, Response> {
+        self.check_key(key)?;
+        // `check_key` refused NUL.
+        let Ok(rel_c) = CString::new(&key[1..]) else {
+            return Err(bad_request());
+        };
+        match rooted.dir.stat_beneath(&rel_c) {
+            Ok(stat) => Ok(Some(stat.kind)),
             Err(e) if entry::is_absent(&e) => Ok(None),
             Err(e) => Err(io_failure(&e, now_ms)),
         }

@@ -1437,3 +1437,33 @@ fn reload_with_same_options_sees_a_replaced_directory_at_once() {
     forget_thread_caches();
     assert_eq!(text(&get(&sf, "/f.txt")), "file fresh");
 }
+
+/// A folder is judged as a file is (the front controller of a PHP route runs only for one
+/// that exists): beneath the root only, dotfolders refused while dotfiles are.
+#[test]
+fn folders_beneath_the_root_are_judged_as_files_are() {
+    let site = Site::new();
+    site.write("apps/files/js/app.js", "x")
+        .write("page.txt", "x")
+        .write(".git/HEAD", "x");
+    let root = site.root();
+    std::os::unix::fs::symlink("..", root.join("updir")).unwrap();
+    std::os::unix::fs::symlink(site.tmp.path(), root.join("abs-dir")).unwrap();
+    std::os::unix::fs::symlink("apps", root.join("inside-dir")).unwrap();
+    let sf = site.serve();
+    let folder = |key: &str| sf.folder_beneath(key, 0).map_err(|r| r.status);
+    assert_eq!(folder("/"), Ok(true));
+    assert_eq!(folder("/apps/files/"), Ok(true));
+    assert_eq!(folder("/inside-dir/files/"), Ok(true));
+    assert_eq!(folder("/nowhere/"), Ok(false));
+    assert_eq!(folder("/page.txt/"), Ok(false));
+    assert_eq!(folder("/updir/"), Ok(false));
+    assert_eq!(folder("/abs-dir/"), Ok(false));
+    assert_eq!(folder("/.git/"), Err(404));
+    assert_eq!(folder("/a/../"), Err(400));
+    let sf = site.serve_with(|o| o.serve_dotfiles = true);
+    assert_eq!(
+        sf.folder_beneath("/.git/", 0).map_err(|r| r.status),
+        Ok(true)
+    );
+}
