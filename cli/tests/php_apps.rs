@@ -8,9 +8,8 @@
 //! and the paths it hides.
 //!
 //! What a migrating user still misses here is left out of the comparison and said where it is:
-//! Nextcloud's `DavClnt` User-Agent rule (a header pattern), its legacy rewrite (a negative
-//! lookahead) and its assets' `immutable` by query, and nginx's 403 for a folder with no
-//! index (tern goes on to the fallback).
+//! Nextcloud's legacy rewrite (a negative lookahead) and its assets' `immutable` by query,
+//! and nginx's 403 for a folder with no index (tern goes on to the fallback).
 
 #[path = "support/php.rs"]
 mod php_support;
@@ -548,6 +547,33 @@ const NEXTCLOUD_CASES: &[(Ask, Answer)] = &[
         text(
             200,
             "dav GET script=/remote.php info=/dav/files/admin/ depth=- body=0 fca=true https=on\n",
+        ),
+    ),
+    // `location = /` with `if ($http_user_agent ~ ^DavClnt)`: a header pattern.
+    (
+        Ask {
+            method: "GET",
+            path: "/",
+            headers: &[("User-Agent", "DavClnt")],
+            body: "",
+        },
+        Answer {
+            status: 302,
+            text: None,
+            location: Some("/remote.php/webdav/"),
+            fields: SECURITY,
+        },
+    ),
+    (
+        Ask {
+            method: "GET",
+            path: "/",
+            headers: &[("User-Agent", "Mozilla/5.0 DavClnt")],
+            body: "",
+        },
+        text(
+            200,
+            "nc script=/index.php info= uri=/ q= fca=true mha=true https=on\n",
         ),
     ),
     // The front controller: pretty URLs, with PATH_INFO; a folder with no index too.

@@ -163,6 +163,8 @@ struct RouteFile {
     methods: Option<Spanned<Vec<String>>>,
     match_headers: Option<Spanned<BTreeMap<String, String>>>,
     match_query: Option<Spanned<BTreeMap<String, String>>>,
+    /// Anchored patterns on header fields (`{ "User-Agent" = '^DavClnt.*$' }`).
+    match_headers_regex: Option<Spanned<BTreeMap<String, String>>>,
     path_glob: Option<Spanned<String>>,
     path_regex: Option<Spanned<String>>,
     /// An internal rewrite (a route kind): routed again with this path.
@@ -545,6 +547,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                 at(&route.methods),
                 at(&route.match_headers),
                 at(&route.match_query),
+                at(&route.match_headers_regex),
                 at(&route.path_glob),
                 at(&route.path_regex),
             ]
@@ -1597,9 +1600,28 @@ fn check_route_options(
         p.at(at, e);
         ok = false;
     }
+    if let Some(h) = &route.match_headers_regex {
+        for (name, pattern) in h.get_ref() {
+            let one = tern_vhost::MatchSpec {
+                header_patterns: vec![(name.clone(), pattern.clone())],
+                ..Default::default()
+            };
+            match tern_vhost::check_matchers(&one) {
+                Ok(()) => plan
+                    .matchers
+                    .header_patterns
+                    .push((name.clone(), pattern.clone())),
+                Err(e) => {
+                    p.at(h.span().start, format!("match_headers_regex: {e}"));
+                    ok = false;
+                }
+            }
+        }
+    }
     let only = |m: &tern_vhost::MatchSpec| tern_vhost::MatchSpec {
         path_glob: None,
         path_regex: None,
+        header_patterns: Vec::new(),
         ..m.clone()
     };
     if let Err(e) = tern_vhost::check_matchers(&only(&plan.matchers)) {
@@ -2691,9 +2713,14 @@ path_regex = "^/u/([0-9]+)$"
 methods = ["GET"]
 match_headers = { "Accept" = "*" }
 match_query = { "v" = "2" }
+match_headers_regex = { "User-Agent" = '(?i)^DavClnt.*$' }
 rewrite = "/api/users/$1"
 "#;
         let c = parse(text, d.path()).unwrap();
+        assert_eq!(
+            c.sites[0].routes[2].options.matchers.header_patterns,
+            [("User-Agent".to_string(), "(?i)^DavClnt.*$".to_string())]
+        );
         let site = &c.sites[0];
         assert!(site.request_ids.is_some());
         assert_eq!(site.error_pages[0].status, 404);
@@ -2757,6 +2784,10 @@ respond = "z"
 path = "/c"
 rewrite = "/c/$2"
 path_regex = "^/c/(.*)$"
+[[site.route]]
+path = "/h"
+respond = "x"
+match_headers_regex = { "User-Agent" = "DavClnt" }
 "#;
         let e = problems(text);
         let want = [
@@ -2775,6 +2806,7 @@ path_regex = "^/c/(.*)$"
             "line 30: method \"get\" is not an upper-case method token",
             "line 36: path \"/m\" is already routed on this site (line 33) by a route with no other matcher",
             "line 40: rewrite: \"/c/$2\": $2 names no group",
+            "line 45: match_headers_regex: the pattern of header User-Agent \"DavClnt\" must be anchored",
         ];
         for w in want {
             assert!(
