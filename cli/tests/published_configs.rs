@@ -370,3 +370,74 @@ fn a_hardened_static_site_answers_as_in_nginx() {
         STATIC_SITE_CASES,
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// A canonical host over HTTPS
+
+/// The canonical-host set-up of nginx's "Pitfalls and Common Mistakes" page
+/// (<https://www.nginx.com/resources/wiki/start/topics/tutorials/config_pitfalls/>, "Taxing
+/// Rewrites"): `server { listen 80; server_name example.com www.example.com; return 301
+/// https://example.com$request_uri; }`, in one hop from either name. nginx is asked on plain
+/// HTTP (its answer has no port); tern's redirect listener names its HTTPS port.
+#[test]
+fn a_canonical_host_takes_one_hop_from_plain_http() {
+    let tmp = tempfile::tempdir().unwrap();
+    let www = files(tmp.path(), &[("about/index.html", "about\n")]);
+    let conf = tmp.path().join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            r#"[tls]
+self_signed = true
+listen = "127.0.0.1:0"
+redirect_http = "127.0.0.1:0"
+redirect_http_status = 301
+redirect_http_hosts = {{ "*" = "example.com" }}
+
+[[site]]
+name = "main"
+default = true
+hosts = ["example.com"]
+
+[[site.route]]
+path = "/"
+static = "{www}"
+"#,
+            www = www.display()
+        ),
+    )
+    .unwrap();
+    let tern = Tern::start_run(&conf);
+    let redirect = tern.redirect().expect("a redirect listener");
+    let port = tern.https().port();
+    for host in [
+        "www.example.com",
+        "example.com",
+        "Example.COM:80",
+        "other.test",
+    ] {
+        let r = send(redirect, &get(host, "/about/?lang=fr"));
+        assert_eq!(r.status, 301, "{host}: {r:?}");
+        assert_eq!(
+            r.header("location"),
+            Some(format!("https://example.com:{port}/about/?lang=fr").as_str()),
+            "{host}"
+        );
+    }
+    let nginx_port = free_port();
+    let http = format!(
+        "server {{ listen 127.0.0.1:{nginx_port}; server_name example.com www.example.com; \
+         return 301 https://example.com$request_uri; }}"
+    );
+    if let Some(nginx) = Nginx::start(&tmp.path().join("nginx"), &http, nginx_port) {
+        for host in ["www.example.com", "example.com"] {
+            let r = send(nginx.addr, &get(host, "/about/?lang=fr"));
+            assert_eq!(r.status, 301);
+            assert_eq!(
+                r.header("location"),
+                Some("https://example.com/about/?lang=fr"),
+                "{host}"
+            );
+        }
+    }
+}

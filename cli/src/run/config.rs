@@ -752,6 +752,20 @@ fn check_route_name(
 }
 
 fn check_server_keys(file: &RunFile, p: &mut Problems<'_>) {
+    if let Some(tls) = &file.tls {
+        if let Err(list) = tls.redirect_settings() {
+            for (at, what) in list {
+                p.at(at, format!("[tls] {what}"));
+            }
+        }
+        if let Some(at) = tls.redirect_keys_without_listener() {
+            p.at(
+                at,
+                "[tls] redirect_http_status and redirect_http_hosts need redirect_http (the \
+                 plain listener that answers with them)",
+            );
+        }
+    }
     for (key, value) in [
         ("header_timeout", &file.header_timeout),
         ("body_timeout", &file.body_timeout),
@@ -2876,6 +2890,64 @@ headers_by_type = { "*" = { X-Ok = "1" }, "*/*" = { X = "1" } }
             "line 6: expires: text/css: expires \"20y\" is longer than ten years",
             "line 10: expires: content type \"text/html; charset=utf-8\": give",
             "line 11: headers_by_type: content type \"*/*\": give",
+        ];
+        for w in want {
+            assert!(
+                e.iter().any(|p| p.starts_with(w)),
+                "missing {w:?} in {e:#?}"
+            );
+        }
+        assert_eq!(e.len(), want.len(), "{e:#?}");
+    }
+
+    #[test]
+    fn redirect_http_keys_are_checked_with_their_lines() {
+        let text = r#"[tls]
+self_signed = true
+redirect_http = "127.0.0.1:0"
+redirect_http_status = 301
+redirect_http_hosts = { "www.example.com" = "example.com", "*" = "example.com:8443" }
+[[site]]
+name = "a"
+default = true
+[[site.route]]
+path = "/"
+respond = "x"
+"#;
+        let d = dir();
+        let c = parse(text, d.path()).unwrap();
+        let plan = c.tls_plan().unwrap().unwrap();
+        assert_eq!(plan.redirect.status, 301);
+        assert_eq!(
+            plan.redirect.hosts,
+            [("www.example.com".to_string(), "example.com".to_string())]
+        );
+        assert_eq!(
+            plan.redirect.target_for("WWW.example.com."),
+            Some("example.com")
+        );
+        assert_eq!(
+            plan.redirect.target_for("other.test"),
+            Some("example.com:8443")
+        );
+        let bad = r#"[tls]
+self_signed = true
+redirect_http_status = 200
+redirect_http_hosts = { "*.example.com" = "example.com", "a.test" = "b.test/x", "c.test" = "c.test:0" }
+[[site]]
+name = "a"
+default = true
+[[site.route]]
+path = "/"
+respond = "x"
+"#;
+        let e = problems(bad);
+        let want = [
+            "line 3: [tls] redirect_http_status 200 is not a redirect",
+            "line 4: [tls] redirect_http_hosts: \"*.example.com\" is not a host name",
+            "line 4: [tls] redirect_http_hosts: \"b.test/x\" is not a host name",
+            "line 4: [tls] redirect_http_hosts: \"c.test:0\" is not a host name",
+            "line 3: [tls] redirect_http_status and redirect_http_hosts need redirect_http",
         ];
         for w in want {
             assert!(
