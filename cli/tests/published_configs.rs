@@ -441,3 +441,56 @@ static = "{www}"
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// `always` on the proxy's own errors
+
+/// An app that is down: the proxy's own 502 carries the site's headers in both (nginx's
+/// `add_header ... always`), and a route's own header goes over the site's.
+#[test]
+fn the_proxy_s_own_errors_carry_the_site_s_headers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dead = free_port();
+    let toml = format!(
+        r#"[[site]]
+name = "app"
+default = true
+add_headers = {{ X-Content-Type-Options = "nosniff", X-Frame-Options = "DENY" }}
+
+[[site.route]]
+path = "/api"
+proxy = "127.0.0.1:{dead}"
+add_headers = {{ X-Frame-Options = "SAMEORIGIN" }}
+"#
+    );
+    let port = free_port();
+    let nginx = format!(
+        r#"
+server {{
+    listen 127.0.0.1:{port};
+    add_header X-Content-Type-Options "nosniff" always;
+    add_header X-Frame-Options "DENY" always;
+    location /api {{
+        add_header X-Content-Type-Options "nosniff" always;
+        add_header X-Frame-Options "SAMEORIGIN" always;
+        proxy_pass http://127.0.0.1:{dead};
+    }}
+}}
+"#
+    );
+    const CASES: &[(Ask, Answer)] = &[
+        (
+            get("example.com", "/api/users"),
+            answer(
+                502,
+                None,
+                &[NOSNIFF, ("X-Frame-Options", Some("SAMEORIGIN"))],
+            ),
+        ),
+        (
+            get("example.com", "/elsewhere"),
+            answer(404, None, &[NOSNIFF, ("X-Frame-Options", Some("DENY"))]),
+        ),
+    ];
+    both(&toml, &nginx, port, tmp.path(), CASES);
+}
