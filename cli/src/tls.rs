@@ -5,9 +5,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
+
 use clap::Args;
 use serde::Deserialize;
-use tern_server::{CertFiles, ListenerKind, ServerConfig, TlsAcceptor, TlsOptions};
+use tern_server::{CertFiles, ListenerKind, RedirectHttp, ServerConfig, TlsAcceptor, TlsOptions};
+use toml::Spanned;
 
 /// The HTTPS listener's address when TLS is on and none is given.
 const DEFAULT_LISTEN_TLS: &str = "127.0.0.1:8443";
@@ -55,6 +58,11 @@ pub struct FileTls {
     self_signed: Option<bool>,
     ticket_keys: Option<PathBuf>,
     redirect_http: Option<SocketAddr>,
+    /// The redirect listener's status (308 unless given)...
+    redirect_http_status: Option<Spanned<u16>>,
+    /// ...and the host each request goes to: `{ "www.example.com" = "example.com", "*" =
+    /// "example.com" }` (`*`: every other host; default: the request's own).
+    redirect_http_hosts: Option<Spanned<BTreeMap<String, String>>>,
     hsts: Option<u64>,
     /// `[tls.acme]`: automatic HTTPS.
     acme: Option<crate::acme::FileAcme>,
@@ -64,6 +72,83 @@ impl FileTls {
     pub fn acme(&self) -> Option<&crate::acme::FileAcme> {
         self.acme.as_ref()
     }
+
+    /// `redirect_http_status` and `redirect_http_hosts` as server settings, or each problem
+    /// with where its key's value starts in the file.
+    pub fn redirect_settings(&self) -> Result<RedirectHttp, Vec<(usize, String)>> {
+        let mut problems = Vec::new();
+        let mut settings = RedirectHttp::default();
+        if let Some(status) = &self.redirect_http_status {
+            settings.status = *status.get_ref();
+            if ![301, 302, 303, 307, 308].contains(&settings.status) {
+                problems.push((
+                    status.span().start,
+                    format!(
+                        "redirect_http_status {} is not a redirect (301, 302, 303, 307 or 308)",
+                        settings.status
+                    ),
+                ));
+            }
+        }
+        if let Some(hosts) = &self.redirect_http_hosts {
+            let at = hosts.span().start;
+            for (from, to) in hosts.get_ref() {
+                if !redirect_target_ok(to) {
+                    problems.push((
+                        at,
+                        format!("redirect_http_hosts: {to:?} is not a host name (with an optional :port)"),
+                    ));
+                    continue;
+                }
+                if from == "*" {
+                    settings.any = Some(to.to_ascii_lowercase());
+                    continue;
+                }
+                match tern_vhost::normalize_pattern(from) {
+                    Ok(name) if !name.starts_with('*') => {
+                        settings.hosts.push((name, to.to_ascii_lowercase()))
+                    }
+                    _ => problems.push((
+                        at,
+                        format!("redirect_http_hosts: {from:?} is not a host name (or \"*\" for every other host)"),
+                    )),
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(settings)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// Whether a redirect key is given without `redirect_http` (it would do nothing).
+    pub fn redirect_keys_without_listener(&self) -> Option<usize> {
+        if self.redirect_http.is_some() {
+            return None;
+        }
+        let status = self.redirect_http_status.as_ref().map(|s| s.span().start);
+        status.or(self.redirect_http_hosts.as_ref().map(|h| h.span().start))
+    }
+}
+
+/// A redirect target: a DNS name or an address, maybe with a port.
+fn redirect_target_ok(target: &str) -> bool {
+    let (host, port) = match target.rsplit_once(':') {
+        Some((h, p)) if !p.contains(']') && !h.is_empty() && h.ends_with(|c: char| c != ':') => {
+            (h, Some(p))
+        }
+        _ => (target, None),
+    };
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && (host.parse::<std::net::Ipv4Addr>().is_ok()
+            || host
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok())
+            || tern_vhost::normalize_pattern(host).is_ok_and(|n| !n.starts_with('*')));
+    host_ok && port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p != 0))
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -79,6 +164,8 @@ pub struct TlsPlan {
     pub options: TlsOptions,
     pub listen: SocketAddr,
     pub redirect_http: Option<SocketAddr>,
+    /// What the redirect listener answers.
+    pub redirect: RedirectHttp,
     pub hsts: Option<u64>,
 }
 
@@ -149,6 +236,10 @@ impl TlsArgs {
                 .or(f.listen)
                 .unwrap_or_else(|| DEFAULT_LISTEN_TLS.parse().expect("a valid address")),
             redirect_http: self.redirect_http.or(f.redirect_http),
+            redirect: f.redirect_settings().map_err(|problems| {
+                let list: Vec<String> = problems.into_iter().map(|(_, p)| p).collect();
+                list.join("; ")
+            })?,
             hsts: self.hsts.or(f.hsts),
         }))
     }
@@ -182,6 +273,7 @@ pub fn configure(
     config.runtime.listen = listen;
     config.listener_kinds = kinds;
     config.hsts_max_age = plan.hsts;
+    config.redirect_http = plan.redirect.clone();
 }
 
 /// Loads the certificates (and ticket keys); errors are one line for the start-up message.

@@ -8,9 +8,8 @@
 //! and the paths it hides.
 //!
 //! What a migrating user still misses here is left out of the comparison and said where it is:
-//! headers by content type (`expires max`, the assets' `Cache-Control`), Nextcloud's
-//! `DavClnt` User-Agent rule (a header pattern) and its legacy rewrite (a negative
-//! lookahead), and nginx's 403 for a folder with no index (tern goes on to the fallback).
+//! Nextcloud's legacy rewrite (a negative lookahead) and its assets' `immutable` by query,
+//! and nginx's 403 for a folder with no index (tern goes on to the fallback).
 
 #[path = "support/php.rs"]
 mod php_support;
@@ -31,11 +30,19 @@ struct Ask {
 }
 
 /// The answer both must give: the status, and the body and `Location` when given (a
-/// `Location` compared by its path: nginx writes absolute ones, `http://host:port/...`).
+/// `Location` compared by its path: nginx writes absolute ones, `http://host:port/...`), and
+/// fields it must carry with this value, or not at all (`None`).
 struct Answer {
     status: u16,
     text: Option<&'static str>,
     location: Option<&'static str>,
+    fields: &'static [(&'static str, Option<&'static str>)],
+}
+
+impl Answer {
+    const fn with(self, fields: &'static [(&'static str, Option<&'static str>)]) -> Answer {
+        Answer { fields, ..self }
+    }
 }
 
 const fn get(path: &'static str) -> Ask {
@@ -52,6 +59,7 @@ const fn status(status: u16) -> Answer {
         status,
         text: None,
         location: None,
+        fields: &[],
     }
 }
 
@@ -60,6 +68,7 @@ const fn text(status: u16, text: &'static str) -> Answer {
         status,
         text: Some(text),
         location: None,
+        fields: &[],
     }
 }
 
@@ -68,6 +77,7 @@ const fn moved(location: &'static str) -> Answer {
         status: 301,
         text: None,
         location: Some(location),
+        fields: &[],
     }
 }
 
@@ -105,6 +115,9 @@ fn check(addr: SocketAddr, who: &str, cases: &[(Ask, Answer)]) {
         if let Some(location) = answer.location {
             let got = r.header("location").map(location_path);
             assert_eq!(got, Some(location), "{what}");
+        }
+        for (name, value) in answer.fields {
+            assert_eq!(r.header(name), *value, "{what}: {name}: {r:?}");
         }
     }
 }
@@ -243,6 +256,12 @@ fn wordpress_tern(www: &Path, socket: &Path) -> String {
         .replace("/run/php/php8.2-fpm.sock", socket.to_str().unwrap())
 }
 
+/// nginx's `expires max`.
+const EXPIRES_MAX: &[(&str, Option<&str>)] = &[
+    ("Expires", Some("Thu, 31 Dec 2037 23:55:55 GMT")),
+    ("Cache-Control", Some("max-age=315360000")),
+];
+
 const WORDPRESS_CASES: &[(Ask, Answer)] = &[
     (get("/"), text(200, "wp uri=/ script=/index.php q= p=-\n")),
     (
@@ -281,7 +300,7 @@ const WORDPRESS_CASES: &[(Ask, Answer)] = &[
     ),
     (
         get("/wp-admin/css/dashboard.css"),
-        text(200, "#wpadminbar { color: #fff }\n"),
+        text(200, "#wpadminbar { color: #fff }\n").with(EXPIRES_MAX),
     ),
     (
         Ask {
@@ -297,15 +316,16 @@ const WORDPRESS_CASES: &[(Ask, Answer)] = &[
     (get("/wp-content/uploads/2024/01/shell.php"), status(403)),
     (
         get("/wp-content/uploads/2024/01/photo.jpg"),
-        text(200, "JPEG"),
+        text(200, "JPEG").with(EXPIRES_MAX),
     ),
     (
         get("/wp-content/themes/twentytwentyfour/style.css"),
         text(200, "body { margin: 0 }\n"),
     ),
+    // `expires` leaves errors alone.
     (
         get("/wp-content/themes/twentytwentyfour/gone.css"),
-        status(404),
+        status(404).with(&[("Expires", None)]),
     ),
     (get("/.htaccess"), status(403)),
 ];
@@ -459,6 +479,19 @@ fn nextcloud_tern(www: &Path, socket: &Path) -> String {
 
 const PROPFIND_BODY: &str = "<?xml version=\"1.0\"?>\n<d:propfind xmlns:d=\"DAV:\"><d:prop><d:getlastmodified/></d:prop></d:propfind>\n";
 
+/// The server block's `add_header ... always`: on every answer, tern's own included.
+const SECURITY: &[(&str, Option<&str>)] = &[
+    ("Referrer-Policy", Some("no-referrer")),
+    ("X-Content-Type-Options", Some("nosniff")),
+    ("X-Frame-Options", Some("SAMEORIGIN")),
+    ("X-Permitted-Cross-Domain-Policies", Some("none")),
+    ("X-Robots-Tag", Some("noindex, nofollow")),
+    ("X-XSS-Protection", Some("1; mode=block")),
+    ("X-Powered-By", None),
+];
+/// The assets' location (without `?v=`, whose `immutable` tern cannot add).
+const ASSET: &[(&str, Option<&str>)] = &[("Cache-Control", Some("public, max-age=15778463"))];
+
 const NEXTCLOUD_CASES: &[(Ask, Answer)] = &[
     // WebDAV: clients list folders with a trailing slash; the script is remote.php.
     (
@@ -516,13 +549,41 @@ const NEXTCLOUD_CASES: &[(Ask, Answer)] = &[
             "dav GET script=/remote.php info=/dav/files/admin/ depth=- body=0 fca=true https=on\n",
         ),
     ),
+    // `location = /` with `if ($http_user_agent ~ ^DavClnt)`: a header pattern.
+    (
+        Ask {
+            method: "GET",
+            path: "/",
+            headers: &[("User-Agent", "DavClnt")],
+            body: "",
+        },
+        Answer {
+            status: 302,
+            text: None,
+            location: Some("/remote.php/webdav/"),
+            fields: SECURITY,
+        },
+    ),
+    (
+        Ask {
+            method: "GET",
+            path: "/",
+            headers: &[("User-Agent", "Mozilla/5.0 DavClnt")],
+            body: "",
+        },
+        text(
+            200,
+            "nc script=/index.php info= uri=/ q= fca=true mha=true https=on\n",
+        ),
+    ),
     // The front controller: pretty URLs, with PATH_INFO; a folder with no index too.
     (
         get("/"),
         text(
             200,
             "nc script=/index.php info= uri=/ q= fca=true mha=true https=on\n",
-        ),
+        )
+        .with(SECURITY),
     ),
     (
         get("/apps/files/"),
@@ -531,7 +592,7 @@ const NEXTCLOUD_CASES: &[(Ask, Answer)] = &[
             "nc script=/index.php info=/apps/files/ uri=/apps/files/ q= fca=true mha=true https=on\n",
         ),
     ),
-    (get("/apps/files"), moved("/apps/files/")),
+    (get("/apps/files"), moved("/apps/files/").with(SECURITY)),
     (
         get("/index.php/apps/files/"),
         text(
@@ -572,15 +633,18 @@ const NEXTCLOUD_CASES: &[(Ask, Answer)] = &[
     ),
     (
         get("/apps/files/js/files.js"),
-        text(200, "OCA.Files = {};\n"),
+        text(200, "OCA.Files = {};\n").with(ASSET),
     ),
     (
         get("/core/css/server.css"),
-        text(200, "#body-user { color: #000 }\n"),
+        text(200, "#body-user { color: #000 }\n").with(ASSET),
     ),
     (get("/robots.txt"), text(200, "User-agent: *\nDisallow: /\n")),
     // `.well-known`: the service discovery redirects.
-    (get("/.well-known/carddav"), moved("/remote.php/dav/")),
+    (
+        get("/.well-known/carddav"),
+        moved("/remote.php/dav/").with(SECURITY),
+    ),
     (get("/.well-known/caldav"), moved("/remote.php/dav/")),
     (
         get("/.well-known/webfinger?resource=acct:admin@cloud.example.com"),
@@ -588,7 +652,7 @@ const NEXTCLOUD_CASES: &[(Ask, Answer)] = &[
     ),
     (get("/remote/dav"), moved("/remote.php/remote/dav")),
     // What Nextcloud hides.
-    (get("/config/config.php"), status(404)),
+    (get("/config/config.php"), status(404).with(SECURITY)),
     (get("/config/"), status(404)),
     (get("/data/admin/files/secret.txt"), status(404)),
     (get("/.htaccess"), status(404)),

@@ -123,7 +123,12 @@ pub struct CheckFigures {
 /// One worker's balancing state.
 #[derive(Default)]
 struct WorkerState {
+    /// Whose turn it is among the primaries...
     cursor: AtomicUsize,
+    /// ...and among the backups: a tier of its own, so the backups take turns whatever the
+    /// primaries' cursor does (one cursor for both sent every retry that fell to the backups
+    /// to the same one: 5:1 between two equal backups).
+    backup_cursor: AtomicUsize,
     /// Smooth weighted round-robin: each server's current weight (nginx's
     /// `current_weight`); unused when all weights are equal.
     current: Vec<AtomicI64>,
@@ -139,6 +144,8 @@ pub struct UpstreamGroup {
     /// Every server has the same weight: plain round-robin by cursor, no weights to add up.
     equal_weights: bool,
     has_backup: bool,
+    /// Bit i: server i (of the first 64, as `tried` counts them) is a backup.
+    backup_mask: u64,
     /// Per server, when the group speaks TLS.
     tls: Vec<Option<UpstreamTls>>,
 }
@@ -161,6 +168,7 @@ impl UpstreamGroup {
                 .map(|_| {
                     CachePadded::new(WorkerState {
                         cursor: AtomicUsize::new(0),
+                        backup_cursor: AtomicUsize::new(0),
                         current: (0..n).map(|_| AtomicI64::new(0)).collect(),
                         in_flight: (0..n).map(|_| AtomicU32::new(0)).collect(),
                     })
@@ -169,6 +177,13 @@ impl UpstreamGroup {
             pool_key: NEXT_POOL_KEY.fetch_add(1, Ordering::Relaxed),
             equal_weights: options.servers.iter().all(|s| s.weight == first_weight),
             has_backup: options.servers.iter().any(|s| s.backup),
+            backup_mask: options
+                .servers
+                .iter()
+                .take(64)
+                .enumerate()
+                .filter(|(_, s)| s.backup)
+                .fold(0, |mask, (i, _)| mask | 1 << i),
             tls: options
                 .servers
                 .iter()
@@ -234,18 +249,20 @@ impl UpstreamGroup {
         &self.workers[worker % self.workers.len()]
     }
 
-    /// The server the balancing method takes among those `ok` accepts, if any.
-    /// The next server among those `ok` takes. A retry (`first_try` false) takes the next
-    /// one in turn and moves nothing: were it to move the cursor or the weights, a server that
-    /// fails every request would get the first try of every request.
+    /// The server the balancing method takes among those `ok` accepts (one tier: primaries
+    /// or backups, `cursor` being that tier's), if any. A retry within the tier
+    /// (`first_try` false) takes the next one in turn and moves nothing: were it to move the
+    /// cursor or the weights, a server that fails every request would get the first try of
+    /// every request.
     fn choose(
         &self,
         w: &WorkerState,
+        cursor: &AtomicUsize,
         ok: impl Fn(usize) -> bool,
         first_try: bool,
     ) -> Option<usize> {
         let n = self.options.servers.len();
-        let start = w.cursor.load(Ordering::Relaxed);
+        let start = cursor.load(Ordering::Relaxed);
         let mut in_turn = (0..n).map(|k| (start + k) % n).filter(|&i| ok(i));
         if !first_try {
             return in_turn.next();
@@ -288,7 +305,7 @@ impl UpstreamGroup {
             }),
         };
         if let Some(i) = choice {
-            w.cursor.store((i + 1) % n, Ordering::Relaxed);
+            cursor.store((i + 1) % n, Ordering::Relaxed);
         }
         choice
     }
@@ -308,12 +325,16 @@ impl Upstreams for UpstreamGroup {
         let servers = &self.options.servers;
         let untried = |i: usize| i >= 64 || tried & (1 << i) == 0;
         let usable = |i: usize| untried(i) && !self.is_down(i, now_ms);
-        let first_try = tried == 0;
-        if let Some(i) = self.choose(w, |i| !servers[i].backup && usable(i), first_try) {
+        let primary = |i: usize| !servers[i].backup && usable(i);
+        if let Some(i) = self.choose(w, &w.cursor, primary, tried == 0) {
             return Some(i);
         }
         if self.has_backup {
-            if let Some(i) = self.choose(w, |i| servers[i].backup && usable(i), first_try) {
+            // The first backup this request tries is a first try of the backup tier, whatever
+            // the primaries did before it.
+            let backups_tried = tried & self.backup_mask != 0;
+            let backup = |i: usize| servers[i].backup && usable(i);
+            if let Some(i) = self.choose(w, &w.backup_cursor, backup, !backups_tried) {
                 return Some(i);
             }
         }
@@ -535,6 +556,45 @@ mod tests {
                 "all down: probe the first back"
             );
             assert_ne!(g.pick(0, 20_000, 0), Some(1), "{balance:?}");
+        }
+    }
+
+    /// Every primary refuses (before and after it is marked down): each request's first try
+    /// goes to it, its retry to a backup. Two equal backups got the requests 5:1, every retry
+    /// falling to the backup after the primaries' cursor.
+    #[test]
+    fn backups_share_evenly_when_the_primaries_fail() {
+        for balance in [Balance::RoundRobin, Balance::LeastConn] {
+            for specs in [
+                &[(1, false), (1, true), (1, true)][..],
+                &[(1, true), (1, false), (1, true), (1, false)][..],
+                &[(2, false), (1, true), (1, true)][..],
+            ] {
+                let g = weighted(specs, balance);
+                let mut counts = vec![0; specs.len()];
+                // max_fails = 1, fail_timeout 10 s: requests 10 s apart find every primary
+                // back, those between find them down.
+                for n in 0..24u64 {
+                    let now = n * 4000;
+                    let mut tried = 0u64;
+                    loop {
+                        let i = g.pick(0, now, tried).unwrap();
+                        g.begin(0, i);
+                        if specs[i].1 {
+                            g.end(0, i, UpstreamOutcome::Ok, now);
+                            counts[i] += 1;
+                            break;
+                        }
+                        g.end(0, i, UpstreamOutcome::Failed, now);
+                        tried |= 1 << i;
+                    }
+                }
+                let backups: Vec<usize> = (0..specs.len())
+                    .filter(|&i| specs[i].1)
+                    .map(|i| counts[i])
+                    .collect();
+                assert_eq!(backups, [12, 12], "{balance:?} {specs:?}: {counts:?}");
+            }
         }
     }
 

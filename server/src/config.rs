@@ -13,9 +13,43 @@ pub enum ListenerKind {
     Http,
     /// HTTP over TLS (needs [`Server::with_tls`]).
     Https,
-    /// Plain HTTP that answers every request with 308 to the same host and path on the
-    /// first `Https` listener.
+    /// Plain HTTP that answers every request with a redirect to the same path on the first
+    /// `Https` listener ([`ServerConfig::redirect_http`]: 308 to the same host by default).
     RedirectToHttps,
+}
+
+/// What a redirect listener answers: the status, and the host each request goes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedirectHttp {
+    /// 301, 302, 303, 307 or 308.
+    pub status: u16,
+    /// `(host, target)`: a request for `host` (lower case, no port, no trailing dot) goes to
+    /// `target` (a host name, maybe with its port: then the https port is not added).
+    pub hosts: Vec<(String, String)>,
+    /// Where every other request goes; `None`: its own host.
+    pub any: Option<String>,
+}
+
+impl Default for RedirectHttp {
+    fn default() -> Self {
+        RedirectHttp {
+            status: 308,
+            hosts: Vec::new(),
+            any: None,
+        }
+    }
+}
+
+impl RedirectHttp {
+    /// The target host a request for `name` goes to, if one is set.
+    pub fn target_for(&self, name: &str) -> Option<&str> {
+        let name = name.strip_suffix('.').unwrap_or(name);
+        self.hosts
+            .iter()
+            .find(|(host, _)| host.eq_ignore_ascii_case(name))
+            .map(|(_, target)| target.as_str())
+            .or(self.any.as_deref())
+    }
 }
 
 /// Everything a server needs to know at start-up.
@@ -37,6 +71,8 @@ pub struct ServerConfig {
     pub listener_kinds: Vec<ListenerKind>,
     /// `Strict-Transport-Security: max-age=N` on answers over TLS.
     pub hsts_max_age: Option<u64>,
+    /// What the `RedirectToHttps` listeners answer.
+    pub redirect_http: RedirectHttp,
     /// Offer WebSocket over HTTP/2 (RFC 8441 extended CONNECT): advertised in SETTINGS, and
     /// relayed by proxy routes to their upstream as an HTTP/1.1 WebSocket handshake.
     pub http2_websocket: bool,
@@ -54,6 +90,7 @@ impl Default for ServerConfig {
             max_connections_per_worker: 16_384,
             listener_kinds: Vec::new(),
             hsts_max_age: None,
+            redirect_http: RedirectHttp::default(),
             http2_websocket: false,
         }
     }

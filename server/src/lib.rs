@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 pub use access_log::{AccessLog, AccessLogFormat, ClientIp};
 pub use bans::{BanConfig, BanNotice, Bans};
-pub use config::{ListenerKind, ServerConfig};
+pub use config::{ListenerKind, RedirectHttp, ServerConfig};
 pub use guard::{Guard, Guarded, Verdict};
 pub use handler::{
     complete_all, ExchangeId, Handler, HandlerContext, LogTarget, Pending, Refusal, Reply, Request,

@@ -122,5 +122,6 @@ fn site() -> Site {
         error_pages: Vec::new(),
         request_ids: None,
         compress: None,
+        headers: Default::default(),
     }
 }

@@ -19,6 +19,7 @@
 //! This crate uses only tern-server's public API (handlers, responses, static files), like
 //! the apps beside it.
 
+mod headers;
 mod host;
 mod matcher;
 mod route;
@@ -37,12 +38,10 @@ use tern_server::{
 use tern_services::template::Values;
 use tern_services::TrustedProxies;
 
+pub use headers::{check_header_value, check_type_pattern, parse_expires, Expires, HeaderEdits};
 pub use host::{normalize_pattern, PatternError};
 pub use matcher::{check_matchers, compile_pattern, MatchSpec};
-pub use route::{
-    check_header_value, check_rewrite, check_try_files, Action, Fixed, HeaderEdits, Redirect,
-    RouteOptions,
-};
+pub use route::{check_rewrite, check_try_files, Action, Fixed, Redirect, RouteOptions};
 
 use host::HostTable;
 use route::{Admission, BuiltAction, BuiltRoute, Fallback};
@@ -57,6 +56,7 @@ pub struct Route {
     /// ignored.
     pub prefix: String,
     pub action: Action,
+    /// Its own header edits, over its site's ([`Site::headers`]).
     pub headers: HeaderEdits,
     pub options: RouteOptions,
 }
@@ -86,6 +86,9 @@ pub struct Site {
     /// On-the-fly compression of answers no route took (404s, 421s are not the site's);
     /// each route has its own ([`RouteOptions::compress`]).
     pub compress: Option<Arc<tern_compress::Policy>>,
+    /// Header edits on every answer of the site: its routes' (each route's own edits over
+    /// them) and those no route took.
+    pub headers: HeaderEdits,
 }
 
 struct BuiltSite {
@@ -104,6 +107,8 @@ struct BuiltSite {
     relay_error_pages: Option<ResponseEdit>,
     request_ids: Option<TrustedProxies>,
     compress: Option<Arc<tern_compress::Policy>>,
+    /// The site's own header edits, for the answers no route took.
+    edits: headers::BuiltEdits,
 }
 
 /// A site's error pages: status, body, its `Content-Type` line.
@@ -145,6 +150,22 @@ impl SiteTable {
                     ));
                 }
             }
+            let pages = Arc::new(ErrorPages(
+                site.error_pages
+                    .into_iter()
+                    .map(|p| {
+                        let line = format!("Content-Type: {}\r\n", p.content_type).into_bytes();
+                        (p.status, p.body, line)
+                    })
+                    .collect(),
+            ));
+            let relay_error_pages = (!pages.0.is_empty()).then(|| {
+                let pages = pages.clone();
+                let edit: ResponseEdit = Arc::new(move |r: &mut Response| pages.apply(r));
+                edit
+            });
+            let site_edits = headers::BuiltEdits::new(&site.headers)
+                .map_err(|e| format!("site {}: {e}", site.name))?;
             let mut routes: Vec<BuiltRoute> = Vec::with_capacity(site.routes.len());
             let mut by_prefix: HashMap<Box<[u8]>, Vec<u32>, foldhash::fast::RandomState> =
                 HashMap::default();
@@ -165,8 +186,14 @@ impl SiteTable {
                     )
                 })?;
                 let decoded = tern_server::decoded_path(&canonical);
-                let route = BuiltRoute::new(&decoded, r.action, &r.headers, r.options)
-                    .map_err(|e| format!("site {}: route {}: {e}", site.name, r.prefix))?;
+                let route = BuiltRoute::new(
+                    &decoded,
+                    r.action,
+                    &r.headers.over(&site.headers),
+                    r.options,
+                    relay_error_pages.as_ref(),
+                )
+                .map_err(|e| format!("site {}: route {}: {e}", site.name, r.prefix))?;
                 let same = by_prefix.entry(route.prefix.clone().into()).or_default();
                 if let Some(&earlier) = same
                     .iter()
@@ -183,15 +210,6 @@ impl SiteTable {
                 routes.push(route);
             }
             let longest_prefix = routes.iter().map(|r| r.prefix.len()).max().unwrap_or(0);
-            let pages = Arc::new(ErrorPages(
-                site.error_pages
-                    .into_iter()
-                    .map(|p| {
-                        let line = format!("Content-Type: {}\r\n", p.content_type).into_bytes();
-                        (p.status, p.body, line)
-                    })
-                    .collect(),
-            ));
             built.push(BuiltSite {
                 name: site.name,
                 log: site.log,
@@ -199,14 +217,11 @@ impl SiteTable {
                 routes,
                 by_prefix,
                 longest_prefix,
-                relay_error_pages: (!pages.0.is_empty()).then(|| {
-                    let pages = pages.clone();
-                    let edit: ResponseEdit = Arc::new(move |r: &mut Response| pages.apply(r));
-                    edit
-                }),
+                relay_error_pages,
                 error_pages: pages,
                 request_ids: site.request_ids,
                 compress: site.compress,
+                edits: site_edits,
             });
         }
         Ok(SiteTable {
@@ -282,13 +297,7 @@ impl SiteTable {
                 .flatten();
             cx.set_request_id(from_proxy.unwrap_or_else(RequestId::generate));
         }
-        let (mut reply, own) = answer_on(site, req, cx, 0);
-        match &mut reply {
-            Reply::Now(response) if own => site.error_pages.apply(response),
-            Reply::Forward(fwd) => fwd.own_answers = site.relay_error_pages.clone(),
-            _ => {}
-        }
-        reply
+        answer_on(site, req, cx, 0)
     }
 }
 
@@ -324,17 +333,13 @@ fn route_for<'s>(
     }
 }
 
-/// Answers a request on its site; `hops`: internal re-routings so far. The flag says the
-/// answer is tern's own (a site's error page may replace it), not a fixed route's.
-fn answer_on(
-    site: &BuiltSite,
-    req: &Request<'_>,
-    cx: &mut HandlerContext<'_>,
-    hops: u8,
-) -> (Reply, bool) {
+/// Answers a request on its site; `hops`: internal re-routings so far. The answer comes
+/// back finished: the site's error page in place of tern's own body (a fixed route's is its
+/// own), then the header edits of the route that answered, or the site's when none did.
+fn answer_on(site: &BuiltSite, req: &Request<'_>, cx: &mut HandlerContext<'_>, hops: u8) -> Reply {
     let decoded = tern_server::decoded_path(req.path());
     let Some(route) = route_for(site, req.head, &decoded) else {
-        return (Response::text(404, "not found\n").into(), true);
+        return own_answer(site, None, Response::text(404, "not found\n"), req, cx);
     };
     // The route that answers counts the answer: after a rewrite or a fallback, the last.
     cx.count_as(route.counted_as.unwrap_or(site.counted_as));
@@ -343,18 +348,18 @@ fn answer_on(
     }
     if let Admission::Refuse(r, why) = route.admit(req, cx.worker_id) {
         cx.count_refusal(why);
-        return (r.into(), true);
+        return own_answer(site, Some(route), r, req, cx);
     }
     let mut reply = match &route.action {
         BuiltAction::Rewrite(target) => {
             return match rewritten(route, target, req.head, &decoded) {
-                Some(path) => reroute(site, req, cx, path, hops),
-                None => (bad_path(), true),
+                Some(path) => reroute(site, route, req, cx, path, hops),
+                None => own_answer(site, Some(route), bad_path_answer(), req, cx),
             };
         }
         BuiltAction::Handler(handler) => {
             if let Some(tf) = &route.try_files {
-                match try_files(site, tf, handler.as_ref(), req, cx, hops) {
+                match try_files(site, route, tf, handler.as_ref(), req, cx, hops) {
                     Tried::Reply(r) => r,
                     Tried::Rerouted(r) => return r,
                 }
@@ -364,24 +369,59 @@ fn answer_on(
         }
         _ => Reply::Now(route.answer_plain(req).expect("a plain route answers")),
     };
+    if let Reply::Now(r) = &mut reply {
+        if !route.is_fixed() {
+            site.error_pages.apply(r);
+        }
+    }
     let id = cx.request_id().copied();
-    let values = Values {
+    let values = answer_values(req, id.as_ref());
+    route.edit_reply(
+        &mut reply,
+        &values,
+        req.unix_secs,
+        site.relay_error_pages.as_ref(),
+    );
+    reply
+}
+
+/// One of tern's own answers on a site (no route, a refusal, a path with no canonical form, a
+/// re-routing cycle): the site's error page for its status, then the header edits of
+/// `route` (the site's own when no route took the request), which every answer gets.
+fn own_answer(
+    site: &BuiltSite,
+    route: Option<&BuiltRoute>,
+    mut response: Response,
+    req: &Request<'_>,
+    cx: &HandlerContext<'_>,
+) -> Reply {
+    site.error_pages.apply(&mut response);
+    let id = cx.request_id().copied();
+    let values = answer_values(req, id.as_ref());
+    match route {
+        Some(route) => route.edit_own(&mut response, &values, req.unix_secs),
+        None => site.edits.apply(&mut response, &values, req.unix_secs),
+    }
+    response.into()
+}
+
+/// What header values may name, for this request.
+fn answer_values<'a>(req: &'a Request<'_>, id: Option<&'a RequestId>) -> Values<'a> {
+    Values {
         client: req.peer.ip(),
         secure: req.secure,
         host: req.head.host.unwrap_or(b""),
-        request_id: id.as_ref().map(RequestId::as_str),
+        request_id: id.map(RequestId::as_str),
         uri: req.path(),
         captures: &[],
-    };
-    route.edit_reply(&mut reply, &values);
-    (reply, !route.is_fixed())
+    }
 }
 
 enum Tried {
     /// A candidate's answer (or the `=CODE` fallback).
     Reply(Reply),
-    /// The fallback path's answer, its route's edits applied there.
-    Rerouted((Reply, bool)),
+    /// The fallback path's answer, finished by the route it reached.
+    Rerouted(Reply),
 }
 
 /// `try_files`: each candidate's answer is the handler's for that path, the first that is
@@ -395,6 +435,7 @@ enum Tried {
 /// never runs under a path its relative links would break on.
 fn try_files(
     site: &BuiltSite,
+    route: &BuiltRoute,
     tf: &route::TryFiles,
     handler: &dyn Handler,
     req: &Request<'_>,
@@ -447,26 +488,26 @@ fn try_files(
             buf.clear();
             t.render(&mut buf, &path_values(req.path()));
             match canonical_owned(&buf) {
-                Some(path) => Tried::Rerouted(reroute(site, req, cx, path, hops)),
-                None => Tried::Rerouted((bad_path(), true)),
+                Some(path) => Tried::Rerouted(reroute(site, route, req, cx, path, hops)),
+                None => Tried::Reply(bad_path()),
             }
         }
     }
 }
 
-/// Routes the request again on its site with `path` (canonical).
+/// Routes the request again on its site with `path` (canonical); `from`: the route that
+/// sends it on.
 fn reroute(
     site: &BuiltSite,
+    from: &BuiltRoute,
     req: &Request<'_>,
     cx: &mut HandlerContext<'_>,
     path: String,
     hops: u8,
-) -> (Reply, bool) {
+) -> Reply {
     if hops >= MAX_REROUTES {
-        return (
-            Response::text(500, "internal redirection cycle\n").into(),
-            true,
-        );
+        let cycle = Response::text(500, "internal redirection cycle\n");
+        return own_answer(site, Some(from), cycle, req, cx);
     }
     let head = req.head.with_path(Cow::Owned(path));
     answer_on(site, &with_head(req, &head), cx, hops + 1)
@@ -626,7 +667,11 @@ fn stripped(path: &str, decoded_len: usize) -> Option<Cow<'_, str>> {
 }
 
 fn bad_path() -> Reply {
-    Response::text(400, "path cannot be normalised safely\n").into()
+    bad_path_answer().into()
+}
+
+fn bad_path_answer() -> Response {
+    Response::text(400, "path cannot be normalised safely\n")
 }
 
 fn status_text(code: u16) -> &'static str {
@@ -730,6 +775,7 @@ mod tests {
             error_pages: Vec::new(),
             request_ids: None,
             compress: None,
+            headers: HeaderEdits::default(),
         }
     }
 
@@ -908,6 +954,7 @@ mod tests {
             error_pages: Vec::new(),
             request_ids: None,
             compress: None,
+            headers: HeaderEdits::default(),
         };
         tweak(&mut s);
         let table = SiteTable::new(vec![s], Some(0)).unwrap();
@@ -1072,6 +1119,7 @@ mod tests {
             error_pages: Vec::new(),
             request_ids: None,
             compress: None,
+            headers: HeaderEdits::default(),
         };
         let e = SiteTable::new(vec![s], Some(0)).err().unwrap();
         assert!(e.contains("could never be chosen"), "{e}");
@@ -1346,6 +1394,91 @@ mod tests {
         assert_eq!(
             c.stats().snapshot().get(tern_server::Counter::RateLimited),
             1
+        );
+    }
+
+    /// Site-wide edits reach every answer of the site, tern's own included (no route, a
+    /// refusal, an error page: nginx's `add_header ... always`), and a route's own go over
+    /// them; fields by type follow the answer's final type (an error page's).
+    #[test]
+    fn site_headers_reach_every_answer_and_routes_override_them() {
+        let limiter = tern_services::PrefixLimiter::new(
+            tern_services::RateLimitConfig {
+                per_second: 1,
+                burst: 1,
+                buckets: 64,
+                ..Default::default()
+            },
+            1,
+        );
+        let mut own = with("/own", echo(), RouteOptions::default());
+        own.headers = HeaderEdits {
+            set: vec![("x-frame-options".into(), "SAMEORIGIN".into())],
+            remove: vec!["X-Robots-Tag".into()],
+            ..Default::default()
+        };
+        let routes = vec![
+            own,
+            with(
+                "/limited",
+                echo(),
+                RouteOptions {
+                    rate_limit: Some(Arc::new(limiter)),
+                    ..Default::default()
+                },
+            ),
+            with("/missing", echo(), RouteOptions::default()),
+        ];
+        let mut c = serve(routes, |s| {
+            s.headers = HeaderEdits {
+                set: vec![
+                    ("X-Frame-Options".into(), "DENY".into()),
+                    ("X-Robots-Tag".into(), "noindex".into()),
+                ],
+                by_type: vec![(
+                    "text/html".into(),
+                    vec![(
+                        "Content-Security-Policy".into(),
+                        "default-src 'none'".into(),
+                    )],
+                )],
+                expires: vec![("*".into(), Expires::Max)],
+                ..Default::default()
+            };
+            s.error_pages = vec![ErrorPage {
+                status: 404,
+                body: Bytes::from_static(b"<h1>lost</h1>"),
+                content_type: "text/html".into(),
+            }];
+        });
+        let (status, text) = ask(&mut c, &get("/nowhere"));
+        assert_eq!(status, 404);
+        assert!(
+            text.contains("X-Frame-Options: DENY\r\n")
+                && text.contains("X-Robots-Tag: noindex\r\n")
+                && text.contains("Content-Security-Policy: default-src 'none'\r\n"),
+            "no route: the site's edits, by the page's type: {text}"
+        );
+        assert!(
+            !text.contains("Expires"),
+            "an error is never made cacheable: {text}"
+        );
+        let (status, text) = ask(&mut c, &get("/missing/x"));
+        assert_eq!(status, 404);
+        assert!(text.contains("X-Frame-Options: DENY\r\n"), "{text}");
+        let (_, text) = ask(&mut c, &get("/own"));
+        assert!(text.contains("x-frame-options: SAMEORIGIN\r\n"), "{text}");
+        assert!(
+            !text.contains("DENY") && !text.contains("X-Robots-Tag"),
+            "the route's own over the site's: {text}"
+        );
+        assert!(text.contains("Expires: Thu, 31 Dec 2037"), "{text}");
+        assert_eq!(ask(&mut c, &get("/limited")).0, 200);
+        let (status, text) = ask(&mut c, &get("/limited"));
+        assert_eq!(status, 429);
+        assert!(
+            text.contains("X-Frame-Options: DENY\r\n"),
+            "a refusal too: {text}"
         );
     }
 

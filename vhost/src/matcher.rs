@@ -29,6 +29,9 @@ pub struct MatchSpec {
     pub path_glob: Option<String>,
     /// A regular expression on the decoded path, anchored at both ends (`^...$`).
     pub path_regex: Option<String>,
+    /// `(name, pattern)`: the field is present and one of its lines (trimmed) matches the
+    /// anchored regular expression, whole.
+    pub header_patterns: Vec<(String, String)>,
 }
 
 /// Checks matchers as the site table will build them.
@@ -44,6 +47,7 @@ pub(crate) struct Matchers {
     headers: Vec<(String, Option<Vec<u8>>)>,
     query: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     pattern: Option<Regex>,
+    header_patterns: Vec<(String, Regex)>,
 }
 
 fn method_bit(m: Method) -> u16 {
@@ -56,34 +60,59 @@ pub fn compile_pattern(glob: Option<&str>, regex: Option<&str>) -> Result<Option
         (Some(_), Some(_)) => return Err("give path_glob or path_regex, not both".into()),
         (None, None) => return Ok(None),
         (Some(g), None) => glob_to_regex(g)?,
-        (None, Some(r)) => {
-            if !r.starts_with('^')
-                || !(r.ends_with('$') || r.ends_with("\\z"))
-                || r.ends_with("\\$")
-            {
-                return Err(format!(
-                    "path_regex {r:?} must be anchored: start with ^ and end with $ (a pattern \
-                     that may match anywhere is an easy mistake that widens a route)"
-                ));
-            }
-            r.to_string()
-        }
+        (None, Some(r)) => return compile_anchored("path_regex", r).map(Some),
     };
-    if source.len() > PATTERN_MAX_LEN {
+    compile_limited(&source, "the path pattern").map(Some)
+}
+
+/// Compiles an anchored pattern (`key` names it in errors): it must start with `^` (after
+/// flag groups such as `(?i)`, which may come before or after the anchor) and end with `$`
+/// (or `\z`), and it must match the whole text: it is compiled inside `^(?:...)$`, so an
+/// alternation such as `^/a|/b$` cannot match `/b` at the end of any text.
+pub fn compile_anchored(key: &str, pattern: &str) -> Result<Regex, String> {
+    let mut rest = pattern;
+    // Leading flag groups: `(?i)`, `(?ix)`, `(?-u)`; never a group with a `:`.
+    while let Some(after) = rest.strip_prefix("(?") {
+        match after.find(')') {
+            Some(end)
+                if end > 0
+                    && after[..end]
+                        .bytes()
+                        .all(|b| b.is_ascii_alphabetic() || b == b'-') =>
+            {
+                rest = &after[end + 1..];
+            }
+            _ => break,
+        }
+    }
+    if !rest.starts_with('^')
+        || !(pattern.ends_with('$') || pattern.ends_with("\\z"))
+        || pattern.ends_with("\\$")
+    {
         return Err(format!(
-            "the path pattern is longer than {PATTERN_MAX_LEN} characters"
+            "{key} {pattern:?} must be anchored: start with ^ (flags such as (?i) may come \
+             before or after it) and end with $ (a pattern that may match anywhere is an easy \
+             mistake that widens a route)"
         ));
     }
-    RegexBuilder::new(&source)
+    compile_limited(&format!("^(?:{pattern})$"), &format!("{key} {pattern:?}"))
+}
+
+fn compile_limited(source: &str, what: &str) -> Result<Regex, String> {
+    if source.len() > PATTERN_MAX_LEN {
+        return Err(format!(
+            "{what} is longer than {PATTERN_MAX_LEN} characters"
+        ));
+    }
+    RegexBuilder::new(source)
         .size_limit(PATTERN_SIZE_LIMIT)
         .dfa_size_limit(PATTERN_SIZE_LIMIT)
         .build()
-        .map(Some)
         .map_err(|e| match e {
             regex::Error::CompiledTooBig(_) => {
-                format!("the path pattern {source:?} compiles too large (over {PATTERN_SIZE_LIMIT} bytes): simplify it")
+                format!("{what} compiles too large (over {PATTERN_SIZE_LIMIT} bytes): simplify it")
             }
-            e => format!("the path pattern {source:?} does not compile: {e}"),
+            e => format!("{what} does not compile: {e}"),
         })
 }
 
@@ -160,6 +189,13 @@ impl Matchers {
             m.query.push((name.as_bytes().to_vec(), value));
         }
         m.pattern = compile_pattern(spec.path_glob.as_deref(), spec.path_regex.as_deref())?;
+        for (name, pattern) in &spec.header_patterns {
+            if !tern_server::is_token(name.as_bytes()) {
+                return Err(format!("header {name:?} is not a field name"));
+            }
+            let re = compile_anchored(&format!("the pattern of header {name}"), pattern)?;
+            m.header_patterns.push((name.clone(), re));
+        }
         Ok(m)
     }
 
@@ -169,6 +205,7 @@ impl Matchers {
             && self.headers.is_empty()
             && self.query.is_empty()
             && self.pattern.is_none()
+            && self.header_patterns.is_empty()
     }
 
     pub(crate) fn pattern(&self) -> Option<&Regex> {
@@ -203,6 +240,14 @@ impl Matchers {
         }
         for (name, want) in &self.query {
             if !query_has(head.query.unwrap_or(""), name, want.as_deref()) {
+                return false;
+            }
+        }
+        for (name, re) in &self.header_patterns {
+            if !head
+                .header_all(name)
+                .any(|v| re.is_match(tern_server::trim_ows(v)))
+            {
                 return false;
             }
         }
@@ -350,6 +395,64 @@ mod tests {
             .unwrap();
         assert!(re.is_match(b"/u/42"));
         assert!(!re.is_match(b"/u/42/x"));
+    }
+
+    /// Flags may come before the anchor as well as after it (`(?i)^…$` was refused while
+    /// `^(?i)…$` worked), and an alternation cannot unanchor a pattern: `^/a|/b$` used to
+    /// match any path ending in `/b`.
+    #[test]
+    fn flags_may_precede_the_anchor_and_a_pattern_matches_whole() {
+        let re = |r: &str| compile_pattern(None, Some(r)).unwrap().unwrap();
+        for r in [r"(?i)^/admin$", r"^(?i)/admin$", r"(?i)(?x)^ /admin $"] {
+            assert!(re(r).is_match(b"/ADMIN"), "{r}");
+            assert!(!re(r).is_match(b"/ADMIN/x"), "{r}");
+        }
+        let alt = re(r"^/a|/b$");
+        assert!(alt.is_match(b"/a") && alt.is_match(b"/b"));
+        assert!(
+            !alt.is_match(b"/x/b") && !alt.is_match(b"/a/x"),
+            "whole path only"
+        );
+        assert_eq!(re(r"^/u/([0-9]+)$").captures_len(), 2, "no group added");
+        for bad in [r"(?i)/admin$", r"(?i:^/admin)$", r"(?)^/a$"] {
+            let e = compile_pattern(None, Some(bad)).unwrap_err();
+            assert!(e.contains("must be anchored"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn header_patterns_match_a_whole_line_of_the_field() {
+        let spec = MatchSpec {
+            header_patterns: vec![("User-Agent".into(), r"^DavClnt.*$".into())],
+            ..Default::default()
+        };
+        let ua = |v: &str| format!("GET / HTTP/1.1\r\nHost: a\r\nUser-Agent: {v}\r\n\r\n");
+        assert!(head_matches(&spec, &ua("DavClnt/1.0")));
+        assert!(head_matches(&spec, &ua("  DavClnt  ")), "trimmed");
+        assert!(!head_matches(&spec, &ua("Mozilla DavClnt")), "anchored");
+        assert!(
+            !head_matches(&spec, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+            "absent"
+        );
+        let accept = MatchSpec {
+            header_patterns: vec![("Accept".into(), r"(?i)^.*\btext/html\b.*$".into())],
+            ..Default::default()
+        };
+        let two_lines =
+            "GET / HTTP/1.1\r\nHost: a\r\nAccept: image/png\r\nAccept: TEXT/HTML;q=0.9\r\n\r\n";
+        assert!(head_matches(&accept, two_lines), "any line of the field");
+        for (name, pattern, want) in [
+            ("User Agent", "^x$", "not a field name"),
+            ("User-Agent", "DavClnt", "must be anchored"),
+            ("User-Agent", "^(x$", "does not compile"),
+        ] {
+            let spec = MatchSpec {
+                header_patterns: vec![(name.into(), pattern.into())],
+                ..Default::default()
+            };
+            let e = Matchers::new(&spec).unwrap_err();
+            assert!(e.contains(want), "{name} {pattern}: {e}");
+        }
     }
 
     #[test]

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tern_server::upstream::ResponseEdit;
 use tern_server::{AnswerRow, Body, Handler, Request, RequestHead, Response};
-use tern_services::template::{Template, Values, Var, HEADER_VARS};
+use tern_services::template::{Template, Values, Var};
 use tern_services::{PrefixLimiter, RateDecision};
 
+use crate::headers::{chain, BuiltEdits, HeaderEdits};
 use crate::matcher::{MatchSpec, Matchers};
 
 /// What answers the requests a route matches.
@@ -36,15 +37,6 @@ pub struct Fixed {
     pub status: u16,
     pub body: Bytes,
     pub content_type: String,
-}
-
-/// Headers set on (replacing any of the same name) or removed from a route's answers.
-/// Values may hold `$client`, `$scheme`, `$host`, `$request_id`.
-#[derive(Debug, Default, Clone)]
-pub struct HeaderEdits {
-    /// `(name, value)`, in order.
-    pub set: Vec<(String, String)>,
-    pub remove: Vec<String>,
 }
 
 /// A route's matchers and what it does on the way to its action.
@@ -153,11 +145,6 @@ fn parse_rewrite(target: &str, captures: u8) -> Result<Template, String> {
     Template::parse(target, &[Var::Uri], captures).map_err(|e| format!("rewrite: {e}"))
 }
 
-/// Checks a header value's variables (answers and requests alike).
-pub fn check_header_value(value: &str) -> Result<Template, String> {
-    Template::parse(value, HEADER_VARS, 0)
-}
-
 /// One route as the site table holds it: everything prebuilt, nothing formatted per request
 /// unless a header value holds a variable.
 pub(crate) struct BuiltRoute {
@@ -171,15 +158,11 @@ pub(crate) struct BuiltRoute {
     pub rate_limit: Option<Arc<PrefixLimiter>>,
     pub compress: Option<Arc<tern_compress::Policy>>,
     pub counted_as: Option<AnswerRow>,
-    /// Names to drop before the set lines are added (the removed ones and the set ones).
-    drop: Vec<String>,
-    /// `Name: value\r\n` lines without variables, serialised once.
-    set_lines: Arc<Vec<u8>>,
-    /// Values with variables, rendered per answer.
-    set_templates: Vec<(String, Template)>,
-    /// The same edits for a proxied answer without variables, whose head the relay builds
-    /// later.
-    forward_edit: Option<ResponseEdit>,
+    /// Its header edits (its site's with its own over them).
+    edits: BuiltEdits,
+    /// What the relay does to its own answers for this route (502, 503, 504, 413) when the
+    /// edits hold no variable: the site's error page, then the edits.
+    own_answers: Option<ResponseEdit>,
 }
 
 pub(crate) enum BuiltAction {
@@ -214,12 +197,14 @@ pub(crate) enum Admission {
 }
 
 impl BuiltRoute {
-    /// `prefix`: the decoded canonical form of the configured path.
+    /// `prefix`: the decoded canonical form of the configured path; `edits`: the route's
+    /// over its site's; `pages`: the site's error pages for the relay's own answers.
     pub(crate) fn new(
         prefix: &[u8],
         action: Action,
         edits: &HeaderEdits,
         options: RouteOptions,
+        pages: Option<&ResponseEdit>,
     ) -> Result<BuiltRoute, String> {
         let matchers = Matchers::new(&options.matchers)?;
         let action = match action {
@@ -250,23 +235,11 @@ impl BuiltRoute {
         } else {
             Some(parse_try_files(&options.try_files)?)
         };
-        let mut drop = edits.remove.clone();
-        let mut set_lines = Vec::new();
-        let mut set_templates = Vec::new();
-        for (name, value) in &edits.set {
-            drop.push(name.clone());
-            let t = check_header_value(value).map_err(|e| format!("header {name}: {e}"))?;
-            match t.as_literal() {
-                Some(text) => set_lines.extend_from_slice(format!("{name}: {text}\r\n").as_bytes()),
-                None => set_templates.push((name.clone(), t)),
-            }
-        }
-        let set_lines = Arc::new(set_lines);
-        let forward_edit: Option<ResponseEdit> = if drop.is_empty() && set_lines.is_empty() {
+        let edits = BuiltEdits::new(edits)?;
+        let own_answers = if edits.has_templates() {
             None
         } else {
-            let (drop, lines) = (drop.clone(), set_lines.clone());
-            Some(Arc::new(move |r: &mut Response| edit(r, &drop, &lines)))
+            chain(pages, edits.forward_edit(&crate::path_values("")))
         };
         Ok(BuiltRoute {
             prefix: stored_prefix(prefix).to_vec(),
@@ -277,10 +250,8 @@ impl BuiltRoute {
             rate_limit: options.rate_limit,
             compress: options.compress,
             counted_as: options.counted_as,
-            drop,
-            set_lines,
-            set_templates,
-            forward_edit,
+            edits,
+            own_answers,
         })
     }
 
@@ -347,27 +318,28 @@ impl BuiltRoute {
         }
     }
 
-    /// Applies the route's header edits to an answer now, or hands them to the relay for a
-    /// forwarded one (rendered now when they hold variables: the relay has no request).
-    pub(crate) fn edit_reply(&self, reply: &mut tern_server::Reply, values: &Values<'_>) {
+    /// Applies the route's header edits to an answer now (`unix_secs`: the request's clock,
+    /// for `Expires`), or hands them to the relay for a forwarded one, with the site's error
+    /// pages (`pages`) before them on the relay's own answers; values with variables are
+    /// rendered now (the relay has no request).
+    pub(crate) fn edit_reply(
+        &self,
+        reply: &mut tern_server::Reply,
+        values: &Values<'_>,
+        unix_secs: u64,
+        pages: Option<&ResponseEdit>,
+    ) {
         match reply {
-            tern_server::Reply::Now(response) => {
-                edit(response, &self.drop, &self.set_lines);
-                if !self.set_templates.is_empty() {
-                    response.push_raw_headers(&self.rendered(values));
-                }
-            }
+            tern_server::Reply::Now(response) => self.edits.apply(response, values, unix_secs),
             tern_server::Reply::Forward(fwd) => {
                 if let Some(max) = self.max_body {
                     fwd.max_body = max;
                 }
-                fwd.edit = if self.set_templates.is_empty() {
-                    self.forward_edit.clone()
+                fwd.edit = self.edits.forward_edit(values);
+                fwd.own_answers = if self.edits.has_templates() {
+                    chain(pages, fwd.edit.clone())
                 } else {
-                    let mut lines = self.set_lines.as_ref().clone();
-                    lines.extend_from_slice(&self.rendered(values));
-                    let (drop, lines) = (self.drop.clone(), lines);
-                    Some(Arc::new(move |r: &mut Response| edit(r, &drop, &lines)))
+                    self.own_answers.clone()
                 };
             }
             // A deferred answer (the game's claims) is completed elsewhere and not edited.
@@ -375,23 +347,11 @@ impl BuiltRoute {
         }
     }
 
-    fn rendered(&self, values: &Values<'_>) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (name, t) in &self.set_templates {
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(b": ");
-            t.render(&mut out, values);
-            out.extend_from_slice(b"\r\n");
-        }
-        out
+    /// Applies the route's header edits to one of tern's own answers for it (a refusal, a
+    /// path with no canonical form): every answer gets them, whatever its status.
+    pub(crate) fn edit_own(&self, response: &mut Response, values: &Values<'_>, unix_secs: u64) {
+        self.edits.apply(response, values, unix_secs);
     }
-}
-
-fn edit(response: &mut Response, drop: &[String], set_lines: &[u8]) {
-    for name in drop {
-        response.remove_header(name);
-    }
-    response.push_raw_headers(set_lines);
 }
 
 fn redirect(status: u16, target: &str, keep_path: bool, req: &Request<'_>) -> Response {

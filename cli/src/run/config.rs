@@ -70,8 +70,25 @@ struct SiteFile {
     compress_min_size: Option<Spanned<u64>>,
     compress_types: Option<Spanned<Vec<String>>>,
     compress_level: Option<Spanned<BTreeMap<String, u32>>>,
+    /// Header edits on every answer of the site (its routes' own go over them).
+    add_headers: Option<Spanned<BTreeMap<String, String>>>,
+    remove_headers: Option<Spanned<Vec<String>>>,
+    headers_by_type: Option<Spanned<HeadersByType>>,
+    expires: Option<Spanned<ExpiresByType>>,
     #[serde(default)]
     route: Vec<RouteFile>,
+}
+
+/// `{ "text/html" = { "Content-Security-Policy" = "default-src 'self'" } }`.
+type HeadersByType = BTreeMap<String, BTreeMap<String, String>>;
+/// `{ "text/html" = "epoch", "image/*" = "30d", "*" = "off" }` (a number: seconds).
+type ExpiresByType = BTreeMap<String, ExpiresValue>;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ExpiresValue {
+    Secs(u64),
+    Text(String),
 }
 
 /// One route: `path` and exactly one kind key (`static`, `redirect`, `respond`, `app`), the
@@ -136,6 +153,8 @@ struct RouteFile {
     counters: Option<Spanned<String>>,
     add_headers: Option<Spanned<BTreeMap<String, String>>>,
     remove_headers: Option<Spanned<Vec<String>>>,
+    headers_by_type: Option<Spanned<HeadersByType>>,
+    expires: Option<Spanned<ExpiresByType>>,
     /// Fields set on or removed from the request a proxied app gets.
     add_request_headers: Option<Spanned<BTreeMap<String, String>>>,
     remove_request_headers: Option<Spanned<Vec<String>>>,
@@ -144,6 +163,8 @@ struct RouteFile {
     methods: Option<Spanned<Vec<String>>>,
     match_headers: Option<Spanned<BTreeMap<String, String>>>,
     match_query: Option<Spanned<BTreeMap<String, String>>>,
+    /// Anchored patterns on header fields (`{ "User-Agent" = '^DavClnt.*$' }`).
+    match_headers_regex: Option<Spanned<BTreeMap<String, String>>>,
     path_glob: Option<Spanned<String>>,
     path_regex: Option<Spanned<String>>,
     /// An internal rewrite (a route kind): routed again with this path.
@@ -182,7 +203,35 @@ impl SiteFile {
     }
 }
 
+/// One level's header keys (a site's or a route's).
+struct HeaderKeys<'a> {
+    add_headers: &'a Option<Spanned<BTreeMap<String, String>>>,
+    remove_headers: &'a Option<Spanned<Vec<String>>>,
+    headers_by_type: &'a Option<Spanned<HeadersByType>>,
+    expires: &'a Option<Spanned<ExpiresByType>>,
+}
+
+impl SiteFile {
+    fn header_keys(&self) -> HeaderKeys<'_> {
+        HeaderKeys {
+            add_headers: &self.add_headers,
+            remove_headers: &self.remove_headers,
+            headers_by_type: &self.headers_by_type,
+            expires: &self.expires,
+        }
+    }
+}
+
 impl RouteFile {
+    fn header_keys(&self) -> HeaderKeys<'_> {
+        HeaderKeys {
+            add_headers: &self.add_headers,
+            remove_headers: &self.remove_headers,
+            headers_by_type: &self.headers_by_type,
+            expires: &self.expires,
+        }
+    }
+
     fn compress_keys(&self) -> CompressKeys<'_> {
         CompressKeys {
             compress: self.compress.as_ref(),
@@ -263,6 +312,8 @@ pub struct SitePlan {
     pub request_ids: Option<tern_services::TrustedProxies>,
     /// On-the-fly compression of answers no route took.
     pub compress: Option<std::sync::Arc<tern_compress::Policy>>,
+    /// Header edits on every answer of the site (each route's own go over them).
+    pub headers: HeaderEdits,
 }
 
 /// Where a site's access-log lines go.
@@ -496,6 +547,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                 at(&route.methods),
                 at(&route.match_headers),
                 at(&route.match_query),
+                at(&route.match_headers_regex),
                 at(&route.path_glob),
                 at(&route.path_regex),
             ]
@@ -549,7 +601,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                 {
                     p.at(path_at, "gate = true is for static, app and proxy routes");
                 }
-                let headers = check_headers(route, &mut p);
+                let headers = check_headers(route.header_keys(), &mut p);
                 if let Some(options) = options {
                     routes.push((
                         p.line(path_at),
@@ -566,21 +618,23 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
             }
         }
         if !site.request_id.as_ref().is_some_and(|r| *r.get_ref()) {
-            for route in &site.route {
-                for (key, value) in [
+            let site_keys = [("add_headers", &site.add_headers)];
+            let route_keys = site.route.iter().flat_map(|route| {
+                [
                     ("add_headers", &route.add_headers),
                     ("add_request_headers", &route.add_request_headers),
-                ] {
-                    if let Some(v) = value {
-                        if v.get_ref()
-                            .values()
-                            .any(|v| v.contains("$request_id") || v.contains("${request_id}"))
-                        {
-                            p.at(
-                                v.span().start,
-                                format!("{key}: $request_id needs request_id = true on the site"),
-                            );
-                        }
+                ]
+            });
+            for (key, value) in site_keys.into_iter().chain(route_keys) {
+                if let Some(v) = value {
+                    if v.get_ref()
+                        .values()
+                        .any(|v| v.contains("$request_id") || v.contains("${request_id}"))
+                    {
+                        p.at(
+                            v.span().start,
+                            format!("{key}: $request_id needs request_id = true on the site"),
+                        );
                     }
                 }
             }
@@ -609,6 +663,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
                 "access_log_format is for a site with its own access_log file",
             );
         }
+        let headers = check_headers(site.header_keys(), &mut p);
         sites.push(SitePlan {
             name,
             hosts: patterns,
@@ -617,6 +672,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
             error_pages,
             request_ids,
             compress: site_policy.filter(|_| site_compress),
+            headers,
         });
     }
     if !p.list.is_empty() {
@@ -696,6 +752,20 @@ fn check_route_name(
 }
 
 fn check_server_keys(file: &RunFile, p: &mut Problems<'_>) {
+    if let Some(tls) = &file.tls {
+        if let Err(list) = tls.redirect_settings() {
+            for (at, what) in list {
+                p.at(at, format!("[tls] {what}"));
+            }
+        }
+        if let Some(at) = tls.redirect_keys_without_listener() {
+            p.at(
+                at,
+                "[tls] redirect_http_status and redirect_http_hosts need redirect_http (the \
+                 plain listener that answers with them)",
+            );
+        }
+    }
     for (key, value) in [
         ("header_timeout", &file.header_timeout),
         ("body_timeout", &file.body_timeout),
@@ -1544,9 +1614,28 @@ fn check_route_options(
         p.at(at, e);
         ok = false;
     }
+    if let Some(h) = &route.match_headers_regex {
+        for (name, pattern) in h.get_ref() {
+            let one = tern_vhost::MatchSpec {
+                header_patterns: vec![(name.clone(), pattern.clone())],
+                ..Default::default()
+            };
+            match tern_vhost::check_matchers(&one) {
+                Ok(()) => plan
+                    .matchers
+                    .header_patterns
+                    .push((name.clone(), pattern.clone())),
+                Err(e) => {
+                    p.at(h.span().start, format!("match_headers_regex: {e}"));
+                    ok = false;
+                }
+            }
+        }
+    }
     let only = |m: &tern_vhost::MatchSpec| tern_vhost::MatchSpec {
         path_glob: None,
         path_regex: None,
+        header_patterns: Vec::new(),
         ..m.clone()
     };
     if let Err(e) = tern_vhost::check_matchers(&only(&plan.matchers)) {
@@ -1984,17 +2073,87 @@ fn parse_upstream(s: &str, dir: &Path) -> Result<tern_server::UpstreamAddr, Stri
     }
 }
 
-/// `add_headers` and `remove_headers`, checked; problems are recorded, bad entries left out.
-fn check_headers(route: &RouteFile, p: &mut Problems<'_>) -> HeaderEdits {
+/// `add_headers`, `remove_headers`, `headers_by_type` and `expires` (a site's or a route's),
+/// checked; problems are recorded, bad entries left out.
+fn check_headers(keys: HeaderKeys<'_>, p: &mut Problems<'_>) -> HeaderEdits {
     let (set, remove) = check_edits(
-        ("add_headers", &route.add_headers),
-        ("remove_headers", &route.remove_headers),
+        ("add_headers", keys.add_headers),
+        ("remove_headers", keys.remove_headers),
         p,
     );
-    HeaderEdits {
+    let mut edits = HeaderEdits {
         set: set.into_iter().map(|(n, v, _)| (n, v)).collect(),
         remove,
+        ..HeaderEdits::default()
+    };
+    // A pattern is named once per key, whatever its case.
+    let pattern_ok =
+        |key: &str, pattern: &str, seen: &mut Vec<String>, at: usize, p: &mut Problems<'_>| {
+            if let Err(e) = tern_vhost::check_type_pattern(pattern) {
+                p.at(at, format!("{key}: {e}"));
+                return false;
+            }
+            let lower = pattern.to_ascii_lowercase();
+            if seen.contains(&lower) {
+                p.at(at, format!("{key}: content type {pattern} is given twice"));
+                return false;
+            }
+            seen.push(lower);
+            true
+        };
+    if let Some(table) = keys.headers_by_type {
+        let at = table.span().start;
+        let mut seen = Vec::new();
+        for (pattern, fields) in table.get_ref() {
+            if !pattern_ok("headers_by_type", pattern, &mut seen, at, p) {
+                continue;
+            }
+            let mut list = Vec::new();
+            for (name, value) in fields {
+                if let Some(why) = bad_field_name(name, false) {
+                    p.at(at, format!("headers_by_type: {pattern}: {name:?} {why}"));
+                    continue;
+                }
+                if value
+                    .bytes()
+                    .any(|b| (b.is_ascii_control() && b != b'\t') || b == 0x7f)
+                {
+                    p.at(
+                        at,
+                        format!("headers_by_type: {pattern}: the value of {name} must not hold control characters"),
+                    );
+                    continue;
+                }
+                match tern_vhost::check_header_value(value) {
+                    Ok(t) if t.as_literal().is_some() => list.push((name.clone(), value.clone())),
+                    Ok(_) => p.at(
+                        at,
+                        format!("headers_by_type: {pattern}: {name}: values by content type are literal (no $variables; $$ is a $)"),
+                    ),
+                    Err(e) => p.at(at, format!("headers_by_type: {pattern}: {name}: {e}")),
+                }
+            }
+            edits.by_type.push((pattern.clone(), list));
+        }
     }
+    if let Some(table) = keys.expires {
+        let at = table.span().start;
+        let mut seen = Vec::new();
+        for (pattern, value) in table.get_ref() {
+            if !pattern_ok("expires", pattern, &mut seen, at, p) {
+                continue;
+            }
+            let rule = match value {
+                ExpiresValue::Secs(n) => tern_vhost::parse_expires(&n.to_string()),
+                ExpiresValue::Text(t) => tern_vhost::parse_expires(t),
+            };
+            match rule {
+                Ok(rule) => edits.expires.push((pattern.clone(), rule)),
+                Err(e) => p.at(at, format!("expires: {pattern}: {e}")),
+            }
+        }
+    }
+    edits
 }
 
 /// A pair of set/remove keys: names, values without control characters, variables known.
@@ -2568,9 +2727,14 @@ path_regex = "^/u/([0-9]+)$"
 methods = ["GET"]
 match_headers = { "Accept" = "*" }
 match_query = { "v" = "2" }
+match_headers_regex = { "User-Agent" = '(?i)^DavClnt.*$' }
 rewrite = "/api/users/$1"
 "#;
         let c = parse(text, d.path()).unwrap();
+        assert_eq!(
+            c.sites[0].routes[2].options.matchers.header_patterns,
+            [("User-Agent".to_string(), "(?i)^DavClnt.*$".to_string())]
+        );
         let site = &c.sites[0];
         assert!(site.request_ids.is_some());
         assert_eq!(site.error_pages[0].status, 404);
@@ -2634,6 +2798,10 @@ respond = "z"
 path = "/c"
 rewrite = "/c/$2"
 path_regex = "^/c/(.*)$"
+[[site.route]]
+path = "/h"
+respond = "x"
+match_headers_regex = { "User-Agent" = "DavClnt" }
 "#;
         let e = problems(text);
         let want = [
@@ -2652,6 +2820,134 @@ path_regex = "^/c/(.*)$"
             "line 30: method \"get\" is not an upper-case method token",
             "line 36: path \"/m\" is already routed on this site (line 33) by a route with no other matcher",
             "line 40: rewrite: \"/c/$2\": $2 names no group",
+            "line 45: match_headers_regex: the pattern of header User-Agent \"DavClnt\" must be anchored",
+        ];
+        for w in want {
+            assert!(
+                e.iter().any(|p| p.starts_with(w)),
+                "missing {w:?} in {e:#?}"
+            );
+        }
+        assert_eq!(e.len(), want.len(), "{e:#?}");
+    }
+
+    #[test]
+    fn header_keys_of_sites_and_routes_become_a_plan_or_are_refused() {
+        let good = r#"[[site]]
+name = "a"
+default = true
+add_headers = { X-Frame-Options = "DENY" }
+remove_headers = ["X-Powered-By"]
+headers_by_type = { "text/html" = { Content-Security-Policy = "default-src 'self'" } }
+expires = { "text/html" = "epoch", "image/*" = "30d", "font/woff2" = 3600, "*" = "off" }
+[[site.route]]
+path = "/"
+static = "site"
+expires = { "image/svg+xml" = "max" }
+"#;
+        let d = dir();
+        let c = parse(good, d.path()).unwrap();
+        let site = &c.sites[0].headers;
+        assert_eq!(site.set, [("X-Frame-Options".into(), "DENY".into())]);
+        assert_eq!(site.remove, ["X-Powered-By"]);
+        assert_eq!(site.by_type[0].0, "text/html");
+        let rules: Vec<(&str, tern_vhost::Expires)> =
+            site.expires.iter().map(|(p, e)| (p.as_str(), *e)).collect();
+        assert_eq!(
+            rules,
+            [
+                ("*", tern_vhost::Expires::Off),
+                ("font/woff2", tern_vhost::Expires::After(3600)),
+                ("image/*", tern_vhost::Expires::After(30 * 86_400)),
+                ("text/html", tern_vhost::Expires::Epoch),
+            ]
+        );
+        assert_eq!(
+            c.sites[0].routes[0].headers.expires,
+            [("image/svg+xml".into(), tern_vhost::Expires::Max)]
+        );
+        let bad = r#"[[site]]
+name = "a"
+default = true
+add_headers = { X-Id = "$request_id", Date = "x" }
+headers_by_type = { "text" = { X = "1" }, "text/html" = { X-Host = "$host", Server = "x" } }
+expires = { "image/*" = "1d", "Image/*" = "2d", "text/css" = "20y", "text/js" = "forever" }
+[[site.route]]
+path = "/"
+static = "site"
+expires = { "text/html; charset=utf-8" = "max" }
+headers_by_type = { "*" = { X-Ok = "1" }, "*/*" = { X = "1" } }
+"#;
+        let e = problems(bad);
+        let want = [
+            "line 4: add_headers: \"Date\" is written by the connection",
+            "line 4: add_headers: $request_id needs request_id = true",
+            "line 5: headers_by_type: content type \"text\": give \"type/subtype\"",
+            "line 5: headers_by_type: text/html: X-Host: values by content type are literal",
+            "line 5: headers_by_type: text/html: \"Server\" is written by the connection",
+            "line 6: expires: content type image/* is given twice",
+            "line 6: expires: text/js: expires \"forever\": give \"off\"",
+            "line 6: expires: text/css: expires \"20y\" is longer than ten years",
+            "line 10: expires: content type \"text/html; charset=utf-8\": give",
+            "line 11: headers_by_type: content type \"*/*\": give",
+        ];
+        for w in want {
+            assert!(
+                e.iter().any(|p| p.starts_with(w)),
+                "missing {w:?} in {e:#?}"
+            );
+        }
+        assert_eq!(e.len(), want.len(), "{e:#?}");
+    }
+
+    #[test]
+    fn redirect_http_keys_are_checked_with_their_lines() {
+        let text = r#"[tls]
+self_signed = true
+redirect_http = "127.0.0.1:0"
+redirect_http_status = 301
+redirect_http_hosts = { "www.example.com" = "example.com", "*" = "example.com:8443" }
+[[site]]
+name = "a"
+default = true
+[[site.route]]
+path = "/"
+respond = "x"
+"#;
+        let d = dir();
+        let c = parse(text, d.path()).unwrap();
+        let plan = c.tls_plan().unwrap().unwrap();
+        assert_eq!(plan.redirect.status, 301);
+        assert_eq!(
+            plan.redirect.hosts,
+            [("www.example.com".to_string(), "example.com".to_string())]
+        );
+        assert_eq!(
+            plan.redirect.target_for("WWW.example.com."),
+            Some("example.com")
+        );
+        assert_eq!(
+            plan.redirect.target_for("other.test"),
+            Some("example.com:8443")
+        );
+        let bad = r#"[tls]
+self_signed = true
+redirect_http_status = 200
+redirect_http_hosts = { "*.example.com" = "example.com", "a.test" = "b.test/x", "c.test" = "c.test:0" }
+[[site]]
+name = "a"
+default = true
+[[site.route]]
+path = "/"
+respond = "x"
+"#;
+        let e = problems(bad);
+        let want = [
+            "line 3: [tls] redirect_http_status 200 is not a redirect",
+            "line 4: [tls] redirect_http_hosts: \"*.example.com\" is not a host name",
+            "line 4: [tls] redirect_http_hosts: \"b.test/x\" is not a host name",
+            "line 4: [tls] redirect_http_hosts: \"c.test:0\" is not a host name",
+            "line 3: [tls] redirect_http_status and redirect_http_hosts need redirect_http",
         ];
         for w in want {
             assert!(

@@ -495,6 +495,7 @@ fn build_table(
             error_pages: site.error_pages.clone(),
             request_ids: site.request_ids.clone(),
             compress: site.compress.clone(),
+            headers: site.headers.clone(),
         });
     }
     SiteTable::new(sites, loaded.default_site)

@@ -171,7 +171,7 @@ fn before_routing(
             return Some(response);
         }
     }
-    redirect.map(|port| redirect_to_https(head, port))
+    redirect.map(|port| redirect_to_https(head, port, &cx.config.redirect_http))
 }
 
 /// RFC 8555 §8.3: `GET /.well-known/acme-challenge/TOKEN` on plain HTTP answers the key
@@ -190,33 +190,47 @@ fn acme_http01(head: &RequestHead<'_>, cx: &ConnCx<'_>) -> Option<Response> {
     )
 }
 
-/// The answer of a redirect-only listener (`--redirect-http`): 308 to the same host and path
-/// on https. A Host that is not a plain host name or address is refused, so nothing a client
+/// The answer of a redirect-only listener (`--redirect-http`): `settings.status` (308 unless
+/// set) to the same path on https, at the host `settings` names for the request's host, or
+/// its own. A Host that is not a plain host name or address is refused, so nothing a client
 /// sends can shape the Location beyond the path.
-fn redirect_to_https(head: &RequestHead<'_>, https_port: u16) -> Response {
-    let Some(host) = head
+fn redirect_to_https(
+    head: &RequestHead<'_>,
+    https_port: u16,
+    settings: &crate::config::RedirectHttp,
+) -> Response {
+    let host = head
         .header("host")
-        .and_then(|h| std::str::from_utf8(h).ok())
-    else {
-        return Response::text(400, "a Host header is required\n");
-    };
+        .and_then(|h| std::str::from_utf8(h).ok());
     // The host without its port; an IPv6 literal keeps its brackets.
-    let name = match host.strip_prefix('[') {
+    let name = host.map(|host| match host.strip_prefix('[') {
         Some(rest) => rest.find(']').map_or("", |i| &host[..i + 2]),
         None => host.split(':').next().unwrap_or(""),
+    });
+    let valid = |name: &str| {
+        !name.is_empty()
+            && name.len() <= 255
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'[' | b']' | b':'))
     };
-    let valid = !name.is_empty()
-        && name.len() <= 255
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'[' | b']' | b':'));
-    if !valid {
-        return Response::text(400, "bad Host header\n");
-    }
+    let target = match name {
+        Some(name) if !valid(name) => return Response::text(400, "bad Host header\n"),
+        Some(name) => settings
+            .target_for(name)
+            .map_or((name, true), |t| (t, false)),
+        None => match settings.any.as_deref() {
+            Some(t) => (t, false),
+            None => return Response::text(400, "a Host header is required\n"),
+        },
+    };
+    let (name, own) = target;
     let mut location = String::with_capacity(name.len() + head.target.len() + 16);
     location.push_str("https://");
     location.push_str(name);
-    if https_port != 443 {
+    // A configured target that names its port keeps it (a port forwarded elsewhere).
+    let has_port = !own && name.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']'));
+    if https_port != 443 && !has_port {
         location.push(':');
         location.push_str(itoa::Buffer::new().format(https_port));
     }
@@ -226,5 +240,6 @@ fn redirect_to_https(head: &RequestHead<'_>, https_port: u16) -> Response {
         location.push('?');
         location.push_str(q);
     }
-    Response::text(308, "this site is served over https\n").with_header("Location", &location)
+    Response::text(settings.status, "this site is served over https\n")
+        .with_header("Location", &location)
 }
