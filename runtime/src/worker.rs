@@ -988,6 +988,119 @@ mod inherited_and_liveness_tests {
 }
 
 #[cfg(test)]
+mod lost_worker_tests {
+    use super::shutdown_tests::Answerer;
+    use super::*;
+
+    /// Answers as [`Answerer`]; panics on a message.
+    #[derive(Default)]
+    struct PanicsOnMessage(Answerer);
+
+    impl WorkerApp for PanicsOnMessage {
+        type Message = Duration;
+
+        fn on_accept(
+            &mut self,
+            cx: &mut Context<'_, Duration>,
+            s: crate::io::EpollSock,
+            peer: SocketAddr,
+            listener: usize,
+        ) {
+            self.0.on_accept(cx, s, peer, listener)
+        }
+        fn on_ready(&mut self, cx: &mut Context<'_, Duration>, ready: Readiness) {
+            self.0.on_ready(cx, ready)
+        }
+        fn on_timer(&mut self, _: &mut Context<'_, Duration>, _: TimerKey, _: u64) {}
+        fn on_message(&mut self, _: &mut Context<'_, Duration>, _: Duration) {
+            panic!("test: a panic outside every connection");
+        }
+        fn on_shutdown(&mut self, cx: &mut Context<'_, Duration>) {
+            self.0.on_shutdown(cx)
+        }
+        fn connections(&self) -> usize {
+            self.0.connections()
+        }
+    }
+
+    /// A worker lost to a panic stops the others (no stop was asked for) and `join` says
+    /// one was lost; the counting hook ran on its thread.
+    #[test]
+    fn a_lost_worker_stops_every_worker_and_join_reports_it() {
+        struct Counting(Arc<AtomicUsize>);
+        impl MakeApp for Counting {
+            type Message = Duration;
+            type App<B: Backend> = PanicsOnMessageOn<B>;
+            fn make<B: Backend>(&self, _: usize, _: InboxSender<Duration>) -> PanicsOnMessageOn<B> {
+                PanicsOnMessageOn(std::marker::PhantomData)
+            }
+            fn worker_panicked(&self, worker: usize) {
+                assert_eq!(worker, 1);
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let panicked = Arc::new(AtomicUsize::new(0));
+        let config = RuntimeConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            workers: 3,
+            ..RuntimeConfig::default()
+        };
+        let handle = Runtime::start_app(config, |_| Ok(()), Counting(panicked.clone())).unwrap();
+        handle.inboxes()[1].send(Duration::ZERO).unwrap();
+        // No shutdown asked for: join returns because the loss stopped every worker.
+        assert_eq!(join_within(handle), Ok(1));
+        assert_eq!(panicked.load(Ordering::SeqCst), 1);
+    }
+
+    /// [`PanicsOnMessage`] on any backend (it only panics, so it needs no socket of its own).
+    struct PanicsOnMessageOn<B>(std::marker::PhantomData<B>);
+
+    impl<B: Backend> WorkerApp<B> for PanicsOnMessageOn<B> {
+        type Message = Duration;
+
+        fn on_accept(
+            &mut self,
+            _: &mut Context<'_, Duration, B>,
+            _: B::Sock,
+            _: SocketAddr,
+            _: usize,
+        ) {
+        }
+        fn on_ready(&mut self, _: &mut Context<'_, Duration, B>, _: Readiness) {}
+        fn on_timer(&mut self, _: &mut Context<'_, Duration, B>, _: TimerKey, _: u64) {}
+        fn on_message(&mut self, _: &mut Context<'_, Duration, B>, _: Duration) {
+            panic!("test: a panic outside every connection");
+        }
+        fn on_shutdown(&mut self, _: &mut Context<'_, Duration, B>) {}
+        fn connections(&self) -> usize {
+            0
+        }
+    }
+
+    /// Through `Runtime::start` (no counting hook) the loss is reported alike.
+    #[test]
+    fn a_lost_worker_is_reported_by_join_without_a_counting_hook() {
+        let config = RuntimeConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            workers: 2,
+            ..RuntimeConfig::default()
+        };
+        let handle = Runtime::start(config, |_, _| PanicsOnMessage::default()).unwrap();
+        handle.inboxes()[0].send(Duration::ZERO).unwrap();
+        assert_eq!(join_within(handle), Ok(1));
+    }
+
+    /// `join`'s answer, if the workers all end within 10 s.
+    fn join_within(
+        handle: RuntimeHandle<Duration>,
+    ) -> Result<usize, std::sync::mpsc::RecvTimeoutError> {
+        let (joined, lost) = std::sync::mpsc::channel();
+        std::thread::spawn(move || joined.send(handle.join()));
+        lost.recv_timeout(Duration::from_secs(10))
+    }
+}
+
+#[cfg(test)]
 mod timer_tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
