@@ -8,13 +8,18 @@
 //! test` builds has it (the `fault-injection` feature, through this package's
 //! dev-dependency), and it is armed by `TERN_TEST_FAULTS=1`.
 
+#[path = "support/h2.rs"]
+mod h2_support;
 mod support;
+#[path = "support/tls.rs"]
+mod tls_support;
 
 use std::ffi::OsStr;
 use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+use h2_support::RawH2;
 use support::*;
 
 /// Keep-alive connections served while one of their neighbours panics.
@@ -29,7 +34,7 @@ fn start_run(dir: &std::path::Path, workers: &str) -> Tern {
     let config = dir.join("tern.toml");
     std::fs::write(
         &config,
-        "[[site]]\nname = \"test\"\nhosts = [\"test\"]\n\n\
+        "[[site]]\nname = \"test\"\nhosts = [\"test\", \"localhost\"]\n\n\
          [[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n\n\
          [[site.route]]\npath = \"/\"\nstatic = \"site\"\n",
     )
@@ -131,6 +136,20 @@ fn a_connection_panic_under_load_loses_only_that_connections_requests() {
         1
     );
 
+    // Over HTTP/2 the whole connection goes (its other streams with it: the panic may have
+    // struck in state they share), and another HTTP/2 connection is served on.
+    let mut neighbour = RawH2::connect(addr, &[]);
+    neighbour.request(1, "GET", "/a.txt", &[], false);
+    assert_eq!(neighbour.response_body(1), b"alpha\n");
+    let mut victim = RawH2::connect(addr, &[]);
+    victim.request(1, "GET", "/a.txt", &[], false);
+    assert_eq!(victim.response_body(1), b"alpha\n");
+    victim.request(3, "GET", "/tern-test-fault/connection", &[], false);
+    assert!(victim.closed_within(READ_TIMEOUT));
+    neighbour.request(3, "GET", "/a.txt", &[], false);
+    assert_eq!(neighbour.response_body(3), b"alpha\n");
+    assert_eq!(metric(&tern, "tern_panics_total{where=\"connection\"}"), 2);
+
     // A handler's panic is answered 500 and counted as the handler's.
     let r = tern.get("/tern-test-fault/handler");
     assert_eq!(r.status, 500);
@@ -140,7 +159,7 @@ fn a_connection_panic_under_load_loses_only_that_connections_requests() {
         "tern_server::fault::in_handler",
     );
     assert_eq!(metric(&tern, "tern_panics_total{where=\"handler\"}"), 1);
-    assert_eq!(metric(&tern, "tern_panics_total{where=\"connection\"}"), 1);
+    assert_eq!(metric(&tern, "tern_panics_total{where=\"connection\"}"), 2);
 }
 
 #[test]
