@@ -326,7 +326,11 @@ pub fn run_server_with_reload(
     println!("{line}");
     service::notify_ready(&line);
     service::start_watchdog(server.liveness_probe())?;
-    server.join();
+    // A lost worker stopped the others: exit with an error, for the service manager to
+    // start tern again (`Restart=on-failure`).
+    server
+        .join_checked()
+        .map_err(|lost| format!("stopped: {lost}; exiting with an error"))?;
     tracing::info!("stopped");
     Ok(())
 }

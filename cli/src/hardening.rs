@@ -242,8 +242,14 @@ pub fn plan(
         Some(SandboxArg::On) => Mode::On,
         Some(SandboxArg::Off) => Mode::Off,
     };
+    let mut read = needs.read;
+    // The executable itself, read only: a panic's backtrace is symbolized from its debug
+    // info when it happens (`panic_log.rs`), which means opening the file.
+    if let Ok(exe) = std::env::current_exe() {
+        read.push(exe);
+    }
     let paths = Paths {
-        read: needs.read,
+        read,
         write: needs.write,
         write_files: needs.write_files,
         log_folders: needs.log_folders,

@@ -11,6 +11,7 @@ mod demo;
 mod gate;
 mod hardening;
 mod memory;
+mod panic_log;
 mod run;
 mod serve;
 mod service;
@@ -92,6 +93,7 @@ fn main() -> ExitCode {
         // The event's fields (message included) at the top level of each object.
         LogFormat::Json => logs.json().flatten_event(true).init(),
     }
+    panic_log::install();
     // Still before any thread exists: it reads and clears environment variables.
     let result = service::init().and_then(|()| match cli.command {
         Command::Serve(args) => serve::serve(args),

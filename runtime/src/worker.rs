@@ -1,6 +1,7 @@
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -161,6 +162,8 @@ pub struct RuntimeHandle<M> {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     heartbeats: Arc<[Heartbeat]>,
+    /// Workers whose loop ended other than by a shutdown (see [`worker_lost`]).
+    lost: Arc<AtomicUsize>,
 }
 
 impl<M: Send + 'static> RuntimeHandle<M> {
@@ -220,13 +223,19 @@ impl<M: Send + 'static> RuntimeHandle<M> {
         }
     }
 
-    /// Waits until every worker has drained and exited.
-    pub fn join(self) {
+    /// Waits until every worker has drained and exited; returns how many were lost instead
+    /// (a panic no connection contained, or a failed event loop): the caller should then
+    /// exit with an error (see [`worker_lost`]).
+    pub fn join(self) -> usize {
         for t in self.threads {
             if t.join().is_err() {
+                // Only a panic outside the worker's catch (its log line, or the catch's own
+                // bookkeeping) gets here.
                 tracing::error!("a worker thread panicked");
+                self.lost.fetch_add(1, Ordering::SeqCst);
             }
         }
+        self.lost.load(Ordering::SeqCst)
     }
 }
 
@@ -258,7 +267,7 @@ impl Runtime {
         B: FnOnce() -> io::Result<()>,
     {
         let prepared = (0..config.workers.max(1)).map(|_| ()).collect();
-        Runtime::launch::<EpollIo, A, F, B>(config, after_bind, make_app, prepared)
+        Runtime::launch::<EpollIo, A, F, B, _>(config, after_bind, make_app, |_| {}, prepared)
     }
 
     /// Like [`start_with`](Self::start_with), on the backend `config.io` names: `make`
@@ -277,6 +286,8 @@ impl Runtime {
     {
         let workers = config.workers.max(1);
         let make = Arc::new(make);
+        let counter = make.clone();
+        let on_panic = move |id| counter.worker_panicked(id);
         let rings = match config.io {
             IoChoice::Epoll => Err(None),
             IoChoice::Uring | IoChoice::Auto => {
@@ -287,7 +298,9 @@ impl Runtime {
             Ok(rings) => {
                 let make_app = move |id, inbox| make.make::<UringIo>(id, inbox);
                 let after_bind = || after_bind(UringIo::NAME);
-                Runtime::launch::<UringIo, _, _, _>(config, after_bind, make_app, rings)
+                Runtime::launch::<UringIo, _, _, _, _>(
+                    config, after_bind, make_app, on_panic, rings,
+                )
             }
             Err(Some(why)) if config.io == IoChoice::Uring => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -301,16 +314,20 @@ impl Runtime {
                     None => EpollIo::NAME.to_string(),
                 };
                 let after_bind = || after_bind(&named);
-                Runtime::launch::<EpollIo, _, _, _>(config, after_bind, make_app, prepared)
+                Runtime::launch::<EpollIo, _, _, _, _>(
+                    config, after_bind, make_app, on_panic, prepared,
+                )
             }
         }
     }
 
-    /// Binds, runs `after_bind`, and starts one worker per prepared backend.
-    fn launch<Bk, A, F, B>(
+    /// Binds, runs `after_bind`, and starts one worker per prepared backend. `on_panic`
+    /// runs on a worker's thread when a panic ended its loop (after its app was dropped).
+    fn launch<Bk, A, F, B, P>(
         config: RuntimeConfig,
         after_bind: B,
         make_app: F,
+        on_panic: P,
         prepared: Vec<Bk::Prepared>,
     ) -> io::Result<RuntimeHandle<A::Message>>
     where
@@ -318,6 +335,7 @@ impl Runtime {
         A: WorkerApp<Bk>,
         F: Fn(usize, InboxSender<A::Message>) -> A + Send + Sync + 'static,
         B: FnOnce() -> io::Result<()>,
+        P: Fn(usize) + Send + Sync + 'static,
     {
         let workers = config.workers.max(1);
         debug_assert_eq!(prepared.len(), workers);
@@ -373,16 +391,24 @@ impl Runtime {
         let stop = Arc::new(AtomicBool::new(false));
         let heartbeats: Arc<[Heartbeat]> = (0..workers).map(|_| Heartbeat::default()).collect();
         let make_app = Arc::new(make_app);
-        let mut inboxes = Vec::with_capacity(workers);
+        let lost = Arc::new(AtomicUsize::new(0));
+        let on_panic = Arc::new(on_panic);
+        let all_inboxes = (0..workers)
+            .map(|_| {
+                let inbox = Inbox::new(Waker::new()?, config.inbox_capacity);
+                Ok(InboxSender::new(Arc::new(inbox)))
+            })
+            .collect::<io::Result<Vec<InboxSender<A::Message>>>>()?;
         let mut threads = Vec::with_capacity(workers);
         for ((id, listeners), prepared) in per_worker.into_iter().enumerate().zip(prepared) {
-            let inbox = Arc::new(Inbox::new(Waker::new()?, config.inbox_capacity));
-            let sender = InboxSender::new(inbox.clone());
-            inboxes.push(sender.clone());
+            let sender = all_inboxes[id].clone();
             let make_app = make_app.clone();
             let stop = stop.clone();
             let heartbeats = heartbeats.clone();
             let config = config.clone();
+            let lost = lost.clone();
+            let on_panic = on_panic.clone();
+            let others = all_inboxes.clone();
             let cpu = config
                 .pin
                 .then(|| cpus.get(id % cpus.len().max(1)).copied())
@@ -393,28 +419,74 @@ impl Runtime {
                     if let Some(cpu) = cpu {
                         pin_to_cpu(cpu);
                     }
-                    let io = match Bk::start(prepared) {
-                        Ok(io) => io,
-                        Err(e) => {
-                            tracing::error!(worker = id, "event loop failed to start: {e}");
-                            return;
+                    // Everything the closure owns (backend, listeners, timers, buffers, the
+                    // app and its connections) is dropped by the unwinding and never used
+                    // again, so no half-updated state of it can be seen: asserting unwind
+                    // safety is sound. What it shares lives on: the stop flag and heartbeat
+                    // (atomics), the inbox (a lock-free queue, whose messages for this
+                    // worker's connections are dropped with it).
+                    let ran = catch_unwind(AssertUnwindSafe(|| {
+                        let io = Bk::start(prepared)
+                            .map_err(|e| format!("its event loop failed to start: {e}"))?;
+                        let app = make_app(id, sender.clone());
+                        let inbox = sender.inbox().clone();
+                        let mut worker =
+                            Worker::new(id, io, listeners, inbox, sender, stop.clone(), &config);
+                        worker
+                            .run(app, &heartbeats[id])
+                            .map_err(|e| format!("its event loop failed: {e}"))
+                    }));
+                    let why = match ran {
+                        Ok(Ok(())) => return,
+                        Ok(Err(why)) => why,
+                        Err(_) => {
+                            on_panic(id);
+                            "a panic no connection could contain (logged above)".to_string()
                         }
                     };
-                    let app = make_app(id, sender.clone());
-                    let mut worker = Worker::new(id, io, listeners, inbox, sender, stop, &config);
-                    if let Err(e) = worker.run(app, &heartbeats[id]) {
-                        tracing::error!(worker = id, "event loop failed: {e}");
-                    }
+                    worker_lost(id, &why, &lost, &stop, &others);
                 })?;
             threads.push(thread);
         }
         Ok(RuntimeHandle {
             local_addrs,
-            inboxes,
+            inboxes: all_inboxes,
             stop,
             threads,
             heartbeats,
+            lost,
         })
+    }
+}
+
+/// Worker `id` is gone (a panic escaped its loop, or its loop failed). It is not started
+/// again on its listeners: after the sandbox closed, a new io_uring ring cannot be made, and
+/// the old one (with the rest of the worker's state) was given up half-way through whatever
+/// panicked; messages other threads queued for its connections would reach a new worker's
+/// connections under the same keys. Going on with fewer workers would leave its share of
+/// the listeners' connections unserved (all of them with one worker) until a watchdog,
+/// if any, noticed. So every worker is stopped as at a shutdown (the others finish what they
+/// serve, within the grace period) and [`RuntimeHandle::join`] reports the loss: the process
+/// then exits with an error, and its service manager starts it again (`Restart=on-failure`;
+/// with socket activation the listening sockets, and connections queued on them, outlive
+/// the restart).
+#[cold]
+fn worker_lost<M>(
+    id: usize,
+    why: &str,
+    lost: &AtomicUsize,
+    stop: &AtomicBool,
+    inboxes: &[InboxSender<M>],
+) {
+    lost.fetch_add(1, Ordering::SeqCst);
+    tracing::error!(
+        worker = id,
+        "worker lost: {why}; stopping the other workers (they finish what they serve), then \
+         exiting with an error for the service manager to restart tern"
+    );
+    stop.store(true, Ordering::SeqCst);
+    for inbox in inboxes {
+        inbox.nudge();
     }
 }
 
@@ -439,6 +511,10 @@ pub trait MakeApp: Send + Sync + 'static {
 
     /// Runs on worker `worker`'s own thread.
     fn make<B: Backend>(&self, worker: usize, inbox: InboxSender<Self::Message>) -> Self::App<B>;
+
+    /// A panic no connection contained ended worker `worker`'s loop (its app is dropped, the
+    /// panic hook has logged it): the moment to count it. Runs on that worker's thread.
+    fn worker_panicked(&self, _worker: usize) {}
 }
 
 struct Worker<M, B: Backend> {
@@ -908,6 +984,119 @@ mod inherited_and_liveness_tests {
         assert!(probe());
         handle.shutdown();
         handle.join();
+    }
+}
+
+#[cfg(test)]
+mod lost_worker_tests {
+    use super::shutdown_tests::Answerer;
+    use super::*;
+
+    /// Answers as [`Answerer`]; panics on a message.
+    #[derive(Default)]
+    struct PanicsOnMessage(Answerer);
+
+    impl WorkerApp for PanicsOnMessage {
+        type Message = Duration;
+
+        fn on_accept(
+            &mut self,
+            cx: &mut Context<'_, Duration>,
+            s: crate::io::EpollSock,
+            peer: SocketAddr,
+            listener: usize,
+        ) {
+            self.0.on_accept(cx, s, peer, listener)
+        }
+        fn on_ready(&mut self, cx: &mut Context<'_, Duration>, ready: Readiness) {
+            self.0.on_ready(cx, ready)
+        }
+        fn on_timer(&mut self, _: &mut Context<'_, Duration>, _: TimerKey, _: u64) {}
+        fn on_message(&mut self, _: &mut Context<'_, Duration>, _: Duration) {
+            panic!("test: a panic outside every connection");
+        }
+        fn on_shutdown(&mut self, cx: &mut Context<'_, Duration>) {
+            self.0.on_shutdown(cx)
+        }
+        fn connections(&self) -> usize {
+            self.0.connections()
+        }
+    }
+
+    /// A worker lost to a panic stops the others (no stop was asked for) and `join` says
+    /// one was lost; the counting hook ran on its thread.
+    #[test]
+    fn a_lost_worker_stops_every_worker_and_join_reports_it() {
+        struct Counting(Arc<AtomicUsize>);
+        impl MakeApp for Counting {
+            type Message = Duration;
+            type App<B: Backend> = PanicsOnMessageOn<B>;
+            fn make<B: Backend>(&self, _: usize, _: InboxSender<Duration>) -> PanicsOnMessageOn<B> {
+                PanicsOnMessageOn(std::marker::PhantomData)
+            }
+            fn worker_panicked(&self, worker: usize) {
+                assert_eq!(worker, 1);
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let panicked = Arc::new(AtomicUsize::new(0));
+        let config = RuntimeConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            workers: 3,
+            ..RuntimeConfig::default()
+        };
+        let handle = Runtime::start_app(config, |_| Ok(()), Counting(panicked.clone())).unwrap();
+        handle.inboxes()[1].send(Duration::ZERO).unwrap();
+        // No shutdown asked for: join returns because the loss stopped every worker.
+        assert_eq!(join_within(handle), Ok(1));
+        assert_eq!(panicked.load(Ordering::SeqCst), 1);
+    }
+
+    /// [`PanicsOnMessage`] on any backend (it only panics, so it needs no socket of its own).
+    struct PanicsOnMessageOn<B>(std::marker::PhantomData<B>);
+
+    impl<B: Backend> WorkerApp<B> for PanicsOnMessageOn<B> {
+        type Message = Duration;
+
+        fn on_accept(
+            &mut self,
+            _: &mut Context<'_, Duration, B>,
+            _: B::Sock,
+            _: SocketAddr,
+            _: usize,
+        ) {
+        }
+        fn on_ready(&mut self, _: &mut Context<'_, Duration, B>, _: Readiness) {}
+        fn on_timer(&mut self, _: &mut Context<'_, Duration, B>, _: TimerKey, _: u64) {}
+        fn on_message(&mut self, _: &mut Context<'_, Duration, B>, _: Duration) {
+            panic!("test: a panic outside every connection");
+        }
+        fn on_shutdown(&mut self, _: &mut Context<'_, Duration, B>) {}
+        fn connections(&self) -> usize {
+            0
+        }
+    }
+
+    /// Through `Runtime::start` (no counting hook) the loss is reported alike.
+    #[test]
+    fn a_lost_worker_is_reported_by_join_without_a_counting_hook() {
+        let config = RuntimeConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            workers: 2,
+            ..RuntimeConfig::default()
+        };
+        let handle = Runtime::start(config, |_, _| PanicsOnMessage::default()).unwrap();
+        handle.inboxes()[0].send(Duration::ZERO).unwrap();
+        assert_eq!(join_within(handle), Ok(1));
+    }
+
+    /// `join`'s answer, if the workers all end within 10 s.
+    fn join_within(
+        handle: RuntimeHandle<Duration>,
+    ) -> Result<usize, std::sync::mpsc::RecvTimeoutError> {
+        let (joined, lost) = std::sync::mpsc::channel();
+        std::thread::spawn(move || joined.send(handle.join()));
+        lost.recv_timeout(Duration::from_secs(10))
     }
 }
 

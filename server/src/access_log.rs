@@ -299,6 +299,19 @@ impl WorkerLog {
             log.tick(now_ms);
         }
     }
+
+    /// After a panic in a connection's code: a line it was writing may be cut short, and
+    /// is dropped (every whole line ends with `\n`).
+    pub fn drop_partial_lines(&mut self) {
+        for log in &mut self.logs {
+            let whole = log
+                .buf
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i + 1);
+            log.buf.truncate(whole);
+        }
+    }
 }
 
 /// One worker's side of one log file: its buffer, the cached timestamp and client address.

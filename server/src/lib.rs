@@ -11,6 +11,7 @@ mod config;
 mod conn;
 mod driver;
 mod exchange;
+mod fault;
 mod guard;
 mod handler;
 mod identity;
@@ -180,6 +181,7 @@ impl Server {
     /// Binds the listen address on every worker and starts serving. Errors (address in use,
     /// permission) come back here, before any thread has started.
     pub fn start(self) -> io::Result<ServerHandle> {
+        fault::arm_from_env();
         let stats = self.stats;
         let kinds = &self.config.listener_kinds;
         if kinds.contains(&ListenerKind::Https) && self.tls.is_none() {
@@ -274,6 +276,21 @@ impl Server {
     }
 }
 
+/// How many workers a server lost (see [`ServerHandle::join_checked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkersLost(pub usize);
+
+impl std::fmt::Display for WorkersLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            1 => write!(f, "a worker was lost (see the log above)"),
+            n => write!(f, "{n} workers were lost (see the log above)"),
+        }
+    }
+}
+
+impl std::error::Error for WorkersLost {}
+
 /// A running server.
 pub struct ServerHandle {
     runtime: tern_runtime::RuntimeHandle<WorkerMessage>,
@@ -356,12 +373,23 @@ impl ServerHandle {
     /// threads (in the order they were added; the access log's writer first, which writes
     /// out every line the workers handed over as they exited).
     pub fn join(self) {
-        self.runtime.join();
+        let _ = self.join_checked();
+    }
+
+    /// [`join`](Self::join), with an error if a worker was lost (a panic no connection
+    /// contained, or a failed event loop) rather than stopped: the process should then exit
+    /// with an error so that its service manager starts it again.
+    pub fn join_checked(self) -> Result<(), WorkersLost> {
+        let lost = self.runtime.join();
         self.stop.raise();
         for (name, thread) in self.background {
             if thread.join().is_err() {
                 tracing::error!(thread = %name, "background thread panicked");
             }
+        }
+        match lost {
+            0 => Ok(()),
+            n => Err(WorkersLost(n)),
         }
     }
 }

@@ -511,6 +511,45 @@ mod tests {
         assert!(text(&fresh.read()).starts_with("GET /c HTTP/1.1\r\n"));
     }
 
+    /// A panic in one connection's own code (the test fault, before routing) closes that
+    /// connection only: a neighbour whose relay is under way gets its answer; the pooled
+    /// upstream connection the panicking one had used is closed, never handed to anyone
+    /// (the panic could have struck while it was being put back mid-answer).
+    #[test]
+    fn a_connection_panic_closes_that_connection_and_the_idle_pool_only() {
+        crate::fault::arm_for_tests();
+        let (mut w, addr) = proxy();
+        let neighbour = w.connect(b"GET /n HTTP/1.1\r\nHost: a\r\n\r\n");
+        let up_n = w.io().accept(&addr).expect("the neighbour's relay");
+        assert!(text(&up_n.read()).starts_with("GET /n "));
+
+        let victim = w.connect(b"GET /v HTTP/1.1\r\nHost: a\r\n\r\n");
+        let up_v = w.io().accept(&addr).expect("the victim's relay");
+        assert!(text(&up_v.read()).starts_with("GET /v "));
+        up_v.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nv");
+        w.settle();
+        assert!(text(&victim.read()).ends_with("\r\n\r\nv"));
+        assert!(!up_v.closed_by_worker(), "pooled");
+
+        victim.write(b"GET /tern-test-fault/connection HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.settle();
+        assert!(victim.closed_by_worker());
+        assert!(victim.read().is_empty(), "closed without a word");
+        assert!(up_v.closed_by_worker(), "the idle pool is emptied");
+        assert!(!up_n.closed_by_worker(), "the neighbour's relay goes on");
+        assert_eq!(w.counter(Counter::ConnectionPanics), 1);
+        assert_eq!(w.connections(), 1);
+
+        up_n.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nn");
+        w.settle();
+        assert!(text(&neighbour.read()).ends_with("\r\n\r\nn"));
+        // The neighbour's next request: its own connection, pooled again, carries it.
+        neighbour.write(b"GET /n2 HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.settle();
+        assert!(w.io().accept(&addr).is_none());
+        assert!(text(&up_n.read()).starts_with("GET /n2 "));
+    }
+
     /// An upstream that never answers: 504 at the first-byte timeout, exactly then.
     #[test]
     fn a_silent_upstream_gets_504_at_its_first_byte_timeout() {

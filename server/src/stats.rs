@@ -22,7 +22,12 @@ pub enum Counter {
     TimeoutBody,
     TimeoutIdle,
     TimeoutWrite,
+    /// Panics, by where they were contained (`tern_panics_total{where}`): in a handler
+    /// (answered 500), in a connection's own code (that connection closed), or nowhere (the
+    /// worker was lost; tern then stops and exits with an error, see `runtime/src/worker.rs`).
     HandlerPanics,
+    ConnectionPanics,
+    WorkerPanics,
     /// Read or write errors from the socket (resets, broken pipes).
     IoErrors,
     /// TLS handshakes completed.
@@ -98,7 +103,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 49] = [
+    pub const ALL: [Counter; 51] = [
         Counter::ConnectionsAccepted,
         Counter::ConnectionsClosed,
         Counter::ConnectionsRefused,
@@ -109,6 +114,8 @@ impl Counter {
         Counter::TimeoutIdle,
         Counter::TimeoutWrite,
         Counter::HandlerPanics,
+        Counter::ConnectionPanics,
+        Counter::WorkerPanics,
         Counter::IoErrors,
         Counter::TlsHandshakes,
         Counter::TlsFailedPlainHttp,
@@ -185,7 +192,7 @@ impl Counter {
             | Counter::TimeoutBody
             | Counter::TimeoutIdle
             | Counter::TimeoutWrite => "timeouts",
-            Counter::HandlerPanics => "handler_panics",
+            Counter::HandlerPanics | Counter::ConnectionPanics | Counter::WorkerPanics => "panics",
             Counter::IoErrors => "io_errors",
             Counter::TlsHandshakes => "tls_handshakes",
             Counter::TlsFailedPlainHttp
@@ -244,6 +251,9 @@ impl Counter {
             Counter::TlsFailedClosed => ("cause", "closed"),
             Counter::TlsFailedOther => ("cause", "other"),
             Counter::CompressionSkippedMemory => ("cause", "memory"),
+            Counter::HandlerPanics => ("where", "handler"),
+            Counter::ConnectionPanics => ("where", "connection"),
+            Counter::WorkerPanics => ("where", "worker"),
             Counter::WebsocketTunnelsOpenedHttp1 => ("protocol", "http1"),
             Counter::WebsocketTunnelsOpenedHttp2 => ("protocol", "http2"),
             Counter::CompressedGzip | Counter::CompressInGzip | Counter::CompressOutGzip => {
@@ -275,7 +285,10 @@ impl Counter {
                 "connections closed by a timeout: slow request head or body, idle keep-alive, \
                  a client that stopped reading (write)"
             }
-            Counter::HandlerPanics => "handler panics answered with 500",
+            Counter::HandlerPanics | Counter::ConnectionPanics | Counter::WorkerPanics => {
+                "panics, by where they were contained: a handler (answered 500), a \
+                 connection's code (that connection closed), none (a worker lost; tern exits)"
+            }
             Counter::IoErrors => "socket read/write errors",
             Counter::TlsHandshakes => "TLS handshakes completed",
             Counter::TlsFailedPlainHttp

@@ -1,10 +1,11 @@
 use std::net::SocketAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use tern_runtime::io::{Backend, Io, Readiness};
-use tern_runtime::{Context, InboxSender, MakeApp, TimerKey, WorkerApp};
+use tern_runtime::{ratelog, Context, InboxSender, MakeApp, TimerKey, WorkerApp};
 
 use crate::access_log::{LogShared, WorkerLog};
 use crate::bans::Bans;
@@ -12,6 +13,7 @@ use crate::config::{ListenerKind, ServerConfig};
 use crate::conn::{Conn, Link, Status};
 use crate::driver::{self, Entry, Socket};
 use crate::exchange::ConnCx;
+use crate::fault;
 use crate::handler::ExchangeId;
 use crate::handler::{Pending, TurnEnd, WorkerMessage};
 use crate::response::Response;
@@ -20,6 +22,7 @@ use crate::slab::Slab;
 use crate::stats::{Counter, Stats};
 use crate::upstream::driver::{self as relay_driver, Sockets};
 use crate::upstream::pool::{UpstreamConns, UPSTREAM_TOKEN};
+use crate::upstream::UpstreamOutcome;
 
 /// What every worker shares, read-only (but for reloads).
 pub(crate) struct Shared {
@@ -187,28 +190,115 @@ impl<I: Io> HttpWorker<I> {
             conns: &mut self.upstreams,
             ids: &mut self.relay_ids,
         };
-        match f(entry, &mut ccx, &mut ucx) {
-            Status::Close => {
+        // Everything that runs the connection's own code (its protocol, TLS, relays,
+        // compression, FastCGI) runs inside this catch: a panic there closes this connection
+        // only, see `contain_panic` for why that is sound.
+        let ran = catch_unwind(AssertUnwindSafe(|| {
+            let status = f(entry, &mut ccx, &mut ucx);
+            if status == Status::Close {
                 relay_driver::abandon(entry, &mut ucx, &mut ccx);
                 // close_notify on an established TLS session (and a 408 a timeout queued):
                 // one attempt, nobody waits for the peer.
                 entry.conn.prepare_close();
                 driver::send_best_effort(&mut entry.conn, &mut entry.sock, ucx.io, &mut ccx);
                 entry.conn.recycle(ccx.buffers);
+                return (status, 0);
+            }
+            let (deadline, kind) = entry.conn.next_deadline(&ccx);
+            let deadline = driver::write_period(&mut entry.sock, ucx.io, kind, deadline);
+            (status, deadline)
+        }));
+        let (status, deadline) = match ran {
+            Ok(done) => done,
+            Err(panic) => return self.contain_panic(cx, key, panic),
+        };
+        match status {
+            Status::Close => {
                 // Dropping the stream closes the fd, which also removes it from epoll.
                 self.conns.remove(key);
-                ccx.stats.bump(Counter::ConnectionsClosed);
+                self.shared
+                    .stats
+                    .worker(self.id)
+                    .bump(Counter::ConnectionsClosed);
                 return;
             }
             Status::Yielded => self.yielded.push(key),
             Status::Open => {}
         }
-        let (deadline, kind) = entry.conn.next_deadline(&ccx);
-        let deadline = driver::write_period(&mut entry.sock, ucx.io, kind, deadline);
+        let Some(entry) = self.conns.get_mut(key) else {
+            return;
+        };
         entry.deadline_ms = deadline;
         if deadline < entry.armed_ms {
             entry.armed_ms = deadline;
             cx.timers.schedule(key, deadline);
+        }
+    }
+
+    /// A panic unwound out of connection `key`'s code. The connection is closed without
+    /// another byte (its state is whatever the panic left) and the worker goes on, which is
+    /// sound because what that code could have left half-updated is dropped or checked here:
+    /// - the connection itself (parser, TLS session, HTTP/2 streams, encoders, relays, its
+    ///   buffers): dropped whole, nothing of it is looked at again. Its buffers are freed,
+    ///   not given back to the pool (the pool holds only what was given back whole).
+    /// - its timer: left in the wheel; its key's generation finds no connection when it
+    ///   fires, as for any closed connection. So do replies other threads still send it,
+    ///   and its key in `yielded`.
+    /// - upstream connections: the ones it owned are closed (their server's exchange ended as
+    ///   abandoned); the idle ones in the pool are closed too, since the panic may have struck
+    ///   while one was being handed back, and a connection put back mid-answer would give
+    ///   its bytes to the next client.
+    /// - the access log: a line being written may be cut short; it is dropped.
+    /// - this thread's static-file caches: dropped, as on a reload (a handler panics under
+    ///   the handler's own catch, but a cache may be mid-update when a connection panics
+    ///   around it).
+    /// - the sockets' backend: a panic inside one of its calls may leave its tables (which
+    ///   completion is whose, which buffers are lent) half-updated, and that it cannot
+    ///   contain: `Io::poisoned` says so and the panic goes on to end the worker (the
+    ///   runtime then stops tern with an error, `runtime/src/worker.rs`).
+    /// - the counters are atomics, and the shared state (router, config, TLS keys, bans) is
+    ///   read-only here or behind locks that a panic poisons for every worker alike.
+    #[cold]
+    fn contain_panic(
+        &mut self,
+        cx: &mut Context<'_, WorkerMessage, I>,
+        key: u64,
+        panic: Box<dyn std::any::Any + Send>,
+    ) {
+        if cx.io.poisoned() {
+            std::panic::resume_unwind(panic);
+        }
+        let stats = self.shared.stats.worker(self.id);
+        stats.bump(Counter::ConnectionPanics);
+        stats.bump(Counter::ConnectionsClosed);
+        let entry = self.conns.remove(key);
+        let peer = entry.as_ref().map(|e| e.conn.peer());
+        for &(_, up) in entry.iter().flat_map(|e| &e.upstreams) {
+            if let Some(c) = self.upstreams.get_mut(up) {
+                let now = cx.clock.now_ms();
+                c.set
+                    .end(self.id, c.server, UpstreamOutcome::Abandoned, now);
+            }
+        }
+        self.upstreams.close_after_panic(key);
+        self.relay_ids.clear();
+        if let Some(log) = &mut self.access_log {
+            log.drop_partial_lines();
+        }
+        for hook in &self.shared.reload_hooks {
+            hook();
+        }
+        // Its drop runs its code once more (encoders, TLS state): a second panic there is
+        // contained too, leaking at most what was left undropped.
+        drop(panic);
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(entry)));
+        if ratelog::admit("connection_panic", cx.clock.now_ms()) {
+            tracing::error!(
+                worker = self.id,
+                peer = ?peer,
+                "a panic in a connection's code (logged above) closed that connection; the \
+                 worker goes on"
+            );
         }
     }
 }
@@ -260,6 +350,11 @@ impl MakeApp for MakeHttpWorker {
 
     fn make<B: Backend>(&self, id: usize, inbox: InboxSender<WorkerMessage>) -> HttpWorker<B> {
         HttpWorker::new(id, self.0.clone(), inbox)
+    }
+
+    fn worker_panicked(&self, id: usize) {
+        // On the lost worker's own thread: its block still has this one writer.
+        self.0.stats.worker(id).bump(Counter::WorkerPanics);
     }
 }
 
@@ -447,6 +542,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
     }
 
     fn after_turn(&mut self, cx: &mut Context<'_, WorkerMessage, I>) {
+        fault::worker_turn_ends();
         if let Some(ring) = cx.io.take_ring_counts() {
             let stats = self.shared.stats.worker(self.id);
             stats.add(Counter::IoUringSubmissions, ring.submissions);

@@ -86,6 +86,7 @@ const FILES: &[(&str, &str)] = &[
     ("bans.rs", "support"),
     ("access_log.rs", "support"),
     ("config.rs", "support"),
+    ("fault.rs", "support"),
     ("static_files/", "handlers"),
     ("negotiate.rs", "handlers"),
     ("exchange/", "exchange"),

@@ -142,6 +142,16 @@ pub trait Io: 'static {
     fn take_ring_counts(&mut self) -> Option<UringStats> {
         None
     }
+
+    /// True if a panic unwound out of one of this backend's own calls: its tables (which
+    /// socket a completion belongs to, which buffers are lent out) may be half-updated, so a
+    /// worker that contains a connection's panic must not go on with it (it gives the panic
+    /// up to its thread instead: the worker is lost). A backend whose state lives in the
+    /// kernel (epoll) has nothing to leave half-updated.
+    #[inline]
+    fn poisoned(&self) -> bool {
+        false
+    }
 }
 
 /// The event-loop side of a backend: what the runtime's worker loop asks of the backend it

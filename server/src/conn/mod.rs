@@ -80,6 +80,11 @@ impl Conn {
         }
     }
 
+    /// The client's address.
+    pub fn peer(&self) -> std::net::SocketAddr {
+        self.link.peer
+    }
+
     /// Describes the next bytes to send, filling `iov` for memory. Over TLS, plaintext is
     /// encrypted here (a bounded batch at a time) and the records are what is offered.
     pub fn poll_transmit<'a>(

@@ -19,6 +19,7 @@ use tern_runtime::ratelog;
 use crate::access_log::LogEntry;
 use crate::bans::BanCause;
 use crate::compression::{self, Choice};
+use crate::fault;
 use crate::handler::{HandlerContext, LogTarget, Refusal, Reply, Request};
 use crate::response::{Body, Response};
 use crate::router::RouteMatch;
@@ -67,6 +68,7 @@ pub(crate) fn dispatch<'h>(
     if let Some(log) = cx.access_log.as_ref() {
         *entry = Some(log.entry(head, link.peer, cx.clock.now_us()));
     }
+    fault::before_routing(&head.path);
     match before_routing(head, link.secure, link.redirect_to_https, cx) {
         Some(response) => Outcome::Respond(response),
         None => run(head, body, link, facts, entry.as_mut(), cx),
@@ -113,7 +115,10 @@ fn run(
         compress: None,
         refused: None,
     };
-    let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&req, &mut hcx)));
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        fault::in_handler(&req.head.path);
+        handler.handle(&req, &mut hcx)
+    }));
     facts.tally.set_row(hcx.counted_as);
     match hcx.refused {
         Some(Refusal::RateLimited) => cx.stats.bump(Counter::RateLimited),

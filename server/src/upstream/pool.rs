@@ -105,6 +105,21 @@ impl<I: Io> UpstreamConns<I> {
         }
     }
 
+    /// After a panic in client connection `owner`'s code: closes the connections it owned
+    /// (listed in its entry or not yet) and every idle one, since the panic may have struck
+    /// while one was being put back, mid-answer (see `HttpWorker::contain_panic`).
+    pub fn close_after_panic(&mut self, owner: u64) {
+        for key in self.slab.keys() {
+            if self
+                .slab
+                .get_mut(key)
+                .is_some_and(|c| c.owner == owner || c.owner == 0)
+            {
+                self.close(key);
+            }
+        }
+    }
+
     /// Starts a connection to `server` of `set` for client connection `owner`.
     pub fn connect(
         &mut self,

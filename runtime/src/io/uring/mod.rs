@@ -35,7 +35,7 @@
 mod bufring;
 mod setup;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -250,6 +250,28 @@ pub struct UringIo {
     stats: UringStats,
     /// `stats` when the app last took them (`take_ring_counts`).
     reported: UringStats,
+    /// Set while one of the app's calls runs, and left set if a panic unwinds out of it
+    /// ([`Io::poisoned`]).
+    in_call: Rc<Cell<bool>>,
+}
+
+/// Marks an app's call into the backend as under way until it returns. Unwinding (a panic
+/// in the call) leaves the mark: the tables the call was changing may be half-updated.
+struct InCall(Rc<Cell<bool>>);
+
+impl InCall {
+    fn enter(flag: &Rc<Cell<bool>>) -> InCall {
+        flag.set(true);
+        InCall(flag.clone())
+    }
+}
+
+impl Drop for InCall {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.set(false);
+        }
+    }
 }
 
 /// A socket of the io_uring backend. Dropping it closes it (through the backend, once the
@@ -323,6 +345,7 @@ impl UringIo {
             completions: Vec::with_capacity(1024),
             stats: UringStats::default(),
             reported: UringStats::default(),
+            in_call: Rc::default(),
         })
     }
 
@@ -784,11 +807,13 @@ impl Io for UringIo {
     type Sock = UringSock;
 
     fn connect(&mut self, to: Peer<'_>) -> io::Result<UringSock> {
+        let _call = InCall::enter(&self.in_call);
         let fd = sys::connect(to)?;
         Ok(self.sock(fd, true))
     }
 
     fn watch(&mut self, sock: &mut UringSock, token: usize) -> io::Result<()> {
+        let _call = InCall::enter(&self.in_call);
         let slot = sock.slot;
         let s = &mut self.slots[slot as usize];
         s.token = Some(token);
@@ -802,6 +827,7 @@ impl Io for UringIo {
     }
 
     fn connected(&mut self, sock: &mut UringSock) -> io::Result<bool> {
+        let _call = InCall::enter(&self.in_call);
         let done = sys::connected(sock.fd.as_ref().expect("an open socket"))?;
         let s = &mut self.slots[sock.slot as usize];
         if done && s.connecting {
@@ -814,6 +840,7 @@ impl Io for UringIo {
     }
 
     fn send(&mut self, sock: &mut UringSock, what: &Transmit<'_>) -> io::Result<Option<usize>> {
+        let _call = InCall::enter(&self.in_call);
         let slot = sock.slot;
         let s = &mut self.slots[slot as usize];
         if s.error != 0 {
@@ -887,6 +914,7 @@ impl Io for UringIo {
     }
 
     fn recv(&mut self, sock: &mut UringSock, buf: &mut [u8]) -> io::Result<usize> {
+        let _call = InCall::enter(&self.in_call);
         // From as many queued buffers as fit, as a kernel read takes everything waiting (a
         // relay that gets a whole answer in one read compresses it in one pass).
         let slot = sock.slot;
@@ -945,6 +973,7 @@ impl Io for UringIo {
     }
 
     fn hold_input(&mut self, sock: &mut UringSock) {
+        let _call = InCall::enter(&self.in_call);
         let slot = sock.slot;
         let s = &mut self.slots[slot as usize];
         if s.recv_paused {
@@ -958,6 +987,7 @@ impl Io for UringIo {
     }
 
     fn peek(&mut self, sock: &mut UringSock) -> Waiting {
+        let _call = InCall::enter(&self.in_call);
         let s = &self.slots[sock.slot as usize];
         if s.set_aside.is_some() {
             return Waiting::Bytes;
@@ -970,6 +1000,7 @@ impl Io for UringIo {
     }
 
     fn shutdown_write(&mut self, sock: &mut UringSock) -> io::Result<()> {
+        let _call = InCall::enter(&self.in_call);
         let s = &mut self.slots[sock.slot as usize];
         if s.send.is_some() {
             // After the bytes on the ring, not before them.
@@ -986,6 +1017,10 @@ impl Io for UringIo {
         let queued = s.send.as_ref().map_or(0, |out| out.buf.len() - out.sent)
             + s.next.as_ref().map_or(0, |next| next.buf.len());
         Ok(crate::sockstat::unacked_bytes(fd)? + queued as u32)
+    }
+
+    fn poisoned(&self) -> bool {
+        self.in_call.get()
     }
 
     fn take_ring_counts(&mut self) -> Option<UringStats> {
@@ -1083,6 +1118,7 @@ impl Backend for UringIo {
     }
 
     fn adopt(&mut self, stream: std::net::TcpStream) -> UringSock {
+        let _call = InCall::enter(&self.in_call);
         self.sock(stream.into(), false)
     }
 

@@ -460,3 +460,35 @@ fn big_sends_are_bounded_per_worker() {
             .collect::<Vec<_>>(),
     );
 }
+
+/// A panic inside one of the backend's calls marks it poisoned (its tables may be
+/// half-updated, so a worker must not contain the panic and go on); calls that return, or
+/// a panic outside them, do not.
+#[test]
+fn a_panic_inside_a_call_poisons_the_backend_and_nothing_else_does() {
+    let mut io = UringIo::on_this_thread().unwrap();
+    let (mut sock, _peer) = pair(&mut io);
+    io.watch(&mut sock, 7).unwrap();
+    send_all(&mut io, &mut sock, b"ok");
+    assert!(!io.poisoned());
+    let outside = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = io.peek(&mut sock);
+        panic!("in the app, between calls");
+    }));
+    assert!(outside.is_err());
+    assert!(
+        !io.poisoned(),
+        "a panic between calls leaves the backend sound"
+    );
+    // A socket the backend never made: its slot is out of the table, and the call panics.
+    let mut stranger = UringSock {
+        slot: u32::MAX,
+        generation: 0,
+        fd: None,
+        dropped: io.dropped.clone(),
+    };
+    let inside =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| io.watch(&mut stranger, 8)));
+    assert!(inside.is_err());
+    assert!(io.poisoned());
+}
