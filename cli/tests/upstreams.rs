@@ -82,12 +82,16 @@ impl App {
     }
 }
 
-/// Reads a request head (requests here have no body); its path, or None at EOF.
+/// Body bytes the apps of this file were sent (bodies of a declared length).
+static BODY_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Reads a request head and its body, if it declares a length; its path, or None at EOF.
 fn read_head(r: &mut BufReader<TcpStream>) -> Option<String> {
     let mut first = String::new();
     if r.read_line(&mut first).ok()? == 0 {
         return None;
     }
+    let mut length = 0;
     loop {
         let mut line = String::new();
         if r.read_line(&mut line).ok()? == 0 {
@@ -96,7 +100,15 @@ fn read_head(r: &mut BufReader<TcpStream>) -> Option<String> {
         if line == "\r\n" {
             break;
         }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().ok()?;
+            }
+        }
     }
+    let mut body = vec![0; length];
+    std::io::Read::read_exact(r, &mut body).ok()?;
+    BODY_BYTES.fetch_add(length, Ordering::SeqCst);
     first.split(' ').nth(1).map(str::to_owned)
 }
 
@@ -428,4 +440,113 @@ fn a_server_failing_its_health_check_is_taken_out_without_a_failed_request_and_c
         )),
         "{statusz}"
     );
+}
+
+/// Waits until the wall clock is early in a second, so that requests sent now are judged
+/// within one second of the limiter's refill (it pays debt back at whole seconds).
+fn early_in_a_second() {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let into = since.subsec_millis();
+    if into > 600 {
+        std::thread::sleep(Duration::from_millis(u64::from(1000 - into) + 20));
+    }
+}
+
+/// nginx's `limit_req burst=` without `nodelay`: requests past the burst wait their turn on
+/// the connection's timer, let through at the rate, and past the queue are refused at once;
+/// the worker (one here) answers others meanwhile. Loopback is limited when `exempt` says
+/// so.
+#[test]
+fn a_rate_limit_queue_delays_requests_at_the_rate_without_holding_the_worker() {
+    let app = App::start("app", 200);
+    let servers = [app.addr.to_string()];
+    let routes = format!(
+        "{}{}",
+        route(
+            "/login",
+            &servers,
+            "rate_limit = { per_second = 2, burst = 1, queue = 2, exempt = \"\" }",
+        ),
+        route("/open", &servers, ""),
+    );
+    let tern = Config::new(&routes).start();
+    early_in_a_second();
+    let started = std::time::Instant::now();
+    let asked: Vec<_> = (0..4)
+        .map(|i| {
+            let addr = tern.addr();
+            // One at a time into the limiter, each on its own connection, in order.
+            std::thread::sleep(Duration::from_millis(if i == 0 { 0 } else { 15 }));
+            std::thread::spawn(move || {
+                let mut c = support::Client::connect(addr);
+                // The third, held a second, carries a body: it waits with it.
+                let r = if i == 2 {
+                    c.send(b"POST /login HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello");
+                    c.read_response(false)
+                } else {
+                    c.get("/login", &[])
+                };
+                (r.status, started.elapsed())
+            })
+        })
+        .collect();
+    // While two wait, the worker answers another route at once.
+    let open = tern.get("/open");
+    let open_took = started.elapsed();
+    assert_eq!(open.status, 200);
+    let got: Vec<(u16, Duration)> = asked.into_iter().map(|t| t.join().unwrap()).collect();
+    let statuses: Vec<u16> = got.iter().map(|(s, _)| *s).collect();
+    assert_eq!(statuses, [200, 200, 200, 429], "{got:?}");
+    let ms = |d: Duration| d.as_millis() as u64;
+    assert!(ms(got[0].1) < 400, "the first is not held: {got:?}");
+    assert!(
+        ms(got[3].1) < 400,
+        "past the queue, refused at once: {got:?}"
+    );
+    assert!(
+        (480..1400).contains(&ms(got[1].1)),
+        "the second waits half a second: {got:?}"
+    );
+    assert!(
+        (980..1900).contains(&ms(got[2].1)),
+        "the third a second: {got:?}"
+    );
+    assert!(
+        ms(open_took) < 400,
+        "the worker was held: {open_took:?}, {got:?}"
+    );
+    assert_eq!(app.requests(), 4, "three limited, one open");
+    assert_eq!(BODY_BYTES.load(Ordering::SeqCst), 5);
+}
+
+/// Behind a local tunnel or proxy every peer is loopback: with `trusted_proxies`, the limit
+/// counts the client the proxy names, and loopback itself stays exempt (by default).
+#[test]
+fn a_rate_limit_counts_the_client_a_trusted_proxy_names() {
+    let app = App::start("app", 200);
+    let servers = [app.addr.to_string()];
+    let routes = route(
+        "/login",
+        &servers,
+        "rate_limit = { per_second = 1, burst = 1, trusted_proxies = \"127.0.0.1, ::1\" }",
+    );
+    let tern = Config::new(&routes).start();
+    early_in_a_second();
+    let from = |client: &str| {
+        tern.get_with("/login", &[("X-Forwarded-For", client)])
+            .status
+    };
+    assert_eq!(from("198.51.100.7"), 200);
+    assert_eq!(from("198.51.100.7"), 429, "the named client is limited");
+    assert_eq!(
+        from("203.0.113.9"),
+        200,
+        "another client has its own bucket"
+    );
+    // A request of the proxy's own (no client named) is loopback's: exempt.
+    for _ in 0..3 {
+        assert_eq!(tern.get("/login").status, 200);
+    }
 }

@@ -429,6 +429,7 @@ impl FastCgi {
             own_answers: None,
             max_body: u64::MAX,
             wire: UpstreamWire::FastCgi,
+            not_before_ms: 0,
         }))
     }
 }

@@ -96,6 +96,7 @@ impl Handler for Proxy {
             own_answers: None,
             max_body: u64::MAX,
             wire: tern_server::UpstreamWire::Http1,
+            not_before_ms: 0,
         }))
     }
 

@@ -820,6 +820,7 @@ mod tests {
                     own_answers: None,
                     max_body: u64::MAX,
                     wire: Default::default(),
+                    not_before_ms: 0,
                 }))
             },
         );

@@ -420,6 +420,7 @@ impl Handler for ForwardAll {
             own_answers: None,
             max_body: u64::MAX,
             wire: Default::default(),
+            not_before_ms: 0,
         }))
     }
 

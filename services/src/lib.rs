@@ -21,5 +21,5 @@ pub mod template;
 pub use client_addr::TrustedProxies;
 pub use handoff::{handoff, HandoffReceiver, HandoffSender};
 pub use metrics::{AppCounters, Metric, MetricKind};
-pub use ratelimit::{PrefixLimiter, RateDecision, RateLimitConfig};
+pub use ratelimit::{PrefixLimiter, RateDecision, RateLimitConfig, RateVerdict};
 pub use snapshot::{Snapshot, SnapshotCell};

@@ -5,6 +5,10 @@
 //! beyond that the connection is closed without an answer, so a flood costs us as little as
 //! possible. Zeroed memory is a table of full buckets, so nothing is ever initialised per key.
 //!
+//! A route may also queue: `queue` requests past the burst are not refused but let through
+//! later, each when the rate has paid its debt back (nginx's `limit_req burst=` without
+//! `nodelay`); the caller holds the request (a timer, never a blocked worker).
+//!
 //! Buckets live in a fixed hashed table per worker (no locks, no cross-core traffic); two
 //! prefixes that hash alike share a bucket, which can only make limits stricter. A client is
 //! spread over workers by the kernel's SO_REUSEPORT hash, so each worker enforces its share
@@ -25,8 +29,16 @@ pub struct RateLimitConfig {
     pub burst: u32,
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
-    /// Never limited (loopback always is).
+    /// Requests a prefix may have waiting past the burst, let through at the rate (0: none
+    /// wait, refused at once; whole server).
+    pub queue: u32,
+    /// Never limited.
     pub exempt: Vec<IpNet>,
+    /// Loopback is never limited either (a client of the same machine).
+    pub exempt_loopback: bool,
+    /// Peers whose `X-Forwarded-For` names the client: the limit counts the client they name
+    /// (empty: the peer is the client).
+    pub trusted: crate::TrustedProxies,
     /// Buckets per worker (a power of two); one byte each.
     pub buckets: usize,
 }
@@ -38,7 +50,10 @@ impl Default for RateLimitConfig {
             burst: 100,
             ipv4_prefix: 24,
             ipv6_prefix: 48,
+            queue: 0,
             exempt: Vec::new(),
+            exempt_loopback: true,
+            trusted: crate::TrustedProxies::default(),
             buckets: 1 << 16,
         }
     }
@@ -53,6 +68,18 @@ pub enum RateDecision {
     Drop,
 }
 
+/// What becomes of a request for a limit that may queue ([`PrefixLimiter::judge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateVerdict {
+    Allow,
+    /// Within the queue: let it through after this many milliseconds.
+    Delay(u64),
+    /// Over the limit and the queue: answer 429.
+    Reject,
+    /// Far over: close without an answer.
+    Drop,
+}
+
 struct Table {
     debt: Box<[AtomicU8]>,
     refilled_at: AtomicU64,
@@ -64,6 +91,8 @@ pub struct PrefixLimiter {
     /// Per-worker share of the rate and burst.
     refill: u8,
     allow_up_to: u8,
+    /// Debt up to this waits its turn (`allow_up_to` when nothing queues).
+    delay_up_to: u8,
     reject_up_to: u8,
     seed: u64,
     mask: usize,
@@ -75,7 +104,16 @@ impl PrefixLimiter {
         let buckets = config.buckets.max(64).next_power_of_two();
         let share = |v: u32| v.div_ceil(workers).clamp(1, 120) as u8;
         let allow_up_to = share(config.burst);
-        let reject_up_to = allow_up_to.saturating_mul(2).max(allow_up_to + 1);
+        let queued = if config.queue == 0 {
+            0
+        } else {
+            share(config.queue)
+        };
+        // At most 240: below the 255 a bucket saturates at, so a flood still reaches Drop.
+        let delay_up_to = allow_up_to + queued;
+        let reject_up_to = delay_up_to
+            .saturating_add(allow_up_to)
+            .clamp(delay_up_to + 1, 254);
         let tables = (0..workers)
             .map(|_| {
                 CachePadded::new(Table {
@@ -87,6 +125,7 @@ impl PrefixLimiter {
         PrefixLimiter {
             refill: share(config.per_second),
             allow_up_to,
+            delay_up_to,
             reject_up_to,
             config,
             tables,
@@ -101,20 +140,46 @@ impl PrefixLimiter {
     /// most a refusal leaves, paid back at this worker's share of the rate): the value of a
     /// 429's `Retry-After`.
     pub fn retry_after_secs(&self) -> u64 {
-        let excess = u64::from(self.reject_up_to - self.allow_up_to) + 1;
+        let excess = u64::from(self.reject_up_to - self.delay_up_to) + 1;
         excess.div_ceil(u64::from(self.refill)).max(1)
     }
 
     pub fn is_exempt(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
-        ip.is_loopback() || self.config.exempt.iter().any(|n| n.contains(&ip))
+        (self.config.exempt_loopback && ip.is_loopback())
+            || self.config.exempt.iter().any(|n| n.contains(&ip))
+    }
+
+    /// The address a request is counted under: its peer's, or the client a trusted proxy
+    /// names.
+    pub fn client_of(
+        &self,
+        peer: std::net::SocketAddr,
+        head: &tern_server::RequestHead<'_>,
+    ) -> IpAddr {
+        if self.config.trusted.is_empty() {
+            peer.ip()
+        } else {
+            self.config.trusted.client_ip(peer, head)
+        }
     }
 
     /// Charges one request from `ip` to its prefix's bucket on `worker`. Each worker must only
-    /// pass its own id (buckets are single-writer).
+    /// pass its own id (buckets are single-writer). A limit that queues lets a queued request
+    /// through here (the caller cannot hold it): use [`PrefixLimiter::judge`] for those.
     pub fn check(&self, worker: usize, ip: IpAddr, now_secs: u64) -> RateDecision {
+        match self.judge(worker, ip, now_secs) {
+            RateVerdict::Allow | RateVerdict::Delay(_) => RateDecision::Allow,
+            RateVerdict::Reject => RateDecision::Reject,
+            RateVerdict::Drop => RateDecision::Drop,
+        }
+    }
+
+    /// As [`PrefixLimiter::check`], and a request past the burst but within the queue is
+    /// told how long to wait: until the rate has paid back the debt ahead of it.
+    pub fn judge(&self, worker: usize, ip: IpAddr, now_secs: u64) -> RateVerdict {
         if self.is_exempt(ip) {
-            return RateDecision::Allow;
+            return RateVerdict::Allow;
         }
         let table = &self.tables[worker % self.tables.len()];
         self.refill(table, now_secs);
@@ -123,11 +188,14 @@ impl PrefixLimiter {
         let debt = slot.load(Ordering::Relaxed).saturating_add(1);
         slot.store(debt, Ordering::Relaxed);
         if debt <= self.allow_up_to {
-            RateDecision::Allow
+            RateVerdict::Allow
+        } else if debt <= self.delay_up_to {
+            let ahead = u64::from(debt - self.allow_up_to);
+            RateVerdict::Delay((ahead * 1000).div_ceil(u64::from(self.refill)))
         } else if debt <= self.reject_up_to {
-            RateDecision::Reject
+            RateVerdict::Reject
         } else {
-            RateDecision::Drop
+            RateVerdict::Drop
         }
     }
 
@@ -246,6 +314,74 @@ mod tests {
             assert_eq!(l.check(0, ip("192.0.2.55"), 1), RateDecision::Allow);
             assert_eq!(l.check(0, ip("::ffff:127.0.0.1"), 1), RateDecision::Allow);
         }
+    }
+
+    /// Past the burst, `queue` requests wait their turn, each until the rate has paid back
+    /// the debt ahead of it; past the queue, refused; far past, dropped.
+    #[test]
+    fn a_queue_delays_at_the_rate_then_refuses() {
+        let l = PrefixLimiter::new(
+            RateLimitConfig {
+                per_second: 2,
+                burst: 1,
+                queue: 3,
+                ..Default::default()
+            },
+            1,
+        );
+        let a = ip("203.0.113.5");
+        let seen: Vec<_> = (0..6).map(|_| l.judge(0, a, 50)).collect();
+        assert_eq!(
+            seen,
+            [
+                RateVerdict::Allow,
+                RateVerdict::Delay(500),
+                RateVerdict::Delay(1000),
+                RateVerdict::Delay(1500),
+                RateVerdict::Reject,
+                RateVerdict::Drop,
+            ]
+        );
+        // Refusals count too (a flood pays for itself): two seconds later the rate has paid
+        // four back, and a request waits behind the one still queued.
+        assert_eq!(l.judge(0, a, 52), RateVerdict::Delay(1000));
+        assert_eq!(l.judge(0, a, 52), RateVerdict::Delay(1500));
+        assert_eq!(l.judge(0, a, 52), RateVerdict::Reject);
+        // A limit without a queue never delays.
+        let l = limiter(2, 1);
+        assert_eq!(l.judge(0, a, 1), RateVerdict::Allow);
+        assert_eq!(l.judge(0, a, 1), RateVerdict::Reject);
+    }
+
+    #[test]
+    fn loopback_is_limited_when_not_exempt_and_proxied_clients_by_their_address() {
+        let l = PrefixLimiter::new(
+            RateLimitConfig {
+                per_second: 1,
+                burst: 1,
+                exempt_loopback: false,
+                trusted: crate::TrustedProxies::parse("127.0.0.1").unwrap(),
+                ..Default::default()
+            },
+            1,
+        );
+        assert_eq!(l.check(0, ip("127.0.0.1"), 1), RateDecision::Allow);
+        assert_eq!(l.check(0, ip("127.0.0.1"), 1), RateDecision::Reject);
+        let client = tern_server::testing::with_request(
+            b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.7\r\n\r\n",
+            "127.0.0.1:9".parse().unwrap(),
+            false,
+            |req| l.client_of(req.peer, req.head),
+        );
+        assert_eq!(client, ip("198.51.100.7"));
+        // From a peer it does not trust, the header is the client's word: the peer counts.
+        let client = tern_server::testing::with_request(
+            b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.7\r\n\r\n",
+            "203.0.113.9:9".parse().unwrap(),
+            false,
+            |req| l.client_of(req.peer, req.head),
+        );
+        assert_eq!(client, ip("203.0.113.9"));
     }
 
     #[test]

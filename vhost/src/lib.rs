@@ -346,13 +346,36 @@ fn answer_on(site: &BuiltSite, req: &Request<'_>, cx: &mut HandlerContext<'_>, h
     if route.compress.is_some() || site.compress.is_some() {
         cx.compress_with(route.compress.clone());
     }
-    if let Admission::Refuse(r, why) = route.admit(req, cx.worker_id) {
-        cx.count_refusal(why);
-        return own_answer(site, Some(route), r, req, cx);
+    match route.admit(req, cx.worker_id) {
+        Admission::Refuse(r, why) => {
+            cx.count_refusal(why);
+            own_answer(site, Some(route), r, req, cx)
+        }
+        Admission::Pass => answer_by(site, route, req, cx, &decoded, hops),
+        Admission::PassAfter(ms) => {
+            let mut reply = answer_by(site, route, req, cx, &decoded, hops);
+            // Held on the connection's timer until its turn: only what goes to an upstream
+            // (a proxy or PHP route; --check allows a queue nowhere else) is worth holding.
+            if let Reply::Forward(fwd) = &mut reply {
+                fwd.not_before_ms = fwd.not_before_ms.max(req.now_ms + ms);
+            }
+            reply
+        }
     }
+}
+
+/// What `route` answers, once its limits let the request through.
+fn answer_by(
+    site: &BuiltSite,
+    route: &BuiltRoute,
+    req: &Request<'_>,
+    cx: &mut HandlerContext<'_>,
+    decoded: &[u8],
+    hops: u8,
+) -> Reply {
     let mut reply = match &route.action {
         BuiltAction::Rewrite(target) => {
-            return match rewritten(route, target, req.head, &decoded) {
+            return match rewritten(route, target, req.head, decoded) {
                 Some(path) => reroute(site, route, req, cx, path, hops),
                 None => own_answer(site, Some(route), bad_path_answer(), req, cx),
             };

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tern_server::upstream::ResponseEdit;
 use tern_server::{AnswerRow, Body, Handler, Request, RequestHead, Response};
 use tern_services::template::{Template, Values, Var};
-use tern_services::{PrefixLimiter, RateDecision};
+use tern_services::{PrefixLimiter, RateVerdict};
 
 use crate::headers::{chain, BuiltEdits, HeaderEdits};
 use crate::matcher::{MatchSpec, Matchers};
@@ -192,6 +192,8 @@ pub(crate) fn stored_prefix(prefix: &[u8]) -> &[u8] {
 /// What a route decided before its action runs.
 pub(crate) enum Admission {
     Pass,
+    /// Passes, to be sent on after this many milliseconds (its turn in a rate limit's queue).
+    PassAfter(u64),
     /// The answer, and why (to be counted).
     Refuse(Response, tern_server::Refusal),
 }
@@ -261,20 +263,25 @@ impl BuiltRoute {
 
     /// The route's limits: its rate (by client network) and its body size.
     pub(crate) fn admit(&self, req: &Request<'_>, worker: usize) -> Admission {
+        let mut after_ms = 0;
         if let Some(limiter) = &self.rate_limit {
-            let decision = limiter.check(worker, req.peer.ip(), req.unix_secs);
-            if decision != RateDecision::Allow {
+            let client = limiter.client_of(req.peer, req.head);
+            let verdict = limiter.judge(worker, client, req.unix_secs);
+            if let RateVerdict::Reject | RateVerdict::Drop = verdict {
                 let mut secs = itoa::Buffer::new();
                 let r = Response::text(429, "too many requests\n")
                     .with_header("Retry-After", secs.format(limiter.retry_after_secs()));
                 // Far over: the connection goes too, so a flood costs one answer per
                 // connection.
-                let r = if decision == RateDecision::Drop {
+                let r = if verdict == RateVerdict::Drop {
                     r.close()
                 } else {
                     r
                 };
                 return Admission::Refuse(r, tern_server::Refusal::RateLimited);
+            }
+            if let RateVerdict::Delay(ms) = verdict {
+                after_ms = ms;
             }
         }
         if let Some(max) = self.max_body {
@@ -289,7 +296,11 @@ impl BuiltRoute {
                 );
             }
         }
-        Admission::Pass
+        if after_ms > 0 {
+            Admission::PassAfter(after_ms)
+        } else {
+            Admission::Pass
+        }
     }
 
     /// Whether the handler takes the body as a stream (a proxy route).

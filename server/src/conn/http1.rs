@@ -721,6 +721,9 @@ impl Http1 {
             }
             _ if out_waiting => (now + ms(cfg.write_timeout), Timeout::Write),
             State::Awaiting(_) => (u64::MAX, Timeout::Idle),
+            // Held in a rate limit's queue: its turn comes first (its body is taken meanwhile,
+            // bounded, as while a connection is awaited).
+            State::Relay(r) if r.relay.is_waiting() => (r.relay.deadline(), Timeout::Upstream),
             // The client's body is awaited: its own timeout; else the upstream's.
             State::Relay(r) if r.relay.wants_input() && !r.relay.is_tunnel() => {
                 (now + ms(cfg.body_timeout), Timeout::Body)

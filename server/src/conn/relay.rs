@@ -58,6 +58,8 @@ const DROPPED_RESPONSE_FIELDS: &[&str] = &[
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// Held until its deadline (a rate limit's queue): nothing is sent or read until then.
+    Wait,
     /// Waiting for the driver to attach a connection (pooled or new).
     Connect,
     /// Attached, the connection being established.
@@ -329,13 +331,24 @@ impl Relay {
             relay.answer_own(503, "no random numbers for a WebSocket key\n", sink, cx);
             return relay;
         }
-        relay.pick(cx);
-        if relay.server.is_none() {
-            cx.stats
-                .bump_upstream(relay.counted_as, UpstreamCounter::Failures);
-            relay.answer_own(503, "no upstream server is available\n", sink, cx);
+        if relay.fwd.not_before_ms > cx.clock.now_ms() {
+            relay.phase = Phase::Wait;
+            relay.deadline_ms = relay.fwd.not_before_ms;
+            return relay;
         }
+        relay.begin(sink, cx);
         relay
+    }
+
+    /// Picks the first server, or answers 503 when there is none to try.
+    fn begin(&mut self, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
+        self.first_try_ms = cx.clock.now_ms();
+        self.pick(cx);
+        if self.server.is_none() {
+            cx.stats
+                .bump_upstream(self.counted_as, UpstreamCounter::Failures);
+            self.answer_own(503, "no upstream server is available\n", sink, cx);
+        }
     }
 
     pub fn need(&self) -> RelayNeed {
@@ -358,6 +371,7 @@ impl Relay {
                 },
                 None => RelayNeed::Nothing,
             },
+            Phase::Wait => RelayNeed::Nothing,
             Phase::Connecting => RelayNeed::Connecting,
             Phase::Exchange | Phase::Tunnel => RelayNeed::Io,
         }
@@ -545,6 +559,8 @@ impl Relay {
     /// the answer unread, so the client, not the upstream, stalled the exchange).
     pub fn timed_out(&mut self, client_room: bool, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         match self.phase {
+            // Its turn in the rate limit's queue came.
+            Phase::Wait => self.begin(sink, cx),
             Phase::Connecting => {
                 cx.stats
                     .bump_upstream(self.counted_as, UpstreamCounter::Timeouts);
@@ -580,6 +596,11 @@ impl Relay {
     /// The exchange was ended because the client stopped taking its answer.
     pub fn client_stalled(&self) -> bool {
         self.client_stalled
+    }
+
+    /// Held until its turn in a rate limit's queue: its deadline is that turn.
+    pub fn is_waiting(&self) -> bool {
+        self.phase == Phase::Wait
     }
 
     pub fn is_tunnel(&self) -> bool {
@@ -702,6 +723,8 @@ impl Relay {
         match self.phase {
             Phase::Tunnel => self.client_ended.is_none() && self.pending_up() < TO_UPSTREAM_MAX,
             Phase::Done => false,
+            // A held request's body is taken as while a connection is awaited (up to
+            // TO_UPSTREAM_MAX), ready to go when its turn comes.
             _ => self.client_body.is_some() && self.pending_up() < TO_UPSTREAM_MAX,
         }
     }

@@ -198,6 +198,9 @@ pub struct Forward {
     pub max_body: u64,
     /// What the upstream speaks.
     pub wire: UpstreamWire,
+    /// Not sent before this instant (the worker's clock, ms): a request a rate limit queued
+    /// waits on the connection's timer, no worker held (0: at once).
+    pub not_before_ms: u64,
 }
 
 /// The protocol of an exchange with an upstream server.
