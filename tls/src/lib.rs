@@ -31,7 +31,7 @@ pub use acme::{tls_alpn_sni, AcmeCerts, ACME_TLS_ALPN};
 pub use certs::LoadedCert;
 pub use record::{MAX_PLAINTEXT, MAX_RECORD};
 pub use resolver::{CertSet, SniResolver};
-pub use server_session::{Received, TlsSession};
+pub use server_session::{Received, TlsSession, MAX_HANDSHAKE_INPUT};
 pub use session::{ClientSession, Plaintext, TlsFailure};
 pub use tickets::TicketKeys;
 
