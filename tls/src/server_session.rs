@@ -69,8 +69,9 @@ pub struct TlsSession {
     /// handshake's last record (what follows is opened here, not by rustls).
     shown: usize,
     /// Plaintext handshake messages gathered out of their records (see `gather.rs`): while
-    /// whole ones are ready, rustls is shown those instead of the input.
-    gathered: Gathered,
+    /// whole ones are ready, rustls is shown those instead of the input. Only while some are
+    /// (an idle session stays small).
+    gathered: Option<Box<Gathered>>,
     /// The client sent ChangeCipherSpec: under TLS 1.2 its handshake records are encrypted
     /// from then on, and are not gathered.
     ccs_seen: bool,
@@ -105,7 +106,7 @@ impl TlsSession {
             phase: Phase::Handshake(Box::new(conn)),
             control: Vec::new(),
             shown: 0,
-            gathered: Gathered::default(),
+            gathered: None,
             ccs_seen: false,
             spoke: false,
             alpn: None,
@@ -208,10 +209,13 @@ impl TlsSession {
                 unreachable!("handshake after the handshake")
             };
             // Gathered messages while whole ones are ready, else the records shown so far.
-            let from_gathered = self.gathered.has_ready();
-            let status = match from_gathered {
-                true => conn.process_tls_records(self.gathered.ready_mut()),
-                false => conn.process_tls_records(&mut input[taken..taken + self.shown]),
+            let mut from_gathered = false;
+            let status = match self.gathered.as_deref_mut().filter(|g| g.has_ready()) {
+                Some(gathered) => {
+                    from_gathered = true;
+                    conn.process_tls_records(gathered.ready_mut())
+                }
+                None => conn.process_tls_records(&mut input[taken..taken + self.shown]),
             };
             let discard = status.discard;
             let step = match status.state {
@@ -233,8 +237,11 @@ impl TlsSession {
                 // Data before the handshake completed: never shown to rustls, no 0-RTT.
                 Ok(_) => Step::Failed(rustls::Error::General("data in the handshake".into())),
             };
-            if from_gathered {
-                self.gathered.discard(discard);
+            if let Some(gathered) = self.gathered.as_mut().filter(|_| from_gathered) {
+                gathered.discard(discard);
+                if gathered.is_empty() {
+                    self.gathered = None;
+                }
             } else {
                 taken += discard;
                 self.shown -= discard;
@@ -256,7 +263,7 @@ impl TlsSession {
                 Step::Failed(e) => return Err(self.handshake_failed(&e)),
             };
             if needs_input {
-                if self.gathered.has_ready() {
+                if self.gathered.as_ref().is_some_and(|g| g.has_ready()) {
                     // rustls waits for more of a message it was given whole: cannot happen.
                     self.phase = Phase::Dead;
                     return Err(TlsFailure::Other);
@@ -296,7 +303,8 @@ impl TlsSession {
             && content_type == content::HANDSHAKE
             && (1..=MAX_PLAINTEXT).contains(&body)
             && (tls13 || !self.ccs_seen);
-        if !gather && !self.gathered.is_empty() {
+        let gathering = self.gathered.is_some();
+        if !gather && gathering {
             // Another record inside a message (RFC 8446 §5.1, RFC 5246 §6.2.1).
             return Err(self.refuse(alert::UNEXPECTED_MESSAGE, &mut input[*taken..]));
         }
@@ -306,8 +314,9 @@ impl TlsSession {
             return Ok(None);
         }
         if !gather && self.shown + len > MAX_HANDSHAKE_INPUT {
-            // A message cut into so many records that they would not fit.
-            return Err(self.refuse(alert::RECORD_OVERFLOW, &mut input[*taken..]));
+            // A message cut into so many records that they would not fit: refused as rustls
+            // refuses a record too long to hold.
+            return Err(self.refuse(alert::DECODE_ERROR, &mut input[*taken..]));
         }
         if at + len > input.len() {
             let want = Some(self.shown + len);
@@ -323,12 +332,13 @@ impl TlsSession {
             return Ok(None);
         }
         let payload = &record[HEADER..];
-        if self.gathered.is_empty() && gather::whole_messages(payload) {
+        if !gathering && gather::whole_messages(payload) {
             // The usual case: whole messages in their record, which rustls takes as it is.
             self.shown += len;
             return Ok(None);
         }
-        if self.gathered.push([record[1], record[2]], payload).is_err() {
+        let gathered = self.gathered.get_or_insert_with(Box::default);
+        if gathered.push([record[1], record[2]], payload).is_err() {
             return Err(self.refuse(alert::DECODE_ERROR, &mut input[*taken..]));
         }
         *taken += len;
@@ -337,8 +347,8 @@ impl TlsSession {
 
     /// Refuses the handshake with `description`. Before rustls has sent anything no keys are
     /// in use, and the alert goes in plaintext. After, only rustls can seal it: it is shown
-    /// the next record's header (at `input[shown..]`) made oversized, and refuses it with
-    /// record_overflow as its keys require.
+    /// the next record's header (at `input[shown..]`) made oversized, and refuses that with
+    /// decode_error, sealed as its keys require.
     fn refuse(&mut self, description: u8, input: &mut [u8]) -> TlsFailure {
         if !self.spoke {
             self.control

@@ -595,3 +595,69 @@ fn a_tls12_renegotiation_is_declined_with_a_warning_and_the_session_goes_on() {
         assert_eq!(server.got, b"still here", "{name}");
     }
 }
+
+#[test]
+fn a_hello_retry_with_the_second_client_hello_in_tiny_records_completes() {
+    use rustls::crypto::aws_lc_rs::kx_group;
+    let (acceptor, made) = acceptor();
+    // The client's first group is one the server lacks: its key share is for that one, so
+    // the server asks again (HelloRetryRequest) for X25519.
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    provider.kx_groups = vec![kx_group::MLKEM1024, kx_group::X25519];
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(made.cert.der().clone()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut client = ClientConnection::new(Arc::new(config), name).unwrap();
+    let mut server = Server::new(&acceptor);
+    for _ in 0..10 {
+        // The first ClientHello, then (after a ChangeCipherSpec) the second, in 3-byte records.
+        let wire = from_client(&mut client);
+        let ccs = if wire.first() == Some(&0x14) { 6 } else { 0 };
+        let mut cut = wire[..ccs].to_vec();
+        cut.extend(refragment(&wire[ccs..], 3));
+        for piece in cut.chunks(11) {
+            server.input(piece).unwrap();
+        }
+        to_client(&mut client, &server.control()).unwrap();
+        if !server.session.is_handshaking() && !client.wants_write() {
+            break;
+        }
+    }
+    assert!(!server.session.is_handshaking() && !client.is_handshaking());
+    assert_eq!(
+        client.negotiated_key_exchange_group().map(|g| g.name()),
+        Some(rustls::NamedGroup::X25519)
+    );
+}
+
+#[test]
+fn a_refusal_after_the_server_spoke_is_sealed_by_rustls() {
+    use rustls::crypto::aws_lc_rs::cipher_suite as cs;
+    let (acceptor, made) = acceptor();
+    let config = client_config(&made, &[cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]);
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut client = ClientConnection::new(config, name).unwrap();
+    let mut server = Server::new(&acceptor);
+    server.input(&from_client(&mut client)).unwrap();
+    to_client(&mut client, &server.control()).unwrap();
+    // TLS 1.2: ClientKeyExchange, ChangeCipherSpec, Finished. Half the first, then a CCS.
+    let flight = from_client(&mut client);
+    assert_eq!(flight[0], 0x16);
+    let len = u16::from_be_bytes([flight[3], flight[4]]) as usize;
+    let mut wire = vec![0x16, 3, 3];
+    wire.extend_from_slice(&((len / 2) as u16).to_be_bytes());
+    wire.extend_from_slice(&flight[5..5 + len / 2]);
+    wire.extend_from_slice(&[0x14, 3, 3, 0, 1, 1]);
+    assert_eq!(server.input(&wire), Err(TlsFailure::BadRecord));
+    // The server's flight was in plaintext, so is rustls's alert: decode_error, what it says
+    // to the oversized header it is shown.
+    assert_eq!(
+        plaintext_alert(&mut server.session),
+        [0x15, 3, 3, 0, 2, 2, 50]
+    );
+}
