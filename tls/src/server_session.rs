@@ -1,6 +1,7 @@
 //! The server side of a client's TLS connection, driven without I/O over the connection's
 //! own buffers. rustls's unbuffered connection runs the handshake on the bytes where they
-//! were read. Once it completes, rustls hands over the traffic secrets and keeps only the key
+//! were read (a plaintext handshake message cut into several records is gathered first, see
+//! `gather.rs`). Once it completes, rustls hands over the traffic secrets and keeps only the key
 //! schedule (`KernelConnection`, for key updates), and [`RecordLayer`] seals and opens the
 //! records in place. An established session holds no buffer of its own.
 
@@ -541,7 +542,7 @@ fn encode(
 }
 
 /// Acts on a whole post-handshake message: a key update (ours too if asked), or a declined
-/// renegotiation (a warning, RFC 5746 §4.4: the connection goes on).
+/// renegotiation (a warning, RFC 5246 §7.2.2: the connection goes on).
 fn post_handshake(
     traffic: &mut Traffic,
     message: Message,

@@ -17,7 +17,7 @@ const MAX_SKIPPED: usize = 0xffff;
 pub enum Message {
     /// The client changed its key; `also_ours` asks for ours to change too.
     KeyUpdate { also_ours: bool },
-    /// A TLS 1.2 client asked to renegotiate (declined with a warning, RFC 5746 §4.4).
+    /// A TLS 1.2 client asked to renegotiate (declined with a warning, RFC 5246 §7.2.2).
     Renegotiation,
 }
 
