@@ -3,7 +3,7 @@
 
 Run through scripts/tls-hostile, which installs tlslite-ng and starts no server itself: this
 script starts `tern serve DIR --listen-tls 127.0.0.1:0 --tls-self-signed --workers 1` from
-$TERN_BIN and reads its port from the start-up line.
+$TERN_BIN (with `--io $TERN_IO` if that is set) and reads its port from the start-up line.
 
 Cases: ClientHellos of 4 KB to 64 KiB - 1 in records of 7 bytes to 16 KiB (answered with a
 ServerHello), whole handshakes with every message cut into small records, a ClientHello over
@@ -53,6 +53,8 @@ def start_tern(site):
         os.path.dirname(__file__), "..", "target", "release", "tern"
     )
     args = [binary, "serve", site, "--listen-tls", "127.0.0.1:0", "--tls-self-signed", "--workers", "1"]
+    if os.environ.get("TERN_IO"):
+        args += ["--io", os.environ["TERN_IO"]]  # epoll or uring, as the integration suites
     print("# starting:", " ".join(args))
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
