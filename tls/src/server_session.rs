@@ -284,6 +284,27 @@ impl TlsSession {
         input: &mut [u8],
         taken: &mut usize,
     ) -> Result<Option<Received>, TlsFailure> {
+        loop {
+            let before = *taken;
+            if let Some(wait) = self.next_record(input, taken)? {
+                return Ok(Some(wait));
+            }
+            // A record gathered that completes no message gives rustls nothing new to look
+            // at: on to the next (a hello in 1-byte records is not 64 Ki turns of rustls).
+            let gathered_only =
+                *taken > before && self.gathered.as_ref().is_some_and(|g| !g.has_ready());
+            if !gathered_only {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// One step of [`Self::next_input`]: the next record shown or gathered.
+    fn next_record(
+        &mut self,
+        input: &mut [u8],
+        taken: &mut usize,
+    ) -> Result<Option<Received>, TlsFailure> {
         let at = *taken + self.shown;
         let Some(len) = record::record_len(&input[at..]) else {
             let want = Some(self.shown + HEADER);
