@@ -1664,3 +1664,146 @@ fn openssl_s_client_versions_alpn_sni_and_resumption() {
     let f = s_client(&fx, &tern, &["-servername", "localhost"], "/hello.txt");
     assert!(f.stdout.contains("hello over tls"), "{}", f.stdout);
 }
+
+// ---------------------------------------------------------------------------------------------
+// ClientHellos of any size and cut; post-quantum key exchange (issue 39)
+// ---------------------------------------------------------------------------------------------
+
+/// `hello` (a ClientHello in one record) with a padding extension of `pad` bytes added, its
+/// message cut into records of at most `record` bytes.
+fn grown_hello(hello: &[u8], pad: usize, record: usize) -> Vec<u8> {
+    let mut message = hello[5..].to_vec();
+    assert_eq!(message[0], 1, "a ClientHello");
+    // session id, cipher suites, compression methods: to the extensions' length.
+    let mut at = 4 + 2 + 32;
+    at += 1 + message[at] as usize;
+    at += 2 + u16::from_be_bytes([message[at], message[at + 1]]) as usize;
+    at += 1 + message[at] as usize;
+    let extensions = u16::from_be_bytes([message[at], message[at + 1]]) as usize + 4 + pad;
+    message[at..at + 2].copy_from_slice(&u16::try_from(extensions).unwrap().to_be_bytes());
+    message.extend_from_slice(&[0, 21]);
+    message.extend_from_slice(&(pad as u16).to_be_bytes());
+    message.resize(message.len() + pad, 0);
+    let body = (message.len() - 4) as u32;
+    message[1..4].copy_from_slice(&body.to_be_bytes()[1..]);
+    let mut wire = Vec::new();
+    for piece in message.chunks(record) {
+        wire.extend_from_slice(&[0x16, 3, 1]);
+        wire.extend_from_slice(&(piece.len() as u16).to_be_bytes());
+        wire.extend_from_slice(piece);
+    }
+    wire
+}
+
+/// Reads `n` bytes, or `None` if they do not come within `limit`.
+fn read_n(sock: &mut TcpStream, n: usize, limit: Duration) -> Option<Vec<u8>> {
+    sock.set_read_timeout(Some(limit)).unwrap();
+    let mut got = vec![0u8; n];
+    sock.read_exact(&mut got).ok().map(|()| got)
+}
+
+#[test]
+fn client_hellos_of_any_legal_size_and_cut_are_answered_within_a_second() {
+    let fx = Fixture::new();
+    let tern = fx.start(&[]);
+    let hello = client_hello(&fx.client(&[TLS13]));
+    let extensions_end = 65535 - (hello.len() - 5 - 4);
+    for (pad, record) in [
+        (0, 1),
+        (3_000, 100),
+        (5_000, 7),
+        (20_000, 16_384),
+        (20_000, 1_000),
+        (60_000, 16_384),
+        (60_000, 512),
+        // The largest message rustls takes: 64 KiB - 1.
+        (extensions_end - 4, 16_384),
+    ] {
+        let what = format!("{pad} bytes of padding in records of {record}");
+        let wire = grown_hello(&hello, pad, record);
+        let mut sock = TcpStream::connect(tern.https()).unwrap();
+        let start = Instant::now();
+        sock.write_all(&wire).unwrap();
+        let head = read_n(&mut sock, 6, Duration::from_secs(1))
+            .unwrap_or_else(|| panic!("{what}: no answer within a second"));
+        assert_eq!(
+            (head[0], head[5]),
+            (0x16, 2),
+            "{what}: a ServerHello, got {head:02x?}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(1), "{what}");
+    }
+    // One byte more than rustls takes: refused with decode_error, which arrives whole (no
+    // reset, though most of the hello is unread when the server closes).
+    for record in [16_384, 1_000] {
+        let wire = grown_hello(&hello, extensions_end - 3, record);
+        let mut sock = TcpStream::connect(tern.https()).unwrap();
+        let start = Instant::now();
+        sock.write_all(&wire).unwrap();
+        let alert = read_n(&mut sock, 7, Duration::from_secs(1));
+        assert_eq!(
+            alert.as_deref(),
+            Some(&[0x15, 3, 3, 0, 2, 2, 50][..]),
+            "records of {record}: a fatal decode_error within a second"
+        );
+        assert!(start.elapsed() < Duration::from_secs(1));
+        sock.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(
+            read_until_closed(&mut sock, Duration::from_secs(3)).as_deref(),
+            Some(&[][..]),
+            "then the server closes"
+        );
+    }
+    // Still serving.
+    let mut c = tern.tls(&fx.client(&[TLS13]), "localhost");
+    assert_eq!(c.get("/hello.txt", &[]).status, 200);
+}
+
+#[test]
+fn a_hybrid_post_quantum_key_exchange_is_chosen_when_offered() {
+    use rustls::crypto::aws_lc_rs::kx_group;
+    use rustls::crypto::SupportedKxGroup;
+    use rustls::NamedGroup;
+    let fx = Fixture::new();
+    let tern = fx.start(&[]);
+    let offering = |groups: &[&'static dyn SupportedKxGroup], version| {
+        let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+        provider.kx_groups = groups.to_vec();
+        let mut config = ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_protocol_versions(&[version])
+            .unwrap()
+            .with_root_certificates(fx.ca.roots())
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(config)
+    };
+    let hybrid = kx_group::X25519MLKEM768;
+    for (groups, version, want) in [
+        // What browsers send: the hybrid first, X25519 after.
+        (
+            &[hybrid, kx_group::X25519][..],
+            TLS13,
+            NamedGroup::X25519MLKEM768,
+        ),
+        (&[hybrid][..], TLS13, NamedGroup::X25519MLKEM768),
+        // The client's preference rules; classical clients keep theirs.
+        (&[kx_group::X25519, hybrid][..], TLS13, NamedGroup::X25519),
+        (&[kx_group::X25519][..], TLS13, NamedGroup::X25519),
+        (&[kx_group::SECP384R1][..], TLS13, NamedGroup::secp384r1),
+        // The hybrid is TLS 1.3 only.
+        (
+            &[hybrid, kx_group::SECP256R1][..],
+            TLS12,
+            NamedGroup::secp256r1,
+        ),
+    ] {
+        let mut c = tern.tls(&offering(groups, version), "localhost");
+        let names: Vec<_> = groups.iter().map(|g| g.name()).collect();
+        assert_eq!(
+            c.conn().negotiated_key_exchange_group().map(|g| g.name()),
+            Some(want),
+            "{names:?} over {version:?}"
+        );
+        assert_eq!(c.get("/hello.txt", &[]).status, 200, "{names:?}");
+    }
+}

@@ -31,7 +31,7 @@ pub use acme::{tls_alpn_sni, AcmeCerts, ACME_TLS_ALPN};
 pub use certs::LoadedCert;
 pub use record::{MAX_PLAINTEXT, MAX_RECORD};
 pub use resolver::{CertSet, SniResolver};
-pub use server_session::{Received, TlsSession};
+pub use server_session::{Received, TlsSession, MAX_HANDSHAKE_INPUT};
 pub use session::{ClientSession, Plaintext, TlsFailure};
 pub use tickets::TicketKeys;
 
@@ -73,7 +73,11 @@ impl std::fmt::Debug for TlsAcceptor {
 
 /// aws-lc-rs with Mozilla's "intermediate" configuration (v5.7): TLS 1.3 suites, the ECDHE
 /// AEAD suites of TLS 1.2 (rustls has no DHE or CBC suites, so nothing weaker can be
-/// offered), and the groups X25519, P-256 and P-384.
+/// offered), and the groups X25519, P-256 and P-384, preceded by the post-quantum hybrid
+/// X25519MLKEM768 (TLS 1.3 only), so that what is recorded today cannot be decrypted by a
+/// quantum computer later. rustls takes the first of the client's groups it also has: a
+/// client that prefers the hybrid and sends its key share (current Chrome, Firefox, Safari)
+/// gets it; one that does not keeps its classical group.
 pub fn crypto_provider() -> CryptoProvider {
     use provider::cipher_suite as cs;
     CryptoProvider {
@@ -89,6 +93,7 @@ pub fn crypto_provider() -> CryptoProvider {
             cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
         ],
         kx_groups: vec![
+            provider::kx_group::X25519MLKEM768,
             provider::kx_group::X25519,
             provider::kx_group::SECP256R1,
             provider::kx_group::SECP384R1,

@@ -36,7 +36,6 @@ const VERSION: [u8; 2] = [3, 3];
 
 /// Content types (RFC 8446 §5.1).
 pub mod content {
-    #[cfg(test)]
     pub const CHANGE_CIPHER_SPEC: u8 = 20;
     pub const ALERT: u8 = 21;
     pub const HANDSHAKE: u8 = 22;
@@ -49,7 +48,15 @@ pub mod alert {
     pub const UNEXPECTED_MESSAGE: u8 = 10;
     pub const BAD_RECORD_MAC: u8 = 20;
     pub const RECORD_OVERFLOW: u8 = 22;
+    pub const ILLEGAL_PARAMETER: u8 = 47;
     pub const DECODE_ERROR: u8 = 50;
+    pub const NO_RENEGOTIATION: u8 = 100;
+}
+
+/// Alert levels (RFC 5246 §7.2).
+pub mod level {
+    pub const WARNING: u8 = 1;
+    pub const FATAL: u8 = 2;
 }
 
 /// The record protection a session negotiated.
@@ -69,8 +76,10 @@ pub enum RecordError {
     BadMac,
     /// A content type or message not allowed here.
     Unexpected,
-    /// Too short to be a record of this protection.
+    /// Too short to be a record of this protection, or a message of the wrong length.
     Decode,
+    /// A field holds a value the protocol does not allow.
+    IllegalParameter,
 }
 
 impl RecordError {
@@ -80,6 +89,7 @@ impl RecordError {
             RecordError::BadMac => alert::BAD_RECORD_MAC,
             RecordError::Unexpected => alert::UNEXPECTED_MESSAGE,
             RecordError::Decode => alert::DECODE_ERROR,
+            RecordError::IllegalParameter => alert::ILLEGAL_PARAMETER,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The server side of a client's TLS connection, driven without I/O over the connection's
 //! own buffers. rustls's unbuffered connection runs the handshake on the bytes where they
-//! were read. Once it completes, rustls hands over the traffic secrets and keeps only the key
+//! were read (a plaintext handshake message cut into several records is gathered first, see
+//! `gather.rs`). Once it completes, rustls hands over the traffic secrets and keeps only the key
 //! schedule (`KernelConnection`, for key updates), and [`RecordLayer`] seals and opens the
 //! records in place. An established session holds no buffer of its own.
 
@@ -13,12 +14,27 @@ use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
 use rustls::unbuffered::{ConnectionState, EncodeError, InsufficientSizeError};
 use rustls::{ProtocolVersion, ServerConfig, SupportedCipherSuite};
 
-use crate::record::{self, alert, content, Protection, RecordError, RecordLayer, MAX_RECORD};
+use crate::record::{
+    self, alert, content, level, Protection, RecordError, RecordLayer, HEADER, MAX_PLAINTEXT,
+    MAX_RECORD,
+};
 use crate::TlsFailure;
 
-/// Key updates a peer may ask for without sending data in between: each costs a key
-/// derivation and, when it asks for ours too, a record (rustls allows as many).
-const KEY_UPDATES_WITHOUT_DATA: u8 = 32;
+mod gather;
+mod post_handshake;
+
+use gather::Gathered;
+use post_handshake::{Message, PostHandshake};
+
+/// Key updates or renegotiation requests a peer may send without data in between: each
+/// costs a key derivation or an alert, and a record (rustls allows as many key updates).
+const CONTROL_WITHOUT_DATA: u8 = 32;
+
+/// The most received bytes a handshake may hold in the read buffer, from its front: the
+/// records of one handshake message rustls is joining (encrypted ones; plaintext messages
+/// are gathered, see `gather.rs`), and one record more. A client's encrypted handshake
+/// messages are a Finished of at most 52 bytes, so this is far more than any needs.
+pub const MAX_HANDSHAKE_INPUT: usize = 4 * MAX_RECORD;
 
 /// What the front of the received bytes held, once processed.
 #[derive(Debug, PartialEq, Eq)]
@@ -53,6 +69,15 @@ pub struct TlsSession {
     /// whole record more each time it has handled what it saw, so it never reads past the
     /// handshake's last record (what follows is opened here, not by rustls).
     shown: usize,
+    /// Plaintext handshake messages gathered out of their records (see `gather.rs`): while
+    /// whole ones are ready, rustls is shown those instead of the input. Only while some are
+    /// (an idle session stays small).
+    gathered: Option<Box<Gathered>>,
+    /// The client sent ChangeCipherSpec: under TLS 1.2 its handshake records are encrypted
+    /// from then on, and are not gathered.
+    ccs_seen: bool,
+    /// rustls has made records for the client (so our alerts may have to be encrypted).
+    spoke: bool,
     alpn: Option<Box<[u8]>>,
     resumed: bool,
     peer_closed: bool,
@@ -69,7 +94,10 @@ enum Phase {
 struct Traffic {
     kernel: KernelConnection<ServerConnectionData>,
     records: RecordLayer,
-    key_updates: u8,
+    /// A handshake message under way (it may span records).
+    post_handshake: PostHandshake,
+    /// Key updates and renegotiation requests since the last data.
+    control_without_data: u8,
 }
 
 impl TlsSession {
@@ -79,6 +107,9 @@ impl TlsSession {
             phase: Phase::Handshake(Box::new(conn)),
             control: Vec::new(),
             shown: 0,
+            gathered: None,
+            ccs_seen: false,
+            spoke: false,
             alpn: None,
             resumed: false,
             peer_closed: false,
@@ -117,10 +148,14 @@ impl TlsSession {
                 Err(e) => return Err(self.fail(e)),
             };
             let payload = &rest[opened.payload.clone()];
+            if opened.content_type != content::HANDSHAKE && traffic.post_handshake.is_partial() {
+                // Handshake messages must not be interleaved with other records (§5.1).
+                return Err(self.fail(RecordError::Unexpected));
+            }
             match opened.content_type {
                 content::APPLICATION_DATA if payload.is_empty() => {}
                 content::APPLICATION_DATA => {
-                    traffic.key_updates = 0;
+                    traffic.control_without_data = 0;
                     return Ok(Received::Data {
                         data: taken + opened.payload.start..taken + opened.payload.end,
                         taken: taken + len,
@@ -134,17 +169,19 @@ impl TlsSession {
                     self.phase = Phase::Dead;
                     return Err(TlsFailure::PeerAlert);
                 }
-                content::HANDSHAKE if traffic.records.protection() == Protection::Tls13 => {
-                    let request = match payload {
-                        // KeyUpdate, alone at the end of its record (RFC 8446 §4.6.3, §5.1).
-                        [24, 0, 0, 1, request @ (0 | 1)] => *request,
-                        _ => return Err(self.fail(RecordError::Unexpected)),
+                content::HANDSHAKE => {
+                    let tls13 = traffic.records.protection() == Protection::Tls13;
+                    let done = match traffic.post_handshake.read(tls13, payload) {
+                        Ok(message) => message,
+                        Err(e) => return Err(self.fail(e)),
                     };
-                    if let Err(e) = key_update(traffic, request == 1, &mut self.control) {
-                        return Err(self.fail(e));
+                    if let Some(message) = done {
+                        if let Err(e) = post_handshake(traffic, message, &mut self.control) {
+                            return Err(self.fail(e));
+                        }
                     }
                 }
-                // TLS 1.2 renegotiation, a malformed alert, anything else.
+                // A malformed alert, anything else.
                 _ => return Err(self.fail(RecordError::Unexpected)),
             }
             taken += len;
@@ -155,9 +192,11 @@ impl TlsSession {
     fn fail(&mut self, e: RecordError) -> TlsFailure {
         if let Phase::Traffic(traffic) = &mut self.phase {
             if !traffic.records.tx_exhausted() {
-                traffic
-                    .records
-                    .seal_to(content::ALERT, &[2, e.alert()], &mut self.control);
+                traffic.records.seal_to(
+                    content::ALERT,
+                    &[level::FATAL, e.alert()],
+                    &mut self.control,
+                );
             }
         }
         self.phase = Phase::Dead;
@@ -170,12 +209,20 @@ impl TlsSession {
             let Phase::Handshake(conn) = &mut self.phase else {
                 unreachable!("handshake after the handshake")
             };
-            let shown = self.shown;
-            let status = conn.process_tls_records(&mut input[taken..taken + shown]);
+            // Gathered messages while whole ones are ready, else the records shown so far.
+            let mut from_gathered = false;
+            let status = match self.gathered.as_deref_mut().filter(|g| g.has_ready()) {
+                Some(gathered) => {
+                    from_gathered = true;
+                    conn.process_tls_records(gathered.ready_mut())
+                }
+                None => conn.process_tls_records(&mut input[taken..taken + self.shown]),
+            };
             let discard = status.discard;
             let step = match status.state {
                 Err(e) => Step::Failed(e),
                 Ok(ConnectionState::EncodeTlsData(mut data)) => {
+                    self.spoke = true;
                     encode(&mut data, &mut self.control);
                     Step::Again
                 }
@@ -191,8 +238,15 @@ impl TlsSession {
                 // Data before the handshake completed: never shown to rustls, no 0-RTT.
                 Ok(_) => Step::Failed(rustls::Error::General("data in the handshake".into())),
             };
-            taken += discard;
-            self.shown -= discard;
+            if let Some(gathered) = self.gathered.as_mut().filter(|_| from_gathered) {
+                gathered.discard(discard);
+                if gathered.is_empty() {
+                    self.gathered = None;
+                }
+            } else {
+                taken += discard;
+                self.shown -= discard;
+            }
             let needs_input = match step {
                 Step::Again => false,
                 Step::NeedsInput => true,
@@ -207,44 +261,166 @@ impl TlsSession {
                     self.phase = Phase::Dead;
                     return Ok(Received::Closed { taken: input.len() });
                 }
-                Step::Failed(e) => {
-                    self.handshake_failed();
-                    return Err(TlsFailure::of(&e));
-                }
+                Step::Failed(e) => return Err(self.handshake_failed(&e)),
             };
             if needs_input {
-                // Show rustls the next whole record, if it is here (or all of an oversized
-                // one, which it refuses with the right alert).
-                let next = &input[taken + self.shown..];
-                match record::record_len(next) {
-                    Some(len) if len <= next.len() => self.shown += len,
-                    Some(len) if len > MAX_RECORD => self.shown += next.len(),
-                    want => {
-                        return Ok(Received::More {
-                            taken,
-                            want: want.map(|w| w + self.shown),
-                        })
-                    }
+                if self.gathered.as_ref().is_some_and(|g| g.has_ready()) {
+                    // rustls waits for more of a message it was given whole: cannot happen.
+                    self.phase = Phase::Dead;
+                    return Err(TlsFailure::Other);
+                }
+                if let Some(wait) = self.next_input(input, &mut taken)? {
+                    return Ok(wait);
                 }
             }
         }
     }
 
+    /// Readies what rustls is shown next: the next whole record, or (plaintext handshake
+    /// records) the record's payload gathered, and the message it completes if any. `Some`:
+    /// wait for more input.
+    fn next_input(
+        &mut self,
+        input: &mut [u8],
+        taken: &mut usize,
+    ) -> Result<Option<Received>, TlsFailure> {
+        loop {
+            let before = *taken;
+            if let Some(wait) = self.next_record(input, taken)? {
+                return Ok(Some(wait));
+            }
+            // A record gathered that completes no message gives rustls nothing new to look
+            // at: on to the next (a hello in 1-byte records is not 64 Ki turns of rustls).
+            let gathered_only =
+                *taken > before && self.gathered.as_ref().is_some_and(|g| !g.has_ready());
+            if !gathered_only {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// One step of [`Self::next_input`]: the next record shown or gathered.
+    fn next_record(
+        &mut self,
+        input: &mut [u8],
+        taken: &mut usize,
+    ) -> Result<Option<Received>, TlsFailure> {
+        let at = *taken + self.shown;
+        let Some(len) = record::record_len(&input[at..]) else {
+            let want = Some(self.shown + HEADER);
+            return Ok(Some(Received::More {
+                taken: *taken,
+                want,
+            }));
+        };
+        let Phase::Handshake(conn) = &self.phase else {
+            unreachable!()
+        };
+        let tls13 = conn.protocol_version() == Some(ProtocolVersion::TLSv1_3);
+        let content_type = input[at];
+        let body = len - HEADER;
+        // Plaintext handshake records are gathered, unless rustls holds part of a record
+        // already (TLS 1.3's are never encrypted under this type; TLS 1.2's are after CCS).
+        let gather = self.shown == 0
+            && content_type == content::HANDSHAKE
+            && (1..=MAX_PLAINTEXT).contains(&body)
+            && (tls13 || !self.ccs_seen);
+        let gathering = self.gathered.is_some();
+        if !gather && gathering {
+            // Another record inside a message (RFC 8446 §5.1, RFC 5246 §6.2.1).
+            return Err(self.refuse(alert::UNEXPECTED_MESSAGE, &mut input[*taken..]));
+        }
+        if !gather && len > MAX_RECORD {
+            // rustls refuses an oversized record by its header, with the right alert.
+            self.shown = input.len() - *taken;
+            return Ok(None);
+        }
+        if !gather && self.shown + len > MAX_HANDSHAKE_INPUT {
+            // A message cut into so many records that they would not fit: refused as rustls
+            // refuses a record too long to hold.
+            return Err(self.refuse(alert::DECODE_ERROR, &mut input[*taken..]));
+        }
+        if at + len > input.len() {
+            let want = Some(self.shown + len);
+            return Ok(Some(Received::More {
+                taken: *taken,
+                want,
+            }));
+        }
+        let record = &input[at..at + len];
+        if !gather {
+            self.ccs_seen |= content_type == content::CHANGE_CIPHER_SPEC;
+            self.shown += len;
+            return Ok(None);
+        }
+        let payload = &record[HEADER..];
+        if !gathering && gather::whole_messages(payload) {
+            // The usual case: whole messages in their record, which rustls takes as it is.
+            self.shown += len;
+            return Ok(None);
+        }
+        let gathered = self.gathered.get_or_insert_with(Box::default);
+        if gathered.push([record[1], record[2]], payload).is_err() {
+            return Err(self.refuse(alert::DECODE_ERROR, &mut input[*taken..]));
+        }
+        *taken += len;
+        Ok(None)
+    }
+
+    /// Refuses the handshake with `description`. Before rustls has sent anything no keys are
+    /// in use, and the alert goes in plaintext. After, only rustls can seal it: it is shown
+    /// the next record's header (at `input[shown..]`) made oversized, and refuses that with
+    /// decode_error, sealed as its keys require.
+    fn refuse(&mut self, description: u8, input: &mut [u8]) -> TlsFailure {
+        if !self.spoke {
+            self.control
+                .extend_from_slice(&plaintext_alert(description));
+            self.phase = Phase::Dead;
+            return TlsFailure::BadRecord;
+        }
+        let header = self.shown..self.shown + HEADER;
+        input[header.start + 3..header.end].copy_from_slice(&[0xff, 0xff]);
+        if let Phase::Handshake(conn) = &mut self.phase {
+            if let Err(e) = conn.process_tls_records(&mut input[..header.end]).state {
+                return self.handshake_failed(&e);
+            }
+        }
+        self.phase = Phase::Dead;
+        TlsFailure::BadRecord
+    }
+
     /// Collects the alert rustls queued on a failed handshake, then kills the session.
     /// Only while something is queued: rustls hands that out before it looks at any input,
-    /// and looking at input again after an error would process it a second time.
-    fn handshake_failed(&mut self) {
+    /// and looking at input again after an error would process it a second time. Some of
+    /// rustls's refusals queue no alert (a handshake message over its size limit, records
+    /// interleaved with a message, a run of empty records): while nothing was sent yet, the
+    /// alert goes in plaintext from here.
+    fn handshake_failed(&mut self, error: &rustls::Error) -> TlsFailure {
+        let mut alerted = false;
         if let Phase::Handshake(conn) = &mut self.phase {
             while conn.wants_write() {
                 match conn.process_tls_records(&mut []).state {
                     Ok(ConnectionState::EncodeTlsData(mut data)) => {
+                        alerted = true;
                         encode(&mut data, &mut self.control)
                     }
                     _ => break,
                 }
             }
         }
+        if !alerted && !self.spoke {
+            let description = match error {
+                rustls::Error::InvalidMessage(_) => Some(alert::DECODE_ERROR),
+                rustls::Error::PeerMisbehaved(_) => Some(alert::UNEXPECTED_MESSAGE),
+                _ => None,
+            };
+            if let Some(description) = description {
+                self.control
+                    .extend_from_slice(&plaintext_alert(description));
+            }
+        }
         self.phase = Phase::Dead;
+        TlsFailure::of(error)
     }
 
     /// The handshake completed and everything rustls had to say is in `control`: rustls
@@ -274,7 +450,8 @@ impl TlsSession {
         self.phase = Phase::Traffic(Box::new(Traffic {
             kernel,
             records,
-            key_updates: 0,
+            post_handshake: PostHandshake::default(),
+            control_without_data: 0,
         }));
         Ok(())
     }
@@ -361,6 +538,11 @@ impl TlsSession {
     }
 }
 
+/// A fatal alert record in plaintext (before any keys are in use).
+fn plaintext_alert(description: u8) -> [u8; HEADER + 2] {
+    [content::ALERT, 3, 3, 0, 2, level::FATAL, description]
+}
+
 /// Encodes a handshake flight (or an alert) into `control`.
 fn encode(
     data: &mut rustls::unbuffered::EncodeTlsData<'_, ServerConnectionData>,
@@ -380,16 +562,30 @@ fn encode(
     }
 }
 
-/// The peer updated its key; `also_ours` asks for our key to change too.
-fn key_update(
+/// Acts on a whole post-handshake message: a key update (ours too if asked), or a declined
+/// renegotiation (a warning, RFC 5246 §7.2.2: the connection goes on).
+fn post_handshake(
     traffic: &mut Traffic,
-    also_ours: bool,
+    message: Message,
     control: &mut Vec<u8>,
 ) -> Result<(), RecordError> {
-    traffic.key_updates += 1;
-    if traffic.key_updates > KEY_UPDATES_WITHOUT_DATA {
+    traffic.control_without_data += 1;
+    if traffic.control_without_data > CONTROL_WITHOUT_DATA {
         return Err(RecordError::Unexpected);
     }
+    let also_ours = match message {
+        Message::KeyUpdate { also_ours } => also_ours,
+        Message::Renegotiation => {
+            if !traffic.records.tx_exhausted() {
+                traffic.records.seal_to(
+                    content::ALERT,
+                    &[level::WARNING, alert::NO_RENEGOTIATION],
+                    control,
+                );
+            }
+            return Ok(());
+        }
+    };
     let rx = traffic
         .kernel
         .update_rx_secret()

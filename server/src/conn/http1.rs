@@ -405,6 +405,14 @@ impl Http1 {
         self.state = State::Lingering(Linger::start(now_ms));
     }
 
+    /// The TLS handshake failed (nothing was read as a request): close once its alert is
+    /// sent, half-closing and lingering first, so that input still unread does not reset the
+    /// connection before the client has read the alert.
+    pub fn close_after_alert(&mut self) {
+        self.closing = true;
+        self.linger_on_close = true;
+    }
+
     /// Close at once, no answer (the transport failed).
     pub fn abort(&mut self) {
         self.closing = true;

@@ -202,8 +202,13 @@ impl Conn {
                 // again while it takes more and the session has more.
                 if let Err(failure) = tls.decrypt() {
                     tls_failed(failure, tls.is_handshaking(), &self.link, cx);
-                    self.http.abort();
-                    return tls.wants_write(); // the alert, sent before closing
+                    // The alert goes out before closing, with a linger: the rest of a large
+                    // ClientHello, unread, would otherwise reset the connection first.
+                    match &mut self.http {
+                        Protocol::Http1(http) => http.close_after_alert(),
+                        Protocol::Http2(_) => self.http.abort(),
+                    }
+                    return tls.wants_write();
                 }
                 if tls.just_established() {
                     cx.stats.bump(Counter::TlsHandshakes);

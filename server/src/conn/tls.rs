@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
 use tern_runtime::{BufPool, ReadBuf, BLOCK_SIZE};
-use tern_tls::{Received, TlsFailure, TlsSession, MAX_PLAINTEXT, MAX_RECORD};
+use tern_tls::{Received, TlsFailure, TlsSession, MAX_HANDSHAKE_INPUT, MAX_PLAINTEXT, MAX_RECORD};
 
 use super::output::{Output, MAX_IOVECS};
 use super::types::Transmit;
@@ -20,9 +20,6 @@ use crate::exchange::ConnCx;
 /// A record shorter than this is not started at a block's end when more output waits: it
 /// goes first in the next block, so records stay full.
 const MIN_RECORD: usize = 4096;
-
-/// The most a handshake may make the read buffer hold (several records of one message).
-const MAX_HANDSHAKE_BUFFER: usize = 4 * MAX_RECORD;
 
 pub(super) struct Tls {
     session: TlsSession,
@@ -77,15 +74,16 @@ impl Tls {
         }
     }
 
-    /// Where ciphertext is read into. A record (or handshake message) longer than the pooled
-    /// buffer grows it to fit, up to the protocol's limits.
+    /// Where ciphertext is read into. A record (or the records of a handshake message) longer
+    /// than the pooled buffer grows it to fit; the session never asks for more than the
+    /// protocol's limits. It grows at least twofold, so a message in many small records is
+    /// not copied once a record.
     pub fn recv_buf(&mut self, pool: &mut BufPool) -> &mut [u8] {
         let inbuf = self.inbuf.get_or_insert_with(|| pool.take_read());
         if inbuf.spare_mut().is_empty() {
-            if let Some(want) = self.want {
-                if want > inbuf.len() && want <= MAX_HANDSHAKE_BUFFER {
-                    inbuf.grow_to(want);
-                }
+            if let Some(want) = self.want.filter(|&want| want > inbuf.len()) {
+                let limit = MAX_HANDSHAKE_INPUT.max(MAX_RECORD).max(want);
+                inbuf.grow_to((2 * inbuf.capacity()).clamp(want, limit));
             }
         }
         inbuf.spare_mut()
