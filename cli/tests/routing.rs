@@ -660,3 +660,119 @@ fn the_relay_s_own_502_gets_the_site_s_error_page() {
         r.headers
     );
 }
+
+/// `allow_encoded_slash` (issue 41 item 4): a proxy route takes `%2F` as one character of its
+/// segment (Grafana's data-source proxy, GitLab's `projects/group%2Fname`), chosen, judged and
+/// forwarded on that one value; every other route, and a segment no route takes, answer 400
+/// as before; `--check` refuses the key where a narrower route could read the decoded slash.
+#[test]
+fn an_encoded_slash_is_forwarded_only_by_a_route_that_takes_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dist = dist(tmp.path());
+    let app = App::start();
+    let conf = tmp.path().join("tern.toml");
+    let routes = format!(
+        r#"
+[[site]]
+name = "s"
+default = true
+
+[[site.route]]
+path = "/"
+static = "{dist}"
+
+[[site.route]]
+path = "/api/datasources/proxy"
+proxy = "{app}"
+allow_encoded_slash = true
+
+[[site.route]]
+path = "/api"
+proxy = "{app}"
+
+[[site.route]]
+path = "/gitlab"
+proxy = "{app}"
+strip_prefix = true
+allow_encoded_slash = true
+"#,
+        dist = dist.display(),
+        app = app.addr
+    );
+    std::fs::write(&conf, &routes).unwrap();
+    let tern = Tern::start_run(&conf);
+    for (path, line) in [
+        (
+            "/api/datasources/proxy/3/a%2fb/c?x=%2F",
+            "GET /api/datasources/proxy/3/a%2Fb/c?x=%2F HTTP/1.1",
+        ),
+        // Never a separator, so never part of a dot segment: sent as it came.
+        (
+            "/api/datasources/proxy/..%2F..%2Fadmin",
+            "GET /api/datasources/proxy/..%2F..%2Fadmin HTTP/1.1",
+        ),
+        (
+            "/gitlab/projects/group%2Fname/%61",
+            "GET /projects/group%2Fname/a HTTP/1.1",
+        ),
+    ] {
+        let r = tern.get(path);
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(app.lines().last().map(String::as_str), Some(line), "{path}");
+    }
+    let forwarded = app.lines().len();
+    for path in [
+        "/api/users/a%2Fb",
+        "/api%2Fdatasources%2Fproxy/x",
+        "/index.html%2F..%2Fsecret",
+        "/api/datasources/proxy/a%5Cb",
+        "/gitlab%2Fprojects/x",
+    ] {
+        let mut c = tern.client();
+        c.send(format!("GET {path} HTTP/1.1\r\nHost: s.test\r\n\r\n").as_bytes());
+        let r = c.read_response(false);
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+    }
+    assert_eq!(app.lines().len(), forwarded, "{:?}", app.lines());
+
+    // A narrower route beneath it, a path pattern on its prefix, or a gate: refused.
+    std::fs::write(
+        &conf,
+        format!(
+            "{routes}\n[[site.route]]\npath = \"/gitlab/admin\"\nrespond = \"no\"\nstatus = 403\n\
+             \n[[site.route]]\npath = \"/api/datasources/proxy\"\nproxy = \"{app}\"\n\
+             path_regex = \"^/api/datasources/proxy/[0-9]+$\"\n",
+            app = app.addr
+        ),
+    )
+    .unwrap();
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "line 13: allow_encoded_slash: a path pattern on route \"/api/datasources/proxy\" (line 31)",
+        "line 23: allow_encoded_slash: route \"/gitlab/admin\" (line 26) lies beneath this one",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+    std::fs::write(
+        &conf,
+        "[[site]]\nname = \"s\"\ndefault = true\n[[site.route]]\npath = \"/\"\n\
+         static = \".\"\nallow_encoded_slash = true\n",
+    )
+    .unwrap();
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 7: `allow_encoded_slash` does not apply to a static route"),
+        "{err}"
+    );
+}

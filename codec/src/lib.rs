@@ -16,7 +16,10 @@ mod upstream;
 pub use body::{is_token, BodyDecoder, BodyKind, ChunkedDecoder, Decoded};
 pub use date::{format_date_line, DATE_LINE_LEN};
 pub use error::RequestError;
-pub use path::{canonical_path, decoded as decoded_path, path_under, PathError};
+pub use path::{
+    canonical_path, canonical_path_opaque_slash, decoded as decoded_path, has_encoded_slash,
+    path_under, PathError,
+};
 pub use request::{
     first_line, head_from_fields, parse_request, trim_ows, FirstLine, Limits, Method, Parsed,
     RequestHead, Version, MAX_HEADERS_DEFAULT,

@@ -10,7 +10,11 @@
 //!
 //! What two readers could split differently is refused (400) rather than guessed at:
 //! - an encoded `/` or `\` (`%2F`, `%5C`): nginx and many frameworks decode `%2F` into a
-//!   separator, others keep it inside a segment; a raw `\` is a separator on some servers;
+//!   separator, others keep it inside a segment; a raw `\` is a separator on some servers.
+//!   A proxy route may take `%2F` (`allow_encoded_slash`): [`canonical_path_opaque_slash`]
+//!   keeps it as an escape inside its segment, [`decoded`] never decodes it, so the route,
+//!   the gate and the upstream's request line all read one segment where the client wrote
+//!   `%2F`;
 //! - an encoded control byte (`%00`–`%1F`, `%7F`): NUL truncates file names in C, CR/LF end
 //!   up in headers when an app echoes the path;
 //! - an encoded `%` that spells another escape (`%2561`): an upstream that decodes twice reads
@@ -34,7 +38,10 @@ use crate::body::hex_value as hex;
 pub enum PathError {
     /// `%` not followed by two hex digits.
     BadEscape,
-    /// `%2F`, `%5C` or a raw `\`.
+    /// `%2F`: refused unless the route it reaches takes it (see
+    /// [`canonical_path_opaque_slash`]).
+    EncodedSlash,
+    /// `%5C` or a raw `\`.
     EncodedSeparator,
     /// `%00`–`%1F` or `%7F`.
     EncodedControl,
@@ -60,11 +67,29 @@ pub fn canonical_path(raw: &str) -> Result<Cow<'_, str>, PathError> {
     let mut i = 0;
     while i < b.len() {
         if SPECIAL[b[i] as usize] && (b[i] != b'/' || matches!(b.get(i + 1), Some(b'/' | b'.'))) {
-            return canonical_slow(b).map(Cow::Owned);
+            return canonical_slow(b, false).map(Cow::Owned);
         }
         i += 1;
     }
     Ok(Cow::Borrowed(raw))
+}
+
+/// As [`canonical_path`], but an encoded slash is kept as the escape `%2F` (upper case)
+/// inside its segment rather than refused: it never separates segments, takes no part in
+/// dot segments (`/a%2F..` is one segment `a%2F..`), and [`decoded`] leaves it encoded, so
+/// every decision reads the segment the client wrote. For the routes that take it only
+/// (`allow_encoded_slash`); every other consumer uses [`canonical_path`], which refuses it.
+pub fn canonical_path_opaque_slash(raw: &str) -> Result<Cow<'_, str>, PathError> {
+    match canonical_path(raw) {
+        Err(PathError::EncodedSlash) => canonical_slow(raw.as_bytes(), true).map(Cow::Owned),
+        other => other,
+    }
+}
+
+/// Whether a canonical path holds an encoded slash (only [`canonical_path_opaque_slash`]
+/// leaves one).
+pub fn has_encoded_slash(canonical: &str) -> bool {
+    memchr::memmem::find(canonical.as_bytes(), b"%2F").is_some()
 }
 
 /// Bytes the fast check stops at: `%`, `\`, `;`, `#`, NUL and `/` (only when a `/` or `.`
@@ -80,7 +105,8 @@ static SPECIAL: [bool; 256] = {
     t
 };
 
-fn canonical_slow(b: &[u8]) -> Result<String, PathError> {
+/// `opaque_slash`: `%2F` is kept as an escape (see [`canonical_path_opaque_slash`]).
+fn canonical_slow(b: &[u8], opaque_slash: bool) -> Result<String, PathError> {
     // 1. Escapes: unreserved characters decoded (so `%2e` takes part in dot segments below,
     //    as nginx resolves it), the rest kept in upper case or refused.
     let mut dec = Vec::with_capacity(b.len());
@@ -96,7 +122,9 @@ fn canonical_slow(b: &[u8]) -> Result<String, PathError> {
                 let v = hi << 4 | lo;
                 if is_unreserved(v) {
                     dec.push(v);
-                } else if v == b'/' || v == b'\\' {
+                } else if v == b'/' && !opaque_slash {
+                    return Err(PathError::EncodedSlash);
+                } else if v == b'\\' {
                     return Err(PathError::EncodedSeparator);
                 } else if v < 0x20 || v == 0x7f {
                     return Err(PathError::EncodedControl);
@@ -159,9 +187,10 @@ fn canonical_slow(b: &[u8]) -> Result<String, PathError> {
     String::from_utf8(out).map_err(|_| PathError::BadEscape)
 }
 
-/// The bytes a canonical path spells, every escape decoded: what a file name or a policy
-/// rule is compared with. Safe on a canonical path only, where no escape can decode into a
-/// separator, a dot segment or another escape.
+/// The bytes a canonical path spells, every escape decoded but `%2F`: what a file name or a
+/// policy rule is compared with. Safe on a canonical path only, where no escape can decode
+/// into a separator, a dot segment or another escape; an encoded slash (a route that takes
+/// it) stays `%2F`, one character of its segment, as the route was chosen on.
 pub fn decoded(canonical: &str) -> Cow<'_, [u8]> {
     let b = canonical.as_bytes();
     if memchr::memchr(b'%', b).is_none() {
@@ -175,7 +204,12 @@ pub fn decoded(canonical: &str) -> Cow<'_, [u8]> {
                 b.get(i + 1).copied().and_then(hex),
                 b.get(i + 2).copied().and_then(hex),
             ) {
-                out.push(hi << 4 | lo);
+                let v = hi << 4 | lo;
+                if v == b'/' {
+                    out.extend_from_slice(b"%2F");
+                } else {
+                    out.push(v);
+                }
                 i += 3;
                 continue;
             }
@@ -263,9 +297,10 @@ mod tests {
     fn ambiguous_paths_are_refused() {
         use PathError::*;
         for (p, e) in [
-            ("/admin%2Fsecret.txt", EncodedSeparator),
-            ("/.well-known/..%2Fsecret", EncodedSeparator),
-            ("/robots.txt%2F..%2Fsecret", EncodedSeparator),
+            ("/admin%2Fsecret.txt", EncodedSlash),
+            ("/.well-known/..%2Fsecret", EncodedSlash),
+            ("/robots.txt%2F..%2Fsecret", EncodedSlash),
+            ("/a%2fb", EncodedSlash),
             ("/a%5cb", EncodedSeparator),
             ("/a\\b", EncodedSeparator),
             ("/a%00.png", EncodedControl),
@@ -287,6 +322,36 @@ mod tests {
         ] {
             assert_eq!(c(p), Err(e), "{p}");
         }
+    }
+
+    #[test]
+    fn an_opaque_slash_stays_one_escape_of_its_segment() {
+        let o = |raw| canonical_path_opaque_slash(raw).map(Cow::into_owned);
+        assert_eq!(o("/api/a%2fb").unwrap(), "/api/a%2Fb");
+        assert_eq!(o("/api/a%2Fb/%61").unwrap(), "/api/a%2Fb/a");
+        // Never a separator, so never part of a dot segment either.
+        assert_eq!(
+            o("/api/x/..%2F..%2Fadmin").unwrap(),
+            "/api/x/..%2F..%2Fadmin"
+        );
+        assert_eq!(o("/api/%2F/").unwrap(), "/api/%2F/");
+        assert_eq!(o("/a/b/../c%2Fd").unwrap(), "/a/c%2Fd");
+        // Borrowed when nothing changes; everything else refused as before.
+        assert!(matches!(
+            canonical_path_opaque_slash("/a/b"),
+            Ok(Cow::Borrowed(_))
+        ));
+        assert_eq!(o("/a%2Fb%5Cc"), Err(PathError::EncodedSeparator));
+        assert_eq!(o("/a%2F%00"), Err(PathError::EncodedControl));
+        assert_eq!(o("/a%2F%252F"), Err(PathError::DoubleEncoding));
+        assert_eq!(o("/a%2F/../../x"), Err(PathError::AboveRoot));
+        assert!(has_encoded_slash(&o("/a%2fb").unwrap()));
+        assert!(!has_encoded_slash("/a/b%20c"));
+        // Decoding keeps it, so a prefix `/api/a` is not a parent of `/api/a%2Fb`.
+        let p = o("/api/a%2Fb%20c").unwrap();
+        assert_eq!(&*decoded(&p), b"/api/a%2Fb c");
+        assert!(!path_under("/api/a", &*decoded(&p)));
+        assert!(path_under("/api", &*decoded(&p)));
     }
 
     #[test]
@@ -323,6 +388,25 @@ mod tests {
                 }
                 proptest::prop_assert!(!p.contains(';') && !p.contains('\\'));
                 proptest::prop_assert_eq!(canonical_path(&p).unwrap(), p.clone());
+            }
+        }
+
+        /// The same with encoded slashes kept: still a fixed point, and decoding it keeps
+        /// each `%2F` whole, so its segments are those of the canonical form.
+        #[test]
+        fn opaque_slashes_are_a_fixed_point(raw in "/[a-z.%/2eEfF5cC0;\\\\]{0,24}") {
+            if let Ok(p) = canonical_path_opaque_slash(&raw) {
+                proptest::prop_assert!(p.starts_with('/'));
+                let dec = decoded(&p);
+                proptest::prop_assert_eq!(
+                    dec.iter().filter(|&&c| c == b'/').count(),
+                    p.bytes().filter(|&c| c == b'/').count()
+                );
+                for seg in dec[1..].split(|&c| c == b'/') {
+                    proptest::prop_assert!(seg != b"." && seg != b"..", "{:?}", p);
+                }
+                proptest::prop_assert_eq!(canonical_path_opaque_slash(&p).unwrap(), p.clone());
+                proptest::prop_assert_eq!(canonical_path(&p).is_ok(), !has_encoded_slash(&p));
             }
         }
     }

@@ -3,7 +3,7 @@ use std::mem::MaybeUninit;
 
 use crate::body::BodyKind;
 use crate::error::RequestError;
-use crate::path::canonical_path;
+use crate::path::{canonical_path, canonical_path_opaque_slash};
 
 /// Default cap on header fields per request (more is answered 431).
 pub const MAX_HEADERS_DEFAULT: usize = 100;
@@ -18,6 +18,10 @@ pub struct Limits {
     pub max_headers: usize,
     /// Request body, in bytes (declared Content-Length or decoded chunked total).
     pub max_body: u64,
+    /// Keep `%2F` in the path as an opaque escape ([`crate::canonical_path_opaque_slash`])
+    /// rather than refuse it: for servers where a handler refuses it itself wherever it is
+    /// not taken (`tern run`: routes with `allow_encoded_slash`). Off: 400 (`BadPath`).
+    pub allow_encoded_slash: bool,
 }
 
 impl Default for Limits {
@@ -26,6 +30,7 @@ impl Default for Limits {
             max_head: 32 * 1024,
             max_headers: MAX_HEADERS_DEFAULT,
             max_body: 1024 * 1024,
+            allow_encoded_slash: false,
         }
     }
 }
@@ -268,7 +273,7 @@ pub fn parse_request<'a>(
     };
     let method = Method::from_token(method_str);
     let (path, query) = split_target(method, target)?;
-    let path = canonical_path(path).map_err(|_| RequestError::BadPath)?;
+    let path = canonical(path, limits)?;
 
     let headers: &'a [httparse::Header<'a>] = req.headers;
     let line = RequestLine {
@@ -282,6 +287,16 @@ pub fn parse_request<'a>(
     let mut head = RequestHead::unscanned(line, head_len, headers);
     scan_headers(&mut head, limits)?;
     Ok(Parsed::Complete(head))
+}
+
+/// The one canonical path of a request (see [`crate::canonical_path`]).
+fn canonical<'a>(path: &'a str, limits: &Limits) -> Result<Cow<'a, str>, RequestError> {
+    let path = if limits.allow_encoded_slash {
+        canonical_path_opaque_slash(path)
+    } else {
+        canonical_path(path)
+    };
+    path.map_err(|_| RequestError::BadPath)
 }
 
 /// A request head from fields another protocol decoded (HTTP/2's pseudo-headers and HPACK
@@ -301,7 +316,7 @@ pub fn head_from_fields<'a>(
     check_method_case(method_str)?;
     let method = Method::from_token(method_str);
     let (path, query) = split_target(method, target)?;
-    let path = canonical_path(path).map_err(|_| RequestError::BadPath)?;
+    let path = canonical(path, limits)?;
     let line = RequestLine {
         method,
         method_str,

@@ -380,7 +380,7 @@ proptest! {
         max_head in prop_oneof![Just(32 * 1024), 8usize..200],
         max_headers in prop_oneof![Just(100), 0usize..4],
     ) {
-        let limits = Limits { max_head, max_headers, max_body: 1 << 20 };
+        let limits = Limits { max_head, max_headers, max_body: 1 << 20, allow_encoded_slash: false };
         check_prefixes(&buf, &limits)?;
     }
 

@@ -15,6 +15,7 @@ const LIMITS: Limits = Limits {
     max_head: 2048,
     max_headers: 32,
     max_body: 4096,
+    allow_encoded_slash: false,
 };
 
 /// Status of the verdict, or 0 for Partial and 1 for Complete with the given head length.

@@ -138,6 +138,9 @@ pub enum Refusal {
     RateLimited,
     /// A body over the route's own `max_body`: 413.
     BodyTooLarge,
+    /// A path the route cannot take (an encoded slash where it is not allowed): 400,
+    /// counted as the codec's `bad_path`.
+    BadPath,
 }
 
 impl HandlerContext<'_> {

@@ -50,8 +50,9 @@ pub use stats::{
     MAX_SITES, MAX_UPSTREAMS, OTHER, STATUS_CLASSES, UPSTREAM_CHUNK,
 };
 pub use tern_codec::{
-    canonical_path, connection_lists, decoded_path, is_token, parse_request, path_under, trim_ows,
-    BodyKind, Limits, Method, Parsed, PathError, RequestError, RequestHead, Version,
+    canonical_path, canonical_path_opaque_slash, connection_lists, decoded_path, has_encoded_slash,
+    is_token, parse_request, path_under, trim_ows, BodyKind, Limits, Method, Parsed, PathError,
+    RequestError, RequestHead, Version,
 };
 pub use tern_runtime::{RuntimeConfig, SignalAction};
 pub use tern_tls::{CertFiles, TlsAcceptor, TlsOptions};

@@ -75,6 +75,8 @@ pub enum RouteMatch<'r> {
     /// The path exists but not for this method: answer 405 with this `Allow` value.
     MethodNotAllowed(&'r str),
     NotFound,
+    /// A path with an encoded slash and no fallback to judge it: 400.
+    BadPath,
 }
 
 /// Maps method + path to handlers: exact paths first, then the longest matching prefix, then
@@ -135,6 +137,15 @@ impl Router {
     }
 
     pub fn find(&self, method: Method, path: &str) -> RouteMatch<'_> {
+        // A path the codec kept an encoded slash in (`Limits::allow_encoded_slash`) is for
+        // the fallback alone, which refuses it itself wherever it is not taken (a site's
+        // route with `allow_encoded_slash`); the router's own routes never take it.
+        if tern_codec::has_encoded_slash(path) {
+            return match &self.fallback {
+                Some(h) => RouteMatch::Handler(h),
+                None => RouteMatch::BadPath,
+            };
+        }
         if !self.exact.is_empty() {
             if let Some((route, allow)) = self.exact.get(path) {
                 return match route.find(method) {
@@ -158,6 +169,11 @@ impl Router {
     }
 }
 
+/// What a path with no canonical form for the route it reaches gets (as the codec's 400).
+pub fn bad_path() -> Response {
+    Response::text(400, "path cannot be normalised safely\n")
+}
+
 /// A router is itself a handler, so a whole app (its routes and fallback) can be mounted
 /// behind another dispatcher, such as a site table that first chooses by Host.
 impl Handler for Router {
@@ -168,6 +184,7 @@ impl Handler for Router {
                 .with_header("Allow", allow)
                 .into(),
             RouteMatch::NotFound => Response::text(404, "not found\n").into(),
+            RouteMatch::BadPath => bad_path().into(),
         }
     }
 }
@@ -185,6 +202,30 @@ mod tests {
             RouteMatch::Handler(_) => "handler".into(),
             RouteMatch::MethodNotAllowed(allow) => format!("405 {allow}"),
             RouteMatch::NotFound => "404".into(),
+            RouteMatch::BadPath => "400".into(),
+        }
+    }
+
+    #[test]
+    fn an_encoded_slash_reaches_the_fallback_alone() {
+        let with_fallback = || {
+            Router::new()
+                .prefix(Method::Get, "/claim/", answer(201))
+                .fallback(answer(299))
+        };
+        let without = || Router::new().prefix(Method::Get, "/claim/", answer(201));
+        let mut config = crate::ServerConfig::default();
+        config.limits.allow_encoded_slash = true;
+        for (router, path, want) in [
+            (with_fallback(), "/claim/a%2Fb", "299"),
+            (without(), "/claim/a%2fb", "400"),
+            (without(), "/claim/a/b", "201"),
+        ] {
+            let mut c =
+                crate::testing::MemoryConn::with_config(router, config.clone(), None).unwrap();
+            c.feed(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes());
+            let out = String::from_utf8(c.take_output()).unwrap();
+            assert_eq!(&out[9..12], want, "{path}: {out}");
         }
     }
 

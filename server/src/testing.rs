@@ -51,7 +51,16 @@ pub struct MemoryConn {
 impl MemoryConn {
     /// A connection as if accepted on a TLS listener (with `tls`) or a plain one.
     pub fn new(router: Router, tls: Option<Arc<TlsAcceptor>>) -> io::Result<MemoryConn> {
-        let mut worker = MemoryWorker::with_tls(router, ServerConfig::default(), None, tls);
+        MemoryConn::with_config(router, ServerConfig::default(), tls)
+    }
+
+    /// The same with a server config of the test's own.
+    pub fn with_config(
+        router: Router,
+        config: ServerConfig,
+        tls: Option<Arc<TlsAcceptor>>,
+    ) -> io::Result<MemoryConn> {
+        let mut worker = MemoryWorker::with_tls(router, config, None, tls);
         worker.io().listen(upstream_addr());
         Ok(MemoryConn {
             worker,

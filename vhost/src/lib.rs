@@ -339,8 +339,18 @@ fn route_for<'s>(
 fn answer_on(site: &BuiltSite, req: &Request<'_>, cx: &mut HandlerContext<'_>, hops: u8) -> Reply {
     let decoded = tern_server::decoded_path(req.path());
     let Some(route) = route_for(site, req.head, &decoded) else {
+        if tern_server::has_encoded_slash(req.path()) {
+            cx.count_refusal(tern_server::Refusal::BadPath);
+            return own_answer(site, None, bad_path_answer(), req, cx);
+        }
         return own_answer(site, None, Response::text(404, "not found\n"), req, cx);
     };
+    // An encoded slash (the codec kept it opaque) goes only where a route takes it; the
+    // route was chosen with it inside its segment, as the gate judges and the proxy sends it.
+    if !route.allow_encoded_slash && tern_server::has_encoded_slash(req.path()) {
+        cx.count_refusal(tern_server::Refusal::BadPath);
+        return own_answer(site, Some(route), bad_path_answer(), req, cx);
+    }
     // The route that answers counts the answer: after a rewrite or a fallback, the last.
     cx.count_as(route.counted_as.unwrap_or(site.counted_as));
     if route.compress.is_some() || site.compress.is_some() {
@@ -683,7 +693,8 @@ fn stripped(path: &str, decoded_len: usize) -> Option<Cow<'_, str>> {
     if !rest.starts_with('/') {
         return None;
     }
-    match tern_server::canonical_path(rest) {
+    // An encoded slash is here only if the route took it (see `answer_on`): kept as it was.
+    match tern_server::canonical_path_opaque_slash(rest) {
         Ok(canonical) if canonical == rest => Some(Cow::Borrowed(rest)),
         _ => None,
     }
@@ -1208,6 +1219,71 @@ mod tests {
             400,
             "refused before any route"
         );
+    }
+
+    /// `%2F` reaches a route that takes it, opaque inside its segment: chosen, cut and
+    /// handed on as sent; every other route (and no route) refuses it with 400.
+    #[test]
+    fn an_encoded_slash_reaches_only_the_routes_that_take_it() {
+        let takes = RouteOptions {
+            allow_encoded_slash: true,
+            ..Default::default()
+        };
+        let routes = vec![
+            with("/api", stripped_echo("/api"), takes),
+            with(
+                "/raw",
+                echo(),
+                RouteOptions {
+                    allow_encoded_slash: true,
+                    ..Default::default()
+                },
+            ),
+            with("/other", echo(), RouteOptions::default()),
+        ];
+        let table = SiteTable::new(
+            vec![Site {
+                name: "s".into(),
+                hosts: vec!["s.test".into()],
+                routes,
+                log: LogTarget::DEFAULT,
+                counted_as: AnswerRow::NONE,
+                error_pages: Vec::new(),
+                request_ids: None,
+                compress: None,
+                headers: HeaderEdits::default(),
+            }],
+            None,
+        )
+        .unwrap();
+        let router = tern_server::Router::new().fallback(Sites::new(table));
+        let mut config = tern_server::ServerConfig::default();
+        config.limits.allow_encoded_slash = true;
+        let mut c = tern_server::testing::MemoryConn::with_config(router, config, None).unwrap();
+        for (path, want) in [
+            ("/api/a%2fb/c", "200 saw /a%2Fb/c"),
+            ("/api/..%2F..%2Fother", "200 saw /..%2F..%2Fother"),
+            (
+                "/raw/x%2F..%2F..%2Fother",
+                "200 saw /raw/x%2F..%2F..%2Fother",
+            ),
+            ("/api/x/../y%2Fz", "200 saw /y%2Fz"),
+            ("/other/a%2Fb", "400"),
+            // Chosen on the segment as written: `api%2Fx` is no route's.
+            ("/api%2Fx", "400"),
+            ("/nowhere/a%2Fb", "400"),
+            ("/nowhere/a", "404"),
+            ("/api/a%5Cb", "400"),
+        ] {
+            let (status, text) = ask(&mut c, &get(path));
+            let body = text.rsplit("\r\n\r\n").next().unwrap();
+            let got = if status == 200 {
+                format!("200 {body}")
+            } else {
+                status.to_string()
+            };
+            assert_eq!(got, want, "{path}");
+        }
     }
 
     #[test]

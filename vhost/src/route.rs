@@ -55,6 +55,10 @@ pub struct RouteOptions {
     pub compress: Option<Arc<tern_compress::Policy>>,
     /// The row of figures its answers are counted in (`Stats::route`); `None`: its site's.
     pub counted_as: Option<AnswerRow>,
+    /// Takes paths with an encoded slash (`%2F`), kept opaque inside its segment: chosen,
+    /// judged and forwarded as sent (canonical). Every other route refuses them with 400.
+    /// `tern run --check` allows it on proxy routes with no narrower route or gate beneath.
+    pub allow_encoded_slash: bool,
 }
 
 /// How `try_files` ends when no candidate is there.
@@ -158,6 +162,7 @@ pub(crate) struct BuiltRoute {
     pub rate_limit: Option<Arc<PrefixLimiter>>,
     pub compress: Option<Arc<tern_compress::Policy>>,
     pub counted_as: Option<AnswerRow>,
+    pub allow_encoded_slash: bool,
     /// Its header edits (its site's with its own over them).
     edits: BuiltEdits,
     /// What the relay does to its own answers for this route (502, 503, 504, 413) when the
@@ -252,6 +257,7 @@ impl BuiltRoute {
             rate_limit: options.rate_limit,
             compress: options.compress,
             counted_as: options.counted_as,
+            allow_encoded_slash: options.allow_encoded_slash,
             edits,
             own_answers,
         })

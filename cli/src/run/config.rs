@@ -171,6 +171,8 @@ struct RouteFile {
     rewrite: Option<Spanned<String>>,
     try_files: Option<Spanned<Vec<String>>>,
     strip_prefix: Option<Spanned<bool>>,
+    /// Paths with `%2F` taken (kept opaque inside their segment) rather than refused.
+    allow_encoded_slash: Option<Spanned<bool>>,
     max_body: Option<Spanned<u64>>,
     rate_limit: Option<Spanned<RateLimitFile>>,
     /// On-the-fly compression; each key not given is the site's.
@@ -352,6 +354,8 @@ pub struct RouteOptionsPlan {
     pub matchers: tern_vhost::MatchSpec,
     pub try_files: Vec<String>,
     pub strip_prefix: bool,
+    /// Takes paths with `%2F`, opaque inside their segment.
+    pub allow_encoded_slash: bool,
     pub max_body: Option<u64>,
     pub rate_limit: Option<tern_services::RateLimitConfig>,
     /// On-the-fly compression (the site's keys where the route gives none).
@@ -648,6 +652,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
             }
         }
         check_loops(&routes, &mut p);
+        check_encoded_slash(&site.route, &mut p);
         let routes: Vec<RoutePlan> = routes.into_iter().map(|(_, r)| r).collect();
         let error_pages = check_error_pages(site, dir, &mut p);
         let request_ids = check_request_ids(site, &mut p);
@@ -986,12 +991,17 @@ fn check_route(
         }
     };
     // Keys that belong to one kind or two; any other kind must not have them.
-    let owned: [(&str, Option<usize>, &[&str]); 33] = [
+    let owned: [(&str, Option<usize>, &[&str]); 34] = [
         ("fastcgi", fastcgi, &["fastcgi"]),
         ("index", at(&route.index), &["fastcgi"]),
         ("fastcgi_params", at(&route.fastcgi_params), &["fastcgi"]),
         ("try_files", at(&route.try_files), &["static", "fastcgi"]),
         ("strip_prefix", at(&route.strip_prefix), &["proxy"]),
+        (
+            "allow_encoded_slash",
+            at(&route.allow_encoded_slash),
+            &["proxy"],
+        ),
         (
             "add_request_headers",
             at(&route.add_request_headers),
@@ -1664,6 +1674,10 @@ fn check_route_options(
         }
     }
     plan.strip_prefix = route.strip_prefix.as_ref().is_some_and(|v| *v.get_ref());
+    plan.allow_encoded_slash = route
+        .allow_encoded_slash
+        .as_ref()
+        .is_some_and(|v| *v.get_ref());
     if let Some(max) = &route.max_body {
         let server = file.max_body.unwrap_or(DEFAULT_MAX_BODY);
         if *max.get_ref() > server && route.proxy.is_none() {
@@ -1752,6 +1766,65 @@ fn check_route_options(
         });
     }
     ok.then_some(plan)
+}
+
+/// `allow_encoded_slash`: the route is chosen and judged with `%2F` inside its segment,
+/// while the upstream (or anything behind it) may decode it into a separator. That is one
+/// view only if nothing beneath the route's prefix could decide otherwise on the decoded
+/// path: no narrower route of the site, no path pattern on a route of its prefix, and no
+/// gate (whose rules, in their own file, may name paths beneath it).
+fn check_encoded_slash(routes: &[RouteFile], p: &mut Problems<'_>) {
+    // The stored form the site table compares: canonical, decoded, no trailing slash.
+    let stored = |r: &RouteFile| -> Option<Vec<u8>> {
+        let canonical = tern_server::canonical_path(r.path.get_ref()).ok()?;
+        let decoded = tern_server::decoded_path(&canonical);
+        let mut d: &[u8] = &decoded;
+        while let [rest @ .., b'/'] = d {
+            d = rest;
+        }
+        Some(d.to_vec())
+    };
+    for route in routes {
+        let Some(key) = &route.allow_encoded_slash else {
+            continue;
+        };
+        if !*key.get_ref() {
+            continue;
+        }
+        let at = key.span().start;
+        let Some(mine) = stored(route) else {
+            continue; // its path is refused on its own line
+        };
+        if route.gate.as_ref().is_some_and(|g| *g.get_ref()) {
+            p.at(
+                at,
+                "allow_encoded_slash cannot go with gate = true: the gate's rules name paths                  an upstream that decodes %2F could read differently",
+            );
+        }
+        for other in routes {
+            let Some(theirs) = stored(other) else {
+                continue;
+            };
+            let line = p.line(other.path.span().start);
+            if theirs != mine && tern_server::path_under(&mine, &theirs) {
+                p.at(
+                    at,
+                    format!(
+                        "allow_encoded_slash: route {:?} (line {line}) lies beneath this one:                          a path with %2F decoded could be its, so the two cannot be told apart                          on one view of the path",
+                        other.path.get_ref()
+                    ),
+                );
+            } else if theirs == mine && (other.path_regex.is_some() || other.path_glob.is_some()) {
+                p.at(
+                    at,
+                    format!(
+                        "allow_encoded_slash: a path pattern on route {:?} (line {line}) could                          match a path with %2F decoded differently",
+                        other.path.get_ref()
+                    ),
+                );
+            }
+        }
+    }
 }
 
 /// Rewrites that lead back to themselves through literal targets (`/a` → `/b` → `/a`): each

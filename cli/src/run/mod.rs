@@ -52,6 +52,9 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let common = loaded.common(&args.common);
     let mut server_config = listeners(&common, tls.as_ref());
     server_config.http2_websocket = loaded.http2_websocket();
+    // `%2F` is judged by the site's routes (400 wherever no `allow_encoded_slash` takes it)
+    // and by the router, which refuses it on its own routes: so a reload may add the key.
+    server_config.limits.allow_encoded_slash = true;
     let started = Started::new(&loaded, &server_config, tls.is_some());
     crate::service::adopt_inherited_sockets(&mut server_config)?;
     let mut needs = needs(&args.config, &loaded, tls.as_ref());
@@ -483,6 +486,7 @@ fn build_table(
                         .map(|c| Arc::new(tern_services::PrefixLimiter::new(c, workers))),
                     compress: o.compress.clone(),
                     counted_as: Some(stats.route(site_row, &route.label)),
+                    allow_encoded_slash: o.allow_encoded_slash,
                 },
             });
         }

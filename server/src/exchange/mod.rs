@@ -92,6 +92,10 @@ fn run(
             return Outcome::Respond(r);
         }
         RouteMatch::NotFound => return Outcome::Respond(Response::text(404, "not found\n")),
+        RouteMatch::BadPath => {
+            cx.stats.bad_request(RequestError::BadPath);
+            return Outcome::Respond(crate::router::bad_path());
+        }
     };
     let req = Request {
         head,
@@ -123,6 +127,7 @@ fn run(
     match hcx.refused {
         Some(Refusal::RateLimited) => cx.stats.bump(Counter::RateLimited),
         Some(Refusal::BodyTooLarge) => cx.stats.bad_request(RequestError::BodyTooLarge),
+        Some(Refusal::BadPath) => cx.stats.bad_request(RequestError::BadPath),
         None => {}
     }
     if let Some(entry) = entry {
