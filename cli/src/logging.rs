@@ -180,7 +180,14 @@ fn json_line(level: &str, message: &str) -> String {
     let _ = tracing_subscriber::fmt::time::SystemTime.format_time(
         &mut tracing_subscriber::fmt::format::Writer::new(&mut timestamp),
     );
-    serde_json::json!({ "timestamp": timestamp, "level": level, "message": message }).to_string()
+    // Keys in tracing's order (serde_json's map would sort them).
+    let quoted = |s: &str| serde_json::Value::from(s).to_string();
+    format!(
+        "{{\"timestamp\":{},\"level\":{},\"message\":{}}}",
+        quoted(&timestamp),
+        quoted(level),
+        quoted(message)
+    )
 }
 
 #[cfg(test)]
@@ -207,5 +214,9 @@ mod tests {
         assert_eq!(v["level"], "INFO");
         assert_eq!(v["message"], "tern: up");
         assert!(v["timestamp"].as_str().unwrap().ends_with('Z'));
+        let quoted = json_line("WARN", "a \"quoted\"\nline");
+        assert!(quoted.starts_with("{\"timestamp\":"), "{quoted}");
+        let v: serde_json::Value = serde_json::from_str(&quoted).unwrap();
+        assert_eq!(v["message"], "a \"quoted\"\nline");
     }
 }
