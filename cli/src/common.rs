@@ -279,11 +279,17 @@ pub fn run_server_with_reload(
     mut on_reload: OnReload,
     tls: Option<&TlsAcceptor>,
 ) -> Result<(), String> {
+    let workers = server.config().runtime.workers;
     match tern_runtime::raise_fd_limit() {
-        Ok((before, after)) => tracing::info!("open-file limit raised from {before} to {after}"),
+        Ok((before, after)) => {
+            tracing::info!("{}", fd_limit_line(before, after));
+            let per_worker = server.config().max_connections_per_worker;
+            if let Some(warning) = fd_limit_warning(after, workers, per_worker) {
+                tracing::warn!("{warning}");
+            }
+        }
         Err(e) => tracing::warn!("could not raise the open-file limit: {e}"),
     }
-    let workers = server.config().runtime.workers;
     let kinds = server.config().listener_kinds.clone();
     let mut server = server;
     server.background("sandbox-report", |stop| {
@@ -323,7 +329,7 @@ pub fn run_server_with_reload(
         describe_listeners(server.local_addrs(), &kinds),
         if workers == 1 { "" } else { "s" }
     );
-    println!("{line}");
+    crate::logging::print_startup_line(&line);
     service::notify_ready(&line);
     service::start_watchdog(server.liveness_probe())?;
     // A lost worker stopped the others: exit with an error, for the service manager to
@@ -333,4 +339,54 @@ pub fn run_server_with_reload(
         .map_err(|lost| format!("stopped: {lost}; exiting with an error"))?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The start-up's open-file limit line: raised (soft to hard), or already at its hard limit.
+fn fd_limit_line(before: u64, after: u64) -> String {
+    if after > before {
+        format!("open-file limit raised from {before} to {after} (the hard limit)")
+    } else {
+        format!("open-file limit: {after} (the hard limit)")
+    }
+}
+
+/// A warning when the hard limit is below what the workers may hold open: a service manager
+/// or container caps `LimitNOFILE=` silently (systemd keeps showing the value asked for).
+fn fd_limit_warning(limit: u64, workers: usize, per_worker: usize) -> Option<String> {
+    let connections = (workers as u64).saturating_mul(per_worker as u64);
+    (limit < connections).then(|| {
+        format!(
+            "open-file limit {limit} is below the {connections} connections {workers} worker{} \
+             may hold ({per_worker} each, --max-connections): past it new connections fail \
+             (EMFILE); raise the hard limit (LimitNOFILE= under systemd, which a container or \
+             the manager's own limit may cap) or lower --max-connections",
+            if workers == 1 { "" } else { "s" }
+        )
+    })
+}
+
+#[cfg(test)]
+mod fd_limit_tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_line_says_raised_only_when_it_was() {
+        assert_eq!(
+            fd_limit_line(1024, 20000),
+            "open-file limit raised from 1024 to 20000 (the hard limit)"
+        );
+        assert_eq!(
+            fd_limit_line(20000, 20000),
+            "open-file limit: 20000 (the hard limit)"
+        );
+    }
+
+    #[test]
+    fn a_limit_below_the_connections_warns() {
+        assert_eq!(fd_limit_warning(1048576, 2, 16384), None);
+        let warning = fd_limit_warning(20000, 2, 16384).unwrap();
+        assert!(warning.starts_with(
+            "open-file limit 20000 is below the 32768 connections 2 workers may hold"
+        ));
+    }
 }

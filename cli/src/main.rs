@@ -10,6 +10,7 @@ mod config;
 mod demo;
 mod gate;
 mod hardening;
+mod logging;
 mod memory;
 mod panic_log;
 mod run;
@@ -17,15 +18,18 @@ mod serve;
 mod service;
 mod tls;
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use logging::LogFormat;
+
+/// `tern --version`: the crate's version and the commit it was built from (build.rs).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TERN_COMMIT"), ")");
 
 #[derive(Parser)]
 #[command(
     name = "tern",
-    version,
+    version = VERSION,
     about = "A thread-per-core web server that lets one cheap machine serve the world.",
     after_help = "Quick start:\n  tern demo                      # the IPv4 Games on http://127.0.0.1:8080\n  tern serve ./site --listen 127.0.0.1:8080 [--workers N]\n  tern run --config tern.toml    # several sites from one file (--check to validate it)\n  tern gate --config gate.toml   # the auth gateway for nginx auth_request (or --gate FILE on serve/demo)\n\nSee `tern serve --help` for every option."
 )]
@@ -44,12 +48,6 @@ struct Cli {
     log_format: LogFormat,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 #[derive(Subcommand)]
 enum Command {
     /// Serve the files of DIR over HTTP/1.1, HTTP/2 and HTTPS.
@@ -63,6 +61,14 @@ enum Command {
     /// The auth gateway against AI scrapers (form login, proof-of-work guest passes, bot
     /// policy) as an nginx `auth_request` backend.
     Gate(gate::GateArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (tern.1, tern-serve.1, ...) into DIR (for packagers).
+    #[command(hide = true)]
+    Man { dir: std::path::PathBuf },
     /// Runs the gate's `exec:` checkers for a sandboxed server (started by tern itself).
     #[command(hide = true)]
     GateExecHelper { programs: Vec<std::path::PathBuf> },
@@ -79,20 +85,8 @@ enum Command {
 fn main() -> ExitCode {
     memory::configure();
     let cli = Cli::parse();
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TERN_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal, never into journals and log files.
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false);
-    match cli.log_format {
-        LogFormat::Text => logs.init(),
-        // The event's fields (message included) at the top level of each object.
-        LogFormat::Json => logs.json().flatten_event(true).init(),
-    }
+    logging::init(cli.log_format);
+    // After the subscriber: the hook logs through it.
     panic_log::install();
     // Still before any thread exists: it reads and clears environment variables.
     let result = service::init().and_then(|()| match cli.command {
@@ -100,6 +94,12 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::demo(args),
         Command::Run(args) => run::run(args),
         Command::Gate(args) => gate::gate(args),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "tern", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir } => write_man_pages(&dir),
         Command::GateExecHelper { programs } => tern_gate::checkers::exec_helper_main(&programs)
             .map_err(|e| format!("gate exec helper: {e}")),
         Command::AcmeHelper { no_sandbox } => {
@@ -108,14 +108,17 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) if cli.log_format == LogFormat::Json => {
-            // A log shipper reads stderr as JSON lines: the reason tern stopped is one too.
-            tracing::error!("tern: {message}");
-            ExitCode::FAILURE
-        }
         Err(message) => {
-            eprintln!("tern: {message}");
+            logging::print_fatal(&message);
             ExitCode::FAILURE
         }
     }
+}
+
+/// `tern man DIR`: one page for tern and one per visible subcommand (`tern-serve.1`, ...).
+fn write_man_pages(dir: &std::path::Path) -> Result<(), String> {
+    use clap::CommandFactory;
+    let tern = Cli::command().propagate_version(true);
+    clap_mangen::generate_to(tern, dir)
+        .map_err(|e| format!("cannot write man pages in {}: {e}", dir.display()))
 }

@@ -277,7 +277,8 @@ fn plan_inherited(
     if has(Https) && !kinds.contains(&Https) {
         return Err(
             "a certificate is configured but no inherited socket is for HTTPS; name one https \
-             (FileDescriptorName=https in the socket unit)"
+             (FileDescriptorName=https in the socket unit; the shipped units: systemctl stop \
+             tern && systemctl enable --now tern-https.socket)"
                 .into(),
         );
     }

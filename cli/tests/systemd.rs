@@ -448,10 +448,11 @@ fn json_start_up_errors_are_json_too() {
     assert!(message.contains("LISTEN_FDS=\"many\""), "{message}");
 }
 
-/// `dist/tern.service`, `dist/tern.socket` and `dist/tern-https.socket`, with `ExecStart`
-/// pointing at the built binary (verify checks that it exists), must pass
-/// `systemd-analyze verify` without a warning (an unknown key or a bad value is only a
-/// warning there, and its exit status stays 0).
+/// The units in `dist/` (`tern.service`, `tern@.service`, `tern.socket`,
+/// `tern-https.socket`), with `ExecStart` pointing at the built binary (verify checks that it
+/// exists), must pass `systemd-analyze verify` without a warning (an unknown key or a bad value
+/// is only a warning there, and its exit status stays 0). The man pages they name are the
+/// package's (`--man=no`); scripts/test-deb runs them under a real systemd.
 #[test]
 fn unit_files_verify() {
     if !have("systemd-analyze", "--version") {
@@ -459,19 +460,30 @@ fn unit_files_verify() {
     }
     let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist");
     let tmp = tempfile::tempdir().unwrap();
-    let units = ["tern.socket", "tern-https.socket", "tern.service"];
+    let units = [
+        "tern.socket",
+        "tern-https.socket",
+        "tern.service",
+        "tern@.service",
+    ];
     for unit in units {
         let text = std::fs::read_to_string(dist.join(unit)).unwrap();
-        let text = text.replace("/usr/local/bin/tern", TERN);
+        assert!(
+            text.contains("ExecStart=/usr/bin/tern ") || unit.ends_with(".socket"),
+            "{unit}: the test rewrites this path"
+        );
+        // Every command must exist on a minimal system: /bin/kill (procps) does not.
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("Exec") && l.contains("/bin/kill")),
+            "{unit}"
+        );
+        let text = text.replace("/usr/bin/tern", TERN);
         std::fs::write(tmp.path().join(unit), text).unwrap();
     }
-    let service = std::fs::read_to_string(dist.join("tern.service")).unwrap();
-    assert!(
-        service.contains("ExecStart=/usr/local/bin/tern "),
-        "the test rewrites this path"
-    );
     let out = Command::new("systemd-analyze")
-        .arg("verify")
+        .args(["verify", "--man=no"])
         .args(units.map(|unit| tmp.path().join(unit)))
         .output()
         .unwrap();
@@ -483,4 +495,167 @@ fn unit_files_verify() {
         "systemd-analyze verify: {}\n{stderr}",
         out.status
     );
+}
+
+/// With `--log-format json` the start-up line on stdout is a JSON object too (under systemd
+/// stdout reaches the journal as stderr does), its `message` the usual text.
+#[test]
+fn json_start_up_line_is_json_on_stdout() {
+    use std::io::BufRead;
+    let site = Site::new();
+    let mut cmd = serve_command(&site.root, LISTEN, &["--log-format", "json"]);
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let value: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+    assert_eq!(value["level"], "INFO", "{line}");
+    assert!(value["timestamp"].is_string(), "{line}");
+    let message = value["message"].as_str().unwrap();
+    assert!(parse_startup_line(message).is_some(), "{message}");
+}
+
+/// A pipe whose write end stands for the journal's stream: returns (read end, write end,
+/// `JOURNAL_STREAM` naming the write end).
+fn journal_like_pipe() -> (std::fs::File, std::os::fd::OwnedFd, String) {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two descriptors it creates, which are owned below.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both descriptors were just created by pipe2 and are owned nowhere else.
+    let (read, write) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    let meta = std::fs::File::from(write.try_clone().unwrap())
+        .metadata()
+        .unwrap();
+    let stream = format!("{}:{}", meta.dev(), meta.ino());
+    (read, write, stream)
+}
+
+/// Under systemd (`JOURNAL_STREAM` names stderr), each line carries its syslog level, `<3>`
+/// error, `<4>` warning, `<6>` info, which journald turns into the entry's priority (and
+/// strips): `journalctl -p warning` then finds warnings. The JSON after it is intact.
+#[test]
+fn journal_lines_carry_their_syslog_level() {
+    use std::io::BufRead;
+    let site = Site::new();
+    let (read, write, stream) = journal_like_pipe();
+    // Far more connections than any open-file limit: the start-up warns about the limit.
+    let mut cmd = serve_command(
+        &site.root,
+        LISTEN,
+        &["--log-format", "json", "--max-connections", "100000000"],
+    );
+    let child = cmd
+        .env("JOURNAL_STREAM", &stream)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(write.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(write))
+        .spawn()
+        .unwrap();
+    // The command holds the pipe's write end until dropped: no end of file before that.
+    drop(cmd);
+    let mut tern_child = KillOnDrop(child);
+    // Lines as they come, from a thread: a missing start-up line fails the test, never hangs it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(read).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    while !lines.iter().any(|l: &String| l.contains("tern: serving")) {
+        match rx.recv_timeout(Duration::from_secs(15)) {
+            Ok(line) => lines.push(line),
+            Err(e) => panic!("no start-up line ({e}): {lines:#?}"),
+        }
+    }
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(tern_child.0.id() as i32, libc::SIGTERM) };
+    // The sender ends with the pipe: once tern and its threads exit.
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(15)) {
+        lines.push(line);
+    }
+    assert!(tern_child.0.wait().unwrap().success());
+    let mut levels = Vec::new();
+    for line in &lines {
+        let (prefix, json) = line
+            .split_at_checked(3)
+            .unwrap_or_else(|| panic!("{line:?}"));
+        let value: serde_json::Value =
+            serde_json::from_str(json).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+        let level = value["level"].as_str().unwrap().to_owned();
+        let want = match level.as_str() {
+            "ERROR" => "<3>",
+            "WARN" => "<4>",
+            "INFO" => "<6>",
+            _ => "<7>",
+        };
+        assert_eq!(prefix, want, "{line}");
+        levels.push(level);
+    }
+    assert!(levels.iter().any(|l| l == "WARN"), "{lines:#?}");
+    assert!(
+        levels.iter().filter(|l| *l == "INFO").count() >= 3,
+        "{lines:#?}"
+    );
+
+    // Text, failing at start-up: the reason is an error for the journal too.
+    let (read, write, stream) = journal_like_pipe();
+    let mut cmd = serve_command(&site.root.join("missing"), LISTEN, &[] as &[&str]);
+    let status = cmd
+        .env("JOURNAL_STREAM", &stream)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(write))
+        .status()
+        .unwrap();
+    drop(cmd);
+    assert!(!status.success());
+    let text = std::io::read_to_string(read).unwrap();
+    let last = text.lines().last().unwrap_or_default();
+    assert!(last.starts_with("<3>tern: "), "{text}");
+
+    // A JOURNAL_STREAM naming another stream (inherited from a parent): no prefixes.
+    let (_read, _write, other) = journal_like_pipe();
+    let failed = run_to_end(
+        serve_command(&site.root.join("missing"), LISTEN, &[] as &[&str])
+            .env("JOURNAL_STREAM", &other),
+        Duration::from_secs(10),
+    );
+    assert!(
+        failed
+            .stderr
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .starts_with("tern: "),
+        "{}",
+        failed.stderr
+    );
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -143,9 +143,50 @@ pub fn restrict(paths: &Paths, without_tcp_rules: bool) -> Result<Restricted, Er
                 lacking: lacking(connect, abi),
             })
         }
-        RulesetStatus::NotEnforced => Err(unsupported(
-            "not supported or not enabled in this kernel".into(),
-        )),
+        RulesetStatus::NotEnforced => Err(unsupported(why_not_available())),
+    }
+}
+
+/// Why Landlock is not there, from the errno of the probe the kernel documents for this
+/// (`landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`): the landlock crate
+/// only says "not enforced", and a filter that blocks the call looks like a kernel without it.
+fn why_not_available() -> String {
+    // SAFETY: with a null attribute pointer, size 0 and the VERSION flag the kernel reads no
+    // memory and creates no descriptor; it returns the ABI version or fails with an errno.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    explain_probe(abi, errno)
+}
+
+/// `LANDLOCK_CREATE_RULESET_VERSION` (linux/landlock.h).
+const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+
+fn explain_probe(abi: libc::c_long, errno: i32) -> String {
+    if abi >= 0 {
+        return format!("the kernel offers ABI {abi}, yet the ruleset was not enforced");
+    }
+    match errno {
+        libc::EPERM => "the landlock_create_ruleset system call is refused (EPERM) by a seccomp \
+             filter around tern, e.g. a container's (systemd-nspawn before 256 needs \
+             --system-call-filter='landlock_create_ruleset landlock_add_rule \
+             landlock_restrict_self'); the kernel itself may support it"
+            .into(),
+        libc::EOPNOTSUPP => {
+            "built into this kernel but disabled at boot (add landlock to the lsm= boot parameter)"
+                .into()
+        }
+        libc::ENOSYS => "not in this kernel (built without CONFIG_SECURITY_LANDLOCK)".into(),
+        other => format!(
+            "not available ({})",
+            std::io::Error::from_raw_os_error(other)
+        ),
     }
 }
 
@@ -437,5 +478,57 @@ mod tests {
                 tmp.path().join("not-yet").display()
             )]
         );
+    }
+
+    /// A container's seccomp filter answering `landlock_create_ruleset` with EPERM (as
+    /// systemd-nspawn 252's does) is named as such, not as a kernel without Landlock.
+    #[test]
+    fn in_a_child_a_filter_blocking_landlock_is_named() {
+        use seccompiler::{SeccompAction, SeccompFilter};
+        let filter = SeccompFilter::new(
+            [(libc::SYS_landlock_create_ruleset, Vec::new())]
+                .into_iter()
+                .collect(),
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::EPERM as u32),
+            std::env::consts::ARCH.try_into().unwrap(),
+        )
+        .unwrap();
+        let program: seccompiler::BpfProgram = filter.try_into().unwrap();
+        // SAFETY: fork in a test; the child makes system calls and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: prctl on the calling thread only (a filter needs no_new_privs).
+            let nnp = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+            let code = if nnp != 0 || seccompiler::apply_filter(&program).is_err() {
+                10
+            } else {
+                match restrict(&Paths::default(), false) {
+                    Err(Error::Unsupported { why, .. })
+                        if why.contains("refused (EPERM) by a seccomp filter") =>
+                    {
+                        0
+                    }
+                    Err(_) => 11,
+                    Ok(_) => 12,
+                }
+            };
+            // SAFETY: ends the child without the harness's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "child died: {status}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "failed check");
+    }
+
+    #[test]
+    fn each_probe_errno_names_its_cause() {
+        assert!(explain_probe(-1, libc::EOPNOTSUPP).contains("disabled at boot"));
+        assert!(explain_probe(-1, libc::ENOSYS).contains("CONFIG_SECURITY_LANDLOCK"));
+        assert!(explain_probe(-1, libc::EPERM).contains("seccomp filter"));
+        assert!(explain_probe(7, 0).contains("ABI 7"));
     }
 }

@@ -237,7 +237,7 @@ impl Tern {
                 tern.stderr_text()
             )
         };
-        tern.line = line.trim_end().to_owned();
+        tern.line = startup_message(line.trim_end());
         let Some((listeners, workers)) = parse_startup_line(&tern.line) else {
             let status = tern.wait_exit(Duration::from_secs(2));
             panic!(
@@ -596,6 +596,19 @@ fn drain(mut r: impl Read + Send + 'static) -> Drained {
 /// `tern: WHAT on LISTENER and LISTENER... with N workers`, where a listener is
 /// `http://ADDR`, `https://ADDR` or `http://ADDR (redirect to https)`, `1 worker` is singular,
 /// and `; self-signed certificate SHA-256 FINGERPRINT` may follow.
+/// The start-up line's text: the line itself, or with `--log-format json` the `message` of the
+/// JSON object it is then (the line as it is when it does not parse).
+pub fn startup_message(line: &str) -> String {
+    if line.starts_with('{') {
+        if let Ok(value) = serde_json::from_str::<serde_json::Value>(line) {
+            if let Some(message) = value["message"].as_str() {
+                return message.to_owned();
+            }
+        }
+    }
+    line.to_owned()
+}
+
 pub fn parse_startup_line(line: &str) -> Option<(Vec<Listener>, usize)> {
     let rest = line.trim_end().strip_prefix("tern: ")?;
     let (_what, rest) = rest.rsplit_once(" on ")?;
