@@ -980,15 +980,8 @@ mod tests {
         tweak: impl FnOnce(&mut Site),
     ) -> tern_server::testing::MemoryConn {
         let mut s = Site {
-            name: "s".into(),
-            hosts: vec!["s.test".into()],
             routes,
-            log: LogTarget::DEFAULT,
-            counted_as: AnswerRow::NONE,
-            error_pages: Vec::new(),
-            request_ids: None,
-            compress: None,
-            headers: HeaderEdits::default(),
+            ..site("s", &["s.test"], &[])
         };
         tweak(&mut s);
         let table = SiteTable::new(vec![s], Some(0)).unwrap();
@@ -1132,8 +1125,6 @@ mod tests {
     #[test]
     fn a_route_shadowed_by_an_earlier_one_is_refused() {
         let s = Site {
-            name: "s".into(),
-            hosts: vec![],
             routes: vec![
                 with("/a", fixed("x"), RouteOptions::default()),
                 with(
@@ -1148,12 +1139,7 @@ mod tests {
                     },
                 ),
             ],
-            log: LogTarget::DEFAULT,
-            counted_as: AnswerRow::NONE,
-            error_pages: Vec::new(),
-            request_ids: None,
-            compress: None,
-            headers: HeaderEdits::default(),
+            ..site("s", &[], &[])
         };
         let e = SiteTable::new(vec![s], Some(0)).err().unwrap();
         assert!(e.contains("could never be chosen"), "{e}");
@@ -1243,15 +1229,8 @@ mod tests {
         ];
         let table = SiteTable::new(
             vec![Site {
-                name: "s".into(),
-                hosts: vec!["s.test".into()],
                 routes,
-                log: LogTarget::DEFAULT,
-                counted_as: AnswerRow::NONE,
-                error_pages: Vec::new(),
-                request_ids: None,
-                compress: None,
-                headers: HeaderEdits::default(),
+                ..site("s", &["s.test"], &[])
             }],
             None,
         )
