@@ -24,8 +24,8 @@ and the upstream's body is text that compresses about 3:1, so each answer would 
 encoder busy (brotli at the default quality: about 2 MiB of state). The script first runs the
 attack without an Accept-Encoding (the identity pass, its goals as above), then again with
 `Accept-Encoding: CODING` on the same server. Goal of the compressed pass, besides the same
-closing goals: tern's RSS peak within --rss-over-identity-mib per attack connection (+ 2 MiB)
-of the identity pass's peak; the encoders charged (`tern_compress_encoder_bytes` on /metrics)
+closing goals: tern's RSS peak within --rss-over-identity-mib per attack connection (+ 3 MiB,
+and on io_uring the ring's pool, as in the identity bound) of the identity pass's peak; the encoders charged (`tern_compress_encoder_bytes` on /metrics)
 never more than 2.1 MiB per attack connection (one encoder, or several within 2 MiB), and
 none after. The issue asked for 2 MiB per connection over identity; gzip and zstd meet it,
 brotli at its default quality 4 cannot, since its one encoder's state alone is 2.05 MiB (see
@@ -357,10 +357,13 @@ def main() -> int:
         rep.add(f"{a.compress}: encoders", f"charged at most {mib(coded.encoders_peak / 1024)}, "
                 f"after {coded.encoders_after:g} bytes")
         coded.closing_goals(rep, a.compress, a, slack)
-        over = a.conns * a.rss_over_identity_mib + 2
+        # The fixed part: allocator noise (3 MiB), and on io_uring the ring's pool, which
+        # one pass may have touched more of than the other (as in the identity bound).
+        fixed = 3 + (slack - a.rss_slack_mib)
+        over = a.conns * a.rss_over_identity_mib + fixed
         rep.goal((coded.rss_peak - identity.rss_peak) / 1024 <= over,
                  f"{a.compress}: RSS peak within {over:g} MiB of the identity pass's "
-                 f"({a.rss_over_identity_mib:g} MiB per connection + 2): "
+                 f"({a.rss_over_identity_mib:g} MiB per connection + {fixed:g}): "
                  f"{(coded.rss_peak - identity.rss_peak) / 1024:+.1f} MiB")
         # A connection's share: one encoder, or several within 2 MiB; at the default levels
         # the largest one is brotli's 2.1 MiB.
