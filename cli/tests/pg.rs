@@ -32,8 +32,13 @@ fn cluster() -> PgCluster {
 
 /// `tern demo --store URL` on an ephemeral port, X-Forwarded-For believed from loopback.
 fn node(url: &str) -> Tern {
+    Tern::spawn(node_command(url))
+}
+
+/// The command [`node`] runs, for a test that adds to it.
+fn node_command(url: &str) -> std::process::Command {
     let data = tempfile::tempdir().unwrap().keep();
-    Tern::spawn(demo_command(
+    demo_command(
         &data,
         &["--listen", "127.0.0.1:0"],
         &[
@@ -44,25 +49,13 @@ fn node(url: &str) -> Tern {
             "--rate-exempt",
             "0.0.0.0/0",
         ],
-    ))
+    )
 }
 
 /// `tern demo --store URL` with `HOME` set to `home` (where libpq's default root certificate
 /// file would be).
 fn node_at_home(url: &str, home: &std::path::Path) -> Tern {
-    let data = tempfile::tempdir().unwrap().keep();
-    let mut cmd = demo_command(
-        &data,
-        &["--listen", "127.0.0.1:0"],
-        &[
-            "--store",
-            url,
-            "--trusted-proxies",
-            "127.0.0.1",
-            "--rate-exempt",
-            "0.0.0.0/0",
-        ],
-    );
+    let mut cmd = node_command(url);
     cmd.env("HOME", home);
     Tern::spawn(cmd)
 }
