@@ -495,27 +495,47 @@ def chart(doc, path):
     plt.close(fig)
 
 
+def have_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
 def write_all(doc, out_dir, png=True):
+    """Writes latest.json, latest.md and (when matplotlib is importable) latest.png; returns
+    the markdown and whether a chart was drawn. Without matplotlib (`--no-install` on a
+    machine without it) the chart is skipped with a note instead of failing after the run,
+    and a chart left from an earlier run is removed so nothing shows stale numbers."""
     os.makedirs(out_dir, exist_ok=True)
+    png_path = os.path.join(out_dir, "latest.png")
+    drawn = png and have_matplotlib()
+    if png and not drawn:
+        doc.setdefault("notes", []).append("matplotlib is not installed: no chart was drawn")
+        print(f"note: {doc['notes'][-1]}", flush=True)
     with open(os.path.join(out_dir, "latest.json"), "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
     md = markdown(doc)
     with open(os.path.join(out_dir, "latest.md"), "w") as f:
-        f.write("# tern bench: latest results\n\n" + md + "\n![chart](latest.png)\n")
-    if png:
-        chart(doc, os.path.join(out_dir, "latest.png"))
-    return md
+        f.write("# tern bench: latest results\n\n" + md + ("\n![chart](latest.png)\n" if drawn else ""))
+    if drawn:
+        chart(doc, png_path)
+    elif os.path.exists(png_path):
+        os.remove(png_path)
+    return md, drawn
 
 
 BEGIN, END = "<!-- latest-results:begin -->", "<!-- latest-results:end -->"
 
 
-def update_readme(readme, md):
+def update_readme(readme, md, chart=True):
     """Replace the block between the markers in bench/README.md."""
     with open(readme) as f:
         text = f.read()
-    block = f"{BEGIN}\n{md}\n![req/s and CPU µs per request](results/latest.png)\n{END}"
+    image = "\n![req/s and CPU µs per request](results/latest.png)" if chart else ""
+    block = f"{BEGIN}\n{md}{image}\n{END}"
     if BEGIN in text and END in text:
         text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
     else:
