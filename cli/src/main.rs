@@ -13,6 +13,8 @@ mod hardening;
 mod logging;
 mod memory;
 mod panic_log;
+#[cfg(test)]
+mod readme_usage;
 mod run;
 mod serve;
 mod service;
