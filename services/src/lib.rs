@@ -1,4 +1,4 @@
-//! tern-services: the shared services apps build on (layer 4 of DESIGN.md).
+//! tern-services: the shared services apps build on (layer 4 in ARCHITECTURE.md's map).
 //!
 //! - [`snapshot`]: bytes many requests read, rebuilt off the request path and swapped
 //!   atomically, with a gzip variant made once, ETag/Last-Modified and 304s.

@@ -1,4 +1,4 @@
-//! tern-tls: the TLS transport of tern (layer 3 of DESIGN.md, under the HTTP protocols).
+//! tern-tls: TLS, the transport under tern's HTTP protocols (layer 1 in ARCHITECTURE.md's map).
 //!
 //! - [`TlsAcceptor`] holds what every handshake shares: the rustls server config (TLS 1.3 and
 //!   1.2 with Mozilla's "intermediate" suites and groups, no 0-RTT), the SNI certificate

@@ -1,5 +1,5 @@
-//! tern-vhost: several sites behind one server (layer 5 of DESIGN.md: "a site, chosen by
-//! Host/SNI, is a list of routes").
+//! tern-vhost: several sites behind one server (an app of layer 5 in ARCHITECTURE.md's map:
+//! "a site, chosen by Host/SNI, is a list of routes").
 //!
 //! A [`SiteTable`] is built once from [`Site`]s (and rebuilt whole on reload); [`Sites`] is the
 //! handler the server's router falls back to, holding the table behind an `ArcSwap` so a
