@@ -9,7 +9,8 @@
 //!
 //! What a migrating user still misses here is left out of the comparison and said where it is:
 //! Nextcloud's legacy rewrite (a negative lookahead) and its assets' `immutable` by query,
-//! and nginx's 403 for a folder with no index (tern goes on to the fallback).
+//! and nginx's 403 for a folder with no index (tern goes on to the fallback). The README's
+//! Caddyfile for each app must pass `caddy validate`.
 
 #[path = "support/php.rs"]
 mod php_support;
@@ -247,11 +248,13 @@ server {{
     )
 }
 
-/// The same in tern: the README's block ("WordPress in tern and nginx"), so the README shows
-/// what this test runs. The restrictions are routes with path patterns, the assets have no
+const WORDPRESS_SECTION: &str = "### WordPress in tern, nginx and Caddy";
+
+/// The same in tern: the README's block (its WordPress section), so the README shows what
+/// this test runs. The restrictions are routes with path patterns, the assets have no
 /// front controller (nginx's asset location has no `try_files`), the rest is the PHP route.
 fn wordpress_tern(www: &Path, socket: &Path) -> String {
-    readme_block("### WordPress in tern and nginx", "toml")
+    readme_block(WORDPRESS_SECTION, "toml")
         .replace("/var/www/wordpress", www.to_str().unwrap())
         .replace("/run/php/php8.2-fpm.sock", socket.to_str().unwrap())
 }
@@ -466,13 +469,15 @@ server {{
     )
 }
 
-/// The same in tern: the README's block ("Nextcloud in tern and nginx"). The hidden paths
+const NEXTCLOUD_SECTION: &str = "### Nextcloud in tern, nginx and Caddy";
+
+/// The same in tern: the README's block (its Nextcloud section). The hidden paths
 /// are routes with path patterns (the first of the `/` routes whose pattern matches wins, as
 /// nginx's first matching regex location); the `/.well-known` routes are longer prefixes, so
 /// they win over those patterns as `^~` does; `index` ends with the front controller and
 /// `fastcgi_params` adds Nextcloud's two flags and `HTTPS`.
 fn nextcloud_tern(www: &Path, socket: &Path) -> String {
-    readme_block("### Nextcloud in tern and nginx", "toml")
+    readme_block(NEXTCLOUD_SECTION, "toml")
         .replace("/var/www/nextcloud", www.to_str().unwrap())
         .replace("/run/php/php8.2-fpm.sock", socket.to_str().unwrap())
 }
@@ -734,4 +739,25 @@ index = ["index.php", "index.html", "/index.php$uri"]
         (get("/apps/files"), moved("/apps/files/")),
     ];
     check(tern.addr(), "tern", &cases);
+}
+
+/// The README's Caddyfiles for WordPress and Nextcloud, with the test's folder and socket.
+#[test]
+fn the_readme_wordpress_and_nextcloud_caddyfiles_are_valid() {
+    for (section, root) in [
+        (WORDPRESS_SECTION, "/var/www/wordpress"),
+        (NEXTCLOUD_SECTION, "/var/www/nextcloud"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let www = site(tmp.path(), &[("index.php", "<?php echo 'x';\n")]);
+        let socket = tmp.path().join("php.sock");
+        let file = tmp.path().join("Caddyfile");
+        let caddyfile = readme_block(section, "caddy")
+            .replace(root, www.to_str().unwrap())
+            .replace("/run/php/php8.2-fpm.sock", socket.to_str().unwrap());
+        std::fs::write(&file, caddyfile).unwrap();
+        if let Some(Err(e)) = caddy_validate(&file, tmp.path()) {
+            panic!("{section}: {e}");
+        }
+    }
 }

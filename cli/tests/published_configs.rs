@@ -1,6 +1,7 @@
 //! Published nginx set-ups beside their `tern.toml` (issue 41), run as a new user would: the
 //! same files and the same requests to nginx and to tern, answer by answer, headers included
-//! (`cli/tests/php_apps.rs` does the same for the PHP apps). Each set-up names its source.
+//! (`cli/tests/php_apps.rs` does the same for the PHP apps). Each set-up names its source;
+//! the README's Caddyfile beside a set-up must pass `caddy validate`.
 //! nginx is installed by `scripts/install-gate-test-deps`; without it only tern is asked.
 
 mod support;
@@ -224,10 +225,11 @@ server {{
     )
 }
 
-/// The same in tern: the README's block ("A hardened static site in tern and nginx").
+const STATIC_SITE_SECTION: &str = "### A hardened static site in tern, nginx and Caddy";
+
+/// The same in tern: the README's block (its hardened static site section).
 fn static_site_tern(www: &Path) -> String {
-    readme_block("### A hardened static site in tern and nginx", "toml")
-        .replace("/var/www/example", www.to_str().unwrap())
+    readme_block(STATIC_SITE_SECTION, "toml").replace("/var/www/example", www.to_str().unwrap())
 }
 
 /// On every answer (`always`); on pages only.
@@ -369,6 +371,23 @@ fn a_hardened_static_site_answers_as_in_nginx() {
         tmp.path(),
         STATIC_SITE_CASES,
     );
+}
+
+/// The README's Caddyfile for the same site, on the test's files.
+#[test]
+fn the_readme_hardened_static_site_caddyfile_is_valid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let www = files(tmp.path(), STATIC_SITE);
+    let file = tmp.path().join("Caddyfile");
+    std::fs::write(
+        &file,
+        readme_block(STATIC_SITE_SECTION, "caddy")
+            .replace("/var/www/example", www.to_str().unwrap()),
+    )
+    .unwrap();
+    if let Some(Err(e)) = caddy_validate(&file, tmp.path()) {
+        panic!("{e}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
