@@ -1,4 +1,5 @@
-//! The `tern serve --config FILE` file (TOML) and how it combines with the command line.
+//! The `tern serve --config FILE` file (TOML) and how it combines with the command line; and
+//! the server keys it shares with `tern run --config`'s file ([`server_keys!`]).
 //!
 //! ```toml
 //! root = "site"              # relative to the file's directory
@@ -14,6 +15,7 @@
 //! listen = "127.0.0.1:8080"  # restart only
 //! workers = 2                # restart only
 //! pin = false                # restart only
+//! io = "epoll"               # or "uring", "auto"; restart only
 //! shutdown_grace = 5         # restart only
 //! access_log = "/var/log/tern/access.log"  # restart only; relative to the file's directory
 //! access_log_format = "combined"           # or "json"; restart only

@@ -47,6 +47,8 @@ pub(super) const UPSTREAM_KEYS: &[KindKey] = kind_keys![
 /// Where Debian keeps the system's CA certificates (what `rustls-native-certs` reads there).
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
+/// The route's servers (`proxy`, or a PHP route's `fastcgi`) and the keys of how requests
+/// reach them.
 pub(super) fn check_proxy(
     route: &RouteFile,
     dir: &Path,

@@ -546,6 +546,32 @@ mod tests {
     }
 
     #[test]
+    fn keys_of_other_kinds_are_refused_in_the_order_of_the_file() {
+        let route = "[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\n";
+        let e = problems(&format!(
+            "{route}respond = \"x\"\nretries = 2\nkeep_path = true\nproxy_host = \"h\"\nstatus = 200\n"
+        ));
+        assert_eq!(
+            e,
+            [
+                "line 7: `retries` does not apply to a respond route",
+                "line 8: `keep_path` does not apply to a respond route",
+                "line 9: `proxy_host` does not apply to a respond route",
+            ]
+        );
+        // A PHP route takes a static route's keys and its servers' (as a proxy's), but not the
+        // keys of a proxy alone.
+        let e = problems(&format!(
+            "{route}static = \"site\"\nfastcgi = \"127.0.0.1:9000\"\ncache_control = \"no-cache\"\n\
+             retries = 1\nindex = \"index.php\"\nstrip_prefix = true\n"
+        ));
+        assert_eq!(
+            e,
+            ["line 11: `strip_prefix` does not apply to a fastcgi route"]
+        );
+    }
+
+    #[test]
     fn routing_keys_become_a_plan() {
         let d = dir();
         std::fs::write(d.path().join("404.html"), "<h1>lost</h1>").unwrap();

@@ -32,7 +32,7 @@ mod tests {
         parse,
         testing::{dir, problems},
     };
-    use crate::common::CommonArgs;
+    use crate::common::{CommonArgs, IoArg};
 
     #[test]
     fn server_keys_are_checked_and_flags_win() {
@@ -62,6 +62,21 @@ mod tests {
         assert_eq!(merged.workers, Some(1));
         assert_eq!(merged.idle_timeout, Some(9));
         assert_eq!(c.default_site, Some(0));
+    }
+
+    #[test]
+    fn io_is_read_as_tern_serve_reads_it_and_the_flag_wins() {
+        let d = dir();
+        let text = "io = \"uring\"\n[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nrespond = \"\"\n";
+        let c = parse(text, d.path()).unwrap();
+        assert_eq!(c.common(&CommonArgs::default()).io, Some(IoArg::Uring));
+        let flags = CommonArgs {
+            io: Some(IoArg::Epoll),
+            ..CommonArgs::default()
+        };
+        assert_eq!(c.common(&flags).io, Some(IoArg::Epoll));
+        let e = problems("io = \"kqueue\"\n[[site]]\nname = \"a\"\n");
+        assert!(e[0].starts_with("line 1: io: "), "{e:?}");
     }
 
     #[test]
