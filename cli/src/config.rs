@@ -1,4 +1,5 @@
-//! The `tern serve --config FILE` file (TOML) and how it combines with the command line.
+//! The `tern serve --config FILE` file (TOML) and how it combines with the command line; and
+//! the server keys it shares with `tern run --config`'s file ([`server_keys!`]).
 //!
 //! ```toml
 //! root = "site"              # relative to the file's directory
@@ -14,6 +15,7 @@
 //! listen = "127.0.0.1:8080"  # restart only
 //! workers = 2                # restart only
 //! pin = false                # restart only
+//! io = "epoll"               # or "uring", "auto"; restart only
 //! shutdown_grace = 5         # restart only
 //! access_log = "/var/log/tern/access.log"  # restart only; relative to the file's directory
 //! access_log_format = "combined"           # or "json"; restart only
@@ -44,31 +46,138 @@ use toml::Spanned;
 
 use crate::common::{CommonArgs, IoArg, LogFormatArg};
 
-/// The keys a config file may hold; all optional.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    root: Option<Spanned<PathBuf>>,
-    serve_dotfiles: Option<bool>,
-    cache_control: Option<Spanned<String>>,
-    max_cached_size: Option<u64>,
-    header_timeout: Option<Spanned<u64>>,
-    body_timeout: Option<Spanned<u64>>,
-    idle_timeout: Option<Spanned<u64>>,
-    write_timeout: Option<Spanned<u64>>,
-    max_body: Option<u64>,
-    max_connections: Option<Spanned<usize>>,
-    listen: Option<SocketAddr>,
-    workers: Option<Spanned<usize>>,
-    pin: Option<bool>,
-    io: Option<IoArg>,
-    shutdown_grace: Option<u64>,
-    tls: Option<crate::tls::FileTls>,
-    user: Option<String>,
-    group: Option<String>,
-    sandbox: Option<crate::hardening::SandboxArg>,
-    access_log: Option<Spanned<PathBuf>>,
-    access_log_format: Option<LogFormatArg>,
+/// Declares a config file's struct with the server keys, listed once here: the settings of
+/// the server itself, which `tern serve --config` ([`FileConfig`]) and `tern run --config`
+/// (`run::config::file::RunFile`) both take. `server_keys! { file STRUCT }` gives STRUCT
+/// these fields ahead of its own and a `server_keys()` method that lends them as a
+/// [`ServerKeys`]; `server_keys!(view)` declares that view. serde's `flatten` would share
+/// them as a struct of their own, but it cannot go with `deny_unknown_fields`.
+macro_rules! server_keys {
+    ($mode:ident $($rest:tt)*) => {
+        $crate::config::server_keys!(@$mode [$($rest)*]
+            listen: Option<std::net::SocketAddr>,
+            workers: Option<toml::Spanned<usize>>,
+            pin: Option<bool>,
+            /// The sockets' backend, as `--io` (which wins over it).
+            io: Option<$crate::common::IoArg>,
+            header_timeout: Option<toml::Spanned<u64>>,
+            body_timeout: Option<toml::Spanned<u64>>,
+            idle_timeout: Option<toml::Spanned<u64>>,
+            write_timeout: Option<toml::Spanned<u64>>,
+            max_body: Option<u64>,
+            max_connections: Option<toml::Spanned<usize>>,
+            shutdown_grace: Option<u64>,
+            user: Option<String>,
+            group: Option<String>,
+            sandbox: Option<$crate::hardening::SandboxArg>,
+            tls: Option<$crate::tls::FileTls>,
+            /// The access log (relative to the file's folder).
+            access_log: Option<toml::Spanned<std::path::PathBuf>>,
+            access_log_format: Option<$crate::common::LogFormatArg>,
+        );
+    };
+    (@view [] $($(#[$key_meta:meta])* $key:ident: $ty:ty,)*) => {
+        /// A file's server keys (see [`server_keys!`]), borrowed.
+        #[derive(Clone, Copy)]
+        pub(crate) struct ServerKeys<'a> {
+            $($(#[$key_meta])* pub $key: &'a $ty,)*
+        }
+    };
+    (
+        @file [$(#[$meta:meta])* $vis:vis struct $name:ident { $($own:tt)* }]
+        $($(#[$key_meta:meta])* $key:ident: $ty:ty,)*
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($(#[$key_meta])* $key: $ty,)*
+            $($own)*
+        }
+
+        impl $name {
+            pub(crate) fn server_keys(&self) -> $crate::config::ServerKeys<'_> {
+                $crate::config::ServerKeys { $($key: &self.$key,)* }
+            }
+        }
+    };
+}
+pub(crate) use server_keys;
+
+server_keys!(view);
+
+impl ServerKeys<'_> {
+    /// Values out of range, in a fixed order: where each is in the file, and what.
+    pub(crate) fn problems(&self) -> Vec<(usize, String)> {
+        let mut out = Vec::new();
+        for (key, value) in [
+            ("header_timeout", self.header_timeout),
+            ("body_timeout", self.body_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("write_timeout", self.write_timeout),
+        ] {
+            if let Some(v) = value.as_ref().filter(|v| *v.get_ref() == 0) {
+                out.push((
+                    v.span().start,
+                    format!("{key} must be at least 1 (seconds)"),
+                ));
+            }
+        }
+        for (key, value) in [
+            ("workers", self.workers),
+            ("max_connections", self.max_connections),
+        ] {
+            if let Some(v) = value.as_ref().filter(|v| *v.get_ref() == 0) {
+                out.push((v.span().start, format!("{key} must be at least 1")));
+            }
+        }
+        out
+    }
+
+    /// The flags, with these keys filling what they leave out (flags win); a relative
+    /// `access_log` is taken from `dir`, the file's folder.
+    pub(crate) fn under(&self, flags: &CommonArgs, dir: &Path) -> CommonArgs {
+        let get = |v: &Option<Spanned<u64>>| v.as_ref().map(|v| *v.get_ref());
+        let mut c = flags.clone();
+        c.listen = c.listen.or(*self.listen);
+        c.workers = c.workers.or(self.workers.as_ref().map(|v| *v.get_ref()));
+        c.pin = c.pin || self.pin.unwrap_or(false);
+        c.io = c.io.or(*self.io);
+        c.header_timeout = c.header_timeout.or(get(self.header_timeout));
+        c.body_timeout = c.body_timeout.or(get(self.body_timeout));
+        c.idle_timeout = c.idle_timeout.or(get(self.idle_timeout));
+        c.write_timeout = c.write_timeout.or(get(self.write_timeout));
+        c.max_body = c.max_body.or(*self.max_body);
+        c.max_connections = c
+            .max_connections
+            .or(self.max_connections.as_ref().map(|v| *v.get_ref()));
+        c.shutdown_grace = c.shutdown_grace.or(*self.shutdown_grace);
+        c.access_log = c
+            .access_log
+            .or_else(|| self.access_log.as_ref().map(|p| dir.join(p.get_ref())));
+        c.access_log_format = c.access_log_format.or(*self.access_log_format);
+        c
+    }
+
+    /// `user`, `group` and `sandbox`.
+    pub(crate) fn hardening(&self) -> crate::hardening::FileHardening {
+        crate::hardening::FileHardening {
+            user: self.user.clone(),
+            group: self.group.clone(),
+            sandbox: *self.sandbox,
+        }
+    }
+}
+
+server_keys! {
+    file
+    /// The keys a config file may hold; all optional: the server keys, and the static site's.
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct FileConfig {
+        root: Option<Spanned<PathBuf>>,
+        serve_dotfiles: Option<bool>,
+        cache_control: Option<Spanned<String>>,
+        max_cached_size: Option<u64>,
+    }
 }
 
 impl FileConfig {
@@ -83,11 +192,7 @@ impl FileConfig {
 
     /// `user`, `group` and `sandbox`.
     pub fn hardening(&self) -> crate::hardening::FileHardening {
-        crate::hardening::FileHardening {
-            user: self.user.clone(),
-            group: self.group.clone(),
-            sandbox: self.sandbox,
-        }
+        self.server_keys().hardening()
     }
 }
 
@@ -102,30 +207,8 @@ pub fn load(path: &Path) -> Result<FileConfig, String> {
 pub fn parse(text: &str) -> Result<FileConfig, String> {
     let file: FileConfig = toml::from_str(text).map_err(|e| describe(text, &e))?;
     let at = |start: usize, msg: String| format!("line {}: {msg}", line_of(text, start));
-    for (key, value) in [
-        ("header_timeout", &file.header_timeout),
-        ("body_timeout", &file.body_timeout),
-        ("idle_timeout", &file.idle_timeout),
-        ("write_timeout", &file.write_timeout),
-    ] {
-        if let Some(v) = value {
-            if *v.get_ref() == 0 {
-                return Err(at(
-                    v.span().start,
-                    format!("{key} must be at least 1 (seconds)"),
-                ));
-            }
-        }
-    }
-    for (key, value) in [
-        ("workers", &file.workers),
-        ("max_connections", &file.max_connections),
-    ] {
-        if let Some(v) = value {
-            if *v.get_ref() == 0 {
-                return Err(at(v.span().start, format!("{key} must be at least 1")));
-            }
-        }
+    if let Some((start, what)) = file.server_keys().problems().into_iter().next() {
+        return Err(at(start, what));
     }
     if let Some(cc) = &file.cache_control {
         if cc.get_ref().bytes().any(|b| b.is_ascii_control()) {
@@ -226,13 +309,10 @@ impl Settings {
     ) -> Result<Settings, String> {
         let empty = FileConfig::default();
         let f = file.unwrap_or(&empty);
-        let c = flags.common;
+        let c = f.server_keys().under(flags.common, file_dir);
         let defaults = ServerConfig::default();
         let static_defaults = StaticOptions::default();
-        let secs = |flag: Option<u64>, file: &Option<Spanned<u64>>, default: Duration| {
-            flag.or(file.as_ref().map(|v| *v.get_ref()))
-                .unwrap_or(default.as_secs())
-        };
+        let secs = |given: Option<u64>, default: Duration| given.unwrap_or(default.as_secs());
         let root = match (flags.dir, &f.root) {
             (Some(dir), _) => dir.to_path_buf(),
             (None, Some(root)) => file_dir.join(root.get_ref()),
@@ -253,39 +333,24 @@ impl Settings {
                 .max_cached_size
                 .or(f.max_cached_size)
                 .unwrap_or(static_defaults.max_cached_size),
-            header_timeout: secs(c.header_timeout, &f.header_timeout, defaults.header_timeout),
-            body_timeout: secs(c.body_timeout, &f.body_timeout, defaults.body_timeout),
-            idle_timeout: secs(c.idle_timeout, &f.idle_timeout, defaults.idle_timeout),
-            write_timeout: secs(c.write_timeout, &f.write_timeout, defaults.write_timeout),
-            max_body: c
-                .max_body
-                .or(f.max_body)
-                .unwrap_or(defaults.limits.max_body),
+            header_timeout: secs(c.header_timeout, defaults.header_timeout),
+            body_timeout: secs(c.body_timeout, defaults.body_timeout),
+            idle_timeout: secs(c.idle_timeout, defaults.idle_timeout),
+            write_timeout: secs(c.write_timeout, defaults.write_timeout),
+            max_body: c.max_body.unwrap_or(defaults.limits.max_body),
             max_connections: c
                 .max_connections
-                .or(f.max_connections.as_ref().map(|v| *v.get_ref()))
                 .unwrap_or(defaults.max_connections_per_worker)
                 .max(1),
-            listen: c.listen.or(f.listen).unwrap_or(defaults.runtime.listen[0]),
-            workers: c
-                .workers
-                .or(f.workers.as_ref().map(|v| *v.get_ref()))
-                .unwrap_or(defaults.runtime.workers)
-                .max(1),
-            pin: c.pin || f.pin.unwrap_or(false),
-            io: c.io.or(f.io).unwrap_or_default(),
+            listen: c.listen.unwrap_or(defaults.runtime.listen[0]),
+            workers: c.workers.unwrap_or(defaults.runtime.workers).max(1),
+            pin: c.pin,
+            io: c.io.unwrap_or_default(),
             shutdown_grace: c
                 .shutdown_grace
-                .or(f.shutdown_grace)
                 .unwrap_or(defaults.runtime.shutdown_grace.as_secs()),
-            access_log: c
-                .access_log
-                .clone()
-                .or_else(|| f.access_log.as_ref().map(|p| file_dir.join(p.get_ref()))),
-            access_log_format: c
-                .access_log_format
-                .or(f.access_log_format)
-                .unwrap_or_default(),
+            access_log: c.access_log,
+            access_log_format: c.access_log_format.unwrap_or_default(),
         })
     }
 

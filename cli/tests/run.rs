@@ -473,6 +473,44 @@ proxy = "127.0.0.1"
 }
 
 #[test]
+fn io_in_the_file_picks_the_sockets_backend_and_the_flag_or_its_env_wins() {
+    let files = Files::new();
+    files.write_config(&format!("io = \"uring\"\n{THREE_SITES}"));
+    let out = check(&files.config());
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    // With io_uring missing, the file's `uring` refuses to start: the key reached the runtime.
+    let mut cmd = run_command(&files.config(), &[] as &[&str]);
+    cmd.env("TERN_TEST_KERNEL_WITHOUT", "io_uring")
+        .env_remove("TERN_IO");
+    let out = run_to_end(&mut cmd, Duration::from_secs(10));
+    assert!(!out.status.success());
+    assert_eq!(
+        out.stderr.lines().last(),
+        Some("tern: cannot use io_uring: not in this kernel (TERN_TEST_KERNEL_WITHOUT) (--io auto falls back to epoll)"),
+        "{}",
+        out.stderr
+    );
+    // `--io`, or TERN_IO, wins over the file, as for `tern serve`.
+    for (flag, env) in [(Some("epoll"), None), (None, Some("epoll"))] {
+        let extra: Vec<&str> = flag.map(|io| vec!["--io", io]).unwrap_or_default();
+        let mut cmd = run_command(&files.config(), &extra);
+        cmd.env("TERN_TEST_KERNEL_WITHOUT", "io_uring")
+            .env_remove("TERN_IO");
+        if let Some(io) = env {
+            cmd.env("TERN_IO", io);
+        }
+        let tern = Tern::spawn(cmd);
+        assert!(tern.line.starts_with("tern: running "), "{}", tern.line);
+        let line = tern.log_lines("protections:");
+        assert!(
+            line.len() == 1 && line[0].ends_with("; sockets: epoll"),
+            "{flag:?} {env:?}: {line:?}"
+        );
+        assert_eq!(host_get(&tern, "a.test", "/who.txt").text(), "site a\n");
+    }
+}
+
+#[test]
 fn the_shipped_example_passes_the_check() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tern.toml");
     let out = check(&example);

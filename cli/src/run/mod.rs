@@ -1,13 +1,13 @@
-//! `tern run --config FILE`: several sites from one file (`config.rs` reads and checks it).
+//! `tern run --config FILE`: several sites from one file (`config/` reads and checks it).
 //!
 //! Start-up turns the file into listeners (plain, HTTPS with a certificate per SNI name, the
 //! redirect to HTTPS: the `[tls]` machinery of `tern serve`), at most one IPv4 Games instance,
 //! and a `tern_vhost::SiteTable` behind the router's fallback. `SIGHUP` re-reads the file,
 //! builds a whole new table (static roots re-opened) and swaps it in at once; open
-//! connections keep going. What needs a restart (listeners, workers, pinning, the shutdown
-//! grace, HTTPS on or off, the app's folders, user and sandbox) is reported, not applied. A
-//! bad file, or an upstream outside what the sandbox allowed at start-up, changes nothing and
-//! logs one line.
+//! connections keep going. What needs a restart (listeners, workers, pinning, the sockets'
+//! backend, the shutdown grace, HTTPS on or off, the app's folders, user and sandbox) is
+//! reported, not applied. A bad file, or an upstream outside what the sandbox allowed at
+//! start-up, changes nothing and logs one line.
 
 mod config;
 
@@ -520,6 +520,8 @@ struct Started {
     kinds: Vec<tern_server::ListenerKind>,
     workers: usize,
     pin: bool,
+    /// The sockets' backend (`io`, `--io`).
+    io: tern_runtime::IoChoice,
     shutdown_grace: std::time::Duration,
     tls: bool,
     /// WebSocket over HTTP/2 offered in the SETTINGS (`RunConfig::http2_websocket`): a
@@ -537,6 +539,7 @@ impl Started {
             kinds: config.listener_kinds.clone(),
             workers: config.runtime.workers,
             pin: config.runtime.pin,
+            io: config.runtime.io,
             shutdown_grace: config.runtime.shutdown_grace,
             tls,
             http2_websocket: loaded.http2_websocket(),
@@ -556,6 +559,9 @@ impl Started {
         }
         if self.pin != new.pin {
             out.push("pin");
+        }
+        if self.io != new.io {
+            out.push("io");
         }
         if self.shutdown_grace != new.shutdown_grace {
             out.push("shutdown_grace");
