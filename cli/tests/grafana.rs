@@ -678,6 +678,21 @@ fn live_through(addr: SocketAddr, who: &str) {
     );
 }
 
+/// `/grafana` without its slash: a prefix location ending in `/` with `proxy_pass` answers
+/// 301 to the folder in nginx, and so does a proxy route written `/grafana/` in tern (the
+/// bodies differ: nginx's is HTML, tern's text).
+fn bare_prefix_redirected(addr: SocketAddr, who: &str) {
+    for (path, to) in [
+        ("/grafana", "/grafana/"),
+        ("/grafana?orgId=1", "/grafana/?orgId=1"),
+    ] {
+        let r = send(addr, &get(path));
+        assert_eq!(r.status, 301, "{who}: {path}: {r:?}");
+        let location = r.header("Location").unwrap_or_default();
+        assert!(location.ends_with(to), "{who}: {path}: {location}");
+    }
+}
+
 #[test]
 fn grafana_under_a_sub_path_answers_alike_in_tern_and_nginx() {
     let tmp = tempfile::tempdir().unwrap();
@@ -695,6 +710,7 @@ fn grafana_under_a_sub_path_answers_alike_in_tern_and_nginx() {
     assert!(out.status.success(), "{}", out.stderr);
     let tern = Tern::start_run(&conf);
     check(tern.addr(), "tern", CASES);
+    bare_prefix_redirected(tern.addr(), "tern");
     live_through(tern.addr(), "tern");
     drop(tern);
 
@@ -702,6 +718,7 @@ fn grafana_under_a_sub_path_answers_alike_in_tern_and_nginx() {
     let nginx = nginx_conf(upstream, port, &www);
     if let Some(nginx) = Nginx::start(&tmp.path().join("nginx"), &nginx, port) {
         check(nginx.addr, "nginx", CASES);
+        bare_prefix_redirected(nginx.addr, "nginx");
         live_through(nginx.addr, "nginx");
     }
 }

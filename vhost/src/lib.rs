@@ -353,6 +353,17 @@ fn answer_on(site: &BuiltSite, req: &Request<'_>, cx: &mut HandlerContext<'_>, h
     }
     // The route that answers counts the answer: after a rewrite or a fallback, the last.
     cx.count_as(route.counted_as.unwrap_or(site.counted_as));
+    if route.redirect_bare_prefix && *decoded == *route.prefix {
+        let mut location = String::with_capacity(req.path().len() + 1);
+        location.push_str(req.path());
+        location.push('/');
+        if let Some(q) = req.query() {
+            location.push('?');
+            location.push_str(q);
+        }
+        let moved = Response::text(301, "moved permanently\n").with_header("Location", &location);
+        return own_answer(site, Some(route), moved, req, cx);
+    }
     if route.compress.is_some() || site.compress.is_some() {
         cx.compress_with(route.compress.clone());
     }
@@ -1263,6 +1274,40 @@ mod tests {
             };
             assert_eq!(got, want, "{path}");
         }
+    }
+
+    /// nginx's rule for a proxy `location /app/`: the bare `/app` is redirected to the
+    /// folder (query kept) rather than handed to the app; a route written without the
+    /// slash, or without the option, takes `/app` itself.
+    #[test]
+    fn a_route_written_with_its_slash_redirects_the_bare_prefix() {
+        let bare = RouteOptions {
+            redirect_bare_prefix: true,
+            ..Default::default()
+        };
+        let routes = vec![
+            with("/app/", echo(), bare),
+            with(
+                "/plain",
+                echo(),
+                RouteOptions {
+                    redirect_bare_prefix: true,
+                    ..Default::default()
+                },
+            ),
+            with("/other/", echo(), RouteOptions::default()),
+        ];
+        let mut c = serve(routes, |_| {});
+        let (status, text) = ask(&mut c, &get("/app?x=1&y=%20"));
+        assert_eq!(status, 301, "{text}");
+        assert!(text.contains("\r\nLocation: /app/?x=1&y=%20\r\n"), "{text}");
+        let (status, text) = ask(&mut c, &get("/%61pp"));
+        assert_eq!(status, 301, "any spelling of the prefix: {text}");
+        assert!(text.contains("\r\nLocation: /app/\r\n"), "{text}");
+        for path in ["/app/", "/app/x", "/plain", "/other"] {
+            assert_eq!(ask(&mut c, &get(path)).0, 200, "{path}");
+        }
+        assert_eq!(ask(&mut c, &get("/apple")).0, 404);
     }
 
     #[test]

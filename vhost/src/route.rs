@@ -59,6 +59,11 @@ pub struct RouteOptions {
     /// judged and forwarded as sent (canonical). Every other route refuses them with 400.
     /// `tern run --check` allows it on proxy routes with no narrower route or gate beneath.
     pub allow_encoded_slash: bool,
+    /// The bare prefix (`/app` for a route written `/app/`) is answered `301` to the prefix
+    /// with its slash and the query, as nginx does for a proxy or FastCGI `location` whose
+    /// prefix ends in `/`: an app served under a folder gets only paths inside it, and its
+    /// relative links resolve. Set by `tern run` for such routes.
+    pub redirect_bare_prefix: bool,
 }
 
 /// How `try_files` ends when no candidate is there.
@@ -163,6 +168,8 @@ pub(crate) struct BuiltRoute {
     pub compress: Option<Arc<tern_compress::Policy>>,
     pub counted_as: Option<AnswerRow>,
     pub allow_encoded_slash: bool,
+    /// See [`RouteOptions::redirect_bare_prefix`].
+    pub redirect_bare_prefix: bool,
     /// Its header edits (its site's with its own over them).
     edits: BuiltEdits,
     /// What the relay does to its own answers for this route (502, 503, 504, 413) when the
@@ -258,6 +265,9 @@ impl BuiltRoute {
             compress: options.compress,
             counted_as: options.counted_as,
             allow_encoded_slash: options.allow_encoded_slash,
+            redirect_bare_prefix: options.redirect_bare_prefix
+                && prefix.ends_with(b"/")
+                && !stored_prefix(prefix).is_empty(),
             edits,
             own_answers,
         })

@@ -358,6 +358,7 @@ fn build_table(
         let mut groups_named: HashMap<String, usize> = HashMap::new();
         for route in &site.routes {
             let group_name = group_name(&site.name, route, &mut groups_named);
+            let proxied = matches!(route.kind, RouteKind::Proxy(_) | RouteKind::FastCgi { .. });
             let action = match &route.kind {
                 RouteKind::Static(options) => {
                     let files = StaticFiles::new(options.clone()).map_err(|e| {
@@ -487,6 +488,8 @@ fn build_table(
                     compress: o.compress.clone(),
                     counted_as: Some(stats.route(site_row, &route.label)),
                     allow_encoded_slash: o.allow_encoded_slash,
+                    // nginx's rule for a proxy or FastCGI location written with its slash.
+                    redirect_bare_prefix: proxied,
                 },
             });
         }

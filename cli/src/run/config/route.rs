@@ -429,7 +429,8 @@ pub(super) fn check_encoded_slash(routes: &[RouteFile], p: &mut Problems<'_>) {
         if route.gate.as_ref().is_some_and(|g| *g.get_ref()) {
             p.at(
                 at,
-                "allow_encoded_slash cannot go with gate = true: the gate's rules name paths                  an upstream that decodes %2F could read differently",
+                "allow_encoded_slash cannot go with gate = true: the gate's rules name paths \
+                 an upstream that decodes %2F could read differently",
             );
         }
         for other in routes {
@@ -441,7 +442,9 @@ pub(super) fn check_encoded_slash(routes: &[RouteFile], p: &mut Problems<'_>) {
                 p.at(
                     at,
                     format!(
-                        "allow_encoded_slash: route {:?} (line {line}) lies beneath this one:                          a path with %2F decoded could be its, so the two cannot be told apart                          on one view of the path",
+                        "allow_encoded_slash: route {:?} (line {line}) lies beneath this one: \
+                         a path with %2F decoded could be its, so the two cannot be told apart \
+                         on one view of the path",
                         other.path.get_ref()
                     ),
                 );
@@ -449,7 +452,8 @@ pub(super) fn check_encoded_slash(routes: &[RouteFile], p: &mut Problems<'_>) {
                 p.at(
                     at,
                     format!(
-                        "allow_encoded_slash: a path pattern on route {:?} (line {line}) could                          match a path with %2F decoded differently",
+                        "allow_encoded_slash: a path pattern on route {:?} (line {line}) could \
+                         match a path with %2F decoded differently",
                         other.path.get_ref()
                     ),
                 );
