@@ -11,6 +11,8 @@ use crate::access_log::{LogShared, WorkerLog};
 use crate::bans::Bans;
 use crate::config::{ListenerKind, ServerConfig};
 use crate::conn::{Conn, Link, Status};
+use crate::driver::pool::{UpstreamConns, UPSTREAM_TOKEN};
+use crate::driver::relay::{self as relay_driver, Sockets};
 use crate::driver::{self, Entry, Socket};
 use crate::exchange::ConnCx;
 use crate::fault;
@@ -20,8 +22,6 @@ use crate::response::Response;
 use crate::router::Router;
 use crate::slab::Slab;
 use crate::stats::{Counter, Stats};
-use crate::upstream::driver::{self as relay_driver, Sockets};
-use crate::upstream::pool::{UpstreamConns, UPSTREAM_TOKEN};
 use crate::upstream::UpstreamOutcome;
 
 /// What every worker shares, read-only (but for reloads).
