@@ -75,7 +75,7 @@ const FILES: &[(&str, &str)] = &[
     ("identity.rs", "api"),
     ("request_id.rs", "api"),
     ("upstream.rs", "api"),
-    ("stats.rs", "support"),
+    ("stats/", "support"),
     ("compression.rs", "support"),
     ("slab.rs", "support"),
     ("bans.rs", "support"),
