@@ -79,7 +79,7 @@ const FILES: &[(&str, &str)] = &[
     ("compression.rs", "support"),
     ("slab.rs", "support"),
     ("bans.rs", "support"),
-    ("access_log.rs", "support"),
+    ("access_log/", "support"),
     ("config.rs", "support"),
     ("fault.rs", "support"),
     ("static_files/", "handlers"),
