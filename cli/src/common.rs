@@ -241,20 +241,24 @@ pub type ServerReload<'a> = &'a dyn Fn(&ServerConfig);
 /// (calling the [`ServerReload`] with the new server config) and log one line.
 pub type OnReload = Box<dyn FnMut(ServerReload<'_>) + Send>;
 
+/// What else a command re-reads on `SIGHUP` before the server's own reload (a gate's config
+/// and keys), logging its own outcome.
+pub type ReloadHook = Box<dyn Fn() + Send>;
+
 /// Starts an assembled server (routes plus background threads), prints the one start-up line,
-/// and waits for a signal to stop. `SIGHUP` re-applies the start-up config (dropping every
-/// worker's cached files) and logs one line.
+/// and waits for a signal to stop. `SIGHUP` runs `also_reload`, then re-applies the start-up
+/// config (dropping every worker's cached files) and logs one line.
 pub fn run_server(
     server: Server,
     what: &str,
     tls: Option<(Arc<TlsAcceptor>, TlsPlan)>,
-    gate: Option<tern_gate::Gate>,
+    also_reload: Option<ReloadHook>,
 ) -> Result<(), String> {
     let same = server.config().clone();
     let acceptor = tls.as_ref().map(|(a, _)| a.clone());
     let on_reload: OnReload = Box::new(move |reload: ServerReload<'_>| {
-        if let Some(gate) = &gate {
-            crate::gate::reload(gate);
+        if let Some(also_reload) = &also_reload {
+            also_reload();
         }
         reload(&same);
         match &tls {

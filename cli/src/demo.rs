@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tern_server::ClientIp;
 
-use crate::common::{open_access_log, run_server, CommonArgs};
+use crate::common::{open_access_log, run_server, CommonArgs, ReloadHook};
 use crate::hardening::{self, Needs};
 use crate::tls::TlsArgs;
 use tern_sandbox::Give;
@@ -238,5 +238,12 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         server = server.with_access_log(log);
     }
     let tls = acceptor.zip(plan);
-    run_server(server, &format!("IPv4 Games (data in {data})"), tls, gate)
+    let reload_gate =
+        gate.map(|gate| -> ReloadHook { Box::new(move || crate::gate::reload(&gate)) });
+    run_server(
+        server,
+        &format!("IPv4 Games (data in {data})"),
+        tls,
+        reload_gate,
+    )
 }

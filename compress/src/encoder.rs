@@ -526,14 +526,17 @@ mod tests {
         unsafe impl GlobalAlloc for Counting {
             unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
                 note(layout.size() as isize);
+                // SAFETY: the caller's layout contract is passed on as is.
                 unsafe { System.alloc(layout) }
             }
             unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
                 note(-(layout.size() as isize));
+                // SAFETY: `ptr` came from `System` through this allocator, with this layout.
                 unsafe { System.dealloc(ptr, layout) }
             }
             unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
                 note(new as isize - layout.size() as isize);
+                // SAFETY: as for `dealloc`, and the caller's contract for `new` is passed on.
                 unsafe { System.realloc(ptr, layout, new) }
             }
         }

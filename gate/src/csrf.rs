@@ -6,7 +6,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use crate::keyring::{Keyring, Purpose, TAG_LEN};
-use crate::Prefix;
+use crate::prefix::Prefix;
 
 const VERSION: u8 = 1;
 const BODY: usize = 1 + 4 + 8 + 1 + 16;

@@ -121,7 +121,7 @@ impl Endpoints {
             ("enter", false) => {
                 let target = return_to(query);
                 let path = target.split('?').next().unwrap_or("/");
-                let outcome = match crate::guard::canonical(path) {
+                let outcome = match crate::path::canonical(path) {
                     Some(path) => self
                         .gate
                         .decide(&loaded, req, &client, "GET", &path, worker),
@@ -552,8 +552,8 @@ struct LoginCheck {
     user: String,
     password: String,
     return_to: String,
-    net: crate::Prefix,
-    bound: crate::Prefix,
+    net: crate::prefix::Prefix,
+    bound: crate::prefix::Prefix,
     ua_hash: u64,
     secure: bool,
     now: u64,
@@ -655,7 +655,7 @@ impl AuthEndpoint {
         // nginx matched its location on its own normalised path; a path without a canonical
         // form is one nginx and the app behind it may read differently from the gate, so it
         // is refused (and counted), never judged as sent.
-        let Some(path) = crate::guard::canonical(uri.split('?').next().unwrap_or("/")) else {
+        let Some(path) = crate::path::canonical(uri.split('?').next().unwrap_or("/")) else {
             self.gate.stats().bump(cx.worker_id, C::PathRefused);
             return Response::new(403).into();
         };

@@ -11,11 +11,13 @@ use tern_server::{Guard, HandlerContext, Identity, Reply, Request, Response, Ver
 
 use crate::config::{GateConfig, SecureCookies};
 use crate::keyring::Keyring;
+use crate::path::policy_path;
 use crate::policy::Action;
+use crate::prefix::Prefix;
 use crate::state::{Gate, Loaded};
 use crate::stats::C;
 use crate::token::{self, Proof, TokenError};
-use crate::{pages, pow, Prefix};
+use crate::{pages, pow};
 
 /// Who is asking, as far as the gate cares.
 pub(crate) struct Client {
@@ -130,7 +132,7 @@ impl Gate {
         }
     }
 
-    /// The policy's verdict on `method path` (a canonical path: see [`canonical`]) for this
+    /// The policy's verdict on `method path` (a canonical path: see [`canonical`](crate::path::canonical)) for this
     /// client, settled by its session where one can settle it. A request that is not GET or
     /// HEAD is judged like any other: when
     /// the policy wants a check, only a session that settles it lets the request through.
@@ -463,29 +465,6 @@ impl Guard for Gate {
         let return_to = crate::redirect::safe_return_path(&return_to).unwrap_or("/");
         let response = self.answer(&loaded, req, &client, outcome, return_to, cx.worker_id);
         Verdict::Answer(Reply::Now(response))
-    }
-}
-
-/// `raw` (a path taken from a header or a form, not from the codec) in canonical form
-/// ([`tern_server::canonical_path`]), or `None` when it has none (an encoded slash, `..`
-/// above the root, a `;`...): such a path is never judged as sent, the caller refuses it.
-pub(crate) fn canonical(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
-    tern_server::canonical_path(raw)
-        .ok()
-        .filter(|p| p.starts_with('/'))
-}
-
-/// The path the policy sees: a canonical path (the request's own, or one from
-/// [`canonical`]) with every escape decoded, exactly the segments the router chose by and
-/// the static handler opens; so `/%61dmin/`, `//admin/` or `/x/../admin/` cannot slip past a
-/// rule for `/admin/`. The common path has nothing to decode and is borrowed. Bytes that are
-/// not UTF-8 become U+FFFD: no rule can name them, and a separator or a dot is never among
-/// them.
-pub(crate) fn policy_path(canonical: &str) -> std::borrow::Cow<'_, str> {
-    use std::borrow::Cow;
-    match tern_server::decoded_path(canonical) {
-        Cow::Borrowed(_) => Cow::Borrowed(canonical),
-        Cow::Owned(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
     }
 }
 

@@ -14,7 +14,7 @@ use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_lc_rs::hmac;
 
@@ -156,14 +156,14 @@ impl Keyring {
     }
 
     pub fn current_kid(&self) -> u32 {
-        self.signing_key(crate::state::unix_now()).id
+        self.signing_key(unix_now()).id
     }
 
     /// The signing key as of now, fixed: its id goes into a token before the token is signed
     /// with it.
     pub fn signer(&self) -> Signer<'_> {
         Signer {
-            key: self.signing_key(crate::state::unix_now()),
+            key: self.signing_key(unix_now()),
         }
     }
 
@@ -174,7 +174,7 @@ impl Keyring {
 
     /// MACs `data` for `purpose` with the current key.
     pub fn sign(&self, purpose: Purpose, data: &[u8]) -> (u32, [u8; TAG_LEN]) {
-        self.sign_at(purpose, data, crate::state::unix_now())
+        self.sign_at(purpose, data, unix_now())
     }
 
     /// [`sign`](Self::sign) as at `now`.
@@ -361,6 +361,14 @@ fn parse(text: &str) -> Result<Vec<(u32, u64, [u8; 32])>, KeyringError> {
         return Err(KeyringError::Empty);
     }
     Ok(keys)
+}
+
+/// Seconds since the Unix epoch: when keys are made, sign, and are due to rotate.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

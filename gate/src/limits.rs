@@ -21,7 +21,7 @@
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::Prefix;
+use crate::prefix::Prefix;
 
 /// A token bucket per network prefix, kept as the generic cell rate algorithm: each slot holds
 /// the time (ms) at which its bucket would be full again, so zeroed memory is all buckets full

@@ -326,13 +326,13 @@ impl Policy {
             // safely.
             let mut decoded_prefixes = Vec::with_capacity(path_prefixes.len());
             for p in &path_prefixes {
-                let Some(d) = crate::guard::canonical(p) else {
+                let Some(d) = crate::path::canonical(p) else {
                     return Err(err(
                         at,
                         format!("path_prefix {p:?} has no canonical form (an encoded '/', ';', '..' above '/'...)"),
                     ));
                 };
-                decoded_prefixes.push(crate::guard::policy_path(&d).into_owned());
+                decoded_prefixes.push(crate::path::policy_path(&d).into_owned());
             }
             let path_prefixes = decoded_prefixes;
             let methods = match r.method {

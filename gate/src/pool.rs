@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use crate::Prefix;
+use crate::prefix::Prefix;
 
 /// A slow check.
 pub trait Job: Send + 'static {

@@ -15,7 +15,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use crate::keyring::{Keyring, MacError, Purpose, TAG_LEN};
-use crate::Prefix;
+use crate::prefix::Prefix;
 
 const VERSION: u8 = 2;
 const BODY: usize = 1 + 4 + 8 + 8 + 1 + 16 + 8 + 2 + 1 + 1 + 1 + 16;

@@ -3,14 +3,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use tern_server::Server;
 use tern_services::metrics::Metric;
 
 use crate::config::{self, GateConfig};
-use crate::keyring::{Keyring, Rotation};
+use crate::keyring::{unix_now, Keyring, Rotation};
 use crate::limits::{Buckets, Failures};
 use crate::policy::Policy;
 use crate::pool::Pool;
@@ -59,13 +59,6 @@ pub(crate) struct Inner {
 const REPLAY_CAPACITY: usize = 1 << 17;
 /// Slots of each per-network table (8 bytes each).
 const LIMIT_SLOTS: usize = 1 << 16;
-
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 impl Gate {
     /// Reads the config at `path` (and its policy and keyring, creating the key file on first

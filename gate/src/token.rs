@@ -10,7 +10,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use crate::keyring::{Keyring, MacError, Purpose, TAG_LEN};
-use crate::Prefix;
+use crate::prefix::Prefix;
 
 const VERSION: u8 = 2;
 /// Longest realm or user name a token carries.

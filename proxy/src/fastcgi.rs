@@ -45,8 +45,8 @@ use tern_server::{
 
 use tern_services::template::{Template, Values, Var};
 
-use crate::head;
-use crate::{ProxyOptions, UpstreamGroup};
+use crate::group::UpstreamGroup;
+use crate::head::{self, ProxyOptions};
 
 const SCRIPT_EXTENSION: &str = ".php";
 

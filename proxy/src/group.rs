@@ -9,11 +9,11 @@
 //! (`backup`): a backup takes requests only while no primary server can (every primary is
 //! down or already failed this request).
 
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::health::HealthCheck;
 use crossbeam_utils::CachePadded;
 use tern_server::{
     RetryPolicy, UpstreamAddr, UpstreamOutcome, UpstreamRow, UpstreamTimeouts, UpstreamTls,
@@ -27,6 +27,38 @@ pub enum Balance {
     RoundRobin,
     /// The server with the fewest requests in flight from this worker (per unit of weight).
     LeastConn,
+}
+
+/// How a group's servers are checked (by the process's checker thread, `health.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// The path (and query) asked for.
+    pub path: String,
+    /// The Host sent; None: the server's address.
+    pub host: Option<String>,
+    pub interval: Duration,
+    /// For the connect, and then for the answer's status line.
+    pub timeout: Duration,
+    /// Answers counted as healthy.
+    pub statuses: RangeInclusive<u16>,
+    /// Good checks in a row that bring a server back.
+    pub rise: u32,
+    /// Failed checks in a row that take it out.
+    pub fall: u32,
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        HealthCheck {
+            path: "/".into(),
+            host: None,
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+            statuses: 200..=399,
+            rise: 2,
+            fall: 3,
+        }
+    }
 }
 
 /// One server of a group.

@@ -6,13 +6,50 @@
 //! never put words in a proxy's mouth; the other fields in which proxies tell apps who the
 //! client is (`X-Real-IP`, `X-Auth-User`, `X-Original-URL`...) are dropped, and
 //! `X-Auth-User`/`X-Auth-Realm` come only from the gate in front of the route.
+//! What a route changes of it is its [`ProxyOptions`].
 
 use std::net::IpAddr;
 
 use tern_server::{connection_lists, trim_ows, Identity, Request, RequestId};
 use tern_services::template::Values;
+use tern_services::TrustedProxies;
 
-use crate::ProxyOptions;
+/// How a proxy route rewrites requests.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyOptions {
+    /// The Host the upstream sees; None: the client's own.
+    pub host: Option<String>,
+    /// Peers whose `X-Forwarded-*`/`Forwarded` fields are extended rather than replaced.
+    pub trusted: TrustedProxies,
+    /// The gate's cookie name, when a gate runs on this server: its session cookies
+    /// (`NAME`, `NAME.realm`, `__Host-` ones) are kept from the app, which has no use for
+    /// them and could leak them (a log of request headers).
+    pub gate_cookie: Option<String>,
+    /// Edits of the request head the app gets (`add_request_headers`,
+    /// `remove_request_headers`), after tern's own fields.
+    pub request_headers: RequestEdits,
+}
+
+/// Fields set on (replacing any of the same name, the client's or tern's forwarding ones)
+/// or removed from the request an app gets; values may hold `$client`, `$scheme`, `$host`,
+/// `$request_id`.
+#[derive(Debug, Clone, Default)]
+pub struct RequestEdits {
+    pub set: Vec<(String, tern_services::template::Template)>,
+    pub remove: Vec<String>,
+}
+
+impl RequestEdits {
+    fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.remove.is_empty()
+    }
+
+    /// Whether the field `name` is dropped for an edit.
+    fn replaces(&self, name: &str) -> bool {
+        self.remove.iter().any(|n| n.eq_ignore_ascii_case(name))
+            || self.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+    }
+}
 
 /// Fields never forwarded as they came.
 const DROPPED: &[&str] = &[
@@ -578,7 +615,7 @@ mod tests {
         use tern_services::template::{Template, HEADER_VARS};
         let t = |v: &str| Template::parse(v, HEADER_VARS, 0).unwrap();
         let options = ProxyOptions {
-            request_headers: crate::RequestEdits {
+            request_headers: RequestEdits {
                 set: vec![
                     ("X-Real-IP".into(), t("$client")),
                     ("X-Forwarded-Proto".into(), t("https")),

@@ -10,7 +10,6 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::ops::RangeInclusive;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -18,39 +17,7 @@ use std::time::{Duration, Instant};
 use tern_server::{UpstreamAddr, UpstreamTls, Upstreams};
 use tern_services::metrics::Metric;
 
-use crate::group::UpstreamGroup;
-
-/// How a group's servers are checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthCheck {
-    /// The path (and query) asked for.
-    pub path: String,
-    /// The Host sent; None: the server's address.
-    pub host: Option<String>,
-    pub interval: Duration,
-    /// For the connect, and then for the answer's status line.
-    pub timeout: Duration,
-    /// Answers counted as healthy.
-    pub statuses: RangeInclusive<u16>,
-    /// Good checks in a row that bring a server back.
-    pub rise: u32,
-    /// Failed checks in a row that take it out.
-    pub fall: u32,
-}
-
-impl Default for HealthCheck {
-    fn default() -> Self {
-        HealthCheck {
-            path: "/".into(),
-            host: None,
-            interval: Duration::from_secs(5),
-            timeout: Duration::from_secs(2),
-            statuses: 200..=399,
-            rise: 2,
-            fall: 3,
-        }
-    }
-}
+use crate::group::{HealthCheck, UpstreamGroup};
 
 /// The longest status line read from a server checked.
 const MAX_STATUS_LINE: usize = 1024;

@@ -17,47 +17,9 @@ use std::sync::Arc;
 use tern_server::{
     Forward, Handler, HandlerContext, Method, Reply, Request, RequestHead, Response,
 };
-use tern_services::TrustedProxies;
 
-pub use group::{Balance, GroupOptions, UpstreamGroup, UpstreamServer};
-pub use health::HealthCheck;
-
-/// How a proxy route rewrites requests.
-#[derive(Debug, Clone, Default)]
-pub struct ProxyOptions {
-    /// The Host the upstream sees; None: the client's own.
-    pub host: Option<String>,
-    /// Peers whose `X-Forwarded-*`/`Forwarded` fields are extended rather than replaced.
-    pub trusted: TrustedProxies,
-    /// The gate's cookie name, when a gate runs on this server: its session cookies
-    /// (`NAME`, `NAME.realm`, `__Host-` ones) are kept from the app, which has no use for
-    /// them and could leak them (a log of request headers).
-    pub gate_cookie: Option<String>,
-    /// Edits of the request head the app gets (`add_request_headers`,
-    /// `remove_request_headers`), after tern's own fields.
-    pub request_headers: RequestEdits,
-}
-
-/// Fields set on (replacing any of the same name, the client's or tern's forwarding ones)
-/// or removed from the request an app gets; values may hold `$client`, `$scheme`, `$host`,
-/// `$request_id`.
-#[derive(Debug, Clone, Default)]
-pub struct RequestEdits {
-    pub set: Vec<(String, tern_services::template::Template)>,
-    pub remove: Vec<String>,
-}
-
-impl RequestEdits {
-    fn is_empty(&self) -> bool {
-        self.set.is_empty() && self.remove.is_empty()
-    }
-
-    /// Whether the field `name` is dropped for an edit.
-    fn replaces(&self, name: &str) -> bool {
-        self.remove.iter().any(|n| n.eq_ignore_ascii_case(name))
-            || self.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
-    }
-}
+pub use group::{Balance, GroupOptions, HealthCheck, UpstreamGroup, UpstreamServer};
+pub use head::{ProxyOptions, RequestEdits};
 
 /// A proxy route's handler.
 pub struct Proxy {

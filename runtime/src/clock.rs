@@ -1,10 +1,8 @@
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use tern_codec::{format_date_line, DATE_LINE_LEN};
-
 /// A worker's view of time, refreshed once per event-loop turn. Monotonic milliseconds drive
-/// timers; the wall-clock `Date` line is re-formatted only when the second changes, so a
-/// response never pays for date formatting.
+/// timers; wall-clock seconds change once a second, so the layer above can cache whatever it
+/// formats from them (the server's `Date` line) and redo it only when they do.
 pub struct Clock {
     /// Set by [`Clock::manual`]: time moves only by [`Clock::advance_ms`].
     manual: bool,
@@ -12,7 +10,6 @@ pub struct Clock {
     now_us: u64,
     now_ms: u64,
     unix_secs: u64,
-    date_line: [u8; DATE_LINE_LEN],
 }
 
 impl Clock {
@@ -24,7 +21,6 @@ impl Clock {
             now_us: 0,
             now_ms: 0,
             unix_secs,
-            date_line: format_date_line(unix_secs),
         }
     }
 
@@ -37,7 +33,6 @@ impl Clock {
             now_us: 0,
             now_ms: 0,
             unix_secs,
-            date_line: format_date_line(unix_secs),
         }
     }
 
@@ -47,11 +42,7 @@ impl Clock {
         let before = self.now_us / 1_000_000;
         self.now_us += ms * 1000;
         self.now_ms = self.now_us / 1000;
-        let secs = self.now_us / 1_000_000 - before;
-        if secs > 0 {
-            self.unix_secs += secs;
-            self.date_line = format_date_line(self.unix_secs);
-        }
+        self.unix_secs += self.now_us / 1_000_000 - before;
     }
 
     /// Refreshes the cached time. Two vDSO calls, no syscalls.
@@ -61,11 +52,7 @@ impl Clock {
         }
         self.now_us = self.start.elapsed().as_micros() as u64;
         self.now_ms = self.now_us / 1000;
-        let unix = unix_now();
-        if unix != self.unix_secs {
-            self.unix_secs = unix;
-            self.date_line = format_date_line(unix);
-        }
+        self.unix_secs = unix_now();
     }
 
     /// Milliseconds since this worker started (monotonic).
@@ -92,11 +79,6 @@ impl Clock {
     pub fn unix_secs(&self) -> u64 {
         self.unix_secs
     }
-
-    /// The `Date: ...\r\n` line for the current second.
-    pub fn date_line(&self) -> &[u8] {
-        &self.date_line
-    }
 }
 
 impl Default for Clock {
@@ -117,12 +99,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn date_line_tracks_wall_clock() {
+    fn unix_secs_track_the_wall_clock() {
         let mut clock = Clock::new();
         clock.update();
-        let expected = format_date_line(clock.unix_secs());
-        assert_eq!(clock.date_line(), &expected[..]);
-        assert!(clock.date_line().starts_with(b"Date: "));
+        let before = unix_now();
+        assert!(clock.unix_secs().abs_diff(before) <= 1);
     }
 
     #[test]
@@ -140,15 +121,14 @@ mod tests {
     #[test]
     fn a_manual_clock_moves_only_when_told() {
         let mut clock = Clock::manual(1_000_000_000);
-        let date = clock.date_line().to_vec();
         std::thread::sleep(std::time::Duration::from_millis(5));
         clock.update();
         assert_eq!((clock.now_ms(), clock.precise_us()), (0, 0));
+        assert_eq!(clock.unix_secs(), 1_000_000_000);
         clock.advance_ms(999);
-        assert_eq!(clock.date_line(), &date[..], "still the same second");
+        assert_eq!(clock.unix_secs(), 1_000_000_000, "still the same second");
         clock.advance_ms(1);
         assert_eq!(clock.now_ms(), 1000);
         assert_eq!(clock.unix_secs(), 1_000_000_001);
-        assert_ne!(clock.date_line(), &date[..]);
     }
 }

@@ -611,16 +611,32 @@ fn trace_refusal(nr: i64) {
     unsafe { libc::write(2, line.as_ptr().cast(), len) };
 }
 
+/// Sets the return value of the system call a SIGSYS interrupted: the register the thread
+/// reads it from once the handler returns.
+///
+/// # Safety
+///
+/// `context` must be the `ucontext_t` the kernel passed to this SIGSYS handler (valid,
+/// aligned, and not used elsewhere while the handler runs).
 #[cfg(target_arch = "x86_64")]
 unsafe fn set_return_value(context: *mut libc::c_void, value: i64) {
     let uc = context as *mut libc::ucontext_t;
-    (*uc).uc_mcontext.gregs[libc::REG_RAX as usize] = value;
+    // SAFETY: the caller passes the handler's own ucontext_t; RAX holds the return value.
+    unsafe { (*uc).uc_mcontext.gregs[libc::REG_RAX as usize] = value };
 }
 
+/// Sets the return value of the system call a SIGSYS interrupted: the register the thread
+/// reads it from once the handler returns.
+///
+/// # Safety
+///
+/// `context` must be the `ucontext_t` the kernel passed to this SIGSYS handler (valid,
+/// aligned, and not used elsewhere while the handler runs).
 #[cfg(target_arch = "aarch64")]
 unsafe fn set_return_value(context: *mut libc::c_void, value: i64) {
     let uc = context as *mut libc::ucontext_t;
-    (*uc).uc_mcontext.regs[0] = value as u64;
+    // SAFETY: the caller passes the handler's own ucontext_t; x0 holds the return value.
+    unsafe { (*uc).uc_mcontext.regs[0] = value as u64 };
 }
 
 fn install_handler() -> Result<(), Error> {
@@ -825,7 +841,7 @@ mod tests {
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        // SAFETY (whole block): plain system calls on values owned here.
+        // SAFETY: plain system calls on values owned here (the whole block).
         unsafe {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return 10;
@@ -896,7 +912,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("app.sock");
         let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        // SAFETY (whole block): plain system calls on values owned here.
+        // SAFETY: plain system calls on values owned here (the whole block).
         unsafe {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return 10;
@@ -922,7 +938,7 @@ mod tests {
 
     /// Returns 0 when every check passed, else the number of the first failing one.
     fn child_checks() -> i32 {
-        // SAFETY (whole function): plain system calls on values owned here.
+        // SAFETY: plain system calls on values owned here (the whole function).
         unsafe {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return 10;

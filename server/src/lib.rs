@@ -133,7 +133,7 @@ impl Server {
     }
 
     /// Logs every answer to this file, from a writer thread of the server's own (see
-    /// `access_log.rs`).
+    /// `access_log/`).
     pub fn with_access_log(self, log: AccessLog) -> Server {
         self.with_access_logs(vec![log])
     }

@@ -11,8 +11,10 @@ use crate::access_log::{LogShared, WorkerLog};
 use crate::bans::Bans;
 use crate::config::{ListenerKind, ServerConfig};
 use crate::conn::{Conn, Link, Status};
+use crate::driver::pool::{UpstreamConns, UPSTREAM_TOKEN};
+use crate::driver::relay::{self as relay_driver, Sockets};
 use crate::driver::{self, Entry, Socket};
-use crate::exchange::ConnCx;
+use crate::exchange::{ConnCx, DateLine, WorkerClock};
 use crate::fault;
 use crate::handler::ExchangeId;
 use crate::handler::{Pending, TurnEnd, WorkerMessage};
@@ -20,8 +22,6 @@ use crate::response::Response;
 use crate::router::Router;
 use crate::slab::Slab;
 use crate::stats::{Counter, Stats};
-use crate::upstream::driver::{self as relay_driver, Sockets};
-use crate::upstream::pool::{UpstreamConns, UPSTREAM_TOKEN};
 use crate::upstream::UpstreamOutcome;
 
 /// What every worker shares, read-only (but for reloads).
@@ -80,6 +80,8 @@ pub(crate) struct HttpWorker<I: Io> {
     turn_answers: Vec<(Pending, Response)>,
     /// `end_turn` stopped while its hooks still answered: run them again next turn.
     turn_end_again: bool,
+    /// The `Date` line of the clock's second, for this worker's answers.
+    date: DateLine,
 }
 
 impl<I: Io> HttpWorker<I> {
@@ -102,6 +104,7 @@ impl<I: Io> HttpWorker<I> {
             relay_ids: Vec::new(),
             turn_answers: Vec::new(),
             turn_end_again: false,
+            date: DateLine::new(0),
         }
     }
 
@@ -169,6 +172,10 @@ impl<I: Io> HttpWorker<I> {
         let Some(entry) = self.conns.get_mut(key) else {
             return;
         };
+        let clock = WorkerClock {
+            clock: cx.clock,
+            date: self.date.at(cx.clock.unix_secs()),
+        };
         let mut ccx = ConnCx {
             router: &self.shared.router,
             acme: self.shared.tls.as_ref().and_then(|t| t.acme()),
@@ -176,7 +183,7 @@ impl<I: Io> HttpWorker<I> {
             hsts_line: self.shared.hsts_line.as_deref(),
             config: &self.config,
             stats: self.shared.stats.worker(self.id),
-            clock: cx.clock,
+            clock: &clock,
             buffers: cx.buffers,
             access_log: self.access_log.as_mut(),
             inbox: &self.inbox,

@@ -1,9 +1,12 @@
 //! What an exchange runs with: the context a connection lends it ([`ConnCx`], what it borrows
-//! of its worker), who the connection is ([`Link`]), and what its answer needs to know of the
-//! request ([`Facts`]). A leaf of the exchange layer: the other files of `exchange/` import it.
+//! of its worker), the worker's clock with its `Date` line ([`WorkerClock`]), who the
+//! connection is ([`Link`]), and what its answer needs to know of the request ([`Facts`]). A
+//! leaf of the exchange layer: the other files of `exchange/` import it.
 
 use std::net::{IpAddr, SocketAddr};
+use std::ops::Deref;
 
+use tern_codec::{format_date_line, DATE_LINE_LEN};
 use tern_runtime::{BufPool, Clock, InboxSender};
 
 use crate::access_log::WorkerLog;
@@ -25,7 +28,7 @@ pub(crate) struct ConnCx<'a> {
     /// The worker's settings in force (timeouts, limits; changed by reloads between turns).
     pub config: &'a ServerConfig,
     pub stats: &'a WorkerStats,
-    pub clock: &'a Clock,
+    pub clock: &'a WorkerClock<'a>,
     pub buffers: &'a mut BufPool,
     /// The worker's access log, if there is one: every answer is recorded there.
     pub access_log: Option<&'a mut WorkerLog>,
@@ -51,6 +54,56 @@ impl ConnCx<'_> {
         if let Some(bans) = self.bans {
             bans::record(bans, self.stats, self.clock, ip, cause);
         }
+    }
+}
+
+/// A worker's `Date: ...\r\n` line, formatted again only when the second changes (the
+/// runtime's clock keeps time, and knows nothing of HTTP), so an answer never pays for date
+/// formatting.
+pub(crate) struct DateLine {
+    unix_secs: u64,
+    line: [u8; DATE_LINE_LEN],
+}
+
+impl DateLine {
+    pub fn new(unix_secs: u64) -> DateLine {
+        DateLine {
+            unix_secs,
+            line: format_date_line(unix_secs),
+        }
+    }
+
+    /// The line for `unix_secs`, formatted if the second changed since the last call.
+    #[inline]
+    pub fn at(&mut self, unix_secs: u64) -> &DateLine {
+        if unix_secs != self.unix_secs {
+            *self = DateLine::new(unix_secs);
+        }
+        self
+    }
+}
+
+/// The worker's clock as a connection sees it: the runtime's [`Clock`] (which it derefs to)
+/// and the `Date` line of the clock's current second.
+pub(crate) struct WorkerClock<'a> {
+    pub clock: &'a Clock,
+    pub date: &'a DateLine,
+}
+
+impl WorkerClock<'_> {
+    /// The `Date: ...\r\n` line for the current second.
+    #[inline]
+    pub fn date_line(&self) -> &[u8] {
+        debug_assert_eq!(self.date.unix_secs, self.clock.unix_secs());
+        &self.date.line
+    }
+}
+
+impl Deref for WorkerClock<'_> {
+    type Target = Clock;
+
+    fn deref(&self) -> &Clock {
+        self.clock
     }
 }
 
@@ -100,5 +153,30 @@ impl Facts {
             http10: false,
             tally: Tally::starting(now_us),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_date_line_follows_the_clock_second() {
+        let mut clock = Clock::manual(1_000_000_000);
+        let mut date = DateLine::new(0);
+        let first = WorkerClock {
+            clock: &clock,
+            date: date.at(clock.unix_secs()),
+        }
+        .date_line()
+        .to_vec();
+        assert_eq!(first, format_date_line(1_000_000_000));
+        assert!(first.starts_with(b"Date: ") && first.ends_with(b"\r\n"));
+        clock.advance_ms(999);
+        let line = date.at(clock.unix_secs()).line;
+        assert_eq!(line[..], first[..], "still the same second");
+        clock.advance_ms(1);
+        let line = date.at(clock.unix_secs()).line;
+        assert_eq!(line, format_date_line(1_000_000_001));
     }
 }

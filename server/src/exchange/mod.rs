@@ -27,7 +27,7 @@ use crate::stats::{AnswerRow, Counter};
 use crate::upstream::Forward;
 
 pub(crate) use awaiting::Awaiting;
-pub(crate) use context::{ConnCx, Facts, Link};
+pub(crate) use context::{ConnCx, DateLine, Facts, Link, WorkerClock};
 pub(crate) use sink::Sink;
 
 /// What became of a request.

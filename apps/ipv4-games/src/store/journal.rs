@@ -553,42 +553,32 @@ impl ClaimStore for JournalStore {
 
     fn metrics(&self, out: &mut Vec<Metric>) {
         let s = &self.stats;
-        let get = super::count;
-        let seconds = super::seconds;
-        // Tables, one metric per line.
-        #[rustfmt::skip]
-        let counters = [
-            ("claims_saved", "claims answered 200 once durable (--sync full: once synced)", get(&s.saved)),
-            ("journal_writes", "journal writes (one per worker turn with changed claims)", get(&s.writes)),
-            ("journal_written_bytes", "bytes appended to the journal", get(&s.written_bytes)),
-            ("claims_changed", "claims that changed an address's holder or time (written)", get(&s.changes)),
-            ("claims_unchanged", "claims repeating the holder's claim within the hour (not written)", get(&s.repeats)),
-            ("journal_write_errors", "journal writes that failed (their turn answered 503)", get(&s.write_errors)),
-            ("claims_refused_full", "claims refused at --max-claims (or the name limit)", get(&s.refused_full)),
-            ("claims_refused_stopped", "claims refused after a failed sync", get(&s.refused_stopped)),
-            ("journal_syncs", "fdatasync calls of the journal (--sync full)", get(&s.syncs)),
-            ("journal_sync_errors", "failed fdatasync calls (claims stop)", get(&s.sync_errors)),
-            ("compactions", "snapshots written by compaction", get(&s.compactions)),
-            ("compaction_errors", "compactions that failed", get(&s.compaction_errors)),
-        ];
-        #[rustfmt::skip]
-        let seconds_counters = [
-            ("journal_sync_seconds_total", "time spent in the journal's fdatasync calls", seconds(&s.sync_nanos)),
-            ("compaction_seconds_total", "time spent compacting", seconds(&s.compaction_nanos)),
-        ];
+        let (get, seconds) = (super::count, super::seconds);
         let stopped = self.stopped.load(Ordering::Relaxed) as u8 as f64;
         let segment = self.current.load(Ordering::Relaxed) as f64;
-        #[rustfmt::skip]
-        let gauges = [
-            ("journal_sync_seconds_max", "the longest journal fdatasync", seconds(&s.sync_max_nanos)),
-            ("claims_stopped", "1 once a failed sync stopped claims (until restart)", stopped),
-            ("snapshot_bytes", "size of the newest snapshot", get(&s.snapshot_bytes) as f64),
-            ("journal_bytes", "bytes of journal segments not yet folded into a snapshot", get(&s.journal_bytes) as f64),
-            ("journal_segment", "number of the journal segment being written", segment),
-            ("recovered_claims", "claims read back at start-up", get(&s.recovered) as f64),
-            ("recovery_seconds", "time the start-up recovery took", seconds(&s.recovery_nanos)),
-        ];
-        super::push_metrics(out, &counters, &seconds_counters, &gauges);
+        metrics_table! { out;
+            counter "claims_saved" "claims answered 200 once durable (--sync full: once synced)" = get(&s.saved);
+            counter "journal_writes" "journal writes (one per worker turn with changed claims)" = get(&s.writes);
+            counter "journal_written_bytes" "bytes appended to the journal" = get(&s.written_bytes);
+            counter "claims_changed" "claims that changed an address's holder or time (written)" = get(&s.changes);
+            counter "claims_unchanged" "claims repeating the holder's claim within the hour (not written)" = get(&s.repeats);
+            counter "journal_write_errors" "journal writes that failed (their turn answered 503)" = get(&s.write_errors);
+            counter "claims_refused_full" "claims refused at --max-claims (or the name limit)" = get(&s.refused_full);
+            counter "claims_refused_stopped" "claims refused after a failed sync" = get(&s.refused_stopped);
+            counter "journal_syncs" "fdatasync calls of the journal (--sync full)" = get(&s.syncs);
+            counter "journal_sync_errors" "failed fdatasync calls (claims stop)" = get(&s.sync_errors);
+            counter "compactions" "snapshots written by compaction" = get(&s.compactions);
+            counter "compaction_errors" "compactions that failed" = get(&s.compaction_errors);
+            seconds "journal_sync_seconds_total" "time spent in the journal's fdatasync calls" = seconds(&s.sync_nanos);
+            seconds "compaction_seconds_total" "time spent compacting" = seconds(&s.compaction_nanos);
+            gauge "journal_sync_seconds_max" "the longest journal fdatasync" = seconds(&s.sync_max_nanos);
+            gauge "claims_stopped" "1 once a failed sync stopped claims (until restart)" = stopped;
+            gauge "snapshot_bytes" "size of the newest snapshot" = get(&s.snapshot_bytes) as f64;
+            gauge "journal_bytes" "bytes of journal segments not yet folded into a snapshot" = get(&s.journal_bytes) as f64;
+            gauge "journal_segment" "number of the journal segment being written" = segment;
+            gauge "recovered_claims" "claims read back at start-up" = get(&s.recovered) as f64;
+            gauge "recovery_seconds" "time the start-up recovery took" = seconds(&s.recovery_nanos);
+        }
     }
 }
 

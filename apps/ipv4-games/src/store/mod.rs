@@ -7,6 +7,25 @@
 //! Two stores: the journal (`journal::JournalStore`, one machine) and PostgreSQL
 //! (`postgres::PgStore`, several nodes on one database).
 
+/// A store's figures for `/metrics` and `/statusz`, one metric a line, in the one shape both
+/// stores write theirs in: `KIND "name" "help" = value;`, where KIND is `counter` (a `u64`),
+/// `seconds` (a counter of seconds, an `f64`) or `gauge` (an `f64`). Pushed onto `out` in
+/// table order.
+macro_rules! metrics_table {
+    ($out:expr; $($kind:ident $name:literal $help:literal = $value:expr;)*) => {
+        $( $out.push(metrics_table!(@$kind $name, $help, $value)); )*
+    };
+    (@counter $name:literal, $help:literal, $value:expr) => {
+        tern_services::metrics::Metric::counter($name, $help, $value)
+    };
+    (@seconds $name:literal, $help:literal, $value:expr) => {
+        tern_services::metrics::Metric::counter_f64($name, $help, $value)
+    };
+    (@gauge $name:literal, $help:literal, $value:expr) => {
+        tern_services::metrics::Metric::gauge($name, $help, $value)
+    };
+}
+
 pub mod journal;
 pub mod postgres;
 mod postgres_tls;
@@ -86,30 +105,6 @@ fn count(a: &std::sync::atomic::AtomicU64) -> u64 {
 /// Nanoseconds counted in `a`, as seconds.
 fn seconds(a: &std::sync::atomic::AtomicU64) -> f64 {
     count(a) as f64 / 1e9
-}
-
-/// Tables of `(name, help, value)` as metrics: counters, counters of seconds, gauges.
-fn push_metrics(
-    out: &mut Vec<Metric>,
-    counters: &[(&'static str, &'static str, u64)],
-    seconds_counters: &[(&'static str, &'static str, f64)],
-    gauges: &[(&'static str, &'static str, f64)],
-) {
-    out.extend(
-        counters
-            .iter()
-            .map(|&(name, help, v)| Metric::counter(name, help, v)),
-    );
-    out.extend(
-        seconds_counters
-            .iter()
-            .map(|&(name, help, v)| Metric::counter_f64(name, help, v)),
-    );
-    out.extend(
-        gauges
-            .iter()
-            .map(|&(name, help, v)| Metric::gauge(name, help, v)),
-    );
 }
 
 /// Where claims become durable.

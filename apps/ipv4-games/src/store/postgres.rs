@@ -807,36 +807,25 @@ impl ClaimStore for PgStore {
 
     fn metrics(&self, out: &mut Vec<Metric>) {
         let s = &self.stats;
-        let get = super::count;
-        let seconds = super::seconds;
-        // Tables, one metric per line.
-        #[rustfmt::skip]
-        let counters = [
-            ("claims_saved", "claims answered 200 once committed in PostgreSQL", get(&s.saved)),
-            ("pg_groups", "claim transactions committed", get(&s.groups)),
-            ("claims_changed", "claims that changed an address's holder or time", get(&s.changes)),
-            ("claims_refused_busy", "claims refused because the writer's queue was full", get(&s.refused_busy)),
-            ("claims_refused_down", "claims refused while PostgreSQL was unreachable", get(&s.refused_down)),
-            ("claims_refused_stalled", "claims refused while a claim transaction had run over a second, or after waiting over two seconds for one", get(&s.refused_stalled)),
-            ("claims_refused_full", "claims of new addresses refused at --max-claims", get(&s.refused_full)),
-            ("claims_outcome_unknown", "claims refused because their commit failed or its outcome is unknown", get(&s.unknown_outcome)),
-            ("claims_followed", "claim log rows applied to this node's state", get(&s.followed)),
-            ("pg_reconnects", "times the writer reconnected after losing PostgreSQL", get(&s.reconnects)),
-        ];
-        let seconds_counters = [(
-            "pg_commit_seconds_total",
-            "time spent saving claim groups",
-            seconds(&s.commit_nanos),
-        )];
-        #[rustfmt::skip]
-        let gauges = [
-            ("pg_follow_lag_seconds", "age of the newest claim log row when this node applied it", seconds(&s.follow_lag_nanos)),
-            ("pg_down", "1 while the writer cannot reach PostgreSQL", self.down.load(Ordering::Relaxed) as u8 as f64),
-            ("pg_transaction_seconds", "how long the claim transaction running now has run (0: none)", self.saving_for().as_secs_f64()),
-            ("recovered_claims", "addresses loaded from PostgreSQL at start-up", get(&s.bootstrapped) as f64),
-            ("recovery_seconds", "time the start-up load took", seconds(&s.bootstrap_nanos)),
-        ];
-        super::push_metrics(out, &counters, &seconds_counters, &gauges);
+        let (get, seconds) = (super::count, super::seconds);
+        metrics_table! { out;
+            counter "claims_saved" "claims answered 200 once committed in PostgreSQL" = get(&s.saved);
+            counter "pg_groups" "claim transactions committed" = get(&s.groups);
+            counter "claims_changed" "claims that changed an address's holder or time" = get(&s.changes);
+            counter "claims_refused_busy" "claims refused because the writer's queue was full" = get(&s.refused_busy);
+            counter "claims_refused_down" "claims refused while PostgreSQL was unreachable" = get(&s.refused_down);
+            counter "claims_refused_stalled" "claims refused while a claim transaction had run over a second, or after waiting over two seconds for one" = get(&s.refused_stalled);
+            counter "claims_refused_full" "claims of new addresses refused at --max-claims" = get(&s.refused_full);
+            counter "claims_outcome_unknown" "claims refused because their commit failed or its outcome is unknown" = get(&s.unknown_outcome);
+            counter "claims_followed" "claim log rows applied to this node's state" = get(&s.followed);
+            counter "pg_reconnects" "times the writer reconnected after losing PostgreSQL" = get(&s.reconnects);
+            seconds "pg_commit_seconds_total" "time spent saving claim groups" = seconds(&s.commit_nanos);
+            gauge "pg_follow_lag_seconds" "age of the newest claim log row when this node applied it" = seconds(&s.follow_lag_nanos);
+            gauge "pg_down" "1 while the writer cannot reach PostgreSQL" = self.down.load(Ordering::Relaxed) as u8 as f64;
+            gauge "pg_transaction_seconds" "how long the claim transaction running now has run (0: none)" = self.saving_for().as_secs_f64();
+            gauge "recovered_claims" "addresses loaded from PostgreSQL at start-up" = get(&s.bootstrapped) as f64;
+            gauge "recovery_seconds" "time the start-up load took" = seconds(&s.bootstrap_nanos);
+        }
     }
 }
 

@@ -4,19 +4,19 @@
 //! relay's upstream half (`conn::upstream::UpstreamView`) or, for a TLS handshake and the
 //! look before pooling, its TLS session alone (`TlsRecords`). What is left here is the
 //! relays' bookkeeping: connecting, taking from and giving back to the pool
-//! (`upstream/pool.rs`), counting, and the order of turns.
+//! (`driver/pool.rs`), counting, and the order of turns.
 
 use tern_runtime::io::{Io, Waiting};
 use tern_runtime::ratelog;
 
 use super::pool::{UpConn, UpstreamConns};
-use super::UpstreamOutcome;
+use super::{pump, Entry};
 use crate::conn::upstream::{Handshake, TlsRecords, UpstreamView};
 use crate::conn::{RelayNeed, Status};
-use crate::driver::{pump, Entry};
 use crate::exchange::ConnCx;
 use crate::handler::ExchangeId;
 use crate::stats::UpstreamCounter;
+use crate::upstream::UpstreamOutcome;
 
 /// Rounds of client-then-upstream work per call before yielding to other connections (a
 /// fast download through the proxy must not hold the worker).

@@ -1,13 +1,11 @@
 //! Forwarding an exchange to an upstream HTTP/1.1 server, on the worker that owns the client
-//! connection. A handler (the reverse proxy app) answers [`Reply::Forward`](crate::Reply) with a
-//! [`Forward`]: the request head to send and the [`Upstreams`] to choose a server from. The
-//! connection's protocol then relays the exchange (`conn/relay.rs`: sans-IO, bodies
-//! streamed both ways with bounded buffers), and this module's driver (`driver.rs`) does the
-//! upstream socket's I/O beside the client's, with connections kept alive in a per-worker pool
-//! (`pool.rs`): no lock and no other thread on the way.
-
-pub(crate) mod driver;
-pub(crate) mod pool;
+//! connection: the handler API's half of it. A handler (the reverse proxy app) answers
+//! [`Reply::Forward`](crate::Reply) with a [`Forward`]: the request head to send and the
+//! [`Upstreams`] to choose a server from. The connection's protocol then relays the exchange
+//! (`conn/relay.rs`: sans-IO, bodies streamed both ways with bounded buffers), and the driver
+//! layer does the upstream socket's I/O beside the client's (`driver/relay.rs`), with
+//! connections kept alive in a per-worker pool (`driver/pool.rs`): no lock and no other thread
+//! on the way.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

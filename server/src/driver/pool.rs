@@ -2,7 +2,7 @@
 //! client connection) and the idle ones kept alive for the next request, per server. Only
 //! the worker touches them, so there is no lock; each is watched by the worker's event loop
 //! once, for its whole life, under a token with [`UPSTREAM_TOKEN`] set. Their bytes move
-//! through the one socket loop (`driver::pump`, see `upstream/driver.rs`); this file only
+//! through the one socket loop (`driver::pump`, see `driver/relay.rs`); this file only
 //! keeps them.
 
 use std::collections::HashMap;
@@ -12,10 +12,10 @@ use std::sync::Arc;
 use tern_runtime::io::{Io, Peer, Waiting};
 use tern_runtime::{ratelog, BufPool};
 
-use super::{UpstreamAddr, Upstreams};
+use super::Socket;
 use crate::conn::upstream::TlsClient;
-use crate::driver::Socket;
 use crate::slab::Slab;
+use crate::upstream::{UpstreamAddr, Upstreams};
 
 /// Set in the token (and slab key) of every upstream connection; client connection keys
 /// never have it (their generation is kept below 2^31).
@@ -48,7 +48,7 @@ impl<I: Io> UpConn<I> {
     }
 
     /// For a connection still connecting: has its TCP (or Unix) connection been made (or
-    /// failed) since? A TLS handshake follows (`upstream/driver.rs`).
+    /// failed) since? A TLS handshake follows (`driver/relay.rs`).
     pub fn poll_connected(&mut self, io: &mut I) -> io::Result<bool> {
         if !self.connected {
             if !self.write_event {
@@ -192,7 +192,7 @@ impl<I: Io> UpstreamConns<I> {
 
     /// Puts a connection whose exchange ended cleanly into the pool, or closes it if the
     /// pool for its server is full or anything waits in it: `waiting` is what a look found
-    /// (`upstream::driver`'s `look_before_pooling`).
+    /// (`driver::relay`'s `look_before_pooling`).
     pub fn release(&mut self, key: u64, waiting: Waiting, now_ms: u64) {
         let Some(conn) = self.get_mut(key) else {
             return;

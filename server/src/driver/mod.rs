@@ -8,6 +8,12 @@
 //! relay in the upstream half): the loop moves records, never plaintext, so it needs no
 //! wrapper per transport, and a completion backend is handed buffers that stay put until
 //! sent. Besides the loop, this file keeps the client socket's write-stall bookkeeping.
+//!
+//! The upstream side: `relay.rs` drives a connection's relays (connect, handshake, pool,
+//! release) and `pool.rs` keeps the worker's upstream connections.
+
+pub(crate) mod pool;
+pub(crate) mod relay;
 
 use std::io::{self, IoSlice};
 
