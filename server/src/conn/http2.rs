@@ -17,7 +17,7 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 
 use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
-use super::relay::{BodyFollows, Relay, RelayNeed, RelayStart};
+use super::relay::{BodyFollows, Relay, RelayStart, Relays};
 use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Outcome, Sink};
@@ -101,7 +101,7 @@ struct H2Answer {
 }
 
 /// What a stream's relay writes its answer through; `flush_relays` and `pump_relay` frame it.
-struct H2Sink<'a> {
+pub(crate) struct H2Sink<'a> {
     answer: &'a mut H2Answer,
     room: usize,
     /// Encoder state the connection's other streams hold.
@@ -368,7 +368,7 @@ impl Http2 {
                         // Nothing more is answered after our GOAWAY with an error.
                         self.sending.clear();
                         self.awaiting.clear();
-                        self.abandon_relays(cx);
+                        self.abandon_all(cx);
                         let counter = if e.code == ErrorCode::EnhanceYourCalm {
                             Counter::Http2Floods
                         } else {
@@ -925,7 +925,7 @@ impl Http2 {
         out.commit(before);
         self.sending.clear();
         self.awaiting.clear();
-        self.abandon_relays(cx);
+        self.abandon_all(cx);
         self.closing = true;
     }
 
@@ -1038,25 +1038,62 @@ impl Http2 {
     }
 }
 
-/// The streams relayed to upstream servers: the connection's `relay_*` calls, by stream id.
+/// One relay slot per relayed stream (the driver's calls on them are in `relays.rs`).
+impl Relays for Http2 {
+    type Sink<'a> = H2Sink<'a>;
+
+    fn count(&self) -> usize {
+        self.relays.len()
+    }
+
+    fn id(&self, i: usize) -> ExchangeId {
+        ExchangeId(u64::from(self.relays[i].id))
+    }
+
+    fn relay(&self, i: usize) -> &Relay {
+        &self.relays[i].relay
+    }
+
+    fn relay_mut(&mut self, i: usize) -> &mut Relay {
+        &mut self.relays[i].relay
+    }
+
+    fn parts<'a>(
+        &'a mut self,
+        i: usize,
+        _: &'a mut Output,
+        _: &'a Link,
+    ) -> (&'a mut Relay, H2Sink<'a>) {
+        self.parts_at(i)
+    }
+
+    fn one_exchange(&self) -> bool {
+        false
+    }
+
+    fn flush(&mut self, upstream_bytes: bool, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        if upstream_bytes {
+            // A tunnel just opened takes what its client sent meanwhile.
+            self.feed_relays(out, cx);
+        }
+        self.flush_relays(out, link, cx);
+    }
+
+    /// The relay is kept until its answer has gone out.
+    fn released(&mut self, _: usize, _: bool) {
+        self.drop_finished_relays();
+    }
+
+    fn abandon_all(&mut self, cx: &ConnCx<'_>) {
+        for r in &mut self.relays {
+            r.abandon(cx.stats);
+        }
+    }
+}
+
+/// The HTTP/2 side of the relays: room, request bodies in, answers out.
 impl Http2 {
-    fn relay_ref(&self, id: u32) -> Option<&Relay> {
-        self.relays.iter().find(|r| r.id == id).map(|r| &*r.relay)
-    }
-
-    fn relay(&mut self, id: u32) -> Option<&mut Relay> {
-        self.relays
-            .iter_mut()
-            .find(|r| r.id == id)
-            .map(|r| &mut *r.relay)
-    }
-
-    /// The relay of stream `id` and the sink it writes its answer through.
-    fn relay_parts(&mut self, id: u32) -> Option<(&mut Relay, H2Sink<'_>)> {
-        let i = self.relays.iter().position(|r| r.id == id)?;
-        Some(self.parts_at(i))
-    }
-
+    /// The relay at `i` and the sink it writes its answer through.
     fn parts_at(&mut self, i: usize) -> (&mut Relay, H2Sink<'_>) {
         let room = self.relay_room(i);
         let encoders_held = self.encoders_held() - self.relays[i].relay.encoder_bytes();
@@ -1067,72 +1104,6 @@ impl Http2 {
             encoders_held,
         };
         (&mut r.relay, sink)
-    }
-
-    pub fn in_relay(&self) -> bool {
-        !self.relays.is_empty()
-    }
-
-    pub fn relay_ids(&self, into: &mut Vec<ExchangeId>) {
-        into.extend(self.relays.iter().map(|r| ExchangeId(u64::from(r.id))));
-    }
-
-    pub fn relay_need(&self, id: u32) -> RelayNeed {
-        self.relay_ref(id).map_or(RelayNeed::Nothing, Relay::need)
-    }
-
-    pub fn relay_upstreams(
-        &self,
-        id: u32,
-    ) -> Option<&std::sync::Arc<dyn crate::upstream::Upstreams>> {
-        self.relay_ref(id).map(Relay::upstreams)
-    }
-
-    pub fn relay_attached(&mut self, id: u32, reused: bool, connected: bool, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay(id) {
-            r.attached(reused, connected, cx);
-        }
-    }
-
-    pub fn relay_connected(&mut self, id: u32, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay(id) {
-            r.now_connected(cx);
-        }
-    }
-
-    /// The upstream connection was detached: unless a retry follows, the relay is kept only
-    /// until its answer has gone out.
-    pub fn relay_released(&mut self, id: u32, cx: &mut ConnCx<'_>) {
-        if let Some(r) = self.relay(id) {
-            r.released(cx);
-        }
-        self.drop_finished_relays();
-    }
-
-    pub fn relay_seal(&mut self, id: u32) {
-        if let Some(r) = self.relay(id) {
-            r.seal_send();
-        }
-    }
-
-    pub fn relay_send_buf(&self, id: u32) -> &[u8] {
-        self.relay_ref(id).map_or(&[][..], Relay::send_buf)
-    }
-
-    pub fn relay_sent(&mut self, id: u32, n: usize, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay(id) {
-            r.sent(n, cx);
-        }
-    }
-
-    pub fn relay_recv_buf(&mut self, id: u32, cx: &mut ConnCx<'_>) -> &mut [u8] {
-        match self.relay_parts(id) {
-            Some((relay, sink)) => {
-                let room = sink.room();
-                relay.recv_buf(room, cx)
-            }
-            None => &mut [],
-        }
     }
 
     /// How many more bytes of its answer the relay at `i` may take from its upstream now:
@@ -1156,63 +1127,6 @@ impl Http2 {
     /// Encoder state all the connection's relays hold (see `compression::CONN_ENCODER_BUDGET`).
     fn encoders_held(&self) -> usize {
         self.relays.iter().map(|r| r.relay.encoder_bytes()).sum()
-    }
-
-    pub fn relay_recv(
-        &mut self,
-        id: u32,
-        n: usize,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
-        if let Some((relay, mut sink)) = self.relay_parts(id) {
-            relay.recv(n, &mut sink, cx);
-        }
-        // A tunnel just opened takes what its client sent meanwhile.
-        self.feed_relays(out, cx);
-        self.flush_relays(out, link, cx);
-    }
-
-    pub fn relay_closed(
-        &mut self,
-        id: u32,
-        error: bool,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
-        if let Some((relay, mut sink)) = self.relay_parts(id) {
-            relay.closed(error, &mut sink, cx);
-        }
-        self.flush_relays(out, link, cx);
-    }
-
-    pub fn relay_connect_failed(
-        &mut self,
-        id: u32,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
-        if let Some((relay, mut sink)) = self.relay_parts(id) {
-            relay.connect_failed(&mut sink, cx);
-        }
-        self.flush_relays(out, link, cx);
-    }
-
-    /// Every relay whose deadline has passed handles it (another server, a 504, or a reset
-    /// when its client left the answer unread: that stream only).
-    pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        let now = cx.clock.now_ms();
-        for i in 0..self.relays.len() {
-            if self.relays[i].relay.deadline() <= now {
-                let (relay, mut sink) = self.parts_at(i);
-                let room = sink.room() > 0;
-                relay.timed_out(room, &mut sink, cx);
-            }
-        }
-        self.flush_relays(out, link, cx);
     }
 
     /// Hands streamed request bodies to their relays as far as each takes them (the rest,
@@ -1367,23 +1281,6 @@ impl Http2 {
             let answered = !sending.iter().any(|s| s.stream == r.id) && r.answer.head.is_none();
             !(r.relay.is_finished() && answered)
         });
-    }
-
-    /// The connection failed or the client left: every relay ends without an answer.
-    pub fn abandon_relays(&mut self, cx: &ConnCx<'_>) {
-        for r in &mut self.relays {
-            r.abandon(cx.stats);
-        }
-    }
-
-    pub fn relay_wants_shutdown(&self, id: u32) -> bool {
-        self.relay_ref(id).is_some_and(Relay::wants_shutdown)
-    }
-
-    pub fn relay_shut_down(&mut self, id: u32) {
-        if let Some(r) = self.relay(id) {
-            r.shut_down();
-        }
     }
 }
 

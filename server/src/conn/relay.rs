@@ -22,12 +22,15 @@ use std::mem::MaybeUninit;
 use tern_codec::{parse_upstream_head, BodyDecoder, BodyKind, ResponseBody, UpstreamError};
 use tern_runtime::{ratelog, ReadBuf};
 
+use super::output::Output;
+use super::types::Link;
 use super::up_queue::UpQueue;
 use super::upstream_wire::{BodyFraming, FastCgiAnswer};
 use super::websocket::Handshake;
 use crate::access_log::SavedEntry;
 use crate::compression::{self, Choice, EncoderRoom, Streamed};
 use crate::exchange::{ConnCx, Sink};
+use crate::handler::ExchangeId;
 use crate::response::Response;
 use crate::stats::{Counter, Tally, UpstreamCounter};
 use crate::upstream::{Forward, UpstreamOutcome, UpstreamRow, UpstreamWire};
@@ -116,6 +119,61 @@ pub(crate) enum RelayNeed {
         keep: bool,
         outcome: UpstreamOutcome,
     },
+}
+
+/// Where a protocol keeps the exchanges it relays: slots `0..count()`, each a [`Relay`] under
+/// its exchange's id, lent with the [`Sink`] its answer goes through. HTTP/1.1 has one slot
+/// (the exchange in progress, while it is relayed), HTTP/2 one per relayed stream. The calls
+/// the driver makes on them are written once, over this trait, in `conn/relays.rs`; what
+/// differs by protocol is here. The slot methods take `i < count()`.
+pub(crate) trait Relays {
+    /// What a relay writes its answer through.
+    type Sink<'a>: Sink
+    where
+        Self: 'a;
+
+    /// How many relays are under way.
+    fn count(&self) -> usize;
+
+    /// The exchange relayed in slot `i`.
+    fn id(&self, i: usize) -> ExchangeId;
+
+    fn relay(&self, i: usize) -> &Relay;
+
+    fn relay_mut(&mut self, i: usize) -> &mut Relay;
+
+    /// The relay in slot `i` and the sink its answer goes through (HTTP/1.1 writes into the
+    /// connection's `out`, for the client at `link`).
+    fn parts<'a>(
+        &'a mut self,
+        i: usize,
+        out: &'a mut Output,
+        link: &'a Link,
+    ) -> (&'a mut Relay, Self::Sink<'a>);
+
+    /// One exchange at a time (HTTP/1.1): the connection's upstream deadline is its relay's,
+    /// so when it passes that relay is due, and an answer its client stopped taking ends with
+    /// the connection. Otherwise each relay is due at its own deadline, and a stalled answer
+    /// ends its own exchange only.
+    fn one_exchange(&self) -> bool;
+
+    /// Relays wrote to their sinks (an upstream's bytes or end, a failure, a timeout): what
+    /// they produced goes to the client as far as the protocol can send it now. `upstream_bytes`:
+    /// an upstream's bytes were taken, which may have opened a tunnel (its client's bytes that
+    /// came meanwhile then go up).
+    fn flush(&mut self, upstream_bytes: bool, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>);
+
+    /// The relay in slot `i` let its upstream connection go; `over`: its exchange is over (else
+    /// another try follows).
+    fn released(&mut self, i: usize, over: bool);
+
+    /// The connection is closing or failed: every relay ends unfinished.
+    fn abandon_all(&mut self, cx: &ConnCx<'_>);
+
+    /// The slot of exchange `id`'s relay, if it is under way.
+    fn slot(&self, id: ExchangeId) -> Option<usize> {
+        (0..self.count()).find(|&i| self.id(i) == id)
+    }
 }
 
 /// How the upstream's body is being read.
