@@ -39,7 +39,7 @@ enum State {
     Awaiting(Awaiting),
     /// We answered and half-closed; reading and discarding until the client closes.
     Lingering(Linger),
-    /// The exchange is relayed to an upstream server (`conn/relay.rs`).
+    /// The exchange is relayed to an upstream server (`conn/relay/`).
     Relay(Box<Relayed>),
 }
 
