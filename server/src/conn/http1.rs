@@ -779,7 +779,7 @@ impl Http1 {
 }
 
 /// One relay slot: the exchange in progress, while it is relayed (the driver's calls on it are
-/// in `relays.rs`).
+/// in `conn/relays.rs`).
 impl Relays for Http1 {
     type Sink<'a> = H1Sink<'a>;
 

@@ -12,6 +12,10 @@
 //! Deadlines come from [`Conn::next_deadline`]; a reply completed by another thread comes in
 //! through [`Conn::complete`]. The connection reads the worker's cached clock (passed in),
 //! never the system's.
+//!
+//! While it relays exchanges to upstream servers (`relay/`), the driver also runs their
+//! upstream side through the connection's `relay_*` calls, one surface for every protocol
+//! (`relays.rs`).
 
 mod close;
 pub(crate) mod http1;

@@ -83,7 +83,7 @@ impl RelayedStream {
     }
 }
 
-/// One relay slot per relayed stream (the driver's calls on them are in `relays.rs`).
+/// One relay slot per relayed stream (the driver's calls on them are in `conn/relays.rs`).
 impl Relays for Http2 {
     type Sink<'a> = H2Sink<'a>;
 
@@ -103,13 +103,23 @@ impl Relays for Http2 {
         &mut self.relays[i].relay
     }
 
+    /// The sink takes what is left of the stream's room and the connection's (`relay_room`);
+    /// the answer goes out when `flush` frames it.
     fn parts<'a>(
         &'a mut self,
         i: usize,
         _: &'a mut Output,
         _: &'a Link,
     ) -> (&'a mut Relay, H2Sink<'a>) {
-        self.parts_at(i)
+        let room = self.relay_room(i);
+        let encoders_held = self.encoders_held() - self.relays[i].relay.encoder_bytes();
+        let r = &mut self.relays[i];
+        let sink = H2Sink {
+            answer: &mut r.answer,
+            room,
+            encoders_held,
+        };
+        (&mut r.relay, sink)
     }
 
     fn one_exchange(&self) -> bool {
@@ -159,19 +169,6 @@ impl Http2 {
         self.relays.push(RelayedStream { id, relay, answer });
         self.feed_relays(out, cx);
         self.flush_relays(out, link, cx);
-    }
-
-    /// The relay at `i` and the sink it writes its answer through.
-    fn parts_at(&mut self, i: usize) -> (&mut Relay, H2Sink<'_>) {
-        let room = self.relay_room(i);
-        let encoders_held = self.encoders_held() - self.relays[i].relay.encoder_bytes();
-        let r = &mut self.relays[i];
-        let sink = H2Sink {
-            answer: &mut r.answer,
-            room,
-            encoders_held,
-        };
-        (&mut r.relay, sink)
     }
 
     /// How many more bytes of its answer the relay at `i` may take from its upstream now:
