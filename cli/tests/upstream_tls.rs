@@ -275,8 +275,8 @@ fn requests_and_bodies_go_over_tls_on_one_kept_alive_connection() {
         assert_eq!(r.text(), format!("a GET /n{i} 0 0"));
     }
     assert_eq!(app.handshakes(), 1, "one TLS connection, kept alive");
-    // A connection that carried a request body is not reused (relay.rs: `carried_body`): the
-    // next request makes a new one, resuming the TLS session.
+    // A connection that carried a request body is not reused (conn/relay/mod.rs:
+    // `carried_body`): the next request makes a new one, resuming the TLS session.
     let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
     let sum: u64 = body.iter().map(|&b| u64::from(b)).sum();
     let r = post(&mut c, "/upload", &body);

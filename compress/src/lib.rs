@@ -5,7 +5,7 @@
 //! whose output can be flushed whenever the producer has nothing more for now.
 //!
 //! The server uses it for fixed answers and for proxied ones (`server/src/compression.rs`,
-//! `server/src/conn/relay.rs`); static files keep their cached variants
+//! `server/src/conn/relay/answer.rs`); static files keep their cached variants
 //! (`server/src/static_files/encoding.rs`), negotiated with the same [`negotiate`].
 
 mod accept;

@@ -2,7 +2,7 @@
 //! connection: the handler API's half of it. A handler (the reverse proxy app) answers
 //! [`Reply::Forward`](crate::Reply) with a [`Forward`]: the request head to send and the
 //! [`Upstreams`] to choose a server from. The connection's protocol then relays the exchange
-//! (`conn/relay.rs`: sans-IO, bodies streamed both ways with bounded buffers), and the driver
+//! (`conn/relay/`: sans-IO, bodies streamed both ways with bounded buffers), and the driver
 //! layer does the upstream socket's I/O beside the client's (`driver/relay.rs`), with
 //! connections kept alive in a per-worker pool (`driver/pool.rs`): no lock and no other thread
 //! on the way.

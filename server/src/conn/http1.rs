@@ -14,7 +14,7 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 
 use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
-use super::relay::{self, BodyFollows, Relay, RelayNeed};
+use super::relay::{self, BodyFollows, Relay, Relays};
 use super::types::{Link, Timeout};
 use super::upstream_wire::chunk_size_line;
 use crate::access_log::{LogEntry, SavedEntry};
@@ -39,7 +39,7 @@ enum State {
     Awaiting(Awaiting),
     /// We answered and half-closed; reading and discarding until the client closes.
     Lingering(Linger),
-    /// The exchange is relayed to an upstream server (`conn/relay.rs`).
+    /// The exchange is relayed to an upstream server (`conn/relay/`).
     Relay(Box<Relayed>),
 }
 
@@ -83,7 +83,7 @@ struct Framing {
 }
 
 /// What a relay writes its answer through: HTTP/1.1 bytes in the connection's output.
-struct H1Sink<'a> {
+pub(crate) struct H1Sink<'a> {
     framing: &'a mut Framing,
     out: &'a mut Output,
     link: &'a Link,
@@ -778,142 +778,75 @@ impl Http1 {
     }
 }
 
-/// The relay's side of the protocol: the connection's `relay_*` calls, for the one exchange
-/// being relayed.
-impl Http1 {
-    fn relayed(&mut self) -> Option<&mut Relayed> {
-        match &mut self.state {
-            State::Relay(r) => Some(r),
-            _ => None,
-        }
+/// One relay slot: the exchange in progress, while it is relayed (the driver's calls on it are
+/// in `conn/relays.rs`).
+impl Relays for Http1 {
+    type Sink<'a> = H1Sink<'a>;
+
+    fn count(&self) -> usize {
+        usize::from(self.in_relay())
     }
 
-    fn relay_ref(&self) -> Option<&Relay> {
-        match &self.state {
-            State::Relay(r) => Some(&r.relay),
-            _ => None,
-        }
+    fn id(&self, _: usize) -> ExchangeId {
+        self.relayed().framing.facts.id
     }
 
-    /// The exchange being relayed, if one is.
-    pub fn relay_id(&self) -> Option<ExchangeId> {
-        match &self.state {
-            State::Relay(r) => Some(r.framing.facts.id),
-            _ => None,
-        }
+    fn relay(&self, _: usize) -> &Relay {
+        &self.relayed().relay
     }
 
-    pub fn relay_need(&self) -> RelayNeed {
-        self.relay_ref().map_or(RelayNeed::Nothing, Relay::need)
+    fn relay_mut(&mut self, _: usize) -> &mut Relay {
+        &mut self.relayed_mut().relay
     }
 
-    pub fn relay_upstreams(&self) -> Option<&std::sync::Arc<dyn crate::upstream::Upstreams>> {
-        self.relay_ref().map(Relay::upstreams)
+    fn parts<'a>(
+        &'a mut self,
+        _: usize,
+        out: &'a mut Output,
+        link: &'a Link,
+    ) -> (&'a mut Relay, H1Sink<'a>) {
+        self.relayed_mut().parts(out, link)
     }
 
-    pub fn relay_attached(&mut self, reused: bool, connected: bool, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relayed() {
-            r.relay.attached(reused, connected, cx);
-        }
+    fn one_exchange(&self) -> bool {
+        true
     }
 
-    pub fn relay_connected(&mut self, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relayed() {
-            r.relay.now_connected(cx);
-        }
+    fn flush(&mut self, _: bool, _: &mut Output, _: &Link, _: &mut ConnCx<'_>) {
+        // The sink wrote the answer into the output as it came.
     }
 
-    /// The connection is closing with its relay unfinished.
-    pub fn abandon_relay(&mut self, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relayed() {
-            r.relay.abandon(cx.stats);
-        }
-    }
-
-    /// The upstream connection was detached: unless a retry follows, the exchange is over
-    /// and the next request may be read.
-    pub fn relay_released(&mut self, cx: &mut ConnCx<'_>) {
-        let Some(r) = self.relayed() else { return };
-        if !r.relay.released(cx) {
+    /// Unless another try follows, the exchange is over and the next request may be read.
+    fn released(&mut self, _: usize, over: bool) {
+        if !over {
             return;
         }
-        let close = r.closes_client();
+        let close = self.relayed().closes_client();
         self.state = State::Head;
         if close {
             self.closing = true;
         }
     }
 
-    pub fn relay_seal(&mut self) {
-        if let Some(r) = self.relayed() {
-            r.relay.seal_send();
+    fn abandon_all(&mut self, cx: &ConnCx<'_>) {
+        if let State::Relay(r) = &mut self.state {
+            r.relay.abandon(cx.stats);
+        }
+    }
+}
+
+impl Http1 {
+    fn relayed(&self) -> &Relayed {
+        match &self.state {
+            State::Relay(r) => r,
+            _ => unreachable!("an HTTP/1.1 relay slot while not relaying"),
         }
     }
 
-    pub fn relay_send_buf(&self) -> &[u8] {
-        self.relay_ref().map_or(&[][..], Relay::send_buf)
-    }
-
-    pub fn relay_sent(&mut self, n: usize, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relayed() {
-            r.relay.sent(n, cx);
-        }
-    }
-
-    pub fn relay_recv_buf<'a>(
-        &'a mut self,
-        out: &'a mut Output,
-        link: &'a Link,
-        cx: &mut ConnCx<'_>,
-    ) -> &'a mut [u8] {
-        match self.relayed() {
-            Some(r) => {
-                let (relay, sink) = r.parts(out, link);
-                let room = sink.room();
-                relay.recv_buf(room, cx)
-            }
-            None => &mut [],
-        }
-    }
-
-    pub fn relay_recv(&mut self, n: usize, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        if let Some(r) = self.relayed() {
-            let (relay, mut sink) = r.parts(out, link);
-            relay.recv(n, &mut sink, cx);
-        }
-    }
-
-    pub fn relay_closed(
-        &mut self,
-        error: bool,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
-        if let Some(r) = self.relayed() {
-            let (relay, mut sink) = r.parts(out, link);
-            relay.closed(error, &mut sink, cx);
-        }
-    }
-
-    pub fn relay_connect_failed(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        if let Some(r) = self.relayed() {
-            let (relay, mut sink) = r.parts(out, link);
-            relay.connect_failed(&mut sink, cx);
-        }
-    }
-
-    /// The relay's deadline passed. True if the connection must close now: the client
-    /// stopped taking the answer, which can then never be completed.
-    pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) -> bool {
-        match self.relayed() {
-            Some(r) => {
-                let (relay, mut sink) = r.parts(out, link);
-                let room = sink.room() > 0;
-                relay.timed_out(room, &mut sink, cx);
-                relay.client_stalled()
-            }
-            None => false,
+    fn relayed_mut(&mut self) -> &mut Relayed {
+        match &mut self.state {
+            State::Relay(r) => r,
+            _ => unreachable!("an HTTP/1.1 relay slot while not relaying"),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! One connection as a state machine over bytes, with no I/O of its own: a *transport*
 //! (plain, or a TLS session) under a *protocol* (HTTP/1.1) under the *exchanges* handlers see.
 //!
-//! The driver (`driver.rs`) owns the socket and calls, in a loop:
+//! The driver (`driver/mod.rs`) owns the socket and calls, in a loop:
 //! 1. [`Conn::poll_transmit`] and sends what it describes (memory slices or a file range),
 //!    reporting progress with [`Conn::handle_sent`], until nothing is left or the socket is
 //!    full;
@@ -12,6 +12,10 @@
 //! Deadlines come from [`Conn::next_deadline`]; a reply completed by another thread comes in
 //! through [`Conn::complete`]. The connection reads the worker's cached clock (passed in),
 //! never the system's.
+//!
+//! While it relays exchanges to upstream servers (`relay/`), the driver also runs their
+//! upstream side through the connection's `relay_*` calls, one surface for every protocol
+//! (`relays.rs`).
 
 mod close;
 pub(crate) mod http1;
@@ -20,6 +24,7 @@ pub(crate) mod output;
 mod protocol;
 mod records;
 mod relay;
+mod relays;
 pub(crate) mod stream;
 mod tls;
 mod types;
@@ -274,165 +279,6 @@ impl Conn {
         self.link.key
     }
 
-    /// Exchanges are being relayed to upstream servers (see `relay.rs`): the HTTP/1.1
-    /// exchange in progress, or HTTP/2 streams. The `relay_*` methods below are the upstream
-    /// side's counterparts of the socket methods, for the relay of exchange `id` (a stream
-    /// id on HTTP/2; HTTP/1.1 has one relay at a time and ignores it).
-    pub fn in_relay(&self) -> bool {
-        match &self.http {
-            Protocol::Http1(h) => h.in_relay(),
-            Protocol::Http2(h) => h.in_relay(),
-        }
-    }
-
-    /// The ids of the relays under way, appended to `into`.
-    pub fn relay_ids(&self, into: &mut Vec<ExchangeId>) {
-        match &self.http {
-            Protocol::Http1(h) => into.extend(h.relay_id()),
-            Protocol::Http2(h) => h.relay_ids(into),
-        }
-    }
-
-    pub fn relay_need(&self, id: ExchangeId) -> RelayNeed {
-        match &self.http {
-            Protocol::Http1(h) => h.relay_need(),
-            Protocol::Http2(h) => h.relay_need(stream_id(id)),
-        }
-    }
-
-    pub fn relay_upstreams(
-        &self,
-        id: ExchangeId,
-    ) -> Option<std::sync::Arc<dyn crate::upstream::Upstreams>> {
-        match &self.http {
-            Protocol::Http1(h) => h.relay_upstreams().cloned(),
-            Protocol::Http2(h) => h.relay_upstreams(stream_id(id)).cloned(),
-        }
-    }
-
-    pub fn relay_attached(
-        &mut self,
-        id: ExchangeId,
-        reused: bool,
-        connected: bool,
-        cx: &ConnCx<'_>,
-    ) {
-        match &mut self.http {
-            Protocol::Http1(h) => h.relay_attached(reused, connected, cx),
-            Protocol::Http2(h) => h.relay_attached(stream_id(id), reused, connected, cx),
-        }
-    }
-
-    pub fn relay_connected(&mut self, id: ExchangeId, cx: &ConnCx<'_>) {
-        match &mut self.http {
-            Protocol::Http1(h) => h.relay_connected(cx),
-            Protocol::Http2(h) => h.relay_connected(stream_id(id), cx),
-        }
-    }
-
-    pub fn relay_released(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) {
-        match &mut self.http {
-            Protocol::Http1(h) => h.relay_released(cx),
-            Protocol::Http2(h) => h.relay_released(stream_id(id), cx),
-        }
-    }
-
-    /// What `relay_send_buf` gave was handed to a backend whose send completes later.
-    pub fn relay_seal(&mut self, id: ExchangeId) {
-        match &mut self.http {
-            Protocol::Http1(h) => h.relay_seal(),
-            Protocol::Http2(h) => h.relay_seal(stream_id(id)),
-        }
-    }
-
-    pub fn relay_send_buf(&self, id: ExchangeId) -> &[u8] {
-        match &self.http {
-            Protocol::Http1(h) => h.relay_send_buf(),
-            Protocol::Http2(h) => h.relay_send_buf(stream_id(id)),
-        }
-    }
-
-    pub fn relay_sent(&mut self, id: ExchangeId, n: usize, cx: &ConnCx<'_>) {
-        match &mut self.http {
-            Protocol::Http1(h) => h.relay_sent(n, cx),
-            Protocol::Http2(h) => h.relay_sent(stream_id(id), n, cx),
-        }
-    }
-
-    pub fn relay_recv_buf(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) -> &mut [u8] {
-        match &mut self.http {
-            Protocol::Http1(h) => h.relay_recv_buf(&mut self.out, &self.link, cx),
-            Protocol::Http2(h) => h.relay_recv_buf(stream_id(id), cx),
-        }
-    }
-
-    pub fn relay_recv(&mut self, id: ExchangeId, n: usize, cx: &mut ConnCx<'_>) {
-        match &mut self.http {
-            Protocol::Http1(h) => h.relay_recv(n, &mut self.out, &self.link, cx),
-            Protocol::Http2(h) => h.relay_recv(stream_id(id), n, &mut self.out, &self.link, cx),
-        }
-    }
-
-    /// The upstream closed (`error`: the connection failed).
-    pub fn relay_closed(&mut self, id: ExchangeId, error: bool, cx: &mut ConnCx<'_>) {
-        match &mut self.http {
-            Protocol::Http1(h) => h.relay_closed(error, &mut self.out, &self.link, cx),
-            Protocol::Http2(h) => {
-                h.relay_closed(stream_id(id), error, &mut self.out, &self.link, cx)
-            }
-        }
-    }
-
-    /// A tunnel's client ended its side: the upstream connection's write side is due to be
-    /// shut (HTTP/2 WebSocket; an HTTP/1.1 client's close ends its connection instead).
-    pub fn relay_wants_shutdown(&self, id: ExchangeId) -> bool {
-        match &self.http {
-            Protocol::Http1(_) => false,
-            Protocol::Http2(h) => h.relay_wants_shutdown(stream_id(id)),
-        }
-    }
-
-    pub fn relay_shut_down(&mut self, id: ExchangeId) {
-        if let Protocol::Http2(h) = &mut self.http {
-            h.relay_shut_down(stream_id(id));
-        }
-    }
-
-    /// The connection is closing: its relays end unfinished (counted; their upstream
-    /// connections are closed by the driver).
-    pub fn abandon_relays(&mut self, cx: &ConnCx<'_>) {
-        match &mut self.http {
-            Protocol::Http1(h) => h.abandon_relay(cx),
-            Protocol::Http2(h) => h.abandon_relays(cx),
-        }
-    }
-
-    pub fn relay_connect_failed(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) {
-        match &mut self.http {
-            Protocol::Http1(h) => h.relay_connect_failed(&mut self.out, &self.link, cx),
-            Protocol::Http2(h) => {
-                h.relay_connect_failed(stream_id(id), &mut self.out, &self.link, cx)
-            }
-        }
-    }
-
-    /// The deadline passed: if it was a relay's, it handles it (trying another server,
-    /// answering 504, or ending an answer its client stopped taking) and the connection goes
-    /// on (true). False: it is a timeout of the connection's, for [`Conn::time_out`] (an
-    /// HTTP/1.1 answer its client stopped taking ends the connection that way).
-    pub fn relay_timed_out(&mut self, cx: &mut ConnCx<'_>) -> bool {
-        if self.next_deadline(cx).1 != Timeout::Upstream {
-            return false;
-        }
-        match &mut self.http {
-            Protocol::Http1(h) => !h.relay_timed_out(&mut self.out, &self.link, cx),
-            Protocol::Http2(h) => {
-                h.relay_timed_out(&mut self.out, &self.link, cx);
-                true
-            }
-        }
-    }
-
     /// A deferred reply arrived from the inbox. False if it was stale.
     pub fn complete(&mut self, id: ExchangeId, response: Response, cx: &mut ConnCx<'_>) -> bool {
         self.http
@@ -585,11 +431,6 @@ fn tls_failed(failure: tern_tls::TlsFailure, handshaking: bool, link: &Link, cx:
         let when = if handshaking { "handshake" } else { "session" };
         tracing::info!(peer = %link.peer, "TLS {when} failed: {}", counter.name());
     }
-}
-
-/// The HTTP/2 stream an exchange id names (stream ids are 31 bits; a larger id names none).
-fn stream_id(id: ExchangeId) -> u32 {
-    u32::try_from(id.0).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

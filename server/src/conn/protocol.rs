@@ -27,14 +27,17 @@ pub(crate) enum Preface {
     Undecided,
 }
 
+/// `$e` once per protocol, with `$p` bound to it (`$http`: the `Protocol`, by reference): the
+/// one place that names every protocol. The relays' calls (`relays.rs`) go through it too.
 macro_rules! forward {
-    ($self:ident, $p:ident => $e:expr) => {
-        match $self {
+    ($http:expr, $p:ident => $e:expr) => {
+        match $http {
             Protocol::Http1($p) => $e,
             Protocol::Http2($p) => $e,
         }
     };
 }
+pub(crate) use forward;
 
 impl Protocol {
     /// Switches to HTTP/2, keeping the input read so far.

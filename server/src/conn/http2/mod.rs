@@ -1,26 +1,33 @@
 //! The HTTP/2 protocol of a connection: plaintext in (its read buffer), the sans-IO session
 //! of `tern-http2` turns it into requests, exchanges run as for HTTP/1.1, and answers go out
 //! as HEADERS and DATA frames in the connection's [`Output`]. Here live what the session does
-//! not know: which answers are waiting for window, their order (RFC 9218 urgency, then
-//! incremental round-robin), pending replies, timeouts and closing; and the HTTP/2 side of a
-//! relayed answer (its [`Sink`]: HEADERS and DATA as flow control allows, RST_STREAM when it
-//! breaks).
+//! not know: the frames in and their events, dispatch, answers (`respond`), pending replies,
+//! timeouts and closing. Beside it, as `impl Http2` blocks of their own: `send.rs`, which
+//! answers are waiting for window, their order (RFC 9218 urgency, then incremental
+//! round-robin) and the DATA frames (`pump`), and when a connection counts as stalled;
+//! `relays.rs`, the HTTP/2 side of relayed answers (its relay slots, one per stream, the
+//! [`Sink`](crate::exchange::Sink) they write through, request bodies fed to them, HEADERS and
+//! DATA as flow control allows, RST_STREAM when one breaks).
+//!
+//! The types the connection holds are defined here with it, their code in those files: they
+//! import from here, never the other way (`server/tests/layers.rs` forbids a cycle).
+
+mod relays;
+mod send;
 
 use std::cell::Cell;
-use std::os::unix::fs::FileExt;
 
 use bytes::Bytes;
 use tern_codec::Method;
-use tern_http2::frame::HEADER_LEN;
 use tern_http2::{Config, ErrorCode, Event, Priority, RequestData, Session};
 use tern_runtime::{ratelog, BufPool, ReadBuf};
 
 use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
-use super::relay::{BodyFollows, Relay, RelayNeed, RelayStart};
+use super::relay::{BodyFollows, Relay, RelayStart, Relays};
 use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
-use crate::exchange::{self, Awaiting, ConnCx, Facts, Outcome, Sink};
+use crate::exchange::{self, Awaiting, ConnCx, Facts, Outcome};
 use crate::handler::ExchangeId;
 use crate::response::{status_has_no_body, Body, FileBody, Response};
 use crate::stats::{Counter, Tally};
@@ -33,15 +40,6 @@ const PUMP_TARGET: usize = 128 * 1024;
 const READ_HIGH_WATER: usize = 512 * 1024;
 /// How long a connection with nothing in flight keeps its busy-time buffers.
 const TRIM_AFTER_MS: u64 = 1_000;
-/// A proxied answer's bytes held for its stream (waiting for window or for the output to
-/// drain) before its upstream is read no further: about one default stream window.
-const RELAY_STREAM_BUFFER: usize = 64 * 1024;
-/// The same for all of a connection's streams together: a client that opens many streams
-/// and no window gets this much held for it, not a share per stream.
-const RELAY_CONN_BUFFER: usize = 512 * 1024;
-/// DATA bytes that must go out for a stalled connection's write timeout to start over: a
-/// client dribbling window a few bytes at a time does not keep it open.
-const STALL_PROGRESS: usize = 16 * 1024;
 
 /// The rest of an answer's body, waiting for flow-control window.
 struct Sending {
@@ -59,32 +57,11 @@ enum Remaining {
     Relay,
 }
 
-impl Remaining {
-    fn len(&self) -> u64 {
-        match self {
-            Remaining::Memory(b) => b.len() as u64,
-            Remaining::File { body } => body.len,
-            Remaining::Relay => 0,
-        }
-    }
-}
-
 /// A stream relayed to an upstream server, and its answer as the relay produced it.
 struct RelayedStream {
     id: u32,
     relay: Box<Relay>,
     answer: H2Answer,
-}
-
-impl RelayedStream {
-    /// The client gave up (its stream reset, its connection failed): nothing more goes to it.
-    fn abandon(&mut self, stats: &crate::stats::WorkerStats) {
-        self.relay.abandon(stats);
-        self.answer = H2Answer {
-            end: true,
-            ..H2Answer::default()
-        };
-    }
 }
 
 /// A relayed answer waiting to be framed: sent as HEADERS, then DATA as windows allow.
@@ -100,62 +77,13 @@ struct H2Answer {
     broken: bool,
 }
 
-/// What a stream's relay writes its answer through; `flush_relays` and `pump_relay` frame it.
-struct H2Sink<'a> {
-    answer: &'a mut H2Answer,
-    room: usize,
-    /// Encoder state the connection's other streams hold.
-    encoders_held: usize,
-}
-
-impl Sink for H2Sink<'_> {
-    fn room(&self) -> usize {
-        self.room
-    }
-
-    fn encoders_held(&self) -> usize {
-        self.encoders_held
-    }
-
-    fn head(&mut self, r: Response, len: Option<u64>, _: bool, _: bool, _: &mut ConnCx<'_>) {
-        // HTTP/2 frames the body itself: no chunking, no Connection; HSTS is added as the
-        // head is encoded.
-        self.answer.head = Some((r, len));
-    }
-
-    fn interim(&mut self, _: &Response, _: &mut ConnCx<'_>) {
-        // Interim answers are not passed on over HTTP/2 (as before the sink: a 103 from an
-        // app reaches HTTP/1.1 clients only).
-    }
-
-    fn tunnel(&mut self, mut r: Response, _: Option<&[u8]>, cx: &mut ConnCx<'_>) -> u16 {
-        // RFC 8441 §5: a 2xx to the extended CONNECT opens the tunnel.
-        r.status = 200;
-        self.answer.head = Some((r, None));
-        cx.stats.bump(Counter::WebsocketTunnelsOpenedHttp2);
-        200
-    }
-
-    fn data(&mut self, bytes: &[u8], _: &mut ConnCx<'_>) {
-        self.answer.data.extend_from_slice(bytes);
-    }
-
-    fn end(&mut self, _: &mut ConnCx<'_>) {
-        self.answer.end = true;
-    }
-
-    fn reset(&mut self) {
-        self.answer.broken = true;
-    }
-}
-
 pub(crate) struct Http2 {
     session: Session,
     rbuf: Option<ReadBuf>,
     sending: Vec<Sending>,
     /// Streams whose handler deferred its reply.
     awaiting: Awaiting,
-    /// Streams relayed to an upstream server (`conn/relay.rs`), until their answer is sent
+    /// Streams relayed to an upstream server (`conn/relay/`), until their answer is sent
     /// and their upstream connection released.
     relays: Vec<RelayedStream>,
     /// The stream served last among incremental ones (round-robin position).
@@ -191,23 +119,6 @@ struct Stall {
     since_ms: Option<u64>,
     /// DATA bytes queued since `since_ms`.
     data: usize,
-}
-
-impl Stall {
-    /// The stall as of `now`: over when nothing is `owed`; else begun now if it had not, or
-    /// if enough DATA went out since it began.
-    fn at(self, owed: bool, now: u64) -> Stall {
-        if !owed {
-            Stall::default()
-        } else if self.since_ms.is_none() || self.data >= STALL_PROGRESS {
-            Stall {
-                since_ms: Some(now),
-                data: 0,
-            }
-        } else {
-            self
-        }
-    }
 }
 
 /// The last response head block that changed nothing in the HPACK table, and what it was
@@ -297,29 +208,6 @@ impl Http2 {
         self.drop_starved(cx);
     }
 
-    /// After the peer's EOF no WINDOW_UPDATE can come: an answer that needs window and has
-    /// none left can never be completed. Its relay is abandoned now (its encoder and
-    /// buffers freed, its upstream released) and its body forgotten, rather than held until
-    /// the write timeout for a client that is gone.
-    fn drop_starved(&mut self, cx: &ConnCx<'_>) {
-        if !self.peer_eof {
-            return;
-        }
-        let session = &self.session;
-        let starved = |id: u32| session.send_capacity(id) == 0;
-        for r in &mut self.relays {
-            let owes_data = !r.answer.end || !r.answer.data.is_empty();
-            if owes_data && starved(r.id) {
-                self.sending.retain(|s| s.stream != r.id);
-                r.abandon(cx.stats);
-            }
-        }
-        // Bodies of the connection's own answers (files, memory) likewise.
-        self.sending.retain(|s| {
-            matches!(s.body, Remaining::Relay) || s.body.len() == 0 || !starved(s.stream)
-        });
-    }
-
     pub fn is_lingering(&self) -> bool {
         self.lingering.is_some()
     }
@@ -368,7 +256,7 @@ impl Http2 {
                         // Nothing more is answered after our GOAWAY with an error.
                         self.sending.clear();
                         self.awaiting.clear();
-                        self.abandon_relays(cx);
+                        self.abandon_all(cx);
                         let counter = if e.code == ErrorCode::EnhanceYourCalm {
                             Counter::Http2Floods
                         } else {
@@ -556,17 +444,7 @@ impl Http2 {
                     log: entry.as_ref().and_then(SavedEntry::save),
                     tally: facts.tally,
                 };
-                let mut answer = H2Answer::default();
-                let room = self.room_for(0);
-                let mut sink = H2Sink {
-                    answer: &mut answer,
-                    room,
-                    encoders_held: self.encoders_held(),
-                };
-                let relay = Box::new(Relay::start(start, &mut sink, cx));
-                self.relays.push(RelayedStream { id, relay, answer });
-                self.feed_relays(out, cx);
-                self.flush_relays(out, link, cx);
+                self.start_relay(id, start, out, link, cx);
             }
             Outcome::Drop => {
                 self.fail(
@@ -723,140 +601,6 @@ impl Http2 {
         });
     }
 
-    /// Queues DATA frames while there is window and the output is short, by priority: the
-    /// lowest urgency first; within it, non-incremental answers one after another in stream
-    /// order, incremental ones a frame each in turn (RFC 9218 §4).
-    fn pump(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
-        self.pump_frames(out, cx);
-        // A frame just sent may have taken the last of a window that can no longer grow.
-        self.drop_starved(cx);
-    }
-
-    /// The frames of [`Http2::pump`].
-    fn pump_frames(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
-        while out.pending() < PUMP_TARGET && !self.session.is_closed() {
-            let Some(i) = self.next_to_send() else {
-                return;
-            };
-            if matches!(self.sending[i].body, Remaining::Relay) {
-                self.pump_relay(i, out, cx);
-                continue;
-            }
-            let s = &mut self.sending[i];
-            let mut cap = self.session.send_capacity(s.stream);
-            let file_segments = self.file_frame > 0 && matches!(s.body, Remaining::File { .. });
-            if file_segments {
-                cap = cap.min(self.file_frame as usize);
-            }
-            let n = (cap as u64).min(s.body.len()) as usize;
-            let end = n as u64 == s.body.len();
-            let id = s.stream;
-            match &mut s.body {
-                Remaining::Memory(b) => {
-                    let header = self.session.data_frame(id, n, end);
-                    out.head_buf(|| cx.buffers.take_write());
-                    out.push_copy(&header);
-                    out.push_body(Body::Shared(b.split_to(n)));
-                }
-                Remaining::File { body } if file_segments => {
-                    // A file that shrinks under a segment fails the transport's read: the
-                    // connection closes (in plain TCP only the stream is reset).
-                    let header = self.session.data_frame(id, n, end);
-                    out.head_buf(|| cx.buffers.take_write());
-                    out.push_copy(&header);
-                    out.push_body(Body::File(FileBody {
-                        file: body.file.clone(),
-                        offset: body.offset,
-                        len: n as u64,
-                    }));
-                    body.offset += n as u64;
-                    body.len -= n as u64;
-                }
-                Remaining::File { body } => {
-                    // Plain TCP: read next to its frame header, so the frame is one contiguous
-                    // piece of output and one write carries many frames.
-                    let buf = out.head_buf(|| cx.buffers.take_write());
-                    let before = buf.len();
-                    buf.resize(before + HEADER_LEN + n, 0);
-                    if let Err(e) = body
-                        .file
-                        .read_exact_at(&mut buf[before + HEADER_LEN..], body.offset)
-                    {
-                        buf.truncate(before);
-                        if ratelog::admit("http2_file_read", cx.clock.now_ms()) {
-                            tracing::warn!("file read failed mid-answer ({e}); stream reset");
-                        }
-                        self.sending.swap_remove(i);
-                        self.session.reset(id, ErrorCode::Internal, buf);
-                        out.commit(before);
-                        continue;
-                    }
-                    let header = self.session.data_frame(id, n, end);
-                    buf[before..before + HEADER_LEN].copy_from_slice(&header);
-                    out.commit(before);
-                    body.offset += n as u64;
-                    body.len -= n as u64;
-                }
-                Remaining::Relay => unreachable!("relayed answers are pumped by pump_relay"),
-            }
-            self.last_served = id;
-            self.data_sent(n);
-            if end {
-                self.sending.swap_remove(i);
-                let buf = out.head_buf(|| cx.buffers.take_write());
-                let before = buf.len();
-                self.session.answer_sent(id, buf);
-                out.commit(before);
-            }
-        }
-    }
-
-    /// `n` bytes of DATA were queued: progress for a stall.
-    fn data_sent(&self, n: usize) {
-        let mut stall = self.stall.get();
-        stall.data = stall.data.saturating_add(n);
-        self.stall.set(stall);
-    }
-
-    /// Since when the connection has been stalled, if it is (`owed`: it has bytes for the
-    /// client that wait), as of `now`; see [`Stall`].
-    fn stalled_since(&self, owed: bool, now: u64) -> Option<u64> {
-        let stall = self.stall.get().at(owed, now);
-        self.stall.set(stall);
-        stall.since_ms
-    }
-
-    fn next_to_send(&self) -> Option<usize> {
-        let ready = self.sending.iter().map(|s| {
-            let window = self.session.send_capacity(s.stream) > 0;
-            let ready = match s.body {
-                // An empty last frame needs no window.
-                Remaining::Relay => {
-                    self.relay_has_output(s.stream) && (window || self.relay_only_ends(s.stream))
-                }
-                _ => window,
-            };
-            (s.stream, s.priority, ready)
-        });
-        pick(ready, self.last_served)
-    }
-
-    /// A proxied answer has nothing left but its end.
-    fn relay_only_ends(&self, id: u32) -> bool {
-        self.h2_answer(id)
-            .is_some_and(|a| a.data.is_empty() && a.end)
-    }
-
-    /// A proxied answer has body bytes (or its end) to send.
-    fn relay_has_output(&self, id: u32) -> bool {
-        self.h2_answer(id)
-            .is_some_and(|a| !a.data.is_empty() || a.end || a.broken)
-    }
-
-    fn h2_answer(&self, id: u32) -> Option<&H2Answer> {
-        self.relays.iter().find(|r| r.id == id).map(|r| &r.answer)
-    }
-
     /// What to do once the output is sent.
     pub fn next(&self) -> Next {
         if self.abort {
@@ -925,7 +669,7 @@ impl Http2 {
         out.commit(before);
         self.sending.clear();
         self.awaiting.clear();
-        self.abandon_relays(cx);
+        self.abandon_all(cx);
         self.closing = true;
     }
 
@@ -1038,355 +782,6 @@ impl Http2 {
     }
 }
 
-/// The streams relayed to upstream servers: the connection's `relay_*` calls, by stream id.
-impl Http2 {
-    fn relay_ref(&self, id: u32) -> Option<&Relay> {
-        self.relays.iter().find(|r| r.id == id).map(|r| &*r.relay)
-    }
-
-    fn relay(&mut self, id: u32) -> Option<&mut Relay> {
-        self.relays
-            .iter_mut()
-            .find(|r| r.id == id)
-            .map(|r| &mut *r.relay)
-    }
-
-    /// The relay of stream `id` and the sink it writes its answer through.
-    fn relay_parts(&mut self, id: u32) -> Option<(&mut Relay, H2Sink<'_>)> {
-        let i = self.relays.iter().position(|r| r.id == id)?;
-        Some(self.parts_at(i))
-    }
-
-    fn parts_at(&mut self, i: usize) -> (&mut Relay, H2Sink<'_>) {
-        let room = self.relay_room(i);
-        let encoders_held = self.encoders_held() - self.relays[i].relay.encoder_bytes();
-        let r = &mut self.relays[i];
-        let sink = H2Sink {
-            answer: &mut r.answer,
-            room,
-            encoders_held,
-        };
-        (&mut r.relay, sink)
-    }
-
-    pub fn in_relay(&self) -> bool {
-        !self.relays.is_empty()
-    }
-
-    pub fn relay_ids(&self, into: &mut Vec<ExchangeId>) {
-        into.extend(self.relays.iter().map(|r| ExchangeId(u64::from(r.id))));
-    }
-
-    pub fn relay_need(&self, id: u32) -> RelayNeed {
-        self.relay_ref(id).map_or(RelayNeed::Nothing, Relay::need)
-    }
-
-    pub fn relay_upstreams(
-        &self,
-        id: u32,
-    ) -> Option<&std::sync::Arc<dyn crate::upstream::Upstreams>> {
-        self.relay_ref(id).map(Relay::upstreams)
-    }
-
-    pub fn relay_attached(&mut self, id: u32, reused: bool, connected: bool, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay(id) {
-            r.attached(reused, connected, cx);
-        }
-    }
-
-    pub fn relay_connected(&mut self, id: u32, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay(id) {
-            r.now_connected(cx);
-        }
-    }
-
-    /// The upstream connection was detached: unless a retry follows, the relay is kept only
-    /// until its answer has gone out.
-    pub fn relay_released(&mut self, id: u32, cx: &mut ConnCx<'_>) {
-        if let Some(r) = self.relay(id) {
-            r.released(cx);
-        }
-        self.drop_finished_relays();
-    }
-
-    pub fn relay_seal(&mut self, id: u32) {
-        if let Some(r) = self.relay(id) {
-            r.seal_send();
-        }
-    }
-
-    pub fn relay_send_buf(&self, id: u32) -> &[u8] {
-        self.relay_ref(id).map_or(&[][..], Relay::send_buf)
-    }
-
-    pub fn relay_sent(&mut self, id: u32, n: usize, cx: &ConnCx<'_>) {
-        if let Some(r) = self.relay(id) {
-            r.sent(n, cx);
-        }
-    }
-
-    pub fn relay_recv_buf(&mut self, id: u32, cx: &mut ConnCx<'_>) -> &mut [u8] {
-        match self.relay_parts(id) {
-            Some((relay, sink)) => {
-                let room = sink.room();
-                relay.recv_buf(room, cx)
-            }
-            None => &mut [],
-        }
-    }
-
-    /// How many more bytes of its answer the relay at `i` may take from its upstream now:
-    /// what is left of its stream's share and of the connection's budget (all streams
-    /// together). A stream whose window the client keeps shut fills its share and stops there:
-    /// its upstream is then read no further (backpressure, not buffering).
-    fn relay_room(&self, i: usize) -> usize {
-        self.room_for(self.relays[i].answer.data.len())
-    }
-
-    /// The room of a stream holding `own` bytes of its answer.
-    fn room_for(&self, own: usize) -> usize {
-        room_given(own, self.held())
-    }
-
-    /// Answer bytes all the connection's relays hold.
-    fn held(&self) -> usize {
-        self.relays.iter().map(|r| r.answer.data.len()).sum()
-    }
-
-    /// Encoder state all the connection's relays hold (see `compression::CONN_ENCODER_BUDGET`).
-    fn encoders_held(&self) -> usize {
-        self.relays.iter().map(|r| r.relay.encoder_bytes()).sum()
-    }
-
-    pub fn relay_recv(
-        &mut self,
-        id: u32,
-        n: usize,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
-        if let Some((relay, mut sink)) = self.relay_parts(id) {
-            relay.recv(n, &mut sink, cx);
-        }
-        // A tunnel just opened takes what its client sent meanwhile.
-        self.feed_relays(out, cx);
-        self.flush_relays(out, link, cx);
-    }
-
-    pub fn relay_closed(
-        &mut self,
-        id: u32,
-        error: bool,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
-        if let Some((relay, mut sink)) = self.relay_parts(id) {
-            relay.closed(error, &mut sink, cx);
-        }
-        self.flush_relays(out, link, cx);
-    }
-
-    pub fn relay_connect_failed(
-        &mut self,
-        id: u32,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
-        if let Some((relay, mut sink)) = self.relay_parts(id) {
-            relay.connect_failed(&mut sink, cx);
-        }
-        self.flush_relays(out, link, cx);
-    }
-
-    /// Every relay whose deadline has passed handles it (another server, a 504, or a reset
-    /// when its client left the answer unread: that stream only).
-    pub fn relay_timed_out(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        let now = cx.clock.now_ms();
-        for i in 0..self.relays.len() {
-            if self.relays[i].relay.deadline() <= now {
-                let (relay, mut sink) = self.parts_at(i);
-                let room = sink.room() > 0;
-                relay.timed_out(room, &mut sink, cx);
-            }
-        }
-        self.flush_relays(out, link, cx);
-    }
-
-    /// Hands streamed request bodies to their relays as far as each takes them (the rest,
-    /// and the stream's window, wait for the upstream to take more).
-    fn feed_relays(&mut self, out: &mut Output, cx: &mut ConnCx<'_>) {
-        // (Taking client input reads nothing from the upstreams: what they hold stays.)
-        let held = self.held();
-        let encoders = self.encoders_held();
-        for i in 0..self.relays.len() {
-            let id = self.relays[i].id;
-            if !self.relays[i].relay.wants_input() {
-                continue;
-            }
-            let room = room_given(self.relays[i].answer.data.len(), held);
-            let Some((chunk, ended)) = self.session.body_chunk(id) else {
-                continue;
-            };
-            // (The session's buffers and the relays are separate fields: the chunk stays
-            // borrowed from the session while the relay takes it.)
-            let r = &mut self.relays[i];
-            let mut sink = H2Sink {
-                answer: &mut r.answer,
-                room,
-                encoders_held: encoders - r.relay.encoder_bytes(),
-            };
-            let used = r.relay.client_input(chunk, &mut sink, cx);
-            let all = used == chunk.len();
-            let buf = out.head_buf(|| cx.buffers.take_write());
-            let before = buf.len();
-            self.session.consume_body(id, used, buf);
-            out.commit(before);
-            if all && ended {
-                self.relays[i].relay.end_client_body();
-            }
-        }
-    }
-
-    /// Sends what the relays have produced: heads as HEADERS (their bodies then wait in
-    /// `sending` for window), broken answers as RST_STREAM.
-    fn flush_relays(&mut self, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
-        if self.closing || self.session.is_closed() {
-            return;
-        }
-        for i in 0..self.relays.len() {
-            let id = self.relays[i].id;
-            let head_only = self.relays[i].relay.head_only();
-            let answer = &mut self.relays[i].answer;
-            if let Some((response, length)) = answer.head.take() {
-                let end_stream = head_only
-                    || status_has_no_body(response.status)
-                    || (answer.end && answer.data.is_empty());
-                if end_stream {
-                    answer.data.clear();
-                }
-                self.relay_head(id, &response, length, end_stream, out, link, cx);
-                if !end_stream {
-                    let priority = self.session.priority(id);
-                    self.sending.push(Sending {
-                        stream: id,
-                        body: Remaining::Relay,
-                        priority,
-                    });
-                }
-                continue;
-            }
-            if answer.broken {
-                answer.broken = false;
-                answer.data.clear();
-                self.sending.retain(|s| s.stream != id);
-                let buf = out.head_buf(|| cx.buffers.take_write());
-                let before = buf.len();
-                self.session.reset(id, ErrorCode::Internal, buf);
-                out.commit(before);
-            }
-        }
-        self.pump(out, cx);
-        self.drop_finished_relays();
-    }
-
-    /// The HEADERS of a relayed answer (no memo: proxied heads differ from one another).
-    #[allow(clippy::too_many_arguments)]
-    fn relay_head(
-        &mut self,
-        id: u32,
-        response: &Response,
-        length: Option<u64>,
-        end_stream: bool,
-        out: &mut Output,
-        link: &Link,
-        cx: &mut ConnCx<'_>,
-    ) {
-        let date_line = cx.clock.date_line();
-        let date = &date_line[6..date_line.len() - 2];
-        let buf = out.head_buf(|| cx.buffers.take_write());
-        let before = buf.len();
-        let mut h = self.session.response(id, response.status, buf);
-        h.field(b"date", date);
-        h.field(b"server", b"tern");
-        if let Some(n) = length {
-            h.field(b"content-length", itoa::Buffer::new().format(n).as_bytes());
-        }
-        for line in response.headers().split(|&b| b == b'\n') {
-            add_line(&mut h, line);
-        }
-        if let Some(hsts) = link.hsts(cx) {
-            add_line(&mut h, hsts.strip_suffix(b"\r\n").unwrap_or(hsts));
-        }
-        h.finish(end_stream);
-        out.commit(before);
-    }
-
-    /// One DATA frame of the relayed answer at `sending[i]`, as the window allows.
-    fn pump_relay(&mut self, i: usize, out: &mut Output, cx: &mut ConnCx<'_>) {
-        let id = self.sending[i].stream;
-        let cap = self.session.send_capacity(id);
-        let Some(answer) = self
-            .relays
-            .iter_mut()
-            .find(|r| r.id == id)
-            .map(|r| &mut r.answer)
-        else {
-            self.sending.swap_remove(i);
-            return;
-        };
-        if answer.broken {
-            // flush_relays resets it.
-            self.sending.swap_remove(i);
-            return;
-        }
-        let n = cap.min(answer.data.len());
-        let end = answer.end && n == answer.data.len();
-        let header = self.session.data_frame(id, n, end);
-        out.head_buf(|| cx.buffers.take_write());
-        out.push_copy(&header);
-        out.push_copy(&answer.data[..n]);
-        answer.data.drain(..n);
-        self.last_served = id;
-        self.data_sent(n);
-        if end {
-            self.sending.swap_remove(i);
-            let buf = out.head_buf(|| cx.buffers.take_write());
-            let before = buf.len();
-            self.session.answer_sent(id, buf);
-            out.commit(before);
-        }
-    }
-
-    /// Relays whose upstream connection is released and whose answer is out (or reset).
-    fn drop_finished_relays(&mut self) {
-        let sending = &self.sending;
-        self.relays.retain(|r| {
-            let answered = !sending.iter().any(|s| s.stream == r.id) && r.answer.head.is_none();
-            !(r.relay.is_finished() && answered)
-        });
-    }
-
-    /// The connection failed or the client left: every relay ends without an answer.
-    pub fn abandon_relays(&mut self, cx: &ConnCx<'_>) {
-        for r in &mut self.relays {
-            r.abandon(cx.stats);
-        }
-    }
-
-    pub fn relay_wants_shutdown(&self, id: u32) -> bool {
-        self.relay_ref(id).is_some_and(Relay::wants_shutdown)
-    }
-
-    pub fn relay_shut_down(&mut self, id: u32) {
-        if let Some(r) = self.relay(id) {
-            r.shut_down();
-        }
-    }
-}
-
 /// What an extended CONNECT gets: the tunnel when its route relays it as a WebSocket (the
 /// proxy's `Forward` with `upgrade`), the answer when its route refused it (a guard's 401 or
 /// redirect, a 404, a 405), and 501 otherwise. A 2xx would tell the client its tunnel is
@@ -1404,14 +799,6 @@ fn tunnel_outcome(outcome: Outcome) -> Outcome {
             "WebSocket over HTTP/2 is served only by proxy routes\n",
         )),
     }
-}
-
-/// How many more answer bytes a relayed stream may take from its upstream, holding `own` of
-/// them while the connection's relays hold `held` together.
-fn room_given(own: usize, held: usize) -> usize {
-    RELAY_STREAM_BUFFER
-        .saturating_sub(own)
-        .min(RELAY_CONN_BUFFER.saturating_sub(held))
 }
 
 /// Whether the route of a request (its head as decoded so far) takes bodies as a stream.
@@ -1433,30 +820,6 @@ fn streams_body(data: &RequestData, cx: &ConnCx<'_>) -> bool {
         .is_ok_and(|head| exchange::streams_body(&head, cx))
 }
 
-/// Which answer sends its next frame (RFC 9218 §4), by position in `queue` (stream id,
-/// priority, whether its window is open): the lowest urgency among the ready ones; within
-/// it, a non-incremental answer before incremental ones, the lowest stream id first (one
-/// after another); incremental ones take turns, the next stream id after the one served
-/// last.
-fn pick(
-    queue: impl Iterator<Item = (u32, Priority, bool)> + Clone,
-    last_served: u32,
-) -> Option<usize> {
-    let ready = queue.enumerate().filter(|(_, (_, _, ready))| *ready);
-    let urgency = ready.clone().map(|(_, (_, p, _))| p.urgency).min()?;
-    let candidates = ready.filter(move |(_, (_, p, _))| p.urgency == urgency);
-    if let Some((i, _)) = candidates
-        .clone()
-        .filter(|(_, (_, p, _))| !p.incremental)
-        .min_by_key(|(_, (id, _, _))| *id)
-    {
-        return Some(i);
-    }
-    candidates
-        .min_by_key(|(_, (id, _, _))| (*id <= last_served, *id))
-        .map(|(i, _)| i)
-}
-
 /// One `Name: value` line of a response's serialized headers, as an HTTP/2 field.
 fn add_line(h: &mut tern_http2::ResponseHeaders<'_>, line: &[u8]) {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -1467,65 +830,5 @@ fn add_line(h: &mut tern_http2::ResponseHeaders<'_>, line: &[u8]) {
         let value = &line[colon + 1..];
         let value = value.strip_prefix(b" ").unwrap_or(value);
         h.field(&line[..colon], value);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn p(urgency: u8, incremental: bool) -> Priority {
-        Priority {
-            urgency,
-            incremental,
-        }
-    }
-
-    #[test]
-    fn only_data_moves_a_stall_deadline() {
-        let begun = Stall::default().at(true, 1_000);
-        assert_eq!(begun.since_ms, Some(1_000));
-        // Time passing and frames other than DATA (nothing counted) move nothing.
-        assert_eq!(begun.at(true, 5_000), begun);
-        // A dribble of DATA short of STALL_PROGRESS moves nothing either.
-        let dribbled = Stall {
-            data: STALL_PROGRESS - 1,
-            ..begun
-        };
-        assert_eq!(dribbled.at(true, 6_000).since_ms, Some(1_000));
-        // Enough DATA starts it over; nothing owed ends it.
-        let moved = Stall {
-            data: STALL_PROGRESS,
-            ..begun
-        };
-        assert_eq!(
-            moved.at(true, 7_000),
-            Stall {
-                since_ms: Some(7_000),
-                data: 0
-            }
-        );
-        assert_eq!(moved.at(false, 7_000), Stall::default());
-    }
-
-    #[test]
-    fn urgent_answers_go_first_and_incremental_ones_take_turns() {
-        // An image (default priority) queued before a stylesheet (u=0): the stylesheet first.
-        let q = [(1, p(3, false), true), (3, p(0, false), true)];
-        assert_eq!(pick(q.iter().copied(), 0), Some(1));
-        // A stylesheet whose window is shut does not hold the image back.
-        let q = [(1, p(3, false), true), (3, p(0, false), false)];
-        assert_eq!(pick(q.iter().copied(), 0), Some(0));
-        // Non-incremental answers of one urgency go one after another, by stream id.
-        let q = [(7, p(3, false), true), (5, p(3, false), true)];
-        assert_eq!(pick(q.iter().copied(), 7), Some(1));
-        // Incremental ones round-robin: after 5 comes 7, after 7 comes 5 again.
-        let q = [(5, p(3, true), true), (7, p(3, true), true)];
-        assert_eq!(pick(q.iter().copied(), 5), Some(1));
-        assert_eq!(pick(q.iter().copied(), 7), Some(0));
-        // Of one urgency, a non-incremental answer goes before incremental ones.
-        let q = [(5, p(3, true), true), (9, p(3, false), true)];
-        assert_eq!(pick(q.iter().copied(), 0), Some(1));
-        assert_eq!(pick([(1, p(3, false), false)].iter().copied(), 0), None);
     }
 }
