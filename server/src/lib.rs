@@ -1,4 +1,6 @@
-//! tern-server: connections, routing and handlers on top of tern-runtime and tern-codec.
+//! tern-server: connections, routing, handlers and the relay to upstream servers, on top of
+//! tern-runtime (workers, sockets) and the sans-IO protocols (tern-codec, tern-http2,
+//! tern-tls, tern-fastcgi, tern-compress).
 //!
 //! A [`Server`] is a [`Router`] plus settings; [`Server::start`] binds the port and runs one
 //! [`worker::HttpWorker`] per runtime worker thread. Handlers return a [`Response`] now or a

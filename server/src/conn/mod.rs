@@ -1,5 +1,6 @@
 //! One connection as a state machine over bytes, with no I/O of its own: a *transport*
-//! (plain, or a TLS session) under a *protocol* (HTTP/1.1) under the *exchanges* handlers see.
+//! (plain, or a TLS session) under a *protocol* (HTTP/1.1 or HTTP/2) under the *exchanges*
+//! handlers see.
 //!
 //! The driver (`driver/mod.rs`) owns the socket and calls, in a loop:
 //! 1. [`Conn::poll_transmit`] and sends what it describes (memory slices or a file range),
