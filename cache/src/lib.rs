@@ -1,0 +1,13 @@
+//! tern-cache: the shared HTTP cache (RFC 9111) of proxy and FastCGI routes. [`policy`]:
+//! the rules on heads (what bypasses, what is stored, freshness, `Age`); [`key`]: which entry
+//! a request names; [`store`]: entries in memory, bounded in bytes. The proxy handler looks
+//! up and fills through these; the server's relay only copies an answer out as it writes it.
+
+pub mod key;
+pub mod policy;
+
+pub use key::{Key, KeyParts, Keyer};
+pub use policy::{
+    judge_answer, judge_request, AnswerFacts, Bypass, CookiePattern, CookieRule, Field, Freshness,
+    KeyQuery, MethodClass, RequestFacts, RequestVerdict, Rules, Uncacheable,
+};
