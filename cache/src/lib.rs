@@ -5,9 +5,11 @@
 
 pub mod key;
 pub mod policy;
+pub mod store;
 
 pub use key::{Key, KeyParts, Keyer};
 pub use policy::{
     judge_answer, judge_request, AnswerFacts, Bypass, CookiePattern, CookieRule, Field, Freshness,
     KeyQuery, MethodClass, RequestFacts, RequestVerdict, Rules, Uncacheable,
 };
+pub use store::{Entry, Store};

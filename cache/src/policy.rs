@@ -551,6 +551,21 @@ pub fn keyed_query<'a>(
     }
 }
 
+/// `If-None-Match` (a list, or `*`) names `etag`, by weak comparison (RFC 9110 §13.1.2).
+pub fn none_match_hits(header: &[u8], etag: &[u8]) -> bool {
+    let bare = |t: &[u8]| t.strip_prefix(b"W/").unwrap_or(t).to_vec();
+    let etag = bare(etag.trim_ascii());
+    split_list(header).any(|t| t == b"*" || bare(t) == etag)
+}
+
+/// `If-Modified-Since` is no earlier than the entry's `Last-Modified` (RFC 9110 §13.1.3).
+pub fn not_modified_since(since: &[u8], last_modified: &[u8]) -> bool {
+    match (http_date(since), http_date(last_modified)) {
+        (Some(since), Some(lm)) => lm <= since,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -939,6 +954,19 @@ mod tests {
         assert_eq!(keyed_query(&only, q).as_deref(), Some("b=2&a=1"));
         assert_eq!(keyed_query(&only, Some("utm=1")), None);
         assert_eq!(keyed_query(&KeyQuery::All, None), None);
+    }
+
+    #[test]
+    fn validators() {
+        assert!(none_match_hits(b"\"a\", W/\"b\"", b"\"b\""));
+        assert!(none_match_hits(b"*", b"\"x\""));
+        assert!(none_match_hits(b"W/\"x\"", b"\"x\""));
+        assert!(!none_match_hits(b"\"a\"", b"\"b\""));
+        let lm = date(NOW);
+        assert!(not_modified_since(date(NOW).as_bytes(), lm.as_bytes()));
+        assert!(not_modified_since(date(NOW + 1).as_bytes(), lm.as_bytes()));
+        assert!(!not_modified_since(date(NOW - 1).as_bytes(), lm.as_bytes()));
+        assert!(!not_modified_since(b"junk", lm.as_bytes()));
     }
 
     #[test]

@@ -114,13 +114,56 @@ pub fn build(
     identity: Option<&Identity>,
     request_id: Option<&RequestId>,
 ) -> Built {
+    build_with(req, options, identity, request_id, None)
+}
+
+/// What a cached request keeps of the client's (`cache.rs`): the query as keyed, and only
+/// the fields named in the key.
+pub struct Keyed<'k> {
+    pub query: Option<&'k str>,
+    pub fields: &'k [String],
+}
+
+/// The head of a cached request: as [`build`] makes it, but with the keyed query and none
+/// of the client's fields but the keyed ones (so nothing unkeyed reaches the app), and no
+/// identity (a request with one bypasses the cache).
+pub fn build_keyed(
+    req: &Request<'_>,
+    options: &ProxyOptions,
+    request_id: Option<&RequestId>,
+    keyed: &Keyed<'_>,
+) -> Built {
+    build_with(req, options, None, request_id, Some(keyed))
+}
+
+/// The Host the app is sent: the route's, or the client's in the form the site was matched
+/// in (part of a cached request's key).
+pub fn host_sent(req: &Request<'_>, options: &ProxyOptions) -> Vec<u8> {
+    let mut buf = [0u8; 264];
+    match &options.host {
+        Some(h) => h.as_bytes().to_vec(),
+        None => normal_host(req.head.host.unwrap_or(b""), &mut buf).to_vec(),
+    }
+}
+
+fn build_with(
+    req: &Request<'_>,
+    options: &ProxyOptions,
+    identity: Option<&Identity>,
+    request_id: Option<&RequestId>,
+    keyed: Option<&Keyed<'_>>,
+) -> Built {
     let head = req.head;
     let mut out = Vec::with_capacity(head.head_len + 160);
     out.extend_from_slice(head.method_str.as_bytes());
     out.push(b' ');
     // Origin form, even if the client sent an absolute URI.
     out.extend_from_slice(head.path.as_bytes());
-    if let Some(q) = head.query {
+    let query = match keyed {
+        Some(k) => k.query,
+        None => head.query,
+    };
+    if let Some(q) = query {
         out.push(b'?');
         out.extend_from_slice(q.as_bytes());
     }
@@ -158,6 +201,7 @@ pub fn build(
             // upstream's answer against it (a client's could make a stale 101 look right).
             || (head.protocol.is_some() && name.eq_ignore_ascii_case("sec-websocket-key"))
             || options.request_headers.replaces(name)
+            || keyed.is_some_and(|k| !k.fields.iter().any(|f| f.eq_ignore_ascii_case(name)))
         {
             continue;
         }

@@ -7,6 +7,7 @@
 //! recently). The server's worker then relays the exchange on its own upstream connections
 //! (`tern_server::upstream`): no other thread and no lock on the way.
 
+pub mod cache;
 pub mod fastcgi;
 pub mod group;
 pub mod head;
@@ -25,11 +26,22 @@ pub use head::{ProxyOptions, RequestEdits};
 pub struct Proxy {
     group: Arc<UpstreamGroup>,
     options: ProxyOptions,
+    cache: Option<cache::RouteCache>,
 }
 
 impl Proxy {
     pub fn new(group: Arc<UpstreamGroup>, options: ProxyOptions) -> Proxy {
-        Proxy { group, options }
+        Proxy {
+            group,
+            options,
+            cache: None,
+        }
+    }
+
+    /// Answers from and fills a shared cache (`cache.rs`).
+    pub fn with_cache(mut self, cache: cache::RouteCache) -> Proxy {
+        self.cache = Some(cache);
+        self
     }
 
     pub fn group(&self) -> &Arc<UpstreamGroup> {
@@ -45,7 +57,36 @@ impl Handler for Proxy {
         if matches!(req.method(), Method::Trace | Method::Connect) {
             return Response::text(405, "method not allowed\n").into();
         }
-        let built = head::build(req, &self.options, cx.identity(), cx.request_id());
+        let (built, tee) = match &self.cache {
+            None => (
+                head::build(req, &self.options, cx.identity(), cx.request_id()),
+                None,
+            ),
+            Some(c) => match c.step(req, &head::host_sent(req, &self.options), cx) {
+                cache::CacheStep::Hit(answer) => return Reply::Now(answer),
+                cache::CacheStep::Pass => (
+                    head::build(req, &self.options, cx.identity(), cx.request_id()),
+                    None,
+                ),
+                cache::CacheStep::Invalidate(tee) => (
+                    head::build(req, &self.options, cx.identity(), cx.request_id()),
+                    Some(tee),
+                ),
+                step @ (cache::CacheStep::Fill(_) | cache::CacheStep::Keyed) => {
+                    let query = tern_cache::policy::keyed_query(&c.rules().key_query, req.query());
+                    let keyed = head::Keyed {
+                        query: query.as_deref(),
+                        fields: &c.rules().key_headers,
+                    };
+                    let built = head::build_keyed(req, &self.options, cx.request_id(), &keyed);
+                    let tee = match step {
+                        cache::CacheStep::Fill(tee) => Some(tee),
+                        _ => None,
+                    };
+                    (built, tee)
+                }
+            },
+        };
         Reply::Forward(Box::new(Forward {
             upstreams: self.group.clone(),
             head: built.head,
@@ -59,6 +100,7 @@ impl Handler for Proxy {
             max_body: u64::MAX,
             wire: tern_server::UpstreamWire::Http1,
             not_before_ms: 0,
+            tee,
         }))
     }
 

@@ -7,6 +7,7 @@
 //! [`Pending`] reply completed later from any thread.
 
 mod access_log;
+mod answer_tee;
 pub mod bans;
 mod compression;
 mod config;
@@ -35,6 +36,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use access_log::{AccessLog, AccessLogFormat, ClientIp};
+pub use answer_tee::AnswerTee;
 pub use bans::{BanConfig, BanNotice, Bans};
 pub use config::{ListenerKind, RedirectHttp, ServerConfig};
 pub use guard::{Guard, Guarded, Verdict};

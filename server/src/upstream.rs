@@ -199,6 +199,8 @@ pub struct Forward {
     /// Not sent before this instant (the worker's clock, ms): a request a rate limit queued
     /// waits on the connection's timer, no worker held (0: at once).
     pub not_before_ms: u64,
+    /// A copy of the answer for a shared cache's fill (`answer_tee.rs`); None: no copy.
+    pub tee: Option<Box<dyn crate::answer_tee::AnswerTee>>,
 }
 
 /// The protocol of an exchange with an upstream server.

@@ -454,8 +454,21 @@ fn build_table(
                         gate_cookie: gate.map(|g| g.config().config.cookie.clone()),
                         ..plan.options.clone()
                     };
-                    let proxy: Arc<dyn Handler> =
-                        Arc::new(tern_proxy::Proxy::new(group, options));
+                    let mut proxy = tern_proxy::Proxy::new(group, options);
+                    if let Some(c) = &route.cache {
+                        let (store, counts) =
+                            tern_proxy::cache::shared_store(&c.name, c.memory, c.max_object);
+                        // The site and the route are part of every key.
+                        let route_id = format!("{} {}", site.name, route.label);
+                        proxy = proxy.with_cache(tern_proxy::cache::RouteCache::new(
+                            store,
+                            counts,
+                            c.rules.clone(),
+                            route_id,
+                            c.status_field,
+                        ));
+                    }
+                    let proxy: Arc<dyn Handler> = Arc::new(proxy);
                     // Inside the guard: the gate judges the path the client asked for, the
                     // app gets it without the prefix.
                     Action::Handler(if route.options.strip_prefix {

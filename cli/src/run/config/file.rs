@@ -23,6 +23,8 @@ crate::config::server_keys! {
         /// WebSocket over HTTP/2 (RFC 8441's extended CONNECT) offered in the SETTINGS; default:
         /// when some route is a proxy.
         pub(super) http2_websocket: Option<bool>,
+        /// Shared caches by name (`[cache.NAME]`: sizes), for routes with `cache`.
+        pub(super) cache: Option<super::cache::CacheBlocks>,
         #[serde(default)]
         pub(super) site: Vec<SiteFile>,
     }
@@ -96,6 +98,15 @@ pub(super) struct RouteFile {
     /// One upstream or a list: `host:port`, `[v6]:port` or `unix:/path`, each maybe followed
     /// by `weight=N` and `backup`.
     pub(super) proxy: Option<Spanned<Servers>>,
+    /// A shared cache (`cache.rs`): true, or a `[cache.NAME]`'s name.
+    pub(super) cache: Option<Spanned<super::cache::CacheChoice>>,
+    pub(super) cache_key_query: Option<Spanned<super::cache::KeyQueryFile>>,
+    pub(super) cache_key_headers: Option<Spanned<Vec<String>>>,
+    pub(super) cache_valid: Option<Spanned<BTreeMap<String, String>>>,
+    pub(super) cache_bypass_cookies: Option<Spanned<Vec<String>>>,
+    pub(super) cache_ignore_cookies: Option<Spanned<Vec<String>>>,
+    pub(super) cache_authorized: Option<Spanned<bool>>,
+    pub(super) cache_status: Option<Spanned<bool>>,
     /// With `static`: `*.php` scripts under the root run on these FastCGI servers (PHP-FPM).
     pub(super) fastcgi: Option<Spanned<Servers>>,
     /// What a folder's path runs: file names in order, and last maybe the front controller

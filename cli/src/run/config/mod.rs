@@ -12,6 +12,7 @@
 //! kind goes in `file.rs` and in that kind's module.
 
 mod app;
+mod cache;
 mod compress;
 mod counters;
 mod fastcgi;

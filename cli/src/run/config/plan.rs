@@ -59,6 +59,8 @@ pub struct RoutePlan {
     /// Behind the gateway (`gate = true`).
     pub guarded: bool,
     pub options: RouteOptionsPlan,
+    /// A shared cache in front of the app (proxy routes).
+    pub cache: Option<super::cache::CachePlan>,
 }
 
 /// A route's matchers, limits and path changes, checked.

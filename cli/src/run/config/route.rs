@@ -11,7 +11,7 @@ use super::headers::check_headers;
 use super::plan::{AppPlan, RouteKind, RouteOptionsPlan, RoutePlan};
 use super::problems::{at, Problems};
 use super::rate_limit::check_rate_limit;
-use super::{app, counters, fastcgi, files, proxy, redirect, respond, rewrite};
+use super::{app, cache, counters, fastcgi, files, proxy, redirect, respond, rewrite};
 
 /// A key that only some route kinds take: its name, and where a route gives it.
 pub(super) struct KindKey {
@@ -39,7 +39,7 @@ const KINDS: [(&str, &[&[KindKey]]); 8] = [
         "fastcgi",
         &[files::KEYS, fastcgi::KEYS, proxy::UPSTREAM_KEYS],
     ),
-    ("proxy", &[proxy::KEYS, proxy::UPSTREAM_KEYS]),
+    ("proxy", &[proxy::KEYS, proxy::UPSTREAM_KEYS, cache::KEYS]),
     ("redirect", &[redirect::KEYS]),
     ("respond", &[respond::KEYS]),
     ("app", &[app::KEYS]),
@@ -136,6 +136,7 @@ pub(super) fn check_routes(
                 p.at(path_at, "gate = true is for static, app and proxy routes");
             }
             let headers = check_headers(route.header_keys(), p);
+            let cache = cache::check_cache(route, file, p);
             if let Some(options) = options {
                 routes.push((
                     p.line(path_at),
@@ -146,6 +147,7 @@ pub(super) fn check_routes(
                         headers,
                         guarded,
                         options,
+                        cache,
                     },
                 ));
             }

@@ -218,6 +218,15 @@ impl Relay {
         self.status = head.status;
         let mut r = Response::new(head.status);
         copy_fields(&head, &mut r);
+        if self.fwd.tee.is_some() {
+            let (declared, sized) = match head.body {
+                ResponseBody::None => (Some(0), true),
+                ResponseBody::Length(n) => (Some(n), true),
+                ResponseBody::Chunked => (None, true),
+                ResponseBody::UntilClose => (None, false),
+            };
+            self.tee_head(&r, declared, sized, cx);
+        }
         if let Some(edit) = &self.fwd.edit {
             edit(&mut r);
         }
@@ -350,6 +359,7 @@ impl Relay {
         if data.is_empty() || self.head_only {
             return;
         }
+        self.tee_body(data);
         if self.encoder.is_some() {
             self.squeeze(Squeeze::Data(data), sink, cx);
         } else {
@@ -361,6 +371,7 @@ impl Relay {
     /// compressed in one pass (see `Encoder::finish_with`), never held back for it.
     fn push_last(&mut self, data: &[u8], sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         if self.encoder.is_some() && !data.is_empty() && !self.head_only {
+            self.tee_body(data);
             self.squeeze(Squeeze::Last(data), sink, cx);
         } else {
             self.push_body(data, sink, cx);
@@ -436,6 +447,9 @@ impl Relay {
         upstream_us: Option<u64>,
         cx: &mut ConnCx<'_>,
     ) {
+        // A copy is kept only of an answer that came whole: `complete` with `Ok` is reached
+        // only after the body's framing ended (or with no body).
+        self.tee_end(outcome == UpstreamOutcome::Ok && upstream_us.is_some(), cx);
         // An answer cut short frees its encoder now, not when the relay goes.
         self.encoder = None;
         if self.phase == Phase::Tunnel {

@@ -28,6 +28,7 @@
 mod answer;
 mod request;
 mod retry;
+mod tee;
 
 use tern_codec::{BodyDecoder, BodyKind};
 use tern_runtime::{ratelog, ReadBuf};

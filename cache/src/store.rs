@@ -1,0 +1,248 @@
+//! Entries in memory, bounded by bytes, shared by the workers.
+//!
+//! Why quick_cache (0.7, arthurprs/quick-cache) rather than moka or a map of our own:
+//! - Eviction is S3-FIFO: a new entry must be asked for again before it displaces the hot
+//!   ones, so a scan of distinct URLs (a crawler, a flood of random query strings) churns only
+//!   the small probationary queue; moka's TinyLFU would do too, but
+//! - it runs no threads and keeps no deferred work (moka has housekeeping tasks and a
+//!   per-cache scheduler): in a thread-per-core server every cost is paid on the worker that
+//!   causes it, inside the call, which is what the rest of tern assumes;
+//! - items are weighted (here: bytes of head and body plus a fixed overhead), so the
+//!   configured memory is a bound in bytes, not a count;
+//! - the map is sharded with one `parking_lot` RwLock per shard: a hit takes one shard's read
+//!   lock, no global lock; keys are already keyed SipHash values, so the map's own hasher
+//!   only spreads them over shards (an attacker cannot aim at one shard without the secret);
+//! - it is small (no dependencies beyond hashbrown and parking_lot here), maintained (0.7.0,
+//!   2025, fuzzed and shuttle-tested by its author), MIT.
+//!   A per-worker front without any lock (as static files have) is left for later.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use quick_cache::sync::Cache;
+use quick_cache::{Lifecycle, OptionsBuilder, Weighter};
+
+use crate::key::Key;
+use crate::policy::Freshness;
+
+/// Bytes an entry costs beyond its head and body (the entry, its `Arc`, the map's slot).
+pub const ENTRY_OVERHEAD: u64 = 256;
+
+/// A stored answer.
+#[derive(Debug)]
+pub struct Entry {
+    pub status: u16,
+    /// The upstream's header lines (`Name: value\r\n`), serialised once: without framing,
+    /// `Date`, `Age` (each hit writes its own) and hop-by-hop fields.
+    pub head: Bytes,
+    pub body: Bytes,
+    pub freshness: Freshness,
+    /// Its validators, for clients' conditional requests.
+    pub etag: Option<Bytes>,
+    pub last_modified: Option<Bytes>,
+}
+
+impl Entry {
+    pub fn weight(&self) -> u64 {
+        self.head.len() as u64 + self.body.len() as u64 + ENTRY_OVERHEAD
+    }
+}
+
+#[derive(Clone)]
+struct ByBytes;
+
+impl Weighter<Key, Arc<Entry>> for ByBytes {
+    fn weight(&self, _key: &Key, entry: &Arc<Entry>) -> u64 {
+        entry.weight()
+    }
+}
+
+/// Keys are keyed hashes already: the shard and slot come from their bits as they are.
+#[derive(Clone, Default)]
+struct KeyBits;
+
+struct KeyBitsHasher(u64);
+
+impl Hasher for KeyBitsHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.0 ^= u64::from_le_bytes(b);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 ^= (v as u64) ^ ((v >> 64) as u64);
+    }
+}
+
+impl BuildHasher for KeyBits {
+    type Hasher = KeyBitsHasher;
+    fn build_hasher(&self) -> KeyBitsHasher {
+        KeyBitsHasher(0)
+    }
+}
+
+/// Counts evictions as the map makes them.
+#[derive(Clone)]
+struct CountEvictions(Arc<AtomicU64>);
+
+impl Lifecycle<Key, Arc<Entry>> for CountEvictions {
+    type RequestState = ();
+    fn on_evict(&self, _state: &mut (), _key: Key, _val: Arc<Entry>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One named cache's entries (`[cache.NAME]`): shared by the routes that use it.
+pub struct Store {
+    map: Cache<Key, Arc<Entry>, ByBytes, KeyBits, CountEvictions>,
+    evictions: Arc<AtomicU64>,
+    max_object: u64,
+}
+
+impl Store {
+    /// A store of at most `memory` bytes, whose largest entry body is `max_object`.
+    pub fn new(memory: u64, max_object: u64) -> Store {
+        // quick_cache bounds each shard by its share of the weight and refuses an item over
+        // that share: shards are made few enough that four of the largest objects fit in one.
+        let per_object = (max_object + ENTRY_OVERHEAD).max(1);
+        let mut shards = (memory / (4 * per_object)).clamp(1, 64) as usize;
+        shards = 1 << (usize::BITS - 1 - shards.leading_zeros());
+        let estimated = (memory / 16_384).clamp(64, 1 << 20) as usize;
+        let evictions = Arc::new(AtomicU64::new(0));
+        let options = OptionsBuilder::new()
+            .shards(shards)
+            .estimated_items_capacity(estimated)
+            .weight_capacity(memory)
+            .build()
+            .expect("the options are in range");
+        Store {
+            map: Cache::with_options(options, ByBytes, KeyBits, CountEvictions(evictions.clone())),
+            evictions,
+            max_object,
+        }
+    }
+
+    pub fn max_object(&self) -> u64 {
+        self.max_object
+    }
+
+    pub fn get(&self, key: &Key) -> Option<Arc<Entry>> {
+        self.map.get(key)
+    }
+
+    /// Stores `entry` under `key` (replacing one there); one over the largest object is not.
+    pub fn insert(&self, key: Key, entry: Entry) {
+        if entry.body.len() as u64 > self.max_object {
+            return;
+        }
+        self.map.insert(key, Arc::new(entry));
+    }
+
+    pub fn remove(&self, key: &Key) {
+        self.map.remove(key);
+    }
+
+    pub fn clear(&self) {
+        self.map.clear();
+    }
+
+    /// Bytes held (heads, bodies, overhead).
+    pub fn bytes(&self) -> u64 {
+        self.map.weight()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Entries evicted to make room, since the start.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(body: usize) -> Entry {
+        Entry {
+            status: 200,
+            head: Bytes::from_static(b"Content-Type: text/plain\r\n"),
+            body: Bytes::from(vec![b'x'; body]),
+            freshness: Freshness {
+                lifetime: 60,
+                initial_age: 0,
+                stored_at: 0,
+                no_stale: false,
+                stale_while_revalidate: 0,
+                stale_if_error: 0,
+            },
+            etag: None,
+            last_modified: None,
+        }
+    }
+
+    #[test]
+    fn memory_stays_under_its_bound_under_a_flood_of_distinct_keys() {
+        let memory = 1 << 20;
+        let store = Store::new(memory, 16 * 1024);
+        for i in 0..20_000u128 {
+            store.insert(
+                Key(i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)),
+                entry(1000),
+            );
+            assert!(store.bytes() <= memory, "{} after {i}", store.bytes());
+        }
+        assert!(store.evictions() > 0);
+        assert!(store.bytes() > memory / 2, "it is used: {}", store.bytes());
+    }
+
+    #[test]
+    fn a_scan_does_not_evict_what_is_asked_for_again() {
+        let store = Store::new(256 * 1024, 16 * 1024);
+        let hot: Vec<Key> = (0..20u128).map(|i| Key(i << 64 | i)).collect();
+        for k in &hot {
+            store.insert(*k, entry(1000));
+        }
+        for _ in 0..3 {
+            for k in &hot {
+                assert!(store.get(k).is_some());
+            }
+        }
+        // A scan of once-seen keys, several times the store's size.
+        for i in 1000..3000u128 {
+            store.insert(
+                Key(i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)),
+                entry(1000),
+            );
+        }
+        let kept = hot.iter().filter(|k| store.get(k).is_some()).count();
+        assert!(
+            kept >= 18,
+            "only {kept} of 20 hot entries survived the scan"
+        );
+    }
+
+    #[test]
+    fn objects_over_the_limit_are_not_stored_and_the_largest_fits() {
+        let store = Store::new(64 * 1024, 16 * 1024);
+        store.insert(Key(1), entry(16 * 1024 + 1));
+        assert!(store.get(&Key(1)).is_none());
+        store.insert(Key(2), entry(16 * 1024));
+        assert!(store.get(&Key(2)).is_some());
+        store.remove(&Key(2));
+        assert!(store.get(&Key(2)).is_none());
+    }
+}

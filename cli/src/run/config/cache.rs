@@ -1,0 +1,244 @@
+//! A proxy route's shared cache (`tern_proxy::cache`, rules in `tern_cache`): `cache = true`
+//! (the cache named "default") or `cache = "NAME"`, a `[cache.NAME]` block with its sizes,
+//! and the route's `cache_*` keys: what enters the key, lifetimes by status for answers that
+//! give none, which cookies bypass it, and whether `Cache-Status` is written.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::file::{RouteFile, RunFile};
+use super::problems::Problems;
+use super::route::{kind_keys, KindKey};
+
+/// The cache keys of a proxy route.
+pub(super) const KEYS: &[KindKey] = kind_keys![
+    cache,
+    cache_key_query,
+    cache_key_headers,
+    cache_valid,
+    cache_bypass_cookies,
+    cache_ignore_cookies,
+    cache_authorized,
+    cache_status,
+];
+
+/// `cache = true` or `cache = "NAME"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum CacheChoice {
+    On(bool),
+    Named(String),
+}
+
+/// `cache_key_query = "all" | "none" | "sorted"` or a list of parameter names.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum KeyQueryFile {
+    Word(String),
+    Names(Vec<String>),
+}
+
+/// `[cache.NAME]`: sizes as bytes or with a K, M or G suffix ("256M").
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CacheBlock {
+    pub(super) memory: Option<Spanned<String>>,
+    pub(super) max_object: Option<Spanned<String>>,
+}
+
+/// A route's cache, checked.
+#[derive(Debug, Clone)]
+pub struct CachePlan {
+    pub name: String,
+    pub memory: u64,
+    pub max_object: u64,
+    pub rules: tern_cache::Rules,
+    pub status_field: bool,
+}
+
+const DEFAULT_MEMORY: u64 = 64 << 20;
+const DEFAULT_MAX_OBJECT: u64 = 1 << 20;
+
+fn size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().last()? {
+        (i, 'K' | 'k') => (&t[..i], 1 << 10),
+        (i, 'M' | 'm') => (&t[..i], 1 << 20),
+        (i, 'G' | 'g') => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(unit)
+}
+
+/// `"10m"`, `"30s"`, `"2h"`, `"1d"`, or seconds.
+fn duration(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().last()? {
+        (i, 's') => (&t[..i], 1),
+        (i, 'm') => (&t[..i], 60),
+        (i, 'h') => (&t[..i], 3600),
+        (i, 'd') => (&t[..i], 86_400),
+        _ => (t, 1),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(unit)
+}
+
+/// The route's cache, if it has one; problems go to `p` (and give None).
+pub(super) fn check_cache(
+    route: &RouteFile,
+    file: &RunFile,
+    p: &mut Problems<'_>,
+) -> Option<CachePlan> {
+    let choice = route.cache.as_ref()?;
+    let at = choice.span().start;
+    let name = match choice.get_ref() {
+        CacheChoice::On(false) => return None,
+        CacheChoice::On(true) => "default".to_owned(),
+        CacheChoice::Named(n) => n.clone(),
+    };
+    let mut ok = true;
+    let (mut memory, mut max_object) = (DEFAULT_MEMORY, DEFAULT_MAX_OBJECT);
+    match file.cache.as_ref().and_then(|c| c.get(&name)) {
+        None if name != "default" => {
+            p.at(at, format!("cache {name:?} has no [cache.{name}] block"));
+            ok = false;
+        }
+        None => {}
+        Some(block) => {
+            let mut read = |v: &Option<Spanned<String>>, what: &str, into: &mut u64| {
+                if let Some(v) = v {
+                    match size(v.get_ref()) {
+                        Some(n) if n > 0 => *into = n,
+                        _ => {
+                            p.at(
+                                v.span().start,
+                                format!("{what} {:?}: a size such as \"64M\"", v.get_ref()),
+                            );
+                            ok = false;
+                        }
+                    }
+                }
+            };
+            read(&block.memory, "memory", &mut memory);
+            read(&block.max_object, "max_object", &mut max_object);
+            if max_object > memory / 4 {
+                let at = block
+                    .max_object
+                    .as_ref()
+                    .or(block.memory.as_ref())
+                    .map_or(at, |v| v.span().start);
+                p.at(at, format!("max_object ({max_object} bytes) must be at most a quarter of memory ({memory})"));
+                ok = false;
+            }
+        }
+    }
+    let mut rules = tern_cache::Rules {
+        max_object,
+        ..tern_cache::Rules::default()
+    };
+    if let Some(q) = &route.cache_key_query {
+        rules.key_query = match q.get_ref() {
+            KeyQueryFile::Word(w) if w == "all" => tern_cache::KeyQuery::All,
+            KeyQueryFile::Word(w) if w == "none" => tern_cache::KeyQuery::None,
+            KeyQueryFile::Word(w) if w == "sorted" => tern_cache::KeyQuery::Sorted,
+            KeyQueryFile::Names(names) => tern_cache::KeyQuery::Only(names.clone()),
+            KeyQueryFile::Word(w) => {
+                p.at(q.span().start, format!("cache_key_query {w:?}: use \"all\", \"none\", \"sorted\" or a list of names"));
+                ok = false;
+                tern_cache::KeyQuery::All
+            }
+        };
+    }
+    if let Some(h) = &route.cache_key_headers {
+        for name in h.get_ref() {
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                p.at(
+                    h.span().start,
+                    format!("cache_key_headers: {name:?} is not a field name"),
+                );
+                ok = false;
+            }
+            let lower = name.to_ascii_lowercase();
+            if ["authorization", "cookie"].contains(&lower.as_str()) {
+                p.at(h.span().start, format!("cache_key_headers: {name} is a credential: use cache_authorized or the cookie keys"));
+                ok = false;
+            }
+            rules.key_headers.push(lower);
+        }
+    }
+    if let Some(v) = &route.cache_valid {
+        for (statuses, life) in v.get_ref() {
+            let Some(secs) = duration(life) else {
+                p.at(
+                    v.span().start,
+                    format!("cache_valid {statuses:?}: {life:?} is not a duration such as \"10m\""),
+                );
+                ok = false;
+                continue;
+            };
+            for s in statuses.split_whitespace() {
+                match s.parse::<u16>() {
+                    Ok(status) if [200, 203, 204, 300, 301, 308, 404, 410].contains(&status) => {
+                        rules.valid.push((status, secs));
+                    }
+                    _ => {
+                        p.at(v.span().start, format!("cache_valid: {s:?} is not a status that is stored (200 203 204 300 301 308 404 410)"));
+                        ok = false;
+                    }
+                }
+            }
+        }
+    }
+    let patterns = |v: &Spanned<Vec<String>>| {
+        v.get_ref()
+            .iter()
+            .map(|s| tern_cache::CookiePattern::new(s))
+            .collect::<Vec<_>>()
+    };
+    match (&route.cache_bypass_cookies, &route.cache_ignore_cookies) {
+        (Some(b), Some(_)) => {
+            p.at(
+                b.span().start,
+                "give cache_bypass_cookies or cache_ignore_cookies, not both",
+            );
+            ok = false;
+        }
+        (Some(b), None) => rules.cookies = tern_cache::CookieRule::Only(patterns(b)),
+        (None, Some(i)) => rules.cookies = tern_cache::CookieRule::AllBut(patterns(i)),
+        (None, None) => {}
+    }
+    rules.cache_authorized = route
+        .cache_authorized
+        .as_ref()
+        .is_some_and(|v| *v.get_ref());
+    let status_field = route.cache_status.as_ref().is_some_and(|v| *v.get_ref());
+    ok.then_some(CachePlan {
+        name,
+        memory,
+        max_object,
+        rules,
+        status_field,
+    })
+}
+
+/// The `[cache.NAME]` blocks.
+pub(super) type CacheBlocks = BTreeMap<String, CacheBlock>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(size("64M"), Some(64 << 20));
+        assert_eq!(size("512k"), Some(512 << 10));
+        assert_eq!(size("1000"), Some(1000));
+        assert_eq!(size("x"), None);
+        assert_eq!(duration("10m"), Some(600));
+        assert_eq!(duration("2h"), Some(7200));
+        assert_eq!(duration("45"), Some(45));
+        assert_eq!(duration("m"), None);
+    }
+}

@@ -1,0 +1,318 @@
+//! The shared cache of proxy routes (`cache = ...`): the real server in front of a small
+//! upstream that says how many times it was asked and what it was sent. Hits, Age, HEAD and
+//! 304 from an entry; what is never stored (private, Set-Cookie, errors, no lifetime, too
+//! large); what bypasses it (cookies, Authorization); that no unkeyed client field reaches the
+//! app on a cached route; a POST invalidating its target; `--check`'s lines.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use support::*;
+
+/// An upstream that answers by path, counting requests per path and keeping their heads.
+struct App {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl App {
+    fn start() -> App {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let counts = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
+        let s = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let (seen, counts) = (s.clone(), counts.clone());
+                std::thread::spawn(move || serve(conn, &seen, &counts));
+            }
+        });
+        App { addr, seen }
+    }
+
+    /// Requests whose request line names `path` (with its query).
+    fn asked(&self, target: &str) -> Vec<String> {
+        let line = |h: &String| h.lines().next().unwrap_or("").split(' ').nth(1) == Some(target);
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| line(h))
+            .cloned()
+            .collect()
+    }
+}
+
+fn serve(conn: TcpStream, seen: &Mutex<Vec<String>>, counts: &Mutex<HashMap<String, usize>>) {
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut out = conn;
+    loop {
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if line == "\r\n" {
+                break;
+            }
+            head.push_str(&line);
+        }
+        let field = |name: &str| {
+            head.lines().skip(1).find_map(|l| {
+                let (n, v) = l.split_once(':')?;
+                n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            })
+        };
+        let length: usize = field("content-length").map_or(0, |v| v.parse().unwrap());
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        seen.lock().unwrap().push(head.clone());
+        let mut parts = head.split(' ');
+        let method = parts.next().unwrap_or("").to_string();
+        let target = parts.next().unwrap_or("").to_string();
+        let path = target.split('?').next().unwrap_or("").to_string();
+        let n = {
+            let mut c = counts.lock().unwrap();
+            let n = c.entry(target.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        // The body tells which request made it and what the app was told.
+        let text = format!(
+            "{method} {target} #{n} xfh={:?} ua={:?} lang={:?} cookie={:?}\n",
+            field("x-original-host").or(field("x-forwarded-host")),
+            field("user-agent"),
+            field("accept-language"),
+            field("cookie"),
+        );
+        let (status, extra, body): (u16, &str, Vec<u8>) = match path.as_str() {
+            "/private" => (200, "Cache-Control: private, max-age=60\r\n", text.into()),
+            "/cookie" => (
+                200,
+                "Cache-Control: max-age=60\r\nSet-Cookie: s=1\r\n",
+                text.into(),
+            ),
+            "/error" => (500, "Cache-Control: public, max-age=60\r\n", text.into()),
+            "/plain" => (200, "", text.into()),
+            "/big" => (200, "Cache-Control: max-age=60\r\n", vec![b'b'; 300 * 1024]),
+            _ if method == "POST" => (200, "", text.into()),
+            _ => (
+                200,
+                "Cache-Control: max-age=60\r\nETag: \"v1\"\r\nContent-Type: text/plain\r\n",
+                text.into(),
+            ),
+        };
+        let chunked = path == "/chunked";
+        let mut answer = format!("HTTP/1.1 {status} X\r\n{extra}");
+        if chunked {
+            answer.push_str("Transfer-Encoding: chunked\r\n\r\n");
+            answer.push_str(&format!("{:x}\r\n", body.len()));
+        } else {
+            answer.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+        }
+        let mut bytes = answer.into_bytes();
+        if method != "HEAD" {
+            bytes.extend_from_slice(&body);
+        }
+        if chunked {
+            bytes.extend_from_slice(b"\r\n0\r\n\r\n");
+        }
+        if out.write_all(&bytes).is_err() {
+            return;
+        }
+    }
+}
+
+fn config(dir: &Path, app: &App, route_keys: &str, blocks: &str) -> std::path::PathBuf {
+    let conf = dir.join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "{blocks}\n[[site]]\nname = \"one\"\nhosts = [\"one.test\"]\ndefault = true\n\n\
+             [[site.route]]\npath = \"/\"\nproxy = \"{}\"\n{route_keys}\n",
+            app.addr
+        ),
+    )
+    .unwrap();
+    conf
+}
+
+fn started(route_keys: &str) -> (tempfile::TempDir, App, Tern) {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let conf = config(
+        dir.path(),
+        &app,
+        route_keys,
+        "[cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\n",
+    );
+    let tern = Tern::start_run(&conf);
+    (dir, app, tern)
+}
+
+const CACHED: &str = "cache = \"main\"\ncache_status = true\ncache_ignore_cookies = [\"_ga*\"]";
+
+#[test]
+fn a_fresh_answer_is_served_from_the_cache_with_its_age_head_and_validators() {
+    let (_dir, app, tern) = started(CACHED);
+    let first = tern.get("/page");
+    assert_eq!(first.status, 200);
+    assert!(first.text().starts_with("GET /page #1"), "{}", first.text());
+    assert_eq!(
+        first.header("cache-status"),
+        None,
+        "a miss is not marked as a hit"
+    );
+    let second = tern.get("/page");
+    assert_eq!(second.status, 200);
+    assert_eq!(
+        second.text(),
+        first.text(),
+        "the same answer, from the cache"
+    );
+    assert!(second
+        .header("age")
+        .is_some_and(|a| a.parse::<u64>().unwrap() <= 2));
+    assert_eq!(second.header("cache-status"), Some("tern; hit"));
+    assert_eq!(second.header("etag"), Some("\"v1\""));
+    assert_eq!(second.header("content-type"), Some("text/plain"));
+    assert_eq!(app.asked("/page").len(), 1, "the app was asked once");
+
+    // HEAD from the GET's entry: its head and length, no body.
+    let head = tern.client().request("HEAD", "/page", &[]);
+    assert_eq!(head.status, 200);
+    assert_eq!(head.content_length(), Some(first.body.len() as u64));
+    assert!(head.body.is_empty());
+    // The client's validators against the entry's.
+    let cond = tern.get_with("/page", &[("If-None-Match", "\"v1\"")]);
+    assert_eq!(cond.status, 304);
+    assert_eq!(cond.header("etag"), Some("\"v1\""));
+    assert!(cond.body.is_empty());
+    assert_eq!(
+        tern.get_with("/page", &[("If-None-Match", "\"v0\"")])
+            .status,
+        200
+    );
+    assert_eq!(app.asked("/page").len(), 1);
+
+    // The query is part of the key.
+    assert!(tern.get("/page?a=1").text().contains("#1"));
+    assert!(tern.get("/page?a=2").text().contains("#1"));
+    assert_eq!(app.asked("/page?a=1").len(), 1);
+}
+
+#[test]
+fn what_is_never_stored_goes_to_the_app_every_time() {
+    let (_dir, app, tern) = started(CACHED);
+    for path in ["/private", "/cookie", "/error", "/plain", "/big"] {
+        let a = tern.get(path);
+        let b = tern.get(path);
+        assert_eq!(a.status, b.status, "{path}");
+        assert_eq!(app.asked(path).len(), 2, "{path}: asked twice");
+        assert_eq!(b.header("cache-status"), None, "{path}");
+        if path == "/big" {
+            assert_eq!(
+                b.body.len(),
+                300 * 1024,
+                "over max_object: relayed whole all the same"
+            );
+        }
+    }
+}
+
+#[test]
+fn credentials_bypass_the_cache_and_unkeyed_fields_never_reach_the_app() {
+    let (_dir, app, tern) = started(CACHED);
+    // A poisoner's fields: dropped on the way, so the entry is the same for everyone.
+    let poisoned = tern.get_with(
+        "/p",
+        &[
+            ("X-Forwarded-Host", "evil.test"),
+            ("X-Original-URL", "/admin"),
+            ("User-Agent", "evil"),
+            ("Accept-Language", "xx"),
+            ("Cookie", "_ga=GA1.2"),
+        ],
+    );
+    assert!(
+        poisoned.text().contains("ua=None lang=None cookie=None"),
+        "{}",
+        poisoned.text()
+    );
+    let head = &app.asked("/p")[0];
+    for word in ["evil", "/admin", "_ga", "xx"] {
+        assert!(!head.contains(word), "{word} reached the app: {head}");
+    }
+    let clean = tern.get("/p");
+    assert_eq!(clean.text(), poisoned.text());
+
+    // A session cookie or Authorization: to the app as they came, nothing stored.
+    let own = tern.get_with("/p", &[("Cookie", "session=alice")]);
+    assert!(own.text().contains("#2") && own.text().contains("session=alice"));
+    let own = tern.get_with("/p", &[("Authorization", "Basic YTpi")]);
+    assert!(own.text().contains("#3"), "{}", own.text());
+    assert_eq!(
+        tern.get("/p").text(),
+        clean.text(),
+        "no personal answer was stored"
+    );
+    assert_eq!(app.asked("/p").len(), 3);
+}
+
+#[test]
+fn a_successful_post_drops_its_target() {
+    let (_dir, app, tern) = started(CACHED);
+    assert!(tern.get("/doc").text().contains("#1"));
+    assert!(tern.get("/doc").text().contains("#1"));
+    let post = tern
+        .client()
+        .request("POST", "/doc", &[("Content-Length", "0")]);
+    assert_eq!(post.status, 200);
+    assert!(
+        tern.get("/doc").text().starts_with("GET /doc #3"),
+        "refetched after the POST (#2 was the POST)"
+    );
+    assert_eq!(app.asked("/doc").len(), 3);
+}
+
+#[test]
+fn check_names_the_lines_of_wrong_cache_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let conf = config(
+        dir.path(),
+        &app,
+        "cache = \"nope\"\ncache_key_query = \"some\"\ncache_valid = { \"200 500\" = \"10m\" }\n\
+         cache_key_headers = [\"Cookie\"]",
+        "[cache.main]\nmemory = \"lots\"\n",
+    );
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "cache \"nope\" has no [cache.nope] block",
+        "cache_key_query \"some\"",
+        "\"500\" is not a status that is stored",
+        "Cookie is a credential",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+    }
+    assert!(
+        text.contains("line 12: cache \"nope\""),
+        "lines are named:\n{text}"
+    );
+}

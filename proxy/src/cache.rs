@@ -1,0 +1,386 @@
+//! A proxy route's shared cache (`tern_cache`): the lookup the handler makes, after the
+//! site's gate and the route's guard have let the request through (a cached page never skips
+//! them), and the fill the relay feeds as it writes a miss's answer ([`tern_server::AnswerTee`]).
+//!
+//! What reaches the app on a cached request is what the key holds, nothing more: the request
+//! line (canonical path, the query as keyed), Host as tern chose it, tern's own forwarding
+//! fields, and of the client's fields only the route's `cache_key_headers`
+//! (`head::build_keyed`). So no unkeyed field (`X-Forwarded-Host`, `Accept`, a cookie the
+//! route calls harmless, `User-Agent`...) can change an answer that others will get; the app
+//! sees no `Accept-Encoding` either, answers in identity, and tern compresses each hit for its
+//! client. `Vary` then needs no second key: every field the app could vary on is in the key
+//! already (`Vary: *` is still never stored). Requests that bypass the cache go as they came.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use tern_cache::policy::{self, invalidates, keyed_query};
+use tern_cache::{
+    judge_answer, judge_request, AnswerFacts, Bypass, Entry, Field, Key, KeyParts, Keyer,
+    MethodClass, RequestFacts, RequestVerdict, Rules, Store, Uncacheable,
+};
+use tern_server::{AnswerTee, Body, BodyKind, HandlerContext, Method, Request, Response};
+
+/// A route's cache: the store it uses (shared by name) and its rules.
+pub struct RouteCache {
+    store: Arc<Store>,
+    rules: Arc<Rules>,
+    /// Which route (and so which site) this is, as the config names it: part of every key.
+    route: String,
+    /// Writes `Cache-Status` (RFC 9211) on its answers.
+    status_field: bool,
+    counts: Arc<Counts>,
+}
+
+/// What happened to requests on a cache (shared by the routes using it).
+#[derive(Default)]
+pub struct Counts {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub expired: AtomicU64,
+    pub not_modified: AtomicU64,
+    pub stored: AtomicU64,
+    pub invalidated: AtomicU64,
+    pub bypassed: [AtomicU64; Bypass::ALL.len()],
+    pub uncacheable: [AtomicU64; Uncacheable::ALL.len()],
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The process's key secret: drawn once, kept across reloads (so entries stay valid).
+fn keyer() -> &'static Keyer {
+    static KEYER: OnceLock<Keyer> = OnceLock::new();
+    KEYER.get_or_init(Keyer::new)
+}
+
+/// A named cache and its counts: the same across reloads while its sizes stay the same.
+pub fn shared_store(name: &str, memory: u64, max_object: u64) -> (Arc<Store>, Arc<Counts>) {
+    type Named = HashMap<String, (u64, Arc<Store>, Arc<Counts>)>;
+    static STORES: OnceLock<Mutex<Named>> = OnceLock::new();
+    let mut stores = STORES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    match stores.get(name) {
+        Some((m, store, counts)) if *m == memory && store.max_object() == max_object => {
+            (store.clone(), counts.clone())
+        }
+        _ => {
+            let store = Arc::new(Store::new(memory, max_object));
+            let counts = Arc::new(Counts::default());
+            stores.insert(name.to_owned(), (memory, store.clone(), counts.clone()));
+            (store, counts)
+        }
+    }
+}
+
+/// What the handler does with a request on a cached route.
+pub enum CacheStep {
+    /// Answered from the cache.
+    Hit(Response),
+    /// Not there: forward the keyed request, with this fill for the relay.
+    Fill(Box<dyn AnswerTee>),
+    /// A HEAD that missed: forwarded keyed, nothing stored (a HEAD answer has no body).
+    Keyed,
+    /// Past the cache: forward as usual.
+    Pass,
+    /// An unsafe method: forward as usual; its success drops the target's entry.
+    Invalidate(Box<dyn AnswerTee>),
+}
+
+impl RouteCache {
+    pub fn new(
+        store: Arc<Store>,
+        counts: Arc<Counts>,
+        rules: Rules,
+        route: String,
+        status_field: bool,
+    ) -> RouteCache {
+        RouteCache {
+            store,
+            rules: Arc::new(rules),
+            route,
+            status_field,
+            counts,
+        }
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    pub fn counts(&self) -> &Arc<Counts> {
+        &self.counts
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Looks `req` up (`host`: the Host the app is sent).
+    pub fn step(&self, req: &Request<'_>, host: &[u8], cx: &HandlerContext<'_>) -> CacheStep {
+        let fields: Vec<Field<'_>> = req.head.headers.iter().map(|h| (h.name, h.value)).collect();
+        let method = match req.method() {
+            Method::Get | Method::Head => MethodClass::Read,
+            Method::Post | Method::Put | Method::Delete | Method::Patch => MethodClass::Unsafe,
+            _ => MethodClass::Other,
+        };
+        let facts = RequestFacts {
+            method,
+            fields: &fields,
+            has_body: !req.body.is_empty() || !matches!(req.head.body, BodyKind::None),
+            identity: cx.identity().is_some(),
+        };
+        let verdict = judge_request(&self.rules, &facts);
+        let query = keyed_query(&self.rules.key_query, req.query());
+        let key = keyer().key(
+            &KeyParts {
+                route: &self.route,
+                secure: req.secure,
+                host,
+                path: req.path(),
+                query: query.as_deref(),
+            },
+            &self.rules.key_headers,
+            &fields,
+        );
+        match verdict {
+            RequestVerdict::Bypass(why) => {
+                bump(&self.counts.bypassed[why as usize]);
+                CacheStep::Pass
+            }
+            RequestVerdict::Invalidate => CacheStep::Invalidate(Box::new(Invalidation {
+                store: self.store.clone(),
+                counts: self.counts.clone(),
+                key,
+            })),
+            RequestVerdict::Lookup => {
+                let now = req.unix_secs;
+                if let Some(entry) = self.store.get(&key) {
+                    if entry.freshness.is_fresh(now) {
+                        bump(&self.counts.hits);
+                        return CacheStep::Hit(self.answer(req, &entry, now));
+                    }
+                    bump(&self.counts.expired);
+                    self.store.remove(&key);
+                }
+                bump(&self.counts.misses);
+                if req.method() == Method::Head {
+                    return CacheStep::Keyed;
+                }
+                CacheStep::Fill(Box::new(Fill {
+                    store: self.store.clone(),
+                    rules: self.rules.clone(),
+                    counts: self.counts.clone(),
+                    key,
+                    authorized: fields
+                        .iter()
+                        .any(|(n, _)| n.eq_ignore_ascii_case("authorization")),
+                    kept: None,
+                }))
+            }
+        }
+    }
+
+    /// A fresh entry's answer: its head as stored, `Age` from the worker's clock, its body
+    /// shared (a HEAD gets the same head; the connection leaves the body out); 304 when the
+    /// client's validators match.
+    fn answer(&self, req: &Request<'_>, entry: &Entry, now: u64) -> Response {
+        let age = entry.freshness.age(now);
+        let mut buf = itoa::Buffer::new();
+        if not_modified(req, entry) {
+            bump(&self.counts.not_modified);
+            let mut r = Response::new(304);
+            for line in entry.head.split_inclusive(|&b| b == b'\n') {
+                let name = line.split(|&b| b == b':').next().unwrap_or_default();
+                // RFC 9110 §15.4.5: the fields a 200 would have carried that describe it.
+                if [
+                    &b"etag"[..],
+                    b"cache-control",
+                    b"expires",
+                    b"vary",
+                    b"last-modified",
+                    b"content-location",
+                ]
+                .iter()
+                .any(|n| name.eq_ignore_ascii_case(n))
+                {
+                    r.push_raw_headers(line);
+                }
+            }
+            r.push_header("Age", buf.format(age).as_bytes());
+            if self.status_field {
+                r.push_header("Cache-Status", b"tern; hit");
+            }
+            return r;
+        }
+        let mut r = Response::new(entry.status).with_body(Body::Shared(entry.body.clone()));
+        r.push_raw_headers(&entry.head);
+        r.push_header("Age", buf.format(age).as_bytes());
+        if self.status_field {
+            r.push_header("Cache-Status", b"tern; hit");
+        }
+        r
+    }
+
+    /// `Cache-Status` for an answer that went to the app, if the route writes it.
+    pub fn status_field(&self) -> bool {
+        self.status_field
+    }
+}
+
+/// The client's validators match the entry's (RFC 9110 §13.2.2: If-None-Match first, and
+/// If-Modified-Since only without it).
+fn not_modified(req: &Request<'_>, entry: &Entry) -> bool {
+    if entry.status != 200 {
+        return false;
+    }
+    if let Some(inm) = req.head.if_none_match {
+        return entry
+            .etag
+            .as_deref()
+            .is_some_and(|etag| policy::none_match_hits(inm, etag));
+    }
+    match (req.head.if_modified_since, entry.last_modified.as_deref()) {
+        (Some(since), Some(lm)) => policy::not_modified_since(since, lm),
+        _ => false,
+    }
+}
+
+/// The fill of one entry, fed by the relay.
+struct Fill {
+    store: Arc<Store>,
+    rules: Arc<Rules>,
+    counts: Arc<Counts>,
+    key: Key,
+    authorized: bool,
+    /// The head kept, once judged storable.
+    kept: Option<Kept>,
+}
+
+struct Kept {
+    status: u16,
+    head: Vec<u8>,
+    body: Vec<u8>,
+    freshness: tern_cache::Freshness,
+    etag: Option<Bytes>,
+    last_modified: Option<Bytes>,
+}
+
+/// Fields of a serialised block (`Name: value\r\n` lines).
+fn fields_of(block: &[u8]) -> Vec<Field<'_>> {
+    block
+        .split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let line = line.strip_suffix(b"\r")?;
+            let colon = line.iter().position(|&b| b == b':')?;
+            let name = std::str::from_utf8(&line[..colon]).ok()?;
+            Some((name, line[colon + 1..].trim_ascii()))
+        })
+        .collect()
+}
+
+impl Fill {
+    fn refuse(&self, why: Uncacheable) -> bool {
+        bump(&self.counts.uncacheable[why as usize]);
+        false
+    }
+}
+
+impl AnswerTee for Fill {
+    fn head(&mut self, head: &Response, content_length: Option<u64>, unix_secs: u64) -> bool {
+        let fields = fields_of(head.headers());
+        let facts = AnswerFacts {
+            status: head.status,
+            fields: &fields,
+            content_length,
+            authorized: self.authorized,
+            now: unix_secs,
+        };
+        let freshness = match judge_answer(&self.rules, &facts) {
+            Ok(f) => f,
+            Err(why) => return self.refuse(why),
+        };
+        // Each hit writes its own Age (and the connection its own Date).
+        let mut stored = Vec::with_capacity(head.headers().len());
+        for line in head.headers().split_inclusive(|&b| b == b'\n') {
+            let name = line.split(|&b| b == b':').next().unwrap_or_default();
+            if !name.eq_ignore_ascii_case(b"age") {
+                stored.extend_from_slice(line);
+            }
+        }
+        let field = |name: &str| {
+            policy::values(&fields, name)
+                .next()
+                .map(Bytes::copy_from_slice)
+        };
+        self.kept = Some(Kept {
+            status: head.status,
+            etag: field("etag"),
+            last_modified: field("last-modified"),
+            head: stored,
+            body: Vec::with_capacity(
+                content_length.unwrap_or(0).min(self.rules.max_object) as usize
+            ),
+            freshness,
+        });
+        true
+    }
+
+    fn body(&mut self, data: &[u8]) -> bool {
+        let Some(kept) = self.kept.as_mut() else {
+            return false;
+        };
+        if (kept.body.len() + data.len()) as u64 > self.rules.max_object {
+            self.kept = None;
+            return self.refuse(Uncacheable::TooLarge);
+        }
+        kept.body.extend_from_slice(data);
+        true
+    }
+
+    fn end(self: Box<Self>, _unix_secs: u64) {
+        let Some(kept) = self.kept else {
+            return;
+        };
+        bump(&self.counts.stored);
+        self.store.insert(
+            self.key,
+            Entry {
+                status: kept.status,
+                head: Bytes::from(kept.head),
+                body: Bytes::from(kept.body),
+                freshness: kept.freshness,
+                etag: kept.etag,
+                last_modified: kept.last_modified,
+            },
+        );
+    }
+}
+
+/// An unsafe method's answer: a success drops the target's entry (RFC 9111 §4.4).
+struct Invalidation {
+    store: Arc<Store>,
+    counts: Arc<Counts>,
+    key: Key,
+}
+
+impl AnswerTee for Invalidation {
+    fn head(&mut self, head: &Response, _content_length: Option<u64>, _unix_secs: u64) -> bool {
+        if invalidates(head.status) {
+            bump(&self.counts.invalidated);
+            self.store.remove(&self.key);
+        }
+        false
+    }
+
+    fn body(&mut self, _data: &[u8]) -> bool {
+        false
+    }
+
+    fn end(self: Box<Self>, _unix_secs: u64) {}
+}
