@@ -75,6 +75,7 @@ const FILES: &[(&str, &str)] = &[
     ("identity.rs", "api"),
     ("request_id.rs", "api"),
     ("upstream.rs", "api"),
+    ("answer_tee.rs", "api"),
     ("stats/", "support"),
     ("compression.rs", "support"),
     ("slab.rs", "support"),
