@@ -103,6 +103,18 @@ fn serve(conn: TcpStream, seen: &Mutex<Vec<String>>, counts: &Mutex<HashMap<Stri
             ),
             "/error" => (500, "Cache-Control: public, max-age=60\r\n", text.into()),
             "/plain" => (200, "", text.into()),
+            // Made 50 s ago by the upstream's clock: 10 s of its minute left.
+            "/dated" => (
+                200,
+                &*format!("Cache-Control: max-age=60\r\nDate: {}\r\n", ago(50)).leak(),
+                text.into(),
+            ),
+            // Made 90 s ago with a minute's lifetime: stale when it comes.
+            "/stale" => (
+                200,
+                &*format!("Cache-Control: max-age=60\r\nDate: {}\r\n", ago(90)).leak(),
+                text.into(),
+            ),
             "/big" => (200, "Cache-Control: max-age=60\r\n", vec![b'b'; 300 * 1024]),
             _ if method == "POST" => (200, "", text.into()),
             _ => (
@@ -130,6 +142,10 @@ fn serve(conn: TcpStream, seen: &Mutex<Vec<String>>, counts: &Mutex<HashMap<Stri
             return;
         }
     }
+}
+
+fn ago(secs: u64) -> String {
+    httpdate::fmt_http_date(std::time::SystemTime::now() - std::time::Duration::from_secs(secs))
 }
 
 fn config(dir: &Path, app: &App, route_keys: &str, blocks: &str) -> std::path::PathBuf {
@@ -315,4 +331,79 @@ fn check_names_the_lines_of_wrong_cache_keys() {
         text.contains("line 12: cache \"nope\""),
         "lines are named:\n{text}"
     );
+}
+
+#[test]
+fn the_upstreams_date_counts_in_the_entrys_age() {
+    let (_dir, app, tern) = started(CACHED);
+    assert!(tern.get("/dated").text().contains("#1"));
+    let hit = tern.get("/dated");
+    assert!(hit.text().contains("#1"), "a hit: {}", hit.text());
+    let age: u64 = hit.header("age").unwrap().parse().unwrap();
+    assert!((50..=53).contains(&age), "Age {age}: now − Date, not 0");
+    assert!(
+        hit.header("date").is_some_and(|d| d != ago(50)),
+        "tern's own Date"
+    );
+    // Stale by its Date when it came: not stored.
+    assert!(tern.get("/stale").text().contains("#1"));
+    assert!(tern.get("/stale").text().contains("#2"));
+    assert_eq!(app.asked("/dated").len(), 1);
+}
+
+#[test]
+fn metrics_count_lookups_bypasses_refusals_and_memory() {
+    let metrics_route = "\n[[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n";
+    let (_dir, _app, tern) = started(&format!("{CACHED}{metrics_route}"));
+    tern.get("/page");
+    tern.get("/page");
+    tern.get_with("/page", &[("If-None-Match", "\"v1\"")]);
+    tern.get_with("/page", &[("Cookie", "session=1")]);
+    tern.get("/private");
+    tern.client().request("POST", "/page", &[]);
+    let page = tern.get("/metrics").text();
+    promtool_accepts("/metrics with a cache", &page);
+    let value = |series: &str| -> f64 {
+        page.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{series} not on the page:\n{page}"))
+    };
+    let c = "cache=\"main\"";
+    assert_eq!(
+        value(&format!("tern_cache_lookups_total{{result=\"hit\",{c}}}")),
+        2.0
+    );
+    assert_eq!(
+        value(&format!(
+            "tern_cache_lookups_total{{result=\"not_modified\",{c}}}"
+        )),
+        1.0
+    );
+    assert_eq!(
+        value(&format!("tern_cache_lookups_total{{result=\"miss\",{c}}}")),
+        2.0
+    );
+    assert_eq!(
+        value(&format!(
+            "tern_cache_bypassed_total{{cause=\"cookie\",{c}}}"
+        )),
+        1.0
+    );
+    assert_eq!(
+        value(&format!(
+            "tern_cache_uncacheable_total{{cause=\"private\",{c}}}"
+        )),
+        1.0
+    );
+    assert_eq!(value(&format!("tern_cache_stored_total{{{c}}}")), 1.0);
+    assert_eq!(
+        value(&format!("tern_cache_invalidations_total{{{c}}}")),
+        1.0
+    );
+    assert_eq!(
+        value(&format!("tern_cache_entries{{{c}}}")),
+        0.0,
+        "the POST dropped it"
+    );
+    assert!(page.contains("tern_cache_memory_bytes{cache=\"main\"}"));
 }

@@ -34,21 +34,80 @@ pub struct RouteCache {
     counts: Arc<Counts>,
 }
 
-/// What happened to requests on a cache (shared by the routes using it).
-#[derive(Default)]
-pub struct Counts {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub expired: AtomicU64,
-    pub not_modified: AtomicU64,
-    pub stored: AtomicU64,
-    pub invalidated: AtomicU64,
-    pub bypassed: [AtomicU64; Bypass::ALL.len()],
-    pub uncacheable: [AtomicU64; Uncacheable::ALL.len()],
+/// What happened on a cache: one slot each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    Hit,
+    Miss,
+    /// Found, but stale: dropped and fetched again (also counted as a miss).
+    Expired,
+    /// A hit answered 304 from the client's validators (also counted as a hit).
+    NotModified,
+    Stored,
+    Invalidated,
+    Bypassed(Bypass),
+    Uncacheable(Uncacheable),
 }
 
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
+const N_PLAIN: usize = 6;
+/// Slots in a block: the plain counts, then one per bypass and one per uncacheable reason.
+pub const N_COUNTS: usize = N_PLAIN + Bypass::ALL.len() + Uncacheable::ALL.len();
+
+impl Count {
+    fn index(self) -> usize {
+        match self {
+            Count::Hit => 0,
+            Count::Miss => 1,
+            Count::Expired => 2,
+            Count::NotModified => 3,
+            Count::Stored => 4,
+            Count::Invalidated => 5,
+            Count::Bypassed(b) => N_PLAIN + b as usize,
+            Count::Uncacheable(u) => N_PLAIN + Bypass::ALL.len() + u as usize,
+        }
+    }
+}
+
+/// One worker's counts, alone on its cache lines.
+#[repr(align(128))]
+struct WorkerCounts([AtomicU64; N_COUNTS]);
+
+/// What happened to requests on a cache (shared by the routes using it), counted as the
+/// server's own counters are: a block per worker, each written by its worker only (a load and
+/// a store, no locked instruction on the hit path), summed when /metrics asks. One more block
+/// takes counts from any other thread, with a locked add.
+pub struct Counts {
+    workers: Box<[WorkerCounts]>,
+}
+
+impl Counts {
+    pub fn new(workers: usize) -> Counts {
+        Counts {
+            workers: (0..workers + 1)
+                .map(|_| WorkerCounts(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+        }
+    }
+
+    /// Counts `c` for worker `worker` (the handler's `HandlerContext::worker_id`, whose
+    /// thread this must be).
+    pub fn bump(&self, worker: usize, c: Count) {
+        let shared = self.workers.len() - 1;
+        if worker < shared {
+            let slot = &self.workers[worker].0[c.index()];
+            slot.store(slot.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        } else {
+            self.workers[shared].0[c.index()].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// All workers' counts of `c`.
+    pub fn total(&self, c: Count) -> u64 {
+        self.workers
+            .iter()
+            .map(|w| w.0[c.index()].load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 /// The process's key secret: drawn once, kept across reloads (so entries stay valid).
@@ -57,25 +116,137 @@ fn keyer() -> &'static Keyer {
     KEYER.get_or_init(Keyer::new)
 }
 
-/// A named cache and its counts: the same across reloads while its sizes stay the same.
-pub fn shared_store(name: &str, memory: u64, max_object: u64) -> (Arc<Store>, Arc<Counts>) {
-    type Named = HashMap<String, (u64, Arc<Store>, Arc<Counts>)>;
+type Named = HashMap<String, (u64, Arc<Store>, Arc<Counts>)>;
+
+fn named() -> std::sync::MutexGuard<'static, Named> {
     static STORES: OnceLock<Mutex<Named>> = OnceLock::new();
-    let mut stores = STORES
-        .get_or_init(Default::default)
+    STORES
+        .get_or_init(|| {
+            tern_services::metrics::add_metrics_source(metrics);
+            Default::default()
+        })
         .lock()
-        .unwrap_or_else(|e| e.into_inner());
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// A named cache and its counts: the same across reloads while its sizes stay the same
+/// (`workers`: the server's, which a reload does not change).
+pub fn shared_store(
+    name: &str,
+    memory: u64,
+    max_object: u64,
+    workers: usize,
+) -> (Arc<Store>, Arc<Counts>) {
+    let mut stores = named();
     match stores.get(name) {
         Some((m, store, counts)) if *m == memory && store.max_object() == max_object => {
             (store.clone(), counts.clone())
         }
         _ => {
             let store = Arc::new(Store::new(memory, max_object));
-            let counts = Arc::new(Counts::default());
+            let counts = Arc::new(Counts::new(workers));
             stores.insert(name.to_owned(), (memory, store.clone(), counts.clone()));
             (store, counts)
         }
     }
+}
+
+/// Every named cache's figures for /metrics (`tern_cache_*{cache="NAME"}`), the series of
+/// one name together.
+fn metrics() -> Vec<tern_services::metrics::Metric> {
+    use tern_services::metrics::Metric;
+    let stores = named();
+    let mut caches: Vec<(&String, &Arc<Store>, &Arc<Counts>)> =
+        stores.iter().map(|(n, (_, s, c))| (n, s, c)).collect();
+    caches.sort_by(|a, b| a.0.cmp(b.0));
+    let mut out = Vec::new();
+    type Figures<'a> = &'a dyn Fn(&Arc<Store>, &Arc<Counts>) -> Vec<Metric>;
+    let mut each = |make: Figures<'_>| {
+        for (name, store, counts) in &caches {
+            out.extend(
+                make(store, counts)
+                    .into_iter()
+                    .map(|m| m.with_label("cache", (*name).clone())),
+            );
+        }
+    };
+    const LOOKUPS: &str = "cached requests looked up, by result: hit (not_modified: a hit \
+                           answered 304), miss (expired: a stale entry found)";
+    each(&|_, c| {
+        [
+            (Count::Hit, "hit"),
+            (Count::NotModified, "not_modified"),
+            (Count::Miss, "miss"),
+            (Count::Expired, "expired"),
+        ]
+        .into_iter()
+        .map(|(k, result)| {
+            Metric::counter("cache_lookups", LOOKUPS, c.total(k)).with_label("result", result)
+        })
+        .collect()
+    });
+    each(&|_, c| {
+        Bypass::ALL
+            .into_iter()
+            .map(|b| {
+                Metric::counter(
+                    "cache_bypassed",
+                    "requests sent past the cache, by cause",
+                    c.total(Count::Bypassed(b)),
+                )
+                .with_label("cause", b.name())
+            })
+            .collect()
+    });
+    each(&|_, c| {
+        Uncacheable::ALL
+            .into_iter()
+            .map(|u| {
+                Metric::counter(
+                    "cache_uncacheable",
+                    "answers to misses not stored, by cause",
+                    c.total(Count::Uncacheable(u)),
+                )
+                .with_label("cause", u.name())
+            })
+            .collect()
+    });
+    each(&|_, c| {
+        vec![Metric::counter(
+            "cache_stored",
+            "answers stored",
+            c.total(Count::Stored),
+        )]
+    });
+    each(&|_, c| {
+        vec![Metric::counter(
+            "cache_invalidations",
+            "entries dropped by a successful unsafe method on their target",
+            c.total(Count::Invalidated),
+        )]
+    });
+    each(&|s, _| {
+        vec![Metric::counter(
+            "cache_evictions",
+            "entries evicted to make room",
+            s.evictions(),
+        )]
+    });
+    each(&|s, _| {
+        vec![Metric::gauge(
+            "cache_memory_bytes",
+            "bytes the entries take (heads, bodies, overhead)",
+            s.bytes() as f64,
+        )]
+    });
+    each(&|s, _| {
+        vec![Metric::gauge(
+            "cache_entries",
+            "entries held",
+            s.len() as f64,
+        )]
+    });
+    out
 }
 
 /// What the handler does with a request on a cached route.
@@ -150,25 +321,26 @@ impl RouteCache {
         );
         match verdict {
             RequestVerdict::Bypass(why) => {
-                bump(&self.counts.bypassed[why as usize]);
+                self.counts.bump(cx.worker_id, Count::Bypassed(why));
                 CacheStep::Pass
             }
             RequestVerdict::Invalidate => CacheStep::Invalidate(Box::new(Invalidation {
                 store: self.store.clone(),
                 counts: self.counts.clone(),
+                worker: cx.worker_id,
                 key,
             })),
             RequestVerdict::Lookup => {
                 let now = req.unix_secs;
                 if let Some(entry) = self.store.get(&key) {
                     if entry.freshness.is_fresh(now) {
-                        bump(&self.counts.hits);
-                        return CacheStep::Hit(self.answer(req, &entry, now));
+                        self.counts.bump(cx.worker_id, Count::Hit);
+                        return CacheStep::Hit(self.answer(req, &entry, now, cx.worker_id));
                     }
-                    bump(&self.counts.expired);
+                    self.counts.bump(cx.worker_id, Count::Expired);
                     self.store.remove(&key);
                 }
-                bump(&self.counts.misses);
+                self.counts.bump(cx.worker_id, Count::Miss);
                 if req.method() == Method::Head {
                     return CacheStep::Keyed;
                 }
@@ -176,6 +348,7 @@ impl RouteCache {
                     store: self.store.clone(),
                     rules: self.rules.clone(),
                     counts: self.counts.clone(),
+                    worker: cx.worker_id,
                     key,
                     authorized: fields
                         .iter()
@@ -189,11 +362,11 @@ impl RouteCache {
     /// A fresh entry's answer: its head as stored, `Age` from the worker's clock, its body
     /// shared (a HEAD gets the same head; the connection leaves the body out); 304 when the
     /// client's validators match.
-    fn answer(&self, req: &Request<'_>, entry: &Entry, now: u64) -> Response {
+    fn answer(&self, req: &Request<'_>, entry: &Entry, now: u64, worker: usize) -> Response {
         let age = entry.freshness.age(now);
         let mut buf = itoa::Buffer::new();
         if not_modified(req, entry) {
-            bump(&self.counts.not_modified);
+            self.counts.bump(worker, Count::NotModified);
             let mut r = Response::new(304);
             for line in entry.head.split_inclusive(|&b| b == b'\n') {
                 let name = line.split(|&b| b == b':').next().unwrap_or_default();
@@ -256,6 +429,8 @@ struct Fill {
     store: Arc<Store>,
     rules: Arc<Rules>,
     counts: Arc<Counts>,
+    /// The worker whose relay feeds this fill (its counts block).
+    worker: usize,
     key: Key,
     authorized: bool,
     /// The head kept, once judged storable.
@@ -286,14 +461,25 @@ fn fields_of(block: &[u8]) -> Vec<Field<'_>> {
 
 impl Fill {
     fn refuse(&self, why: Uncacheable) -> bool {
-        bump(&self.counts.uncacheable[why as usize]);
+        self.counts.bump(self.worker, Count::Uncacheable(why));
         false
     }
 }
 
 impl AnswerTee for Fill {
-    fn head(&mut self, head: &Response, content_length: Option<u64>, unix_secs: u64) -> bool {
-        let fields = fields_of(head.headers());
+    fn head(
+        &mut self,
+        head: &Response,
+        content_length: Option<u64>,
+        date: Option<&[u8]>,
+        unix_secs: u64,
+    ) -> bool {
+        let mut fields = fields_of(head.headers());
+        // Its Date, for its age when it came (and `Expires − Date`); not stored: each hit
+        // goes out with the connection's own Date.
+        if let Some(date) = date {
+            fields.push(("date", date));
+        }
         let facts = AnswerFacts {
             status: head.status,
             fields: &fields,
@@ -347,7 +533,7 @@ impl AnswerTee for Fill {
         let Some(kept) = self.kept else {
             return;
         };
-        bump(&self.counts.stored);
+        self.counts.bump(self.worker, Count::Stored);
         self.store.insert(
             self.key,
             Entry {
@@ -366,13 +552,20 @@ impl AnswerTee for Fill {
 struct Invalidation {
     store: Arc<Store>,
     counts: Arc<Counts>,
+    worker: usize,
     key: Key,
 }
 
 impl AnswerTee for Invalidation {
-    fn head(&mut self, head: &Response, _content_length: Option<u64>, _unix_secs: u64) -> bool {
+    fn head(
+        &mut self,
+        head: &Response,
+        _content_length: Option<u64>,
+        _date: Option<&[u8]>,
+        _unix_secs: u64,
+    ) -> bool {
         if invalidates(head.status) {
-            bump(&self.counts.invalidated);
+            self.counts.bump(self.worker, Count::Invalidated);
             self.store.remove(&self.key);
         }
         false

@@ -37,6 +37,8 @@ const PROXY: Layers = Layers {
         ("health.rs", "upstreams"),
         ("head.rs", "heads"),
         ("fastcgi.rs", "handlers"),
+        // The shared cache's lookup and fill, used by both handlers.
+        ("cache.rs", "handlers"),
         ("lib.rs", "root"),
     ],
 };

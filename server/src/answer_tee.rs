@@ -12,8 +12,16 @@ use crate::response::Response;
 pub trait AnswerTee: Send {
     /// The answer's status and fields (`head`: the upstream's fields the client may see,
     /// before the route's edits; its body is empty) and its declared length. `unix_secs`: the
-    /// worker's clock. False: nothing of this answer is wanted.
-    fn head(&mut self, head: &Response, content_length: Option<u64>, unix_secs: u64) -> bool;
+    /// worker's clock; `date`: the upstream's `Date`, which `head` leaves out (the client gets
+    /// tern's), for the answer's age (RFC 9111 §4.2.3). False: nothing of this answer is
+    /// wanted.
+    fn head(
+        &mut self,
+        head: &Response,
+        content_length: Option<u64>,
+        date: Option<&[u8]>,
+        unix_secs: u64,
+    ) -> bool;
 
     /// Body bytes as decoded from the upstream's framing. False: no more is wanted (the copy
     /// is abandoned).

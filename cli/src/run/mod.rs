@@ -457,7 +457,7 @@ fn build_table(
                     let mut proxy = tern_proxy::Proxy::new(group, options);
                     if let Some(c) = &route.cache {
                         let (store, counts) =
-                            tern_proxy::cache::shared_store(&c.name, c.memory, c.max_object);
+                            tern_proxy::cache::shared_store(&c.name, c.memory, c.max_object, workers);
                         // The site and the route are part of every key.
                         let route_id = format!("{} {}", site.name, route.label);
                         proxy = proxy.with_cache(tern_proxy::cache::RouteCache::new(

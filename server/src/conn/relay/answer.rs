@@ -225,7 +225,12 @@ impl Relay {
                 ResponseBody::Chunked => (None, true),
                 ResponseBody::UntilClose => (None, false),
             };
-            self.tee_head(&r, declared, sized, cx);
+            let date = head
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("date"))
+                .map(|h| h.value);
+            self.tee_head(&r, declared, sized, date, cx);
         }
         if let Some(edit) = &self.fwd.edit {
             edit(&mut r);

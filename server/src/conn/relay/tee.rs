@@ -7,7 +7,7 @@ use crate::exchange::ConnCx;
 use crate::response::Response;
 
 impl Relay {
-    /// The answer's head, before the route's edits. `sized`: its framing tells where the body
+    /// The answer's head, before the route's edits (`date`: the upstream's). `sized`: its framing tells where the body
     /// ends (a length or chunks); a body that ends with the connection cannot be told from a
     /// cut one, so it is never copied.
     pub(super) fn tee_head(
@@ -15,12 +15,13 @@ impl Relay {
         head: &Response,
         content_length: Option<u64>,
         sized: bool,
+        date: Option<&[u8]>,
         cx: &ConnCx<'_>,
     ) {
         let Some(tee) = self.fwd.tee.as_mut() else {
             return;
         };
-        if !sized || !tee.head(head, content_length, cx.clock.unix_secs()) {
+        if !sized || !tee.head(head, content_length, date, cx.clock.unix_secs()) {
             self.fwd.tee = None;
         }
     }
