@@ -183,11 +183,7 @@ fn a_fresh_answer_is_served_from_the_cache_with_its_age_head_and_validators() {
     let first = tern.get("/page");
     assert_eq!(first.status, 200);
     assert!(first.text().starts_with("GET /page #1"), "{}", first.text());
-    assert_eq!(
-        first.header("cache-status"),
-        None,
-        "a miss is not marked as a hit"
-    );
+    assert_eq!(first.header("cache-status"), Some("tern; fwd=miss"));
     let second = tern.get("/page");
     assert_eq!(second.status, 200);
     assert_eq!(
@@ -234,7 +230,11 @@ fn what_is_never_stored_goes_to_the_app_every_time() {
         let b = tern.get(path);
         assert_eq!(a.status, b.status, "{path}");
         assert_eq!(app.asked(path).len(), 2, "{path}: asked twice");
-        assert_eq!(b.header("cache-status"), None, "{path}");
+        assert_eq!(
+            b.header("cache-status"),
+            Some("tern; fwd=miss"),
+            "{path}: not a hit"
+        );
         if path == "/big" {
             assert_eq!(
                 b.body.len(),
@@ -274,6 +274,7 @@ fn credentials_bypass_the_cache_and_unkeyed_fields_never_reach_the_app() {
     // A session cookie or Authorization: to the app as they came, nothing stored.
     let own = tern.get_with("/p", &[("Cookie", "session=alice")]);
     assert!(own.text().contains("#2") && own.text().contains("session=alice"));
+    assert_eq!(own.header("cache-status"), Some("tern; fwd=bypass"));
     let own = tern.get_with("/p", &[("Authorization", "Basic YTpi")]);
     assert!(own.text().contains("#3"), "{}", own.text());
     assert_eq!(

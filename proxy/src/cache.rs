@@ -21,7 +21,9 @@ use tern_cache::{
     judge_answer, judge_request, AnswerFacts, Bypass, Entry, Field, Key, KeyParts, Keyer,
     MethodClass, RequestFacts, RequestVerdict, Rules, Store, Uncacheable,
 };
-use tern_server::{AnswerTee, Body, BodyKind, HandlerContext, Method, Request, Response};
+use tern_server::{
+    upstream::ResponseEdit, AnswerTee, Body, BodyKind, HandlerContext, Method, Request, Response,
+};
 
 /// A route's cache: the store it uses (shared by name) and its rules.
 pub struct RouteCache {
@@ -31,6 +33,9 @@ pub struct RouteCache {
     route: String,
     /// Writes `Cache-Status` (RFC 9211) on its answers.
     status_field: bool,
+    /// The `Cache-Status` edits of answers that went to the app (made once, if written):
+    /// a miss, and a request that went past the cache.
+    miss_field: Option<(ResponseEdit, ResponseEdit)>,
     counts: Arc<Counts>,
 }
 
@@ -276,8 +281,22 @@ impl RouteCache {
             rules: Arc::new(rules),
             route,
             status_field,
+            miss_field: status_field.then(|| {
+                let field = |value: &'static [u8]| -> ResponseEdit {
+                    Arc::new(move |r: &mut Response| r.push_header("Cache-Status", value))
+                };
+                (field(b"tern; fwd=miss"), field(b"tern; fwd=bypass"))
+            }),
             counts,
         }
+    }
+
+    /// The edit that writes `Cache-Status` (RFC 9211) on an answer from the app, if the
+    /// route writes it: `fwd=miss` when it was looked up, `fwd=bypass` when it went past.
+    /// The relay applies it after the fill's copy, so no entry holds it.
+    pub fn forwarded_field(&self, looked_up: bool) -> Option<ResponseEdit> {
+        let (miss, bypass) = self.miss_field.as_ref()?;
+        Some(if looked_up { miss } else { bypass }.clone())
     }
 
     pub fn rules(&self) -> &Rules {

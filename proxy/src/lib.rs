@@ -57,9 +57,10 @@ impl Handler for Proxy {
         if matches!(req.method(), Method::Trace | Method::Connect) {
             return Response::text(405, "method not allowed\n").into();
         }
-        let (built, tee) = match &self.cache {
+        let (built, tee, edit) = match &self.cache {
             None => (
                 head::build(req, &self.options, cx.identity(), cx.request_id()),
+                None,
                 None,
             ),
             Some(c) => match c.step(req, &head::host_sent(req, &self.options), cx) {
@@ -67,10 +68,12 @@ impl Handler for Proxy {
                 cache::CacheStep::Pass => (
                     head::build(req, &self.options, cx.identity(), cx.request_id()),
                     None,
+                    c.forwarded_field(false),
                 ),
                 cache::CacheStep::Invalidate(tee) => (
                     head::build(req, &self.options, cx.identity(), cx.request_id()),
                     Some(tee),
+                    c.forwarded_field(false),
                 ),
                 step @ (cache::CacheStep::Fill(_) | cache::CacheStep::Keyed) => {
                     let query = tern_cache::policy::keyed_query(&c.rules().key_query, req.query());
@@ -83,7 +86,7 @@ impl Handler for Proxy {
                         cache::CacheStep::Fill(tee) => Some(tee),
                         _ => None,
                     };
-                    (built, tee)
+                    (built, tee, c.forwarded_field(true))
                 }
             },
         };
@@ -95,7 +98,7 @@ impl Handler for Proxy {
                 Method::Get | Method::Head | Method::Put | Method::Delete | Method::Options
             ),
             upgrade: built.upgrade,
-            edit: None,
+            edit,
             own_answers: None,
             max_body: u64::MAX,
             wire: tern_server::UpstreamWire::Http1,

@@ -362,7 +362,8 @@ impl BuiltRoute {
                 if let Some(max) = self.max_body {
                     fwd.max_body = max;
                 }
-                fwd.edit = self.edits.forward_edit(values);
+                // The handler's own edit (a cache's Cache-Status) first, then the route's.
+                fwd.edit = chain(fwd.edit.as_ref(), self.edits.forward_edit(values));
                 fwd.own_answers = if self.edits.has_templates() {
                     chain(pages, fwd.edit.clone())
                 } else {
