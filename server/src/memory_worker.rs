@@ -826,6 +826,7 @@ mod tests {
                     max_body: u64::MAX,
                     wire: Default::default(),
                     not_before_ms: 0,
+                    handback: None,
                 }))
             },
         );

@@ -75,6 +75,16 @@ struct H2Answer {
     end: bool,
     /// The answer broke after its head went out: the stream must be reset.
     broken: bool,
+    /// A whole answer in its place (see [`crate::exchange::Sink::whole`]), to be sent as a
+    /// handler's is.
+    whole: Option<Box<WholeAnswer>>,
+}
+
+/// A whole answer a relay gave in place of its upstream's, and what its sending needs.
+struct WholeAnswer {
+    response: Response,
+    tally: Tally,
+    log: Option<Box<SavedEntry>>,
 }
 
 pub(crate) struct Http2 {
@@ -443,6 +453,8 @@ impl Http2 {
                         .then_some(BodyFollows::Raw(data.fields.content_length())),
                     log: entry.as_ref().and_then(SavedEntry::save),
                     tally: facts.tally,
+                    conn: link.key,
+                    exchange: facts.id,
                 };
                 self.start_relay(id, start, out, link, cx);
             }
