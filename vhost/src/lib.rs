@@ -19,6 +19,7 @@
 //! This crate uses only tern-server's public API (handlers, responses, static files), like
 //! the apps beside it.
 
+mod handback;
 mod headers;
 mod host;
 mod matcher;
@@ -38,6 +39,7 @@ use tern_server::{
 use tern_services::template::Values;
 use tern_services::TrustedProxies;
 
+pub use handback::check_reroute_status;
 pub use headers::{check_header_value, check_type_pattern, parse_expires, Expires, HeaderEdits};
 pub use host::{normalize_pattern, PatternError};
 pub use matcher::{check_matchers, compile_pattern, MatchSpec};
@@ -46,8 +48,8 @@ pub use route::{check_rewrite, check_try_files, Action, Fixed, Redirect, RouteOp
 use host::HostTable;
 use route::{Admission, BuiltAction, BuiltRoute, Fallback};
 
-/// Internal re-routings (rewrites, `try_files` fallbacks) one request may take; past them
-/// it is answered 500, as nginx answers a rewrite cycle.
+/// Internal re-routings (rewrites, `try_files` fallbacks, an app's hand-backs) one request
+/// may take; past them it is answered 500, as nginx answers a rewrite cycle.
 pub const MAX_REROUTES: u8 = 4;
 
 /// One route of a site.
@@ -117,7 +119,9 @@ struct ErrorPages(Vec<(u16, Bytes, Vec<u8>)>);
 /// Every site, prebuilt for matching.
 pub struct SiteTable {
     hosts: HostTable,
-    sites: Vec<BuiltSite>,
+    /// Shared: a request its app hands back is answered by its site, held by the relay
+    /// until then (a reload meanwhile does not change the site it is answered on).
+    sites: Vec<Arc<BuiltSite>>,
     /// The site for a Host no site names (and for requests without one); `None`: 421.
     default: Option<usize>,
 }
@@ -210,7 +214,7 @@ impl SiteTable {
                 routes.push(route);
             }
             let longest_prefix = routes.iter().map(|r| r.prefix.len()).max().unwrap_or(0);
-            built.push(BuiltSite {
+            built.push(Arc::new(BuiltSite {
                 name: site.name,
                 log: site.log,
                 counted_as: site.counted_as,
@@ -222,7 +226,7 @@ impl SiteTable {
                 request_ids: site.request_ids,
                 compress: site.compress,
                 edits: site_edits,
-            });
+            }));
         }
         Ok(SiteTable {
             hosts,
@@ -244,7 +248,7 @@ impl SiteTable {
         self.site_for(host).map(|s| s.name.as_str())
     }
 
-    fn site_for(&self, host: Option<&[u8]>) -> Option<&BuiltSite> {
+    fn site_for(&self, host: Option<&[u8]>) -> Option<&Arc<BuiltSite>> {
         let index = host.and_then(|h| self.hosts.find(h)).or(self.default)?;
         self.sites.get(index)
     }
@@ -270,6 +274,9 @@ impl SiteTable {
             let Some(route) = route_for(site, h, &decoded) else {
                 return false;
             };
+            if route.internal && current.is_none() {
+                return false; // answered 404 without its body
+            }
             match &route.action {
                 BuiltAction::Rewrite(target) => match rewritten(route, target, h, &decoded) {
                     Some(path) => current = Some(head.with_path(Cow::Owned(path))),
@@ -336,9 +343,21 @@ fn route_for<'s>(
 /// Answers a request on its site; `hops`: internal re-routings so far. The answer comes
 /// back finished: the site's error page in place of tern's own body (a fixed route's is its
 /// own), then the header edits of the route that answered, or the site's when none did.
-fn answer_on(site: &BuiltSite, req: &Request<'_>, cx: &mut HandlerContext<'_>, hops: u8) -> Reply {
+fn answer_on(
+    site: &Arc<BuiltSite>,
+    req: &Request<'_>,
+    cx: &mut HandlerContext<'_>,
+    hops: u8,
+) -> Reply {
     let decoded = tern_server::decoded_path(req.path());
-    let Some(route) = route_for(site, req.head, &decoded) else {
+    let route = route_for(site, req.head, &decoded);
+    // An internal route answers only what tern routed again itself: to the client it is not
+    // there (nginx's `internal`: 404), whatever else its path would have matched.
+    let route = match route {
+        Some(route) if route.internal && hops == 0 => None,
+        route => route,
+    };
+    let Some(route) = route else {
         if tern_server::has_encoded_slash(req.path()) {
             cx.count_refusal(tern_server::Refusal::BadPath);
             return own_answer(site, None, bad_path_answer(), req, cx);
@@ -387,7 +406,7 @@ fn answer_on(site: &BuiltSite, req: &Request<'_>, cx: &mut HandlerContext<'_>, h
 
 /// What `route` answers, once its limits let the request through.
 fn answer_by(
-    site: &BuiltSite,
+    site: &Arc<BuiltSite>,
     route: &BuiltRoute,
     req: &Request<'_>,
     cx: &mut HandlerContext<'_>,
@@ -426,6 +445,9 @@ fn answer_by(
         req.unix_secs,
         site.relay_error_pages.as_ref(),
     );
+    if let (Reply::Forward(fwd), Some(policy)) = (&mut reply, &route.handback) {
+        fwd.handback = Some(policy.handback(site, req, id, hops));
+    }
     reply
 }
 
@@ -478,7 +500,7 @@ enum Tried {
 /// the slashed form (with the query) is the answer, so the folder's page (its `index.php`)
 /// never runs under a path its relative links would break on.
 fn try_files(
-    site: &BuiltSite,
+    site: &Arc<BuiltSite>,
     route: &BuiltRoute,
     tf: &route::TryFiles,
     handler: &dyn Handler,
@@ -542,7 +564,7 @@ fn try_files(
 /// Routes the request again on its site with `path` (canonical); `from`: the route that
 /// sends it on.
 fn reroute(
-    site: &BuiltSite,
+    site: &Arc<BuiltSite>,
     from: &BuiltRoute,
     req: &Request<'_>,
     cx: &mut HandlerContext<'_>,
