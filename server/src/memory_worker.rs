@@ -1047,10 +1047,17 @@ mod tests {
                 let (to, again) = (to.clone(), forward.clone());
                 // The route keeps what it needs of the request: here its Host and method.
                 let host = String::from_utf8_lossy(req.head.host.unwrap_or_default()).into_owned();
-                let method = if req.method() == crate::Method::Head { "HEAD" } else { "GET" };
+                let method = if req.method() == crate::Method::Head {
+                    "HEAD"
+                } else {
+                    "GET"
+                };
                 let reenter = Box::new(move |h: &Handoff<'_>, run: &mut dyn Rerun| {
                     let query = h.query.map_or(String::new(), |q| format!("?{q}"));
-                    let raw = format!("{method} {}{query} HTTP/1.1\r\nHost: {host}\r\n\r\n", h.path);
+                    let raw = format!(
+                        "{method} {}{query} HTTP/1.1\r\nHost: {host}\r\n\r\n",
+                        h.path
+                    );
                     let peer = SocketAddr::from(([127, 0, 0, 1], 1));
                     crate::testing::with_request(raw.as_bytes(), peer, false, |req| {
                         let answer = |req: &crate::Request<'_>,
@@ -1078,7 +1085,9 @@ mod tests {
                                         }))
                                         .into()
                                 }
-                                "/up" => again("GET /up HTTP/1.1\r\nHost: upstream\r\n".into(), None),
+                                "/up" => {
+                                    again("GET /up HTTP/1.1\r\nHost: upstream\r\n".into(), None)
+                                }
                                 "/later" => {
                                     std::mem::forget(cx.defer());
                                     Reply::Later
@@ -1159,7 +1168,11 @@ mod tests {
             ["attachment; filename=\"r.pdf\""]
         );
         assert_eq!(value(&fields, "set-cookie"), ["seen=1"]);
-        assert_eq!(value(&fields, "cache-control"), ["no-store"], "the page's own");
+        assert_eq!(
+            value(&fields, "cache-control"),
+            ["no-store"],
+            "the page's own"
+        );
         assert!(value(&fields, "x-app").is_empty(), "{out}");
         assert!(value(&fields, "x-accel-redirect").is_empty(), "{out}");
         assert!(!up.closed_by_worker(), "read whole: pooled");
@@ -1175,14 +1188,21 @@ mod tests {
         assert_eq!(body, "page GET q=-");
         c.write(b"HEAD /x HTTP/1.1\r\nHost: a\r\n\r\n");
         w.settle();
-        let up = w.io().accept(&addr).expect("a connection that carried a body is not pooled");
+        let up = w
+            .io()
+            .accept(&addr)
+            .expect("a connection that carried a body is not pooled");
         assert!(text(&up.read()).starts_with("HEAD /x HTTP/1.1\r\n"));
         up.write(b"HTTP/1.1 200 OK\r\nX-Accel-Redirect: /page\r\nContent-Length: 7\r\n\r\n");
         w.settle();
         let out = text(&c.read());
         assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
         let (fields, body) = split(&out);
-        assert_eq!(value(&fields, "content-length"), ["13"], "the GET's: page HEAD q=-");
+        assert_eq!(
+            value(&fields, "content-length"),
+            ["13"],
+            "the GET's: page HEAD q=-"
+        );
         assert_eq!(body, "", "no body for a HEAD");
 
         // A file, sent as one.
@@ -1209,7 +1229,10 @@ mod tests {
         up.read();
         up.write(accel("/up").as_bytes());
         w.settle();
-        assert!(w.io().accept(&addr).is_none(), "the same connection, from the pool");
+        assert!(
+            w.io().accept(&addr).is_none(),
+            "the same connection, from the pool"
+        );
         let second = text(&up.read());
         assert!(second.starts_with("GET /up HTTP/1.1\r\n"), "{second}");
         assert!(c.read().is_empty(), "nothing before the second answer");
@@ -1219,7 +1242,11 @@ mod tests {
         let (fields, body) = split(&out);
         assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
         assert_eq!(body, "second");
-        assert_eq!(value(&fields, "content-type"), ["application/pdf"], "the app's");
+        assert_eq!(
+            value(&fields, "content-type"),
+            ["application/pdf"],
+            "the app's"
+        );
         assert_eq!(value(&fields, "set-cookie"), ["seen=1"]);
 
         // The app's body is still coming when its head hands the request back.
@@ -1251,7 +1278,10 @@ mod tests {
         assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
         let (fields, body) = split(&out);
         assert_eq!(body, "page GET q=from=404");
-        assert!(value(&fields, "set-cookie").is_empty(), "only a 401's WWW-Authenticate");
+        assert!(
+            value(&fields, "set-cookie").is_empty(),
+            "only a 401's WWW-Authenticate"
+        );
         for bad in ["/a/../../etc/passwd", "relative", "/a%2Fb", "/a b"] {
             c.write(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
             w.settle();
@@ -1261,7 +1291,10 @@ mod tests {
             w.settle();
             let out = text(&c.read());
             assert!(out.starts_with("HTTP/1.1 502 "), "{bad}: {out}");
-            assert!(!out.contains("IGNORED") && !out.contains("X-Accel"), "{out}");
+            assert!(
+                !out.contains("IGNORED") && !out.contains("X-Accel"),
+                "{out}"
+            );
         }
         c.write(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
         w.settle();
@@ -1346,7 +1379,10 @@ mod tests {
         w.settle();
         let (fields, data) = h2_answer(&mut decoder, &c.read(), 5);
         assert_eq!(text(&data), "second");
-        assert_eq!(value(&fields, "content-disposition"), ["attachment; filename=\"r.pdf\""]);
+        assert_eq!(
+            value(&fields, "content-disposition"),
+            ["attachment; filename=\"r.pdf\""]
+        );
         assert!(!w.relaying(), "every relay is over");
         assert_eq!(w.connections(), 1);
     }

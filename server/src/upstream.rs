@@ -253,7 +253,10 @@ pub trait Rerun {
 /// spaces, control bytes or `#` anywhere.
 pub fn handoff_target(value: &[u8]) -> Result<(Cow<'_, str>, Option<&str>), &'static str> {
     let text = std::str::from_utf8(value).map_err(|_| "not UTF-8")?;
-    if text.bytes().any(|b| b.is_ascii_control() || b == b' ' || b == b'#') {
+    if text
+        .bytes()
+        .any(|b| b.is_ascii_control() || b == b' ' || b == b'#')
+    {
         return Err("spaces, control characters and # are not allowed");
     }
     let (path, query) = match text.split_once('?') {

@@ -1676,4 +1676,280 @@ mod tests {
             "an untrusted peer's id is replaced: {text}"
         );
     }
+
+    // Internal routes and the hand-back of proxied requests (`handback.rs`), through a real
+    // connection and a relay to an upstream the test plays.
+
+    /// A route forwarding to the test's upstream (`tern_server::testing::MemoryUpstream`) its
+    /// path and query as routed, as the proxy does.
+    fn forward() -> Action {
+        let up = Arc::new(tern_server::testing::MemoryUpstream::default());
+        Action::Handler(Arc::new(
+            move |req: &Request<'_>, _: &mut HandlerContext<'_>| -> Reply {
+                let query = req.query().map_or(String::new(), |q| format!("?{q}"));
+                let head = format!(
+                    "{} {}{query} HTTP/1.1\r\nHost: upstream\r\n",
+                    req.head.method_str,
+                    req.path()
+                );
+                Reply::Forward(Box::new(tern_server::Forward {
+                    upstreams: up.clone(),
+                    head: head.into_bytes(),
+                    idempotent: true,
+                    upgrade: false,
+                    edit: None,
+                    own_answers: None,
+                    max_body: u64::MAX,
+                    wire: Default::default(),
+                    not_before_ms: 0,
+                    handback: None,
+                }))
+            },
+        ))
+    }
+
+    fn internal() -> RouteOptions {
+        RouteOptions {
+            internal: true,
+            ..Default::default()
+        }
+    }
+
+    /// Requests the relay sent upstream, by their request lines.
+    fn request_lines(sent: &[u8]) -> Vec<String> {
+        String::from_utf8_lossy(sent)
+            .split("\r\n\r\n")
+            .filter_map(|r| r.lines().next())
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// An internal route is not there for a client (404 as if no route took the path, its
+    /// body, even one a proxy route would stream, read as usual so the connection goes on),
+    /// but a rewrite or a `try_files` fallback reaches it.
+    #[test]
+    fn internal_routes_answer_only_what_tern_routes_again() {
+        let tf = RouteOptions {
+            try_files: vec!["$uri".into(), "/protected/fallback".into()],
+            ..Default::default()
+        };
+        let mut c = serve(
+            vec![
+                with("/protected", fixed("secret"), internal()),
+                with("/internal-api", forward(), internal()),
+                with(
+                    "/old",
+                    Action::Rewrite("/protected/x".into()),
+                    RouteOptions::default(),
+                ),
+                with("/spa", echo(), tf),
+                with("/", fixed("public"), RouteOptions::default()),
+            ],
+            |_| {},
+        );
+        let (status, text) = ask(&mut c, &get("/protected/x"));
+        assert_eq!(status, 404, "{text}");
+        assert!(
+            !text.contains("secret") && !text.contains("public"),
+            "{text}"
+        );
+        let (status, text) = ask(
+            &mut c,
+            "POST /internal-api/x HTTP/1.1\r\nHost: s.test\r\nContent-Length: 3\r\n\r\nabc",
+        );
+        assert_eq!(status, 404, "{text}");
+        assert_eq!(c.upstream_connections(), 0, "nothing reached the app");
+        assert!(!c.is_closed(), "its body was read: the connection goes on");
+        assert!(ask(&mut c, &get("/old")).1.ends_with("secret"), "a rewrite");
+        assert!(
+            ask(&mut c, &get("/spa/deep/x")).1.ends_with("secret"),
+            "a fallback"
+        );
+        assert!(ask(&mut c, &get("/spa/app.js"))
+            .1
+            .ends_with("saw /spa/app.js"));
+        assert!(ask(&mut c, &get("/other")).1.ends_with("public"));
+    }
+
+    /// The app's `X-Accel-Redirect` is followed on its site: to an internal fixed route, and
+    /// to an internal proxy route (a second relay, the first connection reused), each counted
+    /// in the row of the route that answered, with that route's header edits and the app's
+    /// fields nginx carries over; a status in `reroute_status` is answered by its path (with
+    /// that answer's own status); a route that does not follow the header passes the answer
+    /// on without it.
+    #[test]
+    fn an_app_hands_requests_back_to_its_site() {
+        let stats = tern_server::Stats::new(1);
+        let site = stats.site("s");
+        let counted = |label: &str, internal: bool| RouteOptions {
+            counted_as: Some(stats.route(site, label)),
+            internal,
+            ..Default::default()
+        };
+        let app = RouteOptions {
+            x_accel_redirect: true,
+            reroute_status: vec![(404, "/protected/missing?from=app".into())],
+            ..counted("app", false)
+        };
+        let mut edits = HeaderEdits::default();
+        edits.set.push(("X-Served-By".into(), "protected".into()));
+        let mut files = with("/protected", fixed("secret"), counted("files", true));
+        files.headers = edits;
+        let mut c = serve(
+            vec![
+                with("/app", forward(), app),
+                files,
+                with("/internal-api", forward(), counted("api", true)),
+                with("/plain", forward(), RouteOptions::default()),
+            ],
+            |s| s.counted_as = site,
+        )
+        .with_stats(stats.clone());
+        let accel = |to: &str| {
+            format!(
+                "HTTP/1.1 200 OK\r\nX-Accel-Redirect: {to}\r\nContent-Disposition: attachment\r\n\
+                 Content-Type: application/pdf\r\nX-App: 1\r\nContent-Length: 3\r\n\r\napp"
+            )
+        };
+        c.feed(get("/app/download").as_bytes());
+        let sent = c.upstream_answers(&[accel("/protected/report.pdf").as_bytes()], 4096, false);
+        assert_eq!(request_lines(&sent), ["GET /app/download HTTP/1.1"]);
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\nsecret"), "{text}");
+        assert!(
+            text.contains("\r\nContent-Type: application/pdf\r\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\r\nContent-Disposition: attachment\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("\r\nX-Served-By: protected\r\n"), "{text}");
+        assert!(
+            !text.contains("X-App") && !text.contains("X-Accel"),
+            "{text}"
+        );
+
+        c.feed(get("/app/data?q=1").as_bytes());
+        let second = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndata";
+        let sent = c.upstream_answers(
+            &[accel("/internal-api/v1?k=2").as_bytes(), second],
+            4096,
+            false,
+        );
+        assert_eq!(
+            request_lines(&sent),
+            [
+                "GET /app/data?q=1 HTTP/1.1",
+                "GET /internal-api/v1?k=2 HTTP/1.1"
+            ],
+            "the handed-back request goes out as the path and query the app named"
+        );
+        assert_eq!(c.upstream_connections(), 1, "on the pooled connection");
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(text.ends_with("\r\n\r\ndata"), "{text}");
+
+        c.feed(get("/app/gone").as_bytes());
+        c.upstream_answers(
+            &[b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"],
+            4096,
+            false,
+        );
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK\r\n"),
+            "the fallback's status: {text}"
+        );
+        assert!(text.ends_with("secret"), "{text}");
+
+        c.feed(get("/plain").as_bytes());
+        c.upstream_answers(&[accel("/protected/x").as_bytes()], 4096, false);
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(
+            text.ends_with("\r\n\r\napp"),
+            "the app's own answer: {text}"
+        );
+        assert!(
+            !text.contains("X-Accel"),
+            "never sent to the client: {text}"
+        );
+        assert!(text.contains("X-App: 1"), "{text}");
+
+        let s = stats.snapshot();
+        let twos = |route: &str| s.answers_of("s", route).unwrap().responses[1];
+        assert_eq!(twos("files"), 2, "the report and the 404's fallback");
+        assert_eq!(twos("api"), 1);
+        assert_eq!(twos("app"), 0, "answered by the routes it handed back to");
+    }
+
+    /// An app that keeps handing the request back ends, as a rewrite cycle does, with a 500
+    /// after [`MAX_REROUTES`] hand-backs; an app that names a path with no canonical form gets
+    /// a 502.
+    #[test]
+    fn hand_backs_are_bounded_and_checked() {
+        let follows = RouteOptions {
+            x_accel_redirect: true,
+            ..Default::default()
+        };
+        let mut c = serve(
+            vec![
+                with("/app", forward(), follows),
+                with(
+                    "/loop",
+                    forward(),
+                    RouteOptions {
+                        x_accel_redirect: true,
+                        ..internal()
+                    },
+                ),
+            ],
+            |_| {},
+        );
+        let again = b"HTTP/1.1 200 OK\r\nX-Accel-Redirect: /loop\r\nContent-Length: 0\r\n\r\n";
+        c.feed(get("/app").as_bytes());
+        let sent = c.upstream_answers(&[&again[..]; 8], 4096, false);
+        let lines = request_lines(&sent);
+        assert_eq!(lines.len(), 1 + usize::from(MAX_REROUTES), "{lines:?}");
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(text.starts_with("HTTP/1.1 500 "), "{text}");
+        assert!(text.contains("internal redirection cycle"), "{text}");
+
+        c.feed(get("/app").as_bytes());
+        c.upstream_answers(
+            &[b"HTTP/1.1 200 OK\r\nX-Accel-Redirect: /a/%2e%2e/%2e%2e/x\r\nContent-Length: 0\r\n\r\n"],
+            4096,
+            false,
+        );
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(text.starts_with("HTTP/1.1 502 "), "{text}");
+    }
+
+    #[test]
+    fn reroute_status_entries_are_checked() {
+        assert!(check_reroute_status(404, "/fallback?x=1").is_ok());
+        for (status, target, want) in [
+            (200, "/x", "not a status that can be rerouted"),
+            (404, "fallback", "a path starting with /"),
+            (404, "/a/../../x", "no canonical form"),
+            (502, "/a b", "spaces"),
+        ] {
+            let e = check_reroute_status(status, target).unwrap_err();
+            assert!(e.contains(want), "{status} {target}: {e}");
+        }
+        let bad = Site {
+            routes: vec![with(
+                "/",
+                forward(),
+                RouteOptions {
+                    reroute_status: vec![(404, "x".into())],
+                    ..Default::default()
+                },
+            )],
+            ..site("s", &[], &[])
+        };
+        let e = SiteTable::new(vec![bad], None).err().unwrap();
+        assert!(e.contains("reroute_status"), "{e}");
+    }
 }

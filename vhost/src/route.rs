@@ -267,16 +267,15 @@ impl BuiltRoute {
         for (status, target) in &options.reroute_status {
             check_reroute_status(*status, target)?;
         }
-        let handback = (options.x_accel_redirect || !options.reroute_status.is_empty()).then(|| {
-            Policy {
+        let handback =
+            (options.x_accel_redirect || !options.reroute_status.is_empty()).then(|| Policy {
                 x_accel_redirect: options.x_accel_redirect,
                 reroute_status: options
                     .reroute_status
                     .iter()
                     .map(|(status, target)| (*status, target.as_str().into()))
                     .collect(),
-            }
-        });
+            });
         let edits = BuiltEdits::new(edits)?;
         let own_answers = if edits.has_templates() {
             None

@@ -227,7 +227,7 @@ fn write_answer(
     cx: &mut ConnCx<'_>,
     entry: Option<&LogEntry<'_>>,
 ) -> bool {
-        let keep = ex.keep_alive && !response.close && !cx.stopping;
+    let keep = ex.keep_alive && !response.close && !cx.stopping;
     let connection = ConnectionHeader::for_answer(keep, ex.http10);
     if let Some(line) = link.hsts(cx) {
         response.push_raw_headers(line);
@@ -257,7 +257,6 @@ fn write_answer(
     }
     keep
 }
-
 
 #[derive(Default)]
 pub(crate) struct Http1 {

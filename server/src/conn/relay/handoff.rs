@@ -225,7 +225,9 @@ fn target_text<'h>(head: &UpstreamHead<'h>, why: &str) -> &'h [u8] {
 fn carried(head: &UpstreamHead<'_>, accel: bool) -> Carried {
     let wanted = |name: &str| {
         if accel {
-            CARRIED_ON_ACCEL.iter().any(|c| name.eq_ignore_ascii_case(c))
+            CARRIED_ON_ACCEL
+                .iter()
+                .any(|c| name.eq_ignore_ascii_case(c))
         } else {
             head.status == 401 && name.eq_ignore_ascii_case("www-authenticate")
         }
