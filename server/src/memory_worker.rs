@@ -1219,7 +1219,8 @@ mod tests {
 
     /// A hand-back the route forwards again: the app's connection is let go first, back into
     /// the pool (its answer was read whole), and the new request goes out on it, a GET with
-    /// no body; the second answer reaches the client with the fields carried from the first.
+    /// no body; the second answer reaches the client with its own fields and those carried
+    /// from the first where it has none of their names.
     /// An app answer whose body is not all there yet closes its connection instead.
     #[test]
     fn a_handed_back_request_may_be_forwarded_again_on_the_pooled_connection() {
@@ -1244,8 +1245,13 @@ mod tests {
         assert_eq!(body, "second");
         assert_eq!(
             value(&fields, "content-type"),
-            ["application/pdf"],
-            "the app's"
+            ["text/plain"],
+            "the upstream's own"
+        );
+        assert_eq!(
+            value(&fields, "content-disposition"),
+            ["attachment; filename=\"r.pdf\""],
+            "the app's, where the upstream has none"
         );
         assert_eq!(value(&fields, "set-cookie"), ["seen=1"]);
 

@@ -246,18 +246,31 @@ struct Carried(Vec<(Box<str>, Box<[u8]>)>);
 
 impl Carried {
     /// Puts the fields on an answer that is not an error (an error's own body is not what they
-    /// describe): each replaces the answer's fields of its name (the app said what the file
-    /// is), but `Set-Cookie`, which is added beside the answer's own.
-    fn apply(&self, r: &mut Response) {
-        if self.0.is_empty() || r.status >= 400 {
+    /// describe). `over`: they replace the answer's fields of their names (a file or a fixed
+    /// answer tern makes: the app said what the file is, as nginx's static module keeps the
+    /// app's `Content-Type`); else they go only where the answer has none of the name (an
+    /// upstream describes its own answer, as nginx takes the last upstream's `Content-Type`).
+    /// `Set-Cookie` is added beside the answer's own either way.
+    fn apply(&self, r: &mut Response, over: bool) {
+        if r.status >= 400 {
             return;
         }
+        let cookie = |name: &str| name.eq_ignore_ascii_case("set-cookie");
+        let mut skip: Vec<&str> = Vec::new();
         for (name, _) in &self.0 {
-            if !name.eq_ignore_ascii_case("set-cookie") {
+            if cookie(name) {
+                continue;
+            }
+            if over {
                 r.remove_header(name);
+            } else if r.header(name).is_some() {
+                skip.push(name);
             }
         }
         for (name, value) in &self.0 {
+            if skip.iter().any(|s| s.eq_ignore_ascii_case(name)) {
+                continue;
+            }
             // From the upstream parser: a token name and a value without CR, LF or NUL.
             r.push_parsed_header(name, value);
         }
@@ -270,7 +283,7 @@ impl Carried {
             return;
         }
         match reply {
-            Reply::Now(r) => self.apply(r),
+            Reply::Now(r) => self.apply(r, true),
             Reply::Forward(fwd) => {
                 let edit = fwd.edit.take();
                 let carried = self.clone();
@@ -278,7 +291,7 @@ impl Carried {
                     if let Some(edit) = &edit {
                         edit(r);
                     }
-                    carried.apply(r);
+                    carried.apply(r, false);
                 }));
             }
             _ => {}
