@@ -400,7 +400,10 @@ fn check_cases(addr: SocketAddr, h2: SocketAddr, who: &str) -> Vec<Answer> {
                 assert_eq!(a.all(name), *want, "{what}: {name}: {a:?}");
             }
             for (name, _) in &a.fields {
-                assert!(!name.starts_with("x-accel-"), "{what}: {name} reached the client");
+                assert!(
+                    !name.starts_with("x-accel-"),
+                    "{what}: {name} reached the client"
+                );
             }
             assert!(a.all("x-app").is_empty(), "{what}: {a:?}");
             answers.push(a);
@@ -432,11 +435,19 @@ fn apps_hand_downloads_and_api_calls_back_as_behind_nginx() {
         return;
     };
     let h2 = SocketAddr::from(([127, 0, 0, 1], h2_port));
-    assert!(eventually(Duration::from_secs(5), || TcpStream::connect(h2).is_ok()));
+    assert!(eventually(Duration::from_secs(5), || TcpStream::connect(
+        h2
+    )
+    .is_ok()));
     let theirs = check_cases(nginx.addr, h2, "nginx");
     // Beyond the cases' own: the fields a client acts on are the same in both.
     for (a, b) in ours.iter().zip(&theirs) {
-        for name in ["content-type", "content-disposition", "set-cookie", "cache-control"] {
+        for name in [
+            "content-type",
+            "content-disposition",
+            "set-cookie",
+            "cache-control",
+        ] {
             if a.status < 400 {
                 assert_eq!(a.all(name), b.all(name), "{name}: tern {a:?}, nginx {b:?}");
             }

@@ -430,7 +430,6 @@ impl FastCgi {
             max_body: u64::MAX,
             wire: UpstreamWire::FastCgi,
             not_before_ms: 0,
-            handback: None,
         }))
     }
 }

@@ -59,7 +59,6 @@ impl Handler for Proxy {
             max_body: u64::MAX,
             wire: tern_server::UpstreamWire::Http1,
             not_before_ms: 0,
-            handback: None,
         }))
     }
 

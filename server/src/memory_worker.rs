@@ -826,7 +826,6 @@ mod tests {
                     max_body: u64::MAX,
                     wire: Default::default(),
                     not_before_ms: 0,
-                    handback: None,
                 }))
             },
         );
@@ -1017,13 +1016,14 @@ mod tests {
     /// naming the method and query it got), `/file` (the file, sent as a file), `/up` (the
     /// same upstream again, without a hand-back), `/later` (a deferred reply).
     fn handing_back() -> (MemoryWorker, MemoryAddr, tempfile::TempDir) {
-        use crate::upstream::{Forward, Handback, Handoff, Rerun};
+        use crate::handler::{Handback, Handoff, Rerun};
+        use crate::upstream::Forward;
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("report.txt");
         std::fs::write(&file, "the report\n").unwrap();
         let to = Arc::new(HandedTo { file });
         let upstream = Arc::new(crate::testing::MemoryUpstream::default());
-        let forward = move |head: String, handback: Option<Box<Handback>>| {
+        let forward = move |head: String| {
             Reply::Forward(Box::new(Forward {
                 upstreams: upstream.clone(),
                 head: head.into_bytes(),
@@ -1034,12 +1034,11 @@ mod tests {
                 max_body: u64::MAX,
                 wire: Default::default(),
                 not_before_ms: 0,
-                handback,
             }))
         };
         let forward = Arc::new(forward);
         let router = Router::new().fallback(
-            move |req: &crate::Request<'_>, _: &mut crate::HandlerContext<'_>| {
+            move |req: &crate::Request<'_>, cx: &mut crate::HandlerContext<'_>| {
                 let head = format!(
                     "{} {} HTTP/1.1\r\nHost: upstream\r\n",
                     req.head.method_str, req.head.target
@@ -1085,9 +1084,7 @@ mod tests {
                                         }))
                                         .into()
                                 }
-                                "/up" => {
-                                    again("GET /up HTTP/1.1\r\nHost: upstream\r\n".into(), None)
-                                }
+                                "/up" => again("GET /up HTTP/1.1\r\nHost: upstream\r\n".into()),
                                 "/later" => {
                                     std::mem::forget(cx.defer());
                                     Reply::Later
@@ -1098,14 +1095,12 @@ mod tests {
                         run.answer(req, &answer);
                     });
                 });
-                forward(
-                    head,
-                    Some(Box::new(Handback {
-                        x_accel_redirect: true,
-                        reroute_status: Arc::from(vec![(404, "/page?from=404".into())]),
-                        reenter,
-                    })),
-                )
+                cx.hand_back(Box::new(Handback {
+                    x_accel_redirect: true,
+                    reroute_status: Arc::from(vec![(404, "/page?from=404".into())]),
+                    reenter,
+                }));
+                forward(head)
             },
         );
         let mut w = MemoryWorker::new(router, config(), None);

@@ -430,7 +430,6 @@ impl Handler for ForwardAll {
             max_body: u64::MAX,
             wire: Default::default(),
             not_before_ms: 0,
-            handback: None,
         }))
     }
 

@@ -13,7 +13,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::handler::{HandlerContext, Reply, Request};
 use crate::response::Response;
 
 /// Where an upstream server listens.
@@ -201,53 +200,10 @@ pub struct Forward {
     /// Not sent before this instant (the worker's clock, ms): a request a rate limit queued
     /// waits on the connection's timer, no worker held (0: at once).
     pub not_before_ms: u64,
-    /// What the route does when the app hands the request back (`X-Accel-Redirect`, a status
-    /// the route answers with another path): `None` for most routes.
-    pub handback: Option<Box<Handback>>,
 }
 
-/// A route's way to take a request back from its app (nginx's `X-Accel-Redirect` and
-/// `proxy_intercept_errors` with `error_page CODE = /path`): when the app's answer names
-/// another path, the relay drops that answer and has the route's site answer the request
-/// with the path instead (`conn/relay/handoff.rs` says how).
-pub struct Handback {
-    /// The app's `X-Accel-Redirect: /path[?query]` is followed.
-    pub x_accel_redirect: bool,
-    /// App answers with these statuses are replaced by the answer for the path
-    /// (`reroute_status`), which may hold a query.
-    pub reroute_status: Arc<[(u16, Box<str>)]>,
-    /// Answers the request again, with the path the app named (see [`Reenter`]).
-    pub reenter: Reenter,
-}
-
-/// Made by the route that forwarded, owning what it needs of the request: called once, on the
-/// worker, when the app hands the request back. It builds the re-routed request (the same
-/// head, with the path and query of [`Handoff`], GET unless it was HEAD) and has `run` answer
-/// it with the handler of its choice (its site, routed again).
-pub type Reenter = Box<dyn FnOnce(&Handoff<'_>, &mut dyn Rerun) + Send>;
-
-/// Where the app sent a request it handed back.
-pub struct Handoff<'a> {
-    /// Canonical (as [`tern_codec::canonical_path`] makes it).
-    pub path: &'a str,
-    pub query: Option<&'a str>,
-    /// The worker's clock now, for the request's `unix_secs` and `now_ms`.
-    pub unix_secs: u64,
-    pub now_ms: u64,
-}
-
-/// Runs a re-routed request's handler as any exchange's is run (its own context, under
-/// `catch_unwind`, its answer compressed and counted as its route says), in place of the app's
-/// answer.
-pub trait Rerun {
-    fn answer(
-        &mut self,
-        req: &Request<'_>,
-        handler: &dyn Fn(&Request<'_>, &mut HandlerContext<'_>) -> Reply,
-    );
-}
-
-/// A hand-off target (`X-Accel-Redirect`'s value, a `reroute_status` path): `/path` with an
+/// A hand-off target (`X-Accel-Redirect`'s value, a `reroute_status` path; see
+/// [`crate::Handback`]): `/path` with an
 /// optional `?query`, the path in canonical form. Refused: no leading `/`, a path with no
 /// canonical form (the codec's rules for request paths: no `%2F`, no `..` above the root...),
 /// spaces, control bytes or `#` anywhere.
@@ -288,7 +244,6 @@ impl std::fmt::Debug for Forward {
             .field("idempotent", &self.idempotent)
             .field("upgrade", &self.upgrade)
             .field("wire", &self.wire)
-            .field("handback", &self.handback.is_some())
             .finish_non_exhaustive()
     }
 }

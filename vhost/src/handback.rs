@@ -10,8 +10,10 @@ use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tern_server::upstream::{Handback, Handoff, Reenter, Rerun};
-use tern_server::{BodyKind, Method, Request, RequestHead, RequestId, Response, Version};
+use tern_server::{
+    BodyKind, Handback, Handoff, Method, Reenter, Request, RequestHead, RequestId, Rerun, Response,
+    Version,
+};
 
 use crate::{answer_on, own_answer, BuiltSite, MAX_REROUTES};
 

@@ -445,8 +445,8 @@ fn answer_by(
         req.unix_secs,
         site.relay_error_pages.as_ref(),
     );
-    if let (Reply::Forward(fwd), Some(policy)) = (&mut reply, &route.handback) {
-        fwd.handback = Some(policy.handback(site, req, id, hops));
+    if let (Reply::Forward(_), Some(policy)) = (&reply, &route.handback) {
+        cx.hand_back(policy.handback(site, req, id, hops));
     }
     reply
 }
@@ -1702,7 +1702,6 @@ mod tests {
                     max_body: u64::MAX,
                     wire: Default::default(),
                     not_before_ms: 0,
-                    handback: None,
                 }))
             },
         ))

@@ -627,7 +627,7 @@ impl Http1 {
                 awaiting.park(facts, entry.as_ref());
                 self.state = State::Awaiting(awaiting);
             }
-            Outcome::Forward(fwd, compress) => {
+            Outcome::Forward(fwd, compress, handback) => {
                 let start = relay::RelayStart {
                     fwd,
                     compress,
@@ -639,6 +639,7 @@ impl Http1 {
                     tally: facts.tally,
                     conn: link.key,
                     exchange: facts.id,
+                    handback,
                 };
                 let mut framing = Framing {
                     facts,

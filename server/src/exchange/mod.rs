@@ -20,11 +20,14 @@ use crate::access_log::LogEntry;
 use crate::bans::BanCause;
 use crate::compression::{self, Choice};
 use crate::fault;
-use crate::handler::{ExchangeId, HandlerContext, LogTarget, Refusal, Reply, Request};
+use crate::handler::{
+    ExchangeId, Handback, HandlerContext, Handoff, LogTarget, Reenter, Refusal, Reply, Request,
+    Rerun,
+};
 use crate::response::{Body, Response};
 use crate::router::RouteMatch;
 use crate::stats::{AnswerRow, Counter, Tally};
-use crate::upstream::{Forward, Handoff, Reenter, Rerun};
+use crate::upstream::Forward;
 
 pub(crate) use awaiting::Awaiting;
 pub(crate) use context::{ConnCx, DateLine, Facts, Link, WorkerClock};
@@ -38,8 +41,9 @@ pub(crate) enum Outcome {
     Deferred,
     /// Close the connection without an answer.
     Drop,
-    /// Relay the exchange to an upstream server, its answer compressed by the choice.
-    Forward(Box<Forward>, Option<Choice>),
+    /// Relay the exchange to an upstream server, its answer compressed by the choice; the
+    /// route's hand-back, if its app may hand the request back.
+    Forward(Box<Forward>, Option<Choice>, Option<Box<Handback>>),
 }
 
 /// Whether the handler of this request takes its body as a stream (it is dispatched on the
@@ -149,6 +153,7 @@ fn answer_with(
         request_id: None,
         compress: None,
         refused: None,
+        handback: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| {
         fault::in_handler(&req.head.path);
@@ -174,7 +179,7 @@ fn answer_with(
             Outcome::Respond(response)
         }
         Ok(Reply::Later) if hcx.deferred => Outcome::Deferred,
-        Ok(Reply::Forward(fwd)) => Outcome::Forward(fwd, choice),
+        Ok(Reply::Forward(fwd)) => Outcome::Forward(fwd, choice, hcx.handback.take()),
         Ok(Reply::Drop) => {
             cx.stats.bump(Counter::ConnectionsDropped);
             cx.record_ban(req.peer.ip(), BanCause::Dropped);

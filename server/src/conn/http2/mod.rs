@@ -438,7 +438,7 @@ impl Http2 {
                 // request part.
                 self.awaiting.park(facts, entry.as_ref());
             }
-            Outcome::Forward(mut fwd, compress) => {
+            Outcome::Forward(mut fwd, compress, handback) => {
                 // HTTP/2 has no Upgrade: a WebSocket is an extended CONNECT (`tunnel_outcome`
                 // let only those through), relayed as an HTTP/1.1 handshake.
                 fwd.upgrade &= tunnel;
@@ -455,6 +455,7 @@ impl Http2 {
                     tally: facts.tally,
                     conn: link.key,
                     exchange: facts.id,
+                    handback,
                 };
                 self.start_relay(id, start, out, link, cx);
             }
@@ -803,7 +804,9 @@ impl Http2 {
 /// route cannot honestly give for a WebSocket).
 fn tunnel_outcome(outcome: Outcome) -> Outcome {
     match outcome {
-        Outcome::Forward(fwd, compress) if fwd.upgrade => Outcome::Forward(fwd, compress),
+        Outcome::Forward(fwd, compress, handback) if fwd.upgrade => {
+            Outcome::Forward(fwd, compress, handback)
+        }
         Outcome::Respond(r) if !(200..300).contains(&r.status) => Outcome::Respond(r),
         Outcome::Drop => Outcome::Drop,
         _ => Outcome::Respond(Response::text(

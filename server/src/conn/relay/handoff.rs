@@ -11,8 +11,9 @@
 //!    the head (the connection may then go back to the pool), else the connection is closed
 //!    with it unread.
 //! 2. **Answered by the route's site.** The original request is gone by now (the relay holds
-//!    only the bytes it sends upstream), so the route that forwarded left a closure in the
-//!    `Forward` ([`crate::upstream::Handback`]), owning the parsed head it was given. Called
+//!    only the bytes it sends upstream), so the route that forwarded left a closure beside its
+//!    `Forward` ([`crate::Handback`], through `HandlerContext::hand_back`), owning the parsed
+//!    head it was given. Called
 //!    through [`exchange::rerun`], it rebuilds that head with the new path and query (GET, HEAD
 //!    staying HEAD) and routes it on the same site, where internal routes answer it; the
 //!    handler runs as any exchange's does (its own context, under `catch_unwind`, compressed,
@@ -35,9 +36,9 @@ use tern_runtime::ratelog;
 use super::{Relay, RelayStart};
 use crate::compression::Choice;
 use crate::exchange::{self, ConnCx, Outcome, Sink};
-use crate::handler::Reply;
+use crate::handler::{Handback, Handoff, Reply};
 use crate::response::Response;
-use crate::upstream::{handoff_target, Forward, Handoff, UpstreamOutcome};
+use crate::upstream::{handoff_target, Forward, UpstreamOutcome};
 
 /// The app's fields that go on to the final answer of an `X-Accel-Redirect`: those nginx
 /// copies before it follows the header. In `src/http/ngx_http_upstream.c`, the
@@ -68,7 +69,7 @@ impl Relay {
         sink: &mut impl Sink,
         cx: &mut ConnCx<'_>,
     ) -> Option<usize> {
-        let handback = self.fwd.handback.as_deref()?;
+        let handback = self.handback.as_deref()?;
         let (target, carry, why): (&[u8], Carried, &str) = match handback
             .reroute_status
             .iter()
@@ -112,7 +113,7 @@ impl Relay {
                 return Some(used);
             }
         };
-        let reenter = self.fwd.handback.take()?.reenter;
+        let reenter = self.handback.take()?.reenter;
         let to = Handoff {
             path: &path,
             query: query.as_deref(),
@@ -124,7 +125,9 @@ impl Relay {
         let who = (self.conn, self.exchange);
         match exchange::rerun(reenter, &to, &onto, who, &mut self.tally, cx) {
             Outcome::Respond(r) => self.answer_whole(r, sink, cx),
-            Outcome::Forward(fwd, compress) => self.start_over(fwd, compress, sink, cx),
+            Outcome::Forward(fwd, compress, handback) => {
+                self.start_over(fwd, compress, handback, sink, cx)
+            }
             Outcome::Deferred => {
                 // Its reply would come through the inbox to an exchange no table awaits.
                 if ratelog::admit("handoff_deferred", cx.clock.now_ms()) {
@@ -169,6 +172,7 @@ impl Relay {
         &mut self,
         mut fwd: Box<Forward>,
         compress: Option<Choice>,
+        handback: Option<Box<Handback>>,
         sink: &mut impl Sink,
         cx: &mut ConnCx<'_>,
     ) {
@@ -190,6 +194,7 @@ impl Relay {
             tally: self.tally,
             conn: self.conn,
             exchange: self.exchange,
+            handback,
         };
         let attached = self.attached;
         *self = Relay::start(start, sink, cx);

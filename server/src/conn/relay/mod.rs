@@ -43,7 +43,7 @@ use super::websocket::Handshake;
 use crate::access_log::SavedEntry;
 use crate::compression::Choice;
 use crate::exchange::{ConnCx, Sink};
-use crate::handler::ExchangeId;
+use crate::handler::{ExchangeId, Handback};
 use crate::stats::{Counter, Tally, UpstreamCounter};
 use crate::upstream::{Forward, UpstreamOutcome, UpstreamRow};
 
@@ -90,6 +90,8 @@ pub(crate) struct RelayStart<'b> {
     /// an app hands the request back to).
     pub conn: u64,
     pub exchange: ExchangeId,
+    /// What the route does if its app hands the request back (`handoff.rs`).
+    pub handback: Option<Box<Handback>>,
 }
 
 /// How a request body that follows its head arrives.
@@ -256,6 +258,8 @@ pub(crate) struct Relay {
     /// See [`RelayStart::conn`].
     conn: u64,
     exchange: ExchangeId,
+    /// See [`RelayStart::handback`]; taken when the app hands the request back.
+    handback: Option<Box<Handback>>,
     /// The relay started over for a request its app handed back (`handoff.rs`) while the
     /// app's connection is still attached: it is let go first, back into the pool when
     /// `Some(true)`.

@@ -31,6 +31,7 @@ impl Relay {
             tally,
             conn,
             exchange,
+            handback,
         } = start;
         let has_body = !body.is_empty()
             || matches!(
@@ -145,6 +146,7 @@ impl Relay {
             client_ended: None,
             conn,
             exchange,
+            handback,
             held_over: None,
         };
         if no_key {
