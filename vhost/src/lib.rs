@@ -1714,13 +1714,13 @@ mod tests {
         }
     }
 
-    /// Requests the relay sent upstream, by their request lines.
+    /// Requests the relay sent upstream, by their request lines (the tests' bodies, lower
+    /// case, may come right before one).
     fn request_lines(sent: &[u8]) -> Vec<String> {
         String::from_utf8_lossy(sent)
-            .split("\r\n\r\n")
-            .filter_map(|r| r.lines().next())
-            .filter(|l| !l.is_empty())
-            .map(str::to_string)
+            .split("\r\n")
+            .filter(|l| l.ends_with(" HTTP/1.1"))
+            .map(|l| l[l.find(|c: char| c.is_ascii_uppercase()).unwrap_or(0)..].to_string())
             .collect()
     }
 
@@ -1850,6 +1850,28 @@ mod tests {
         let text = String::from_utf8_lossy(&c.take_output()).into_owned();
         assert!(text.ends_with("\r\n\r\ndata"), "{text}");
 
+        // A POST is handed back as a GET without its body, a HEAD as a HEAD; the fields of the
+        // client's head go with them.
+        c.feed(b"POST /app/form HTTP/1.1\r\nHost: s.test\r\nContent-Length: 3\r\n\r\nabc");
+        let second = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let sent = c.upstream_answers(&[accel("/internal-api/p").as_bytes(), second], 4096, false);
+        assert_eq!(
+            request_lines(&sent),
+            ["POST /app/form HTTP/1.1", "GET /internal-api/p HTTP/1.1"]
+        );
+        assert!(String::from_utf8_lossy(&c.take_output()).ends_with("\r\n\r\nok"));
+        c.feed(b"HEAD /app/h HTTP/1.1\r\nHost: s.test\r\n\r\n");
+        let sent = c.upstream_answers(&[accel("/internal-api/h").as_bytes(), second], 4096, false);
+        assert_eq!(
+            request_lines(&sent),
+            ["HEAD /app/h HTTP/1.1", "HEAD /internal-api/h HTTP/1.1"]
+        );
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK\r\n") && text.ends_with("\r\n\r\n"),
+            "{text}"
+        );
+
         c.feed(get("/app/gone").as_bytes());
         c.upstream_answers(
             &[b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"],
@@ -1879,7 +1901,7 @@ mod tests {
         let s = stats.snapshot();
         let twos = |route: &str| s.answers_of("s", route).unwrap().responses[1];
         assert_eq!(twos("files"), 2, "the report and the 404's fallback");
-        assert_eq!(twos("api"), 1);
+        assert_eq!(twos("api"), 3, "the data, the POST and the HEAD");
         assert_eq!(twos("app"), 0, "answered by the routes it handed back to");
     }
 
