@@ -61,6 +61,49 @@ impl From<Response> for Reply {
     }
 }
 
+/// A forwarding route's way to take a request back from its app (nginx's `X-Accel-Redirect`,
+/// and `proxy_intercept_errors` with `error_page CODE = /path`), given with
+/// [`HandlerContext::hand_back`] beside its `Reply::Forward`: when the app's answer names
+/// another path, the relay drops that answer and has the route answer the request with the
+/// path instead (`conn/relay/handoff.rs` says how).
+pub struct Handback {
+    /// The app's `X-Accel-Redirect: /path[?query]` is followed.
+    pub x_accel_redirect: bool,
+    /// App answers with these statuses are replaced by the answer for the path
+    /// (`reroute_status`), which may hold a query.
+    pub reroute_status: std::sync::Arc<[(u16, Box<str>)]>,
+    /// Answers the request again, with the path the app named (see [`Reenter`]).
+    pub reenter: Reenter,
+}
+
+/// Made by the route that forwarded, owning what it needs of the request: called once, on the
+/// worker, when the app hands the request back. It builds the re-routed request (the same
+/// head, with the path and query of [`Handoff`], GET unless it was HEAD) and has `run` answer
+/// it with the handler of its choice (its site, routed again).
+pub type Reenter = Box<dyn FnOnce(&Handoff<'_>, &mut dyn Rerun) + Send>;
+
+/// Where the app sent a request it handed back.
+pub struct Handoff<'a> {
+    /// Canonical (as [`tern_codec::canonical_path`] makes it; see
+    /// [`crate::upstream::handoff_target`]).
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    /// The worker's clock now, for the request's `unix_secs` and `now_ms`.
+    pub unix_secs: u64,
+    pub now_ms: u64,
+}
+
+/// Runs a re-routed request's handler as any exchange's is run (its own context, under
+/// `catch_unwind`, its answer compressed and counted as its route says), in place of the app's
+/// answer.
+pub trait Rerun {
+    fn answer(
+        &mut self,
+        req: &Request<'_>,
+        handler: &dyn Fn(&Request<'_>, &mut HandlerContext<'_>) -> Reply,
+    );
+}
+
 /// One exchange (a request and its answer) of a connection, whatever the protocol: an
 /// HTTP/1.1 connection's request count, an HTTP/2 stream id. 64 bits, as QUIC stream ids
 /// (62 bits) will need.
@@ -129,6 +172,8 @@ pub struct HandlerContext<'a> {
     pub(crate) compress: Option<std::sync::Arc<tern_compress::Policy>>,
     /// Why a limit in front of the handler refused the request, to be counted.
     pub(crate) refused: Option<Refusal>,
+    /// What the route does when the app its `Reply::Forward` reaches hands the request back.
+    pub(crate) handback: Option<Box<Handback>>,
 }
 
 /// A request a route's own limit refused (counted like the server's own refusals).
@@ -180,6 +225,12 @@ impl HandlerContext<'_> {
 
     pub fn request_id(&self) -> Option<&crate::request_id::RequestId> {
         self.request_id.as_ref()
+    }
+
+    /// With a `Reply::Forward`: the app may hand the request back (see [`Handback`]); the
+    /// last call wins, and any other reply drops it.
+    pub fn hand_back(&mut self, handback: Box<Handback>) {
+        self.handback = Some(handback);
     }
 
     /// Takes a handle that completes this request later; the handler must then return

@@ -1004,4 +1004,389 @@ mod tests {
         assert!(up.peer.closed_by_worker());
         assert_eq!(w.connections(), 1);
     }
+
+    /// Where a handed-back request goes in [`handing_back`]'s router: its path and query,
+    /// as the reentry saw them, and the file an answer may send.
+    struct HandedTo {
+        file: std::path::PathBuf,
+    }
+
+    /// A worker whose every request is forwarded to [`crate::testing::MemoryUpstream`] by a
+    /// route that follows `X-Accel-Redirect` and reroutes 404 to `/page`. A request handed
+    /// back is built again from the head the route kept and answered by: `/page` (a page
+    /// naming the method and query it got), `/file` (the file, sent as a file), `/up` (the
+    /// same upstream again, without a hand-back), `/later` (a deferred reply).
+    fn handing_back() -> (MemoryWorker, MemoryAddr, tempfile::TempDir) {
+        use crate::handler::{Handback, Handoff, Rerun};
+        use crate::upstream::Forward;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("report.txt");
+        std::fs::write(&file, "the report\n").unwrap();
+        let to = Arc::new(HandedTo { file });
+        let upstream = Arc::new(crate::testing::MemoryUpstream::default());
+        let forward = move |head: String| {
+            Reply::Forward(Box::new(Forward {
+                upstreams: upstream.clone(),
+                head: head.into_bytes(),
+                idempotent: true,
+                upgrade: false,
+                edit: None,
+                own_answers: None,
+                max_body: u64::MAX,
+                wire: Default::default(),
+                not_before_ms: 0,
+                tee: None,
+            }))
+        };
+        let forward = Arc::new(forward);
+        let router = Router::new().fallback(
+            move |req: &crate::Request<'_>, cx: &mut crate::HandlerContext<'_>| {
+                let head = format!(
+                    "{} {} HTTP/1.1\r\nHost: upstream\r\n",
+                    req.head.method_str, req.head.target
+                );
+                let (to, again) = (to.clone(), forward.clone());
+                // The route keeps what it needs of the request: here its Host and method.
+                let host = String::from_utf8_lossy(req.head.host.unwrap_or_default()).into_owned();
+                let method = if req.method() == crate::Method::Head {
+                    "HEAD"
+                } else {
+                    "GET"
+                };
+                let reenter = Box::new(move |h: &Handoff<'_>, run: &mut dyn Rerun| {
+                    let query = h.query.map_or(String::new(), |q| format!("?{q}"));
+                    let raw = format!(
+                        "{method} {}{query} HTTP/1.1\r\nHost: {host}\r\n\r\n",
+                        h.path
+                    );
+                    let peer = SocketAddr::from(([127, 0, 0, 1], 1));
+                    crate::testing::with_request(raw.as_bytes(), peer, false, |req| {
+                        let answer = |req: &crate::Request<'_>,
+                                      cx: &mut crate::HandlerContext<'_>|
+                         -> Reply {
+                            match req.path() {
+                                "/page" => {
+                                    let q = req.query().unwrap_or("-");
+                                    let body = format!("page {} q={q}", req.head.method_str);
+                                    Response::new(200)
+                                        .with_header("Content-Type", "text/plain")
+                                        .with_header("Cache-Control", "no-store")
+                                        .with_body(Body::Owned(body.into_bytes()))
+                                        .into()
+                                }
+                                "/file" => {
+                                    let f = std::fs::File::open(&to.file).unwrap();
+                                    let len = f.metadata().unwrap().len();
+                                    Response::new(200)
+                                        .with_header("Content-Type", "text/plain")
+                                        .with_body(Body::File(crate::FileBody {
+                                            file: Arc::new(f),
+                                            offset: 0,
+                                            len,
+                                        }))
+                                        .into()
+                                }
+                                "/up" => again("GET /up HTTP/1.1\r\nHost: upstream\r\n".into()),
+                                "/later" => {
+                                    std::mem::forget(cx.defer());
+                                    Reply::Later
+                                }
+                                _ => Response::text(404, "not found\n").into(),
+                            }
+                        };
+                        run.answer(req, &answer);
+                    });
+                });
+                cx.hand_back(Box::new(Handback {
+                    x_accel_redirect: true,
+                    reroute_status: Arc::from(vec![(404, "/page?from=404".into())]),
+                    reenter,
+                }));
+                forward(head)
+            },
+        );
+        let mut w = MemoryWorker::new(router, config(), None);
+        let addr = MemoryAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 9)));
+        w.io().listen(addr.clone());
+        (w, addr, dir)
+    }
+
+    /// The app's answer that hands a request back: its head, the fields nginx carries over,
+    /// one it does not, and a body that must never reach the client.
+    fn accel(to: &str) -> String {
+        format!(
+            "HTTP/1.1 200 OK\r\nX-Accel-Redirect: {to}\r\nContent-Type: application/pdf\r\n\
+             Content-Disposition: attachment; filename=\"r.pdf\"\r\nSet-Cookie: seen=1\r\n\
+             X-App: yes\r\nContent-Length: 7\r\n\r\nIGNORED"
+        )
+    }
+
+    /// A response's head fields in lower case, and its body.
+    fn split(out: &str) -> (Vec<(String, String)>, String) {
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((out, ""));
+        let fields = head
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_once(": "))
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.to_string()))
+            .collect();
+        (fields, body.to_string())
+    }
+
+    fn value<'f>(fields: &'f [(String, String)], name: &str) -> Vec<&'f str> {
+        fields
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// HTTP/1.1: the app's `X-Accel-Redirect` is followed to a page of the route's own (a GET
+    /// with the query named; the app's body dropped, its connection pooled as its answer was
+    /// read whole), with the fields nginx carries: the app's `Content-Type` and
+    /// `Content-Disposition` over the page's, `Set-Cookie`; its others and the header itself
+    /// never reach the client. A POST is handed back as a GET, a HEAD stays HEAD, a file goes
+    /// as a file.
+    #[test]
+    fn x_accel_redirect_answers_with_the_route_s_answer_over_http1() {
+        let (mut w, addr, _dir) = handing_back();
+        let c = w.connect(b"GET /download?id=7 HTTP/1.1\r\nHost: a\r\n\r\n");
+        let up = w.io().accept(&addr).expect("the worker connected");
+        assert!(text(&up.read()).starts_with("GET /download?id=7 HTTP/1.1\r\n"));
+        up.write(accel("/page?x=1").as_bytes());
+        w.settle();
+        let out = text(&c.read());
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        let (fields, body) = split(&out);
+        assert_eq!(body, "page GET q=x=1");
+        assert_eq!(value(&fields, "content-type"), ["application/pdf"]);
+        assert_eq!(
+            value(&fields, "content-disposition"),
+            ["attachment; filename=\"r.pdf\""]
+        );
+        assert_eq!(value(&fields, "set-cookie"), ["seen=1"]);
+        assert_eq!(
+            value(&fields, "cache-control"),
+            ["no-store"],
+            "the page's own"
+        );
+        assert!(value(&fields, "x-app").is_empty(), "{out}");
+        assert!(value(&fields, "x-accel-redirect").is_empty(), "{out}");
+        assert!(!up.closed_by_worker(), "read whole: pooled");
+
+        // A POST goes back as a GET (its body went to the app), a HEAD as a HEAD.
+        c.write(b"POST /form HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc");
+        w.settle();
+        assert!(w.io().accept(&addr).is_none(), "the pooled connection");
+        assert!(text(&up.read()).starts_with("POST /form HTTP/1.1\r\n"));
+        up.write(accel("/page").as_bytes());
+        w.settle();
+        let (_, body) = split(&text(&c.read()));
+        assert_eq!(body, "page GET q=-");
+        c.write(b"HEAD /x HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.settle();
+        let up = w
+            .io()
+            .accept(&addr)
+            .expect("a connection that carried a body is not pooled");
+        assert!(text(&up.read()).starts_with("HEAD /x HTTP/1.1\r\n"));
+        up.write(b"HTTP/1.1 200 OK\r\nX-Accel-Redirect: /page\r\nContent-Length: 7\r\n\r\n");
+        w.settle();
+        let out = text(&c.read());
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        let (fields, body) = split(&out);
+        assert_eq!(
+            value(&fields, "content-length"),
+            ["13"],
+            "the GET's: page HEAD q=-"
+        );
+        assert_eq!(body, "", "no body for a HEAD");
+
+        // A file, sent as one.
+        c.write(b"GET /f HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.settle();
+        up.read();
+        up.write(accel("/file").as_bytes());
+        w.settle();
+        let (fields, body) = split(&text(&c.read()));
+        assert_eq!(body, "the report\n");
+        assert_eq!(value(&fields, "content-type"), ["application/pdf"]);
+        assert_eq!(w.connections(), 1, "the client's connection goes on");
+    }
+
+    /// A hand-back the route forwards again: the app's connection is let go first, back into
+    /// the pool (its answer was read whole), and the new request goes out on it, a GET with
+    /// no body; the second answer reaches the client with its own fields and those carried
+    /// from the first where it has none of their names.
+    /// An app answer whose body is not all there yet closes its connection instead.
+    #[test]
+    fn a_handed_back_request_may_be_forwarded_again_on_the_pooled_connection() {
+        let (mut w, addr, _dir) = handing_back();
+        let c = w.connect(b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n");
+        let up = w.io().accept(&addr).unwrap();
+        up.read();
+        up.write(accel("/up").as_bytes());
+        w.settle();
+        assert!(
+            w.io().accept(&addr).is_none(),
+            "the same connection, from the pool"
+        );
+        let second = text(&up.read());
+        assert!(second.starts_with("GET /up HTTP/1.1\r\n"), "{second}");
+        assert!(c.read().is_empty(), "nothing before the second answer");
+        up.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n\r\nsecond");
+        w.settle();
+        let out = text(&c.read());
+        let (fields, body) = split(&out);
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        assert_eq!(body, "second");
+        assert_eq!(
+            value(&fields, "content-type"),
+            ["text/plain"],
+            "the upstream's own"
+        );
+        assert_eq!(
+            value(&fields, "content-disposition"),
+            ["attachment; filename=\"r.pdf\""],
+            "the app's, where the upstream has none"
+        );
+        assert_eq!(value(&fields, "set-cookie"), ["seen=1"]);
+
+        // The app's body is still coming when its head hands the request back.
+        c.write(b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.settle();
+        up.read();
+        up.write(b"HTTP/1.1 200 OK\r\nX-Accel-Redirect: /up\r\nContent-Length: 100\r\n\r\npart");
+        w.settle();
+        assert!(up.closed_by_worker(), "its unread body goes with it");
+        let fresh = w.io().accept(&addr).expect("a new connection for /up");
+        assert!(text(&fresh.read()).starts_with("GET /up HTTP/1.1\r\n"));
+        fresh.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        w.settle();
+        assert!(text(&c.read()).ends_with("\r\n\r\nok"));
+    }
+
+    /// A status the route reroutes is answered by its path (the page's status, 200); a
+    /// target with no canonical form is a 502 (not the app's server's failure: its
+    /// connection is not blamed); a route that answers later cannot take a hand-back: 500.
+    #[test]
+    fn rerouted_statuses_bad_targets_and_deferred_answers() {
+        let (mut w, addr, _dir) = handing_back();
+        let c = w.connect(b"GET /gone HTTP/1.1\r\nHost: a\r\n\r\n");
+        let up = w.io().accept(&addr).unwrap();
+        up.read();
+        up.write(b"HTTP/1.1 404 Not Found\r\nSet-Cookie: no=1\r\nContent-Length: 4\r\n\r\ngone");
+        w.settle();
+        let out = text(&c.read());
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        let (fields, body) = split(&out);
+        assert_eq!(body, "page GET q=from=404");
+        assert!(
+            value(&fields, "set-cookie").is_empty(),
+            "only a 401's WWW-Authenticate"
+        );
+        for bad in ["/a/../../etc/passwd", "relative", "/a%2Fb", "/a b"] {
+            c.write(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
+            w.settle();
+            let up = w.io().accept(&addr).unwrap_or_else(|| up.clone());
+            up.read();
+            up.write(accel(bad).as_bytes());
+            w.settle();
+            let out = text(&c.read());
+            assert!(out.starts_with("HTTP/1.1 502 "), "{bad}: {out}");
+            assert!(
+                !out.contains("IGNORED") && !out.contains("X-Accel"),
+                "{out}"
+            );
+        }
+        c.write(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
+        w.settle();
+        let up = w.io().accept(&addr).unwrap();
+        up.read();
+        up.write(accel("/later").as_bytes());
+        w.settle();
+        assert!(text(&c.read()).starts_with("HTTP/1.1 500 "));
+        assert_eq!(w.connections(), 1);
+    }
+
+    /// An HTTP/2 response's header block decoded, and the DATA of its stream.
+    /// (`decoder`: the connection's, every block goes through it in order.)
+    fn h2_answer(
+        decoder: &mut tern_http2::hpack::Decoder,
+        bytes: &[u8],
+        stream: u32,
+    ) -> (Vec<(String, String)>, Vec<u8>) {
+        let mut rest = bytes;
+        let (mut fields, mut data) = (Vec::new(), Vec::new());
+        while rest.len() >= 9 {
+            let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+            let id = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) & 0x7fff_ffff;
+            let payload = &rest[9..9 + len];
+            match rest[3] {
+                1 => {
+                    decoder
+                        .decode(payload, usize::MAX, |n, v| {
+                            if id == stream {
+                                fields.push((text(n), text(v)));
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                }
+                0 if id == stream => data.extend_from_slice(payload),
+                _ => {}
+            }
+            rest = &rest[9 + len..];
+        }
+        (fields, data)
+    }
+
+    /// HTTP/2: the same hand-backs as over HTTP/1.1, each answered on its own stream: a page
+    /// (a whole answer sent as a handler's), a file, and the request forwarded again.
+    #[test]
+    fn x_accel_redirect_answers_with_the_route_s_answer_over_http2() {
+        let (mut w, addr, _dir) = handing_back();
+        let mut hello = tern_http2::PREFACE.to_vec();
+        hello.extend(frame(4, 0, 0, &[])); // SETTINGS
+        const END_HEADERS_AND_STREAM: u8 = 0x4 | 0x1;
+        hello.extend(frame(1, END_HEADERS_AND_STREAM, 1, &get_block("/download")));
+        let c = w.connect(&hello);
+        let up = w.io().accept(&addr).expect("the worker connected");
+        assert!(text(&up.read()).starts_with("GET /download HTTP/1.1\r\n"));
+        up.write(accel("/page?x=2").as_bytes());
+        w.settle();
+        let mut decoder = tern_http2::hpack::Decoder::new(4096);
+        let (fields, data) = h2_answer(&mut decoder, &c.read(), 1);
+        assert_eq!(text(&data), "page GET q=x=2");
+        assert_eq!(value(&fields, ":status"), ["200"]);
+        assert_eq!(value(&fields, "content-type"), ["application/pdf"]);
+        assert_eq!(value(&fields, "set-cookie"), ["seen=1"]);
+        assert!(value(&fields, "x-accel-redirect").is_empty(), "{fields:?}");
+        assert!(value(&fields, "x-app").is_empty(), "{fields:?}");
+
+        c.write(&frame(1, END_HEADERS_AND_STREAM, 3, &get_block("/f")));
+        w.settle();
+        up.read();
+        up.write(accel("/file").as_bytes());
+        w.settle();
+        let (_, data) = h2_answer(&mut decoder, &c.read(), 3);
+        assert_eq!(text(&data), "the report\n");
+
+        c.write(&frame(1, END_HEADERS_AND_STREAM, 5, &get_block("/again")));
+        w.settle();
+        up.read();
+        up.write(accel("/up").as_bytes());
+        w.settle();
+        assert!(text(&up.read()).starts_with("GET /up HTTP/1.1\r\n"));
+        up.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond");
+        w.settle();
+        let (fields, data) = h2_answer(&mut decoder, &c.read(), 5);
+        assert_eq!(text(&data), "second");
+        assert_eq!(
+            value(&fields, "content-disposition"),
+            ["attachment; filename=\"r.pdf\""]
+        );
+        assert!(!w.relaying(), "every relay is over");
+        assert_eq!(w.connections(), 1);
+    }
 }

@@ -7,6 +7,7 @@
 //! connections kept alive in a per-worker pool (`driver/pool.rs`): no lock and no other thread
 //! on the way.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -201,6 +202,30 @@ pub struct Forward {
     pub not_before_ms: u64,
     /// A copy of the answer for a shared cache's fill (`answer_tee.rs`); None: no copy.
     pub tee: Option<Box<dyn crate::answer_tee::AnswerTee>>,
+}
+
+/// A hand-off target (`X-Accel-Redirect`'s value, a `reroute_status` path; see
+/// [`crate::Handback`]): `/path` with an
+/// optional `?query`, the path in canonical form. Refused: no leading `/`, a path with no
+/// canonical form (the codec's rules for request paths: no `%2F`, no `..` above the root...),
+/// spaces, control bytes or `#` anywhere.
+pub fn handoff_target(value: &[u8]) -> Result<(Cow<'_, str>, Option<&str>), &'static str> {
+    let text = std::str::from_utf8(value).map_err(|_| "not UTF-8")?;
+    if text
+        .bytes()
+        .any(|b| b.is_ascii_control() || b == b' ' || b == b'#')
+    {
+        return Err("spaces, control characters and # are not allowed");
+    }
+    let (path, query) = match text.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (text, None),
+    };
+    if !path.starts_with('/') {
+        return Err("a path starting with / is needed");
+    }
+    let path = tern_codec::canonical_path(path).map_err(|_| "the path has no canonical form")?;
+    Ok((path, query))
 }
 
 /// The protocol of an exchange with an upstream server.

@@ -19,6 +19,7 @@
 //! This crate uses only tern-server's public API (handlers, responses, static files), like
 //! the apps beside it.
 
+mod handback;
 mod headers;
 mod host;
 mod matcher;
@@ -38,6 +39,7 @@ use tern_server::{
 use tern_services::template::Values;
 use tern_services::TrustedProxies;
 
+pub use handback::check_reroute_status;
 pub use headers::{check_header_value, check_type_pattern, parse_expires, Expires, HeaderEdits};
 pub use host::{normalize_pattern, PatternError};
 pub use matcher::{check_matchers, compile_pattern, MatchSpec};
@@ -46,8 +48,8 @@ pub use route::{check_rewrite, check_try_files, Action, Fixed, Redirect, RouteOp
 use host::HostTable;
 use route::{Admission, BuiltAction, BuiltRoute, Fallback};
 
-/// Internal re-routings (rewrites, `try_files` fallbacks) one request may take; past them
-/// it is answered 500, as nginx answers a rewrite cycle.
+/// Internal re-routings (rewrites, `try_files` fallbacks, an app's hand-backs) one request
+/// may take; past them it is answered 500, as nginx answers a rewrite cycle.
 pub const MAX_REROUTES: u8 = 4;
 
 /// One route of a site.
@@ -117,7 +119,9 @@ struct ErrorPages(Vec<(u16, Bytes, Vec<u8>)>);
 /// Every site, prebuilt for matching.
 pub struct SiteTable {
     hosts: HostTable,
-    sites: Vec<BuiltSite>,
+    /// Shared: a request its app hands back is answered by its site, held by the relay
+    /// until then (a reload meanwhile does not change the site it is answered on).
+    sites: Vec<Arc<BuiltSite>>,
     /// The site for a Host no site names (and for requests without one); `None`: 421.
     default: Option<usize>,
 }
@@ -210,7 +214,7 @@ impl SiteTable {
                 routes.push(route);
             }
             let longest_prefix = routes.iter().map(|r| r.prefix.len()).max().unwrap_or(0);
-            built.push(BuiltSite {
+            built.push(Arc::new(BuiltSite {
                 name: site.name,
                 log: site.log,
                 counted_as: site.counted_as,
@@ -222,7 +226,7 @@ impl SiteTable {
                 request_ids: site.request_ids,
                 compress: site.compress,
                 edits: site_edits,
-            });
+            }));
         }
         Ok(SiteTable {
             hosts,
@@ -244,7 +248,7 @@ impl SiteTable {
         self.site_for(host).map(|s| s.name.as_str())
     }
 
-    fn site_for(&self, host: Option<&[u8]>) -> Option<&BuiltSite> {
+    fn site_for(&self, host: Option<&[u8]>) -> Option<&Arc<BuiltSite>> {
         let index = host.and_then(|h| self.hosts.find(h)).or(self.default)?;
         self.sites.get(index)
     }
@@ -270,6 +274,9 @@ impl SiteTable {
             let Some(route) = route_for(site, h, &decoded) else {
                 return false;
             };
+            if route.internal && current.is_none() {
+                return false; // answered 404 without its body
+            }
             match &route.action {
                 BuiltAction::Rewrite(target) => match rewritten(route, target, h, &decoded) {
                     Some(path) => current = Some(head.with_path(Cow::Owned(path))),
@@ -336,9 +343,21 @@ fn route_for<'s>(
 /// Answers a request on its site; `hops`: internal re-routings so far. The answer comes
 /// back finished: the site's error page in place of tern's own body (a fixed route's is its
 /// own), then the header edits of the route that answered, or the site's when none did.
-fn answer_on(site: &BuiltSite, req: &Request<'_>, cx: &mut HandlerContext<'_>, hops: u8) -> Reply {
+fn answer_on(
+    site: &Arc<BuiltSite>,
+    req: &Request<'_>,
+    cx: &mut HandlerContext<'_>,
+    hops: u8,
+) -> Reply {
     let decoded = tern_server::decoded_path(req.path());
-    let Some(route) = route_for(site, req.head, &decoded) else {
+    let route = route_for(site, req.head, &decoded);
+    // An internal route answers only what tern routed again itself: to the client it is not
+    // there (nginx's `internal`: 404), whatever else its path would have matched.
+    let route = match route {
+        Some(route) if route.internal && hops == 0 => None,
+        route => route,
+    };
+    let Some(route) = route else {
         if tern_server::has_encoded_slash(req.path()) {
             cx.count_refusal(tern_server::Refusal::BadPath);
             return own_answer(site, None, bad_path_answer(), req, cx);
@@ -387,7 +406,7 @@ fn answer_on(site: &BuiltSite, req: &Request<'_>, cx: &mut HandlerContext<'_>, h
 
 /// What `route` answers, once its limits let the request through.
 fn answer_by(
-    site: &BuiltSite,
+    site: &Arc<BuiltSite>,
     route: &BuiltRoute,
     req: &Request<'_>,
     cx: &mut HandlerContext<'_>,
@@ -426,6 +445,9 @@ fn answer_by(
         req.unix_secs,
         site.relay_error_pages.as_ref(),
     );
+    if let (Reply::Forward(_), Some(policy)) = (&reply, &route.handback) {
+        cx.hand_back(policy.handback(site, req, id, hops));
+    }
     reply
 }
 
@@ -478,7 +500,7 @@ enum Tried {
 /// the slashed form (with the query) is the answer, so the folder's page (its `index.php`)
 /// never runs under a path its relative links would break on.
 fn try_files(
-    site: &BuiltSite,
+    site: &Arc<BuiltSite>,
     route: &BuiltRoute,
     tf: &route::TryFiles,
     handler: &dyn Handler,
@@ -542,7 +564,7 @@ fn try_files(
 /// Routes the request again on its site with `path` (canonical); `from`: the route that
 /// sends it on.
 fn reroute(
-    site: &BuiltSite,
+    site: &Arc<BuiltSite>,
     from: &BuiltRoute,
     req: &Request<'_>,
     cx: &mut HandlerContext<'_>,
@@ -1653,5 +1675,303 @@ mod tests {
             !text.contains("from-client"),
             "an untrusted peer's id is replaced: {text}"
         );
+    }
+
+    // Internal routes and the hand-back of proxied requests (`handback.rs`), through a real
+    // connection and a relay to an upstream the test plays.
+
+    /// A route forwarding to the test's upstream (`tern_server::testing::MemoryUpstream`) its
+    /// path and query as routed, as the proxy does.
+    fn forward() -> Action {
+        let up = Arc::new(tern_server::testing::MemoryUpstream::default());
+        Action::Handler(Arc::new(
+            move |req: &Request<'_>, _: &mut HandlerContext<'_>| -> Reply {
+                let query = req.query().map_or(String::new(), |q| format!("?{q}"));
+                let head = format!(
+                    "{} {}{query} HTTP/1.1\r\nHost: upstream\r\n",
+                    req.head.method_str,
+                    req.path()
+                );
+                Reply::Forward(Box::new(tern_server::Forward {
+                    upstreams: up.clone(),
+                    head: head.into_bytes(),
+                    idempotent: true,
+                    upgrade: false,
+                    edit: None,
+                    own_answers: None,
+                    max_body: u64::MAX,
+                    wire: Default::default(),
+                    not_before_ms: 0,
+                    tee: None,
+                }))
+            },
+        ))
+    }
+
+    fn internal() -> RouteOptions {
+        RouteOptions {
+            internal: true,
+            ..Default::default()
+        }
+    }
+
+    /// Requests the relay sent upstream, by their request lines (the tests' bodies, lower
+    /// case, may come right before one).
+    fn request_lines(sent: &[u8]) -> Vec<String> {
+        String::from_utf8_lossy(sent)
+            .split("\r\n")
+            .filter(|l| l.ends_with(" HTTP/1.1"))
+            .map(|l| l[l.find(|c: char| c.is_ascii_uppercase()).unwrap_or(0)..].to_string())
+            .collect()
+    }
+
+    /// An internal route is not there for a client (404 as if no route took the path, its
+    /// body, even one a proxy route would stream, read as usual so the connection goes on),
+    /// but a rewrite or a `try_files` fallback reaches it.
+    #[test]
+    fn internal_routes_answer_only_what_tern_routes_again() {
+        let tf = RouteOptions {
+            try_files: vec!["$uri".into(), "/protected/fallback".into()],
+            ..Default::default()
+        };
+        let mut c = serve(
+            vec![
+                with("/protected", fixed("secret"), internal()),
+                with("/internal-api", forward(), internal()),
+                with(
+                    "/old",
+                    Action::Rewrite("/protected/x".into()),
+                    RouteOptions::default(),
+                ),
+                with("/spa", echo(), tf),
+                with("/", fixed("public"), RouteOptions::default()),
+            ],
+            |_| {},
+        );
+        let (status, text) = ask(&mut c, &get("/protected/x"));
+        assert_eq!(status, 404, "{text}");
+        assert!(
+            !text.contains("secret") && !text.contains("public"),
+            "{text}"
+        );
+        let (status, text) = ask(
+            &mut c,
+            "POST /internal-api/x HTTP/1.1\r\nHost: s.test\r\nContent-Length: 3\r\n\r\nabc",
+        );
+        assert_eq!(status, 404, "{text}");
+        assert_eq!(c.upstream_connections(), 0, "nothing reached the app");
+        assert!(!c.is_closed(), "its body was read: the connection goes on");
+        assert!(ask(&mut c, &get("/old")).1.ends_with("secret"), "a rewrite");
+        assert!(
+            ask(&mut c, &get("/spa/deep/x")).1.ends_with("secret"),
+            "a fallback"
+        );
+        assert!(ask(&mut c, &get("/spa/app.js"))
+            .1
+            .ends_with("saw /spa/app.js"));
+        assert!(ask(&mut c, &get("/other")).1.ends_with("public"));
+    }
+
+    /// The app's `X-Accel-Redirect` is followed on its site: to an internal fixed route, and
+    /// to an internal proxy route (a second relay, the first connection reused), each counted
+    /// in the row of the route that answered, with that route's header edits and the app's
+    /// fields nginx carries over; a status in `reroute_status` is answered by its path (with
+    /// that answer's own status); a route that does not follow the header passes the answer
+    /// on without it.
+    #[test]
+    fn an_app_hands_requests_back_to_its_site() {
+        let stats = tern_server::Stats::new(1);
+        let site = stats.site("s");
+        let counted = |label: &str, internal: bool| RouteOptions {
+            counted_as: Some(stats.route(site, label)),
+            internal,
+            ..Default::default()
+        };
+        let app = RouteOptions {
+            x_accel_redirect: true,
+            reroute_status: vec![(404, "/protected/missing?from=app".into())],
+            ..counted("app", false)
+        };
+        let mut edits = HeaderEdits::default();
+        edits.set.push(("X-Served-By".into(), "protected".into()));
+        let mut files = with("/protected", fixed("secret"), counted("files", true));
+        files.headers = edits;
+        let mut c = serve(
+            vec![
+                with("/app", forward(), app),
+                files,
+                with("/internal-api", forward(), counted("api", true)),
+                with("/plain", forward(), RouteOptions::default()),
+            ],
+            |s| s.counted_as = site,
+        )
+        .with_stats(stats.clone());
+        let accel = |to: &str| {
+            format!(
+                "HTTP/1.1 200 OK\r\nX-Accel-Redirect: {to}\r\nContent-Disposition: attachment\r\n\
+                 Content-Type: application/pdf\r\nX-App: 1\r\nContent-Length: 3\r\n\r\napp"
+            )
+        };
+        c.feed(get("/app/download").as_bytes());
+        let sent = c.upstream_answers(&[accel("/protected/report.pdf").as_bytes()], 4096, false);
+        assert_eq!(request_lines(&sent), ["GET /app/download HTTP/1.1"]);
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\nsecret"), "{text}");
+        assert!(
+            text.contains("\r\nContent-Type: application/pdf\r\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\r\nContent-Disposition: attachment\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("\r\nX-Served-By: protected\r\n"), "{text}");
+        assert!(
+            !text.contains("X-App") && !text.contains("X-Accel"),
+            "{text}"
+        );
+
+        c.feed(get("/app/data?q=1").as_bytes());
+        let second = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndata";
+        let sent = c.upstream_answers(
+            &[accel("/internal-api/v1?k=2").as_bytes(), second],
+            4096,
+            false,
+        );
+        assert_eq!(
+            request_lines(&sent),
+            [
+                "GET /app/data?q=1 HTTP/1.1",
+                "GET /internal-api/v1?k=2 HTTP/1.1"
+            ],
+            "the handed-back request goes out as the path and query the app named"
+        );
+        assert_eq!(c.upstream_connections(), 1, "on the pooled connection");
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(text.ends_with("\r\n\r\ndata"), "{text}");
+
+        // A POST is handed back as a GET without its body, a HEAD as a HEAD; the fields of the
+        // client's head go with them.
+        c.feed(b"POST /app/form HTTP/1.1\r\nHost: s.test\r\nContent-Length: 3\r\n\r\nabc");
+        let second = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let sent = c.upstream_answers(&[accel("/internal-api/p").as_bytes(), second], 4096, false);
+        assert_eq!(
+            request_lines(&sent),
+            ["POST /app/form HTTP/1.1", "GET /internal-api/p HTTP/1.1"]
+        );
+        assert!(String::from_utf8_lossy(&c.take_output()).ends_with("\r\n\r\nok"));
+        c.feed(b"HEAD /app/h HTTP/1.1\r\nHost: s.test\r\n\r\n");
+        let sent = c.upstream_answers(&[accel("/internal-api/h").as_bytes(), second], 4096, false);
+        assert_eq!(
+            request_lines(&sent),
+            ["HEAD /app/h HTTP/1.1", "HEAD /internal-api/h HTTP/1.1"]
+        );
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK\r\n") && text.ends_with("\r\n\r\n"),
+            "{text}"
+        );
+
+        c.feed(get("/app/gone").as_bytes());
+        c.upstream_answers(
+            &[b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"],
+            4096,
+            false,
+        );
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK\r\n"),
+            "the fallback's status: {text}"
+        );
+        assert!(text.ends_with("secret"), "{text}");
+
+        c.feed(get("/plain").as_bytes());
+        c.upstream_answers(&[accel("/protected/x").as_bytes()], 4096, false);
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(
+            text.ends_with("\r\n\r\napp"),
+            "the app's own answer: {text}"
+        );
+        assert!(
+            !text.contains("X-Accel"),
+            "never sent to the client: {text}"
+        );
+        assert!(text.contains("X-App: 1"), "{text}");
+
+        let s = stats.snapshot();
+        let twos = |route: &str| s.answers_of("s", route).unwrap().responses[1];
+        assert_eq!(twos("files"), 2, "the report and the 404's fallback");
+        assert_eq!(twos("api"), 3, "the data, the POST and the HEAD");
+        assert_eq!(twos("app"), 0, "answered by the routes it handed back to");
+    }
+
+    /// An app that keeps handing the request back ends, as a rewrite cycle does, with a 500
+    /// after [`MAX_REROUTES`] hand-backs; an app that names a path with no canonical form gets
+    /// a 502.
+    #[test]
+    fn hand_backs_are_bounded_and_checked() {
+        let follows = RouteOptions {
+            x_accel_redirect: true,
+            ..Default::default()
+        };
+        let mut c = serve(
+            vec![
+                with("/app", forward(), follows),
+                with(
+                    "/loop",
+                    forward(),
+                    RouteOptions {
+                        x_accel_redirect: true,
+                        ..internal()
+                    },
+                ),
+            ],
+            |_| {},
+        );
+        let again = b"HTTP/1.1 200 OK\r\nX-Accel-Redirect: /loop\r\nContent-Length: 0\r\n\r\n";
+        c.feed(get("/app").as_bytes());
+        let sent = c.upstream_answers(&[&again[..]; 8], 4096, false);
+        let lines = request_lines(&sent);
+        assert_eq!(lines.len(), 1 + usize::from(MAX_REROUTES), "{lines:?}");
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(text.starts_with("HTTP/1.1 500 "), "{text}");
+        assert!(text.contains("internal redirection cycle"), "{text}");
+
+        c.feed(get("/app").as_bytes());
+        c.upstream_answers(
+            &[b"HTTP/1.1 200 OK\r\nX-Accel-Redirect: /a/%2e%2e/%2e%2e/x\r\nContent-Length: 0\r\n\r\n"],
+            4096,
+            false,
+        );
+        let text = String::from_utf8_lossy(&c.take_output()).into_owned();
+        assert!(text.starts_with("HTTP/1.1 502 "), "{text}");
+    }
+
+    #[test]
+    fn reroute_status_entries_are_checked() {
+        assert!(check_reroute_status(404, "/fallback?x=1").is_ok());
+        for (status, target, want) in [
+            (200, "/x", "not a status that can be rerouted"),
+            (404, "fallback", "a path starting with /"),
+            (404, "/a/../../x", "no canonical form"),
+            (502, "/a b", "spaces"),
+        ] {
+            let e = check_reroute_status(status, target).unwrap_err();
+            assert!(e.contains(want), "{status} {target}: {e}");
+        }
+        let bad = Site {
+            routes: vec![with(
+                "/",
+                forward(),
+                RouteOptions {
+                    reroute_status: vec![(404, "x".into())],
+                    ..Default::default()
+                },
+            )],
+            ..site("s", &[], &[])
+        };
+        let e = SiteTable::new(vec![bad], None).err().unwrap();
+        assert!(e.contains("reroute_status"), "{e}");
     }
 }

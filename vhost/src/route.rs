@@ -9,6 +9,7 @@ use tern_server::{AnswerRow, Body, Handler, Request, RequestHead, Response};
 use tern_services::template::{Template, Values, Var};
 use tern_services::{PrefixLimiter, RateVerdict};
 
+use crate::handback::{check_reroute_status, Policy};
 use crate::headers::{chain, BuiltEdits, HeaderEdits};
 use crate::matcher::{MatchSpec, Matchers};
 
@@ -64,6 +65,16 @@ pub struct RouteOptions {
     /// prefix ends in `/`: an app served under a folder gets only paths inside it, and its
     /// relative links resolve. Set by `tern run` for such routes.
     pub redirect_bare_prefix: bool,
+    /// Answers only requests tern routes again itself (a rewrite, a `try_files` fallback, an
+    /// app's hand-back), as nginx's `internal` locations; a client's request that lands on it
+    /// gets 404, as if no route were there.
+    pub internal: bool,
+    /// A proxy or PHP route: its app's `X-Accel-Redirect: /path[?query]` answers the request
+    /// with that path of the site instead (see `handback.rs`).
+    pub x_accel_redirect: bool,
+    /// A proxy or PHP route: its app's answers with these statuses are replaced by the answer
+    /// for the path (nginx's `proxy_intercept_errors on; error_page 404 = /path`).
+    pub reroute_status: Vec<(u16, String)>,
 }
 
 /// How `try_files` ends when no candidate is there.
@@ -170,6 +181,10 @@ pub(crate) struct BuiltRoute {
     pub allow_encoded_slash: bool,
     /// See [`RouteOptions::redirect_bare_prefix`].
     pub redirect_bare_prefix: bool,
+    /// See [`RouteOptions::internal`].
+    pub internal: bool,
+    /// What it does with its app's answers that hand the request back (`None`: nothing).
+    pub handback: Option<Policy>,
     /// Its header edits (its site's with its own over them).
     edits: BuiltEdits,
     /// What the relay does to its own answers for this route (502, 503, 504, 413) when the
@@ -249,6 +264,18 @@ impl BuiltRoute {
         } else {
             Some(parse_try_files(&options.try_files)?)
         };
+        for (status, target) in &options.reroute_status {
+            check_reroute_status(*status, target)?;
+        }
+        let handback =
+            (options.x_accel_redirect || !options.reroute_status.is_empty()).then(|| Policy {
+                x_accel_redirect: options.x_accel_redirect,
+                reroute_status: options
+                    .reroute_status
+                    .iter()
+                    .map(|(status, target)| (*status, target.as_str().into()))
+                    .collect(),
+            });
         let edits = BuiltEdits::new(edits)?;
         let own_answers = if edits.has_templates() {
             None
@@ -268,6 +295,8 @@ impl BuiltRoute {
             redirect_bare_prefix: options.redirect_bare_prefix
                 && prefix.ends_with(b"/")
                 && !stored_prefix(prefix).is_empty(),
+            internal: options.internal,
+            handback,
             edits,
             own_answers,
         })

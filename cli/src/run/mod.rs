@@ -503,6 +503,9 @@ fn build_table(
                     allow_encoded_slash: o.allow_encoded_slash,
                     // nginx's rule for a proxy or FastCGI location written with its slash.
                     redirect_bare_prefix: proxied,
+                    internal: o.internal,
+                    x_accel_redirect: o.x_accel_redirect,
+                    reroute_status: o.reroute_status.clone(),
                 },
             });
         }

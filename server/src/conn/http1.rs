@@ -190,6 +190,24 @@ impl Sink for H1Sink<'_> {
         // body (or no last chunk), never a later answer mistaken for this one.
         self.framing.close = true;
     }
+
+    fn whole(
+        &mut self,
+        r: Response,
+        tally: Tally,
+        close: bool,
+        log: Option<Box<SavedEntry>>,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let f = &mut *self.framing;
+        let facts = Facts {
+            keep_alive: f.facts.keep_alive && !close,
+            tally,
+            ..f.facts
+        };
+        let entry = log.as_ref().map(|s| s.entry());
+        f.close |= !write_answer(r, facts, self.out, self.link, cx, entry.as_ref());
+    }
 }
 
 fn write_head(out: &mut Output, head: &ResponseHead<'_>, cx: &mut ConnCx<'_>) {
@@ -197,6 +215,47 @@ fn write_head(out: &mut Output, head: &ResponseHead<'_>, cx: &mut ConnCx<'_>) {
     let before = buf.len();
     head.write_to(buf);
     out.commit(before);
+}
+
+/// Writes a whole answer (head and body of any kind); with an access log, records its line
+/// (`entry`: the request's part). False: the connection closes after it.
+fn write_answer(
+    mut response: Response,
+    ex: Facts,
+    out: &mut Output,
+    link: &Link,
+    cx: &mut ConnCx<'_>,
+    entry: Option<&LogEntry<'_>>,
+) -> bool {
+    let keep = ex.keep_alive && !response.close && !cx.stopping;
+    let connection = ConnectionHeader::for_answer(keep, ex.http10);
+    if let Some(line) = link.hsts(cx) {
+        response.push_raw_headers(line);
+    }
+    let no_body = status_has_no_body(response.status);
+    let head = ResponseHead {
+        status: response.status,
+        date_line: cx.clock.date_line(),
+        headers: response.headers(),
+        content_length: (!no_body).then(|| response.body.len()),
+        chunked: false,
+        connection,
+    };
+    let buf = out.head_buf(|| cx.buffers.take_write());
+    let before = buf.len();
+    head.write_to(buf);
+    out.commit(before);
+    let status = response.status;
+    let mut body_bytes = 0;
+    if !ex.head_only && !no_body {
+        body_bytes = response.body.len();
+        out.push_body(response.body);
+    }
+    cx.answered(status, ex.tally);
+    if let (Some(log), Some(entry)) = (cx.access_log.as_deref_mut(), entry) {
+        log.record(entry, status, body_bytes, cx.clock);
+    }
+    keep
 }
 
 #[derive(Default)]
@@ -568,7 +627,7 @@ impl Http1 {
                 awaiting.park(facts, entry.as_ref());
                 self.state = State::Awaiting(awaiting);
             }
-            Outcome::Forward(fwd, compress) => {
+            Outcome::Forward(fwd, compress, handback) => {
                 let start = relay::RelayStart {
                     fwd,
                     compress,
@@ -578,6 +637,9 @@ impl Http1 {
                     streamed: streamed.map(BodyFollows::Framed),
                     log: entry.as_ref().and_then(SavedEntry::save),
                     tally: facts.tally,
+                    conn: link.key,
+                    exchange: facts.id,
+                    handback,
                 };
                 let mut framing = Framing {
                     facts,
@@ -621,42 +683,14 @@ impl Http1 {
     /// Writes the answer; with an access log, records its line (`entry`: the request's part).
     fn respond(
         &mut self,
-        mut response: Response,
+        response: Response,
         ex: Facts,
         out: &mut Output,
         link: &Link,
         cx: &mut ConnCx<'_>,
         entry: Option<&LogEntry<'_>>,
     ) {
-        let keep = ex.keep_alive && !response.close && !cx.stopping;
-        let connection = ConnectionHeader::for_answer(keep, ex.http10);
-        if let Some(line) = link.hsts(cx) {
-            response.push_raw_headers(line);
-        }
-        let no_body = status_has_no_body(response.status);
-        let head = ResponseHead {
-            status: response.status,
-            date_line: cx.clock.date_line(),
-            headers: response.headers(),
-            content_length: (!no_body).then(|| response.body.len()),
-            chunked: false,
-            connection,
-        };
-        let buf = out.head_buf(|| cx.buffers.take_write());
-        let before = buf.len();
-        head.write_to(buf);
-        out.commit(before);
-        let status = response.status;
-        let mut body_bytes = 0;
-        if !ex.head_only && !no_body {
-            body_bytes = response.body.len();
-            out.push_body(response.body);
-        }
-        cx.answered(status, ex.tally);
-        if let (Some(log), Some(entry)) = (cx.access_log.as_deref_mut(), entry) {
-            log.record(entry, status, body_bytes, cx.clock);
-        }
-        if !keep {
+        if !write_answer(response, ex, out, link, cx, entry) {
             self.closing = true;
         }
     }

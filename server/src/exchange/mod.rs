@@ -20,10 +20,13 @@ use crate::access_log::LogEntry;
 use crate::bans::BanCause;
 use crate::compression::{self, Choice};
 use crate::fault;
-use crate::handler::{HandlerContext, LogTarget, Refusal, Reply, Request};
+use crate::handler::{
+    ExchangeId, Handback, HandlerContext, Handoff, LogTarget, Reenter, Refusal, Reply, Request,
+    Rerun,
+};
 use crate::response::{Body, Response};
 use crate::router::RouteMatch;
-use crate::stats::{AnswerRow, Counter};
+use crate::stats::{AnswerRow, Counter, Tally};
 use crate::upstream::Forward;
 
 pub(crate) use awaiting::Awaiting;
@@ -38,8 +41,9 @@ pub(crate) enum Outcome {
     Deferred,
     /// Close the connection without an answer.
     Drop,
-    /// Relay the exchange to an upstream server, its answer compressed by the choice.
-    Forward(Box<Forward>, Option<Choice>),
+    /// Relay the exchange to an upstream server, its answer compressed by the choice; the
+    /// route's hand-back, if its app may hand the request back.
+    Forward(Box<Forward>, Option<Choice>, Option<Box<Handback>>),
 }
 
 /// Whether the handler of this request takes its body as a stream (it is dispatched on the
@@ -106,10 +110,41 @@ fn run(
         unix_secs: cx.clock.unix_secs(),
         now_ms: cx.clock.now_ms(),
     };
+    let answer = |req: &Request<'_>, hcx: &mut HandlerContext<'_>| handler.handle(req, hcx);
+    let ran = Ran {
+        conn: link.key,
+        id: facts.id,
+        tally: &mut facts.tally,
+        entry,
+    };
+    answer_with(&answer, &req, ran, cx)
+}
+
+/// Who a handler runs for, and where what it chose goes.
+struct Ran<'a, 'e> {
+    /// The connection's key and the exchange's id, for a reply it defers.
+    conn: u64,
+    id: ExchangeId,
+    /// Takes the row its answer is counted in (site, route).
+    tally: &'a mut Tally,
+    /// Takes its choice of access log and the request's id.
+    entry: Option<&'a mut LogEntry<'e>>,
+}
+
+/// Runs a handler (`answer`) on `req` with a fresh context (a panic answers 500), counts a
+/// limit's refusal, and says what the protocol must do with its reply (a `Now` answer
+/// compressed here, as the handler's route asked).
+fn answer_with(
+    answer: &impl Fn(&Request<'_>, &mut HandlerContext<'_>) -> Reply,
+    req: &Request<'_>,
+    ran: Ran<'_, '_>,
+    cx: &mut ConnCx<'_>,
+) -> Outcome {
+    let head = req.head;
     let mut hcx = HandlerContext {
         inbox: cx.inbox,
-        conn: link.key,
-        exchange: facts.id,
+        conn: ran.conn,
+        exchange: ran.id,
         deferred: false,
         worker_id: cx.worker_id,
         log: LogTarget::DEFAULT,
@@ -118,19 +153,20 @@ fn run(
         request_id: None,
         compress: None,
         refused: None,
+        handback: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| {
         fault::in_handler(&req.head.path);
-        handler.handle(&req, &mut hcx)
+        answer(req, &mut hcx)
     }));
-    facts.tally.set_row(hcx.counted_as);
+    ran.tally.set_row(hcx.counted_as);
     match hcx.refused {
         Some(Refusal::RateLimited) => cx.stats.bump(Counter::RateLimited),
         Some(Refusal::BodyTooLarge) => cx.stats.bad_request(RequestError::BodyTooLarge),
         Some(Refusal::BadPath) => cx.stats.bad_request(RequestError::BadPath),
         None => {}
     }
-    if let Some(entry) = entry {
+    if let Some(entry) = ran.entry {
         entry.target = hcx.log;
         entry.request_id = hcx.request_id;
     }
@@ -143,10 +179,10 @@ fn run(
             Outcome::Respond(response)
         }
         Ok(Reply::Later) if hcx.deferred => Outcome::Deferred,
-        Ok(Reply::Forward(fwd)) => Outcome::Forward(fwd, choice),
+        Ok(Reply::Forward(fwd)) => Outcome::Forward(fwd, choice, hcx.handback.take()),
         Ok(Reply::Drop) => {
             cx.stats.bump(Counter::ConnectionsDropped);
-            cx.record_ban(link.peer.ip(), BanCause::Dropped);
+            cx.record_ban(req.peer.ip(), BanCause::Dropped);
             Outcome::Drop
         }
         Ok(Reply::Later) => {
@@ -158,12 +194,68 @@ fn run(
         Err(_) => {
             cx.stats.bump(Counter::HandlerPanics);
             if ratelog::admit("handler_panic", cx.clock.now_ms()) {
-                let peer = link.peer;
+                let peer = req.peer;
                 tracing::error!(path = &*head.path, %peer, "handler panicked; answered 500");
             }
             Outcome::Respond(Response::text(500, "internal error\n").close())
         }
     }
+}
+
+/// A request its app handed back (`conn/relay/handoff.rs`): `reenter`, made by the route that
+/// forwarded it, builds the request again with the path and query of `to` and has it answered
+/// here as any exchange's handler is (exchange `id` of connection `conn`; its row goes into
+/// `tally`), `carry` editing the reply before it is compressed (the app's fields that go on to
+/// the final answer). A route that never asks for an answer gets a 500.
+pub(crate) fn rerun(
+    reenter: Reenter,
+    to: &Handoff<'_>,
+    carry: &dyn Fn(&mut Reply),
+    (conn, id): (u64, ExchangeId),
+    tally: &mut Tally,
+    cx: &mut ConnCx<'_>,
+) -> Outcome {
+    struct Runner<'r, 'c> {
+        conn: u64,
+        id: ExchangeId,
+        tally: &'r mut Tally,
+        carry: &'r dyn Fn(&mut Reply),
+        cx: &'r mut ConnCx<'c>,
+        outcome: Option<Outcome>,
+    }
+    impl Rerun for Runner<'_, '_> {
+        fn answer(
+            &mut self,
+            req: &Request<'_>,
+            handler: &dyn Fn(&Request<'_>, &mut HandlerContext<'_>) -> Reply,
+        ) {
+            let carry = self.carry;
+            let answer = |req: &Request<'_>, hcx: &mut HandlerContext<'_>| {
+                let mut reply = handler(req, hcx);
+                carry(&mut reply);
+                reply
+            };
+            let ran = Ran {
+                conn: self.conn,
+                id: self.id,
+                tally: self.tally,
+                entry: None,
+            };
+            self.outcome = Some(answer_with(&answer, req, ran, self.cx));
+        }
+    }
+    let mut runner = Runner {
+        conn,
+        id,
+        tally,
+        carry,
+        cx,
+        outcome: None,
+    };
+    reenter(to, &mut runner);
+    runner
+        .outcome
+        .unwrap_or_else(|| Outcome::Respond(Response::text(500, "internal error\n")))
 }
 
 /// The answer the server gives itself before any route sees the request, whatever the

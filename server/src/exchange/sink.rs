@@ -5,7 +5,9 @@
 //! lends a sink for one exchange at a time, so its calls carry no exchange id.
 
 use super::context::ConnCx;
+use crate::access_log::SavedEntry;
 use crate::response::Response;
+use crate::stats::Tally;
 
 pub(crate) trait Sink {
     /// How many more body bytes the client side takes now (0: none until the client reads).
@@ -39,4 +41,18 @@ pub(crate) trait Sink {
     /// The answer broke after its head went out: it can never be completed honestly
     /// (HTTP/1.1 closes the connection after what is queued; HTTP/2 resets the stream).
     fn reset(&mut self);
+
+    /// A whole answer in place of the upstream's, nothing of which went out (a route's
+    /// answer to a request its app handed back, `conn/relay/handoff.rs`), with a body of any
+    /// kind (a file goes by `sendfile`): sent, counted under `tally` and logged (`log`: the
+    /// request's part of its line) as a handler's answer is. `close`: the client's connection
+    /// cannot carry another exchange after it.
+    fn whole(
+        &mut self,
+        r: Response,
+        tally: Tally,
+        close: bool,
+        log: Option<Box<SavedEntry>>,
+        cx: &mut ConnCx<'_>,
+    );
 }

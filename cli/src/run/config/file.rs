@@ -163,6 +163,15 @@ pub(super) struct RouteFile {
     pub(super) strip_prefix: Option<Spanned<bool>>,
     /// Paths with `%2F` taken (kept opaque inside their segment) rather than refused.
     pub(super) allow_encoded_slash: Option<Spanned<bool>>,
+    /// Only for requests tern routes again itself (rewrites, fallbacks, an app's hand-back):
+    /// a client's own request gets 404 (nginx's `internal`).
+    pub(super) internal: Option<Spanned<bool>>,
+    /// Proxy and PHP routes: the app's `X-Accel-Redirect: /path` is answered by that path of
+    /// the site.
+    pub(super) x_accel_redirect: Option<Spanned<bool>>,
+    /// Proxy and PHP routes: the app's answers with these statuses are answered by a path of
+    /// the site instead (`{ 404 = "/fallback", 502 = "/down.html" }`).
+    pub(super) reroute_status: Option<Spanned<BTreeMap<String, String>>>,
     pub(super) max_body: Option<Spanned<u64>>,
     pub(super) rate_limit: Option<Spanned<RateLimitFile>>,
     /// On-the-fly compression; each key not given is the site's.

@@ -123,6 +123,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
         site::check_request_id_uses(site, &mut p);
         rewrite::check_loops(&routes, &mut p);
         route::check_encoded_slash(&site.route, &mut p);
+        route::check_internal(&site.route, &mut p);
         let routes: Vec<RoutePlan> = routes.into_iter().map(|(_, r)| r).collect();
         let error_pages = site::check_error_pages(site, dir, &mut p);
         let request_ids = site::check_request_ids(site, &mut p);

@@ -75,6 +75,12 @@ pub struct RouteOptionsPlan {
     pub rate_limit: Option<tern_services::RateLimitConfig>,
     /// On-the-fly compression (the site's keys where the route gives none).
     pub compress: Option<std::sync::Arc<tern_compress::Policy>>,
+    /// Only for requests tern routes again itself.
+    pub internal: bool,
+    /// The app's `X-Accel-Redirect` is followed (proxy and PHP routes).
+    pub x_accel_redirect: bool,
+    /// The app's answers with these statuses are answered by a path (proxy and PHP routes).
+    pub reroute_status: Vec<(u16, String)>,
 }
 
 #[derive(Debug)]

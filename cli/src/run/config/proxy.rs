@@ -44,6 +44,9 @@ pub(super) const UPSTREAM_KEYS: &[KindKey] = kind_keys![
     trusted_proxies,
 ];
 
+/// What a proxy or PHP route does with its app's answers: a hand-back to the site.
+pub(super) const ANSWER_KEYS: &[KindKey] = kind_keys![x_accel_redirect, reroute_status];
+
 /// Where Debian keeps the system's CA certificates (what `rustls-native-certs` reads there).
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 

@@ -37,9 +37,22 @@ const KINDS: [(&str, &[&[KindKey]]); 8] = [
     ("static", &[files::KEYS]),
     (
         "fastcgi",
-        &[files::KEYS, fastcgi::KEYS, proxy::UPSTREAM_KEYS],
+        &[
+            files::KEYS,
+            fastcgi::KEYS,
+            proxy::UPSTREAM_KEYS,
+            proxy::ANSWER_KEYS,
+        ],
     ),
-    ("proxy", &[proxy::KEYS, proxy::UPSTREAM_KEYS, cache::KEYS]),
+    (
+        "proxy",
+        &[
+            proxy::KEYS,
+            proxy::UPSTREAM_KEYS,
+            proxy::ANSWER_KEYS,
+            cache::KEYS,
+        ],
+    ),
     ("redirect", &[redirect::KEYS]),
     ("respond", &[respond::KEYS]),
     ("app", &[app::KEYS]),
@@ -377,6 +390,28 @@ fn check_route_options(
         .allow_encoded_slash
         .as_ref()
         .is_some_and(|v| *v.get_ref());
+    plan.internal = route.internal.as_ref().is_some_and(|v| *v.get_ref());
+    plan.x_accel_redirect = route
+        .x_accel_redirect
+        .as_ref()
+        .is_some_and(|v| *v.get_ref());
+    if let Some(table) = &route.reroute_status {
+        for (code, target) in table.get_ref() {
+            let checked = code
+                .parse::<u16>()
+                .map_err(|_| format!("reroute_status: {code:?} is not a status"))
+                .and_then(|status| {
+                    tern_vhost::check_reroute_status(status, target).map(|()| status)
+                });
+            match checked {
+                Ok(status) => plan.reroute_status.push((status, target.clone())),
+                Err(e) => {
+                    p.at(table.span().start, e);
+                    ok = false;
+                }
+            }
+        }
+    }
     if let Some(max) = &route.max_body {
         let server = file.server_keys().max_body.unwrap_or(DEFAULT_MAX_BODY);
         if *max.get_ref() > server && route.proxy.is_none() {
@@ -399,6 +434,31 @@ fn check_route_options(
         }
     }
     ok.then_some(plan)
+}
+
+/// `internal = true` on a route nothing of its site can route a request to: no rewrite, no
+/// `try_files` fallback, no app that hands requests back (`x_accel_redirect`,
+/// `reroute_status`). Every request would get 404 there.
+pub(super) fn check_internal(routes: &[RouteFile], p: &mut Problems<'_>) {
+    let reroutes = routes.iter().any(|r| {
+        r.rewrite.is_some()
+            || r.try_files.is_some()
+            || r.x_accel_redirect.as_ref().is_some_and(|v| *v.get_ref())
+            || r.reroute_status.is_some()
+    });
+    if reroutes {
+        return;
+    }
+    for route in routes {
+        if let Some(key) = route.internal.as_ref().filter(|v| *v.get_ref()) {
+            p.at(
+                key.span().start,
+                "internal = true: nothing on this site routes a request here (a rewrite, a \
+                 try_files fallback, x_accel_redirect or reroute_status on a proxy or PHP \
+                 route), so every request would get 404",
+            );
+        }
+    }
 }
 
 /// `allow_encoded_slash`: the route is chosen and judged with `%2F` inside its segment,
@@ -704,6 +764,75 @@ match_headers_regex = { "User-Agent" = "DavClnt" }
             "line 36: path \"/m\" is already routed on this site (line 33) by a route with no other matcher",
             "line 40: rewrite: \"/c/$2\": $2 names no group",
             "line 45: match_headers_regex: the pattern of header User-Agent \"DavClnt\" must be anchored",
+        ];
+        for w in want {
+            assert!(
+                e.iter().any(|p| p.starts_with(w)),
+                "missing {w:?} in {e:#?}"
+            );
+        }
+        assert_eq!(e.len(), want.len(), "{e:#?}");
+    }
+
+    #[test]
+    fn internal_routes_and_hand_backs_are_checked_with_their_lines() {
+        let d = dir();
+        let good = r#"[[site]]
+name = "a"
+default = true
+[[site.route]]
+path = "/"
+proxy = "127.0.0.1:9"
+x_accel_redirect = true
+reroute_status = { 404 = "/fallback?from=app", 502 = "/down" }
+[[site.route]]
+path = "/protected/"
+static = "site"
+internal = true
+"#;
+        let c = parse(good, d.path()).unwrap();
+        let app = &c.sites[0].routes[0].options;
+        assert!(app.x_accel_redirect && !app.internal);
+        assert_eq!(
+            app.reroute_status,
+            [
+                (404, "/fallback?from=app".to_string()),
+                (502, "/down".to_string())
+            ]
+        );
+        assert!(c.sites[0].routes[1].options.internal);
+        let text = r#"[[site]]
+name = "a"
+default = true
+[[site.route]]
+path = "/"
+static = "site"
+x_accel_redirect = true
+[[site.route]]
+path = "/p"
+proxy = "127.0.0.1:9"
+reroute_status = { 200 = "/x", abc = "/y", 404 = "y", 410 = "/a/../../b" }
+[[site.route]]
+path = "/r"
+respond = "x"
+reroute_status = { 404 = "/x" }
+[[site]]
+name = "b"
+hosts = ["b.test"]
+[[site.route]]
+path = "/hidden"
+respond = "x"
+internal = true
+"#;
+        let e = problems(text);
+        let want = [
+            "line 7: `x_accel_redirect` does not apply to a static route",
+            "line 11: reroute_status: 200 is not a status that can be rerouted (300-599)",
+            "line 11: reroute_status: 404 = \"y\": a path starting with / is needed",
+            "line 11: reroute_status: 410 = \"/a/../../b\": the path has no canonical form",
+            "line 11: reroute_status: \"abc\" is not a status",
+            "line 15: `reroute_status` does not apply to a respond route",
+            "line 22: internal = true: nothing on this site routes a request here",
         ];
         for w in want {
             assert!(

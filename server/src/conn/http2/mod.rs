@@ -75,6 +75,16 @@ struct H2Answer {
     end: bool,
     /// The answer broke after its head went out: the stream must be reset.
     broken: bool,
+    /// A whole answer in its place (see [`crate::exchange::Sink::whole`]), to be sent as a
+    /// handler's is.
+    whole: Option<Box<WholeAnswer>>,
+}
+
+/// A whole answer a relay gave in place of its upstream's, and what its sending needs.
+struct WholeAnswer {
+    response: Response,
+    tally: Tally,
+    log: Option<Box<SavedEntry>>,
 }
 
 pub(crate) struct Http2 {
@@ -428,7 +438,7 @@ impl Http2 {
                 // request part.
                 self.awaiting.park(facts, entry.as_ref());
             }
-            Outcome::Forward(mut fwd, compress) => {
+            Outcome::Forward(mut fwd, compress, handback) => {
                 // HTTP/2 has no Upgrade: a WebSocket is an extended CONNECT (`tunnel_outcome`
                 // let only those through), relayed as an HTTP/1.1 handshake.
                 fwd.upgrade &= tunnel;
@@ -443,6 +453,9 @@ impl Http2 {
                         .then_some(BodyFollows::Raw(data.fields.content_length())),
                     log: entry.as_ref().and_then(SavedEntry::save),
                     tally: facts.tally,
+                    conn: link.key,
+                    exchange: facts.id,
+                    handback,
                 };
                 self.start_relay(id, start, out, link, cx);
             }
@@ -791,7 +804,9 @@ impl Http2 {
 /// route cannot honestly give for a WebSocket).
 fn tunnel_outcome(outcome: Outcome) -> Outcome {
     match outcome {
-        Outcome::Forward(fwd, compress) if fwd.upgrade => Outcome::Forward(fwd, compress),
+        Outcome::Forward(fwd, compress, handback) if fwd.upgrade => {
+            Outcome::Forward(fwd, compress, handback)
+        }
         Outcome::Respond(r) if !(200..300).contains(&r.status) => Outcome::Respond(r),
         Outcome::Drop => Outcome::Drop,
         _ => Outcome::Respond(Response::text(

@@ -7,14 +7,15 @@
 
 use tern_http2::ErrorCode;
 
-use super::{add_line, H2Answer, Http2, RelayedStream, Remaining, Sending};
+use super::{add_line, H2Answer, Http2, RelayedStream, Remaining, Sending, WholeAnswer};
+use crate::access_log::SavedEntry;
 use crate::conn::output::Output;
 use crate::conn::relay::{Relay, RelayStart, Relays};
 use crate::conn::types::Link;
-use crate::exchange::{ConnCx, Sink};
+use crate::exchange::{ConnCx, Facts, Sink};
 use crate::handler::ExchangeId;
 use crate::response::{status_has_no_body, Response};
-use crate::stats::Counter;
+use crate::stats::{Counter, Tally};
 
 /// A proxied answer's bytes held for its stream (waiting for window or for the output to
 /// drain) before its upstream is read no further: about one default stream window.
@@ -69,6 +70,23 @@ impl Sink for H2Sink<'_> {
 
     fn reset(&mut self) {
         self.answer.broken = true;
+    }
+
+    fn whole(
+        &mut self,
+        response: Response,
+        tally: Tally,
+        _: bool,
+        log: Option<Box<SavedEntry>>,
+        _: &mut ConnCx<'_>,
+    ) {
+        // Sent by `flush_relays` as a handler's answer (HEADERS, then DATA or a file as
+        // windows allow); an HTTP/2 stream's end closes nothing else.
+        self.answer.whole = Some(Box::new(WholeAnswer {
+            response,
+            tally,
+            log,
+        }));
     }
 }
 
@@ -239,6 +257,23 @@ impl Http2 {
             let id = self.relays[i].id;
             let head_only = self.relays[i].relay.head_only();
             let answer = &mut self.relays[i].answer;
+            if let Some(whole) = answer.whole.take() {
+                let WholeAnswer {
+                    response,
+                    tally,
+                    log,
+                } = *whole;
+                let facts = Facts {
+                    id: ExchangeId(u64::from(id)),
+                    head_only,
+                    keep_alive: true,
+                    http10: false,
+                    tally,
+                };
+                let entry = log.as_ref().map(|s| s.entry());
+                self.respond(id, response, facts, out, link, cx, entry.as_ref());
+                continue;
+            }
             if let Some((response, length)) = answer.head.take() {
                 let end_stream = head_only
                     || status_has_no_body(response.status)
@@ -307,7 +342,9 @@ impl Http2 {
     fn drop_finished_relays(&mut self) {
         let sending = &self.sending;
         self.relays.retain(|r| {
-            let answered = !sending.iter().any(|s| s.stream == r.id) && r.answer.head.is_none();
+            let answered = !sending.iter().any(|s| s.stream == r.id)
+                && r.answer.head.is_none()
+                && r.answer.whole.is_none();
             !(r.relay.is_finished() && answered)
         });
     }

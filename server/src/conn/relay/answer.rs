@@ -19,7 +19,9 @@ use crate::upstream::UpstreamOutcome;
 const MAX_UPSTREAM_HEADERS: usize = 100;
 
 /// Response fields tern never passes on: hop-by-hop ones (RFC 9110 §7.6.1), the framing it
-/// re-encodes, and those it writes itself.
+/// re-encodes, those it writes itself, and the app's instructions to its proxy, the
+/// `X-Accel-*` fields nginx hides by default (`ngx_http_proxy_hide_headers` and
+/// `ngx_http_fastcgi_hide_headers`), whether the route follows `X-Accel-Redirect` or not.
 const DROPPED_RESPONSE_FIELDS: &[&str] = &[
     "connection",
     "keep-alive",
@@ -32,6 +34,11 @@ const DROPPED_RESPONSE_FIELDS: &[&str] = &[
     "content-length",
     "date",
     "server",
+    "x-accel-redirect",
+    "x-accel-expires",
+    "x-accel-limit-rate",
+    "x-accel-buffering",
+    "x-accel-charset",
 ];
 
 impl Relay {
@@ -212,12 +219,17 @@ impl Relay {
         if self.retried_on_status(head.status, cx) {
             return used;
         }
+        if let Some(used) = self.hand_back(&head, data, sink, cx) {
+            return used;
+        }
         // Not switched: an ordinary answer, but a connection asked for an upgrade stays out
         // of the pool.
         self.upstream_keep = head.keep_alive && !self.fwd.upgrade;
         self.status = head.status;
         let mut r = Response::new(head.status);
-        copy_fields(&head, &mut r);
+        if copy_fields(&head, &mut r) && ratelog::admit("x_accel_redirect_off", cx.clock.now_ms()) {
+            tracing::info!(upstream = %self.addr(), "the app's X-Accel-Redirect was dropped: its route does not follow it (x_accel_redirect = true)");
+        }
         if self.fwd.tee.is_some() {
             let (declared, sized) = match head.body {
                 ResponseBody::None => (Some(0), true),
@@ -558,7 +570,7 @@ impl Relay {
 
     /// What a FastCGI application wrote to its error stream (PHP warnings) goes to tern's
     /// log, as nginx's "FastCGI sent in stderr", rate-limited.
-    fn log_fastcgi_stderr(&mut self, cx: &ConnCx<'_>) {
+    pub(super) fn log_fastcgi_stderr(&mut self, cx: &ConnCx<'_>) {
         let Some(f) = self.fastcgi.as_mut() else {
             return;
         };
@@ -583,12 +595,14 @@ enum Squeeze<'a> {
 }
 
 /// Copies the upstream's fields a client may see: not the hop-by-hop ones, not those named
-/// by its Connection fields, not the framing and not Date/Server (tern writes its own).
-fn copy_fields(head: &tern_codec::UpstreamHead<'_>, r: &mut Response) {
+/// by its Connection fields, not the framing, not Date/Server (tern writes its own) and not
+/// `X-Accel-*`. True if an `X-Accel-Redirect` was among those left out.
+fn copy_fields(head: &tern_codec::UpstreamHead<'_>, r: &mut Response) -> bool {
     let names_fields = head
         .headers
         .iter()
         .any(|h| h.name.eq_ignore_ascii_case("connection"));
+    let mut accel_redirect = false;
     for h in head.headers {
         let name = h.name;
         if DROPPED_RESPONSE_FIELDS
@@ -596,9 +610,11 @@ fn copy_fields(head: &tern_codec::UpstreamHead<'_>, r: &mut Response) {
             .any(|d| name.eq_ignore_ascii_case(d))
             || names_fields && head.connection_names(name.as_bytes())
         {
+            accel_redirect |= name.eq_ignore_ascii_case("x-accel-redirect");
             continue;
         }
         // The parser took only a token name and a value without CR, LF or NUL.
         r.push_parsed_header(name, h.value);
     }
+    accel_redirect
 }

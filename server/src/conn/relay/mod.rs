@@ -23,9 +23,12 @@
 //! upstream connection's life, bytes both ways, timeouts). The rest, as `impl Relay` blocks
 //! of their own: `request.rs`, the request's bytes for the upstream and the client's body as
 //! it streams in; `answer.rs`, the upstream's answer (head, body, compression) and how the
-//! exchange ends; `retry.rs`, which server gets the request, first and after a failure.
+//! exchange ends; `retry.rs`, which server gets the request, first and after a failure;
+//! `handoff.rs`, a request the app hands back to its route (`X-Accel-Redirect`, a status the
+//! route reroutes) answered by the route's site instead.
 
 mod answer;
+mod handoff;
 mod request;
 mod retry;
 mod tee;
@@ -41,7 +44,7 @@ use super::websocket::Handshake;
 use crate::access_log::SavedEntry;
 use crate::compression::Choice;
 use crate::exchange::{ConnCx, Sink};
-use crate::handler::ExchangeId;
+use crate::handler::{ExchangeId, Handback};
 use crate::stats::{Counter, Tally, UpstreamCounter};
 use crate::upstream::{Forward, UpstreamOutcome, UpstreamRow};
 
@@ -84,6 +87,12 @@ pub(crate) struct RelayStart<'b> {
     pub log: Option<Box<SavedEntry>>,
     /// What the answer is counted under.
     pub tally: Tally,
+    /// The client connection's key and the exchange's id (for a reply deferred by the route
+    /// an app hands the request back to).
+    pub conn: u64,
+    pub exchange: ExchangeId,
+    /// What the route does if its app hands the request back (`handoff.rs`).
+    pub handback: Option<Box<Handback>>,
 }
 
 /// How a request body that follows its head arrives.
@@ -247,12 +256,28 @@ pub(crate) struct Relay {
     /// An HTTP/2 tunnel's client ended its side (END_STREAM): the upstream's write side is
     /// shut once what it sent is out (`Some(true)`: done).
     client_ended: Option<bool>,
+    /// See [`RelayStart::conn`].
+    conn: u64,
+    exchange: ExchangeId,
+    /// See [`RelayStart::handback`]; taken when the app hands the request back.
+    handback: Option<Box<Handback>>,
+    /// The relay started over for a request its app handed back (`handoff.rs`) while the
+    /// app's connection is still attached: it is let go first, back into the pool when
+    /// `Some(true)`.
+    held_over: Option<bool>,
 }
 
 impl Relay {
     pub fn need(&self) -> RelayNeed {
         if self.finished {
             return RelayNeed::Nothing;
+        }
+        if let (Some(keep), true) = (self.held_over, self.attached) {
+            // The app's exchange ended well: it answered.
+            return RelayNeed::Release {
+                keep,
+                outcome: UpstreamOutcome::Ok,
+            };
         }
         match self.phase {
             Phase::Done => RelayNeed::Release {
@@ -313,7 +338,8 @@ impl Relay {
     /// over (false: a retry or another server, the driver connects next).
     pub fn released(&mut self, cx: &mut ConnCx<'_>) -> bool {
         self.attached = false;
-        if self.phase == Phase::Connect {
+        let held_over = self.held_over.take().is_some();
+        if self.phase == Phase::Connect || (held_over && self.phase == Phase::Wait) {
             return false;
         }
         if let Some(b) = self.from_up.take() {

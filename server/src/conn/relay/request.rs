@@ -29,6 +29,9 @@ impl Relay {
             streamed,
             log,
             tally,
+            conn,
+            exchange,
+            handback,
         } = start;
         let has_body = !body.is_empty()
             || matches!(
@@ -141,6 +144,10 @@ impl Relay {
             finished: false,
             websocket: websocket.flatten(),
             client_ended: None,
+            conn,
+            exchange,
+            handback,
+            held_over: None,
         };
         if no_key {
             relay.answer_own(503, "no random numbers for a WebSocket key\n", sink, cx);
