@@ -1,5 +1,6 @@
 //! A request's fields as HPACK decodes them, checked against RFC 9113 §8 as they arrive, and
-//! turned into the same [`RequestHead`] an HTTP/1.1 request gives handlers.
+//! turned into the same [`RequestHead`] an HTTP/1.1 request gives handlers. tern-http3 uses
+//! them too: RFC 9114 §4.2-4.3 are these rules, word for word.
 
 use std::ops::Range;
 
@@ -72,7 +73,8 @@ pub struct Fields {
 }
 
 impl Fields {
-    pub(crate) fn clear(&mut self) {
+    /// Empties the fields for the next request (buffers kept).
+    pub fn clear(&mut self) {
         self.arena.clear();
         self.regular.clear();
         self.method = None;
@@ -93,7 +95,7 @@ impl Fields {
     }
 
     /// Takes one decoded field of a request head. Err: stop storing (the block is malformed).
-    pub(crate) fn push(&mut self, name: &[u8], value: &[u8], max_fields: usize) -> Result<(), ()> {
+    pub fn push(&mut self, name: &[u8], value: &[u8], max_fields: usize) -> Result<(), ()> {
         if let Err(m) = self.check(name, value, max_fields) {
             self.malformed = Some(m);
             return Err(());
@@ -163,7 +165,7 @@ impl Fields {
     /// The block is complete: are the required pseudo-headers there (RFC 9113 §8.3.1, and
     /// RFC 8441 §4 for a `:protocol`, which only counts when `extended_connect` was
     /// advertised)?
-    pub(crate) fn finish(&mut self, extended_connect: bool) -> Result<(), Malformed> {
+    pub fn finish(&mut self, extended_connect: bool) -> Result<(), Malformed> {
         if let Some(m) = self.malformed {
             return Err(m);
         }
@@ -248,6 +250,21 @@ impl Fields {
         self.content_length
     }
 
+    /// More fields arrived than `push` was allowed to keep (answered 431).
+    pub fn too_many(&self) -> bool {
+        self.too_many
+    }
+
+    /// `:scheme`, if the request carried one.
+    pub fn scheme(&self) -> Option<&[u8]> {
+        self.scheme.as_ref().map(|r| self.get(r))
+    }
+
+    /// `:authority`, if the request carried one.
+    pub fn authority(&self) -> Option<&[u8]> {
+        self.authority.as_ref().map(|r| self.get(r))
+    }
+
     /// An extended CONNECT's `:protocol` (RFC 8441), e.g. `websocket`.
     pub fn protocol(&self) -> Option<&[u8]> {
         self.protocol.as_ref().map(|r| self.get(r))
@@ -255,7 +272,7 @@ impl Fields {
 }
 
 /// Checks a trailer field (no pseudo-headers; the values are not kept).
-pub(crate) fn check_trailer(name: &[u8], value: &[u8]) -> Result<(), Malformed> {
+pub fn check_trailer(name: &[u8], value: &[u8]) -> Result<(), Malformed> {
     if name.starts_with(b":") {
         return Err(Malformed::PseudoInTrailers);
     }
