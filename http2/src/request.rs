@@ -95,6 +95,9 @@ impl Fields {
     }
 
     /// Takes one decoded field of a request head. Err: stop storing (the block is malformed).
+    // `Err(())` is the decoders' "stop handing me fields" (HPACK's and QPACK's callbacks);
+    // why is kept in the fields and reported by `finish`.
+    #[allow(clippy::result_unit_err)]
     pub fn push(&mut self, name: &[u8], value: &[u8], max_fields: usize) -> Result<(), ()> {
         if let Err(m) = self.check(name, value, max_fields) {
             self.malformed = Some(m);

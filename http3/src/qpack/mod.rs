@@ -37,7 +37,7 @@ const MAX_INT_BYTES: usize = 10;
 /// Reads a prefixed integer (RFC 7541 §5.1) whose prefix is the low `bits` bits of
 /// `buf[*pos]`, advancing `pos`. `None`: truncated or above 2^62.
 fn read_int(buf: &[u8], pos: &mut usize, bits: u32) -> Option<u64> {
-    let mask = (1u16 << bits) as u8 - 1;
+    let mask = ((1u16 << bits) - 1) as u8;
     let mut value = u64::from(*buf.get(*pos)? & mask);
     *pos += 1;
     if value < u64::from(mask) {
