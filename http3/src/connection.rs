@@ -832,6 +832,9 @@ impl Connection {
 
     fn body_bytes(&mut self, id: u64, s: &mut Stream, chunk: &[u8]) -> Result<bool, ConnError> {
         let r = s.request();
+        if r.phase == Phase::Refused {
+            return Ok(true); // refused 413 inside this DATA frame: the rest is dropped
+        }
         r.received += chunk.len() as u64;
         if r.data
             .fields
@@ -994,7 +997,9 @@ impl Connection {
 
     /// The request head of `stream` (fields only: the body comes through
     /// [`Self::body_chunk`]); its `head` gives the [`tern_codec::RequestHead`] HTTP/1.1 and
-    /// HTTP/2 requests give (its `version` says Http2 until tern-codec has an Http3).
+    /// HTTP/2 requests give (its `version` says Http2 until tern-codec has an Http3). Its
+    /// `stream` field is the request's number (the QUIC stream id / 4: HTTP/2's field is 32
+    /// bits); the QUIC id is the one the caller passed.
     pub fn take_request(&mut self, stream: u64) -> Option<RequestData> {
         let Role::Request(r) = &mut self.streams.get_mut(&stream)?.role else {
             return None;

@@ -632,6 +632,21 @@ fn oversized_heads_and_bodies_are_refused() {
             status: 413
         }]
     );
+    // An undeclared body past it before the head went out: 413, the rest of the frame dropped.
+    let mut c = conn_with(cfg);
+    let mut v = headers(&GET);
+    frame::write_header(&mut v, kind::DATA, 30);
+    v.extend([0; 11]);
+    c.recv_stream_data(0, &v, false).unwrap();
+    c.recv_stream_data(0, &[0; 19], true).unwrap();
+    assert_eq!(
+        events(&mut c),
+        [Event::Refuse {
+            stream: 0,
+            status: 413
+        }]
+    );
+    assert!(!c.answer_sent(0));
     // An undeclared body that grows past it once the head went out: reset.
     let mut c = conn_with(cfg);
     c.recv_stream_data(0, &headers(&GET), false).unwrap();
