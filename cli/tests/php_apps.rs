@@ -11,13 +11,10 @@
 //! Nextcloud's legacy rewrite (a negative lookahead) and its assets' `immutable` by query,
 //! and nginx's 403 for a folder with no index (tern goes on to the fallback).
 
-#[path = "support/php.rs"]
-mod php_support;
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use crate::{php_support, support};
 use php_support::PhpFpm;
 use support::*;
 

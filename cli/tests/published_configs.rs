@@ -3,13 +3,12 @@
 //! (`cli/tests/php_apps.rs` does the same for the PHP apps). Each set-up names its source.
 //! nginx is installed by `scripts/install-gate-test-deps`; without it only tern is asked.
 
-mod support;
-
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::support;
 use support::*;
 
 /// One request both servers get.
@@ -75,7 +74,7 @@ fn send(addr: SocketAddr, ask: &Ask) -> Resp {
     }
     req.push_str("\r\n");
     stream.write_all(req.as_bytes()).unwrap();
-    let mut c = Client::from_stream(stream);
+    let mut c = Client::over(stream);
     c.chunked_ok = true;
     c.read_response(ask.method == "HEAD")
 }

@@ -1,6 +1,5 @@
 //! PHP-FPM for the PHP tests (`cli/tests/fastcgi.rs`, `cli/tests/php_apps.rs`): a pool of its
 //! own on a unix socket in a temporary folder, no php.ini, killed on drop.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
