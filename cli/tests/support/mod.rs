@@ -334,7 +334,6 @@ impl Tern {
     }
 
     /// Counter `name` of the `name: value` page at `page` (a /statusz of some component).
-    #[allow(dead_code)] // not every test binary reads a component's page
     pub fn counter_at(&self, page: &str, name: &str) -> u64 {
         let text = self.get(page).text();
         text.lines()
