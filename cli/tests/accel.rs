@@ -8,16 +8,13 @@
 //! fields a download depends on, never an `X-Accel-*` field, and 404 for a client that asks
 //! an internal route itself.
 
-#[path = "support/php.rs"]
-mod php_support;
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::{php_support, support};
 use php_support::PhpFpm;
 use support::*;
 

@@ -4,18 +4,13 @@
 //! address behind trusted proxies; `--user`. Every test runs sandboxed (the support fails a
 //! test whose server had a system call refused).
 
-#[path = "support/h2.rs"]
-mod h2_support;
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::io::Write as _;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::{h2_support, support, tls_support};
 use h2_support::*;
 use support::*;
 use tls_support::*;
@@ -438,7 +433,7 @@ fn send_hostile(tern: &Tern) -> u16 {
         b"GET /h\"i?j\\k=\"x HTTP/1.1\r\nHost: test\r\nUser-Agent: evil\" \\ \t\xff\xfe end\r\nConnection: close\r\n\r\n",
     )
     .unwrap();
-    let status = Client::from_stream(raw).read_response(false).status;
+    let status = Client::over(raw).read_response(false).status;
     let mut c = tern.client();
     c.send(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n");
     assert_eq!(c.read_response(false).status, 400);

@@ -9,16 +9,13 @@
 //! back-off). Served chains are verified against the root Pebble's management API hands out.
 //! Everything runs with `--sandbox on` (the suite's default).
 
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{support, tls_support};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore};

@@ -4,8 +4,6 @@
 //! large); what bypasses it (cookies, Authorization); that no unkeyed client field reaches the
 //! app on a cached route; a POST invalidating its target; `--check`'s lines.
 
-mod support;
-
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -13,6 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
+use crate::support;
 use support::*;
 
 /// An upstream that answers by path, counting requests per path and keeping their heads.

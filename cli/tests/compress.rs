@@ -5,12 +5,6 @@
 //! GET's fields; HTTP/2 over TLS (DATA frames past the flow-control windows, the slow app);
 //! counters. The comparison with nginx's `gzip on` is in `routing.rs`.
 
-#[path = "support/h2.rs"]
-mod h2_support;
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
@@ -18,6 +12,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::{h2_support, support, tls_support};
 use support::*;
 
 /// A body that compresses well and is easy to check.

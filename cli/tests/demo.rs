@@ -3,8 +3,6 @@
 //! `tern demo export`, and the durability promise — a claim answered 200 is in the data
 //! folder even if the process is SIGKILLed right after.
 
-mod support;
-
 use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -12,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support;
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use support::{Client, Tern};
 

@@ -6,15 +6,12 @@
 //! claims and `Proxy:` reaching PHP as server variables, scripts through symlinks out of the
 //! root and dotfile scripts, `SERVER_NAME`/`SERVER_PORT` taken from `Host`).
 
-#[path = "support/php.rs"]
-mod php_support;
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::{php_support, support};
 use php_support::PhpFpm;
 use support::*;
 

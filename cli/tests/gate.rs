@@ -2,12 +2,11 @@
 //! `tern gate` (nginx's auth_request backend), with clients that solve the proof of work, log
 //! in, wait out a time-lock, replay, forge and flood.
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support;
 use support::*;
 
 const FIREFOX: &str = "Mozilla/5.0 (X11; Linux x86_64; rv:132.0) Gecko/20100101 Firefox/132.0";

@@ -19,13 +19,12 @@
 //! either shows.
 //! nginx is installed by `scripts/install-gate-test-deps`; without it only tern is asked.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support;
 use base64::Engine;
 use support::*;
 
@@ -456,7 +455,7 @@ fn send(addr: SocketAddr, ask: &Ask) -> Resp {
     req.push_str("\r\n");
     req.push_str(ask.body);
     stream.write_all(req.as_bytes()).unwrap();
-    let mut c = Client::from_stream(stream);
+    let mut c = Client::over(stream);
     c.chunked_ok = true;
     c.read_response(ask.method == "HEAD")
 }

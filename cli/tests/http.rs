@@ -4,27 +4,10 @@
 //! requests, ranges, content-coding negotiation, path safety, dotfiles, errors, MIME types,
 //! directories, change detection and large (sendfile) bodies. Every test starts its own server.
 
-mod support;
-
-use std::io::Read;
 use std::time::{Duration, Instant};
 
+use crate::support;
 use support::*;
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    use std::io::Write;
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    enc.write_all(data).unwrap();
-    enc.finish().unwrap()
-}
-
-fn unbrotli(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    brotli::Decompressor::new(data, 4096)
-        .read_to_end(&mut out)
-        .expect("valid brotli body");
-    out
-}
 
 // ---------------------------------------------------------------------------------------------
 // Connections

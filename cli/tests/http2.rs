@@ -10,17 +10,12 @@
 //! replies, `/statusz` and `/metrics`); lowercase response headers and no connection-specific
 //! ones; malformed requests are stream errors; GOAWAY on shutdown lets in-flight streams end.
 
-#[path = "support/h2.rs"]
-mod h2_support;
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::{h2_support, support, tls_support};
 use h2_support::*;
 use support::*;
 use tls_support::*;
@@ -100,21 +95,6 @@ async fn connect_with(fx: &Fixture, tern: &Tern, via: Via, b: h2::client::Builde
                 )
             }),
     }
-}
-
-fn unbrotli(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    brotli::Decompressor::new(data, 4096)
-        .read_to_end(&mut out)
-        .expect("valid brotli body");
-    out
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    use std::io::Write;
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    enc.write_all(data).unwrap();
-    enc.finish().unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------

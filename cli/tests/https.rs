@@ -5,10 +5,6 @@
 //! (localhost, 127.0.0.1), `exact` (www.example.test) and `wild` (*.wild.test). Which one a
 //! handshake got is told apart by comparing the server's leaf with each certificate's DER.
 
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
@@ -16,6 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::{support, tls_support};
 use rustls::{ClientConfig, ProtocolVersion};
 use support::*;
 use tls_support::*;

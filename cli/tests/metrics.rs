@@ -10,13 +10,12 @@
 //! `scripts/test-all`). Without it the test skips, except under CI (`CI` set), where it fails:
 //! a check that silently did not run would pass for the wrong reason.
 
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::support;
 use support::*;
 
 /// The value of the sample `series` (name and labels as written) on a Prometheus page.

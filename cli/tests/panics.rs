@@ -8,17 +8,12 @@
 //! test` builds has it (the `fault-injection` feature, through this package's
 //! dev-dependency), and it is armed by `TERN_TEST_FAULTS=1`.
 
-#[path = "support/h2.rs"]
-mod h2_support;
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::ffi::OsStr;
 use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+use crate::{h2_support, support};
 use h2_support::RawH2;
 use support::*;
 
@@ -52,17 +47,6 @@ fn sandboxed(cmd: &mut Command) {
     if std::env::var_os("TERN_TEST_SANDBOX").as_deref() != Some(OsStr::new("off")) {
         cmd.args(["--sandbox", "on"]);
     }
-}
-
-/// The value of the series `series` (name and labels, as the page writes them).
-fn metric(tern: &Tern, series: &str) -> u64 {
-    let page = tern.get("/metrics").text();
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {series} on /metrics:\n{page}"))
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// Waits (5 s at most) for a logged panic with `message`, with a backtrace naming `frame`;
@@ -128,8 +112,8 @@ fn a_connection_panic_under_load_loses_only_that_connections_requests() {
     }
     // The one worker serves new connections too, and counted the panic where it was held.
     assert_eq!(tern.get("/a.txt").text(), "alpha\n");
-    assert_eq!(metric(&tern, "tern_panics_total{where=\"connection\"}"), 1);
-    assert_eq!(metric(&tern, "tern_panics_total{where=\"worker\"}"), 0);
+    assert_eq!(tern.metric("tern_panics_total{where=\"connection\"}"), 1);
+    assert_eq!(tern.metric("tern_panics_total{where=\"worker\"}"), 0);
     assert_eq!(
         tern.log_lines("closed that connection; the worker goes on")
             .len(),
@@ -148,7 +132,7 @@ fn a_connection_panic_under_load_loses_only_that_connections_requests() {
     assert!(victim.closed_within(READ_TIMEOUT));
     neighbour.request(3, "GET", "/a.txt", &[], false);
     assert_eq!(neighbour.response_body(3), b"alpha\n");
-    assert_eq!(metric(&tern, "tern_panics_total{where=\"connection\"}"), 2);
+    assert_eq!(tern.metric("tern_panics_total{where=\"connection\"}"), 2);
 
     // A handler's panic is answered 500 and counted as the handler's.
     let r = tern.get("/tern-test-fault/handler");
@@ -158,8 +142,8 @@ fn a_connection_panic_under_load_loses_only_that_connections_requests() {
         "test fault: handler",
         "tern_server::fault::in_handler",
     );
-    assert_eq!(metric(&tern, "tern_panics_total{where=\"handler\"}"), 1);
-    assert_eq!(metric(&tern, "tern_panics_total{where=\"connection\"}"), 2);
+    assert_eq!(tern.metric("tern_panics_total{where=\"handler\"}"), 1);
+    assert_eq!(tern.metric("tern_panics_total{where=\"connection\"}"), 2);
 }
 
 #[test]

@@ -5,17 +5,14 @@
 //! TLS to the database as libpq's `sslmode` and `sslrootcert` say, against a cluster with
 //! `ssl = on` and certificates of a test CA.
 
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::io::Write;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{demo_command, Client, Tern};
+use crate::{support, tls_support};
+use support::{demo_command, eventually, Client, Tern};
 use tern_ipv4_games::pg_cluster::PgCluster;
 
 /// The tests here measure delays and load a database each: one at a time, so that one's
@@ -113,19 +110,6 @@ fn holdings(tern: &Tern, name: &str) -> u64 {
     let v: serde_json::Value =
         serde_json::from_str(&tern.get(&format!("/player/{name}")).text()).unwrap();
     v["total"].as_u64().unwrap()
-}
-
-fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + limit;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// Who holds each address in the database.

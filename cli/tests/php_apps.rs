@@ -12,13 +12,10 @@
 //! and nginx's 403 for a folder with no index (tern goes on to the fallback). The README's
 //! Caddyfile for each app must pass `caddy validate`.
 
-#[path = "support/php.rs"]
-mod php_support;
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use crate::{php_support, support};
 use php_support::PhpFpm;
 use support::*;
 

@@ -1,13 +1,12 @@
 //! The `tern` process: graceful shutdown on SIGTERM/SIGINT, surviving EMFILE, start-up errors
 //! and `--help`. Each test starts its own server (or fails to).
 
-mod support;
-
 use std::io::Write;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support;
 use support::*;
 
 fn connect_refused(addr: std::net::SocketAddr) -> bool {
@@ -243,7 +242,7 @@ fn survives_emfile_and_recovers() {
         let Ok(s) = TcpStream::connect_timeout(&tern.addr(), Duration::from_millis(500)) else {
             return false;
         };
-        let mut c = Client::from_stream(s);
+        let mut c = Client::over(s);
         c.stream
             .set_read_timeout(Some(Duration::from_millis(500)))
             .unwrap();

@@ -6,12 +6,6 @@
 //! smuggling attempts, a WebSocket echo, 1 GiB each way with tern's memory bounded, Python's
 //! http.server as a real app server, a Unix socket upstream, and SIGHUP under load.
 
-#[path = "support/h2.rs"]
-mod h2_support;
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -20,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::{h2_support, support, tls_support};
 use support::*;
 
 /// One request as a fake upstream received it.

@@ -6,12 +6,6 @@
 //! (PINGs do not keep a stalled connection alive); and a client that reads slowly must not
 //! hold its upstream connection past the upstream idle timeout.
 
-#[path = "support/h2.rs"]
-mod h2_support;
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -20,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::{h2_support, support};
 use support::*;
 
 /// What a fake upstream does with one connection.
@@ -562,7 +557,7 @@ fn a_slow_reader_does_not_pin_its_upstream_connection() {
     let tern = config.start("write_timeout = 600", up.addr, "upstream_idle_timeout = 2");
     let sock = TcpStream::connect(tern.addr()).unwrap();
     small_receive_buffer(&sock, 4096);
-    let mut c = Client::from_stream(sock);
+    let mut c = Client::over(sock);
     c.send(b"GET /huge HTTP/1.1\r\nHost: test\r\n\r\n");
     assert!(eventually(Duration::from_secs(10), || up.requests().len() == 1));
     let start = Instant::now();

@@ -4,13 +4,12 @@
 //! the README's Caddyfile beside a set-up must pass `caddy validate`.
 //! nginx is installed by `scripts/install-gate-test-deps`; without it only tern is asked.
 
-mod support;
-
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::support;
 use support::*;
 
 /// One request both servers get.
@@ -76,7 +75,7 @@ fn send(addr: SocketAddr, ask: &Ask) -> Resp {
     }
     req.push_str("\r\n");
     stream.write_all(req.as_bytes()).unwrap();
-    let mut c = Client::from_stream(stream);
+    let mut c = Client::over(stream);
     c.chunked_ok = true;
     c.read_response(ask.method == "HEAD")
 }

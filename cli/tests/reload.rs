@@ -1,12 +1,11 @@
 //! `SIGHUP` reloads (`tern serve --config FILE`), config-file start-up errors, and rate-limited
 //! abuse logging, against the real binary.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::support;
 use support::*;
 
 /// `tmp/a` and `tmp/b` with different content, and `tmp/tern.toml`.

@@ -5,8 +5,6 @@
 //! the one every decision was made on (seams); rewrites, matchers, body limits, error pages,
 //! request ids in the access log, and `--check` naming the lines of misused keys.
 
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -14,6 +12,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support;
 use support::*;
 
 /// A fake app: answers `app <path> id=<X-Request-Id> real=<X-Real-IP> body=<n>` and

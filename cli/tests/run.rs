@@ -4,18 +4,13 @@
 //! numbers; SIGHUP swapping the site table under an open connection, and bad reloads
 //! changing nothing.
 
-#[path = "support/h2.rs"]
-mod h2_support;
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{h2_support, support, tls_support};
 use h2_support::*;
 use support::*;
 use tls_support::*;

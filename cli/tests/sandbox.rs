@@ -6,15 +6,12 @@
 //! and fails if the sandbox refused any system call, so the whole suite checks that the
 //! allow-list is enough for static files, HTTPS, HTTP/2, the game and reloads.
 
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{support, tls_support};
 use support::*;
 use tls_support::*;
 

@@ -4,17 +4,12 @@
 //! refused before anything acts on it. Over HTTP/1.1 and HTTP/2, against `tern run` with a
 //! fixed `/admin` answer, a gated `/private` and a proxy or static root at `/`.
 
-#[path = "support/h2.rs"]
-mod h2_support;
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use crate::{h2_support, support};
 use support::*;
 
 /// An upstream that records each request line and answers `200 upstream` (closing).

@@ -3,10 +3,6 @@
 //! to a datagram socket the test binds (ready, reloading, stopping, watchdog), JSON log lines,
 //! and the unit files in `dist/` checked by `systemd-analyze verify`.
 
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
@@ -14,6 +10,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::{support, tls_support};
 use support::*;
 use tls_support::{any_cert_config, TlsClient};
 
@@ -56,7 +53,7 @@ fn first_request(port: u16, path: &'static str) -> std::thread::JoinHandle<Resp>
                 Err(e) => panic!("{port}: {e}"),
             }
         };
-        Client::from_stream(stream).get(path, &[])
+        Client::over(stream).get(path, &[])
     })
 }
 

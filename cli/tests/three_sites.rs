@@ -3,8 +3,6 @@
 //! (only paths and ports swapped for a temporary folder and free ports), and both must give
 //! the same answers to the same requests; its Caddyfile must pass `caddy validate`.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -13,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support;
 use support::*;
 
 /// The fenced block of `lang` in the README's three-site section.

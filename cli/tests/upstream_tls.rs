@@ -4,10 +4,6 @@
 //! cause, a counter), a client certificate given to an upstream that requires one, and health
 //! checks spoken over TLS.
 
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -16,6 +12,7 @@ use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::{support, tls_support};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::PrivateKeyDer;
 use rustls::server::WebPkiClientVerifier;
@@ -237,17 +234,6 @@ impl Config {
     }
 }
 
-/// The value of a `/metrics` sample (name and labels as written).
-fn metric(tern: &Tern, name: &str) -> u64 {
-    let page = tern.get("/metrics").text();
-    page.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in\n{page}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 fn post(c: &mut Client, path: &str, body: &[u8]) -> Resp {
     let len = body.len().to_string();
     c.send(&request_bytes("POST", path, &[("Content-Length", &len)]));
@@ -294,13 +280,10 @@ fn requests_and_bodies_go_over_tls_on_one_kept_alive_connection() {
     );
     let root = "{upstream=\"app /\"}";
     assert_eq!(
-        metric(&tern, &format!("tern_upstream_tls_handshakes_total{root}")),
+        tern.metric(&format!("tern_upstream_tls_handshakes_total{root}")),
         2
     );
-    assert_eq!(
-        metric(&tern, &format!("tern_upstream_reuses_total{root}")),
-        7
-    );
+    assert_eq!(tern.metric(&format!("tern_upstream_reuses_total{root}")), 7);
     assert_eq!(
         app.snis.lock().unwrap().as_slice(),
         ["app.test", "app.test"]
@@ -315,11 +298,11 @@ fn requests_and_bodies_go_over_tls_on_one_kept_alive_connection() {
     // Counted for its own route's group.
     let by_ip = "{upstream=\"app /by-ip/\"}";
     assert_eq!(
-        metric(&tern, &format!("tern_upstream_tls_handshakes_total{by_ip}")),
+        tern.metric(&format!("tern_upstream_tls_handshakes_total{by_ip}")),
         1
     );
     assert_eq!(
-        metric(&tern, &format!("tern_upstream_tls_handshakes_total{root}")),
+        tern.metric(&format!("tern_upstream_tls_handshakes_total{root}")),
         2
     );
 }
@@ -341,10 +324,7 @@ fn an_unknown_ca_or_another_name_is_refused_with_502_a_log_line_and_a_counter() 
     let tern = Config::new(&ca, &routes).start();
     assert_eq!(tern.get("/ca/x").status, 502);
     assert_eq!(
-        metric(
-            &tern,
-            "tern_upstream_tls_failures_total{upstream=\"app /ca/\",cause=\"unknown_ca\"}"
-        ),
+        tern.metric("tern_upstream_tls_failures_total{upstream=\"app /ca/\",cause=\"unknown_ca\"}"),
         1
     );
     // The log line was written before the 502; stderr reaches the test through a pipe.
@@ -359,12 +339,9 @@ fn an_unknown_ca_or_another_name_is_refused_with_502_a_log_line_and_a_counter() 
     assert!(lines[0].contains("unknown_ca"), "{}", lines[0]);
     assert_eq!(tern.get("/name/x").status, 502);
     let failures = |group: &str, cause: &str| {
-        metric(
-            &tern,
-            &format!(
-                "tern_upstream_tls_failures_total{{upstream=\"app {group}\",cause=\"{cause}\"}}"
-            ),
-        )
+        tern.metric(&format!(
+            "tern_upstream_tls_failures_total{{upstream=\"app {group}\",cause=\"{cause}\"}}"
+        ))
     };
     assert_eq!(failures("/name/", "name_mismatch"), 1);
     assert_eq!(failures("/name/", "unknown_ca"), 0);
@@ -372,7 +349,7 @@ fn an_unknown_ca_or_another_name_is_refused_with_502_a_log_line_and_a_counter() 
     assert_eq!(failures("/ca/", "name_mismatch"), 0);
     for group in ["/ca/", "/name/"] {
         let series = format!("tern_upstream_tls_handshakes_total{{upstream=\"app {group}\"}}");
-        assert_eq!(metric(&tern, &series), 0);
+        assert_eq!(tern.metric(&series), 0);
     }
     assert_eq!(app.handshakes() + named.handshakes(), 0);
 }
@@ -440,10 +417,10 @@ fn health_checks_speak_tls() {
             > 0),
         "b is checked over TLS"
     );
-    assert_eq!(metric(&tern, &up(&b)), 1);
+    assert_eq!(tern.metric(&up(&b)), 1);
     b.health.store(500, Ordering::SeqCst);
     assert!(
-        eventually(Duration::from_secs(5), || metric(&tern, &up(&b)) == 0),
+        eventually(Duration::from_secs(5), || tern.metric(&up(&b)) == 0),
         "b taken out: {}",
         tern.stderr_text()
     );
@@ -530,7 +507,7 @@ fn setup_3_an_app_over_tls_with_a_failing_server_answers_as_in_nginx() {
     assert!(
         eventually(Duration::from_secs(5), || b.checks.load(Ordering::SeqCst)
             > 0
-            && metric(&tern, &b_up) == 0),
+            && tern.metric(&b_up) == 0),
         "b taken out by its check: {}",
         tern.stderr_text()
     );
@@ -655,10 +632,7 @@ fn system_roots_are_the_default_and_do_not_trust_a_private_ca() {
     let tern = config.start();
     assert_eq!(tern.get("/x").status, 502);
     assert_eq!(
-        metric(
-            &tern,
-            "tern_upstream_tls_failures_total{upstream=\"app /\",cause=\"unknown_ca\"}"
-        ),
+        tern.metric("tern_upstream_tls_failures_total{upstream=\"app /\",cause=\"unknown_ca\"}"),
         1
     );
     // A reload reads the bundle again, inside the sandbox.

@@ -3,8 +3,6 @@
 //! within a tries count and a time budget, and active health checks taking a server out and
 //! bringing it back.
 
-mod support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -12,6 +10,7 @@ use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support;
 use support::*;
 
 /// An upstream server on 127.0.0.1 that answers every request (a thread per connection,
@@ -209,23 +208,11 @@ fn weights_share_requests_and_backups_stand_in_only_when_every_primary_is_down()
     assert_eq!(spare.requests(), 4);
 }
 
-/// The value of a `/metrics` sample (a line `NAME VALUE`, labels in NAME).
-fn metric(tern: &Tern, name: &str) -> u64 {
-    let page = tern.get("/metrics").text();
-    page.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in\n{page}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// The retries of cause `cause` of the upstream group of route `path` (site "app").
 fn retries(tern: &Tern, path: &str, cause: &str) -> u64 {
-    metric(
-        tern,
-        &format!("tern_upstream_retries_total{{upstream=\"app {path}\",cause=\"{cause}\"}}"),
-    )
+    tern.metric(&format!(
+        "tern_upstream_retries_total{{upstream=\"app {path}\",cause=\"{cause}\"}}"
+    ))
 }
 
 #[test]
@@ -310,10 +297,7 @@ fn idempotent_requests_go_on_after_refusals_and_retried_statuses_within_tries_an
     assert_eq!(got[1], (200, "good".to_string()));
     assert_eq!(retries(&tern, "/connect", "connect"), 2);
     assert_eq!(
-        metric(
-            &tern,
-            "tern_upstream_connect_failures_total{upstream=\"app /connect\"}"
-        ),
+        tern.metric("tern_upstream_connect_failures_total{upstream=\"app /connect\"}"),
         3
     );
     assert_eq!(retries(&tern, "/status", "connect"), 0);
@@ -349,7 +333,7 @@ fn a_server_failing_its_health_check_is_taken_out_without_a_failed_request_and_c
             > 0),
         "b is checked"
     );
-    assert_eq!(metric(&tern, &up(&b)), 1);
+    assert_eq!(tern.metric(&up(&b)), 1);
     // Clients all along: none may see a failure.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -370,7 +354,7 @@ fn a_server_failing_its_health_check_is_taken_out_without_a_failed_request_and_c
     b.health.store(500, Ordering::SeqCst);
     b.status.store(503, Ordering::SeqCst);
     assert!(
-        eventually(Duration::from_secs(5), || metric(&tern, &up(&b)) == 0),
+        eventually(Duration::from_secs(5), || tern.metric(&up(&b)) == 0),
         "b taken out: {}",
         tern.stderr_text()
     );
@@ -395,7 +379,7 @@ fn a_server_failing_its_health_check_is_taken_out_without_a_failed_request_and_c
     b.status.store(200, Ordering::SeqCst);
     b.health.store(200, Ordering::SeqCst);
     assert!(
-        eventually(Duration::from_secs(6), || metric(&tern, &up(&b)) == 1),
+        eventually(Duration::from_secs(6), || tern.metric(&up(&b)) == 1),
         "b back: {}",
         tern.stderr_text()
     );

@@ -6,18 +6,13 @@
 //! ENABLE_CONNECT_PROTOCOL when no route can relay a WebSocket or `http2_websocket = false`
 //! (then a `:protocol` request is a stream error and WebSockets take HTTP/1.1).
 
-#[path = "support/h2.rs"]
-mod h2_support;
-mod support;
-#[path = "support/tls.rs"]
-mod tls_support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::{h2_support, support};
 use base64::Engine;
 use bytes::Bytes;
 use h2::{RecvStream, SendStream};

@@ -257,6 +257,8 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// (Only the in-memory harness makes one outside a worker.)
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn new(
         inbox: InboxSender<WorkerMessage>,
         conn: u64,

@@ -18,6 +18,8 @@ mod fault;
 mod guard;
 mod handler;
 mod identity;
+// The in-memory harness is for tests and fuzz targets only: never in a release build.
+#[cfg(any(test, feature = "testing"))]
 mod memory_worker;
 pub mod negotiate;
 mod request_id;
@@ -26,6 +28,7 @@ mod router;
 mod slab;
 pub mod static_files;
 mod stats;
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod testing;
 pub mod upstream;

@@ -313,6 +313,7 @@ impl<I: Io> HttpWorker<I> {
 impl<I: Io> HttpWorker<I> {
     /// Some connection is relaying an exchange to an upstream server (for the in-memory
     /// harness: an answer may be incomplete so far).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn relaying(&mut self) -> bool {
         let conns = &mut self.conns;
         conns

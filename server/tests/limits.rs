@@ -9,6 +9,7 @@ use tern_server::{
     Body, Counter, HandlerContext, Reply, Request, Response, Router, Server, ServerConfig,
     ServerHandle, Stats,
 };
+use tern_testkit::{eventually, find, Client, Resp};
 
 /// Large enough that the kernel's socket buffers (send and receive side together, a few MiB on
 /// loopback) cannot hold it: a client that never reads stalls the server's writes.
@@ -92,60 +93,12 @@ fn read_until_end(s: &mut TcpStream) -> (usize, Vec<u8>, End) {
     }
 }
 
-/// Reads one response (head + Content-Length body). Panics on EOF, error or timeout.
-fn read_response(s: &mut TcpStream, pending: &mut Vec<u8>) -> (u16, String, Vec<u8>) {
-    let started = Instant::now();
-    loop {
-        assert!(started.elapsed() < GIVE_UP, "no complete response");
-        if let Some(end) = find(pending, b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&pending[..end + 4]).to_string();
-            let status: u16 = head[9..12].parse().unwrap();
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("Content-Length: "))
-                .map(|v| v.trim().parse::<usize>().unwrap())
-                .unwrap_or(0);
-            let total = end + 4 + len;
-            while pending.len() < total {
-                assert!(started.elapsed() < GIVE_UP, "no complete response");
-                fill(s, pending);
-            }
-            let body = pending[end + 4..total].to_vec();
-            pending.drain(..total);
-            return (status, head, body);
-        }
-        fill(s, pending);
-    }
-}
-
-fn fill(s: &mut TcpStream, pending: &mut Vec<u8>) {
-    let mut buf = [0u8; 16 * 1024];
-    match s.read(&mut buf) {
-        Ok(0) => panic!(
-            "connection closed mid-response; got {:?}",
-            String::from_utf8_lossy(pending)
-        ),
-        Ok(n) => pending.extend_from_slice(&buf[..n]),
-        Err(e) => panic!(
-            "read failed ({e}); got {:?}",
-            String::from_utf8_lossy(pending)
-        ),
-    }
-}
-
-/// One keep-alive GET on an open connection.
-fn get_hello(s: &mut TcpStream) -> (u16, String) {
-    s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut pending = Vec::new();
-    let (status, head, body) = read_response(s, &mut pending);
-    assert_eq!(body, b"hello\n");
-    assert!(pending.is_empty(), "nothing beyond the response");
-    (status, head)
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+/// One keep-alive GET of /hello on an open connection.
+fn get_hello(c: &mut Client) -> Resp {
+    let r = c.get("/hello", &[]);
+    assert_eq!(r.body, b"hello\n");
+    assert_eq!(c.buffered(), 0, "nothing beyond the response");
+    r
 }
 
 /// Polls the server's counters until `ok` holds or `limit` passes; returns whether it held.
@@ -154,16 +107,7 @@ fn wait_for(
     limit: Duration,
     ok: impl Fn(&tern_server::StatsSnapshot) -> bool,
 ) -> bool {
-    let t = Instant::now();
-    loop {
-        if ok(&stats.snapshot()) {
-            return true;
-        }
-        if t.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually(limit, || ok(&stats.snapshot()))
 }
 
 #[test]
@@ -217,10 +161,10 @@ fn body_timeout_is_measured_between_progress_not_in_total() {
         std::thread::sleep(Duration::from_millis(250));
         s.write_all(chunk).unwrap();
     }
-    let (status, head, body) = read_response(&mut s, &mut Vec::new());
-    assert_eq!(status, 200, "{head}");
-    assert_eq!(body, b"abcdefghijklmnopqrst");
-    assert!(!head.contains("Connection: close"), "{head}");
+    let r = Client::over(s).read_response(false);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body, b"abcdefghijklmnopqrst");
+    assert!(!r.closes(), "{r:?}");
     assert_eq!(server.stats().snapshot().get(Counter::TimeoutBody), 0);
 }
 
@@ -403,29 +347,23 @@ fn connection_limit_refuses_extras_and_near_it_keep_alive_stops() {
     // Below the threshold, answers keep their connections alive.
     let mut open = Vec::new();
     for i in 1..NEAR {
-        let mut s = connect(addr);
-        let (status, head) = get_hello(&mut s);
-        assert_eq!(status, 200);
-        assert!(
-            !head.contains("Connection: close"),
-            "connection {i}: {head}"
-        );
-        open.push(s);
+        let mut c = Client::connect(addr);
+        let r = get_hello(&mut c);
+        assert_eq!(r.status, 200);
+        assert!(!r.closes(), "connection {i}: {r:?}");
+        open.push(c);
     }
     // The connection that reaches the threshold is answered, with close, and closed.
-    let mut s = connect(addr);
-    let (status, head) = get_hello(&mut s);
-    assert_eq!(status, 200);
-    assert!(
-        head.contains("\r\nConnection: close\r\n"),
-        "connection {NEAR}: {head}"
-    );
-    assert_eq!(read_until_end(&mut s), (0, Vec::new(), End::Eof));
-    drop(s);
+    let mut c = Client::connect(addr);
+    let r = get_hello(&mut c);
+    assert_eq!(r.status, 200);
+    assert!(r.closes(), "connection {NEAR}: {r:?}");
+    assert_eq!(read_until_end(&mut c.stream), (0, Vec::new(), End::Eof));
+    drop(c);
 
     // Fill up to the limit with idle connections and wait until the worker holds them all.
     for _ in NEAR..=MAX {
-        open.push(connect(addr));
+        open.push(Client::connect(addr));
     }
     assert_eq!(open.len(), MAX);
     assert!(
@@ -470,38 +408,29 @@ fn connection_limit_refuses_extras_and_near_it_keep_alive_stops() {
     // The connections already open are still served. While the worker holds NEAR or more,
     // each answer closes its connection; below that, keep-alive is back.
     let mut still_open = Vec::new();
-    for (i, mut s) in open.into_iter().enumerate() {
-        let (status, head) = get_hello(&mut s);
-        assert_eq!(status, 200, "connection {i}");
+    for (i, mut c) in open.into_iter().enumerate() {
+        let r = get_hello(&mut c);
+        assert_eq!(r.status, 200, "connection {i}");
         let held = MAX - i; // connections the worker holds while answering this one
         if held >= NEAR {
-            assert!(
-                head.contains("\r\nConnection: close\r\n"),
-                "connection {i}: {head}"
-            );
-            assert_eq!(read_until_end(&mut s).2, End::Eof, "connection {i}");
+            assert!(r.closes(), "connection {i}: {r:?}");
+            assert_eq!(read_until_end(&mut c.stream).2, End::Eof, "connection {i}");
         } else {
-            assert!(
-                !head.contains("Connection: close"),
-                "connection {i}: {head}"
-            );
-            still_open.push(s);
+            assert!(!r.closes(), "connection {i}: {r:?}");
+            still_open.push(c);
         }
     }
     assert_eq!(still_open.len(), NEAR - 1);
     // They stay usable, and the limit has room again: a new connection is served.
-    for s in &mut still_open {
-        let (status, head) = get_hello(s);
-        assert_eq!(status, 200);
-        assert!(!head.contains("Connection: close"), "{head}");
+    for c in &mut still_open {
+        let r = get_hello(c);
+        assert_eq!(r.status, 200);
+        assert!(!r.closes(), "{r:?}");
     }
-    let mut s = connect(addr);
-    let (status, head) = get_hello(&mut s);
-    assert_eq!(status, 200);
-    assert!(
-        head.contains("\r\nConnection: close\r\n"),
-        "at the threshold again: {head}"
-    );
+    let mut c = Client::connect(addr);
+    let r = get_hello(&mut c);
+    assert_eq!(r.status, 200);
+    assert!(r.closes(), "at the threshold again: {r:?}");
     assert_eq!(
         stats.snapshot().get(Counter::ConnectionsRefused),
         EXTRA as u64

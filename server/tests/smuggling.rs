@@ -12,14 +12,14 @@
 //! Each case runs twice: written in one piece, and (when short) written a byte at a time, since
 //! the verdict must not depend on how the bytes arrive.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
 
 use tern_server::{
     Body, HandlerContext, Method, Reply, Request, Response, Router, Server, ServerConfig,
     ServerHandle,
 };
+use tern_testkit::{Client, NoAnswer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum End {
@@ -1011,63 +1011,13 @@ enum Mode {
     Bytewise,
 }
 
-/// Reads one response (head + Content-Length body). `Ok(None)` is a clean EOF before any byte.
-fn read_response(
-    s: &mut TcpStream,
-    pending: &mut Vec<u8>,
-) -> Result<Option<(u16, Vec<u8>)>, String> {
-    loop {
-        if let Some(end) = find(pending, b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&pending[..end]).to_string();
-            let status: u16 = head
-                .strip_prefix("HTTP/1.1 ")
-                .and_then(|r| r.get(..3))
-                .and_then(|c| c.parse().ok())
-                .ok_or_else(|| format!("not a status line: {head:?}"))?;
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("Content-Length: "))
-                .map(|v| v.trim().parse::<usize>().map_err(|e| e.to_string()))
-                .transpose()?
-                .unwrap_or(0);
-            let total = end + 4 + len;
-            while pending.len() < total {
-                if fill(s, pending)? == 0 {
-                    return Err(format!("EOF inside the body of a {status}"));
-                }
-            }
-            let body = pending[end + 4..total].to_vec();
-            pending.drain(..total);
-            return Ok(Some((status, body)));
-        }
-        if fill(s, pending)? == 0 {
-            return if pending.is_empty() {
-                Ok(None)
-            } else {
-                Err(format!("EOF inside a response head: {:?}", show(pending)))
-            };
-        }
+/// Reads one answer: `Ok(None)` when the server closed cleanly before any byte of one.
+fn read_answer(c: &mut Client) -> Result<Option<(u16, Vec<u8>)>, String> {
+    match c.read_answer(false) {
+        Ok(r) => Ok(Some((r.status, r.body))),
+        Err(NoAnswer::Closed) => Ok(None),
+        Err(e) => Err(e.to_string()),
     }
-}
-
-fn fill(s: &mut TcpStream, pending: &mut Vec<u8>) -> Result<usize, String> {
-    let mut buf = [0u8; 65536];
-    match s.read(&mut buf) {
-        Ok(n) => {
-            pending.extend_from_slice(&buf[..n]);
-            Ok(n)
-        }
-        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-            Err("timed out waiting for the server".into())
-        }
-        // A reset after the answers were read counts as closed.
-        Err(e) if e.kind() == ErrorKind::ConnectionReset => Ok(0),
-        Err(e) => Err(format!("read: {e}")),
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 fn show(b: &[u8]) -> String {
@@ -1080,27 +1030,25 @@ fn show(b: &[u8]) -> String {
 }
 
 fn run_case(addr: SocketAddr, case: &Case, mode: Mode) -> Result<(), String> {
-    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.set_nodelay(true).unwrap();
+    let s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    let mut c = Client::over(s);
     match mode {
         Mode::Whole => {
             // The server may answer and close before reading everything; that is its right.
-            let _ = s.write_all(&case.raw);
+            let _ = c.stream.write_all(&case.raw);
         }
         Mode::Bytewise => {
             for b in &case.raw {
-                if s.write_all(std::slice::from_ref(b)).is_err() {
+                if c.stream.write_all(std::slice::from_ref(b)).is_err() {
                     break;
                 }
             }
         }
     }
 
-    let mut pending = Vec::new();
     let mut got = Vec::new();
     for (i, &want) in case.statuses.iter().enumerate() {
-        match read_response(&mut s, &mut pending)? {
+        match read_answer(&mut c)? {
             None => {
                 return Err(format!(
                     "closed after {got:?}, expected statuses {:?}",
@@ -1135,7 +1083,7 @@ fn run_case(addr: SocketAddr, case: &Case, mode: Mode) -> Result<(), String> {
     }
 
     match case.end {
-        End::Closed => match read_response(&mut s, &mut pending)? {
+        End::Closed => match read_answer(&mut c)? {
             None => Ok(()),
             Some((status, body)) => Err(format!(
                 "expected close after {got:?}, got another answer {status} {:?}",
@@ -1143,15 +1091,16 @@ fn run_case(addr: SocketAddr, case: &Case, mode: Mode) -> Result<(), String> {
             )),
         },
         End::KeptAlive => {
-            if !pending.is_empty() {
+            if c.buffered() > 0 {
                 return Err(format!(
                     "unexpected bytes after the answers: {:?}",
-                    show(&pending)
+                    show(c.unread())
                 ));
             }
-            s.write_all(FOLLOW)
+            c.stream
+                .write_all(FOLLOW)
                 .map_err(|e| format!("follow-up write failed (closed?): {e}"))?;
-            match read_response(&mut s, &mut pending)? {
+            match read_answer(&mut c)? {
                 Some((200, body)) if body == b"follow\n" => Ok(()),
                 Some((status, body)) => Err(format!(
                     "follow-up got {status} {:?} (an extra answer?)",

@@ -5,15 +5,16 @@
 //! Nothing here sleeps a fixed time to wait for the game: every wait polls with a deadline.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tern_ipv4_games::land::Land;
 use tern_ipv4_games::{build, bundled_site, journal, GameConfig};
 use tern_server::{ServerConfig, ServerHandle};
 use tern_services::{RateLimitConfig, TrustedProxies};
+use tern_testkit::{eventually, request_bytes, Client, NoAnswer, Resp};
 
 /// How long a client waits for any answer before the test fails (never hangs).
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -26,195 +27,27 @@ const GIF_1X1: &[u8] = &[
 ];
 
 // ---------------------------------------------------------------------------------------------
-// A small HTTP/1.1 client.
+// The HTTP/1.1 client (tern-testkit's), and what the game's answers need of it.
 
-#[derive(Debug, Clone)]
-struct Resp {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+/// A connection to the game that waits up to [`READ_TIMEOUT`] for each read.
+fn open(addr: SocketAddr) -> Client {
+    Client::connect(addr).read_timeout(READ_TIMEOUT)
 }
 
-impl Resp {
-    fn header(&self, name: &str) -> Option<&str> {
-        let mut found = self
-            .headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str());
-        let first = found.next();
-        assert!(found.next().is_none(), "header {name} appears twice");
-        first
-    }
+/// The game's API answers in JSON.
+trait Json {
+    fn json(&self) -> serde_json::Value;
+}
 
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
+impl Json for Resp {
     fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.text()))
     }
-
-    fn closes(&self) -> bool {
-        self.header("connection")
-            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
-    }
-}
-
-/// How reading a response can end other than with a response.
-#[derive(Debug, PartialEq)]
-enum NoAnswer {
-    /// The server closed the connection (EOF or reset) before sending a single byte.
-    Closed,
-    /// Nothing arrived within the timeout.
-    Timeout,
-}
-
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
-    let mut r = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
-    for (n, v) in headers {
-        r.push_str(&format!("{n}: {v}\r\n"));
-    }
-    r.push_str("\r\n");
-    r.into_bytes()
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-impl Conn {
-    fn open(addr: SocketAddr) -> Conn {
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-        stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-        stream.set_nodelay(true).unwrap();
-        Conn {
-            stream,
-            buf: Vec::new(),
-        }
-    }
-
-    fn send_raw(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap();
-    }
-
-    fn send(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) {
-        self.send_raw(&request_bytes(method, path, headers));
-    }
-
-    fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
-        self.send(method, path, headers);
-        self.read(method == "HEAD")
-    }
-
-    fn read(&mut self, head_only: bool) -> Resp {
-        self.try_read(head_only, READ_TIMEOUT)
-            .unwrap_or_else(|e| panic!("no response: {e:?}"))
-    }
-
-    /// Reads more bytes; `Ok(0)` on EOF or reset.
-    fn fill(&mut self) -> Result<usize, NoAnswer> {
-        let mut chunk = [0u8; 64 * 1024];
-        loop {
-            match self.stream.read(&mut chunk) {
-                Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
-                    return Ok(n);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(0),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(NoAnswer::Timeout)
-                }
-                Err(e) => panic!("read: {e}"),
-            }
-        }
-    }
-
-    fn try_read(&mut self, head_only: bool, limit: Duration) -> Result<Resp, NoAnswer> {
-        self.stream.set_read_timeout(Some(limit)).unwrap();
-        let result = self.read_inner(head_only);
-        self.stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-        result
-    }
-
-    fn read_inner(&mut self, head_only: bool) -> Result<Resp, NoAnswer> {
-        let end = loop {
-            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
-                break end;
-            }
-            if self.fill()? == 0 {
-                assert!(
-                    self.buf.is_empty(),
-                    "connection closed inside a response head: {:?}",
-                    String::from_utf8_lossy(&self.buf)
-                );
-                return Err(NoAnswer::Closed);
-            }
-        };
-        let head = String::from_utf8(self.buf[..end].to_vec()).expect("head is UTF-8");
-        self.buf.drain(..end + 4);
-        let mut lines = head.split("\r\n");
-        let status_line = lines.next().unwrap();
-        assert!(status_line.starts_with("HTTP/1.1 "), "{status_line:?}");
-        let status: u16 = status_line[9..12].parse().unwrap();
-        let headers: Vec<(String, String)> = lines
-            .map(|l| {
-                let (n, v) = l.split_once(':').expect("header line");
-                (n.to_string(), v.trim().to_string())
-            })
-            .collect();
-        let mut resp = Resp {
-            status,
-            headers,
-            body: Vec::new(),
-        };
-        assert!(resp.header("transfer-encoding").is_none());
-        if head_only || status == 304 || status == 204 {
-            return Ok(resp);
-        }
-        let len: usize = resp
-            .header("content-length")
-            .expect("every answer has a Content-Length")
-            .parse()
-            .unwrap();
-        while self.buf.len() < len {
-            if self.fill()? == 0 {
-                panic!(
-                    "connection closed after {} of {len} body bytes",
-                    self.buf.len()
-                );
-            }
-        }
-        resp.body = self.buf.drain(..len).collect();
-        Ok(resp)
-    }
-
-    /// True when the server closes the connection with nothing (more) sent, within `limit`.
-    fn closed_within(&mut self, limit: Duration) -> bool {
-        if !self.buf.is_empty() {
-            return false;
-        }
-        self.stream.set_read_timeout(Some(limit)).unwrap();
-        let r = self.fill();
-        matches!(r, Ok(0))
-    }
 }
 
 fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Resp {
-    Conn::open(addr).request("GET", path, headers)
+    open(addr).request("GET", path, headers)
 }
 
 /// A claim from `ip` (via X-Forwarded-For) answered as text.
@@ -224,20 +57,6 @@ fn claim_as(addr: SocketAddr, ip: &str, name: &str) -> Resp {
         &format!("/claim/{name}"),
         &[("X-Forwarded-For", ip), ("Accept", "text/plain")],
     )
-}
-
-/// Polls `f` every 20 ms until it returns true or `limit` passes.
-fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -410,7 +229,7 @@ fn ip_answers_the_callers_address_as_text() {
     assert_eq!((r.status, r.text().as_str()), (200, "198.51.100.23\n"));
 
     // HEAD: the same head, no body; the keep-alive connection stays usable.
-    let mut c = Conn::open(game.addr);
+    let mut c = open(game.addr);
     let h = c.request("HEAD", "/ip", &[]);
     assert_eq!(h.status, 200);
     assert_eq!(h.header("content-length"), Some("10"));
@@ -498,7 +317,7 @@ fn claims_are_answered_by_accept_after_both_url_forms() {
     assert_eq!(r.text(), "192.0.2.7 is now claimed by q+q\n");
 
     // HEAD on a claim: the same head without a body; the connection stays usable.
-    let mut c = Conn::open(game.addr);
+    let mut c = open(game.addr);
     let h = c.request("HEAD", "/claim/dave", &[("X-Forwarded-For", "192.0.2.8")]);
     assert_eq!(h.status, 200);
     assert!(h.header("content-type").unwrap().starts_with("text/html"));
@@ -551,19 +370,19 @@ fn invalid_names_methods_and_unknown_paths() {
     let r = game.get("/claim/a%2", &[("X-Forwarded-For", "192.0.2.9")]);
     assert_eq!(r.status, 400);
     // Raw non-ASCII bytes in the target: refused too (by the name check or the parser).
-    let mut c = Conn::open(game.addr);
-    c.send_raw(b"GET /claim/\xc3\xbcml HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 192.0.2.9\r\n\r\n");
-    assert_eq!(c.read(false).status, 400);
+    let mut c = open(game.addr);
+    c.send(b"GET /claim/\xc3\xbcml HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 192.0.2.9\r\n\r\n");
+    assert_eq!(c.read_response(false).status, 400);
     assert_eq!(count_rows(&game.db()), 0);
     assert!(game.stat("claims_invalid_name") >= bad.len() as u64);
 
     // Claims are GET only.
-    let mut c = Conn::open(game.addr);
+    let mut c = open(game.addr);
     let r = c.request("POST", "/claim?name=bob", &[("Content-Length", "0")]);
     assert_eq!(r.status, 405);
     let allow = r.header("allow").expect("405 names the allowed methods");
     assert!(allow.contains("GET"), "{allow}");
-    let r = Conn::open(game.addr).request("POST", "/claim/bob", &[("Content-Length", "0")]);
+    let r = open(game.addr).request("POST", "/claim/bob", &[("Content-Length", "0")]);
     assert_eq!(r.status, 405);
     assert_eq!(count_rows(&game.db()), 0);
 
@@ -572,7 +391,7 @@ fn invalid_names_methods_and_unknown_paths() {
     let r = game.get("/", &[]);
     assert_eq!(r.status, 200);
     assert!(r.header("content-type").unwrap().starts_with("text/html"));
-    let h = Conn::open(game.addr).request("HEAD", "/", &[]);
+    let h = open(game.addr).request("HEAD", "/", &[]);
     assert_eq!(h.status, 200);
     assert_eq!(
         h.header("content-length").unwrap(),
@@ -799,19 +618,19 @@ fn concurrent_claims_are_all_durable_when_answered() {
         .map(|t| {
             std::thread::spawn(move || {
                 let ids: Vec<usize> = (0..PER_THREAD).map(|k| t * PER_THREAD + k).collect();
-                let mut conns: Vec<Conn> = ids.iter().map(|_| Conn::open(addr)).collect();
+                let mut conns: Vec<Client> = ids.iter().map(|_| open(addr)).collect();
                 for (c, &i) in conns.iter_mut().zip(&ids) {
                     let ip = format!("10.{}.{}.7", i / 256, i % 256);
-                    c.send(
+                    c.send(&request_bytes(
                         "GET",
                         &format!("/claim/player{i}"),
                         &[("X-Forwarded-For", &ip), ("Accept", "text/plain")],
-                    );
+                    ));
                 }
                 conns
                     .iter_mut()
                     .zip(&ids)
-                    .map(|(c, &i)| (i, c.read(false)))
+                    .map(|(c, &i)| (i, c.read_response(false)))
                     .collect::<Vec<_>>()
             })
         })
@@ -853,17 +672,17 @@ fn graceful_shutdown_answers_the_claims_in_flight() {
     let mut config = game_config(dir.path());
     config.sync = tern_ipv4_games::SyncMode::Full;
     let game = Game::start(config);
-    let mut conns: Vec<Conn> = (0..20)
+    let mut conns: Vec<Client> = (0..20)
         .map(|i| {
-            let mut c = Conn::open(game.addr);
-            c.send(
+            let mut c = open(game.addr);
+            c.send(&request_bytes(
                 "GET",
                 &format!("/claim/last{i}"),
                 &[
                     ("X-Forwarded-For", &format!("198.51.{i}.99")),
                     ("Accept", "text/plain"),
                 ],
-            );
+            ));
             c
         })
         .collect();
@@ -871,7 +690,7 @@ fn graceful_shutdown_answers_the_claims_in_flight() {
     let data = game.data.clone();
     let stopping = std::thread::spawn(move || game.stop());
     for (i, c) in conns.iter_mut().enumerate() {
-        let r = c.read(false);
+        let r = c.read_response(false);
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(
             r.text(),
@@ -924,13 +743,13 @@ enum Outcome {
 }
 
 fn limited_claim(addr: SocketAddr, ip: &str, name: &str) -> Outcome {
-    let mut c = Conn::open(addr);
-    c.send(
+    let mut c = open(addr);
+    c.send(&request_bytes(
         "GET",
         &format!("/claim/{name}"),
         &[("X-Forwarded-For", ip), ("Accept", "text/plain")],
-    );
-    match c.try_read(false, READ_TIMEOUT) {
+    ));
+    match c.read_answer(false) {
         Ok(r) if r.status == 200 => Outcome::Ok,
         Ok(r) if r.status == 429 => {
             assert!(r.closes(), "429 must close: {:?}", r.headers);
@@ -940,7 +759,8 @@ fn limited_claim(addr: SocketAddr, ip: &str, name: &str) -> Outcome {
         }
         Ok(r) => panic!("unexpected {} {}", r.status, r.text()),
         Err(NoAnswer::Closed) => Outcome::Dropped,
-        Err(NoAnswer::Timeout) => panic!("no answer and no close"),
+        Err(NoAnswer::TimedOut) => panic!("no answer and no close"),
+        Err(NoAnswer::Broken(why)) => panic!("a broken answer: {why}"),
     }
 }
 

@@ -1,11 +1,9 @@
 //! Shared helpers for the end-to-end tests: start the real `tern` binary on an ephemeral port,
-//! kill it on drop, and talk HTTP/1.1 to it over raw `TcpStream`s.
-//!
-//! Each test binary uses a different subset of these helpers.
-#![allow(dead_code)]
+//! kill it on drop, and talk HTTP/1.1 to it over raw `TcpStream`s (the client is
+//! tern-testkit's, re-exported here with the kit's other helpers).
 
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -13,11 +11,13 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub const TERN: &str = env!("CARGO_BIN_EXE_tern");
+pub use tern_testkit::http1::{set_int_option, small_receive_buffer};
+pub use tern_testkit::pattern::{check_pattern, write_pattern_file};
+pub use tern_testkit::{
+    eventually, find, free_port, request_bytes, Client, Resp, Transport, READ_TIMEOUT,
+};
 
-/// Read timeout of test clients: long enough for a loaded CI machine, short enough that a
-/// server that never answers fails the test instead of hanging it.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+pub const TERN: &str = env!("CARGO_BIN_EXE_tern");
 
 /// A site in a temporary directory: `base/site` is served, `base/secret` sits just outside it.
 pub struct Site {
@@ -334,12 +334,23 @@ impl Tern {
     }
 
     /// Counter `name` of the `name: value` page at `page` (a /statusz of some component).
-    #[allow(dead_code)] // not every test binary reads a component's page
     pub fn counter_at(&self, page: &str, name: &str) -> u64 {
         let text = self.get(page).text();
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))
             .unwrap_or_else(|| panic!("no {name} in {page}:\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// The value of a `/metrics` sample: `series` is its name and labels as the page writes
+    /// them.
+    pub fn metric(&self, series: &str) -> u64 {
+        let page = self.get("/metrics").text();
+        page.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} on /metrics:\n{page}"))
             .trim()
             .parse()
             .unwrap()
@@ -639,453 +650,6 @@ pub fn parse_startup_line(line: &str) -> Option<(Vec<Listener>, usize)> {
     workers_ok.then_some((listeners, n))
 }
 
-/// A parsed response.
-#[derive(Debug, Clone)]
-pub struct Resp {
-    pub status: u16,
-    pub version: String,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Resp {
-    /// The value of a header (case-insensitive name); panics if it appears twice.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let mut found = self
-            .headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str());
-        let first = found.next();
-        assert!(found.next().is_none(), "header {name} appears twice");
-        first
-    }
-
-    pub fn has(&self, name: &str, value: &str) -> bool {
-        self.header(name) == Some(value)
-    }
-
-    pub fn content_length(&self) -> Option<u64> {
-        self.header("content-length").map(|v| v.parse().unwrap())
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    pub fn closes(&self) -> bool {
-        self.header("connection")
-            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
-    }
-}
-
-/// What a [`Client`] talks over: a `TcpStream`, or (support/tls.rs) a TLS session on one.
-pub trait Transport: Read + Write {
-    /// The TCP socket underneath.
-    fn socket(&self) -> &TcpStream;
-}
-
-impl Transport for TcpStream {
-    fn socket(&self) -> &TcpStream {
-        self
-    }
-}
-
-/// One keep-alive HTTP/1.1 connection that can pipeline, over plain TCP or (as
-/// `tls_support::TlsClient`) over TLS.
-pub struct Client<S: Transport = TcpStream> {
-    pub stream: S,
-    buf: Vec<u8>,
-    /// Chunked answers are decoded (a proxy's); otherwise one fails the test (static files
-    /// always know their length).
-    pub chunked_ok: bool,
-}
-
-impl Client {
-    pub fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-        Client::from_stream(stream)
-    }
-
-    pub fn from_stream(stream: TcpStream) -> Client {
-        Client::over(stream)
-    }
-}
-
-/// Shrinks a socket's receive buffer (which also turns off its autotuning), so that a large
-/// answer cannot fit in the kernel's buffers and the server must wait for us.
-pub fn small_receive_buffer(sock: &TcpStream, bytes: libc::c_int) {
-    set_int_option(sock, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes, "SO_RCVBUF");
-}
-
-/// `setsockopt(sock, level, name, &value)` for an `int` option; panics (naming `what`) if it
-/// fails.
-pub fn set_int_option(
-    sock: &TcpStream,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-    what: &str,
-) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0, "setsockopt({what})");
-}
-
-impl<S: Transport> Client<S> {
-    /// A client on a connected (and, for TLS, handshaken) stream: the read timeout is
-    /// [`READ_TIMEOUT`] and Nagle is off.
-    pub fn over(stream: S) -> Client<S> {
-        stream
-            .socket()
-            .set_read_timeout(Some(READ_TIMEOUT))
-            .unwrap();
-        stream.socket().set_nodelay(true).unwrap();
-        Client {
-            stream,
-            buf: Vec::new(),
-            chunked_ok: false,
-        }
-    }
-
-    /// See [`small_receive_buffer`].
-    pub fn small_receive_buffer(&self, bytes: libc::c_int) {
-        small_receive_buffer(self.stream.socket(), bytes);
-    }
-
-    pub fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap();
-        self.stream.flush().unwrap();
-    }
-
-    /// Sends a request with `Host` and the given headers, and reads its response.
-    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
-        self.send(&request_bytes(method, path, headers));
-        self.read_response(method == "HEAD")
-    }
-
-    pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Resp {
-        self.request("GET", path, headers)
-    }
-
-    /// Reads one response. `head_only`: the request was HEAD (no body whatever the headers say).
-    pub fn read_response(&mut self, head_only: bool) -> Resp {
-        self.try_read_response(head_only)
-            .unwrap_or_else(|e| panic!("reading a response: {e}"))
-    }
-
-    pub fn try_read_response(&mut self, head_only: bool) -> Result<Resp, String> {
-        let end = loop {
-            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
-                break end;
-            }
-            if self.fill(FILL)? == 0 {
-                return Err(format!(
-                    "connection closed before a full head; got {:?}",
-                    String::from_utf8_lossy(&self.buf)
-                ));
-            }
-        };
-        let head = String::from_utf8(self.buf[..end].to_vec()).map_err(|e| e.to_string())?;
-        self.buf.drain(..end + 4);
-        let mut lines = head.split("\r\n");
-        let status_line = lines.next().unwrap_or_default();
-        let mut parts = status_line.splitn(3, ' ');
-        let version = parts.next().unwrap_or_default().to_owned();
-        let status: u16 = parts
-            .next()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-        if !version.starts_with("HTTP/1.") {
-            return Err(format!("bad status line {status_line:?}"));
-        }
-        let mut headers = Vec::new();
-        for line in lines {
-            let (n, v) = line
-                .split_once(':')
-                .ok_or_else(|| format!("bad header line {line:?}"))?;
-            headers.push((n.to_owned(), v.trim().to_owned()));
-        }
-        let mut resp = Resp {
-            status,
-            version,
-            headers,
-            body: Vec::new(),
-        };
-        let chunked = resp.header("transfer-encoding").is_some();
-        assert!(
-            !chunked || self.chunked_ok,
-            "chunked responses are not expected from static files"
-        );
-        let no_body = head_only || status == 304 || status == 204 || (100..200).contains(&status);
-        if no_body {
-            return Ok(resp);
-        }
-        if chunked {
-            resp.body = self.read_chunked()?;
-            return Ok(resp);
-        }
-        match resp.content_length() {
-            Some(len) => {
-                let len = len as usize;
-                while self.buf.len() < len {
-                    if self.fill(FILL)? == 0 {
-                        return Err(format!(
-                            "connection closed after {} of {len} body bytes",
-                            self.buf.len()
-                        ));
-                    }
-                }
-                resp.body = self.take(len);
-            }
-            None => {
-                while self.fill(FILL)? > 0 {}
-                resp.body = std::mem::take(&mut self.buf);
-            }
-        }
-        Ok(resp)
-    }
-
-    /// A chunked body, strictly: hex sizes (extensions ignored), CRLF after each chunk, and
-    /// the trailer section up to its empty line.
-    fn read_chunked(&mut self) -> Result<Vec<u8>, String> {
-        let mut body = Vec::new();
-        loop {
-            let line = self.read_line()?;
-            let size = line.split(';').next().unwrap_or_default().trim();
-            let n =
-                usize::from_str_radix(size, 16).map_err(|_| format!("bad chunk size {line:?}"))?;
-            if n == 0 {
-                while !self.read_line()?.is_empty() {}
-                return Ok(body);
-            }
-            while self.buf.len() < n + 2 {
-                if self.fill(FILL)? == 0 {
-                    return Err(format!(
-                        "closed inside a chunk after {} body bytes",
-                        body.len()
-                    ));
-                }
-            }
-            let chunk = self.take(n + 2);
-            if &chunk[n..] != b"\r\n" {
-                return Err("a chunk does not end with CRLF".into());
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    /// One CRLF-terminated line, without its CRLF.
-    fn read_line(&mut self) -> Result<String, String> {
-        loop {
-            if let Some(end) = find(&self.buf, b"\r\n") {
-                let line = self.take(end + 2);
-                return Ok(String::from_utf8_lossy(&line[..end]).into_owned());
-            }
-            if self.fill(FILL)? == 0 {
-                return Err("closed before the end of a line".into());
-            }
-        }
-    }
-
-    /// Reads exactly `n` raw bytes (after whatever was already buffered).
-    pub fn read_exact_raw(&mut self, n: usize) -> Vec<u8> {
-        self.read_exact_raw_by(n, FILL)
-    }
-
-    /// Reads exactly `n` raw bytes (after whatever was already buffered), at most `step` bytes
-    /// a read.
-    pub fn read_exact_raw_by(&mut self, n: usize, step: usize) -> Vec<u8> {
-        while self.buf.len() < n {
-            match self.fill(step.min(n - self.buf.len())) {
-                Ok(0) => panic!("connection closed after {} of {n} bytes", self.buf.len()),
-                Ok(_) => {}
-                Err(e) => panic!("after {} of {n} bytes: {e}", self.buf.len()),
-            }
-        }
-        self.take(n)
-    }
-
-    /// The first `n` buffered bytes (a copy of the rest stays buffered; no per-byte loop, so
-    /// that megabytes are cheap even in debug builds).
-    fn take(&mut self, n: usize) -> Vec<u8> {
-        let rest = self.buf[n..].to_vec();
-        self.buf.truncate(n);
-        std::mem::replace(&mut self.buf, rest)
-    }
-
-    /// Reads one head (status line and headers) only, leaving the body on the socket/buffer.
-    pub fn read_head_only(&mut self) -> Resp {
-        self.read_response(true)
-    }
-
-    /// True when the server has closed the connection (EOF or reset) with nothing else to
-    /// read, waiting up to the read timeout for it.
-    pub fn at_eof(&mut self) -> bool {
-        self.closed_within(READ_TIMEOUT)
-    }
-
-    /// True when the server closes the connection within `limit` with nothing else sent.
-    pub fn closed_within(&mut self, limit: Duration) -> bool {
-        if !self.buf.is_empty() {
-            return false;
-        }
-        self.stream.socket().set_read_timeout(Some(limit)).unwrap();
-        let r = self.fill(FILL);
-        self.stream
-            .socket()
-            .set_read_timeout(Some(READ_TIMEOUT))
-            .unwrap();
-        matches!(r, Ok(0))
-    }
-
-    /// Bytes already buffered and not yet consumed.
-    pub fn buffered(&self) -> usize {
-        self.buf.len()
-    }
-
-    /// Reads at most `max` (up to [`FILL`]) bytes into the buffer; `Ok(0)` when the server has
-    /// closed (EOF, a reset, or over TLS a TCP close without close_notify).
-    fn fill(&mut self, max: usize) -> Result<usize, String> {
-        let mut chunk = [0u8; FILL];
-        let max = max.min(FILL);
-        loop {
-            match self.stream.read(&mut chunk[..max]) {
-                Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
-                    return Ok(n);
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof
-                    ) =>
-                {
-                    return Ok(0)
-                }
-                Err(e) => return Err(format!("read: {e}")),
-            }
-        }
-    }
-}
-
-/// The most a client reads at once.
-const FILL: usize = 64 * 1024;
-
-pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
-    let mut r = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
-    for (n, v) in headers {
-        r.push_str(&format!("{n}: {v}\r\n"));
-    }
-    r.push_str("\r\n");
-    r.into_bytes()
-}
-
-/// A port nothing listens on now (the kernel's pick; free again once the probe closes).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Period of the large-file pattern: a prime, so no power-of-two shift (page, buffer or
-/// sendfile step) of the data lines up with itself.
-const PERIOD: usize = 65_521;
-
-/// Two periods of pseudo-random bytes, so that any window of up to one period is one slice.
-fn table() -> &'static [u8] {
-    static TABLE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut t: Vec<u8> = (0..PERIOD)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect();
-        t.extend_from_within(..);
-        t
-    })
-}
-
-/// The pattern byte at file offset `i`.
-pub fn pattern_byte(i: u64) -> u8 {
-    table()[(i % PERIOD as u64) as usize]
-}
-
-/// The pattern bytes at file offsets `start..start + len`.
-pub fn pattern(start: u64, len: usize) -> Vec<u8> {
-    let t = table();
-    let mut out = Vec::with_capacity(len);
-    let mut at = (start % PERIOD as u64) as usize;
-    while out.len() < len {
-        let n = (len - out.len()).min(PERIOD);
-        out.extend_from_slice(&t[at..at + n]);
-        at = (at + n) % PERIOD;
-    }
-    out
-}
-
-/// Writes `len` patterned bytes to `path` (in 1 MiB steps).
-pub fn write_pattern_file(path: &Path, len: u64) {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut at = 0;
-    while at < len {
-        let n = (len - at).min(1 << 20);
-        f.write_all(&pattern(at, n as usize)).unwrap();
-        at += n;
-    }
-    f.flush().unwrap();
-}
-
-/// Compares `got` with the pattern starting at `start`, naming the first differing offset.
-pub fn check_pattern(got: &[u8], start: u64) {
-    let want = pattern(start, got.len());
-    if got != want.as_slice() {
-        let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap();
-        panic!(
-            "byte {} (file offset {}) is {:#04x}, expected {:#04x}",
-            at,
-            start + at as u64,
-            got[at],
-            want[at]
-        );
-    }
-}
-
-/// Polls `f` every 20 ms until it returns true or `limit` passes; returns the last result.
-pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A compressible text body a few KiB long, distinguishable by `tag`.
 pub fn text_body(tag: &str) -> String {
     (0..120)
@@ -1098,6 +662,20 @@ pub fn gunzip(data: &[u8]) -> Vec<u8> {
     flate2::read::GzDecoder::new(data)
         .read_to_end(&mut out)
         .expect("valid gzip body");
+    out
+}
+
+pub fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(data).unwrap();
+    enc.finish().unwrap()
+}
+
+pub fn unbrotli(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    brotli::Decompressor::new(data, 4096)
+        .read_to_end(&mut out)
+        .expect("valid brotli body");
     out
 }
 

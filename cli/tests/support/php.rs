@@ -1,7 +1,7 @@
 //! PHP-FPM for the PHP tests (`cli/tests/fastcgi.rs`, `cli/tests/php_apps.rs`): a pool of its
 //! own on a unix socket in a temporary folder, no php.ini, killed on drop.
-#![allow(dead_code)]
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -55,15 +55,19 @@ impl PhpFpm {
         if unsafe { libc::geteuid() } == 0 {
             cmd.arg("--allow-to-run-as-root");
         }
+        // A process group of its own, so that its workers go with it: killing only the master
+        // left them running for good, holding whatever descriptors the test had inherited
+        // (a `flock` around the test run among them).
         let child = cmd
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let mut fpm = PhpFpm { child, socket };
+        let fpm = PhpFpm { child, socket };
         if !eventually(Duration::from_secs(10), || fpm.socket.exists()) {
             let log = std::fs::read_to_string(dir.join("fpm.log")).unwrap_or_default();
-            let _ = fpm.child.kill();
+            drop(fpm);
             panic!("php-fpm did not start: {log}");
         }
         Some(fpm)
@@ -72,7 +76,9 @@ impl PhpFpm {
 
 impl Drop for PhpFpm {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // SAFETY: kill(2) on the process group the master leads (its pid, set at spawn); the
+        // master is not reaped before the wait below, so the group's id is still ours.
+        unsafe { libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL) };
         let _ = self.child.wait();
     }
 }
