@@ -92,6 +92,12 @@ impl Flights {
         })
     }
 
+    /// The fill of `key` under way, if any (for a request that waits but never leads one:
+    /// a HEAD).
+    pub fn watch(&self, key: Key) -> Option<Arc<Flight>> {
+        self.shard(&key).get(&key).cloned()
+    }
+
     /// Fills under way.
     pub fn len(&self) -> usize {
         self.shards
@@ -185,6 +191,8 @@ mod tests {
         // Another key is a fill of its own.
         let other = lead(&flights, Key(8));
         assert_eq!(flights.len(), 2);
+        assert!(flights.watch(Key(9)).is_none());
+        assert!(flights.watch(Key(8)).is_some());
         mark.stored();
         drop(mark);
         assert!(waiters.iter().all(|w| w.state() == FlightState::Stored));

@@ -14,16 +14,23 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tern_cache::policy::{self, invalidates, keyed_query};
 use tern_cache::{
-    judge_answer, judge_request, AnswerFacts, Bypass, Entry, Field, Key, KeyParts, Keyer,
-    MethodClass, RequestFacts, RequestVerdict, Rules, Store, Uncacheable,
+    judge_answer, judge_request, AnswerFacts, Bypass, Entry, Field, FillMark, Flight, FlightState,
+    Join, Key, KeyParts, Keyer, MethodClass, RequestFacts, RequestVerdict, Rules, Store,
+    Uncacheable,
 };
 use tern_server::{
-    upstream::ResponseEdit, AnswerTee, Body, BodyKind, HandlerContext, Method, Request, Response,
+    upstream::ResponseEdit, AnswerTee, Body, BodyKind, HandlerContext, Hold, HoldStep, Method,
+    Request, Response,
 };
+
+/// How often a miss waiting for another request's fill looks again. The worker's timer
+/// wheel rounds it up to its tick (100 ms), as nginx's `proxy_cache_lock` looks every 500 ms.
+pub const WAIT_POLL_MS: u64 = 10;
 
 /// A route's cache: the store it uses (shared by name) and its rules.
 pub struct RouteCache {
@@ -37,6 +44,9 @@ pub struct RouteCache {
     /// a miss, and a request that went past the cache.
     miss_field: Option<(ResponseEdit, ResponseEdit)>,
     counts: Arc<Counts>,
+    /// How long a miss waits for another request's fill of its key before it goes to the
+    /// app itself, uncached (nginx's `proxy_cache_lock_timeout`); zero: misses never wait.
+    lock: Duration,
 }
 
 /// What happened on a cache: one slot each.
@@ -50,11 +60,15 @@ pub enum Count {
     NotModified,
     Stored,
     Invalidated,
+    /// A miss answered from the fill it waited for.
+    Coalesced,
+    /// A miss that waited the lock time for another's fill, then went to the app.
+    LockTimeout,
     Bypassed(Bypass),
     Uncacheable(Uncacheable),
 }
 
-const N_PLAIN: usize = 6;
+const N_PLAIN: usize = 8;
 /// Slots in a block: the plain counts, then one per bypass and one per uncacheable reason.
 pub const N_COUNTS: usize = N_PLAIN + Bypass::ALL.len() + Uncacheable::ALL.len();
 
@@ -67,6 +81,8 @@ impl Count {
             Count::NotModified => 3,
             Count::Stored => 4,
             Count::Invalidated => 5,
+            Count::Coalesced => 6,
+            Count::LockTimeout => 7,
             Count::Bypassed(b) => N_PLAIN + b as usize,
             Count::Uncacheable(u) => N_PLAIN + Bypass::ALL.len() + u as usize,
         }
@@ -230,6 +246,20 @@ fn metrics() -> Vec<tern_services::metrics::Metric> {
             c.total(Count::Invalidated),
         )]
     });
+    each(&|_, c| {
+        vec![Metric::counter(
+            "cache_coalesced",
+            "misses answered from the fill of another request for their key, which they waited for",
+            c.total(Count::Coalesced),
+        )]
+    });
+    each(&|_, c| {
+        vec![Metric::counter(
+            "cache_lock_timeouts",
+            "misses that waited the lock time for another request's fill, then went to the app uncached",
+            c.total(Count::LockTimeout),
+        )]
+    });
     each(&|s, _| {
         vec![Metric::counter(
             "cache_evictions",
@@ -262,6 +292,9 @@ pub enum CacheStep {
     Fill(Box<dyn AnswerTee>),
     /// A HEAD that missed: forwarded keyed, nothing stored (a HEAD answer has no body).
     Keyed,
+    /// Another request is filling the key: forward keyed, held until that fill ends (then
+    /// answered from it, or sent on) or the lock time passes.
+    Wait(Box<dyn Hold>),
     /// Past the cache: forward as usual.
     Pass,
     /// An unsafe method: forward as usual; its success drops the target's entry.
@@ -275,6 +308,7 @@ impl RouteCache {
         rules: Rules,
         route: String,
         status_field: bool,
+        lock: Duration,
     ) -> RouteCache {
         RouteCache {
             store,
@@ -288,6 +322,7 @@ impl RouteCache {
                 (field(b"tern; fwd=miss"), field(b"tern; fwd=bypass"))
             }),
             counts,
+            lock,
         }
     }
 
@@ -359,33 +394,96 @@ impl RouteCache {
                     self.counts.bump(cx.worker_id, Count::Expired);
                     self.store.remove(&key);
                 }
+                let authorized = fields
+                    .iter()
+                    .any(|(n, _)| n.eq_ignore_ascii_case("authorization"));
+                let head_only = req.method() == Method::Head;
+                let mark = if self.lock.is_zero() {
+                    None
+                } else {
+                    // A HEAD waits for a GET's fill but never leads one (its answer has no
+                    // body to store).
+                    let joined = match head_only {
+                        true => self.store.flights().watch(key).map(Join::Wait),
+                        false => Some(self.store.flights().join(key)),
+                    };
+                    match joined {
+                        Some(Join::Wait(flight)) => {
+                            return CacheStep::Wait(Box::new(Waiter {
+                                fill: self.fill(cx.worker_id, key, authorized, None),
+                                flight,
+                                give_up_ms: req.now_ms + self.lock.as_millis() as u64,
+                                head_only,
+                                if_none_match: req.head.if_none_match.map(<[u8]>::to_vec),
+                                if_modified_since: req.head.if_modified_since.map(<[u8]>::to_vec),
+                                status_field: self.status_field,
+                            }))
+                        }
+                        Some(Join::Lead(mark)) => Some(mark),
+                        None => None,
+                    }
+                };
                 self.counts.bump(cx.worker_id, Count::Miss);
-                if req.method() == Method::Head {
+                if head_only {
                     return CacheStep::Keyed;
                 }
-                CacheStep::Fill(Box::new(Fill {
-                    store: self.store.clone(),
-                    rules: self.rules.clone(),
-                    counts: self.counts.clone(),
-                    worker: cx.worker_id,
-                    key,
-                    authorized: fields
-                        .iter()
-                        .any(|(n, _)| n.eq_ignore_ascii_case("authorization")),
-                    kept: None,
-                }))
+                CacheStep::Fill(Box::new(self.fill(cx.worker_id, key, authorized, mark)))
             }
         }
     }
 
-    /// A fresh entry's answer: its head as stored, `Age` from the worker's clock, its body
-    /// shared (a HEAD gets the same head; the connection leaves the body out); 304 when the
-    /// client's validators match.
+    fn fill(&self, worker: usize, key: Key, authorized: bool, mark: Option<FillMark>) -> Fill {
+        Fill {
+            store: self.store.clone(),
+            rules: self.rules.clone(),
+            counts: self.counts.clone(),
+            worker,
+            key,
+            authorized,
+            kept: None,
+            mark,
+        }
+    }
+
     fn answer(&self, req: &Request<'_>, entry: &Entry, now: u64, worker: usize) -> Response {
+        let asked = Validators {
+            if_none_match: req.head.if_none_match,
+            if_modified_since: req.head.if_modified_since,
+        };
+        let status = self.status_field.then_some(&b"tern; hit"[..]);
+        answer(&asked, entry, now, status, || {
+            self.counts.bump(worker, Count::NotModified)
+        })
+    }
+
+    /// `Cache-Status` for an answer that went to the app, if the route writes it.
+    pub fn status_field(&self) -> bool {
+        self.status_field
+    }
+}
+
+/// The client's validators.
+struct Validators<'a> {
+    if_none_match: Option<&'a [u8]>,
+    if_modified_since: Option<&'a [u8]>,
+}
+
+/// A fresh entry's answer: its head as stored, `Age` from the worker's clock, its body
+/// shared (a HEAD gets the same head; the connection leaves the body out); 304 when the
+/// client's validators match (`not_modified` is told). `status`: its `Cache-Status`, if the
+/// route writes it.
+fn answer(
+    asked: &Validators<'_>,
+    entry: &Entry,
+    now: u64,
+    status: Option<&[u8]>,
+    not_modified_counted: impl FnOnce(),
+) -> Response {
+    {
         let age = entry.freshness.age(now);
         let mut buf = itoa::Buffer::new();
-        if not_modified(req, entry) {
-            self.counts.bump(worker, Count::NotModified);
+        if not_modified(asked, entry) {
+            not_modified_counted();
             let mut r = Response::new(304);
             for line in entry.head.split_inclusive(|&b| b == b'\n') {
                 let name = line.split(|&b| b == b':').next().unwrap_or_default();
@@ -405,39 +503,34 @@ impl RouteCache {
                 }
             }
             r.push_header("Age", buf.format(age).as_bytes());
-            if self.status_field {
-                r.push_header("Cache-Status", b"tern; hit");
+            if let Some(status) = status {
+                r.push_header("Cache-Status", status);
             }
             return r;
         }
         let mut r = Response::new(entry.status).with_body(Body::Shared(entry.body.clone()));
         r.push_raw_headers(&entry.head);
         r.push_header("Age", buf.format(age).as_bytes());
-        if self.status_field {
-            r.push_header("Cache-Status", b"tern; hit");
+        if let Some(status) = status {
+            r.push_header("Cache-Status", status);
         }
         r
-    }
-
-    /// `Cache-Status` for an answer that went to the app, if the route writes it.
-    pub fn status_field(&self) -> bool {
-        self.status_field
     }
 }
 
 /// The client's validators match the entry's (RFC 9110 §13.2.2: If-None-Match first, and
 /// If-Modified-Since only without it).
-fn not_modified(req: &Request<'_>, entry: &Entry) -> bool {
+fn not_modified(asked: &Validators<'_>, entry: &Entry) -> bool {
     if entry.status != 200 {
         return false;
     }
-    if let Some(inm) = req.head.if_none_match {
+    if let Some(inm) = asked.if_none_match {
         return entry
             .etag
             .as_deref()
             .is_some_and(|etag| policy::none_match_hits(inm, etag));
     }
-    match (req.head.if_modified_since, entry.last_modified.as_deref()) {
+    match (asked.if_modified_since, entry.last_modified.as_deref()) {
         (Some(since), Some(lm)) => policy::not_modified_since(since, lm),
         _ => false,
     }
@@ -454,6 +547,8 @@ struct Fill {
     authorized: bool,
     /// The head kept, once judged storable.
     kept: Option<Kept>,
+    /// The key's fill in flight, which misses for it wait on: ended when this is dropped.
+    mark: Option<FillMark>,
 }
 
 struct Kept {
@@ -479,8 +574,11 @@ fn fields_of(block: &[u8]) -> Vec<Field<'_>> {
 }
 
 impl Fill {
-    fn refuse(&self, why: Uncacheable) -> bool {
+    fn refuse(&mut self, why: Uncacheable) -> bool {
         self.counts.bump(self.worker, Count::Uncacheable(why));
+        if let Some(mark) = self.mark.as_mut() {
+            mark.not_stored();
+        }
         false
     }
 }
@@ -548,8 +646,16 @@ impl AnswerTee for Fill {
         true
     }
 
-    fn end(self: Box<Self>, _unix_secs: u64) {
-        let Some(kept) = self.kept else {
+    fn unsized_body(&mut self) {
+        // Not counted: nothing was judged. Waiters go to the app rather than take over a
+        // fill that would end the same way.
+        if let Some(mark) = self.mark.as_mut() {
+            mark.not_stored();
+        }
+    }
+
+    fn end(mut self: Box<Self>, _unix_secs: u64) {
+        let Some(kept) = self.kept.take() else {
             return;
         };
         self.counts.bump(self.worker, Count::Stored);
@@ -564,6 +670,95 @@ impl AnswerTee for Fill {
                 last_modified: kept.last_modified,
             },
         );
+        // (The store may still refuse it, over its size: waiters then find no entry and go
+        // to the app.)
+        if let Some(mark) = self.mark.as_mut() {
+            mark.stored();
+        }
+    }
+}
+
+/// A miss waiting for another request's fill of its key (the relay asks it, see
+/// [`Hold`]): answered from the entry when the fill stored it, sent to the app when the
+/// fill ended without storing or the lock time passed; when the fill was abandoned (the app
+/// failed, its client left), the first waiter to see it leads the next fill.
+struct Waiter {
+    /// Its own fill, should it lead one (its mark then set).
+    fill: Fill,
+    flight: Arc<Flight>,
+    /// When it stops waiting (the worker's clock, ms).
+    give_up_ms: u64,
+    head_only: bool,
+    if_none_match: Option<Vec<u8>>,
+    if_modified_since: Option<Vec<u8>>,
+    status_field: bool,
+}
+
+impl Waiter {
+    fn go(&self, counted: Count) -> HoldStep {
+        self.fill.counts.bump(self.fill.worker, counted);
+        HoldStep::Go(None)
+    }
+}
+
+impl Hold for Waiter {
+    fn poll(&mut self, unix_secs: u64, now_ms: u64) -> HoldStep {
+        let worker = self.fill.worker;
+        match self.flight.state() {
+            FlightState::Filling if now_ms >= self.give_up_ms => self.go(Count::LockTimeout),
+            FlightState::Filling => HoldStep::Wait((now_ms + WAIT_POLL_MS).min(self.give_up_ms)),
+            FlightState::Stored => {
+                let Some(entry) = self.fill.store.get(&self.fill.key) else {
+                    return self.go(Count::Miss);
+                };
+                if !entry.freshness.is_fresh(unix_secs) {
+                    return self.go(Count::Miss);
+                }
+                self.fill.counts.bump(worker, Count::Coalesced);
+                let asked = Validators {
+                    if_none_match: self.if_none_match.as_deref(),
+                    if_modified_since: self.if_modified_since.as_deref(),
+                };
+                let status = self
+                    .status_field
+                    .then_some(&b"tern; hit; detail=coalesced"[..]);
+                let counts = &self.fill.counts;
+                HoldStep::Answer(answer(&asked, &entry, unix_secs, status, || {
+                    counts.bump(worker, Count::NotModified)
+                }))
+            }
+            FlightState::NotStored => self.go(Count::Miss),
+            FlightState::Abandoned if now_ms >= self.give_up_ms => self.go(Count::LockTimeout),
+            FlightState::Abandoned if self.head_only => self.go(Count::Miss),
+            FlightState::Abandoned => match self.fill.store.flights().join(self.fill.key) {
+                Join::Lead(mark) => {
+                    self.fill.counts.bump(worker, Count::Miss);
+                    let mut fill = self.fill.clone_empty();
+                    fill.mark = Some(mark);
+                    HoldStep::Go(Some(Box::new(fill)))
+                }
+                Join::Wait(flight) => {
+                    self.flight = flight;
+                    HoldStep::Wait((now_ms + WAIT_POLL_MS).min(self.give_up_ms))
+                }
+            },
+        }
+    }
+}
+
+impl Fill {
+    /// The same fill, not begun.
+    fn clone_empty(&self) -> Fill {
+        Fill {
+            store: self.store.clone(),
+            rules: self.rules.clone(),
+            counts: self.counts.clone(),
+            worker: self.worker,
+            key: self.key,
+            authorized: self.authorized,
+            kept: None,
+            mark: None,
+        }
     }
 }
 
@@ -595,4 +790,249 @@ impl AnswerTee for Invalidation {
     }
 
     fn end(self: Box<Self>, _unix_secs: u64) {}
+}
+
+#[cfg(test)]
+mod tests {
+    //! Coalescing on the real worker with sockets in memory and its manual clock: many
+    //! clients of one worker miss one key together; the upstream the test plays says how
+    //! often it was asked.
+    use super::*;
+    use crate::{GroupOptions, Proxy, ProxyOptions, UpstreamGroup, UpstreamServer};
+    use std::net::SocketAddr;
+    use tern_server::testing::{MemoryAddr, MemoryPeer, MemoryWorker};
+    use tern_server::{Router, ServerConfig, UpstreamAddr};
+
+    const GET: &[u8] = b"GET /a HTTP/1.1\r\nHost: one.test\r\n\r\n";
+    const CACHEABLE: &[u8] =
+        b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nETag: \"v1\"\r\nContent-Length: 4\r\n\r\nbody";
+    const CLIENTS: usize = 200;
+
+    struct Harness {
+        w: MemoryWorker,
+        addr: MemoryAddr,
+        counts: Arc<Counts>,
+        store: Arc<Store>,
+    }
+
+    fn harness(lock: Duration) -> Harness {
+        let sock = SocketAddr::from(([127, 0, 0, 1], 9));
+        let group = UpstreamGroup::new(
+            GroupOptions {
+                servers: vec![UpstreamServer::new(UpstreamAddr::Tcp(sock))],
+                ..GroupOptions::default()
+            },
+            1,
+        );
+        let rules = Rules {
+            max_object: 64 * 1024,
+            ..Rules::default()
+        };
+        let store = Arc::new(Store::new(1 << 20, 64 * 1024));
+        let counts = Arc::new(Counts::new(1));
+        let cache = RouteCache::new(
+            store.clone(),
+            counts.clone(),
+            rules,
+            "one /".into(),
+            true,
+            lock,
+        );
+        let proxy = Proxy::new(Arc::new(group), ProxyOptions::default()).with_cache(cache);
+        let mut w = MemoryWorker::new(Router::new().fallback(proxy), ServerConfig::default(), None);
+        let addr = MemoryAddr::Tcp(sock);
+        w.io().listen(addr.clone());
+        Harness {
+            w,
+            addr,
+            counts,
+            store,
+        }
+    }
+
+    impl Harness {
+        /// Upstream connections the worker opened since the last call.
+        fn upstreams(&mut self) -> Vec<MemoryPeer> {
+            std::iter::from_fn(|| self.w.io().accept(&self.addr)).collect()
+        }
+    }
+
+    fn text(bytes: &[u8]) -> String {
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+
+    /// Clients that missed together, each answered once `answered` says so.
+    fn clients(h: &mut Harness, n: usize, request: &[u8]) -> Vec<MemoryPeer> {
+        (0..n).map(|_| h.w.connect(request)).collect()
+    }
+
+    #[test]
+    fn concurrent_misses_wait_for_one_fill_and_are_answered_from_it() {
+        let mut h = harness(Duration::from_secs(5));
+        let clients = clients(&mut h, CLIENTS, GET);
+        let ups = h.upstreams();
+        assert_eq!(ups.len(), 1, "one request reached the app");
+        assert!(text(&ups[0].read()).starts_with("GET /a HTTP/1.1\r\n"));
+        assert!(
+            clients[1..].iter().all(|c| c.read().is_empty()),
+            "they wait"
+        );
+        ups[0].write(CACHEABLE);
+        h.w.settle();
+        let first = text(&clients[0].read());
+        assert!(first.contains("Cache-Status: tern; fwd=miss"), "{first}");
+        // The waiters look again at their next timer.
+        h.w.advance(Duration::from_millis(100));
+        for c in &clients[1..] {
+            let out = text(&c.read());
+            assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+            assert!(out.ends_with("\r\n\r\nbody"), "{out}");
+            assert!(
+                out.contains("Cache-Status: tern; hit; detail=coalesced"),
+                "{out}"
+            );
+            assert!(out.contains("Age: 0\r\n"), "{out}");
+        }
+        assert!(h.upstreams().is_empty());
+        assert_eq!(h.counts.total(Count::Coalesced), CLIENTS as u64 - 1);
+        assert_eq!(h.counts.total(Count::Miss), 1);
+        assert_eq!(h.counts.total(Count::Stored), 1);
+        assert!(h.store.flights().is_empty());
+    }
+
+    #[test]
+    fn a_waiter_s_validators_and_a_head_are_answered_from_the_fill() {
+        let mut h = harness(Duration::from_secs(5));
+        let leader = h.w.connect(GET);
+        let conditional =
+            h.w.connect(b"GET /a HTTP/1.1\r\nHost: one.test\r\nIf-None-Match: \"v1\"\r\n\r\n");
+        let head = h.w.connect(b"HEAD /a HTTP/1.1\r\nHost: one.test\r\n\r\n");
+        let ups = h.upstreams();
+        assert_eq!(ups.len(), 1);
+        ups[0].write(CACHEABLE);
+        h.w.advance(Duration::from_millis(100));
+        assert!(text(&leader.read()).ends_with("body"));
+        let out = text(&conditional.read());
+        assert!(out.starts_with("HTTP/1.1 304 "), "{out}");
+        let out = text(&head.read());
+        assert!(
+            out.starts_with("HTTP/1.1 200 ") && out.contains("Content-Length: 4"),
+            "{out}"
+        );
+        assert!(out.ends_with("\r\n\r\n"), "no body: {out}");
+        assert_eq!(h.counts.total(Count::Coalesced), 2);
+    }
+
+    #[test]
+    fn a_head_alone_leads_no_fill() {
+        let mut h = harness(Duration::from_secs(5));
+        let _a = h.w.connect(b"HEAD /a HTTP/1.1\r\nHost: one.test\r\n\r\n");
+        let _b = h.w.connect(b"HEAD /a HTTP/1.1\r\nHost: one.test\r\n\r\n");
+        assert_eq!(h.upstreams().len(), 2, "both go: neither fills");
+        assert!(h.store.flights().is_empty());
+    }
+
+    #[test]
+    fn after_the_lock_time_waiters_go_to_the_app_themselves() {
+        let mut h = harness(Duration::from_millis(1000));
+        let clients = clients(&mut h, 20, GET);
+        let leader = h.upstreams();
+        assert_eq!(leader.len(), 1);
+        h.w.advance(Duration::from_millis(900));
+        assert!(h.upstreams().is_empty(), "still within the lock time");
+        h.w.advance(Duration::from_millis(200));
+        let own = h.upstreams();
+        assert_eq!(own.len(), 19, "each waiter went itself");
+        assert_eq!(h.counts.total(Count::LockTimeout), 19);
+        for up in &own {
+            assert!(text(&up.read()).starts_with("GET /a "));
+            up.write(
+                b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 3\r\n\r\nown",
+            );
+        }
+        h.w.settle();
+        for c in &clients[1..] {
+            let out = text(&c.read());
+            assert!(out.ends_with("own") && out.contains("fwd=miss"), "{out}");
+        }
+        // Their answers were not stored (they were not the fill), the leader's still may be.
+        assert_eq!(h.counts.total(Count::Stored), 0);
+        assert!(
+            !h.store.flights().is_empty(),
+            "the leader's fill is still under way"
+        );
+        leader[0].write(CACHEABLE);
+        h.w.settle();
+        assert!(text(&clients[0].read()).ends_with("body"));
+        assert_eq!(h.counts.total(Count::Stored), 1);
+        assert!(h.store.flights().is_empty());
+    }
+
+    #[test]
+    fn an_answer_not_stored_sends_the_waiters_to_the_app() {
+        for (answer, why) in [
+            (
+                &b"HTTP/1.1 200 OK\r\nCache-Control: private, max-age=60\r\nContent-Length: 2\r\n\r\nme"[..],
+                "private",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nConnection: close\r\n\r\nuntil close",
+                "no length",
+            ),
+        ] {
+            let mut h = harness(Duration::from_secs(5));
+            let clients = clients(&mut h, 10, GET);
+            let leader = h.upstreams();
+            assert_eq!(leader.len(), 1);
+            leader[0].write(answer);
+            leader[0].shutdown();
+            h.w.advance(Duration::from_millis(100));
+            assert!(h.store.flights().is_empty(), "{why}");
+            let own = h.upstreams();
+            assert_eq!(own.len(), 9, "{why}: each waiter goes to the app");
+            assert_eq!(h.counts.total(Count::Coalesced), 0);
+            for up in &own {
+                up.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nown");
+            }
+            h.w.settle();
+            assert!(clients[1..].iter().all(|c| text(&c.read()).ends_with("own")), "{why}");
+            assert!(h.store.flights().is_empty());
+        }
+    }
+
+    #[test]
+    fn a_failed_fill_is_taken_over_by_one_waiter() {
+        let mut h = harness(Duration::from_secs(5));
+        let clients = clients(&mut h, 10, GET);
+        let leader = h.upstreams();
+        assert_eq!(leader.len(), 1);
+        // The app closes without answering: the leader's client gets tern's 502.
+        leader[0].shutdown();
+        h.w.settle();
+        assert!(text(&clients[0].read()).starts_with("HTTP/1.1 502 "));
+        h.w.advance(Duration::from_millis(100));
+        let next = h.upstreams();
+        assert_eq!(next.len(), 1, "one waiter took the fill over");
+        assert_eq!(h.store.flights().len(), 1);
+        next[0].write(CACHEABLE);
+        h.w.advance(Duration::from_millis(200));
+        for c in &clients[1..] {
+            let out = text(&c.read());
+            assert!(
+                out.starts_with("HTTP/1.1 200 ") && out.ends_with("body"),
+                "{out}"
+            );
+        }
+        assert_eq!(h.counts.total(Count::Coalesced), 8);
+        assert_eq!(h.counts.total(Count::Stored), 1);
+        assert!(h.store.flights().is_empty());
+    }
+
+    #[test]
+    fn no_lock_time_no_waiting() {
+        let mut h = harness(Duration::ZERO);
+        let _clients = clients(&mut h, 5, GET);
+        assert_eq!(h.upstreams().len(), 5);
+        assert!(h.store.flights().is_empty());
+    }
 }

@@ -23,10 +23,39 @@ pub trait AnswerTee: Send {
         unix_secs: u64,
     ) -> bool;
 
+    /// The answer's body ends only with the upstream's connection, so a cut one could not
+    /// be told from a whole one: nothing of it is copied (`head` is not called). The tee is
+    /// dropped after.
+    fn unsized_body(&mut self) {}
+
     /// Body bytes as decoded from the upstream's framing. False: no more is wanted (the copy
     /// is abandoned).
     fn body(&mut self, data: &[u8]) -> bool;
 
     /// The body came whole (the framing said where it ended).
     fn end(self: Box<Self>, unix_secs: u64);
+}
+
+/// A forwarded request that waits before it goes: a cache miss whose key another request is
+/// filling now waits for that fill (coalescing). The relay holds the exchange in its wait
+/// phase (the one [`Forward::not_before_ms`](crate::upstream::Forward) starts: nothing sent,
+/// no worker held, other exchanges of the connection going on) and asks again each time the
+/// instant it was given passes; on the connection's worker, so an answer's counts are that
+/// worker's.
+pub trait Hold: Send {
+    /// The wait is over or its instant came (`now_ms`: the worker's monotonic clock,
+    /// `unix_secs`: its wall clock).
+    fn poll(&mut self, unix_secs: u64, now_ms: u64) -> HoldStep;
+}
+
+/// What a held request does next.
+pub enum HoldStep {
+    /// Asked again at this instant (the worker's clock, ms).
+    Wait(u64),
+    /// Goes to the upstream now, with a copy of its answer for a fill if it took the fill
+    /// over.
+    Go(Option<Box<dyn AnswerTee>>),
+    /// Answered with this in place of the upstream's (compressed as the route says, counted
+    /// and logged as a handler's answer).
+    Answer(Response),
 }

@@ -827,6 +827,7 @@ mod tests {
                     wire: Default::default(),
                     not_before_ms: 0,
                     tee: None,
+                    hold: None,
                 }))
             },
         );
@@ -1036,6 +1037,7 @@ mod tests {
                 wire: Default::default(),
                 not_before_ms: 0,
                 tee: None,
+                hold: None,
             }))
         };
         let forward = Arc::new(forward);

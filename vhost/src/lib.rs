@@ -1703,6 +1703,7 @@ mod tests {
                     wire: Default::default(),
                     not_before_ms: 0,
                     tee: None,
+                    hold: None,
                 }))
             },
         ))

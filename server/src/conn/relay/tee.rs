@@ -1,9 +1,12 @@
 //! The relay's side of an [`AnswerTee`](crate::AnswerTee) (a cache fill): the hooks
 //! `answer.rs` calls where the answer's head, body and end go to the client. A copy is only
-//! ever dropped here, never allowed to change or delay what the client gets.
+//! ever dropped here, never allowed to change or delay what the client gets. And the side of
+//! a [`Hold`](crate::Hold) (a miss waiting for another's fill): asked in the wait phase.
 
 use super::Relay;
-use crate::exchange::ConnCx;
+use crate::answer_tee::HoldStep;
+use crate::compression;
+use crate::exchange::{ConnCx, Sink};
 use crate::response::Response;
 
 impl Relay {
@@ -21,7 +24,10 @@ impl Relay {
         let Some(tee) = self.fwd.tee.as_mut() else {
             return;
         };
-        if !sized || !tee.head(head, content_length, date, cx.clock.unix_secs()) {
+        if !sized {
+            tee.unsized_body();
+            self.fwd.tee = None;
+        } else if !tee.head(head, content_length, date, cx.clock.unix_secs()) {
             self.fwd.tee = None;
         }
     }
@@ -40,6 +46,36 @@ impl Relay {
         if let Some(tee) = self.fwd.tee.take() {
             if whole {
                 tee.end(cx.clock.unix_secs());
+            }
+        }
+    }
+}
+
+impl Relay {
+    /// The wait phase ended: a held request asks its hold what now (wait on, go, or take
+    /// an answer in place of the upstream's); any other goes.
+    pub(super) fn unhold(&mut self, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
+        let Some(hold) = self.fwd.hold.as_mut() else {
+            return self.begin(sink, cx);
+        };
+        let now = cx.clock.now_ms();
+        match hold.poll(cx.clock.unix_secs(), now) {
+            HoldStep::Wait(at) => self.deadline_ms = at.max(now + 1),
+            HoldStep::Go(tee) => {
+                self.fwd.hold = None;
+                if tee.is_some() {
+                    self.fwd.tee = tee;
+                }
+                self.begin(sink, cx);
+            }
+            HoldStep::Answer(mut r) => {
+                self.fwd.hold = None;
+                // No upstream was asked: nothing of it is copied.
+                self.fwd.tee = None;
+                if let Some(choice) = &self.compress {
+                    compression::fixed(&mut r, choice, cx.stats);
+                }
+                self.answer_whole(r, sink, cx);
             }
         }
     }
