@@ -2,14 +2,17 @@
 //! upstream that says how many times it was asked and what it was sent. Hits, Age, HEAD and
 //! 304 from an entry; what is never stored (private, Set-Cookie, errors, no lifetime, too
 //! large); what bypasses it (cookies, Authorization); that no unkeyed client field reaches the
-//! app on a cached route; a POST invalidating its target; `--check`'s lines.
+//! app on a cached route; a POST invalidating its target; `--check`'s lines; concurrent misses
+//! coalesced into one request to an app that answers only when the test lets it, and sent on
+//! after the lock time.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use crate::support;
 use support::*;
@@ -18,6 +21,28 @@ use support::*;
 struct App {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<String>>>,
+    /// `/slow` answers only once this is open.
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn pass(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
 }
 
 impl App {
@@ -26,15 +51,16 @@ impl App {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::<String>::new()));
         let counts = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
-        let s = seen.clone();
+        let gate = Arc::new(Gate::default());
+        let (s, g) = (seen.clone(), gate.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { return };
-                let (seen, counts) = (s.clone(), counts.clone());
-                std::thread::spawn(move || serve(conn, &seen, &counts));
+                let (seen, counts, gate) = (s.clone(), counts.clone(), g.clone());
+                std::thread::spawn(move || serve(conn, &seen, &counts, &gate));
             }
         });
-        App { addr, seen }
+        App { addr, seen, gate }
     }
 
     /// Requests whose request line names `path` (with its query).
@@ -50,7 +76,12 @@ impl App {
     }
 }
 
-fn serve(conn: TcpStream, seen: &Mutex<Vec<String>>, counts: &Mutex<HashMap<String, usize>>) {
+fn serve(
+    conn: TcpStream,
+    seen: &Mutex<Vec<String>>,
+    counts: &Mutex<HashMap<String, usize>>,
+    gate: &Gate,
+) {
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut out = conn;
     loop {
@@ -79,6 +110,9 @@ fn serve(conn: TcpStream, seen: &Mutex<Vec<String>>, counts: &Mutex<HashMap<Stri
         let method = parts.next().unwrap_or("").to_string();
         let target = parts.next().unwrap_or("").to_string();
         let path = target.split('?').next().unwrap_or("").to_string();
+        if path == "/slow" {
+            gate.pass();
+        }
         let n = {
             let mut c = counts.lock().unwrap();
             let n = c.entry(target.clone()).or_default();
@@ -162,13 +196,18 @@ fn config(dir: &Path, app: &App, route_keys: &str, blocks: &str) -> std::path::P
 }
 
 fn started(route_keys: &str) -> (tempfile::TempDir, App, Tern) {
+    started_with(route_keys, "")
+}
+
+/// With more keys in `[cache.main]`.
+fn started_with(route_keys: &str, block_keys: &str) -> (tempfile::TempDir, App, Tern) {
     let dir = tempfile::tempdir().unwrap();
     let app = App::start();
     let conf = config(
         dir.path(),
         &app,
         route_keys,
-        "[cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\n",
+        &format!("[cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\n{block_keys}"),
     );
     let tern = Tern::start_run(&conf);
     (dir, app, tern)
@@ -331,6 +370,21 @@ fn check_names_the_lines_of_wrong_cache_keys() {
         text.contains("line 12: cache \"nope\""),
         "lines are named:\n{text}"
     );
+    // The lock time of a cache a route uses.
+    let conf = config(
+        dir.path(),
+        &app,
+        "cache = \"main\"",
+        "[cache.main]\nmemory = \"4M\"\nlock = \"soon\"\n",
+    );
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("line 3: lock \"soon\": a duration"), "{text}");
 }
 
 #[test]
@@ -406,4 +460,86 @@ fn metrics_count_lookups_bypasses_refusals_and_memory() {
         "the POST dropped it"
     );
     assert!(page.contains("tern_cache_memory_bytes{cache=\"main\"}"));
+}
+
+const METRICS: &str = "\n[[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n";
+
+/// `n` clients, each on its own connection and thread, GET `path`; their answers once all
+/// came.
+fn many_get(tern: &Tern, n: usize, path: &'static str) -> std::thread::JoinHandle<Vec<Resp>> {
+    let addr = tern.addr();
+    std::thread::spawn(move || {
+        let clients: Vec<_> = (0..n)
+            .map(|_| std::thread::spawn(move || Client::connect(addr).get(path, &[])))
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn concurrent_misses_for_one_key_make_one_request_to_the_app() {
+    const CLIENTS: usize = 200;
+    // A lock time far longer than the test: here nobody may give up waiting.
+    let (_dir, app, tern) = started_with(&format!("{CACHED}{METRICS}"), "lock = \"10m\"\n");
+    let answers = many_get(&tern, CLIENTS, "/slow");
+    // Every client's request is in: one reached the app (held at its gate), the others
+    // wait for its fill.
+    let waits = "tern_cache_waits_total{cache=\"main\"}";
+    assert!(
+        eventually(Duration::from_secs(30), || tern.metric(waits)
+            == CLIENTS as u64 - 1),
+        "waiters: {}",
+        tern.metric(waits)
+    );
+    assert_eq!(app.asked("/slow").len(), 1);
+    app.gate.open();
+    let answers = answers.join().unwrap();
+    assert_eq!(answers.len(), CLIENTS);
+    for a in &answers {
+        assert_eq!(a.status, 200);
+        assert!(a.text().starts_with("GET /slow #1 "), "{}", a.text());
+    }
+    let coalesced = answers
+        .iter()
+        .filter(|a| a.header("cache-status") == Some("tern; hit; detail=coalesced"))
+        .count();
+    assert_eq!(coalesced, CLIENTS - 1);
+    assert_eq!(app.asked("/slow").len(), 1, "one request reached the app");
+    assert_eq!(
+        tern.metric("tern_cache_coalesced_total{cache=\"main\"}"),
+        CLIENTS as u64 - 1
+    );
+    assert_eq!(
+        tern.metric("tern_cache_lock_timeouts_total{cache=\"main\"}"),
+        0
+    );
+    promtool_accepts("/metrics with waiters", &tern.get("/metrics").text());
+}
+
+#[test]
+fn past_the_lock_time_waiters_go_to_the_app_uncached() {
+    const CLIENTS: usize = 20;
+    let (_dir, app, tern) = started_with(&format!("{CACHED}{METRICS}"), "lock = \"300ms\"\n");
+    let answers = many_get(&tern, CLIENTS, "/slow");
+    // The app holds every request: past the lock time each waiter asked it itself.
+    assert!(
+        eventually(Duration::from_secs(30), || app.asked("/slow").len()
+            == CLIENTS),
+        "asked {} times",
+        app.asked("/slow").len()
+    );
+    assert_eq!(
+        tern.metric("tern_cache_lock_timeouts_total{cache=\"main\"}"),
+        CLIENTS as u64 - 1
+    );
+    app.gate.open();
+    let answers = answers.join().unwrap();
+    assert!(answers
+        .iter()
+        .all(|a| a.status == 200 && a.header("cache-status") == Some("tern; fwd=miss")));
+    // Only the fill's answer was stored: the next request is a hit on it.
+    let hit = tern.get("/slow");
+    assert_eq!(hit.header("cache-status"), Some("tern; hit"));
+    assert_eq!(tern.metric("tern_cache_stored_total{cache=\"main\"}"), 1);
+    assert_eq!(tern.metric("tern_cache_coalesced_total{cache=\"main\"}"), 0);
 }

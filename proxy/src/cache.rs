@@ -60,6 +60,9 @@ pub enum Count {
     NotModified,
     Stored,
     Invalidated,
+    /// A miss that waited for another request's fill of its key (then coalesced, timed
+    /// out, or sent on).
+    Waited,
     /// A miss answered from the fill it waited for.
     Coalesced,
     /// A miss that waited the lock time for another's fill, then went to the app.
@@ -68,7 +71,7 @@ pub enum Count {
     Uncacheable(Uncacheable),
 }
 
-const N_PLAIN: usize = 8;
+const N_PLAIN: usize = 9;
 /// Slots in a block: the plain counts, then one per bypass and one per uncacheable reason.
 pub const N_COUNTS: usize = N_PLAIN + Bypass::ALL.len() + Uncacheable::ALL.len();
 
@@ -83,6 +86,7 @@ impl Count {
             Count::Invalidated => 5,
             Count::Coalesced => 6,
             Count::LockTimeout => 7,
+            Count::Waited => 8,
             Count::Bypassed(b) => N_PLAIN + b as usize,
             Count::Uncacheable(u) => N_PLAIN + Bypass::ALL.len() + u as usize,
         }
@@ -248,6 +252,13 @@ fn metrics() -> Vec<tern_services::metrics::Metric> {
     });
     each(&|_, c| {
         vec![Metric::counter(
+            "cache_waits",
+            "misses that waited for another request's fill of their key",
+            c.total(Count::Waited),
+        )]
+    });
+    each(&|_, c| {
+        vec![Metric::counter(
             "cache_coalesced",
             "misses answered from the fill of another request for their key, which they waited for",
             c.total(Count::Coalesced),
@@ -409,6 +420,7 @@ impl RouteCache {
                     };
                     match joined {
                         Some(Join::Wait(flight)) => {
+                            self.counts.bump(cx.worker_id, Count::Waited);
                             return CacheStep::Wait(Box::new(Waiter {
                                 fill: self.fill(cx.worker_id, key, authorized, None),
                                 flight,
@@ -417,7 +429,7 @@ impl RouteCache {
                                 if_none_match: req.head.if_none_match.map(<[u8]>::to_vec),
                                 if_modified_since: req.head.if_modified_since.map(<[u8]>::to_vec),
                                 status_field: self.status_field,
-                            }))
+                            }));
                         }
                         Some(Join::Lead(mark)) => Some(mark),
                         None => None,
@@ -895,6 +907,7 @@ mod tests {
         }
         assert!(h.upstreams().is_empty());
         assert_eq!(h.counts.total(Count::Coalesced), CLIENTS as u64 - 1);
+        assert_eq!(h.counts.total(Count::Waited), CLIENTS as u64 - 1);
         assert_eq!(h.counts.total(Count::Miss), 1);
         assert_eq!(h.counts.total(Count::Stored), 1);
         assert!(h.store.flights().is_empty());
