@@ -24,8 +24,8 @@ use tern_cache::{
     Uncacheable,
 };
 use tern_server::{
-    upstream::ResponseEdit, AnswerTee, Body, BodyKind, HandlerContext, Hold, HoldStep, Method,
-    Request, Response,
+    upstream::ResponseEdit, AnswerTee, Body, BodyKind, Fallback, HandlerContext, Hold, HoldStep,
+    Method, Request, Response,
 };
 
 /// How often a miss waiting for another request's fill looks again. The worker's timer
@@ -42,7 +42,7 @@ pub struct RouteCache {
     status_field: bool,
     /// The `Cache-Status` edits of answers that went to the app (made once, if written):
     /// a miss, and a request that went past the cache.
-    miss_field: Option<(ResponseEdit, ResponseEdit)>,
+    miss_field: Option<(ResponseEdit, ResponseEdit, ResponseEdit)>,
     counts: Arc<Counts>,
     /// How long a miss waits for another request's fill of its key before it goes to the
     /// app itself, uncached (nginx's `proxy_cache_lock_timeout`); zero: misses never wait.
@@ -65,13 +65,17 @@ pub enum Count {
     Waited,
     /// A miss answered from the fill it waited for.
     Coalesced,
+    /// A stale entry served while another request refreshes it.
+    StaleUpdating,
+    /// A stale entry served because the app failed.
+    StaleError,
     /// A miss that waited the lock time for another's fill, then went to the app.
     LockTimeout,
     Bypassed(Bypass),
     Uncacheable(Uncacheable),
 }
 
-const N_PLAIN: usize = 9;
+const N_PLAIN: usize = 11;
 /// Slots in a block: the plain counts, then one per bypass and one per uncacheable reason.
 pub const N_COUNTS: usize = N_PLAIN + Bypass::ALL.len() + Uncacheable::ALL.len();
 
@@ -87,6 +91,8 @@ impl Count {
             Count::Coalesced => 6,
             Count::LockTimeout => 7,
             Count::Waited => 8,
+            Count::StaleUpdating => 9,
+            Count::StaleError => 10,
             Count::Bypassed(b) => N_PLAIN + b as usize,
             Count::Uncacheable(u) => N_PLAIN + Bypass::ALL.len() + u as usize,
         }
@@ -251,6 +257,22 @@ fn metrics() -> Vec<tern_services::metrics::Metric> {
         )]
     });
     each(&|_, c| {
+        [
+            (Count::StaleUpdating, "updating"),
+            (Count::StaleError, "error"),
+        ]
+        .into_iter()
+        .map(|(k, reason)| {
+            Metric::counter(
+                "cache_stale_served",
+                "stale entries served, by reason: another request refreshing it, the app failing",
+                c.total(k),
+            )
+            .with_label("reason", reason)
+        })
+        .collect()
+    });
+    each(&|_, c| {
         vec![Metric::counter(
             "cache_waits",
             "misses that waited for another request's fill of their key",
@@ -305,7 +327,17 @@ pub enum CacheStep {
     Keyed,
     /// Another request is filling the key: forward keyed, held until that fill ends (then
     /// answered from it, or sent on) or the lock time passes.
-    Wait(Box<dyn Hold>),
+    /// With a stale entry that may answer if the app fails, should the wait end at the app.
+    Wait {
+        hold: Box<dyn Hold>,
+        fallback: Option<Box<dyn Fallback>>,
+    },
+    /// A stale entry that may still answer if the app fails: forward keyed (a GET refreshing
+    /// it with this fill), with the entry as the fallback.
+    Refresh {
+        tee: Option<Box<dyn AnswerTee>>,
+        fallback: Option<Box<dyn Fallback>>,
+    },
     /// Past the cache: forward as usual.
     Pass,
     /// An unsafe method: forward as usual; its success drops the target's entry.
@@ -330,7 +362,11 @@ impl RouteCache {
                 let field = |value: &'static [u8]| -> ResponseEdit {
                     Arc::new(move |r: &mut Response| r.push_header("Cache-Status", value))
                 };
-                (field(b"tern; fwd=miss"), field(b"tern; fwd=bypass"))
+                (
+                    field(b"tern; fwd=miss"),
+                    field(b"tern; fwd=bypass"),
+                    field(b"tern; fwd=stale"),
+                )
             }),
             counts,
             lock,
@@ -341,8 +377,13 @@ impl RouteCache {
     /// route writes it: `fwd=miss` when it was looked up, `fwd=bypass` when it went past.
     /// The relay applies it after the fill's copy, so no entry holds it.
     pub fn forwarded_field(&self, looked_up: bool) -> Option<ResponseEdit> {
-        let (miss, bypass) = self.miss_field.as_ref()?;
+        let (miss, bypass, _) = self.miss_field.as_ref()?;
         Some(if looked_up { miss } else { bypass }.clone())
+    }
+
+    /// The `Cache-Status` edit of a stale entry's refresh (`fwd=stale`), if written.
+    pub fn refresh_field(&self) -> Option<ResponseEdit> {
+        Some(self.miss_field.as_ref()?.2.clone())
     }
 
     pub fn rules(&self) -> &Rules {
@@ -397,19 +438,26 @@ impl RouteCache {
             })),
             RequestVerdict::Lookup => {
                 let now = req.unix_secs;
+                // A stale entry still within a window it may be served in.
+                let mut stale = None;
                 if let Some(entry) = self.store.get(&key) {
                     if entry.freshness.is_fresh(now) {
                         self.counts.bump(cx.worker_id, Count::Hit);
                         return CacheStep::Hit(self.answer(req, &entry, now, cx.worker_id));
                     }
                     self.counts.bump(cx.worker_id, Count::Expired);
-                    self.store.remove(&key);
+                    if entry.freshness.worth_keeping(&self.rules, now) {
+                        stale = Some(entry);
+                    } else {
+                        self.store.remove(&key);
+                    }
                 }
                 let authorized = fields
                     .iter()
                     .any(|(n, _)| n.eq_ignore_ascii_case("authorization"));
                 let head_only = req.method() == Method::Head;
-                let mark = if self.lock.is_zero() {
+                // A stale entry is refreshed by one request at a time, lock time or not.
+                let mark = if self.lock.is_zero() && stale.is_none() {
                     None
                 } else {
                     // A HEAD waits for a GET's fill but never leads one (its answer has no
@@ -419,23 +467,53 @@ impl RouteCache {
                         false => Some(self.store.flights().join(key)),
                     };
                     match joined {
+                        Some(Join::Wait(_))
+                            if stale.as_ref().is_some_and(|e| {
+                                e.freshness.serves_while_updating(&self.rules, now)
+                            }) =>
+                        {
+                            let entry = stale.as_ref().expect("just seen");
+                            self.counts.bump(cx.worker_id, Count::StaleUpdating);
+                            return CacheStep::Hit(self.answer_stale(
+                                req,
+                                entry,
+                                now,
+                                cx.worker_id,
+                            ));
+                        }
+                        Some(Join::Wait(_)) if self.lock.is_zero() => None,
                         Some(Join::Wait(flight)) => {
                             self.counts.bump(cx.worker_id, Count::Waited);
-                            return CacheStep::Wait(Box::new(Waiter {
-                                fill: self.fill(cx.worker_id, key, authorized, None),
-                                flight,
-                                give_up_ms: req.now_ms + self.lock.as_millis() as u64,
-                                head_only,
-                                if_none_match: req.head.if_none_match.map(<[u8]>::to_vec),
-                                if_modified_since: req.head.if_modified_since.map(<[u8]>::to_vec),
-                                status_field: self.status_field,
-                            }));
+                            let fallback =
+                                stale.and_then(|e| self.stale_on_error(req, e, cx.worker_id));
+                            return CacheStep::Wait {
+                                fallback,
+                                hold: Box::new(Waiter {
+                                    fill: self.fill(cx.worker_id, key, authorized, None),
+                                    flight,
+                                    give_up_ms: req.now_ms + self.lock.as_millis() as u64,
+                                    head_only,
+                                    if_none_match: req.head.if_none_match.map(<[u8]>::to_vec),
+                                    if_modified_since: req
+                                        .head
+                                        .if_modified_since
+                                        .map(<[u8]>::to_vec),
+                                    status_field: self.status_field,
+                                }),
+                            };
                         }
                         Some(Join::Lead(mark)) => Some(mark),
                         None => None,
                     }
                 };
                 self.counts.bump(cx.worker_id, Count::Miss);
+                if let Some(entry) = stale {
+                    let fallback = self.stale_on_error(req, entry, cx.worker_id);
+                    let tee = (!head_only).then(|| -> Box<dyn AnswerTee> {
+                        Box::new(self.fill(cx.worker_id, key, authorized, mark))
+                    });
+                    return CacheStep::Refresh { tee, fallback };
+                }
                 if head_only {
                     return CacheStep::Keyed;
                 }
@@ -463,6 +541,40 @@ impl RouteCache {
             if_modified_since: req.head.if_modified_since,
         };
         let status = self.status_field.then_some(&b"tern; hit"[..]);
+        answer(&asked, entry, now, status, || {
+            self.counts.bump(worker, Count::NotModified)
+        })
+    }
+
+    /// The fallback of a request for a stale entry, if the entry may answer when the app
+    /// fails.
+    fn stale_on_error(
+        &self,
+        req: &Request<'_>,
+        entry: Arc<Entry>,
+        worker: usize,
+    ) -> Option<Box<dyn Fallback>> {
+        if !entry.freshness.serves_on_error(&self.rules, req.unix_secs) {
+            return None;
+        }
+        Some(Box::new(StaleOnError {
+            entry,
+            rules: self.rules.clone(),
+            counts: self.counts.clone(),
+            worker,
+            if_none_match: req.head.if_none_match.map(<[u8]>::to_vec),
+            if_modified_since: req.head.if_modified_since.map(<[u8]>::to_vec),
+            status_field: self.status_field,
+        }))
+    }
+
+    /// A stale entry's answer while another request refreshes it.
+    fn answer_stale(&self, req: &Request<'_>, entry: &Entry, now: u64, worker: usize) -> Response {
+        let asked = Validators {
+            if_none_match: req.head.if_none_match,
+            if_modified_since: req.head.if_modified_since,
+        };
+        let status = self.status_field.then_some(&b"tern; hit; detail=stale"[..]);
         answer(&asked, entry, now, status, || {
             self.counts.bump(worker, Count::NotModified)
         })
@@ -758,6 +870,38 @@ impl Hold for Waiter {
     }
 }
 
+/// A stale entry served in place of a failed app's answer (RFC 5861 `stale-if-error`).
+struct StaleOnError {
+    entry: Arc<Entry>,
+    rules: Arc<Rules>,
+    counts: Arc<Counts>,
+    worker: usize,
+    if_none_match: Option<Vec<u8>>,
+    if_modified_since: Option<Vec<u8>>,
+    status_field: bool,
+}
+
+impl Fallback for StaleOnError {
+    fn answer(&mut self, unix_secs: u64) -> Option<Response> {
+        // The app may have taken long to fail: the window is judged now.
+        if !self.entry.freshness.serves_on_error(&self.rules, unix_secs) {
+            return None;
+        }
+        let (counts, worker) = (&self.counts, self.worker);
+        counts.bump(worker, Count::StaleError);
+        let asked = Validators {
+            if_none_match: self.if_none_match.as_deref(),
+            if_modified_since: self.if_modified_since.as_deref(),
+        };
+        let status = self
+            .status_field
+            .then_some(&b"tern; fwd=stale; detail=stale-if-error"[..]);
+        Some(answer(&asked, &self.entry, unix_secs, status, || {
+            counts.bump(worker, Count::NotModified)
+        }))
+    }
+}
+
 impl Fill {
     /// The same fill, not begun.
     fn clone_empty(&self) -> Fill {
@@ -828,6 +972,16 @@ mod tests {
     }
 
     fn harness(lock: Duration) -> Harness {
+        harness_with(
+            lock,
+            Rules {
+                max_object: 64 * 1024,
+                ..Rules::default()
+            },
+        )
+    }
+
+    fn harness_with(lock: Duration, rules: Rules) -> Harness {
         let sock = SocketAddr::from(([127, 0, 0, 1], 9));
         let group = UpstreamGroup::new(
             GroupOptions {
@@ -836,10 +990,6 @@ mod tests {
             },
             1,
         );
-        let rules = Rules {
-            max_object: 64 * 1024,
-            ..Rules::default()
-        };
         let store = Arc::new(Store::new(1 << 20, 64 * 1024));
         let counts = Arc::new(Counts::new(1));
         let cache = RouteCache::new(
@@ -1047,5 +1197,163 @@ mod tests {
         let _clients = clients(&mut h, 5, GET);
         assert_eq!(h.upstreams().len(), 5);
         assert!(h.store.flights().is_empty());
+    }
+
+    /// Fresh for a second.
+    const BRIEF: &[u8] =
+        b"HTTP/1.1 200 OK\r\nCache-Control: max-age=1\r\nContent-Length: 3\r\n\r\nold";
+    const NEW: &[u8] =
+        b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 3\r\n\r\nnew";
+
+    /// A harness whose entry for /a (BRIEF) went stale 2 s ago.
+    fn stale(rules: Rules) -> Harness {
+        let mut h = harness_with(Duration::from_secs(5), rules);
+        let c = h.w.connect(GET);
+        let up = h.upstreams();
+        up[0].write(BRIEF);
+        h.w.settle();
+        assert!(text(&c.read()).ends_with("old"));
+        up[0].shutdown();
+        h.w.advance(Duration::from_secs(3));
+        h
+    }
+
+    #[test]
+    fn a_stale_entry_answers_at_once_while_one_request_refreshes_it() {
+        let mut h = stale(Rules {
+            stale_while_updating: 10,
+            ..Rules::default()
+        });
+        let refresher = h.w.connect(GET);
+        let ups = h.upstreams();
+        assert_eq!(ups.len(), 1, "one refresh");
+        let others = clients(&mut h, 20, GET);
+        for c in &others {
+            let out = text(&c.read());
+            assert!(out.ends_with("old"), "answered at once: {out}");
+            assert!(
+                out.contains("Cache-Status: tern; hit; detail=stale"),
+                "{out}"
+            );
+            assert!(out.contains("Age: 3\r\n"), "{out}");
+        }
+        assert!(h.upstreams().is_empty());
+        ups[0].write(NEW);
+        h.w.settle();
+        let out = text(&refresher.read());
+        assert!(
+            out.ends_with("new") && out.contains("tern; fwd=stale"),
+            "{out}"
+        );
+        let next = h.w.connect(GET);
+        let out = text(&next.read());
+        assert!(
+            out.ends_with("new") && out.contains("Cache-Status: tern; hit\r\n"),
+            "{out}"
+        );
+        assert_eq!(h.counts.total(Count::StaleUpdating), 20);
+        assert!(h.store.flights().is_empty());
+    }
+
+    #[test]
+    fn past_its_window_a_stale_entry_is_not_served() {
+        let mut h = stale(Rules {
+            stale_while_updating: 1,
+            ..Rules::default()
+        });
+        let _refresher = h.w.connect(GET);
+        assert_eq!(h.upstreams().len(), 1);
+        assert!(h.store.is_empty(), "dropped: stale past every window");
+        let waiter = h.w.connect(GET);
+        assert!(
+            waiter.read().is_empty(),
+            "waits for the fill, no stale answer"
+        );
+        assert_eq!(h.counts.total(Count::StaleUpdating), 0);
+    }
+
+    #[test]
+    fn a_stale_entry_answers_when_the_app_fails_within_its_window() {
+        let mut h = stale(Rules {
+            stale_if_error: 60,
+            ..Rules::default()
+        });
+        // A 5xx from the app.
+        let c = h.w.connect(GET);
+        let up = h.upstreams();
+        up[0].write(b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy");
+        h.w.settle();
+        let out = text(&c.read());
+        assert!(
+            out.starts_with("HTTP/1.1 200 ") && out.ends_with("old"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tern; fwd=stale; detail=stale-if-error"),
+            "{out}"
+        );
+        assert!(!up[0].closed_by_worker(), "the 503 was read whole: pooled");
+        // No answer at all: tern's 502 is replaced too.
+        let c = h.w.connect(GET);
+        up[0].read();
+        up[0].shutdown();
+        h.w.settle();
+        // (A pooled connection that closed unasked is retried once on a new one.)
+        for fresh in h.upstreams() {
+            fresh.shutdown();
+        }
+        h.w.settle();
+        let out = text(&c.read());
+        assert!(
+            out.starts_with("HTTP/1.1 200 ") && out.ends_with("old"),
+            "{out}"
+        );
+        assert_eq!(h.counts.total(Count::StaleError), 2);
+        // Past the window the app's failure is the answer.
+        h.w.advance(Duration::from_secs(60));
+        let c = h.w.connect(GET);
+        let up = h.upstreams();
+        up[0].write(b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy");
+        h.w.settle();
+        assert!(text(&c.read()).starts_with("HTTP/1.1 503 "));
+        assert!(h.store.flights().is_empty());
+    }
+
+    #[test]
+    fn must_revalidate_is_never_served_stale() {
+        let mut h = harness_with(
+            Duration::from_secs(5),
+            Rules {
+                stale_while_updating: 60,
+                stale_if_error: 60,
+                ..Rules::default()
+            },
+        );
+        let c = h.w.connect(GET);
+        let up = h.upstreams();
+        up[0].write(b"HTTP/1.1 200 OK\r\nCache-Control: max-age=1, must-revalidate\r\nContent-Length: 3\r\n\r\nold");
+        h.w.settle();
+        assert!(text(&c.read()).ends_with("old"));
+        h.w.advance(Duration::from_secs(3));
+        let c = h.w.connect(GET);
+        up[0].read();
+        up[0].write(b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy");
+        h.w.settle();
+        assert!(text(&c.read()).starts_with("HTTP/1.1 503 "));
+    }
+
+    #[test]
+    fn the_answer_s_own_stale_while_revalidate_is_honoured() {
+        let mut h = harness(Duration::from_secs(5));
+        let c = h.w.connect(GET);
+        let up = h.upstreams();
+        up[0].write(b"HTTP/1.1 200 OK\r\nCache-Control: max-age=1, stale-while-revalidate=30\r\nContent-Length: 3\r\n\r\nold");
+        h.w.settle();
+        assert!(text(&c.read()).ends_with("old"));
+        h.w.advance(Duration::from_secs(3));
+        let _refresher = h.w.connect(GET);
+        let other = h.w.connect(GET);
+        assert!(text(&other.read()).ends_with("old"), "served stale at once");
+        assert_eq!(h.counts.total(Count::StaleUpdating), 1);
     }
 }

@@ -59,6 +59,8 @@ impl Handler for Proxy {
         }
         // A miss waiting for another's fill of its key.
         let mut hold = None;
+        // A stale entry to answer with if the app fails.
+        let mut fallback = None;
         let (built, tee, edit) = match &self.cache {
             None => (
                 head::build(req, &self.options, cx.identity(), cx.request_id()),
@@ -79,7 +81,8 @@ impl Handler for Proxy {
                 ),
                 step @ (cache::CacheStep::Fill(_)
                 | cache::CacheStep::Keyed
-                | cache::CacheStep::Wait(_)) => {
+                | cache::CacheStep::Wait { .. }
+                | cache::CacheStep::Refresh { .. }) => {
                     let query = tern_cache::policy::keyed_query(&c.rules().key_query, req.query());
                     let keyed = head::Keyed {
                         query: query.as_deref(),
@@ -88,9 +91,20 @@ impl Handler for Proxy {
                     let built = head::build_keyed(req, &self.options, cx.request_id(), &keyed);
                     match step {
                         cache::CacheStep::Fill(tee) => (built, Some(tee), c.forwarded_field(true)),
-                        cache::CacheStep::Wait(waiter) => {
+                        cache::CacheStep::Wait {
+                            hold: waiter,
+                            fallback: stale,
+                        } => {
                             hold = Some(waiter);
+                            fallback = stale;
                             (built, None, c.forwarded_field(true))
+                        }
+                        cache::CacheStep::Refresh {
+                            tee,
+                            fallback: stale,
+                        } => {
+                            fallback = stale;
+                            (built, tee, c.refresh_field())
                         }
                         _ => (built, None, c.forwarded_field(true)),
                     }
@@ -116,6 +130,7 @@ impl Handler for Proxy {
             },
             tee,
             hold,
+            fallback,
         }))
     }
 

@@ -59,3 +59,11 @@ pub enum HoldStep {
     /// and logged as a handler's answer).
     Answer(Response),
 }
+
+/// An answer in place of the app's when the app fails: a 5xx from it, or none at all (no
+/// connection, a timeout, a broken answer) before anything went to the client. A shared
+/// cache's stale entry (RFC 5861 `stale-if-error`).
+pub trait Fallback: Send {
+    /// The answer to give, if there is one still (`unix_secs`: the worker's clock).
+    fn answer(&mut self, unix_secs: u64) -> Option<Response>;
+}

@@ -828,6 +828,7 @@ mod tests {
                     not_before_ms: 0,
                     tee: None,
                     hold: None,
+                    fallback: None,
                 }))
             },
         );
@@ -1038,6 +1039,7 @@ mod tests {
                 not_before_ms: 0,
                 tee: None,
                 hold: None,
+                fallback: None,
             }))
         };
         let forward = Arc::new(forward);

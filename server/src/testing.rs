@@ -432,6 +432,7 @@ impl Handler for ForwardAll {
             not_before_ms: 0,
             tee: None,
             hold: None,
+            fallback: None,
         }))
     }
 

@@ -205,6 +205,9 @@ pub struct Forward {
     /// Held before it goes (a cache miss waiting for another request's fill), asked again
     /// at `not_before_ms` and at each instant it names (`answer_tee.rs`); None: not held.
     pub hold: Option<Box<dyn crate::answer_tee::Hold>>,
+    /// Answers in place of the app's when the app fails (`answer_tee.rs`); None: the
+    /// failure is the answer.
+    pub fallback: Option<Box<dyn crate::answer_tee::Fallback>>,
 }
 
 /// A hand-off target (`X-Accel-Redirect`'s value, a `reroute_status` path; see

@@ -1704,6 +1704,7 @@ mod tests {
                     not_before_ms: 0,
                     tee: None,
                     hold: None,
+                    fallback: None,
                 }))
             },
         ))

@@ -49,6 +49,11 @@ pub(super) struct CacheBlock {
     /// How long a miss waits for another request's fill of its key ("5s", "500ms"; "0":
     /// misses never wait).
     pub(super) lock: Option<Spanned<String>>,
+    /// How long past its lifetime an entry still answers while one request refreshes it,
+    /// and when the app fails ("30s", "1h"; an answer's own `stale-while-revalidate` and
+    /// `stale-if-error` may give longer).
+    pub(super) stale_while_updating: Option<Spanned<String>>,
+    pub(super) stale_if_error: Option<Spanned<String>>,
 }
 
 /// A route's cache, checked.
@@ -119,6 +124,7 @@ pub(super) fn check_cache(
     let mut ok = true;
     let (mut memory, mut max_object) = (DEFAULT_MEMORY, DEFAULT_MAX_OBJECT);
     let mut lock = DEFAULT_LOCK;
+    let (mut stale_while_updating, mut stale_if_error) = (0, 0);
     match file.cache.as_ref().and_then(|c| c.get(&name)) {
         None if name != "default" => {
             p.at(at, format!("cache {name:?} has no [cache.{name}] block"));
@@ -142,6 +148,29 @@ pub(super) fn check_cache(
             };
             read(&block.memory, "memory", &mut memory);
             read(&block.max_object, "max_object", &mut max_object);
+            for (v, what, into) in [
+                (
+                    &block.stale_while_updating,
+                    "stale_while_updating",
+                    &mut stale_while_updating,
+                ),
+                (&block.stale_if_error, "stale_if_error", &mut stale_if_error),
+            ] {
+                let Some(v) = v else { continue };
+                match duration(v.get_ref()) {
+                    Some(secs) => *into = secs,
+                    None => {
+                        p.at(
+                            v.span().start,
+                            format!(
+                                "{what} {:?}: a duration such as \"30s\" or \"1h\"",
+                                v.get_ref()
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+            }
             if let Some(v) = &block.lock {
                 match lock_time(v.get_ref()) {
                     Some(t) if t <= MAX_LOCK => lock = t,
@@ -167,6 +196,8 @@ pub(super) fn check_cache(
     }
     let mut rules = tern_cache::Rules {
         max_object,
+        stale_while_updating,
+        stale_if_error,
         ..tern_cache::Rules::default()
     };
     if let Some(q) = &route.cache_key_query {

@@ -219,6 +219,11 @@ impl Relay {
         if self.retried_on_status(head.status, cx) {
             return used;
         }
+        if head.status >= 500 {
+            if let Some(used) = self.fall_back_on(&head, data, sink, cx) {
+                return used;
+            }
+        }
         if let Some(used) = self.hand_back(&head, data, sink, cx) {
             return used;
         }
@@ -509,6 +514,11 @@ impl Relay {
             self.outcome = UpstreamOutcome::Abandoned;
         } else {
             self.outcome = UpstreamOutcome::Failed;
+            if self.fall_back(sink, cx) {
+                // Still the server's failure, for its health.
+                self.outcome = UpstreamOutcome::Failed;
+                return;
+            }
         }
         self.answer_own(status, msg, sink, cx);
     }

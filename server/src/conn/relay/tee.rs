@@ -3,6 +3,8 @@
 //! ever dropped here, never allowed to change or delay what the client gets. And the side of
 //! a [`Hold`](crate::Hold) (a miss waiting for another's fill): asked in the wait phase.
 
+use tern_codec::{ResponseBody, UpstreamHead};
+
 use super::Relay;
 use crate::answer_tee::HoldStep;
 use crate::compression;
@@ -78,5 +80,53 @@ impl Relay {
                 self.answer_whole(r, sink, cx);
             }
         }
+    }
+}
+
+impl Relay {
+    /// The app failed before anything went to the client: the fallback's answer, if it
+    /// has one, goes in place of tern's own error (true).
+    pub(super) fn fall_back(&mut self, sink: &mut impl Sink, cx: &mut ConnCx<'_>) -> bool {
+        let Some(mut r) = self
+            .fwd
+            .fallback
+            .as_mut()
+            .and_then(|f| f.answer(cx.clock.unix_secs()))
+        else {
+            return false;
+        };
+        self.fwd.fallback = None;
+        self.fwd.tee = None;
+        if let Some(choice) = &self.compress {
+            compression::fixed(&mut r, choice, cx.stats);
+        }
+        self.answer_whole(r, sink, cx);
+        true
+    }
+
+    /// The app answered 5xx (`head`, at the start of `data`): the fallback's answer goes in
+    /// its place, if it has one; the app's body is read past when it came whole with the head
+    /// (its connection stays in step), else dropped with the connection. Returns the bytes
+    /// used, or None: the app's answer goes on.
+    pub(super) fn fall_back_on(
+        &mut self,
+        head: &UpstreamHead<'_>,
+        data: &[u8],
+        sink: &mut impl Sink,
+        cx: &mut ConnCx<'_>,
+    ) -> Option<usize> {
+        self.fwd.fallback.as_ref()?;
+        let rest = (data.len() - head.head_len) as u64;
+        let ended = self.fastcgi.as_ref().is_some_and(|f| f.ended_cleanly());
+        let (used, whole) = match head.body {
+            ResponseBody::None => (head.head_len, true),
+            ResponseBody::Length(n) if rest >= n => (head.head_len + n as usize, true),
+            _ => (data.len(), ended),
+        };
+        if !self.fall_back(sink, cx) {
+            return None;
+        }
+        self.upstream_keep = head.keep_alive && whole && !self.fwd.upgrade;
+        Some(used)
     }
 }
