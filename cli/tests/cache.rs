@@ -119,6 +119,10 @@ fn serve(
             *n += 1;
             *n
         };
+        // A refresh is held (the first answer is not).
+        if path == "/held" && n >= 2 {
+            gate.pass();
+        }
         // The body tells which request made it and what the app was told.
         let text = format!(
             "{method} {target} #{n} xfh={:?} ua={:?} lang={:?} cookie={:?}\n",
@@ -149,6 +153,11 @@ fn serve(
                 text.into(),
             ),
             "/big" => (200, "Cache-Control: max-age=60\r\n", vec![b'b'; 300 * 1024]),
+            // Fresh for a second.
+            "/held" => (200, "Cache-Control: max-age=1\r\n", text.into()),
+            // Fresh for a second, then failing.
+            "/flaky" if n == 1 => (200, "Cache-Control: max-age=1\r\n", text.into()),
+            "/flaky" => (500, "", text.into()),
             _ if method == "POST" => (200, "", text.into()),
             _ => (
                 200,
@@ -370,12 +379,12 @@ fn check_names_the_lines_of_wrong_cache_keys() {
         text.contains("line 12: cache \"nope\""),
         "lines are named:\n{text}"
     );
-    // The lock time of a cache a route uses.
+    // The lock time and stale windows of a cache a route uses.
     let conf = config(
         dir.path(),
         &app,
         "cache = \"main\"",
-        "[cache.main]\nmemory = \"4M\"\nlock = \"soon\"\n",
+        "[cache.main]\nmemory = \"4M\"\nlock = \"soon\"\nstale_if_error = \"later\"\n",
     );
     let out = Command::new(TERN)
         .args(["run", "--check", "--config"])
@@ -385,6 +394,10 @@ fn check_names_the_lines_of_wrong_cache_keys() {
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("line 3: lock \"soon\": a duration"), "{text}");
+    assert!(
+        text.contains("line 4: stale_if_error \"later\": a duration"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -542,4 +555,88 @@ fn past_the_lock_time_waiters_go_to_the_app_uncached() {
     assert_eq!(hit.header("cache-status"), Some("tern; hit"));
     assert_eq!(tern.metric("tern_cache_stored_total{cache=\"main\"}"), 1);
     assert_eq!(tern.metric("tern_cache_coalesced_total{cache=\"main\"}"), 0);
+}
+
+/// Past a one-second lifetime by the server's clock (which counts whole seconds).
+fn until_stale() {
+    std::thread::sleep(Duration::from_millis(2100));
+}
+
+#[test]
+fn a_stale_entry_answers_while_one_request_refreshes_it() {
+    let (_dir, app, tern) = started_with(
+        &format!("{CACHED}{METRICS}"),
+        "stale_while_updating = \"1m\"\n",
+    );
+    assert!(tern.get("/held").text().starts_with("GET /held #1 "));
+    until_stale();
+    let addr = tern.addr();
+    let refresh = std::thread::spawn(move || Client::connect(addr).get("/held", &[]));
+    assert!(
+        eventually(Duration::from_secs(10), || app.asked("/held").len() == 2),
+        "the refresh reached the app"
+    );
+    // While the app holds the refresh: the stale entry, at once.
+    let stale = tern.get("/held");
+    assert!(
+        stale.text().starts_with("GET /held #1 "),
+        "{}",
+        stale.text()
+    );
+    assert_eq!(
+        stale.header("cache-status"),
+        Some("tern; hit; detail=stale")
+    );
+    assert!(stale
+        .header("age")
+        .is_some_and(|a| a.parse::<u64>().unwrap() >= 2));
+    app.gate.open();
+    let refreshed = refresh.join().unwrap();
+    assert!(
+        refreshed.text().starts_with("GET /held #2 "),
+        "{}",
+        refreshed.text()
+    );
+    assert_eq!(refreshed.header("cache-status"), Some("tern; fwd=stale"));
+    let hit = tern.get("/held");
+    assert!(hit.text().starts_with("GET /held #2 "));
+    assert_eq!(hit.header("cache-status"), Some("tern; hit"));
+    assert_eq!(app.asked("/held").len(), 2);
+    assert_eq!(
+        tern.metric("tern_cache_stale_served_total{reason=\"updating\",cache=\"main\"}"),
+        1
+    );
+}
+
+#[test]
+fn a_stale_entry_answers_when_the_app_fails() {
+    let (_dir, app, tern) =
+        started_with(&format!("{CACHED}{METRICS}"), "stale_if_error = \"1h\"\n");
+    assert!(tern.get("/flaky").text().starts_with("GET /flaky #1 "));
+    until_stale();
+    let rescued = tern.get("/flaky");
+    assert_eq!(rescued.status, 200);
+    assert!(
+        rescued.text().starts_with("GET /flaky #1 "),
+        "{}",
+        rescued.text()
+    );
+    assert_eq!(
+        rescued.header("cache-status"),
+        Some("tern; fwd=stale; detail=stale-if-error")
+    );
+    assert_eq!(
+        app.asked("/flaky").len(),
+        2,
+        "the app was asked, and failed"
+    );
+    assert_eq!(
+        tern.metric("tern_cache_stale_served_total{reason=\"error\",cache=\"main\"}"),
+        1
+    );
+    // Without a window the failure is the answer.
+    let (_dir, _app, tern) = started(CACHED);
+    tern.get("/flaky");
+    until_stale();
+    assert_eq!(tern.get("/flaky").status, 500);
 }
