@@ -69,13 +69,15 @@ pub enum Count {
     StaleUpdating,
     /// A stale entry served because the app failed.
     StaleError,
+    /// A stale entry the app confirmed (304 to a conditional refresh).
+    Revalidated,
     /// A miss that waited the lock time for another's fill, then went to the app.
     LockTimeout,
     Bypassed(Bypass),
     Uncacheable(Uncacheable),
 }
 
-const N_PLAIN: usize = 11;
+const N_PLAIN: usize = 12;
 /// Slots in a block: the plain counts, then one per bypass and one per uncacheable reason.
 pub const N_COUNTS: usize = N_PLAIN + Bypass::ALL.len() + Uncacheable::ALL.len();
 
@@ -93,6 +95,7 @@ impl Count {
             Count::Waited => 8,
             Count::StaleUpdating => 9,
             Count::StaleError => 10,
+            Count::Revalidated => 11,
             Count::Bypassed(b) => N_PLAIN + b as usize,
             Count::Uncacheable(u) => N_PLAIN + Bypass::ALL.len() + u as usize,
         }
@@ -274,6 +277,13 @@ fn metrics() -> Vec<tern_services::metrics::Metric> {
     });
     each(&|_, c| {
         vec![Metric::counter(
+            "cache_revalidated",
+            "stale entries the app confirmed (304 to a conditional refresh), refreshed in place",
+            c.total(Count::Revalidated),
+        )]
+    });
+    each(&|_, c| {
+        vec![Metric::counter(
             "cache_waits",
             "misses that waited for another request's fill of their key",
             c.total(Count::Waited),
@@ -337,6 +347,9 @@ pub enum CacheStep {
     Refresh {
         tee: Option<Box<dyn AnswerTee>>,
         fallback: Option<Box<dyn Fallback>>,
+        /// Request fields that make the refresh conditional (`If-None-Match`,
+        /// `If-Modified-Since` from the entry), as header lines: a 304 refreshes the entry.
+        validators: Vec<u8>,
     },
     /// Past the cache: forward as usual.
     Pass,
@@ -360,7 +373,13 @@ impl RouteCache {
             status_field,
             miss_field: status_field.then(|| {
                 let field = |value: &'static [u8]| -> ResponseEdit {
-                    Arc::new(move |r: &mut Response| r.push_header("Cache-Status", value))
+                    // Not over the one an answer from the cache carries (a waiter's, a stale
+                    // one in place of a failure), which the relay edits as the app's.
+                    Arc::new(move |r: &mut Response| {
+                        if r.header("cache-status").is_none() {
+                            r.push_header("Cache-Status", value)
+                        }
+                    })
                 };
                 (
                     field(b"tern; fwd=miss"),
@@ -446,7 +465,7 @@ impl RouteCache {
                         return CacheStep::Hit(self.answer(req, &entry, now, cx.worker_id));
                     }
                     self.counts.bump(cx.worker_id, Count::Expired);
-                    if entry.freshness.worth_keeping(&self.rules, now) {
+                    if entry.freshness.worth_keeping(&self.rules, now) || revalidatable(&entry) {
                         stale = Some(entry);
                     } else {
                         self.store.remove(&key);
@@ -508,11 +527,32 @@ impl RouteCache {
                 };
                 self.counts.bump(cx.worker_id, Count::Miss);
                 if let Some(entry) = stale {
+                    // A GET asks the app whether the entry still holds (RFC 9111 §4.3.1).
+                    let mut validators = Vec::new();
+                    let mut tee = None;
+                    if !head_only {
+                        let mut fill = self.fill(cx.worker_id, key, authorized, mark);
+                        if revalidatable(&entry) {
+                            for (name, value) in [
+                                ("If-None-Match: ", &entry.etag),
+                                ("If-Modified-Since: ", &entry.last_modified),
+                            ] {
+                                if let Some(v) = value {
+                                    validators.extend_from_slice(name.as_bytes());
+                                    validators.extend_from_slice(v);
+                                    validators.extend_from_slice(b"\r\n");
+                                }
+                            }
+                            fill.refresh = Some(entry.clone());
+                        }
+                        tee = Some(Box::new(fill) as Box<dyn AnswerTee>);
+                    }
                     let fallback = self.stale_on_error(req, entry, cx.worker_id);
-                    let tee = (!head_only).then(|| -> Box<dyn AnswerTee> {
-                        Box::new(self.fill(cx.worker_id, key, authorized, mark))
-                    });
-                    return CacheStep::Refresh { tee, fallback };
+                    return CacheStep::Refresh {
+                        tee,
+                        fallback,
+                        validators,
+                    };
                 }
                 if head_only {
                     return CacheStep::Keyed;
@@ -532,6 +572,8 @@ impl RouteCache {
             authorized,
             kept: None,
             mark,
+            refresh: None,
+            status_field: self.status_field,
         }
     }
 
@@ -584,6 +626,11 @@ impl RouteCache {
     pub fn status_field(&self) -> bool {
         self.status_field
     }
+}
+
+/// An entry the app can be asked about: a whole answer with a validator.
+fn revalidatable(entry: &Entry) -> bool {
+    entry.status == 200 && (entry.etag.is_some() || entry.last_modified.is_some())
 }
 
 /// The client's validators.
@@ -673,6 +720,10 @@ struct Fill {
     kept: Option<Kept>,
     /// The key's fill in flight, which misses for it wait on: ended when this is dropped.
     mark: Option<FillMark>,
+    /// The stale entry a conditional refresh asked the app about: a 304 refreshes it.
+    refresh: Option<Arc<Entry>>,
+    /// Writes `Cache-Status` on the answer it gives for a 304.
+    status_field: bool,
 }
 
 struct Kept {
@@ -768,6 +819,39 @@ impl AnswerTee for Fill {
         }
         kept.body.extend_from_slice(data);
         true
+    }
+
+    fn not_modified(
+        &mut self,
+        head: &Response,
+        date: Option<&[u8]>,
+        unix_secs: u64,
+    ) -> Option<Response> {
+        let old = self.refresh.take()?;
+        self.counts.bump(self.worker, Count::Revalidated);
+        let status = self
+            .status_field
+            .then_some(&b"tern; fwd=stale; fwd-status=304"[..]);
+        let none = Validators {
+            if_none_match: None,
+            if_modified_since: None,
+        };
+        let Some(entry) = self.refreshed(&old, head, date, unix_secs) else {
+            // Confirmed, but no longer to be kept (the 304 says no-store, say): this client
+            // still gets the body the app confirmed.
+            self.store.remove(&self.key);
+            if let Some(mark) = self.mark.as_mut() {
+                mark.not_stored();
+            }
+            return Some(answer(&none, &old, unix_secs, status, || {}));
+        };
+        let r = answer(&none, &entry, unix_secs, status, || {});
+        self.counts.bump(self.worker, Count::Stored);
+        self.store.insert(self.key, entry);
+        if let Some(mark) = self.mark.as_mut() {
+            mark.stored();
+        }
+        Some(r)
     }
 
     fn unsized_body(&mut self) {
@@ -903,6 +987,62 @@ impl Fallback for StaleOnError {
 }
 
 impl Fill {
+    /// `old` with the fields of the app's 304 (`head`) in place of its own of those names
+    /// (RFC 9111 §4.3.4), its lifetime judged again from them; None: not to be kept.
+    fn refreshed(
+        &self,
+        old: &Entry,
+        head: &Response,
+        date: Option<&[u8]>,
+        now: u64,
+    ) -> Option<Entry> {
+        let name_of = |line: &[u8]| -> Vec<u8> {
+            let name = line.split(|&b| b == b':').next().unwrap_or_default();
+            name.to_ascii_lowercase()
+        };
+        let new_names: Vec<Vec<u8>> = head
+            .headers()
+            .split_inclusive(|&b| b == b'\n')
+            .map(name_of)
+            .collect();
+        let mut merged = Vec::with_capacity(old.head.len() + head.headers().len());
+        for line in old.head.split_inclusive(|&b| b == b'\n') {
+            if !new_names.contains(&name_of(line)) {
+                merged.extend_from_slice(line);
+            }
+        }
+        for line in head.headers().split_inclusive(|&b| b == b'\n') {
+            if name_of(line) != b"age" {
+                merged.extend_from_slice(line);
+            }
+        }
+        let mut fields = fields_of(&merged);
+        if let Some(date) = date {
+            fields.push(("date", date));
+        }
+        let facts = AnswerFacts {
+            status: old.status,
+            fields: &fields,
+            content_length: Some(old.body.len() as u64),
+            authorized: self.authorized,
+            now,
+        };
+        let freshness = judge_answer(&self.rules, &facts).ok()?;
+        let field = |name: &str| {
+            policy::values(&fields, name)
+                .next()
+                .map(Bytes::copy_from_slice)
+        };
+        Some(Entry {
+            status: old.status,
+            etag: field("etag"),
+            last_modified: field("last-modified"),
+            head: Bytes::from(merged),
+            body: old.body.clone(),
+            freshness,
+        })
+    }
+
     /// The same fill, not begun.
     fn clone_empty(&self) -> Fill {
         Fill {
@@ -914,6 +1054,8 @@ impl Fill {
             authorized: self.authorized,
             kept: None,
             mark: None,
+            refresh: None,
+            status_field: self.status_field,
         }
     }
 }
@@ -1355,5 +1497,80 @@ mod tests {
         let other = h.w.connect(GET);
         assert!(text(&other.read()).ends_with("old"), "served stale at once");
         assert_eq!(h.counts.total(Count::StaleUpdating), 1);
+    }
+
+    #[test]
+    fn a_stale_entry_with_validators_is_revalidated_and_a_304_refreshes_it() {
+        let mut h = harness(Duration::from_secs(5));
+        let c = h.w.connect(GET);
+        let up = h.upstreams();
+        up[0].write(b"HTTP/1.1 200 OK\r\nCache-Control: max-age=1\r\nETag: \"v1\"\r\nLast-Modified: Sat, 01 Jan 2028 00:00:00 GMT\r\nX-Version: 1\r\nContent-Length: 3\r\n\r\nold");
+        h.w.settle();
+        assert!(text(&c.read()).ends_with("old"));
+        h.w.advance(Duration::from_secs(3));
+        assert_eq!(
+            h.store.len(),
+            1,
+            "kept past its lifetime: it can be revalidated"
+        );
+        let c = h.w.connect(GET);
+        let asked = text(&up[0].read());
+        assert!(asked.contains("If-None-Match: \"v1\"\r\n"), "{asked}");
+        assert!(
+            asked.contains("If-Modified-Since: Sat, 01 Jan 2028 00:00:00 GMT\r\n"),
+            "{asked}"
+        );
+        up[0].write(b"HTTP/1.1 304 Not Modified\r\nCache-Control: max-age=60\r\nETag: \"v1\"\r\nX-Version: 2\r\n\r\n");
+        h.w.settle();
+        let out = text(&c.read());
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK\r\n") && out.ends_with("old"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Cache-Status: tern; fwd=stale; fwd-status=304"),
+            "{out}"
+        );
+        assert!(
+            out.contains("X-Version: 2") && !out.contains("X-Version: 1"),
+            "{out}"
+        );
+        assert!(!up[0].closed_by_worker(), "the 304's connection is pooled");
+        // Fresh again, with the 304's fields.
+        h.w.advance(Duration::from_secs(3));
+        let c = h.w.connect(GET);
+        let out = text(&c.read());
+        assert!(
+            out.contains("Cache-Status: tern; hit\r\n") && out.ends_with("old"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Cache-Control: max-age=60") && out.contains("X-Version: 2"),
+            "{out}"
+        );
+        assert!(h.upstreams().is_empty());
+        assert_eq!(h.counts.total(Count::Revalidated), 1);
+        assert!(h.store.flights().is_empty());
+    }
+
+    #[test]
+    fn a_new_answer_to_a_conditional_refresh_replaces_the_entry() {
+        let mut h = harness(Duration::from_secs(5));
+        let c = h.w.connect(GET);
+        let up = h.upstreams();
+        up[0].write(b"HTTP/1.1 200 OK\r\nCache-Control: max-age=1\r\nETag: \"v1\"\r\nContent-Length: 3\r\n\r\nold");
+        h.w.settle();
+        c.read();
+        h.w.advance(Duration::from_secs(3));
+        let c = h.w.connect(GET);
+        assert!(text(&up[0].read()).contains("If-None-Match: \"v1\""));
+        up[0].write(NEW);
+        h.w.settle();
+        assert!(text(&c.read()).ends_with("new"));
+        assert!(
+            text(&h.w.connect(GET).read()).ends_with("new"),
+            "a hit on the new one"
+        );
+        assert_eq!(h.counts.total(Count::Revalidated), 0);
     }
 }

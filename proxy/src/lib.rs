@@ -102,8 +102,11 @@ impl Handler for Proxy {
                         cache::CacheStep::Refresh {
                             tee,
                             fallback: stale,
+                            validators,
                         } => {
                             fallback = stale;
+                            let mut built = built;
+                            built.head.extend_from_slice(&validators);
                             (built, tee, c.refresh_field())
                         }
                         _ => (built, None, c.forwarded_field(true)),

@@ -34,6 +34,19 @@ pub trait AnswerTee: Send {
 
     /// The body came whole (the framing said where it ended).
     fn end(self: Box<Self>, unix_secs: u64);
+
+    /// The app answered 304 to a conditional request the handler made for the copy (a
+    /// stale entry's refresh): the whole answer the client gets in its place, if the tee has
+    /// one (`head`: the 304's fields, as in [`AnswerTee::head`]). None: the 304 goes on as
+    /// any answer.
+    fn not_modified(
+        &mut self,
+        _head: &Response,
+        _date: Option<&[u8]>,
+        _unix_secs: u64,
+    ) -> Option<Response> {
+        None
+    }
 }
 
 /// A forwarded request that waits before it goes: a cache miss whose key another request is
@@ -55,8 +68,8 @@ pub enum HoldStep {
     /// Goes to the upstream now, with a copy of its answer for a fill if it took the fill
     /// over.
     Go(Option<Box<dyn AnswerTee>>),
-    /// Answered with this in place of the upstream's (compressed as the route says, counted
-    /// and logged as a handler's answer).
+    /// Answered with this in place of the upstream's (edited and compressed as the route
+    /// says for the upstream's, counted and logged as a handler's answer).
     Answer(Response),
 }
 
@@ -64,6 +77,7 @@ pub enum HoldStep {
 /// connection, a timeout, a broken answer) before anything went to the client. A shared
 /// cache's stale entry (RFC 5861 `stale-if-error`).
 pub trait Fallback: Send {
-    /// The answer to give, if there is one still (`unix_secs`: the worker's clock).
+    /// The answer to give, if there is one still (`unix_secs`: the worker's clock); edited
+    /// and compressed as the upstream's would have been.
     fn answer(&mut self, unix_secs: u64) -> Option<Response>;
 }

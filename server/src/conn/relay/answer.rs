@@ -235,6 +235,11 @@ impl Relay {
         if copy_fields(&head, &mut r) && ratelog::admit("x_accel_redirect_off", cx.clock.now_ms()) {
             tracing::info!(upstream = %self.addr(), "the app's X-Accel-Redirect was dropped: its route does not follow it (x_accel_redirect = true)");
         }
+        if head.status == 304 {
+            if let Some(used) = self.revalidated(&head, &r, sink, cx) {
+                return used;
+            }
+        }
         if self.fwd.tee.is_some() {
             let (declared, sized) = match head.body {
                 ResponseBody::None => (Some(0), true),

@@ -74,6 +74,9 @@ impl Relay {
                 self.fwd.hold = None;
                 // No upstream was asked: nothing of it is copied.
                 self.fwd.tee = None;
+                if let Some(edit) = &self.fwd.edit {
+                    edit(&mut r);
+                }
                 if let Some(choice) = &self.compress {
                     compression::fixed(&mut r, choice, cx.stats);
                 }
@@ -97,6 +100,9 @@ impl Relay {
         };
         self.fwd.fallback = None;
         self.fwd.tee = None;
+        if let Some(edit) = &self.fwd.edit {
+            edit(&mut r);
+        }
         if let Some(choice) = &self.compress {
             compression::fixed(&mut r, choice, cx.stats);
         }
@@ -128,5 +134,37 @@ impl Relay {
         }
         self.upstream_keep = head.keep_alive && whole && !self.fwd.upgrade;
         Some(used)
+    }
+}
+
+impl Relay {
+    /// The app's 304 (`head`, its fields in `r`) to a refresh the tee asked for: the tee's
+    /// whole answer goes in its place, if it has one. Returns the bytes used (a 304 has no
+    /// body), or None: the 304 goes on.
+    pub(super) fn revalidated(
+        &mut self,
+        head: &UpstreamHead<'_>,
+        r: &Response,
+        sink: &mut impl Sink,
+        cx: &mut ConnCx<'_>,
+    ) -> Option<usize> {
+        let tee = self.fwd.tee.as_mut()?;
+        let date = head
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("date"))
+            .map(|h| h.value);
+        let mut answer = tee.not_modified(r, date, cx.clock.unix_secs())?;
+        self.fwd.tee = None;
+        self.fwd.fallback = None;
+        self.upstream_keep = head.keep_alive && !self.fwd.upgrade;
+        if let Some(edit) = &self.fwd.edit {
+            edit(&mut answer);
+        }
+        if let Some(choice) = &self.compress {
+            compression::fixed(&mut answer, choice, cx.stats);
+        }
+        self.answer_whole(answer, sink, cx);
+        Some(head.head_len)
     }
 }
