@@ -158,6 +158,17 @@ fn serve(
             // Fresh for a second, then failing.
             "/flaky" if n == 1 => (200, "Cache-Control: max-age=1\r\n", text.into()),
             "/flaky" => (500, "", text.into()),
+            // Fresh for a second; its validator still holds after.
+            "/validated" if field("if-none-match").as_deref() == Some("\"v7\"") => (
+                304,
+                "Cache-Control: max-age=60\r\nETag: \"v7\"\r\n",
+                Vec::new(),
+            ),
+            "/validated" => (
+                200,
+                "Cache-Control: max-age=1\r\nETag: \"v7\"\r\n",
+                text.into(),
+            ),
             _ if method == "POST" => (200, "", text.into()),
             _ => (
                 200,
@@ -639,4 +650,38 @@ fn a_stale_entry_answers_when_the_app_fails() {
     tern.get("/flaky");
     until_stale();
     assert_eq!(tern.get("/flaky").status, 500);
+}
+
+#[test]
+fn a_stale_entry_is_revalidated_with_the_app() {
+    let (_dir, app, tern) = started(&format!("{CACHED}{METRICS}"));
+    assert!(tern
+        .get("/validated")
+        .text()
+        .starts_with("GET /validated #1 "));
+    until_stale();
+    let refreshed = tern.get("/validated");
+    assert_eq!(refreshed.status, 200);
+    assert!(
+        refreshed.text().starts_with("GET /validated #1 "),
+        "{}",
+        refreshed.text()
+    );
+    assert_eq!(
+        refreshed.header("cache-status"),
+        Some("tern; fwd=stale; fwd-status=304")
+    );
+    let asked = app.asked("/validated");
+    assert_eq!(asked.len(), 2);
+    assert!(asked[1].contains("If-None-Match: \"v7\""), "{}", asked[1]);
+    // Fresh for a minute now.
+    until_stale();
+    let hit = tern.get("/validated");
+    assert_eq!(hit.header("cache-status"), Some("tern; hit"));
+    assert!(hit.text().starts_with("GET /validated #1 "));
+    assert_eq!(app.asked("/validated").len(), 2);
+    assert_eq!(
+        tern.metric("tern_cache_revalidated_total{cache=\"main\"}"),
+        1
+    );
 }
