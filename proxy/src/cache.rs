@@ -376,7 +376,7 @@ impl RouteCache {
                     // Not over the one an answer from the cache carries (a waiter's, a stale
                     // one in place of a failure), which the relay edits as the app's.
                     Arc::new(move |r: &mut Response| {
-                        if r.header("cache-status").is_none() {
+                        if !has_own_status(r) {
                             r.push_header("Cache-Status", value)
                         }
                     })
@@ -626,6 +626,14 @@ impl RouteCache {
     pub fn status_field(&self) -> bool {
         self.status_field
     }
+}
+
+/// `r` carries tern's `Cache-Status` already (an answer from the cache); an app's own (an
+/// upstream cache's) does not count.
+fn has_own_status(r: &Response) -> bool {
+    fields_of(r.headers())
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("cache-status") && v.starts_with(b"tern;"))
 }
 
 /// An entry the app can be asked about: a whole answer with a validator.
@@ -1572,5 +1580,19 @@ mod tests {
             "a hit on the new one"
         );
         assert_eq!(h.counts.total(Count::Revalidated), 0);
+    }
+
+    #[test]
+    fn an_app_s_own_cache_status_is_kept_beside_tern_s() {
+        let mut h = harness(Duration::from_secs(5));
+        let c = h.w.connect(GET);
+        let up = h.upstreams();
+        up[0].write(
+            b"HTTP/1.1 200 OK\r\nCache-Status: app-cache; hit\r\nContent-Length: 2\r\n\r\nok",
+        );
+        h.w.settle();
+        let out = text(&c.read());
+        assert!(out.contains("Cache-Status: app-cache; hit\r\n"), "{out}");
+        assert!(out.contains("Cache-Status: tern; fwd=miss\r\n"), "{out}");
     }
 }
