@@ -494,7 +494,13 @@ fn many_get(tern: &Tern, n: usize, path: &'static str) -> std::thread::JoinHandl
     let addr = tern.addr();
     std::thread::spawn(move || {
         let clients: Vec<_> = (0..n)
-            .map(|_| std::thread::spawn(move || Client::connect(addr).get(path, &[])))
+            .map(|_| {
+                std::thread::spawn(move || {
+                    // They are answered only once all are in and the app is let go.
+                    let mut c = Client::connect(addr).read_timeout(Duration::from_secs(30));
+                    c.get(path, &[])
+                })
+            })
             .collect();
         clients.into_iter().map(|c| c.join().unwrap()).collect()
     })
@@ -683,5 +689,65 @@ fn a_stale_entry_is_revalidated_with_the_app() {
     assert_eq!(
         tern.metric("tern_cache_revalidated_total{cache=\"main\"}"),
         1
+    );
+}
+
+#[test]
+fn a_fill_whose_connection_panicked_is_taken_over_by_a_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let conf = config(
+        dir.path(),
+        &app,
+        &format!("{CACHED}{METRICS}"),
+        "[cache.main]\nmemory = \"4M\"\nlock = \"10m\"\n",
+    );
+    let mut cmd = Command::new(TERN);
+    cmd.arg("run").arg("--config").arg(&conf);
+    cmd.args(["--listen", "127.0.0.1:0", "--workers", "1"]);
+    if std::env::var_os("TERN_TEST_SANDBOX").is_none_or(|v| v != "off") {
+        cmd.args(["--sandbox", "on"]);
+    }
+    cmd.env("TERN_TEST_FAULTS", "1");
+    let tern = Tern::spawn(cmd);
+    // The fill, on an HTTP/2 connection, held by the app.
+    let mut h2 = crate::h2_support::RawH2::connect(tern.addr(), &[]);
+    h2.request(1, "GET", "/slow", &[], false);
+    assert!(eventually(Duration::from_secs(10), || app
+        .asked("/slow")
+        .len()
+        == 1));
+    let addr = tern.addr();
+    // The same key (the Host is part of it): it waits for the fill. The answer comes only
+    // after the app is let go, so its client may wait longer than a read usually does.
+    let waiter = std::thread::spawn(move || {
+        let mut c = Client::connect(addr).read_timeout(Duration::from_secs(30));
+        c.send(b"GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        c.read_response(false)
+    });
+    let waits = "tern_cache_waits_total{cache=\"main\"}";
+    assert!(eventually(Duration::from_secs(10), || tern.metric(waits) == 1));
+    // A panic in that connection's code: it closes, its relay with it.
+    h2.request(3, "GET", "/tern-test-fault/connection", &[], false);
+    assert!(
+        eventually(Duration::from_secs(10), || app.asked("/slow").len() == 2),
+        "the waiter took the fill over"
+    );
+    app.gate.open();
+    let answer = waiter.join().unwrap();
+    assert!(
+        answer.text().starts_with("GET /slow #2 "),
+        "{}",
+        answer.text()
+    );
+    assert_eq!(
+        tern.metric("tern_cache_lock_timeouts_total{cache=\"main\"}"),
+        0
+    );
+    let mut c = Client::connect(tern.addr());
+    c.send(b"GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert_eq!(
+        c.read_response(false).header("cache-status"),
+        Some("tern; hit")
     );
 }

@@ -1595,4 +1595,57 @@ mod tests {
         assert!(out.contains("Cache-Status: app-cache; hit\r\n"), "{out}");
         assert!(out.contains("Cache-Status: tern; fwd=miss\r\n"), "{out}");
     }
+
+    /// An HTTP/2 frame: length, type, flags, stream, payload.
+    fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend([ty, flags]);
+        f.extend(stream.to_be_bytes());
+        f.extend(payload);
+        f
+    }
+
+    /// A GET of /a on stream 1, every field a literal without indexing (RFC 7541 §6.2.2).
+    fn h2_get() -> Vec<u8> {
+        let mut block = Vec::new();
+        for (name, value) in [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":authority", "one.test"),
+            (":path", "/a"),
+        ] {
+            block.push(0);
+            block.push(name.len() as u8);
+            block.extend(name.as_bytes());
+            block.push(value.len() as u8);
+            block.extend(value.as_bytes());
+        }
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend(frame(4, 0, 0, &[])); // SETTINGS
+        hello.extend(frame(1, 0x4 | 0x1, 1, &block)); // HEADERS, END_HEADERS | END_STREAM
+        hello
+    }
+
+    #[test]
+    fn a_fill_whose_client_left_is_taken_over_by_one_waiter() {
+        let mut h = harness(Duration::from_secs(5));
+        let leader = h.w.connect(&h2_get());
+        let waiters = clients(&mut h, 5, GET);
+        let ups = h.upstreams();
+        assert_eq!(ups.len(), 1);
+        // The leader's client cancels its stream (RST_STREAM, CANCEL): its relay ends.
+        leader.write(&frame(3, 0, 1, &8u32.to_be_bytes()));
+        h.w.settle();
+        assert!(ups[0].closed_by_worker(), "the fill's upstream is let go");
+        h.w.advance(Duration::from_millis(100));
+        let next = h.upstreams();
+        assert_eq!(next.len(), 1, "one waiter took the fill over");
+        next[0].write(CACHEABLE);
+        h.w.advance(Duration::from_millis(200));
+        for c in &waiters {
+            assert!(text(&c.read()).ends_with("body"));
+        }
+        assert_eq!(h.counts.total(Count::Coalesced), 4);
+        assert!(h.store.flights().is_empty());
+    }
 }
