@@ -10,6 +10,14 @@
 //! sees no `Accept-Encoding` either, answers in identity, and tern compresses each hit for its
 //! client. `Vary` then needs no second key: every field the app could vary on is in the key
 //! already (`Vary: *` is still never stored). Requests that bypass the cache go as they came.
+//!
+//! Misses for a key another request is fetching wait for that fetch (`tern_cache::flight`):
+//! the handler forwards them held (`Waiter`, a [`Hold`] the relay asks in its wait phase),
+//! so no worker and no connection's other streams wait with them, and a hit never touches
+//! the table. A stale entry still within a window it may be served in answers those
+//! waiters at once, stands in for a failed app (`StaleOnError`, a [`Fallback`]), and when
+//! it has a validator makes its refresh conditional: the app's 304 refreshes it in place
+//! (`Fill::not_modified`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
