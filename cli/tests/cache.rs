@@ -110,17 +110,15 @@ fn serve(
         let method = parts.next().unwrap_or("").to_string();
         let target = parts.next().unwrap_or("").to_string();
         let path = target.split('?').next().unwrap_or("").to_string();
-        if path == "/slow" {
-            gate.pass();
-        }
         let n = {
             let mut c = counts.lock().unwrap();
             let n = c.entry(target.clone()).or_default();
             *n += 1;
             *n
         };
-        // A refresh is held (the first answer is not).
-        if path == "/held" && n >= 2 {
+        // Held, once counted (so the numbers follow the order requests came in): every
+        // request for /slow, a refresh of /held (not its first).
+        if path == "/slow" || path == "/held" && n >= 2 {
             gate.pass();
         }
         // The body tells which request made it and what the app was told.
