@@ -106,6 +106,13 @@ pub struct Rules {
     pub cache_authorized: bool,
     /// The largest body stored (bytes).
     pub max_object: u64,
+    /// Seconds past its lifetime an entry may still answer while one request refreshes it
+    /// (nginx's `proxy_cache_use_stale updating`, bounded), and when the app fails (`error
+    /// timeout http_5xx`); an answer's own RFC 5861 `stale-while-revalidate` and
+    /// `stale-if-error` may give longer. Never for an answer that says `must-revalidate`,
+    /// `proxy-revalidate` or `s-maxage` (§4.2.4).
+    pub stale_while_updating: u64,
+    pub stale_if_error: u64,
 }
 
 impl Default for Rules {
@@ -117,6 +124,8 @@ impl Default for Rules {
             cookies: CookieRule::default(),
             cache_authorized: false,
             max_object: 1 << 20,
+            stale_while_updating: 0,
+            stale_if_error: 0,
         }
     }
 }
@@ -288,6 +297,26 @@ impl Freshness {
     /// Seconds past its lifetime (0 while fresh).
     pub fn staleness(&self, now: u64) -> u64 {
         self.age(now).saturating_sub(self.lifetime)
+    }
+
+    /// Stale, but still to be served while one request refreshes it (the route's window or
+    /// the answer's `stale-while-revalidate`, whichever is longer).
+    pub fn serves_while_updating(&self, rules: &Rules, now: u64) -> bool {
+        let window = rules.stale_while_updating.max(self.stale_while_revalidate);
+        window > 0 && !self.no_stale && !self.is_fresh(now) && self.staleness(now) <= window
+    }
+
+    /// Stale, but still to be served when the app fails.
+    pub fn serves_on_error(&self, rules: &Rules, now: u64) -> bool {
+        let window = rules.stale_if_error.max(self.stale_if_error);
+        window > 0 && !self.no_stale && !self.is_fresh(now) && self.staleness(now) <= window
+    }
+
+    /// Worth keeping: fresh, or stale within a window it may still be served in.
+    pub fn worth_keeping(&self, rules: &Rules, now: u64) -> bool {
+        self.is_fresh(now)
+            || self.serves_while_updating(rules, now)
+            || self.serves_on_error(rules, now)
     }
 }
 
@@ -807,6 +836,41 @@ mod tests {
             .initial_age,
             0
         );
+    }
+
+    #[test]
+    fn stale_windows_come_from_the_route_or_the_answer_and_never_past_must_revalidate() {
+        let f = |cc: &str| answer(&Rules::default(), 200, &[("cache-control", cc)]).unwrap();
+        let route = Rules {
+            stale_while_updating: 10,
+            stale_if_error: 100,
+            ..Rules::default()
+        };
+        let none = Rules::default();
+        let plain = f("max-age=60");
+        assert!(!plain.serves_while_updating(&route, NOW + 59), "fresh");
+        assert!(plain.serves_while_updating(&route, NOW + 70));
+        assert!(!plain.serves_while_updating(&route, NOW + 71));
+        assert!(!plain.serves_while_updating(&none, NOW + 61));
+        assert!(plain.serves_on_error(&route, NOW + 160));
+        assert!(!plain.serves_on_error(&route, NOW + 161));
+        assert!(plain.worth_keeping(&route, NOW + 160));
+        assert!(!plain.worth_keeping(&route, NOW + 161));
+        assert!(!plain.worth_keeping(&none, NOW + 60));
+        // The answer's own windows, when longer.
+        let own = f("max-age=60, stale-while-revalidate=30, stale-if-error=600");
+        assert!(own.serves_while_updating(&route, NOW + 90));
+        assert!(own.serves_while_updating(&none, NOW + 90));
+        assert!(own.serves_on_error(&none, NOW + 660));
+        // Never past must-revalidate, whatever the route says.
+        for cc in [
+            "max-age=60, must-revalidate",
+            "s-maxage=60, stale-if-error=600",
+        ] {
+            let strict = f(cc);
+            assert!(!strict.serves_while_updating(&route, NOW + 61), "{cc}");
+            assert!(!strict.serves_on_error(&route, NOW + 61), "{cc}");
+        }
     }
 
     #[test]

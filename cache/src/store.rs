@@ -24,6 +24,7 @@ use bytes::Bytes;
 use quick_cache::sync::Cache;
 use quick_cache::{Lifecycle, OptionsBuilder, Weighter};
 
+use crate::flight::Flights;
 use crate::key::Key;
 use crate::policy::Freshness;
 
@@ -104,6 +105,8 @@ pub struct Store {
     map: Cache<Key, Arc<Entry>, ByBytes, KeyBits, CountEvictions>,
     evictions: Arc<AtomicU64>,
     max_object: u64,
+    /// The keys being filled now (coalescing), beside the entries.
+    flights: Arc<Flights>,
 }
 
 impl Store {
@@ -126,7 +129,12 @@ impl Store {
             map: Cache::with_options(options, ByBytes, KeyBits, CountEvictions(evictions.clone())),
             evictions,
             max_object,
+            flights: Arc::default(),
         }
+    }
+
+    pub fn flights(&self) -> &Arc<Flights> {
+        &self.flights
     }
 
     pub fn max_object(&self) -> u64 {

@@ -2,14 +2,17 @@
 //! upstream that says how many times it was asked and what it was sent. Hits, Age, HEAD and
 //! 304 from an entry; what is never stored (private, Set-Cookie, errors, no lifetime, too
 //! large); what bypasses it (cookies, Authorization); that no unkeyed client field reaches the
-//! app on a cached route; a POST invalidating its target; `--check`'s lines.
+//! app on a cached route; a POST invalidating its target; `--check`'s lines; concurrent misses
+//! coalesced into one request to an app that answers only when the test lets it, and sent on
+//! after the lock time.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use crate::support;
 use support::*;
@@ -18,6 +21,28 @@ use support::*;
 struct App {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<String>>>,
+    /// `/slow` answers only once this is open.
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn pass(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
 }
 
 impl App {
@@ -26,15 +51,16 @@ impl App {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::<String>::new()));
         let counts = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
-        let s = seen.clone();
+        let gate = Arc::new(Gate::default());
+        let (s, g) = (seen.clone(), gate.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { return };
-                let (seen, counts) = (s.clone(), counts.clone());
-                std::thread::spawn(move || serve(conn, &seen, &counts));
+                let (seen, counts, gate) = (s.clone(), counts.clone(), g.clone());
+                std::thread::spawn(move || serve(conn, &seen, &counts, &gate));
             }
         });
-        App { addr, seen }
+        App { addr, seen, gate }
     }
 
     /// Requests whose request line names `path` (with its query).
@@ -50,7 +76,12 @@ impl App {
     }
 }
 
-fn serve(conn: TcpStream, seen: &Mutex<Vec<String>>, counts: &Mutex<HashMap<String, usize>>) {
+fn serve(
+    conn: TcpStream,
+    seen: &Mutex<Vec<String>>,
+    counts: &Mutex<HashMap<String, usize>>,
+    gate: &Gate,
+) {
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut out = conn;
     loop {
@@ -85,6 +116,11 @@ fn serve(conn: TcpStream, seen: &Mutex<Vec<String>>, counts: &Mutex<HashMap<Stri
             *n += 1;
             *n
         };
+        // Held, once counted (so the numbers follow the order requests came in): every
+        // request for /slow, a refresh of /held (not its first).
+        if path == "/slow" || path == "/held" && n >= 2 {
+            gate.pass();
+        }
         // The body tells which request made it and what the app was told.
         let text = format!(
             "{method} {target} #{n} xfh={:?} ua={:?} lang={:?} cookie={:?}\n",
@@ -115,6 +151,22 @@ fn serve(conn: TcpStream, seen: &Mutex<Vec<String>>, counts: &Mutex<HashMap<Stri
                 text.into(),
             ),
             "/big" => (200, "Cache-Control: max-age=60\r\n", vec![b'b'; 300 * 1024]),
+            // Fresh for a second.
+            "/held" => (200, "Cache-Control: max-age=1\r\n", text.into()),
+            // Fresh for a second, then failing.
+            "/flaky" if n == 1 => (200, "Cache-Control: max-age=1\r\n", text.into()),
+            "/flaky" => (500, "", text.into()),
+            // Fresh for a second; its validator still holds after.
+            "/validated" if field("if-none-match").as_deref() == Some("\"v7\"") => (
+                304,
+                "Cache-Control: max-age=60\r\nETag: \"v7\"\r\n",
+                Vec::new(),
+            ),
+            "/validated" => (
+                200,
+                "Cache-Control: max-age=1\r\nETag: \"v7\"\r\n",
+                text.into(),
+            ),
             _ if method == "POST" => (200, "", text.into()),
             _ => (
                 200,
@@ -162,13 +214,18 @@ fn config(dir: &Path, app: &App, route_keys: &str, blocks: &str) -> std::path::P
 }
 
 fn started(route_keys: &str) -> (tempfile::TempDir, App, Tern) {
+    started_with(route_keys, "")
+}
+
+/// With more keys in `[cache.main]`.
+fn started_with(route_keys: &str, block_keys: &str) -> (tempfile::TempDir, App, Tern) {
     let dir = tempfile::tempdir().unwrap();
     let app = App::start();
     let conf = config(
         dir.path(),
         &app,
         route_keys,
-        "[cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\n",
+        &format!("[cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\n{block_keys}"),
     );
     let tern = Tern::start_run(&conf);
     (dir, app, tern)
@@ -331,6 +388,25 @@ fn check_names_the_lines_of_wrong_cache_keys() {
         text.contains("line 12: cache \"nope\""),
         "lines are named:\n{text}"
     );
+    // The lock time and stale windows of a cache a route uses.
+    let conf = config(
+        dir.path(),
+        &app,
+        "cache = \"main\"",
+        "[cache.main]\nmemory = \"4M\"\nlock = \"soon\"\nstale_if_error = \"later\"\n",
+    );
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("line 3: lock \"soon\": a duration"), "{text}");
+    assert!(
+        text.contains("line 4: stale_if_error \"later\": a duration"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -406,4 +482,276 @@ fn metrics_count_lookups_bypasses_refusals_and_memory() {
         "the POST dropped it"
     );
     assert!(page.contains("tern_cache_memory_bytes{cache=\"main\"}"));
+}
+
+const METRICS: &str = "\n[[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n";
+
+/// `n` clients, each on its own connection and thread, GET `path`; their answers once all
+/// came.
+fn many_get(tern: &Tern, n: usize, path: &'static str) -> std::thread::JoinHandle<Vec<Resp>> {
+    let addr = tern.addr();
+    std::thread::spawn(move || {
+        let clients: Vec<_> = (0..n)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    // They are answered only once all are in and the app is let go.
+                    let mut c = Client::connect(addr).read_timeout(Duration::from_secs(30));
+                    c.get(path, &[])
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn concurrent_misses_for_one_key_make_one_request_to_the_app() {
+    const CLIENTS: usize = 200;
+    // A lock time far longer than the test: here nobody may give up waiting.
+    let (_dir, app, tern) = started_with(&format!("{CACHED}{METRICS}"), "lock = \"10m\"\n");
+    let answers = many_get(&tern, CLIENTS, "/slow");
+    // Every client's request is in: one reached the app (held at its gate), the others
+    // wait for its fill.
+    let waits = "tern_cache_waits_total{cache=\"main\"}";
+    assert!(
+        eventually(Duration::from_secs(30), || tern.metric(waits)
+            == CLIENTS as u64 - 1),
+        "waiters: {}",
+        tern.metric(waits)
+    );
+    assert_eq!(app.asked("/slow").len(), 1);
+    app.gate.open();
+    let answers = answers.join().unwrap();
+    assert_eq!(answers.len(), CLIENTS);
+    for a in &answers {
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert!(a.text().starts_with("GET /slow #1 "), "{}", a.text());
+    }
+    let mut statuses: HashMap<String, usize> = HashMap::new();
+    for a in &answers {
+        let status = a.header("cache-status").unwrap_or("none").to_string();
+        *statuses.entry(status).or_default() += 1;
+    }
+    assert_eq!(
+        statuses.get("tern; hit; detail=coalesced").copied(),
+        Some(CLIENTS - 1),
+        "{statuses:?}\n{}",
+        tern.get("/metrics").text()
+    );
+    assert_eq!(app.asked("/slow").len(), 1, "one request reached the app");
+    assert_eq!(
+        tern.metric("tern_cache_coalesced_total{cache=\"main\"}"),
+        CLIENTS as u64 - 1
+    );
+    assert_eq!(
+        tern.metric("tern_cache_lock_timeouts_total{cache=\"main\"}"),
+        0
+    );
+    promtool_accepts("/metrics with waiters", &tern.get("/metrics").text());
+}
+
+#[test]
+fn past_the_lock_time_waiters_go_to_the_app_uncached() {
+    const CLIENTS: usize = 20;
+    let (_dir, app, tern) = started_with(&format!("{CACHED}{METRICS}"), "lock = \"300ms\"\n");
+    let answers = many_get(&tern, CLIENTS, "/slow");
+    // The app holds every request: past the lock time each waiter asked it itself.
+    assert!(
+        eventually(Duration::from_secs(30), || app.asked("/slow").len()
+            == CLIENTS),
+        "asked {} times",
+        app.asked("/slow").len()
+    );
+    assert_eq!(
+        tern.metric("tern_cache_lock_timeouts_total{cache=\"main\"}"),
+        CLIENTS as u64 - 1
+    );
+    app.gate.open();
+    let answers = answers.join().unwrap();
+    assert!(answers
+        .iter()
+        .all(|a| a.status == 200 && a.header("cache-status") == Some("tern; fwd=miss")));
+    // Only the fill's answer was stored: the next request is a hit on it.
+    let hit = tern.get("/slow");
+    assert_eq!(hit.header("cache-status"), Some("tern; hit"));
+    assert_eq!(tern.metric("tern_cache_stored_total{cache=\"main\"}"), 1);
+    assert_eq!(tern.metric("tern_cache_coalesced_total{cache=\"main\"}"), 0);
+}
+
+/// Past a one-second lifetime by the server's clock (which counts whole seconds).
+fn until_stale() {
+    std::thread::sleep(Duration::from_millis(2100));
+}
+
+#[test]
+fn a_stale_entry_answers_while_one_request_refreshes_it() {
+    let (_dir, app, tern) = started_with(
+        &format!("{CACHED}{METRICS}"),
+        "stale_while_updating = \"1m\"\n",
+    );
+    assert!(tern.get("/held").text().starts_with("GET /held #1 "));
+    until_stale();
+    let addr = tern.addr();
+    let refresh = std::thread::spawn(move || Client::connect(addr).get("/held", &[]));
+    assert!(
+        eventually(Duration::from_secs(10), || app.asked("/held").len() == 2),
+        "the refresh reached the app"
+    );
+    // While the app holds the refresh: the stale entry, at once.
+    let stale = tern.get("/held");
+    assert!(
+        stale.text().starts_with("GET /held #1 "),
+        "{}",
+        stale.text()
+    );
+    assert_eq!(
+        stale.header("cache-status"),
+        Some("tern; hit; detail=stale")
+    );
+    assert!(stale
+        .header("age")
+        .is_some_and(|a| a.parse::<u64>().unwrap() >= 2));
+    app.gate.open();
+    let refreshed = refresh.join().unwrap();
+    assert!(
+        refreshed.text().starts_with("GET /held #2 "),
+        "{}",
+        refreshed.text()
+    );
+    assert_eq!(refreshed.header("cache-status"), Some("tern; fwd=stale"));
+    let hit = tern.get("/held");
+    assert!(hit.text().starts_with("GET /held #2 "));
+    assert_eq!(hit.header("cache-status"), Some("tern; hit"));
+    assert_eq!(app.asked("/held").len(), 2);
+    assert_eq!(
+        tern.metric("tern_cache_stale_served_total{reason=\"updating\",cache=\"main\"}"),
+        1
+    );
+}
+
+#[test]
+fn a_stale_entry_answers_when_the_app_fails() {
+    let (_dir, app, tern) =
+        started_with(&format!("{CACHED}{METRICS}"), "stale_if_error = \"1h\"\n");
+    assert!(tern.get("/flaky").text().starts_with("GET /flaky #1 "));
+    until_stale();
+    let rescued = tern.get("/flaky");
+    assert_eq!(rescued.status, 200);
+    assert!(
+        rescued.text().starts_with("GET /flaky #1 "),
+        "{}",
+        rescued.text()
+    );
+    assert_eq!(
+        rescued.header("cache-status"),
+        Some("tern; fwd=stale; detail=stale-if-error")
+    );
+    assert_eq!(
+        app.asked("/flaky").len(),
+        2,
+        "the app was asked, and failed"
+    );
+    assert_eq!(
+        tern.metric("tern_cache_stale_served_total{reason=\"error\",cache=\"main\"}"),
+        1
+    );
+    // Without a window the failure is the answer.
+    let (_dir, _app, tern) = started(CACHED);
+    tern.get("/flaky");
+    until_stale();
+    assert_eq!(tern.get("/flaky").status, 500);
+}
+
+#[test]
+fn a_stale_entry_is_revalidated_with_the_app() {
+    let (_dir, app, tern) = started(&format!("{CACHED}{METRICS}"));
+    assert!(tern
+        .get("/validated")
+        .text()
+        .starts_with("GET /validated #1 "));
+    until_stale();
+    let refreshed = tern.get("/validated");
+    assert_eq!(refreshed.status, 200);
+    assert!(
+        refreshed.text().starts_with("GET /validated #1 "),
+        "{}",
+        refreshed.text()
+    );
+    assert_eq!(
+        refreshed.header("cache-status"),
+        Some("tern; fwd=stale; fwd-status=304")
+    );
+    let asked = app.asked("/validated");
+    assert_eq!(asked.len(), 2);
+    assert!(asked[1].contains("If-None-Match: \"v7\""), "{}", asked[1]);
+    // Fresh for a minute now.
+    until_stale();
+    let hit = tern.get("/validated");
+    assert_eq!(hit.header("cache-status"), Some("tern; hit"));
+    assert!(hit.text().starts_with("GET /validated #1 "));
+    assert_eq!(app.asked("/validated").len(), 2);
+    assert_eq!(
+        tern.metric("tern_cache_revalidated_total{cache=\"main\"}"),
+        1
+    );
+}
+
+#[test]
+fn a_fill_whose_connection_panicked_is_taken_over_by_a_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let conf = config(
+        dir.path(),
+        &app,
+        &format!("{CACHED}{METRICS}"),
+        "[cache.main]\nmemory = \"4M\"\nlock = \"10m\"\n",
+    );
+    let mut cmd = Command::new(TERN);
+    cmd.arg("run").arg("--config").arg(&conf);
+    cmd.args(["--listen", "127.0.0.1:0", "--workers", "1"]);
+    if std::env::var_os("TERN_TEST_SANDBOX").is_none_or(|v| v != "off") {
+        cmd.args(["--sandbox", "on"]);
+    }
+    cmd.env("TERN_TEST_FAULTS", "1");
+    let tern = Tern::spawn(cmd);
+    // The fill, on an HTTP/2 connection, held by the app.
+    let mut h2 = crate::h2_support::RawH2::connect(tern.addr(), &[]);
+    h2.request(1, "GET", "/slow", &[], false);
+    assert!(eventually(Duration::from_secs(10), || app
+        .asked("/slow")
+        .len()
+        == 1));
+    let addr = tern.addr();
+    // The same key (the Host is part of it): it waits for the fill. The answer comes only
+    // after the app is let go, so its client may wait longer than a read usually does.
+    let waiter = std::thread::spawn(move || {
+        let mut c = Client::connect(addr).read_timeout(Duration::from_secs(30));
+        c.send(b"GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        c.read_response(false)
+    });
+    let waits = "tern_cache_waits_total{cache=\"main\"}";
+    assert!(eventually(Duration::from_secs(10), || tern.metric(waits) == 1));
+    // A panic in that connection's code: it closes, its relay with it.
+    h2.request(3, "GET", "/tern-test-fault/connection", &[], false);
+    assert!(
+        eventually(Duration::from_secs(10), || app.asked("/slow").len() == 2),
+        "the waiter took the fill over"
+    );
+    app.gate.open();
+    let answer = waiter.join().unwrap();
+    assert!(
+        answer.text().starts_with("GET /slow #2 "),
+        "{}",
+        answer.text()
+    );
+    assert_eq!(
+        tern.metric("tern_cache_lock_timeouts_total{cache=\"main\"}"),
+        0
+    );
+    let mut c = Client::connect(tern.addr());
+    c.send(b"GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert_eq!(
+        c.read_response(false).header("cache-status"),
+        Some("tern; hit")
+    );
 }

@@ -431,6 +431,8 @@ impl FastCgi {
             wire: UpstreamWire::FastCgi,
             not_before_ms: 0,
             tee: None,
+            hold: None,
+            fallback: None,
         }))
     }
 }

@@ -57,6 +57,10 @@ impl Handler for Proxy {
         if matches!(req.method(), Method::Trace | Method::Connect) {
             return Response::text(405, "method not allowed\n").into();
         }
+        // A miss waiting for another's fill of its key.
+        let mut hold = None;
+        // A stale entry to answer with if the app fails.
+        let mut fallback = None;
         let (built, tee, edit) = match &self.cache {
             None => (
                 head::build(req, &self.options, cx.identity(), cx.request_id()),
@@ -75,18 +79,38 @@ impl Handler for Proxy {
                     Some(tee),
                     c.forwarded_field(false),
                 ),
-                step @ (cache::CacheStep::Fill(_) | cache::CacheStep::Keyed) => {
+                step @ (cache::CacheStep::Fill(_)
+                | cache::CacheStep::Keyed
+                | cache::CacheStep::Wait { .. }
+                | cache::CacheStep::Refresh { .. }) => {
                     let query = tern_cache::policy::keyed_query(&c.rules().key_query, req.query());
                     let keyed = head::Keyed {
                         query: query.as_deref(),
                         fields: &c.rules().key_headers,
                     };
                     let built = head::build_keyed(req, &self.options, cx.request_id(), &keyed);
-                    let tee = match step {
-                        cache::CacheStep::Fill(tee) => Some(tee),
-                        _ => None,
-                    };
-                    (built, tee, c.forwarded_field(true))
+                    match step {
+                        cache::CacheStep::Fill(tee) => (built, Some(tee), c.forwarded_field(true)),
+                        cache::CacheStep::Wait {
+                            hold: waiter,
+                            fallback: stale,
+                        } => {
+                            hold = Some(waiter);
+                            fallback = stale;
+                            (built, None, c.forwarded_field(true))
+                        }
+                        cache::CacheStep::Refresh {
+                            tee,
+                            fallback: stale,
+                            validators,
+                        } => {
+                            fallback = stale;
+                            let mut built = built;
+                            built.head.extend_from_slice(&validators);
+                            (built, tee, c.refresh_field())
+                        }
+                        _ => (built, None, c.forwarded_field(true)),
+                    }
                 }
             },
         };
@@ -102,8 +126,14 @@ impl Handler for Proxy {
             own_answers: None,
             max_body: u64::MAX,
             wire: tern_server::UpstreamWire::Http1,
-            not_before_ms: 0,
+            // A held request is first asked again after a poll's wait.
+            not_before_ms: match hold {
+                Some(_) => req.now_ms + cache::WAIT_POLL_MS,
+                None => 0,
+            },
             tee,
+            hold,
+            fallback,
         }))
     }
 

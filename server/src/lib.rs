@@ -39,7 +39,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use access_log::{AccessLog, AccessLogFormat, ClientIp};
-pub use answer_tee::AnswerTee;
+pub use answer_tee::{AnswerTee, Fallback, Hold, HoldStep};
 pub use bans::{BanConfig, BanNotice, Bans};
 pub use config::{ListenerKind, RedirectHttp, ServerConfig};
 pub use guard::{Guard, Guarded, Verdict};

@@ -827,6 +827,8 @@ mod tests {
                     wire: Default::default(),
                     not_before_ms: 0,
                     tee: None,
+                    hold: None,
+                    fallback: None,
                 }))
             },
         );
@@ -1036,6 +1038,8 @@ mod tests {
                 wire: Default::default(),
                 not_before_ms: 0,
                 tee: None,
+                hold: None,
+                fallback: None,
             }))
         };
         let forward = Arc::new(forward);

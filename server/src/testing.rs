@@ -431,6 +431,8 @@ impl Handler for ForwardAll {
             wire: Default::default(),
             not_before_ms: 0,
             tee: None,
+            hold: None,
+            fallback: None,
         }))
     }
 

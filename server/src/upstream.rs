@@ -202,6 +202,12 @@ pub struct Forward {
     pub not_before_ms: u64,
     /// A copy of the answer for a shared cache's fill (`answer_tee.rs`); None: no copy.
     pub tee: Option<Box<dyn crate::answer_tee::AnswerTee>>,
+    /// Held before it goes (a cache miss waiting for another request's fill), asked again
+    /// at `not_before_ms` and at each instant it names (`answer_tee.rs`); None: not held.
+    pub hold: Option<Box<dyn crate::answer_tee::Hold>>,
+    /// Answers in place of the app's when the app fails (`answer_tee.rs`); None: the
+    /// failure is the answer.
+    pub fallback: Option<Box<dyn crate::answer_tee::Fallback>>,
 }
 
 /// A hand-off target (`X-Accel-Redirect`'s value, a `reroute_status` path; see

@@ -891,6 +891,8 @@ fn forward() -> Action {
                 wire: Default::default(),
                 not_before_ms: 0,
                 tee: None,
+                hold: None,
+                fallback: None,
             }))
         },
     ))

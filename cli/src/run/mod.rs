@@ -466,6 +466,7 @@ fn build_table(
                             c.rules.clone(),
                             route_id,
                             c.status_field,
+                            c.lock,
                         ));
                     }
                     let proxy: Arc<dyn Handler> = Arc::new(proxy);

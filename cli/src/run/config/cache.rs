@@ -46,6 +46,14 @@ pub(super) enum KeyQueryFile {
 pub(super) struct CacheBlock {
     pub(super) memory: Option<Spanned<String>>,
     pub(super) max_object: Option<Spanned<String>>,
+    /// How long a miss waits for another request's fill of its key ("5s", "500ms"; "0":
+    /// misses never wait).
+    pub(super) lock: Option<Spanned<String>>,
+    /// How long past its lifetime an entry still answers while one request refreshes it,
+    /// and when the app fails ("30s", "1h"; an answer's own `stale-while-revalidate` and
+    /// `stale-if-error` may give longer).
+    pub(super) stale_while_updating: Option<Spanned<String>>,
+    pub(super) stale_if_error: Option<Spanned<String>>,
 }
 
 /// A route's cache, checked.
@@ -56,10 +64,25 @@ pub struct CachePlan {
     pub max_object: u64,
     pub rules: tern_cache::Rules,
     pub status_field: bool,
+    /// See [`CacheBlock::lock`].
+    pub lock: std::time::Duration,
 }
 
 const DEFAULT_MEMORY: u64 = 64 << 20;
 const DEFAULT_MAX_OBJECT: u64 = 1 << 20;
+/// nginx's `proxy_cache_lock_timeout`.
+const DEFAULT_LOCK: std::time::Duration = std::time::Duration::from_secs(5);
+/// A wait longer than this is a mistake: the app's first-byte timeout is the bound that
+/// matters by then.
+const MAX_LOCK: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// `"500ms"`, or a duration as [`duration`] reads it.
+fn lock_time(text: &str) -> Option<std::time::Duration> {
+    match text.trim().strip_suffix("ms") {
+        Some(ms) => ms.parse().ok().map(std::time::Duration::from_millis),
+        None => duration(text).map(std::time::Duration::from_secs),
+    }
+}
 
 fn size(text: &str) -> Option<u64> {
     let t = text.trim();
@@ -100,6 +123,8 @@ pub(super) fn check_cache(
     };
     let mut ok = true;
     let (mut memory, mut max_object) = (DEFAULT_MEMORY, DEFAULT_MAX_OBJECT);
+    let mut lock = DEFAULT_LOCK;
+    let (mut stale_while_updating, mut stale_if_error) = (0, 0);
     match file.cache.as_ref().and_then(|c| c.get(&name)) {
         None if name != "default" => {
             p.at(at, format!("cache {name:?} has no [cache.{name}] block"));
@@ -123,6 +148,41 @@ pub(super) fn check_cache(
             };
             read(&block.memory, "memory", &mut memory);
             read(&block.max_object, "max_object", &mut max_object);
+            for (v, what, into) in [
+                (
+                    &block.stale_while_updating,
+                    "stale_while_updating",
+                    &mut stale_while_updating,
+                ),
+                (&block.stale_if_error, "stale_if_error", &mut stale_if_error),
+            ] {
+                let Some(v) = v else { continue };
+                match duration(v.get_ref()) {
+                    Some(secs) => *into = secs,
+                    None => {
+                        p.at(
+                            v.span().start,
+                            format!(
+                                "{what} {:?}: a duration such as \"30s\" or \"1h\"",
+                                v.get_ref()
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            if let Some(v) = &block.lock {
+                match lock_time(v.get_ref()) {
+                    Some(t) if t <= MAX_LOCK => lock = t,
+                    _ => {
+                        p.at(
+                            v.span().start,
+                            format!("lock {:?}: a duration such as \"5s\" or \"500ms\" (at most 10m; \"0\": misses never wait)", v.get_ref()),
+                        );
+                        ok = false;
+                    }
+                }
+            }
             if max_object > memory / 4 {
                 let at = block
                     .max_object
@@ -136,6 +196,8 @@ pub(super) fn check_cache(
     }
     let mut rules = tern_cache::Rules {
         max_object,
+        stale_while_updating,
+        stale_if_error,
         ..tern_cache::Rules::default()
     };
     if let Some(q) = &route.cache_key_query {
@@ -220,6 +282,7 @@ pub(super) fn check_cache(
         max_object,
         rules,
         status_field,
+        lock,
     })
 }
 
@@ -240,5 +303,12 @@ mod tests {
         assert_eq!(duration("2h"), Some(7200));
         assert_eq!(duration("45"), Some(45));
         assert_eq!(duration("m"), None);
+        assert_eq!(
+            lock_time("500ms"),
+            Some(std::time::Duration::from_millis(500))
+        );
+        assert_eq!(lock_time("5s"), Some(std::time::Duration::from_secs(5)));
+        assert_eq!(lock_time("0"), Some(std::time::Duration::ZERO));
+        assert_eq!(lock_time("soon"), None);
     }
 }

@@ -219,6 +219,11 @@ impl Relay {
         if self.retried_on_status(head.status, cx) {
             return used;
         }
+        if head.status >= 500 {
+            if let Some(used) = self.fall_back_on(&head, data, sink, cx) {
+                return used;
+            }
+        }
         if let Some(used) = self.hand_back(&head, data, sink, cx) {
             return used;
         }
@@ -229,6 +234,11 @@ impl Relay {
         let mut r = Response::new(head.status);
         if copy_fields(&head, &mut r) && ratelog::admit("x_accel_redirect_off", cx.clock.now_ms()) {
             tracing::info!(upstream = %self.addr(), "the app's X-Accel-Redirect was dropped: its route does not follow it (x_accel_redirect = true)");
+        }
+        if head.status == 304 {
+            if let Some(used) = self.revalidated(&head, &r, sink, cx) {
+                return used;
+            }
         }
         if self.fwd.tee.is_some() {
             let (declared, sized) = match head.body {
@@ -509,6 +519,11 @@ impl Relay {
             self.outcome = UpstreamOutcome::Abandoned;
         } else {
             self.outcome = UpstreamOutcome::Failed;
+            if self.fall_back(sink, cx) {
+                // Still the server's failure, for its health.
+                self.outcome = UpstreamOutcome::Failed;
+                return;
+            }
         }
         self.answer_own(status, msg, sink, cx);
     }

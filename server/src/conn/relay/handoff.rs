@@ -147,7 +147,7 @@ impl Relay {
     }
 
     /// The final answer, whole, in place of the app's.
-    fn answer_whole(&mut self, r: Response, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
+    pub(super) fn answer_whole(&mut self, r: Response, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         // A request body still coming from the client is left unread.
         self.close_client |= self.client_body.is_some();
         self.status = r.status;

@@ -491,8 +491,8 @@ impl Relay {
     /// the answer unread, so the client, not the upstream, stalled the exchange).
     pub fn timed_out(&mut self, client_room: bool, sink: &mut impl Sink, cx: &mut ConnCx<'_>) {
         match self.phase {
-            // Its turn in the rate limit's queue came.
-            Phase::Wait => self.begin(sink, cx),
+            // Its turn in the rate limit's queue came, or its hold's instant.
+            Phase::Wait => self.unhold(sink, cx),
             Phase::Connecting => {
                 cx.stats
                     .bump_upstream(self.counted_as, UpstreamCounter::Timeouts);

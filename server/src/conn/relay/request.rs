@@ -153,9 +153,10 @@ impl Relay {
             relay.answer_own(503, "no random numbers for a WebSocket key\n", sink, cx);
             return relay;
         }
-        if relay.fwd.not_before_ms > cx.clock.now_ms() {
+        // A held request waits at least until its first instant (it was just looked at).
+        if relay.fwd.not_before_ms > cx.clock.now_ms() || relay.fwd.hold.is_some() {
             relay.phase = Phase::Wait;
-            relay.deadline_ms = relay.fwd.not_before_ms;
+            relay.deadline_ms = relay.fwd.not_before_ms.max(cx.clock.now_ms() + 1);
             return relay;
         }
         relay.begin(sink, cx);

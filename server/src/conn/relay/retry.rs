@@ -18,6 +18,9 @@ impl Relay {
         if self.server.is_none() {
             cx.stats
                 .bump_upstream(self.counted_as, UpstreamCounter::Failures);
+            if self.fall_back(sink, cx) {
+                return;
+            }
             self.answer_own(503, "no upstream server is available\n", sink, cx);
         }
     }
