@@ -381,6 +381,7 @@ fn check_names_the_lines_of_wrong_cache_keys() {
         "cache_key_query \"some\"",
         "\"500\" is not a status that is stored",
         "Cookie is a credential",
+        "[cache.main] is not used: no route has cache = \"main\"",
     ] {
         assert!(text.contains(needle), "{needle:?} not in:\n{text}");
     }

@@ -116,16 +116,17 @@ pub(super) fn check_cache(
 ) -> Option<CachePlan> {
     let choice = route.cache.as_ref()?;
     let at = choice.span().start;
-    let name = match choice.get_ref() {
-        CacheChoice::On(false) => return None,
-        CacheChoice::On(true) => "default".to_owned(),
-        CacheChoice::Named(n) => n.clone(),
-    };
+    let name = chosen(route)?.to_owned();
     let mut ok = true;
     let (mut memory, mut max_object) = (DEFAULT_MEMORY, DEFAULT_MAX_OBJECT);
     let mut lock = DEFAULT_LOCK;
     let (mut stale_while_updating, mut stale_if_error) = (0, 0);
-    match file.cache.as_ref().and_then(|c| c.get(&name)) {
+    match file
+        .cache
+        .as_ref()
+        .and_then(|c| c.get(&name))
+        .map(Spanned::get_ref)
+    {
         None if name != "default" => {
             p.at(at, format!("cache {name:?} has no [cache.{name}] block"));
             ok = false;
@@ -286,8 +287,36 @@ pub(super) fn check_cache(
     })
 }
 
-/// The `[cache.NAME]` blocks.
-pub(super) type CacheBlocks = BTreeMap<String, CacheBlock>;
+/// The `[cache.NAME]` blocks (each with its place in the file, for the unused-block check).
+pub(super) type CacheBlocks = BTreeMap<String, Spanned<CacheBlock>>;
+
+/// The name a route's `cache` key chooses, if any.
+fn chosen(route: &RouteFile) -> Option<&str> {
+    match route.cache.as_ref()?.get_ref() {
+        CacheChoice::On(false) => None,
+        CacheChoice::On(true) => Some("default"),
+        CacheChoice::Named(n) => Some(n),
+    }
+}
+
+/// A `[cache.NAME]` block no route chooses is a mistake (a misspelt name, a route that lost
+/// its `cache` key): its memory would be reserved for nothing, so it is refused.
+pub(super) fn check_unused(file: &RunFile, p: &mut Problems<'_>) {
+    let Some(blocks) = &file.cache else { return };
+    for (name, block) in blocks {
+        let used = file
+            .site
+            .iter()
+            .flat_map(|s| &s.route)
+            .any(|r| chosen(r) == Some(name.as_str()));
+        if !used {
+            p.at(
+                block.span().start,
+                format!("[cache.{name}] is not used: no route has cache = {name:?}"),
+            );
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

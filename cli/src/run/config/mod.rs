@@ -68,6 +68,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
     let mut names: BTreeMap<String, usize> = BTreeMap::new();
     let mut hosts: BTreeMap<String, (String, usize)> = BTreeMap::new();
     let mut app: Option<(AppPlan, usize)> = None;
+    cache::check_unused(&file, &mut p);
     for (index, site) in file.site.iter().enumerate() {
         let name = site.name.get_ref().clone();
         let name_at = site.name.span().start;
