@@ -25,6 +25,7 @@ use hashbrown::HashMap;
 use tern_server::{Pending, Response, Server, StopSignal};
 use tern_services::metrics::Metric;
 
+use super::latency::Histogram;
 use super::{refusal, ClaimStore, Refusal, Staged, SyncMode};
 use crate::journal::{self, compact, frame, Record};
 use crate::land::{Decision, Land};
@@ -124,17 +125,45 @@ struct Stats {
 struct Syncer {
     queue: Mutex<SyncQueue>,
     wake: Condvar,
+    /// What the clocks of the waits count from.
+    epoch: Instant,
+    /// Each fdatasync's time: the device's part of a claim's wait.
+    sync_times: Histogram,
+    /// A claim's wait from the end of its worker turn until its answer is handed back to the
+    /// worker, less the fdatasync time in that wait: tern's own part.
+    tern_waits: Histogram,
 }
 
 #[derive(Default)]
 struct SyncQueue {
     answers: Vec<(Pending, Response)>,
+    /// The turns those answers came from, for the account of their waits.
+    turns: Vec<TurnWait>,
     /// The file and end to sync for them.
     target: Option<(Arc<File>, u64, u64)>,
     /// What is known synced: (segment, length).
     synced: (u64, u64),
     /// The syncer is syncing (it looks at the queue again when done: no wake-up needed).
     busy: bool,
+    /// Nanoseconds spent in fdatasync calls that have finished, and when (nanoseconds since
+    /// `Syncer::epoch`) the one under way started: the device's clock.
+    device_nanos: u64,
+    syncing_since: Option<u64>,
+}
+
+/// One worker turn's answers waiting for a sync.
+struct TurnWait {
+    /// When the turn was committed (nanoseconds since `Syncer::epoch`).
+    at: u64,
+    /// The device's clock then (`SyncQueue::device_nanos` plus the part of a sync under way).
+    device: u64,
+    answers: u64,
+}
+
+impl SyncQueue {
+    fn device_clock(&self, now: u64) -> u64 {
+        self.device_nanos + self.syncing_since.map_or(0, |t| now.saturating_sub(t))
+    }
 }
 
 impl JournalStore {
@@ -196,6 +225,9 @@ impl JournalStore {
                 ..SyncQueue::default()
             }),
             wake: Condvar::new(),
+            epoch: Instant::now(),
+            sync_times: Histogram::default(),
+            tern_waits: Histogram::default(),
         });
         Ok(JournalStore {
             _lock: lock,
@@ -282,6 +314,10 @@ impl JournalStore {
             .syncer
             .as_ref()
             .expect("syncer runs only with --sync full");
+        let since = |t: Instant| t.saturating_duration_since(s.epoch).as_nanos() as u64;
+        // Swapped with the queue's each round, so neither side allocates once warm.
+        let mut answers = Vec::new();
+        let mut turns = Vec::new();
         loop {
             let mut q = lock(&s.queue);
             while q.answers.is_empty() {
@@ -296,13 +332,15 @@ impl JournalStore {
                     .0;
             }
             q.busy = true;
-            let answers = std::mem::take(&mut q.answers);
+            std::mem::swap(&mut q.answers, &mut answers);
+            std::mem::swap(&mut q.turns, &mut turns);
             let (file, segment, length) = q.target.take().expect("answers come with a target");
+            let started = Instant::now();
+            q.syncing_since = Some(since(started));
             drop(q);
             if !self.options.test_sync_delay.is_zero() {
                 std::thread::sleep(self.options.test_sync_delay);
             }
-            let started = Instant::now();
             let synced = file.sync_data();
             let nanos = started.elapsed().as_nanos() as u64;
             self.stats.syncs.fetch_add(1, Ordering::Relaxed);
@@ -310,16 +348,22 @@ impl JournalStore {
             self.stats
                 .sync_max_nanos
                 .fetch_max(nanos, Ordering::Relaxed);
+            s.sync_times.record(nanos, 1);
+            let device = {
+                let mut q = lock(&s.queue);
+                q.device_nanos += nanos;
+                q.syncing_since = None;
+                if synced.is_ok() {
+                    q.synced = q.synced.max((segment, length));
+                    self.mark_synced(q.synced);
+                }
+                q.device_nanos
+            };
+            let n = answers.len() as u64;
             match synced {
                 Ok(()) => {
-                    {
-                        let mut q = lock(&s.queue);
-                        q.synced = q.synced.max((segment, length));
-                        self.mark_synced(q.synced);
-                    }
-                    let n = answers.len() as u64;
                     self.stats.saved.fetch_add(n, Ordering::Relaxed);
-                    tern_server::complete_all(answers);
+                    tern_server::complete_all(answers.drain(..));
                 }
                 Err(e) => {
                     // Not retried: after a failed fsync the kernel may have dropped the dirty
@@ -330,14 +374,19 @@ impl JournalStore {
                         "syncing {} failed: {e}; claims are answered 503 until tern is restarted",
                         self.segment_path(segment)
                     );
-                    let n = answers.len() as u64;
                     self.stats.refused_stopped.fetch_add(n, Ordering::Relaxed);
                     tern_server::complete_all(
                         answers
-                            .into_iter()
+                            .drain(..)
                             .map(|(p, _)| (p, refusal(Refusal::Stopped))),
                     );
                 }
+            }
+            let now = since(Instant::now());
+            for t in turns.drain(..) {
+                let waited = now.saturating_sub(t.at);
+                s.tern_waits
+                    .record(waited.saturating_sub(device - t.device), t.answers);
             }
         }
     }
@@ -406,6 +455,7 @@ impl ClaimStore for JournalStore {
             self.stats.refused_stopped.fetch_add(n, Ordering::Relaxed);
             return self.refuse_all(claims, answers, Refusal::Stopped);
         }
+        let turn_ended = Instant::now();
         let mut guard = lock(&self.writer);
         let w = &mut *guard;
         w.buf.clear();
@@ -529,6 +579,13 @@ impl ClaimStore for JournalStore {
             answers.append(&mut saved);
             return;
         }
+        let now = turn_ended.saturating_duration_since(s.epoch).as_nanos() as u64;
+        let device = q.device_clock(now);
+        q.turns.push(TurnWait {
+            at: now,
+            device,
+            answers: saved.len() as u64,
+        });
         q.answers.append(&mut saved);
         if q.target
             .as_ref()
@@ -578,6 +635,17 @@ impl ClaimStore for JournalStore {
             gauge "journal_segment" "number of the journal segment being written" = segment;
             gauge "recovered_claims" "claims read back at start-up" = get(&s.recovered) as f64;
             gauge "recovery_seconds" "time the start-up recovery took" = seconds(&s.recovery_nanos);
+        }
+        if let Some(syncer) = &self.syncer {
+            out.extend(syncer.sync_times.metrics(
+                "journal_fdatasync_seconds",
+                "each fdatasync of the journal (--sync full): the device's part of a claim's wait",
+            ));
+            out.extend(syncer.tern_waits.metrics(
+                "claim_tern_wait_seconds",
+                "--sync full: a claim's wait from the end of its worker turn until its answer is \
+                 handed back to the worker, less the fdatasync time in it (tern's own part)",
+            ));
         }
     }
 }
@@ -944,6 +1012,53 @@ mod tests {
         assert_eq!(statuses(&mut answers), [503]);
         stop.raise();
         syncer.join().unwrap();
+    }
+
+    #[test]
+    fn a_full_sync_wait_is_split_into_the_devices_part_and_terns() {
+        let dir = tempfile::tempdir().unwrap();
+        let land = Land::new();
+        let mut o = options(dir.path(), SyncMode::Full);
+        // Counted as the device's time: it stands for a slow fdatasync.
+        o.test_sync_delay = Duration::from_millis(60);
+        let store = Arc::new(JournalStore::open(o, &land).unwrap());
+        let stop = StopSignal::default();
+        let syncer = {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || store.run_syncer(stop))
+        };
+        let replies = TestReplies::new();
+        let mut answers = Vec::new();
+        store.commit(
+            &land,
+            &mut vec![
+                staged(&replies, 1, 5, "x", 1),
+                staged(&replies, 2, 6, "y", 1),
+            ],
+            &mut answers,
+        );
+        let started = Instant::now();
+        let mut done = completed(&replies);
+        while done.len() < 2 && started.elapsed() < Duration::from_secs(5) {
+            replies.wait(Duration::from_millis(100));
+            done.extend(completed(&replies));
+        }
+        assert_eq!(sorted(done.iter().map(|d| d.1).collect()), [200, 200]);
+        stop.raise();
+        syncer.join().unwrap();
+        let mut m = Vec::new();
+        store.metrics(&mut m);
+        let value = |name: &str, suffix: &str| {
+            m.iter()
+                .find(|x| x.name == name && x.suffix == suffix)
+                .map(|x| x.value)
+                .unwrap()
+        };
+        assert!(value("journal_fdatasync_seconds", "_count") >= 1.0);
+        assert!(value("journal_fdatasync_seconds", "_sum") >= 0.06);
+        // Both claims counted; what they waited beyond the sync is far below the sync.
+        assert_eq!(value("claim_tern_wait_seconds", "_count"), 2.0);
+        assert!(value("claim_tern_wait_seconds", "_sum") < 2.0 * 0.03);
     }
 
     #[test]
