@@ -4,13 +4,12 @@
 //! durable and rebuilds this at start-up.
 //!
 //! Addresses live in 65,536 blocks, one per /16, each behind its own lock: a reader (a score
-//! scan) holds one block at a time, and no table ever grows past one /16's worth of entries,
-//! so no resize stalls a worker the way one table of 100 M entries would. A block is an
-//! open-addressing table of 10-byte slots until it holds more than a dense array of the whole
-//! /16 would cost (`DENSE_AT`), then that array (8 bytes per address of the /16). Its lock and
-//! table header share one cache line, and the slot a lookup starts at is known from the
-//! address, so a turn's claims are prefetched together (`prefetch_turn`): deciding a claim on
-//! a fresh address reads two cache lines, and a turn's misses overlap.
+//! scan) holds one block at a time, and no map ever grows past one /16's worth of entries,
+//! so no resize stalls a worker the way one table of 100 M entries would. A block is a
+//! `hashbrown` map of 11 bytes per slot until it holds more than a dense array of the whole
+//! /16 would cost (`DENSE_AT`), then that array (8 bytes per address of the /16). Each /16's
+//! lock and map header share a cache line of their own, and a turn's claims prefetch those
+//! lines together (`prefetch_turn`), so a turn's misses on them overlap.
 //!
 //! Changes come only from the store, one batch at a time under its write lock, so deciding a
 //! claim (`decide`) and applying it (`apply_all`) see the same state. Locks are taken in the
@@ -65,139 +64,45 @@ impl Held {
     }
 }
 
-/// A /16's sparse table holds at most this many slots: one more doubling (65,536 slots of
-/// 10 bytes) would cost more than the dense array's 512 KiB.
-const SPARSE_MAX_SLOTS: usize = 1 << 15;
-
-/// A /16 holding more than this many addresses becomes a dense array (its table, 3/4 full at
-/// its largest, would have to grow past `SPARSE_MAX_SLOTS`).
-const DENSE_AT: usize = SPARSE_MAX_SLOTS / 4 * 3;
-
-/// A slot of a /16's table: the address's low 16 bits and its holder, 10 bytes with
-/// alignment 1, so a probe usually reads one cache line.
-#[derive(Clone, Copy)]
-struct Entry {
-    low: [u8; 2],
-    held: Held,
-}
-
-const NO_ENTRY: Entry = Entry {
-    low: [0; 2],
-    held: Held::EMPTY,
-};
-
-/// One /16's addresses while it holds few: open addressing with linear probing, at most 3/4
-/// full (`Held::EMPTY` marks a free slot). Addresses are never released, so there are no
-/// tombstones. Unlike a general map, the slot a lookup starts at is known before the lookup,
-/// so a turn's claims can all be prefetched at once (`Land::prefetch_turn`).
-///
-/// Measured against hashbrown (the same land.rs otherwise, its prefetch limited to the /16's
-/// line), `bench/claim-path-ab 4 1` on examples/claim_path (3 M held, turns of 20, ns per
-/// claim of `JournalStore::commit`), 2026-12-02, a shared 2-core machine: warm (quiet) this
-/// table 986/1367/1287/962 against hashbrown 1725/1399/1853/1471 (0.71×, lower in every
-/// round); cold (caches thrashed before each turn) 6403/9065/7369/6391 against
-/// 9073/6148/6555/6026 (1.08×, within the rounds' spread). It earns its place on a quiet
-/// machine only; on a thrashed one both are bound by misses this prefetch does not cover.
-struct Table {
-    entries: Box<[Entry]>,
-    len: usize,
-}
-
-impl Table {
-    /// The slot a lookup of `low` starts at (`entries` not empty): the top bits of a
-    /// multiplication by the land's odd random `mul`, so no address pattern chosen in
-    /// advance makes long probes.
-    fn start(&self, low: u16, mul: u32) -> usize {
-        let bits = self.entries.len().trailing_zeros();
-        ((low as u32).wrapping_mul(mul) >> (32 - bits)) as usize
-    }
-
-    /// The slot holding `low`, or the free slot where it would go.
-    fn find(&self, low: u16, mul: u32) -> usize {
-        let mask = self.entries.len() - 1;
-        let key = low.to_le_bytes();
-        let mut i = self.start(low, mul);
-        loop {
-            let e = &self.entries[i];
-            if e.held == Held::EMPTY || e.low == key {
-                return i;
-            }
-            i = (i + 1) & mask;
-        }
-    }
-
-    fn get(&self, low: u16, mul: u32) -> Option<Held> {
-        if self.entries.is_empty() {
-            return None;
-        }
-        Some(self.entries[self.find(low, mul)].held).filter(|h| *h != Held::EMPTY)
-    }
-
-    /// Sets `low`; the caller has made room (`is_full`).
-    fn set(&mut self, low: u16, held: Held, mul: u32) -> Option<Held> {
-        let i = self.find(low, mul);
-        let e = &mut self.entries[i];
-        let old = std::mem::replace(
-            e,
-            Entry {
-                low: low.to_le_bytes(),
-                held,
-            },
-        )
-        .held;
-        if old == Held::EMPTY {
-            self.len += 1;
-            None
-        } else {
-            Some(old)
-        }
-    }
-
-    /// True when one more address would make it more than 3/4 full.
-    fn is_full(&self) -> bool {
-        (self.len + 1) * 4 > self.entries.len() * 3
-    }
-
-    /// Doubles the slots (8 at first).
-    fn grow(&mut self, mul: u32) {
-        let size = (self.entries.len() * 2).max(8);
-        let old = std::mem::replace(&mut self.entries, vec![NO_ENTRY; size].into_boxed_slice());
-        self.len = 0;
-        for e in old.iter().filter(|e| e.held != Held::EMPTY) {
-            self.set(u16::from_le_bytes(e.low), e.held, mul);
-        }
-    }
-}
+/// A /16 holding this many addresses becomes a dense array: the map's next growth (to
+/// 65,536 slots of 11 bytes) would cost more than the array's 512 KiB.
+const DENSE_AT: usize = 28_672;
 
 enum Block {
-    Sparse(Table),
+    /// hashbrown, not a table of our own: an open-addressing table of 10-byte slots whose
+    /// first slot is known before the lookup (so a turn could prefetch it) was tried and
+    /// measured on 2026-12-02 against this map, the rest of land.rs alike. The commit alone
+    /// (`bench/claim-path-ab 4 1`, examples/claim_path: 3 M held, turns of 20, ns per claim):
+    /// warm 986/1367/1287/962 against 1725/1399/1853/1471 (0.71×), with the caches thrashed
+    /// before each turn 6403/9065/7369/6391 against 9073/6148/6555/6026 (1.08×). A whole claim
+    /// (`bench/claims-ab --busy --rounds 6 --sync normal`, own table ÷ hashbrown, CPU per
+    /// claim): 0.98× quiet (rounds 0.78–1.06), 1.00× beside the cache-thrashing neighbour
+    /// (0.94–1.23). No measurable win where it matters, so no hash table of our own to keep.
+    Sparse(hashbrown::HashMap<[u8; 2], Held>),
     /// Every address of the /16; `Held::EMPTY` where unclaimed.
     Dense(Box<[Held]>, usize),
 }
 
 impl Block {
-    fn get(&self, low: u16, mul: u32) -> Option<Held> {
+    fn get(&self, low: u16) -> Option<Held> {
         match self {
-            Block::Sparse(t) => t.get(low, mul),
+            Block::Sparse(m) => m.get(&low.to_le_bytes()).copied(),
             Block::Dense(a, _) => Some(a[low as usize]).filter(|h| *h != Held::EMPTY),
         }
     }
 
-    fn set(&mut self, low: u16, held: Held, mul: u32) -> Option<Held> {
+    fn set(&mut self, low: u16, held: Held) -> Option<Held> {
         match self {
-            Block::Sparse(t) => {
-                if t.is_full() && t.get(low, mul).is_none() {
-                    if t.len >= DENSE_AT {
-                        let mut dense = vec![Held::EMPTY; 1 << 16].into_boxed_slice();
-                        for e in t.entries.iter().filter(|e| e.held != Held::EMPTY) {
-                            dense[u16::from_le_bytes(e.low) as usize] = e.held;
-                        }
-                        *self = Block::Dense(dense, t.len);
-                        return self.set(low, held, mul);
+            Block::Sparse(m) => {
+                if m.len() >= DENSE_AT && !m.contains_key(&low.to_le_bytes()) {
+                    let mut dense = vec![Held::EMPTY; 1 << 16].into_boxed_slice();
+                    for (k, v) in m.iter() {
+                        dense[u16::from_le_bytes(*k) as usize] = *v;
                     }
-                    t.grow(mul);
+                    *self = Block::Dense(dense, m.len());
+                    return self.set(low, held);
                 }
-                t.set(low, held, mul)
+                m.insert(low.to_le_bytes(), held)
             }
             Block::Dense(a, len) => {
                 let old = std::mem::replace(&mut a[low as usize], held);
@@ -211,36 +116,32 @@ impl Block {
         }
     }
 
-    /// Where a lookup of `low` reads first, for a prefetch.
-    fn first_read(&self, low: u16, mul: u32) -> Option<*const u8> {
+    /// Where a lookup of `low` reads first, for a prefetch: known for a dense array only
+    /// (hashbrown does not say where a lookup will read).
+    fn first_read(&self, low: u16) -> Option<*const u8> {
         match self {
-            Block::Sparse(t) if t.entries.is_empty() => None,
-            Block::Sparse(t) => Some((&t.entries[t.start(low, mul)] as *const Entry).cast()),
+            Block::Sparse(_) => None,
             Block::Dense(a, _) => Some((&a[low as usize] as *const Held).cast()),
         }
     }
 
     fn len(&self) -> usize {
         match self {
-            Block::Sparse(t) => t.len,
+            Block::Sparse(m) => m.len(),
             Block::Dense(_, len) => *len,
         }
     }
 
     fn bytes(&self) -> usize {
         match self {
-            Block::Sparse(t) => std::mem::size_of_val(&*t.entries),
+            Block::Sparse(m) => m.allocation_size(),
             Block::Dense(a, _) => std::mem::size_of_val(&**a),
         }
     }
 
     fn for_each(&self, mut f: impl FnMut(u16, Held)) {
         match self {
-            Block::Sparse(t) => {
-                for e in t.entries.iter().filter(|e| e.held != Held::EMPTY) {
-                    f(u16::from_le_bytes(e.low), e.held);
-                }
-            }
+            Block::Sparse(m) => m.iter().for_each(|(k, v)| f(u16::from_le_bytes(*k), *v)),
             Block::Dense(a, _) => {
                 for (i, h) in a.iter().enumerate() {
                     if *h != Held::EMPTY {
@@ -252,8 +153,8 @@ impl Block {
     }
 }
 
-/// A /16's lock and table header on a cache line of their own: deciding a claim reads this
-/// line and one slot of the table, nothing else of the /16.
+/// A /16's lock and map header on a cache line of their own, which `Land::prefetch_turn`
+/// loads for a turn's claims together.
 #[repr(align(64))]
 struct Shard(Mutex<Block>);
 
@@ -435,8 +336,6 @@ pub struct Land {
     /// Bumped by every applied batch that changed something (the `/recent` renderer's cue).
     version: AtomicU64,
     claimed: AtomicU64,
-    /// The odd multiplier of the /16 tables' hash, random per process.
-    mul: u32,
 }
 
 impl Default for Land {
@@ -461,22 +360,14 @@ fn prefetch(p: *const u8) {
 
 impl Land {
     pub fn new() -> Land {
-        use std::hash::BuildHasher;
-        let mul = foldhash::fast::RandomState::default().hash_one(0u64) as u32 | 1;
         Land {
             blocks: (0..1 << 16)
-                .map(|_| {
-                    Shard(Mutex::new(Block::Sparse(Table {
-                        entries: Box::new([]),
-                        len: 0,
-                    })))
-                })
+                .map(|_| Shard(Mutex::new(Block::Sparse(hashbrown::HashMap::new()))))
                 .collect(),
             names: Mutex::new(Names::default()),
             recent: Mutex::new(VecDeque::with_capacity(RECENT_LEN)),
             version: AtomicU64::new(0),
             claimed: AtomicU64::new(0),
-            mul,
         }
     }
 
@@ -485,8 +376,8 @@ impl Land {
     }
 
     /// Starts loading what deciding and applying a turn's claims on `ips` will read: first
-    /// every /16's lock and table header, then (those being on their way) the slot each
-    /// lookup starts at and the holder's name. The claims' cache misses then overlap instead
+    /// every /16's lock and map header, then (those being on their way) the address's slot
+    /// in the /16s that are dense arrays. The claims' cache misses then overlap instead
     /// of coming one after another, which matters most when a neighbour has emptied the
     /// caches. Takes each /16's lock briefly; changes nothing.
     pub fn prefetch_turn(&self, ips: impl Iterator<Item = u32> + Clone) {
@@ -494,10 +385,8 @@ impl Land {
             prefetch((&self.blocks[(ip >> 16) as usize] as *const Shard).cast());
         }
         for ip in ips {
-            if let Some(p) = self.block(ip).first_read(ip as u16, self.mul) {
+            if let Some(p) = self.block(ip).first_read(ip as u16) {
                 prefetch(p);
-                // A probe that runs on past the slot's line (10-byte slots straddle lines).
-                prefetch(p.wrapping_add(std::mem::size_of::<Entry>() * 2 - 1));
             }
         }
     }
@@ -525,7 +414,7 @@ impl Land {
 
     /// Who holds `ip`, and since when.
     pub fn holder(&self, ip: u32) -> Option<(String, u64)> {
-        let held = self.block(ip).get(ip as u16, self.mul)?;
+        let held = self.block(ip).get(ip as u16)?;
         let names = lock(&self.names);
         Some((
             names.info[held.name() as usize].name.to_string(),
@@ -546,7 +435,7 @@ impl Land {
                 Decision::Change
             };
         }
-        let Some(held) = self.block(ip).get(ip as u16, self.mul) else {
+        let Some(held) = self.block(ip).get(ip as u16) else {
             return Decision::New;
         };
         let names = lock(&self.names);
@@ -619,7 +508,7 @@ impl Land {
         let mut block = self.block(ip);
         let mut names = lock(&self.names);
         let id = names.intern(nick);
-        let old = block.set(ip as u16, Held::new(id, created32), self.mul);
+        let old = block.set(ip as u16, Held::new(id, created32));
         if let Some(old) = old {
             let info = &mut names.info[old.name() as usize];
             info.per8.remove(slash8);
@@ -674,9 +563,8 @@ impl Land {
             (id, info.recent.clone(), info.per8.counts())
         };
         let total: u64 = blocks.iter().map(|b| b.1).sum();
-        let still_held = |ip: u32, created: u32| {
-            self.block(ip).get(ip as u16, self.mul) == Some(Held::new(id, created))
-        };
+        let still_held =
+            |ip: u32, created: u32| self.block(ip).get(ip as u16) == Some(Held::new(id, created));
         let mut recent: Vec<(u32, u64)> = ring
             .iter()
             .rev()
@@ -957,8 +845,8 @@ mod tests {
     #[test]
     fn prefetching_a_turn_reads_any_block_kind_and_changes_nothing() {
         // The prefetch intrinsic (the `unsafe` in `prefetch`) on every kind of block: an
-        // empty /16 (no table yet), a sparse table (slots near its end, whose second
-        // prefetch points past it), a dense array, and addresses repeated in one turn.
+        // empty /16, a sparse map (its /16's line only), a dense array (its slot too), and
+        // addresses repeated in one turn.
         let land = Land::new();
         let sparse = ip(3, 3, 0, 0);
         for i in 0..100u32 {
@@ -1007,7 +895,7 @@ mod tests {
                 assert_eq!(land.holder(base + low(i + 1) as u32), None);
             }
         }
-        assert!(matches!(*land.block(base), Block::Sparse(ref t) if t.len == DENSE_AT));
+        assert!(matches!(*land.block(base), Block::Sparse(ref m) if m.len() == DENSE_AT));
         // A holder changing keeps the count; the next new address turns the block dense.
         land.apply(base + low(5) as u32, "b", 1);
         assert!(matches!(*land.block(base), Block::Sparse(_)));
