@@ -341,6 +341,46 @@ def read_statusz(port):
     return out
 
 
+def read_histograms(port):
+    """/metrics histograms (cumulative bucket counts by upper bound, seconds):
+    {name without tern_: [(le, count), ...]}, for the --sync full write path's tail
+    (journal_fdatasync_seconds, claim_tern_wait_seconds)."""
+    (r,), _ = fetch(port, "/metrics", {})
+    out = {}
+    if r.status != 200:
+        return out
+    for line in r.body.decode("utf-8", "replace").splitlines():
+        name, sep, rest = line.partition('_bucket{le="')
+        if not sep or not name.startswith("tern_"):
+            continue
+        le, _, value = rest.partition('"} ')
+        try:
+            out.setdefault(name[len("tern_"):], []).append(
+                (float("inf") if le == "+Inf" else float(le), float(value)))
+        except ValueError:
+            pass
+    return out
+
+
+def histogram_quantile(before, after, q):
+    """The upper bound (seconds) of the bucket that holds quantile q of the samples added
+    between two readings of a cumulative histogram; None without samples."""
+    earlier = dict(before or [])
+    rows = [(le, n - earlier.get(le, 0)) for le, n in after or []]
+    total = rows[-1][1] if rows else 0
+    if total <= 0:
+        return None
+    return next((le for le, n in rows if n >= q * total), None)
+
+
+# --sync full: /metrics histograms whose p99 over the rounds is recorded (bucket bounds:
+# the p99 is "at most" that bound)
+CLAIM_HISTOGRAMS = {
+    "claim_tern_wait_seconds": "tern_wait_p99_ms",  # a claim's wait less the fdatasyncs in it
+    "journal_fdatasync_seconds": "sync_p99_ms",  # each fdatasync: the device's tail
+}
+
+
 def _settled_statusz(port, timeout=5.0):
     """/statusz once the game is idle: the claims still in flight when wrk stopped are
     saved and answered (claims_saved unchanged over 0.2 s; under --sync full the
@@ -419,6 +459,7 @@ def claims_scenario(scenario, servers, settings, ctx):
     after wrk stopped counting."""
     facts = _check(scenario, servers, ctx)
     before = {s.name: read_statusz(s.port_for(scenario)) for s in servers}
+    hist0 = {s.name: read_histograms(s.port_for(scenario)) for s in servers}
     threads0 = {s.name: procs.thread_cpu_seconds(s.instance(scenario).pids()) for s in servers}
     results, all_runs = _wrk_rounds(scenario, servers, facts, settings, ctx)
     for s in servers:
@@ -436,6 +477,11 @@ def claims_scenario(scenario, servers, settings, ctx):
             diff = after.get(k, 0) - before[s.name].get(k, 0)
             d[v] = round(diff, 6) if v in FLOAT_COUNTERS else int(diff)
         gauges = {v: after[k] for k, v in CLAIM_GAUGES.items() if k in after}
+        hist = read_histograms(s.port_for(scenario))
+        for name, key in CLAIM_HISTOGRAMS.items():
+            q = histogram_quantile(hist0[s.name].get(name), hist.get(name), 0.99)
+            if q is not None:
+                gauges[key] = q * 1000
         slack = len(runs) * scenario.connections
         spent = {t: sec - threads0[s.name].get(t, 0) for t, sec in threads.items()}
         by_thread = {
@@ -468,7 +514,8 @@ def claims_scenario(scenario, servers, settings, ctx):
             c.update(s.setting(scenario))
         results[s.name]["claims"] = c
         sync = (f", {d['syncs']} fdatasync ({c['claims_per_sync'] or 0:.1f} claims each, "
-                f"mean {c['sync_mean_us'] or 0:.0f} µs)") if d["syncs"] else ""
+                f"mean {c['sync_mean_us'] or 0:.0f} µs, p99 ≤ {c.get('sync_p99_ms', 0):.2f} ms; "
+                f"tern's part of a claim's wait p99 ≤ {c.get('tern_wait_p99_ms', 0):.2f} ms)") if d["syncs"] else ""
         if store == "pg":
             sync = (f", {d['pg_groups']} PostgreSQL transactions ({c['claims_per_group'] or 0:.1f} claims "
                     f"each, {c['pg_commit_mean_ms'] or 0:.2f} ms each); {d['refused_busy']} refused busy, "

@@ -1,15 +1,16 @@
-//! What the `--sync full` hand-off costs (worker → claim-syncer → worker), on one core, next
-//! to a plain futex ping-pong measured the same way (issue 22):
+//! What the `--sync full` hand-off costs (worker → claim-syncer → worker), next to a plain
+//! futex ping-pong measured the same way (issues 22 and 45):
 //!
 //! ```text
 //! cargo run --release -p tern-ipv4-games --example handoff [-- --seconds S]
 //! ```
 //!
-//! Every case runs two threads pinned to CPU 0 for S seconds (default 2, after a short
-//! warm-up) and counts round trips; a round trip is two switches (one to each thread), and
-//! the kernel's own count of context switches of both threads (voluntary and not, from
-//! /proc) is shown beside it to check that.
+//! Every case runs two threads for S seconds (default 2, after a short warm-up) and counts
+//! round trips; a round trip is two switches (one to each thread), and the kernel's own count
+//! of context switches of both threads (voluntary and not, from /proc) is shown beside it to
+//! check that.
 //!
+//! On one CPU (CPU 0, as bench/run pins `tern demo`):
 //! - futex ping-pong: a token passed back and forth with `thread::park`/`unpark` (a futex
 //!   wait and wake each way), and with a `Mutex` + `Condvar` (what the worker uses to wake the
 //!   syncer).
@@ -22,6 +23,12 @@
 //! - the same turns with `--sync normal`, on one thread: the answers come back from
 //!   `commit` in the same turn, with no hand-off and no wake-up at all. The difference per
 //!   turn is the hand-off's cost.
+//!
+//! On two CPUs (worker on CPU 0, syncer on CPU 1: a machine where the game is not pinned to
+//! one core), one claim per turn: the syncer sleeping as soon as it is out of work against
+//! watching for the next turn first for 10, 50 or 200 µs (`JournalOptions::sync_spin`; a
+//! worker handing over a turn to a watching syncer wakes no one), beside a futex ping-pong
+//! across the same two CPUs.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -37,12 +44,12 @@ use tern_server::{Pending, Response, StopSignal};
 const K: u32 = 0x9E37_79B1; // bench/lua/claims.lua's address walk
 const WARM_UP: Duration = Duration::from_millis(200);
 
-fn pin_to_cpu0() {
+fn pin_to(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity(0 = this
     // thread) only read and write that local set.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
+        libc::CPU_SET(cpu, &mut set);
         let r = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
         assert_eq!(
             r,
@@ -119,7 +126,7 @@ fn timed(seconds: f64, other: &AtomicU32, mut step: impl FnMut()) -> Measured {
 
 /// The token passed with park/unpark: each side waits in `park` (a futex wait) until the
 /// other has flipped `turn` to it and unparked it (a futex wake).
-fn park_ping_pong(seconds: f64) -> Measured {
+fn park_ping_pong(seconds: f64, partner_cpu: usize) -> Measured {
     let turn = Arc::new(AtomicU32::new(0)); // 0: the pinger's, 1: the ponger's
     let done = Arc::new(AtomicBool::new(false));
     let tid = Arc::new(AtomicU32::new(0));
@@ -127,7 +134,7 @@ fn park_ping_pong(seconds: f64) -> Measured {
     let ponger = {
         let (turn, done, tid) = (turn.clone(), done.clone(), tid.clone());
         std::thread::spawn(move || {
-            pin_to_cpu0();
+            pin_to(partner_cpu);
             tid.store(gettid() as u32, Ordering::Release);
             while !done.load(Ordering::Acquire) {
                 if turn.load(Ordering::Acquire) == 1 {
@@ -174,7 +181,7 @@ fn condvar_ping_pong(seconds: f64) -> Measured {
     let ponger = {
         let (s, tid) = (s.clone(), tid.clone());
         std::thread::spawn(move || {
-            pin_to_cpu0();
+            pin_to(0);
             tid.store(gettid() as u32, Ordering::Release);
             loop {
                 let mut g = s.turn.lock().unwrap();
@@ -207,15 +214,18 @@ fn condvar_ping_pong(seconds: f64) -> Measured {
     m
 }
 
-/// A store over a fresh journal on /dev/shm.
-fn store(sync: SyncMode) -> (tempfile::TempDir, Land, Arc<JournalStore>) {
+/// A store over a fresh journal on /dev/shm; `spin`: the syncer's (`JournalOptions::sync_spin`).
+fn store(sync: SyncMode, spin: Option<Duration>) -> (tempfile::TempDir, Land, Arc<JournalStore>) {
     let dir = tempfile::Builder::new()
         .prefix("tern-handoff-")
         .tempdir_in("/dev/shm")
         .expect("a folder on /dev/shm");
     let land = Land::new();
-    let store =
-        JournalStore::open(JournalOptions::new(dir.path(), sync), &land).expect("a journal store");
+    let options = JournalOptions {
+        sync_spin: spin,
+        ..JournalOptions::new(dir.path(), sync)
+    };
+    let store = JournalStore::open(options, &land).expect("a journal store");
     (dir, land, Arc::new(store))
 }
 
@@ -264,16 +274,17 @@ fn metric(store: &JournalStore, name: &str) -> f64 {
     out.iter().find(|m| m.name == name).map_or(0.0, |m| m.value)
 }
 
-/// `--sync full`: the worker commits a turn of `k` claims and sleeps in epoll_wait until the
-/// syncer's answers wake it; both threads on CPU 0.
-fn full_sync(k: usize, seconds: f64) -> (Measured, f64) {
-    let (_dir, land, store) = store(SyncMode::Full);
+/// `--sync full`: the worker (CPU 0) commits a turn of `k` claims and sleeps in epoll_wait
+/// until the syncer's answers wake it; the syncer on `syncer_cpu`, spinning `spin` before it
+/// sleeps (`None`: the store's default, none on one CPU).
+fn full_sync(k: usize, seconds: f64, syncer_cpu: usize, spin: Option<Duration>) -> (Measured, f64) {
+    let (_dir, land, store) = store(SyncMode::Full, spin);
     let stop = StopSignal::default();
     let tid = Arc::new(AtomicU32::new(0));
     let syncer = {
         let (store, stop, tid) = (store.clone(), stop.clone(), tid.clone());
         std::thread::spawn(move || {
-            pin_to_cpu0();
+            pin_to(syncer_cpu);
             tid.store(gettid() as u32, Ordering::Release);
             store.run_syncer(stop);
         })
@@ -310,7 +321,7 @@ fn full_sync(k: usize, seconds: f64) -> (Measured, f64) {
 
 /// `--sync normal`: the same turns on one thread, answered by `commit` itself.
 fn normal_sync(k: usize, seconds: f64) -> Measured {
-    let (_dir, land, store) = store(SyncMode::Normal);
+    let (_dir, land, store) = store(SyncMode::Normal, None);
     let replies = TestReplies::new();
     let mut claims = Claims::new();
     let (mut staged, mut answers): (Vec<Staged>, Vec<(Pending, Response)>) =
@@ -337,22 +348,21 @@ fn main() {
         eprintln!("usage: handoff [--seconds S]");
         std::process::exit(2);
     }
-    pin_to_cpu0();
+    pin_to(0);
     println!(
-        "Two threads pinned to CPU 0, {seconds} s per case; a round trip is 2 switches (the \
-         kernel's count of both threads' context switches per round trip is shown beside it)."
+        "Two threads pinned to CPU 0 (as bench/run pins tern demo), {seconds} s per case; a round \
+         trip is 2 switches (the kernel's count of both threads' context switches per round trip \
+         is shown beside it)."
     );
     println!();
     println!("| case | round trips/s | switches/s | µs per switch (wake-up) | counted switches per round trip |");
     println!("|---|---|---|---|---|");
+    let futex = park_ping_pong(seconds, 0);
     for (name, m) in [
-        (
-            "futex ping-pong (thread::park/unpark)",
-            park_ping_pong(seconds),
-        ),
+        ("futex ping-pong (thread::park/unpark)", &futex),
         (
             "futex ping-pong (Mutex + Condvar)",
-            condvar_ping_pong(seconds),
+            &condvar_ping_pong(seconds),
         ),
     ] {
         println!(
@@ -371,24 +381,52 @@ fn main() {
     );
     println!();
     println!(
-        "| claims per turn | round trips/s | switches/s | counted switches per round trip \
+        "| claims per turn | round trips/s | × futex ping-pong | counted switches per round trip \
          | µs per turn (full) | µs per claim (full) | µs per claim (normal) \
          | hand-off µs per turn (full − normal) | mean fdatasync µs |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for k in [1usize, 10, 50] {
-        let (full, sync_us) = full_sync(k, seconds);
+        let (full, sync_us) = full_sync(k, seconds, 0, None);
         let normal = normal_sync(k, seconds);
         println!(
-            "| {k} | {:.0} | {:.0} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} |",
+            "| {k} | {:.0} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} |",
             full.per_second(),
-            2.0 * full.per_second(),
+            full.per_second() / futex.per_second(),
             full.counted_per_round_trip(),
             full.us_per_round_trip(),
             full.us_per_round_trip() / k as f64,
             normal.us_per_round_trip() / k as f64,
             full.us_per_round_trip() - normal.us_per_round_trip(),
             sync_us
+        );
+    }
+    println!();
+    println!(
+        "The same with the syncer on CPU 1 (a machine where tern demo is not pinned to one CPU), \
+         one claim per turn: the syncer sleeping at once (woken by a futex) against watching for \
+         the next turn for a while first (JournalOptions::sync_spin; SYNC_SPIN = {} µs is the \
+         default there), beside a futex ping-pong across the two CPUs:",
+        tern_ipv4_games::store::journal::SYNC_SPIN.as_micros()
+    );
+    println!();
+    println!("| case | round trips/s | × futex ping-pong (2 CPUs) | counted switches per round trip | µs per round trip |");
+    println!("|---|---|---|---|---|");
+    let futex2 = park_ping_pong(seconds, 1);
+    println!(
+        "| futex ping-pong (park/unpark), CPUs 0 and 1 | {:.0} | 1.00 | {:.2} | {:.2} |",
+        futex2.per_second(),
+        futex2.counted_per_round_trip(),
+        futex2.us_per_round_trip()
+    );
+    for spin_us in [0u64, 10, 50, 200] {
+        let (m, _) = full_sync(1, seconds, 1, Some(Duration::from_micros(spin_us)));
+        println!(
+            "| tern --sync full, syncer spins {spin_us} µs | {:.0} | {:.2} | {:.2} | {:.2} |",
+            m.per_second(),
+            m.per_second() / futex2.per_second(),
+            m.counted_per_round_trip(),
+            m.us_per_round_trip()
         );
     }
     println!();

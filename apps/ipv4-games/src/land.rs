@@ -7,17 +7,20 @@
 //! scan) holds one block at a time, and no map ever grows past one /16's worth of entries,
 //! so no resize stalls a worker the way one table of 100 M entries would. A block is a
 //! `hashbrown` map of 11 bytes per slot until it holds more than a dense array of the whole
-//! /16 would cost (`DENSE_AT`), then that array (8 bytes per address of the /16).
+//! /16 would cost (`DENSE_AT`), then that array (8 bytes per address of the /16). Each /16's
+//! lock and map header share a cache line of their own, and a turn's claims prefetch those
+//! lines together (`prefetch_turn`), so a turn's misses on them overlap.
 //!
 //! Changes come only from the store, one batch at a time under its write lock, so deciding a
-//! claim (`decide`) and applying it (`apply`) see the same state. Locks are taken in the order
-//! block → names → per-/8 counts, and recent alone, never the other way.
+//! claim (`decide`) and applying it (`apply_all`) see the same state. Locks are taken in the
+//! order block → names (which hold each name's counts per /8), and recent alone, never the
+//! other way.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use hashbrown::{HashMap, HashTable};
+use hashbrown::HashTable;
 
 /// A claim: address, name, time (Unix seconds).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +69,16 @@ impl Held {
 const DENSE_AT: usize = 28_672;
 
 enum Block {
-    Sparse(HashMap<[u8; 2], Held>),
+    /// hashbrown, not a table of our own: an open-addressing table of 10-byte slots whose
+    /// first slot is known before the lookup (so a turn could prefetch it) was tried and
+    /// measured on 2026-12-02 against this map, the rest of land.rs alike. The commit alone
+    /// (`bench/claim-path-ab 4 1`, examples/claim_path: 3 M held, turns of 20, ns per claim):
+    /// warm 986/1367/1287/962 against 1725/1399/1853/1471 (0.71×), with the caches thrashed
+    /// before each turn 6403/9065/7369/6391 against 9073/6148/6555/6026 (1.08×). A whole claim
+    /// (`bench/claims-ab --busy --rounds 6 --sync normal`, own table ÷ hashbrown, CPU per
+    /// claim): 0.98× quiet (rounds 0.78–1.06), 1.00× beside the cache-thrashing neighbour
+    /// (0.94–1.23). No measurable win where it matters, so no hash table of our own to keep.
+    Sparse(hashbrown::HashMap<[u8; 2], Held>),
     /// Every address of the /16; `Held::EMPTY` where unclaimed.
     Dense(Box<[Held]>, usize),
 }
@@ -104,6 +116,22 @@ impl Block {
         }
     }
 
+    /// Where a lookup of `low` reads first, for a prefetch: known for a dense array only
+    /// (hashbrown does not say where a lookup will read).
+    fn first_read(&self, low: u16) -> Option<*const u8> {
+        match self {
+            Block::Sparse(_) => None,
+            Block::Dense(a, _) => Some((&a[low as usize] as *const Held).cast()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Block::Sparse(m) => m.len(),
+            Block::Dense(_, len) => *len,
+        }
+    }
+
     fn bytes(&self) -> usize {
         match self {
             Block::Sparse(m) => m.allocation_size(),
@@ -125,6 +153,78 @@ impl Block {
     }
 }
 
+/// A /16's lock and map header on a cache line of their own, which `Land::prefetch_turn`
+/// loads for a turn's claims together.
+#[repr(align(64))]
+struct Shard(Mutex<Block>);
+
+/// A name's held addresses per /8 (the player page's counts): a short list while it holds
+/// few, all 256 counts (1 KiB) once it holds at least `PER8_DENSE_HELD` addresses in more
+/// than `PER8_FEW` /8s, which keeps it under 16 bytes per address held.
+enum Per8 {
+    Few(Vec<(u8, u32)>),
+    All(Box<[u32; 256]>),
+}
+
+const PER8_FEW: usize = 16;
+const PER8_DENSE_HELD: u64 = 64;
+
+impl Per8 {
+    fn add(&mut self, slash8: u8, held: u64) {
+        match self {
+            Per8::Few(v) => {
+                if let Some(e) = v.iter_mut().find(|e| e.0 == slash8) {
+                    e.1 += 1;
+                } else if v.len() >= PER8_FEW && held >= PER8_DENSE_HELD {
+                    let mut all = Box::new([0u32; 256]);
+                    for &(b, n) in v.iter() {
+                        all[b as usize] = n;
+                    }
+                    all[slash8 as usize] = 1;
+                    *self = Per8::All(all);
+                } else {
+                    v.push((slash8, 1));
+                }
+            }
+            Per8::All(a) => a[slash8 as usize] += 1,
+        }
+    }
+
+    fn remove(&mut self, slash8: u8) {
+        match self {
+            Per8::Few(v) => {
+                if let Some(i) = v.iter().position(|e| e.0 == slash8) {
+                    v[i].1 -= 1;
+                    if v[i].1 == 0 {
+                        v.swap_remove(i);
+                    }
+                }
+            }
+            Per8::All(a) => a[slash8 as usize] = a[slash8 as usize].saturating_sub(1),
+        }
+    }
+
+    /// (/8, addresses) where it holds some, by /8.
+    fn counts(&self) -> Vec<(u8, u64)> {
+        let mut out: Vec<(u8, u64)> = match self {
+            Per8::Few(v) => v.iter().map(|&(b, n)| (b, n as u64)).collect(),
+            Per8::All(a) => (0..=255u8)
+                .filter(|&b| a[b as usize] > 0)
+                .map(|b| (b, a[b as usize] as u64))
+                .collect(),
+        };
+        out.sort_unstable();
+        out
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Per8::Few(v) => v.capacity() * std::mem::size_of::<(u8, u32)>(),
+            Per8::All(_) => std::mem::size_of::<[u32; 256]>(),
+        }
+    }
+}
+
 struct NameInfo {
     /// Shared with the latest-claims ring, which takes a reference rather than a copy.
     name: Arc<str>,
@@ -132,6 +232,8 @@ struct NameInfo {
     held: u64,
     /// Its latest claims, oldest first; entries it no longer holds are skipped when read.
     recent: VecDeque<(u32, u32)>,
+    /// Where those addresses are.
+    per8: Per8,
 }
 
 /// Names to small ids and back. Ids of names that hold nothing are reused, so the table is
@@ -165,6 +267,7 @@ impl Names {
             name: name.into(),
             held: 0,
             recent: VecDeque::new(),
+            per8: Per8::Few(Vec::new()),
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -193,6 +296,7 @@ impl Names {
         let info = &mut self.info[id as usize];
         info.name = "".into();
         info.recent = VecDeque::new();
+        info.per8 = Per8::Few(Vec::new());
         self.free.push(id);
     }
 
@@ -204,6 +308,10 @@ impl Names {
                 .iter()
                 .map(|i| i.name.len() + i.recent.capacity() * 8)
                 .sum::<usize>()
+    }
+
+    fn per8_bytes(&self) -> usize {
+        self.info.iter().map(|i| i.per8.bytes()).sum()
     }
 }
 
@@ -220,9 +328,8 @@ pub enum Decision {
 
 /// The whole game state.
 pub struct Land {
-    blocks: Box<[Mutex<Block>]>,
-    /// Per /8: name id → addresses it holds there (the all-time board, player pages).
-    per8: Box<[Mutex<HashMap<u32, u32>>]>,
+    blocks: Box<[Shard]>,
+    /// Names, with each name's count of addresses per /8 (player pages).
     names: Mutex<Names>,
     /// The latest changes, newest first: (address, name, time).
     recent: Mutex<VecDeque<(u32, Arc<str>, u64)>>,
@@ -237,13 +344,26 @@ impl Default for Land {
     }
 }
 
+/// Asks the CPU to start loading the cache line at `p`: a hint that never faults, so any
+/// address will do.
+#[inline]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE, which the instruction needs, is part of every x86_64 CPU; a prefetch
+    // reads nothing the program sees and never faults, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 impl Land {
     pub fn new() -> Land {
         Land {
             blocks: (0..1 << 16)
-                .map(|_| Mutex::new(Block::Sparse(HashMap::new())))
+                .map(|_| Shard(Mutex::new(Block::Sparse(hashbrown::HashMap::new()))))
                 .collect(),
-            per8: (0..256).map(|_| Mutex::new(HashMap::new())).collect(),
             names: Mutex::new(Names::default()),
             recent: Mutex::new(VecDeque::with_capacity(RECENT_LEN)),
             version: AtomicU64::new(0),
@@ -252,7 +372,23 @@ impl Land {
     }
 
     fn block(&self, ip: u32) -> std::sync::MutexGuard<'_, Block> {
-        lock(&self.blocks[(ip >> 16) as usize])
+        lock(&self.blocks[(ip >> 16) as usize].0)
+    }
+
+    /// Starts loading what deciding and applying a turn's claims on `ips` will read: first
+    /// every /16's lock and map header, then (those being on their way) the address's slot
+    /// in the /16s that are dense arrays. The claims' cache misses then overlap instead
+    /// of coming one after another, which matters most when a neighbour has emptied the
+    /// caches. Takes each /16's lock briefly; changes nothing.
+    pub fn prefetch_turn(&self, ips: impl Iterator<Item = u32> + Clone) {
+        for ip in ips.clone() {
+            prefetch((&self.blocks[(ip >> 16) as usize] as *const Shard).cast());
+        }
+        for ip in ips {
+            if let Some(p) = self.block(ip).first_read(ip as u16) {
+                prefetch(p);
+            }
+        }
     }
 
     /// Addresses held by anyone.
@@ -316,44 +452,66 @@ impl Land {
     /// Makes `ip` held by `nick` since `created` (a change already made durable, or one
     /// replayed at start-up). Returns whether the address was unclaimed before.
     pub fn apply(&self, ip: u32, nick: &str, created: u64) -> bool {
-        let (new, name) = self.set(ip, nick, created, true);
-        let mut recent = lock(&self.recent);
-        recent.truncate(RECENT_LEN - 1);
-        recent.push_front((ip, name, created));
-        drop(recent);
-        self.version.fetch_add(1, Ordering::Release);
+        let mut new = false;
+        self.apply_all([(ip, nick, created)], |n| new = n);
         new
+    }
+
+    /// `apply` for a batch (a turn's changes, in order): the latest claims and the counters
+    /// are updated once for the batch. `each` learns of every change whether the address was
+    /// unclaimed.
+    pub fn apply_all<'a>(
+        &self,
+        changes: impl IntoIterator<Item = (u32, &'a str, u64)>,
+        mut each: impl FnMut(bool),
+    ) {
+        let mut latest: [Option<(u32, Arc<str>, u64)>; RECENT_LEN] = std::array::from_fn(|_| None);
+        let (mut n, mut new) = (0usize, 0u64);
+        for (ip, nick, created) in changes {
+            let (was_new, name) = self.set(ip, nick, created, true);
+            new += was_new as u64;
+            each(was_new);
+            latest[n % RECENT_LEN] = Some((ip, name, created));
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        self.claimed.fetch_add(new, Ordering::Relaxed);
+        {
+            let mut recent = lock(&self.recent);
+            // The batch's last RECENT_LEN changes, oldest first, each pushed to the front.
+            let kept = n.min(RECENT_LEN);
+            recent.truncate(RECENT_LEN - kept);
+            for k in n - kept..n {
+                if let Some(c) = latest[k % RECENT_LEN].take() {
+                    recent.push_front(c);
+                }
+            }
+        }
+        self.version.fetch_add(1, Ordering::Release);
     }
 
     /// `apply` for loading a snapshot, which is in address order, not time order: the latest
     /// claims come with it (`set_recent`), and a player's latest holdings are found by a scan
     /// when first asked for.
     pub fn load(&self, ip: u32, nick: &str, created: u64) {
-        self.set(ip, nick, created, false);
+        let (new, _) = self.set(ip, nick, created, false);
+        self.claimed.fetch_add(new as u64, Ordering::Relaxed);
     }
 
     /// Returns whether the address was unclaimed, and the holder's name as the state keeps it.
+    /// Leaves `claimed` to the caller.
     fn set(&self, ip: u32, nick: &str, created: u64, remember: bool) -> (bool, Arc<str>) {
         let created32 = created.min(u32::MAX as u64) as u32;
+        let slash8 = (ip >> 24) as u8;
         let mut block = self.block(ip);
         let mut names = lock(&self.names);
         let id = names.intern(nick);
         let old = block.set(ip as u16, Held::new(id, created32));
-        let slash8 = (ip >> 24) as usize;
-        {
-            let mut per8 = lock(&self.per8[slash8]);
-            if let Some(old) = old {
-                if let hashbrown::hash_map::Entry::Occupied(mut e) = per8.entry(old.name()) {
-                    *e.get_mut() -= 1;
-                    if *e.get() == 0 {
-                        e.remove();
-                    }
-                }
-            }
-            *per8.entry(id).or_default() += 1;
-        }
         if let Some(old) = old {
             let info = &mut names.info[old.name() as usize];
+            info.per8.remove(slash8);
             info.held -= 1;
             if info.held == 0 && old.name() != id {
                 names.release(old.name());
@@ -361,6 +519,7 @@ impl Land {
         }
         let info = &mut names.info[id as usize];
         info.held += 1;
+        info.per8.add(slash8, info.held);
         if remember {
             if info.recent.len() == PLAYER_RECENT {
                 info.recent.pop_front();
@@ -370,9 +529,6 @@ impl Land {
         let name = info.name.clone();
         drop(names);
         drop(block);
-        if old.is_none() {
-            self.claimed.fetch_add(1, Ordering::Relaxed);
-        }
         (old.is_none(), name)
     }
 
@@ -400,17 +556,12 @@ impl Land {
     /// A player's holdings per /8 and their latest claims still held, newest first. `None`
     /// for a name that holds nothing.
     pub fn player(&self, nick: &str) -> Option<Player> {
-        let (id, ring) = {
+        let (id, ring, blocks) = {
             let names = lock(&self.names);
             let id = names.find(nick)?;
-            (id, names.info[id as usize].recent.clone())
+            let info = &names.info[id as usize];
+            (id, info.recent.clone(), info.per8.counts())
         };
-        let mut blocks = Vec::new();
-        for (b, per8) in self.per8.iter().enumerate() {
-            if let Some(&n) = lock(per8).get(&id) {
-                blocks.push((b as u8, n as u64));
-            }
-        }
         let total: u64 = blocks.iter().map(|b| b.1).sum();
         let still_held =
             |ip: u32, created: u32| self.block(ip).get(ip as u16) == Some(Held::new(id, created));
@@ -450,7 +601,7 @@ impl Land {
         let mut best: std::collections::BinaryHeap<std::cmp::Reverse<(u32, u32)>> =
             std::collections::BinaryHeap::new();
         for (hi, block) in self.blocks.iter().enumerate() {
-            lock(block).for_each(|low, held| {
+            lock(&block.0).for_each(|low, held| {
                 if held.name() == id {
                     let ip = (hi as u32) << 16 | low as u32;
                     best.push(std::cmp::Reverse((held.created(), ip)));
@@ -470,16 +621,21 @@ impl Land {
 
     /// Per /8: every name holding addresses there and how many (the all-time board).
     pub fn per_block_counts(&self, mut f: impl FnMut(u8, &str, u64)) {
-        for (b, per8) in self.per8.iter().enumerate() {
-            // Copy the counts out first: names are locked after per-/8 counts, never while
-            // holding one for long.
-            let counts: Vec<(u32, u32)> = lock(per8).iter().map(|(&k, &v)| (k, v)).collect();
-            let names = lock(&self.names);
-            for (id, n) in counts {
-                if let Some(info) = names.info.get(id as usize) {
-                    f(b as u8, &info.name, n as u64);
-                }
-            }
+        let names = lock(&self.names);
+        let mut rows: Vec<(u8, &str, u64)> = names
+            .info
+            .iter()
+            .filter(|i| i.held > 0)
+            .flat_map(|i| {
+                i.per8
+                    .counts()
+                    .into_iter()
+                    .map(move |(b, n)| (b, &*i.name, n))
+            })
+            .collect();
+        rows.sort_by_key(|r| r.0);
+        for (b, name, n) in rows {
+            f(b, name, n);
         }
     }
 
@@ -490,7 +646,7 @@ impl Land {
     /// tolerates.
     pub fn scan_ids(&self, mut f: impl FnMut(u32, u32, u64)) {
         for (hi, block) in self.blocks.iter().enumerate() {
-            let block = lock(block);
+            let block = lock(&block.0);
             block.for_each(|low, held| {
                 f(
                     (hi as u32) << 16 | low as u32,
@@ -520,7 +676,10 @@ impl Land {
         let mut rows: Vec<(u16, Held)> = Vec::new();
         for (hi, block) in self.blocks.iter().enumerate() {
             rows.clear();
-            let block = lock(block);
+            let block = lock(&block.0);
+            if block.len() == 0 {
+                continue;
+            }
             block.for_each(|low, held| rows.push((low, held)));
             rows.sort_unstable_by_key(|r| r.0);
             let names = lock(&self.names);
@@ -537,13 +696,16 @@ impl Land {
 
     /// Bytes of memory the state holds (allocations, not counting allocator overhead).
     pub fn bytes(&self) -> MemoryUse {
-        let blocks: usize = self.blocks.iter().map(|b| lock(b).bytes()).sum::<usize>()
-            + self.blocks.len() * std::mem::size_of::<Mutex<Block>>();
-        let counts: usize = self.per8.iter().map(|m| lock(m).allocation_size()).sum();
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| lock(&b.0).bytes())
+            .sum::<usize>()
+            + self.blocks.len() * std::mem::size_of::<Shard>();
         let names = lock(&self.names);
         MemoryUse {
             addresses: blocks,
-            counts,
+            counts: names.per8_bytes(),
             names: names.bytes(),
             name_count: (names.info.len() - names.free.len()) as u64,
         }
@@ -666,7 +828,7 @@ mod tests {
         assert_eq!(land.holder(base + 7), Some(("odd".into(), 7)));
         assert_eq!(
             land.holder(base + DENSE_AT as u32 + 99),
-            Some(("odd".into(), 28_771))
+            Some(("odd".into(), DENSE_AT as u64 + 99))
         );
         assert_eq!(land.holder(base + 60_000), None);
         let mut seen = 0;
@@ -678,5 +840,125 @@ mod tests {
         });
         assert_eq!(seen, DENSE_AT + 100);
         assert_eq!(land.claimed(), (DENSE_AT + 100) as u64);
+    }
+
+    #[test]
+    fn prefetching_a_turn_reads_any_block_kind_and_changes_nothing() {
+        // The prefetch intrinsic (the `unsafe` in `prefetch`) on every kind of block: an
+        // empty /16, a sparse map (its /16's line only), a dense array (its slot too), and
+        // addresses repeated in one turn.
+        let land = Land::new();
+        let sparse = ip(3, 3, 0, 0);
+        for i in 0..100u32 {
+            land.apply(sparse + i * 601, "s", i as u64);
+        }
+        let dense = ip(4, 4, 0, 0);
+        for i in 0..DENSE_AT as u32 + 1 {
+            land.apply(dense + i, "d", 1);
+        }
+        assert!(matches!(*land.block(dense), Block::Dense(..)));
+        let v = land.version();
+        let turn: Vec<u32> = (0..=0xffffu32)
+            .step_by(97)
+            .flat_map(|low| {
+                [
+                    sparse + low,
+                    dense + low,
+                    ip(5, 5, 0, 0) + low,
+                    sparse + low,
+                ]
+            })
+            .collect();
+        land.prefetch_turn(turn.iter().copied());
+        land.prefetch_turn(std::iter::empty());
+        assert_eq!(land.version(), v);
+        assert_eq!(land.claimed(), 100 + DENSE_AT as u64 + 1);
+        assert_eq!(land.holder(sparse + 601), Some(("s".into(), 1)));
+        assert_eq!(land.holder(ip(5, 5, 0, 0)), None);
+    }
+
+    #[test]
+    fn a_block_stays_sparse_up_to_dense_at_and_finds_every_address_while_it_grows() {
+        let land = Land::new();
+        let base = ip(7, 7, 0, 0);
+        // Addresses spread over the /16 in a scrambled order, re-claimed as they go.
+        let low = |i: u32| (i.wrapping_mul(40_503) & 0xffff) as u16;
+        for i in 0..DENSE_AT as u32 {
+            land.apply(base + low(i) as u32, "a", i as u64);
+            if i % 997 == 0 {
+                for j in (0..=i).step_by(101) {
+                    assert_eq!(
+                        land.holder(base + low(j) as u32),
+                        Some(("a".into(), j as u64))
+                    );
+                }
+                assert_eq!(land.holder(base + low(i + 1) as u32), None);
+            }
+        }
+        assert!(matches!(*land.block(base), Block::Sparse(ref m) if m.len() == DENSE_AT));
+        // A holder changing keeps the count; the next new address turns the block dense.
+        land.apply(base + low(5) as u32, "b", 1);
+        assert!(matches!(*land.block(base), Block::Sparse(_)));
+        land.apply(base + low(DENSE_AT as u32) as u32, "b", 2);
+        assert!(matches!(*land.block(base), Block::Dense(_, n) if n == DENSE_AT + 1));
+        assert_eq!(land.holder(base + low(5) as u32), Some(("b".into(), 1)));
+        assert_eq!(land.claimed(), DENSE_AT as u64 + 1);
+    }
+
+    #[test]
+    fn per_8_counts_stay_right_through_a_name_growing_dense_and_losing_addresses() {
+        let land = Land::new();
+        // 300 addresses over 30 /8s: the counts turn dense (more than 16 /8s, 64+ held).
+        for i in 0..300u32 {
+            land.apply(ip((i % 30) as u8 + 1, 0, (i / 30) as u8, 1), "ann", 10);
+        }
+        let p = land.player("ann").unwrap();
+        assert_eq!(p.total, 300);
+        assert_eq!(p.blocks, (1..=30).map(|b| (b, 10)).collect::<Vec<_>>());
+        // bob takes all of /8 number 1 and one address of number 2.
+        for k in 0..10u8 {
+            land.apply(ip(1, 0, k, 1), "bob", 11);
+        }
+        land.apply(ip(2, 0, 0, 1), "bob", 11);
+        let p = land.player("ann").unwrap();
+        assert_eq!(p.total, 289);
+        assert_eq!(p.blocks[0], (2, 9));
+        assert_eq!(p.blocks.len(), 29);
+        assert_eq!(land.player("bob").unwrap().blocks, vec![(1, 10), (2, 1)]);
+        // A name with few addresses in few /8s, then none: forgotten, its id reused cleanly.
+        land.apply(ip(9, 9, 9, 9), "cy", 12);
+        land.apply(ip(9, 9, 9, 9), "dee", 13);
+        assert!(land.player("cy").is_none());
+        assert_eq!(land.player("dee").unwrap().blocks, vec![(9, 1)]);
+        let mut all = Vec::new();
+        land.per_block_counts(|b, n, c| all.push((b, n.to_string(), c)));
+        assert_eq!(all.iter().map(|r| r.2).sum::<u64>(), land.claimed());
+    }
+
+    #[test]
+    fn a_batch_keeps_the_latest_claims_in_order_and_counts_once() {
+        let land = Land::new();
+        land.apply(ip(1, 1, 1, 1), "old", 1);
+        let v0 = land.version();
+        let batch: Vec<(u32, String, u64)> = (0..70u32)
+            .map(|i| (ip(2, 0, 0, 0) + i, format!("n{i}"), 100 + i as u64))
+            .collect();
+        let mut news = 0;
+        land.apply_all(batch.iter().map(|(a, n, c)| (*a, n.as_str(), *c)), |new| {
+            news += new as u32
+        });
+        assert_eq!(news, 70);
+        assert_eq!(land.version(), v0 + 1);
+        assert_eq!(land.claimed(), 71);
+        let recent = land.recent();
+        assert_eq!(recent.len(), RECENT_LEN);
+        // Newest first: the batch's last 50, "old" pushed out.
+        let names: Vec<_> = recent.iter().map(|c| c.nick.clone()).collect();
+        let want: Vec<_> = (20..70).rev().map(|i| format!("n{i}")).collect();
+        assert_eq!(names, want);
+        // A small batch goes in front of what was there, in its own order.
+        land.apply_all([(ip(3, 0, 0, 1), "x", 1), (ip(3, 0, 0, 2), "y", 2)], |_| {});
+        let names: Vec<_> = land.recent().into_iter().map(|c| c.nick).take(3).collect();
+        assert_eq!(names, ["y", "x", "n69"]);
     }
 }

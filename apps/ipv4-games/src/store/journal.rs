@@ -25,6 +25,7 @@ use hashbrown::HashMap;
 use tern_server::{Pending, Response, Server, StopSignal};
 use tern_services::metrics::Metric;
 
+use super::latency::Histogram;
 use super::{refusal, ClaimStore, Refusal, Staged, SyncMode};
 use crate::journal::{self, compact, frame, Record};
 use crate::land::{Decision, Land};
@@ -47,7 +48,17 @@ pub struct JournalOptions {
     /// Test hook: the syncer waits this long before each sync, so that tests can hold
     /// claims pending. Zero in production.
     pub test_sync_delay: Duration,
+    /// How long the syncer, out of work, watches for more before it sleeps: a worker on
+    /// another CPU then hands it a turn with no wake-up. `None`: `SYNC_SPIN` when this
+    /// process may run on more than one CPU, else zero (on one CPU a spinning syncer would
+    /// only keep the worker from running).
+    pub sync_spin: Option<Duration>,
 }
+
+/// The syncer's spin before it sleeps (`JournalOptions::sync_spin`), measured with
+/// `examples/handoff.rs`: longer than a worker's turn between two syncs at a few claims per
+/// turn, short enough that an idle game costs nothing noticeable.
+pub const SYNC_SPIN: Duration = Duration::from_micros(50);
 
 impl JournalOptions {
     /// A journal in `dir` with no limits, 64 MiB segments and no test hooks.
@@ -60,7 +71,21 @@ impl JournalOptions {
             max_names: u64::MAX,
             sync_mark: None,
             test_sync_delay: Duration::ZERO,
+            sync_spin: None,
         }
+    }
+}
+
+/// The CPUs this thread may run on.
+fn usable_cpus() -> usize {
+    // SAFETY: sched_getaffinity(0 = this thread) writes at most the size given into the
+    // zeroed set, which lives on this stack; CPU_COUNT only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return 1;
+        }
+        libc::CPU_COUNT(&set) as usize
     }
 }
 
@@ -124,17 +149,47 @@ struct Stats {
 struct Syncer {
     queue: Mutex<SyncQueue>,
     wake: Condvar,
+    /// What the clocks of the waits count from.
+    epoch: Instant,
+    /// Turns handed over so far: what a spinning syncer watches.
+    queued: AtomicU64,
+    /// Each fdatasync's time: the device's part of a claim's wait.
+    sync_times: Histogram,
+    /// A claim's wait from the end of its worker turn until its answer is handed back to the
+    /// worker, less the fdatasync time in that wait: tern's own part.
+    tern_waits: Histogram,
 }
 
 #[derive(Default)]
 struct SyncQueue {
     answers: Vec<(Pending, Response)>,
+    /// The turns those answers came from, for the account of their waits.
+    turns: Vec<TurnWait>,
     /// The file and end to sync for them.
     target: Option<(Arc<File>, u64, u64)>,
     /// What is known synced: (segment, length).
     synced: (u64, u64),
     /// The syncer is syncing (it looks at the queue again when done: no wake-up needed).
     busy: bool,
+    /// Nanoseconds spent in fdatasync calls that have finished, and when (nanoseconds since
+    /// `Syncer::epoch`) the one under way started: the device's clock.
+    device_nanos: u64,
+    syncing_since: Option<u64>,
+}
+
+/// One worker turn's answers waiting for a sync.
+struct TurnWait {
+    /// When the turn was committed (nanoseconds since `Syncer::epoch`).
+    at: u64,
+    /// The device's clock then (`SyncQueue::device_nanos` plus the part of a sync under way).
+    device: u64,
+    answers: u64,
+}
+
+impl SyncQueue {
+    fn device_clock(&self, now: u64) -> u64 {
+        self.device_nanos + self.syncing_since.map_or(0, |t| now.saturating_sub(t))
+    }
 }
 
 impl JournalStore {
@@ -196,6 +251,10 @@ impl JournalStore {
                 ..SyncQueue::default()
             }),
             wake: Condvar::new(),
+            epoch: Instant::now(),
+            queued: AtomicU64::new(0),
+            sync_times: Histogram::default(),
+            tern_waits: Histogram::default(),
         });
         Ok(JournalStore {
             _lock: lock,
@@ -282,8 +341,35 @@ impl JournalStore {
             .syncer
             .as_ref()
             .expect("syncer runs only with --sync full");
+        let since = |t: Instant| t.saturating_duration_since(s.epoch).as_nanos() as u64;
+        // Swapped with the queue's each round, so neither side allocates once warm.
+        let mut answers = Vec::new();
+        let mut turns = Vec::new();
+        let spin = self.options.sync_spin.unwrap_or(if usable_cpus() > 1 {
+            SYNC_SPIN
+        } else {
+            Duration::ZERO
+        });
         loop {
             let mut q = lock(&s.queue);
+            if q.answers.is_empty() && !spin.is_zero() {
+                // Still `busy`: a worker handing over a turn meanwhile wakes no one.
+                let seen = s.queued.load(Ordering::Acquire);
+                drop(q);
+                let until = Instant::now() + spin;
+                'watch: while s.queued.load(Ordering::Acquire) == seen {
+                    for _ in 0..64 {
+                        std::hint::spin_loop();
+                        if s.queued.load(Ordering::Acquire) != seen {
+                            break 'watch;
+                        }
+                    }
+                    if Instant::now() >= until || stop.is_stopped() {
+                        break;
+                    }
+                }
+                q = lock(&s.queue);
+            }
             while q.answers.is_empty() {
                 if stop.is_stopped() {
                     return;
@@ -296,13 +382,15 @@ impl JournalStore {
                     .0;
             }
             q.busy = true;
-            let answers = std::mem::take(&mut q.answers);
+            std::mem::swap(&mut q.answers, &mut answers);
+            std::mem::swap(&mut q.turns, &mut turns);
             let (file, segment, length) = q.target.take().expect("answers come with a target");
+            let started = Instant::now();
+            q.syncing_since = Some(since(started));
             drop(q);
             if !self.options.test_sync_delay.is_zero() {
                 std::thread::sleep(self.options.test_sync_delay);
             }
-            let started = Instant::now();
             let synced = file.sync_data();
             let nanos = started.elapsed().as_nanos() as u64;
             self.stats.syncs.fetch_add(1, Ordering::Relaxed);
@@ -310,16 +398,22 @@ impl JournalStore {
             self.stats
                 .sync_max_nanos
                 .fetch_max(nanos, Ordering::Relaxed);
+            s.sync_times.record(nanos, 1);
+            let device = {
+                let mut q = lock(&s.queue);
+                q.device_nanos += nanos;
+                q.syncing_since = None;
+                if synced.is_ok() {
+                    q.synced = q.synced.max((segment, length));
+                    self.mark_synced(q.synced);
+                }
+                q.device_nanos
+            };
+            let n = answers.len() as u64;
             match synced {
                 Ok(()) => {
-                    {
-                        let mut q = lock(&s.queue);
-                        q.synced = q.synced.max((segment, length));
-                        self.mark_synced(q.synced);
-                    }
-                    let n = answers.len() as u64;
                     self.stats.saved.fetch_add(n, Ordering::Relaxed);
-                    tern_server::complete_all(answers);
+                    tern_server::complete_all(answers.drain(..));
                 }
                 Err(e) => {
                     // Not retried: after a failed fsync the kernel may have dropped the dirty
@@ -330,14 +424,19 @@ impl JournalStore {
                         "syncing {} failed: {e}; claims are answered 503 until tern is restarted",
                         self.segment_path(segment)
                     );
-                    let n = answers.len() as u64;
                     self.stats.refused_stopped.fetch_add(n, Ordering::Relaxed);
                     tern_server::complete_all(
                         answers
-                            .into_iter()
+                            .drain(..)
                             .map(|(p, _)| (p, refusal(Refusal::Stopped))),
                     );
                 }
+            }
+            let now = since(Instant::now());
+            for t in turns.drain(..) {
+                let waited = now.saturating_sub(t.at);
+                s.tern_waits
+                    .record(waited.saturating_sub(device - t.device), t.answers);
             }
         }
     }
@@ -406,12 +505,14 @@ impl ClaimStore for JournalStore {
             self.stats.refused_stopped.fetch_add(n, Ordering::Relaxed);
             return self.refuse_all(claims, answers, Refusal::Stopped);
         }
+        let turn_ended = Instant::now();
         let mut guard = lock(&self.writer);
         let w = &mut *guard;
         w.buf.clear();
         w.overlay.clear();
         w.outcomes.clear();
         let at = frame::begin_frame(&mut w.buf);
+        land.prefetch_turn(claims.iter().map(|c| c.ip));
         let mut room = self.options.max_claims.saturating_sub(land.claimed());
         let mut name_room = self.options.max_names.saturating_sub(land.names_held());
         let near_name_limit = name_room <= claims.len() as u64;
@@ -480,11 +581,14 @@ impl ClaimStore for JournalStore {
             self.stats
                 .journal_bytes
                 .fetch_add(w.buf.len() as u64, Ordering::Relaxed);
-            for (c, &o) in claims.iter().zip(&w.outcomes) {
-                if o == Outcome::Write {
-                    land.apply(c.ip, &c.nick, c.at);
-                }
-            }
+            land.apply_all(
+                claims
+                    .iter()
+                    .zip(&w.outcomes)
+                    .filter(|(_, &o)| o == Outcome::Write)
+                    .map(|(c, _)| (c.ip, c.nick.as_str(), c.at)),
+                |_| {},
+            );
             self.stats.changes.fetch_add(changes, Ordering::Relaxed);
         }
         let repeats = w.outcomes.iter().filter(|&&o| o == Outcome::Repeat).count() as u64;
@@ -529,7 +633,15 @@ impl ClaimStore for JournalStore {
             answers.append(&mut saved);
             return;
         }
+        let now = turn_ended.saturating_duration_since(s.epoch).as_nanos() as u64;
+        let device = q.device_clock(now);
+        q.turns.push(TurnWait {
+            at: now,
+            device,
+            answers: saved.len() as u64,
+        });
         q.answers.append(&mut saved);
+        s.queued.fetch_add(1, Ordering::Release);
         if q.target
             .as_ref()
             .is_none_or(|t| (t.1, t.2) < (target.1, target.2))
@@ -578,6 +690,17 @@ impl ClaimStore for JournalStore {
             gauge "journal_segment" "number of the journal segment being written" = segment;
             gauge "recovered_claims" "claims read back at start-up" = get(&s.recovered) as f64;
             gauge "recovery_seconds" "time the start-up recovery took" = seconds(&s.recovery_nanos);
+        }
+        if let Some(syncer) = &self.syncer {
+            out.extend(syncer.sync_times.metrics(
+                "journal_fdatasync_seconds",
+                "each fdatasync of the journal (--sync full): the device's part of a claim's wait",
+            ));
+            out.extend(syncer.tern_waits.metrics(
+                "claim_tern_wait_seconds",
+                "--sync full: a claim's wait from the end of its worker turn until its answer is \
+                 handed back to the worker, less the fdatasync time in it (tern's own part)",
+            ));
         }
     }
 }
@@ -944,6 +1067,90 @@ mod tests {
         assert_eq!(statuses(&mut answers), [503]);
         stop.raise();
         syncer.join().unwrap();
+    }
+
+    #[test]
+    fn a_full_sync_wait_is_split_into_the_devices_part_and_terns() {
+        let dir = tempfile::tempdir().unwrap();
+        let land = Land::new();
+        let mut o = options(dir.path(), SyncMode::Full);
+        // Counted as the device's time: it stands for a slow fdatasync.
+        o.test_sync_delay = Duration::from_millis(60);
+        let store = Arc::new(JournalStore::open(o, &land).unwrap());
+        let stop = StopSignal::default();
+        let syncer = {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || store.run_syncer(stop))
+        };
+        let replies = TestReplies::new();
+        let mut answers = Vec::new();
+        store.commit(
+            &land,
+            &mut vec![
+                staged(&replies, 1, 5, "x", 1),
+                staged(&replies, 2, 6, "y", 1),
+            ],
+            &mut answers,
+        );
+        let started = Instant::now();
+        let mut done = completed(&replies);
+        while done.len() < 2 && started.elapsed() < Duration::from_secs(5) {
+            replies.wait(Duration::from_millis(100));
+            done.extend(completed(&replies));
+        }
+        assert_eq!(sorted(done.iter().map(|d| d.1).collect()), [200, 200]);
+        stop.raise();
+        syncer.join().unwrap();
+        let mut m = Vec::new();
+        store.metrics(&mut m);
+        let value = |name: &str, suffix: &str| {
+            m.iter()
+                .find(|x| x.name == name && x.suffix == suffix)
+                .map(|x| x.value)
+                .unwrap()
+        };
+        assert!(value("journal_fdatasync_seconds", "_count") >= 1.0);
+        assert!(value("journal_fdatasync_seconds", "_sum") >= 0.06);
+        // Both claims counted; what they waited beyond the sync is far below the sync.
+        assert_eq!(value("claim_tern_wait_seconds", "_count"), 2.0);
+        assert!(value("claim_tern_wait_seconds", "_sum") < 2.0 * 0.03);
+    }
+
+    #[test]
+    fn a_watching_syncer_takes_turns_handed_over_without_a_wake_up_and_still_stops() {
+        // The CPUs this thread may use (the `unsafe` sched_getaffinity call): at least one,
+        // and no more than the machine has.
+        let cpus = usable_cpus();
+        assert!(cpus >= 1);
+        assert!(cpus <= std::thread::available_parallelism().map_or(1024, |n| n.get().max(cpus)));
+        let (_dir, land, store, replies) = fresh(SyncMode::Full, |o| {
+            // Far longer than the test: a turn answered sooner was taken while watching.
+            o.sync_spin = Some(Duration::from_secs(30));
+        });
+        let store = Arc::new(store);
+        let stop = StopSignal::default();
+        let syncer = {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || store.run_syncer(stop))
+        };
+        let mut answers = Vec::new();
+        for seq in 1..=3u64 {
+            let started = Instant::now();
+            store.commit(
+                &land,
+                &mut vec![staged(&replies, seq, seq as u32, "x", seq)],
+                &mut answers,
+            );
+            assert!(answers.is_empty());
+            assert_eq!(completed(&replies), [(seq, 200)]);
+            assert!(started.elapsed() < Duration::from_secs(10));
+        }
+        assert_eq!(store.stats.syncs.load(Ordering::Relaxed), 3);
+        // A stop while it watches ends it long before the watch would.
+        let started = Instant::now();
+        stop.raise();
+        syncer.join().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 
     #[test]

@@ -27,6 +27,7 @@ macro_rules! metrics_table {
 }
 
 pub mod journal;
+mod latency;
 pub mod postgres;
 mod postgres_tls;
 
