@@ -1063,13 +1063,25 @@ mod tests {
                     params: &mut p,
                     set: &params,
                 };
-                cgi_params(&mut sink, req, &script, "site.example");
+                let asked = asked_path(req.head);
+                let target = unkeyed(&script, &asked, req);
+                cgi_params(&mut sink, req, &target, "site.example");
                 // Left for the config's: not sent by tern.
                 assert_eq!(p.get(b"SERVER_PORT"), None);
                 assert_eq!(p.get(b"SERVER_NAME"), Some(&b"site.example"[..]));
                 assert_eq!(p.get(b"HTTPS"), None, "plain HTTP: tern sends none");
             },
         );
+    }
+
+    /// A route without a cache's view of the target.
+    fn unkeyed<'a>(script: &'a Script, asked: &'a str, req: &'a Request<'_>) -> CgiTarget<'a> {
+        CgiTarget {
+            script,
+            asked,
+            query: req.head.query,
+            keyed: false,
+        }
     }
 
     /// The CGI parameters of `raw`, which must name a script, and the site's folder.
@@ -1094,7 +1106,9 @@ mod tests {
                 params: &mut params,
                 set: &[],
             };
-            cgi_params(&mut sink, &req, &script, &h.options.server_name);
+            let asked = asked_path(req.head);
+            let target = unkeyed(&script, &asked, &req);
+            cgi_params(&mut sink, &req, &target, &h.options.server_name);
             (d, params)
         })
     }
