@@ -785,10 +785,20 @@ fn php_config(dir: &Path, socket: &Path) -> std::path::PathBuf {
                 $_SERVER['SCRIPT_NAME'], ' ua=', $_SERVER['HTTP_USER_AGENT'] ?? '-', ' xfh=', \
                 $_SERVER['HTTP_X_FORWARDED_HOST'] ?? '-', ' cookie=', \
                 $_SERVER['HTTP_COOKIE'] ?? '-', ' proto=', $_SERVER['SERVER_PROTOCOL'], \"\\n\";\n";
+    // Fresh for a second; then answers 304 to its validator.
+    let validated = "if (($_SERVER['HTTP_IF_NONE_MATCH'] ?? '') === '\"v7\"') {\n\
+                     http_response_code(304); header('Cache-Control: max-age=60');\n\
+                     header('ETag: \"v7\"'); exit; }\n\
+                     header('Cache-Control: max-age=1'); header('ETag: \"v7\"');\n";
+    // Fresh for a second, then failing.
+    let flaky = "if ($n > 1) { http_response_code(500); echo \"down\\n\"; exit; }\n\
+                 header('Cache-Control: max-age=1');\n";
     for (name, more) in [
         ("count.php", ""),
         ("index.php", ""),
         ("sets-cookie.php", "setcookie('seen', '1');\n"),
+        ("validated.php", validated),
+        ("flaky.php", flaky),
     ] {
         std::fs::write(www.join(name), format!("{counted}{more}{told}")).unwrap();
     }
@@ -796,7 +806,7 @@ fn php_config(dir: &Path, socket: &Path) -> std::path::PathBuf {
     std::fs::write(
         &conf,
         format!(
-            "[cache.main]\nmemory = \"4M\"\n\n[[site]]\nname = \"blog\"\nhosts = [\"blog.test\"]\n\
+            "[cache.main]\nmemory = \"4M\"\nstale_if_error = \"1h\"\n\n[[site]]\nname = \"blog\"\nhosts = [\"blog.test\"]\n\
              default = true\n\n[[site.route]]\npath = \"/\"\nstatic = \"{}\"\n\
              fastcgi = \"unix:{}\"\ntry_files = [\"$uri\", \"$uri/\", \"/index.php\"]\n{PHP_CACHED}\n",
             www.display(),
@@ -926,4 +936,39 @@ fn check_takes_the_cache_keys_on_a_php_route() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn a_php_scripts_stale_entry_is_revalidated_and_stands_in_when_php_fails() {
+    let Some(site) = php_cached() else {
+        return;
+    };
+    let tern = &site.tern;
+    let get = |path: &str| php_request(tern, "GET", path, &[]);
+    let first = get("/validated.php");
+    assert!(first.text().starts_with("run 1 "), "{}", first.text());
+    let flaky = get("/flaky.php");
+    assert!(flaky.text().starts_with("run 1 "), "{}", flaky.text());
+    until_stale();
+    // The refresh asks the script with the entry's ETag (an HTTP_IF_NONE_MATCH parameter):
+    // its 304 refreshes the entry, the client gets the whole answer.
+    let refreshed = get("/validated.php");
+    assert_eq!(refreshed.status, 200);
+    assert_eq!(refreshed.text(), first.text());
+    assert_eq!(
+        refreshed.header("cache-status"),
+        Some("tern; fwd=stale; fwd-status=304")
+    );
+    let runs = site._tmp.path().join("runs");
+    let ran = |script: &str| std::fs::read_to_string(runs.join(script)).unwrap();
+    assert_eq!(ran("validated.php"), "2", "the script was asked again");
+    // PHP failing: the stale entry instead of its 500.
+    let rescued = get("/flaky.php");
+    assert_eq!(rescued.status, 200);
+    assert_eq!(rescued.text(), flaky.text());
+    assert_eq!(
+        rescued.header("cache-status"),
+        Some("tern; fwd=stale; detail=stale-if-error")
+    );
+    assert_eq!(ran("flaky.php"), "2", "PHP was asked, and failed");
 }
