@@ -4,7 +4,9 @@
 //! large); what bypasses it (cookies, Authorization); that no unkeyed client field reaches the
 //! app on a cached route; a POST invalidating its target; `--check`'s lines; concurrent misses
 //! coalesced into one request to an app that answers only when the test lets it, and sent on
-//! after the lock time.
+//! after the lock time. Then the same on a PHP route, with real PHP-FPM: hits, a logged-in
+//! cookie, a script setting a cookie, a POST, front-controller pages kept apart, revalidation,
+//! stale-if-error and coalescing.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -793,7 +795,14 @@ fn php_config(dir: &Path, socket: &Path) -> std::path::PathBuf {
     // Fresh for a second, then failing.
     let flaky = "if ($n > 1) { http_response_code(500); echo \"down\\n\"; exit; }\n\
                  header('Cache-Control: max-age=1');\n";
+    // Answers once the test lets it (creates `runs/open`); PHP polls for it, bounded.
+    let slow = format!(
+        "for ($i = 0; $i < 3000 && !file_exists('{}/open'); $i++) usleep(10000);\n\
+         header('Cache-Control: max-age=60');\n",
+        runs.display()
+    );
     for (name, more) in [
+        ("slow.php", slow.as_str()),
         ("count.php", ""),
         ("index.php", ""),
         ("sets-cookie.php", "setcookie('seen', '1');\n"),
@@ -808,7 +817,7 @@ fn php_config(dir: &Path, socket: &Path) -> std::path::PathBuf {
         format!(
             "[cache.main]\nmemory = \"4M\"\nstale_if_error = \"1h\"\n\n[[site]]\nname = \"blog\"\nhosts = [\"blog.test\"]\n\
              default = true\n\n[[site.route]]\npath = \"/\"\nstatic = \"{}\"\n\
-             fastcgi = \"unix:{}\"\ntry_files = [\"$uri\", \"$uri/\", \"/index.php\"]\n{PHP_CACHED}\n",
+             fastcgi = \"unix:{}\"\ntry_files = [\"$uri\", \"$uri/\", \"/index.php\"]\n{PHP_CACHED}\n{METRICS}",
             www.display(),
             socket.display()
         ),
@@ -971,4 +980,47 @@ fn a_php_scripts_stale_entry_is_revalidated_and_stands_in_when_php_fails() {
         Some("tern; fwd=stale; detail=stale-if-error")
     );
     assert_eq!(ran("flaky.php"), "2", "PHP was asked, and failed");
+}
+
+#[test]
+fn concurrent_misses_for_one_php_page_run_the_script_once() {
+    const CLIENTS: usize = 20;
+    let Some(site) = php_cached() else {
+        return;
+    };
+    let addr = site.tern.addr();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr).read_timeout(Duration::from_secs(30));
+                c.chunked_ok = true;
+                c.get("/slow.php", &[])
+            })
+        })
+        .collect();
+    // One ran the script (held until `open`), the others wait for its fill.
+    let waits = "tern_cache_waits_total{cache=\"main\"}";
+    assert!(
+        eventually(Duration::from_secs(30), || site.tern.metric(waits)
+            == CLIENTS as u64 - 1),
+        "waiters: {}",
+        site.tern.metric(waits)
+    );
+    let runs = site._tmp.path().join("runs");
+    std::fs::write(runs.join("open"), "").unwrap();
+    let answers: Vec<Resp> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    for a in &answers {
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert!(a.text().starts_with("run 1 "), "{}", a.text());
+    }
+    let coalesced = answers
+        .iter()
+        .filter(|a| a.header("cache-status") == Some("tern; hit; detail=coalesced"))
+        .count();
+    assert_eq!(coalesced, CLIENTS - 1);
+    assert_eq!(
+        std::fs::read_to_string(runs.join("slow.php")).unwrap(),
+        "1",
+        "the script ran once"
+    );
 }

@@ -1,4 +1,4 @@
-//! A proxy route's shared cache (`tern_cache`): the lookup the handler makes, after the
+//! A proxy or PHP route's shared cache (`tern_cache`): the lookup the handler makes, after the
 //! site's gate and the route's guard have let the request through (a cached page never skips
 //! them), and the fill the relay feeds as it writes a miss's answer ([`tern_server::AnswerTee`]).
 //!
@@ -10,6 +10,8 @@
 //! sees no `Accept-Encoding` either, answers in identity, and tern compresses each hit for its
 //! client. `Vary` then needs no second key: every field the app could vary on is in the key
 //! already (`Vary: *` is still never stored). Requests that bypass the cache go as they came.
+//! A PHP route (`fastcgi.rs`) makes the same lookup on the script the path resolved to, and
+//! turns the same keyed head into its `HTTP_*` parameters.
 //!
 //! Misses for a key another request is fetching wait for that fetch (`tern_cache::flight`):
 //! the handler forwards them held (`Waiter`, a [`Hold`] the relay asks in its wait phase),
