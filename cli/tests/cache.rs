@@ -945,6 +945,33 @@ fn check_takes_the_cache_keys_on_a_php_route() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The README's WordPress micro-caching example, in a site of its own.
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let start = readme
+        .find("[cache.wp]")
+        .expect("the README's WordPress cache example");
+    let example = &readme[start..start + readme[start..].find("```").unwrap()];
+    let www = dir.path().join("www");
+    let example = example
+        .replace("/srv/wordpress", www.to_str().unwrap())
+        .replace(
+            "[[site.route]]",
+            "[[site]]\nname = \"wp\"\nhosts = [\"wp.test\"]\n\n[[site.route]]",
+        );
+    let conf = dir.path().join("wp.toml");
+    std::fs::write(&conf, example).unwrap();
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
