@@ -27,6 +27,11 @@ pub struct KeyParts<'a> {
     pub path: &'a str,
     /// The query as keyed (`policy::keyed_query`).
     pub query: Option<&'a str>,
+    /// What else the app is told about the target, for a FastCGI route: the path the
+    /// client asked for (`REQUEST_URI`, which a `try_files` fallback leaves as it was while
+    /// `path` becomes the script's), the script the path resolved to and its `PATH_INFO`.
+    /// Empty for a proxy route, whose app gets `path` alone.
+    pub script: &'a [&'a str],
 }
 
 /// Makes keys; one per process start (a reload keeps it, so entries survive a reload).
@@ -70,6 +75,10 @@ impl Keyer {
             // Absent, unlike an empty query (`/p?` and `/p` are different targets).
             None => write(b"\xff"),
         }
+        for part in parts.script {
+            write(part.as_bytes());
+        }
+        write(&(parts.script.len() as u64).to_le_bytes());
         for name in key_headers {
             write(name.as_bytes());
             let mut n = 0u64;
@@ -94,6 +103,7 @@ mod tests {
             host: b"example.com",
             path,
             query,
+            script: &[],
         }
     }
 
@@ -141,6 +151,26 @@ mod tests {
                 &[]
             )
         );
+        // A FastCGI route's script parts: which script, and where its PATH_INFO starts.
+        let script = |s: &'static [&'static str]| {
+            k.key(
+                &KeyParts {
+                    script: s,
+                    ..parts("/index.php", None)
+                },
+                &[],
+                &[],
+            )
+        };
+        assert_ne!(
+            script(&["/a", "/index.php", ""]),
+            script(&["/b", "/index.php", ""])
+        );
+        assert_ne!(
+            script(&["/a.php/b", "/a.php", "/b"]),
+            script(&["/a.php/b", "/a.php/b", ""])
+        );
+        assert_ne!(script(&[]), script(&[""]));
         // Parts do not run into each other.
         assert_ne!(
             k.key(

@@ -4,7 +4,9 @@
 //! large); what bypasses it (cookies, Authorization); that no unkeyed client field reaches the
 //! app on a cached route; a POST invalidating its target; `--check`'s lines; concurrent misses
 //! coalesced into one request to an app that answers only when the test lets it, and sent on
-//! after the lock time.
+//! after the lock time. Then the same on a PHP route, with real PHP-FPM: hits, a logged-in
+//! cookie, a script setting a cookie, a POST, front-controller pages kept apart, revalidation,
+//! stale-if-error and coalescing.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -754,5 +756,298 @@ fn a_fill_whose_connection_panicked_is_taken_over_by_a_waiter() {
     assert_eq!(
         c.read_response(false).header("cache-status"),
         Some("tern; hit")
+    );
+}
+
+/// A PHP route's cache, with real PHP-FPM: scripts that count their runs (in `runs/`, outside
+/// the root) and say what they were told. WordPress sends no lifetime of its own, so the
+/// route gives one (`cache_valid`), as nginx's `fastcgi_cache_valid` micro-caching does.
+struct PhpCached {
+    _tmp: tempfile::TempDir,
+    _fpm: crate::php_support::PhpFpm,
+    tern: Tern,
+}
+
+const PHP_CACHED: &str =
+    "cache = \"main\"\ncache_status = true\ncache_valid = { \"200\" = \"1m\" }\n\
+     cache_bypass_cookies = [\"wordpress_logged_in_*\", \"comment_author_*\", \"wp-postpass_*\"]";
+
+fn php_config(dir: &Path, socket: &Path) -> std::path::PathBuf {
+    let www = dir.join("www");
+    let runs = dir.join("runs");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::create_dir_all(&runs).unwrap();
+    // Each script counts its runs in a file of its own and says what it was told.
+    let counted = format!(
+        "<?php $f = '{}/' . basename($_SERVER['SCRIPT_NAME']);\n\
+         $n = (int) @file_get_contents($f) + 1; file_put_contents($f, $n);\n",
+        runs.display()
+    );
+    let told = "echo 'run ', $n, ' uri=', $_SERVER['REQUEST_URI'], ' script=', \
+                $_SERVER['SCRIPT_NAME'], ' ua=', $_SERVER['HTTP_USER_AGENT'] ?? '-', ' xfh=', \
+                $_SERVER['HTTP_X_FORWARDED_HOST'] ?? '-', ' cookie=', \
+                $_SERVER['HTTP_COOKIE'] ?? '-', ' proto=', $_SERVER['SERVER_PROTOCOL'], \"\\n\";\n";
+    // Fresh for a second; then answers 304 to its validator.
+    let validated = "if (($_SERVER['HTTP_IF_NONE_MATCH'] ?? '') === '\"v7\"') {\n\
+                     http_response_code(304); header('Cache-Control: max-age=60');\n\
+                     header('ETag: \"v7\"'); exit; }\n\
+                     header('Cache-Control: max-age=1'); header('ETag: \"v7\"');\n";
+    // Fresh for a second, then failing.
+    let flaky = "if ($n > 1) { http_response_code(500); echo \"down\\n\"; exit; }\n\
+                 header('Cache-Control: max-age=1');\n";
+    // Answers once the test lets it (creates `runs/open`); PHP polls for it, bounded.
+    let slow = format!(
+        "for ($i = 0; $i < 3000 && !file_exists('{}/open'); $i++) usleep(10000);\n\
+         header('Cache-Control: max-age=60');\n",
+        runs.display()
+    );
+    for (name, more) in [
+        ("slow.php", slow.as_str()),
+        ("count.php", ""),
+        ("index.php", ""),
+        ("sets-cookie.php", "setcookie('seen', '1');\n"),
+        ("validated.php", validated),
+        ("flaky.php", flaky),
+    ] {
+        std::fs::write(www.join(name), format!("{counted}{more}{told}")).unwrap();
+    }
+    let conf = dir.join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[cache.main]\nmemory = \"4M\"\nstale_if_error = \"1h\"\n\n[[site]]\nname = \"blog\"\nhosts = [\"blog.test\"]\n\
+             default = true\n\n[[site.route]]\npath = \"/\"\nstatic = \"{}\"\n\
+             fastcgi = \"unix:{}\"\ntry_files = [\"$uri\", \"$uri/\", \"/index.php\"]\n{PHP_CACHED}\n{METRICS}",
+            www.display(),
+            socket.display()
+        ),
+    )
+    .unwrap();
+    conf
+}
+
+/// `None` (skipped) without php-fpm.
+fn php_cached() -> Option<PhpCached> {
+    let tmp = tempfile::tempdir().unwrap();
+    let fpm = crate::php_support::PhpFpm::start(tmp.path())?;
+    let conf = php_config(tmp.path(), &fpm.socket);
+    let tern = Tern::start_run(&conf);
+    Some(PhpCached {
+        _tmp: tmp,
+        _fpm: fpm,
+        tern,
+    })
+}
+
+/// A PHP answer comes chunked from the app (it gives no length), whole from the cache.
+fn php_request(tern: &Tern, method: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
+    let mut c = tern.client();
+    c.chunked_ok = true;
+    c.request(method, path, headers)
+}
+
+#[test]
+fn a_php_scripts_answer_is_cached_until_a_cookie_or_a_post_says_otherwise() {
+    // Bound whole: the site and PHP-FPM live as long as the test.
+    let Some(site) = php_cached() else {
+        return;
+    };
+    let tern = &site.tern;
+    let get = |path: &str, headers: &[(&str, &str)]| php_request(tern, "GET", path, headers);
+    let first = get("/count.php", &[]);
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert!(first.text().starts_with("run 1 "), "{}", first.text());
+    assert_eq!(first.header("cache-status"), Some("tern; fwd=miss"));
+    let second = get("/count.php", &[]);
+    assert_eq!(second.text(), first.text(), "the script did not run again");
+    assert_eq!(second.header("cache-status"), Some("tern; hit"));
+
+    // Unkeyed fields never reach the script, and it is told HTTP/1.1 whatever the client
+    // spoke: the same entry for everyone.
+    let poisoned = get(
+        "/count.php?x=1",
+        &[("User-Agent", "evil"), ("X-Forwarded-Host", "evil.test")],
+    );
+    assert!(
+        poisoned
+            .text()
+            .starts_with("run 2 uri=/count.php?x=1 script=/count.php ua=- "),
+        "{}",
+        poisoned.text()
+    );
+    assert!(!poisoned.text().contains("evil"), "{}", poisoned.text());
+    assert!(poisoned.text().ends_with("proto=HTTP/1.1\n"));
+
+    // Paths a front controller runs one script for are entries of their own.
+    let a = get("/2024/hello-world/", &[]);
+    let b = get("/2024/other-post/", &[]);
+    assert!(
+        a.text()
+            .starts_with("run 1 uri=/2024/hello-world/ script=/index.php"),
+        "{}",
+        a.text()
+    );
+    assert!(
+        b.text()
+            .starts_with("run 2 uri=/2024/other-post/ script=/index.php"),
+        "{}",
+        b.text()
+    );
+    assert_eq!(get("/2024/hello-world/", &[]).text(), a.text());
+    assert_eq!(get("/2024/other-post/", &[]).text(), b.text());
+
+    // Logged in (WordPress's cookie): to the script as it came, and nothing stored.
+    let own = get(
+        "/count.php",
+        &[("Cookie", "wordpress_logged_in_0123abcd=alice%7C1700000000")],
+    );
+    assert!(own.text().starts_with("run 3 "), "{}", own.text());
+    assert!(own
+        .text()
+        .contains("cookie=wordpress_logged_in_0123abcd=alice"));
+    assert_eq!(own.header("cache-status"), Some("tern; fwd=bypass"));
+    assert_eq!(
+        get("/count.php", &[]).text(),
+        first.text(),
+        "the entry stands"
+    );
+
+    // An answer that sets a cookie is never stored.
+    for n in 1..=2 {
+        let r = get("/sets-cookie.php", &[]);
+        assert!(r.text().starts_with(&format!("run {n} ")), "{}", r.text());
+        assert!(r
+            .header("set-cookie")
+            .is_some_and(|c| c.starts_with("seen=1")));
+        assert_eq!(r.header("cache-status"), Some("tern; fwd=miss"));
+    }
+
+    // A POST runs the script and drops its entry.
+    let post = php_request(tern, "POST", "/count.php", &[("Content-Length", "0")]);
+    assert!(post.text().starts_with("run 4 "), "{}", post.text());
+    let after = get("/count.php", &[]);
+    assert!(after.text().starts_with("run 5 "), "{}", after.text());
+    assert_eq!(after.header("cache-status"), Some("tern; fwd=miss"));
+    assert_eq!(get("/count.php", &[]).text(), after.text());
+}
+
+#[test]
+fn check_takes_the_cache_keys_on_a_php_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = php_config(dir.path(), &dir.path().join("php.sock"));
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The README's WordPress micro-caching example, in a site of its own.
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let start = readme
+        .find("[cache.wp]")
+        .expect("the README's WordPress cache example");
+    let example = &readme[start..start + readme[start..].find("```").unwrap()];
+    let www = dir.path().join("www");
+    let example = example
+        .replace("/srv/wordpress", www.to_str().unwrap())
+        .replace(
+            "[[site.route]]",
+            "[[site]]\nname = \"wp\"\nhosts = [\"wp.test\"]\n\n[[site.route]]",
+        );
+    let conf = dir.path().join("wp.toml");
+    std::fs::write(&conf, example).unwrap();
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_php_scripts_stale_entry_is_revalidated_and_stands_in_when_php_fails() {
+    let Some(site) = php_cached() else {
+        return;
+    };
+    let tern = &site.tern;
+    let get = |path: &str| php_request(tern, "GET", path, &[]);
+    let first = get("/validated.php");
+    assert!(first.text().starts_with("run 1 "), "{}", first.text());
+    let flaky = get("/flaky.php");
+    assert!(flaky.text().starts_with("run 1 "), "{}", flaky.text());
+    until_stale();
+    // The refresh asks the script with the entry's ETag (an HTTP_IF_NONE_MATCH parameter):
+    // its 304 refreshes the entry, the client gets the whole answer.
+    let refreshed = get("/validated.php");
+    assert_eq!(refreshed.status, 200);
+    assert_eq!(refreshed.text(), first.text());
+    assert_eq!(
+        refreshed.header("cache-status"),
+        Some("tern; fwd=stale; fwd-status=304")
+    );
+    let runs = site._tmp.path().join("runs");
+    let ran = |script: &str| std::fs::read_to_string(runs.join(script)).unwrap();
+    assert_eq!(ran("validated.php"), "2", "the script was asked again");
+    // PHP failing: the stale entry instead of its 500.
+    let rescued = get("/flaky.php");
+    assert_eq!(rescued.status, 200);
+    assert_eq!(rescued.text(), flaky.text());
+    assert_eq!(
+        rescued.header("cache-status"),
+        Some("tern; fwd=stale; detail=stale-if-error")
+    );
+    assert_eq!(ran("flaky.php"), "2", "PHP was asked, and failed");
+}
+
+#[test]
+fn concurrent_misses_for_one_php_page_run_the_script_once() {
+    const CLIENTS: usize = 20;
+    let Some(site) = php_cached() else {
+        return;
+    };
+    let addr = site.tern.addr();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr).read_timeout(Duration::from_secs(30));
+                c.chunked_ok = true;
+                c.get("/slow.php", &[])
+            })
+        })
+        .collect();
+    // One ran the script (held until `open`), the others wait for its fill.
+    let waits = "tern_cache_waits_total{cache=\"main\"}";
+    assert!(
+        eventually(Duration::from_secs(30), || site.tern.metric(waits)
+            == CLIENTS as u64 - 1),
+        "waiters: {}",
+        site.tern.metric(waits)
+    );
+    let runs = site._tmp.path().join("runs");
+    std::fs::write(runs.join("open"), "").unwrap();
+    let answers: Vec<Resp> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    for a in &answers {
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert!(a.text().starts_with("run 1 "), "{}", a.text());
+    }
+    let coalesced = answers
+        .iter()
+        .filter(|a| a.header("cache-status") == Some("tern; hit; detail=coalesced"))
+        .count();
+    assert_eq!(coalesced, CLIENTS - 1);
+    assert_eq!(
+        std::fs::read_to_string(runs.join("slow.php")).unwrap(),
+        "1",
+        "the script ran once"
     );
 }

@@ -1,4 +1,4 @@
-//! A proxy route's shared cache (`tern_cache`): the lookup the handler makes, after the
+//! A proxy or PHP route's shared cache (`tern_cache`): the lookup the handler makes, after the
 //! site's gate and the route's guard have let the request through (a cached page never skips
 //! them), and the fill the relay feeds as it writes a miss's answer ([`tern_server::AnswerTee`]).
 //!
@@ -10,6 +10,8 @@
 //! sees no `Accept-Encoding` either, answers in identity, and tern compresses each hit for its
 //! client. `Vary` then needs no second key: every field the app could vary on is in the key
 //! already (`Vary: *` is still never stored). Requests that bypass the cache go as they came.
+//! A PHP route (`fastcgi.rs`) makes the same lookup on the script the path resolved to, and
+//! turns the same keyed head into its `HTTP_*` parameters.
 //!
 //! Misses for a key another request is fetching wait for that fetch (`tern_cache::flight`):
 //! the handler forwards them held (`Waiter`, a [`Hold`] the relay asks in its wait phase),
@@ -335,6 +337,53 @@ fn metrics() -> Vec<tern_services::metrics::Metric> {
     out
 }
 
+/// A request on a cached route, as its handler acts on it.
+pub enum Lookup {
+    /// Answered from the cache.
+    Hit(Response),
+    /// To the app, so.
+    Forward(Forwarding),
+}
+
+/// How a request goes to the app from a cached route (or a route without a cache:
+/// [`Forwarding::plain`]).
+pub struct Forwarding {
+    /// Only what the key holds may reach the app: the query as keyed, the route's
+    /// `cache_key_headers`, tern's own fields. False: the request went past the cache and goes
+    /// as it came.
+    pub keyed: bool,
+    /// Request fields that make a stale entry's refresh conditional, as header lines.
+    pub validators: Vec<u8>,
+    /// The relay's hooks ([`tern_server::Forward`]'s fields of these names).
+    pub edit: Option<ResponseEdit>,
+    pub tee: Option<Box<dyn AnswerTee>>,
+    pub hold: Option<Box<dyn Hold>>,
+    pub fallback: Option<Box<dyn Fallback>>,
+}
+
+impl Forwarding {
+    /// A route without a cache: the request as it came, no hooks.
+    pub fn plain() -> Forwarding {
+        Forwarding {
+            keyed: false,
+            validators: Vec::new(),
+            edit: None,
+            tee: None,
+            hold: None,
+            fallback: None,
+        }
+    }
+
+    /// When the relay first sends it (`Forward::not_before_ms`): a held request is first
+    /// asked again after a poll's wait.
+    pub fn not_before_ms(&self, now_ms: u64) -> u64 {
+        match self.hold {
+            Some(_) => now_ms + WAIT_POLL_MS,
+            None => 0,
+        }
+    }
+}
+
 /// What the handler does with a request on a cached route.
 pub enum CacheStep {
     /// Answered from the cache.
@@ -425,8 +474,64 @@ impl RouteCache {
         &self.store
     }
 
-    /// Looks `req` up (`host`: the Host the app is sent).
-    pub fn step(&self, req: &Request<'_>, host: &[u8], cx: &HandlerContext<'_>) -> CacheStep {
+    /// What a request on this route does: answered from the cache, or forwarded with the
+    /// hooks the relay takes (`host`, `script`: as for [`RouteCache::step`]). The one
+    /// reading of [`CacheStep`] for the handlers (`Proxy`, `FastCgi`).
+    pub fn lookup(
+        &self,
+        req: &Request<'_>,
+        host: &[u8],
+        script: &[&str],
+        cx: &HandlerContext<'_>,
+    ) -> Lookup {
+        let mut f = Forwarding {
+            keyed: true,
+            validators: Vec::new(),
+            edit: self.forwarded_field(true),
+            tee: None,
+            hold: None,
+            fallback: None,
+        };
+        match self.step(req, host, script, cx) {
+            CacheStep::Hit(answer) => return Lookup::Hit(answer),
+            CacheStep::Pass => {
+                f.keyed = false;
+                f.edit = self.forwarded_field(false);
+            }
+            CacheStep::Invalidate(tee) => {
+                f.keyed = false;
+                f.edit = self.forwarded_field(false);
+                f.tee = Some(tee);
+            }
+            CacheStep::Fill(tee) => f.tee = Some(tee),
+            CacheStep::Keyed => {}
+            CacheStep::Wait { hold, fallback } => {
+                f.hold = Some(hold);
+                f.fallback = fallback;
+            }
+            CacheStep::Refresh {
+                tee,
+                fallback,
+                validators,
+            } => {
+                f.tee = tee;
+                f.fallback = fallback;
+                f.validators = validators;
+                f.edit = self.refresh_field();
+            }
+        }
+        Lookup::Forward(f)
+    }
+
+    /// Looks `req` up (`host`: the Host the app is sent; `script`: what else a FastCGI
+    /// script is told of the target, see [`KeyParts::script`]).
+    pub fn step(
+        &self,
+        req: &Request<'_>,
+        host: &[u8],
+        script: &[&str],
+        cx: &HandlerContext<'_>,
+    ) -> CacheStep {
         let fields: Vec<Field<'_>> = req.head.headers.iter().map(|h| (h.name, h.value)).collect();
         let method = match req.method() {
             Method::Get | Method::Head => MethodClass::Read,
@@ -448,6 +553,7 @@ impl RouteCache {
                 host,
                 path: req.path(),
                 query: query.as_deref(),
+                script,
             },
             &self.rules.key_headers,
             &fields,

@@ -45,6 +45,7 @@ use tern_server::{
 
 use tern_services::template::{Template, Values, Var};
 
+use crate::cache::{Forwarding, Lookup, RouteCache};
 use crate::group::UpstreamGroup;
 use crate::head::{self, ProxyOptions};
 
@@ -243,6 +244,7 @@ pub struct FastCgi {
     options: FastCgiOptions,
     proxy: ProxyOptions,
     files: StaticFiles,
+    cache: Option<RouteCache>,
 }
 
 /// The script a path names: its URL path and file, and what follows it.
@@ -278,7 +280,15 @@ impl FastCgi {
             options,
             proxy,
             files,
+            cache: None,
         }
+    }
+
+    /// Scripts' answers are served from and stored in a shared cache (`cache.rs`, as a
+    /// proxy route's); static files never go through it.
+    pub fn with_cache(mut self, cache: RouteCache) -> FastCgi {
+        self.cache = Some(cache);
+        self
     }
 
     /// What `path` (decoded, canonical) asks for: the script of its first `.php` segment
@@ -374,21 +384,68 @@ impl FastCgi {
     }
 
     fn forward(&self, req: &Request<'_>, script: &Script, cx: &mut HandlerContext<'_>) -> Reply {
-        let built = head::build(req, &self.proxy, cx.identity(), cx.request_id());
+        let asked = asked_path(req.head);
+        // On a cached route the key holds everything the script is told of the target:
+        // the path asked for (REQUEST_URI), the script it resolved to and its PATH_INFO,
+        // besides what a proxy route's key holds.
+        let host = self
+            .cache
+            .as_ref()
+            .map(|_| head::host_sent(req, &self.proxy))
+            .unwrap_or_default();
+        let f = match &self.cache {
+            None => Forwarding::plain(),
+            Some(c) => {
+                let target = [&*asked, script.name.as_str(), script.path_info.as_str()];
+                match c.lookup(req, &host, &target, cx) {
+                    Lookup::Hit(answer) => return Reply::Now(answer),
+                    Lookup::Forward(f) => f,
+                }
+            }
+        };
+        let (mut built, query) = match (&self.cache, f.keyed) {
+            (Some(c), true) => {
+                let query = tern_cache::policy::keyed_query(&c.rules().key_query, req.query());
+                let keyed = head::Keyed {
+                    query: query.as_deref(),
+                    fields: &c.rules().key_headers,
+                };
+                let built = head::build_keyed(req, &self.proxy, cx.request_id(), &keyed);
+                (built, query)
+            }
+            _ => (
+                head::build(req, &self.proxy, cx.identity(), cx.request_id()),
+                req.head.query.map(Cow::Borrowed),
+            ),
+        };
+        // A stale entry's validators become HTTP_IF_* parameters with the other fields.
+        built.head.extend_from_slice(&f.validators);
         let mut params = Params::new();
         let mut sink = Sink {
             params: &mut params,
             set: &self.options.params,
         };
-        cgi_params(&mut sink, req, script, &self.options.server_name);
-        if let Some(id) = cx.identity() {
+        let target = CgiTarget {
+            script,
+            asked: &asked,
+            query: query.as_deref(),
+            keyed: f.keyed,
+        };
+        cgi_params(&mut sink, req, &target, &self.options.server_name);
+        // A keyed request has no identity (it bypasses the cache).
+        if let (Some(id), false) = (cx.identity(), f.keyed) {
             params.add(b"REMOTE_USER", id.user().as_bytes());
         }
         // The config's own, after tern's (which `Sink` left out where they are overridden).
         let values = Values {
             client: req.peer.ip(),
             secure: req.secure,
-            host: req.head.host.unwrap_or(b""),
+            // The client's Host as it came, unless the key holds it in the form the site
+            // was matched in: that form then, as HTTP_HOST.
+            host: match f.keyed {
+                true => &host,
+                false => req.head.host.unwrap_or(b""),
+            },
             request_id: cx.request_id().map(|id| id.as_str()),
             uri: req.path(),
             captures: &[],
@@ -425,14 +482,14 @@ impl FastCgi {
                 Method::Get | Method::Head | Method::Put | Method::Delete | Method::Options
             ),
             upgrade: false,
-            edit: None,
+            not_before_ms: f.not_before_ms(req.now_ms),
+            edit: f.edit,
             own_answers: None,
             max_body: u64::MAX,
             wire: UpstreamWire::FastCgi,
-            not_before_ms: 0,
-            tee: None,
-            hold: None,
-            fallback: None,
+            tee: f.tee,
+            hold: f.hold,
+            fallback: f.fallback,
         }))
     }
 }
@@ -488,15 +545,42 @@ impl Sink<'_> {
     }
 }
 
+/// The path the client asked for, canonical, before a `try_files` fallback chose the
+/// script (REQUEST_URI's).
+fn asked_path<'a>(head: &'a RequestHead<'_>) -> Cow<'a, str> {
+    let asked = head.target.split('?').next().unwrap_or("");
+    tern_server::canonical_path(asked).unwrap_or(Cow::Borrowed(asked))
+}
+
+/// What a script is told of the request's target.
+struct CgiTarget<'a> {
+    script: &'a Script,
+    /// [`asked_path`].
+    asked: &'a str,
+    /// The query as sent: as keyed on a keyed request.
+    query: Option<&'a str>,
+    /// Only what the cache key holds may reach the script (see `cache.rs`).
+    keyed: bool,
+}
+
 /// The CGI/1.1 meta-variables (RFC 3875 §4.1) PHP reads, as nginx's `fastcgi_params` sets them
 /// (with `$realpath_root` for the root, as for deploys that switch a symlink).
-fn cgi_params(p: &mut Sink<'_>, req: &Request<'_>, script: &Script, server_name: &str) {
+fn cgi_params(p: &mut Sink<'_>, req: &Request<'_>, target: &CgiTarget<'_>, server_name: &str) {
     let head = req.head;
+    let script = target.script;
     let root = script.file.root.to_string_lossy();
     let file = script.file.path.to_string_lossy();
     p.add(b"GATEWAY_INTERFACE", b"CGI/1.1")
         .add(b"SERVER_SOFTWARE", b"tern")
-        .add(b"SERVER_PROTOCOL", protocol(head))
+        // A keyed request is the same whatever the client spoke (as a proxy route sends
+        // every request as HTTP/1.1).
+        .add(
+            b"SERVER_PROTOCOL",
+            match target.keyed {
+                true => b"HTTP/1.1",
+                false => protocol(head),
+            },
+        )
         .add(b"REQUEST_METHOD", head.method_str.as_bytes())
         .add(
             b"REQUEST_SCHEME",
@@ -506,7 +590,7 @@ fn cgi_params(p: &mut Sink<'_>, req: &Request<'_>, script: &Script, server_name:
         .add(b"SCRIPT_NAME", script.name.as_bytes())
         .add(b"DOCUMENT_ROOT", root.as_bytes())
         .add(b"DOCUMENT_URI", script.name.as_bytes())
-        .add(b"QUERY_STRING", head.query.unwrap_or("").as_bytes())
+        .add(b"QUERY_STRING", target.query.unwrap_or("").as_bytes())
         .add(
             b"REMOTE_ADDR",
             req.peer.ip().to_canonical().to_string().as_bytes(),
@@ -518,10 +602,8 @@ fn cgi_params(p: &mut Sink<'_>, req: &Request<'_>, script: &Script, server_name:
     p.add(b"PATH_INFO", script.path_info.as_bytes());
     // REQUEST_URI: the canonical path of what the client asked for (before a try_files
     // fallback chose the script), with its query.
-    let asked = head.target.split('?').next().unwrap_or("");
-    let canonical = tern_server::canonical_path(asked).unwrap_or(std::borrow::Cow::Borrowed(asked));
-    let mut uri = canonical.into_owned();
-    if let Some(q) = head.query {
+    let mut uri = target.asked.to_owned();
+    if let Some(q) = target.query {
         uri.push('?');
         uri.push_str(q);
     }
@@ -536,7 +618,9 @@ fn cgi_params(p: &mut Sink<'_>, req: &Request<'_>, script: &Script, server_name:
         b"SERVER_PORT",
         itoa::Buffer::new().format(req.local_port).as_bytes(),
     );
-    if let Some(t) = head.header("content-type") {
+    // A keyed request has no body (one with a body bypasses the cache), so no field says
+    // what it is: a client's Content-Type on a GET is no key's part.
+    if let (Some(t), false) = (head.header("content-type"), target.keyed) {
         p.add(b"CONTENT_TYPE", t);
     }
     if let tern_server::BodyKind::Length(n) = head.body {
@@ -979,13 +1063,25 @@ mod tests {
                     params: &mut p,
                     set: &params,
                 };
-                cgi_params(&mut sink, req, &script, "site.example");
+                let asked = asked_path(req.head);
+                let target = unkeyed(&script, &asked, req);
+                cgi_params(&mut sink, req, &target, "site.example");
                 // Left for the config's: not sent by tern.
                 assert_eq!(p.get(b"SERVER_PORT"), None);
                 assert_eq!(p.get(b"SERVER_NAME"), Some(&b"site.example"[..]));
                 assert_eq!(p.get(b"HTTPS"), None, "plain HTTP: tern sends none");
             },
         );
+    }
+
+    /// A route without a cache's view of the target.
+    fn unkeyed<'a>(script: &'a Script, asked: &'a str, req: &'a Request<'_>) -> CgiTarget<'a> {
+        CgiTarget {
+            script,
+            asked,
+            query: req.head.query,
+            keyed: false,
+        }
     }
 
     /// The CGI parameters of `raw`, which must name a script, and the site's folder.
@@ -1010,7 +1106,9 @@ mod tests {
                 params: &mut params,
                 set: &[],
             };
-            cgi_params(&mut sink, &req, &script, &h.options.server_name);
+            let asked = asked_path(req.head);
+            let target = unkeyed(&script, &asked, &req);
+            cgi_params(&mut sink, &req, &target, &h.options.server_name);
             (d, params)
         })
     }

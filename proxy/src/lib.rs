@@ -57,63 +57,25 @@ impl Handler for Proxy {
         if matches!(req.method(), Method::Trace | Method::Connect) {
             return Response::text(405, "method not allowed\n").into();
         }
-        // A miss waiting for another's fill of its key.
-        let mut hold = None;
-        // A stale entry to answer with if the app fails.
-        let mut fallback = None;
-        let (built, tee, edit) = match &self.cache {
-            None => (
-                head::build(req, &self.options, cx.identity(), cx.request_id()),
-                None,
-                None,
-            ),
-            Some(c) => match c.step(req, &head::host_sent(req, &self.options), cx) {
-                cache::CacheStep::Hit(answer) => return Reply::Now(answer),
-                cache::CacheStep::Pass => (
-                    head::build(req, &self.options, cx.identity(), cx.request_id()),
-                    None,
-                    c.forwarded_field(false),
-                ),
-                cache::CacheStep::Invalidate(tee) => (
-                    head::build(req, &self.options, cx.identity(), cx.request_id()),
-                    Some(tee),
-                    c.forwarded_field(false),
-                ),
-                step @ (cache::CacheStep::Fill(_)
-                | cache::CacheStep::Keyed
-                | cache::CacheStep::Wait { .. }
-                | cache::CacheStep::Refresh { .. }) => {
-                    let query = tern_cache::policy::keyed_query(&c.rules().key_query, req.query());
-                    let keyed = head::Keyed {
-                        query: query.as_deref(),
-                        fields: &c.rules().key_headers,
-                    };
-                    let built = head::build_keyed(req, &self.options, cx.request_id(), &keyed);
-                    match step {
-                        cache::CacheStep::Fill(tee) => (built, Some(tee), c.forwarded_field(true)),
-                        cache::CacheStep::Wait {
-                            hold: waiter,
-                            fallback: stale,
-                        } => {
-                            hold = Some(waiter);
-                            fallback = stale;
-                            (built, None, c.forwarded_field(true))
-                        }
-                        cache::CacheStep::Refresh {
-                            tee,
-                            fallback: stale,
-                            validators,
-                        } => {
-                            fallback = stale;
-                            let mut built = built;
-                            built.head.extend_from_slice(&validators);
-                            (built, tee, c.refresh_field())
-                        }
-                        _ => (built, None, c.forwarded_field(true)),
-                    }
-                }
+        let f = match &self.cache {
+            None => cache::Forwarding::plain(),
+            Some(c) => match c.lookup(req, &head::host_sent(req, &self.options), &[], cx) {
+                cache::Lookup::Hit(answer) => return Reply::Now(answer),
+                cache::Lookup::Forward(f) => f,
             },
         };
+        let mut built = match (&self.cache, f.keyed) {
+            (Some(c), true) => {
+                let query = tern_cache::policy::keyed_query(&c.rules().key_query, req.query());
+                let keyed = head::Keyed {
+                    query: query.as_deref(),
+                    fields: &c.rules().key_headers,
+                };
+                head::build_keyed(req, &self.options, cx.request_id(), &keyed)
+            }
+            _ => head::build(req, &self.options, cx.identity(), cx.request_id()),
+        };
+        built.head.extend_from_slice(&f.validators);
         Reply::Forward(Box::new(Forward {
             upstreams: self.group.clone(),
             head: built.head,
@@ -122,18 +84,14 @@ impl Handler for Proxy {
                 Method::Get | Method::Head | Method::Put | Method::Delete | Method::Options
             ),
             upgrade: built.upgrade,
-            edit,
+            not_before_ms: f.not_before_ms(req.now_ms),
+            edit: f.edit,
             own_answers: None,
             max_body: u64::MAX,
             wire: tern_server::UpstreamWire::Http1,
-            // A held request is first asked again after a poll's wait.
-            not_before_ms: match hold {
-                Some(_) => req.now_ms + cache::WAIT_POLL_MS,
-                None => 0,
-            },
-            tee,
-            hold,
-            fallback,
+            tee: f.tee,
+            hold: f.hold,
+            fallback: f.fallback,
         }))
     }
 

@@ -277,6 +277,25 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
 /// first `server_name`), never the client's `Host`. A site with none (a catch-all, or only
 /// `*.` patterns) has no name of its own: empty, as nginx passes for a server with no
 /// `server_name`, since any `Host` reaches it and so proves nothing.
+/// A proxy or PHP route's cache: its named store, shared across routes and reloads.
+fn route_cache(
+    c: &config::CachePlan,
+    site: &str,
+    route: &str,
+    workers: usize,
+) -> tern_proxy::cache::RouteCache {
+    let (store, counts) = tern_proxy::cache::shared_store(&c.name, c.memory, c.max_object, workers);
+    tern_proxy::cache::RouteCache::new(
+        store,
+        counts,
+        c.rules.clone(),
+        // The site and the route are part of every key.
+        format!("{site} {route}"),
+        c.status_field,
+        c.lock,
+    )
+}
+
 fn server_name(hosts: &[String]) -> String {
     hosts
         .iter()
@@ -428,7 +447,7 @@ fn build_table(
                         gate_cookie: gate.map(|g| g.config().config.cookie.clone()),
                         ..upstream.options.clone()
                     };
-                    Action::Handler(Arc::new(tern_proxy::fastcgi::FastCgi::new(
+                    let mut fastcgi = tern_proxy::fastcgi::FastCgi::new(
                         Arc::new(group),
                         tern_proxy::fastcgi::FastCgiOptions {
                             index: index.clone(),
@@ -437,7 +456,11 @@ fn build_table(
                         },
                         options,
                         static_files,
-                    )))
+                    );
+                    if let Some(c) = &route.cache {
+                        fastcgi = fastcgi.with_cache(route_cache(c, &site.name, &route.label, workers));
+                    }
+                    Action::Handler(Arc::new(fastcgi))
                 }
                 RouteKind::Proxy(plan) => {
                     let group = Arc::new(tern_proxy::UpstreamGroup::new(
@@ -456,18 +479,7 @@ fn build_table(
                     };
                     let mut proxy = tern_proxy::Proxy::new(group, options);
                     if let Some(c) = &route.cache {
-                        let (store, counts) =
-                            tern_proxy::cache::shared_store(&c.name, c.memory, c.max_object, workers);
-                        // The site and the route are part of every key.
-                        let route_id = format!("{} {}", site.name, route.label);
-                        proxy = proxy.with_cache(tern_proxy::cache::RouteCache::new(
-                            store,
-                            counts,
-                            c.rules.clone(),
-                            route_id,
-                            c.status_field,
-                            c.lock,
-                        ));
+                        proxy = proxy.with_cache(route_cache(c, &site.name, &route.label, workers));
                     }
                     let proxy: Arc<dyn Handler> = Arc::new(proxy);
                     // Inside the guard: the gate judges the path the client asked for, the

@@ -1,4 +1,4 @@
-//! A proxy route's shared cache (`tern_proxy::cache`, rules in `tern_cache`): `cache = true`
+//! A proxy or PHP route's shared cache (`tern_proxy::cache`, rules in `tern_cache`): `cache = true`
 //! (the cache named "default") or `cache = "NAME"`, a `[cache.NAME]` block with its sizes,
 //! and the route's `cache_*` keys: what enters the key, lifetimes by status for answers that
 //! give none, which cookies bypass it, and whether `Cache-Status` is written.
@@ -12,7 +12,7 @@ use super::file::{RouteFile, RunFile};
 use super::problems::Problems;
 use super::route::{kind_keys, KindKey};
 
-/// The cache keys of a proxy route.
+/// The cache keys of a proxy or PHP route.
 pub(super) const KEYS: &[KindKey] = kind_keys![
     cache,
     cache_key_query,

@@ -34,6 +34,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::config::describe;
+pub use cache::CachePlan;
 use compress::{check_compress_keys, compress_policy, CompressKeys};
 use file::RunFile;
 use headers::check_headers;

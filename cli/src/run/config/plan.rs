@@ -59,7 +59,7 @@ pub struct RoutePlan {
     /// Behind the gateway (`gate = true`).
     pub guarded: bool,
     pub options: RouteOptionsPlan,
-    /// A shared cache in front of the app (proxy routes).
+    /// A shared cache in front of the app (proxy and PHP routes).
     pub cache: Option<super::cache::CachePlan>,
 }
 

@@ -42,6 +42,7 @@ const KINDS: [(&str, &[&[KindKey]]); 8] = [
             fastcgi::KEYS,
             proxy::UPSTREAM_KEYS,
             proxy::ANSWER_KEYS,
+            cache::KEYS,
         ],
     ),
     (
