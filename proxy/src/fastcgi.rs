@@ -391,7 +391,7 @@ impl FastCgi {
         let host = self
             .cache
             .as_ref()
-            .map(|_| head::host_sent(req, &self.proxy))
+            .map(|_| head::key_host(req))
             .unwrap_or_default();
         let f = match &self.cache {
             None => Forwarding::plain(),

@@ -136,14 +136,14 @@ pub fn build_keyed(
     build_with(req, options, None, request_id, Some(keyed))
 }
 
-/// The Host the app is sent: the route's, or the client's in the form the site was matched
-/// in (part of a cached request's key).
-pub fn host_sent(req: &Request<'_>, options: &ProxyOptions) -> Vec<u8> {
+/// The host a cached request's key holds: the client's, in the form the site was matched in.
+/// On a keyed request everything the app can learn of the host (`Host` unless the route
+/// names its own, `X-Forwarded-Host`, `Forwarded`'s `host=`) is this, never the client's
+/// spelling or a trusted proxy's field, so two names of one site (a wildcard's, say) never
+/// share an entry and no unkeyed spelling reaches the app.
+pub fn key_host(req: &Request<'_>) -> Vec<u8> {
     let mut buf = [0u8; 264];
-    match &options.host {
-        Some(h) => h.as_bytes().to_vec(),
-        None => normal_host(req.head.host.unwrap_or(b""), &mut buf).to_vec(),
-    }
+    normal_host(req.head.host.unwrap_or(b""), &mut buf).to_vec()
 }
 
 fn build_with(
@@ -234,22 +234,32 @@ fn build_with(
     }
     out.extend_from_slice(ip);
     out.extend_from_slice(b"\r\n");
-    let kept = |name| trusted.then(|| existing(name).next()).flatten();
+    // A trusted proxy's scheme and host go on, except on a keyed request: then only what the
+    // key holds, tern's own scheme and the host in the form the site was matched in (see
+    // `key_host`).
+    let kept = |name| {
+        (trusted && keyed.is_none())
+            .then(|| existing(name).next())
+            .flatten()
+    };
+    let mut keyed_host_buf = [0u8; 264];
+    let keyed_host = keyed.map(|_| normal_host(client_host, &mut keyed_host_buf));
     line(
         &mut out,
         "X-Forwarded-Proto",
         &[kept("x-forwarded-proto").unwrap_or(proto)],
     );
-    if !client_host.is_empty() || kept("x-forwarded-host").is_some() {
+    let forwarded_host = keyed_host.unwrap_or(client_host);
+    if !forwarded_host.is_empty() || kept("x-forwarded-host").is_some() {
         line(
             &mut out,
             "X-Forwarded-Host",
-            &[kept("x-forwarded-host").unwrap_or(client_host)],
+            &[kept("x-forwarded-host").unwrap_or(forwarded_host)],
         );
     }
     // Forwarded (RFC 7239): addresses of IPv6 and hosts (which may carry a port) quoted.
     out.extend_from_slice(b"Forwarded: ");
-    if trusted {
+    if trusted && keyed.is_none() {
         for v in existing("forwarded") {
             out.extend_from_slice(v);
             out.extend_from_slice(b", ");
@@ -265,9 +275,9 @@ fn build_with(
     }
     out.extend_from_slice(b";proto=");
     out.extend_from_slice(proto);
-    if is_plain_host(client_host) {
+    if is_plain_host(forwarded_host) {
         out.extend_from_slice(b";host=\"");
-        out.extend_from_slice(client_host);
+        out.extend_from_slice(forwarded_host);
         out.push(b'"');
     }
     out.extend_from_slice(b"\r\n");
@@ -685,6 +695,44 @@ mod tests {
              X-Forwarded-For: 198.51.100.9\r\nX-Forwarded-Host: A.test\r\n\
              X-Request-Id: rid-7\r\nX-Real-IP: 198.51.100.9\r\nX-Forwarded-Proto: https\r\n\
              X-Trace: rid-7@a.test\r\n"
+        );
+    }
+
+    #[test]
+    fn a_keyed_head_carries_the_keys_host_and_tern_s_scheme_only() {
+        // From a trusted proxy, with a host spelt in capitals and a trailing dot: uncached, the
+        // proxy's fields and the client's spelling go on; keyed, only what the key holds.
+        let raw = "GET /p?b=2&a=1 HTTP/1.1\r\nHost: WWW.Example.org.\r\nAccept: */*\r\n\
+                   User-Agent: u\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: evil.test\r\n\
+                   Forwarded: for=1.2.3.4;host=evil.test\r\n\r\n";
+        let options = ProxyOptions {
+            trusted: tern_services::TrustedProxies::parse("10.0.0.0/8").unwrap(),
+            ..ProxyOptions::default()
+        };
+        let peer: SocketAddr = "10.0.0.9:1".parse().unwrap();
+        let plain = tern_server::testing::with_request(raw.as_bytes(), peer, false, |req| {
+            build(req, &options, None, None)
+        });
+        let plain = String::from_utf8(plain.head).unwrap();
+        assert!(plain.contains("X-Forwarded-Host: evil.test\r\n"), "{plain}");
+        assert!(plain.contains("X-Forwarded-Proto: https\r\n"), "{plain}");
+        let fields = ["accept".to_string()];
+        let keyed = Keyed {
+            query: Some("a=1&b=2"),
+            fields: &fields,
+        };
+        let (head, key_host) =
+            tern_server::testing::with_request(raw.as_bytes(), peer, false, |req| {
+                (build_keyed(req, &options, None, &keyed).head, key_host(req))
+            });
+        let h = String::from_utf8(head).unwrap();
+        assert_eq!(key_host, b"www.example.org");
+        assert_eq!(
+            h,
+            "GET /p?a=1&b=2 HTTP/1.1\r\nHost: www.example.org\r\nAccept: */*\r\n\
+             X-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Proto: http\r\n\
+             X-Forwarded-Host: www.example.org\r\n\
+             Forwarded: for=10.0.0.9;proto=http;host=\"www.example.org\"\r\n"
         );
     }
 }

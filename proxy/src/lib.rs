@@ -59,7 +59,7 @@ impl Handler for Proxy {
         }
         let f = match &self.cache {
             None => cache::Forwarding::plain(),
-            Some(c) => match c.lookup(req, &head::host_sent(req, &self.options), &[], cx) {
+            Some(c) => match c.lookup(req, &head::key_host(req), &[], cx) {
                 cache::Lookup::Hit(answer) => return Reply::Now(answer),
                 cache::Lookup::Forward(f) => f,
             },
