@@ -27,6 +27,7 @@ use quick_cache::{Lifecycle, OptionsBuilder, Weighter};
 use crate::flight::Flights;
 use crate::key::Key;
 use crate::policy::Freshness;
+use crate::purge::{Purge, Target};
 
 /// Bytes an entry costs beyond its head and body (the entry, its `Arc`, the map's slot).
 pub const ENTRY_OVERHEAD: u64 = 256;
@@ -43,11 +44,19 @@ pub struct Entry {
     /// Its validators, for clients' conditional requests.
     pub etag: Option<Bytes>,
     pub last_modified: Option<Bytes>,
+    /// What it was stored for, and the app's tags: what a purge names it by.
+    pub target: Arc<Target>,
+    pub tags: Arc<[Box<str>]>,
 }
 
 impl Entry {
     pub fn weight(&self) -> u64 {
-        self.head.len() as u64 + self.body.len() as u64 + ENTRY_OVERHEAD
+        let tags: usize = self.tags.iter().map(|t| t.len() + 16).sum();
+        self.head.len() as u64
+            + self.body.len() as u64
+            + self.target.bytes()
+            + tags as u64
+            + ENTRY_OVERHEAD
     }
 }
 
@@ -107,6 +116,10 @@ pub struct Store {
     max_object: u64,
     /// The keys being filled now (coalescing), beside the entries.
     flights: Arc<Flights>,
+    /// Purges so far: a fill begun before one may carry what it purged (see
+    /// [`Store::insert_unless_purged`]).
+    purges: AtomicU64,
+    purged: AtomicU64,
 }
 
 impl Store {
@@ -130,6 +143,8 @@ impl Store {
             evictions,
             max_object,
             flights: Arc::default(),
+            purges: AtomicU64::new(0),
+            purged: AtomicU64::new(0),
         }
     }
 
@@ -151,6 +166,49 @@ impl Store {
             return;
         }
         self.map.insert(key, Arc::new(entry));
+    }
+
+    /// The purges so far; a fill takes this when it begins.
+    pub fn purges(&self) -> u64 {
+        self.purges.load(Ordering::SeqCst)
+    }
+
+    /// Stores what a fill that began at `purges` brought, unless a purge came since: the app
+    /// may have answered before the change the purge was for. Checked after the insert as
+    /// well, so a purge is never missed: one that counted before the check finds the entry
+    /// and drops it itself, and one that counted after is seen here. A purge of anything
+    /// drops the fills under way (they are stored the next time).
+    pub fn insert_unless_purged(&self, purges: u64, key: Key, entry: Entry) {
+        if self.purges() != purges {
+            return;
+        }
+        self.insert(key, entry);
+        if self.purges() != purges {
+            self.map.remove(&key);
+        }
+    }
+
+    /// Drops the entries `purge` names; how many.
+    pub fn purge(&self, purge: &Purge) -> u64 {
+        self.purges.fetch_add(1, Ordering::SeqCst);
+        let dropped = AtomicU64::new(0);
+        // Walks each shard under its write lock: lookups on that shard wait for the walk
+        // (microseconds per thousand entries), which is fine for an operator's rare purge.
+        self.map.retain(|_, entry| {
+            let purged = purge.matches(&entry.target, &entry.tags);
+            if purged {
+                dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            !purged
+        });
+        let dropped = dropped.into_inner();
+        self.purged.fetch_add(dropped, Ordering::Relaxed);
+        dropped
+    }
+
+    /// Entries dropped by purges, since the start.
+    pub fn purged_entries(&self) -> u64 {
+        self.purged.load(Ordering::Relaxed)
     }
 
     pub fn remove(&self, key: &Key) {
@@ -199,6 +257,8 @@ mod tests {
             },
             etag: None,
             last_modified: None,
+            target: Arc::new(Target::new(b"example.com", "/", None)),
+            tags: Arc::new([]),
         }
     }
 
@@ -252,5 +312,40 @@ mod tests {
         assert!(store.get(&Key(2)).is_some());
         store.remove(&Key(2));
         assert!(store.get(&Key(2)).is_none());
+    }
+
+    fn tagged(path: &str, tags: &[&str]) -> Entry {
+        Entry {
+            target: Arc::new(Target::new(b"example.com", path, None)),
+            tags: tags.iter().map(|t| Box::from(*t)).collect(),
+            ..entry(10)
+        }
+    }
+
+    #[test]
+    fn a_purge_drops_what_it_names_and_nothing_else() {
+        let store = Store::new(1 << 20, 16 * 1024);
+        store.insert(Key(1), tagged("/blog/a", &["post"]));
+        store.insert(Key(2), tagged("/blog/b", &[]));
+        store.insert(Key(3), tagged("/shop/c", &["post", "shop"]));
+        store.insert(Key(4), tagged("/", &[]));
+        assert_eq!(store.purge(&Purge::Tag("post".into())), 2);
+        assert!(store.get(&Key(1)).is_none() && store.get(&Key(3)).is_none());
+        let blog = Purge::of_url("https://example.com/blog/", true).unwrap();
+        assert_eq!(store.purge(&blog), 1);
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.purge(&Purge::All), 1);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn a_fill_begun_before_a_purge_is_not_stored() {
+        let store = Store::new(1 << 20, 16 * 1024);
+        let begun = store.purges();
+        store.purge(&Purge::Tag("unrelated".into()));
+        store.insert_unless_purged(begun, Key(1), entry(10));
+        assert!(store.get(&Key(1)).is_none());
+        store.insert_unless_purged(store.purges(), Key(1), entry(10));
+        assert!(store.get(&Key(1)).is_some());
     }
 }

@@ -5,8 +5,10 @@
 
 mod acme;
 mod bans;
+mod cache;
 mod common;
 mod config;
+mod control;
 mod demo;
 mod gate;
 mod hardening;
@@ -60,6 +62,8 @@ enum Command {
     /// Serve several sites, chosen by host name, from one config file (static files,
     /// redirects, fixed answers, the IPv4 Games).
     Run(run::RunArgs),
+    /// Act on a running `tern run`'s caches through its control socket (`tern cache purge`).
+    Cache(cache::CacheArgs),
     /// The auth gateway against AI scrapers (form login, proof-of-work guest passes, bot
     /// policy) as an nginx `auth_request` backend.
     Gate(gate::GateArgs),
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::demo(args),
         Command::Run(args) => run::run(args),
         Command::Gate(args) => gate::gate(args),
+        Command::Cache(args) => cache::cache(args),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "tern", &mut std::io::stdout());

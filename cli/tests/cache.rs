@@ -170,6 +170,11 @@ fn serve(
                 text.into(),
             ),
             _ if method == "POST" => (200, "", text.into()),
+            _ if path.starts_with("/tagged/") => (
+                200,
+                "Cache-Control: max-age=60\r\nCache-Tag: product-42, list\r\nSurrogate-Key: home\r\n",
+                text.into(),
+            ),
             _ => (
                 200,
                 "Cache-Control: max-age=60\r\nETag: \"v1\"\r\nContent-Type: text/plain\r\n",
@@ -278,6 +283,40 @@ fn a_fresh_answer_is_served_from_the_cache_with_its_age_head_and_validators() {
     assert!(tern.get("/page?a=1").text().contains("#1"));
     assert!(tern.get("/page?a=2").text().contains("#1"));
     assert_eq!(app.asked("/page?a=1").len(), 1);
+}
+
+#[test]
+fn a_range_is_answered_from_the_whole_entry() {
+    let (_dir, app, tern) = started(CACHED);
+    let whole = tern.get("/page");
+    let len = whole.body.len();
+    let part = tern.get_with("/page", &[("Range", "bytes=0-3")]);
+    assert_eq!(part.status, 206);
+    assert_eq!(part.body, whole.body[..4]);
+    assert_eq!(
+        part.header("content-range"),
+        Some(&*format!("bytes 0-3/{len}"))
+    );
+    assert_eq!(part.header("cache-status"), Some("tern; hit"));
+    let tail = tern.get_with("/page", &[("Range", "bytes=-2")]);
+    assert_eq!((tail.status, &tail.body[..]), (206, &whole.body[len - 2..]));
+    let past = tern.get_with("/page", &[("Range", &format!("bytes={len}-"))]);
+    assert_eq!(past.status, 416);
+    assert_eq!(
+        past.header("content-range"),
+        Some(&*format!("bytes */{len}"))
+    );
+    // If-Range: the entry's strong ETag, else the whole entry.
+    let same = tern.get_with("/page", &[("Range", "bytes=1-2"), ("If-Range", "\"v1\"")]);
+    assert_eq!((same.status, &same.body[..]), (206, &whole.body[1..3]));
+    for other in ["\"v0\"", "W/\"v1\""] {
+        let r = tern.get_with("/page", &[("Range", "bytes=1-2"), ("If-Range", other)]);
+        assert_eq!((r.status, r.body.len()), (200, len), "If-Range {other}");
+    }
+    // Several ranges: the whole entry (as for static files).
+    let several = tern.get_with("/page", &[("Range", "bytes=0-1,3-4")]);
+    assert_eq!((several.status, several.body.len()), (200, len));
+    assert_eq!(app.asked("/page").len(), 1, "all from the one entry");
 }
 
 #[test]
@@ -430,6 +469,13 @@ fn the_upstreams_date_counts_in_the_entrys_age() {
     assert_eq!(app.asked("/dated").len(), 1);
 }
 
+/// The value of one series on a /metrics page.
+fn series_value(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{series} not on the page:\n{page}"))
+}
+
 #[test]
 fn metrics_count_lookups_bypasses_refusals_and_memory() {
     let metrics_route = "\n[[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n";
@@ -442,11 +488,7 @@ fn metrics_count_lookups_bypasses_refusals_and_memory() {
     tern.client().request("POST", "/page", &[]);
     let page = tern.get("/metrics").text();
     promtool_accepts("/metrics with a cache", &page);
-    let value = |series: &str| -> f64 {
-        page.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("{series} not on the page:\n{page}"))
-    };
+    let value = |series: &str| series_value(&page, series);
     let c = "cache=\"main\"";
     assert_eq!(
         value(&format!("tern_cache_lookups_total{{result=\"hit\",{c}}}")),
@@ -505,6 +547,173 @@ fn many_get(tern: &Tern, n: usize, path: &'static str) -> std::thread::JoinHandl
             .collect();
         clients.into_iter().map(|c| c.join().unwrap()).collect()
     })
+}
+
+/// `tern cache purge --control CONTROL ARGS...`: whether it succeeded, and what it printed.
+fn purge(control: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(TERN)
+        .args(["cache", "purge", "--control"])
+        .arg(control)
+        .args(args)
+        .output()
+        .unwrap();
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), printed)
+}
+
+#[test]
+fn tern_cache_purge_drops_entries_by_url_prefix_tag_and_all_through_the_control_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let control = dir.path().join("control.sock");
+    let metrics_route = "\n[[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n";
+    let conf = config(
+        dir.path(),
+        &app,
+        &format!("{CACHED}{metrics_route}"),
+        &format!(
+            "control = \"{}\"\n[cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\n",
+            control.display()
+        ),
+    );
+    let tern = Tern::start_run(&conf);
+    let status = |path: &str| tern.get(path).header("cache-status").map(str::to_owned);
+    let miss = Some("tern; fwd=miss".to_owned());
+    let hit = Some("tern; hit".to_owned());
+    let paths = [
+        "/page",
+        "/page?a=1",
+        "/blog/a",
+        "/blog/b",
+        "/tagged/x",
+        "/tagged/y",
+    ];
+    for path in paths {
+        let first = tern.get(path);
+        assert_eq!(
+            first.header("cache-status"),
+            Some("tern; fwd=miss"),
+            "{path}"
+        );
+        // The app's tags are for purging: neither the answer that filled the entry nor a hit
+        // carries them.
+        assert_eq!(first.header("cache-tag"), None, "{path}");
+        assert_eq!(first.header("surrogate-key"), None, "{path}");
+        let again = tern.get(path);
+        assert_eq!(again.header("cache-status"), Some("tern; hit"), "{path}");
+        assert_eq!(again.header("cache-tag"), None, "{path}");
+    }
+
+    // A URL: each query of its path (the host and path as a request for them is keyed).
+    let (ok, out) = purge(&control, &["http://TEST./a/../page"]);
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), "purged 2 entries (main: 2)");
+    assert_eq!(status("/page"), miss);
+    assert_eq!(status("/page?a=1"), miss);
+    assert_eq!(status("/blog/a"), hit, "other paths stay");
+    // A URL with a query: that query's entries only.
+    let (ok, out) = purge(&control, &["http://test/page?a=1"]);
+    assert!(ok && out.contains("purged 1 entry"), "{out}");
+    assert_eq!(status("/page"), hit);
+    assert_eq!(status("/page?a=1"), miss);
+    // Another host's entries are not this one's.
+    let (ok, out) = purge(&control, &["http://other.test/page"]);
+    assert!(ok && out.contains("purged 0 entries"), "{out}");
+
+    // A prefix, on this host or (a path alone) on every host.
+    let (ok, out) = purge(&control, &["--prefix", "http://test/blog/"]);
+    assert!(ok && out.contains("purged 2 entries"), "{out}");
+    assert_eq!(status("/blog/a"), miss);
+    let (ok, out) = purge(&control, &["--prefix", "/blog/", "--cache", "main"]);
+    assert!(ok && out.contains("purged 1 entry"), "{out}");
+    assert_eq!(status("/blog/a"), miss);
+
+    // A tag, from either field.
+    assert_eq!(status("/tagged/x"), hit);
+    let (ok, out) = purge(&control, &["--tag", "home"]);
+    assert!(ok && out.contains("purged 2 entries"), "{out}");
+    assert_eq!(status("/tagged/x"), miss);
+    let (ok, out) = purge(&control, &["--tag", "product-42"]);
+    assert!(ok && out.contains("purged 1 entry"), "{out}");
+
+    // Everything.
+    let (ok, out) = purge(&control, &["--all"]);
+    assert!(ok && !out.contains("purged 0 "), "{out}");
+    for path in paths {
+        assert_eq!(status(path), miss, "{path}");
+    }
+
+    // Mistakes are errors, and purge nothing.
+    let (ok, out) = purge(&control, &["--all", "--cache", "nope"]);
+    assert!(
+        !ok && out.contains("no cache named \"nope\" (this server has: main)"),
+        "{out}"
+    );
+    let (ok, out) = purge(&control, &["http://test/%00"]);
+    assert!(
+        !ok && out.contains("no request could have this path"),
+        "{out}"
+    );
+    let (ok, out) = purge(&control, &["test/page"]);
+    assert!(!ok && out.contains("not an http"), "{out}");
+    let (ok, _) = purge(&control, &["--tag", "a b"]);
+    assert!(!ok);
+    assert_eq!(status("/page"), hit);
+
+    let page = tern.get("/metrics").text();
+    promtool_accepts("/metrics after purges", &page);
+    let value = |series: &str| series_value(&page, series);
+    // Eight purges ran (the mistakes purged nothing): 2+1+0 by URL, 2+1 by prefix, 2+1 by
+    // tag, and the 3 entries there were at --all.
+    assert_eq!(value("tern_cache_purges_total{cache=\"main\"}"), 8.0);
+    assert_eq!(value("tern_cache_purged_total{cache=\"main\"}"), 12.0);
+}
+
+#[test]
+fn tern_cache_purge_without_a_server_says_where_it_looked() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("control.sock");
+    let (ok, out) = purge(&control, &["--all"]);
+    assert!(!ok);
+    assert!(
+        out.contains("cannot reach a server's control socket at"),
+        "{out}"
+    );
+    let (ok, out) = purge(&control, &[]);
+    assert!(
+        !ok && out.contains("required"),
+        "one of URL, --prefix, --tag, --all: {out}"
+    );
+}
+
+#[test]
+fn a_second_server_on_one_control_socket_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let control = dir.path().join("control.sock");
+    let conf = config(
+        dir.path(),
+        &app,
+        CACHED,
+        &format!(
+            "control = \"{}\"\n[cache.main]\nmemory = \"4M\"\n",
+            control.display()
+        ),
+    );
+    let _first = Tern::start_run(&conf);
+    let out = Command::new(TERN)
+        .args(["run", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another server answers on it"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
 }
 
 #[test]

@@ -28,11 +28,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tern_cache::policy::{self, invalidates, keyed_query};
+use tern_cache::purge::{is_tag_field, tags_of};
 use tern_cache::{
     judge_answer, judge_request, AnswerFacts, Bypass, Entry, Field, FillMark, Flight, FlightState,
-    Join, Key, KeyParts, Keyer, MethodClass, RequestFacts, RequestVerdict, Rules, Store,
-    Uncacheable,
+    Join, Key, KeyParts, Keyer, MethodClass, Purge, RequestFacts, RequestVerdict, Rules, Store,
+    Target, Uncacheable,
 };
+use tern_server::static_files::range::{self, RangeSpec};
 use tern_server::{
     upstream::ResponseEdit, AnswerTee, Body, BodyKind, Fallback, HandlerContext, Hold, HoldStep,
     Method, Request, Response,
@@ -50,9 +52,10 @@ pub struct RouteCache {
     route: String,
     /// Writes `Cache-Status` (RFC 9211) on its answers.
     status_field: bool,
-    /// The `Cache-Status` edits of answers that went to the app (made once, if written):
-    /// a miss, and a request that went past the cache.
-    miss_field: Option<(ResponseEdit, ResponseEdit, ResponseEdit)>,
+    /// The edits of answers from the app (made once): the app's tags taken off (they are
+    /// for purging, never for clients), and `Cache-Status` if written, for a miss, a request
+    /// that went past the cache and a stale entry's refresh.
+    app_edits: (ResponseEdit, ResponseEdit, ResponseEdit),
     counts: Arc<Counts>,
     /// How long a miss waits for another request's fill of its key before it goes to the
     /// app itself, uncached (nginx's `proxy_cache_lock_timeout`); zero: misses never wait.
@@ -195,6 +198,34 @@ pub fn shared_store(
     }
 }
 
+/// Drops what `purge` names from the cache called `name`, or from every cache; how many
+/// entries each lost, by name. An unknown name is an error (a typo must not look like a
+/// purge that found nothing).
+pub fn purge(purge: &Purge, name: Option<&str>) -> Result<Vec<(String, u64)>, String> {
+    let stores = named();
+    if let Some(name) = name {
+        if !stores.contains_key(name) {
+            let mut known: Vec<&str> = stores.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            return Err(format!(
+                "no cache named {name:?} (this server has: {})",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ));
+        }
+    }
+    let mut purged: Vec<(String, u64)> = stores
+        .iter()
+        .filter(|(n, _)| name.is_none_or(|name| name == n.as_str()))
+        .map(|(n, (_, store, _))| (n.clone(), store.purge(purge)))
+        .collect();
+    purged.sort_unstable();
+    Ok(purged)
+}
+
 /// Every named cache's figures for /metrics (`tern_cache_*{cache="NAME"}`), the series of
 /// one name together.
 fn metrics() -> Vec<tern_services::metrics::Metric> {
@@ -314,6 +345,16 @@ fn metrics() -> Vec<tern_services::metrics::Metric> {
         )]
     });
     each(&|s, _| {
+        vec![
+            Metric::counter("cache_purges", "purges run (tern cache purge)", s.purges()),
+            Metric::counter(
+                "cache_purged",
+                "entries dropped by purges",
+                s.purged_entries(),
+            ),
+        ]
+    });
+    each(&|s, _| {
         vec![Metric::counter(
             "cache_evictions",
             "entries evicted to make room",
@@ -428,38 +469,40 @@ impl RouteCache {
             rules: Arc::new(rules),
             route,
             status_field,
-            miss_field: status_field.then(|| {
-                let field = |value: &'static [u8]| -> ResponseEdit {
-                    // Not over the one an answer from the cache carries (a waiter's, a stale
-                    // one in place of a failure), which the relay edits as the app's.
+            app_edits: {
+                let edit = |value: &'static [u8]| -> ResponseEdit {
                     Arc::new(move |r: &mut Response| {
-                        if !has_own_status(r) {
+                        r.remove_header("Cache-Tag");
+                        r.remove_header("Surrogate-Key");
+                        // Not over the one an answer from the cache carries (a waiter's, a
+                        // stale one in place of a failure), which the relay edits as the app's.
+                        if status_field && !has_own_status(r) {
                             r.push_header("Cache-Status", value)
                         }
                     })
                 };
                 (
-                    field(b"tern; fwd=miss"),
-                    field(b"tern; fwd=bypass"),
-                    field(b"tern; fwd=stale"),
+                    edit(b"tern; fwd=miss"),
+                    edit(b"tern; fwd=bypass"),
+                    edit(b"tern; fwd=stale"),
                 )
-            }),
+            },
             counts,
             lock,
         }
     }
 
-    /// The edit that writes `Cache-Status` (RFC 9211) on an answer from the app, if the
-    /// route writes it: `fwd=miss` when it was looked up, `fwd=bypass` when it went past.
-    /// The relay applies it after the fill's copy, so no entry holds it.
+    /// The edit of an answer from the app: its tags off, and `Cache-Status` (RFC 9211) if
+    /// the route writes it, `fwd=miss` when it was looked up, `fwd=bypass` when it went past.
+    /// The relay applies it after the fill's copy, so no entry holds that field.
     pub fn forwarded_field(&self, looked_up: bool) -> Option<ResponseEdit> {
-        let (miss, bypass, _) = self.miss_field.as_ref()?;
+        let (miss, bypass, _) = &self.app_edits;
         Some(if looked_up { miss } else { bypass }.clone())
     }
 
-    /// The `Cache-Status` edit of a stale entry's refresh (`fwd=stale`), if written.
+    /// The edit of a stale entry's refresh (`fwd=stale`).
     pub fn refresh_field(&self) -> Option<ResponseEdit> {
-        Some(self.miss_field.as_ref()?.2.clone())
+        Some(self.app_edits.2.clone())
     }
 
     pub fn rules(&self) -> &Rules {
@@ -546,6 +589,8 @@ impl RouteCache {
         };
         let verdict = judge_request(&self.rules, &facts);
         let query = keyed_query(&self.rules.key_query, req.query());
+        // What a fill stores the entry for (a purge names it so); made on a miss only.
+        let target = || Arc::new(Target::new(host, req.path(), query.as_deref()));
         let key = keyer().key(
             &KeyParts {
                 route: &self.route,
@@ -622,7 +667,7 @@ impl RouteCache {
                             return CacheStep::Wait {
                                 fallback,
                                 hold: Box::new(Waiter {
-                                    fill: self.fill(cx.worker_id, key, authorized, None),
+                                    fill: self.fill(cx.worker_id, key, target(), authorized, None),
                                     flight,
                                     give_up_ms: req.now_ms + self.lock.as_millis() as u64,
                                     head_only,
@@ -645,7 +690,7 @@ impl RouteCache {
                     let mut validators = Vec::new();
                     let mut tee = None;
                     if !head_only {
-                        let mut fill = self.fill(cx.worker_id, key, authorized, mark);
+                        let mut fill = self.fill(cx.worker_id, key, target(), authorized, mark);
                         if revalidatable(&entry) {
                             for (name, value) in [
                                 ("If-None-Match: ", &entry.etag),
@@ -671,13 +716,23 @@ impl RouteCache {
                 if head_only {
                     return CacheStep::Keyed;
                 }
-                CacheStep::Fill(Box::new(self.fill(cx.worker_id, key, authorized, mark)))
+                let fill = self.fill(cx.worker_id, key, target(), authorized, mark);
+                CacheStep::Fill(Box::new(fill))
             }
         }
     }
 
-    fn fill(&self, worker: usize, key: Key, authorized: bool, mark: Option<FillMark>) -> Fill {
+    fn fill(
+        &self,
+        worker: usize,
+        key: Key,
+        target: Arc<Target>,
+        authorized: bool,
+        mark: Option<FillMark>,
+    ) -> Fill {
         Fill {
+            purges: self.store.purges(),
+            target,
             store: self.store.clone(),
             rules: self.rules.clone(),
             counts: self.counts.clone(),
@@ -692,10 +747,7 @@ impl RouteCache {
     }
 
     fn answer(&self, req: &Request<'_>, entry: &Entry, now: u64, worker: usize) -> Response {
-        let asked = Validators {
-            if_none_match: req.head.if_none_match,
-            if_modified_since: req.head.if_modified_since,
-        };
+        let asked = Validators::of(req);
         let status = self.status_field.then_some(&b"tern; hit"[..]);
         answer(&asked, entry, now, status, || {
             self.counts.bump(worker, Count::NotModified)
@@ -726,10 +778,7 @@ impl RouteCache {
 
     /// A stale entry's answer while another request refreshes it.
     fn answer_stale(&self, req: &Request<'_>, entry: &Entry, now: u64, worker: usize) -> Response {
-        let asked = Validators {
-            if_none_match: req.head.if_none_match,
-            if_modified_since: req.head.if_modified_since,
-        };
+        let asked = Validators::of(req);
         let status = self.status_field.then_some(&b"tern; hit; detail=stale"[..]);
         answer(&asked, entry, now, status, || {
             self.counts.bump(worker, Count::NotModified)
@@ -755,10 +804,53 @@ fn revalidatable(entry: &Entry) -> bool {
     entry.status == 200 && (entry.etag.is_some() || entry.last_modified.is_some())
 }
 
-/// The client's validators.
+/// The client's validators, and the range a GET asks for (with its `If-Range`).
 struct Validators<'a> {
     if_none_match: Option<&'a [u8]>,
     if_modified_since: Option<&'a [u8]>,
+    range: Option<(&'a [u8], Option<&'a [u8]>)>,
+}
+
+impl<'a> Validators<'a> {
+    fn of(req: &Request<'a>) -> Validators<'a> {
+        let head = req.head;
+        Validators {
+            if_none_match: head.if_none_match,
+            if_modified_since: head.if_modified_since,
+            // RFC 9110 §14.2: a range applies to GET only.
+            range: (req.method() == Method::Get)
+                .then_some(head.range)
+                .flatten()
+                .map(|r| (r, head.if_range)),
+        }
+    }
+}
+
+/// The part of a whole 200 entry a GET's `Range` asks for: its bounds, or `None` for the
+/// whole entry (no range, one tern ignores, or an `If-Range` the entry no longer matches);
+/// `Err` for a range past its end (416).
+fn range_of(asked: &Validators<'_>, entry: &Entry) -> Result<Option<(u64, u64)>, ()> {
+    let Some((range, if_range)) = asked.range else {
+        return Ok(None);
+    };
+    if entry.status != 200 {
+        return Ok(None);
+    }
+    // If-Range: the entry's strong ETag, or its Last-Modified exactly (RFC 9110 §13.1.5).
+    if let Some(ir) = if_range.map(<[u8]>::trim_ascii) {
+        let holds = match ir.first() {
+            Some(b'"') => entry.etag.as_deref() == Some(ir),
+            _ => !ir.starts_with(b"W/") && entry.last_modified.as_deref() == Some(ir),
+        };
+        if !holds {
+            return Ok(None);
+        }
+    }
+    match range::parse(range, entry.body.len() as u64) {
+        RangeSpec::Ignore => Ok(None),
+        RangeSpec::Satisfiable { start, end } => Ok(Some((start, end))),
+        RangeSpec::Unsatisfiable => Err(()),
+    }
 }
 
 /// A fresh entry's answer: its head as stored, `Age` from the worker's clock, its body
@@ -801,8 +893,30 @@ fn answer(
             }
             return r;
         }
-        let mut r = Response::new(entry.status).with_body(Body::Shared(entry.body.clone()));
-        r.push_raw_headers(&entry.head);
+        let len = entry.body.len() as u64;
+        let mut r = match range_of(asked, entry) {
+            Ok(None) => {
+                let mut r = Response::new(entry.status).with_body(Body::Shared(entry.body.clone()));
+                r.push_raw_headers(&entry.head);
+                r
+            }
+            Ok(Some((start, end))) => {
+                let part = entry.body.slice(start as usize..end as usize + 1);
+                let mut r = Response::new(206).with_body(Body::Shared(part));
+                r.push_raw_headers(&entry.head);
+                let mut cr = [0u8; 80];
+                let n = range::content_range(&mut cr, Some((start, end)), len);
+                r.push_header("Content-Range", &cr[..n]);
+                r
+            }
+            Err(()) => {
+                let mut r = Response::text(416, "range not satisfiable\n");
+                let mut cr = [0u8; 80];
+                let n = range::content_range(&mut cr, None, len);
+                r.push_header("Content-Range", &cr[..n]);
+                r
+            }
+        };
         r.push_header("Age", buf.format(age).as_bytes());
         if let Some(status) = status {
             r.push_header("Cache-Status", status);
@@ -837,6 +951,10 @@ struct Fill {
     /// The worker whose relay feeds this fill (its counts block).
     worker: usize,
     key: Key,
+    /// What the entry is for, and the store's purges when the fill began (one since: not
+    /// stored, see `Store::insert_unless_purged`).
+    target: Arc<Target>,
+    purges: u64,
     authorized: bool,
     /// The head kept, once judged storable.
     kept: Option<Kept>,
@@ -851,6 +969,7 @@ struct Fill {
 struct Kept {
     status: u16,
     head: Vec<u8>,
+    tags: Vec<Box<str>>,
     body: Vec<u8>,
     freshness: tern_cache::Freshness,
     etag: Option<Bytes>,
@@ -905,11 +1024,12 @@ impl AnswerTee for Fill {
             Ok(f) => f,
             Err(why) => return self.refuse(why),
         };
-        // Each hit writes its own Age (and the connection its own Date).
+        // Each hit writes its own Age (and the connection its own Date); the tags are kept
+        // apart, for purges, and never sent.
         let mut stored = Vec::with_capacity(head.headers().len());
         for line in head.headers().split_inclusive(|&b| b == b'\n') {
             let name = line.split(|&b| b == b':').next().unwrap_or_default();
-            if !name.eq_ignore_ascii_case(b"age") {
+            if !name.eq_ignore_ascii_case(b"age") && !is_tag_field(name) {
                 stored.extend_from_slice(line);
             }
         }
@@ -923,6 +1043,7 @@ impl AnswerTee for Fill {
             etag: field("etag"),
             last_modified: field("last-modified"),
             head: stored,
+            tags: tags_of(fields.iter().copied()),
             body: Vec::with_capacity(
                 content_length.unwrap_or(0).min(self.rules.max_object) as usize
             ),
@@ -957,6 +1078,7 @@ impl AnswerTee for Fill {
         let none = Validators {
             if_none_match: None,
             if_modified_since: None,
+            range: None,
         };
         let Some(entry) = self.refreshed(&old, head, date, unix_secs) else {
             // Confirmed, but no longer to be kept (the 304 says no-store, say): this client
@@ -969,7 +1091,8 @@ impl AnswerTee for Fill {
         };
         let r = answer(&none, &entry, unix_secs, status, || {});
         self.counts.bump(self.worker, Count::Stored);
-        self.store.insert(self.key, entry);
+        self.store
+            .insert_unless_purged(self.purges, self.key, entry);
         if let Some(mark) = self.mark.as_mut() {
             mark.stored();
         }
@@ -989,7 +1112,8 @@ impl AnswerTee for Fill {
             return;
         };
         self.counts.bump(self.worker, Count::Stored);
-        self.store.insert(
+        self.store.insert_unless_purged(
+            self.purges,
             self.key,
             Entry {
                 status: kept.status,
@@ -998,6 +1122,8 @@ impl AnswerTee for Fill {
                 freshness: kept.freshness,
                 etag: kept.etag,
                 last_modified: kept.last_modified,
+                target: self.target.clone(),
+                tags: kept.tags.into(),
             },
         );
         // (The store may still refuse it, over its size: waiters then find no entry and go
@@ -1048,6 +1174,7 @@ impl Hold for Waiter {
                 let asked = Validators {
                     if_none_match: self.if_none_match.as_deref(),
                     if_modified_since: self.if_modified_since.as_deref(),
+                    range: None,
                 };
                 let status = self
                     .status_field
@@ -1098,6 +1225,7 @@ impl Fallback for StaleOnError {
         let asked = Validators {
             if_none_match: self.if_none_match.as_deref(),
             if_modified_since: self.if_modified_since.as_deref(),
+            range: None,
         };
         let status = self
             .status_field
@@ -1134,10 +1262,17 @@ impl Fill {
             }
         }
         for line in head.headers().split_inclusive(|&b| b == b'\n') {
-            if name_of(line) != b"age" {
+            let name = name_of(line);
+            if name != b"age" && !is_tag_field(&name) {
                 merged.extend_from_slice(line);
             }
         }
+        // A 304 with tags tags the entry anew; one without keeps its tags.
+        let new_tags = tags_of(fields_of(head.headers()).into_iter());
+        let tags = match new_tags.is_empty() {
+            true => old.tags.clone(),
+            false => new_tags.into(),
+        };
         let mut fields = fields_of(&merged);
         if let Some(date) = date {
             fields.push(("date", date));
@@ -1162,6 +1297,8 @@ impl Fill {
             head: Bytes::from(merged),
             body: old.body.clone(),
             freshness,
+            target: old.target.clone(),
+            tags,
         })
     }
 
@@ -1173,6 +1310,9 @@ impl Fill {
             counts: self.counts.clone(),
             worker: self.worker,
             key: self.key,
+            target: self.target.clone(),
+            // It begins now: a purge before this has nothing of it to drop.
+            purges: self.store.purges(),
             authorized: self.authorized,
             kept: None,
             mark: None,

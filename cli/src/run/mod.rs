@@ -82,6 +82,11 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         )?),
         _ => None,
     };
+    // Before privileges are dropped and the sandbox is on: it makes a file.
+    let control = loaded
+        .control()
+        .map(|p| crate::control::bind(&p))
+        .transpose()?;
     let lockdown = hardening::plan(&args.common.hardening, Some(&loaded.hardening()), needs)?;
     let sandbox_connect =
         (lockdown.mode != tern_sandbox::Mode::Off).then(|| lockdown.paths.connect.clone());
@@ -127,6 +132,9 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         server = gate.install(server);
     }
     let mut server = common.install_bans(server, &[])?;
+    if let Some(control) = control {
+        server.background("control", move |stop| control.serve(stop));
+    }
     if !opened_logs.is_empty() {
         server = server.with_access_logs(opened_logs);
     }

@@ -35,7 +35,8 @@ mod entry;
 mod fs;
 mod options;
 mod path;
-mod range;
+/// `Range` (RFC 9110 §14), also for answers from the proxy's cache.
+pub mod range;
 
 #[cfg(test)]
 mod tests;
@@ -63,7 +64,7 @@ use options::Settings;
 pub use options::StaticOptions;
 pub use path::normalize_path; // doc-hidden: the path_normalize fuzz target, and the gate's policy path
 use path::PathError;
-use range::RangeSpec;
+use range::{content_range, RangeSpec};
 
 /// How often (at most) the root path is checked for naming another directory.
 const ROOT_CHECK_MS: u64 = 500;
@@ -589,28 +590,6 @@ fn body(slot: &Slot, v: usize, offset: u64, len: u64) -> Body {
             len,
         }),
     }
-}
-
-/// `bytes START-END/LEN` or `bytes */LEN`, formatted without allocating.
-fn content_range(buf: &mut [u8; 80], range: Option<(u64, u64)>, len: u64) -> usize {
-    let mut n = 0;
-    let mut put = |s: &[u8]| {
-        buf[n..n + s.len()].copy_from_slice(s);
-        n += s.len();
-    };
-    let mut num = itoa::Buffer::new();
-    put(b"bytes ");
-    match range {
-        Some((start, end)) => {
-            put(num.format(start).as_bytes());
-            put(b"-");
-            put(num.format(end).as_bytes());
-        }
-        None => put(b"*"),
-    }
-    put(b"/");
-    put(num.format(len).as_bytes());
-    n
 }
 
 const NOT_FOUND_HTML: &str = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\

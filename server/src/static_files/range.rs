@@ -2,7 +2,7 @@
 //! a malformed header are ignored (a full 200); a well-formed but unsatisfiable range is 416.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RangeSpec {
+pub enum RangeSpec {
     /// Answer the whole representation.
     Ignore,
     /// Inclusive byte positions, already clamped to the length.
@@ -11,7 +11,7 @@ pub(crate) enum RangeSpec {
     Unsatisfiable,
 }
 
-pub(crate) fn parse(value: &[u8], len: u64) -> RangeSpec {
+pub fn parse(value: &[u8], len: u64) -> RangeSpec {
     let v = tern_codec::trim_ows(value);
     let Some(eq) = v.iter().position(|&c| c == b'=') else {
         return RangeSpec::Ignore;
@@ -77,6 +77,29 @@ fn digits(s: &[u8]) -> Option<u64> {
     Some(s.iter().fold(0u64, |acc, &d| {
         acc.saturating_mul(10).saturating_add(u64::from(d - b'0'))
     }))
+}
+
+/// `Content-Range`'s value into `buf` (`bytes START-END/LEN`, or `bytes */LEN` for a 416),
+/// formatted without allocating; its length.
+pub fn content_range(buf: &mut [u8; 80], range: Option<(u64, u64)>, len: u64) -> usize {
+    let mut n = 0;
+    let mut put = |s: &[u8]| {
+        buf[n..n + s.len()].copy_from_slice(s);
+        n += s.len();
+    };
+    let mut num = itoa::Buffer::new();
+    put(b"bytes ");
+    match range {
+        Some((start, end)) => {
+            put(num.format(start).as_bytes());
+            put(b"-");
+            put(num.format(end).as_bytes());
+        }
+        None => put(b"*"),
+    }
+    put(b"/");
+    put(num.format(len).as_bytes());
+    n
 }
 
 #[cfg(test)]

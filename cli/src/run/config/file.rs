@@ -25,6 +25,9 @@ crate::config::server_keys! {
         pub(super) http2_websocket: Option<bool>,
         /// Shared caches by name (`[cache.NAME]`: sizes), for routes with `cache`.
         pub(super) cache: Option<super::cache::CacheBlocks>,
+        /// The control socket (`tern cache purge --control PATH`), relative to the file's folder;
+        /// made at start, before privileges are dropped. Restart only.
+        pub(super) control: Option<Spanned<PathBuf>>,
         #[serde(default)]
         pub(super) site: Vec<SiteFile>,
     }

@@ -221,6 +221,14 @@ impl RunConfig {
         self.file.gate.as_ref().map(|g| self.dir.join(g.get_ref()))
     }
 
+    /// The control socket's path (`control`), if the file names one.
+    pub fn control(&self) -> Option<PathBuf> {
+        self.file
+            .control
+            .as_ref()
+            .map(|c| self.dir.join(c.get_ref()))
+    }
+
     pub fn route_count(&self) -> usize {
         self.sites.iter().map(|s| s.routes.len()).sum()
     }
