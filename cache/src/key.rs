@@ -92,6 +92,33 @@ impl Keyer {
     }
 }
 
+/// `host` (a Host value the codec accepted) lower-cased, without the trailing dot of its
+/// name; the port kept: the form a key holds (and what a keyed request tells the app), and
+/// what a purge's host is compared in. Too long for `buf` (no site could match it): as it
+/// came.
+pub fn normal_host<'b>(host: &'b [u8], buf: &'b mut [u8; 264]) -> &'b [u8] {
+    let host = tern_codec::trim_ows(host);
+    if host.len() > buf.len() {
+        return host;
+    }
+    let (name, port) = split_port(host);
+    let name = name.strip_suffix(b".").unwrap_or(name);
+    let n = name.len();
+    buf[..n].copy_from_slice(name);
+    buf[..n].make_ascii_lowercase();
+    buf[n..n + port.len()].copy_from_slice(port);
+    &buf[..n + port.len()]
+}
+
+/// A host's name and its port with the colon (`:8080`, or empty); an IPv6 literal's colons
+/// stay in its name (`[::1]:80` → `[::1]`, `:80`).
+pub fn split_port(host: &[u8]) -> (&[u8], &[u8]) {
+    match host.iter().rposition(|&b| b == b':') {
+        Some(i) if !host.starts_with(b"[") || host[..i].ends_with(b"]") => host.split_at(i),
+        _ => (host, &[]),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

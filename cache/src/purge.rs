@@ -9,6 +9,8 @@
 
 use std::borrow::Cow;
 
+use crate::key::{normal_host, split_port};
+
 /// What an entry was stored for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -36,7 +38,7 @@ impl Target {
 
     /// The host without a port (`example.com:8080` → `example.com`).
     fn host_name(&self) -> &[u8] {
-        host_name(&self.host)
+        split_port(&self.host).0
     }
 }
 
@@ -149,25 +151,13 @@ fn canonical(path: &str) -> Result<String, String> {
     }
 }
 
-/// The host as the proxy keys it: lower case, no trailing dot; the port apart.
+/// The host as the proxy keys it (`normal_host`), the port apart.
 fn host_match(authority: &[u8]) -> HostMatch {
-    let (name, port) = match authority.iter().rposition(|&b| b == b':') {
-        Some(i) if !authority.starts_with(b"[") || authority[..i].ends_with(b"]") => {
-            (&authority[..i], Some(authority[i + 1..].to_vec()))
-        }
-        _ => (authority, None),
-    };
-    let name = name.strip_suffix(b".").unwrap_or(name);
+    let mut buf = [0u8; 264];
+    let (name, port) = split_port(normal_host(authority, &mut buf));
     HostMatch {
-        name: name.to_ascii_lowercase(),
-        port,
-    }
-}
-
-fn host_name(host: &[u8]) -> &[u8] {
-    match host.iter().rposition(|&b| b == b':') {
-        Some(i) if !host.starts_with(b"[") || host[..i].ends_with(b"]") => &host[..i],
-        _ => host,
+        name: name.to_vec(),
+        port: port.strip_prefix(b":").map(<[u8]>::to_vec),
     }
 }
 

@@ -902,20 +902,9 @@ fn answer(
             }
             Ok(Some((start, end))) => {
                 let part = entry.body.slice(start as usize..end as usize + 1);
-                let mut r = Response::new(206).with_body(Body::Shared(part));
-                r.push_raw_headers(&entry.head);
-                let mut cr = [0u8; 80];
-                let n = range::content_range(&mut cr, Some((start, end)), len);
-                r.push_header("Content-Range", &cr[..n]);
-                r
+                range::partial(&entry.head, start, end, len).with_body(Body::Shared(part))
             }
-            Err(()) => {
-                let mut r = Response::text(416, "range not satisfiable\n");
-                let mut cr = [0u8; 80];
-                let n = range::content_range(&mut cr, None, len);
-                r.push_header("Content-Range", &cr[..n]);
-                r
-            }
+            Err(()) => range::unsatisfiable(len),
         };
         r.push_header("Age", buf.format(age).as_bytes());
         if let Some(status) = status {

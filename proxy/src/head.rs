@@ -10,6 +10,7 @@
 
 use std::net::IpAddr;
 
+use tern_cache::key::normal_host;
 use tern_server::{connection_lists, trim_ows, Identity, Request, RequestId};
 use tern_services::template::Values;
 use tern_services::TrustedProxies;
@@ -381,25 +382,6 @@ fn cookie_without_gate(out: &mut Vec<u8>, name: &str, value: &[u8], gate: &[u8])
     } else {
         out.extend_from_slice(b"\r\n");
     }
-}
-
-/// `host` (a Host value the codec accepted) lower-cased, without the trailing dot of its
-/// name; the port kept. Too long for `buf` (no site could match it): as it came.
-fn normal_host<'b>(host: &'b [u8], buf: &'b mut [u8; 264]) -> &'b [u8] {
-    let host = trim_ows(host);
-    if host.len() > buf.len() {
-        return host;
-    }
-    let (name, port) = match host.iter().rposition(|&b| b == b':') {
-        Some(i) if !host.starts_with(b"[") || host[..i].ends_with(b"]") => host.split_at(i),
-        _ => (host, &b""[..]),
-    };
-    let name = name.strip_suffix(b".").unwrap_or(name);
-    let n = name.len();
-    buf[..n].copy_from_slice(name);
-    buf[..n].make_ascii_lowercase();
-    buf[n..n + port.len()].copy_from_slice(port);
-    &buf[..n + port.len()]
 }
 
 fn line(out: &mut Vec<u8>, name: &str, parts: &[&[u8]]) {

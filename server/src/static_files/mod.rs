@@ -64,7 +64,7 @@ use options::Settings;
 pub use options::StaticOptions;
 pub use path::normalize_path; // doc-hidden: the path_normalize fuzz target, and the gate's policy path
 use path::PathError;
-use range::{content_range, RangeSpec};
+use range::RangeSpec;
 
 /// How often (at most) the root path is checked for naming another directory.
 const ROOT_CHECK_MS: u64 = 500;
@@ -546,21 +546,11 @@ fn respond(slot: &Slot, req: &Request<'_>) -> Response {
                 match range::parse(range, id.len) {
                     RangeSpec::Ignore => {}
                     RangeSpec::Satisfiable { start, end } => {
-                        let mut r = Response::new(206);
-                        r.push_raw_headers(&id.head_200);
-                        let mut buf = [0u8; 80];
-                        let n = content_range(&mut buf, Some((start, end)), id.len);
-                        r.push_header("Content-Range", &buf[..n]);
+                        let mut r = range::partial(&id.head_200, start, end, id.len);
                         r.body = body(slot, IDENTITY, start, end - start + 1);
                         return r;
                     }
-                    RangeSpec::Unsatisfiable => {
-                        let mut r = Response::text(416, "range not satisfiable\n");
-                        let mut buf = [0u8; 80];
-                        let n = content_range(&mut buf, None, id.len);
-                        r.push_header("Content-Range", &buf[..n]);
-                        return r;
-                    }
+                    RangeSpec::Unsatisfiable => return range::unsatisfiable(id.len),
                 }
             }
         }

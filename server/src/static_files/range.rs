@@ -1,6 +1,8 @@
 //! `Range: bytes=…` (RFC 9110 §14): one range is served as 206; several ranges, other units or
 //! a malformed header are ignored (a full 200); a well-formed but unsatisfiable range is 416.
 
+use crate::response::Response;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RangeSpec {
     /// Answer the whole representation.
@@ -79,9 +81,29 @@ fn digits(s: &[u8]) -> Option<u64> {
     }))
 }
 
+/// A 206's head (its `head_200` lines, which the caller passes) with `Content-Range` for
+/// bytes `start..=end` of `len`; the caller gives it the body.
+pub fn partial(head_200: &[u8], start: u64, end: u64, len: u64) -> Response {
+    let mut r = Response::new(206);
+    r.push_raw_headers(head_200);
+    let mut buf = [0u8; 80];
+    let n = content_range(&mut buf, Some((start, end)), len);
+    r.push_header("Content-Range", &buf[..n]);
+    r
+}
+
+/// The 416 for a range past the end of `len` bytes (`Content-Range: bytes */LEN`).
+pub fn unsatisfiable(len: u64) -> Response {
+    let mut r = Response::text(416, "range not satisfiable\n");
+    let mut buf = [0u8; 80];
+    let n = content_range(&mut buf, None, len);
+    r.push_header("Content-Range", &buf[..n]);
+    r
+}
+
 /// `Content-Range`'s value into `buf` (`bytes START-END/LEN`, or `bytes */LEN` for a 416),
 /// formatted without allocating; its length.
-pub fn content_range(buf: &mut [u8; 80], range: Option<(u64, u64)>, len: u64) -> usize {
+fn content_range(buf: &mut [u8; 80], range: Option<(u64, u64)>, len: u64) -> usize {
     let mut n = 0;
     let mut put = |s: &[u8]| {
         buf[n..n + s.len()].copy_from_slice(s);
