@@ -284,7 +284,7 @@ impl FastCgi {
         }
     }
 
-    /// Scripts' answers are served from and stored in a shared cache (`cache.rs`, as a
+    /// Scripts' answers are served from and stored in a shared cache (`cache/`, as a
     /// proxy route's); static files never go through it.
     pub fn with_cache(mut self, cache: RouteCache) -> FastCgi {
         self.cache = Some(cache);
@@ -559,7 +559,7 @@ struct CgiTarget<'a> {
     asked: &'a str,
     /// The query as sent: as keyed on a keyed request.
     query: Option<&'a str>,
-    /// Only what the cache key holds may reach the script (see `cache.rs`).
+    /// Only what the cache key holds may reach the script (see `cache/mod.rs`).
     keyed: bool,
 }
 

@@ -118,7 +118,7 @@ pub fn build(
     build_with(req, options, identity, request_id, None)
 }
 
-/// What a cached request keeps of the client's (`cache.rs`): the query as keyed, and only
+/// What a cached request keeps of the client's (`cache/mod.rs`): the query as keyed, and only
 /// the fields named in the key.
 pub struct Keyed<'k> {
     pub query: Option<&'k str>,

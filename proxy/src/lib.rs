@@ -38,7 +38,7 @@ impl Proxy {
         }
     }
 
-    /// Answers from and fills a shared cache (`cache.rs`).
+    /// Answers from and fills a shared cache (`cache/`).
     pub fn with_cache(mut self, cache: cache::RouteCache) -> Proxy {
         self.cache = Some(cache);
         self

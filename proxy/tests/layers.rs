@@ -23,13 +23,24 @@ const PROXY: Layers = Layers {
             name: "heads",
             uses: &[],
         },
+        // The shared cache's parts: a hit's answer, a fill, a held miss, the counts and the
+        // named stores.
+        Layer {
+            name: "cache parts",
+            uses: &[],
+        },
+        // The cache's lookup, used by both handlers.
+        Layer {
+            name: "cache",
+            uses: &["cache parts"],
+        },
         Layer {
             name: "handlers",
-            uses: &["heads", "upstreams"],
+            uses: &["cache", "heads", "upstreams"],
         },
         Layer {
             name: "root",
-            uses: &["handlers", "heads", "upstreams"],
+            uses: &["cache", "handlers", "heads", "upstreams"],
         },
     ],
     files: &[
@@ -37,8 +48,12 @@ const PROXY: Layers = Layers {
         ("health.rs", "upstreams"),
         ("head.rs", "heads"),
         ("fastcgi.rs", "handlers"),
-        // The shared cache's lookup and fill, used by both handlers.
-        ("cache.rs", "handlers"),
+        ("cache/answer.rs", "cache parts"),
+        ("cache/counts.rs", "cache parts"),
+        ("cache/fill.rs", "cache parts"),
+        ("cache/registry.rs", "cache parts"),
+        ("cache/wait.rs", "cache parts"),
+        ("cache/mod.rs", "cache"),
         ("lib.rs", "root"),
     ],
 };

@@ -1,0 +1,135 @@
+//! A hit's answer from an entry: 304 from the client's validators, a range, or the whole
+//! entry, with its `Age`.
+
+use tern_cache::policy;
+use tern_cache::Entry;
+use tern_server::static_files::range::{self, RangeSpec};
+use tern_server::{Body, Method, Request, Response};
+
+/// The client's validators, and the range a GET asks for (with its `If-Range`).
+pub(super) struct Validators<'a> {
+    pub(super) if_none_match: Option<&'a [u8]>,
+    pub(super) if_modified_since: Option<&'a [u8]>,
+    pub(super) range: Option<(&'a [u8], Option<&'a [u8]>)>,
+}
+
+impl<'a> Validators<'a> {
+    pub(super) fn of(req: &Request<'a>) -> Validators<'a> {
+        let head = req.head;
+        Validators {
+            if_none_match: head.if_none_match,
+            if_modified_since: head.if_modified_since,
+            // RFC 9110 §14.2: a range applies to GET only.
+            range: (req.method() == Method::Get)
+                .then_some(head.range)
+                .flatten()
+                .map(|r| (r, head.if_range)),
+        }
+    }
+}
+
+/// The part of a whole 200 entry a GET's `Range` asks for: its bounds, or `None` for the
+/// whole entry (no range, one tern ignores, or an `If-Range` the entry no longer matches);
+/// `Err` for a range past its end (416).
+pub(super) fn range_of(asked: &Validators<'_>, entry: &Entry) -> Result<Option<(u64, u64)>, ()> {
+    let Some((range, if_range)) = asked.range else {
+        return Ok(None);
+    };
+    if entry.status != 200 {
+        return Ok(None);
+    }
+    // If-Range: the entry's strong ETag, or its Last-Modified exactly (RFC 9110 §13.1.5).
+    if let Some(ir) = if_range.map(<[u8]>::trim_ascii) {
+        let holds = match ir.first() {
+            Some(b'"') => entry.etag.as_deref() == Some(ir),
+            _ => !ir.starts_with(b"W/") && entry.last_modified.as_deref() == Some(ir),
+        };
+        if !holds {
+            return Ok(None);
+        }
+    }
+    match range::parse(range, entry.body.len() as u64) {
+        RangeSpec::Ignore => Ok(None),
+        RangeSpec::Satisfiable { start, end } => Ok(Some((start, end))),
+        RangeSpec::Unsatisfiable => Err(()),
+    }
+}
+
+/// A fresh entry's answer: its head as stored, `Age` from the worker's clock, its body
+/// shared (a HEAD gets the same head; the connection leaves the body out); 304 when the
+/// client's validators match (`not_modified` is told). `status`: its `Cache-Status`, if the
+/// route writes it.
+pub(super) fn answer(
+    asked: &Validators<'_>,
+    entry: &Entry,
+    now: u64,
+    status: Option<&[u8]>,
+    not_modified_counted: impl FnOnce(),
+) -> Response {
+    {
+        let age = entry.freshness.age(now);
+        let mut buf = itoa::Buffer::new();
+        if not_modified(asked, entry) {
+            not_modified_counted();
+            let mut r = Response::new(304);
+            for line in entry.head.split_inclusive(|&b| b == b'\n') {
+                let name = line.split(|&b| b == b':').next().unwrap_or_default();
+                // RFC 9110 §15.4.5: the fields a 200 would have carried that describe it.
+                if [
+                    &b"etag"[..],
+                    b"cache-control",
+                    b"expires",
+                    b"vary",
+                    b"last-modified",
+                    b"content-location",
+                ]
+                .iter()
+                .any(|n| name.eq_ignore_ascii_case(n))
+                {
+                    r.push_raw_headers(line);
+                }
+            }
+            r.push_header("Age", buf.format(age).as_bytes());
+            if let Some(status) = status {
+                r.push_header("Cache-Status", status);
+            }
+            return r;
+        }
+        let len = entry.body.len() as u64;
+        let mut r = match range_of(asked, entry) {
+            Ok(None) => {
+                let mut r = Response::new(entry.status).with_body(Body::Shared(entry.body.clone()));
+                r.push_raw_headers(&entry.head);
+                r
+            }
+            Ok(Some((start, end))) => {
+                let part = entry.body.slice(start as usize..end as usize + 1);
+                range::partial(&entry.head, start, end, len).with_body(Body::Shared(part))
+            }
+            Err(()) => range::unsatisfiable(len),
+        };
+        r.push_header("Age", buf.format(age).as_bytes());
+        if let Some(status) = status {
+            r.push_header("Cache-Status", status);
+        }
+        r
+    }
+}
+
+/// The client's validators match the entry's (RFC 9110 §13.2.2: If-None-Match first, and
+/// If-Modified-Since only without it).
+pub(super) fn not_modified(asked: &Validators<'_>, entry: &Entry) -> bool {
+    if entry.status != 200 {
+        return false;
+    }
+    if let Some(inm) = asked.if_none_match {
+        return entry
+            .etag
+            .as_deref()
+            .is_some_and(|etag| policy::none_match_hits(inm, etag));
+    }
+    match (asked.if_modified_since, entry.last_modified.as_deref()) {
+        (Some(since), Some(lm)) => policy::not_modified_since(since, lm),
+        _ => false,
+    }
+}
