@@ -15,6 +15,10 @@
 //! - it is small (no dependencies beyond hashbrown and parking_lot here), maintained (0.7.0,
 //!   2025, fuzzed and shuttle-tested by its author), MIT.
 //!   A per-worker front without any lock (as static files have) is left for later.
+//!
+//! Bodies over the memory tier's largest object go to the cache's folder when it has one
+//! (`disk.rs`): a second map of the same kind holds those entries, weighted by their files'
+//! bytes and bounded by the folder's size, so neither tier's bound counts the other's bodies.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +28,7 @@ use bytes::Bytes;
 use quick_cache::sync::Cache;
 use quick_cache::{Lifecycle, OptionsBuilder, Weighter};
 
+use crate::disk::{DiskBody, DiskTier};
 use crate::flight::Flights;
 use crate::key::Key;
 use crate::policy::Freshness;
@@ -39,7 +44,7 @@ pub struct Entry {
     /// The upstream's header lines (`Name: value\r\n`), serialised once: without framing,
     /// `Date`, `Age` (each hit writes its own) and hop-by-hop fields.
     pub head: Bytes,
-    pub body: Bytes,
+    pub body: StoredBody,
     pub freshness: Freshness,
     /// Its validators, for clients' conditional requests.
     pub etag: Option<Bytes>,
@@ -49,14 +54,36 @@ pub struct Entry {
     pub tags: Arc<[Box<str>]>,
 }
 
+/// Where an entry's body is.
+#[derive(Debug, Clone)]
+pub enum StoredBody {
+    Memory(Bytes),
+    /// In a file of the cache's folder.
+    Disk(Arc<DiskBody>),
+}
+
+impl StoredBody {
+    pub fn len(&self) -> u64 {
+        match self {
+            StoredBody::Memory(b) => b.len() as u64,
+            StoredBody::Disk(d) => d.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl Entry {
+    /// Bytes of memory it takes (its body's, when that is in memory).
     pub fn weight(&self) -> u64 {
         let tags: usize = self.tags.iter().map(|t| t.len() + 16).sum();
-        self.head.len() as u64
-            + self.body.len() as u64
-            + self.target.bytes()
-            + tags as u64
-            + ENTRY_OVERHEAD
+        let body = match &self.body {
+            StoredBody::Memory(b) => b.len() as u64,
+            StoredBody::Disk(_) => 0,
+        };
+        self.head.len() as u64 + body + self.target.bytes() + tags as u64 + ENTRY_OVERHEAD
     }
 }
 
@@ -67,6 +94,55 @@ impl Weighter<Key, Arc<Entry>> for ByBytes {
     fn weight(&self, _key: &Key, entry: &Arc<Entry>) -> u64 {
         entry.weight()
     }
+}
+
+/// The disk tier's weight: the file's bytes (its entry's memory is small beside them, and
+/// bounded by the folder's size over the memory tier's largest object).
+#[derive(Clone)]
+struct ByFileBytes;
+
+impl Weighter<Key, Arc<Entry>> for ByFileBytes {
+    fn weight(&self, _key: &Key, entry: &Arc<Entry>) -> u64 {
+        entry.body.len().max(1)
+    }
+}
+
+type Map<W> = Cache<Key, Arc<Entry>, W, KeyBits, CountEvictions>;
+
+/// A map of at most `capacity` weight whose largest item weighs `largest`.
+fn map<W: Weighter<Key, Arc<Entry>> + Clone>(
+    capacity: u64,
+    largest: u64,
+    weighter: W,
+    evictions: &Arc<AtomicU64>,
+) -> Map<W> {
+    // quick_cache bounds each shard by its share of the weight and refuses an item over
+    // that share: shards are made few enough that four of the largest objects fit in one.
+    let per_object = largest.max(1);
+    let mut shards = (capacity / (4 * per_object)).clamp(1, 64) as usize;
+    shards = 1 << (usize::BITS - 1 - shards.leading_zeros());
+    let estimated = (capacity / 16_384).clamp(64, 1 << 20) as usize;
+    let options = OptionsBuilder::new()
+        .shards(shards)
+        .estimated_items_capacity(estimated)
+        .weight_capacity(capacity)
+        .build()
+        .expect("the options are in range");
+    Cache::with_options(
+        options,
+        weighter,
+        KeyBits,
+        CountEvictions(evictions.clone()),
+    )
+}
+
+/// A cache's folder and the entries whose bodies are there.
+struct DiskStore {
+    tier: DiskTier,
+    map: Map<ByFileBytes>,
+    max_object: u64,
+    /// Entries found with their file cut short (see [`DiskBody::intact`]).
+    damaged: AtomicU64,
 }
 
 /// Keys are keyed hashes already: the shard and slot come from their bits as they are.
@@ -111,7 +187,8 @@ impl Lifecycle<Key, Arc<Entry>> for CountEvictions {
 
 /// One named cache's entries (`[cache.NAME]`): shared by the routes that use it.
 pub struct Store {
-    map: Cache<Key, Arc<Entry>, ByBytes, KeyBits, CountEvictions>,
+    map: Map<ByBytes>,
+    disk: Option<DiskStore>,
     evictions: Arc<AtomicU64>,
     max_object: u64,
     /// The keys being filled now (coalescing), beside the entries.
@@ -125,27 +202,39 @@ pub struct Store {
 impl Store {
     /// A store of at most `memory` bytes, whose largest entry body is `max_object`.
     pub fn new(memory: u64, max_object: u64) -> Store {
-        // quick_cache bounds each shard by its share of the weight and refuses an item over
-        // that share: shards are made few enough that four of the largest objects fit in one.
-        let per_object = (max_object + ENTRY_OVERHEAD).max(1);
-        let mut shards = (memory / (4 * per_object)).clamp(1, 64) as usize;
-        shards = 1 << (usize::BITS - 1 - shards.leading_zeros());
-        let estimated = (memory / 16_384).clamp(64, 1 << 20) as usize;
         let evictions = Arc::new(AtomicU64::new(0));
-        let options = OptionsBuilder::new()
-            .shards(shards)
-            .estimated_items_capacity(estimated)
-            .weight_capacity(memory)
-            .build()
-            .expect("the options are in range");
         Store {
-            map: Cache::with_options(options, ByBytes, KeyBits, CountEvictions(evictions.clone())),
+            map: map(memory, max_object + ENTRY_OVERHEAD, ByBytes, &evictions),
+            disk: None,
             evictions,
             max_object,
             flights: Arc::default(),
             purges: AtomicU64::new(0),
             purged: AtomicU64::new(0),
         }
+    }
+
+    /// The same store with bodies over its memory's largest object, up to `max_object`, in
+    /// `tier`'s folder, at most `size` bytes of them.
+    pub fn with_disk(mut self, tier: DiskTier, size: u64, max_object: u64) -> Store {
+        self.disk = Some(DiskStore {
+            map: map(size, max_object, ByFileBytes, &self.evictions),
+            tier,
+            max_object,
+            damaged: AtomicU64::new(0),
+        });
+        self
+    }
+
+    /// The folder's tier and its largest body, if the store has one.
+    pub fn disk(&self) -> Option<(&DiskTier, u64)> {
+        self.disk.as_ref().map(|d| (&d.tier, d.max_object))
+    }
+
+    /// Bytes of bodies in the folder now (those being written, and those of dropped entries
+    /// still being sent, included).
+    pub fn disk_bytes(&self) -> u64 {
+        self.disk.as_ref().map_or(0, |d| d.tier.bytes())
     }
 
     pub fn flights(&self) -> &Arc<Flights> {
@@ -157,15 +246,53 @@ impl Store {
     }
 
     pub fn get(&self, key: &Key) -> Option<Arc<Entry>> {
-        self.map.get(key)
+        match (self.map.get(key), &self.disk) {
+            (Some(entry), _) => Some(entry),
+            (None, Some(disk)) => {
+                let entry = disk.map.get(key)?;
+                if let StoredBody::Disk(body) = &entry.body {
+                    if !body.intact() {
+                        // Never sent as the answer: the request goes to the app.
+                        disk.map.remove(key);
+                        disk.damaged.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            "cache folder {}: {} no longer holds its {} bytes: entry dropped",
+                            disk.tier.folder().display(),
+                            body.path().display(),
+                            body.len()
+                        );
+                        return None;
+                    }
+                }
+                Some(entry)
+            }
+            (None, None) => None,
+        }
     }
 
-    /// Stores `entry` under `key` (replacing one there); one over the largest object is not.
+    /// Entries dropped because their file no longer held their body, since the start.
+    pub fn damaged_files(&self) -> u64 {
+        self.disk
+            .as_ref()
+            .map_or(0, |d| d.damaged.load(Ordering::Relaxed))
+    }
+
+    /// Stores `entry` under `key` in its body's tier (replacing one there, in either); one
+    /// over that tier's largest object is not.
     pub fn insert(&self, key: Key, entry: Entry) {
-        if entry.body.len() as u64 > self.max_object {
-            return;
+        match (&entry.body, &self.disk) {
+            (StoredBody::Memory(b), _) if b.len() as u64 <= self.max_object => {
+                if let Some(disk) = &self.disk {
+                    disk.map.remove(&key);
+                }
+                self.map.insert(key, Arc::new(entry));
+            }
+            (StoredBody::Disk(b), Some(disk)) if b.len() <= disk.max_object => {
+                self.map.remove(&key);
+                disk.map.insert(key, Arc::new(entry));
+            }
+            _ => {}
         }
-        self.map.insert(key, Arc::new(entry));
     }
 
     /// The purges so far; a fill takes this when it begins.
@@ -184,7 +311,7 @@ impl Store {
         }
         self.insert(key, entry);
         if self.purges() != purges {
-            self.map.remove(&key);
+            self.remove(&key);
         }
     }
 
@@ -194,13 +321,17 @@ impl Store {
         let dropped = AtomicU64::new(0);
         // Walks each shard under its write lock: lookups on that shard wait for the walk
         // (microseconds per thousand entries), which is fine for an operator's rare purge.
-        self.map.retain(|_, entry| {
+        let keep = |_: &Key, entry: &Arc<Entry>| {
             let purged = purge.matches(&entry.target, &entry.tags);
             if purged {
                 dropped.fetch_add(1, Ordering::Relaxed);
             }
             !purged
-        });
+        };
+        self.map.retain(keep);
+        if let Some(disk) = &self.disk {
+            disk.map.retain(keep);
+        }
         let dropped = dropped.into_inner();
         self.purged.fetch_add(dropped, Ordering::Relaxed);
         dropped
@@ -213,23 +344,29 @@ impl Store {
 
     pub fn remove(&self, key: &Key) {
         self.map.remove(key);
+        if let Some(disk) = &self.disk {
+            disk.map.remove(key);
+        }
     }
 
     pub fn clear(&self) {
         self.map.clear();
+        if let Some(disk) = &self.disk {
+            disk.map.clear();
+        }
     }
 
-    /// Bytes held (heads, bodies, overhead).
+    /// Bytes of memory held (heads, bodies in memory, overhead).
     pub fn bytes(&self) -> u64 {
         self.map.weight()
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.map.len() + self.disk.as_ref().map_or(0, |d| d.map.len())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len() == 0
     }
 
     /// Entries evicted to make room, since the start.
@@ -246,7 +383,7 @@ mod tests {
         Entry {
             status: 200,
             head: Bytes::from_static(b"Content-Type: text/plain\r\n"),
-            body: Bytes::from(vec![b'x'; body]),
+            body: StoredBody::Memory(Bytes::from(vec![b'x'; body])),
             freshness: Freshness {
                 lifetime: 60,
                 initial_age: 0,
@@ -347,5 +484,58 @@ mod tests {
         assert!(store.get(&Key(1)).is_none());
         store.insert_unless_purged(store.purges(), Key(1), entry(10));
         assert!(store.get(&Key(1)).is_some());
+    }
+
+    #[test]
+    fn large_bodies_go_to_the_folder_each_tier_within_its_bound() {
+        let dir = std::env::temp_dir().join(format!("tern-store-disk-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let tier = DiskTier::open(&dir).unwrap();
+        let store = Store::new(64 * 1024, 4 * 1024).with_disk(tier, 64 * 1024, 16 * 1024);
+        let on_disk = |n: usize| {
+            let (tier, _) = store.disk().unwrap();
+            let mut spill = tier.create().unwrap();
+            spill.write(&vec![b'd'; n]).unwrap();
+            Entry {
+                body: StoredBody::Disk(Arc::new(spill.finish())),
+                ..entry(0)
+            }
+        };
+        store.insert(Key(1), on_disk(10_000));
+        store.insert(Key(2), entry(1000));
+        assert!(matches!(
+            store.get(&Key(1)).unwrap().body,
+            StoredBody::Disk(_)
+        ));
+        assert!(matches!(
+            store.get(&Key(2)).unwrap().body,
+            StoredBody::Memory(_)
+        ));
+        assert!(
+            store.bytes() < 4 * 1024,
+            "the file's bytes are not memory's"
+        );
+        assert_eq!(store.disk_bytes(), 10_000);
+        // A new answer in memory replaces the one on disk, whose file goes.
+        store.insert(Key(1), entry(100));
+        assert!(matches!(
+            store.get(&Key(1)).unwrap().body,
+            StoredBody::Memory(_)
+        ));
+        assert_eq!(store.disk_bytes(), 0);
+        // Over the folder's largest object: not kept (its file goes with it).
+        store.insert(Key(3), on_disk(16 * 1024 + 1));
+        assert!(store.get(&Key(3)).is_none());
+        // A flood: the folder's bytes stay under its size.
+        for i in 10..200u128 {
+            store.insert(Key(i), on_disk(8 * 1024));
+            assert!(store.disk_bytes() <= 64 * 1024, "{}", store.disk_bytes());
+        }
+        let held = store.len();
+        assert!(held > 2, "{held}");
+        assert_eq!(store.purge(&Purge::All) as usize, held);
+        assert_eq!((store.len(), store.disk_bytes()), (0, 0));
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -153,6 +153,8 @@ fn serve(
                 text.into(),
             ),
             "/big" => (200, "Cache-Control: max-age=60\r\n", vec![b'b'; 300 * 1024]),
+            // Over the memory tier's largest object, sent in chunks (no length up front).
+            "/chunked-big" => (200, "Cache-Control: max-age=60\r\n", vec![b'c'; 600 * 1024]),
             // Fresh for a second.
             "/held" => (200, "Cache-Control: max-age=1\r\n", text.into()),
             // Fresh for a second, then failing.
@@ -181,7 +183,7 @@ fn serve(
                 text.into(),
             ),
         };
-        let chunked = path == "/chunked";
+        let chunked = path.starts_with("/chunked");
         let mut answer = format!("HTTP/1.1 {status} X\r\n{extra}");
         if chunked {
             answer.push_str("Transfer-Encoding: chunked\r\n\r\n");
@@ -449,6 +451,44 @@ fn check_names_the_lines_of_wrong_cache_keys() {
         text.contains("line 4: stale_if_error \"later\": a duration"),
         "{text}"
     );
+    // A folder: absolute, and for bodies larger than memory keeps.
+    for (block, needle) in [
+        (
+            "disk = \"cache\"\n",
+            "line 3: disk \"cache\": an absolute path",
+        ),
+        (
+            "disk = \"/tmp/x\"\nmax_disk_object = \"1M\"\n",
+            "line 4: max_disk_object (1048576 bytes) must be larger than max_object (1048576)",
+        ),
+        (
+            "disk = \"/tmp/x\"\ndisk_size = \"4M\"\nmax_disk_object = \"2M\"\n",
+            "line 5: max_disk_object (2097152 bytes) must be at most a quarter of disk_size",
+        ),
+        (
+            "disk_size = \"1G\"\n",
+            "line 3: disk_size and max_disk_object need a disk folder",
+        ),
+        (
+            "disk = \"/tmp/x\"\ndisk_size = \"big\"\n",
+            "line 4: disk_size \"big\": a size",
+        ),
+    ] {
+        let conf = config(
+            dir.path(),
+            &app,
+            "cache = \"main\"",
+            &format!("[cache.main]\nmemory = \"64M\"\n{block}"),
+        );
+        let out = Command::new(TERN)
+            .args(["run", "--check", "--config"])
+            .arg(&conf)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{block}");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+    }
 }
 
 #[test]
@@ -530,6 +570,202 @@ fn metrics_count_lookups_bypasses_refusals_and_memory() {
 }
 
 const METRICS: &str = "\n[[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n";
+
+/// A cache whose bodies over 256 KiB go to `folder` (at most 2 MiB each, 8 MiB in all).
+fn started_with_folder(folder: &Path) -> (tempfile::TempDir, App, Tern) {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let blocks = format!(
+        "[cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\ndisk = \"{}\"\n\
+         disk_size = \"8M\"\nmax_disk_object = \"2M\"\n",
+        folder.display()
+    );
+    let conf = config(dir.path(), &app, &format!("{CACHED}{METRICS}"), &blocks);
+    (dir, app, Tern::start_run(&conf))
+}
+
+/// A GET whose answer may come chunked (a miss relayed as the app sent it).
+fn get_any(tern: &Tern, path: &str) -> Resp {
+    let mut c = tern.client();
+    c.chunked_ok = true;
+    c.get(path, &[])
+}
+
+/// The body files in a cache folder, with their lengths.
+fn body_files(folder: &Path) -> Vec<(std::path::PathBuf, u64)> {
+    let mut files: Vec<_> = std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.path(), e.metadata().unwrap().len())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn bodies_over_max_object_are_kept_in_the_cache_folder_and_sent_from_it() {
+    let folder_dir = tempfile::tempdir().unwrap();
+    let folder = folder_dir.path().join("bodies");
+    let (_dir, app, tern) = started_with_folder(&folder);
+    let big = vec![b'b'; 300 * 1024];
+    let first = tern.get("/big");
+    assert_eq!(
+        (first.status, first.header("cache-status")),
+        (200, Some("tern; fwd=miss"))
+    );
+    assert_eq!(first.body, big);
+    let files = body_files(&folder);
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(files[0].1, 300 * 1024);
+    assert!(files[0]
+        .0
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("body-"));
+    let hit = tern.get("/big");
+    assert_eq!(
+        (hit.status, hit.header("cache-status")),
+        (200, Some("tern; hit"))
+    );
+    assert_eq!(hit.body, big);
+    // A range of it, from the file.
+    let part = tern.get_with("/big", &[("Range", "bytes=1000-1099")]);
+    assert_eq!(part.status, 206);
+    assert_eq!(part.header("content-range"), Some("bytes 1000-1099/307200"));
+    assert_eq!(part.body, vec![b'b'; 100]);
+    // A body with no length up front moves to the folder when it outgrows memory's limit.
+    let chunked = get_any(&tern, "/chunked-big");
+    assert_eq!(chunked.body, vec![b'c'; 600 * 1024]);
+    let again = get_any(&tern, "/chunked-big");
+    assert_eq!(
+        (again.header("cache-status"), again.body.len()),
+        (Some("tern; hit"), 600 * 1024)
+    );
+    assert_eq!(app.asked("/big").len(), 1);
+    assert_eq!(app.asked("/chunked-big").len(), 1);
+    let page = tern.get("/metrics").text();
+    promtool_accepts("/metrics with a cache folder", &page);
+    assert_eq!(
+        series_value(&page, "tern_cache_disk_bytes{cache=\"main\"}"),
+        (900 * 1024) as f64
+    );
+    assert_eq!(
+        series_value(&page, "tern_cache_entries{cache=\"main\"}"),
+        2.0
+    );
+    assert!(
+        series_value(&page, "tern_cache_memory_bytes{cache=\"main\"}") < (64 * 1024) as f64,
+        "the bodies are not in memory"
+    );
+    // A successful POST drops the entry, and its file goes with it.
+    tern.client().request("POST", "/big", &[]);
+    assert_eq!(body_files(&folder).len(), 1);
+    let page = tern.get("/metrics").text();
+    assert_eq!(
+        series_value(&page, "tern_cache_disk_bytes{cache=\"main\"}"),
+        (600 * 1024) as f64
+    );
+}
+
+#[test]
+fn a_body_file_cut_short_is_never_sent_and_the_app_answers_instead() {
+    let folder_dir = tempfile::tempdir().unwrap();
+    let folder = folder_dir.path().join("bodies");
+    let (_dir, app, tern) = started_with_folder(&folder);
+    tern.get("/big");
+    let files = body_files(&folder);
+    assert_eq!(files.len(), 1);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&files[0].0)
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    let answer = tern.get("/big");
+    assert_eq!(
+        (answer.status, answer.header("cache-status")),
+        (200, Some("tern; fwd=miss"))
+    );
+    assert_eq!(answer.body, vec![b'b'; 300 * 1024], "the app's whole body");
+    assert_eq!(app.asked("/big").len(), 2);
+    // Stored anew, in a new file.
+    let hit = tern.get("/big");
+    assert_eq!(
+        (hit.header("cache-status"), hit.body.len()),
+        (Some("tern; hit"), 300 * 1024)
+    );
+    let page = tern.get("/metrics").text();
+    assert_eq!(
+        series_value(
+            &page,
+            "tern_cache_disk_errors_total{op=\"read\",cache=\"main\"}"
+        ),
+        1.0
+    );
+    assert_eq!(tern.log_lines("no longer holds its 307200 bytes").len(), 1);
+}
+
+#[test]
+fn a_full_cache_folder_sends_the_answer_unstored_and_counts_it() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to mount a small file system");
+        return;
+    }
+    let folder_dir = tempfile::tempdir().unwrap();
+    let folder = folder_dir.path().join("bodies");
+    std::fs::create_dir(&folder).unwrap();
+    // 400 KiB: one 300 KiB body fits, the second does not.
+    let mounted = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=400k,mode=0700",
+            "tern-test-cache",
+        ])
+        .arg(&folder)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount a tmpfs on {}", folder.display());
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&folder);
+    let (_dir, app, tern) = started_with_folder(&folder);
+    assert_eq!(tern.get("/big").body.len(), 300 * 1024);
+    assert_eq!(tern.get("/big").header("cache-status"), Some("tern; hit"));
+    // The folder is full before this one's end: it is sent whole, not stored.
+    let full = get_any(&tern, "/chunked-big");
+    assert_eq!(
+        (full.status, full.header("cache-status")),
+        (200, Some("tern; fwd=miss"))
+    );
+    assert_eq!(full.body, vec![b'c'; 600 * 1024]);
+    let again = get_any(&tern, "/chunked-big");
+    assert_eq!(again.body, vec![b'c'; 600 * 1024]);
+    assert_eq!(again.header("cache-status"), Some("tern; fwd=miss"));
+    assert_eq!(app.asked("/chunked-big").len(), 2);
+    // Nothing of the failed writes is left, and the stored body still answers.
+    assert_eq!(body_files(&folder).len(), 1);
+    assert_eq!(tern.get("/big").header("cache-status"), Some("tern; hit"));
+    let page = tern.get("/metrics").text();
+    assert_eq!(
+        series_value(
+            &page,
+            "tern_cache_disk_errors_total{op=\"write\",cache=\"main\"}"
+        ),
+        2.0
+    );
+    assert_eq!(tern.log_lines("No space left on device").len(), 2);
+}
 
 /// `n` clients, each on its own connection and thread, GET `path`; their answers once all
 /// came.

@@ -275,25 +275,45 @@ fn needs(path: &Path, loaded: &RunConfig, tls: Option<&TlsPlan>) -> Needs {
     for upstream in loaded.upstreams() {
         needs.connect_to(&upstream);
     }
+    // The caches' folders: bodies are written, sent and removed there.
+    for site in &loaded.sites {
+        for disk in site
+            .routes
+            .iter()
+            .filter_map(|r| r.cache.as_ref()?.disk.as_ref())
+        {
+            if !needs.write.contains(&disk.folder) {
+                needs.write.push(disk.folder.clone());
+                needs.give.push(tern_sandbox::Give::Folder {
+                    path: disk.folder.clone(),
+                    made_by_tern: vec![tern_cache::disk::FILE_PREFIX.to_owned()],
+                });
+            }
+        }
+    }
     for file in loaded.upstream_tls_files() {
         needs.read_file(&file);
     }
     needs
 }
 
-/// `SERVER_NAME` for a site's scripts: its first host that names one host (nginx passes its
-/// first `server_name`), never the client's `Host`. A site with none (a catch-all, or only
-/// `*.` patterns) has no name of its own: empty, as nginx passes for a server with no
-/// `server_name`, since any `Host` reaches it and so proves nothing.
 /// A proxy or PHP route's cache: its named store, shared across routes and reloads.
 fn route_cache(
     c: &config::CachePlan,
     site: &str,
     route: &str,
     workers: usize,
-) -> tern_proxy::cache::RouteCache {
-    let (store, counts) = tern_proxy::cache::shared_store(&c.name, c.memory, c.max_object, workers);
-    tern_proxy::cache::RouteCache::new(
+) -> Result<tern_proxy::cache::RouteCache, String> {
+    let shape = tern_proxy::cache::StoreShape {
+        memory: c.memory,
+        max_object: c.max_object,
+        disk: c
+            .disk
+            .as_ref()
+            .map(|d| (d.folder.clone(), d.size, d.max_object)),
+    };
+    let (store, counts) = tern_proxy::cache::shared_store(&c.name, &shape, workers)?;
+    Ok(tern_proxy::cache::RouteCache::new(
         store,
         counts,
         c.rules.clone(),
@@ -301,9 +321,13 @@ fn route_cache(
         format!("{site} {route}"),
         c.status_field,
         c.lock,
-    )
+    ))
 }
 
+/// `SERVER_NAME` for a site's scripts: its first host that names one host (nginx passes its
+/// first `server_name`), never the client's `Host`. A site with none (a catch-all, or only
+/// `*.` patterns) has no name of its own: empty, as nginx passes for a server with no
+/// `server_name`, since any `Host` reaches it and so proves nothing.
 fn server_name(hosts: &[String]) -> String {
     hosts
         .iter()
@@ -466,7 +490,7 @@ fn build_table(
                         static_files,
                     );
                     if let Some(c) = &route.cache {
-                        fastcgi = fastcgi.with_cache(route_cache(c, &site.name, &route.label, workers));
+                        fastcgi = fastcgi.with_cache(route_cache(c, &site.name, &route.label, workers)?);
                     }
                     Action::Handler(Arc::new(fastcgi))
                 }
@@ -487,7 +511,7 @@ fn build_table(
                     };
                     let mut proxy = tern_proxy::Proxy::new(group, options);
                     if let Some(c) = &route.cache {
-                        proxy = proxy.with_cache(route_cache(c, &site.name, &route.label, workers));
+                        proxy = proxy.with_cache(route_cache(c, &site.name, &route.label, workers)?);
                     }
                     let proxy: Arc<dyn Handler> = Arc::new(proxy);
                     // Inside the guard: the gate judges the path the client asked for, the

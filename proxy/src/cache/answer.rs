@@ -2,9 +2,9 @@
 //! entry, with its `Age`.
 
 use tern_cache::policy;
-use tern_cache::Entry;
+use tern_cache::{Entry, StoredBody};
 use tern_server::static_files::range::{self, RangeSpec};
-use tern_server::{Body, Method, Request, Response};
+use tern_server::{Body, FileBody, Method, Request, Response};
 
 /// The client's validators, and the range a GET asks for (with its `If-Range`).
 pub(super) struct Validators<'a> {
@@ -48,7 +48,7 @@ pub(super) fn range_of(asked: &Validators<'_>, entry: &Entry) -> Result<Option<(
             return Ok(None);
         }
     }
-    match range::parse(range, entry.body.len() as u64) {
+    match range::parse(range, entry.body.len()) {
         RangeSpec::Ignore => Ok(None),
         RangeSpec::Satisfiable { start, end } => Ok(Some((start, end))),
         RangeSpec::Unsatisfiable => Err(()),
@@ -95,17 +95,15 @@ pub(super) fn answer(
             }
             return r;
         }
-        let len = entry.body.len() as u64;
+        let len = entry.body.len();
         let mut r = match range_of(asked, entry) {
             Ok(None) => {
-                let mut r = Response::new(entry.status).with_body(Body::Shared(entry.body.clone()));
+                let mut r = Response::new(entry.status).with_body(body_of(entry, 0, len));
                 r.push_raw_headers(&entry.head);
                 r
             }
-            Ok(Some((start, end))) => {
-                let part = entry.body.slice(start as usize..end as usize + 1);
-                range::partial(&entry.head, start, end, len).with_body(Body::Shared(part))
-            }
+            Ok(Some((start, end))) => range::partial(&entry.head, start, end, len)
+                .with_body(body_of(entry, start, end + 1 - start)),
             Err(()) => range::unsatisfiable(len),
         };
         r.push_header("Age", buf.format(age).as_bytes());
@@ -113,6 +111,18 @@ pub(super) fn answer(
             r.push_header("Cache-Status", status);
         }
         r
+    }
+}
+
+/// `len` bytes of the entry's body from `start`: shared from memory, or sent from its file.
+fn body_of(entry: &Entry, start: u64, len: u64) -> Body {
+    match &entry.body {
+        StoredBody::Memory(b) => Body::Shared(b.slice(start as usize..(start + len) as usize)),
+        StoredBody::Disk(d) => Body::File(FileBody {
+            file: d.file().clone(),
+            offset: start,
+            len,
+        }),
     }
 }
 

@@ -28,11 +28,13 @@ pub enum Count {
     Revalidated,
     /// A miss that waited the lock time for another's fill, then went to the app.
     LockTimeout,
+    /// An answer not stored because a write to the cache's folder failed.
+    DiskWriteFailed,
     Bypassed(Bypass),
     Uncacheable(Uncacheable),
 }
 
-const N_PLAIN: usize = 12;
+const N_PLAIN: usize = 13;
 /// Slots in a block: the plain counts, then one per bypass and one per uncacheable reason.
 pub const N_COUNTS: usize = N_PLAIN + Bypass::ALL.len() + Uncacheable::ALL.len();
 
@@ -51,6 +53,7 @@ impl Count {
             Count::StaleUpdating => 9,
             Count::StaleError => 10,
             Count::Revalidated => 11,
+            Count::DiskWriteFailed => 12,
             Count::Bypassed(b) => N_PLAIN + b as usize,
             Count::Uncacheable(u) => N_PLAIN + Bypass::ALL.len() + u as usize,
         }

@@ -9,7 +9,8 @@ use bytes::Bytes;
 use tern_cache::policy::{self, invalidates};
 use tern_cache::purge::{is_tag_field, tags_of};
 use tern_cache::{
-    judge_answer, AnswerFacts, Entry, Field, FillMark, Key, Rules, Store, Target, Uncacheable,
+    judge_answer, AnswerFacts, Entry, Field, FillMark, Key, Rules, Spill, Store, StoredBody,
+    Target, Uncacheable,
 };
 use tern_server::{AnswerTee, Response};
 
@@ -40,10 +41,17 @@ pub(super) struct Kept {
     pub(super) status: u16,
     pub(super) head: Vec<u8>,
     pub(super) tags: Vec<Box<str>>,
-    pub(super) body: Vec<u8>,
+    pub(super) body: KeptBody,
     pub(super) freshness: tern_cache::Freshness,
     pub(super) etag: Option<Bytes>,
     pub(super) last_modified: Option<Bytes>,
+}
+
+/// The body as it comes: in memory up to the memory tier's largest object, then in a file
+/// of the cache's folder, if it has one.
+pub(super) enum KeptBody {
+    Memory(Vec<u8>),
+    Disk(Spill),
 }
 
 /// Fields of a serialised block (`Name: value\r\n` lines).
@@ -60,6 +68,50 @@ pub(super) fn fields_of(block: &[u8]) -> Vec<Field<'_>> {
 }
 
 impl Fill {
+    /// Moves the body to a file of the cache's folder with `data` after it (a body too
+    /// large for memory); false when it cannot be (no folder, over its largest object, a
+    /// failed write: counted, the entry given up, the client's answer unchanged).
+    fn spill(&mut self, data: &[u8]) -> bool {
+        let Some(kept) = self.kept.as_mut() else {
+            return false;
+        };
+        let Some((tier, _)) = self.store.disk() else {
+            self.kept = None;
+            return self.refuse(Uncacheable::TooLarge);
+        };
+        let written = tier.create().and_then(|mut spill| {
+            if let KeptBody::Memory(v) = &kept.body {
+                spill.write(v)?;
+            }
+            spill.write(data)?;
+            Ok(spill)
+        });
+        match written {
+            Ok(spill) => {
+                kept.body = KeptBody::Disk(spill);
+                true
+            }
+            Err(e) => self.disk_failed(&e),
+        }
+    }
+
+    /// A write to the cache's folder failed (full, gone, read-only): this answer is not
+    /// stored, and says so once in the log.
+    fn disk_failed(&mut self, e: &std::io::Error) -> bool {
+        self.kept = None;
+        self.counts.bump(self.worker, Count::DiskWriteFailed);
+        if let Some((tier, _)) = self.store.disk() {
+            tracing::warn!(
+                "cache folder {}: {e}: the answer is sent, not stored",
+                tier.folder().display()
+            );
+        }
+        if let Some(mark) = self.mark.as_mut() {
+            mark.not_stored();
+        }
+        false
+    }
+
     fn refuse(&mut self, why: Uncacheable) -> bool {
         self.counts.bump(self.worker, Count::Uncacheable(why));
         if let Some(mark) = self.mark.as_mut() {
@@ -108,17 +160,22 @@ impl AnswerTee for Fill {
                 .next()
                 .map(Bytes::copy_from_slice)
         };
+        let in_memory = self.store.max_object();
         self.kept = Some(Kept {
             status: head.status,
             etag: field("etag"),
             last_modified: field("last-modified"),
             head: stored,
             tags: tags_of(fields.iter().copied()),
-            body: Vec::with_capacity(
-                content_length.unwrap_or(0).min(self.rules.max_object) as usize
-            ),
+            body: KeptBody::Memory(Vec::with_capacity(
+                content_length.unwrap_or(0).min(in_memory) as usize,
+            )),
             freshness,
         });
+        // A body announced too large for memory goes to the folder from its first byte.
+        if content_length.is_some_and(|n| n > in_memory) {
+            return self.spill(&[]);
+        }
         true
     }
 
@@ -126,12 +183,26 @@ impl AnswerTee for Fill {
         let Some(kept) = self.kept.as_mut() else {
             return false;
         };
-        if (kept.body.len() + data.len()) as u64 > self.rules.max_object {
+        let len = match &kept.body {
+            KeptBody::Memory(v) => v.len() as u64,
+            KeptBody::Disk(spill) => spill.len(),
+        };
+        // (rules.max_object is the largest object of either tier.)
+        if len + data.len() as u64 > self.rules.max_object {
             self.kept = None;
             return self.refuse(Uncacheable::TooLarge);
         }
-        kept.body.extend_from_slice(data);
-        true
+        match &mut kept.body {
+            KeptBody::Memory(v) if len + data.len() as u64 <= self.store.max_object() => {
+                v.extend_from_slice(data);
+                true
+            }
+            KeptBody::Memory(_) => self.spill(data),
+            KeptBody::Disk(spill) => match spill.write(data) {
+                Ok(()) => true,
+                Err(e) => self.disk_failed(&e),
+            },
+        }
     }
 
     fn not_modified(
@@ -188,7 +259,10 @@ impl AnswerTee for Fill {
             Entry {
                 status: kept.status,
                 head: Bytes::from(kept.head),
-                body: Bytes::from(kept.body),
+                body: match kept.body {
+                    KeptBody::Memory(v) => StoredBody::Memory(Bytes::from(v)),
+                    KeptBody::Disk(spill) => StoredBody::Disk(Arc::new(spill.finish())),
+                },
                 freshness: kept.freshness,
                 etag: kept.etag,
                 last_modified: kept.last_modified,
@@ -248,7 +322,7 @@ impl Fill {
         let facts = AnswerFacts {
             status: old.status,
             fields: &fields,
-            content_length: Some(old.body.len() as u64),
+            content_length: Some(old.body.len()),
             authorized: self.authorized,
             now,
         };

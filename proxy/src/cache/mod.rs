@@ -47,7 +47,7 @@ use tern_server::{
 use wait::{StaleOnError, Waiter};
 
 pub use counts::{Count, Counts, N_COUNTS};
-pub use registry::{purge, shared_store};
+pub use registry::{purge, shared_store, StoreShape};
 pub use wait::WAIT_POLL_MS;
 
 /// A route's cache: the store it uses (shared by name) and its rules.

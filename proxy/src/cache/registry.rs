@@ -2,10 +2,11 @@
 //! kept across reloads; purges and /metrics read them here.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::counts::{Count, Counts};
-use tern_cache::{Bypass, Keyer, Purge, Store, Uncacheable};
+use tern_cache::{Bypass, DiskTier, Keyer, Purge, Store, Uncacheable};
 
 /// The process's key secret: drawn once, kept across reloads (so entries stay valid).
 pub(super) fn keyer() -> &'static Keyer {
@@ -13,9 +14,18 @@ pub(super) fn keyer() -> &'static Keyer {
     KEYER.get_or_init(Keyer::new)
 }
 
-type Named = HashMap<String, (u64, Arc<Store>, Arc<Counts>)>;
+/// A cache's sizes and folder: its store is kept across a reload while these stay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreShape {
+    pub memory: u64,
+    pub max_object: u64,
+    /// The folder for bodies over `max_object`, its size and its largest body.
+    pub disk: Option<(PathBuf, u64, u64)>,
+}
 
-pub(super) fn named() -> std::sync::MutexGuard<'static, Named> {
+type Named = HashMap<String, (StoreShape, Arc<Store>, Arc<Counts>)>;
+
+fn named() -> std::sync::MutexGuard<'static, Named> {
     static STORES: OnceLock<Mutex<Named>> = OnceLock::new();
     STORES
         .get_or_init(|| {
@@ -26,26 +36,33 @@ pub(super) fn named() -> std::sync::MutexGuard<'static, Named> {
         .unwrap_or_else(|e| e.into_inner())
 }
 
-/// A named cache and its counts: the same across reloads while its sizes stay the same
-/// (`workers`: the server's, which a reload does not change).
+/// A named cache and its counts: the same across reloads while its shape stays the same
+/// (`workers`: the server's, which a reload does not change). A folder that cannot be made
+/// or cleared is an error.
 pub fn shared_store(
     name: &str,
-    memory: u64,
-    max_object: u64,
+    shape: &StoreShape,
     workers: usize,
-) -> (Arc<Store>, Arc<Counts>) {
+) -> Result<(Arc<Store>, Arc<Counts>), String> {
     let mut stores = named();
-    match stores.get(name) {
-        Some((m, store, counts)) if *m == memory && store.max_object() == max_object => {
-            (store.clone(), counts.clone())
-        }
-        _ => {
-            let store = Arc::new(Store::new(memory, max_object));
-            let counts = Arc::new(Counts::new(workers));
-            stores.insert(name.to_owned(), (memory, store.clone(), counts.clone()));
-            (store, counts)
+    if let Some((kept, store, counts)) = stores.get(name) {
+        if kept == shape {
+            return Ok((store.clone(), counts.clone()));
         }
     }
+    let mut store = Store::new(shape.memory, shape.max_object);
+    if let Some((folder, size, max_object)) = &shape.disk {
+        let tier = DiskTier::open(folder)
+            .map_err(|e| format!("cache {name:?}: folder {}: {e}", folder.display()))?;
+        store = store.with_disk(tier, *size, *max_object);
+    }
+    let store = Arc::new(store);
+    let counts = Arc::new(Counts::new(workers));
+    stores.insert(
+        name.to_owned(),
+        (shape.clone(), store.clone(), counts.clone()),
+    );
+    Ok((store, counts))
 }
 
 /// Drops what `purge` names from the cache called `name`, or from every cache; how many
@@ -217,6 +234,29 @@ pub(super) fn metrics() -> Vec<tern_services::metrics::Metric> {
             "bytes the entries take (heads, bodies, overhead)",
             s.bytes() as f64,
         )]
+    });
+    each(&|s, c| {
+        const DISK_ERRORS: &str = "failures of the cache's folder, by operation: a write (the \
+                                   answer sent, not stored), a read (a file cut short: its entry \
+                                   dropped, the request sent to the app)";
+        let mut out = vec![
+            Metric::counter(
+                "cache_disk_errors",
+                DISK_ERRORS,
+                c.total(Count::DiskWriteFailed),
+            )
+            .with_label("op", "write"),
+            Metric::counter("cache_disk_errors", DISK_ERRORS, s.damaged_files())
+                .with_label("op", "read"),
+        ];
+        if s.disk().is_some() {
+            out.push(Metric::gauge(
+                "cache_disk_bytes",
+                "bytes of bodies in the cache's folder (being written, and dropped but still being sent, included)",
+                s.disk_bytes() as f64,
+            ));
+        }
+        out
     });
     each(&|s, _| {
         vec![Metric::gauge(

@@ -54,6 +54,19 @@ pub(super) struct CacheBlock {
     /// `stale-if-error` may give longer).
     pub(super) stale_while_updating: Option<Spanned<String>>,
     pub(super) stale_if_error: Option<Spanned<String>>,
+    /// A folder of the cache's own for bodies over `max_object` (sent with `sendfile`), at
+    /// most `disk_size` bytes of them, each at most `max_disk_object`.
+    pub(super) disk: Option<Spanned<String>>,
+    pub(super) disk_size: Option<Spanned<String>>,
+    pub(super) max_disk_object: Option<Spanned<String>>,
+}
+
+/// A cache's folder, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskPlan {
+    pub folder: std::path::PathBuf,
+    pub size: u64,
+    pub max_object: u64,
 }
 
 /// A route's cache, checked.
@@ -66,10 +79,12 @@ pub struct CachePlan {
     pub status_field: bool,
     /// See [`CacheBlock::lock`].
     pub lock: std::time::Duration,
+    pub disk: Option<DiskPlan>,
 }
 
 const DEFAULT_MEMORY: u64 = 64 << 20;
 const DEFAULT_MAX_OBJECT: u64 = 1 << 20;
+const DEFAULT_DISK_SIZE: u64 = 1 << 30;
 /// nginx's `proxy_cache_lock_timeout`.
 const DEFAULT_LOCK: std::time::Duration = std::time::Duration::from_secs(5);
 /// A wait longer than this is a mistake: the app's first-byte timeout is the bound that
@@ -121,6 +136,7 @@ pub(super) fn check_cache(
     let (mut memory, mut max_object) = (DEFAULT_MEMORY, DEFAULT_MAX_OBJECT);
     let mut lock = DEFAULT_LOCK;
     let (mut stale_while_updating, mut stale_if_error) = (0, 0);
+    let mut disk = None;
     match file
         .cache
         .as_ref()
@@ -184,6 +200,7 @@ pub(super) fn check_cache(
                     }
                 }
             }
+            disk = check_disk(block, max_object, p, &mut ok);
             if max_object > memory / 4 {
                 let at = block
                     .max_object
@@ -196,7 +213,10 @@ pub(super) fn check_cache(
         }
     }
     let mut rules = tern_cache::Rules {
-        max_object,
+        // The largest object either tier keeps.
+        max_object: disk
+            .as_ref()
+            .map_or(max_object, |d: &DiskPlan| d.max_object),
         stale_while_updating,
         stale_if_error,
         ..tern_cache::Rules::default()
@@ -284,6 +304,76 @@ pub(super) fn check_cache(
         rules,
         status_field,
         lock,
+        disk,
+    })
+}
+
+/// A `[cache.NAME]` block's folder, if it names one.
+fn check_disk(
+    block: &CacheBlock,
+    max_object: u64,
+    p: &mut Problems<'_>,
+    ok: &mut bool,
+) -> Option<DiskPlan> {
+    let Some(folder) = &block.disk else {
+        for v in [&block.disk_size, &block.max_disk_object]
+            .into_iter()
+            .flatten()
+        {
+            p.at(
+                v.span().start,
+                "disk_size and max_disk_object need a disk folder",
+            );
+            *ok = false;
+        }
+        return None;
+    };
+    let path = std::path::PathBuf::from(folder.get_ref());
+    if !path.is_absolute() {
+        p.at(
+            folder.span().start,
+            format!(
+                "disk {:?}: an absolute path, a folder of the cache's own",
+                folder.get_ref()
+            ),
+        );
+        *ok = false;
+    }
+    let mut read = |v: &Option<Spanned<String>>, what: &str, default: u64| match v {
+        None => Some(default),
+        Some(v) => match size(v.get_ref()) {
+            Some(n) if n > 0 => Some(n),
+            _ => {
+                p.at(
+                    v.span().start,
+                    format!("{what} {:?}: a size such as \"1G\"", v.get_ref()),
+                );
+                *ok = false;
+                None
+            }
+        },
+    };
+    let size = read(&block.disk_size, "disk_size", DEFAULT_DISK_SIZE)?;
+    let max_disk_object = read(&block.max_disk_object, "max_disk_object", size / 4)?;
+    let at = block
+        .max_disk_object
+        .as_ref()
+        .or(block.disk_size.as_ref())
+        .unwrap_or(folder)
+        .span()
+        .start;
+    if max_disk_object > size / 4 {
+        p.at(at, format!("max_disk_object ({max_disk_object} bytes) must be at most a quarter of disk_size ({size})"));
+        *ok = false;
+    }
+    if max_disk_object <= max_object {
+        p.at(at, format!("max_disk_object ({max_disk_object} bytes) must be larger than max_object ({max_object}): the folder keeps the bodies memory does not"));
+        *ok = false;
+    }
+    Some(DiskPlan {
+        folder: path,
+        size,
+        max_object: max_disk_object,
     })
 }
 
