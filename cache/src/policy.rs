@@ -113,6 +113,11 @@ pub struct Rules {
     /// `proxy-revalidate` or `s-maxage` (§4.2.4).
     pub stale_while_updating: u64,
     pub stale_if_error: u64,
+    /// The route's `valid` lifetimes replace what the answer says of its own (nginx's
+    /// `proxy_ignore_headers Cache-Control Expires`): its `Cache-Control` (`no-store`,
+    /// `private` and `no-cache` included) and `Expires` are not read. `Set-Cookie`, `Vary: *`,
+    /// ranges, credentials and sizes still keep an answer out.
+    pub override_headers: bool,
 }
 
 impl Default for Rules {
@@ -126,6 +131,7 @@ impl Default for Rules {
             max_object: 1 << 20,
             stale_while_updating: 0,
             stale_if_error: 0,
+            override_headers: false,
         }
     }
 }
@@ -484,7 +490,10 @@ pub struct AnswerFacts<'a> {
 /// Whether an answer may be stored, and its freshness if so.
 pub fn judge_answer(rules: &Rules, answer: &AnswerFacts<'_>) -> Result<Freshness, Uncacheable> {
     let fields = answer.fields;
-    let d = directives(fields);
+    let d = match rules.override_headers {
+        true => Directives::default(),
+        false => directives(fields),
+    };
     if d.no_store {
         return Err(Uncacheable::NoStore);
     }
@@ -494,7 +503,10 @@ pub fn judge_answer(rules: &Rules, answer: &AnswerFacts<'_>) -> Result<Freshness
     if answer.status == 206 || has(fields, "content-range") {
         return Err(Uncacheable::Partial);
     }
-    let explicit = explicit_lifetime(&d, fields, answer.now);
+    let explicit = match rules.override_headers {
+        true => None,
+        false => explicit_lifetime(&d, fields, answer.now),
+    };
     let storable = STORABLE.contains(&answer.status)
         || STORABLE_IF_EXPLICIT.contains(&answer.status) && explicit.is_some();
     if !storable {
@@ -1037,5 +1049,55 @@ mod tests {
     fn unsafe_successes_invalidate() {
         assert!(invalidates(200) && invalidates(303) && invalidates(204));
         assert!(!invalidates(404) && !invalidates(500));
+    }
+
+    #[test]
+    fn an_override_takes_the_routes_lifetimes_over_the_answers_own() {
+        let rules = Rules {
+            valid: vec![(200, 300)],
+            override_headers: true,
+            ..Rules::default()
+        };
+        // PHP's session_cache_limiter("nocache"), WordPress's logged-out pages.
+        let php = [
+            ("cache-control", "no-store, no-cache, must-revalidate"),
+            ("pragma", "no-cache"),
+            ("expires", "Thu, 19 Nov 1981 08:52:00 GMT"),
+        ];
+        let f = answer(&rules, 200, &php).unwrap();
+        assert_eq!((f.lifetime, f.no_stale), (300, false));
+        assert_eq!(
+            answer(&rules, 200, &[("cache-control", "private, max-age=9")])
+                .unwrap()
+                .lifetime,
+            300
+        );
+        assert_eq!(
+            answer(&rules, 200, &[("cache-control", "max-age=9999")])
+                .unwrap()
+                .lifetime,
+            300
+        );
+        // What still keeps an answer out.
+        assert_eq!(
+            answer(&rules, 200, &[("set-cookie", "s=1")]),
+            Err(Uncacheable::SetCookie)
+        );
+        assert_eq!(
+            answer(&rules, 200, &[("vary", "*")]),
+            Err(Uncacheable::VaryStar)
+        );
+        assert_eq!(
+            answer(&rules, 404, &php),
+            Err(Uncacheable::NoFreshness),
+            "no lifetime for 404"
+        );
+        assert_eq!(answer(&rules, 500, &[]), Err(Uncacheable::Status));
+        // Without the override the same answer is refused.
+        let plain = Rules {
+            override_headers: false,
+            ..rules
+        };
+        assert_eq!(answer(&plain, 200, &php), Err(Uncacheable::NoStore));
     }
 }

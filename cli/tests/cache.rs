@@ -140,6 +140,13 @@ fn serve(
             ),
             "/error" => (500, "Cache-Control: public, max-age=60\r\n", text.into()),
             "/plain" => (200, "", text.into()),
+            // PHP's session_cache_limiter("nocache").
+            "/nocache" => (
+                200,
+                "Cache-Control: no-store, no-cache, must-revalidate\r\nPragma: no-cache\r\n\
+                 Expires: Thu, 19 Nov 1981 08:52:00 GMT\r\n",
+                text.into(),
+            ),
             // Made 50 s ago by the upstream's clock: 10 s of its minute left.
             "/dated" => (
                 200,
@@ -385,6 +392,40 @@ fn credentials_bypass_the_cache_and_unkeyed_fields_never_reach_the_app() {
 }
 
 #[test]
+fn cache_override_keeps_what_the_app_says_not_to_for_the_routes_lifetime() {
+    let (_dir, app, tern) = started(&format!(
+        "{CACHED}\ncache_valid = {{ \"200\" = \"1m\" }}\ncache_override = true"
+    ));
+    let first = tern.get("/nocache");
+    assert_eq!(first.header("cache-status"), Some("tern; fwd=miss"));
+    let hit = tern.get("/nocache");
+    assert_eq!(hit.header("cache-status"), Some("tern; hit"));
+    assert_eq!(hit.body, first.body);
+    // The app's fields go out as it sent them; only the cache reads them differently.
+    assert_eq!(
+        hit.header("cache-control"),
+        Some("no-store, no-cache, must-revalidate")
+    );
+    // Set-Cookie still keeps an answer out, and a cookie still goes past.
+    tern.get("/cookie");
+    assert_eq!(
+        tern.get("/cookie").header("cache-status"),
+        Some("tern; fwd=miss")
+    );
+    let past = tern.get_with("/nocache", &[("Cookie", "session=1")]);
+    assert_eq!(past.header("cache-status"), Some("tern; fwd=bypass"));
+    assert_eq!(app.asked("/nocache").len(), 2);
+    // Without the override the same page is never stored.
+    let (_dir, app, tern) = started(&format!("{CACHED}\ncache_valid = {{ \"200\" = \"1m\" }}"));
+    tern.get("/nocache");
+    assert_eq!(
+        tern.get("/nocache").header("cache-status"),
+        Some("tern; fwd=miss")
+    );
+    assert_eq!(app.asked("/nocache").len(), 2);
+}
+
+#[test]
 fn a_successful_post_drops_its_target() {
     let (_dir, app, tern) = started(CACHED);
     assert!(tern.get("/doc").text().contains("#1"));
@@ -489,6 +530,18 @@ fn check_names_the_lines_of_wrong_cache_keys() {
         let text = String::from_utf8_lossy(&out.stderr);
         assert!(text.contains(needle), "{needle:?} not in:\n{text}");
     }
+    let conf = config(dir.path(), &app, "cache = true\ncache_override = true", "");
+    let out = Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        text.contains("line 11: cache_override needs cache_valid"),
+        "{text}"
+    );
 }
 
 #[test]

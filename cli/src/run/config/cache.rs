@@ -22,6 +22,7 @@ pub(super) const KEYS: &[KindKey] = kind_keys![
     cache_ignore_cookies,
     cache_authorized,
     cache_status,
+    cache_override,
 ];
 
 /// `cache = true` or `cache = "NAME"`.
@@ -296,6 +297,16 @@ pub(super) fn check_cache(
         .cache_authorized
         .as_ref()
         .is_some_and(|v| *v.get_ref());
+    if let Some(o) = &route.cache_override {
+        rules.override_headers = *o.get_ref();
+        if rules.override_headers && rules.valid.is_empty() {
+            p.at(
+                o.span().start,
+                "cache_override needs cache_valid: its lifetimes replace the answers' own",
+            );
+            ok = false;
+        }
+    }
     let status_field = route.cache_status.as_ref().is_some_and(|v| *v.get_ref());
     ok.then_some(CachePlan {
         name,

@@ -110,6 +110,8 @@ pub(super) struct RouteFile {
     pub(super) cache_ignore_cookies: Option<Spanned<Vec<String>>>,
     pub(super) cache_authorized: Option<Spanned<bool>>,
     pub(super) cache_status: Option<Spanned<bool>>,
+    /// `cache_valid` replaces the answers' own `Cache-Control` and `Expires`.
+    pub(super) cache_override: Option<Spanned<bool>>,
     /// With `static`: `*.php` scripts under the root run on these FastCGI servers (PHP-FPM).
     pub(super) fastcgi: Option<Spanned<Servers>>,
     /// What a folder's path runs: file names in order, and last maybe the front controller
