@@ -426,6 +426,73 @@ fn cache_override_keeps_what_the_app_says_not_to_for_the_routes_lifetime() {
 }
 
 #[test]
+fn the_access_log_says_what_the_cache_made_of_each_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let log = dir.path().join("access.log");
+    let conf = config(
+        dir.path(),
+        &app,
+        &format!("{CACHED}{METRICS}"),
+        &format!(
+            "access_log = \"{}\"\naccess_log_format = \"json\"\n\
+             [cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\n",
+            log.display()
+        ),
+    );
+    let tern = Tern::start_run(&conf);
+    tern.get("/page");
+    tern.get("/page");
+    tern.get_with("/page", &[("Cookie", "session=1")]);
+    tern.get_with("/page", &[("If-None-Match", "\"v1\"")]);
+    tern.get("/validated");
+    until_stale();
+    let refreshed = tern.get("/validated");
+    assert_eq!(
+        refreshed.header("cache-status"),
+        Some("tern; fwd=stale; fwd-status=304")
+    );
+    tern.get("/metrics");
+    let mut lines = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            lines = std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .collect();
+            lines.len() >= 7
+        }),
+        "{} lines",
+        lines.len()
+    );
+    let seen: Vec<(String, u64, Option<&str>)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["target"].as_str().unwrap().to_owned(),
+                l["status"].as_u64().unwrap(),
+                l.get("cache").map(|c| c.as_str().unwrap()),
+            )
+        })
+        .collect();
+    let want = [
+        ("/page", 200, Some("MISS")),
+        ("/page", 200, Some("HIT")),
+        ("/page", 200, Some("BYPASS")),
+        ("/page", 304, Some("HIT")),
+        ("/validated", 200, Some("MISS")),
+        ("/validated", 200, Some("REVALIDATED")),
+        ("/metrics", 200, None),
+    ];
+    let want: Vec<(String, u64, Option<&str>)> = want
+        .iter()
+        .map(|(t, s, c)| (t.to_string(), *s, *c))
+        .collect();
+    assert_eq!(seen, want);
+}
+
+#[test]
 fn a_successful_post_drops_its_target() {
     let (_dir, app, tern) = started(CACHED);
     assert!(tern.get("/doc").text().contains("#1"));

@@ -60,6 +60,9 @@ pub struct Response {
     pub body: Body,
     /// Close the connection after this response.
     pub close: bool,
+    /// What a shared cache made of the request (nginx's `$upstream_cache_status`: `HIT`,
+    /// `MISS`, `BYPASS`, `EXPIRED`, `STALE`, `UPDATING`, `REVALIDATED`), for the access log.
+    pub cache_outcome: Option<&'static str>,
 }
 
 impl Response {
@@ -69,6 +72,7 @@ impl Response {
             headers: Vec::new(),
             body: Body::Empty,
             close: false,
+            cache_outcome: None,
         }
     }
 

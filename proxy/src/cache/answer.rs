@@ -58,12 +58,13 @@ pub(super) fn range_of(asked: &Validators<'_>, entry: &Entry) -> Result<Option<(
 /// A fresh entry's answer: its head as stored, `Age` from the worker's clock, its body
 /// shared (a HEAD gets the same head; the connection leaves the body out); 304 when the
 /// client's validators match (`not_modified` is told). `status`: its `Cache-Status`, if the
-/// route writes it.
+/// route writes it; `outcome`: what the access log says of it.
 pub(super) fn answer(
     asked: &Validators<'_>,
     entry: &Entry,
     now: u64,
     status: Option<&[u8]>,
+    outcome: &'static str,
     not_modified_counted: impl FnOnce(),
 ) -> Response {
     {
@@ -93,6 +94,7 @@ pub(super) fn answer(
             if let Some(status) = status {
                 r.push_header("Cache-Status", status);
             }
+            r.cache_outcome = Some(outcome);
             return r;
         }
         let len = entry.body.len();
@@ -110,6 +112,7 @@ pub(super) fn answer(
         if let Some(status) = status {
             r.push_header("Cache-Status", status);
         }
+        r.cache_outcome = Some(outcome);
         r
     }
 }

@@ -228,9 +228,9 @@ impl AnswerTee for Fill {
             if let Some(mark) = self.mark.as_mut() {
                 mark.not_stored();
             }
-            return Some(answer(&none, &old, unix_secs, status, || {}));
+            return Some(answer(&none, &old, unix_secs, status, "REVALIDATED", || {}));
         };
-        let r = answer(&none, &entry, unix_secs, status, || {});
+        let r = answer(&none, &entry, unix_secs, status, "REVALIDATED", || {});
         self.counts.bump(self.worker, Count::Stored);
         self.store
             .insert_unless_purged(self.purges, self.key, entry);

@@ -160,10 +160,11 @@ impl RouteCache {
             route,
             status_field,
             app_edits: {
-                let edit = |value: &'static [u8]| -> ResponseEdit {
+                let edit = |value: &'static [u8], outcome: &'static str| -> ResponseEdit {
                     Arc::new(move |r: &mut Response| {
                         r.remove_header("Cache-Tag");
                         r.remove_header("Surrogate-Key");
+                        r.cache_outcome.get_or_insert(outcome);
                         // Not over the one an answer from the cache carries (a waiter's, a
                         // stale one in place of a failure), which the relay edits as the app's.
                         if status_field && !has_own_status(r) {
@@ -172,9 +173,9 @@ impl RouteCache {
                     })
                 };
                 (
-                    edit(b"tern; fwd=miss"),
-                    edit(b"tern; fwd=bypass"),
-                    edit(b"tern; fwd=stale"),
+                    edit(b"tern; fwd=miss", "MISS"),
+                    edit(b"tern; fwd=bypass", "BYPASS"),
+                    edit(b"tern; fwd=stale", "EXPIRED"),
                 )
             },
             counts,
@@ -439,7 +440,7 @@ impl RouteCache {
     fn answer(&self, req: &Request<'_>, entry: &Entry, now: u64, worker: usize) -> Response {
         let asked = Validators::of(req);
         let status = self.status_field.then_some(&b"tern; hit"[..]);
-        answer(&asked, entry, now, status, || {
+        answer(&asked, entry, now, status, "HIT", || {
             self.counts.bump(worker, Count::NotModified)
         })
     }
@@ -470,7 +471,7 @@ impl RouteCache {
     fn answer_stale(&self, req: &Request<'_>, entry: &Entry, now: u64, worker: usize) -> Response {
         let asked = Validators::of(req);
         let status = self.status_field.then_some(&b"tern; hit; detail=stale"[..]);
-        answer(&asked, entry, now, status, || {
+        answer(&asked, entry, now, status, "UPDATING", || {
             self.counts.bump(worker, Count::NotModified)
         })
     }

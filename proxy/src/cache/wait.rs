@@ -59,7 +59,7 @@ impl Hold for Waiter {
                     .status_field
                     .then_some(&b"tern; hit; detail=coalesced"[..]);
                 let counts = &self.fill.counts;
-                HoldStep::Answer(answer(&asked, &entry, unix_secs, status, || {
+                HoldStep::Answer(answer(&asked, &entry, unix_secs, status, "HIT", || {
                     counts.bump(worker, Count::NotModified)
                 }))
             }
@@ -109,8 +109,13 @@ impl Fallback for StaleOnError {
         let status = self
             .status_field
             .then_some(&b"tern; fwd=stale; detail=stale-if-error"[..]);
-        Some(answer(&asked, &self.entry, unix_secs, status, || {
-            counts.bump(worker, Count::NotModified)
-        }))
+        Some(answer(
+            &asked,
+            &self.entry,
+            unix_secs,
+            status,
+            "STALE",
+            || counts.bump(worker, Count::NotModified),
+        ))
     }
 }

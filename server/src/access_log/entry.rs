@@ -20,6 +20,8 @@ pub(crate) struct LogEntry<'a> {
     pub request: Option<LogRequest<'a>>,
     /// Set by the handler when the request's site gives ids (`X-Request-Id`).
     pub request_id: Option<RequestId>,
+    /// What a shared cache made of it ([`crate::Response::cache_outcome`]), on cached routes.
+    pub cache: Option<&'static str>,
 }
 
 #[derive(Clone, Copy)]
@@ -41,6 +43,7 @@ impl<'a> LogEntry<'a> {
             start_us,
             request: None,
             request_id: None,
+            cache: None,
         }
     }
 }
@@ -53,6 +56,8 @@ pub(crate) struct SavedEntry {
     start_us: u64,
     version: Version,
     request_id: Option<RequestId>,
+    /// Set by the relay from the answer it sends (see [`LogEntry::cache`]).
+    pub cache: Option<&'static str>,
     text: Vec<u8>,
     /// Method, target, host, referer, user agent: ranges of `text`.
     fields: [Option<(u32, u32)>; 5],
@@ -83,6 +88,7 @@ impl SavedEntry {
             start_us: e.start_us,
             version: r.version,
             request_id: e.request_id,
+            cache: e.cache,
             text,
             fields,
         }))
@@ -104,6 +110,7 @@ impl SavedEntry {
                 user_agent: field(4),
             }),
             request_id: self.request_id,
+            cache: self.cache,
         }
     }
 }

@@ -268,6 +268,7 @@ impl LogBuffer {
                 user_agent: head.user_agent,
             }),
             request_id: None,
+            cache: None,
         }
     }
 

@@ -166,13 +166,17 @@ fn answer_with(
         Some(Refusal::BadPath) => cx.stats.bad_request(RequestError::BadPath),
         None => {}
     }
-    if let Some(entry) = ran.entry {
+    let mut entry = ran.entry;
+    if let Some(entry) = entry.as_deref_mut() {
         entry.target = hcx.log;
         entry.request_id = hcx.request_id;
     }
     let choice = hcx.compress.take().map(|policy| Choice::new(policy, head));
     match result {
         Ok(Reply::Now(mut response)) => {
+            if let Some(entry) = entry {
+                entry.cache = response.cache_outcome;
+            }
             if let Some(choice) = &choice {
                 compression::fixed(&mut response, choice, cx.stats);
             }

@@ -257,6 +257,9 @@ impl Relay {
         if let Some(edit) = &self.fwd.edit {
             edit(&mut r);
         }
+        if let Some(log) = self.log.as_mut() {
+            log.cache = r.cache_outcome;
+        }
         let (content_length, body) = match head.body {
             ResponseBody::None => {
                 // A HEAD answer keeps the length the GET would have had.

@@ -152,6 +152,9 @@ impl Relay {
         self.close_client |= self.client_body.is_some();
         self.status = r.status;
         self.head_sent = true;
+        if let Some(log) = self.log.as_mut() {
+            log.cache = r.cache_outcome;
+        }
         sink.whole(r, self.tally, self.close_client, self.log.take(), cx);
         self.handed_back(cx);
     }
