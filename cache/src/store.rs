@@ -29,6 +29,7 @@ use quick_cache::sync::Cache;
 use quick_cache::{Lifecycle, OptionsBuilder, Weighter};
 
 use crate::disk::{DiskBody, DiskTier};
+use crate::encoded::{Copies, CopyBudget};
 use crate::flight::Flights;
 use crate::key::Key;
 use crate::policy::Freshness;
@@ -52,6 +53,8 @@ pub struct Entry {
     /// What it was stored for, and the app's tags: what a purge names it by.
     pub target: Arc<Target>,
     pub tags: Arc<[Box<str>]>,
+    /// Its body compressed, per coding, as hits asked (a memory body's only).
+    pub copies: Arc<Copies>,
 }
 
 /// Where an entry's body is.
@@ -188,6 +191,8 @@ impl Lifecycle<Key, Arc<Entry>> for CountEvictions {
 /// One named cache's entries (`[cache.NAME]`): shared by the routes that use it.
 pub struct Store {
     map: Map<ByBytes>,
+    /// The share of `memory` that entries' compressed copies may take.
+    copies: Arc<CopyBudget>,
     disk: Option<DiskStore>,
     evictions: Arc<AtomicU64>,
     max_object: u64,
@@ -203,8 +208,16 @@ impl Store {
     /// A store of at most `memory` bytes, whose largest entry body is `max_object`.
     pub fn new(memory: u64, max_object: u64) -> Store {
         let evictions = Arc::new(AtomicU64::new(0));
+        // An eighth of the memory for compressed copies, the rest for entries.
+        let copies = memory / 8;
         Store {
-            map: map(memory, max_object + ENTRY_OVERHEAD, ByBytes, &evictions),
+            map: map(
+                memory - copies,
+                max_object + ENTRY_OVERHEAD,
+                ByBytes,
+                &evictions,
+            ),
+            copies: CopyBudget::new(copies),
             disk: None,
             evictions,
             max_object,
@@ -285,10 +298,14 @@ impl Store {
                 if let Some(disk) = &self.disk {
                     disk.map.remove(&key);
                 }
+                entry.copies.charge_to(&self.copies);
+                // Removed first: quick_cache reports a replaced value as an eviction.
+                self.map.remove(&key);
                 self.map.insert(key, Arc::new(entry));
             }
             (StoredBody::Disk(b), Some(disk)) if b.len() <= disk.max_object => {
                 self.map.remove(&key);
+                disk.map.remove(&key);
                 disk.map.insert(key, Arc::new(entry));
             }
             _ => {}
@@ -356,9 +373,9 @@ impl Store {
         }
     }
 
-    /// Bytes of memory held (heads, bodies in memory, overhead).
+    /// Bytes of memory held (heads, bodies in memory, overhead, compressed copies).
     pub fn bytes(&self) -> u64 {
-        self.map.weight()
+        self.map.weight() + self.copies.used()
     }
 
     pub fn len(&self) -> usize {
@@ -396,6 +413,7 @@ mod tests {
             last_modified: None,
             target: Arc::new(Target::new(b"example.com", "/", None)),
             tags: Arc::new([]),
+            copies: Arc::default(),
         }
     }
 
@@ -537,5 +555,14 @@ mod tests {
         assert_eq!((store.len(), store.disk_bytes()), (0, 0));
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_replaced_entry_is_not_counted_as_an_eviction() {
+        let store = Store::new(1 << 20, 16 * 1024);
+        for _ in 0..10 {
+            store.insert(Key(1), entry(100));
+        }
+        assert_eq!((store.len(), store.evictions()), (1, 0));
     }
 }

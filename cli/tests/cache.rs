@@ -160,6 +160,12 @@ fn serve(
                 text.into(),
             ),
             "/big" => (200, "Cache-Control: max-age=60\r\n", vec![b'b'; 300 * 1024]),
+            // A page worth compressing.
+            "/article" => (
+                200,
+                "Cache-Control: max-age=60\r\nContent-Type: text/html\r\n",
+                "<p>words words words</p>\n".repeat(200).into_bytes(),
+            ),
             // Over the memory tier's largest object, sent in chunks (no length up front).
             "/chunked-big" => (200, "Cache-Control: max-age=60\r\n", vec![b'c'; 600 * 1024]),
             // Fresh for a second.
@@ -490,6 +496,51 @@ fn the_access_log_says_what_the_cache_made_of_each_request() {
         .map(|(t, s, c)| (t.to_string(), *s, *c))
         .collect();
     assert_eq!(seen, want);
+}
+
+#[test]
+fn a_hit_is_compressed_once_per_coding_and_the_copy_kept_in_the_caches_memory() {
+    let (_dir, app, tern) = started(&format!("{CACHED}\ncompress = [\"gzip\", \"br\"]{METRICS}"));
+    let memory = || {
+        let page = tern.get("/metrics").text();
+        series_value(&page, "tern_cache_memory_bytes{cache=\"main\"}")
+    };
+    let plain = tern.get("/article");
+    assert_eq!(plain.header("content-encoding"), None);
+    let stored = memory();
+    let gzip = [("Accept-Encoding", "gzip")];
+    let first = tern.get_with("/article", &gzip);
+    assert_eq!(
+        (
+            first.header("content-encoding"),
+            first.header("cache-status")
+        ),
+        (Some("gzip"), Some("tern; hit"))
+    );
+    assert_eq!(first.header("vary"), Some("Accept-Encoding"));
+    let mut back = Vec::new();
+    flate2::read::GzDecoder::new(&first.body[..])
+        .read_to_end(&mut back)
+        .unwrap();
+    assert_eq!(back, plain.body);
+    let with_gzip = memory();
+    assert!(
+        with_gzip > stored && with_gzip < stored + plain.body.len() as f64,
+        "the gzip copy is kept: {stored} -> {with_gzip}"
+    );
+    // The next gzip hit is the kept copy; a brotli one adds its own.
+    assert_eq!(tern.get_with("/article", &gzip).body, first.body);
+    assert_eq!(memory(), with_gzip);
+    let br = tern.get_with("/article", &[("Accept-Encoding", "br")]);
+    assert_eq!(br.header("content-encoding"), Some("br"));
+    assert!(memory() > with_gzip);
+    // A range is never a copy.
+    let part = tern.get_with(
+        "/article",
+        &[("Accept-Encoding", "gzip"), ("Range", "bytes=0-9")],
+    );
+    assert_eq!((part.status, part.body.len()), (206, 10));
+    assert_eq!(app.asked("/article").len(), 1);
 }
 
 #[test]

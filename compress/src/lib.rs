@@ -10,11 +10,13 @@
 
 mod accept;
 mod budget;
+mod copies;
 mod encoder;
 mod policy;
 
 pub use accept::negotiate;
 pub use budget::{Budget, Charge};
+pub use copies::EncodedCopies;
 pub use encoder::{
     EncodeError, Encoder, Levels, BROTLI_LGWIN, BROTLI_QUALITY, GZIP_LEVEL, ZSTD_LEVEL,
     ZSTD_WINDOW_LOG,

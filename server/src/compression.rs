@@ -170,6 +170,11 @@ pub(crate) fn fixed(r: &mut Response, choice: &Choice, stats: &WorkerStats) {
     let Some(e) = choice.edit_head(r, Some(len)) else {
         return;
     };
+    if let Some(copy) = r.copies.as_ref().and_then(|c| c.get(e)) {
+        count(stats, e, len, copy.len() as u64);
+        r.body = Body::Shared(copy);
+        return;
+    }
     let body = match &r.body {
         Body::Empty => &[][..],
         Body::Static(b) => b,
@@ -183,7 +188,14 @@ pub(crate) fn fixed(r: &mut Response, choice: &Choice, stats: &WorkerStats) {
     match compressed {
         Ok(out) => {
             count(stats, e, len, out.len() as u64);
-            r.body = Body::Owned(out);
+            r.body = match r.copies.take() {
+                Some(copies) => {
+                    let out = bytes::Bytes::from(out);
+                    copies.keep(e, &out);
+                    Body::Shared(out)
+                }
+                None => Body::Owned(out),
+            };
         }
         Err(_) => {
             // Only an allocation failure in zstd gets here: send the body as it is.
@@ -258,6 +270,44 @@ mod tests {
     /// A streamed answer's encoder is charged to its worker's budget and counted against
     /// its connection's: past either, the answer goes as it is, with its `Vary`, counted;
     /// a HEAD answer is edited as the GET's but charges nothing.
+    #[test]
+    fn a_kept_copy_is_sent_instead_of_compressing_and_a_new_one_is_offered() {
+        use std::sync::Mutex;
+        #[derive(Default)]
+        struct Kept(Mutex<Vec<(Encoding, bytes::Bytes)>>);
+        impl tern_compress::EncodedCopies for Kept {
+            fn get(&self, coding: Encoding) -> Option<bytes::Bytes> {
+                let kept = self.0.lock().unwrap();
+                kept.iter()
+                    .find(|(e, _)| *e == coding)
+                    .map(|(_, b)| b.clone())
+            }
+            fn keep(&self, coding: Encoding, body: &bytes::Bytes) {
+                self.0.lock().unwrap().push((coding, body.clone()));
+            }
+        }
+        let kept = Arc::new(Kept::default());
+        let stats = crate::stats::Stats::new(1);
+        let stats = stats.worker(0);
+        let mut first = page(4096);
+        first.copies = Some(kept.clone());
+        fixed(&mut first, &choice("gzip"), stats);
+        let Body::Shared(made) = &first.body else {
+            panic!("not shared")
+        };
+        assert_eq!(kept.0.lock().unwrap().len(), 1, "offered for keeping");
+        // The next answer with the same copies gets the kept bytes, not a new compression.
+        let mut second = page(4096);
+        second.copies = Some(kept.clone());
+        fixed(&mut second, &choice("gzip"), stats);
+        let Body::Shared(sent) = &second.body else {
+            panic!("not shared")
+        };
+        assert_eq!(sent.as_ptr(), made.as_ptr());
+        assert_eq!(second.header("content-encoding"), Some(&b"gzip"[..]));
+        assert_eq!(kept.0.lock().unwrap().len(), 1);
+    }
+
     #[test]
     fn streamed_encoders_are_charged_or_the_answer_goes_as_it_is() {
         let stats = crate::stats::Stats::new(1);

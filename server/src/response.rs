@@ -63,6 +63,8 @@ pub struct Response {
     /// What a shared cache made of the request (nginx's `$upstream_cache_status`: `HIT`,
     /// `MISS`, `BYPASS`, `EXPIRED`, `STALE`, `UPDATING`, `REVALIDATED`), for the access log.
     pub cache_outcome: Option<&'static str>,
+    /// Where its whole body's compressed copies are kept, if anywhere (a cache entry).
+    pub copies: Option<Arc<dyn tern_compress::EncodedCopies>>,
 }
 
 impl Response {
@@ -73,6 +75,7 @@ impl Response {
             body: Body::Empty,
             close: false,
             cache_outcome: None,
+            copies: None,
         }
     }
 

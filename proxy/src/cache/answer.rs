@@ -102,6 +102,10 @@ pub(super) fn answer(
             Ok(None) => {
                 let mut r = Response::new(entry.status).with_body(body_of(entry, 0, len));
                 r.push_raw_headers(&entry.head);
+                // A whole body in memory is compressed once per coding, then sent as kept.
+                if let StoredBody::Memory(_) = entry.body {
+                    r.copies = Some(entry.copies.clone());
+                }
                 r
             }
             Ok(Some((start, end))) => range::partial(&entry.head, start, end, len)

@@ -268,6 +268,7 @@ impl AnswerTee for Fill {
                 last_modified: kept.last_modified,
                 target: self.target.clone(),
                 tags: kept.tags.into(),
+                copies: Arc::default(),
             },
         );
         // (The store may still refuse it, over its size: waiters then find no entry and go
@@ -341,6 +342,8 @@ impl Fill {
             freshness,
             target: old.target.clone(),
             tags,
+            // The same body: its copies hold.
+            copies: old.copies.clone(),
         })
     }
 
