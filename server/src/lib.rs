@@ -49,7 +49,7 @@ pub use handler::{
 };
 pub use identity::Identity;
 pub use request_id::{RequestId, MAX_REQUEST_ID};
-pub use response::{Body, FileBody, Response};
+pub use response::{Body, CacheOutcome, FileBody, Response};
 pub use router::Router;
 pub use stats::{
     AnswerFigures, AnswerRow, Counter, Stats, StatsSnapshot, UpstreamCounter, UpstreamFigures,

@@ -51,6 +51,38 @@ impl Body {
     }
 }
 
+/// What a shared cache made of a request, in nginx's `$upstream_cache_status` words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// Answered from an entry (a miss that waited for another's fill, too).
+    Hit,
+    Miss,
+    /// Sent past the cache (credentials, a cookie, an unsafe method).
+    Bypass,
+    /// A stale entry refreshed from the app.
+    Expired,
+    /// The app's 304 kept a stale entry.
+    Revalidated,
+    /// A stale entry served while another request refreshes it.
+    Updating,
+    /// A stale entry served because the app failed.
+    Stale,
+}
+
+impl CacheOutcome {
+    pub fn word(self) -> &'static str {
+        match self {
+            CacheOutcome::Hit => "HIT",
+            CacheOutcome::Miss => "MISS",
+            CacheOutcome::Bypass => "BYPASS",
+            CacheOutcome::Expired => "EXPIRED",
+            CacheOutcome::Revalidated => "REVALIDATED",
+            CacheOutcome::Updating => "UPDATING",
+            CacheOutcome::Stale => "STALE",
+        }
+    }
+}
+
 /// A response a handler returns: status, extra header lines, body. Date, Server,
 /// Content-Length and Connection are added by the connection when the head is written.
 #[derive(Debug)]
@@ -60,9 +92,8 @@ pub struct Response {
     pub body: Body,
     /// Close the connection after this response.
     pub close: bool,
-    /// What a shared cache made of the request (nginx's `$upstream_cache_status`: `HIT`,
-    /// `MISS`, `BYPASS`, `EXPIRED`, `STALE`, `UPDATING`, `REVALIDATED`), for the access log.
-    pub cache_outcome: Option<&'static str>,
+    /// What a shared cache made of the request, for the access log.
+    pub cache_outcome: Option<CacheOutcome>,
     /// Where its whole body's compressed copies are kept, if anywhere (a cache entry).
     pub copies: Option<Arc<dyn tern_compress::EncodedCopies>>,
 }

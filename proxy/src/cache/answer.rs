@@ -4,7 +4,7 @@
 use tern_cache::policy;
 use tern_cache::{Entry, StoredBody};
 use tern_server::static_files::range::{self, RangeSpec};
-use tern_server::{Body, FileBody, Method, Request, Response};
+use tern_server::{Body, CacheOutcome, FileBody, Method, Request, Response};
 
 /// The client's validators, and the range a GET asks for (with its `If-Range`).
 pub(super) struct Validators<'a> {
@@ -64,7 +64,7 @@ pub(super) fn answer(
     entry: &Entry,
     now: u64,
     status: Option<&[u8]>,
-    outcome: &'static str,
+    outcome: CacheOutcome,
     not_modified_counted: impl FnOnce(),
 ) -> Response {
     {

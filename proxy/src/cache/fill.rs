@@ -12,7 +12,7 @@ use tern_cache::{
     judge_answer, AnswerFacts, Entry, Field, FillMark, Key, Rules, Spill, Store, StoredBody,
     Target, Uncacheable,
 };
-use tern_server::{AnswerTee, Response};
+use tern_server::{AnswerTee, CacheOutcome, Response};
 
 /// The fill of one entry, fed by the relay.
 pub(super) struct Fill {
@@ -228,9 +228,23 @@ impl AnswerTee for Fill {
             if let Some(mark) = self.mark.as_mut() {
                 mark.not_stored();
             }
-            return Some(answer(&none, &old, unix_secs, status, "REVALIDATED", || {}));
+            return Some(answer(
+                &none,
+                &old,
+                unix_secs,
+                status,
+                CacheOutcome::Revalidated,
+                || {},
+            ));
         };
-        let r = answer(&none, &entry, unix_secs, status, "REVALIDATED", || {});
+        let r = answer(
+            &none,
+            &entry,
+            unix_secs,
+            status,
+            CacheOutcome::Revalidated,
+            || {},
+        );
         self.counts.bump(self.worker, Count::Stored);
         self.store
             .insert_unless_purged(self.purges, self.key, entry);

@@ -41,8 +41,8 @@ use tern_cache::{
     RequestVerdict, Rules, Store, Target,
 };
 use tern_server::{
-    upstream::ResponseEdit, AnswerTee, BodyKind, Fallback, HandlerContext, Hold, Method, Request,
-    Response,
+    upstream::ResponseEdit, AnswerTee, BodyKind, CacheOutcome, Fallback, HandlerContext, Hold,
+    Method, Request, Response,
 };
 use wait::{StaleOnError, Waiter};
 
@@ -160,7 +160,7 @@ impl RouteCache {
             route,
             status_field,
             app_edits: {
-                let edit = |value: &'static [u8], outcome: &'static str| -> ResponseEdit {
+                let edit = |value: &'static [u8], outcome: CacheOutcome| -> ResponseEdit {
                     Arc::new(move |r: &mut Response| {
                         r.remove_header("Cache-Tag");
                         r.remove_header("Surrogate-Key");
@@ -173,9 +173,9 @@ impl RouteCache {
                     })
                 };
                 (
-                    edit(b"tern; fwd=miss", "MISS"),
-                    edit(b"tern; fwd=bypass", "BYPASS"),
-                    edit(b"tern; fwd=stale", "EXPIRED"),
+                    edit(b"tern; fwd=miss", CacheOutcome::Miss),
+                    edit(b"tern; fwd=bypass", CacheOutcome::Bypass),
+                    edit(b"tern; fwd=stale", CacheOutcome::Expired),
                 )
             },
             counts,
@@ -440,7 +440,7 @@ impl RouteCache {
     fn answer(&self, req: &Request<'_>, entry: &Entry, now: u64, worker: usize) -> Response {
         let asked = Validators::of(req);
         let status = self.status_field.then_some(&b"tern; hit"[..]);
-        answer(&asked, entry, now, status, "HIT", || {
+        answer(&asked, entry, now, status, CacheOutcome::Hit, || {
             self.counts.bump(worker, Count::NotModified)
         })
     }
@@ -471,7 +471,7 @@ impl RouteCache {
     fn answer_stale(&self, req: &Request<'_>, entry: &Entry, now: u64, worker: usize) -> Response {
         let asked = Validators::of(req);
         let status = self.status_field.then_some(&b"tern; hit; detail=stale"[..]);
-        answer(&asked, entry, now, status, "UPDATING", || {
+        answer(&asked, entry, now, status, CacheOutcome::Updating, || {
             self.counts.bump(worker, Count::NotModified)
         })
     }

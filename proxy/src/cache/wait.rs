@@ -7,7 +7,7 @@ use super::answer::{answer, Validators};
 use super::counts::{Count, Counts};
 use super::fill::Fill;
 use tern_cache::{Entry, Flight, FlightState, Join, Rules};
-use tern_server::{Fallback, Hold, HoldStep, Response};
+use tern_server::{CacheOutcome, Fallback, Hold, HoldStep, Response};
 
 /// How often a miss waiting for another request's fill looks again. The worker's timer
 /// wheel rounds it up to its tick (100 ms), as nginx's `proxy_cache_lock` looks every 500 ms.
@@ -59,9 +59,14 @@ impl Hold for Waiter {
                     .status_field
                     .then_some(&b"tern; hit; detail=coalesced"[..]);
                 let counts = &self.fill.counts;
-                HoldStep::Answer(answer(&asked, &entry, unix_secs, status, "HIT", || {
-                    counts.bump(worker, Count::NotModified)
-                }))
+                HoldStep::Answer(answer(
+                    &asked,
+                    &entry,
+                    unix_secs,
+                    status,
+                    CacheOutcome::Hit,
+                    || counts.bump(worker, Count::NotModified),
+                ))
             }
             FlightState::NotStored => self.go(Count::Miss),
             FlightState::Abandoned if now_ms >= self.give_up_ms => self.go(Count::LockTimeout),
@@ -114,7 +119,7 @@ impl Fallback for StaleOnError {
             &self.entry,
             unix_secs,
             status,
-            "STALE",
+            CacheOutcome::Stale,
             || counts.bump(worker, Count::NotModified),
         ))
     }

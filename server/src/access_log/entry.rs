@@ -20,8 +20,8 @@ pub(crate) struct LogEntry<'a> {
     pub request: Option<LogRequest<'a>>,
     /// Set by the handler when the request's site gives ids (`X-Request-Id`).
     pub request_id: Option<RequestId>,
-    /// What a shared cache made of it ([`crate::Response::cache_outcome`]), on cached routes.
-    pub cache: Option<&'static str>,
+    /// What a shared cache made of it ([`crate::response::Response::cache_outcome`]), on cached routes.
+    pub cache: Option<crate::response::CacheOutcome>,
 }
 
 #[derive(Clone, Copy)]
@@ -57,7 +57,7 @@ pub(crate) struct SavedEntry {
     version: Version,
     request_id: Option<RequestId>,
     /// Set by the relay from the answer it sends (see [`LogEntry::cache`]).
-    pub cache: Option<&'static str>,
+    pub cache: Option<crate::response::CacheOutcome>,
     text: Vec<u8>,
     /// Method, target, host, referer, user agent: ranges of `text`.
     fields: [Option<(u32, u32)>; 5],

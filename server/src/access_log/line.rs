@@ -75,7 +75,7 @@ impl Line<'_> {
         // words, which need no escaping.
         if let Some(cache) = self.entry.cache {
             out.extend_from_slice(b" cache=");
-            out.extend_from_slice(cache.as_bytes());
+            out.extend_from_slice(cache.word().as_bytes());
         }
         // Only on sites that give ids, so other lines keep their shape. Its characters
         // need no escaping (see `RequestId::parse`).
@@ -124,7 +124,7 @@ impl Line<'_> {
         }
         if let Some(cache) = self.entry.cache {
             out.extend_from_slice(b",\"cache\":\"");
-            out.extend_from_slice(cache.as_bytes());
+            out.extend_from_slice(cache.word().as_bytes());
             out.push(b'"');
         }
         if let Some(id) = &self.entry.request_id {
@@ -334,7 +334,7 @@ pub(super) mod tests {
     #[test]
     fn a_cached_routes_line_says_what_the_cache_did_before_the_request_id() {
         let mut e = request(b"/", None);
-        e.cache = Some("HIT");
+        e.cache = Some(crate::response::CacheOutcome::Hit);
         let combined = line(AccessLogFormat::Combined, &e, 0);
         assert!(
             combined.ends_with("\"example.org\" 56 - cache=HIT\n"),
@@ -351,8 +351,8 @@ pub(super) mod tests {
         );
         // Saved while a reply is pending, and given back.
         let mut saved = SavedEntry::save(&request(b"/", None)).unwrap();
-        saved.cache = Some("STALE");
-        assert_eq!(saved.entry().cache, Some("STALE"));
+        saved.cache = Some(crate::response::CacheOutcome::Stale);
+        assert_eq!(saved.entry().cache, Some(crate::response::CacheOutcome::Stale));
     }
 
     #[test]
