@@ -4,7 +4,8 @@
 //!
 //! The first miss for a key [`Flights::join`]s as the leader and gets a [`FillMark`]; later
 //! misses get the [`Flight`] to watch. A waiter looks at its flight's state (one atomic load,
-//! no lock) each time its timer fires. The mark ends the flight when it is dropped, whatever
+//! no lock) when the flight wakes it ([`Flight::on_end`]: the fill ended), and each time its
+//! timer fires, which stays as the backstop. The mark ends the flight when it is dropped, whatever
 //! ended the fill: stored, not storable, the app failing, the client leaving, a panic
 //! unwinding through the relay. So no key can stay marked once its fill is gone.
 //!
@@ -35,13 +36,54 @@ pub enum FlightState {
     Abandoned = 3,
 }
 
+/// What a waiter is woken with when its flight ends.
+pub type Wake = Box<dyn FnOnce() + Send>;
+
 /// One fill, as its waiters watch it.
-#[derive(Debug)]
 pub struct Flight {
     state: AtomicU8,
+    /// Called once when the fill ends (the waiters' wake-ups).
+    wakes: Mutex<Vec<Wake>>,
+}
+
+impl std::fmt::Debug for Flight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flight")
+            .field("state", &self.state())
+            .finish()
+    }
 }
 
 impl Flight {
+    fn new() -> Flight {
+        Flight {
+            state: AtomicU8::new(FlightState::Filling as u8),
+            wakes: Mutex::default(),
+        }
+    }
+
+    /// Calls `wake` when the fill ends, or now if it has ended.
+    pub fn on_end(&self, wake: Wake) {
+        {
+            let mut wakes = self.wakes.lock().unwrap_or_else(|e| e.into_inner());
+            // Looked at under the lock the end takes the list under, after its state is
+            // set: either the end sees this wake in the list or this sees the end.
+            if self.state() == FlightState::Filling {
+                wakes.push(wake);
+                return;
+            }
+        }
+        wake();
+    }
+
+    fn end(&self, how: FlightState) {
+        self.state.store(how as u8, Ordering::Release);
+        let wakes = std::mem::take(&mut *self.wakes.lock().unwrap_or_else(|e| e.into_inner()));
+        for wake in wakes {
+            wake();
+        }
+    }
+
     pub fn state(&self) -> FlightState {
         match self.state.load(Ordering::Acquire) {
             0 => FlightState::Filling,
@@ -80,9 +122,7 @@ impl Flights {
         if let Some(flight) = shard.get(&key) {
             return Join::Wait(flight.clone());
         }
-        let flight = Arc::new(Flight {
-            state: AtomicU8::new(FlightState::Filling as u8),
-        });
+        let flight = Arc::new(Flight::new());
         shard.insert(key, flight.clone());
         Join::Lead(FillMark {
             flights: self.clone(),
@@ -158,9 +198,7 @@ impl Drop for FillMark {
                 shard.remove(&self.key);
             }
         }
-        self.flight
-            .state
-            .store(self.ending as u8, Ordering::Release);
+        self.flight.end(self.ending);
     }
 }
 
@@ -248,5 +286,59 @@ mod tests {
         assert_eq!(flights.len(), 1, "the second fill is still marked");
         drop(second);
         assert!(flights.is_empty());
+    }
+
+    #[test]
+    fn waiters_are_woken_once_when_the_fill_ends_or_at_once_after() {
+        use std::sync::atomic::AtomicUsize;
+        let flights = Arc::new(Flights::default());
+        let mut mark = lead(&flights, Key(3));
+        let woken = Arc::new(AtomicUsize::new(0));
+        let flight = wait(&flights, Key(3));
+        for _ in 0..5 {
+            let woken = woken.clone();
+            flight.on_end(Box::new(move || {
+                woken.fetch_add(1, Ordering::Relaxed);
+            }));
+        }
+        assert_eq!(woken.load(Ordering::Relaxed), 0, "not before the end");
+        mark.stored();
+        drop(mark);
+        assert_eq!(woken.load(Ordering::Relaxed), 5);
+        // A wake asked for after the end comes at once.
+        let late = woken.clone();
+        flight.on_end(Box::new(move || {
+            late.fetch_add(1, Ordering::Relaxed);
+        }));
+        assert_eq!(woken.load(Ordering::Relaxed), 6);
+    }
+
+    #[test]
+    fn a_wake_asked_for_while_the_fill_ends_is_never_lost() {
+        use std::sync::atomic::AtomicUsize;
+        for round in 0..200u128 {
+            let flights = Arc::new(Flights::default());
+            let mark = lead(&flights, Key(round));
+            let flight = wait(&flights, Key(round));
+            let woken = Arc::new(AtomicUsize::new(0));
+            let askers: Vec<_> = (0..4)
+                .map(|_| {
+                    let (flight, woken) = (flight.clone(), woken.clone());
+                    std::thread::spawn(move || {
+                        for _ in 0..50 {
+                            let woken = woken.clone();
+                            flight.on_end(Box::new(move || {
+                                woken.fetch_add(1, Ordering::Relaxed);
+                            }));
+                        }
+                    })
+                })
+                .collect();
+            drop(mark);
+            for a in askers {
+                a.join().unwrap();
+            }
+            assert_eq!(woken.load(Ordering::Relaxed), 200, "round {round}");
+        }
     }
 }

@@ -118,6 +118,9 @@ pub enum WorkerMessage {
         exchange: ExchangeId,
         response: Response,
     },
+    /// Exchange `exchange` of connection `conn` is held (`Forward::hold`) and its hold may
+    /// answer now: it is asked at once rather than at its next timer.
+    Wake { conn: u64, exchange: ExchangeId },
 }
 
 /// Which of the server's access logs a line goes to (index in the order they were given),
@@ -233,6 +236,15 @@ impl HandlerContext<'_> {
         self.handback = Some(handback);
     }
 
+    /// A handle that wakes this request's relay while it is held ([`HoldWaker`]).
+    pub fn hold_waker(&self) -> HoldWaker {
+        HoldWaker {
+            inbox: self.inbox.clone(),
+            conn: self.conn,
+            exchange: self.exchange,
+        }
+    }
+
     /// Takes a handle that completes this request later; the handler must then return
     /// [`Reply::Later`]. The connection stays parked (no further pipelined request is
     /// processed) until the reply arrives, so answers stay in order.
@@ -243,6 +255,25 @@ impl HandlerContext<'_> {
             conn: self.conn,
             exchange: self.exchange,
         }
+    }
+}
+
+/// Wakes a held relay (`Forward::hold`) from any thread, so that its hold is asked at once
+/// (a fill another request was making ended) rather than at its next timer, which stays as
+/// the backstop. A wake that finds nothing held, or a full inbox, does nothing.
+#[derive(Clone)]
+pub struct HoldWaker {
+    inbox: InboxSender<WorkerMessage>,
+    conn: u64,
+    exchange: ExchangeId,
+}
+
+impl HoldWaker {
+    pub fn wake(&self) {
+        let _ = self.inbox.send(WorkerMessage::Wake {
+            conn: self.conn,
+            exchange: self.exchange,
+        });
     }
 }
 
@@ -285,6 +316,7 @@ impl Pending {
                 self.inbox = Some(inbox);
                 Err((self, response))
             }
+            Err(WorkerMessage::Wake { .. }) => unreachable!("the message sent comes back"),
         }
     }
 

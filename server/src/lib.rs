@@ -44,8 +44,8 @@ pub use bans::{BanConfig, BanNotice, Bans};
 pub use config::{ListenerKind, RedirectHttp, ServerConfig};
 pub use guard::{Guard, Guarded, Verdict};
 pub use handler::{
-    complete_all, ExchangeId, Handback, Handler, HandlerContext, Handoff, LogTarget, Pending,
-    Reenter, Refusal, Reply, Request, Rerun, TurnEnd, WorkerMessage,
+    complete_all, ExchangeId, Handback, Handler, HandlerContext, Handoff, HoldWaker, LogTarget,
+    Pending, Reenter, Refusal, Reply, Request, Rerun, TurnEnd, WorkerMessage,
 };
 pub use identity::Identity;
 pub use request_id::{RequestId, MAX_REQUEST_ID};

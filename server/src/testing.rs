@@ -476,6 +476,7 @@ impl TestReplies {
             WorkerMessage::Complete {
                 exchange, response, ..
             } => out.push((exchange.0, response)),
+            WorkerMessage::Wake { .. } => {}
         });
         out
     }

@@ -509,6 +509,15 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
                     }
                 });
             }
+            WorkerMessage::Wake { conn, exchange } => {
+                self.with_conn(cx, conn, |e, ccx, up| {
+                    if e.conn.relay_wake(exchange, ccx) {
+                        relay_driver::drive(e, up, false, false, ccx)
+                    } else {
+                        Status::Open
+                    }
+                });
+            }
         }
     }
 

@@ -355,20 +355,20 @@ impl RouteCache {
                             self.counts.bump(cx.worker_id, Count::Waited);
                             let fallback =
                                 stale.and_then(|e| self.stale_on_error(req, e, cx.worker_id));
+                            let waiter = Waiter {
+                                fill: self.fill(cx.worker_id, key, target(), authorized, None),
+                                flight,
+                                waker: cx.hold_waker(),
+                                give_up_ms: req.now_ms + self.lock.as_millis() as u64,
+                                head_only,
+                                if_none_match: req.head.if_none_match.map(<[u8]>::to_vec),
+                                if_modified_since: req.head.if_modified_since.map(<[u8]>::to_vec),
+                                status_field: self.status_field,
+                            };
+                            waiter.watch();
                             return CacheStep::Wait {
                                 fallback,
-                                hold: Box::new(Waiter {
-                                    fill: self.fill(cx.worker_id, key, target(), authorized, None),
-                                    flight,
-                                    give_up_ms: req.now_ms + self.lock.as_millis() as u64,
-                                    head_only,
-                                    if_none_match: req.head.if_none_match.map(<[u8]>::to_vec),
-                                    if_modified_since: req
-                                        .head
-                                        .if_modified_since
-                                        .map(<[u8]>::to_vec),
-                                    status_field: self.status_field,
-                                }),
+                                hold: Box::new(waiter),
                             };
                         }
                         Some(Join::Lead(mark)) => Some(mark),

@@ -7,10 +7,11 @@ use super::answer::{answer, Validators};
 use super::counts::{Count, Counts};
 use super::fill::Fill;
 use tern_cache::{Entry, Flight, FlightState, Join, Rules};
-use tern_server::{CacheOutcome, Fallback, Hold, HoldStep, Response};
+use tern_server::{CacheOutcome, Fallback, Hold, HoldStep, HoldWaker, Response};
 
-/// How often a miss waiting for another request's fill looks again. The worker's timer
-/// wheel rounds it up to its tick (100 ms), as nginx's `proxy_cache_lock` looks every 500 ms.
+/// How often a miss waiting for another request's fill looks again if no wake-up came (the
+/// fill's end wakes it at once; this is the backstop). The worker's timer wheel rounds it up
+/// to its tick (100 ms), as nginx's `proxy_cache_lock` looks every 500 ms.
 pub const WAIT_POLL_MS: u64 = 10;
 
 /// A miss waiting for another request's fill of its key (the relay asks it, see
@@ -21,6 +22,8 @@ pub(super) struct Waiter {
     /// Its own fill, should it lead one (its mark then set).
     pub(super) fill: Fill,
     pub(super) flight: Arc<Flight>,
+    /// Rung when the flight ends, so the relay asks at once, not at its next timer.
+    pub(super) waker: HoldWaker,
     /// When it stops waiting (the worker's clock, ms).
     pub(super) give_up_ms: u64,
     pub(super) head_only: bool,
@@ -30,6 +33,12 @@ pub(super) struct Waiter {
 }
 
 impl Waiter {
+    /// Has the flight wake this waiter's relay when it ends.
+    pub(super) fn watch(&self) {
+        let waker = self.waker.clone();
+        self.flight.on_end(Box::new(move || waker.wake()));
+    }
+
     fn go(&self, counted: Count) -> HoldStep {
         self.fill.counts.bump(self.fill.worker, counted);
         HoldStep::Go(None)
@@ -80,6 +89,7 @@ impl Hold for Waiter {
                 }
                 Join::Wait(flight) => {
                     self.flight = flight;
+                    self.watch();
                     HoldStep::Wait((now_ms + WAIT_POLL_MS).min(self.give_up_ms))
                 }
             },

@@ -352,7 +352,10 @@ pub(super) mod tests {
         // Saved while a reply is pending, and given back.
         let mut saved = SavedEntry::save(&request(b"/", None)).unwrap();
         saved.cache = Some(crate::response::CacheOutcome::Stale);
-        assert_eq!(saved.entry().cache, Some(crate::response::CacheOutcome::Stale));
+        assert_eq!(
+            saved.entry().cache,
+            Some(crate::response::CacheOutcome::Stale)
+        );
     }
 
     #[test]

@@ -166,6 +166,22 @@ impl Conn {
         forward!(&mut self.http, r => r.abandon_all(cx))
     }
 
+    /// A held relay's hold may answer now (its waker rang): it is asked at once, as when its
+    /// timer fires. False: no relay of that id is held (it went on, or ended, since).
+    pub fn relay_wake(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) -> bool {
+        forward!(&mut self.http, r => {
+            let Some(i) = r.slot(id) else { return false };
+            if !r.relay(i).is_held() {
+                return false;
+            }
+            let (relay, mut sink) = r.parts(i, &mut self.out, &self.link);
+            let room = sink.room() > 0;
+            relay.timed_out(room, &mut sink, cx);
+            r.flush(false, &mut self.out, &self.link, cx);
+            true
+        })
+    }
+
     /// The deadline passed: if it was a relay's, the relays due handle it (trying another
     /// server, answering 504, or ending an answer its client stopped taking) and the
     /// connection goes on (true). False: it is a timeout of the connection's, for

@@ -535,6 +535,12 @@ impl Relay {
         self.phase == Phase::Wait
     }
 
+    /// Held by its route's hold (not a rate limit's queue): waiting for another request's
+    /// fill of its key.
+    pub fn is_held(&self) -> bool {
+        self.phase == Phase::Wait && self.fwd.hold.is_some()
+    }
+
     pub fn is_tunnel(&self) -> bool {
         self.phase == Phase::Tunnel
     }
