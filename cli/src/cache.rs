@@ -64,12 +64,7 @@ pub fn cache(args: CacheArgs) -> Result<(), String> {
         Some(name) => format!("purge {what} cache {name}"),
         None => format!("purge {what}"),
     };
-    let answer = crate::control::request(&p.control, &line)?;
-    match answer.strip_prefix("ok ") {
-        Some(done) => {
-            println!("{done}");
-            Ok(())
-        }
-        None => Err(answer.strip_prefix("error ").unwrap_or(&answer).to_owned()),
-    }
+    let done = crate::control::ask(&p.control, &line)?;
+    println!("{done}");
+    Ok(())
 }

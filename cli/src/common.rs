@@ -3,16 +3,16 @@
 //! The flags are `Option`s so that a command with a config file can tell "not given" from a
 //! default; [`CommonArgs::server_config`] applies the defaults for commands without one.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
-
-use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use ipnet::IpNet;
 use serde::Deserialize;
-use tern_runtime::IoChoice;
+use tern_runtime::{IoChoice, SignalPipe, SignalThreadWaker};
 use tern_server::{
     AccessLog, AccessLogFormat, BanConfig, Server, ServerConfig, SignalAction, TlsAcceptor,
 };
@@ -237,17 +237,139 @@ impl CommonArgs {
 /// `ServerHandle::reloader`); every worker also drops its static-file front caches.
 pub type ServerReload<'a> = &'a dyn Fn(&ServerConfig);
 
-/// What a command does on `SIGHUP`, on the signal thread: re-read its settings, apply them
-/// (calling the [`ServerReload`] with the new server config) and log one line.
-pub type OnReload = Box<dyn FnMut(ServerReload<'_>) + Send>;
+/// What started a reload; its log lines name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadTrigger {
+    /// `SIGHUP` (`kill -HUP`, or `systemctl reload` for a config without `control`).
+    Sighup,
+    /// A `reload` request on the control socket (`tern reload`).
+    ControlSocket,
+}
 
-/// What else a command re-reads on `SIGHUP` before the server's own reload (a gate's config
-/// and keys), logging its own outcome.
-pub type ReloadHook = Box<dyn Fn() + Send>;
+impl fmt::Display for ReloadTrigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReloadTrigger::Sighup => "SIGHUP",
+            ReloadTrigger::ControlSocket => "control socket",
+        })
+    }
+}
+
+/// A reload's outcome: what changed, or why nothing did.
+pub type ReloadOutcome = Result<String, String>;
+
+/// What a command does on a reload, on the signal thread: re-read its settings and apply them
+/// (calling the [`ServerReload`] with the new server config), or change nothing and say why.
+/// [`run_server_with_reload`] logs the outcome.
+pub type OnReload = Box<dyn FnMut(ServerReload<'_>, ReloadTrigger) -> ReloadOutcome + Send>;
+
+/// What else a command re-reads on a reload before the server's own (a gate's config and
+/// keys), logging its own outcome.
+pub type ReloadHook = Box<dyn Fn(ReloadTrigger) + Send>;
+
+/// The reloads asked for over the control socket, waiting for the signal thread, which runs
+/// each where it runs `SIGHUP`'s: one reload at a time, whatever asked for it. Made before the
+/// server starts (the control socket's thread starts with it, before the signal thread);
+/// [`run_server_with_reload`] takes it.
+pub struct ReloadQueue {
+    asked: mpsc::Receiver<ReloadRequest>,
+    pipe: SignalPipe,
+}
+
+/// One reload asked for: its outcome goes back here.
+type ReloadRequest = mpsc::SyncSender<ReloadOutcome>;
+
+/// The control socket's end of the [`ReloadQueue`]: asks for a reload and waits for it.
+#[derive(Clone)]
+pub struct ReloadRequester {
+    ask: mpsc::Sender<ReloadRequest>,
+    waker: SignalThreadWaker,
+}
+
+/// A queue of reloads and the handle that asks for them.
+pub fn reload_queue() -> Result<(ReloadRequester, ReloadQueue), String> {
+    let pipe = SignalPipe::new().map_err(|e| format!("cannot make the signal pipe: {e}"))?;
+    let (ask, asked) = mpsc::channel();
+    let requester = ReloadRequester {
+        ask,
+        waker: pipe.waker(),
+    };
+    Ok((requester, ReloadQueue { asked, pipe }))
+}
+
+impl ReloadRequester {
+    /// Asks the signal thread for a reload and waits up to `within` for its outcome. A reload
+    /// under way (a `SIGHUP`'s) finishes first; this one then starts from the file as it is.
+    pub fn reload(&self, within: Duration) -> ReloadOutcome {
+        let (reply, outcome) = mpsc::sync_channel(1);
+        if self.ask.send(reply).is_err() {
+            return Err("the server is stopping".into());
+        }
+        // After the request is queued: the thread takes the queue after the byte.
+        self.waker.wake();
+        match outcome.recv_timeout(within) {
+            Ok(outcome) => outcome,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(format!(
+                "no outcome within {} s; the reload may still finish, and its outcome will \
+                 be in the server's log",
+                within.as_secs()
+            )),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err("the server stopped before the reload ran".into())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl ReloadQueue {
+    /// Answers each reload asked for with `run`, on a thread of its own, until every
+    /// requester is gone: the signal thread's part, for tests of what asks.
+    pub fn answer_in_place_of_the_signal_thread(
+        self,
+        mut run: impl FnMut() -> ReloadOutcome + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            for reply in self.asked.iter() {
+                let _ = reply.send(run());
+            }
+        })
+    }
+}
+
+/// Runs one reload on the signal thread: the service manager is told around it, and its
+/// outcome logged in one line.
+fn reload_now(
+    on_reload: &mut OnReload,
+    server: ServerReload<'_>,
+    trigger: ReloadTrigger,
+) -> ReloadOutcome {
+    service::notify_reloading();
+    let outcome = on_reload(server, trigger).map_err(crate::hardening::explain_reload_error);
+    match &outcome {
+        Ok(changes) => tracing::info!("reload ({trigger}): {changes}"),
+        Err(why) => tracing::error!("reload ({trigger}) failed, nothing changed: {why}"),
+    }
+    service::notify_reloaded();
+    outcome
+}
+
+/// Runs the reloads asked for so far, one after another, each answered with its own outcome.
+fn run_asked_reloads(
+    asked: &mpsc::Receiver<ReloadRequest>,
+    on_reload: &mut OnReload,
+    server: ServerReload<'_>,
+) {
+    for reply in asked.try_iter() {
+        let outcome = reload_now(on_reload, server, ReloadTrigger::ControlSocket);
+        // The asker may have given up waiting: the outcome is in the log anyway.
+        let _ = reply.send(outcome);
+    }
+}
 
 /// Starts an assembled server (routes plus background threads), prints the one start-up line,
-/// and waits for a signal to stop. `SIGHUP` runs `also_reload`, then re-applies the start-up
-/// config (dropping every worker's cached files) and logs one line.
+/// and waits for a signal to stop. A reload runs `also_reload`, then re-reads the certificates
+/// and re-applies the start-up config (dropping every worker's cached files).
 pub fn run_server(
     server: Server,
     what: &str,
@@ -256,32 +378,34 @@ pub fn run_server(
 ) -> Result<(), String> {
     let same = server.config().clone();
     let acceptor = tls.as_ref().map(|(a, _)| a.clone());
-    let on_reload: OnReload = Box::new(move |reload: ServerReload<'_>| {
+    let on_reload: OnReload = Box::new(move |reload: ServerReload<'_>, trigger| {
         if let Some(also_reload) = &also_reload {
-            also_reload();
+            also_reload(trigger);
         }
+        // Certificates first: a bad one changes nothing (the cached files stay too).
+        let note = match &tls {
+            None => "nothing to re-read",
+            Some((acceptor, plan)) => {
+                acceptor
+                    .reload(&plan.options)
+                    .map_err(|e| format!("certificates unchanged: {e}"))?;
+                "certificates re-read"
+            }
+        };
         reload(&same);
-        match &tls {
-            None => tracing::info!("reload (SIGHUP): nothing to re-read; cached files dropped"),
-            Some((acceptor, plan)) => match acceptor.reload(&plan.options) {
-                Ok(()) => {
-                    tracing::info!("reload (SIGHUP): certificates re-read; cached files dropped")
-                }
-                Err(e) => tracing::error!(
-                    "reload (SIGHUP): certificates unchanged: {e}; cached files dropped"
-                ),
-            },
-        }
+        Ok(format!("{note}; cached files dropped"))
     });
-    run_server_with_reload(server, what, on_reload, acceptor.as_deref())
+    run_server_with_reload(server, what, on_reload, acceptor.as_deref(), None)
 }
 
-/// Like [`run_server`], with the command's own `SIGHUP` handling.
+/// Like [`run_server`], with the command's own reload. `SIGHUP` runs it on the signal thread,
+/// and so does every reload asked through `reloads` (the control socket's), in turn.
 pub fn run_server_with_reload(
     server: Server,
     what: &str,
     mut on_reload: OnReload,
     tls: Option<&TlsAcceptor>,
+    reloads: Option<ReloadQueue>,
 ) -> Result<(), String> {
     let workers = server.config().runtime.workers;
     match tern_runtime::raise_fd_limit() {
@@ -305,21 +429,32 @@ pub fn run_server_with_reload(
     let stop = server.stopper();
     let reload = server.reloader();
     let reopen_logs = server.log_reopener();
-    tern_runtime::spawn_signal_thread(move |action| match action {
+    let (pipe, asked) = match reloads {
+        Some(queue) => (queue.pipe, Some(queue.asked)),
+        None => (
+            SignalPipe::new().map_err(|e| format!("cannot make the signal pipe: {e}"))?,
+            None,
+        ),
+    };
+    tern_runtime::spawn_signal_thread(pipe, move |action| match action {
         SignalAction::Shutdown => {
             tracing::info!("shutting down: finishing in-flight requests");
             service::notify_stopping();
             stop();
         }
         SignalAction::Reload => {
-            service::notify_reloading();
-            on_reload(&reload);
-            service::notify_reloaded();
+            // Logged; a signal has no one to answer.
+            let _ = reload_now(&mut on_reload, &reload, ReloadTrigger::Sighup);
         }
         SignalAction::ReopenLogs => {
             // The writer thread reopens and logs the outcome.
             if !reopen_logs() {
                 tracing::info!("reopen logs (SIGUSR1): there is no access log");
+            }
+        }
+        SignalAction::Woken => {
+            if let Some(asked) = &asked {
+                run_asked_reloads(asked, &mut on_reload, &reload);
             }
         }
     })
@@ -367,6 +502,71 @@ fn fd_limit_warning(limit: u64, workers: usize, per_worker: usize) -> Option<Str
             if workers == 1 { "" } else { "s" }
         )
     })
+}
+
+#[cfg(test)]
+mod reload_tests {
+    use super::*;
+
+    #[test]
+    fn asked_reloads_run_in_turn_each_answered_with_its_own_outcome() {
+        let (requester, queue) = reload_queue().unwrap();
+        let mut replies = Vec::new();
+        for _ in 0..2 {
+            let (reply, outcome) = mpsc::sync_channel(1);
+            requester.ask.send(reply).unwrap();
+            replies.push(outcome);
+        }
+        let mut runs = 0;
+        let mut on_reload: OnReload = Box::new(move |server, trigger| {
+            assert_eq!(trigger, ReloadTrigger::ControlSocket);
+            server(&ServerConfig::default());
+            runs += 1;
+            match runs {
+                1 => Ok("first".into()),
+                _ => Err("second".into()),
+            }
+        });
+        let applied = std::cell::Cell::new(0);
+        run_asked_reloads(&queue.asked, &mut on_reload, &|_| {
+            applied.set(applied.get() + 1)
+        });
+        assert_eq!(applied.get(), 2);
+        assert_eq!(replies[0].try_recv().unwrap(), Ok("first".into()));
+        assert_eq!(replies[1].try_recv().unwrap(), Err("second".into()));
+        // Nothing left: a wake-up with an empty queue runs no reload.
+        run_asked_reloads(&queue.asked, &mut on_reload, &|_| {
+            applied.set(applied.get() + 1)
+        });
+        assert_eq!(applied.get(), 2);
+    }
+
+    #[test]
+    fn a_requester_waits_within_its_bound_and_knows_a_stopped_server() {
+        let (requester, queue) = reload_queue().unwrap();
+        let answering = queue.answer_in_place_of_the_signal_thread(|| Ok("done".into()));
+        assert_eq!(requester.reload(Duration::from_secs(10)), Ok("done".into()));
+        let (unanswered, _queue) = reload_queue().unwrap();
+        let e = unanswered.reload(Duration::from_millis(50)).unwrap_err();
+        assert!(
+            e.starts_with("no outcome within 0 s; the reload may"),
+            "{e}"
+        );
+        let (stopped, queue) = reload_queue().unwrap();
+        drop(queue);
+        assert_eq!(
+            stopped.reload(Duration::from_secs(10)).unwrap_err(),
+            "the server is stopping"
+        );
+        drop(requester);
+        answering.join().unwrap();
+    }
+
+    #[test]
+    fn triggers_are_named_in_the_log_lines() {
+        assert_eq!(ReloadTrigger::Sighup.to_string(), "SIGHUP");
+        assert_eq!(ReloadTrigger::ControlSocket.to_string(), "control socket");
+    }
 }
 
 #[cfg(test)]

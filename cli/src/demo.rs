@@ -238,8 +238,8 @@ pub fn demo(args: DemoArgs) -> Result<(), String> {
         server = server.with_access_log(log);
     }
     let tls = acceptor.zip(plan);
-    let reload_gate =
-        gate.map(|gate| -> ReloadHook { Box::new(move || crate::gate::reload(&gate)) });
+    let reload_gate = gate
+        .map(|gate| -> ReloadHook { Box::new(move |trigger| crate::gate::reload(&gate, trigger)) });
     run_server(
         server,
         &format!("IPv4 Games (data in {data})"),

@@ -8,7 +8,9 @@ use clap::Args;
 use tern_gate::{Gate, Mode};
 use tern_server::{Router, Server};
 
-use crate::common::{open_access_log, run_server_with_reload, CommonArgs, OnReload, ServerReload};
+use crate::common::{
+    open_access_log, run_server_with_reload, CommonArgs, OnReload, ReloadTrigger, ServerReload,
+};
 use crate::hardening::{self, FileHardening, HardeningArgs, Needs, SandboxArg};
 
 #[derive(Args)]
@@ -100,12 +102,13 @@ pub fn open_guard(
         .transpose()
 }
 
-/// Logs a gate reload's outcome (for a server's SIGHUP).
-pub fn reload(gate: &Gate) {
+/// Re-reads the gate guarding a server's routes, logging the outcome in a line of its own
+/// (the server's reload goes on either way).
+pub fn reload(gate: &Gate, trigger: ReloadTrigger) {
     match gate.reload() {
-        Ok(what) => tracing::info!("reload (SIGHUP): {what}"),
+        Ok(what) => tracing::info!("reload ({trigger}): {what}"),
         Err(e) => tracing::error!(
-            "reload (SIGHUP): gate unchanged: {}",
+            "reload ({trigger}): gate unchanged: {}",
             hardening::explain_reload_error(e)
         ),
     }
@@ -161,11 +164,13 @@ pub fn gate(args: GateArgs) -> Result<(), String> {
         server = server.with_access_log(log);
     }
     let reloading = gate.clone();
-    let on_reload: OnReload = Box::new(move |_: ServerReload<'_>| reload(&reloading));
+    // The gate is all this server has to reload.
+    let on_reload: OnReload = Box::new(move |_: ServerReload<'_>, _| reloading.reload());
     run_server_with_reload(
         server,
         &format!("gate ({})", path.display()),
         on_reload,
+        None,
         None,
     )
 }

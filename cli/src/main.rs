@@ -17,6 +17,7 @@ mod memory;
 mod panic_log;
 #[cfg(test)]
 mod readme_usage;
+mod reload;
 mod run;
 mod serve;
 mod service;
@@ -62,6 +63,9 @@ enum Command {
     /// Serve several sites, chosen by host name, from one config file (static files,
     /// redirects, fixed answers, the IPv4 Games).
     Run(run::RunArgs),
+    /// Reload a running `tern run` through its control socket, as SIGHUP does, and print
+    /// what changed (exit 1 when nothing did: the server's reason is printed).
+    Reload(reload::ReloadArgs),
     /// Act on a running `tern run`'s caches through its control socket (`tern cache purge`).
     Cache(cache::CacheArgs),
     /// The auth gateway against AI scrapers (form login, proof-of-work guest passes, bot
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::demo(args),
         Command::Run(args) => run::run(args),
         Command::Gate(args) => gate::gate(args),
+        Command::Reload(args) => reload::reload(args),
         Command::Cache(args) => cache::cache(args),
         Command::Completions { shell } => {
             use clap::CommandFactory;

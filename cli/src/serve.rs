@@ -178,23 +178,16 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     let reloader = files.clone();
     let reload_tls = acceptor.clone();
     let reload_gate = gate.clone();
-    let on_reload: OnReload = Box::new(move |server: ServerReload<'_>| {
+    let on_reload: OnReload = Box::new(move |server: ServerReload<'_>, trigger| {
         if let Some(gate) = &reload_gate {
-            crate::gate::reload(gate);
+            crate::gate::reload(gate, trigger);
         }
         if let Some(acme) = &acme_receiver {
             acme.check_now();
         }
-        match reload(&args, &current, &reloader, reload_tls.as_deref(), server) {
-            Ok((applied, changes)) => {
-                current = applied;
-                tracing::info!("reload (SIGHUP): {changes}");
-            }
-            Err(e) => tracing::error!(
-                "reload (SIGHUP) failed, nothing changed: {}",
-                hardening::explain_reload_error(e)
-            ),
-        }
+        let (applied, changes) = reload(&args, &current, &reloader, reload_tls.as_deref(), server)?;
+        current = applied;
+        Ok(changes)
     });
     let mut config = settings.server_config();
     crate::tls::configure(&mut config, settings.listen, plain_given, tls.as_ref());
@@ -228,6 +221,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
         &format!("serving {}", root.display()),
         on_reload,
         acceptor.as_deref(),
+        None,
     )
 }
 

@@ -25,7 +25,7 @@ pub use clock::Clock;
 pub use inbox::{DetachedInbox, Inbox, InboxSender};
 pub use listener::bind_reuseport;
 pub use rlimit::raise_fd_limit;
-pub use signals::{spawn_signal_thread, SignalAction};
+pub use signals::{spawn_signal_thread, SignalAction, SignalPipe, SignalThreadWaker};
 pub use sockstat::unacked_bytes;
 pub use timer::{TimerKey, TimerWheel};
 pub use waker::Waker;

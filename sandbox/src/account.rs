@@ -22,6 +22,15 @@ pub enum Give {
     File(std::path::PathBuf),
 }
 
+/// The id of the group `name` (from the system's group database, as `getent group` reads it).
+pub fn group_id(name: &str) -> Result<u32, String> {
+    Ok(Group::from_name(name)
+        .map_err(|e| format!("cannot look up group {name}: {e}"))?
+        .ok_or_else(|| format!("no such group: {name}"))?
+        .gid
+        .as_raw())
+}
+
 /// A user and group, looked up at start-up (so a typo fails before anything is bound).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
@@ -38,12 +47,7 @@ impl Account {
             .ok_or_else(|| format!("no such user: {user}"))?;
         let gid = match group {
             None => found.gid,
-            Some(name) => {
-                Group::from_name(name)
-                    .map_err(|e| format!("cannot look up group {name}: {e}"))?
-                    .ok_or_else(|| format!("no such group: {name}"))?
-                    .gid
-            }
+            Some(name) => Gid::from_raw(group_id(name)?),
         };
         if found.uid.is_root() {
             return Err(format!(
@@ -201,6 +205,11 @@ mod tests {
         assert_eq!(e, "no such group: no-such-group-tern-test");
         let e = Account::lookup("root", None).unwrap_err();
         assert!(e.contains("is root"), "{e}");
+        assert_eq!(group_id("root"), Ok(0));
+        assert_eq!(
+            group_id("no-such-group-tern-test").unwrap_err(),
+            "no such group: no-such-group-tern-test"
+        );
     }
 
     #[test]

@@ -20,7 +20,10 @@ use tern_server::static_files::StaticFiles;
 use tern_server::{Handler, LogTarget, Router, Server, ServerConfig, TlsAcceptor, TlsOptions};
 use tern_vhost::{Action, Fixed, Redirect, Route, RouteOptions, Site, SiteTable, Sites};
 
-use crate::common::{run_server_with_reload, CommonArgs, LogFormatArg, OnReload, ServerReload};
+use crate::common::{
+    run_server_with_reload, CommonArgs, LogFormatArg, OnReload, ReloadOutcome, ReloadTrigger,
+    ServerReload,
+};
 use crate::hardening::{self, FileHardening, Needs};
 use crate::tls::TlsPlan;
 use config::{AppPlan, RouteKind, RunConfig, SiteLog};
@@ -82,10 +85,12 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         )?),
         _ => None,
     };
-    // Before privileges are dropped and the sandbox is on: it makes a file.
+    // Before privileges are dropped and the sandbox is on: it makes a file (and a group
+    // other than tern's own may be given only while tern can).
+    let control_group = control_group(&args.config, &loaded)?;
     let control = loaded
         .control()
-        .map(|p| crate::control::bind(&p))
+        .map(|p| crate::control::bind(&p, control_group.as_ref()))
         .transpose()?;
     let lockdown = hardening::plan(&args.common.hardening, Some(&loaded.hardening()), needs)?;
     let sandbox_connect =
@@ -132,8 +137,12 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         server = gate.install(server);
     }
     let mut server = common.install_bans(server, &[])?;
+    // The control socket's `reload` runs on the signal thread, as SIGHUP's does.
+    let (reload_requester, reload_queue) = crate::common::reload_queue()?;
     if let Some(control) = control {
-        server.background("control", move |stop| control.serve(stop));
+        server.background("control", move |stop| {
+            control.serve(&reload_requester, stop)
+        });
     }
     if !opened_logs.is_empty() {
         server = server.with_access_logs(opened_logs);
@@ -158,19 +167,19 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         stats: stats.clone(),
         sandbox_connect,
     };
-    let on_reload: OnReload = Box::new(move |server: ServerReload<'_>| {
+    let on_reload: OnReload = Box::new(move |server: ServerReload<'_>, trigger| {
         if let Some(acme) = &acme_receiver {
             acme.check_now();
         }
-        match reloader.reload(server) {
-            Ok(changes) => tracing::info!("reload (SIGHUP): {changes}"),
-            Err(e) => tracing::error!(
-                "reload (SIGHUP) failed, nothing changed: {}",
-                hardening::explain_reload_error(e)
-            ),
-        }
+        reloader.reload(server, trigger)
     });
-    run_server_with_reload(server, &what, on_reload, acceptor.as_deref())
+    run_server_with_reload(
+        server,
+        &what,
+        on_reload,
+        acceptor.as_deref(),
+        Some(reload_queue),
+    )
 }
 
 /// `--check`: the problems on stderr, one a line, or a one-line summary on stdout.
@@ -207,6 +216,7 @@ fn check(args: &RunArgs) -> Result<(), String> {
     loaded
         .acme(plain_listener)
         .map_err(|e| format!("config {path}: {e}"))?;
+    control_group(&args.config, &loaded)?;
     let server_config = listeners(&common, tls.as_ref());
     let sites = loaded.sites.len();
     let default = match loaded.default_site {
@@ -224,6 +234,26 @@ fn check(args: &RunArgs) -> Result<(), String> {
         )
     );
     Ok(())
+}
+
+/// The control socket's group (`control_group`), looked up; an unknown one is an error naming
+/// the file and line.
+fn control_group(
+    path: &Path,
+    loaded: &RunConfig,
+) -> Result<Option<crate::control::ControlGroup>, String> {
+    let Some(plan) = &loaded.control_group else {
+        return Ok(None);
+    };
+    crate::control::ControlGroup::lookup(&plan.name)
+        .map(Some)
+        .map_err(|e| {
+            format!(
+                "config {}: line {}: control_group: {e}",
+                path.display(),
+                plan.line
+            )
+        })
 }
 
 /// The server settings and listeners: plain HTTP (with HTTPS on, only when `listen` is
@@ -594,6 +624,9 @@ struct Started {
     http2_websocket: bool,
     app: Option<AppPlan>,
     hardening: FileHardening,
+    /// The control socket and its group (made once, before privileges are dropped).
+    control: Option<PathBuf>,
+    control_group: Option<String>,
 }
 
 impl Started {
@@ -609,6 +642,8 @@ impl Started {
             http2_websocket: loaded.http2_websocket(),
             app: loaded.app.clone(),
             hardening: loaded.hardening(),
+            control: loaded.control(),
+            control_group: loaded.control_group.as_ref().map(|g| g.name.clone()),
         }
     }
 
@@ -643,11 +678,14 @@ impl Started {
         if a.user != b.user || a.group != b.group || a.sandbox != b.sandbox {
             out.push("user, group or sandbox");
         }
+        if self.control != new.control || self.control_group != new.control_group {
+            out.push("control or control_group");
+        }
         out
     }
 }
 
-/// The state the `SIGHUP` handler keeps between reloads.
+/// The state the reload (`SIGHUP`, the control socket's `reload`) keeps between reloads.
 struct Reloader {
     path: PathBuf,
     flags: CommonArgs,
@@ -668,7 +706,7 @@ struct Reloader {
 impl Reloader {
     /// Re-reads the file and, if all of it is usable, swaps the table and applies the
     /// timeouts and limits. Returns the log line's text, or the reason nothing changed.
-    fn reload(&mut self, server: ServerReload<'_>) -> Result<String, String> {
+    fn reload(&mut self, server: ServerReload<'_>, trigger: ReloadTrigger) -> ReloadOutcome {
         let loaded = config::load(&self.path).map_err(|problems| {
             let more = problems.len() - 1;
             let mut first = problems.into_iter().next().unwrap_or_default();
@@ -703,7 +741,7 @@ impl Reloader {
             return Err("a gate was added: restart tern to start it".into());
         }
         if let Some(gate) = &self.gate {
-            crate::gate::reload(gate);
+            crate::gate::reload(gate, trigger);
         }
         // Everything that can fail comes before anything is applied.
         let logs = log_plan(&loaded, &common)?;

@@ -25,9 +25,13 @@ crate::config::server_keys! {
         pub(super) http2_websocket: Option<bool>,
         /// Shared caches by name (`[cache.NAME]`: sizes), for routes with `cache`.
         pub(super) cache: Option<super::cache::CacheBlocks>,
-        /// The control socket (`tern cache purge --control PATH`), relative to the file's folder;
-        /// made at start, before privileges are dropped. Restart only.
+        /// The control socket (`tern reload` and `tern cache purge`, `--control PATH`),
+        /// relative to the file's folder; made at start, before privileges are dropped.
+        /// Restart only.
         pub(super) control: Option<Spanned<PathBuf>>,
+        /// The group given the control socket (mode 0660): its members may reload and purge.
+        /// Looked up at start-up. Restart only.
+        pub(super) control_group: Option<Spanned<String>>,
         #[serde(default)]
         pub(super) site: Vec<SiteFile>,
     }

@@ -59,6 +59,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
     let file: RunFile = toml::from_str(text).map_err(|e| vec![describe(text, &e)])?;
     let mut p = Problems::new(text);
     server::check_server_keys(&file, &mut p);
+    let control_group = server::check_control_group(&file, &mut p);
     if file.site.is_empty() {
         p.list
             .push("no [[site]]: the file serves nothing (see examples/tern.toml)".into());
@@ -151,6 +152,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<RunConfig, Vec<String>> {
         sites,
         default_site: default_site.map(|(i, _, _)| i),
         app: app.map(|(a, _)| a),
+        control_group,
     })
 }
 

@@ -21,6 +21,15 @@ pub struct RunConfig {
     /// Index into `sites` of the site for unknown hosts; `None`: they get 421.
     pub default_site: Option<usize>,
     pub app: Option<AppPlan>,
+    /// The control socket's group (`control_group`), not yet looked up.
+    pub control_group: Option<ControlGroupPlan>,
+}
+
+/// `control_group` as written, and its line (the start-up's lookup names it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlGroupPlan {
+    pub name: String,
+    pub line: usize,
 }
 
 #[derive(Debug)]

@@ -2,6 +2,7 @@
 //! own, in `crate::config`) and `[tls]`'s plain-HTTP redirect.
 
 use super::file::RunFile;
+use super::plan::ControlGroupPlan;
 use super::problems::Problems;
 
 /// The server keys' values and `[tls]`'s redirect keys.
@@ -24,6 +25,37 @@ pub(super) fn check_server_keys(file: &RunFile, p: &mut Problems<'_>) {
     for (at, what) in keys.problems() {
         p.at(at, what);
     }
+}
+
+/// `control_group`: a group name, for a socket there is (`control`). The group is looked up
+/// at start-up, not here: a reload reads the file again, and after the drop of privileges
+/// the sandbox may keep the group database out of reach.
+pub(super) fn check_control_group(
+    file: &RunFile,
+    p: &mut Problems<'_>,
+) -> Option<ControlGroupPlan> {
+    let group = file.control_group.as_ref()?;
+    let name = group.get_ref();
+    let at = group.span().start;
+    if file.control.is_none() {
+        p.at(
+            at,
+            "control_group needs control (the socket it is the group of)",
+        );
+        return None;
+    }
+    if name.is_empty()
+        || name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == ':')
+    {
+        p.at(at, format!("control_group {name:?} is not a group name"));
+        return None;
+    }
+    Some(ControlGroupPlan {
+        name: name.clone(),
+        line: p.line(at),
+    })
 }
 
 #[cfg(test)]
@@ -62,6 +94,31 @@ mod tests {
         assert_eq!(merged.workers, Some(1));
         assert_eq!(merged.idle_timeout, Some(9));
         assert_eq!(c.default_site, Some(0));
+    }
+
+    #[test]
+    fn control_group_needs_control_and_a_group_name_and_keeps_its_line() {
+        const SITE: &str = "[[site]]\nname = \"a\"\ndefault = true\n[[site.route]]\npath = \"/\"\nrespond = \"\"\n";
+        assert_eq!(
+            problems(&format!("control_group = \"daemon\"\n{SITE}")),
+            ["line 1: control_group needs control (the socket it is the group of)"]
+        );
+        assert_eq!(
+            problems(&format!(
+                "control = \"c.sock\"\ncontrol_group = \"www data\"\n{SITE}"
+            )),
+            ["line 2: control_group \"www data\" is not a group name"]
+        );
+        let d = dir();
+        let c = parse(
+            &format!("control = \"c.sock\"\n\ncontrol_group = \"no-such-group\"\n{SITE}"),
+            d.path(),
+        )
+        .unwrap();
+        // Looked up at start-up, not while the file is read.
+        let group = c.control_group.as_ref().unwrap();
+        assert_eq!((group.name.as_str(), group.line), ("no-such-group", 3));
+        assert_eq!(c.control(), Some(d.path().join("c.sock")));
     }
 
     #[test]
