@@ -9,6 +9,7 @@
 pub mod disk;
 pub mod encoded;
 pub mod flight;
+mod front;
 pub mod key;
 pub mod policy;
 pub mod purge;

@@ -14,7 +14,8 @@
 //!   only spreads them over shards (an attacker cannot aim at one shard without the secret);
 //! - it is small (no dependencies beyond hashbrown and parking_lot here), maintained (0.7.0,
 //!   2025, fuzzed and shuttle-tested by its author), MIT.
-//!   A per-worker front without any lock (as static files have) is left for later.
+//!   Each worker keeps a front of the hot entries it found (`front.rs`), so a hit on one takes
+//!   no lock at all, as a static file's does.
 //!
 //! Bodies over the memory tier's largest object go to the cache's folder when it has one
 //! (`disk.rs`): a second map of the same kind holds those entries, weighted by their files'
@@ -117,7 +118,7 @@ fn map<W: Weighter<Key, Arc<Entry>> + Clone>(
     capacity: u64,
     largest: u64,
     weighter: W,
-    evictions: &Arc<AtomicU64>,
+    counts: &CountEvictions,
 ) -> Map<W> {
     // quick_cache bounds each shard by its share of the weight and refuses an item over
     // that share: shards are made few enough that four of the largest objects fit in one.
@@ -131,12 +132,7 @@ fn map<W: Weighter<Key, Arc<Entry>> + Clone>(
         .weight_capacity(capacity)
         .build()
         .expect("the options are in range");
-    Cache::with_options(
-        options,
-        weighter,
-        KeyBits,
-        CountEvictions(evictions.clone()),
-    )
+    Cache::with_options(options, weighter, KeyBits, counts.clone())
 }
 
 /// A cache's folder and the entries whose bodies are there.
@@ -150,9 +146,9 @@ struct DiskStore {
 
 /// Keys are keyed hashes already: the shard and slot come from their bits as they are.
 #[derive(Clone, Default)]
-struct KeyBits;
+pub(crate) struct KeyBits;
 
-struct KeyBitsHasher(u64);
+pub(crate) struct KeyBitsHasher(u64);
 
 impl Hasher for KeyBitsHasher {
     fn finish(&self) -> u64 {
@@ -177,24 +173,37 @@ impl BuildHasher for KeyBits {
     }
 }
 
-/// Counts evictions as the map makes them.
+/// Counts evictions as the map makes them, and each as a change (see `front.rs`).
 #[derive(Clone)]
-struct CountEvictions(Arc<AtomicU64>);
+struct CountEvictions {
+    evictions: Arc<AtomicU64>,
+    changes: Arc<AtomicU64>,
+}
 
 impl Lifecycle<Key, Arc<Entry>> for CountEvictions {
     type RequestState = ();
     fn on_evict(&self, _state: &mut (), _key: Key, _val: Arc<Entry>) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        self.changes.fetch_add(1, Ordering::Release);
     }
 }
 
 /// One named cache's entries (`[cache.NAME]`): shared by the routes that use it.
 pub struct Store {
+    /// Tells stores apart for the workers' fronts (`front.rs`); unique in the process.
+    id: u64,
+    /// Dies with the store: a front of a store gone is dropped.
+    alive: Arc<()>,
+    memory: u64,
+    /// Removals, replacements, evictions and purges so far: a front that sees this move
+    /// empties itself.
+    changes: Arc<AtomicU64>,
     map: Map<ByBytes>,
     /// The share of `memory` that entries' compressed copies may take.
     copies: Arc<CopyBudget>,
     disk: Option<DiskStore>,
     evictions: Arc<AtomicU64>,
+    counts: CountEvictions,
     max_object: u64,
     /// The keys being filled now (coalescing), beside the entries.
     flights: Arc<Flights>,
@@ -207,19 +216,28 @@ pub struct Store {
 impl Store {
     /// A store of at most `memory` bytes, whose largest entry body is `max_object`.
     pub fn new(memory: u64, max_object: u64) -> Store {
-        let evictions = Arc::new(AtomicU64::new(0));
+        static STORES: AtomicU64 = AtomicU64::new(0);
+        let counts = CountEvictions {
+            evictions: Arc::default(),
+            changes: Arc::default(),
+        };
         // An eighth of the memory for compressed copies, the rest for entries.
         let copies = memory / 8;
         Store {
+            id: STORES.fetch_add(1, Ordering::Relaxed),
+            alive: crate::front::token(),
+            memory,
+            changes: counts.changes.clone(),
             map: map(
                 memory - copies,
                 max_object + ENTRY_OVERHEAD,
                 ByBytes,
-                &evictions,
+                &counts,
             ),
             copies: CopyBudget::new(copies),
             disk: None,
-            evictions,
+            evictions: counts.evictions.clone(),
+            counts,
             max_object,
             flights: Arc::default(),
             purges: AtomicU64::new(0),
@@ -231,7 +249,7 @@ impl Store {
     /// `tier`'s folder, at most `size` bytes of them.
     pub fn with_disk(mut self, tier: DiskTier, size: u64, max_object: u64) -> Store {
         self.disk = Some(DiskStore {
-            map: map(size, max_object, ByFileBytes, &self.evictions),
+            map: map(size, max_object, ByFileBytes, &self.counts),
             tier,
             max_object,
             damaged: AtomicU64::new(0),
@@ -248,6 +266,28 @@ impl Store {
     /// still being sent, included).
     pub fn disk_bytes(&self) -> u64 {
         self.disk.as_ref().map_or(0, |d| d.tier.bytes())
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn alive(&self) -> std::sync::Weak<()> {
+        Arc::downgrade(&self.alive)
+    }
+
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// The memory it was given (entries, copies).
+    pub fn memory(&self) -> u64 {
+        self.memory
+    }
+
+    /// Counts a change the workers' fronts must see, after it is made.
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
     }
 
     pub fn flights(&self) -> &Arc<Flights> {
@@ -267,6 +307,7 @@ impl Store {
                     if !body.intact() {
                         // Never sent as the answer: the request goes to the app.
                         disk.map.remove(key);
+                        self.changed();
                         disk.damaged.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(
                             "cache folder {}: {} no longer holds its {} bytes: entry dropped",
@@ -295,17 +336,13 @@ impl Store {
     pub fn insert(&self, key: Key, entry: Entry) {
         match (&entry.body, &self.disk) {
             (StoredBody::Memory(b), _) if b.len() as u64 <= self.max_object => {
-                if let Some(disk) = &self.disk {
-                    disk.map.remove(&key);
-                }
                 entry.copies.charge_to(&self.copies);
                 // Removed first: quick_cache reports a replaced value as an eviction.
-                self.map.remove(&key);
+                self.remove(&key);
                 self.map.insert(key, Arc::new(entry));
             }
             (StoredBody::Disk(b), Some(disk)) if b.len() <= disk.max_object => {
-                self.map.remove(&key);
-                disk.map.remove(&key);
+                self.remove(&key);
                 disk.map.insert(key, Arc::new(entry));
             }
             _ => {}
@@ -349,6 +386,7 @@ impl Store {
         if let Some(disk) = &self.disk {
             disk.map.retain(keep);
         }
+        self.changed();
         let dropped = dropped.into_inner();
         self.purged.fetch_add(dropped, Ordering::Relaxed);
         dropped
@@ -359,10 +397,15 @@ impl Store {
         self.purged.load(Ordering::Relaxed)
     }
 
+    /// Drops the entry under `key`, if any (a change the workers' fronts see: a new key is
+    /// not one, since no front can hold it).
     pub fn remove(&self, key: &Key) {
-        self.map.remove(key);
+        let mut removed = self.map.remove(key).is_some();
         if let Some(disk) = &self.disk {
-            disk.map.remove(key);
+            removed |= disk.map.remove(key).is_some();
+        }
+        if removed {
+            self.changed();
         }
     }
 
@@ -371,6 +414,7 @@ impl Store {
         if let Some(disk) = &self.disk {
             disk.map.clear();
         }
+        self.changed();
     }
 
     /// Bytes of memory held (heads, bodies in memory, overhead, compressed copies).
@@ -384,6 +428,13 @@ impl Store {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Drops an entry without counting a change (tests of the fronts only: what a front
+    /// answers from itself).
+    #[cfg(test)]
+    pub(crate) fn forget_quietly(&self, key: &Key) {
+        self.map.remove(key);
     }
 
     /// Entries evicted to make room, since the start.

@@ -11,6 +11,8 @@ pub(super) struct Validators<'a> {
     pub(super) if_none_match: Option<&'a [u8]>,
     pub(super) if_modified_since: Option<&'a [u8]>,
     pub(super) range: Option<(&'a [u8], Option<&'a [u8]>)>,
+    /// The client takes some coding: a whole body's compressed copies are offered.
+    pub(super) codings: bool,
 }
 
 impl<'a> Validators<'a> {
@@ -24,6 +26,7 @@ impl<'a> Validators<'a> {
                 .then_some(head.range)
                 .flatten()
                 .map(|r| (r, head.if_range)),
+            codings: head.accept_encoding.is_some(),
         }
     }
 }
@@ -103,7 +106,7 @@ pub(super) fn answer(
                 let mut r = Response::new(entry.status).with_body(body_of(entry, 0, len));
                 r.push_raw_headers(&entry.head);
                 // A whole body in memory is compressed once per coding, then sent as kept.
-                if let StoredBody::Memory(_) = entry.body {
+                if let (StoredBody::Memory(_), true) = (&entry.body, asked.codings) {
                     r.copies = Some(entry.copies.clone());
                 }
                 r

@@ -220,6 +220,8 @@ impl AnswerTee for Fill {
             if_none_match: None,
             if_modified_since: None,
             range: None,
+            // Rare paths: the copies are offered whatever the client takes.
+            codings: true,
         };
         let Some(entry) = self.refreshed(&old, head, date, unix_secs) else {
             // Confirmed, but no longer to be kept (the 304 says no-store, say): this client

@@ -307,6 +307,17 @@ impl RouteCache {
             })),
             RequestVerdict::Lookup => {
                 let now = req.unix_secs;
+                // A fresh entry: from this worker's front when it is hot (no lock, nothing
+                // shared written), else from the store.
+                let fresh = |e: &Entry| {
+                    e.freshness
+                        .is_fresh(now)
+                        .then(|| self.answer(req, e, now, cx.worker_id))
+                };
+                if let Some(answer) = self.store.answer_hot(&key, fresh) {
+                    self.counts.bump(cx.worker_id, Count::Hit);
+                    return CacheStep::Hit(answer);
+                }
                 // A stale entry still within a window it may be served in.
                 let mut stale = None;
                 if let Some(entry) = self.store.get(&key) {

@@ -63,6 +63,8 @@ impl Hold for Waiter {
                     if_none_match: self.if_none_match.as_deref(),
                     if_modified_since: self.if_modified_since.as_deref(),
                     range: None,
+                    // Rare paths: the copies are offered whatever the client takes.
+                    codings: true,
                 };
                 let status = self
                     .status_field
@@ -120,6 +122,8 @@ impl Fallback for StaleOnError {
             if_none_match: self.if_none_match.as_deref(),
             if_modified_since: self.if_modified_since.as_deref(),
             range: None,
+            // Rare paths: the copies are offered whatever the client takes.
+            codings: true,
         };
         let status = self
             .status_field
