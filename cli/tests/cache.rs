@@ -544,6 +544,33 @@ fn a_hit_is_compressed_once_per_coding_and_the_copy_kept_in_the_caches_memory() 
 }
 
 #[test]
+fn a_flood_of_distinct_keys_keeps_memory_within_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start();
+    let conf = config(
+        dir.path(),
+        &app,
+        &format!("{CACHED}{METRICS}"),
+        "[cache.main]\nmemory = \"256K\"\nmax_object = \"16K\"\n",
+    );
+    let tern = Tern::start_run(&conf);
+    let mut client = tern.client();
+    for i in 0..3000 {
+        let r = client.get(&format!("/page?flood={i}"), &[]);
+        assert_eq!(r.status, 200);
+    }
+    let page = tern.get("/metrics").text();
+    let bytes = series_value(&page, "tern_cache_memory_bytes{cache=\"main\"}");
+    let stored = series_value(&page, "tern_cache_stored_total{cache=\"main\"}");
+    let evicted = series_value(&page, "tern_cache_evictions_total{cache=\"main\"}");
+    assert_eq!(stored, 3000.0);
+    assert!(evicted > 1000.0, "{evicted}");
+    assert!(bytes <= (256 * 1024) as f64, "{bytes} bytes held");
+    assert!(bytes > (64 * 1024) as f64, "it is used: {bytes}");
+    assert_eq!(app.asked("/page?flood=2999").len(), 1);
+}
+
+#[test]
 fn a_successful_post_drops_its_target() {
     let (_dir, app, tern) = started(CACHED);
     assert!(tern.get("/doc").text().contains("#1"));
