@@ -24,6 +24,8 @@ mod access_log;
 mod acme;
 mod bans;
 mod cache;
+mod cache_php;
+mod cache_poisoning;
 mod compress;
 mod demo;
 mod fastcgi;
