@@ -6,14 +6,17 @@
 //! get what the app answers a normal request (and the app must never have seen the
 //! attacker's unkeyed input).
 //!
-//! Covered: unkeyed fields (forwarding claims, URL and method overrides, unkeyed query
-//! parameters, a trusted proxy's fields), GETs with a body (a length or chunks, one hiding a
-//! request), web cache deception (`/account/x.css` and its delimiter variants, for an app
-//! that marks per-user pages public, private, or answers them with `Set-Cookie`), path and
-//! delimiter normalisation, Host variants (case, trailing dot, port, absolute-form targets,
-//! a duplicate Host, none at all), CPDoS (oversized fields, meta characters, method
-//! override, errors the app or tern answered, 404 and 410 stored only as the rules say),
-//! logged-in answers and credentials, and ranges on a miss.
+//! Covered: unkeyed fields (forwarding claims, URL and method overrides, conditionals,
+//! unkeyed query parameters, a trusted proxy's fields), GETs with a body (a length or
+//! chunks, one hiding a request), web cache deception (`/account/x.css` and its delimiter
+//! variants, for an app that marks per-user pages public, private, or answers them with
+//! `Set-Cookie`), path and delimiter normalisation, Host variants (case, trailing dot, port,
+//! absolute-form targets, a duplicate Host, none at all), CPDoS (oversized fields, meta
+//! characters, method override, errors the app or tern answered, 404 and 410 stored only as
+//! the rules say), logged-in answers and credentials, ranges on a miss, an app answer longer
+//! than its framing (a body after a HEAD answer), and a WebSocket handshake on a cached page.
+//!
+//! Two tests are ignored: they fail on tern today, and their `ignore` names the bug.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -197,7 +200,7 @@ fn percent_decode(s: &str) -> Vec<u8> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() + 0 && i + 2 <= b.len() - 1 {
+        if b[i] == b'%' && i + 2 < b.len() {
             out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
             i += 3;
         } else {
@@ -777,9 +780,17 @@ fn web_cache_deception_never_serves_a_logged_in_page_to_a_logged_out_client() {
                     assert_eq!(own.status, 400, "{url}: {}", own.text());
                     continue;
                 }
-                Some(_) => {
+                Some(sent) => {
                     assert_eq!(own.status, 200, "{url}");
                     assert_eq!(own.header("cache-status"), BYPASS, "{url} {credentials:?}");
+                    // Their own page, made for them (`/x.css` is no account page).
+                    if sent.contains("account") {
+                        assert!(
+                            own.text().starts_with("account of "),
+                            "{url}: {}",
+                            own.text()
+                        );
+                    }
                 }
             }
             // The attacker, logged out, asks for the same URL: never the victim's page.
@@ -808,13 +819,15 @@ fn web_cache_deception_never_serves_a_logged_in_page_to_a_logged_out_client() {
             "{target} reached the app"
         );
     }
-    // The victim got their page each time, the logged-out ones never: count the pages.
-    let pages: Vec<Seen> = app.all();
-    let with_victim = pages
+    // Every logged-in request that tern let through reached the app with its credentials
+    // (it went past the cache): 4 victims for each URL the app is sent.
+    let reached = urls.iter().filter(|(_, sent)| sent.is_some()).count();
+    let with_credentials = app
+        .all()
         .iter()
         .filter(|s| find(&s.head, b"victim").is_some() || find(&s.head, b"dmljdGlt").is_some())
         .count();
-    assert!(with_victim > 0);
+    assert_eq!(with_credentials, reached * victims.len());
     // Only logged-out pages of the careless `/account` (public, max-age) were stored; the
     // private and Set-Cookie ones never.
     let stored = tern.metric("tern_cache_stored_total{cache=\"main\"}");
@@ -822,7 +835,8 @@ fn web_cache_deception_never_serves_a_logged_in_page_to_a_logged_out_client() {
         .iter()
         .filter(|(u, s)| s.is_some() && u.starts_with("/account") || u.starts_with("/enc/"))
         .count() as u64;
-    // `/account/%2e%2e/x.css` is `/x.css`: a page of its own, stored once for all prefixes.
+    // (`/account/%2e%2e/x.css` is `/x.css`, a page stored once, which the other prefixes'
+    // `/%2e%2e/x.css` then hit.)
     assert_eq!(stored, careless, "one logged-out page per careless URL");
     assert_eq!(
         tern.metric("tern_cache_uncacheable_total{cause=\"private\",cache=\"main\"}")
@@ -1408,10 +1422,7 @@ fn an_answer_longer_than_its_framing_is_never_taken_for_the_next_requests_answer
             );
         }
     }
-    assert_eq!(
-        app.asked("/reflect?q={q}&i=0".replace("{q}", &q).as_str()),
-        1
-    );
+    assert_eq!(app.asked(&format!("/reflect?q={q}&i=0")), 1);
 }
 
 #[test]
