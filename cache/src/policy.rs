@@ -166,15 +166,19 @@ pub enum Bypass {
     Authorization,
     Identity,
     Cookie,
+    /// A protocol switch (a WebSocket handshake): its answer is the app's to that
+    /// handshake, never a page, and its key fields are ones the key does not hold.
+    Upgrade,
 }
 
 impl Bypass {
-    pub const ALL: [Bypass; 5] = [
+    pub const ALL: [Bypass; 6] = [
         Bypass::Method,
         Bypass::Body,
         Bypass::Authorization,
         Bypass::Identity,
         Bypass::Cookie,
+        Bypass::Upgrade,
     ];
 
     pub fn name(self) -> &'static str {
@@ -184,6 +188,7 @@ impl Bypass {
             Bypass::Authorization => "authorization",
             Bypass::Identity => "identity",
             Bypass::Cookie => "cookie",
+            Bypass::Upgrade => "upgrade",
         }
     }
 }
@@ -207,6 +212,9 @@ pub fn judge_request(rules: &Rules, req: &RequestFacts<'_>) -> RequestVerdict {
     }
     if req.has_body {
         return RequestVerdict::Bypass(Bypass::Body);
+    }
+    if has(req.fields, "upgrade") {
+        return RequestVerdict::Bypass(Bypass::Upgrade);
     }
     // The gate's identity reaches the app as X-Auth-User: a page made for one account.
     if req.identity {
@@ -999,6 +1007,12 @@ mod tests {
         assert_eq!(
             request(&open, MethodClass::Read, &[("Authorization", "Bearer x")]),
             RequestVerdict::Lookup
+        );
+        // A WebSocket handshake (any protocol switch) goes past: its answer is no page.
+        let ws = [("Connection", "Upgrade"), ("Upgrade", "websocket")];
+        assert_eq!(
+            request(&Rules::default(), MethodClass::Read, &ws),
+            RequestVerdict::Bypass(Bypass::Upgrade)
         );
     }
 

@@ -450,6 +450,7 @@ fn metrics_count_hits_misses_bypasses_and_stores_on_the_php_route() {
         (label("cause", "cookie"), 1.0),
         (label("cause", "identity"), 0.0),
         (label("cause", "method"), 0.0),
+        (label("cause", "upgrade"), 0.0),
     ]
     .into_iter()
     .collect();

@@ -214,7 +214,14 @@ fn build_with(
     }
 
     let trusted = options.trusted.is_trusted(req.peer.ip());
-    let peer = req.peer.ip().to_canonical();
+    // On a keyed request the forwarding fields hold only what tern decided, never text a
+    // client wrote: the client is the one address the trusted proxies' list resolves to,
+    // not the list (whose start the client writes, and which the app could put in a page
+    // the cache then gives everyone).
+    let peer = match keyed {
+        Some(_) if trusted => options.trusted.client_ip(req.peer, head).to_canonical(),
+        _ => req.peer.ip().to_canonical(),
+    };
     let mut ip_text = [0u8; 64];
     let ip = ip_str(peer, &mut ip_text);
     let existing = |name: &'static str| {
@@ -227,7 +234,7 @@ fn build_with(
 
     // X-Forwarded-For: the list so far (from a trusted proxy only), then this hop's client.
     out.extend_from_slice(b"X-Forwarded-For: ");
-    if trusted {
+    if trusted && keyed.is_none() {
         for v in existing("x-forwarded-for") {
             out.extend_from_slice(v);
             out.extend_from_slice(b", ");
@@ -709,12 +716,14 @@ mod tests {
             });
         let h = String::from_utf8(head).unwrap();
         assert_eq!(key_host, b"www.example.org");
+        // The client is the one address the trusted proxy's fields resolve to (its
+        // Forwarded for=), never its list.
         assert_eq!(
             h,
             "GET /p?a=1&b=2 HTTP/1.1\r\nHost: www.example.org\r\nAccept: */*\r\n\
-             X-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Proto: http\r\n\
+             X-Forwarded-For: 1.2.3.4\r\nX-Forwarded-Proto: http\r\n\
              X-Forwarded-Host: www.example.org\r\n\
-             Forwarded: for=10.0.0.9;proto=http;host=\"www.example.org\"\r\n"
+             Forwarded: for=1.2.3.4;proto=http;host=\"www.example.org\"\r\n"
         );
     }
 }
