@@ -179,7 +179,10 @@ impl Response {
                 && line[name.len()] == b':'
                 && line[..name.len()].eq_ignore_ascii_case(name);
             if !matches {
-                lines.copy_within(read..end, write);
+                // Nothing removed yet: the line is where it stays.
+                if read != write {
+                    lines.copy_within(read..end, write);
+                }
                 write += end - read;
             }
             read = end;
