@@ -70,8 +70,8 @@ impl Store {
         Some(given)
     }
 
-    /// This thread's front of the store, emptied if the store changed since `changes`... was
-    /// recorded (made, and the fronts of stores gone dropped, if it has none).
+    /// This thread's front of the store, emptied if the store's change count is no longer
+    /// `changes` (made, and the fronts of stores gone dropped, if it has none).
     fn front<'f>(&self, fronts: &'f mut Vec<Front>, changes: u64) -> &'f mut Front {
         let i = match fronts.iter().position(|f| f.store == self.id()) {
             Some(i) => i,
@@ -97,37 +97,15 @@ impl Store {
     }
 }
 
-/// The token a front keeps of its store (see [`Front::alive`]).
-pub(crate) fn token() -> Arc<()> {
-    Arc::new(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Freshness;
-    use crate::purge::{Purge, Target};
+    use crate::purge::Purge;
+    use crate::store::test_entry;
     use bytes::Bytes;
 
     fn entry(body: &'static [u8]) -> Entry {
-        Entry {
-            status: 200,
-            head: Bytes::new(),
-            body: StoredBody::Memory(Bytes::from_static(body)),
-            freshness: Freshness {
-                lifetime: 60,
-                initial_age: 0,
-                stored_at: 0,
-                no_stale: false,
-                stale_while_revalidate: 0,
-                stale_if_error: 0,
-            },
-            etag: None,
-            last_modified: None,
-            target: Arc::new(Target::new(b"example.com", "/", None)),
-            tags: Arc::new([]),
-            copies: Arc::default(),
-        }
+        test_entry(Bytes::from_static(body))
     }
 
     fn body(store: &Store, key: u128) -> Option<Vec<u8>> {

@@ -225,7 +225,7 @@ impl Store {
         let copies = memory / 8;
         Store {
             id: STORES.fetch_add(1, Ordering::Relaxed),
-            alive: crate::front::token(),
+            alive: Arc::new(()),
             memory,
             changes: counts.changes.clone(),
             map: map(
@@ -443,29 +443,35 @@ impl Store {
     }
 }
 
+/// A fresh 200 entry for `/` on example.com with `body` in memory (the crate's tests).
+#[cfg(test)]
+pub(crate) fn test_entry(body: Bytes) -> Entry {
+    Entry {
+        status: 200,
+        head: Bytes::from_static(b"Content-Type: text/plain\r\n"),
+        body: StoredBody::Memory(body),
+        freshness: Freshness {
+            lifetime: 60,
+            initial_age: 0,
+            stored_at: 0,
+            no_stale: false,
+            stale_while_revalidate: 0,
+            stale_if_error: 0,
+        },
+        etag: None,
+        last_modified: None,
+        target: Arc::new(Target::new(b"example.com", "/", None)),
+        tags: Arc::new([]),
+        copies: Arc::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn entry(body: usize) -> Entry {
-        Entry {
-            status: 200,
-            head: Bytes::from_static(b"Content-Type: text/plain\r\n"),
-            body: StoredBody::Memory(Bytes::from(vec![b'x'; body])),
-            freshness: Freshness {
-                lifetime: 60,
-                initial_age: 0,
-                stored_at: 0,
-                no_stale: false,
-                stale_while_revalidate: 0,
-                stale_if_error: 0,
-            },
-            etag: None,
-            last_modified: None,
-            target: Arc::new(Target::new(b"example.com", "/", None)),
-            tags: Arc::new([]),
-            copies: Arc::default(),
-        }
+        test_entry(Bytes::from(vec![b'x'; body]))
     }
 
     #[test]

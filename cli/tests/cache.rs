@@ -235,6 +235,15 @@ fn config(dir: &Path, app: &App, route_keys: &str, blocks: &str) -> std::path::P
     conf
 }
 
+/// `tern run --check` on `conf`.
+fn check(conf: &Path) -> std::process::Output {
+    Command::new(TERN)
+        .args(["run", "--check", "--config"])
+        .arg(conf)
+        .output()
+        .unwrap()
+}
+
 fn started(route_keys: &str) -> (tempfile::TempDir, App, Tern) {
     started_with(route_keys, "")
 }
@@ -597,11 +606,7 @@ fn check_names_the_lines_of_wrong_cache_keys() {
          cache_key_headers = [\"Cookie\"]",
         "[cache.main]\nmemory = \"lots\"\n",
     );
-    let out = Command::new(TERN)
-        .args(["run", "--check", "--config"])
-        .arg(&conf)
-        .output()
-        .unwrap();
+    let out = check(&conf);
     assert!(!out.status.success());
     let text =
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
@@ -625,11 +630,7 @@ fn check_names_the_lines_of_wrong_cache_keys() {
         "cache = \"main\"",
         "[cache.main]\nmemory = \"4M\"\nlock = \"soon\"\nstale_if_error = \"later\"\n",
     );
-    let out = Command::new(TERN)
-        .args(["run", "--check", "--config"])
-        .arg(&conf)
-        .output()
-        .unwrap();
+    let out = check(&conf);
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("line 3: lock \"soon\": a duration"), "{text}");
@@ -666,21 +667,13 @@ fn check_names_the_lines_of_wrong_cache_keys() {
             "cache = \"main\"",
             &format!("[cache.main]\nmemory = \"64M\"\n{block}"),
         );
-        let out = Command::new(TERN)
-            .args(["run", "--check", "--config"])
-            .arg(&conf)
-            .output()
-            .unwrap();
+        let out = check(&conf);
         assert!(!out.status.success(), "{block}");
         let text = String::from_utf8_lossy(&out.stderr);
         assert!(text.contains(needle), "{needle:?} not in:\n{text}");
     }
     let conf = config(dir.path(), &app, "cache = true\ncache_override = true", "");
-    let out = Command::new(TERN)
-        .args(["run", "--check", "--config"])
-        .arg(&conf)
-        .output()
-        .unwrap();
+    let out = check(&conf);
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -1578,11 +1571,7 @@ fn a_php_scripts_answer_is_cached_until_a_cookie_or_a_post_says_otherwise() {
 fn check_takes_the_cache_keys_on_a_php_route() {
     let dir = tempfile::tempdir().unwrap();
     let conf = php_config(dir.path(), &dir.path().join("php.sock"));
-    let out = Command::new(TERN)
-        .args(["run", "--check", "--config"])
-        .arg(&conf)
-        .output()
-        .unwrap();
+    let out = check(&conf);
     assert!(
         out.status.success(),
         "{}",
@@ -1605,11 +1594,7 @@ fn check_takes_the_cache_keys_on_a_php_route() {
         );
     let conf = dir.path().join("wp.toml");
     std::fs::write(&conf, example).unwrap();
-    let out = Command::new(TERN)
-        .args(["run", "--check", "--config"])
-        .arg(&conf)
-        .output()
-        .unwrap();
+    let out = check(&conf);
     assert!(
         out.status.success(),
         "{}",

@@ -16,6 +16,21 @@ pub(super) struct Validators<'a> {
 }
 
 impl<'a> Validators<'a> {
+    /// For an answer given later than its request (a waiter's, a stale one in place of a
+    /// failed app, a refresh's): the validators kept from the request, the whole entry, and
+    /// its compressed copies offered whatever the client takes (the compression decides).
+    pub(super) fn kept(
+        if_none_match: Option<&'a [u8]>,
+        if_modified_since: Option<&'a [u8]>,
+    ) -> Validators<'a> {
+        Validators {
+            if_none_match,
+            if_modified_since,
+            range: None,
+            codings: true,
+        }
+    }
+
     pub(super) fn of(req: &Request<'a>) -> Validators<'a> {
         let head = req.head;
         Validators {

@@ -216,13 +216,7 @@ impl AnswerTee for Fill {
         let status = self
             .status_field
             .then_some(&b"tern; fwd=stale; fwd-status=304"[..]);
-        let none = Validators {
-            if_none_match: None,
-            if_modified_since: None,
-            range: None,
-            // Rare paths: the copies are offered whatever the client takes.
-            codings: true,
-        };
+        let none = Validators::kept(None, None);
         let Some(entry) = self.refreshed(&old, head, date, unix_secs) else {
             // Confirmed, but no longer to be kept (the 304 says no-store, say): this client
             // still gets the body the app confirmed.

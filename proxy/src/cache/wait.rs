@@ -59,13 +59,10 @@ impl Hold for Waiter {
                     return self.go(Count::Miss);
                 }
                 self.fill.counts.bump(worker, Count::Coalesced);
-                let asked = Validators {
-                    if_none_match: self.if_none_match.as_deref(),
-                    if_modified_since: self.if_modified_since.as_deref(),
-                    range: None,
-                    // Rare paths: the copies are offered whatever the client takes.
-                    codings: true,
-                };
+                let asked = Validators::kept(
+                    self.if_none_match.as_deref(),
+                    self.if_modified_since.as_deref(),
+                );
                 let status = self
                     .status_field
                     .then_some(&b"tern; hit; detail=coalesced"[..]);
@@ -118,13 +115,10 @@ impl Fallback for StaleOnError {
         }
         let (counts, worker) = (&self.counts, self.worker);
         counts.bump(worker, Count::StaleError);
-        let asked = Validators {
-            if_none_match: self.if_none_match.as_deref(),
-            if_modified_since: self.if_modified_since.as_deref(),
-            range: None,
-            // Rare paths: the copies are offered whatever the client takes.
-            codings: true,
-        };
+        let asked = Validators::kept(
+            self.if_none_match.as_deref(),
+            self.if_modified_since.as_deref(),
+        );
         let status = self
             .status_field
             .then_some(&b"tern; fwd=stale; detail=stale-if-error"[..]);
