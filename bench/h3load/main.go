@@ -1,0 +1,498 @@
+// h3load: an HTTP/3 load generator for tern's benchmark (rows h3-small and h3-large), in the
+// manner of h2load, on quic-go's http3 package.
+//
+//	h3load [-c connections] [-m streams] [-d duration | -n requests] [-k | -ca FILE]
+//	       [-H 'name: value']... [-timeout S] URL [URL...]
+//
+// Each connection has a UDP socket of its own (so a server that spreads flows over
+// SO_REUSEPORT sockets by 4-tuple sees -c flows, as with h2load's TCP connections) and -m
+// workers, each keeping one request in flight on it: -m concurrent streams per connection.
+// Requests go to the URLs in turn. The handshakes are made before the clock starts. With -d
+// the run stops at the deadline: requests still in flight then are not counted, and the
+// connections are closed. With -n the run stops when that many requests are done (or
+// -timeout after the start: what is unfinished then counts as errors).
+//
+// Output, one line of JSON on stdout:
+//
+//	{"requests":N,"ok":N,"errors":N,"bytes":N,"seconds":S,"rps":R,"p50_us":..,"p99_us":..}
+//
+// requests: requests finished (answered or failed) within the run; ok: those answered with a
+// 2xx status and their whole body; errors: the others (failed streams or connections,
+// other statuses); bytes: response body bytes read (all of them, also those of requests cut
+// at the deadline); rps: ok / seconds; p50_us, p99_us: request times of the ok requests (from
+// opening the stream to the body's end), within about 1.6 %. Errors are described on stderr.
+//
+// It pins no CPU and starts no threads of its own: run it under taskset to pin it. Flow
+// control never holds a server back (windows of 64 MiB per stream, 1 GiB per connection,
+// like h2load's -w30 -W30), and no Accept-Encoding is sent.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/bits"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"runtime/debug"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+)
+
+type headerFlags []string
+
+func (h *headerFlags) String() string     { return strings.Join(*h, ", ") }
+func (h *headerFlags) Set(v string) error { *h = append(*h, v); return nil }
+
+// A log-linear histogram of microseconds: values under 128 exactly, above that 64 buckets per
+// power of two. 128 + 64*57 buckets reach past 2^63.
+const histBuckets = 128 + 64*57
+
+func bucketOf(v uint64) int {
+	if v < 128 {
+		return int(v)
+	}
+	shift := bits.Len64(v) - 7
+	return 128 + (shift-1)*64 + int(v>>uint(shift)) - 64
+}
+
+func valueOf(i int) uint64 {
+	if i < 128 {
+		return uint64(i)
+	}
+	k := i - 128
+	shift := uint(k/64 + 1)
+	return (uint64(k%64+64) << shift) + (uint64(1)<<shift)/2
+}
+
+// The counters of one connection's workers (atomics: several workers share them).
+type stats struct {
+	requests, ok, errors, bytes atomic.Uint64
+	hist                        [histBuckets]atomic.Uint64
+}
+
+type config struct {
+	addr     *net.UDPAddr
+	tls      *tls.Config
+	quic     *quic.Config
+	h3       *http3.Transport
+	timeout  time.Duration
+	deadline time.Time // -d: requests that end after it are not counted
+	stopped  atomic.Bool
+	limited  bool         // -n
+	left     atomic.Int64 // -n: requests not yet claimed by a worker
+	errLog   atomic.Int64 // error lines still to print
+	reconns  atomic.Uint64
+}
+
+func (cfg *config) logErr(format string, a ...any) {
+	if cfg.errLog.Add(-1) >= 0 {
+		fmt.Fprintf(os.Stderr, "h3load: "+format+"\n", a...)
+	}
+}
+
+// One connection: its own UDP socket and quic.Transport, redialled when it dies.
+type conn struct {
+	cfg   *config
+	mu    sync.Mutex
+	gen   uint64
+	tr    *quic.Transport
+	qc    *quic.Conn
+	cc    *http3.ClientConn
+	stats stats
+}
+
+func (c *conn) dial() error {
+	udp, err := net.ListenUDP("udp", nil)
+	if err != nil {
+		return err
+	}
+	tr := &quic.Transport{Conn: udp}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.timeout)
+	defer cancel()
+	qc, err := tr.Dial(ctx, c.cfg.addr, c.cfg.tls, c.cfg.quic)
+	if err != nil {
+		tr.Close()
+		udp.Close()
+		return err
+	}
+	if c.tr != nil {
+		c.qc.CloseWithError(0, "")
+		old := c.tr
+		go func() { old.Close(); old.Conn.Close() }()
+	}
+	c.tr, c.qc, c.cc = tr, qc, c.cfg.h3.NewClientConn(qc)
+	c.gen++
+	return nil
+}
+
+func (c *conn) get() (*http3.ClientConn, uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cc, c.gen
+}
+
+// redial replaces connection number gen if no other worker did it already.
+func (c *conn) redial(gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen != gen || c.cfg.stopped.Load() {
+		return
+	}
+	c.cfg.reconns.Add(1)
+	if err := c.dial(); err != nil {
+		c.cfg.logErr("reconnecting: %v", err)
+		time.Sleep(10 * time.Millisecond) // a refusing server is not spun on
+	}
+}
+
+func (c *conn) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.qc != nil {
+		c.qc.CloseWithError(0, "")
+		c.tr.Close()
+		c.tr.Conn.Close()
+	}
+}
+
+// worker keeps one request at a time in flight on c until the run ends.
+func (c *conn) worker(reqs []*http.Request, first int, wg *sync.WaitGroup) {
+	defer wg.Done()
+	cfg := c.cfg
+	st := &c.stats
+	buf := make([]byte, 64<<10)
+	for i := first; ; i++ {
+		if cfg.stopped.Load() {
+			return
+		}
+		if cfg.limited && cfg.left.Add(-1) < 0 {
+			return
+		}
+		req := reqs[i%len(reqs)]
+		cc, gen := c.get()
+		t0 := time.Now()
+		str, err := cc.OpenRequestStream(context.Background())
+		if err != nil {
+			// Closed, or GOAWAY: no new stream can be opened on this connection.
+			if c.count(false, t0, err) {
+				cfg.logErr("opening a stream: %v", err)
+			}
+			c.redial(gen)
+			continue
+		}
+		status := 0
+		var n int64
+		if err = str.SendRequestHeader(req); err == nil {
+			str.Close()
+			var rsp *http.Response
+			if rsp, err = str.ReadResponse(); err == nil {
+				status = rsp.StatusCode
+				for {
+					var k int
+					k, err = str.Read(buf)
+					n += int64(k)
+					if err != nil {
+						break
+					}
+				}
+				if err == io.EOF {
+					err = nil
+				}
+			}
+		}
+		st.bytes.Add(uint64(n))
+		if err != nil {
+			str.CancelRead(quic.StreamErrorCode(http3.ErrCodeRequestCanceled))
+			str.CancelWrite(quic.StreamErrorCode(http3.ErrCodeRequestCanceled))
+			if c.count(false, t0, err) {
+				cfg.logErr("%s: %v", req.URL, err)
+			}
+			if cc.Context().Err() != nil {
+				c.redial(gen)
+			}
+			continue
+		}
+		ok := status >= 200 && status < 300
+		if !c.count(ok, t0, nil) || ok {
+			continue
+		}
+		cfg.logErr("%s: status %d", req.URL, status)
+	}
+}
+
+// count records a finished request; false when it ended after the run (not counted).
+func (c *conn) count(ok bool, t0 time.Time, err error) bool {
+	now := time.Now()
+	cfg := c.cfg
+	if cfg.stopped.Load() || (!cfg.deadline.IsZero() && now.After(cfg.deadline)) {
+		return false
+	}
+	st := &c.stats
+	st.requests.Add(1)
+	if !ok {
+		st.errors.Add(1)
+		return true
+	}
+	st.ok.Add(1)
+	us := uint64(now.Sub(t0) / time.Microsecond)
+	st.hist[bucketOf(us)].Add(1)
+	return true
+}
+
+func fail(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "h3load: "+format+"\n", a...)
+	os.Exit(2)
+}
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	conns := flag.Int("c", 1, "connections (each with its own UDP socket)")
+	streams := flag.Int("m", 1, "concurrent streams (requests in flight) per connection")
+	duration := flag.Duration("d", 0, "run for this long (e.g. 2s), or")
+	requests := flag.Int64("n", 0, "send this many requests in all (default 1 without -d)")
+	insecure := flag.Bool("k", false, "accept any server certificate")
+	caFile := flag.String("ca", "", "trust the CA certificates in this PEM file (instead of the system's)")
+	sni := flag.String("sni", "", "TLS server name (default: the URL's host)")
+	timeout := flag.Duration("timeout", 30*time.Second, "handshake timeout; with -n, the whole run's")
+	cpuProfile := flag.String("cpuprofile", "", "write a Go CPU profile of the run to this file")
+	var headers headerFlags
+	flag.Var(&headers, "H", "add a request header 'name: value' (repeatable)")
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: h3load [-c N] [-m N] [-d DURATION | -n N] [-k | -ca FILE] [-sni NAME] [-H 'name: value']... [-timeout D] URL [URL...]\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() == 0 || *conns < 1 || *streams < 1 || *duration < 0 || *requests < 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if *duration > 0 && *requests > 0 {
+		fail("-d and -n exclude each other")
+	}
+	if *duration == 0 && *requests == 0 {
+		*requests = 1
+	}
+
+	var host string
+	var urls []*url.URL
+	for _, a := range flag.Args() {
+		u, err := url.Parse(a)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			fail("%q: not an https:// URL", a)
+		}
+		if host != "" && u.Host != host {
+			fail("all URLs must name the same host and port (%s, %s)", host, u.Host)
+		}
+		host = u.Host
+		urls = append(urls, u)
+	}
+	hostname, port := urls[0].Hostname(), urls[0].Port()
+	if port == "" {
+		port = "443"
+	}
+	addr, err := net.ResolveUDPAddr("udp", net.JoinHostPort(hostname, port))
+	if err != nil {
+		fail("%v", err)
+	}
+
+	tlsConf := &tls.Config{
+		ServerName:         hostname,
+		NextProtos:         []string{http3.NextProtoH3},
+		InsecureSkipVerify: *insecure,
+		// One session cache: a reconnect resumes. The first handshakes are full ones.
+		ClientSessionCache: tls.NewLRUClientSessionCache(*conns),
+	}
+	if *sni != "" {
+		tlsConf.ServerName = *sni
+	}
+	if *caFile != "" {
+		pem, err := os.ReadFile(*caFile)
+		if err != nil {
+			fail("%v", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			fail("%s: no PEM certificate", *caFile)
+		}
+		tlsConf.RootCAs = pool
+	}
+	cfg := &config{
+		addr: addr,
+		tls:  tlsConf,
+		quic: &quic.Config{
+			HandshakeIdleTimeout:           *timeout,
+			MaxIdleTimeout:                 *timeout,
+			InitialStreamReceiveWindow:     64 << 20,
+			MaxStreamReceiveWindow:         64 << 20,
+			InitialConnectionReceiveWindow: 1 << 30,
+			MaxConnectionReceiveWindow:     1 << 30,
+		},
+		h3:      &http3.Transport{DisableCompression: true},
+		timeout: *timeout,
+	}
+	cfg.errLog.Store(10)
+
+	var hdr http.Header = make(http.Header)
+	for _, h := range headers {
+		name, value, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(name) == "" {
+			fail("-H %q: not 'name: value'", h)
+		}
+		hdr.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+	}
+	newReqs := func() []*http.Request {
+		out := make([]*http.Request, len(urls))
+		for i, u := range urls {
+			out[i] = &http.Request{Method: http.MethodGet, URL: u, Host: u.Host, Header: hdr,
+				Proto: "HTTP/3", ProtoMajor: 3}
+		}
+		return out
+	}
+
+	// Fewer collections: the garbage of a run is small and short-lived.
+	debug.SetGCPercent(400)
+
+	// The handshakes, all at once, before the clock starts.
+	cs := make([]*conn, *conns)
+	var dialWg sync.WaitGroup
+	dialErrs := make([]error, *conns)
+	for i := range cs {
+		cs[i] = &conn{cfg: cfg}
+		dialWg.Add(1)
+		go func(i int) {
+			defer dialWg.Done()
+			dialErrs[i] = cs[i].dial()
+		}(i)
+	}
+	dialWg.Wait()
+	for _, err := range dialErrs {
+		if err != nil {
+			for _, c := range cs {
+				c.close()
+			}
+			out, _ := json.Marshal(map[string]any{"error": "connecting: " + err.Error()})
+			fmt.Println(string(out))
+			os.Exit(2)
+		}
+	}
+
+	cfg.limited = *requests > 0
+	cfg.left.Store(*requests)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fail("%v", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail("%v", err)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
+	start := time.Now()
+	if *duration > 0 {
+		cfg.deadline = start.Add(*duration)
+	}
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		for j := 0; j < *streams; j++ {
+			wg.Add(1)
+			go c.worker(newReqs(), j, &wg)
+		}
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	limit := *timeout
+	if *duration > 0 {
+		limit = *duration
+	}
+	timer := time.NewTimer(limit)
+	var end time.Time
+	select {
+	case <-done:
+		end = time.Now()
+	case <-timer.C:
+		end = time.Now()
+		if *duration > 0 {
+			end = cfg.deadline
+		}
+	}
+	cfg.stopped.Store(true)
+	for _, c := range cs {
+		c.close()
+	}
+	<-done
+
+	var total stats
+	var hist [histBuckets]uint64
+	for _, c := range cs {
+		total.requests.Add(c.stats.requests.Load())
+		total.ok.Add(c.stats.ok.Load())
+		total.errors.Add(c.stats.errors.Load())
+		total.bytes.Add(c.stats.bytes.Load())
+		for i := range hist {
+			hist[i] += c.stats.hist[i].Load()
+		}
+	}
+	reqs, ok := total.requests.Load(), total.ok.Load()
+	errs := total.errors.Load()
+	if *requests > 0 && reqs < uint64(*requests) {
+		// Cut by -timeout: the requests never finished are failures too.
+		fmt.Fprintf(os.Stderr, "h3load: %d requests unfinished after %s\n", uint64(*requests)-reqs, *timeout)
+		errs += uint64(*requests) - reqs
+		reqs = uint64(*requests)
+	}
+	if n := cfg.reconns.Load(); n > 0 {
+		fmt.Fprintf(os.Stderr, "h3load: %d reconnections\n", n)
+	}
+	pct := func(p float64) uint64 {
+		if ok == 0 {
+			return 0
+		}
+		rank := uint64(p*float64(ok)/100 + 0.5)
+		if rank < 1 {
+			rank = 1
+		}
+		var seen uint64
+		for i, n := range hist {
+			seen += n
+			if seen >= rank {
+				return valueOf(i)
+			}
+		}
+		return 0
+	}
+	secs := end.Sub(start).Seconds()
+	out := struct {
+		Requests uint64  `json:"requests"`
+		OK       uint64  `json:"ok"`
+		Errors   uint64  `json:"errors"`
+		Bytes    uint64  `json:"bytes"`
+		Seconds  float64 `json:"seconds"`
+		RPS      float64 `json:"rps"`
+		P50      uint64  `json:"p50_us"`
+		P99      uint64  `json:"p99_us"`
+	}{reqs, ok, errs, total.bytes.Load(), round3(secs), round3(float64(ok) / secs), pct(50), pct(99)}
+	line, _ := json.Marshal(out)
+	fmt.Println(string(line))
+	if errs > 0 && ok == 0 {
+		return 1
+	}
+	return 0
+}
+
+func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
