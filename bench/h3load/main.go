@@ -1,30 +1,38 @@
 // h3load: an HTTP/3 load generator for tern's benchmark (rows h3-small and h3-large), in the
-// manner of h2load, on quic-go's http3 package.
+// manner of h2load, on quic-go (transport and http3 connection) pinned by go.mod.
 //
 //	h3load [-c connections] [-m streams] [-d duration | -n requests] [-k | -ca FILE]
-//	       [-H 'name: value']... [-timeout S] URL [URL...]
+//	       [-sni NAME] [-H 'name: value']... [-timeout D] [-h3pkg] [-cpuprofile F] URL [URL...]
 //
 // Each connection has a UDP socket of its own (so a server that spreads flows over
 // SO_REUSEPORT sockets by 4-tuple sees -c flows, as with h2load's TCP connections) and -m
-// workers, each keeping one request in flight on it: -m concurrent streams per connection.
-// Requests go to the URLs in turn. The handshakes are made before the clock starts. With -d
-// the run stops at the deadline: requests still in flight then are not counted, and the
-// connections are closed. With -n the run stops when that many requests are done (or
-// -timeout after the start: what is unfinished then counts as errors).
+// workers, each keeping one GET in flight on it: -m concurrent streams per connection.
+// Requests go to the URLs (one host and port) in turn. The handshakes are made before the
+// clock starts. With -d the run stops at the deadline: requests still in flight then are not
+// counted, and the connections are closed. With -n the run stops when that many requests are
+// done (or -timeout after the start: what is unfinished then counts as errors). A connection
+// that dies (idle timeout, CONNECTION_CLOSE, stateless reset) is dialled again.
 //
 // Output, one line of JSON on stdout:
 //
-//	{"requests":N,"ok":N,"errors":N,"bytes":N,"seconds":S,"rps":R,"p50_us":..,"p99_us":..}
+//	{"requests":N,"ok":N,"errors":N,"bytes":N,"seconds":S,"rps":R,"p50_us":..,"p99_us":..,
+//	 "cpu_seconds":C}
 //
 // requests: requests finished (answered or failed) within the run; ok: those answered with a
 // 2xx status and their whole body; errors: the others (failed streams or connections,
 // other statuses); bytes: response body bytes read (all of them, also those of requests cut
 // at the deadline); rps: ok / seconds; p50_us, p99_us: request times of the ok requests (from
-// opening the stream to the body's end), within about 1.6 %. Errors are described on stderr.
+// opening the stream to the body's end), within about 1.6 %; cpu_seconds: the CPU time h3load
+// itself used during the run (user + system), to tell when the client, not the server, was
+// the limit (near 1.0 per second of run on one core). The first errors are described on
+// stderr; the exit status is 1 when no request succeeded, 2 on bad arguments or when a
+// connection cannot be made (stdout then has one line {"error": "..."}).
 //
-// It pins no CPU and starts no threads of its own: run it under taskset to pin it. Flow
-// control never holds a server back (windows of 64 MiB per stream, 1 GiB per connection,
-// like h2load's -w30 -W30), and no Accept-Encoding is sent.
+// Requests are framed by h3load itself (raw.go) on streams of the http3.ClientConn's QUIC
+// connection; -h3pkg sends them with quic-go's http3 request code instead (slower, for
+// comparison). It pins no CPU and starts no threads of its own: run it under taskset to pin
+// it. Flow control never holds a server back (windows of 64 MiB per stream, 1 GiB per
+// connection, like h2load's -w30 -W30), and no Accept-Encoding is sent.
 package main
 
 import (
@@ -45,8 +53,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/quic-go/qpack"
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 )
@@ -90,7 +100,10 @@ type config struct {
 	h3       *http3.Transport
 	timeout  time.Duration
 	deadline time.Time // -d: requests that end after it are not counted
+	h3pkg    bool      // requests by quic-go's http3 request code
 	stopped  atomic.Bool
+	ctx      context.Context // cancelled when the run stops: ends redials
+	stop     context.CancelFunc
 	limited  bool         // -n
 	left     atomic.Int64 // -n: requests not yet claimed by a worker
 	errLog   atomic.Int64 // error lines still to print
@@ -120,7 +133,7 @@ func (c *conn) dial() error {
 		return err
 	}
 	tr := &quic.Transport{Conn: udp}
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.timeout)
+	ctx, cancel := context.WithTimeout(c.cfg.ctx, c.cfg.timeout)
 	defer cancel()
 	qc, err := tr.Dial(ctx, c.cfg.addr, c.cfg.tls, c.cfg.quic)
 	if err != nil {
@@ -138,10 +151,10 @@ func (c *conn) dial() error {
 	return nil
 }
 
-func (c *conn) get() (*http3.ClientConn, uint64) {
+func (c *conn) get() (*quic.Conn, *http3.ClientConn, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.cc, c.gen
+	return c.qc, c.cc, c.gen
 }
 
 // redial replaces connection number gen if no other worker did it already.
@@ -169,11 +182,11 @@ func (c *conn) close() {
 }
 
 // worker keeps one request at a time in flight on c until the run ends.
-func (c *conn) worker(reqs []*http.Request, first int, wg *sync.WaitGroup) {
+func (c *conn) worker(reqs []*request, first int, wg *sync.WaitGroup) {
 	defer wg.Done()
 	cfg := c.cfg
 	st := &c.stats
-	buf := make([]byte, 64<<10)
+	fr := &frameReader{buf: make([]byte, 64<<10), dec: qpack.NewDecoder()}
 	for i := first; ; i++ {
 		if cfg.stopped.Load() {
 			return
@@ -182,59 +195,79 @@ func (c *conn) worker(reqs []*http.Request, first int, wg *sync.WaitGroup) {
 			return
 		}
 		req := reqs[i%len(reqs)]
-		cc, gen := c.get()
+		qc, cc, gen := c.get()
 		t0 := time.Now()
-		str, err := cc.OpenRequestStream(context.Background())
-		if err != nil {
-			// Closed, or GOAWAY: no new stream can be opened on this connection.
-			if c.count(false, t0, err) {
-				cfg.logErr("opening a stream: %v", err)
-			}
-			c.redial(gen)
-			continue
-		}
-		status := 0
-		var n int64
-		if err = str.SendRequestHeader(req); err == nil {
-			str.Close()
-			var rsp *http.Response
-			if rsp, err = str.ReadResponse(); err == nil {
-				status = rsp.StatusCode
-				for {
-					var k int
-					k, err = str.Read(buf)
-					n += int64(k)
-					if err != nil {
-						break
-					}
-				}
-				if err == io.EOF {
-					err = nil
+		var status int
+		var n uint64
+		var err error
+		var cancel func()
+		if cfg.h3pkg {
+			status, n, err, cancel = c.exchangeH3(cc, req, fr.buf)
+		} else {
+			var s *quic.Stream
+			if s, err = qc.OpenStreamSync(context.Background()); err == nil {
+				status, n, err = fr.exchange(s, req)
+				cancel = func() {
+					s.CancelRead(quic.StreamErrorCode(http3.ErrCodeRequestCanceled))
+					s.CancelWrite(quic.StreamErrorCode(http3.ErrCodeRequestCanceled))
 				}
 			}
 		}
-		st.bytes.Add(uint64(n))
+		st.bytes.Add(n)
 		if err != nil {
-			str.CancelRead(quic.StreamErrorCode(http3.ErrCodeRequestCanceled))
-			str.CancelWrite(quic.StreamErrorCode(http3.ErrCodeRequestCanceled))
-			if c.count(false, t0, err) {
-				cfg.logErr("%s: %v", req.URL, err)
+			if cancel != nil {
+				cancel()
 			}
-			if cc.Context().Err() != nil {
+			if c.count(false, t0) {
+				cfg.logErr("%s: %v", req.url, err)
+			}
+			if cancel == nil || qc.Context().Err() != nil {
+				// Closed (or, -h3pkg, after a GOAWAY): no new stream can be opened on it.
 				c.redial(gen)
 			}
 			continue
 		}
 		ok := status >= 200 && status < 300
-		if !c.count(ok, t0, nil) || ok {
+		if !c.count(ok, t0) || ok {
 			continue
 		}
-		cfg.logErr("%s: status %d", req.URL, status)
+		cfg.logErr("%s: status %d", req.url, status)
+	}
+}
+
+// exchangeH3 is a request by quic-go's http3 request code (-h3pkg), for comparison. cancel
+// is nil when no stream could be opened.
+func (c *conn) exchangeH3(cc *http3.ClientConn, req *request, buf []byte) (status int, n uint64, err error, cancel func()) {
+	str, err := cc.OpenRequestStream(context.Background())
+	if err != nil {
+		return 0, 0, err, nil
+	}
+	cancel = func() {
+		str.CancelRead(quic.StreamErrorCode(http3.ErrCodeRequestCanceled))
+		str.CancelWrite(quic.StreamErrorCode(http3.ErrCodeRequestCanceled))
+	}
+	if err = str.SendRequestHeader(req.http); err != nil {
+		return 0, 0, err, cancel
+	}
+	str.Close()
+	rsp, err := str.ReadResponse()
+	if err != nil {
+		return 0, 0, err, cancel
+	}
+	for {
+		k, err := str.Read(buf)
+		n += uint64(k)
+		if err == io.EOF {
+			return rsp.StatusCode, n, nil, cancel
+		}
+		if err != nil {
+			return rsp.StatusCode, n, err, cancel
+		}
 	}
 }
 
 // count records a finished request; false when it ended after the run (not counted).
-func (c *conn) count(ok bool, t0 time.Time, err error) bool {
+func (c *conn) count(ok bool, t0 time.Time) bool {
 	now := time.Now()
 	cfg := c.cfg
 	if cfg.stopped.Load() || (!cfg.deadline.IsZero() && now.After(cfg.deadline)) {
@@ -268,11 +301,12 @@ func run() int {
 	caFile := flag.String("ca", "", "trust the CA certificates in this PEM file (instead of the system's)")
 	sni := flag.String("sni", "", "TLS server name (default: the URL's host)")
 	timeout := flag.Duration("timeout", 30*time.Second, "handshake timeout; with -n, the whole run's")
+	h3pkg := flag.Bool("h3pkg", false, "send requests with quic-go's http3 request code (slower; for comparison)")
 	cpuProfile := flag.String("cpuprofile", "", "write a Go CPU profile of the run to this file")
 	var headers headerFlags
 	flag.Var(&headers, "H", "add a request header 'name: value' (repeatable)")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: h3load [-c N] [-m N] [-d DURATION | -n N] [-k | -ca FILE] [-sni NAME] [-H 'name: value']... [-timeout D] URL [URL...]\n")
+		fmt.Fprintf(os.Stderr, "usage: h3load [-c N] [-m N] [-d DURATION | -n N] [-k | -ca FILE] [-sni NAME] [-H 'name: value']... [-timeout D] [-h3pkg] [-cpuprofile F] URL [URL...]\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -345,6 +379,7 @@ func run() int {
 		timeout: *timeout,
 	}
 	cfg.errLog.Store(10)
+	cfg.ctx, cfg.stop = context.WithCancel(context.Background())
 
 	var hdr http.Header = make(http.Header)
 	for _, h := range headers {
@@ -354,14 +389,11 @@ func run() int {
 		}
 		hdr.Add(strings.TrimSpace(name), strings.TrimSpace(value))
 	}
-	newReqs := func() []*http.Request {
-		out := make([]*http.Request, len(urls))
-		for i, u := range urls {
-			out[i] = &http.Request{Method: http.MethodGet, URL: u, Host: u.Host, Header: hdr,
-				Proto: "HTTP/3", ProtoMajor: 3}
-		}
-		return out
+	requestList := make([]*request, len(urls))
+	for i, u := range urls {
+		requestList[i] = newRequest(u, hdr)
 	}
+	cfg.h3pkg = *h3pkg
 
 	// Fewer collections: the garbage of a run is small and short-lived.
 	debug.SetGCPercent(400)
@@ -403,6 +435,7 @@ func run() int {
 		defer f.Close()
 		defer pprof.StopCPUProfile()
 	}
+	cpu0 := cpuTime()
 	start := time.Now()
 	if *duration > 0 {
 		cfg.deadline = start.Add(*duration)
@@ -411,7 +444,7 @@ func run() int {
 	for _, c := range cs {
 		for j := 0; j < *streams; j++ {
 			wg.Add(1)
-			go c.worker(newReqs(), j, &wg)
+			go c.worker(requestList, j, &wg)
 		}
 	}
 	done := make(chan struct{})
@@ -431,7 +464,9 @@ func run() int {
 			end = cfg.deadline
 		}
 	}
+	cpu := cpuTime() - cpu0
 	cfg.stopped.Store(true)
+	cfg.stop()
 	for _, c := range cs {
 		c.close()
 	}
@@ -486,13 +521,23 @@ func run() int {
 		RPS      float64 `json:"rps"`
 		P50      uint64  `json:"p50_us"`
 		P99      uint64  `json:"p99_us"`
-	}{reqs, ok, errs, total.bytes.Load(), round3(secs), round3(float64(ok) / secs), pct(50), pct(99)}
+		CPU      float64 `json:"cpu_seconds"`
+	}{reqs, ok, errs, total.bytes.Load(), round3(secs), round3(float64(ok) / secs), pct(50), pct(99), round3(cpu)}
 	line, _ := json.Marshal(out)
 	fmt.Println(string(line))
 	if errs > 0 && ok == 0 {
 		return 1
 	}
 	return 0
+}
+
+// cpuTime is the CPU time (user and system) this process has used so far, in seconds.
+func cpuTime() float64 {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
