@@ -25,6 +25,37 @@ pub fn bind_reuseport(addr: SocketAddr, backlog: i32) -> io::Result<mio::net::Tc
     Ok(mio::net::TcpListener::from_std(socket.into()))
 }
 
+/// What a UDP socket's kernel buffers are asked to hold: a QUIC server's receive queue
+/// absorbs bursts from many connections between two loop turns, and 4 MiB is what quinn and
+/// other QUIC servers ask for. Linux caps the request at `net.core.{r,w}mem_max`.
+const DATAGRAM_BUFFER: usize = 4 << 20;
+
+/// Binds a non-blocking UDP socket with `SO_REUSEPORT`, one per worker as for TCP: the kernel
+/// spreads datagrams over the group by their addresses, so a QUIC connection's datagrams keep
+/// reaching one worker (until the client's address changes). No `SO_REUSEADDR`: for UDP it
+/// lets any other socket, of any user, bind the same port and take datagrams, where
+/// `SO_REUSEPORT` only admits sockets of the same user. `IPV6_V6ONLY` stays the system's
+/// default, as for the TCP listeners, so `[::]:443` takes IPv4 on UDP exactly when it does
+/// on TCP.
+pub fn bind_datagram_reuseport(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let domain = if addr.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let socket = Socket::new(
+        domain,
+        Type::DGRAM.nonblocking().cloexec(),
+        Some(Protocol::UDP),
+    )?;
+    socket.set_reuse_port(true)?;
+    // Best effort: the kernel caps it, and a smaller buffer only drops more in a burst.
+    let _ = socket.set_recv_buffer_size(DATAGRAM_BUFFER);
+    let _ = socket.set_send_buffer_size(DATAGRAM_BUFFER);
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
 /// A worker's own descriptor for a listening socket a service manager handed over (socket
 /// activation): a non-blocking, close-on-exec duplicate with the options tern's own listeners
 /// have. Every duplicate shares the one accept queue (see `Runtime::start` for why).
@@ -155,6 +186,36 @@ mod tests {
         // SAFETY: F_GETFD on a descriptor this test owns; it only reads the flags.
         let flags = unsafe { libc::fcntl(a.as_raw_fd(), libc::F_GETFD) };
         assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+    }
+
+    #[test]
+    fn datagram_sockets_share_one_port_non_blocking_with_big_buffers() {
+        let a = bind_datagram_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = a.local_addr().unwrap();
+        assert_ne!(addr.port(), 0);
+        let b = bind_datagram_reuseport(addr).unwrap();
+        assert_eq!(b.local_addr().unwrap(), addr);
+        let mut buf = [0u8; 8];
+        assert_eq!(
+            a.recv_from(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        // Linux doubles what it grants (bookkeeping), and caps the request at rmem_max: the
+        // default (about 208 KiB) is what an unset buffer would have.
+        let granted = socket2::SockRef::from(&a).recv_buffer_size().unwrap();
+        let cap = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        if let Some(cap) = cap {
+            assert!(granted >= 2 * cap.min(DATAGRAM_BUFFER), "{granted}");
+        }
+    }
+
+    #[test]
+    fn a_udp_port_held_without_reuseport_is_refused() {
+        let plain = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let err = bind_datagram_reuseport(plain.local_addr().unwrap()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
     }
 
     #[test]

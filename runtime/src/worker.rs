@@ -10,7 +10,7 @@ use crate::bufpool::BufPool;
 use crate::clock::Clock;
 use crate::inbox::{Inbox, InboxSender};
 use crate::io::{Backend, EpollIo, Io, Readiness, UringIo};
-use crate::listener::{bind_reuseport, migrate_req_hint, share_inherited};
+use crate::listener::{bind_datagram_reuseport, bind_reuseport, migrate_req_hint, share_inherited};
 use crate::timer::{TimerKey, TimerWheel};
 use crate::waker::Waker;
 
@@ -59,6 +59,11 @@ pub struct RuntimeConfig {
     pub inherited: Vec<Option<Arc<std::net::TcpListener>>>,
     /// The sockets' backend the workers run on.
     pub io: IoChoice,
+    /// UDP addresses to bind (QUIC): every worker gets its own socket on each, with
+    /// `SO_REUSEPORT` (port 0: the first bind picks the port, the other workers join it), and
+    /// its app gets them, in this order, through [`WorkerApp::adopt_datagrams`]. Bound before
+    /// `after_bind`, like the TCP listeners.
+    pub datagram_listen: Vec<SocketAddr>,
 }
 
 /// Which sockets' backend the workers run on.
@@ -89,6 +94,7 @@ impl Default for RuntimeConfig {
             shutdown_grace: Duration::from_secs(5),
             inherited: Vec::new(),
             io: IoChoice::default(),
+            datagram_listen: Vec::new(),
         }
     }
 }
@@ -147,6 +153,17 @@ pub trait WorkerApp<I: Io = EpollIo>: 'static {
     }
     /// Open connections; draining ends when this reaches zero.
     fn connections(&self) -> usize;
+    /// This worker's UDP sockets, one per `RuntimeConfig::datagram_listen` address in its
+    /// order (none when it is empty): called once, after the app was made and before the
+    /// loop's first turn. The app watches them itself ([`Io::watch_datagram`], with tokens
+    /// `>= FIRST_CONN_TOKEN`) and hears of them through [`WorkerApp::on_ready`]. By default
+    /// they are dropped (closed): an app that serves no UDP.
+    fn adopt_datagrams(
+        &mut self,
+        _cx: &mut Context<'_, Self::Message, I>,
+        _socks: Vec<I::Datagram>,
+    ) {
+    }
 }
 
 /// A worker's count of event-loop turns. Only its worker writes it (one relaxed store per
@@ -158,6 +175,7 @@ struct Heartbeat(AtomicU64);
 /// A started runtime: the bound address, each worker's inbox, and the way to stop it.
 pub struct RuntimeHandle<M> {
     local_addrs: Vec<SocketAddr>,
+    datagram_addrs: Vec<SocketAddr>,
     inboxes: Vec<InboxSender<M>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -175,6 +193,12 @@ impl<M: Send + 'static> RuntimeHandle<M> {
     /// Every listener's bound address, in the order of `RuntimeConfig::listen`.
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.local_addrs
+    }
+
+    /// Every UDP socket's bound address, in the order of `RuntimeConfig::datagram_listen`
+    /// (each worker has a socket on each).
+    pub fn datagram_addrs(&self) -> &[SocketAddr] {
+        &self.datagram_addrs
     }
 
     pub fn inboxes(&self) -> &[InboxSender<M>] {
@@ -384,6 +408,22 @@ impl Runtime {
                 listeners.push(bind_reuseport(bound, config.backlog)?);
             }
         }
+        let mut datagram_addrs = Vec::with_capacity(config.datagram_listen.len());
+        let mut datagrams_per_worker: Vec<Vec<std::net::UdpSocket>> =
+            (0..workers).map(|_| Vec::new()).collect();
+        for &addr in &config.datagram_listen {
+            let bind = |addr| {
+                bind_datagram_reuseport(addr)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{addr} (UDP): {e}")))
+            };
+            let first = bind(addr)?;
+            let bound = first.local_addr()?;
+            datagram_addrs.push(bound);
+            datagrams_per_worker[0].push(first);
+            for socks in datagrams_per_worker.iter_mut().skip(1) {
+                socks.push(bind(bound)?);
+            }
+        }
 
         after_bind()?;
 
@@ -400,7 +440,8 @@ impl Runtime {
             })
             .collect::<io::Result<Vec<InboxSender<A::Message>>>>()?;
         let mut threads = Vec::with_capacity(workers);
-        for ((id, listeners), prepared) in per_worker.into_iter().enumerate().zip(prepared) {
+        let per_worker = per_worker.into_iter().zip(datagrams_per_worker);
+        for ((id, (listeners, datagrams)), prepared) in per_worker.enumerate().zip(prepared) {
             let sender = all_inboxes[id].clone();
             let make_app = make_app.clone();
             let stop = stop.clone();
@@ -426,14 +467,19 @@ impl Runtime {
                     // (atomics), the inbox (a lock-free queue, whose messages for this
                     // worker's connections are dropped with it).
                     let ran = catch_unwind(AssertUnwindSafe(|| {
-                        let io = Bk::start(prepared)
+                        let mut io = Bk::start(prepared)
                             .map_err(|e| format!("its event loop failed to start: {e}"))?;
+                        let datagrams = datagrams
+                            .into_iter()
+                            .map(|sock| io.adopt_datagram(sock))
+                            .collect::<io::Result<Vec<_>>>()
+                            .map_err(|e| format!("its UDP sockets failed to start: {e}"))?;
                         let app = make_app(id, sender.clone());
                         let inbox = sender.inbox().clone();
                         let mut worker =
                             Worker::new(id, io, listeners, inbox, sender, stop.clone(), &config);
                         worker
-                            .run(app, &heartbeats[id])
+                            .run(app, datagrams, &heartbeats[id])
                             .map_err(|e| format!("its event loop failed: {e}"))
                     }));
                     let why = match ran {
@@ -450,6 +496,7 @@ impl Runtime {
         }
         Ok(RuntimeHandle {
             local_addrs,
+            datagram_addrs,
             inboxes: all_inboxes,
             stop,
             threads,
@@ -562,12 +609,26 @@ impl<M: Send + 'static, B: Backend> Worker<M, B> {
     fn run<A: WorkerApp<B, Message = M>>(
         &mut self,
         mut app: A,
+        datagrams: Vec<B::Datagram>,
         heartbeat: &Heartbeat,
     ) -> io::Result<()> {
         for (i, l) in self.listeners.iter_mut().enumerate() {
             self.io.watch_listener(l, FIRST_LISTENER_TOKEN + i)?;
         }
         self.io.watch_waker(self.inbox.waker(), WAKER)?;
+        app.adopt_datagrams(
+            &mut Context {
+                io: &mut self.io,
+                clock: &self.clock,
+                timers: &mut self.timers,
+                buffers: &mut self.buffers,
+                inbox: &self.sender,
+                worker_id: self.id,
+                stopping: false,
+                draining: false,
+            },
+            datagrams,
+        );
         let all_listeners: u64 = (1u64 << self.listeners.len()) - 1;
         // The turn's events as the app sees them (kept: no allocation per turn).
         let mut ready: Vec<Readiness> = Vec::with_capacity(1024);
@@ -1179,5 +1240,190 @@ mod timer_tests {
         let turns = per_turn.lock().unwrap();
         assert!(turns.iter().all(|&n| n <= TIMERS_PER_TURN), "{turns:?}");
         assert!(turns.len() >= 1000 / TIMERS_PER_TURN, "{turns:?}");
+    }
+}
+
+#[cfg(test)]
+mod datagram_tests {
+    use super::*;
+    use quinn_udp::{RecvMeta, Transmit};
+    use std::io::IoSliceMut;
+    use std::net::IpAddr;
+    use std::sync::Mutex;
+
+    /// Answers every datagram to its sender, from the address it was sent to, with the
+    /// worker's id in front; notes each socket's address with its worker.
+    struct Echo<B: Backend> {
+        worker: u8,
+        socks: Vec<B::Datagram>,
+        /// Answers that found no room, sent again on the socket's writable report:
+        /// (socket, to, from, bytes).
+        unsent: Vec<(usize, SocketAddr, Option<IpAddr>, Vec<u8>)>,
+        bound: Arc<Mutex<Vec<(u8, SocketAddr)>>>,
+    }
+
+    impl<B: Backend> Echo<B> {
+        fn send(
+            &mut self,
+            io: &mut B,
+            i: usize,
+            to: SocketAddr,
+            from: Option<IpAddr>,
+            bytes: Vec<u8>,
+        ) {
+            let answer = Transmit {
+                destination: to,
+                ecn: None,
+                contents: &bytes,
+                segment_size: None,
+                src_ip: from,
+            };
+            match io.send_datagram(&mut self.socks[i], &answer) {
+                Ok(true) => {}
+                Ok(false) => self.unsent.push((i, to, from, bytes)),
+                Err(e) => panic!("send to {to}: {e}"),
+            }
+        }
+    }
+
+    impl<B: Backend> WorkerApp<B> for Echo<B> {
+        type Message = ();
+
+        fn adopt_datagrams(&mut self, cx: &mut Context<'_, (), B>, mut socks: Vec<B::Datagram>) {
+            for (i, sock) in socks.iter_mut().enumerate() {
+                cx.io.watch_datagram(sock, FIRST_CONN_TOKEN + i).unwrap();
+                let local = cx.io.datagram_local_addr(sock);
+                self.bound.lock().unwrap().push((self.worker, local));
+            }
+            self.socks = socks;
+        }
+
+        fn on_ready(&mut self, cx: &mut Context<'_, (), B>, ready: Readiness) {
+            let i = ready.token - FIRST_CONN_TOKEN;
+            if ready.writable {
+                for (i, to, from, bytes) in std::mem::take(&mut self.unsent) {
+                    self.send(cx.io, i, to, from, bytes);
+                }
+            }
+            if !ready.readable {
+                return;
+            }
+            let mut storage = vec![vec![0u8; 64 * 1024]; 4];
+            let mut meta = [RecvMeta::default(); 4];
+            loop {
+                let mut bufs: Vec<IoSliceMut<'_>> =
+                    storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+                let n = match cx
+                    .io
+                    .recv_datagrams(&mut self.socks[i], &mut bufs, &mut meta)
+                {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) => panic!("receive: {e}"),
+                };
+                for (m, buf) in meta.iter().zip(&storage).take(n) {
+                    for datagram in buf[..m.len].chunks(m.stride) {
+                        let answer = [&[self.worker][..], datagram].concat();
+                        self.send(cx.io, i, m.addr, m.dst_ip, answer);
+                    }
+                }
+            }
+        }
+
+        fn on_accept(&mut self, _: &mut Context<'_, (), B>, _: B::Sock, _: SocketAddr, _: usize) {}
+        fn on_timer(&mut self, _: &mut Context<'_, (), B>, _: TimerKey, _: u64) {}
+        fn on_message(&mut self, _: &mut Context<'_, (), B>, _: ()) {}
+        fn on_shutdown(&mut self, _: &mut Context<'_, (), B>) {}
+        fn connections(&self) -> usize {
+            0
+        }
+    }
+
+    struct MakeEcho(Arc<Mutex<Vec<(u8, SocketAddr)>>>);
+
+    impl MakeApp for MakeEcho {
+        type Message = ();
+        type App<B: Backend> = Echo<B>;
+        fn make<B: Backend>(&self, worker: usize, _: InboxSender<()>) -> Echo<B> {
+            Echo {
+                worker: worker as u8,
+                socks: Vec::new(),
+                unsent: Vec::new(),
+                bound: self.0.clone(),
+            }
+        }
+    }
+
+    fn config(io: IoChoice, datagram_listen: SocketAddr) -> RuntimeConfig {
+        RuntimeConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            workers: 2,
+            datagram_listen: vec![datagram_listen],
+            io,
+            ..RuntimeConfig::default()
+        }
+    }
+
+    /// Two workers with a UDP socket each on one port (picked by the first bind): clients
+    /// from many ports get their datagrams echoed, by both workers (the kernel spreads the
+    /// clients over the port's sockets), from the address they sent to.
+    fn echoes_on_both_workers(io: IoChoice) {
+        let bound = Arc::new(Mutex::new(Vec::new()));
+        let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+        let handle =
+            Runtime::start_app(config(io, any_port), |_| Ok(()), MakeEcho(bound.clone())).unwrap();
+        let addr = handle.datagram_addrs()[0];
+        assert_ne!(addr.port(), 0);
+        let mut answered_by = [0usize; 2];
+        for i in 0..32u32 {
+            let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            client
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let ping = i.to_be_bytes();
+            let mut buf = [0u8; 16];
+            // Loopback loses nothing in practice; a lost datagram is sent again all the same.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            let (n, from) = loop {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "client {i}: no answer"
+                );
+                client.send_to(&ping, addr).unwrap();
+                if let Ok(got) = client.recv_from(&mut buf) {
+                    break got;
+                }
+            };
+            assert_eq!((&buf[1..n], from), (&ping[..], addr), "client {i}");
+            answered_by[buf[0] as usize] += 1;
+        }
+        assert!(answered_by.iter().all(|&n| n > 0), "{answered_by:?}");
+        let mut bound = bound.lock().unwrap().clone();
+        bound.sort();
+        assert_eq!(bound, [(0, addr), (1, addr)]);
+        handle.shutdown();
+        assert_eq!(handle.join(), 0);
+    }
+
+    #[test]
+    fn datagrams_are_echoed_by_both_workers_on_epoll() {
+        echoes_on_both_workers(IoChoice::Epoll);
+    }
+
+    #[test]
+    fn datagrams_are_echoed_by_both_workers_on_io_uring() {
+        echoes_on_both_workers(IoChoice::Uring);
+    }
+
+    #[test]
+    fn a_udp_port_in_use_fails_the_start_naming_it() {
+        let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let bound = Arc::new(Mutex::new(Vec::new()));
+        let started =
+            Runtime::start_app(config(IoChoice::Epoll, addr), |_| Ok(()), MakeEcho(bound));
+        let e = started.err().expect("the port is taken");
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        assert!(e.to_string().starts_with(&format!("{addr} (UDP): ")), "{e}");
     }
 }

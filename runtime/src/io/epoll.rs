@@ -2,15 +2,18 @@
 //! `mio`), each call one syscall made at once. Edge-triggered: a socket is registered once
 //! for reading and writing and reported again only when something new happens.
 
-use std::io;
+use std::io::{self, IoSliceMut};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use std::time::Duration;
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token};
+use quinn_udp::{RecvMeta, Transmit as DatagramTransmit};
 use socket2::SockRef;
 
+use super::datagram::KernelDatagram;
 use super::{sys, Backend, Io, Peer, Readiness, Transmit, Waiting};
 use crate::waker::Waker;
 
@@ -72,8 +75,19 @@ impl EpollSock {
     }
 }
 
+/// A UDP socket of the epoll backend, with quinn-udp's state of it. Watched for writing too,
+/// so epoll also reports room after sends that never lacked it (the kernel wakes writers as
+/// sent datagrams leave the buffer): a writable report is a hint to retry what was kept, if
+/// anything. Dropping it closes it, which also takes it out of epoll.
+#[derive(Debug)]
+pub struct EpollDatagram {
+    sock: mio::net::UdpSocket,
+    kernel: KernelDatagram,
+}
+
 impl Io for EpollIo {
     type Sock = EpollSock;
+    type Datagram = EpollDatagram;
 
     fn connect(&mut self, to: Peer<'_>) -> io::Result<EpollSock> {
         Ok(EpollSock {
@@ -127,6 +141,43 @@ impl Io for EpollIo {
     fn unacked_bytes(&self, sock: &EpollSock) -> io::Result<u32> {
         crate::sockstat::unacked_bytes(&sock.fd)
     }
+
+    fn watch_datagram(&mut self, sock: &mut EpollDatagram, token: usize) -> io::Result<()> {
+        self.registry.register(
+            &mut sock.sock,
+            Token(token),
+            Interest::READABLE | Interest::WRITABLE,
+        )
+    }
+
+    fn recv_datagrams(
+        &mut self,
+        sock: &mut EpollDatagram,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> io::Result<usize> {
+        sock.kernel.recv(&sock.sock, bufs, meta)
+    }
+
+    fn send_datagram(
+        &mut self,
+        sock: &mut EpollDatagram,
+        transmit: &DatagramTransmit<'_>,
+    ) -> io::Result<bool> {
+        sock.kernel.send(&sock.sock, transmit)
+    }
+
+    fn datagram_local_addr(&self, sock: &EpollDatagram) -> SocketAddr {
+        sock.kernel.local_addr()
+    }
+
+    fn max_gso_segments(&self, sock: &EpollDatagram) -> usize {
+        sock.kernel.max_gso_segments()
+    }
+
+    fn gro_segments(&self, sock: &EpollDatagram) -> usize {
+        sock.kernel.gro_segments()
+    }
 }
 
 impl Backend for EpollIo {
@@ -178,6 +229,14 @@ impl Backend for EpollIo {
     fn adopt(&mut self, stream: std::net::TcpStream) -> EpollSock {
         // The runtime's listeners hand out non-blocking sockets already.
         EpollSock { fd: stream.into() }
+    }
+
+    fn adopt_datagram(&mut self, sock: std::net::UdpSocket) -> io::Result<EpollDatagram> {
+        let kernel = KernelDatagram::new(&sock)?;
+        Ok(EpollDatagram {
+            sock: mio::net::UdpSocket::from_std(sock),
+            kernel,
+        })
     }
 }
 
@@ -325,6 +384,98 @@ mod tests {
         assert_eq!(io.recv(&mut unix, &mut buf).unwrap(), 1);
         drop(theirs);
         assert_eq!(io.peek(&mut unix), Waiting::Closed);
+    }
+
+    /// Turns of the loop until a report for `token` says `what` (or 5 s pass).
+    fn wait_for(io: &mut EpollIo, token: usize, what: fn(&Readiness) -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut ready = Vec::new();
+        while !ready
+            .iter()
+            .any(|r: &Readiness| r.token == token && what(r))
+        {
+            assert!(std::time::Instant::now() < deadline, "no report");
+            ready.clear();
+            io.wait(Some(Duration::from_millis(10)), &mut ready)
+                .unwrap();
+        }
+    }
+
+    /// A UDP socket through quinn-udp: readiness, recvmmsg with the packet's source and
+    /// destination, sendmsg from a chosen source IP and with GSO, an oversized datagram
+    /// counted as sent.
+    #[test]
+    fn datagrams_are_received_and_answered_with_their_addresses() {
+        let mut io = EpollIo::for_worker().unwrap();
+        let bound = crate::bind_datagram_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        let local = bound.local_addr().unwrap();
+        let mut sock = io.adopt_datagram(bound).unwrap();
+        assert_eq!(io.datagram_local_addr(&sock), local);
+        assert!(io.max_gso_segments(&sock) >= 1 && io.gro_segments(&sock) >= 1);
+        io.watch_datagram(&mut sock, 70).unwrap();
+        wait_for(&mut io, 70, |r| r.writable);
+
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        client.send_to(b"one", local).unwrap();
+        client.send_to(b"two", local).unwrap();
+        wait_for(&mut io, 70, |r| r.readable);
+        let mut storage = vec![[0u8; 2048]; 4];
+        let mut bufs: Vec<IoSliceMut<'_>> =
+            storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+        let mut meta = [RecvMeta::default(); 4];
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            match io.recv_datagrams(&mut sock, &mut bufs, &mut meta) {
+                Ok(n) => got.extend((0..n).map(|i| (meta[i], bufs[i][..meta[i].len].to_vec()))),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(got[0].1, b"one");
+        assert_eq!(got[1].1, b"two");
+        assert_eq!(got[0].0.addr, client.local_addr().unwrap());
+        assert_eq!(got[0].0.dst_ip, Some(local.ip()));
+        assert_eq!(
+            io.recv_datagrams(&mut sock, &mut bufs, &mut meta)
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::WouldBlock
+        );
+
+        let mut answer = DatagramTransmit {
+            destination: got[0].0.addr,
+            ecn: None,
+            contents: b"answer",
+            segment_size: None,
+            src_ip: got[0].0.dst_ip,
+        };
+        assert!(io.send_datagram(&mut sock, &answer).unwrap());
+        let mut buf = [0u8; 64];
+        let (n, from) = client.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&b"answer"[..], local));
+
+        if io.max_gso_segments(&sock) > 1 {
+            answer.contents = b"aaabbbcc";
+            answer.segment_size = Some(3);
+            assert!(io.send_datagram(&mut sock, &answer).unwrap());
+            for want in [&b"aaa"[..], b"bbb", b"cc"] {
+                let n = client.recv(&mut buf).unwrap();
+                assert_eq!(&buf[..n], want);
+            }
+        }
+
+        // Larger than any UDP datagram: EMSGSIZE, lost on the way as far as the app knows.
+        let huge = vec![0u8; 70_000];
+        answer.contents = &huge;
+        answer.segment_size = None;
+        assert!(io.send_datagram(&mut sock, &answer).unwrap());
+        // Another error is the app's to see.
+        answer.contents = b"x";
+        answer.destination = "[::1]:9".parse().unwrap();
+        assert!(io.send_datagram(&mut sock, &answer).is_err());
     }
 
     fn tempfile_with(bytes: &[u8]) -> std::fs::File {

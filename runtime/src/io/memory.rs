@@ -6,14 +6,21 @@
 //! peer's queue, within a room the test may limit, and its unacknowledged bytes are the ones
 //! the peer has not read yet (a client that stops reading stalls the worker's writes).
 //!
+//! UDP sockets in memory ([`MemoryIo::datagram_socket`]) are queues of datagrams both ways,
+//! shared with a [`MemoryDatagramPeer`] that plays every client at once (it names the
+//! address each datagram comes from) and can lose, reorder and re-address datagrams as a
+//! network would.
+//!
 //! Single-threaded on purpose (`Rc`): the worker and the test take turns on one thread.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::io;
+use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
+
+use quinn_udp::{EcnCodepoint, RecvMeta, Transmit as DatagramTransmit};
 
 use super::{Io, Peer, Readiness, Transmit, Waiting};
 
@@ -238,10 +245,280 @@ impl MemoryIo {
     pub fn has_reports(&self) -> bool {
         !self.reports.borrow().is_empty()
     }
+
+    /// A UDP socket bound to `local` (not watched yet): the worker's end, and the test's.
+    /// `local` should be a specific address: it is also the destination address the worker
+    /// reads for every datagram (`RecvMeta::dst_ip`).
+    pub fn datagram_socket(&mut self, local: SocketAddr) -> (MemoryDatagram, MemoryDatagramPeer) {
+        let pipe = Rc::new(RefCell::new(DatagramPipe {
+            local,
+            to_worker: Lane::default(),
+            from_worker: Lane::default(),
+            rebound: Vec::new(),
+            room: UNLIMITED,
+            blocked: false,
+            token: None,
+            worker_closed: false,
+            reports: self.reports.clone(),
+        }));
+        (
+            MemoryDatagram { pipe: pipe.clone() },
+            MemoryDatagramPeer { pipe },
+        )
+    }
+}
+
+/// Which way datagrams go, for the knobs of a [`MemoryDatagramPeer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    ToWorker,
+    FromWorker,
+}
+
+/// In what order datagrams are delivered. A batch is what was sent one way since the other
+/// end last took any: the worker's next reads take the test's batch, the test's next
+/// receives the worker's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reorder {
+    #[default]
+    InOrder,
+    /// The batch last to first.
+    Reversed,
+    /// The 2nd before the 1st, the 4th before the 3rd, ... (an odd last one stays last).
+    PairsSwapped,
+}
+
+/// A datagram the worker sent, as the test receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentDatagram {
+    /// Where the worker sent it.
+    pub to: SocketAddr,
+    /// Where it came from: the socket's address, with the source IP the worker chose
+    /// (`Transmit::src_ip`) if it chose one.
+    pub from: SocketAddr,
+    pub ecn: Option<EcnCodepoint>,
+    pub bytes: Vec<u8>,
+}
+
+/// A datagram on its way to the worker, with the source address the worker will see.
+struct Arrival {
+    from: SocketAddr,
+    bytes: Vec<u8>,
+}
+
+/// What the network does to the datagrams going one way.
+#[derive(Default)]
+struct Faults {
+    /// Lose this many of the next datagrams offered.
+    drop_next: usize,
+    /// Lose every `drop_every`-th datagram offered (0: none), counting in `offered`.
+    drop_every: usize,
+    /// Datagrams offered since `drop_every` was set.
+    offered: usize,
+    reorder: Reorder,
+}
+
+/// One way of a UDP socket in memory: the datagrams under way, and what the network does to
+/// them.
+struct Lane<D> {
+    /// Offered since the other end last took any: the next batch.
+    arriving: Vec<D>,
+    /// The batch being taken, in delivery order.
+    delivering: VecDeque<D>,
+    faults: Faults,
+}
+
+impl<D> Default for Lane<D> {
+    fn default() -> Self {
+        Lane {
+            arriving: Vec::new(),
+            delivering: VecDeque::new(),
+            faults: Faults::default(),
+        }
+    }
+}
+
+impl<D> Lane<D> {
+    /// Puts a datagram on its way: false if the network lost it.
+    fn offer(&mut self, datagram: D) -> bool {
+        let f = &mut self.faults;
+        f.offered += 1;
+        if f.drop_next > 0 {
+            f.drop_next -= 1;
+            return false;
+        }
+        if f.drop_every > 0 && f.offered.is_multiple_of(f.drop_every) {
+            return false;
+        }
+        self.arriving.push(datagram);
+        true
+    }
+
+    fn take(&mut self) -> Option<D> {
+        if self.delivering.is_empty() {
+            let mut batch = std::mem::take(&mut self.arriving);
+            match self.faults.reorder {
+                Reorder::InOrder => {}
+                Reorder::Reversed => batch.reverse(),
+                Reorder::PairsSwapped => batch.chunks_exact_mut(2).for_each(|p| p.swap(0, 1)),
+            }
+            self.delivering.extend(batch);
+        }
+        self.delivering.pop_front()
+    }
+
+    fn len(&self) -> usize {
+        self.arriving.len() + self.delivering.len()
+    }
+}
+
+struct DatagramPipe {
+    local: SocketAddr,
+    to_worker: Lane<Arrival>,
+    from_worker: Lane<SentDatagram>,
+    /// Source addresses a NAT rewrote: datagrams the test sends from `.0` reach the worker
+    /// from `.1`.
+    rebound: Vec<(SocketAddr, SocketAddr)>,
+    /// The most datagrams from the worker the test may leave untaken before a send finds
+    /// no room.
+    room: usize,
+    /// The worker found no room: the test's next receives report writable.
+    blocked: bool,
+    token: Option<usize>,
+    worker_closed: bool,
+    reports: Reports,
+}
+
+impl DatagramPipe {
+    fn faults(&mut self, way: Direction) -> &mut Faults {
+        match way {
+            Direction::ToWorker => &mut self.to_worker.faults,
+            Direction::FromWorker => &mut self.from_worker.faults,
+        }
+    }
+
+    fn report(&self, r: impl FnOnce(&mut Readiness)) {
+        if let Some(token) = self.token {
+            let mut ready = Readiness {
+                token,
+                ..Readiness::default()
+            };
+            r(&mut ready);
+            self.reports.borrow_mut().push(ready);
+        }
+    }
+}
+
+/// The worker's end of a UDP socket in memory. Dropping it closes it (the peer sees
+/// [`MemoryDatagramPeer::closed_by_worker`]; nothing is reported for it any more).
+pub struct MemoryDatagram {
+    pipe: Rc<RefCell<DatagramPipe>>,
+}
+
+impl Drop for MemoryDatagram {
+    fn drop(&mut self) {
+        let mut p = self.pipe.borrow_mut();
+        p.worker_closed = true;
+        p.token = None;
+    }
+}
+
+/// The test's end of a UDP socket in memory: every client of it, and the network between.
+#[derive(Clone)]
+pub struct MemoryDatagramPeer {
+    pipe: Rc<RefCell<DatagramPipe>>,
+}
+
+impl MemoryDatagramPeer {
+    /// Sends a datagram to the worker from `from` (reported as readable, unless the network
+    /// loses it). A NAT rebinding ([`Self::rebind`]) changes the address the worker sees.
+    pub fn send_to(&self, from: SocketAddr, bytes: &[u8]) {
+        let mut p = self.pipe.borrow_mut();
+        let from = p
+            .rebound
+            .iter()
+            .find(|(sent, _)| *sent == from)
+            .map_or(from, |&(_, seen)| seen);
+        let arrival = Arrival {
+            from,
+            bytes: bytes.to_vec(),
+        };
+        if p.to_worker.offer(arrival) {
+            p.report(|r| r.readable = true);
+        }
+    }
+
+    /// Takes the next datagram the worker sent, if any; room frees up (reported as writable,
+    /// as from epoll, once a third of the room is free, to a worker that found none).
+    pub fn recv(&self) -> Option<SentDatagram> {
+        let mut p = self.pipe.borrow_mut();
+        let got = p.from_worker.take();
+        let free = p.room.saturating_sub(p.from_worker.len());
+        if p.blocked && free >= p.room.div_ceil(3) {
+            p.blocked = false;
+            p.report(|r| r.writable = true);
+        }
+        got
+    }
+
+    /// Takes every datagram the worker sent so far.
+    pub fn recv_all(&self) -> Vec<SentDatagram> {
+        std::iter::from_fn(|| self.recv()).collect()
+    }
+
+    /// From now on, datagrams the test sends from `from` reach the worker from `seen_as`, as
+    /// when a NAT gives the client a new address (a new one replaces an earlier rebinding of
+    /// `from`). Answers go where the worker sends them: the test sees them addressed to
+    /// `seen_as`.
+    pub fn rebind(&self, from: SocketAddr, seen_as: SocketAddr) {
+        let mut p = self.pipe.borrow_mut();
+        p.rebound.retain(|(sent, _)| *sent != from);
+        p.rebound.push((from, seen_as));
+    }
+
+    /// The network loses the next `n` datagrams going `way`.
+    pub fn drop_next(&self, way: Direction, n: usize) {
+        self.pipe.borrow_mut().faults(way).drop_next = n;
+    }
+
+    /// The network loses every `k`-th datagram going `way`, counting from now (0: none).
+    pub fn drop_every(&self, way: Direction, k: usize) {
+        let mut p = self.pipe.borrow_mut();
+        let faults = p.faults(way);
+        faults.drop_every = k;
+        faults.offered = 0;
+    }
+
+    /// The order in which datagrams going `way` are delivered, from the next batch on.
+    pub fn reorder(&self, way: Direction, order: Reorder) {
+        self.pipe.borrow_mut().faults(way).reorder = order;
+    }
+
+    /// The most datagrams the worker's sends may leave untaken by the test (a full socket
+    /// buffer): past it a send finds no room.
+    pub fn set_room(&self, datagrams: usize) {
+        self.pipe.borrow_mut().room = datagrams.max(1);
+    }
+
+    /// Datagrams sent to the worker that it has not read yet.
+    pub fn unread_by_worker(&self) -> usize {
+        self.pipe.borrow().to_worker.len()
+    }
+
+    /// The worker watches this socket.
+    pub fn watched(&self) -> bool {
+        self.pipe.borrow().token.is_some()
+    }
+
+    /// The worker closed (dropped) its socket.
+    pub fn closed_by_worker(&self) -> bool {
+        self.pipe.borrow().worker_closed
+    }
 }
 
 impl Io for MemoryIo {
     type Sock = MemorySock;
+    type Datagram = MemoryDatagram;
 
     fn connect(&mut self, to: Peer<'_>) -> io::Result<MemorySock> {
         let addr = MemoryAddr::from(to);
@@ -367,6 +644,85 @@ impl Io for MemoryIo {
             p.reused_unread += 1;
         }
     }
+
+    fn watch_datagram(&mut self, sock: &mut MemoryDatagram, token: usize) -> io::Result<()> {
+        let mut p = sock.pipe.borrow_mut();
+        p.token = Some(token);
+        // As epoll reports a new registration's current state.
+        let readable = p.to_worker.len() > 0;
+        p.report(|r| {
+            r.writable = true;
+            r.readable = readable;
+        });
+        Ok(())
+    }
+
+    fn recv_datagrams(
+        &mut self,
+        sock: &mut MemoryDatagram,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> io::Result<usize> {
+        let mut p = sock.pipe.borrow_mut();
+        let local = p.local;
+        let mut filled = 0;
+        for (buf, meta) in bufs.iter_mut().zip(meta.iter_mut()) {
+            let Some(arrival) = p.to_worker.take() else {
+                break;
+            };
+            // Longer than the buffer: cut short, as the kernel does.
+            let len = arrival.bytes.len().min(buf.len());
+            buf[..len].copy_from_slice(&arrival.bytes[..len]);
+            *meta = RecvMeta::default();
+            meta.addr = arrival.from;
+            meta.len = len;
+            meta.stride = len;
+            meta.dst_ip = Some(local.ip());
+            filled += 1;
+        }
+        if filled == 0 && !bufs.is_empty() && !meta.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(filled)
+    }
+
+    fn send_datagram(
+        &mut self,
+        sock: &mut MemoryDatagram,
+        transmit: &DatagramTransmit<'_>,
+    ) -> io::Result<bool> {
+        let mut p = sock.pipe.borrow_mut();
+        if p.from_worker.len() >= p.room {
+            p.blocked = true;
+            return Ok(false);
+        }
+        let from = SocketAddr::new(transmit.src_ip.unwrap_or(p.local.ip()), p.local.port());
+        let segment = match transmit.segment_size {
+            Some(size) if size > 0 => size,
+            _ => transmit.contents.len().max(1),
+        };
+        for bytes in transmit.contents.chunks(segment) {
+            p.from_worker.offer(SentDatagram {
+                to: transmit.destination,
+                from,
+                ecn: transmit.ecn,
+                bytes: bytes.to_vec(),
+            });
+        }
+        Ok(true)
+    }
+
+    fn datagram_local_addr(&self, sock: &MemoryDatagram) -> SocketAddr {
+        sock.pipe.borrow().local
+    }
+
+    fn max_gso_segments(&self, _: &MemoryDatagram) -> usize {
+        1
+    }
+
+    fn gro_segments(&self, _: &MemoryDatagram) -> usize {
+        1
+    }
 }
 
 #[cfg(test)]
@@ -456,6 +812,258 @@ mod tests {
         .unwrap();
         assert_eq!(upstream.read(), b"GET / HTTP/1.1\r\n\r\n");
         assert!(io.accept(&MemoryAddr::Tcp(addr)).is_none());
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn transmit<'a>(to: SocketAddr, contents: &'a [u8]) -> DatagramTransmit<'a> {
+        DatagramTransmit {
+            destination: to,
+            ecn: None,
+            contents,
+            segment_size: None,
+            src_ip: None,
+        }
+    }
+
+    /// What the worker reads now, as (source, bytes).
+    fn read_datagrams(io: &mut MemoryIo, sock: &mut MemoryDatagram) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut storage = [[0u8; 16]; 8];
+        let mut bufs: Vec<IoSliceMut<'_>> =
+            storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+        let mut meta = [RecvMeta::default(); 8];
+        match io.recv_datagrams(sock, &mut bufs, &mut meta) {
+            Ok(n) => (0..n)
+                .map(|i| (meta[i].addr, bufs[i][..meta[i].len].to_vec()))
+                .collect(),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Vec::new(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn bytes_of(got: &[(SocketAddr, Vec<u8>)]) -> Vec<&[u8]> {
+        got.iter().map(|(_, b)| b.as_slice()).collect()
+    }
+
+    #[test]
+    fn datagrams_flow_both_ways_with_readiness_and_addresses() {
+        let mut io = MemoryIo::new();
+        let local = addr("192.0.2.1:443");
+        let client = addr("198.51.100.7:5000");
+        let (mut sock, peer) = io.datagram_socket(local);
+        assert_eq!(io.datagram_local_addr(&sock), local);
+        assert_eq!((io.max_gso_segments(&sock), io.gro_segments(&sock)), (1, 1));
+        peer.send_to(client, b"early");
+        assert!(io.take_reports().is_empty(), "not watched yet");
+        io.watch_datagram(&mut sock, 40).unwrap();
+        let r = io.take_reports();
+        assert_eq!(r.len(), 1);
+        assert!(r[0].token == 40 && r[0].readable && r[0].writable);
+        assert!(peer.watched());
+
+        // One datagram per buffer, with its source and our address; a long one is cut short.
+        peer.send_to(client, b"0123456789abcdefLONG");
+        let mut storage = [[0u8; 16]; 3];
+        let mut bufs: Vec<IoSliceMut<'_>> =
+            storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+        let mut meta = [RecvMeta::default(); 3];
+        assert_eq!(
+            io.recv_datagrams(&mut sock, &mut bufs, &mut meta).unwrap(),
+            2
+        );
+        assert_eq!(&bufs[0][..meta[0].len], b"early");
+        assert_eq!(&bufs[1][..meta[1].len], b"0123456789abcdef");
+        assert_eq!((meta[0].addr, meta[0].stride), (client, 5));
+        assert_eq!(meta[1].dst_ip, Some(local.ip()));
+        assert_eq!(
+            io.recv_datagrams(&mut sock, &mut bufs, &mut meta)
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::WouldBlock
+        );
+        assert_eq!(peer.unread_by_worker(), 0);
+
+        // Answers carry the destination, our address or the source IP chosen, and ECN.
+        let mut answer = transmit(client, b"hi");
+        answer.ecn = Some(EcnCodepoint::Ect0);
+        assert!(io.send_datagram(&mut sock, &answer).unwrap());
+        answer.src_ip = Some(addr("192.0.2.9:0").ip());
+        assert!(io.send_datagram(&mut sock, &answer).unwrap());
+        let sent = peer.recv_all();
+        assert_eq!(sent.len(), 2);
+        assert_eq!(
+            sent[0],
+            SentDatagram {
+                to: client,
+                from: local,
+                ecn: Some(EcnCodepoint::Ect0),
+                bytes: b"hi".to_vec()
+            }
+        );
+        assert_eq!(sent[1].from, addr("192.0.2.9:443"));
+        assert!(peer.recv().is_none());
+
+        io.take_reports();
+        drop(sock);
+        assert!(peer.closed_by_worker());
+        peer.send_to(client, b"late");
+        assert!(
+            io.take_reports().iter().all(|r| r.token != 40),
+            "closed: no reports"
+        );
+    }
+
+    #[test]
+    fn a_segmented_send_arrives_as_separate_datagrams() {
+        let mut io = MemoryIo::new();
+        let (mut sock, peer) = io.datagram_socket(addr("192.0.2.1:443"));
+        let mut gso = transmit(addr("198.51.100.7:5000"), b"aaabbbcc");
+        gso.segment_size = Some(3);
+        assert!(io.send_datagram(&mut sock, &gso).unwrap());
+        let got: Vec<Vec<u8>> = peer.recv_all().into_iter().map(|d| d.bytes).collect();
+        assert_eq!(got, [b"aaa".to_vec(), b"bbb".to_vec(), b"cc".to_vec()]);
+    }
+
+    #[test]
+    fn a_full_socket_says_no_room_and_reports_writable_once_the_test_takes_some() {
+        let mut io = MemoryIo::new();
+        let to = addr("198.51.100.7:5000");
+        let (mut sock, peer) = io.datagram_socket(addr("192.0.2.1:443"));
+        io.watch_datagram(&mut sock, 7).unwrap();
+        io.take_reports();
+        peer.set_room(3);
+        for _ in 0..3 {
+            assert!(io.send_datagram(&mut sock, &transmit(to, b"x")).unwrap());
+        }
+        assert!(
+            !io.send_datagram(&mut sock, &transmit(to, b"y")).unwrap(),
+            "no room"
+        );
+        assert!(peer.recv().is_some());
+        assert_eq!(
+            io.take_reports(),
+            [Readiness {
+                token: 7,
+                writable: true,
+                ..Readiness::default()
+            }]
+        );
+        assert!(io.send_datagram(&mut sock, &transmit(to, b"y")).unwrap());
+        assert!(peer.recv().is_some());
+        assert!(io.take_reports().is_empty(), "it never waited this time");
+    }
+
+    #[test]
+    fn the_network_drops_the_next_datagrams_each_way() {
+        let mut io = MemoryIo::new();
+        let client = addr("198.51.100.7:5000");
+        let (mut sock, peer) = io.datagram_socket(addr("192.0.2.1:443"));
+        io.watch_datagram(&mut sock, 7).unwrap();
+        io.take_reports();
+        peer.drop_next(Direction::ToWorker, 2);
+        for b in [b"1", b"2", b"3"] {
+            peer.send_to(client, b);
+        }
+        assert_eq!(
+            io.take_reports().len(),
+            1,
+            "a lost datagram is not reported"
+        );
+        assert_eq!(bytes_of(&read_datagrams(&mut io, &mut sock)), [b"3"]);
+
+        peer.drop_next(Direction::FromWorker, 1);
+        for b in [b"a", b"b"] {
+            assert!(
+                io.send_datagram(&mut sock, &transmit(client, b)).unwrap(),
+                "lost, but sent"
+            );
+        }
+        let got: Vec<Vec<u8>> = peer.recv_all().into_iter().map(|d| d.bytes).collect();
+        assert_eq!(got, [b"b".to_vec()]);
+    }
+
+    #[test]
+    fn the_network_drops_every_kth_datagram_each_way() {
+        let mut io = MemoryIo::new();
+        let client = addr("198.51.100.7:5000");
+        let (mut sock, peer) = io.datagram_socket(addr("192.0.2.1:443"));
+        peer.send_to(client, b"before");
+        peer.drop_every(Direction::ToWorker, 3);
+        for i in 1..=7u8 {
+            peer.send_to(client, &[i]);
+        }
+        let got = read_datagrams(&mut io, &mut sock);
+        assert_eq!(
+            bytes_of(&got),
+            [&b"before"[..], &[1], &[2], &[4], &[5], &[7]]
+        );
+
+        peer.drop_every(Direction::FromWorker, 2);
+        for i in 1..=5u8 {
+            io.send_datagram(&mut sock, &transmit(client, &[i]))
+                .unwrap();
+        }
+        let got: Vec<Vec<u8>> = peer.recv_all().into_iter().map(|d| d.bytes).collect();
+        assert_eq!(got, [vec![1], vec![3], vec![5]]);
+        peer.drop_every(Direction::FromWorker, 0);
+        io.send_datagram(&mut sock, &transmit(client, &[6]))
+            .unwrap();
+        io.send_datagram(&mut sock, &transmit(client, &[7]))
+            .unwrap();
+        assert_eq!(peer.recv_all().len(), 2, "off again");
+    }
+
+    #[test]
+    fn the_network_reorders_a_batch_each_way() {
+        let mut io = MemoryIo::new();
+        let client = addr("198.51.100.7:5000");
+        let (mut sock, peer) = io.datagram_socket(addr("192.0.2.1:443"));
+        peer.reorder(Direction::ToWorker, Reorder::Reversed);
+        for i in 1..=4u8 {
+            peer.send_to(client, &[i]);
+        }
+        let got = read_datagrams(&mut io, &mut sock);
+        assert_eq!(bytes_of(&got), [&[4u8][..], &[3], &[2], &[1]]);
+        peer.reorder(Direction::ToWorker, Reorder::PairsSwapped);
+        for i in 1..=5u8 {
+            peer.send_to(client, &[i]);
+        }
+        let got = read_datagrams(&mut io, &mut sock);
+        assert_eq!(bytes_of(&got), [&[2u8][..], &[1], &[4], &[3], &[5]]);
+
+        peer.reorder(Direction::FromWorker, Reorder::Reversed);
+        for i in 1..=3u8 {
+            io.send_datagram(&mut sock, &transmit(client, &[i]))
+                .unwrap();
+        }
+        // The batch is what was sent before the test took any; later sends are the next.
+        assert_eq!(peer.recv().unwrap().bytes, [3]);
+        io.send_datagram(&mut sock, &transmit(client, &[4]))
+            .unwrap();
+        io.send_datagram(&mut sock, &transmit(client, &[5]))
+            .unwrap();
+        let got: Vec<Vec<u8>> = peer.recv_all().into_iter().map(|d| d.bytes).collect();
+        assert_eq!(got, [vec![2], vec![1], vec![5], vec![4]]);
+    }
+
+    #[test]
+    fn a_rebinding_changes_the_source_the_worker_sees() {
+        let mut io = MemoryIo::new();
+        let (mut sock, peer) = io.datagram_socket(addr("192.0.2.1:443"));
+        let (client, after_nat) = (addr("198.51.100.7:5000"), addr("203.0.113.4:61000"));
+        let other = addr("198.51.100.8:5000");
+        peer.send_to(client, b"a");
+        peer.rebind(client, after_nat);
+        peer.send_to(client, b"b");
+        peer.send_to(other, b"c");
+        let got = read_datagrams(&mut io, &mut sock);
+        let sources: Vec<SocketAddr> = got.iter().map(|(from, _)| *from).collect();
+        assert_eq!(sources, [client, after_nat, other]);
+        io.send_datagram(&mut sock, &transmit(after_nat, b"answer"))
+            .unwrap();
+        assert_eq!(peer.recv().unwrap().to, after_nat);
     }
 
     #[test]

@@ -10,22 +10,28 @@
 //! out), and `recv` copies into its buffer only when it returns bytes, so read buffers may
 //! move between calls.
 
+mod datagram;
 mod epoll;
 mod memory;
 mod sys;
 mod uring;
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::path::Path;
 use std::time::Duration;
 
+use quinn_udp::{RecvMeta, Transmit as DatagramTransmit};
+
 use crate::waker::Waker;
 
-pub use epoll::{EpollIo, EpollSock};
-pub use memory::{MemoryAddr, MemoryIo, MemoryPeer, MemorySock};
-pub use uring::{UringIo, UringSock, UringStats};
+pub use epoll::{EpollDatagram, EpollIo, EpollSock};
+pub use memory::{
+    Direction, MemoryAddr, MemoryDatagram, MemoryDatagramPeer, MemoryIo, MemoryPeer, MemorySock,
+    Reorder, SentDatagram,
+};
+pub use uring::{UringDatagram, UringIo, UringSock, UringStats};
 
 /// What the event loop learnt about one watched socket in a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -85,6 +91,9 @@ pub enum Waiting {
 /// One worker's sockets. Every call is made on the worker's own thread.
 pub trait Io: 'static {
     type Sock;
+    /// One bound UDP socket of this backend (`RuntimeConfig::datagram_listen`, handed to the
+    /// app by `WorkerApp::adopt_datagrams`). Dropping it closes it.
+    type Datagram;
 
     /// A send may complete after [`Io::send`] returns (a completion backend: io_uring): it
     /// answers `Ok(None)` for a send it took, keeps using the memory it was given until the
@@ -137,6 +146,42 @@ pub trait Io: 'static {
     #[inline]
     fn hold_input(&mut self, _sock: &mut Self::Sock) {}
 
+    /// Reports the UDP socket's readiness under `token` from now on, for its whole life, edge
+    /// triggered as for [`Io::watch`]: readable when datagrams arrive (read until
+    /// `WouldBlock`: no new report comes for datagrams already waiting), writable once
+    /// there is room again after [`Io::send_datagram`] found none. Like a new epoll
+    /// registration, the first report gives the socket's state now (writable, and readable
+    /// if datagrams wait).
+    fn watch_datagram(&mut self, sock: &mut Self::Datagram, token: usize) -> io::Result<()>;
+    /// Receives into `bufs`, one buffer (and the `meta` of the same index) per arrival:
+    /// the number of buffers filled, or `WouldBlock` when nothing waits. With GRO
+    /// ([`Io::gro_segments`] above 1) a buffer may hold several datagrams from one sender,
+    /// `meta.stride` bytes apart (the last may be shorter), so buffers should hold
+    /// 64 KiB; a datagram longer than its buffer is cut short.
+    fn recv_datagrams(
+        &mut self,
+        sock: &mut Self::Datagram,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> io::Result<usize>;
+    /// Sends one datagram, or with `segment_size` several of that size cut from `contents`
+    /// (GSO; at most [`Io::max_gso_segments`]): `Ok(true)` sent, `Ok(false)` no room now
+    /// (keep it; a writable report follows). A datagram too large for the path (`EMSGSIZE`,
+    /// an MTU probe) counts as sent, lost on the way; other errors (an unreachable
+    /// network, ...) are returned and the datagram is gone.
+    fn send_datagram(
+        &mut self,
+        sock: &mut Self::Datagram,
+        transmit: &DatagramTransmit<'_>,
+    ) -> io::Result<bool>;
+    /// The address the socket is bound to (with the port picked if 0 was asked for).
+    fn datagram_local_addr(&self, sock: &Self::Datagram) -> SocketAddr;
+    /// The most datagrams one [`Io::send_datagram`] may carry: 1 without GSO. It may drop to
+    /// 1 after a send failed with GSO (a device that cannot segment).
+    fn max_gso_segments(&self, sock: &Self::Datagram) -> usize;
+    /// The most datagrams one receive buffer may hold (GRO): 1 without it, 64 with it.
+    fn gro_segments(&self, sock: &Self::Datagram) -> usize;
+
     /// The ring's work since the last call, for a completion backend (`None` for others).
     #[inline]
     fn take_ring_counts(&mut self) -> Option<UringStats> {
@@ -183,6 +228,10 @@ pub trait Backend: Io + Sized {
     /// Takes a connection a listener accepted (not watched yet: the first request is often
     /// there already and is served before any event).
     fn adopt(&mut self, stream: std::net::TcpStream) -> Self::Sock;
+    /// Takes a bound UDP socket (not watched yet), on the worker's thread: turns on the
+    /// kernel's offloads and control messages for it (setsockopt, which the sandbox allows
+    /// after lockdown) and makes it non-blocking.
+    fn adopt_datagram(&mut self, sock: std::net::UdpSocket) -> io::Result<Self::Datagram>;
     /// The worker is about to exit, its sockets dropped: what they sent that is still on its
     /// way gets up to `within` to go out (a kernel socket's buffer outlives the process; a
     /// ring's operations do not). Nothing to do for a readiness backend.

@@ -23,6 +23,12 @@
 //!   one-shot poll on the ring says when to try again.
 //! - **Connecting**, peeking and shutting down stay syscalls (seccomp's socket rules keep
 //!   judging the connects; see `sys.rs`).
+//! - **UDP sockets** ([`UringDatagram`]) are watched with a multishot poll for reading on the
+//!   ring (and a one-shot poll for room after a send found none), reported as epoll reports
+//!   them; the receives and sends themselves are syscalls through quinn-udp (`recvmmsg`,
+//!   `sendmsg` with GSO), as on epoll. Receiving through the ring (`RECVMSG` with provided
+//!   buffers) could come later; it would need GRO-sized buffers and the control messages
+//!   parsed here.
 //! - **Closing**: dropping a [`UringSock`] hands its descriptor back to the backend, which
 //!   cancels its receive and polls, lets a send under way finish (the app counted those
 //!   bytes as sent, as it counts bytes in a kernel socket's buffer; it is cancelled when the
@@ -37,15 +43,18 @@ mod setup;
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, IoSliceMut};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::time::Duration;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use quinn_udp::{RecvMeta, Transmit as DatagramTransmit};
 
 use self::bufring::BufRing;
 pub use self::setup::Prepared;
+use super::datagram::KernelDatagram;
 use super::{sys, Backend, Io, Peer, Readiness, Transmit, Waiting};
 use crate::waker::Waker;
 
@@ -95,6 +104,8 @@ enum Op {
     Cancel = 4,
     Listener = 5,
     Waker = 6,
+    /// A UDP socket's multishot poll for reading.
+    DatagramIn = 7,
 }
 
 impl Op {
@@ -106,6 +117,7 @@ impl Op {
             4 => Op::Cancel,
             5 => Op::Listener,
             6 => Op::Waker,
+            7 => Op::DatagramIn,
             _ => return None,
         })
     }
@@ -180,6 +192,8 @@ struct Slot {
     want_writable: bool,
     /// A one-shot poll for room (or for a connect's outcome) is on the ring.
     poll_out: bool,
+    /// A UDP socket's multishot poll for reading is on the ring.
+    poll_in: bool,
     connecting: bool,
     /// Completions still to come for this slot.
     owed: u32,
@@ -286,6 +300,19 @@ pub struct UringSock {
 impl UringSock {
     fn fd(&self) -> RawFd {
         self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+}
+
+/// A UDP socket of the io_uring backend: a slot like a TCP socket's (so a dropped one is
+/// closed, and its late completions are recognised, the same way), and quinn-udp's state.
+pub struct UringDatagram {
+    sock: UringSock,
+    kernel: KernelDatagram,
+}
+
+impl UringDatagram {
+    fn fd(&self) -> &OwnedFd {
+        self.sock.fd.as_ref().expect("an open socket")
     }
 }
 
@@ -418,6 +445,25 @@ impl UringIo {
         self.push(sqe);
     }
 
+    /// A UDP socket's poll for reading: multishot, so each arrival that finds the socket
+    /// (edge) posts a completion without a new submission. POLL_ADD is on the ring's
+    /// allow-list already (listeners, room to write); multishot is a flag of the operation,
+    /// not an SQE flag.
+    fn arm_poll_in(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        if s.poll_in || s.closing.is_some() || s.token.is_none() {
+            return;
+        }
+        s.poll_in = true;
+        s.owed += 1;
+        let data = user_data(Op::DatagramIn, s.generation, slot);
+        let sqe = opcode::PollAdd::new(types::Fd(s.fd), libc::POLLIN as u32)
+            .multi(true)
+            .build()
+            .user_data(data);
+        self.push(sqe);
+    }
+
     fn cancel(&mut self, op: Op, slot: u32) {
         let generation = self.slots[slot as usize].generation;
         let sqe = opcode::AsyncCancel::new(user_data(op, generation, slot))
@@ -455,8 +501,12 @@ impl UringIo {
             s.token = None;
             s.closing = Some(fd);
             let (recv, send, poll) = (s.recv_armed, s.send.is_some(), s.poll_out);
+            let poll_in = s.poll_in;
             if recv {
                 self.cancel(Op::Recv, slot);
+            }
+            if poll_in {
+                self.cancel(Op::DatagramIn, slot);
             }
             // The app counted the bytes of a send on the ring as sent (as it counts bytes
             // in a kernel socket's buffer): they go out before the descriptor closes.
@@ -544,6 +594,9 @@ impl UringIo {
                 }
             }
             Some(Op::Recv) => self.received(slot, generation, res, flags),
+            Some(Op::DatagramIn) if self.live(slot, generation) => {
+                self.datagram_polled(slot, res, flags)
+            }
             Some(Op::Send) if self.live(slot, generation) => self.sent(slot, res),
             Some(Op::PollOut) if self.live(slot, generation) => {
                 let s = &mut self.slots[slot as usize];
@@ -621,6 +674,53 @@ impl UringIo {
             // Ended: by the kernel (it may, at any time), our cancel, or no buffer.
             self.maybe_rearm(slot);
         }
+        if news != 0 {
+            self.note(slot, news);
+        }
+    }
+
+    /// A UDP socket's poll for reading fired (or ended). Its generation was checked: a poll
+    /// of a socket dropped and closed since cannot reach the slot's next socket, and one
+    /// of a socket dropped but not closed yet reports nothing (its token is gone).
+    fn datagram_polled(&mut self, slot: u32, res: i32, flags: u32) {
+        let more = cqueue::more(flags);
+        let s = &mut self.slots[slot as usize];
+        if !more {
+            s.poll_in = false;
+            s.owed -= 1;
+        }
+        if s.closing.is_some() {
+            self.finish_if_closed(slot);
+            return;
+        }
+        let news = match res {
+            0.. => {
+                let revents = res as u32 as libc::c_short;
+                let mut news = 0;
+                if revents & libc::POLLIN != 0 {
+                    news |= READABLE;
+                }
+                if revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+                    // The read collects the error.
+                    news |= READABLE | ERROR;
+                }
+                if !more {
+                    // The kernel may end a multishot poll (an overflowing completion queue).
+                    self.arm_poll_in(slot);
+                }
+                news
+            }
+            _ if -res == libc::ECANCELED => 0,
+            _ => {
+                // Not armed again (it would fail again each turn): the app hears of an error
+                // and its reads still work; only the reports of arrivals stop.
+                tracing::warn!(
+                    "io_uring: a UDP socket's poll failed: {}",
+                    io::Error::from_raw_os_error(-res)
+                );
+                READABLE | ERROR
+            }
+        };
         if news != 0 {
             self.note(slot, news);
         }
@@ -805,6 +905,7 @@ impl UringIo {
 
 impl Io for UringIo {
     type Sock = UringSock;
+    type Datagram = UringDatagram;
 
     fn connect(&mut self, to: Peer<'_>) -> io::Result<UringSock> {
         let _call = InCall::enter(&self.in_call);
@@ -1019,6 +1120,52 @@ impl Io for UringIo {
         Ok(crate::sockstat::unacked_bytes(fd)? + queued as u32)
     }
 
+    fn watch_datagram(&mut self, sock: &mut UringDatagram, token: usize) -> io::Result<()> {
+        let _call = InCall::enter(&self.in_call);
+        let slot = sock.sock.slot;
+        self.slots[slot as usize].token = Some(token);
+        self.arm_poll_in(slot);
+        // As a new epoll registration reports: room to write (readable comes from the poll,
+        // at once if datagrams wait).
+        self.note(slot, WRITABLE);
+        Ok(())
+    }
+
+    fn recv_datagrams(
+        &mut self,
+        sock: &mut UringDatagram,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> io::Result<usize> {
+        sock.kernel.recv(sock.fd(), bufs, meta)
+    }
+
+    fn send_datagram(
+        &mut self,
+        sock: &mut UringDatagram,
+        transmit: &DatagramTransmit<'_>,
+    ) -> io::Result<bool> {
+        let _call = InCall::enter(&self.in_call);
+        let sent = sock.kernel.send(sock.fd(), transmit)?;
+        if !sent {
+            // Its completion reports the socket writable.
+            self.arm_poll_out(sock.sock.slot);
+        }
+        Ok(sent)
+    }
+
+    fn datagram_local_addr(&self, sock: &UringDatagram) -> SocketAddr {
+        sock.kernel.local_addr()
+    }
+
+    fn max_gso_segments(&self, sock: &UringDatagram) -> usize {
+        sock.kernel.max_gso_segments()
+    }
+
+    fn gro_segments(&self, sock: &UringDatagram) -> usize {
+        sock.kernel.gro_segments()
+    }
+
     fn poisoned(&self) -> bool {
         self.in_call.get()
     }
@@ -1120,6 +1267,15 @@ impl Backend for UringIo {
     fn adopt(&mut self, stream: std::net::TcpStream) -> UringSock {
         let _call = InCall::enter(&self.in_call);
         self.sock(stream.into(), false)
+    }
+
+    fn adopt_datagram(&mut self, sock: std::net::UdpSocket) -> io::Result<UringDatagram> {
+        let _call = InCall::enter(&self.in_call);
+        let kernel = KernelDatagram::new(&sock)?;
+        Ok(UringDatagram {
+            sock: self.sock(sock.into(), false),
+            kernel,
+        })
     }
 
     fn flush(&mut self, within: Duration) {

@@ -26,7 +26,9 @@ const CQ_ENTRIES: u32 = 16384;
 pub(super) const BUFFERS: u16 = 512;
 pub(super) const BUFFER_SIZE: u32 = 4096;
 
-/// The operations the backend submits, and nothing else.
+/// The operations the backend submits, and nothing else. UDP sockets add none: they are
+/// watched with `POLL_ADD` (multishot is a flag of the operation, not an SQE flag) and read
+/// and written by syscalls, which seccomp judges.
 const ALLOWED_OPS: [u8; 5] = [
     opcode::RecvMulti::CODE,
     opcode::Send::CODE,
