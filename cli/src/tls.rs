@@ -43,6 +43,10 @@ pub struct TlsArgs {
     /// Add `Strict-Transport-Security: max-age=SECS` to HTTPS answers.
     #[arg(long, value_name = "SECS")]
     pub hsts: Option<u64>,
+    /// Serve HTTP/3 (QUIC) on the UDP port of the HTTPS listener, and advertise it to
+    /// HTTPS clients with `Alt-Svc` (the firewall must let that UDP port in).
+    #[arg(long)]
+    pub http3: bool,
     /// Automatic HTTPS was asked for on the command line (`tern serve --acme`).
     #[arg(skip)]
     pub acme: bool,
@@ -64,11 +68,18 @@ pub struct FileTls {
     /// "example.com" }` (`*`: every other host; default: the request's own).
     redirect_http_hosts: Option<Spanned<BTreeMap<String, String>>>,
     hsts: Option<u64>,
+    /// HTTP/3 on the HTTPS listener's UDP port.
+    http3: Option<bool>,
     /// `[tls.acme]`: automatic HTTPS.
     acme: Option<crate::acme::FileAcme>,
 }
 
 impl FileTls {
+    /// `http3 = true`.
+    pub fn http3(&self) -> bool {
+        self.http3.unwrap_or(false)
+    }
+
     pub fn acme(&self) -> Option<&crate::acme::FileAcme> {
         self.acme.as_ref()
     }
@@ -167,6 +178,8 @@ pub struct TlsPlan {
     /// What the redirect listener answers.
     pub redirect: RedirectHttp,
     pub hsts: Option<u64>,
+    /// HTTP/3 on the HTTPS listener's UDP port.
+    pub http3: bool,
 }
 
 impl TlsArgs {
@@ -210,8 +223,10 @@ impl TlsArgs {
         // With ACME, the self-signed certificate is what a name gets until its own is issued.
         let self_signed = self.tls_self_signed || f.self_signed.unwrap_or(false) || acme;
         if certs.is_empty() && !self_signed {
-            let asked =
-                self.listen_tls.is_some() || self.redirect_http.is_some() || self.hsts.is_some();
+            let asked = self.listen_tls.is_some()
+                || self.redirect_http.is_some()
+                || self.hsts.is_some()
+                || self.http3;
             if asked || f.listen.is_some() {
                 return Err("HTTPS needs a certificate: give --tls-cert and --tls-key (or --tls-self-signed)".into());
             }
@@ -241,6 +256,7 @@ impl TlsArgs {
                 list.join("; ")
             })?,
             hsts: self.hsts.or(f.hsts),
+            http3: self.http3 || f.http3.unwrap_or(false),
         }))
     }
 }
@@ -273,6 +289,7 @@ pub fn configure(
     config.runtime.listen = listen;
     config.listener_kinds = kinds;
     config.hsts_max_age = plan.hsts;
+    config.http3 = plan.http3;
     config.redirect_http = plan.redirect.clone();
 }
 

@@ -33,6 +33,7 @@ mod gate;
 mod grafana;
 mod http;
 mod http2;
+mod http3;
 mod https;
 mod metrics;
 mod panics;

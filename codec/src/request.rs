@@ -41,6 +41,9 @@ pub enum Version {
     Http11,
     /// HTTP/2: the fields came from HPACK (see [`head_from_fields`]), not a request line.
     Http2,
+    /// HTTP/3: the fields came from QPACK; set by the HTTP/3 connection on the head
+    /// [`head_from_fields`] made.
+    Http3,
 }
 
 /// The request method. Unknown but well-formed tokens are `Other`; routes answer them 405/501.
@@ -434,7 +437,7 @@ fn scan_headers(head: &mut RequestHead<'_>, limits: &Limits) -> Result<(), Reque
     head.keep_alive = match head.version {
         Version::Http11 => !conn_close,
         Version::Http10 => conn_keep_alive && !conn_close,
-        Version::Http2 => true,
+        Version::Http2 | Version::Http3 => true,
     };
     // Only meaningful when a body follows; a bodiless request ignores it (RFC 9110 §10.1.1).
     // An HTTP/1.0 client cannot read a 1xx response, so there the expectation MUST be ignored

@@ -144,7 +144,9 @@ pub fn parse_upstream_head<'a>(
     };
     let keep_alive = match version {
         Version::Http11 => !connection_lists(headers, b"close"),
-        Version::Http10 | Version::Http2 => connection_lists(headers, b"keep-alive"),
+        Version::Http10 | Version::Http2 | Version::Http3 => {
+            connection_lists(headers, b"keep-alive")
+        }
     } && body != ResponseBody::UntilClose;
     Ok(Some(UpstreamHead {
         status,

@@ -634,6 +634,7 @@ fn protocol(head: &RequestHead<'_>) -> &'static [u8] {
     match head.version {
         tern_server::Version::Http10 => b"HTTP/1.0",
         tern_server::Version::Http11 => b"HTTP/1.1",
+        tern_server::Version::Http3 => b"HTTP/3.0",
         _ => b"HTTP/2.0",
     }
 }

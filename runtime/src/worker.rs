@@ -64,6 +64,10 @@ pub struct RuntimeConfig {
     /// its app gets them, in this order, through [`WorkerApp::adopt_datagrams`]. Bound before
     /// `after_bind`, like the TCP listeners.
     pub datagram_listen: Vec<SocketAddr>,
+    /// Listeners (by index of `listen`) whose bound address gets a UDP socket too, after the
+    /// addresses of `datagram_listen`: the same IP and port, so a TCP listener on port 0 gets
+    /// its UDP twin on the port it was given (HTTP/3 beside HTTPS).
+    pub datagram_beside: Vec<usize>,
 }
 
 /// Which sockets' backend the workers run on.
@@ -95,6 +99,7 @@ impl Default for RuntimeConfig {
             inherited: Vec::new(),
             io: IoChoice::default(),
             datagram_listen: Vec::new(),
+            datagram_beside: Vec::new(),
         }
     }
 }
@@ -411,7 +416,11 @@ impl Runtime {
         let mut datagram_addrs = Vec::with_capacity(config.datagram_listen.len());
         let mut datagrams_per_worker: Vec<Vec<std::net::UdpSocket>> =
             (0..workers).map(|_| Vec::new()).collect();
-        for &addr in &config.datagram_listen {
+        let beside = config
+            .datagram_beside
+            .iter()
+            .filter_map(|&i| local_addrs.get(i).copied());
+        for addr in config.datagram_listen.iter().copied().chain(beside) {
             let bind = |addr| {
                 bind_datagram_reuseport(addr)
                     .map_err(|e| io::Error::new(e.kind(), format!("{addr} (UDP): {e}")))

@@ -76,6 +76,9 @@ pub struct ServerConfig {
     /// Offer WebSocket over HTTP/2 (RFC 8441 extended CONNECT): advertised in SETTINGS, and
     /// relayed by proxy routes to their upstream as an HTTP/1.1 WebSocket handshake.
     pub http2_websocket: bool,
+    /// Serve HTTP/3 (QUIC) on the UDP port of every TLS listener, advertised to TCP clients
+    /// with `Alt-Svc`.
+    pub http3: bool,
 }
 
 impl Default for ServerConfig {
@@ -92,6 +95,7 @@ impl Default for ServerConfig {
             hsts_max_age: None,
             redirect_http: RedirectHttp::default(),
             http2_websocket: false,
+            http3: false,
         }
     }
 }

@@ -22,6 +22,7 @@ mod identity;
 #[cfg(any(test, feature = "testing"))]
 mod memory_worker;
 pub mod negotiate;
+mod quic;
 mod request_id;
 mod response;
 mod router;
@@ -202,6 +203,18 @@ impl Server {
             .config
             .hsts_max_age
             .map(|secs| format!("Strict-Transport-Security: max-age={secs}\r\n").into_bytes());
+        let mut runtime_config = self.config.runtime.clone();
+        let quic = match (&self.tls, self.config.http3) {
+            (Some(tls), true) => {
+                let config = quic::server_config(tls.quic_config(), &self.config)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                runtime_config.datagram_beside = (0..runtime_config.listen.len())
+                    .filter(|&i| kinds.get(i) == Some(&ListenerKind::Https))
+                    .collect();
+                Some(config)
+            }
+            _ => None,
+        };
         let workers = self.config.runtime.workers.max(1);
         let access_logs: Vec<_> = self
             .access_logs
@@ -218,7 +231,8 @@ impl Server {
             live: arc_swap::ArcSwap::from_pointee(self.config.clone()),
             reloads: std::sync::atomic::AtomicU64::new(0),
             tls: self.tls,
-            hsts_line,
+            secure_lines: std::sync::OnceLock::new(),
+            quic,
             https_port: std::sync::atomic::AtomicU16::new(0),
             listener_ports: (self.config.runtime.listen.iter())
                 .map(|addr| std::sync::atomic::AtomicU16::new(addr.port()))
@@ -234,10 +248,16 @@ impl Server {
         let for_workers = shared.clone();
         let after_bind = self.after_bind.unwrap_or_else(|| Box::new(|_| Ok(())));
         let runtime = tern_runtime::Runtime::start_app(
-            self.config.runtime.clone(),
+            runtime_config,
             after_bind,
             worker::MakeHttpWorker(for_workers),
         )?;
+        // Alt-Svc names the UDP ports HTTP/3 is bound on: known only now.
+        let mut secure_lines = hsts_line.unwrap_or_default();
+        if let Some(line) = alt_svc_line(runtime.datagram_addrs()) {
+            secure_lines.extend_from_slice(&line);
+        }
+        let _ = shared.secure_lines.set(secure_lines);
         for (port, addr) in shared.listener_ports.iter().zip(runtime.local_addrs()) {
             port.store(addr.port(), std::sync::atomic::Ordering::Relaxed);
         }
@@ -282,6 +302,22 @@ impl Server {
             shared,
         })
     }
+}
+
+/// `Alt-Svc: h3=":8443"; ma=86400` for the UDP ports HTTP/3 is bound on (RFC 7838, RFC 9114
+/// §3.1.1): a day, as h2o and Caddy say. `None` without HTTP/3.
+fn alt_svc_line(udp: &[SocketAddr]) -> Option<Vec<u8>> {
+    let mut ports: Vec<u16> = udp.iter().map(|a| a.port()).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    if ports.is_empty() {
+        return None;
+    }
+    let alternatives: Vec<String> = ports
+        .iter()
+        .map(|p| format!("h3=\":{p}\"; ma=86400"))
+        .collect();
+    Some(format!("Alt-Svc: {}\r\n", alternatives.join(", ")).into_bytes())
 }
 
 /// How many workers a server lost (see [`ServerHandle::join_checked`]).

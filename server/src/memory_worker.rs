@@ -80,7 +80,7 @@ impl MemoryWorker {
             live: arc_swap::ArcSwap::from_pointee(config.clone()),
             reloads: std::sync::atomic::AtomicU64::new(0),
             tls,
-            hsts_line: None,
+            secure_lines: None,
             https_port: std::sync::atomic::AtomicU16::new(0),
             listener_ports: (config.runtime.listen.iter())
                 .map(|addr| std::sync::atomic::AtomicU16::new(addr.port()))

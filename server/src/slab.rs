@@ -1,7 +1,8 @@
 //! A worker's table of connections (client or upstream), addressed by `tag | generation << 32
 //! | index`. The generation makes a key (in a timer, a pending reply or a mio token) refer to
-//! one occupant only, never to a later one that reuses the slot. Generations stay below 2^31,
-//! so a tag in the top bit tells two tables' keys apart (upstream connections carry it).
+//! one occupant only, never to a later one that reuses the slot. Generations stay below 2^30,
+//! so a tag in one of the top two bits tells the tables' keys apart (upstream connections
+//! carry bit 63, QUIC connections bit 62).
 
 pub(crate) struct Slab<T> {
     slots: Vec<(u32, Option<T>)>,
@@ -11,7 +12,7 @@ pub(crate) struct Slab<T> {
 }
 
 impl<T> Slab<T> {
-    /// A table whose keys all have `tag` set (0 or the top bit).
+    /// A table whose keys all have `tag` set (0, bit 63 or bit 62).
     pub fn new(tag: u64) -> Slab<T> {
         Slab {
             slots: Vec::new(),
@@ -31,7 +32,7 @@ impl<T> Slab<T> {
             }
         };
         let slot = &mut self.slots[index as usize];
-        slot.0 = (slot.0.wrapping_add(1) & 0x7fff_ffff).max(1);
+        slot.0 = (slot.0.wrapping_add(1) & 0x3fff_ffff).max(1);
         let key = self.tag | u64::from(slot.0) << 32 | u64::from(index);
         slot.1 = Some(make(key));
         self.len += 1;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use tern_runtime::io::{Backend, Io, Readiness};
-use tern_runtime::{ratelog, Context, InboxSender, MakeApp, TimerKey, WorkerApp};
+use tern_runtime::{ratelog, Context, InboxSender, MakeApp, TimerKey, TimerWheel, WorkerApp};
 
 use crate::access_log::{LogShared, WorkerLog};
 use crate::bans::Bans;
@@ -18,11 +18,38 @@ use crate::exchange::{ConnCx, DateLine, WorkerClock};
 use crate::fault;
 use crate::handler::ExchangeId;
 use crate::handler::{Pending, TurnEnd, WorkerMessage};
+use crate::quic::{QuicSide, QUIC_TAG};
 use crate::response::Response;
 use crate::router::Router;
 use crate::slab::Slab;
 use crate::stats::{Counter, Stats};
 use crate::upstream::UpstreamOutcome;
+
+/// The context a connection runs with, borrowed field by field from the worker (`$w`) and the
+/// loop's context (`$cx`): a macro, not a method, so that the worker's other fields (its
+/// connections) stay free to borrow beside it.
+macro_rules! conn_cx {
+    ($w:ident, $cx:ident, $clock:ident, $near_limit:expr) => {
+        ConnCx {
+            router: &$w.shared.router,
+            acme: $w.shared.tls.as_ref().and_then(|t| t.acme()),
+            bans: $w.shared.bans.as_deref(),
+            secure_lines: ($w.shared.secure_lines.get())
+                .filter(|l| !l.is_empty())
+                .map(Vec::as_slice),
+            config: &$w.config,
+            stats: $w.shared.stats.worker($w.id),
+            clock: &$clock,
+            buffers: $cx.buffers,
+            access_log: $w.access_log.as_mut(),
+            inbox: &$w.inbox,
+            worker_id: $w.id,
+            stopping: $cx.stopping,
+            draining: $cx.draining,
+            near_limit: $near_limit,
+        }
+    };
+}
 
 /// What every worker shares, read-only (but for reloads).
 pub(crate) struct Shared {
@@ -35,8 +62,10 @@ pub(crate) struct Shared {
     /// Bumped after `live` is stored; workers compare it once per loop turn.
     pub reloads: AtomicU64,
     pub tls: Option<Arc<tern_tls::TlsAcceptor>>,
-    /// `Strict-Transport-Security: ...\r\n`, added to answers over TLS.
-    pub hsts_line: Option<Vec<u8>>,
+    /// `Strict-Transport-Security: ...\r\n` and `Alt-Svc: ...\r\n`, added to answers over
+    /// TLS. Set once the listeners are bound (Alt-Svc names the UDP port bound); a worker
+    /// answering before that (the first instants) leaves them out.
+    pub secure_lines: std::sync::OnceLock<Vec<u8>>,
     /// The bound port of the first TLS listener (for `--redirect-http`); 0 until known.
     pub https_port: std::sync::atomic::AtomicU16,
     /// Each listener's bound port (by index in `runtime.listen`): the configured one, then,
@@ -46,6 +75,8 @@ pub(crate) struct Shared {
     pub access_logs: Vec<Arc<LogShared>>,
     /// Apps' end-of-turn work (see `TurnEnd`).
     pub turn_ends: Vec<Arc<dyn TurnEnd>>,
+    /// HTTP/3's QUIC server configuration (`None`: HTTP/3 off).
+    pub quic: Option<Arc<quinn_proto::ServerConfig>>,
     /// Run on each worker thread when it takes a reload (`Server::start` registers the
     /// static files' `forget_thread_caches`, so that the event loop names no handler).
     pub reload_hooks: Vec<fn()>,
@@ -82,6 +113,8 @@ pub(crate) struct HttpWorker<I: Io> {
     turn_end_again: bool,
     /// The `Date` line of the clock's second, for this worker's answers.
     date: DateLine,
+    /// HTTP/3: this worker's UDP sockets and QUIC connections (`None` with HTTP/3 off).
+    quic: Option<QuicSide<I>>,
 }
 
 impl<I: Io> HttpWorker<I> {
@@ -105,6 +138,7 @@ impl<I: Io> HttpWorker<I> {
             turn_answers: Vec::new(),
             turn_end_again: false,
             date: DateLine::new(0),
+            quic: None,
         }
     }
 
@@ -176,22 +210,7 @@ impl<I: Io> HttpWorker<I> {
             clock: cx.clock,
             date: self.date.at(cx.clock.unix_secs()),
         };
-        let mut ccx = ConnCx {
-            router: &self.shared.router,
-            acme: self.shared.tls.as_ref().and_then(|t| t.acme()),
-            bans: self.shared.bans.as_deref(),
-            hsts_line: self.shared.hsts_line.as_deref(),
-            config: &self.config,
-            stats: self.shared.stats.worker(self.id),
-            clock: &clock,
-            buffers: cx.buffers,
-            access_log: self.access_log.as_mut(),
-            inbox: &self.inbox,
-            worker_id: self.id,
-            stopping: cx.stopping,
-            draining: cx.draining,
-            near_limit,
-        };
+        let mut ccx = conn_cx!(self, cx, clock, near_limit);
         let mut ucx = Sockets {
             io: cx.io,
             conns: &mut self.upstreams,
@@ -307,6 +326,27 @@ impl<I: Io> HttpWorker<I> {
                  worker goes on"
             );
         }
+    }
+}
+
+impl<I: Io> HttpWorker<I> {
+    /// Runs `f` on the worker's HTTP/3 side with a connection's context (nothing with
+    /// HTTP/3 off).
+    fn with_quic(
+        &mut self,
+        cx: &mut Context<'_, WorkerMessage, I>,
+        f: impl FnOnce(&mut QuicSide<I>, &mut I, &mut TimerWheel, &mut ConnCx<'_>),
+    ) {
+        let Some(quic) = self.quic.as_mut() else {
+            return;
+        };
+        let near_limit = self.conns.len + quic.connections() >= self.near_limit_at;
+        let clock = WorkerClock {
+            clock: cx.clock,
+            date: self.date.at(cx.clock.unix_secs()),
+        };
+        let mut ccx = conn_cx!(self, cx, clock, near_limit);
+        f(quic, cx.io, cx.timers, &mut ccx);
     }
 }
 
@@ -458,12 +498,20 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
         if key & UPSTREAM_TOKEN != 0 {
             return self.on_upstream_ready(cx, key, ready);
         }
+        if key & QUIC_TAG != 0 {
+            return self.with_quic(cx, |q, io, timers, ccx| q.on_ready(io, timers, ready, ccx));
+        }
         self.with_conn(cx, key, |e, ccx, up| {
             relay_driver::drive(e, up, readable, fin, ccx)
         });
     }
 
     fn on_timer(&mut self, cx: &mut Context<'_, WorkerMessage, I>, key: TimerKey, at_ms: u64) {
+        if key & QUIC_TAG != 0 {
+            return self.with_quic(cx, |q, io, timers, ccx| {
+                q.on_timer(io, timers, key, at_ms, ccx)
+            });
+        }
         let now = cx.clock.now_ms();
         let Some(entry) = self.conns.get_mut(key) else {
             return;
@@ -500,6 +548,15 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
                 conn,
                 exchange,
                 response,
+            } if conn & QUIC_TAG != 0 => self.with_quic(cx, |q, io, timers, ccx| {
+                q.complete(io, timers, conn, exchange, response, ccx)
+            }),
+            // A cache fill's end waking a waiting relay: HTTP/3 has no relays (yet).
+            WorkerMessage::Wake { conn, .. } if conn & QUIC_TAG != 0 => {}
+            WorkerMessage::Complete {
+                conn,
+                exchange,
+                response,
             } => {
                 self.with_conn(cx, conn, |e, ccx, up| {
                     if e.conn.complete(exchange, response, ccx) {
@@ -522,6 +579,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
     }
 
     fn on_shutdown(&mut self, cx: &mut Context<'_, WorkerMessage, I>) {
+        self.with_quic(cx, |q, io, timers, ccx| q.begin_drain(io, timers, ccx));
         for key in self.conns.keys() {
             self.with_conn(cx, key, |e, ccx, up| {
                 if e.conn.begin_drain(e.sock.may_read(), ccx) {
@@ -576,6 +634,9 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
             log.tick(cx.clock.now_ms());
         }
         self.upstreams.sweep(cx.clock.now_ms());
+        if self.quic.as_ref().is_some_and(|q| q.wants_another_turn()) {
+            self.with_quic(cx, |q, io, timers, ccx| q.after_turn(io, timers, ccx));
+        }
         if self.yielded.is_empty() {
             return;
         }
@@ -587,10 +648,29 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
     }
 
     fn wants_another_turn(&self) -> bool {
-        !self.yielded.is_empty() || self.turn_end_again
+        !self.yielded.is_empty()
+            || self.turn_end_again
+            || self.quic.as_ref().is_some_and(|q| q.wants_another_turn())
     }
 
     fn connections(&self) -> usize {
-        self.conns.len
+        self.conns.len + self.quic.as_ref().map_or(0, |q| q.connections())
+    }
+
+    fn adopt_datagrams(&mut self, cx: &mut Context<'_, WorkerMessage, I>, socks: Vec<I::Datagram>) {
+        let Some(config) = self.shared.quic.clone() else {
+            return;
+        };
+        if socks.is_empty() {
+            return;
+        }
+        let ports: Vec<u16> = socks
+            .iter()
+            .map(|s| cx.io.datagram_local_addr(s).port())
+            .collect();
+        match QuicSide::new(cx.io, socks, &ports, config, cx.clock.now_us()) {
+            Ok(quic) => self.quic = Some(quic),
+            Err(e) => tracing::error!(worker = self.id, "HTTP/3 sockets could not be watched: {e}"),
+        }
     }
 }

@@ -88,6 +88,11 @@ const FILES: &[(&str, &str)] = &[
     ("exchange/", "exchange"),
     ("conn/", "conn"),
     ("driver/", "driver"),
+    // HTTP/3: the worker's UDP sockets and QUIC endpoints (driver), one connection's streams
+    // and exchanges (conn), the transport's settings from the server's (support).
+    ("quic/", "driver"),
+    ("quic/conn.rs", "conn"),
+    ("quic/settings.rs", "support"),
     ("worker.rs", "worker"),
     ("testing.rs", "worker"),
     ("memory_worker.rs", "worker"),

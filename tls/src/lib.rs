@@ -61,6 +61,8 @@ pub struct TlsOptions {
 /// Shared by every worker: makes a [`TlsSession`] per accepted connection.
 pub struct TlsAcceptor {
     config: Arc<ServerConfig>,
+    /// HTTP/3's: TLS 1.3 only, ALPN `h3`, the same certificates (resolver) and ticket keys.
+    quic_config: Arc<ServerConfig>,
     resolver: Arc<SniResolver>,
     self_signed: Option<(LoadedCert, String)>,
 }
@@ -135,8 +137,10 @@ impl TlsAcceptor {
         config.max_early_data_size = 0;
         // Established sessions seal and open their records themselves (`record.rs`).
         config.enable_secret_extraction = true;
+        let quic_config = quic_config(&config, resolver.clone())?;
         Ok(TlsAcceptor {
             config: Arc::new(config),
+            quic_config,
             resolver,
             self_signed,
         })
@@ -151,6 +155,12 @@ impl TlsAcceptor {
     /// server with rustls's own connection).
     pub fn config(&self) -> Arc<ServerConfig> {
         self.config.clone()
+    }
+
+    /// The rustls configuration of QUIC handshakes (HTTP/3): certificates chosen by the
+    /// same resolver, so reloads and ACME apply to both, and tickets sealed by the same keys.
+    pub fn quic_config(&self) -> Arc<ServerConfig> {
+        self.quic_config.clone()
     }
 
     /// Re-reads the certificate files; new handshakes use them, open connections keep theirs.
@@ -171,6 +181,26 @@ impl TlsAcceptor {
     pub fn self_signed_fingerprint(&self) -> Option<&str> {
         self.self_signed.as_ref().map(|(_, f)| f.as_str())
     }
+}
+
+/// QUIC runs TLS 1.3 only (RFC 9001 §4.2) and offers `h3` alone; 0-RTT stays off (early
+/// data is replayable, and tern's tickets are stateless). Otherwise the TCP listeners'
+/// configuration: the same provider, resolver and ticketer.
+fn quic_config(
+    tcp: &ServerConfig,
+    resolver: Arc<SniResolver>,
+) -> Result<Arc<ServerConfig>, String> {
+    let mut config = ServerConfig::builder_with_provider(tcp.crypto_provider().clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| format!("TLS configuration for HTTP/3: {e}"))?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h3".to_vec()];
+    config.ticketer = tcp.ticketer.clone();
+    config.session_storage = Arc::new(NoServerSessionStorage {});
+    config.send_tls13_tickets = 1;
+    config.max_early_data_size = 0;
+    Ok(Arc::new(config))
 }
 
 fn cert_set(

@@ -142,6 +142,7 @@ fn protocol(v: Version) -> &'static [u8] {
         Version::Http11 => b"HTTP/1.1",
         // As nginx writes it (`$server_protocol`), which log analysers expect.
         Version::Http2 => b"HTTP/2.0",
+        Version::Http3 => b"HTTP/3.0",
     }
 }
 

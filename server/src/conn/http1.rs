@@ -113,7 +113,7 @@ impl Sink for H1Sink<'_> {
         let keep = f.facts.keep_alive && !f.close && !cx.stopping;
         f.close |= !keep;
         f.chunked = unsized_body && !f.facts.http10;
-        if let Some(line) = self.link.hsts(cx) {
+        if let Some(line) = self.link.secure_lines(cx) {
             r.push_raw_headers(line);
         }
         let head = ResponseHead {
@@ -229,7 +229,7 @@ fn write_answer(
 ) -> bool {
     let keep = ex.keep_alive && !response.close && !cx.stopping;
     let connection = ConnectionHeader::for_answer(keep, ex.http10);
-    if let Some(line) = link.hsts(cx) {
+    if let Some(line) = link.secure_lines(cx) {
         response.push_raw_headers(line);
     }
     let no_body = status_has_no_body(response.status);

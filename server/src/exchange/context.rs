@@ -23,8 +23,9 @@ pub(crate) struct ConnCx<'a> {
     pub acme: Option<&'a tern_tls::AcmeCerts>,
     /// Where strikes and dropped connections add bans (`Server::with_bans`).
     pub bans: Option<&'a Bans>,
-    /// `Strict-Transport-Security: ...\r\n`, for answers over TLS (`--hsts`).
-    pub hsts_line: Option<&'a [u8]>,
+    /// The lines answers over TLS carry: `Strict-Transport-Security: ...\r\n` (`--hsts`)
+    /// and `Alt-Svc: h3=...\r\n` (HTTP/3 on), each ending in CRLF.
+    pub secure_lines: Option<&'a [u8]>,
     /// The worker's settings in force (timeouts, limits; changed by reloads between turns).
     pub config: &'a ServerConfig,
     pub stats: &'a WorkerStats,
@@ -120,10 +121,10 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    /// The `Strict-Transport-Security` line answers on this connection carry (`--hsts`,
-    /// over TLS only).
-    pub fn hsts<'s>(&self, cx: &ConnCx<'s>) -> Option<&'s [u8]> {
-        cx.hsts_line.filter(|_| self.secure)
+    /// The lines answers on this connection carry over TLS (HSTS, Alt-Svc; see
+    /// [`ConnCx::secure_lines`]).
+    pub fn secure_lines<'s>(&self, cx: &ConnCx<'s>) -> Option<&'s [u8]> {
+        cx.secure_lines.filter(|_| self.secure)
     }
 }
 

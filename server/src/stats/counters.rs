@@ -217,6 +217,51 @@ counters! {
             /// connection's) was spent.
             CompressionSkippedMemory(cause = "memory"),
         }
+        // HTTP/3 (`quic/`): QUIC connections, their datagrams and their errors.
+        "quic_connections" => "QUIC connections accepted (handshakes begun)" {
+            QuicAccepted,
+        }
+        "quic_connections_closed" => "QUIC connections ended and forgotten" {
+            QuicClosed,
+        }
+        "quic_connections_refused" => "QUIC handshakes refused before any state was kept" {
+            /// The worker was at its connection limit, or draining (CONNECTION_REFUSED).
+            QuicRefusedLimit(cause = "limit"),
+            /// From a banned address (ignored: nothing is sent back).
+            QuicRefusedBanned(cause = "banned"),
+        }
+        "quic_handshakes_failed" => "QUIC connections that ended before their handshake completed" {
+            QuicHandshakesFailed,
+        }
+        "quic_retries" => "Retry packets sent to make a client prove its address (under load)" {
+            QuicRetries,
+        }
+        "quic_datagrams" => "UDP datagrams of HTTP/3" {
+            QuicDatagramsIn(direction = "in"),
+            QuicDatagramsOut(direction = "out"),
+        }
+        "quic_bytes" => "UDP payload bytes of HTTP/3" {
+            QuicBytesIn(direction = "in"),
+            QuicBytesOut(direction = "out"),
+        }
+        "quic_send_errors" => "HTTP/3 datagrams not sent (a socket error, or its queue full)" {
+            QuicSendErrors,
+        }
+        "quic_lost_packets" => "QUIC packets declared lost, of connections that ended" {
+            QuicLostPackets,
+        }
+        "quic_panics" => "panics in QUIC code contained to their connection or datagram" {
+            QuicPanics,
+        }
+        "http3_connections" => "QUIC connections whose handshake completed (HTTP/3)" {
+            Http3Connections,
+        }
+        "http3_stream_errors" => "HTTP/3 request streams reset for the peer's protocol error" {
+            Http3StreamErrors,
+        }
+        "http3_connection_errors" => "HTTP/3 connections closed for the peer's protocol error" {
+            Http3ConnectionErrors,
+        }
         // The io_uring backend's work (`--io uring`).
         "io_uring_submissions" => "operations queued on the workers' io_uring rings" {
             IoUringSubmissions,

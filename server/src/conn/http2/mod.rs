@@ -531,7 +531,7 @@ impl Http2 {
         let date = &date_line[6..date_line.len() - 2];
         let mut length = itoa::Buffer::new();
         let length = length.format(len).as_bytes();
-        let hsts = link.hsts(cx).unwrap_or_default();
+        let secure = link.secure_lines(cx).unwrap_or_default();
         // Answers on a connection repeat (the same file, the same second): when everything
         // that goes into the head is what it was last time and the HPACK table has not moved,
         // last time's block is sent again instead of encoding each field.
@@ -539,7 +539,7 @@ impl Http2 {
         memo.key.clear();
         memo.key.extend_from_slice(&response.status.to_be_bytes());
         memo.key.push(u8::from(no_body));
-        for part in [date, length, response.headers(), hsts] {
+        for part in [date, length, response.headers(), secure] {
             memo.key
                 .extend_from_slice(&(part.len() as u32).to_be_bytes());
             memo.key.extend_from_slice(part);
@@ -560,8 +560,8 @@ impl Http2 {
             for line in response.headers().split(|&b| b == b'\n') {
                 add_line(&mut h, line);
             }
-            if !hsts.is_empty() {
-                add_line(&mut h, hsts.strip_suffix(b"\r\n").unwrap_or(hsts));
+            for line in secure.split(|&b| b == b'\n') {
+                add_line(&mut h, line);
             }
             let block = h.finish(end_stream);
             memo.valid = false;

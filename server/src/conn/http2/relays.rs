@@ -331,8 +331,12 @@ impl Http2 {
         for line in response.headers().split(|&b| b == b'\n') {
             add_line(&mut h, line);
         }
-        if let Some(hsts) = link.hsts(cx) {
-            add_line(&mut h, hsts.strip_suffix(b"\r\n").unwrap_or(hsts));
+        for line in link
+            .secure_lines(cx)
+            .unwrap_or_default()
+            .split(|&b| b == b'\n')
+        {
+            add_line(&mut h, line);
         }
         h.finish(end_stream);
         out.commit(before);

@@ -1,0 +1,312 @@
+//! HTTP/3 end to end: the real `tern` binary with `--http3` (or `[tls] http3 = true`), talked
+//! to by aioquic (PyPI, through `testkit/h3client.py`; installed by
+//! `scripts/install-h3-test-deps`) over QUIC on the HTTPS listener's UDP port, with a test CA's
+//! certificate so the client verifies it as a browser would.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::{support, tls_support};
+use serde_json::Value;
+use support::*;
+use tls_support::*;
+
+/// The venv's python and the client script, or `None` (the test says it skips).
+fn h3client() -> Option<(PathBuf, PathBuf)> {
+    let venv = std::env::var_os("TERN_AIOQUIC_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache"));
+            cache.join("tern/aioquic-venv")
+        });
+    let python = venv.join("bin/python");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testkit/h3client.py");
+    if !python.exists() {
+        eprintln!("SKIPPED: aioquic is not installed (scripts/install-h3-test-deps)");
+        return None;
+    }
+    Some((python, script))
+}
+
+/// What one h3client run printed: its answers (JSON lines) and its exit status.
+struct Run {
+    lines: Vec<Value>,
+    code: i32,
+}
+
+impl Run {
+    fn answer(&self, i: usize) -> &Value {
+        &self.lines[i]
+    }
+}
+
+fn header<'v>(answer: &'v Value, name: &str) -> Option<&'v str> {
+    answer["headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h[0].as_str() == Some(name))
+        .and_then(|h| h[1].as_str())
+}
+
+/// Runs the client with `args` (the URLs last), trusting `ca_file`.
+fn h3(client: &(PathBuf, PathBuf), ca_file: &std::path::Path, args: &[&str]) -> Run {
+    let out = Command::new(&client.0)
+        .arg(&client.1)
+        .arg("--ca")
+        .arg(ca_file)
+        .arg("--sni")
+        .arg("localhost")
+        .arg("--timeout")
+        .arg("20")
+        .args(args)
+        .output()
+        .expect("h3client runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    Run {
+        lines,
+        code: out.status.code().unwrap_or(-1),
+    }
+}
+
+/// A site with a page, a 1 MiB file, a CA and its certificate for localhost.
+struct Fixture {
+    site: Site,
+    ca_file: PathBuf,
+    cert: (PathBuf, PathBuf),
+    big: Vec<u8>,
+    _ca: Ca,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let site = Site::new();
+        site.write("hello.txt", "hello over quic\n");
+        let big: Vec<u8> = (0..1024 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+        site.write("big.bin", &big);
+        let ca = Ca::new();
+        let leaf = ca.issue("default", &["localhost", "127.0.0.1"]);
+        let ca_file = ca.write(site.base());
+        let cert = leaf.write(site.base(), "default");
+        Fixture {
+            site,
+            ca_file,
+            cert,
+            big,
+            _ca: ca,
+        }
+    }
+
+    fn serve(&self, extra: &[&str]) -> Tern {
+        let mut args = cert_key_args(&self.cert.0, &self.cert.1);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Tern::serve_tls(&self.site.root, &args)
+    }
+
+    fn url(&self, tern: &Tern, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", tern.https().port())
+    }
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn a_page_and_a_large_file_over_http3_verified_against_the_certificate() {
+    let Some(client) = h3client() else { return };
+    let fx = Fixture::new();
+    let tern = fx.serve(&["--http3"]);
+    let page = fx.url(&tern, "/hello.txt");
+    let big = fx.url(&tern, "/big.bin");
+    let missing = fx.url(&tern, "/missing");
+    let run = h3(&client, &fx.ca_file, &[&page, &big, &missing]);
+    assert_eq!(run.code, 0, "{:?}", run.lines);
+    let a = run.answer(0);
+    assert_eq!(a["alpn"], "h3");
+    assert_eq!(a["status"], 200);
+    assert_eq!(a["body"], "hello over quic\n");
+    assert_eq!(header(a, "content-length"), Some("16"));
+    assert_eq!(header(a, "server"), Some("tern"));
+    assert!(header(a, "date").is_some());
+    let b = run.answer(1);
+    assert_eq!(b["status"], 200);
+    assert_eq!(b["body_len"], fx.big.len() as u64);
+    assert_eq!(b["body_sha256"], sha256_hex(&fx.big));
+    assert_eq!(run.answer(2)["status"], 404);
+}
+
+#[test]
+fn many_streams_at_once_and_in_sequence_on_one_connection() {
+    let Some(client) = h3client() else { return };
+    let fx = Fixture::new();
+    fx.site.write_numbered(8);
+    let tern = fx.serve(&["--http3"]);
+    let page = fx.url(&tern, "/hello.txt");
+    let run = h3(
+        &client,
+        &fx.ca_file,
+        &["--parallel", "40", "--repeat", "3", &page],
+    );
+    assert_eq!(run.code, 0, "{:?}", run.lines.first());
+    assert_eq!(run.lines.len(), 120);
+    assert!(run
+        .lines
+        .iter()
+        .all(|l| l["status"] == 200 && l["body"] == "hello over quic\n"));
+}
+
+#[test]
+fn tcp_answers_advertise_http3_with_alt_svc_only_when_it_is_on() {
+    let Some(client) = h3client() else { return };
+    let fx = Fixture::new();
+    for on in [true, false] {
+        let tern = fx.serve(if on {
+            &["--http3", "--hsts", "60"]
+        } else {
+            &["--hsts", "60"]
+        });
+        let port = tern.https().port();
+        let out = Command::new("curl")
+            .args(["-s", "-D", "-", "-o", "/dev/null", "--cacert"])
+            .arg(&fx.ca_file)
+            .arg(format!("https://localhost:{port}/hello.txt"))
+            .output()
+            .expect("curl runs");
+        let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        assert!(
+            head.contains("strict-transport-security: max-age=60"),
+            "{head}"
+        );
+        let alt = format!("alt-svc: h3=\":{port}\"; ma=86400");
+        assert_eq!(head.contains(&alt), on, "http3 {on}: {head}");
+        // The same over HTTP/2 (its own header encoding of the same lines).
+        let out = Command::new("curl")
+            .args(["-s", "--http2", "-D", "-", "-o", "/dev/null", "--cacert"])
+            .arg(&fx.ca_file)
+            .arg(format!("https://localhost:{port}/hello.txt"))
+            .output()
+            .expect("curl runs");
+        let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        assert!(head.starts_with("http/2 200"), "{head}");
+        assert_eq!(head.contains(&alt), on, "http3 {on}, HTTP/2: {head}");
+        if !on {
+            // Nothing answers on the UDP port.
+            let run = h3(
+                &client,
+                &fx.ca_file,
+                &["--timeout", "2", &fx.url(&tern, "/hello.txt")],
+            );
+            assert_eq!(run.code, 2, "no HTTP/3 without --http3: {:?}", run.lines);
+        }
+    }
+}
+
+#[test]
+fn http3_answers_are_logged_counted_and_compressed_like_the_others() {
+    let Some(client) = h3client() else { return };
+    let fx = Fixture::new();
+    fx.site.write("page.html", "<p>".repeat(2000));
+    let conf = fx.site.base().join("tern.toml");
+    let log = fx.site.base().join("access.log");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen = \"127.0.0.1:0\"\nworkers = 2\naccess_log = {log:?}\n\n\
+             [tls]\nlisten = \"127.0.0.1:0\"\nhttp3 = true\n\
+             [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n\
+             [[site]]\nname = \"main\"\ndefault = true\n\n\
+             [[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n\
+             [[site.route]]\npath = \"/\"\nstatic = {:?}\ncompress = [\"gzip\"]\n",
+            fx.cert.0, fx.cert.1, fx.site.root
+        ),
+    )
+    .unwrap();
+    let tern = Tern::start_run(&conf);
+    let url = format!("https://127.0.0.1:{}/page.html", tern.https().port());
+    let run = h3(
+        &client,
+        &fx.ca_file,
+        &["--header", "accept-encoding: gzip", "--repeat", "2", &url],
+    );
+    assert_eq!(run.code, 0, "{:?}", run.lines);
+    let a = run.answer(0);
+    assert_eq!(a["status"], 200);
+    assert_eq!(header(a, "content-encoding"), Some("gzip"));
+    assert!(a["body_len"].as_u64().unwrap() < 6000);
+    assert_eq!(tern.metric("tern_http3_connections_total"), 1);
+    assert!(tern.metric("tern_quic_datagrams_total{direction=\"in\"}") >= 3);
+    assert!(tern.metric("tern_quic_datagrams_total{direction=\"out\"}") >= 3);
+    assert_eq!(tern.metric("tern_http3_connection_errors_total"), 0);
+    let page = tern.get("/metrics").text();
+    promtool_accepts("tern run's /metrics with HTTP/3", &page);
+    // The access log's protocol field (written by a background thread: wait for it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let h3_lines = text
+            .lines()
+            .filter(|l| l.contains("\"GET /page.html HTTP/3.0\" 200"))
+            .count();
+        if h3_lines == 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "access log:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_config_with_proxy_routes_and_http3_is_refused_with_one_line() {
+    let fx = Fixture::new();
+    let conf = fx.site.base().join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[tls]\nlisten = \"127.0.0.1:0\"\nhttp3 = true\n\
+             [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n\
+             [[site]]\nname = \"main\"\ndefault = true\n\n\
+             [[site.route]]\npath = \"/\"\nproxy = \"http://127.0.0.1:9\"\n",
+            fx.cert.0, fx.cert.1
+        ),
+    )
+    .unwrap();
+    for check in [true, false] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tern"));
+        cmd.arg("run").arg("--config").arg(&conf);
+        if check {
+            cmd.arg("--check");
+        }
+        let failed = run_to_end(&mut cmd, Duration::from_secs(20));
+        assert!(!failed.status.success());
+        assert!(
+            failed
+                .stderr
+                .contains("proxy and FastCGI routes are not served over HTTP/3"),
+            "{}",
+            failed.stderr
+        );
+    }
+}
+
+#[test]
+fn shutdown_closes_http3_connections_and_tern_exits() {
+    let Some(client) = h3client() else { return };
+    let fx = Fixture::new();
+    let mut tern = fx.serve(&["--http3"]);
+    let run = h3(&client, &fx.ca_file, &[&fx.url(&tern, "/hello.txt")]);
+    assert_eq!(run.code, 0);
+    tern.signal(libc::SIGTERM);
+    let status = tern.wait_exit(Duration::from_secs(10)).expect("tern exits");
+    assert!(status.success(), "{status:?}: {}", tern.stderr_text());
+}

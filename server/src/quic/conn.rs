@@ -1,0 +1,574 @@
+//! One HTTP/3 connection: quinn-proto's QUIC connection carries the streams, tern-http3's
+//! sans-IO session reads their frames (and holds every budget against hostile peers), and
+//! requests go to the same `exchange::dispatch` as HTTP/1.1's and HTTP/2's. Answers are
+//! HEADERS and DATA frames written into the QUIC streams as their flow control allows: QUIC
+//! encrypts in user space, so a file is read (`pread`) in pieces rather than sent by the
+//! kernel. This file does no I/O: the worker's socket side (`quic/mod.rs`) feeds datagrams to
+//! the connection and sends what it has to send.
+
+use std::os::unix::fs::FileExt;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use quinn_proto::{Dir, Event as QuicEvent, ReadError, StreamEvent, StreamId, VarInt, WriteError};
+use tern_codec::{Method, Version};
+use tern_http3::{ConnError, ErrorCode, Event};
+use tern_runtime::ratelog;
+
+use crate::access_log::LogEntry;
+use crate::exchange::{self, Awaiting, ConnCx, Facts, Link, Outcome};
+use crate::handler::ExchangeId;
+use crate::response::{status_has_no_body, Body, FileBody, Response};
+use crate::stats::{Counter, Tally};
+
+/// File bytes read per piece of a DATA frame: what quinn's send buffer takes in one write.
+const FILE_PIECE: usize = 64 * 1024;
+/// Requests whose whole body is still arriving, per connection (the session bounds their
+/// bytes).
+const GATHERING_LIMIT: usize = 128;
+
+/// An answer being written into its stream.
+struct Answer {
+    stream: StreamId,
+    /// Frame bytes (HEADERS, a DATA frame's header) not yet taken by the stream.
+    frames: Bytes,
+    body: Pending,
+}
+
+/// The part of an answer's body its stream has not taken yet.
+enum Pending {
+    None,
+    Memory(Bytes),
+    File {
+        body: FileBody,
+        /// Read from the file but not yet taken by the stream.
+        read: Bytes,
+    },
+}
+
+/// One QUIC connection serving HTTP/3.
+pub(crate) struct QuicConn {
+    pub quic: quinn_proto::Connection,
+    pub handle: quinn_proto::ConnectionHandle,
+    /// Which of the worker's UDP sockets it came in on.
+    pub socket: usize,
+    pub link: Link,
+    h3: tern_http3::Connection,
+    /// Our control stream, once opened, and what is still to be written on it.
+    control: Option<StreamId>,
+    control_out: Vec<u8>,
+    answers: Vec<Answer>,
+    /// Request streams whose body is still arriving (the session holds it).
+    gathering: Vec<u64>,
+    awaiting: Awaiting,
+    /// Established (the handshake completed).
+    pub connected: bool,
+    /// The worker no longer counts it among handshakes in progress.
+    pub handshake_over: bool,
+    /// The connection was lost or closed: nothing more is read or dispatched.
+    pub closed: bool,
+    /// A graceful close was asked for (shutdown): GOAWAY sent, close once idle.
+    draining: bool,
+    /// The timer: when it is due, and the earliest time armed in the wheel.
+    pub deadline_ms: u64,
+    pub armed_ms: u64,
+}
+
+impl QuicConn {
+    pub fn new(
+        quic: quinn_proto::Connection,
+        handle: quinn_proto::ConnectionHandle,
+        socket: usize,
+        link: Link,
+        cx: &mut ConnCx<'_>,
+    ) -> QuicConn {
+        let limits = &cx.config.limits;
+        let cfg = tern_http3::Config {
+            max_field_section_size: limits.max_head as u64,
+            max_body: limits.max_body,
+            max_buffered_body: limits.max_body.min(16 * 1024 * 1024) as usize,
+            ..tern_http3::Config::default()
+        };
+        let mut control_out = Vec::new();
+        let h3 = tern_http3::Connection::new(cfg, &mut control_out);
+        QuicConn {
+            quic,
+            handle,
+            socket,
+            link,
+            h3,
+            control: None,
+            control_out,
+            answers: Vec::new(),
+            gathering: Vec::new(),
+            awaiting: Awaiting::default(),
+            connected: false,
+            handshake_over: false,
+            closed: false,
+            draining: false,
+            deadline_ms: u64::MAX,
+            armed_ms: u64::MAX,
+        }
+    }
+
+    /// Everything the QUIC connection has for us since the last call: its events, the
+    /// streams' bytes into the session, the session's events into exchanges, and answers
+    /// written as far as the streams take them. Transmits are left to the caller.
+    pub fn drive(&mut self, now: Instant, cx: &mut ConnCx<'_>) {
+        while let Some(event) = self.quic.poll() {
+            match event {
+                QuicEvent::HandshakeDataReady => {}
+                QuicEvent::Connected => {
+                    self.connected = true;
+                    cx.stats.bump(Counter::Http3Connections);
+                    self.open_control();
+                }
+                QuicEvent::ConnectionLost { .. } => {
+                    self.closed = true;
+                    self.awaiting.clear();
+                    self.answers.clear();
+                }
+                QuicEvent::Stream(StreamEvent::Opened { dir }) => {
+                    while let Some(id) = self.quic.streams().accept(dir) {
+                        self.read_stream(id);
+                    }
+                }
+                QuicEvent::Stream(StreamEvent::Readable { id }) => self.read_stream(id),
+                QuicEvent::Stream(StreamEvent::Writable { .. }) => {}
+                QuicEvent::Stream(StreamEvent::Stopped { id, .. }) => {
+                    // The client wants no more of this answer: it ends here.
+                    self.answers.retain(|a| a.stream != id);
+                    self.awaiting.forget(ExchangeId(u64::from(id)));
+                    let step = self.h3.stream_reset(u64::from(id));
+                    self.check(step, now, cx);
+                }
+                QuicEvent::Stream(StreamEvent::Finished { .. })
+                | QuicEvent::Stream(StreamEvent::Available { .. }) => {}
+                QuicEvent::DatagramReceived | QuicEvent::DatagramsUnblocked => {}
+            }
+        }
+        if let Some(e) = self.h3.error() {
+            self.fail(e, now, cx);
+        }
+        self.session_events(now, cx);
+        self.write_control();
+        self.write_answers(cx);
+        if self.draining && self.h3.open_requests() == 0 && self.answers.is_empty() {
+            self.close(now, ErrorCode::NoError, "shutting down");
+        }
+    }
+
+    /// A deferred reply arrived. False if its stream is gone.
+    pub fn complete(&mut self, id: ExchangeId, response: Response, cx: &mut ConnCx<'_>) -> bool {
+        if self.closed {
+            return false;
+        }
+        let Some(waiting) = self.awaiting.take(id) else {
+            return false;
+        };
+        let entry = waiting.log.as_ref().map(|s| s.entry());
+        self.respond(
+            StreamId::from(VarInt::from_u64(id.0).unwrap_or(VarInt::MAX)),
+            response,
+            waiting.facts,
+            cx,
+            entry.as_ref(),
+        );
+        self.write_answers(cx);
+        true
+    }
+
+    /// Shutdown began: GOAWAY, answer what was asked, then close.
+    pub fn begin_drain(&mut self, now: Instant) {
+        if self.draining || self.closed {
+            return;
+        }
+        self.draining = true;
+        self.awaiting.end_keep_alive();
+        if !self.connected {
+            self.close(now, ErrorCode::NoError, "shutting down");
+            return;
+        }
+        self.h3.go_away(&mut self.control_out);
+        self.write_control();
+    }
+
+    /// Closes the connection with an HTTP/3 code (CONNECTION_CLOSE of type 0x1d).
+    pub fn close(&mut self, now: Instant, code: ErrorCode, reason: &'static str) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        self.answers.clear();
+        self.awaiting.clear();
+        let code = VarInt::from_u64(code.code()).unwrap_or(VarInt::MAX);
+        self.quic
+            .close(now, code, Bytes::from_static(reason.as_bytes()));
+    }
+
+    fn open_control(&mut self) {
+        if self.control.is_none() {
+            self.control = self.quic.streams().open(Dir::Uni);
+        }
+        self.write_control();
+    }
+
+    fn write_control(&mut self) {
+        let Some(id) = self.control else { return };
+        if self.control_out.is_empty() {
+            return;
+        }
+        if let Ok(n) = self.quic.send_stream(id).write(&self.control_out) {
+            self.control_out.drain(..n);
+        }
+    }
+
+    /// Every byte the stream has for us goes into the session, which buffers what it needs.
+    fn read_stream(&mut self, id: StreamId) {
+        let raw = u64::from(id);
+        let mut recv = self.quic.recv_stream(id);
+        let Ok(mut chunks) = recv.read(true) else {
+            return;
+        };
+        let mut reset = false;
+        loop {
+            match chunks.next(usize::MAX) {
+                Ok(Some(chunk)) => {
+                    if self.h3.recv_stream_data(raw, &chunk.bytes, false).is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => {
+                    let _ = self.h3.recv_stream_data(raw, &[], true);
+                    break;
+                }
+                Err(ReadError::Blocked) => break,
+                Err(ReadError::Reset(_)) => {
+                    reset = true;
+                    break;
+                }
+            }
+        }
+        let _ = chunks.finalize();
+        if reset {
+            self.answers.retain(|a| a.stream != id);
+            self.awaiting.forget(ExchangeId(raw));
+            let _ = self.h3.stream_reset(raw);
+        }
+    }
+
+    fn session_events(&mut self, now: Instant, cx: &mut ConnCx<'_>) {
+        while let Some(event) = self.h3.poll_event() {
+            if self.closed {
+                return;
+            }
+            match event {
+                Event::Request { stream, end_stream } => {
+                    if end_stream {
+                        self.dispatch(stream, cx);
+                    } else if self.gathering.len() < GATHERING_LIMIT {
+                        self.gathering.push(stream);
+                        self.body_progress(stream, cx);
+                    } else {
+                        self.reset_stream(stream, ErrorCode::RequestRejected);
+                    }
+                }
+                Event::Body(stream) => self.body_progress(stream, cx),
+                Event::Trailers(_) => {}
+                Event::Refuse { stream, status } => {
+                    self.gathering.retain(|&s| s != stream);
+                    cx.stats.bump(Counter::Requests);
+                    let id = quic_id(stream);
+                    let facts = Facts::own_answer(ExchangeId(stream), cx.clock.now_us());
+                    let message = match status {
+                        431 => "request header fields too large\n",
+                        _ => "request body too large\n",
+                    };
+                    let entry = cx
+                        .access_log
+                        .is_some()
+                        .then(|| LogEntry::bare(self.link.peer, cx.clock.now_us()));
+                    self.respond(
+                        id,
+                        Response::text(status, message),
+                        facts,
+                        cx,
+                        entry.as_ref(),
+                    );
+                }
+                Event::ResetStream { stream, code, .. } => {
+                    cx.stats.bump(Counter::Http3StreamErrors);
+                    self.gathering.retain(|&s| s != stream);
+                    self.reset_stream(stream, code);
+                }
+                Event::StopSending { stream, code } => {
+                    let code = VarInt::from_u64(code.code()).unwrap_or(VarInt::MAX);
+                    let _ = self.quic.recv_stream(quic_id(stream)).stop(code);
+                }
+                Event::Reset(stream) => {
+                    self.gathering.retain(|&s| s != stream);
+                    self.answers.retain(|a| u64::from(a.stream) != stream);
+                    self.awaiting.forget(ExchangeId(stream));
+                }
+                Event::PeerGoAway => {}
+            }
+        }
+        if let Some(e) = self.h3.error() {
+            self.fail(e, now, cx);
+        }
+    }
+
+    /// A request body grew: dispatch once it is complete.
+    fn body_progress(&mut self, stream: u64, cx: &mut ConnCx<'_>) {
+        let complete = self.h3.body_chunk(stream).is_some_and(|(_, done)| done);
+        if complete && self.gathering.contains(&stream) {
+            self.gathering.retain(|&s| s != stream);
+            self.dispatch(stream, cx);
+        }
+    }
+
+    fn reset_stream(&mut self, stream: u64, code: ErrorCode) {
+        let id = quic_id(stream);
+        let code = VarInt::from_u64(code.code()).unwrap_or(VarInt::MAX);
+        let _ = self.quic.send_stream(id).reset(code);
+        let _ = self.quic.recv_stream(id).stop(code);
+        self.answers.retain(|a| a.stream != id);
+        self.awaiting.forget(ExchangeId(stream));
+    }
+
+    fn check(&mut self, step: Result<(), ConnError>, now: Instant, cx: &mut ConnCx<'_>) {
+        if let Err(e) = step {
+            self.fail(e, now, cx);
+        }
+    }
+
+    /// A connection error of the peer's making: counted, logged (rate-limited), closed.
+    fn fail(&mut self, e: ConnError, now: Instant, cx: &mut ConnCx<'_>) {
+        if self.closed {
+            return;
+        }
+        cx.stats.bump(Counter::Http3ConnectionErrors);
+        if ratelog::admit("http3_connection_error", cx.clock.now_ms()) {
+            tracing::info!(peer = %self.link.peer, code = ?e.code, "HTTP/3 connection error: {}", e.reason);
+        }
+        self.close(now, e.code, e.reason);
+    }
+
+    /// A request whose head (and body, if any) is complete: the same dispatch as HTTP/2's.
+    fn dispatch(&mut self, stream: u64, cx: &mut ConnCx<'_>) {
+        let Some(data) = self.h3.take_request(stream) else {
+            return;
+        };
+        cx.stats.bump(Counter::Requests);
+        let body = match self.h3.body_chunk(stream) {
+            Some((bytes, _)) if !bytes.is_empty() => bytes.to_vec(),
+            _ => Vec::new(),
+        };
+        self.h3.consume_body(stream, body.len());
+        let mut few = [httparse::EMPTY_HEADER; 24];
+        let mut many;
+        let slots: &mut [httparse::Header<'_>] = if data.fields.field_count() <= few.len() {
+            &mut few
+        } else {
+            many = vec![httparse::EMPTY_HEADER; data.fields.field_count()];
+            &mut many
+        };
+        let mut facts = Facts {
+            id: ExchangeId(stream),
+            head_only: false,
+            keep_alive: true,
+            http10: false,
+            tally: Tally::starting(cx.clock.now_us()),
+        };
+        let mut entry = None;
+        let outcome = match data.head(slots, &cx.config.limits) {
+            Err(e) => {
+                cx.stats.bad_request(e);
+                if ratelog::admit(e.name(), cx.clock.now_ms()) {
+                    let cause = e.message().trim_end();
+                    tracing::info!(peer = %self.link.peer, status = e.status(), "bad HTTP/3 request: {cause}");
+                }
+                Outcome::Respond(Response::text(e.status(), e.message()))
+            }
+            // Extended CONNECT (a WebSocket) is not offered over HTTP/3 (SETTINGS say so), so
+            // a request naming `:protocol` was refused by the session already.
+            Ok(mut head) => {
+                head.version = Version::Http3;
+                facts.head_only = head.method == Method::Head;
+                exchange::dispatch(&head, &body, &self.link, &mut facts, &mut entry, cx)
+            }
+        };
+        if entry.is_none() && cx.access_log.is_some() {
+            entry = Some(LogEntry::bare(self.link.peer, cx.clock.now_us()));
+        }
+        let id = quic_id(stream);
+        match outcome {
+            Outcome::Respond(r) => self.respond(id, r, facts, cx, entry.as_ref()),
+            Outcome::Deferred => self.awaiting.park(facts, entry.as_ref()),
+            Outcome::Forward(..) => {
+                // Relaying over HTTP/3 (the relay's `Sink` for QUIC streams) is not built:
+                // such routes are refused at start-up with HTTP/3 on (`tern run --check`),
+                // so this is a handler's own forward (`tern serve` has none).
+                let r = Response::text(502, "this route is not served over HTTP/3\n");
+                self.respond(id, r, facts, cx, entry.as_ref());
+            }
+            Outcome::Drop => {
+                self.close(Instant::now(), ErrorCode::ExcessiveLoad, "dropped");
+            }
+        }
+    }
+
+    /// Writes an answer's HEADERS (and its body's DATA frame header) and queues its body.
+    fn respond(
+        &mut self,
+        stream: StreamId,
+        response: Response,
+        facts: Facts,
+        cx: &mut ConnCx<'_>,
+        entry: Option<&LogEntry<'_>>,
+    ) {
+        cx.answered(response.status, facts.tally);
+        let no_body = status_has_no_body(response.status);
+        let len = response.body.len();
+        let end_stream = no_body || facts.head_only || len == 0;
+        if let (Some(log), Some(entry)) = (cx.access_log.as_deref_mut(), entry) {
+            let body_bytes = if end_stream { 0 } else { len };
+            log.record(entry, response.status, body_bytes, cx.clock);
+        }
+        let date_line = cx.clock.date_line();
+        let date = &date_line[6..date_line.len() - 2];
+        let mut length = itoa::Buffer::new();
+        let length = length.format(len).as_bytes();
+        let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(12);
+        fields.push((b"date", date));
+        fields.push((b"server", b"tern"));
+        if !no_body {
+            fields.push((b"content-length", length));
+        }
+        let secure = self.link.secure_lines(cx).unwrap_or_default();
+        for line in response
+            .headers()
+            .split(|&b| b == b'\n')
+            .chain(secure.split(|&b| b == b'\n'))
+        {
+            if let Some(field) = split_line(line) {
+                fields.push(field);
+            }
+        }
+        let mut frames = Vec::with_capacity(128);
+        self.h3
+            .send_response_head(response.status, &fields, &mut frames);
+        let body = match (end_stream, response.body) {
+            (true, _) | (false, Body::Empty) => Pending::None,
+            (false, Body::Static(b)) => Pending::Memory(Bytes::from_static(b)),
+            (false, Body::Owned(b)) => Pending::Memory(Bytes::from(b)),
+            (false, Body::Shared(b)) => Pending::Memory(b),
+            (false, Body::File(f)) => Pending::File {
+                body: f,
+                read: Bytes::new(),
+            },
+        };
+        if !matches!(body, Pending::None) {
+            tern_http3::frame::write_header(&mut frames, tern_http3::frame::kind::DATA, len);
+        }
+        self.answers.push(Answer {
+            stream,
+            frames: Bytes::from(frames),
+            body,
+        });
+    }
+
+    /// Writes answers into their streams until each is done or blocked by flow control.
+    fn write_answers(&mut self, cx: &mut ConnCx<'_>) {
+        let mut i = 0;
+        while i < self.answers.len() {
+            match self.write_answer(i, cx) {
+                Written::Done => {
+                    let answer = self.answers.swap_remove(i);
+                    let raw = u64::from(answer.stream);
+                    let _ = self.quic.send_stream(answer.stream).finish();
+                    if self.h3.answer_sent(raw) {
+                        let code =
+                            VarInt::from_u64(ErrorCode::NoError.code()).unwrap_or(VarInt::MAX);
+                        let _ = self.quic.recv_stream(answer.stream).stop(code);
+                    }
+                }
+                Written::Blocked => i += 1,
+                Written::Gone => {
+                    self.answers.swap_remove(i);
+                }
+            }
+        }
+    }
+
+    fn write_answer(&mut self, i: usize, cx: &mut ConnCx<'_>) -> Written {
+        let answer = &mut self.answers[i];
+        let mut send = self.quic.send_stream(answer.stream);
+        loop {
+            let piece = if !answer.frames.is_empty() {
+                &mut answer.frames
+            } else {
+                match &mut answer.body {
+                    Pending::None => return Written::Done,
+                    Pending::Memory(b) if b.is_empty() => return Written::Done,
+                    Pending::Memory(b) => b,
+                    Pending::File { body, read } => {
+                        if read.is_empty() {
+                            if body.len == 0 {
+                                return Written::Done;
+                            }
+                            match read_piece(body) {
+                                Ok(bytes) => *read = bytes,
+                                Err(e) => {
+                                    // The file shrank or failed under us: the answer cannot be
+                                    // completed honestly.
+                                    if ratelog::admit("http3_file_read", cx.clock.now_ms()) {
+                                        tracing::warn!("HTTP/3 answer's file read failed: {e}");
+                                    }
+                                    let code = VarInt::from_u64(ErrorCode::Internal.code())
+                                        .unwrap_or(VarInt::MAX);
+                                    let _ = send.reset(code);
+                                    return Written::Gone;
+                                }
+                            }
+                        }
+                        read
+                    }
+                }
+            };
+            match send.write_chunks(std::slice::from_mut(piece)) {
+                Ok(w) if w.bytes > 0 => continue,
+                Ok(_) | Err(WriteError::Blocked) => return Written::Blocked,
+                Err(_) => return Written::Gone,
+            }
+        }
+    }
+}
+
+enum Written {
+    Done,
+    Blocked,
+    Gone,
+}
+
+/// The next piece of a file answer, read with `pread` (the body's offset moves on).
+fn read_piece(body: &mut FileBody) -> std::io::Result<Bytes> {
+    let n = (body.len as usize).min(FILE_PIECE);
+    let mut buf = BytesMut::zeroed(n);
+    body.file.read_exact_at(&mut buf, body.offset)?;
+    body.offset += n as u64;
+    body.len -= n as u64;
+    Ok(buf.freeze())
+}
+
+/// `Name: value` (a response's header line, CR optional) as a field.
+fn split_line(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let colon = line.iter().position(|&b| b == b':')?;
+    let value = &line[colon + 1..];
+    Some((&line[..colon], value.strip_prefix(b" ").unwrap_or(value)))
+}
+
+fn quic_id(stream: u64) -> StreamId {
+    StreamId::from(VarInt::from_u64(stream).unwrap_or(VarInt::MAX))
+}

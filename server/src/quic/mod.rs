@@ -1,0 +1,631 @@
+//! HTTP/3's side of a worker: its UDP sockets (one per QUIC address, each worker its own,
+//! SO_REUSEPORT), a quinn-proto `Endpoint` per socket, and the QUIC connections they accepted
+//! (`conn.rs`). Datagrams are read in batches (recvmmsg, with GRO where the kernel has it),
+//! handed to the endpoint, which routes them to their connection or starts one; what the
+//! connections have to send goes out in GSO batches from the socket the connection came in
+//! on. The sockets' calls go through the `Io` trait like every other socket's, so epoll,
+//! io_uring and the in-memory backend all carry HTTP/3.
+//!
+//! Keys: a connection's slab key has [`QUIC_TAG`] set, so its timers and deferred replies
+//! reach it through the worker's one timer wheel and inbox; socket `i` is watched under
+//! `QUIC_TAG | i`, which no connection key equals (their generation is never 0).
+
+mod conn;
+mod settings;
+
+use std::io::{self, IoSliceMut};
+use std::net::SocketAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use quinn_proto::{DatagramEvent, Endpoint, EndpointConfig, Incoming};
+use tern_runtime::io::{Io, Readiness};
+use tern_runtime::{ratelog, DatagramTransmit, RecvMeta, TimerWheel, DATAGRAM_BATCH};
+
+use crate::exchange::{ConnCx, Link};
+use crate::handler::ExchangeId;
+use crate::response::Response;
+use crate::slab::Slab;
+use crate::stats::Counter;
+use conn::QuicConn;
+pub(crate) use settings::server_config;
+
+/// The tag of QUIC connections' keys and sockets' tokens (bit 63 is the upstreams').
+pub(crate) const QUIC_TAG: u64 = 1 << 62;
+/// Receive buffers of one batch: with GRO one buffer holds up to 64 KiB of datagrams.
+const RECV_BUF: usize = 64 * 1024;
+/// Batches read from one socket per readiness before the other connections' turn: a
+/// datagram flood cannot starve the worker's TCP clients.
+const BATCHES_PER_TURN: usize = 8;
+/// Datagrams per connection per transmit call (a GSO batch at most): bounds both a burst and
+/// the time one connection holds the worker.
+const MAX_GSO: usize = 10;
+/// Datagrams kept while the socket's send buffer is full; past it they are dropped (QUIC
+/// recovers them as losses).
+const BLOCKED_LIMIT: usize = 256;
+/// Handshakes in progress on a worker above which a new client without a validated address
+/// is sent a Retry first (one round trip more, but no state until it proves its address).
+const RETRY_ABOVE: usize = 256;
+
+/// One of the worker's UDP sockets and its endpoint.
+struct QuicSocket<D> {
+    sock: D,
+    endpoint: Endpoint,
+    local_port: u16,
+    /// Each of the endpoint's connection handles' key in the worker's slab.
+    keys: Vec<u64>,
+    /// Datagrams the socket had no room for, in order.
+    blocked: std::collections::VecDeque<Queued>,
+    /// Connections with more to send once `blocked` is empty.
+    waiting: Vec<u64>,
+    /// Batches were left unread for fairness: read again next turn.
+    more: bool,
+    gso: usize,
+}
+
+struct Queued {
+    destination: SocketAddr,
+    ecn: Option<tern_runtime::EcnCodepoint>,
+    src_ip: Option<std::net::IpAddr>,
+    segment_size: Option<usize>,
+    bytes: Vec<u8>,
+}
+
+/// The worker's HTTP/3.
+pub(crate) struct QuicSide<I: Io> {
+    sockets: Vec<QuicSocket<I::Datagram>>,
+    conns: Slab<Box<QuicConn>>,
+    /// The `Instant` of the worker clock's zero: quinn counts in `Instant`s, the worker in
+    /// its clock's microseconds (a manual one in tests).
+    epoch: Instant,
+    recv: Vec<Vec<u8>>,
+    metas: Vec<RecvMeta>,
+    send_buf: Vec<u8>,
+    touched: Vec<u64>,
+    /// Handshakes begun and not yet complete or failed.
+    handshaking: usize,
+}
+
+impl<I: Io> QuicSide<I> {
+    /// Takes the worker's UDP sockets (by index of the configured QUIC addresses, whose
+    /// ports are `ports`), watching each under `QUIC_TAG | i`.
+    pub fn new(
+        io: &mut I,
+        socks: Vec<I::Datagram>,
+        ports: &[u16],
+        server_config: Arc<quinn_proto::ServerConfig>,
+        now_us: u64,
+    ) -> io::Result<QuicSide<I>> {
+        let mut sockets = Vec::with_capacity(socks.len());
+        for (i, mut sock) in socks.into_iter().enumerate() {
+            io.watch_datagram(&mut sock, (QUIC_TAG | i as u64) as usize)?;
+            let gso = io.max_gso_segments(&sock).clamp(1, MAX_GSO);
+            let endpoint = Endpoint::new(
+                Arc::new(EndpointConfig::default()),
+                Some(server_config.clone()),
+                true,
+                None,
+            );
+            sockets.push(QuicSocket {
+                sock,
+                endpoint,
+                local_port: ports.get(i).copied().unwrap_or(0),
+                keys: Vec::new(),
+                blocked: Default::default(),
+                waiting: Vec::new(),
+                more: false,
+                gso,
+            });
+        }
+        let epoch = Instant::now() - Duration::from_micros(now_us);
+        Ok(QuicSide {
+            sockets,
+            conns: Slab::new(QUIC_TAG),
+            epoch,
+            recv: Vec::new(),
+            metas: Vec::new(),
+            send_buf: Vec::with_capacity(MAX_GSO * 1500),
+            touched: Vec::new(),
+            handshaking: 0,
+        })
+    }
+
+    pub fn connections(&self) -> usize {
+        self.conns.len
+    }
+
+    /// Some socket has datagrams left unread for fairness.
+    pub fn wants_another_turn(&self) -> bool {
+        self.sockets.iter().any(|s| s.more)
+    }
+
+    fn instant(&self, cx: &ConnCx<'_>) -> Instant {
+        self.epoch + Duration::from_micros(cx.clock.now_us())
+    }
+
+    /// Readiness of socket `QUIC_TAG | i`.
+    pub fn on_ready(
+        &mut self,
+        io: &mut I,
+        timers: &mut TimerWheel,
+        ready: Readiness,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let i = (ready.token as u64 & !QUIC_TAG) as usize;
+        if i >= self.sockets.len() {
+            return;
+        }
+        if ready.writable {
+            self.flush_blocked(io, i, timers, cx);
+        }
+        if ready.calls_for_read() {
+            self.read_socket(io, i, timers, cx);
+        }
+    }
+
+    /// Reads the sockets left with datagrams for fairness.
+    pub fn after_turn(&mut self, io: &mut I, timers: &mut TimerWheel, cx: &mut ConnCx<'_>) {
+        for i in 0..self.sockets.len() {
+            if self.sockets[i].more {
+                self.read_socket(io, i, timers, cx);
+            }
+        }
+    }
+
+    fn read_socket(&mut self, io: &mut I, i: usize, timers: &mut TimerWheel, cx: &mut ConnCx<'_>) {
+        if self.recv.is_empty() {
+            self.recv = (0..DATAGRAM_BATCH).map(|_| vec![0; RECV_BUF]).collect();
+            self.metas = vec![RecvMeta::default(); DATAGRAM_BATCH];
+        }
+        let now = self.instant(cx);
+        self.sockets[i].more = false;
+        for batch in 0.. {
+            if batch == BATCHES_PER_TURN {
+                self.sockets[i].more = true;
+                break;
+            }
+            let mut slices: Vec<IoSliceMut<'_>> =
+                self.recv.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+            let n = match io.recv_datagrams(&mut self.sockets[i].sock, &mut slices, &mut self.metas)
+            {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    if ratelog::admit("quic_recv", cx.clock.now_ms()) {
+                        tracing::warn!("HTTP/3 socket read failed: {e}");
+                    }
+                    break;
+                }
+            };
+            drop(slices);
+            for k in 0..n {
+                let meta = self.metas[k];
+                let stride = if meta.stride == 0 {
+                    meta.len
+                } else {
+                    meta.stride
+                };
+                let mut at = 0;
+                while at < meta.len {
+                    let end = (at + stride).min(meta.len);
+                    let datagram = BytesMut::from(&self.recv[k][at..end]);
+                    at = end;
+                    cx.stats.bump(Counter::QuicDatagramsIn);
+                    cx.stats.add(Counter::QuicBytesIn, datagram.len() as u64);
+                    self.on_datagram(io, i, now, &meta, datagram, cx);
+                }
+            }
+        }
+        for key in std::mem::take(&mut self.touched) {
+            self.drive(io, key, timers, cx);
+        }
+    }
+
+    fn on_datagram(
+        &mut self,
+        io: &mut I,
+        i: usize,
+        now: Instant,
+        meta: &RecvMeta,
+        datagram: BytesMut,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let ecn = meta
+            .ecn
+            .and_then(|e| quinn_proto::EcnCodepoint::from_bits(e as u8));
+        let sock = &mut self.sockets[i];
+        self.send_buf.clear();
+        let buf = &mut self.send_buf;
+        let event = catch_unwind(AssertUnwindSafe(|| {
+            sock.endpoint
+                .handle(now, meta.addr, meta.dst_ip, ecn, datagram, buf)
+        }));
+        let event = match event {
+            Ok(event) => event,
+            Err(_) => {
+                // A datagram that panicked the endpoint's parser is dropped (quinn-proto's
+                // remote panics were all in parsing, before any state changed).
+                cx.stats.bump(Counter::QuicPanics);
+                return;
+            }
+        };
+        match event {
+            None => {}
+            Some(DatagramEvent::ConnectionEvent(handle, event)) => {
+                let Some(&key) = sock.keys.get(handle.0) else {
+                    return;
+                };
+                if let Some(conn) = self.conns.get_mut(key) {
+                    conn.quic.handle_event(event);
+                    if !self.touched.contains(&key) {
+                        self.touched.push(key);
+                    }
+                }
+            }
+            Some(DatagramEvent::Response(t)) => {
+                let bytes = std::mem::take(&mut self.send_buf);
+                self.send(io, i, &t, &bytes[..t.size], cx);
+                self.send_buf = bytes;
+            }
+            Some(DatagramEvent::NewConnection(incoming)) => self.accept(io, i, now, incoming, cx),
+        }
+    }
+
+    fn accept(
+        &mut self,
+        io: &mut I,
+        i: usize,
+        now: Instant,
+        incoming: Incoming,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let peer = incoming.remote_address();
+        let sock = &mut self.sockets[i];
+        self.send_buf.clear();
+        if cx.bans.is_some_and(|b| b.is_banned(peer.ip())) {
+            cx.stats.bump(Counter::QuicRefusedBanned);
+            sock.endpoint.ignore(incoming);
+            return;
+        }
+        if self.conns.len >= cx.config.max_connections_per_worker || cx.draining {
+            cx.stats.bump(Counter::QuicRefusedLimit);
+            let t = sock.endpoint.refuse(incoming, &mut self.send_buf);
+            let bytes = std::mem::take(&mut self.send_buf);
+            self.send(io, i, &t, &bytes[..t.size], cx);
+            self.send_buf = bytes;
+            return;
+        }
+        if self.handshaking >= RETRY_ABOVE
+            && !incoming.remote_address_validated()
+            && incoming.may_retry()
+        {
+            if let Ok(t) = sock.endpoint.retry(incoming, &mut self.send_buf) {
+                cx.stats.bump(Counter::QuicRetries);
+                let bytes = std::mem::take(&mut self.send_buf);
+                self.send(io, i, &t, &bytes[..t.size], cx);
+                self.send_buf = bytes;
+            }
+            return;
+        }
+        match sock
+            .endpoint
+            .accept(incoming, now, &mut self.send_buf, None)
+        {
+            Ok((handle, quic)) => {
+                cx.stats.bump(Counter::QuicAccepted);
+                self.handshaking += 1;
+                let local_port = sock.local_port;
+                let key = self.conns.insert(|key| {
+                    let link = Link {
+                        peer,
+                        key,
+                        secure: true,
+                        local_port,
+                        redirect_to_https: None,
+                    };
+                    Box::new(QuicConn::new(quic, handle, i, link, cx))
+                });
+                let sock = &mut self.sockets[i];
+                if sock.keys.len() <= handle.0 {
+                    sock.keys.resize(handle.0 + 1, 0);
+                }
+                sock.keys[handle.0] = key;
+                self.touched.push(key);
+            }
+            Err(e) => {
+                cx.stats.bump(Counter::QuicHandshakesFailed);
+                if let Some(t) = e.response {
+                    let bytes = std::mem::take(&mut self.send_buf);
+                    self.send(io, i, &t, &bytes[..t.size], cx);
+                    self.send_buf = bytes;
+                }
+            }
+        }
+    }
+
+    /// Runs connection `key`: its events and exchanges, then what it has to send, then its
+    /// timer. A panic in it (quinn-proto's or ours) closes that connection only.
+    fn drive(&mut self, io: &mut I, key: u64, timers: &mut TimerWheel, cx: &mut ConnCx<'_>) {
+        let now = self.instant(cx);
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let i = conn.socket;
+        let sock = &mut self.sockets[i];
+        let ran = catch_unwind(AssertUnwindSafe(|| {
+            conn.drive(now, cx);
+            endpoint_events(conn, &mut sock.endpoint);
+        }));
+        if ran.is_err() {
+            return self.contain_panic(key, cx);
+        }
+        if !conn.handshake_over && (conn.connected || conn.closed) {
+            conn.handshake_over = true;
+            self.handshaking = self.handshaking.saturating_sub(1);
+            if !conn.connected {
+                cx.stats.bump(Counter::QuicHandshakesFailed);
+            }
+        }
+        self.transmit(io, key, cx);
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if conn.quic.is_drained() {
+            return self.remove(key, cx);
+        }
+        let deadline = match conn.quic.poll_timeout() {
+            Some(at) => {
+                let us = at.saturating_duration_since(self.epoch).as_micros() as u64;
+                us.div_ceil(1000)
+            }
+            None => u64::MAX,
+        };
+        conn.deadline_ms = deadline;
+        if deadline < conn.armed_ms {
+            conn.armed_ms = deadline;
+            timers.schedule(key, deadline);
+        }
+    }
+
+    /// Sends what connection `key` has to send, as long as its socket takes it.
+    fn transmit(&mut self, io: &mut I, key: u64, cx: &mut ConnCx<'_>) {
+        let now = self.instant(cx);
+        loop {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            let i = conn.socket;
+            if !self.sockets[i].blocked.is_empty() {
+                if !self.sockets[i].waiting.contains(&key) {
+                    self.sockets[i].waiting.push(key);
+                }
+                return;
+            }
+            let max = self.sockets[i].gso;
+            let mut buf = std::mem::take(&mut self.send_buf);
+            buf.clear();
+            let polled = catch_unwind(AssertUnwindSafe(|| {
+                conn.quic.poll_transmit(now, max, &mut buf)
+            }));
+            let t = match polled {
+                Ok(Some(t)) => t,
+                Ok(None) => {
+                    self.send_buf = buf;
+                    return;
+                }
+                Err(_) => {
+                    self.send_buf = buf;
+                    return self.contain_panic(key, cx);
+                }
+            };
+            self.send(io, i, &t, &buf[..t.size], cx);
+            self.send_buf = buf;
+        }
+    }
+
+    fn send(
+        &mut self,
+        io: &mut I,
+        i: usize,
+        t: &quinn_proto::Transmit,
+        bytes: &[u8],
+        cx: &mut ConnCx<'_>,
+    ) {
+        let sock = &mut self.sockets[i];
+        let ecn = t
+            .ecn
+            .and_then(|e| tern_runtime::EcnCodepoint::from_bits(e as u8));
+        let datagrams = match t.segment_size {
+            Some(s) if s > 0 => bytes.len().div_ceil(s),
+            _ => 1,
+        };
+        if sock.blocked.is_empty() {
+            let transmit = DatagramTransmit {
+                destination: t.destination,
+                ecn,
+                contents: bytes,
+                segment_size: t.segment_size,
+                src_ip: t.src_ip,
+            };
+            match io.send_datagram(&mut sock.sock, &transmit) {
+                Ok(true) => {
+                    cx.stats.add(Counter::QuicDatagramsOut, datagrams as u64);
+                    cx.stats.add(Counter::QuicBytesOut, bytes.len() as u64);
+                    return;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    cx.stats.bump(Counter::QuicSendErrors);
+                    if ratelog::admit("quic_send", cx.clock.now_ms()) {
+                        tracing::warn!(to = %t.destination, "HTTP/3 datagram not sent: {e}");
+                    }
+                    return;
+                }
+            }
+        }
+        if sock.blocked.len() >= BLOCKED_LIMIT {
+            cx.stats.bump(Counter::QuicSendErrors);
+            return;
+        }
+        sock.blocked.push_back(Queued {
+            destination: t.destination,
+            ecn,
+            src_ip: t.src_ip,
+            segment_size: t.segment_size,
+            bytes: bytes.to_vec(),
+        });
+    }
+
+    /// The socket has room again: what waited goes first, then the connections that had more.
+    fn flush_blocked(
+        &mut self,
+        io: &mut I,
+        i: usize,
+        timers: &mut TimerWheel,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let sock = &mut self.sockets[i];
+        while let Some(q) = sock.blocked.front() {
+            let transmit = DatagramTransmit {
+                destination: q.destination,
+                ecn: q.ecn,
+                contents: &q.bytes,
+                segment_size: q.segment_size,
+                src_ip: q.src_ip,
+            };
+            match io.send_datagram(&mut sock.sock, &transmit) {
+                Ok(true) => {
+                    cx.stats.bump(Counter::QuicDatagramsOut);
+                    cx.stats.add(Counter::QuicBytesOut, q.bytes.len() as u64);
+                }
+                Ok(false) => return,
+                Err(_) => cx.stats.bump(Counter::QuicSendErrors),
+            }
+            sock.blocked.pop_front();
+        }
+        for key in std::mem::take(&mut sock.waiting) {
+            self.drive(io, key, timers, cx);
+        }
+    }
+
+    /// The timer of connection `key` fired (armed for `at_ms`).
+    pub fn on_timer(
+        &mut self,
+        io: &mut I,
+        timers: &mut TimerWheel,
+        key: u64,
+        at_ms: u64,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let now = self.instant(cx);
+        let now_ms = cx.clock.now_ms();
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if conn.armed_ms != at_ms {
+            return;
+        }
+        conn.armed_ms = u64::MAX;
+        if conn.deadline_ms > now_ms {
+            conn.armed_ms = conn.deadline_ms;
+            timers.schedule(key, conn.deadline_ms);
+            return;
+        }
+        if catch_unwind(AssertUnwindSafe(|| conn.quic.handle_timeout(now))).is_err() {
+            return self.contain_panic(key, cx);
+        }
+        self.drive(io, key, timers, cx);
+    }
+
+    /// A deferred reply for an exchange of connection `key`.
+    pub fn complete(
+        &mut self,
+        io: &mut I,
+        timers: &mut TimerWheel,
+        key: u64,
+        exchange: ExchangeId,
+        response: Response,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let ran = catch_unwind(AssertUnwindSafe(|| conn.complete(exchange, response, cx)));
+        match ran {
+            Ok(true) => self.drive(io, key, timers, cx),
+            Ok(false) => {}
+            Err(_) => self.contain_panic(key, cx),
+        }
+    }
+
+    /// Shutdown began: every connection says GOAWAY and closes once its requests are
+    /// answered; no new one is accepted (`accept` refuses while draining).
+    pub fn begin_drain(&mut self, io: &mut I, timers: &mut TimerWheel, cx: &mut ConnCx<'_>) {
+        let now = self.instant(cx);
+        for key in self.conns.keys() {
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.begin_drain(now);
+            }
+            self.drive(io, key, timers, cx);
+        }
+    }
+
+    fn remove(&mut self, key: u64, cx: &mut ConnCx<'_>) {
+        if let Some(conn) = self.conns.remove(key) {
+            self.handshake_gone(&conn);
+            let stats = conn.quic.stats();
+            cx.stats
+                .add(Counter::QuicLostPackets, stats.path.lost_packets);
+            cx.stats.bump(Counter::QuicClosed);
+            if let Some(k) = self.sockets[conn.socket].keys.get_mut(conn.handle.0) {
+                *k = 0;
+            }
+        }
+    }
+
+    /// A panic in connection `key`'s code: it is dropped without another datagram, its
+    /// endpoint told it is gone, and the worker goes on. Its state is dropped whole; the
+    /// endpoint's is only its table of connection ids, which the drained event clears.
+    #[cold]
+    fn contain_panic(&mut self, key: u64, cx: &mut ConnCx<'_>) {
+        cx.stats.bump(Counter::QuicPanics);
+        let Some(conn) = self.conns.remove(key) else {
+            return;
+        };
+        self.handshake_gone(&conn);
+        let sock = &mut self.sockets[conn.socket];
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            sock.endpoint
+                .handle_event(conn.handle, quinn_proto::EndpointEvent::drained())
+        }));
+        if let Some(k) = sock.keys.get_mut(conn.handle.0) {
+            *k = 0;
+        }
+        if ratelog::admit("quic_panic", cx.clock.now_ms()) {
+            tracing::error!(peer = %conn.link.peer, "a panic in an HTTP/3 connection's code closed it; the worker goes on");
+        }
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(conn)));
+    }
+}
+
+impl<I: Io> QuicSide<I> {
+    /// A connection leaves the table: if its handshake was still counted, it is no more.
+    fn handshake_gone(&mut self, conn: &QuicConn) {
+        if !conn.handshake_over {
+            self.handshaking = self.handshaking.saturating_sub(1);
+        }
+    }
+}
+
+/// Hands the connection's news to its endpoint (new connection ids, its end) and the
+/// endpoint's answers back.
+fn endpoint_events(conn: &mut QuicConn, endpoint: &mut Endpoint) {
+    while let Some(event) = conn.quic.poll_endpoint_events() {
+        if let Some(back) = endpoint.handle_event(conn.handle, event) {
+            conn.quic.handle_event(back);
+        }
+    }
+}
