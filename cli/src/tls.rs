@@ -75,11 +75,6 @@ pub struct FileTls {
 }
 
 impl FileTls {
-    /// `http3 = true`.
-    pub fn http3(&self) -> bool {
-        self.http3.unwrap_or(false)
-    }
-
     pub fn acme(&self) -> Option<&crate::acme::FileAcme> {
         self.acme.as_ref()
     }

@@ -335,7 +335,7 @@ impl<I: Io> HttpWorker<I> {
     fn with_quic(
         &mut self,
         cx: &mut Context<'_, WorkerMessage, I>,
-        f: impl FnOnce(&mut QuicSide<I>, &mut I, &mut TimerWheel, &mut ConnCx<'_>),
+        f: impl FnOnce(&mut QuicSide<I>, &mut Sockets<'_, I>, &mut TimerWheel, &mut ConnCx<'_>),
     ) {
         let Some(quic) = self.quic.as_mut() else {
             return;
@@ -346,7 +346,12 @@ impl<I: Io> HttpWorker<I> {
             date: self.date.at(cx.clock.unix_secs()),
         };
         let mut ccx = conn_cx!(self, cx, clock, near_limit);
-        f(quic, cx.io, cx.timers, &mut ccx);
+        let mut up = Sockets {
+            io: cx.io,
+            conns: &mut self.upstreams,
+            ids: &mut self.relay_ids,
+        };
+        f(quic, &mut up, cx.timers, &mut ccx);
     }
 }
 
@@ -355,11 +360,13 @@ impl<I: Io> HttpWorker<I> {
     /// harness: an answer may be incomplete so far).
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn relaying(&mut self) -> bool {
+        use crate::conn::RelayHost;
         let conns = &mut self.conns;
-        conns
-            .keys()
-            .into_iter()
-            .any(|k| conns.get_mut(k).is_some_and(|e| e.conn.in_relay()))
+        conns.keys().into_iter().any(|k| {
+            conns
+                .get_mut(k)
+                .is_some_and(|e| RelayHost::in_relay(&e.conn))
+        })
     }
 
     /// Readiness of an upstream connection: drive the client connection relaying through
@@ -383,6 +390,11 @@ impl<I: Io> HttpWorker<I> {
             return;
         }
         let owner = up.owner;
+        if owner & QUIC_TAG != 0 {
+            return self.with_quic(cx, |q, up, timers, ccx| {
+                q.relay_ready(up, timers, owner, ccx)
+            });
+        }
         self.with_conn(cx, owner, |e, ccx, up| {
             relay_driver::drive(e, up, false, false, ccx)
         });
@@ -499,7 +511,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
             return self.on_upstream_ready(cx, key, ready);
         }
         if key & QUIC_TAG != 0 {
-            return self.with_quic(cx, |q, io, timers, ccx| q.on_ready(io, timers, ready, ccx));
+            return self.with_quic(cx, |q, up, timers, ccx| q.on_ready(up, timers, ready, ccx));
         }
         self.with_conn(cx, key, |e, ccx, up| {
             relay_driver::drive(e, up, readable, fin, ccx)
@@ -508,8 +520,8 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
 
     fn on_timer(&mut self, cx: &mut Context<'_, WorkerMessage, I>, key: TimerKey, at_ms: u64) {
         if key & QUIC_TAG != 0 {
-            return self.with_quic(cx, |q, io, timers, ccx| {
-                q.on_timer(io, timers, key, at_ms, ccx)
+            return self.with_quic(cx, |q, up, timers, ccx| {
+                q.on_timer(up, timers, key, at_ms, ccx)
             });
         }
         let now = cx.clock.now_ms();
@@ -548,11 +560,13 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
                 conn,
                 exchange,
                 response,
-            } if conn & QUIC_TAG != 0 => self.with_quic(cx, |q, io, timers, ccx| {
-                q.complete(io, timers, conn, exchange, response, ccx)
+            } if conn & QUIC_TAG != 0 => self.with_quic(cx, |q, up, timers, ccx| {
+                q.complete(up, timers, conn, exchange, response, ccx)
             }),
-            // A cache fill's end waking a waiting relay: HTTP/3 has no relays (yet).
-            WorkerMessage::Wake { conn, .. } if conn & QUIC_TAG != 0 => {}
+            WorkerMessage::Wake { conn, exchange } if conn & QUIC_TAG != 0 => self
+                .with_quic(cx, |q, up, timers, ccx| {
+                    q.wake(up, timers, conn, exchange, ccx)
+                }),
             WorkerMessage::Complete {
                 conn,
                 exchange,
@@ -579,7 +593,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
     }
 
     fn on_shutdown(&mut self, cx: &mut Context<'_, WorkerMessage, I>) {
-        self.with_quic(cx, |q, io, timers, ccx| q.begin_drain(io, timers, ccx));
+        self.with_quic(cx, |q, up, timers, ccx| q.begin_drain(up, timers, ccx));
         for key in self.conns.keys() {
             self.with_conn(cx, key, |e, ccx, up| {
                 if e.conn.begin_drain(e.sock.may_read(), ccx) {
@@ -635,7 +649,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
         }
         self.upstreams.sweep(cx.clock.now_ms());
         if self.quic.as_ref().is_some_and(|q| q.wants_another_turn()) {
-            self.with_quic(cx, |q, io, timers, ccx| q.after_turn(io, timers, ccx));
+            self.with_quic(cx, |q, up, timers, ccx| q.after_turn(up, timers, ccx));
         }
         if self.yielded.is_empty() {
             return;

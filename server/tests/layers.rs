@@ -92,6 +92,7 @@ const FILES: &[(&str, &str)] = &[
     // and exchanges (conn), the transport's settings from the server's (support).
     ("quic/", "driver"),
     ("quic/conn.rs", "conn"),
+    ("quic/conn/", "conn"),
     ("quic/settings.rs", "support"),
     ("worker.rs", "worker"),
     ("testing.rs", "worker"),

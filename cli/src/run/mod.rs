@@ -50,9 +50,6 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         return check(&args);
     }
     let loaded = config::load(&args.config).map_err(|problems| problems.join("\n"))?;
-    if let Some(problem) = loaded.http3_problem() {
-        return Err(format!("config {}: {problem}", args.config.display()));
-    }
     let tls = loaded.tls_plan()?;
     let acceptor = tls.as_ref().map(crate::tls::acceptor).transpose()?;
     let common = loaded.common(&args.common);
@@ -201,9 +198,6 @@ fn check(args: &RunArgs) -> Result<(), String> {
             ));
         }
     };
-    if let Some(problem) = loaded.http3_problem() {
-        return Err(format!("config {path}: {problem}"));
-    }
     let tls = loaded
         .tls_plan()
         .map_err(|e| format!("config {path}: [tls]: {e}"))?;

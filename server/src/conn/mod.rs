@@ -24,7 +24,8 @@ mod http2;
 pub(crate) mod output;
 mod protocol;
 mod records;
-mod relay;
+pub(crate) mod relay;
+mod relay_host;
 mod relays;
 pub(crate) mod stream;
 mod tls;
@@ -49,6 +50,7 @@ use http1::Http1;
 use output::Output;
 use protocol::{Preface, Protocol};
 pub(crate) use relay::RelayNeed;
+pub(crate) use relay_host::RelayHost;
 use tls::Tls;
 pub(crate) use types::{Action, Link, Status, Timeout, Transmit};
 
@@ -276,10 +278,6 @@ impl Conn {
     }
 
     /// The slab key (mio token) of this connection.
-    pub fn key(&self) -> u64 {
-        self.link.key
-    }
-
     /// A deferred reply arrived from the inbox. False if it was stale.
     pub fn complete(&mut self, id: ExchangeId, response: Response, cx: &mut ConnCx<'_>) -> bool {
         self.http

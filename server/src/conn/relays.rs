@@ -11,13 +11,16 @@
 //! at once); the protocol is matched once per call (`forward!`, `protocol.rs`), and the body
 //! is compiled for each protocol, so the sink is called directly, not through a vtable.
 //!
-//! A new protocol implements `Relays` and gets its arm in `forward!`; a new relay event is one
-//! method here (and the relay's own), plus a `Relays` method only if protocols differ in it.
+//! A new protocol over TCP implements `Relays` and gets its arm in `forward!`; a new relay
+//! event is one method here (and the relay's own), plus a `Relays` method only if protocols
+//! differ in it. A connection that is not a `Conn` (HTTP/3's, `quic/`) implements
+//! [`RelayHost`], the surface the driver and the upstream half use, itself.
 
 use std::sync::Arc;
 
 use super::protocol::{forward, Protocol};
 use super::relay::{Relay, RelayNeed, Relays};
+use super::relay_host::RelayHost;
 use super::types::Timeout;
 use super::Conn;
 use crate::exchange::{ConnCx, Sink};
@@ -25,17 +28,6 @@ use crate::handler::ExchangeId;
 use crate::upstream::Upstreams;
 
 impl Conn {
-    /// Exchanges are being relayed to upstream servers (see `relay/mod.rs`): the HTTP/1.1
-    /// exchange in progress, or HTTP/2 streams.
-    pub fn in_relay(&self) -> bool {
-        forward!(&self.http, r => r.count() > 0)
-    }
-
-    /// The ids of the relays under way, appended to `into`.
-    pub fn relay_ids(&self, into: &mut Vec<ExchangeId>) {
-        forward!(&self.http, r => into.extend((0..r.count()).map(|i| r.id(i))))
-    }
-
     fn relay(&self, id: ExchangeId) -> Option<&Relay> {
         forward!(&self.http, r => {
             let i = r.slot(id)?;
@@ -49,28 +41,38 @@ impl Conn {
             Some(r.relay_mut(i))
         })
     }
+}
 
-    pub fn relay_need(&self, id: ExchangeId) -> RelayNeed {
+impl RelayHost for Conn {
+    fn key(&self) -> u64 {
+        self.link.key
+    }
+
+    /// Exchanges are being relayed to upstream servers (see `relay/mod.rs`): the HTTP/1.1
+    /// exchange in progress, or HTTP/2 streams.
+    fn in_relay(&self) -> bool {
+        forward!(&self.http, r => r.count() > 0)
+    }
+
+    fn relay_ids(&self, into: &mut Vec<ExchangeId>) {
+        forward!(&self.http, r => into.extend((0..r.count()).map(|i| r.id(i))))
+    }
+
+    fn relay_need(&self, id: ExchangeId) -> RelayNeed {
         self.relay(id).map_or(RelayNeed::Nothing, Relay::need)
     }
 
-    pub fn relay_upstreams(&self, id: ExchangeId) -> Option<Arc<dyn Upstreams>> {
+    fn relay_upstreams(&self, id: ExchangeId) -> Option<Arc<dyn Upstreams>> {
         self.relay(id).map(|r| r.upstreams().clone())
     }
 
-    pub fn relay_attached(
-        &mut self,
-        id: ExchangeId,
-        reused: bool,
-        connected: bool,
-        cx: &ConnCx<'_>,
-    ) {
+    fn relay_attached(&mut self, id: ExchangeId, reused: bool, connected: bool, cx: &ConnCx<'_>) {
         if let Some(r) = self.relay_mut(id) {
             r.attached(reused, connected, cx);
         }
     }
 
-    pub fn relay_connected(&mut self, id: ExchangeId, cx: &ConnCx<'_>) {
+    fn relay_connected(&mut self, id: ExchangeId, cx: &ConnCx<'_>) {
         if let Some(r) = self.relay_mut(id) {
             r.now_connected(cx);
         }
@@ -78,7 +80,7 @@ impl Conn {
 
     /// The upstream connection was detached: unless another try follows, the exchange is over
     /// (HTTP/1.1 reads the next request; an HTTP/2 relay stays until its answer is sent).
-    pub fn relay_released(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) {
+    fn relay_released(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) {
         forward!(&mut self.http, r => {
             if let Some(i) = r.slot(id) {
                 let over = r.relay_mut(i).released(cx);
@@ -88,17 +90,17 @@ impl Conn {
     }
 
     /// What `relay_send_buf` gave was handed to a backend whose send completes later.
-    pub fn relay_seal(&mut self, id: ExchangeId) {
+    fn relay_seal(&mut self, id: ExchangeId) {
         if let Some(r) = self.relay_mut(id) {
             r.seal_send();
         }
     }
 
-    pub fn relay_send_buf(&self, id: ExchangeId) -> &[u8] {
+    fn relay_send_buf(&self, id: ExchangeId) -> &[u8] {
         self.relay(id).map_or(&[][..], Relay::send_buf)
     }
 
-    pub fn relay_sent(&mut self, id: ExchangeId, n: usize, cx: &ConnCx<'_>) {
+    fn relay_sent(&mut self, id: ExchangeId, n: usize, cx: &ConnCx<'_>) {
         if let Some(r) = self.relay_mut(id) {
             r.sent(n, cx);
         }
@@ -106,7 +108,7 @@ impl Conn {
 
     /// Where to read the upstream's bytes: as much as the client side has room for (empty:
     /// nothing now).
-    pub fn relay_recv_buf(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) -> &mut [u8] {
+    fn relay_recv_buf(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) -> &mut [u8] {
         forward!(&mut self.http, r => match r.slot(id) {
             Some(i) => {
                 let (relay, sink) = r.parts(i, &mut self.out, &self.link);
@@ -117,7 +119,7 @@ impl Conn {
         })
     }
 
-    pub fn relay_recv(&mut self, id: ExchangeId, n: usize, cx: &mut ConnCx<'_>) {
+    fn relay_recv(&mut self, id: ExchangeId, n: usize, cx: &mut ConnCx<'_>) {
         forward!(&mut self.http, r => {
             if let Some(i) = r.slot(id) {
                 let (relay, mut sink) = r.parts(i, &mut self.out, &self.link);
@@ -128,7 +130,7 @@ impl Conn {
     }
 
     /// The upstream closed (`error`: the connection failed).
-    pub fn relay_closed(&mut self, id: ExchangeId, error: bool, cx: &mut ConnCx<'_>) {
+    fn relay_closed(&mut self, id: ExchangeId, error: bool, cx: &mut ConnCx<'_>) {
         forward!(&mut self.http, r => {
             if let Some(i) = r.slot(id) {
                 let (relay, mut sink) = r.parts(i, &mut self.out, &self.link);
@@ -138,7 +140,7 @@ impl Conn {
         })
     }
 
-    pub fn relay_connect_failed(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) {
+    fn relay_connect_failed(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) {
         forward!(&mut self.http, r => {
             if let Some(i) = r.slot(id) {
                 let (relay, mut sink) = r.parts(i, &mut self.out, &self.link);
@@ -150,22 +152,22 @@ impl Conn {
 
     /// A tunnel's client ended its side: the upstream connection's write side is due to be
     /// shut (HTTP/2 WebSocket; an HTTP/1.1 client's close ends its connection instead).
-    pub fn relay_wants_shutdown(&self, id: ExchangeId) -> bool {
+    fn relay_wants_shutdown(&self, id: ExchangeId) -> bool {
         self.relay(id).is_some_and(Relay::wants_shutdown)
     }
 
-    pub fn relay_shut_down(&mut self, id: ExchangeId) {
+    fn relay_shut_down(&mut self, id: ExchangeId) {
         if let Some(r) = self.relay_mut(id) {
             r.shut_down();
         }
     }
 
-    /// The connection is closing: its relays end unfinished (counted; their upstream
-    /// connections are closed by the driver).
-    pub fn abandon_relays(&mut self, cx: &ConnCx<'_>) {
+    fn abandon_relays(&mut self, cx: &ConnCx<'_>) {
         forward!(&mut self.http, r => r.abandon_all(cx))
     }
+}
 
+impl Conn {
     /// A held relay's hold may answer now (its waker rang): it is asked at once, as when its
     /// timer fires. False: no relay of that id is held (it went on, or ended, since).
     pub fn relay_wake(&mut self, id: ExchangeId, cx: &mut ConnCx<'_>) -> bool {

@@ -1,5 +1,5 @@
 //! The upstream half of a relay as a byte stream for the one socket loop (`driver::pump`):
-//! the bytes the relay has for the upstream server go out (`Conn::relay_send_buf`), its
+//! the bytes the relay has for the upstream server go out (`RelayHost::relay_send_buf`), its
 //! answer comes in (`relay_recv_buf`, `relay_recv`), the end and failures are reported
 //! (`relay_closed`). When the upstream speaks TLS, the session sits here, between the relay
 //! and the socket, as a client's TLS sits inside its `Conn`: plaintext is encrypted into a
@@ -21,9 +21,9 @@ use tern_tls::{ClientSession, Plaintext};
 
 use super::records::Records;
 use super::relay::RelayNeed;
+use super::relay_host::RelayHost;
 use super::stream::Stream;
 use super::types::{Action, Transmit};
-use super::Conn;
 use crate::exchange::ConnCx;
 use crate::handler::ExchangeId;
 
@@ -158,15 +158,15 @@ impl TlsClient {
 
 /// The upstream half of relay `id` of a connection, over the connection's upstream socket
 /// (with its TLS session, if any), for as long as the relay needs I/O (`RelayNeed::Io`).
-pub(crate) struct UpstreamView<'a> {
-    conn: &'a mut Conn,
+pub(crate) struct UpstreamView<'a, H: RelayHost> {
+    conn: &'a mut H,
     id: ExchangeId,
     tls: Option<&'a mut TlsClient>,
     moved: bool,
 }
 
-impl<'a> UpstreamView<'a> {
-    pub fn new(conn: &'a mut Conn, id: ExchangeId, tls: Option<&'a mut TlsClient>) -> Self {
+impl<'a, H: RelayHost> UpstreamView<'a, H> {
+    pub fn new(conn: &'a mut H, id: ExchangeId, tls: Option<&'a mut TlsClient>) -> Self {
         UpstreamView {
             conn,
             id,
@@ -221,7 +221,7 @@ impl<'a> UpstreamView<'a> {
     }
 }
 
-impl Stream for UpstreamView<'_> {
+impl<H: RelayHost> Stream for UpstreamView<'_, H> {
     const ONE_SLICE: bool = true;
 
     fn poll_transmit<'a>(&'a mut self, cx: &mut ConnCx<'_>, iov: &mut [IoSlice<'a>]) -> Transmit {

@@ -12,7 +12,7 @@ use tern_runtime::ratelog;
 use super::pool::{UpConn, UpstreamConns};
 use super::{pump, Entry};
 use crate::conn::upstream::{Handshake, TlsRecords, UpstreamView};
-use crate::conn::{RelayNeed, Status};
+use crate::conn::{RelayHost, RelayNeed, Status};
 use crate::exchange::ConnCx;
 use crate::handler::ExchangeId;
 use crate::stats::UpstreamCounter;
@@ -49,7 +49,7 @@ pub(crate) fn drive<I: Io>(
     }
     let mut rounds = 0;
     while status != Status::Close {
-        if !step(e, up, cx) {
+        if !step(&mut e.conn, &mut e.upstreams, up, cx) {
             break;
         }
         status = crate::driver::drive(&mut e.conn, &mut e.sock, up.io, false, false, cx);
@@ -68,8 +68,18 @@ pub(crate) fn drive<I: Io>(
 /// The client connection is closing: its upstream connections (if any) are closed too; what
 /// they were relaying cannot be finished.
 pub(crate) fn abandon<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, cx: &mut ConnCx<'_>) {
-    e.conn.abandon_relays(cx);
-    for (_, key) in e.upstreams.drain(..) {
+    abandon_host(&mut e.conn, &mut e.upstreams, up, cx);
+}
+
+/// [`abandon`] for any connection that relays (`upstreams`: its relays' upstream connections).
+pub(crate) fn abandon_host<I: Io, H: RelayHost>(
+    host: &mut H,
+    upstreams: &mut Vec<(ExchangeId, u64)>,
+    up: &mut Sockets<'_, I>,
+    cx: &mut ConnCx<'_>,
+) {
+    host.abandon_relays(cx);
+    for (_, key) in upstreams.drain(..) {
         if let Some(c) = up.conns.get_mut(key) {
             c.release_buffers(cx.buffers);
             c.set.end(
@@ -83,17 +93,23 @@ pub(crate) fn abandon<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, cx: &mut
     }
 }
 
-/// One pass over what the connection's relays need. True if anything moved (the client side
-/// may then have output to send or input to take).
-fn step<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, cx: &mut ConnCx<'_>) -> bool {
+/// One pass over what the connection's relays need (`upstreams`: the upstream connection
+/// each relay has). True if anything moved (the client side may then have output to send or
+/// input to take).
+pub(crate) fn step<I: Io, H: RelayHost>(
+    host: &mut H,
+    upstreams: &mut Vec<(ExchangeId, u64)>,
+    up: &mut Sockets<'_, I>,
+    cx: &mut ConnCx<'_>,
+) -> bool {
     let mut progressed = false;
     let mut ids = std::mem::take(up.ids);
     loop {
         ids.clear();
-        e.conn.relay_ids(&mut ids);
+        host.relay_ids(&mut ids);
         let mut moved = false;
         for &id in &ids {
-            moved |= step_one(e, up, id, cx);
+            moved |= step_one(host, upstreams, up, id, cx);
         }
         if !moved {
             break;
@@ -105,24 +121,25 @@ fn step<I: Io>(e: &mut Entry<I>, up: &mut Sockets<'_, I>, cx: &mut ConnCx<'_>) -
 }
 
 /// The upstream connection relay `id` has.
-fn attached<I: Io>(e: &Entry<I>, id: ExchangeId) -> Option<u64> {
-    e.upstreams.iter().find(|(i, _)| *i == id).map(|(_, k)| *k)
+fn attached(upstreams: &[(ExchangeId, u64)], id: ExchangeId) -> Option<u64> {
+    upstreams.iter().find(|(i, _)| *i == id).map(|(_, k)| *k)
 }
 
 /// What one relay needs, until it needs nothing that can be done now.
-fn step_one<I: Io>(
-    e: &mut Entry<I>,
+fn step_one<I: Io, H: RelayHost>(
+    host: &mut H,
+    upstreams: &mut Vec<(ExchangeId, u64)>,
     up: &mut Sockets<'_, I>,
     id: ExchangeId,
     cx: &mut ConnCx<'_>,
 ) -> bool {
     let mut progressed = false;
     loop {
-        match e.conn.relay_need(id) {
+        match host.relay_need(id) {
             RelayNeed::Nothing => return progressed,
             RelayNeed::Release { keep, outcome } => {
-                if let Some(i) = e.upstreams.iter().position(|(i, _)| *i == id) {
-                    let (_, key) = e.upstreams.swap_remove(i);
+                if let Some(i) = upstreams.iter().position(|(i, _)| *i == id) {
+                    let (_, key) = upstreams.swap_remove(i);
                     let now = cx.clock.now_ms();
                     let mut waiting = Waiting::Closed;
                     if let Some(c) = up.conns.get_mut(key) {
@@ -138,20 +155,20 @@ fn step_one<I: Io>(
                         up.conns.close(key);
                     }
                 }
-                e.conn.relay_released(id, cx);
+                host.relay_released(id, cx);
             }
             RelayNeed::Connect { server, fresh } => {
-                if e.upstreams.len() >= MAX_UPSTREAMS_PER_CONN {
+                if upstreams.len() >= MAX_UPSTREAMS_PER_CONN {
                     // Waits: a release by another of this connection's relays moves the step
                     // loop on, and this one is asked again.
                     return progressed;
                 }
-                let Some(set) = e.conn.relay_upstreams(id) else {
+                let Some(set) = host.relay_upstreams(id) else {
                     return progressed;
                 };
                 set.begin(cx.worker_id, server);
                 let now = cx.clock.now_ms();
-                let owner = e.conn.key();
+                let owner = host.key();
                 let pooled = if fresh {
                     None
                 } else {
@@ -161,42 +178,42 @@ fn step_one<I: Io>(
                 if let Some(key) = pooled {
                     cx.stats
                         .bump_upstream(set.counted_as(), UpstreamCounter::Reuses);
-                    e.upstreams.push((id, key));
-                    e.conn.relay_attached(id, true, true, cx);
+                    upstreams.push((id, key));
+                    host.relay_attached(id, true, true, cx);
                 } else {
                     match up.conns.connect(&set, server, owner, up.io) {
                         Ok(key) => {
                             cx.stats
                                 .bump_upstream(set.counted_as(), UpstreamCounter::Connects);
-                            e.upstreams.push((id, key));
-                            e.conn.relay_attached(id, false, false, cx);
+                            upstreams.push((id, key));
+                            host.relay_attached(id, false, false, cx);
                         }
                         Err(_) => {
                             set.end(cx.worker_id, server, UpstreamOutcome::Failed, now);
-                            e.conn.relay_connect_failed(id, cx);
+                            host.relay_connect_failed(id, cx);
                         }
                     }
                 }
             }
             RelayNeed::Connecting => {
-                let Some(c) = attached(e, id).and_then(|k| up.conns.get_mut(k)) else {
+                let Some(c) = attached(upstreams, id).and_then(|k| up.conns.get_mut(k)) else {
                     return progressed;
                 };
                 match c.poll_connected(up.io) {
                     Ok(false) => return progressed,
-                    Err(_) => e.conn.relay_connect_failed(id, cx),
+                    Err(_) => host.relay_connect_failed(id, cx),
                     Ok(true) => match handshake(c, up.io, cx) {
                         Handshake::Pending => return progressed,
-                        Handshake::Done => e.conn.relay_connected(id, cx),
-                        Handshake::Failed(_) => e.conn.relay_connect_failed(id, cx),
+                        Handshake::Done => host.relay_connected(id, cx),
+                        Handshake::Failed(_) => host.relay_connect_failed(id, cx),
                     },
                 }
             }
             RelayNeed::Io => {
-                let Some(c) = attached(e, id).and_then(|k| up.conns.get_mut(k)) else {
+                let Some(c) = attached(upstreams, id).and_then(|k| up.conns.get_mut(k)) else {
                     return progressed;
                 };
-                let mut view = UpstreamView::new(&mut e.conn, id, c.tls.as_deref_mut());
+                let mut view = UpstreamView::new(host, id, c.tls.as_deref_mut());
                 // The loop runs until the upstream socket or the relay can go no further
                 // (the relay's own budget bounds what it reads: its client's output).
                 pump(&mut view, &mut c.sock, up.io, cx, usize::MAX);
@@ -206,7 +223,7 @@ fn step_one<I: Io>(
                 if !moved {
                     return progressed;
                 }
-                if matches!(e.conn.relay_need(id), RelayNeed::Io) {
+                if matches!(host.relay_need(id), RelayNeed::Io) {
                     // Blocked for now: the client side moves next (or an event comes).
                     return true;
                 }

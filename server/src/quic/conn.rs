@@ -6,6 +6,8 @@
 //! kernel. This file does no I/O: the worker's socket side (`quic/mod.rs`) feeds datagrams to
 //! the connection and sends what it has to send.
 
+mod relays;
+
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
@@ -15,7 +17,8 @@ use tern_codec::{Method, Version};
 use tern_http3::{ConnError, ErrorCode, Event};
 use tern_runtime::ratelog;
 
-use crate::access_log::LogEntry;
+use crate::access_log::{LogEntry, SavedEntry};
+use crate::conn::relay::{Relay, RelayStart};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Link, Outcome};
 use crate::handler::ExchangeId;
 use crate::response::{status_has_no_body, Body, FileBody, Response};
@@ -46,6 +49,35 @@ enum Pending {
     },
 }
 
+/// A stream relayed to an upstream server.
+struct Relayed {
+    stream: StreamId,
+    relay: Box<Relay>,
+    answer: RelayAnswer,
+    /// Frame bytes made and not yet taken by the stream.
+    frames: Bytes,
+    /// The HEADERS went out (or were queued in `frames`).
+    head_done: bool,
+    /// The stream was finished or reset: nothing more goes on it.
+    stream_done: bool,
+}
+
+/// What a relay produced that is not framed yet.
+#[derive(Default)]
+struct RelayAnswer {
+    head: Option<(Response, Option<u64>)>,
+    data: Vec<u8>,
+    end: bool,
+    broken: bool,
+    whole: Option<Box<WholeAnswer>>,
+}
+
+struct WholeAnswer {
+    response: Response,
+    tally: Tally,
+    log: Option<Box<SavedEntry>>,
+}
+
 /// One QUIC connection serving HTTP/3.
 pub(crate) struct QuicConn {
     pub quic: quinn_proto::Connection,
@@ -58,6 +90,11 @@ pub(crate) struct QuicConn {
     control: Option<StreamId>,
     control_out: Vec<u8>,
     answers: Vec<Answer>,
+    /// Streams relayed to upstream servers (`relays.rs`), until their answer is out and
+    /// their upstream connection released.
+    relays: Vec<Relayed>,
+    /// The upstream connection each relay has (exchange id, key in the worker's pool).
+    pub upstreams: Vec<(ExchangeId, u64)>,
     /// Request streams whose body is still arriving (the session holds it).
     gathering: Vec<u64>,
     awaiting: Awaiting,
@@ -100,6 +137,8 @@ impl QuicConn {
             control: None,
             control_out,
             answers: Vec::new(),
+            relays: Vec::new(),
+            upstreams: Vec::new(),
             gathering: Vec::new(),
             awaiting: Awaiting::default(),
             connected: false,
@@ -138,6 +177,7 @@ impl QuicConn {
                 QuicEvent::Stream(StreamEvent::Stopped { id, .. }) => {
                     // The client wants no more of this answer: it ends here.
                     self.answers.retain(|a| a.stream != id);
+                    self.forget_relay(id, cx);
                     self.awaiting.forget(ExchangeId(u64::from(id)));
                     let step = self.h3.stream_reset(u64::from(id));
                     self.check(step, now, cx);
@@ -153,6 +193,7 @@ impl QuicConn {
         self.session_events(now, cx);
         self.write_control();
         self.write_answers(cx);
+        self.flush_relays(cx);
         if self.draining && self.h3.open_requests() == 0 && self.answers.is_empty() {
             self.close(now, ErrorCode::NoError, "shutting down");
         }
@@ -270,7 +311,7 @@ impl QuicConn {
                         self.gathering.push(stream);
                         self.body_progress(stream, cx);
                     } else {
-                        self.reset_stream(stream, ErrorCode::RequestRejected);
+                        self.reset_stream(stream, ErrorCode::RequestRejected, cx);
                     }
                 }
                 Event::Body(stream) => self.body_progress(stream, cx),
@@ -299,13 +340,14 @@ impl QuicConn {
                 Event::ResetStream { stream, code, .. } => {
                     cx.stats.bump(Counter::Http3StreamErrors);
                     self.gathering.retain(|&s| s != stream);
-                    self.reset_stream(stream, code);
+                    self.reset_stream(stream, code, cx);
                 }
                 Event::StopSending { stream, code } => {
                     let code = VarInt::from_u64(code.code()).unwrap_or(VarInt::MAX);
                     let _ = self.quic.recv_stream(quic_id(stream)).stop(code);
                 }
                 Event::Reset(stream) => {
+                    self.forget_relay(quic_id(stream), cx);
                     self.gathering.retain(|&s| s != stream);
                     self.answers.retain(|a| u64::from(a.stream) != stream);
                     self.awaiting.forget(ExchangeId(stream));
@@ -327,13 +369,14 @@ impl QuicConn {
         }
     }
 
-    fn reset_stream(&mut self, stream: u64, code: ErrorCode) {
+    fn reset_stream(&mut self, stream: u64, code: ErrorCode, cx: &ConnCx<'_>) {
         let id = quic_id(stream);
         let code = VarInt::from_u64(code.code()).unwrap_or(VarInt::MAX);
         let _ = self.quic.send_stream(id).reset(code);
         let _ = self.quic.recv_stream(id).stop(code);
         self.answers.retain(|a| a.stream != id);
         self.awaiting.forget(ExchangeId(stream));
+        self.forget_relay(id, cx);
     }
 
     fn check(&mut self, step: Result<(), ConnError>, now: Instant, cx: &mut ConnCx<'_>) {
@@ -405,12 +448,24 @@ impl QuicConn {
         match outcome {
             Outcome::Respond(r) => self.respond(id, r, facts, cx, entry.as_ref()),
             Outcome::Deferred => self.awaiting.park(facts, entry.as_ref()),
-            Outcome::Forward(..) => {
-                // Relaying over HTTP/3 (the relay's `Sink` for QUIC streams) is not built:
-                // such routes are refused at start-up with HTTP/3 on (`tern run --check`),
-                // so this is a handler's own forward (`tern serve` has none).
-                let r = Response::text(502, "this route is not served over HTTP/3\n");
-                self.respond(id, r, facts, cx, entry.as_ref());
+            Outcome::Forward(mut fwd, compress, handback) => {
+                // No Upgrade over HTTP/3: it has no extended CONNECT on offer (RFC 9220 is
+                // not advertised), so a WebSocket never starts here.
+                fwd.upgrade = false;
+                let start = RelayStart {
+                    fwd,
+                    compress,
+                    head_only: facts.head_only,
+                    handshake_is_ours: false,
+                    body: &body,
+                    streamed: None,
+                    log: entry.as_ref().and_then(SavedEntry::save),
+                    tally: facts.tally,
+                    conn: self.link.key,
+                    exchange: facts.id,
+                    handback,
+                };
+                self.start_relay(id, start, cx);
             }
             Outcome::Drop => {
                 self.close(Instant::now(), ErrorCode::ExcessiveLoad, "dropped");

@@ -24,6 +24,8 @@ use quinn_proto::{DatagramEvent, Endpoint, EndpointConfig, Incoming};
 use tern_runtime::io::{Io, Readiness};
 use tern_runtime::{ratelog, DatagramTransmit, RecvMeta, TimerWheel, DATAGRAM_BATCH};
 
+use crate::conn::RelayHost;
+use crate::driver::relay::{self as relay_driver, Sockets};
 use crate::exchange::{ConnCx, Link};
 use crate::handler::ExchangeId;
 use crate::response::Response;
@@ -84,6 +86,8 @@ pub(crate) struct QuicSide<I: Io> {
     metas: Vec<RecvMeta>,
     send_buf: Vec<u8>,
     touched: Vec<u64>,
+    /// Connections whose relays yielded for fairness: driven again next turn.
+    again: Vec<u64>,
     /// Handshakes begun and not yet complete or failed.
     handshaking: usize,
 }
@@ -128,6 +132,7 @@ impl<I: Io> QuicSide<I> {
             metas: Vec::new(),
             send_buf: Vec::with_capacity(MAX_GSO * 1500),
             touched: Vec::new(),
+            again: Vec::new(),
             handshaking: 0,
         })
     }
@@ -136,9 +141,10 @@ impl<I: Io> QuicSide<I> {
         self.conns.len
     }
 
-    /// Some socket has datagrams left unread for fairness.
+    /// Some socket has datagrams left unread, or some connection's relays more to move,
+    /// left for fairness.
     pub fn wants_another_turn(&self) -> bool {
-        self.sockets.iter().any(|s| s.more)
+        !self.again.is_empty() || self.sockets.iter().any(|s| s.more)
     }
 
     fn instant(&self, cx: &ConnCx<'_>) -> Instant {
@@ -148,7 +154,7 @@ impl<I: Io> QuicSide<I> {
     /// Readiness of socket `QUIC_TAG | i`.
     pub fn on_ready(
         &mut self,
-        io: &mut I,
+        up: &mut Sockets<'_, I>,
         timers: &mut TimerWheel,
         ready: Readiness,
         cx: &mut ConnCx<'_>,
@@ -158,23 +164,38 @@ impl<I: Io> QuicSide<I> {
             return;
         }
         if ready.writable {
-            self.flush_blocked(io, i, timers, cx);
+            self.flush_blocked(up, i, timers, cx);
         }
         if ready.calls_for_read() {
-            self.read_socket(io, i, timers, cx);
+            self.read_socket(up, i, timers, cx);
         }
     }
 
-    /// Reads the sockets left with datagrams for fairness.
-    pub fn after_turn(&mut self, io: &mut I, timers: &mut TimerWheel, cx: &mut ConnCx<'_>) {
+    /// Reads the sockets left with datagrams, and drives the connections left with relay
+    /// work, for fairness.
+    pub fn after_turn(
+        &mut self,
+        up: &mut Sockets<'_, I>,
+        timers: &mut TimerWheel,
+        cx: &mut ConnCx<'_>,
+    ) {
+        for key in std::mem::take(&mut self.again) {
+            self.drive(up, key, timers, cx);
+        }
         for i in 0..self.sockets.len() {
             if self.sockets[i].more {
-                self.read_socket(io, i, timers, cx);
+                self.read_socket(up, i, timers, cx);
             }
         }
     }
 
-    fn read_socket(&mut self, io: &mut I, i: usize, timers: &mut TimerWheel, cx: &mut ConnCx<'_>) {
+    fn read_socket(
+        &mut self,
+        up: &mut Sockets<'_, I>,
+        i: usize,
+        timers: &mut TimerWheel,
+        cx: &mut ConnCx<'_>,
+    ) {
         if self.recv.is_empty() {
             self.recv = (0..DATAGRAM_BATCH).map(|_| vec![0; RECV_BUF]).collect();
             self.metas = vec![RecvMeta::default(); DATAGRAM_BATCH];
@@ -188,18 +209,21 @@ impl<I: Io> QuicSide<I> {
             }
             let mut slices: Vec<IoSliceMut<'_>> =
                 self.recv.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-            let n = match io.recv_datagrams(&mut self.sockets[i].sock, &mut slices, &mut self.metas)
-            {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    if ratelog::admit("quic_recv", cx.clock.now_ms()) {
-                        tracing::warn!("HTTP/3 socket read failed: {e}");
+            let n =
+                match up
+                    .io
+                    .recv_datagrams(&mut self.sockets[i].sock, &mut slices, &mut self.metas)
+                {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        if ratelog::admit("quic_recv", cx.clock.now_ms()) {
+                            tracing::warn!("HTTP/3 socket read failed: {e}");
+                        }
+                        break;
                     }
-                    break;
-                }
-            };
+                };
             drop(slices);
             for k in 0..n {
                 let meta = self.metas[k];
@@ -215,18 +239,18 @@ impl<I: Io> QuicSide<I> {
                     at = end;
                     cx.stats.bump(Counter::QuicDatagramsIn);
                     cx.stats.add(Counter::QuicBytesIn, datagram.len() as u64);
-                    self.on_datagram(io, i, now, &meta, datagram, cx);
+                    self.on_datagram(up, i, now, &meta, datagram, cx);
                 }
             }
         }
         for key in std::mem::take(&mut self.touched) {
-            self.drive(io, key, timers, cx);
+            self.drive(up, key, timers, cx);
         }
     }
 
     fn on_datagram(
         &mut self,
-        io: &mut I,
+        up: &mut Sockets<'_, I>,
         i: usize,
         now: Instant,
         meta: &RecvMeta,
@@ -267,16 +291,16 @@ impl<I: Io> QuicSide<I> {
             }
             Some(DatagramEvent::Response(t)) => {
                 let bytes = std::mem::take(&mut self.send_buf);
-                self.send(io, i, &t, &bytes[..t.size], cx);
+                self.send(up, i, &t, &bytes[..t.size], cx);
                 self.send_buf = bytes;
             }
-            Some(DatagramEvent::NewConnection(incoming)) => self.accept(io, i, now, incoming, cx),
+            Some(DatagramEvent::NewConnection(incoming)) => self.accept(up, i, now, incoming, cx),
         }
     }
 
     fn accept(
         &mut self,
-        io: &mut I,
+        up: &mut Sockets<'_, I>,
         i: usize,
         now: Instant,
         incoming: Incoming,
@@ -294,7 +318,7 @@ impl<I: Io> QuicSide<I> {
             cx.stats.bump(Counter::QuicRefusedLimit);
             let t = sock.endpoint.refuse(incoming, &mut self.send_buf);
             let bytes = std::mem::take(&mut self.send_buf);
-            self.send(io, i, &t, &bytes[..t.size], cx);
+            self.send(up, i, &t, &bytes[..t.size], cx);
             self.send_buf = bytes;
             return;
         }
@@ -305,7 +329,7 @@ impl<I: Io> QuicSide<I> {
             if let Ok(t) = sock.endpoint.retry(incoming, &mut self.send_buf) {
                 cx.stats.bump(Counter::QuicRetries);
                 let bytes = std::mem::take(&mut self.send_buf);
-                self.send(io, i, &t, &bytes[..t.size], cx);
+                self.send(up, i, &t, &bytes[..t.size], cx);
                 self.send_buf = bytes;
             }
             return;
@@ -339,7 +363,7 @@ impl<I: Io> QuicSide<I> {
                 cx.stats.bump(Counter::QuicHandshakesFailed);
                 if let Some(t) = e.response {
                     let bytes = std::mem::take(&mut self.send_buf);
-                    self.send(io, i, &t, &bytes[..t.size], cx);
+                    self.send(up, i, &t, &bytes[..t.size], cx);
                     self.send_buf = bytes;
                 }
             }
@@ -348,7 +372,13 @@ impl<I: Io> QuicSide<I> {
 
     /// Runs connection `key`: its events and exchanges, then what it has to send, then its
     /// timer. A panic in it (quinn-proto's or ours) closes that connection only.
-    fn drive(&mut self, io: &mut I, key: u64, timers: &mut TimerWheel, cx: &mut ConnCx<'_>) {
+    fn drive(
+        &mut self,
+        up: &mut Sockets<'_, I>,
+        key: u64,
+        timers: &mut TimerWheel,
+        cx: &mut ConnCx<'_>,
+    ) {
         let now = self.instant(cx);
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -357,10 +387,21 @@ impl<I: Io> QuicSide<I> {
         let sock = &mut self.sockets[i];
         let ran = catch_unwind(AssertUnwindSafe(|| {
             conn.drive(now, cx);
+            let finished = drive_relays(conn, up, cx);
+            if conn.closed && !conn.upstreams.is_empty() {
+                // Lost or closed: what its relays were doing cannot be finished.
+                let mut upstreams = std::mem::take(&mut conn.upstreams);
+                relay_driver::abandon_host(&mut **conn, &mut upstreams, up, cx);
+            }
             endpoint_events(conn, &mut sock.endpoint);
+            finished
         }));
-        if ran.is_err() {
-            return self.contain_panic(key, cx);
+        let relays_done = match ran {
+            Ok(done) => done,
+            Err(_) => return self.contain_panic(up, key, cx),
+        };
+        if !relays_done && !self.again.contains(&key) {
+            self.again.push(key);
         }
         if !conn.handshake_over && (conn.connected || conn.closed) {
             conn.handshake_over = true;
@@ -369,12 +410,12 @@ impl<I: Io> QuicSide<I> {
                 cx.stats.bump(Counter::QuicHandshakesFailed);
             }
         }
-        self.transmit(io, key, cx);
+        self.transmit(up, key, cx);
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
         if conn.quic.is_drained() {
-            return self.remove(key, cx);
+            return self.remove(up, key, cx);
         }
         let deadline = match conn.quic.poll_timeout() {
             Some(at) => {
@@ -382,7 +423,8 @@ impl<I: Io> QuicSide<I> {
                 us.div_ceil(1000)
             }
             None => u64::MAX,
-        };
+        }
+        .min(conn.relay_deadline());
         conn.deadline_ms = deadline;
         if deadline < conn.armed_ms {
             conn.armed_ms = deadline;
@@ -391,7 +433,7 @@ impl<I: Io> QuicSide<I> {
     }
 
     /// Sends what connection `key` has to send, as long as its socket takes it.
-    fn transmit(&mut self, io: &mut I, key: u64, cx: &mut ConnCx<'_>) {
+    fn transmit(&mut self, up: &mut Sockets<'_, I>, key: u64, cx: &mut ConnCx<'_>) {
         let now = self.instant(cx);
         loop {
             let Some(conn) = self.conns.get_mut(key) else {
@@ -418,17 +460,17 @@ impl<I: Io> QuicSide<I> {
                 }
                 Err(_) => {
                     self.send_buf = buf;
-                    return self.contain_panic(key, cx);
+                    return self.contain_panic(up, key, cx);
                 }
             };
-            self.send(io, i, &t, &buf[..t.size], cx);
+            self.send(up, i, &t, &buf[..t.size], cx);
             self.send_buf = buf;
         }
     }
 
     fn send(
         &mut self,
-        io: &mut I,
+        up: &mut Sockets<'_, I>,
         i: usize,
         t: &quinn_proto::Transmit,
         bytes: &[u8],
@@ -450,7 +492,7 @@ impl<I: Io> QuicSide<I> {
                 segment_size: t.segment_size,
                 src_ip: t.src_ip,
             };
-            match io.send_datagram(&mut sock.sock, &transmit) {
+            match up.io.send_datagram(&mut sock.sock, &transmit) {
                 Ok(true) => {
                     cx.stats.add(Counter::QuicDatagramsOut, datagrams as u64);
                     cx.stats.add(Counter::QuicBytesOut, bytes.len() as u64);
@@ -482,7 +524,7 @@ impl<I: Io> QuicSide<I> {
     /// The socket has room again: what waited goes first, then the connections that had more.
     fn flush_blocked(
         &mut self,
-        io: &mut I,
+        up: &mut Sockets<'_, I>,
         i: usize,
         timers: &mut TimerWheel,
         cx: &mut ConnCx<'_>,
@@ -496,7 +538,7 @@ impl<I: Io> QuicSide<I> {
                 segment_size: q.segment_size,
                 src_ip: q.src_ip,
             };
-            match io.send_datagram(&mut sock.sock, &transmit) {
+            match up.io.send_datagram(&mut sock.sock, &transmit) {
                 Ok(true) => {
                     cx.stats.bump(Counter::QuicDatagramsOut);
                     cx.stats.add(Counter::QuicBytesOut, q.bytes.len() as u64);
@@ -507,14 +549,14 @@ impl<I: Io> QuicSide<I> {
             sock.blocked.pop_front();
         }
         for key in std::mem::take(&mut sock.waiting) {
-            self.drive(io, key, timers, cx);
+            self.drive(up, key, timers, cx);
         }
     }
 
     /// The timer of connection `key` fired (armed for `at_ms`).
     pub fn on_timer(
         &mut self,
-        io: &mut I,
+        up: &mut Sockets<'_, I>,
         timers: &mut TimerWheel,
         key: u64,
         at_ms: u64,
@@ -534,16 +576,22 @@ impl<I: Io> QuicSide<I> {
             timers.schedule(key, conn.deadline_ms);
             return;
         }
-        if catch_unwind(AssertUnwindSafe(|| conn.quic.handle_timeout(now))).is_err() {
-            return self.contain_panic(key, cx);
+        let timed_out = catch_unwind(AssertUnwindSafe(|| {
+            if conn.relay_deadline() <= now_ms {
+                conn.relays_timed_out(cx);
+            }
+            conn.quic.handle_timeout(now)
+        }));
+        if timed_out.is_err() {
+            return self.contain_panic(up, key, cx);
         }
-        self.drive(io, key, timers, cx);
+        self.drive(up, key, timers, cx);
     }
 
     /// A deferred reply for an exchange of connection `key`.
     pub fn complete(
         &mut self,
-        io: &mut I,
+        up: &mut Sockets<'_, I>,
         timers: &mut TimerWheel,
         key: u64,
         exchange: ExchangeId,
@@ -555,26 +603,63 @@ impl<I: Io> QuicSide<I> {
         };
         let ran = catch_unwind(AssertUnwindSafe(|| conn.complete(exchange, response, cx)));
         match ran {
-            Ok(true) => self.drive(io, key, timers, cx),
+            Ok(true) => self.drive(up, key, timers, cx),
             Ok(false) => {}
-            Err(_) => self.contain_panic(key, cx),
+            Err(_) => self.contain_panic(up, key, cx),
         }
+    }
+
+    /// A cache fill that relay `exchange` of connection `key` waits for ended.
+    pub fn wake(
+        &mut self,
+        up: &mut Sockets<'_, I>,
+        timers: &mut TimerWheel,
+        key: u64,
+        exchange: ExchangeId,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        match catch_unwind(AssertUnwindSafe(|| conn.relay_wake(exchange, cx))) {
+            Ok(true) => self.drive(up, key, timers, cx),
+            Ok(false) => {}
+            Err(_) => self.contain_panic(up, key, cx),
+        }
+    }
+
+    /// An upstream connection of connection `key`'s relays is ready.
+    pub fn relay_ready(
+        &mut self,
+        up: &mut Sockets<'_, I>,
+        timers: &mut TimerWheel,
+        key: u64,
+        cx: &mut ConnCx<'_>,
+    ) {
+        self.drive(up, key, timers, cx);
     }
 
     /// Shutdown began: every connection says GOAWAY and closes once its requests are
     /// answered; no new one is accepted (`accept` refuses while draining).
-    pub fn begin_drain(&mut self, io: &mut I, timers: &mut TimerWheel, cx: &mut ConnCx<'_>) {
+    pub fn begin_drain(
+        &mut self,
+        up: &mut Sockets<'_, I>,
+        timers: &mut TimerWheel,
+        cx: &mut ConnCx<'_>,
+    ) {
         let now = self.instant(cx);
         for key in self.conns.keys() {
             if let Some(conn) = self.conns.get_mut(key) {
                 conn.begin_drain(now);
             }
-            self.drive(io, key, timers, cx);
+            self.drive(up, key, timers, cx);
         }
     }
 
-    fn remove(&mut self, key: u64, cx: &mut ConnCx<'_>) {
-        if let Some(conn) = self.conns.remove(key) {
+    fn remove(&mut self, up: &mut Sockets<'_, I>, key: u64, cx: &mut ConnCx<'_>) {
+        if let Some(mut conn) = self.conns.remove(key) {
+            let mut upstreams = std::mem::take(&mut conn.upstreams);
+            relay_driver::abandon_host(&mut *conn, &mut upstreams, up, cx);
             self.handshake_gone(&conn);
             let stats = conn.quic.stats();
             cx.stats
@@ -590,11 +675,15 @@ impl<I: Io> QuicSide<I> {
     /// endpoint told it is gone, and the worker goes on. Its state is dropped whole; the
     /// endpoint's is only its table of connection ids, which the drained event clears.
     #[cold]
-    fn contain_panic(&mut self, key: u64, cx: &mut ConnCx<'_>) {
+    fn contain_panic(&mut self, up: &mut Sockets<'_, I>, key: u64, cx: &mut ConnCx<'_>) {
         cx.stats.bump(Counter::QuicPanics);
-        let Some(conn) = self.conns.remove(key) else {
+        let Some(mut conn) = self.conns.remove(key) else {
             return;
         };
+        // Its upstream connections are closed unused: one may have been mid-answer.
+        for (_, up_key) in conn.upstreams.drain(..) {
+            up.conns.close(up_key);
+        }
         self.handshake_gone(&conn);
         let sock = &mut self.sockets[conn.socket];
         let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -618,6 +707,27 @@ impl<I: Io> QuicSide<I> {
             self.handshaking = self.handshaking.saturating_sub(1);
         }
     }
+}
+
+/// Rounds of relay work per drive of a connection before the others' turn.
+const RELAY_ROUNDS: usize = 64;
+
+/// Moves connection `conn`'s relays (their upstream sockets and answers) until nothing moves.
+/// False: it stopped for fairness with work left.
+fn drive_relays<I: Io>(conn: &mut QuicConn, up: &mut Sockets<'_, I>, cx: &mut ConnCx<'_>) -> bool {
+    if conn.upstreams.is_empty() && !conn.in_relay() {
+        return true;
+    }
+    let mut upstreams = std::mem::take(&mut conn.upstreams);
+    let mut done = false;
+    for _ in 0..RELAY_ROUNDS {
+        if !relay_driver::step(conn, &mut upstreams, up, cx) {
+            done = true;
+            break;
+        }
+    }
+    conn.upstreams = upstreams;
+    done
 }
 
 /// Hands the connection's news to its endpoint (new connection ids, its end) and the

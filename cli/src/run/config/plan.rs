@@ -162,24 +162,6 @@ impl RunConfig {
         })
     }
 
-    /// Why this file cannot serve HTTP/3 as it asks (`[tls] http3 = true`), if it cannot:
-    /// proxy and FastCGI routes are relayed through the HTTP/1.1 and HTTP/2 connections'
-    /// relays, which QUIC streams do not have yet, and a browser told of HTTP/3 by `Alt-Svc`
-    /// would meet those routes there.
-    pub fn http3_problem(&self) -> Option<String> {
-        let asked = (self.file.server_keys().tls.as_ref()).is_some_and(|t| t.http3());
-        let relayed = self
-            .sites
-            .iter()
-            .flat_map(|s| &s.routes)
-            .any(|r| matches!(r.kind, RouteKind::Proxy(_) | RouteKind::FastCgi { .. }));
-        (asked && relayed).then(|| {
-            "[tls] http3 = true: proxy and FastCGI routes are not served over HTTP/3 yet; \
-             turn http3 off for this file"
-                .to_string()
-        })
-    }
-
     /// HTTPS from `[tls]` (none without a certificate or `self_signed`).
     pub fn tls_plan(&self) -> Result<Option<TlsPlan>, String> {
         TlsArgs::default().plan(self.file.server_keys().tls.as_ref(), &self.dir, None)
