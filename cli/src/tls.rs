@@ -43,10 +43,11 @@ pub struct TlsArgs {
     /// Add `Strict-Transport-Security: max-age=SECS` to HTTPS answers.
     #[arg(long, value_name = "SECS")]
     pub hsts: Option<u64>,
-    /// Serve HTTP/3 (QUIC) on the UDP port of the HTTPS listener, and advertise it to
-    /// HTTPS clients with `Alt-Svc` (the firewall must let that UDP port in).
+    /// Do not serve HTTP/3. By default HTTPS is served over QUIC too, on the UDP port of the
+    /// HTTPS listener, and advertised to HTTPS clients with `Alt-Svc` (a firewall must let
+    /// that UDP port in for clients to use it; they fall back to TCP if it does not).
     #[arg(long)]
-    pub http3: bool,
+    pub no_http3: bool,
     /// Automatic HTTPS was asked for on the command line (`tern serve --acme`).
     #[arg(skip)]
     pub acme: bool,
@@ -68,7 +69,7 @@ pub struct FileTls {
     /// "example.com" }` (`*`: every other host; default: the request's own).
     redirect_http_hosts: Option<Spanned<BTreeMap<String, String>>>,
     hsts: Option<u64>,
-    /// HTTP/3 on the HTTPS listener's UDP port.
+    /// HTTP/3 on the HTTPS listener's UDP port (default true).
     http3: Option<bool>,
     /// `[tls.acme]`: automatic HTTPS.
     acme: Option<crate::acme::FileAcme>,
@@ -218,10 +219,8 @@ impl TlsArgs {
         // With ACME, the self-signed certificate is what a name gets until its own is issued.
         let self_signed = self.tls_self_signed || f.self_signed.unwrap_or(false) || acme;
         if certs.is_empty() && !self_signed {
-            let asked = self.listen_tls.is_some()
-                || self.redirect_http.is_some()
-                || self.hsts.is_some()
-                || self.http3;
+            let asked =
+                self.listen_tls.is_some() || self.redirect_http.is_some() || self.hsts.is_some();
             if asked || f.listen.is_some() {
                 return Err("HTTPS needs a certificate: give --tls-cert and --tls-key (or --tls-self-signed)".into());
             }
@@ -251,7 +250,7 @@ impl TlsArgs {
                 list.join("; ")
             })?,
             hsts: self.hsts.or(f.hsts),
-            http3: self.http3 || f.http3.unwrap_or(false),
+            http3: !self.no_http3 && f.http3.unwrap_or(true),
         }))
     }
 }

@@ -1,4 +1,5 @@
-//! HTTP/3 end to end: the real `tern` binary with `--http3` (or `[tls] http3 = true`), talked
+//! HTTP/3 end to end: the real `tern` binary serving HTTPS (HTTP/3 is on by default; the
+//! first config says `[tls] http3 = true` anyway, the second leaves it out), talked
 //! to by aioquic (PyPI, through `testkit/h3client.py`; installed by
 //! `scripts/install-h3-test-deps`) over QUIC on the HTTPS listener's UDP port, with a test CA's
 //! certificate so the client verifies it as a browser would.
@@ -126,7 +127,7 @@ fn sha256_hex(data: &[u8]) -> String {
 fn a_page_and_a_large_file_over_http3_verified_against_the_certificate() {
     let Some(client) = h3client() else { return };
     let fx = Fixture::new();
-    let tern = fx.serve(&["--http3"]);
+    let tern = fx.serve(&[]);
     let page = fx.url(&tern, "/hello.txt");
     let big = fx.url(&tern, "/big.bin");
     let missing = fx.url(&tern, "/missing");
@@ -151,7 +152,7 @@ fn many_streams_at_once_and_in_sequence_on_one_connection() {
     let Some(client) = h3client() else { return };
     let fx = Fixture::new();
     fx.site.write_numbered(8);
-    let tern = fx.serve(&["--http3"]);
+    let tern = fx.serve(&[]);
     let page = fx.url(&tern, "/hello.txt");
     let run = h3(
         &client,
@@ -172,9 +173,9 @@ fn tcp_answers_advertise_http3_with_alt_svc_only_when_it_is_on() {
     let fx = Fixture::new();
     for on in [true, false] {
         let tern = fx.serve(if on {
-            &["--http3", "--hsts", "60"]
-        } else {
             &["--hsts", "60"]
+        } else {
+            &["--no-http3", "--hsts", "60"]
         });
         let port = tern.https().port();
         let out = Command::new("curl")
@@ -361,7 +362,7 @@ fn proxy_and_cache_routes_relay_over_http3() {
         &conf,
         format!(
             "listen = \"127.0.0.1:0\"\nworkers = 2\n\n\
-             [tls]\nlisten = \"127.0.0.1:0\"\nhttp3 = true\n\
+             [tls]\nlisten = \"127.0.0.1:0\"\n\
              [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n\
              [cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\n\n\
              [[site]]\nname = \"main\"\ndefault = true\n\n\
@@ -425,7 +426,7 @@ fn proxy_and_cache_routes_relay_over_http3() {
 fn shutdown_closes_http3_connections_and_tern_exits() {
     let Some(client) = h3client() else { return };
     let fx = Fixture::new();
-    let mut tern = fx.serve(&["--http3"]);
+    let mut tern = fx.serve(&[]);
     let run = h3(&client, &fx.ca_file, &[&fx.url(&tern, "/hello.txt")]);
     assert_eq!(run.code, 0);
     tern.signal(libc::SIGTERM);
