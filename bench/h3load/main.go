@@ -1,8 +1,10 @@
-// h3load: an HTTP/3 load generator for tern's benchmark (rows h3-small and h3-large), in the
-// manner of h2load, on quic-go (transport and http3 connection) pinned by go.mod.
+// h3load: an HTTP/3 load generator for tern's benchmark (rows h3-small and h3-large, and the
+// idle connections of h3-idle-rss), in the manner of h2load, on quic-go (transport and http3
+// connection) pinned by go.mod.
 //
-//	h3load [-c connections] [-m streams] [-d duration | -n requests] [-k | -ca FILE]
-//	       [-sni NAME] [-H 'name: value']... [-timeout D] [-h3pkg] [-cpuprofile F] URL [URL...]
+//	h3load [-c connections] [-m streams] [-d duration | -n requests | -idle duration]
+//	       [-k | -ca FILE] [-sni NAME] [-groups LIST] [-H 'name: value']... [-timeout D]
+//	       [-h3pkg] [-cpuprofile F] URL [URL...]
 //
 // Each connection has a UDP socket of its own (so a server that spreads flows over
 // SO_REUSEPORT sockets by 4-tuple sees -c flows, as with h2load's TCP connections) and -m
@@ -16,7 +18,7 @@
 // Output, one line of JSON on stdout:
 //
 //	{"requests":N,"ok":N,"errors":N,"bytes":N,"seconds":S,"rps":R,"p50_us":..,"p99_us":..,
-//	 "cpu_seconds":C}
+//	 "cpu_seconds":C,"tls":{"version":..,"cipher":..,"group":..,"alpn":..,"resumed":..}}
 //
 // requests: requests finished (answered or failed) within the run; ok: those answered with a
 // 2xx status and their whole body; errors: the others (failed streams or connections,
@@ -24,7 +26,9 @@
 // at the deadline); rps: ok / seconds; p50_us, p99_us: request times of the ok requests (from
 // opening the stream to the body's end), within about 1.6 %; cpu_seconds: the CPU time h3load
 // itself used during the run (user + system), to tell when the client, not the server, was
-// the limit (near 1.0 per second of run on one core). The first errors are described on
+// the limit (near 1.0 per second of run on one core); tls: what the first connection
+// negotiated (the key exchange is -groups', x25519 alone by default, as h2load's and
+// tlsload's OpenSSL 3.0 offer first). The first errors are described on
 // stderr; the exit status is 1 when no request succeeded, 2 on bad arguments or when a
 // connection cannot be made (stdout then has one line {"error": "..."}).
 //
@@ -33,6 +37,9 @@
 // comparison). It pins no CPU and starts no threads of its own: run it under taskset to pin
 // it. Flow control never holds a server back (windows of 64 MiB per stream, 1 GiB per
 // connection, like h2load's -w30 -W30), and no Accept-Encoding is sent.
+//
+// -idle DURATION holds idle connections instead of loading the server (idle.go): it prints a
+// line once they are open and another when the hold ends.
 package main
 
 import (
@@ -303,10 +310,12 @@ func run() int {
 	timeout := flag.Duration("timeout", 30*time.Second, "handshake timeout; with -n, the whole run's")
 	h3pkg := flag.Bool("h3pkg", false, "send requests with quic-go's http3 request code (slower; for comparison)")
 	cpuProfile := flag.String("cpuprofile", "", "write a Go CPU profile of the run to this file")
+	idle := flag.Duration("idle", 0, "open the -c connections, one request each, then hold them idle this long (see idle.go)")
+	groups := flag.String("groups", "x25519", "TLS key exchange groups offered, in order: x25519, p256, p384, x25519mlkem768")
 	var headers headerFlags
 	flag.Var(&headers, "H", "add a request header 'name: value' (repeatable)")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: h3load [-c N] [-m N] [-d DURATION | -n N] [-k | -ca FILE] [-sni NAME] [-H 'name: value']... [-timeout D] [-h3pkg] [-cpuprofile F] URL [URL...]\n")
+		fmt.Fprintf(os.Stderr, "usage: h3load [-c N] [-m N] [-d DURATION | -n N | -idle DURATION] [-k | -ca FILE] [-sni NAME] [-groups LIST] [-H 'name: value']... [-timeout D] [-h3pkg] [-cpuprofile F] URL [URL...]\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -316,6 +325,15 @@ func run() int {
 	}
 	if *duration > 0 && *requests > 0 {
 		fail("-d and -n exclude each other")
+	}
+	idleMode := false
+	flag.Visit(func(f *flag.Flag) { idleMode = idleMode || f.Name == "idle" })
+	if idleMode && (*duration > 0 || *requests > 0 || *h3pkg || *idle < 0) {
+		fail("-idle excludes -d, -n and -h3pkg, and takes a duration ≥ 0")
+	}
+	curves, err := parseGroups(*groups)
+	if err != nil {
+		fail("-groups: %v", err)
 	}
 	if *duration == 0 && *requests == 0 {
 		*requests = 1
@@ -349,6 +367,12 @@ func run() int {
 		InsecureSkipVerify: *insecure,
 		// One session cache: a reconnect resumes. The first handshakes are full ones.
 		ClientSessionCache: tls.NewLRUClientSessionCache(*conns),
+		// x25519 alone by default, as h2load's and tlsload's OpenSSL 3.0 get: every server
+		// negotiates the same key exchange (Go's default would offer X25519MLKEM768 first).
+		CurvePreferences: curves,
+	}
+	if idleMode {
+		tlsConf.ClientSessionCache = nil // full handshakes only, as the TCP idle rows make
 	}
 	if *sni != "" {
 		tlsConf.ServerName = *sni
@@ -378,6 +402,10 @@ func run() int {
 		h3:      &http3.Transport{DisableCompression: true},
 		timeout: *timeout,
 	}
+	if idleMode {
+		// Past the hold: the server's idle timeout decides whether a connection lives.
+		cfg.quic.MaxIdleTimeout = *idle + 2**timeout
+	}
 	cfg.errLog.Store(10)
 	cfg.ctx, cfg.stop = context.WithCancel(context.Background())
 
@@ -397,6 +425,10 @@ func run() int {
 
 	// Fewer collections: the garbage of a run is small and short-lived.
 	debug.SetGCPercent(400)
+
+	if idleMode {
+		return runIdle(cfg, *conns, requestList[0], *idle)
+	}
 
 	// The handshakes, all at once, before the clock starts.
 	cs := make([]*conn, *conns)
@@ -422,6 +454,7 @@ func run() int {
 		}
 	}
 
+	negotiated := tlsInfo(cs[0].qc) // (before the run: a redial may replace it)
 	cfg.limited = *requests > 0
 	cfg.left.Store(*requests)
 	if *cpuProfile != "" {
@@ -522,7 +555,9 @@ func run() int {
 		P50      uint64  `json:"p50_us"`
 		P99      uint64  `json:"p99_us"`
 		CPU      float64 `json:"cpu_seconds"`
-	}{reqs, ok, errs, total.bytes.Load(), round3(secs), round3(float64(ok) / secs), pct(50), pct(99), round3(cpu)}
+		TLS      any     `json:"tls"`
+	}{reqs, ok, errs, total.bytes.Load(), round3(secs), round3(float64(ok) / secs), pct(50), pct(99), round3(cpu),
+		negotiated}
 	line, _ := json.Marshal(out)
 	fmt.Println(string(line))
 	if errs > 0 && ok == 0 {
@@ -541,3 +576,20 @@ func cpuTime() float64 {
 }
 
 func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
+
+// parseGroups reads -groups: key exchange groups by name, in the order given.
+func parseGroups(list string) ([]tls.CurveID, error) {
+	names := map[string]tls.CurveID{
+		"x25519": tls.X25519, "p256": tls.CurveP256, "p384": tls.CurveP384,
+		"x25519mlkem768": tls.X25519MLKEM768,
+	}
+	var out []tls.CurveID
+	for _, n := range strings.Split(list, ",") {
+		id, ok := names[strings.ToLower(strings.TrimSpace(n))]
+		if !ok {
+			return nil, fmt.Errorf("unknown group %q", n)
+		}
+		out = append(out, id)
+	}
+	return out, nil
+}

@@ -15,6 +15,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/quic-go/qpack"
 	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
 	"github.com/quic-go/quic-go/quicvarint"
 )
 
@@ -160,7 +162,7 @@ func (f *frameReader) exchange(s *quic.Stream, req *request) (status int, body u
 	if _, err := s.Write(req.frame); err != nil {
 		return 0, 0, err
 	}
-	if err := s.Close(); err != nil {
+	if err := s.Close(); err != nil && !stoppedNoError(s) {
 		return 0, 0, err
 	}
 	for {
@@ -231,4 +233,14 @@ func (f *frameReader) status(block []byte) (int, error) {
 			return code, nil
 		}
 	}
+}
+
+// stoppedNoError: the server sent STOP_SENDING with H3_NO_ERROR on the request stream, which
+// it may once it has the whole request (RFC 9114 §4.1.1; older quic-go http3 servers, such as
+// Caddy 2.6's, may do it before h3load's Close). The answer still comes whole; only that Close
+// fails.
+func stoppedNoError(s *quic.Stream) bool {
+	var se *quic.StreamError
+	return errors.As(context.Cause(s.Context()), &se) && se.Remote &&
+		se.ErrorCode == quic.StreamErrorCode(http3.ErrCodeNoError)
 }

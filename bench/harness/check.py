@@ -11,14 +11,18 @@ client (bench/tlsload -m info). The HTTP/2 scenarios check the same over h2
 protocol, suite and key exchange with every server."""
 
 import gzip
+import hashlib
 import json
 import os
 import socket
 import ssl
 import subprocess
 
-from . import h2load, h2wire
+from . import h2load, h2wire, h3load
 from .servers import REFERENCES, BenchError
+
+H3CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "testkit", "h3client.py")
 
 TLS_NAME = "localhost"  # SNI and the name the certificate is checked for
 
@@ -311,6 +315,105 @@ def check_h2(scenario, servers, docroot, tls=None):
         raise BenchError(f"scenario {scenario.name}: the servers' HTTP/2 answers are wrong or differ:\n  "
                          + "\n  ".join(problems))
     return facts, skipped
+
+
+def fetch_h3(python, port, path, headers, tls, timeout=10.0):
+    """GET path over HTTP/3 on a new QUIC connection with testkit/h3client.py (aioquic; python:
+    its venv's), the certificate verified against the bench's CA for "localhost". Returns
+    h3client's answer (status, headers, body_len, body_sha256, alpn); raises ConnectionError
+    when there is none (no QUIC on that UDP port, a failed handshake, a reset stream)."""
+    argv = [python, "-B", H3CLIENT, "--ca", tls.ca, "--sni", TLS_NAME, "--timeout", str(timeout)]
+    for k, v in headers.items():
+        argv += ["-H", f"{k}: {v}"]
+    argv.append(f"https://127.0.0.1:{port}{path}")
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 20)
+    except subprocess.TimeoutExpired:
+        raise ConnectionError("testkit/h3client.py hung")
+    answers = []
+    for line in out.stdout.splitlines():
+        try:
+            answers.append(json.loads(line))
+        except ValueError:
+            pass
+    r = answers[0] if answers else {}
+    if "status" not in r:
+        why = r.get("error") or r.get("reset") or (out.stdout + out.stderr).strip()[-300:]
+        raise ConnectionError(f"no HTTP/3 answer: {why}")
+    return r
+
+
+# what h3load's first connection must negotiate alike with every server
+H3LOAD_AGREE = ("version", "cipher", "group", "alpn")
+
+
+def check_h3(scenario, servers, docroot, tls, python, h3load_bin):
+    """The answer check of an HTTP/3 scenario: every server answers the scenario's GET once
+    to testkit/h3client.py (aioquic, the certificate verified), whose body must be the
+    fixture byte for byte (SHA-256) with the scenario's status and no Content-Encoding, and
+    then once to h3load (-n1 -c1, the certificate verified too), which must get one whole 2xx
+    answer and negotiate the same TLS version, suite, group and ALPN (h3) with every server.
+    Only servers that serve HTTP/3 take part in these scenarios, so any failure fails the run.
+    Returns the per-server facts."""
+    with open(os.path.join(docroot, scenario.path.lstrip("/")), "rb") as f:
+        expected = f.read()
+    facts, problems = {}, []
+    for server in servers:
+        port = server.port_for(scenario)
+        try:
+            r = fetch_h3(python, port, scenario.path, scenario.headers, tls)
+        except ConnectionError as e:
+            problems.append(f"{server.name}: {e}")
+            continue
+        headers = {k.lower(): v for k, v in r.get("headers", [])}
+        enc = headers.get("content-encoding", "")
+        facts[server.name] = {
+            "status": r["status"],
+            "body_bytes": r["body_len"],
+            "head_bytes": None,  # (h3client does not report the QPACK block's size)
+            "encoding": enc,
+            "content_type": headers.get("content-type", ""),
+            "headers": dict(scenario.headers),
+            "protocol": r.get("alpn"),
+            "alt_svc": headers.get("alt-svc", ""),
+        }
+        if r.get("alpn") != "h3":
+            problems.append(f"{server.name}: ALPN {r.get('alpn')!r}, not h3")
+        if r["status"] != scenario.expect_status:
+            problems.append(f"{server.name}: status {r['status']}, expected {scenario.expect_status}")
+        if enc != scenario.expect_encoding:
+            problems.append(f"{server.name}: Content-Encoding {enc or 'none'!r}, "
+                            f"expected {scenario.expect_encoding or 'none'!r}")
+        if r["status"] == 200 and (r["body_len"] != len(expected)
+                                   or r["body_sha256"] != hashlib.sha256(expected).hexdigest()):
+            problems.append(f"{server.name}: body differs from {scenario.path} ({r['body_len']} bytes)")
+        if scenario.kind != "h3load":
+            continue
+        argv = h3load.argv(h3load_bin, port, scenario.path, 1, 1, tls.ca, TLS_NAME, requests=1)
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            problems.append(f"{server.name}: h3load -n1 hung")
+            continue
+        info = h3load.parse(out.stdout)
+        if not info or info["ok"] != 1 or info["errors"]:
+            problems.append(f"{server.name}: h3load -n1 did not get one good answer:\n    $ {' '.join(argv)}\n"
+                            + (out.stdout + out.stderr)[-600:])
+            continue
+        facts[server.name]["h3load"] = {k: (info.get("tls") or {}).get(k, "?") for k in H3LOAD_AGREE}
+    lengths = {n: (f["status"], f["body_bytes"]) for n, f in facts.items()}
+    if len(set(lengths.values())) > 1:
+        problems.append("servers disagree on (status, body length): "
+                        + ", ".join(f"{n}={v}" for n, v in lengths.items()))
+    seen = {n: tuple(f["h3load"][k] for k in H3LOAD_AGREE) for n, f in facts.items() if "h3load" in f}
+    if len(set(seen.values())) > 1:
+        problems.append("h3load negotiated different parameters with different servers ("
+                        + ", ".join(H3LOAD_AGREE) + "): "
+                        + "; ".join(f"{n}={' / '.join(map(str, v))}" for n, v in seen.items()))
+    if problems:
+        raise BenchError(f"scenario {scenario.name}: the servers' HTTP/3 answers are wrong or differ:\n  "
+                         + "\n  ".join(problems))
+    return facts
 
 
 # what every server must negotiate alike with the same client (tlsload -m info)

@@ -1,19 +1,22 @@
 """Running the load: wrk for request scenarios (over https for TLS ones; and for
 claims, with the app's own account from /statusz), bench/tlsload for the TLS
-handshake scenarios, h2load for the HTTP/2 ones, the idle client for idle-rss.
+handshake scenarios, h2load for the HTTP/2 ones, bench/h3load for the HTTP/3 ones,
+the idle client for idle-rss (h3load -idle over HTTP/3).
 Each run records the server's CPU time (utime+stime of its process tree) before
 and after, and samples its RSS while the load runs."""
 
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import time
 
-from . import h2load, procs
-from .check import TLS_NAME, NoHttp2, check_h2, check_scenario, check_tls, fetch, fetch_h2, tls_context
+from . import h2load, h3load, procs
+from .check import (TLS_NAME, NoHttp2, check_h2, check_h3, check_scenario, check_tls, fetch, fetch_h2, fetch_h3,
+                    tls_context)
 from .h2wire import H2Error
 from .servers import CLIENT_CPU, BenchError
 
@@ -103,6 +106,30 @@ def run_h2load(scenario, server, headers, duration, ctx):
     run["protocol"] = out["protocol"]
     if out["protocol"] != ("h2" if scenario.tls else "h2c"):
         raise BenchError(f"{scenario.name}: h2load spoke {out['protocol'] or 'nothing'} with {server.name}")
+    return run
+
+
+def run_h3load(scenario, server, headers, duration, ctx):
+    """bench/h3load -c C -m M for `duration` seconds over HTTP/3 (harness/h3load.py); its
+    own CPU during its window (cpu_seconds) is kept beside the harness's measure of it."""
+    inst = server.instance(scenario)
+    argv = ["taskset", "-c", CLIENT_CPU, *h3load.argv(
+        ctx.h3load_bin, inst.port, scenario.path, scenario.connections, scenario.streams,
+        ctx.tls.ca, TLS_NAME, duration=duration)]
+    for k, v in headers.items():
+        argv[-1:-1] = ["-H", f"{k}: {v}"]  # (flags before the URL)
+
+    def parse(stdout):
+        out = h3load.parse(stdout)
+        return h3load.as_run(out) if out else None
+
+    run, out = _run_client(scenario, server, argv, duration, "h3load", parse=parse)
+    secs = out["duration_us"] / 1e6
+    cpu = out.get("client_cpu_s")
+    run["client_cpu_s"] = cpu
+    run["client_cpu_us_per_req"] = cpu * 1e6 / run["requests"] if cpu is not None and run["requests"] else None
+    run["client_window_cpu_pct"] = round(100 * cpu / secs, 1) if cpu is not None and secs else None
+    run["tls"] = out["tls"]
     return run
 
 
@@ -229,6 +256,10 @@ def summarize(runs):
             round(r["cpu_us_per_req"], 2) if r["cpu_us_per_req"] else None for r in runs
         ],
         "rounds_other_cpu_pct": [r["other_cpu_pct"] for r in runs],
+        # h3load's own account of its CPU in its window: per answer, and as % of its core
+        **({"client_cpu_us_per_req": _median([r["client_cpu_us_per_req"] for r in used]),
+            "client_window_cpu_pct": _median([r["client_window_cpu_pct"] for r in used])}
+           if "client_cpu_us_per_req" in runs[0] else {}),
         **({"handshakes": {k: sum(r["handshakes"][k] for r in runs) for k in runs[0]["handshakes"]}}
            if "handshakes" in runs[0] else {}),
     }
@@ -275,6 +306,22 @@ def h2load_scenario(scenario, servers, settings, ctx):
     if servers:
         results, _ = _wrk_rounds(scenario, servers, facts, settings, ctx, run=run_h2load)
     return {"facts": facts, "results": results, "skipped": skipped}
+
+
+def h3load_scenario(scenario, servers, settings, ctx):
+    """HTTP/3: check_h3, then h3load in interleaved rounds as wrk."""
+    facts = check_h3(scenario, servers, ctx.docroot, ctx.tls, ctx.h3_python, ctx.h3load_bin)
+    _log_h3_check(facts)
+    results, _ = _wrk_rounds(scenario, servers, facts, settings, ctx, run=run_h3load)
+    return {"facts": facts, "results": results}
+
+
+def _log_h3_check(facts):
+    log("  answers agree: " + ", ".join(
+        f"{n} {f['protocol']} {f['status']}/{f['body_bytes']}B" for n, f in facts.items()))
+    h = next((f["h3load"] for f in facts.values() if "h3load" in f), None)
+    if h:
+        log(f"  h3load negotiates alike: {h['version']} {h['cipher']} {h['group']}, ALPN {h['alpn']}")
 
 
 def _log_h2_check(scenario, facts, skipped):
@@ -577,6 +624,53 @@ class IdleClient:
             self.proc.wait()
 
 
+class H3IdleClient:
+    """bench/h3load -idle on CPU 1, with IdleClient's interface: `with H3IdleClient(...) as
+    c:` holds c.opened idle QUIC connections (each after one request) until the block ends;
+    then SIGTERM ends h3load's hold, and it tries one more request on each (one that fails
+    was dropped by the server) and closes them."""
+
+    HOLD_S = 600  # (the block ends it sooner)
+
+    def __init__(self, server, port, n, path, ctx):
+        self.server = server
+        self.argv = ["taskset", "-c", CLIENT_CPU,
+                     *h3load.idle_argv(ctx.h3load_bin, port, path, n, ctx.tls.ca, TLS_NAME, self.HOLD_S)]
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        ready = self.proc.stdout.readline()
+        try:
+            r = json.loads(ready)
+            self.opened, self.failed, self.seconds = r["idle"], r["failed"], r["seconds"]
+        except (ValueError, KeyError):
+            self._kill()
+            err = self.proc.stderr.read()[-600:]
+            hint = " (h3load has no -idle: run scripts/install-h3-test-deps)" if "-idle" in err else ""
+            raise BenchError(f"h3load -idle failed against {self.server}{hint}: {ready!r}\n{err}")
+        self.dropped = 0
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            done = self.proc.stdout.readline()
+            try:
+                self.dropped = json.loads(done)["dropped"]
+            except (ValueError, KeyError):
+                pass
+            self.proc.wait(timeout=120)
+        finally:
+            self._kill()
+
+    def _kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 IDLE_WARMUP = 1000
 
 
@@ -595,13 +689,22 @@ def _settled_rss(inst, timeout=5.0):
 
 
 def idle_scenario(scenario, servers, settings, ctx):
-    """RSS per idle keep-alive connection (HTTP/1.1, or HTTP/2 if scenario.h2), on
-    freshly restarted servers."""
-    n = settings.idle_connections
+    """RSS per idle keep-alive connection (HTTP/1.1, or HTTP/2 if scenario.h2, or QUIC
+    with HTTP/3 if scenario.h3), on freshly restarted servers."""
+    n = min(settings.idle_connections, scenario.connections)
     for s in servers:
         s.restart()  # fresh processes: earlier scenarios' buffers don't hide the cost
     skipped = {}
-    if scenario.h2:
+
+    def client(s, port, count):
+        if scenario.h3:
+            return H3IdleClient(s.name, port, count, scenario.path, ctx)
+        return IdleClient(s.name, port, count, scenario.path, scenario.tls, scenario.h2)
+
+    if scenario.h3:
+        facts = check_h3(scenario, servers, ctx.docroot, ctx.tls, ctx.h3_python, ctx.h3load_bin)
+        _log_h3_check(facts)
+    elif scenario.h2:
         facts, skipped = check_h2(scenario, servers, ctx.docroot, ctx.tls)
         _log_h2_check(scenario, facts, skipped)
         servers = [s for s in servers if s.name in facts]
@@ -612,18 +715,21 @@ def idle_scenario(scenario, servers, settings, ctx):
     results = {}
     for s in servers:
         inst = s.instance(scenario)
-        # Warm-up: 1000 connections come and go first, so start-up transients (lazily
-        # built caches, allocator purges) are over before the baseline is read.
-        with IdleClient(s.name, inst.port, IDLE_WARMUP, scenario.path, scenario.tls, scenario.h2):
+        # Warm-up: 1000 connections (no more than are measured) come and go first, so
+        # start-up transients (lazily built caches, allocator purges) are over before the
+        # baseline is read.
+        with client(s, inst.port, min(IDLE_WARMUP, n)):
             pass
         before = _settled_rss(inst)
-        with IdleClient(s.name, inst.port, n, scenario.path, scenario.tls, scenario.h2) as c:
+        with client(s, inst.port, n) as c:
             after = _settled_rss(inst)
         if not inst.alive():
             raise BenchError(f"{s.name} died during {scenario.name}:\n{inst.log_tail()}")
         time.sleep(0.2)
         try:  # still answering after the crowd left?
-            if scenario.h2:
+            if scenario.h3:
+                fetch_h3(ctx.h3_python, inst.port, scenario.path, {}, ctx.tls)
+            elif scenario.h2:
                 fetch_h2(inst.port, scenario.path, {}, tls=context)
             else:
                 fetch(inst.port, scenario.path, {}, tls=context)
@@ -647,4 +753,4 @@ def idle_scenario(scenario, servers, settings, ctx):
 
 
 RUNNERS = {"wrk": wrk_scenario, "tlsload": tlsload_scenario, "claims": claims_scenario, "idle": idle_scenario,
-           "h2load": h2load_scenario}
+           "h2load": h2load_scenario, "h3load": h3load_scenario}

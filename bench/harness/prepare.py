@@ -22,6 +22,7 @@ PACKAGES = {
     "gcc": "gcc",
     "taskset": "util-linux",
     "openssl": "openssl",  # makes the TLS scenarios' certificates
+    "caddy": "caddy",  # the HTTP/3 scenarios' other server (2.6.2 in Debian 12)
 }
 # file -> Debian package that provides it (build dependencies without a command)
 FILES = {
@@ -64,6 +65,47 @@ def ensure_packages():
     still = _missing()
     if still:
         raise BenchError(f"still missing after apt-get: {', '.join(still)}")
+
+
+def _cache_dir():
+    return os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+
+
+def h3load_path():
+    """bench/h3load as scripts/install-h3-test-deps builds it (None if it is not there)."""
+    path = os.path.join(_cache_dir(), "tern", "bin", "h3load")
+    return path if os.access(path, os.X_OK) else None
+
+
+def aioquic_python():
+    """The python of aioquic's venv (testkit/h3client.py, the HTTP/3 answer check), or None."""
+    venv = os.environ.get("TERN_AIOQUIC_VENV") or os.path.join(_cache_dir(), "tern", "aioquic-venv")
+    path = os.path.join(venv, "bin", "python")
+    return path if os.access(path, os.X_OK) else None
+
+
+def ensure_h3_tools(repo_dir):
+    """scripts/install-h3-test-deps: bench/h3load (built with Go, again when its sources
+    changed) and aioquic's venv (the HTTP/3 answer check's client). False, with the reason
+    printed, when it failed (no Go, no network…): the HTTP/3 scenarios are then left out."""
+    script = os.path.join(repo_dir, "scripts", "install-h3-test-deps")
+    r = subprocess.run([script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        log(f"scripts/install-h3-test-deps failed (exit {r.returncode}):\n{r.stderr[-1500:]}")
+        return False
+    return True
+
+
+def h3load_version(repo_dir):
+    """quic-go's version, from bench/h3load/go.mod (the binary was built from it)."""
+    try:
+        with open(os.path.join(repo_dir, "bench", "h3load", "go.mod")) as f:
+            for line in f:
+                if "github.com/quic-go/quic-go " in line:
+                    return "bench/h3load, quic-go " + line.split()[1]
+    except OSError:
+        pass
+    return "bench/h3load"
 
 
 def ensure_matplotlib():

@@ -9,7 +9,7 @@ from .measure import DEMO_THREADS, NOISY_PCT
 from .servers import REFERENCES
 
 NA = "n/a"
-CLIENT_BOUND_PCT = 95  # load generator (wrk, tlsload, h2load) CPU % from which the client is the bottleneck
+CLIENT_BOUND_PCT = 95  # load generator (wrk, tlsload, h2load, h3load) CPU % from which the client is the bottleneck
 SKIPPED = "skipped"  # the cell of a server left out of a scenario (no HTTP/2): see the notes
 
 
@@ -118,12 +118,13 @@ def _mib(b):
 def markdown(doc):
     m = doc["machine"]
     servers = doc["servers"]
+    h3 = any(sc.get("h3") for sc in doc["scenarios"])
     lines = [
         f"**{doc['date']}** · mode `{doc['mode']}` · {m['cores']} cores ({m['cpu']}), "
         f"Linux {m['kernel']}, {m['os']}",
         "",
-        f"Command: `{doc['command']}` · servers pinned to CPU 0, wrk (`-t1`), tlsload and h2load (`-t1`) "
-        "to CPU 1 · "
+        f"Command: `{doc['command']}` · servers pinned to CPU 0, wrk (`-t1`), tlsload"
+        + (", h2load (`-t1`) and h3load" if h3 else " and h2load (`-t1`)") + " to CPU 1 · "
         f"{doc['settings']['rounds']} interleaved round(s) of {doc['settings']['duration_s']} s "
         f"per server and scenario, medians shown · "
         + ", ".join(f"{n} {v}" for n, v in doc["versions"].items()),
@@ -137,7 +138,7 @@ def markdown(doc):
     lines += [f"Note: {t}." for t in doc.get("notes", [])] + ([""] if doc.get("notes") else [])
     # request scenarios in one table: wrk's (over http or https), tlsload's (handshakes) and
     # h2load's (HTTP/2)
-    wrk = [s for s in doc["scenarios"] if s["kind"] in ("wrk", "tlsload", "h2load")]
+    wrk = [s for s in doc["scenarios"] if s["kind"] in ("wrk", "tlsload", "h2load", "h3load")]
     claims = [s for s in doc["scenarios"] if s["kind"] == "claims"]
     idle = [s for s in doc["scenarios"] if s["kind"] == "idle"]
     # app servers (tern-demo) have their own table: no column of n/a in the static ones
@@ -153,7 +154,8 @@ def markdown(doc):
         units = f" ({'; '.join(units)})" if units else ""
         lines += [
             f"req/s{units}, median of the rounds, and server CPU "
-            f"µs per request. † = the load generator (wrk, tlsload or h2load) was at ≥ {CLIENT_BOUND_PCT} % "
+            f"µs per request. † = the load generator (wrk, tlsload, h2load{' or h3load' if h3 else ''}) was at "
+            f"≥ {CLIENT_BOUND_PCT} % "
             "of its core: it, not the server, was the limit, so compare CPU µs/request. ✗ = had "
             f"errors, not ranked; {SKIPPED} = does not speak the scenario's protocol (see the notes). "
             "tern/X req/s: higher is better; tern/X CPU (per request): lower is better.",
@@ -180,13 +182,15 @@ def markdown(doc):
             rcells = [_x(t and t.get(f"x_{ref}")) for ref in refs] + \
                 [_x(t and t.get(f"cpu_x_{ref}")) for ref in refs]
             lines.append(f"| {sc['name']} | " + " | ".join(cells + rcells) + " |")
+        extra = [r for r in REFERENCES if r not in ("nginx", "h2o") and r in servers]  # (caddy)
         lines += [
             "",
             "<details><summary>details: latency, CPU, memory, errors</summary>",
             "",
             "| scenario | server | req/s | MB/s | p50 ms | p99 ms | CPU µs/req | server CPU % "
-            "| peak RSS MiB | ×nginx | ×h2o | rank | errors | client CPU % |",
-            "|---" * 14 + "|",
+            "| peak RSS MiB | ×nginx | ×h2o | " + "".join(f"×{r} | " for r in extra)
+            + "rank | errors | client CPU % |",
+            "|---" * (14 + len(extra)) + "|",
         ]
         for sc in wrk:
             for n in servers:
@@ -200,21 +204,26 @@ def markdown(doc):
                     f"| {sc['name']} | {n} | {_k(r['req_s'])} | {r['mb_s']:.0f} | {r['p50_ms']:.2f} "
                     f"| {r['p99_ms']:.2f} | {f'{cpu:.2f}' if cpu else '–'} "
                     f"| {f'{server_cpu:.0f}' if server_cpu is not None else '–'} | {_mib(r['peak_rss'])} "
-                    f"| {_x(r.get('x_nginx'))} | {_x(r.get('x_h2o'))} | {rank} | {_errs(r)} "
-                    f"| {r['wrk_cpu_pct']:.0f} |"
+                    f"| {_x(r.get('x_nginx'))} | {_x(r.get('x_h2o'))} | "
+                    + "".join(f"{_x(r.get(f'x_{ref}'))} | " for ref in extra)
+                    + f"{rank} | {_errs(r)} | {r['wrk_cpu_pct']:.0f} |"
                 )
         lines += ["", "</details>", ""]
-        lines += _tls_notes([sc for sc in wrk if sc.get("tls") and not sc.get("h2")], servers)
+        lines += _tls_notes([sc for sc in wrk if sc.get("tls") and not sc.get("h2") and not sc.get("h3")], servers)
         lines += _h2_notes([sc for sc in wrk if sc.get("h2")], servers)
+        lines += _h3_notes([sc for sc in wrk if sc.get("h3")], servers, doc["scenarios"])
     if claims:
         lines += _claims_markdown(claims)
     for sc in idle:
+        extra = [r for r in REFERENCES if r not in ("nginx", "h2o") and r in sc["results"]]  # (caddy)
+        what = "QUIC connections (HTTP/3)" if sc.get("h3") else "keep-alive connections"
         lines += [
-            f"Idle keep-alive connections ({sc['name']}): RSS of a fresh server before and after "
+            f"Idle {what} ({sc['name']}): RSS of a fresh server before and after "
             "the connections, each after one request:",
             "",
-            "| server | connections | RSS before MiB | RSS after MiB | bytes/conn | ×nginx | ×h2o | errors |",
-            "|---" * 8 + "|",
+            "| server | connections | RSS before MiB | RSS after MiB | bytes/conn | ×nginx | ×h2o | "
+            + "".join(f"×{r} | " for r in extra) + "errors |",
+            "|---" * (8 + len(extra)) + "|",
         ]
         for n in servers:
             r = sc["results"].get(n)
@@ -226,9 +235,16 @@ def markdown(doc):
             lines.append(
                 f"| {n} | {r['connections']} | {_mib(r['rss_before'])} | {_mib(r['rss_after'])} "
                 f"| {f'{bpc:.0f}' if bpc is not None else '–'} | {_x(r.get('x_nginx'))} "
-                f"| {_x(r.get('x_h2o'))} | {_errs(r)} |"
+                f"| {_x(r.get('x_h2o'))} | " + "".join(f"{_x(r.get(f'x_{ref}'))} | " for ref in extra)
+                + f"{_errs(r)} |"
             )
         lines.append("")
+        if sc.get("h3"):
+            lines += _h3_notes([sc], servers, doc["scenarios"])[:-1]
+            lines += [f"- {sc['name']}: bench/h3load -idle, a UDP socket and a full handshake "
+                      "(x25519, no session offered) per connection, at most 200 in flight; each sends "
+                      "the HTTP/3 SETTINGS and one GET, then nothing (no PINGs); at the end each makes "
+                      "one more request, and one that fails counts as dropped.", ""]
     return "\n".join(lines)
 
 
@@ -291,6 +307,46 @@ def _h2_notes(scs, servers):
     for sc in scs:
         for n, why in sc.get("skipped", {}).items():
             notes.append(f"{sc['name']}: {n} {SKIPPED}, {why}.")
+    return [f"- {t}" for t in notes] + [""]
+
+
+def _h3_notes(scs, servers, everything=()):
+    """How the HTTP/3 rows ran: h3load's settings, what its first connection negotiated
+    (the same with every server: checked before each scenario), and its own CPU: on 2
+    cores h3load is the limit long before a fast server is, so the CPU per request of the
+    server is the figure that compares. With the HTTP/2 twin of a row in the same run
+    (h2-small, h2-large, h2-idle-rss), each server's HTTP/3 cost ÷ its HTTP/2 cost."""
+    if not scs:
+        return []
+    notes = []
+    for sc in scs:
+        twin = next((t for t in everything if t["name"] == sc["name"].replace("h3-", "h2-", 1)), None)
+        if not twin:
+            continue
+        key = "bytes_per_conn" if sc["kind"] == "idle" else "cpu_us_per_req"
+        what = "bytes per idle connection" if sc["kind"] == "idle" else "CPU µs per request"
+        pairs = [(n, sc["results"][n][key], twin["results"][n][key]) for n in servers
+                 if n in sc["results"] and n in twin["results"]
+                 and sc["results"][n][key] and twin["results"][n][key]]
+        if pairs:
+            fmt = "{:.0f}" if sc["kind"] == "idle" else "{:.1f}"
+            notes.append(f"{sc['name']} ÷ {twin['name']} ({what}, HTTP/3 over HTTP/2 in this run): " + ", ".join(
+                f"{n} {fmt.format(a)} ÷ {fmt.format(b)} = {a / b:.2f}×" for n, a, b in pairs) + ".")
+    for sc in scs:
+        if sc["kind"] != "h3load":
+            continue
+        h = next((f["h3load"] for f in sc["answers"].values() if "h3load" in f), None)
+        got = f"{h['version']} {h['cipher']}, {h['group']}, ALPN {h['alpn']}" if h else "?"
+        client = ", ".join(
+            f"{n} {r['client_cpu_us_per_req']:.1f} µs ({r.get('client_window_cpu_pct') or 0:.0f} % of its core)"
+            for n in servers if (r := sc["results"].get(n)) and r.get("client_cpu_us_per_req"))
+        notes.append(
+            f"{sc['name']}: bench/h3load -c{sc['connections']} -m{sc.get('streams', 1)} (quic-go; a UDP "
+            "socket per connection; windows 64 MiB per stream, 1 GiB per connection) for the run's "
+            f"duration, the certificate verified; negotiated {got} with every server; p50/p99 from "
+            "h3load's histogram; MB/s from the answer bodies only (no frame or header bytes, unlike "
+            f"h2load's). h3load's own CPU per answer in its window: {client or '–'}: at ≈ 100 % the "
+            "client was the limit, so compare the servers' CPU µs per request, not req/s.")
     return [f"- {t}" for t in notes] + [""]
 
 
@@ -453,7 +509,7 @@ def _claims_markdown(scs):
 
 
 COLORS = {"nginx": "#2e7d32", "h2o": "#1565c0", "tern": "#e65100", "floor": "#9e9e9e",
-          "tern-demo": "#6a1b9a"}
+          "tern-demo": "#6a1b9a", "caddy": "#00838f"}
 
 
 def chart(doc, path):

@@ -20,6 +20,11 @@ Adding one is adding a row:
     ones). Kind "h2load" runs h2load with `streams` concurrent streams per
     connection; kind "idle" holds HTTP/2 connections. A server that does not
     speak HTTP/2 there is left out with a note (never nginx or h2o);
+  * `h3=True` (with `tls=True`) speaks HTTP/3 over QUIC on the UDP port of each
+    server's HTTPS address: kind "h3load" runs bench/h3load with `streams`
+    concurrent streams per connection, kind "idle" holds QUIC connections (h3load
+    -idle). Only servers with `h3 = True` take part (tern, tern-uring, Caddy); a
+    server with `h3_only = True` (Caddy) takes part in nothing else;
   * kind "claims" runs wrk against tern demo and adds the game's own account
     from /statusz; `sync` picks the tern demo process it runs against
     (`--sync normal` or `--sync full`, see servers.TernDemo);
@@ -36,7 +41,7 @@ from dataclasses import dataclass, field
 class Scenario:
     name: str
     description: str
-    kind: str = "wrk"  # wrk | tlsload | claims | idle | h2load (see measure.RUNNERS)
+    kind: str = "wrk"  # wrk | tlsload | claims | idle | h2load | h3load (see measure.RUNNERS)
     path: str = "/index.html"
     connections: int = 50
     headers: dict = field(default_factory=dict)
@@ -53,7 +58,8 @@ class Scenario:
     tls: bool = False  # over HTTPS, against each server's TLS listener
     handshake: str = ""  # tlsload: "full" (no session offered) or "resume" (every one resumes)
     h2: bool = False  # HTTP/2: h2 over TLS (ALPN) if tls, else h2c with prior knowledge
-    streams: int = 1  # h2load -m: concurrent streams per connection
+    streams: int = 1  # h2load / h3load -m: concurrent streams per connection
+    h3: bool = False  # HTTP/3 over QUIC (with tls=True), on the UDP port of the HTTPS address
     sync: str = ""  # claims: tern demo with --sync normal, --sync full, or "pg" (--store postgres://)
 
     @property
@@ -62,6 +68,10 @@ class Scenario:
         return "handshake" if self.kind == "tlsload" else "claim" if self.kind == "claims" else "request"
 
     def applies_to(self, server):
+        if self.h3 and not server.h3:
+            return False
+        if server.h3_only and not self.h3:
+            return False
         if self.tls and not server.tls:
             return False
         if self.servers:
@@ -188,6 +198,27 @@ SCENARIOS = [
         h2=True,
     ),
     Scenario(
+        "h3-small",
+        "HTTP/3 (QUIC, ALPN h3): 953-byte index.html, 50 connections × 32 concurrent streams "
+        "(bench/h3load -c50 -m32): h2-small over QUIC",
+        kind="h3load",
+        tls=True,
+        h3=True,
+        streams=32,
+    ),
+    Scenario(
+        "h3-large",
+        "HTTP/3: 1 MiB file (large.bin), 10 connections × 5 streams, as h2-large "
+        "(bench/h3load -c10 -m5)",
+        kind="h3load",
+        path="/large.bin",
+        connections=10,
+        streams=5,
+        throughput=True,
+        tls=True,
+        h3=True,
+    ),
+    Scenario(
         "claims",
         "IPv4 Games (tern demo --sync normal): GET /claim?name=… from a fresh X-Forwarded-For "
         "address per request (lua/claims.lua), answered once written to the journal (one write "
@@ -232,6 +263,15 @@ SCENARIOS = [
         connections=10000,
         tls=True,
         h2=True,
+    ),
+    Scenario(
+        "h3-idle-rss",
+        "idle-rss over HTTP/3: 2000 QUIC connections (a full handshake, the HTTP/3 control "
+        "streams and one request each), then idle (bench/h3load -idle)",
+        kind="idle",
+        connections=2000,
+        tls=True,
+        h3=True,
     ),
 ]
 

@@ -38,8 +38,9 @@ def free_port():
 class Instance:
     """One running process (tree) of a server, listening on one port."""
 
-    def __init__(self, name, argv, port, workdir):
+    def __init__(self, name, argv, port, workdir, env=None):
         self.name, self.argv, self.port = name, argv, port
+        self.env = env  # variables added to the harness's environment (None: it as is)
         self.log_path = os.path.join(workdir, f"{name}.log")
         self.proc = None
 
@@ -51,6 +52,7 @@ class Instance:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: we stop exactly what we started
+            env={**os.environ, **self.env} if self.env else None,
         )
         log.close()
         if not procs.wait_port(self.port, self.proc):
@@ -97,6 +99,8 @@ class Server:
     canned = False  # True for the floor: takes part only where a canned answer is meaningful
     app = False  # True for an application (tern demo): takes part only where a scenario names it
     tls = False  # speaks HTTPS: has a "tls" instance when ctx.tls (the certificate) is set
+    h3 = False  # speaks HTTP/3: has an "h3" instance (UDP) when an HTTP/3 scenario is selected
+    h3_only = False  # takes part in the HTTP/3 scenarios only (Caddy)
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -244,13 +248,19 @@ class Tern(Server):
     """`tern serve`; for the TLS scenarios a second process with only an HTTPS
     listener (--listen-tls), if this binary has one. The HTTP/2 scenarios use the
     same two (ALPN h2 on the TLS one, h2c with prior knowledge on the plain one);
-    a tern without HTTP/2 is left out of them with a note."""
+    a tern without HTTP/2 is left out of them with a note. For the HTTP/3 scenarios
+    a third, the HTTPS one with --http3 (QUIC on the UDP port of its --listen-tls
+    address), so that the HTTP/1.1 and HTTP/2 rows keep answers without Alt-Svc."""
 
     name = "tern"
 
     @property
     def tls(self):
         return tern_has_tls(self.ctx.tern_bin)
+
+    @property
+    def h3(self):
+        return tern_has_flag(self.ctx.tern_bin, "--http3")
 
     def setup(self):
         port = free_port()
@@ -267,6 +277,19 @@ class Tern(Server):
                 "--tls-cert", self.ctx.tls.cert, "--tls-key", self.ctx.tls.key, "--workers", "1",
             ]
             self.instances["tls"] = Instance("tern-tls", argv, port, self.ctx.workdir)
+        if self.ctx.tls and getattr(self.ctx, "h3", False) and self.h3:
+            port = free_port()
+            argv = [
+                self.ctx.tern_bin, "serve", self.ctx.docroot,
+                "--listen-tls", f"127.0.0.1:{port}", "--http3",
+                "--tls-cert", self.ctx.tls.cert, "--tls-key", self.ctx.tls.key, "--workers", "1",
+            ]
+            self.instances["h3"] = Instance("tern-h3", argv, port, self.ctx.workdir)
+
+    def instance(self, scenario):
+        if getattr(scenario, "h3", False):
+            return self.instances["h3"]
+        return super().instance(scenario)
 
     def version(self):
         rev = subprocess.run(
@@ -285,23 +308,28 @@ class TernUring(Tern):
     def setup(self):
         super().setup()
         for key, inst in list(self.instances.items()):
-            name = "tern-uring" if key == "main" else "tern-uring-tls"
+            name = "tern-uring" if key == "main" else f"tern-uring-{key}"
             argv = [*inst.argv, "--io", "uring"]
             self.instances[key] = Instance(name, argv, inst.port, self.ctx.workdir)
 
 
-_tern_tls = {}
+_tern_help = {}
+
+
+def tern_has_flag(tern_bin, flag):
+    """Whether `tern serve --help` of this binary names the flag."""
+    if tern_bin not in _tern_help:
+        try:
+            out = subprocess.run([tern_bin, "serve", "--help"], capture_output=True, text=True, timeout=10)
+            _tern_help[tern_bin] = out.stdout + out.stderr
+        except (OSError, subprocess.SubprocessError):
+            _tern_help[tern_bin] = ""
+    return flag in _tern_help[tern_bin]
 
 
 def tern_has_tls(tern_bin):
     """Whether this tern binary serves HTTPS (`tern serve --help` names --listen-tls)."""
-    if tern_bin not in _tern_tls:
-        try:
-            out = subprocess.run([tern_bin, "serve", "--help"], capture_output=True, text=True, timeout=10)
-            _tern_tls[tern_bin] = "--listen-tls" in out.stdout + out.stderr
-        except (OSError, subprocess.SubprocessError):
-            _tern_tls[tern_bin] = False
-    return _tern_tls[tern_bin]
+    return tern_has_flag(tern_bin, "--listen-tls")
 
 
 class TernDemo(Tern):
@@ -439,6 +467,43 @@ class FloorUring(Floor):
         return "bench/floor/floor-uring.c"
 
 
-# Display and interleaving order. nginx and h2o are the references for ratios.
-SERVERS = {cls.name: cls for cls in (Nginx, H2o, Tern, TernUring, Floor, FloorUring, TernDemo)}
-REFERENCES = ("nginx", "h2o")
+class Caddy(Server):
+    """Caddy (Debian's `caddy`, 2.6.2), for the HTTP/3 scenarios only: nginx 1.22 and
+    h2o 2.2 in Debian 12 have no HTTP/3, and Caddy serves it (quic-go) by default on its
+    HTTPS port. `caddy run` with conf/Caddyfile from the workdir: the admin endpoint off,
+    automatic HTTPS off (the bench's certificate given with `tls`, nothing issued, no
+    redirect listener, nothing installed in a trust store), no access log, `file_server`
+    with precompressed gzip; XDG_DATA_HOME and XDG_CONFIG_HOME (its storage and autosaved
+    config) and HOME in the workdir. Never the packaged systemd service. Pinned to CPU 0
+    like the others, so Go's runtime runs it with GOMAXPROCS 1: one core, as the others'
+    one worker."""
+
+    name = "caddy"
+    tls = True
+    h3 = True
+    h3_only = True
+
+    def setup(self):
+        port = free_port()
+        d = os.path.join(self.ctx.workdir, "caddy")
+        for sub in ("data", "config", "home"):
+            os.makedirs(os.path.join(d, sub), exist_ok=True)
+        conf = os.path.join(d, "Caddyfile")
+        _render(os.path.join(self.ctx.bench_dir, "conf", "Caddyfile"), conf,
+                {"PORT": port, "DOCROOT": self.ctx.docroot, **_tls_values(self.ctx)})
+        env = {"XDG_DATA_HOME": os.path.join(d, "data"), "XDG_CONFIG_HOME": os.path.join(d, "config"),
+               "HOME": os.path.join(d, "home")}
+        argv = ["caddy", "run", "--config", conf, "--adapter", "caddyfile"]
+        self.instances = {"main": Instance("caddy", argv, port, self.ctx.workdir, env=env)}
+
+    def instance(self, scenario):
+        return self.instances["main"]  # (HTTPS over TCP and HTTP/3 over UDP on one port)
+
+    def version(self):
+        return _first_line(["caddy", "version"])
+
+
+# Display and interleaving order. nginx and h2o are the references for ratios; Caddy is the
+# reference of the HTTP/3 rows, where neither of them takes part.
+SERVERS = {cls.name: cls for cls in (Nginx, H2o, Tern, TernUring, Floor, FloorUring, TernDemo, Caddy)}
+REFERENCES = ("nginx", "h2o", "caddy")
