@@ -248,9 +248,11 @@ class Tern(Server):
     """`tern serve`; for the TLS scenarios a second process with only an HTTPS
     listener (--listen-tls), if this binary has one. The HTTP/2 scenarios use the
     same two (ALPN h2 on the TLS one, h2c with prior knowledge on the plain one);
-    a tern without HTTP/2 is left out of them with a note. For the HTTP/3 scenarios
-    a third, the HTTPS one with --http3 (QUIC on the UDP port of its --listen-tls
-    address), so that the HTTP/1.1 and HTTP/2 rows keep answers without Alt-Svc."""
+    a tern without HTTP/2 is left out of them with a note. tern serves HTTP/3 on its
+    HTTPS port by default (--no-http3 turns it off): the TLS process runs with
+    --no-http3, so that the HTTP/1.1 and HTTP/2 rows keep answers without Alt-Svc,
+    and the HTTP/3 scenarios get a third process, HTTPS with QUIC on the UDP port of
+    its --listen-tls address."""
 
     name = "tern"
 
@@ -260,7 +262,7 @@ class Tern(Server):
 
     @property
     def h3(self):
-        return tern_has_flag(self.ctx.tern_bin, "--http3")
+        return tern_has_flag(self.ctx.tern_bin, "--no-http3")
 
     def setup(self):
         port = free_port()
@@ -275,13 +277,13 @@ class Tern(Server):
                 self.ctx.tern_bin, "serve", self.ctx.docroot,
                 "--listen-tls", f"127.0.0.1:{port}",
                 "--tls-cert", self.ctx.tls.cert, "--tls-key", self.ctx.tls.key, "--workers", "1",
-            ]
+            ] + (["--no-http3"] if self.h3 else [])
             self.instances["tls"] = Instance("tern-tls", argv, port, self.ctx.workdir)
         if self.ctx.tls and getattr(self.ctx, "h3", False) and self.h3:
             port = free_port()
             argv = [
                 self.ctx.tern_bin, "serve", self.ctx.docroot,
-                "--listen-tls", f"127.0.0.1:{port}", "--http3",
+                "--listen-tls", f"127.0.0.1:{port}",
                 "--tls-cert", self.ctx.tls.cert, "--tls-key", self.ctx.tls.key, "--workers", "1",
             ]
             self.instances["h3"] = Instance("tern-h3", argv, port, self.ctx.workdir)
