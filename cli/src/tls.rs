@@ -48,6 +48,13 @@ pub struct TlsArgs {
     /// that UDP port in for clients to use it; they fall back to TCP if it does not).
     #[arg(long)]
     pub no_http3: bool,
+    /// Accept HTTP/3 requests in 0-RTT early data from clients resuming a session (one round
+    /// trip less). Early data can be replayed by an attacker who saw it: sessions are then
+    /// single-use and kept in memory (not across restarts), and only GET, HEAD and OPTIONS
+    /// that tern answers itself (files, fixed answers, cache hits) are answered from early
+    /// data; the rest get `425 Too Early` and the client sends them after the handshake.
+    #[arg(long)]
+    pub http3_0rtt: bool,
     /// Automatic HTTPS was asked for on the command line (`tern serve --acme`).
     #[arg(skip)]
     pub acme: bool,
@@ -71,6 +78,8 @@ pub struct FileTls {
     hsts: Option<u64>,
     /// HTTP/3 on the HTTPS listener's UDP port (default true).
     http3: Option<bool>,
+    /// HTTP/3's 0-RTT early data (default false).
+    http3_0rtt: Option<bool>,
     /// `[tls.acme]`: automatic HTTPS.
     acme: Option<crate::acme::FileAcme>,
 }
@@ -239,6 +248,7 @@ impl TlsArgs {
                 // HTTP/2 preferred; a client that offers neither gets HTTP/1.1 too.
                 alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
                 acme,
+                quic_early_data: self.http3_0rtt || f.http3_0rtt.unwrap_or(false),
             },
             listen: self
                 .listen_tls

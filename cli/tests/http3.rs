@@ -433,3 +433,73 @@ fn shutdown_closes_http3_connections_and_tern_exits() {
     let status = tern.wait_exit(Duration::from_secs(10)).expect("tern exits");
     assert!(status.success(), "{status:?}: {}", tern.stderr_text());
 }
+
+#[test]
+fn zero_rtt_answers_safe_requests_only_and_only_when_turned_on() {
+    let Some(client) = h3client() else { return };
+    let fx = Fixture::new();
+    let upload = fx.site.base().join("form.txt");
+    std::fs::write(&upload, "a=1").unwrap();
+    for on in [true, false] {
+        let tern = fx.serve(if on { &["--http3-0rtt"] } else { &[] });
+        let ticket = fx.site.base().join(format!("ticket-{on}"));
+        let ticket = ticket.to_str().unwrap();
+        let page = fx.url(&tern, "/hello.txt");
+        let first = h3(&client, &fx.ca_file, &["--session-ticket", ticket, &page]);
+        assert_eq!(first.code, 0, "{:?}", first.lines);
+        assert_eq!(first.answer(0)["resumed"], false);
+        if on {
+            // A replay: the same ticket (and so the same early data) used twice. The session
+            // is single-use, so the second try gets a full handshake and no early data.
+            let copy = format!("{ticket}-replay");
+            for (i, want) in [(0, true), (1, false)] {
+                std::fs::copy(ticket, &copy).unwrap();
+                let run = h3(
+                    &client,
+                    &fx.ca_file,
+                    &["--session-ticket", &copy, "--zero-rtt", &page],
+                );
+                assert_eq!(run.code, 0, "{:?}", run.lines);
+                assert_eq!(
+                    run.answer(0)["early_data_accepted"],
+                    want,
+                    "use {i} of one ticket"
+                );
+                assert_eq!(run.answer(0)["status"], 200);
+            }
+            // The original ticket was taken by those: get a fresh one.
+            let again = h3(&client, &fx.ca_file, &["--session-ticket", ticket, &page]);
+            assert_eq!(again.code, 0);
+        }
+        let get = h3(
+            &client,
+            &fx.ca_file,
+            &["--session-ticket", ticket, "--zero-rtt", &page],
+        );
+        assert_eq!(get.code, 0, "{:?}", get.lines);
+        let a = get.answer(0);
+        assert_eq!(
+            (a["resumed"].as_bool(), a["status"].as_u64()),
+            (Some(true), Some(200))
+        );
+        assert_eq!(a["early_data_accepted"], on, "0-RTT on: {on}");
+        assert_eq!(a["body"], "hello over quic\n");
+        let post = h3(
+            &client,
+            &fx.ca_file,
+            &[
+                "--session-ticket",
+                ticket,
+                "--zero-rtt",
+                "--data-file",
+                upload.to_str().unwrap(),
+                &page,
+            ],
+        );
+        assert_eq!(post.code, 0, "{:?}", post.lines);
+        // In early data a POST is refused before any route sees it; after the handshake it
+        // reaches the static route, which allows no POST.
+        let want = if on { 425 } else { 405 };
+        assert_eq!(post.answer(0)["status"], want, "0-RTT on: {on}");
+    }
+}

@@ -56,6 +56,10 @@ pub struct TlsOptions {
     /// Automatic HTTPS: certificates and TLS-ALPN-01 answers come from the ACME helper
     /// ([`TlsAcceptor::acme`]), and `acme-tls/1` is offered last.
     pub acme: bool,
+    /// Accept 0-RTT early data on QUIC (HTTP/3) handshakes that resume a session. Early data
+    /// can be replayed by whoever saw it: the server answers only safe requests it can answer
+    /// itself from it (HTTP/3's `425 Too Early` for the rest).
+    pub quic_early_data: bool,
 }
 
 /// Shared by every worker: makes a [`TlsSession`] per accepted connection.
@@ -137,7 +141,7 @@ impl TlsAcceptor {
         config.max_early_data_size = 0;
         // Established sessions seal and open their records themselves (`record.rs`).
         config.enable_secret_extraction = true;
-        let quic_config = quic_config(&config, resolver.clone())?;
+        let quic_config = quic_config(&config, resolver.clone(), options.quic_early_data)?;
         Ok(TlsAcceptor {
             config: Arc::new(config),
             quic_config,
@@ -183,12 +187,18 @@ impl TlsAcceptor {
     }
 }
 
-/// QUIC runs TLS 1.3 only (RFC 9001 §4.2) and offers `h3` alone; 0-RTT stays off (early
-/// data is replayable, and tern's tickets are stateless). Otherwise the TCP listeners'
-/// configuration: the same provider, resolver and ticketer.
+/// Sessions kept for 0-RTT: a few hundred bytes each; the oldest go first.
+const EARLY_DATA_SESSIONS: usize = 16 * 1024;
+
+/// QUIC runs TLS 1.3 only (RFC 9001 §4.2) and offers `h3` alone. Otherwise the TCP
+/// listeners' configuration: the same provider, resolver and ticketer; but with 0-RTT on,
+/// sessions are kept in memory instead (rustls accepts early data only then): each ticket is
+/// a key into one cache all workers share, taken out when it is used, so a replay of early
+/// data to this process finds no session. Such tickets do not survive a restart.
 fn quic_config(
     tcp: &ServerConfig,
     resolver: Arc<SniResolver>,
+    early_data: bool,
 ) -> Result<Arc<ServerConfig>, String> {
     let mut config = ServerConfig::builder_with_provider(tcp.crypto_provider().clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -196,10 +206,16 @@ fn quic_config(
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h3".to_vec()];
-    config.ticketer = tcp.ticketer.clone();
-    config.session_storage = Arc::new(NoServerSessionStorage {});
+    if early_data {
+        config.session_storage = rustls::server::ServerSessionMemoryCache::new(EARLY_DATA_SESSIONS);
+    } else {
+        config.ticketer = tcp.ticketer.clone();
+        config.session_storage = Arc::new(NoServerSessionStorage {});
+    }
     config.send_tls13_tickets = 1;
-    config.max_early_data_size = 0;
+    // QUIC takes all or nothing here (RFC 9001 §4.6.1: the limit lives in QUIC's flow
+    // control, not in TLS).
+    config.max_early_data_size = if early_data { u32::MAX } else { 0 };
     Ok(Arc::new(config))
 }
 

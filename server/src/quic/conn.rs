@@ -160,6 +160,9 @@ impl QuicConn {
                 QuicEvent::Connected => {
                     self.connected = true;
                     cx.stats.bump(Counter::Http3Connections);
+                    if self.quic.accepted_0rtt() {
+                        cx.stats.bump(Counter::QuicEarlyDataAccepted);
+                    }
                     self.open_control();
                 }
                 QuicEvent::ConnectionLost { .. } => {
@@ -423,6 +426,10 @@ impl QuicConn {
             http10: false,
             tally: Tally::starting(cx.clock.now_us()),
         };
+        // Before the handshake completes, a request can only have come in 0-RTT early data,
+        // which anyone who saw it can replay (RFC 9001 §9.2, RFC 8470): only safe requests
+        // tern answers itself are answered from it.
+        let early = !self.connected;
         let mut entry = None;
         let outcome = match data.head(slots, &cx.config.limits) {
             Err(e) => {
@@ -438,8 +445,19 @@ impl QuicConn {
             Ok(mut head) => {
                 head.version = Version::Http3;
                 facts.head_only = head.method == Method::Head;
-                exchange::dispatch(&head, &body, &self.link, &mut facts, &mut entry, cx)
+                let safe = matches!(head.method, Method::Get | Method::Head | Method::Options);
+                if early && !safe {
+                    too_early(cx)
+                } else {
+                    exchange::dispatch(&head, &body, &self.link, &mut facts, &mut entry, cx)
+                }
             }
+        };
+        let outcome = match outcome {
+            // What tern cannot answer itself (a relay, a deferred reply) waits for the
+            // handshake: the client sends it again then.
+            Outcome::Forward(..) | Outcome::Deferred if early => too_early(cx),
+            outcome => outcome,
         };
         if entry.is_none() && cx.access_log.is_some() {
             entry = Some(LogEntry::bare(self.link.peer, cx.clock.now_us()));
@@ -598,6 +616,15 @@ impl QuicConn {
             }
         }
     }
+}
+
+/// `425 Too Early` (RFC 8470 §5.2) for a request that came in early data.
+fn too_early(cx: &mut ConnCx<'_>) -> Outcome {
+    cx.stats.bump(Counter::Http3TooEarly);
+    Outcome::Respond(Response::text(
+        425,
+        "too early: send it again after the handshake\n",
+    ))
 }
 
 enum Written {

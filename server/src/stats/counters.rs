@@ -262,6 +262,13 @@ counters! {
         "http3_connection_errors" => "HTTP/3 connections closed for the peer's protocol error" {
             Http3ConnectionErrors,
         }
+        "http3_too_early" => "HTTP/3 requests in 0-RTT early data answered 425 (not safe to \
+                              answer before the handshake)" {
+            Http3TooEarly,
+        }
+        "quic_early_data_accepted" => "QUIC connections whose 0-RTT early data was accepted" {
+            QuicEarlyDataAccepted,
+        }
         // The io_uring backend's work (`--io uring`).
         "io_uring_submissions" => "operations queued on the workers' io_uring rings" {
             IoUringSubmissions,
