@@ -80,7 +80,8 @@ impl MemoryWorker {
             live: arc_swap::ArcSwap::from_pointee(config.clone()),
             reloads: std::sync::atomic::AtomicU64::new(0),
             tls,
-            secure_lines: None,
+            secure_lines: std::sync::OnceLock::new(),
+            quic: None,
             https_port: std::sync::atomic::AtomicU16::new(0),
             listener_ports: (config.runtime.listen.iter())
                 .map(|addr| std::sync::atomic::AtomicU16::new(addr.port()))
