@@ -5,7 +5,7 @@ itself again with the venv's).
 
     h3client.py [--insecure | --ca FILE] [--sni NAME] [--header 'name: value']...
                 [--method M] [--data-file F] [--repeat N] [--parallel N]
-                [--session-ticket FILE] [--zero-rtt] [--timeout S]
+                [--session-ticket FILE] [--zero-rtt] [--rebind-after N] [--timeout S]
                 https://127.0.0.1:PORT/path [more URLs on the same connection]
 
 All URLs go over one QUIC connection (the same host and port). Requests are sent in rounds:
@@ -18,7 +18,7 @@ Output: one JSON object per request on stdout, in the order the requests were ma
 
     {"url": "...", "status": 200, "headers": [["name", "value"], ...], "body_len": N,
      "body_sha256": "<hex>", "body": "<the body as text if it is UTF-8 and under 64 KiB, else
-     null>", "alpn": "h3", "resumed": bool, "early_data_accepted": bool}
+     null>", "alpn": "h3", "resumed": bool, "early_data_accepted": bool, "local_port": N}
 
 ("headers" leaves out the pseudo-headers; trailers, if any, come as "trailers" in the same
 form; interim 1xx answers are skipped), or, for a stream the server reset,
@@ -35,8 +35,11 @@ name the certificate is checked against); by default it is the URL's host, and n
 for an IP address. --session-ticket FILE loads a TLS session ticket from FILE (if it exists)
 to resume, and saves the newest ticket the server sends there (waiting up to a second for
 one). --zero-rtt sends the first round's requests as 0-RTT early data when the loaded ticket
-allows it ("early_data_accepted" tells whether the server took them). --timeout (default 10
-seconds) bounds the whole run.
+allows it ("early_data_accepted" tells whether the server took them). --rebind-after N moves
+the connection to a new UDP socket (a new local port, the same connection ID) after the Nth
+round, as a NAT rebinding does: the server sees the connection come from a new address, and the
+rounds after it go from there ("local_port" says which port a request's round left from).
+--timeout (default 10 seconds) bounds the whole run.
 """
 
 import argparse
@@ -45,6 +48,7 @@ import hashlib
 import json
 import os
 import pickle
+import socket
 import ssl
 import sys
 from urllib.parse import urlsplit
@@ -149,7 +153,27 @@ class Client(QuicConnectionProtocol):
                 ex.finish()
 
 
-def result(ex, handshake):
+def udp_socket():
+    """A dual-stack UDP socket on a free port, as aioquic's connect() makes."""
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind(("::", 0, 0, 0))
+    return sock
+
+
+async def rebind(client):
+    """Moves the connection to a new socket: what it sends from now on comes from a new port,
+    and the old one is closed (so nothing the server still sends there is read)."""
+    old = client._transport
+    await asyncio.get_running_loop().create_datagram_endpoint(lambda: client, sock=udp_socket())
+    old.close()
+
+
+def local_port(client):
+    return client._transport.get_extra_info("sockname")[1]
+
+
+def result(ex, handshake, port):
     if ex.reset is not None:
         return {"url": ex.url, "reset": ex.reset}
     body = bytes(ex.body)
@@ -169,6 +193,7 @@ def result(ex, handshake):
         "alpn": handshake.alpn_protocol if handshake else None,
         "resumed": bool(handshake and handshake.session_resumed),
         "early_data_accepted": bool(handshake and handshake.early_data_accepted),
+        "local_port": port,
     }
     if ex.trailers is not None:
         out["trailers"] = ex.trailers
@@ -224,7 +249,10 @@ async def run(args, urls, host, port, base_headers, body):
         async with connect(host, port, configuration=config, create_protocol=make,
                            session_ticket_handler=save_ticket,
                            wait_connected=not zero_rtt) as client:
-            for _ in range(args.repeat):
+            for done in range(args.repeat):
+                if args.rebind_after and done == args.rebind_after:
+                    await rebind(client)
+                port = local_port(client)
                 batch = []
                 for u in urls:
                     for _ in range(args.parallel):
@@ -237,7 +265,7 @@ async def run(args, urls, host, port, base_headers, body):
                     await await_or_close(client, client.wait_connected())
                 for ex in batch:  # each printed as soon as it and those before it are done
                     await await_or_close(client, ex.done)
-                    emit(result(ex, client.handshake))
+                    emit(result(ex, client.handshake, port))
             if args.session_ticket and not new_ticket.done():
                 try:
                     await asyncio.wait_for(asyncio.shield(new_ticket), 1.0)
@@ -290,11 +318,15 @@ def main():
     p.add_argument("--parallel", type=int, default=1, metavar="N", help="streams at once per URL in a round")
     p.add_argument("--session-ticket", metavar="FILE", help="load (if there) and save a TLS session ticket")
     p.add_argument("--zero-rtt", action="store_true", help="send the first round as 0-RTT early data")
+    p.add_argument("--rebind-after", type=int, default=0, metavar="N",
+                   help="move to a new local port after the Nth round (NAT rebinding)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="bound on the whole run")
     p.add_argument("urls", nargs="+", metavar="URL")
     args = p.parse_args()
     if args.repeat < 1 or args.parallel < 1:
         p.error("--repeat and --parallel must be at least 1")
+    if args.rebind_after < 0 or args.rebind_after >= args.repeat:
+        p.error("--rebind-after must be below --repeat (rounds must follow the move)")
 
     urls = [urlsplit(u) for u in args.urls]
     for u in urls:

@@ -503,3 +503,171 @@ fn zero_rtt_answers_safe_requests_only_and_only_when_turned_on() {
         assert_eq!(post.answer(0)["status"], want, "0-RTT on: {on}");
     }
 }
+
+/// `tern run` with HTTP/3 on `workers` workers, a page and the counters at /metrics.
+fn run_with_counters(fx: &Fixture, workers: usize) -> Tern {
+    let conf = fx.site.base().join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen = \"127.0.0.1:0\"\n\n\
+             [tls]\nlisten = \"127.0.0.1:0\"\nhttp3 = true\n\
+             [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n\
+             [[site]]\nname = \"main\"\ndefault = true\n\n\
+             [[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n\
+             [[site.route]]\npath = \"/\"\nstatic = {:?}\n",
+            fx.cert.0, fx.cert.1, fx.site.root
+        ),
+    )
+    .unwrap();
+    Tern::start_run_workers(&conf, workers)
+}
+
+/// SO_REUSEPORT picks a worker by the client's address and port, so a client whose port
+/// changes mid-connection (NAT rebinding) lands on either worker: half the time on the one
+/// that does not have its connection, which must hand its datagrams to the one that does.
+/// Each connection here moves to a new port after its first request; every request after the
+/// move must be answered. Over 20 connections some moves must have needed a hand-off (none
+/// of them did with odds of 2^-20).
+#[test]
+fn a_client_whose_port_changes_keeps_its_connection_on_any_worker() {
+    let Some(client) = h3client() else { return };
+    let fx = Fixture::new();
+    let tern = run_with_counters(&fx, 2);
+    let url = format!("https://127.0.0.1:{}/hello.txt", tern.https().port());
+    for n in 0..20 {
+        let run = h3(
+            &client,
+            &fx.ca_file,
+            &[
+                "--repeat",
+                "3",
+                "--rebind-after",
+                "1",
+                "--timeout",
+                "10",
+                &url,
+            ],
+        );
+        assert_eq!(run.code, 0, "connection {n}: {:?}", run.lines);
+        assert_eq!(run.lines.len(), 3, "connection {n}: {:?}", run.lines);
+        for line in &run.lines {
+            assert_eq!(line["status"], 200, "connection {n}: {line}");
+            assert_eq!(line["body"], "hello over quic\n");
+        }
+        assert_ne!(
+            run.answer(0)["local_port"],
+            run.answer(1)["local_port"],
+            "the client did not move"
+        );
+    }
+    assert_eq!(tern.metric("tern_http3_connections_total"), 20);
+    assert!(tern.metric("tern_quic_datagrams_handed_off_total") > 0);
+    assert_eq!(tern.metric("tern_quic_handoffs_dropped_total"), 0);
+    assert_eq!(tern.metric("tern_http3_connection_errors_total"), 0);
+}
+
+/// Whether Debian's ngtcp2 example client is installed (`scripts/install-h3-test-deps`).
+fn gtlsclient() -> bool {
+    let there = Command::new("gtlsclient").arg("--help").output().is_ok();
+    if !there {
+        eprintln!("SKIPPED: gtlsclient is not installed (scripts/install-h3-test-deps)");
+    }
+    there
+}
+
+/// One gtlsclient connection to tern's HTTP/3 port fetching `path` (it does not check the
+/// certificate): its log, and the body it saved. It exits with 0 whatever happened, so the
+/// body is the verdict; `--timeout` (idle) bounds a stalled connection.
+fn ngtcp2_get(fx: &Fixture, port: u16, path: &str, args: &[&str]) -> (String, Option<Vec<u8>>) {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = fx.site.base().join(format!("ngtcp2-{run}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new("gtlsclient")
+        .args(["--exit-on-all-streams-close", "--timeout=5s"])
+        .arg(format!("--download={}", dir.display()))
+        .args(args)
+        .args(["127.0.0.1", &port.to_string()])
+        .arg(format!("https://127.0.0.1:{port}{path}"))
+        .output()
+        .expect("gtlsclient runs");
+    let log =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let name = path.rsplit('/').next().unwrap();
+    (log, std::fs::read(dir.join(name)).ok())
+}
+
+/// The length of the first CRYPTO frame of the server's Handshake packets in a gtlsclient
+/// log: its certificate is in it unless the session was resumed.
+fn server_handshake_flight(log: &str) -> usize {
+    log.lines()
+        .find_map(|l| {
+            let rest = l
+                .split_once("frm rx 0 Handshake CRYPTO(0x06) offset=0 len=")?
+                .1;
+            rest.trim().parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no server Handshake CRYPTO frame in:\n{log}"))
+}
+
+/// A second QUIC stack (ngtcp2, on GnuTLS) against tern's two workers: connection migration
+/// (a new port, announced with path validation and a new connection ID) and NAT rebinding (a
+/// new port, unannounced), the request sent from the new port each time; then a session
+/// resumed from the first connection's ticket, with a key update before its request.
+#[test]
+fn ngtcp2_migrates_rebinds_resumes_and_updates_keys() {
+    if !gtlsclient() {
+        return;
+    }
+    let fx = Fixture::new();
+    let tern = run_with_counters(&fx, 2);
+    let port = tern.https().port();
+    for n in 0..20 {
+        let mut args = vec!["-q", "--change-local-addr=100ms", "--delay-stream=400ms"];
+        if n % 2 == 1 {
+            args.push("--nat-rebinding");
+        }
+        let (log, body) = ngtcp2_get(&fx, port, "/hello.txt", &args);
+        assert_eq!(
+            body.as_deref(),
+            Some(&b"hello over quic\n"[..]),
+            "connection {n} {args:?}:\n{log}"
+        );
+    }
+    assert!(tern.metric("tern_quic_datagrams_handed_off_total") > 0);
+    assert_eq!(tern.metric("tern_quic_handoffs_dropped_total"), 0);
+
+    let session = fx.site.base().join("ngtcp2-session.pem");
+    let params = fx.site.base().join("ngtcp2-params.txt");
+    let files = [
+        format!("--session-file={}", session.display()),
+        format!("--tp-file={}", params.display()),
+    ];
+    let (full, body) = ngtcp2_get(&fx, port, "/hello.txt", &[&files[0], &files[1]]);
+    assert_eq!(body.as_deref(), Some(&b"hello over quic\n"[..]), "{full}");
+    assert!(session.exists(), "no session ticket saved:\n{full}");
+    let resumed_args = [
+        files[0].as_str(),
+        &files[1],
+        "--key-update=100ms",
+        "--delay-stream=400ms",
+    ];
+    let (resumed, body) = ngtcp2_get(&fx, port, "/hello.txt", &resumed_args);
+    assert_eq!(
+        body.as_deref(),
+        Some(&b"hello over quic\n"[..]),
+        "{resumed}"
+    );
+    assert!(resumed.contains("key update confirmed"), "{resumed}");
+    // Without the certificate (a few hundred bytes here), the flight is far shorter.
+    let (full_flight, resumed_flight) = (
+        server_handshake_flight(&full),
+        server_handshake_flight(&resumed),
+    );
+    assert!(
+        resumed_flight + 300 < full_flight,
+        "not resumed: {resumed_flight} bytes against {full_flight}"
+    );
+    assert_eq!(tern.metric("tern_http3_connection_errors_total"), 0);
+}

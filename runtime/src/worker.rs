@@ -112,6 +112,9 @@ pub struct Context<'w, M, I: Io = EpollIo> {
     pub timers: &'w mut TimerWheel,
     pub buffers: &'w mut BufPool,
     pub inbox: &'w InboxSender<M>,
+    /// Every worker's inbox, by worker index (this one's included): for work that belongs to
+    /// another worker (a datagram of a connection it owns).
+    pub inboxes: &'w [InboxSender<M>],
     pub worker_id: usize,
     /// True once a stop was requested: answers no longer keep connections alive (the worker
     /// still reads and answers for a short settle time before draining).
@@ -484,9 +487,15 @@ impl Runtime {
                             .collect::<io::Result<Vec<_>>>()
                             .map_err(|e| format!("its UDP sockets failed to start: {e}"))?;
                         let app = make_app(id, sender.clone());
-                        let inbox = sender.inbox().clone();
-                        let mut worker =
-                            Worker::new(id, io, listeners, inbox, sender, stop.clone(), &config);
+                        let mut worker = Worker::new(
+                            id,
+                            io,
+                            listeners,
+                            sender,
+                            others.clone(),
+                            stop.clone(),
+                            &config,
+                        );
                         worker
                             .run(app, datagrams, &heartbeats[id])
                             .map_err(|e| format!("its event loop failed: {e}"))
@@ -581,6 +590,8 @@ struct Worker<M, B: Backend> {
     listeners: Vec<mio::net::TcpListener>,
     inbox: Arc<Inbox<M>>,
     sender: InboxSender<M>,
+    /// Every worker's inbox, by worker index.
+    inboxes: Vec<InboxSender<M>>,
     stop: Arc<AtomicBool>,
     clock: Clock,
     timers: TimerWheel,
@@ -593,8 +604,8 @@ impl<M: Send + 'static, B: Backend> Worker<M, B> {
         id: usize,
         io: B,
         listeners: Vec<mio::net::TcpListener>,
-        inbox: Arc<Inbox<M>>,
         sender: InboxSender<M>,
+        inboxes: Vec<InboxSender<M>>,
         stop: Arc<AtomicBool>,
         config: &RuntimeConfig,
     ) -> Worker<M, B> {
@@ -602,8 +613,9 @@ impl<M: Send + 'static, B: Backend> Worker<M, B> {
             id,
             io,
             listeners,
-            inbox,
+            inbox: sender.inbox().clone(),
             sender,
+            inboxes,
             stop,
             clock: Clock::new(),
             // 100 ms ticks × 1024 slots ≈ 100 s horizon; timeouts are seconds, not millis.
@@ -632,6 +644,7 @@ impl<M: Send + 'static, B: Backend> Worker<M, B> {
                 timers: &mut self.timers,
                 buffers: &mut self.buffers,
                 inbox: &self.sender,
+                inboxes: &self.inboxes,
                 worker_id: self.id,
                 stopping: false,
                 draining: false,
@@ -686,6 +699,7 @@ impl<M: Send + 'static, B: Backend> Worker<M, B> {
                 timers: &mut self.timers,
                 buffers: &mut self.buffers,
                 inbox: &self.sender,
+                inboxes: &self.inboxes,
                 worker_id: self.id,
                 stopping: draining || settle_until.is_some(),
                 draining,

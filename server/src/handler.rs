@@ -121,6 +121,22 @@ pub enum WorkerMessage {
     /// Exchange `exchange` of connection `conn` is held (`Forward::hold`) and its hold may
     /// answer now: it is asked at once rather than at its next timer.
     Wake { conn: u64, exchange: ExchangeId },
+    /// A datagram another worker's socket received for a QUIC connection of this worker (its
+    /// connection ID says so: the client's address changed). Boxed: most messages are
+    /// replies, and the inbox's slots are as large as its largest message.
+    Datagram(Box<QuicDatagram>),
+}
+
+/// A datagram one of the HTTP/3 sockets received, with what the socket said of it.
+pub struct QuicDatagram {
+    /// Which of the QUIC addresses' sockets: the same index on every worker.
+    pub(crate) socket: usize,
+    pub(crate) remote: SocketAddr,
+    /// The address it was sent to (a socket bound to a wildcard address has many).
+    pub(crate) local_ip: Option<std::net::IpAddr>,
+    /// The ECN bits of its IP header.
+    pub(crate) ecn: Option<u8>,
+    pub(crate) bytes: bytes::BytesMut,
 }
 
 /// Which of the server's access logs a line goes to (index in the order they were given),
@@ -316,7 +332,7 @@ impl Pending {
                 self.inbox = Some(inbox);
                 Err((self, response))
             }
-            Err(WorkerMessage::Wake { .. }) => unreachable!("the message sent comes back"),
+            Err(_) => unreachable!("the message sent comes back"),
         }
     }
 

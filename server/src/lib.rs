@@ -204,6 +204,7 @@ impl Server {
             .hsts_max_age
             .map(|secs| format!("Strict-Transport-Security: max-age={secs}\r\n").into_bytes());
         let mut runtime_config = self.config.runtime.clone();
+        let workers = self.config.runtime.workers.max(1);
         let quic = match (&self.tls, self.config.http3) {
             (Some(tls), true) => {
                 let config = quic::server_config(tls.quic_config(), &self.config)
@@ -211,11 +212,11 @@ impl Server {
                 runtime_config.datagram_beside = (0..runtime_config.listen.len())
                     .filter(|&i| kinds.get(i) == Some(&ListenerKind::Https))
                     .collect();
-                Some(config)
+                // The process's CID and stateless-reset keys, the same for every worker.
+                Some(Arc::new(quic::QuicShared::new(config, workers)))
             }
             _ => None,
         };
-        let workers = self.config.runtime.workers.max(1);
         let access_logs: Vec<_> = self
             .access_logs
             .into_iter()

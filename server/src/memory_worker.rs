@@ -22,6 +22,7 @@ macro_rules! context {
             timers: &mut $h.timers,
             buffers: &mut $h.buffers,
             inbox: &$h.sender,
+            inboxes: std::slice::from_ref(&$h.sender),
             worker_id: 0,
             stopping: $h.draining,
             draining: $h.draining,

@@ -476,7 +476,7 @@ impl TestReplies {
             WorkerMessage::Complete {
                 exchange, response, ..
             } => out.push((exchange.0, response)),
-            WorkerMessage::Wake { .. } => {}
+            WorkerMessage::Wake { .. } | WorkerMessage::Datagram(_) => {}
         });
         out
     }

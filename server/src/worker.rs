@@ -18,7 +18,7 @@ use crate::exchange::{ConnCx, DateLine, WorkerClock};
 use crate::fault;
 use crate::handler::ExchangeId;
 use crate::handler::{Pending, TurnEnd, WorkerMessage};
-use crate::quic::{QuicSide, QUIC_TAG};
+use crate::quic::{QuicShared, QuicSide, QUIC_TAG};
 use crate::response::Response;
 use crate::router::Router;
 use crate::slab::Slab;
@@ -75,8 +75,8 @@ pub(crate) struct Shared {
     pub access_logs: Vec<Arc<LogShared>>,
     /// Apps' end-of-turn work (see `TurnEnd`).
     pub turn_ends: Vec<Arc<dyn TurnEnd>>,
-    /// HTTP/3's QUIC server configuration (`None`: HTTP/3 off).
-    pub quic: Option<Arc<quinn_proto::ServerConfig>>,
+    /// HTTP/3's QUIC settings and keys (`None`: HTTP/3 off).
+    pub quic: Option<Arc<QuicShared>>,
     /// Run on each worker thread when it takes a reload (`Server::start` registers the
     /// static files' `forget_thread_caches`, so that the event loop names no handler).
     pub reload_hooks: Vec<fn()>,
@@ -567,6 +567,12 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
                 .with_quic(cx, |q, up, timers, ccx| {
                     q.wake(up, timers, conn, exchange, ccx)
                 }),
+            WorkerMessage::Datagram(datagram) => {
+                if let Some(quic) = &self.shared.quic {
+                    quic.handed_taken(self.id);
+                }
+                self.with_quic(cx, |q, up, _, ccx| q.take_handed(up, *datagram, ccx));
+            }
             WorkerMessage::Complete {
                 conn,
                 exchange,
@@ -648,7 +654,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
             log.tick(cx.clock.now_ms());
         }
         self.upstreams.sweep(cx.clock.now_ms());
-        if self.quic.as_ref().is_some_and(|q| q.wants_another_turn()) {
+        if self.quic.as_ref().is_some_and(|q| q.wants_after_turn()) {
             self.with_quic(cx, |q, up, timers, ccx| q.after_turn(up, timers, ccx));
         }
         if self.yielded.is_empty() {
@@ -672,7 +678,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
     }
 
     fn adopt_datagrams(&mut self, cx: &mut Context<'_, WorkerMessage, I>, socks: Vec<I::Datagram>) {
-        let Some(config) = self.shared.quic.clone() else {
+        let Some(quic) = self.shared.quic.clone() else {
             return;
         };
         if socks.is_empty() {
@@ -682,7 +688,8 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
             .iter()
             .map(|s| cx.io.datagram_local_addr(s).port())
             .collect();
-        match QuicSide::new(cx.io, socks, &ports, config, cx.clock.now_us()) {
+        let now_us = cx.clock.now_us();
+        match QuicSide::new(cx.io, socks, &ports, quic, self.id, cx.inboxes, now_us) {
             Ok(quic) => self.quic = Some(quic),
             Err(e) => tracing::error!(worker = self.id, "HTTP/3 sockets could not be watched: {e}"),
         }

@@ -89,11 +89,13 @@ const FILES: &[(&str, &str)] = &[
     ("conn/", "conn"),
     ("driver/", "driver"),
     // HTTP/3: the worker's UDP sockets and QUIC endpoints (driver), one connection's streams
-    // and exchanges (conn), the transport's settings from the server's (support).
+    // and exchanges (conn), the transport's settings from the server's and the connection IDs
+    // that name their worker (support).
     ("quic/", "driver"),
     ("quic/conn.rs", "conn"),
     ("quic/conn/", "conn"),
     ("quic/settings.rs", "support"),
+    ("quic/cid.rs", "support"),
     ("worker.rs", "worker"),
     ("testing.rs", "worker"),
     ("memory_worker.rs", "worker"),

@@ -9,25 +9,36 @@
 //! Keys: a connection's slab key has [`QUIC_TAG`] set, so its timers and deferred replies
 //! reach it through the worker's one timer wheel and inbox; socket `i` is watched under
 //! `QUIC_TAG | i`, which no connection key equals (their generation is never 0).
+//!
+//! Migration across workers: SO_REUSEPORT picks a worker by the client's address and port, so
+//! a client whose address changed (NAT rebinding, migration) lands on a worker whose endpoints
+//! do not know its connection. Every CID an endpoint makes names its worker (`cid.rs`), and
+//! the worker that received a datagram naming another hands it to that one through its inbox
+//! (`WorkerMessage::Datagram`), which handles it as if its own socket of the same address had
+//! received it and answers from that socket. All workers' endpoints share one stateless-reset
+//! key, so that the reset of a connection that is really gone is valid wherever it is sent
+//! from; the hand-off comes first, so no worker resets a connection another one serves.
 
+mod cid;
 mod conn;
 mod settings;
 
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use quinn_proto::{DatagramEvent, Endpoint, EndpointConfig, Incoming};
 use tern_runtime::io::{Io, Readiness};
-use tern_runtime::{ratelog, DatagramTransmit, RecvMeta, TimerWheel, DATAGRAM_BATCH};
+use tern_runtime::{ratelog, DatagramTransmit, InboxSender, RecvMeta, TimerWheel, DATAGRAM_BATCH};
 
 use crate::conn::RelayHost;
 use crate::driver::relay::{self as relay_driver, Sockets};
 use crate::exchange::{ConnCx, Link};
-use crate::handler::ExchangeId;
+use crate::handler::{ExchangeId, QuicDatagram, WorkerMessage};
 use crate::response::Response;
 use crate::slab::Slab;
 use crate::stats::Counter;
@@ -50,6 +61,74 @@ const BLOCKED_LIMIT: usize = 256;
 /// Handshakes in progress on a worker above which a new client without a validated address
 /// is sent a Retry first (one round trip more, but no state until it proves its address).
 const RETRY_ABOVE: usize = 256;
+/// Datagrams handed to one worker and not yet taken by it, past which more are dropped. The
+/// queue stands in for the owner's socket receive queue: 1,024 datagrams of at most 1,472
+/// bytes are 1.5 MiB, well under the 4 MiB each socket's own buffer holds, and a 64th of the
+/// inbox's 65,536 slots, so deferred replies always find room there. Full, it means the owner
+/// does not keep up: the datagram is lost as from a full socket, and QUIC recovers it.
+const HANDOFF_QUEUE: usize = 1024;
+
+/// HTTP/3's part of what every worker shares, made at start-up.
+pub(crate) struct QuicShared {
+    server: Arc<quinn_proto::ServerConfig>,
+    /// Every worker's endpoint settings but the CID generator: one stateless-reset key.
+    endpoint: EndpointConfig,
+    cids: Arc<cid::CidKey>,
+    /// Per worker: datagrams handed to it and not yet taken.
+    handed: Box<[HandedCount]>,
+}
+
+/// Each on its own cache line: the workers that hand datagrams to one worker do not slow
+/// the counts of the others.
+#[repr(align(128))]
+#[derive(Default)]
+struct HandedCount(AtomicUsize);
+
+impl QuicShared {
+    /// The settings for `workers` workers, with this process's own CID and reset keys.
+    pub fn new(server: Arc<quinn_proto::ServerConfig>, workers: usize) -> QuicShared {
+        let mut reset_secret = [0u8; 32];
+        aws_lc_rs::rand::fill(&mut reset_secret).expect("the system's random source");
+        let reset_key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &reset_secret);
+        QuicShared {
+            server,
+            endpoint: EndpointConfig::new(Arc::new(reset_key)),
+            cids: Arc::new(cid::CidKey::random(workers)),
+            handed: (0..workers).map(|_| HandedCount::default()).collect(),
+        }
+    }
+
+    /// Worker `worker`'s endpoint settings: the shared ones, with CIDs that name it.
+    fn endpoint_config(&self, worker: usize) -> EndpointConfig {
+        let mut config = self.endpoint.clone();
+        let cids = self.cids.clone();
+        config.cid_generator(move || Box::new(cids.generator(worker)));
+        config
+    }
+
+    /// Worker `worker` took a datagram handed to it.
+    pub fn handed_taken(&self, worker: usize) {
+        if let Some(count) = self.handed.get(worker) {
+            count.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a worker needs to hand datagrams to the others (none with one worker).
+struct Handoff {
+    shared: Arc<QuicShared>,
+    inboxes: Vec<InboxSender<WorkerMessage>>,
+    /// This worker's index.
+    me: usize,
+}
+
+impl Handoff {
+    /// The worker, other than this one, whose CID `datagram` carries.
+    fn owner_elsewhere(&self, datagram: &[u8]) -> Option<usize> {
+        let owner = self.shared.cids.owner(cid::datagram_dcid(datagram)?)?;
+        (owner != self.me).then_some(owner)
+    }
+}
 
 /// One of the worker's UDP sockets and its endpoint.
 struct QuicSocket<D> {
@@ -90,25 +169,30 @@ pub(crate) struct QuicSide<I: Io> {
     again: Vec<u64>,
     /// Handshakes begun and not yet complete or failed.
     handshaking: usize,
+    handoff: Option<Handoff>,
 }
 
 impl<I: Io> QuicSide<I> {
-    /// Takes the worker's UDP sockets (by index of the configured QUIC addresses, whose
-    /// ports are `ports`), watching each under `QUIC_TAG | i`.
+    /// Takes worker `worker`'s UDP sockets (by index of the configured QUIC addresses, whose
+    /// ports are `ports`), watching each under `QUIC_TAG | i`. `inboxes` are every worker's,
+    /// by index, for datagrams of their connections.
     pub fn new(
         io: &mut I,
         socks: Vec<I::Datagram>,
         ports: &[u16],
-        server_config: Arc<quinn_proto::ServerConfig>,
+        shared: Arc<QuicShared>,
+        worker: usize,
+        inboxes: &[InboxSender<WorkerMessage>],
         now_us: u64,
     ) -> io::Result<QuicSide<I>> {
+        let endpoint_config = Arc::new(shared.endpoint_config(worker));
         let mut sockets = Vec::with_capacity(socks.len());
         for (i, mut sock) in socks.into_iter().enumerate() {
             io.watch_datagram(&mut sock, (QUIC_TAG | i as u64) as usize)?;
             let gso = io.max_gso_segments(&sock).clamp(1, MAX_GSO);
             let endpoint = Endpoint::new(
-                Arc::new(EndpointConfig::default()),
-                Some(server_config.clone()),
+                endpoint_config.clone(),
+                Some(shared.server.clone()),
                 true,
                 None,
             );
@@ -124,6 +208,11 @@ impl<I: Io> QuicSide<I> {
             });
         }
         let epoch = Instant::now() - Duration::from_micros(now_us);
+        let handoff = (inboxes.len() > 1).then(|| Handoff {
+            shared,
+            inboxes: inboxes.to_vec(),
+            me: worker,
+        });
         Ok(QuicSide {
             sockets,
             conns: Slab::new(QUIC_TAG),
@@ -134,6 +223,7 @@ impl<I: Io> QuicSide<I> {
             touched: Vec::new(),
             again: Vec::new(),
             handshaking: 0,
+            handoff,
         })
     }
 
@@ -145,6 +235,12 @@ impl<I: Io> QuicSide<I> {
     /// left for fairness.
     pub fn wants_another_turn(&self) -> bool {
         !self.again.is_empty() || self.sockets.iter().any(|s| s.more)
+    }
+
+    /// Work for [`QuicSide::after_turn`]: sockets left with datagrams, or connections that
+    /// datagrams handed from other workers reached.
+    pub fn wants_after_turn(&self) -> bool {
+        self.wants_another_turn() || !self.touched.is_empty()
     }
 
     fn instant(&self, cx: &ConnCx<'_>) -> Instant {
@@ -171,14 +267,18 @@ impl<I: Io> QuicSide<I> {
         }
     }
 
-    /// Reads the sockets left with datagrams, and drives the connections left with relay
-    /// work, for fairness.
+    /// Runs the connections the turn's handed datagrams reached (once each, however many
+    /// datagrams) and those left with relay work, then reads the sockets left with datagrams,
+    /// for fairness.
     pub fn after_turn(
         &mut self,
         up: &mut Sockets<'_, I>,
         timers: &mut TimerWheel,
         cx: &mut ConnCx<'_>,
     ) {
+        for key in std::mem::take(&mut self.touched) {
+            self.drive(up, key, timers, cx);
+        }
         for key in std::mem::take(&mut self.again) {
             self.drive(up, key, timers, cx);
         }
@@ -248,24 +348,93 @@ impl<I: Io> QuicSide<I> {
         }
     }
 
+    /// A datagram socket `i` received: handed to the worker its CID names, if that is another
+    /// one (the client's address changed), else handled here.
     fn on_datagram(
         &mut self,
         up: &mut Sockets<'_, I>,
         i: usize,
         now: Instant,
         meta: &RecvMeta,
-        datagram: BytesMut,
+        bytes: BytesMut,
         cx: &mut ConnCx<'_>,
     ) {
-        let ecn = meta
-            .ecn
-            .and_then(|e| quinn_proto::EcnCodepoint::from_bits(e as u8));
+        let datagram = QuicDatagram {
+            socket: i,
+            remote: meta.addr,
+            local_ip: meta.dst_ip,
+            ecn: meta.ecn.map(|e| e as u8),
+            bytes,
+        };
+        let owner = self.handoff.as_ref();
+        match owner.and_then(|h| h.owner_elsewhere(&datagram.bytes)) {
+            Some(owner) => self.hand_off(owner, datagram, cx),
+            None => self.handle_datagram(up, now, datagram, cx),
+        }
+    }
+
+    /// Sends `datagram` to worker `owner`, whose connection it is for: dropped (and counted)
+    /// when [`HANDOFF_QUEUE`] of them wait for that worker already, or its inbox is full.
+    fn hand_off(&mut self, owner: usize, datagram: QuicDatagram, cx: &mut ConnCx<'_>) {
+        let Some(handoff) = &self.handoff else {
+            return;
+        };
+        let (Some(queued), Some(inbox)) =
+            (handoff.shared.handed.get(owner), handoff.inboxes.get(owner))
+        else {
+            return;
+        };
+        if queued.0.fetch_add(1, Ordering::Relaxed) >= HANDOFF_QUEUE {
+            queued.0.fetch_sub(1, Ordering::Relaxed);
+            cx.stats.bump(Counter::QuicHandoffsDropped);
+            return;
+        }
+        match inbox.send(WorkerMessage::Datagram(Box::new(datagram))) {
+            Ok(()) => cx.stats.bump(Counter::QuicDatagramsHandedOff),
+            Err(_) => {
+                queued.0.fetch_sub(1, Ordering::Relaxed);
+                cx.stats.bump(Counter::QuicHandoffsDropped);
+            }
+        }
+    }
+
+    /// A datagram another worker received for a connection of this one: handled as if this
+    /// worker's socket of the same address had received it, and answered from that socket.
+    /// The connections it reached run at the end of the turn ([`QuicSide::after_turn`]).
+    pub fn take_handed(
+        &mut self,
+        up: &mut Sockets<'_, I>,
+        datagram: QuicDatagram,
+        cx: &mut ConnCx<'_>,
+    ) {
+        if datagram.socket < self.sockets.len() {
+            let now = self.instant(cx);
+            self.handle_datagram(up, now, datagram, cx);
+        }
+    }
+
+    /// Gives a datagram to socket `datagram.socket`'s endpoint, which routes it to its
+    /// connection (run later: `touched`), starts one, or answers it itself.
+    fn handle_datagram(
+        &mut self,
+        up: &mut Sockets<'_, I>,
+        now: Instant,
+        datagram: QuicDatagram,
+        cx: &mut ConnCx<'_>,
+    ) {
+        let i = datagram.socket;
+        let ecn = datagram.ecn.and_then(quinn_proto::EcnCodepoint::from_bits);
         let sock = &mut self.sockets[i];
         self.send_buf.clear();
         let buf = &mut self.send_buf;
         let event = catch_unwind(AssertUnwindSafe(|| {
-            sock.endpoint
-                .handle(now, meta.addr, meta.dst_ip, ecn, datagram, buf)
+            let QuicDatagram {
+                remote,
+                local_ip,
+                bytes,
+                ..
+            } = datagram;
+            sock.endpoint.handle(now, remote, local_ip, ecn, bytes, buf)
         }));
         let event = match event {
             Ok(event) => event,

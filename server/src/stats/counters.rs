@@ -247,6 +247,14 @@ counters! {
         "quic_send_errors" => "HTTP/3 datagrams not sent (a socket error, or its queue full)" {
             QuicSendErrors,
         }
+        "quic_datagrams_handed_off" => "HTTP/3 datagrams sent on to the worker whose connection \
+                                        they name (the client's address or port changed)" {
+            QuicDatagramsHandedOff,
+        }
+        "quic_handoffs_dropped" => "HTTP/3 datagrams for another worker's connection dropped: \
+                                    too many waited for that worker already" {
+            QuicHandoffsDropped,
+        }
         "quic_lost_packets" => "QUIC packets declared lost, of connections that ended" {
             QuicLostPackets,
         }
