@@ -12,6 +12,10 @@
 
 mod conn;
 mod settings;
+#[cfg(test)]
+mod test_client;
+#[cfg(test)]
+mod tests;
 
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
@@ -90,6 +94,9 @@ pub(crate) struct QuicSide<I: Io> {
     again: Vec<u64>,
     /// Handshakes begun and not yet complete or failed.
     handshaking: usize,
+    /// From this many handshakes in progress on, a new client must prove its address first:
+    /// [`RETRY_ABOVE`], which tests lower to reach it with a client or two.
+    pub(crate) retry_above: usize,
 }
 
 impl<I: Io> QuicSide<I> {
@@ -134,6 +141,7 @@ impl<I: Io> QuicSide<I> {
             touched: Vec::new(),
             again: Vec::new(),
             handshaking: 0,
+            retry_above: RETRY_ABOVE,
         })
     }
 
@@ -322,7 +330,7 @@ impl<I: Io> QuicSide<I> {
             self.send_buf = bytes;
             return;
         }
-        if self.handshaking >= RETRY_ABOVE
+        if self.handshaking >= self.retry_above
             && !incoming.remote_address_validated()
             && incoming.may_retry()
         {
