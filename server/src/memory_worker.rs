@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tern_runtime::io::{MemoryIo, MemoryPeer};
+use tern_runtime::io::{MemoryDatagramPeer, MemoryIo, MemoryPeer};
 use tern_runtime::{BufPool, Clock, Context, DetachedInbox, InboxSender, TimerWheel, WorkerApp};
 
 /// The context the worker borrows for a call, from the harness's fields (written out so the
@@ -73,6 +73,40 @@ impl MemoryWorker {
         if tls.is_some() {
             config.listener_kinds = vec![crate::config::ListenerKind::Https];
         }
+        MemoryWorker::build(router, config, bans, tls, None)
+    }
+
+    /// As [`MemoryWorker::with_tls`], serving HTTP/3 too: `config.http3` on, QUIC's settings
+    /// made from `tls` as `Server::start` makes them, and one UDP socket at `local` handed to
+    /// the worker as the runtime hands over its sockets (`adopt_datagrams`, before the first
+    /// turn). The returned end of that socket plays every client and the network between.
+    pub fn with_http3(
+        router: Router,
+        mut config: ServerConfig,
+        tls: Arc<tern_tls::TlsAcceptor>,
+        local: SocketAddr,
+    ) -> (MemoryWorker, MemoryDatagramPeer) {
+        config.http3 = true;
+        config.listener_kinds = vec![crate::config::ListenerKind::Https];
+        let quic = crate::quic::server_config(tls.quic_config(), &config)
+            .expect("QUIC settings from the acceptor's TLS configuration");
+        let mut w = MemoryWorker::build(router, config, None, Some(tls), Some(quic));
+        let (sock, peer) = w.io.datagram_socket(local);
+        let mut cx = context!(w);
+        w.worker.adopt_datagrams(&mut cx, vec![sock]);
+        assert!(peer.watched(), "the worker took the socket");
+        w.settle();
+        (w, peer)
+    }
+
+    /// The worker around its `Shared` (HTTP/3's settings in `quic`), sockets and clock.
+    fn build(
+        router: Router,
+        config: ServerConfig,
+        bans: Option<Arc<Bans>>,
+        tls: Option<Arc<tern_tls::TlsAcceptor>>,
+        quic: Option<Arc<quinn_proto::ServerConfig>>,
+    ) -> MemoryWorker {
         let stats = Stats::new(1);
         let shared = Shared {
             router,
@@ -82,7 +116,7 @@ impl MemoryWorker {
             reloads: std::sync::atomic::AtomicU64::new(0),
             tls,
             secure_lines: std::sync::OnceLock::new(),
-            quic: None,
+            quic,
             https_port: std::sync::atomic::AtomicU16::new(0),
             listener_ports: (config.runtime.listen.iter())
                 .map(|addr| std::sync::atomic::AtomicU16::new(addr.port()))
@@ -114,7 +148,8 @@ impl MemoryWorker {
     }
 
     /// Counts into `stats` (whose rows a handler of the router was given) instead of
-    /// counters of its own. Before any connection: the worker is made again around them.
+    /// counters of its own. Before any connection: the worker is made again around them
+    /// (so not for a worker [`MemoryWorker::with_http3`] made: its UDP socket would go).
     pub(crate) fn with_stats(self, stats: Stats) -> MemoryWorker {
         let MemoryWorker {
             worker,
@@ -245,6 +280,24 @@ impl MemoryWorker {
     /// Milliseconds on the worker's clock.
     pub fn now_ms(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    /// Microseconds on the worker's clock (QUIC's timers are finer than milliseconds).
+    pub fn now_us(&self) -> u64 {
+        self.clock.now_us()
+    }
+
+    /// When (on the worker's clock, in ms) a sleeping worker would wake for its timers: the
+    /// next tick of its wheel if any timer is armed, as the runtime's loop sleeps.
+    pub fn wakes_at_ms(&self) -> Option<u64> {
+        let now = self.clock.now_ms();
+        self.timers.poll_timeout_ms(now).map(|wait| now + wait)
+    }
+
+    /// From this many HTTP/3 handshakes in progress on, a new client without a validated
+    /// address is sent a Retry first (lowered so that a test reaches it with a client or two).
+    pub fn set_quic_retry_above(&mut self, handshakes: usize) {
+        self.worker.set_quic_retry_above(handshakes);
     }
 
     /// One loop turn; false if there was nothing to do.

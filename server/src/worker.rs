@@ -369,6 +369,12 @@ impl<I: Io> HttpWorker<I> {
         })
     }
 
+    /// See `MemoryWorker::set_quic_retry_above`.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn set_quic_retry_above(&mut self, handshakes: usize) {
+        self.quic.as_mut().expect("HTTP/3 on").retry_above = handshakes;
+    }
+
     /// Readiness of an upstream connection: drive the client connection relaying through
     /// it; an idle pooled one that became readable was closed by its server (or sent
     /// something unasked) and is dropped.

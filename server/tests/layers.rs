@@ -90,7 +90,8 @@ const FILES: &[(&str, &str)] = &[
     ("driver/", "driver"),
     // HTTP/3: the worker's UDP sockets and QUIC endpoints (driver), one connection's streams
     // and exchanges (conn), the transport's settings from the server's and the connection IDs
-    // that name their worker (support).
+    // that name their worker (support). Its `#[cfg(test)]` files (`test_client.rs`, `tests.rs`:
+    // clients on the memory worker) are test code, which the check skips.
     ("quic/", "driver"),
     ("quic/conn.rs", "conn"),
     ("quic/conn/", "conn"),

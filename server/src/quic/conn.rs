@@ -177,8 +177,11 @@ impl QuicConn {
                 }
                 QuicEvent::Stream(StreamEvent::Readable { id }) => self.read_stream(id),
                 QuicEvent::Stream(StreamEvent::Writable { .. }) => {}
-                QuicEvent::Stream(StreamEvent::Stopped { id, .. }) => {
-                    // The client wants no more of this answer: it ends here.
+                QuicEvent::Stream(StreamEvent::Stopped { id, error_code }) => {
+                    // The client wants no more of this answer: it ends here, with the
+                    // RESET_STREAM a STOP_SENDING calls for (RFC 9000 §3.5; quinn-proto leaves
+                    // it to us), which also lets quinn free the stream once it is acknowledged.
+                    let _ = self.quic.send_stream(id).reset(error_code);
                     self.answers.retain(|a| a.stream != id);
                     self.forget_relay(id, cx);
                     self.awaiting.forget(ExchangeId(u64::from(id)));
@@ -197,9 +200,20 @@ impl QuicConn {
         self.write_control();
         self.write_answers(cx);
         self.flush_relays(cx);
-        if self.draining && self.h3.open_requests() == 0 && self.answers.is_empty() {
+        if self.draining
+            && self.h3.open_requests() == 0
+            && self.answers.is_empty()
+            && self.answers_delivered()
+        {
             self.close(now, ErrorCode::NoError, "shutting down");
         }
+    }
+
+    /// Every answer's bytes were acknowledged by the client (or its stream reset): only our
+    /// control stream, which never ends, may have data under way. Closing sooner would lose
+    /// them: quinn-proto's close abandons what its streams have not delivered.
+    fn answers_delivered(&mut self) -> bool {
+        self.quic.streams().send_streams() <= usize::from(self.control.is_some())
     }
 
     /// A deferred reply arrived. False if its stream is gone.
@@ -295,6 +309,14 @@ impl QuicConn {
         }
         let _ = chunks.finalize();
         if reset {
+            // The client abandoned its request: its answer goes too, ended with a reset of
+            // ours, without which quinn would keep the stream (and a draining connection
+            // open) for good.
+            if id.dir() == Dir::Bi {
+                let code =
+                    VarInt::from_u64(ErrorCode::RequestCancelled.code()).unwrap_or(VarInt::MAX);
+                let _ = self.quic.send_stream(id).reset(code);
+            }
             self.answers.retain(|a| a.stream != id);
             self.awaiting.forget(ExchangeId(raw));
             let _ = self.h3.stream_reset(raw);
@@ -309,15 +331,15 @@ impl QuicConn {
             match event {
                 Event::Request { stream, end_stream } => {
                     if end_stream {
-                        self.dispatch(stream, cx);
+                        self.dispatch(stream, now, cx);
                     } else if self.gathering.len() < GATHERING_LIMIT {
                         self.gathering.push(stream);
-                        self.body_progress(stream, cx);
+                        self.body_progress(stream, now, cx);
                     } else {
                         self.reset_stream(stream, ErrorCode::RequestRejected, cx);
                     }
                 }
-                Event::Body(stream) => self.body_progress(stream, cx),
+                Event::Body(stream) => self.body_progress(stream, now, cx),
                 Event::Trailers(_) => {}
                 Event::Refuse { stream, status } => {
                     self.gathering.retain(|&s| s != stream);
@@ -364,11 +386,11 @@ impl QuicConn {
     }
 
     /// A request body grew: dispatch once it is complete.
-    fn body_progress(&mut self, stream: u64, cx: &mut ConnCx<'_>) {
+    fn body_progress(&mut self, stream: u64, now: Instant, cx: &mut ConnCx<'_>) {
         let complete = self.h3.body_chunk(stream).is_some_and(|(_, done)| done);
         if complete && self.gathering.contains(&stream) {
             self.gathering.retain(|&s| s != stream);
-            self.dispatch(stream, cx);
+            self.dispatch(stream, now, cx);
         }
     }
 
@@ -401,7 +423,7 @@ impl QuicConn {
     }
 
     /// A request whose head (and body, if any) is complete: the same dispatch as HTTP/2's.
-    fn dispatch(&mut self, stream: u64, cx: &mut ConnCx<'_>) {
+    fn dispatch(&mut self, stream: u64, now: Instant, cx: &mut ConnCx<'_>) {
         let Some(data) = self.h3.take_request(stream) else {
             return;
         };
@@ -486,7 +508,7 @@ impl QuicConn {
                 self.start_relay(id, start, cx);
             }
             Outcome::Drop => {
-                self.close(Instant::now(), ErrorCode::ExcessiveLoad, "dropped");
+                self.close(now, ErrorCode::ExcessiveLoad, "dropped");
             }
         }
     }

@@ -22,6 +22,10 @@
 mod cid;
 mod conn;
 mod settings;
+#[cfg(test)]
+mod test_client;
+#[cfg(test)]
+mod tests;
 
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
@@ -170,6 +174,9 @@ pub(crate) struct QuicSide<I: Io> {
     /// Handshakes begun and not yet complete or failed.
     handshaking: usize,
     handoff: Option<Handoff>,
+    /// From this many handshakes in progress on, a new client must prove its address first:
+    /// [`RETRY_ABOVE`], which tests lower to reach it with a client or two.
+    pub(crate) retry_above: usize,
 }
 
 impl<I: Io> QuicSide<I> {
@@ -224,6 +231,7 @@ impl<I: Io> QuicSide<I> {
             again: Vec::new(),
             handshaking: 0,
             handoff,
+            retry_above: RETRY_ABOVE,
         })
     }
 
@@ -491,7 +499,7 @@ impl<I: Io> QuicSide<I> {
             self.send_buf = bytes;
             return;
         }
-        if self.handshaking >= RETRY_ABOVE
+        if self.handshaking >= self.retry_above
             && !incoming.remote_address_validated()
             && incoming.may_retry()
         {
