@@ -4,7 +4,7 @@
 //! `scripts/install-h3-test-deps`) over QUIC on the HTTPS listener's UDP port, with a test CA's
 //! certificate so the client verifies it as a browser would; and by headless Chromium
 //! (`scripts/install-browser-test-deps`, see `testkit/chromium-h3.md`), which loads a page and
-//! its image over HTTP/3, forced and after Alt-Svc.
+//! its image over HTTP/3, forced and after Alt-Svc. `http3_hostile.rs` is the hostile side.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -16,7 +16,7 @@ use support::*;
 use tls_support::*;
 
 /// The venv's python and the client script, or `None` (the test says it skips).
-fn h3client() -> Option<(PathBuf, PathBuf)> {
+pub(crate) fn h3client() -> Option<(PathBuf, PathBuf)> {
     let venv = std::env::var_os("TERN_AIOQUIC_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -35,13 +35,13 @@ fn h3client() -> Option<(PathBuf, PathBuf)> {
 }
 
 /// What one h3client run printed: its answers (JSON lines) and its exit status.
-struct Run {
-    lines: Vec<Value>,
-    code: i32,
+pub(crate) struct Run {
+    pub lines: Vec<Value>,
+    pub code: i32,
 }
 
 impl Run {
-    fn answer(&self, i: usize) -> &Value {
+    pub fn answer(&self, i: usize) -> &Value {
         &self.lines[i]
     }
 }
@@ -55,7 +55,7 @@ fn header<'v>(answer: &'v Value, name: &str) -> Option<&'v str> {
 }
 
 /// Runs the client with `args` (the URLs last), trusting `ca_file`.
-fn h3(client: &(PathBuf, PathBuf), ca_file: &std::path::Path, args: &[&str]) -> Run {
+pub(crate) fn h3(client: &(PathBuf, PathBuf), ca_file: &std::path::Path, args: &[&str]) -> Run {
     let out = Command::new(&client.0)
         .arg(&client.1)
         .arg("--ca")
@@ -79,16 +79,16 @@ fn h3(client: &(PathBuf, PathBuf), ca_file: &std::path::Path, args: &[&str]) -> 
 }
 
 /// A site with a page, a 1 MiB file, a CA and its certificate for localhost.
-struct Fixture {
-    site: Site,
-    ca_file: PathBuf,
-    cert: (PathBuf, PathBuf),
-    big: Vec<u8>,
+pub(crate) struct Fixture {
+    pub site: Site,
+    pub ca_file: PathBuf,
+    pub cert: (PathBuf, PathBuf),
+    pub big: Vec<u8>,
     _ca: Ca,
 }
 
 impl Fixture {
-    fn new() -> Fixture {
+    pub fn new() -> Fixture {
         let site = Site::new();
         site.write("hello.txt", "hello over quic\n");
         let big: Vec<u8> = (0..1024 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
@@ -273,13 +273,13 @@ fn http3_answers_are_logged_counted_and_compressed_like_the_others() {
 /// per connection. `/big` is 1 MiB (the relay's backpressure against QUIC's flow control),
 /// `/chunked` comes chunked without a length, anything else echoes its method, path and
 /// body length; every answer is cacheable for a minute and counted.
-struct App {
-    addr: std::net::SocketAddr,
+pub(crate) struct App {
+    pub addr: std::net::SocketAddr,
     served: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl App {
-    fn start(big: Vec<u8>) -> App {
+    pub fn start(big: Vec<u8>) -> App {
         use std::io::{BufRead, BufReader, Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
