@@ -34,6 +34,7 @@ mod grafana;
 mod http;
 mod http2;
 mod http3;
+mod http3_hostile;
 mod https;
 mod metrics;
 mod panics;

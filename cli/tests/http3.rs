@@ -2,7 +2,9 @@
 //! first config says `[tls] http3 = true` anyway, the second leaves it out), talked
 //! to by aioquic (PyPI, through `testkit/h3client.py`; installed by
 //! `scripts/install-h3-test-deps`) over QUIC on the HTTPS listener's UDP port, with a test CA's
-//! certificate so the client verifies it as a browser would.
+//! certificate so the client verifies it as a browser would; and by headless Chromium
+//! (`scripts/install-browser-test-deps`, see `testkit/chromium-h3.md`), which loads a page and
+//! its image over HTTP/3, forced and after Alt-Svc. `http3_hostile.rs` is the hostile side.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,7 +16,7 @@ use support::*;
 use tls_support::*;
 
 /// The venv's python and the client script, or `None` (the test says it skips).
-fn h3client() -> Option<(PathBuf, PathBuf)> {
+pub(crate) fn h3client() -> Option<(PathBuf, PathBuf)> {
     let venv = std::env::var_os("TERN_AIOQUIC_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -33,13 +35,13 @@ fn h3client() -> Option<(PathBuf, PathBuf)> {
 }
 
 /// What one h3client run printed: its answers (JSON lines) and its exit status.
-struct Run {
-    lines: Vec<Value>,
-    code: i32,
+pub(crate) struct Run {
+    pub lines: Vec<Value>,
+    pub code: i32,
 }
 
 impl Run {
-    fn answer(&self, i: usize) -> &Value {
+    pub fn answer(&self, i: usize) -> &Value {
         &self.lines[i]
     }
 }
@@ -53,7 +55,7 @@ fn header<'v>(answer: &'v Value, name: &str) -> Option<&'v str> {
 }
 
 /// Runs the client with `args` (the URLs last), trusting `ca_file`.
-fn h3(client: &(PathBuf, PathBuf), ca_file: &std::path::Path, args: &[&str]) -> Run {
+pub(crate) fn h3(client: &(PathBuf, PathBuf), ca_file: &std::path::Path, args: &[&str]) -> Run {
     let out = Command::new(&client.0)
         .arg(&client.1)
         .arg("--ca")
@@ -77,16 +79,16 @@ fn h3(client: &(PathBuf, PathBuf), ca_file: &std::path::Path, args: &[&str]) -> 
 }
 
 /// A site with a page, a 1 MiB file, a CA and its certificate for localhost.
-struct Fixture {
-    site: Site,
-    ca_file: PathBuf,
-    cert: (PathBuf, PathBuf),
-    big: Vec<u8>,
+pub(crate) struct Fixture {
+    pub site: Site,
+    pub ca_file: PathBuf,
+    pub cert: (PathBuf, PathBuf),
+    pub big: Vec<u8>,
     _ca: Ca,
 }
 
 impl Fixture {
-    fn new() -> Fixture {
+    pub fn new() -> Fixture {
         let site = Site::new();
         site.write("hello.txt", "hello over quic\n");
         let big: Vec<u8> = (0..1024 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
@@ -271,13 +273,13 @@ fn http3_answers_are_logged_counted_and_compressed_like_the_others() {
 /// per connection. `/big` is 1 MiB (the relay's backpressure against QUIC's flow control),
 /// `/chunked` comes chunked without a length, anything else echoes its method, path and
 /// body length; every answer is cacheable for a minute and counted.
-struct App {
-    addr: std::net::SocketAddr,
+pub(crate) struct App {
+    pub addr: std::net::SocketAddr,
     served: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl App {
-    fn start(big: Vec<u8>) -> App {
+    pub fn start(big: Vec<u8>) -> App {
         use std::io::{BufRead, BufReader, Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
@@ -670,4 +672,172 @@ fn ngtcp2_migrates_rebinds_resumes_and_updates_keys() {
         "not resumed: {resumed_flight} bytes against {full_flight}"
     );
     assert_eq!(tern.metric("tern_http3_connection_errors_total"), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Headless Chromium (testkit/chromium-h3.md)
+// ---------------------------------------------------------------------------------------------
+
+/// Writes the protocol of its navigation (`nav`) and, once the page has loaded, of an image
+/// from the same origin (`img`, "not loaded" if it did not decode). With `?reload` it then
+/// fetches a small file until one comes over HTTP/3 (Chromium connects to the Alt-Svc
+/// alternative in the background, in its own time: a slow machine takes longer) and reloads
+/// itself as `?first=PROTOCOL`, which the reloaded page shows as `first`; each load's image
+/// has its own URL, so the second is not taken from Chromium's cache.
+const PROTO_PAGE: &str = r#"<!doctype html><title>protocols</title>
+<p id=nav>pending</p><p id=img>pending</p><p id=first>-</p>
+<script>
+const q = new URLSearchParams(location.search);
+const nav = performance.getEntriesByType("navigation")[0].nextHopProtocol;
+document.getElementById("nav").textContent = nav;
+document.getElementById("first").textContent = q.get("first") || "-";
+const pic = new Image();
+pic.src = "/dot.png?" + (q.get("first") ? "again" : "once");
+document.body.appendChild(pic);
+const protocol = url => performance.getEntriesByName(new URL(url, location).href)[0]?.nextHopProtocol;
+async function untilHttp3() {
+  for (let i = 0; i < 2000; i++) {
+    const url = "/dot.png?probe" + i;
+    await (await fetch(url, {cache: "no-store"})).arrayBuffer();
+    await new Promise(r => setTimeout(r, 0));
+    if (protocol(url) === "h3") return;
+  }
+}
+addEventListener("load", async () => {
+  const e = performance.getEntriesByName(pic.src)[0];
+  document.getElementById("img").textContent =
+    e && pic.naturalWidth === 1 ? e.nextHopProtocol : "not loaded";
+  if (q.has("reload")) {
+    await untilHttp3();
+    location.replace("?first=" + nav);
+  }
+});
+</script>
+"#;
+
+/// A 1×1 PNG.
+const DOT_PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+/// A site with the page and its image, served by `tern serve` over HTTPS (and so HTTP/3) with
+/// an access log; the base64 SHA-256 of its certificate's public key (SubjectPublicKeyInfo),
+/// which `--ignore-certificate-errors-spki-list` takes.
+fn chromium_fixture() -> (Fixture, Tern, PathBuf, String) {
+    use base64::Engine;
+    let fx = Fixture::new();
+    fx.site.write("proto.html", PROTO_PAGE);
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(DOT_PNG)
+        .unwrap();
+    fx.site.write("dot.png", png);
+    let log = fx.site.base().join("access.log");
+    let tern = fx.serve(&["--access-log", log.to_str().unwrap()]);
+    let key = std::fs::read_to_string(&fx.cert.1).unwrap();
+    let spki =
+        rcgen::PublicKeyData::subject_public_key_info(&rcgen::KeyPair::from_pem(&key).unwrap());
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &spki);
+    let spki = base64::engine::general_purpose::STANDARD.encode(digest.as_ref());
+    (fx, tern, log, spki)
+}
+
+/// Chromium's DOM of `url` once loaded (and, with the virtual time budget, once what the page
+/// started then, such as a reload, has run), with a fresh profile and `flags`.
+fn chromium_dom(profile: &std::path::Path, flags: &[String], url: &str) -> String {
+    let mut cmd = Command::new("chromium");
+    cmd.args(["--headless", "--no-sandbox", "--disable-gpu"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(flags)
+        .args(["--virtual-time-budget=5000", "--dump-dom", url]);
+    // The first start on a machine has taken 18 s; later ones about one.
+    let out = run_to_end(&mut cmd, Duration::from_secs(120));
+    assert!(out.status.success(), "{:?}: {}", out.status, out.stderr);
+    out.stdout
+}
+
+/// The text of the page's `<p id=ID>`.
+fn dom_field<'d>(dom: &'d str, id: &str) -> &'d str {
+    let open = format!("<p id=\"{id}\">");
+    let Some(at) = dom.find(&open) else {
+        panic!("no {open} in the DOM (the page did not load?):\n{dom}")
+    };
+    let rest = &dom[at + open.len()..];
+    &rest[..rest.find("</p>").unwrap()]
+}
+
+/// Waits for the access log to hold `lines` (written by a background thread).
+fn access_log_has(log: &std::path::Path, lines: &[&str]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if lines.iter().all(|l| text.contains(l)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "want {lines:?} in the access log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn chromium_loads_a_page_and_its_image_over_http3() {
+    if !have("chromium", "--version") {
+        return;
+    }
+    let (fx, tern, log, spki) = chromium_fixture();
+    let origin = format!("127.0.0.1:{}", tern.https().port());
+    let dom = chromium_dom(
+        &fx.site.base().join("profile"),
+        &[
+            format!("--origin-to-force-quic-on={origin}"),
+            format!("--ignore-certificate-errors-spki-list={spki}"),
+        ],
+        &format!("https://{origin}/proto.html"),
+    );
+    assert_eq!(dom_field(&dom, "nav"), "h3", "{dom}");
+    assert_eq!(dom_field(&dom, "img"), "h3", "{dom}");
+    // tern's side of it.
+    access_log_has(
+        &log,
+        &[
+            "\"GET /proto.html HTTP/3.0\" 200",
+            "\"GET /dot.png?once HTTP/3.0\" 200",
+        ],
+    );
+}
+
+/// Without forcing: the first load goes over HTTP/2 and learns of HTTP/3 from Alt-Svc, and the
+/// reload that follows uses it. Chromium takes an Alt-Svc to QUIC only for a certificate from
+/// a known (public) root, unless the host is one `--origin-to-force-quic-on` names (its
+/// ProofVerifierChromium's `hostnames_to_allow_unknown_roots` is made of those hosts, without
+/// their ports): naming the same host with another port, where nothing listens, lifts that
+/// for the test certificate without forcing QUIC on tern's origin. Without that flag both
+/// loads stay on HTTP/2 (Chromium marks the alternative broken: CERTIFICATE_VERIFY_FAILED).
+#[test]
+fn chromium_moves_to_http3_on_reload_after_alt_svc() {
+    if !have("chromium", "--version") {
+        return;
+    }
+    let (fx, tern, log, spki) = chromium_fixture();
+    let port = tern.https().port();
+    let other = if port == 9 { 7 } else { 9 };
+    let dom = chromium_dom(
+        &fx.site.base().join("profile"),
+        &[
+            format!("--origin-to-force-quic-on=127.0.0.1:{other}"),
+            format!("--ignore-certificate-errors-spki-list={spki}"),
+        ],
+        &format!("https://127.0.0.1:{port}/proto.html?reload"),
+    );
+    assert_eq!(dom_field(&dom, "first"), "h2", "{dom}");
+    assert_eq!(dom_field(&dom, "nav"), "h3", "{dom}");
+    assert_eq!(dom_field(&dom, "img"), "h3", "{dom}");
+    access_log_has(
+        &log,
+        &[
+            "\"GET /proto.html?reload HTTP/2.0\" 200",
+            "\"GET /proto.html?first=h2 HTTP/3.0\" 200",
+            "\"GET /dot.png?again HTTP/3.0\" 200",
+        ],
+    );
 }
