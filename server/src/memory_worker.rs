@@ -116,7 +116,7 @@ impl MemoryWorker {
             reloads: std::sync::atomic::AtomicU64::new(0),
             tls,
             secure_lines: std::sync::OnceLock::new(),
-            quic,
+            quic: quic.map(|server| Arc::new(crate::quic::QuicShared::new(server, 1))),
             https_port: std::sync::atomic::AtomicU16::new(0),
             listener_ports: (config.runtime.listen.iter())
                 .map(|addr| std::sync::atomic::AtomicU16::new(addr.port()))
