@@ -564,26 +564,43 @@ def chart(doc, path):
     plt.close(fig)
 
 
-def have_matplotlib():
+CHART_SKIPPED = "chart skipped"  # how the note of a run without matplotlib begins
+
+
+def matplotlib_missing():
+    """Why the chart cannot be drawn here (the ImportError's text), or "" when it can. It
+    imports what chart() imports, so a broken install is found before anything is written."""
     try:
-        import matplotlib  # noqa: F401
-        return True
-    except ImportError:
-        return False
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except ImportError as e:
+        return str(e) or "matplotlib cannot be imported"
+    return ""
 
 
-def write_all(doc, out_dir, png=True):
+def write_all(doc, out_dir, png=True, redraw=""):
     """Writes latest.json, latest.md and (when matplotlib is importable) latest.png; returns
     the markdown and whether a chart was drawn. Without matplotlib (`--no-install` on a
     machine without it) the chart is skipped with a note instead of failing after the run,
-    and a chart left from an earlier run is removed so nothing shows stale numbers."""
+    and a chart left from an earlier run is removed so nothing shows stale numbers.
+    redraw: the command that draws the chart later from latest.json (for the note)."""
     os.makedirs(out_dir, exist_ok=True)
     png_path = os.path.join(out_dir, "latest.png")
-    drawn = png and have_matplotlib()
-    if png and not drawn:
-        doc.setdefault("notes", []).append("matplotlib is not installed: no chart was drawn")
+    json_path = os.path.join(out_dir, "latest.json")
+    redraw = redraw or f"bench/run --render {os.path.relpath(json_path)}"
+    # (a results file redrawn with --render may carry the note of the run that wrote it)
+    doc["notes"] = [t for t in doc.get("notes", []) if not t.startswith(CHART_SKIPPED)]
+    missing = matplotlib_missing() if png else ""
+    drawn = png and not missing
+    if missing:
+        doc["notes"].append(
+            f"{CHART_SKIPPED}: matplotlib cannot be imported ({missing}); install it (`python3 -m "
+            f"pip install matplotlib`, as bench/run does without --no-install) and redraw with "
+            f"`{redraw}`")
         print(f"note: {doc['notes'][-1]}", flush=True)
-    with open(os.path.join(out_dir, "latest.json"), "w") as f:
+    with open(json_path, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
     md = markdown(doc)
