@@ -159,6 +159,13 @@ pub trait WorkerApp<I: Io = EpollIo>: 'static {
     fn wants_another_turn(&self) -> bool {
         false
     }
+    /// The earliest moment (µs on the worker's clock) the app needs a turn for a deadline of
+    /// its own, finer than the timer wheel's 100 ms ticks (QUIC's ACK-delay, loss and pacing
+    /// timers are milliseconds or less): the loop sleeps no longer than that, and the app
+    /// handles what is due in [`WorkerApp::after_turn`].
+    fn next_deadline_us(&self) -> Option<u64> {
+        None
+    }
     /// Open connections; draining ends when this reaches zero.
     fn connections(&self) -> usize;
     /// This worker's UDP sockets, one per `RuntimeConfig::datagram_listen` address in its
@@ -686,9 +693,13 @@ impl<M: Send + 'static, B: Backend> Worker<M, B> {
             if accept_more != 0 || timers_pending || app.wants_another_turn() {
                 timeout = Some(0);
             }
+            let mut wait = timeout.map(Duration::from_millis);
+            if let Some(at_us) = app.next_deadline_us() {
+                let left = Duration::from_micros(at_us.saturating_sub(self.clock.now_us()));
+                wait = Some(wait.map_or(left, |w| w.min(left)));
+            }
             ready.clear();
-            self.io
-                .wait(timeout.map(Duration::from_millis), &mut ready)?;
+            self.io.wait(wait, &mut ready)?;
             turns += 1;
             heartbeat.0.store(turns, Ordering::Relaxed);
             self.clock.update();
@@ -1263,6 +1274,86 @@ mod timer_tests {
         let turns = per_turn.lock().unwrap();
         assert!(turns.iter().all(|&n| n <= TIMERS_PER_TURN), "{turns:?}");
         assert!(turns.len() >= 1000 / TIMERS_PER_TURN, "{turns:?}");
+    }
+}
+
+#[cfg(test)]
+mod deadline_tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// On a message, asks for a turn `n` µs later through `next_deadline_us` (no timer, no
+    /// event); records the clock each time a turn finds its deadline passed.
+    struct Deadlines {
+        due_us: Option<u64>,
+        woke: Arc<Mutex<Vec<(u64, u64)>>>,
+    }
+
+    impl WorkerApp for Deadlines {
+        type Message = u64;
+
+        fn on_accept(
+            &mut self,
+            _: &mut Context<'_, u64>,
+            _: crate::io::EpollSock,
+            _: SocketAddr,
+            _: usize,
+        ) {
+        }
+        fn on_ready(&mut self, _: &mut Context<'_, u64>, _: Readiness) {}
+        fn on_timer(&mut self, _: &mut Context<'_, u64>, _: TimerKey, _: u64) {}
+
+        fn on_message(&mut self, cx: &mut Context<'_, u64>, n: u64) {
+            self.due_us = Some(cx.clock.now_us() + n);
+        }
+
+        fn after_turn(&mut self, cx: &mut Context<'_, u64>) {
+            let now = cx.clock.now_us();
+            if let Some(due) = self.due_us.filter(|&due| due <= now) {
+                self.woke.lock().unwrap().push((due, now));
+                self.due_us = None;
+            }
+        }
+
+        fn next_deadline_us(&self) -> Option<u64> {
+            self.due_us
+        }
+
+        fn on_shutdown(&mut self, _: &mut Context<'_, u64>) {}
+
+        fn connections(&self) -> usize {
+            0
+        }
+    }
+
+    /// A loop with nothing to do sleeps until the app's own deadline, not past it: with no
+    /// timer armed it would otherwise sleep until the next event, which never comes here.
+    #[test]
+    fn a_sleeping_loop_wakes_for_the_app_s_deadline() {
+        let woke = Arc::new(Mutex::new(Vec::new()));
+        let config = RuntimeConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            workers: 1,
+            ..RuntimeConfig::default()
+        };
+        let w = woke.clone();
+        let handle = Runtime::start(config, move |_, _| Deadlines {
+            due_us: None,
+            woke: w.clone(),
+        })
+        .unwrap();
+        for round in 1..=3 {
+            handle.inboxes()[0].send(3_000).unwrap();
+            let give_up = std::time::Instant::now() + Duration::from_secs(10);
+            while woke.lock().unwrap().len() < round && std::time::Instant::now() < give_up {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        handle.shutdown();
+        handle.join();
+        let woke = woke.lock().unwrap();
+        assert_eq!(woke.len(), 3, "{woke:?}");
+        assert!(woke.iter().all(|(due, at)| at >= due), "{woke:?}");
     }
 }
 

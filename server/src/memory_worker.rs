@@ -235,10 +235,15 @@ impl MemoryWorker {
 
     /// Moves the clock on by `by`, then settles (timers due by then fire).
     pub fn advance(&mut self, by: Duration) {
-        // In steps of a tick at most, as a sleeping worker would wake for each deadline.
+        // In steps of a tick at most, and to the worker's own next deadline (QUIC's), as a
+        // sleeping worker would wake for each.
         let mut left = by.as_millis() as u64;
         while left > 0 {
-            let step = left.min(100);
+            let now = self.clock.now_ms();
+            let own = self
+                .own_deadline_ms()
+                .map_or(u64::MAX, |at| at.saturating_sub(now));
+            let step = left.min(100).min(own.max(1));
             self.clock.advance_ms(step);
             left -= step;
             self.settle();
@@ -291,7 +296,14 @@ impl MemoryWorker {
     /// next tick of its wheel if any timer is armed, as the runtime's loop sleeps.
     pub fn wakes_at_ms(&self) -> Option<u64> {
         let now = self.clock.now_ms();
-        self.timers.poll_timeout_ms(now).map(|wait| now + wait)
+        let wheel = self.timers.poll_timeout_ms(now).map(|wait| now + wait);
+        wheel.into_iter().chain(self.own_deadline_ms()).min()
+    }
+
+    /// The worker's next deadline of its own (QUIC's timers, finer than the wheel), in ms
+    /// rounded up: the manual clock moves in milliseconds.
+    fn own_deadline_ms(&self) -> Option<u64> {
+        WorkerApp::<MemoryIo>::next_deadline_us(&self.worker).map(|us| us.div_ceil(1000))
     }
 
     /// From this many HTTP/3 handshakes in progress on, a new client without a validated
@@ -306,7 +318,10 @@ impl MemoryWorker {
         let messages = !self.inbox.inbox().is_empty();
         self.timers.expire(self.clock.now_ms(), &mut self.fired);
         let timers = !self.fired.is_empty();
-        let again = WorkerApp::<MemoryIo>::wants_another_turn(&self.worker);
+        let again = WorkerApp::<MemoryIo>::wants_another_turn(&self.worker)
+            || self
+                .own_deadline_ms()
+                .is_some_and(|at| at <= self.clock.now_ms());
         if ready.is_empty() && !messages && !timers && !again {
             return false;
         }

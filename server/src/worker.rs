@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use tern_runtime::io::{Backend, Io, Readiness};
-use tern_runtime::{ratelog, Context, InboxSender, MakeApp, TimerKey, TimerWheel, WorkerApp};
+use tern_runtime::{ratelog, Context, InboxSender, MakeApp, TimerKey, WorkerApp};
 
 use crate::access_log::{LogShared, WorkerLog};
 use crate::bans::Bans;
@@ -335,7 +335,7 @@ impl<I: Io> HttpWorker<I> {
     fn with_quic(
         &mut self,
         cx: &mut Context<'_, WorkerMessage, I>,
-        f: impl FnOnce(&mut QuicSide<I>, &mut Sockets<'_, I>, &mut TimerWheel, &mut ConnCx<'_>),
+        f: impl FnOnce(&mut QuicSide<I>, &mut Sockets<'_, I>, &mut ConnCx<'_>),
     ) {
         let Some(quic) = self.quic.as_mut() else {
             return;
@@ -351,7 +351,7 @@ impl<I: Io> HttpWorker<I> {
             conns: &mut self.upstreams,
             ids: &mut self.relay_ids,
         };
-        f(quic, &mut up, cx.timers, &mut ccx);
+        f(quic, &mut up, &mut ccx);
     }
 }
 
@@ -397,9 +397,7 @@ impl<I: Io> HttpWorker<I> {
         }
         let owner = up.owner;
         if owner & QUIC_TAG != 0 {
-            return self.with_quic(cx, |q, up, timers, ccx| {
-                q.relay_ready(up, timers, owner, ccx)
-            });
+            return self.with_quic(cx, |q, up, ccx| q.relay_ready(up, owner, ccx));
         }
         self.with_conn(cx, owner, |e, ccx, up| {
             relay_driver::drive(e, up, false, false, ccx)
@@ -517,7 +515,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
             return self.on_upstream_ready(cx, key, ready);
         }
         if key & QUIC_TAG != 0 {
-            return self.with_quic(cx, |q, up, timers, ccx| q.on_ready(up, timers, ready, ccx));
+            return self.with_quic(cx, |q, up, ccx| q.on_ready(up, ready, ccx));
         }
         self.with_conn(cx, key, |e, ccx, up| {
             relay_driver::drive(e, up, readable, fin, ccx)
@@ -525,11 +523,6 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
     }
 
     fn on_timer(&mut self, cx: &mut Context<'_, WorkerMessage, I>, key: TimerKey, at_ms: u64) {
-        if key & QUIC_TAG != 0 {
-            return self.with_quic(cx, |q, up, timers, ccx| {
-                q.on_timer(up, timers, key, at_ms, ccx)
-            });
-        }
         let now = cx.clock.now_ms();
         let Some(entry) = self.conns.get_mut(key) else {
             return;
@@ -566,18 +559,17 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
                 conn,
                 exchange,
                 response,
-            } if conn & QUIC_TAG != 0 => self.with_quic(cx, |q, up, timers, ccx| {
-                q.complete(up, timers, conn, exchange, response, ccx)
+            } if conn & QUIC_TAG != 0 => self.with_quic(cx, |q, up, ccx| {
+                q.complete(up, conn, exchange, response, ccx)
             }),
-            WorkerMessage::Wake { conn, exchange } if conn & QUIC_TAG != 0 => self
-                .with_quic(cx, |q, up, timers, ccx| {
-                    q.wake(up, timers, conn, exchange, ccx)
-                }),
+            WorkerMessage::Wake { conn, exchange } if conn & QUIC_TAG != 0 => {
+                self.with_quic(cx, |q, up, ccx| q.wake(up, conn, exchange, ccx))
+            }
             WorkerMessage::Datagram(datagram) => {
                 if let Some(quic) = &self.shared.quic {
                     quic.handed_taken(self.id);
                 }
-                self.with_quic(cx, |q, up, _, ccx| q.take_handed(up, *datagram, ccx));
+                self.with_quic(cx, |q, up, ccx| q.take_handed(up, *datagram, ccx));
             }
             WorkerMessage::Complete {
                 conn,
@@ -605,7 +597,7 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
     }
 
     fn on_shutdown(&mut self, cx: &mut Context<'_, WorkerMessage, I>) {
-        self.with_quic(cx, |q, up, timers, ccx| q.begin_drain(up, timers, ccx));
+        self.with_quic(cx, |q, up, ccx| q.begin_drain(up, ccx));
         for key in self.conns.keys() {
             self.with_conn(cx, key, |e, ccx, up| {
                 if e.conn.begin_drain(e.sock.may_read(), ccx) {
@@ -660,8 +652,13 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
             log.tick(cx.clock.now_ms());
         }
         self.upstreams.sweep(cx.clock.now_ms());
-        if self.quic.as_ref().is_some_and(|q| q.wants_after_turn()) {
-            self.with_quic(cx, |q, up, timers, ccx| q.after_turn(up, timers, ccx));
+        let now_us = cx.clock.now_us();
+        if self
+            .quic
+            .as_ref()
+            .is_some_and(|q| q.wants_after_turn(now_us))
+        {
+            self.with_quic(cx, |q, up, ccx| q.after_turn(up, ccx));
         }
         if self.yielded.is_empty() {
             return;
@@ -677,6 +674,10 @@ impl<I: Io> WorkerApp<I> for HttpWorker<I> {
         !self.yielded.is_empty()
             || self.turn_end_again
             || self.quic.as_ref().is_some_and(|q| q.wants_another_turn())
+    }
+
+    fn next_deadline_us(&self) -> Option<u64> {
+        self.quic.as_ref().and_then(|q| q.next_deadline_us())
     }
 
     fn connections(&self) -> usize {

@@ -106,9 +106,10 @@ pub(crate) struct QuicConn {
     pub closed: bool,
     /// A graceful close was asked for (shutdown): GOAWAY sent, close once idle.
     draining: bool,
-    /// The timer: when it is due, and the earliest time armed in the wheel.
-    pub deadline_ms: u64,
-    pub armed_ms: u64,
+    /// The timer (µs on the worker's clock): when it is due, and the earliest time armed in
+    /// the side's heap of deadlines.
+    pub deadline_us: u64,
+    pub armed_us: u64,
 }
 
 impl QuicConn {
@@ -145,8 +146,8 @@ impl QuicConn {
             handshake_over: false,
             closed: false,
             draining: false,
-            deadline_ms: u64::MAX,
-            armed_ms: u64::MAX,
+            deadline_us: u64::MAX,
+            armed_us: u64::MAX,
         }
     }
 

@@ -523,6 +523,27 @@ impl Net {
         panic!("not done in {MAX_ROUNDS} rounds");
     }
 
+    /// Moves datagrams and time until the clock reads `at_ms`, never past it: time jumps to
+    /// each timer of the worker or a client on the way, and stops at `at_ms` even if the next
+    /// one is later.
+    pub fn run_to_ms(&mut self, at_ms: u64) {
+        for _ in 0..MAX_ROUNDS {
+            let moved = self.round();
+            let now_ms = self.w.now_ms();
+            if now_ms >= at_ms {
+                return;
+            }
+            if !moved {
+                let next = self
+                    .next_timer_ms()
+                    .unwrap_or(at_ms)
+                    .clamp(now_ms + 1, at_ms);
+                self.w.advance(Duration::from_millis(next - now_ms));
+            }
+        }
+        panic!("not at {at_ms} ms in {MAX_ROUNDS} rounds");
+    }
+
     /// Moves datagrams until none is under way, without moving the clock.
     pub fn settle(&mut self) {
         for _ in 0..MAX_ROUNDS {
