@@ -22,7 +22,7 @@ Each attack adds its own counts (see the functions below). Exit status 0 when th
 
 Attacks (each function's docstring says what it sends and what it reports):
   protocol errors: second-control, data-before-headers, h2-frame (--where control|request,
-    --frame-type T), settings-twice, bad-qpack, bad-pseudo, malformed-loop;
+    --frame-type T), settings-twice, bad-qpack, bad-pseudo, bad-path, malformed-loop;
   floods: streams (--over-limit, --uni), pings (--per-packet K), tiny-frames (--path P),
     sparse-frames, reset-loop, cancel-downloads (--path P), close-under-load (--path P),
     unknown-uni, cid-churn (--migrate);
@@ -423,6 +423,27 @@ def bad_pseudo(p):
         "pseudo-header after a field": p.head()[:3] + [(b"x", b"y"), (b":path", b"/")],
         ":status in a request": [(b":status", b"200")] + p.head(),
     }
+    report_resets(p, cases)
+
+
+def bad_path(p):
+    """A :path neither origin-form nor `*` on OPTIONS (§4.3.1): each stream reset with
+    H3_MESSAGE_ERROR rather than served as its path on the site :authority names, and the
+    connection goes on."""
+    cases = {
+        "absolute-form": p.head(path=b"http://other.test/hello.txt"),
+        "absolute-form naming :authority": p.head(
+            path=b"https://" + p.authority + b"/hello.txt"
+        ),
+        "* on a GET": p.head(path=b"*"),
+    }
+    report_resets(p, cases)
+
+
+def report_resets(p, cases):
+    """Sends each request of `cases` (name: fields) whole, waits until all are reset (or the
+    run's timeout), then a good GET; reports each case's reset code (null: not reset) and the
+    GET's status."""
     streams = {}
     for name, fields in cases.items():
         streams[name] = p.open(frame(HEADERS, section(fields)), fin=True)
@@ -784,6 +805,7 @@ def main():
         "settings-twice": settings_twice,
         "bad-qpack": bad_qpack,
         "bad-pseudo": bad_pseudo,
+        "bad-path": bad_path,
         "malformed-loop": malformed_loop,
         "streams": streams,
         "pings": pings,

@@ -746,6 +746,35 @@ fn malformed_headers_are_stream_errors_and_the_connection_stays_usable() {
     );
 }
 
+/// `:path` is origin-form, or `*` on OPTIONS (RFC 9113 §8.3.1): an absolute URI there is
+/// malformed, never served as its path on the site `:authority` names.
+#[test]
+fn a_path_not_in_origin_form_is_a_stream_error() {
+    let fx = Fixture::new();
+    let tern = fx.start(&[]);
+    let mut raw = RawH2::connect(tern.addr(), &[]);
+    let mut id = 1;
+    for (what, path) in [
+        ("an absolute-form :path", "http://other.test/hello.txt"),
+        (
+            "an absolute-form :path naming :authority",
+            "http://localhost/hello.txt",
+        ),
+        ("* on a GET", "*"),
+    ] {
+        raw.request(id, "GET", path, &[], false);
+        expect_protocol_error(&mut raw, id, what);
+        id += 2;
+    }
+    raw.request(id, "GET", "/hello.txt", &[], false);
+    assert_eq!(raw.response_body(id), HELLO.as_bytes(), "after them");
+    assert!(
+        !raw.seen.iter().any(|f| f.ty == GOAWAY),
+        "GOAWAY: {:?}",
+        raw.seen
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shutdown
 // ---------------------------------------------------------------------------------------------

@@ -190,6 +190,29 @@ fn malformed_requests_are_reset_with_message_error_and_the_connection_goes_on() 
     assert_eq!(t.metric("tern_http3_connection_errors_total"), 0);
 }
 
+/// A `:path` neither origin-form nor `*` on OPTIONS (RFC 9114 §4.3.1), an absolute URI above
+/// all, is malformed: reset with H3_MESSAGE_ERROR, never served as its path on the site
+/// `:authority` names.
+#[test]
+fn a_path_not_in_origin_form_is_reset_with_message_error() {
+    let Some(mut t) = Target::start() else { return };
+    let seen = t.attack("bad-path", &[]);
+    assert!(seen["close"].is_null(), "{seen}");
+    let cases = seen["cases"].as_object().unwrap();
+    assert_eq!(cases.len(), 3);
+    for (case, code) in cases {
+        assert_eq!(code, H3_MESSAGE_ERROR, "{case}: {seen}");
+    }
+    assert_eq!(
+        seen["answers"].as_object().unwrap().len(),
+        1,
+        "only the good GET is answered: {seen}"
+    );
+    assert_eq!(seen["good_after"], 200, "{seen}");
+    t.still_serves();
+    assert_eq!(t.metric("tern_http3_stream_errors_total"), 3);
+}
+
 /// The reset budget (100, `tern_http3::Config::reset_budget`) also counts the streams the
 /// peer makes us reset: the 101st malformed request closes the connection.
 #[test]

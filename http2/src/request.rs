@@ -19,6 +19,7 @@ pub enum Malformed {
     BadTe,
     MissingPseudo,
     EmptyPath,
+    BadPath,
     BadContentLength,
     ContentLengthMismatch,
     BadMethod,
@@ -41,6 +42,7 @@ impl Malformed {
             Malformed::BadTe => "te other than trailers",
             Malformed::MissingPseudo => "required pseudo-header missing",
             Malformed::EmptyPath => "empty :path",
+            Malformed::BadPath => ":path neither origin-form nor * (OPTIONS)",
             Malformed::BadContentLength => "bad content-length",
             Malformed::ContentLengthMismatch => "content-length disagrees with DATA",
             Malformed::BadMethod => ":method not a token",
@@ -152,12 +154,20 @@ impl Fields {
     }
 
     /// A request whose target is a URI (every method but plain CONNECT, and an extended
-    /// CONNECT too) needs a non-empty `:path` and a `:scheme` (RFC 9113 §8.3.1).
-    fn require_path_and_scheme(&self) -> Result<(), Malformed> {
+    /// CONNECT too) needs a `:scheme` and a `:path` in origin form, or `*` for OPTIONS
+    /// (RFC 9113 §8.3.1, RFC 9114 §4.3.1). Anything else (an absolute URI) would name an
+    /// authority of its own beside `:authority`, the one routing looks at.
+    fn require_path_and_scheme(&self, method: &[u8]) -> Result<(), Malformed> {
         match &self.path {
             None => return Err(Malformed::MissingPseudo),
             Some(p) if p.is_empty() => return Err(Malformed::EmptyPath),
-            Some(_) => {}
+            Some(p) => {
+                let path = self.get(p);
+                let asterisk = path == b"*" && method == b"OPTIONS";
+                if !path.starts_with(b"/") && !asterisk {
+                    return Err(Malformed::BadPath);
+                }
+            }
         }
         if self.scheme.is_none() {
             return Err(Malformed::MissingPseudo);
@@ -200,7 +210,7 @@ impl Fields {
             if protocol.is_empty() || !protocol.iter().all(tchar) {
                 return Err(Malformed::BadProtocol);
             }
-            self.require_path_and_scheme()?;
+            self.require_path_and_scheme(method)?;
         } else if method == b"CONNECT" {
             // CONNECT names only an authority (§8.5); tern routes it (and refuses it) like
             // any other method.
@@ -208,7 +218,7 @@ impl Fields {
                 return Err(Malformed::MissingPseudo);
             }
         } else {
-            self.require_path_and_scheme()?;
+            self.require_path_and_scheme(method)?;
         }
         if self.cookies > 1 {
             self.join_cookies();
@@ -561,6 +571,65 @@ mod tests {
         let mut l = BASE.to_vec();
         l[1] = (":scheme", "ht tp");
         assert_eq!(fields(&l).err(), Some(Malformed::BadScheme));
+    }
+
+    /// `:path` is origin-form, or `*` on OPTIONS; an absolute URI would otherwise be served
+    /// as its path on the site `:authority` names (RFC 9113 §8.3.1, RFC 9114 §4.3.1).
+    #[test]
+    fn path_must_be_origin_form_or_an_options_asterisk() {
+        let with = |method: &str, path: &str| {
+            let mut l = BASE.to_vec();
+            l[0] = (":method", method);
+            l[2] = (":path", path);
+            fields(&l).err()
+        };
+        for path in [
+            "http://other.test/",
+            "https://example.org/a",
+            "other.test/",
+            "a",
+            "?q",
+            "#f",
+            "*/",
+            "**",
+        ] {
+            assert_eq!(with("GET", path), Some(Malformed::BadPath), "{path:?}");
+        }
+        assert_eq!(
+            with("GET", "*"),
+            Some(Malformed::BadPath),
+            "* is OPTIONS' only"
+        );
+        assert_eq!(with("POST", "*"), Some(Malformed::BadPath));
+        assert_eq!(with("OPTIONS", "*"), None);
+        assert_eq!(
+            with("OPTIONS", "http://other.test/"),
+            Some(Malformed::BadPath)
+        );
+        for path in ["/", "/a?b=1", "//other.test/", "/*"] {
+            assert_eq!(with("GET", path), None, "{path:?}");
+        }
+        // Extended CONNECT has a :path (RFC 8441 §4), held to the same rule; plain CONNECT
+        // has none.
+        let connect = |path: &str| {
+            let mut f = Fields::default();
+            let l = [
+                (":method", "CONNECT"),
+                (":protocol", "websocket"),
+                (":scheme", "https"),
+                (":path", path),
+                (":authority", "example.org"),
+            ];
+            for (n, v) in l {
+                f.push(n.as_bytes(), v.as_bytes(), MAX_FIELDS).unwrap();
+            }
+            f.finish(true).err()
+        };
+        assert_eq!(connect("/chat"), None);
+        assert_eq!(connect("http://other.test/chat"), Some(Malformed::BadPath));
+        assert_eq!(connect("*"), Some(Malformed::BadPath));
+        let l = [(":method", "CONNECT"), (":authority", "example.org:443")];
+        assert_eq!(fields(&l).err(), None);
     }
 
     #[test]

@@ -218,6 +218,18 @@ fn a_bad_field_resets_only_its_stream() {
 }
 
 #[test]
+fn a_path_not_in_origin_form_resets_its_stream() {
+    let mut p = Peer::new(Config::default());
+    let mut absolute = GET.to_vec();
+    absolute[2] = (":path", "http://other.test/");
+    p.send(&headers(1, &absolute, true)).unwrap();
+    assert_eq!(p.rst_codes(), [(1, ErrorCode::Protocol as u32)]);
+    assert!(!p.events.contains(&Event::Request(1)));
+    p.send(&headers(3, &GET, true)).unwrap();
+    assert!(p.events.contains(&Event::Request(3)));
+}
+
+#[test]
 fn rapid_reset_is_stopped() {
     let cfg = Config::default();
     let mut p = Peer::new(cfg);

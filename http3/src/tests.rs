@@ -431,10 +431,12 @@ fn bad_pseudo_headers_are_message_errors() {
         edit(&mut l);
         request_events(&l)
     };
-    let malformed: [&Edit; 9] = [
+    let malformed: [&Edit; 11] = [
         &|l| {
             l.remove(2); // no :path
         },
+        &|l| l[2] = (":path", "http://other.test/"), // absolute-form
+        &|l| l[2] = (":path", "*"),                  // on a GET
         &|l| {
             l.remove(0); // no :method
         },

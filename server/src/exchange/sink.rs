@@ -1,8 +1,9 @@
 //! Where an exchange's answer goes when it comes in pieces (an upstream's answer through the
 //! relay, `conn/relay/`), framed by the client's protocol: HTTP/1.1 bytes (`conn/http1.rs`:
-//! chunking, `Connection`, 1xx, the 101 tunnel), HTTP/2 frames (`conn/http2/relays.rs`). The
-//! relay speaks only to this, so a new protocol gets proxying by implementing it. A protocol
-//! lends a sink for one exchange at a time, so its calls carry no exchange id.
+//! chunking, `Connection`, 1xx, the 101 tunnel), or HTTP/2 and HTTP/3 frames, made from the
+//! answer one shared sink holds for their stream (`conn/relay/held.rs`). The relay speaks only
+//! to this, so a new protocol gets proxying by implementing it. A protocol lends a sink for
+//! one exchange at a time, so its calls carry no exchange id.
 
 use super::context::ConnCx;
 use crate::access_log::SavedEntry;

@@ -18,7 +18,7 @@ use tern_http3::{ConnError, ErrorCode, Event};
 use tern_runtime::ratelog;
 
 use crate::access_log::{LogEntry, SavedEntry};
-use crate::conn::relay::{Relay, RelayStart};
+use crate::conn::relay::{HeldAnswer, Relay, RelayStart};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Link, Outcome};
 use crate::handler::ExchangeId;
 use crate::response::{status_has_no_body, Body, FileBody, Response};
@@ -53,29 +53,14 @@ enum Pending {
 struct Relayed {
     stream: StreamId,
     relay: Box<Relay>,
-    answer: RelayAnswer,
+    /// What the relay produced that is not framed yet.
+    answer: HeldAnswer,
     /// Frame bytes made and not yet taken by the stream.
     frames: Bytes,
     /// The HEADERS went out (or were queued in `frames`).
     head_done: bool,
     /// The stream was finished or reset: nothing more goes on it.
     stream_done: bool,
-}
-
-/// What a relay produced that is not framed yet.
-#[derive(Default)]
-struct RelayAnswer {
-    head: Option<(Response, Option<u64>)>,
-    data: Vec<u8>,
-    end: bool,
-    broken: bool,
-    whole: Option<Box<WholeAnswer>>,
-}
-
-struct WholeAnswer {
-    response: Response,
-    tally: Tally,
-    log: Option<Box<SavedEntry>>,
 }
 
 /// One QUIC connection serving HTTP/3.

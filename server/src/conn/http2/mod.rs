@@ -5,9 +5,9 @@
 //! timeouts and closing. Beside it, as `impl Http2` blocks of their own: `send.rs`, which
 //! answers are waiting for window, their order (RFC 9218 urgency, then incremental
 //! round-robin) and the DATA frames (`pump`), and when a connection counts as stalled;
-//! `relays.rs`, the HTTP/2 side of relayed answers (its relay slots, one per stream, the
-//! [`Sink`](crate::exchange::Sink) they write through, request bodies fed to them, HEADERS and
-//! DATA as flow control allows, RST_STREAM when one breaks).
+//! `relays.rs`, the HTTP/2 side of relayed answers (its relay slots, one per stream, each
+//! answer held by the sink HTTP/3 shares, `conn/relay/held.rs`; request bodies fed to them,
+//! HEADERS and DATA as flow control allows, RST_STREAM when one breaks).
 //!
 //! The types the connection holds are defined here with it, their code in those files: they
 //! import from here, never the other way (`server/tests/layers.rs` forbids a cycle).
@@ -24,7 +24,7 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 
 use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
-use super::relay::{BodyFollows, Relay, RelayStart, Relays};
+use super::relay::{BodyFollows, HeldAnswer, Relay, RelayStart, Relays};
 use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Outcome};
@@ -57,34 +57,12 @@ enum Remaining {
     Relay,
 }
 
-/// A stream relayed to an upstream server, and its answer as the relay produced it.
+/// A stream relayed to an upstream server, and its answer as the relay produced it: sent as
+/// HEADERS, then DATA as windows allow.
 struct RelayedStream {
     id: u32,
     relay: Box<Relay>,
-    answer: H2Answer,
-}
-
-/// A relayed answer waiting to be framed: sent as HEADERS, then DATA as windows allow.
-#[derive(Default)]
-struct H2Answer {
-    /// The head, once known, not yet sent: the fields and the length, if known.
-    head: Option<(Response, Option<u64>)>,
-    /// Body bytes not yet framed (as much as [`Http2::relay_room`] gave room for).
-    data: Vec<u8>,
-    /// The body is complete.
-    end: bool,
-    /// The answer broke after its head went out: the stream must be reset.
-    broken: bool,
-    /// A whole answer in its place (see [`crate::exchange::Sink::whole`]), to be sent as a
-    /// handler's is.
-    whole: Option<Box<WholeAnswer>>,
-}
-
-/// A whole answer a relay gave in place of its upstream's, and what its sending needs.
-struct WholeAnswer {
-    response: Response,
-    tally: Tally,
-    log: Option<Box<SavedEntry>>,
+    answer: HeldAnswer,
 }
 
 pub(crate) struct Http2 {

@@ -1,92 +1,36 @@
 //! The HTTP/2 side of relayed answers: one relay slot per relayed stream (`Relays`, through
-//! which the driver reaches them, `conn/relays.rs`), the [`H2Sink`] a relay writes its answer
-//! through (held as an `H2Answer` until it is framed), how much each may read from its upstream
-//! (its stream's share and the connection's budget), request bodies fed to them as DATA
-//! arrives, and their answers out: HEADERS, then DATA as windows allow (`pump_relay` in
-//! `send.rs`), RST_STREAM when one breaks.
+//! which the driver reaches them, `conn/relays.rs`), the tunnel an upstream's `101` opens
+//! ([`ExtendedConnect`]; the sink that holds a stream's answer and its room are shared with
+//! HTTP/3, `conn/relay/held.rs`), request bodies fed to the relays as DATA arrives, and their
+//! answers out: HEADERS, then DATA as windows allow (`pump_relay` in `send.rs`), RST_STREAM
+//! when one breaks.
 
 use tern_http2::ErrorCode;
 
-use super::{add_line, H2Answer, Http2, RelayedStream, Remaining, Sending, WholeAnswer};
-use crate::access_log::SavedEntry;
+use super::{add_line, Http2, RelayedStream, Remaining, Sending};
 use crate::conn::output::Output;
-use crate::conn::relay::{Relay, RelayStart, Relays};
+use crate::conn::relay::{HeldAnswer, HeldSink, Relay, RelayStart, Relays, Tunnels};
 use crate::conn::types::Link;
-use crate::exchange::{ConnCx, Facts, Sink};
+use crate::exchange::ConnCx;
 use crate::handler::ExchangeId;
-use crate::response::{status_has_no_body, Response};
-use crate::stats::{Counter, Tally};
+use crate::response::Response;
+use crate::stats::Counter;
 
-/// A proxied answer's bytes held for its stream (waiting for window or for the output to
-/// drain) before its upstream is read no further: about one default stream window.
-const RELAY_STREAM_BUFFER: usize = 64 * 1024;
-/// The same for all of a connection's streams together: a client that opens many streams
-/// and no window gets this much held for it, not a share per stream.
-const RELAY_CONN_BUFFER: usize = 512 * 1024;
+/// What a stream's relay writes its answer through (held, see `conn/relay/held.rs`);
+/// `flush_relays` and `pump_relay` frame it.
+pub(crate) type H2Sink<'a> = HeldSink<'a, ExtendedConnect>;
 
-/// What a stream's relay writes its answer through; `flush_relays` and `pump_relay` frame it.
-pub(crate) struct H2Sink<'a> {
-    answer: &'a mut H2Answer,
-    room: usize,
-    /// Encoder state the connection's other streams hold.
-    encoders_held: usize,
-}
+/// HTTP/2's answer to an upstream that switches protocols: the extended CONNECT's tunnel
+/// opens (the relay made the WebSocket handshake and checked the upstream's `101`).
+pub(crate) struct ExtendedConnect;
 
-impl Sink for H2Sink<'_> {
-    fn room(&self) -> usize {
-        self.room
-    }
-
-    fn encoders_held(&self) -> usize {
-        self.encoders_held
-    }
-
-    fn head(&mut self, r: Response, len: Option<u64>, _: bool, _: bool, _: &mut ConnCx<'_>) {
-        // HTTP/2 frames the body itself: no chunking, no Connection; HSTS is added as the
-        // head is encoded.
-        self.answer.head = Some((r, len));
-    }
-
-    fn interim(&mut self, _: &Response, _: &mut ConnCx<'_>) {
-        // Interim answers are not passed on over HTTP/2 (as before the sink: a 103 from an
-        // app reaches HTTP/1.1 clients only).
-    }
-
-    fn tunnel(&mut self, mut r: Response, _: Option<&[u8]>, cx: &mut ConnCx<'_>) -> u16 {
+impl Tunnels for ExtendedConnect {
+    fn tunnel(answer: &mut HeldAnswer, mut r: Response, cx: &mut ConnCx<'_>) -> u16 {
         // RFC 8441 §5: a 2xx to the extended CONNECT opens the tunnel.
         r.status = 200;
-        self.answer.head = Some((r, None));
+        answer.head = Some((r, None));
         cx.stats.bump(Counter::WebsocketTunnelsOpenedHttp2);
         200
-    }
-
-    fn data(&mut self, bytes: &[u8], _: &mut ConnCx<'_>) {
-        self.answer.data.extend_from_slice(bytes);
-    }
-
-    fn end(&mut self, _: &mut ConnCx<'_>) {
-        self.answer.end = true;
-    }
-
-    fn reset(&mut self) {
-        self.answer.broken = true;
-    }
-
-    fn whole(
-        &mut self,
-        response: Response,
-        tally: Tally,
-        _: bool,
-        log: Option<Box<SavedEntry>>,
-        _: &mut ConnCx<'_>,
-    ) {
-        // Sent by `flush_relays` as a handler's answer (HEADERS, then DATA or a file as
-        // windows allow); an HTTP/2 stream's end closes nothing else.
-        self.answer.whole = Some(Box::new(WholeAnswer {
-            response,
-            tally,
-            log,
-        }));
     }
 }
 
@@ -94,9 +38,9 @@ impl RelayedStream {
     /// The client gave up (its stream reset, its connection failed): nothing more goes to it.
     pub(super) fn abandon(&mut self, stats: &crate::stats::WorkerStats) {
         self.relay.abandon(stats);
-        self.answer = H2Answer {
+        self.answer = HeldAnswer {
             end: true,
-            ..H2Answer::default()
+            ..HeldAnswer::default()
         };
     }
 }
@@ -121,23 +65,22 @@ impl Relays for Http2 {
         &mut self.relays[i].relay
     }
 
-    /// The sink takes what is left of the stream's room and the connection's (`relay_room`);
-    /// the answer goes out when `flush` frames it.
+    /// The sink takes what is left of the stream's room and the connection's; the answer goes
+    /// out when `flush` frames it.
     fn parts<'a>(
         &'a mut self,
         i: usize,
         _: &'a mut Output,
         _: &'a Link,
     ) -> (&'a mut Relay, H2Sink<'a>) {
-        let room = self.relay_room(i);
+        let held = self.held();
         let encoders_held = self.encoders_held() - self.relays[i].relay.encoder_bytes();
         let r = &mut self.relays[i];
-        let sink = H2Sink {
-            answer: &mut r.answer,
-            room,
-            encoders_held,
-        };
-        (&mut r.relay, sink)
+        let own = r.answer.data.len();
+        (
+            &mut r.relay,
+            HeldSink::new(&mut r.answer, own, held, encoders_held),
+        )
     }
 
     fn one_exchange(&self) -> bool {
@@ -176,30 +119,12 @@ impl Http2 {
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) {
-        let mut answer = H2Answer::default();
-        let room = self.room_for(0);
-        let mut sink = H2Sink {
-            answer: &mut answer,
-            room,
-            encoders_held: self.encoders_held(),
-        };
+        let mut answer = HeldAnswer::default();
+        let mut sink = H2Sink::new(&mut answer, 0, self.held(), self.encoders_held());
         let relay = Box::new(Relay::start(start, &mut sink, cx));
         self.relays.push(RelayedStream { id, relay, answer });
         self.feed_relays(out, cx);
         self.flush_relays(out, link, cx);
-    }
-
-    /// How many more bytes of its answer the relay at `i` may take from its upstream now:
-    /// what is left of its stream's share and of the connection's budget (all streams
-    /// together). A stream whose window the client keeps shut fills its share and stops there:
-    /// its upstream is then read no further (backpressure, not buffering).
-    fn relay_room(&self, i: usize) -> usize {
-        self.room_for(self.relays[i].answer.data.len())
-    }
-
-    /// The room of a stream holding `own` bytes of its answer.
-    fn room_for(&self, own: usize) -> usize {
-        room_given(own, self.held())
     }
 
     /// Answer bytes all the connection's relays hold.
@@ -223,18 +148,15 @@ impl Http2 {
             if !self.relays[i].relay.wants_input() {
                 continue;
             }
-            let room = room_given(self.relays[i].answer.data.len(), held);
             let Some((chunk, ended)) = self.session.body_chunk(id) else {
                 continue;
             };
             // (The session's buffers and the relays are separate fields: the chunk stays
             // borrowed from the session while the relay takes it.)
             let r = &mut self.relays[i];
-            let mut sink = H2Sink {
-                answer: &mut r.answer,
-                room,
-                encoders_held: encoders - r.relay.encoder_bytes(),
-            };
+            let own = r.answer.data.len();
+            let encoders_held = encoders - r.relay.encoder_bytes();
+            let mut sink = H2Sink::new(&mut r.answer, own, held, encoders_held);
             let used = r.relay.client_input(chunk, &mut sink, cx);
             let all = used == chunk.len();
             let buf = out.head_buf(|| cx.buffers.take_write());
@@ -258,29 +180,12 @@ impl Http2 {
             let head_only = self.relays[i].relay.head_only();
             let answer = &mut self.relays[i].answer;
             if let Some(whole) = answer.whole.take() {
-                let WholeAnswer {
-                    response,
-                    tally,
-                    log,
-                } = *whole;
-                let facts = Facts {
-                    id: ExchangeId(u64::from(id)),
-                    head_only,
-                    keep_alive: true,
-                    http10: false,
-                    tally,
-                };
+                let (response, facts, log) = whole.into_parts(ExchangeId(u64::from(id)), head_only);
                 let entry = log.as_ref().map(|s| s.entry());
                 self.respond(id, response, facts, out, link, cx, entry.as_ref());
                 continue;
             }
-            if let Some((response, length)) = answer.head.take() {
-                let end_stream = head_only
-                    || status_has_no_body(response.status)
-                    || (answer.end && answer.data.is_empty());
-                if end_stream {
-                    answer.data.clear();
-                }
+            if let Some((response, length, end_stream)) = answer.take_head(head_only) {
                 self.relay_head(id, &response, length, end_stream, out, link, cx);
                 if !end_stream {
                     let priority = self.session.priority(id);
@@ -352,12 +257,4 @@ impl Http2 {
             !(r.relay.is_finished() && answered)
         });
     }
-}
-
-/// How many more answer bytes a relayed stream may take from its upstream, holding `own` of
-/// them while the connection's relays hold `held` together.
-fn room_given(own: usize, held: usize) -> usize {
-    RELAY_STREAM_BUFFER
-        .saturating_sub(own)
-        .min(RELAY_CONN_BUFFER.saturating_sub(held))
 }

@@ -10,8 +10,9 @@ use tern_http2::frame::HEADER_LEN;
 use tern_http2::{ErrorCode, Priority};
 use tern_runtime::ratelog;
 
-use super::{H2Answer, Http2, Remaining, Stall, PUMP_TARGET};
+use super::{Http2, Remaining, Stall, PUMP_TARGET};
 use crate::conn::output::Output;
+use crate::conn::relay::HeldAnswer;
 use crate::exchange::ConnCx;
 use crate::response::{Body, FileBody};
 
@@ -219,7 +220,7 @@ impl Http2 {
             .is_some_and(|a| !a.data.is_empty() || a.end || a.broken)
     }
 
-    fn h2_answer(&self, id: u32) -> Option<&H2Answer> {
+    fn h2_answer(&self, id: u32) -> Option<&HeldAnswer> {
         self.relays.iter().find(|r| r.id == id).map(|r| &r.answer)
     }
 

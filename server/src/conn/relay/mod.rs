@@ -1,17 +1,18 @@
 //! One exchange relayed to an upstream server: a state of the HTTP/1.1 protocol, or one of
-//! an HTTP/2 connection's streams. Sans-IO like the rest of the connection: the driver
+//! an HTTP/2 or HTTP/3 connection's streams. Sans-IO like the rest of the connection: the driver
 //! (`driver/relay.rs`, through the connection's calls in `conn/relays.rs`) attaches an
 //! upstream connection, sends [`Relay::send_buf`], reads into [`Relay::recv_buf`], and reports
 //! what happened; the relay parses the upstream's answer (`tern_codec::parse_upstream_head`),
 //! rewrites its head, and streams its body to the client through the protocol's [`Sink`]
 //! (`exchange/sink.rs`): the relay knows no client protocol, HTTP/1.1 framing lives in
-//! `http1.rs` and HTTP/2's in `http2/relays.rs`. Where a protocol keeps its relays is the
-//! [`Relays`] trait below.
+//! `http1.rs`, HTTP/2's in `http2/relays.rs` and HTTP/3's in `quic/conn/relays.rs`; the two
+//! multiplexed ones share the sink that holds a stream's answer until they frame it
+//! (`held.rs`). Where a protocol over TCP keeps its relays is the [`Relays`] trait below.
 //!
 //! Memory is bounded both ways: the request body is taken from the client only while less
 //! than `TO_UPSTREAM_MAX` waits for the upstream, and the upstream is read only as far as the
-//! client side has room (the HTTP/1.1 output under its high-water mark; for an HTTP/2 stream,
-//! its share of the connection's relay budget, see `conn/http2/relays.rs`). Time is bounded
+//! client side has room (the HTTP/1.1 output under its high-water mark; for an HTTP/2 or
+//! HTTP/3 stream, its share of the connection's relay budget, see `held.rs`). Time is bounded
 //! too: a client that leaves the answer unread stops the upstream's reads, and the upstream
 //! idle timeout, which only the upstream's progress moves, then ends the exchange. Framing is
 //! re-encoded, never passed through: Content-Length stays a length, a chunked or
@@ -25,10 +26,12 @@
 //! it streams in; `answer.rs`, the upstream's answer (head, body, compression) and how the
 //! exchange ends; `retry.rs`, which server gets the request, first and after a failure;
 //! `handoff.rs`, a request the app hands back to its route (`X-Accel-Redirect`, a status the
-//! route reroutes) answered by the route's site instead.
+//! route reroutes) answered by the route's site instead. Beside them, `held.rs`: the answer
+//! held for an HTTP/2 or HTTP/3 stream, its sink and its room.
 
 mod answer;
 mod handoff;
+mod held;
 mod request;
 mod retry;
 mod tee;
@@ -47,6 +50,8 @@ use crate::exchange::{ConnCx, Sink};
 use crate::handler::{ExchangeId, Handback};
 use crate::stats::{Counter, Tally, UpstreamCounter};
 use crate::upstream::{Forward, UpstreamOutcome, UpstreamRow};
+
+pub(crate) use held::{HeldAnswer, HeldSink, Tunnels};
 
 /// The largest upstream response head (nginx's default proxy buffer is 4–8 KiB).
 const MAX_UPSTREAM_HEAD: usize = 32 * 1024;

@@ -1,8 +1,9 @@
 //! The HTTP/3 side of relayed answers (proxy and FastCGI routes, the cache's fills): one relay
-//! per relayed stream, the [`H3Sink`] it writes its answer through (held until it is framed),
-//! how much each may read from its upstream, and its answer out as HEADERS and DATA frames
-//! written into the stream as QUIC's flow control takes them, or a reset when it breaks.
-//! The driver reaches the relays through [`RelayHost`], as it reaches a TCP connection's.
+//! per relayed stream, writing through the sink HTTP/2 shares (`conn/relay/held.rs`: the
+//! answer held until it is framed, and how much each may read from its upstream), and its
+//! answer out as HEADERS and DATA frames written into the stream as QUIC's flow control takes
+//! them, or a reset when it breaks. The driver reaches the relays through [`RelayHost`], as it
+//! reaches a TCP connection's.
 
 use std::sync::Arc;
 
@@ -10,79 +11,26 @@ use bytes::Bytes;
 use quinn_proto::{StreamId, VarInt};
 use tern_http3::ErrorCode;
 
-use super::{quic_id, split_line, QuicConn, RelayAnswer, Relayed, WholeAnswer};
-use crate::access_log::SavedEntry;
-use crate::conn::relay::{Relay, RelayNeed, RelayStart};
+use super::{quic_id, split_line, QuicConn, Relayed};
+use crate::conn::relay::{HeldAnswer, HeldSink, Relay, RelayNeed, RelayStart, Tunnels};
 use crate::conn::RelayHost;
-use crate::exchange::{ConnCx, Facts, Sink};
+use crate::exchange::{ConnCx, Sink};
 use crate::handler::ExchangeId;
-use crate::response::{status_has_no_body, Response};
-use crate::stats::Tally;
+use crate::response::Response;
 use crate::upstream::Upstreams;
 
-/// A relayed answer's bytes held for its stream before its upstream is read no further:
-/// about what one flight of a stream takes.
-const RELAY_STREAM_BUFFER: usize = 64 * 1024;
-/// The same for all of a connection's streams together.
-const RELAY_CONN_BUFFER: usize = 512 * 1024;
+/// What a stream's relay writes its answer through (held, see `conn/relay/held.rs`).
+type H3Sink<'a> = HeldSink<'a, NoTunnels>;
 
-/// What a stream's relay writes its answer through.
-pub(super) struct H3Sink<'a> {
-    answer: &'a mut RelayAnswer,
-    room: usize,
-    encoders_held: usize,
-}
+/// HTTP/3 carries no tunnel: it offers no extended CONNECT (its SETTINGS say so), and a
+/// request's Upgrade is never forwarded from it (`dispatch`), so no upstream can switch
+/// protocols here; if one claims to, the stream is reset rather than carry a tunnel.
+struct NoTunnels;
 
-impl Sink for H3Sink<'_> {
-    fn room(&self) -> usize {
-        self.room
-    }
-
-    fn encoders_held(&self) -> usize {
-        self.encoders_held
-    }
-
-    fn head(&mut self, r: Response, len: Option<u64>, _: bool, _: bool, _: &mut ConnCx<'_>) {
-        self.answer.head = Some((r, len));
-    }
-
-    fn interim(&mut self, _: &Response, _: &mut ConnCx<'_>) {
-        // Interim answers are not passed on (as over HTTP/2).
-    }
-
-    fn tunnel(&mut self, _: Response, _: Option<&[u8]>, _: &mut ConnCx<'_>) -> u16 {
-        // HTTP/3 offers no extended CONNECT (its SETTINGS say so), and a request's Upgrade
-        // is never forwarded from it (`dispatch`), so no upstream can switch protocols
-        // here; if one claims to, the stream is reset rather than carry a tunnel.
-        self.answer.broken = true;
+impl Tunnels for NoTunnels {
+    fn tunnel(answer: &mut HeldAnswer, _: Response, _: &mut ConnCx<'_>) -> u16 {
+        answer.broken = true;
         502
-    }
-
-    fn data(&mut self, bytes: &[u8], _: &mut ConnCx<'_>) {
-        self.answer.data.extend_from_slice(bytes);
-    }
-
-    fn end(&mut self, _: &mut ConnCx<'_>) {
-        self.answer.end = true;
-    }
-
-    fn reset(&mut self) {
-        self.answer.broken = true;
-    }
-
-    fn whole(
-        &mut self,
-        response: Response,
-        tally: Tally,
-        _: bool,
-        log: Option<Box<SavedEntry>>,
-        _: &mut ConnCx<'_>,
-    ) {
-        self.answer.whole = Some(Box::new(WholeAnswer {
-            response,
-            tally,
-            log,
-        }));
     }
 }
 
@@ -95,12 +43,8 @@ impl QuicConn {
         start: RelayStart<'_>,
         cx: &mut ConnCx<'_>,
     ) {
-        let mut answer = RelayAnswer::default();
-        let mut sink = H3Sink {
-            answer: &mut answer,
-            room: room_given(0, self.relays_held()),
-            encoders_held: self.encoders_held(),
-        };
+        let mut answer = HeldAnswer::default();
+        let mut sink = H3Sink::new(&mut answer, 0, self.relays_held(), self.encoders_held());
         let relay = Box::new(Relay::start(start, &mut sink, cx));
         self.relays.push(Relayed {
             stream,
@@ -130,16 +74,15 @@ impl QuicConn {
     /// The relay in slot `i` and its sink, with its room: what is left of its stream's share
     /// and of the connection's budget.
     fn parts(&mut self, i: usize) -> (&mut Relay, H3Sink<'_>) {
-        let own = self.relays[i].answer.data.len() + self.relays[i].frames.len();
-        let room = room_given(own, self.relays_held());
+        let held = self.relays_held();
         let encoders_held = self.encoders_held() - self.relays[i].relay.encoder_bytes();
         let r = &mut self.relays[i];
-        let sink = H3Sink {
-            answer: &mut r.answer,
-            room,
-            encoders_held,
-        };
-        (&mut r.relay, sink)
+        // Frames made from the answer and not yet taken by the stream count as held.
+        let own = r.answer.data.len() + r.frames.len();
+        (
+            &mut r.relay,
+            H3Sink::new(&mut r.answer, own, held, encoders_held),
+        )
     }
 
     /// Frames what the relays produced and writes it into their streams as far as the
@@ -158,18 +101,8 @@ impl QuicConn {
                 // Answered as a handler's answer is (HEADERS, then its body, a file too).
                 r.stream_done = true;
                 let stream = r.stream;
-                let WholeAnswer {
-                    response,
-                    tally,
-                    log,
-                } = *whole;
-                let facts = Facts {
-                    id: ExchangeId(u64::from(stream)),
-                    head_only,
-                    keep_alive: true,
-                    http10: false,
-                    tally,
-                };
+                let (response, facts, log) =
+                    whole.into_parts(ExchangeId(u64::from(stream)), head_only);
                 let entry = log.as_ref().map(|s| s.entry());
                 self.respond(stream, response, facts, cx, entry.as_ref());
                 continue;
@@ -184,12 +117,9 @@ impl QuicConn {
                 let _ = self.h3.answer_sent(u64::from(r.stream));
                 continue;
             }
-            if let Some((response, length)) = r.answer.head.take() {
-                let end = head_only
-                    || status_has_no_body(response.status)
-                    || (r.answer.end && r.answer.data.is_empty());
+            if let Some((response, length, end)) = r.answer.take_head(head_only) {
                 if end {
-                    r.answer.data.clear();
+                    // `write_relay` finishes the stream after the HEADERS.
                     r.answer.end = true;
                 }
                 let mut frames = Vec::with_capacity(256);
@@ -272,7 +202,7 @@ impl QuicConn {
     pub(super) fn forget_relay(&mut self, stream: StreamId, cx: &ConnCx<'_>) {
         if let Some(r) = self.relays.iter_mut().find(|r| r.stream == stream) {
             r.relay.abandon(cx.stats);
-            r.answer = RelayAnswer::default();
+            r.answer = HeldAnswer::default();
             r.frames = Bytes::new();
             r.stream_done = true;
         }
@@ -430,12 +360,4 @@ impl RelayHost for QuicConn {
         }
         self.relays.clear();
     }
-}
-
-/// How many more answer bytes a relayed stream may take from its upstream, holding `own` of
-/// them while the connection's relays hold `held` together.
-fn room_given(own: usize, held: usize) -> usize {
-    RELAY_STREAM_BUFFER
-        .saturating_sub(own)
-        .min(RELAY_CONN_BUFFER.saturating_sub(held))
 }
