@@ -30,11 +30,16 @@ pub struct Config {
     /// Request streams open at once (QUIC's MAX_STREAMS should say the same; this is the
     /// bound if it does not). Past it a stream is reset with H3_REQUEST_REJECTED.
     pub max_request_streams: usize,
-    /// Largest request body: a larger content-length is answered 413; a body that grows past
-    /// it without one is reset with H3_EXCESSIVE_LOAD.
+    /// Largest gathered request body ([`Connection::gather_body`]): a larger content-length
+    /// is answered 413; a body that grows past it without one is reset with
+    /// H3_EXCESSIVE_LOAD. A streamed body ([`Connection::stream_body`]) has no such bound here:
+    /// its route's applies.
     pub max_body: u64,
     /// Body bytes a stream may hold that the caller has not consumed.
     pub max_buffered_body: usize,
+    /// Body bytes a streamed request may hold before the caller should stop reading its
+    /// stream ([`Connection::body_room`]): QUIC's flow control then holds the client back.
+    pub streamed_body_buffer: usize,
     /// Largest SETTINGS frame (other control frames are one varint).
     pub max_control_frame: usize,
     /// Streams the peer may make us reset, or reset before their answer, beyond those it
@@ -55,6 +60,7 @@ impl Default for Config {
             max_request_streams: 100,
             max_body: 1024 * 1024,
             max_buffered_body: 256 * 1024,
+            streamed_body_buffer: 64 * 1024,
             max_control_frame: 4096,
             reset_budget: 100,
             overhead_budget: 1000,
@@ -189,10 +195,27 @@ struct Request {
     head_raised: bool,
     /// Our answer ended (FIN queued).
     answered: bool,
+    /// The caller chose how to take the body: gathered whole, or streamed.
+    decided: bool,
+    /// The body is streamed: bounded by the caller's reading, not by `max_body`.
+    streamed: bool,
+    /// The content-length of a streamed request, whose fields the caller took.
+    streamed_length: Option<u64>,
     trailers: Vec<(Vec<u8>, Vec<u8>)>,
     /// Events raised once the current call's bytes are processed (so a head and its FIN in
     /// one call make one event).
     pending: Pending,
+}
+
+impl Request {
+    /// The request's content-length, if it declared one.
+    fn declared_length(&self) -> Option<u64> {
+        if self.streamed {
+            self.streamed_length
+        } else {
+            self.data.fields.content_length()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -410,6 +433,9 @@ impl Connection {
             recv_done: false,
             head_raised: false,
             answered: false,
+            decided: false,
+            streamed: false,
+            streamed_length: None,
             trailers: Vec::new(),
             pending: Pending::default(),
         })))))
@@ -793,12 +819,9 @@ impl Connection {
         }
         if too_large {
             self.refuse(id, r, 431);
-        } else if fields
-            .content_length()
-            .is_some_and(|n| n > self.cfg.max_body)
-        {
-            self.refuse(id, r, 413);
         } else {
+            // A declared length over max_body is refused only if the caller gathers the body
+            // (`gather_body`): a route that streams bodies takes any.
             r.head_raised = true;
             r.pending.head = true;
         }
@@ -836,24 +859,22 @@ impl Connection {
             return Ok(true); // refused 413 inside this DATA frame: the rest is dropped
         }
         r.received += chunk.len() as u64;
-        if r.data
-            .fields
-            .content_length()
-            .is_some_and(|n| r.received > n)
-        {
+        if r.declared_length().is_some_and(|n| r.received > n) {
             return self.stream_error(
                 id,
                 ErrorCode::Message,
                 Malformed::ContentLengthMismatch.reason(),
             );
         }
-        if r.received > self.cfg.max_body {
-            if r.pending.head {
-                // Not yet seen by the caller: answered 413 instead.
-                r.pending.head = false;
-                self.refuse(id, r, 413);
-                return Ok(true);
-            }
+        if r.streamed {
+            // The caller reads no more than `body_room` allows.
+            r.body.extend_from_slice(chunk);
+            r.pending.body = true;
+            return Ok(true);
+        }
+        // Until the caller decides (at the head's event), `max_buffered_body` bounds what is
+        // held; `gather_body` then judges the length.
+        if r.decided && r.received > self.cfg.max_body {
             return self.stream_error(id, ErrorCode::ExcessiveLoad, "body over max_body");
         }
         if r.body.len() + chunk.len() > self.cfg.max_buffered_body {
@@ -877,11 +898,7 @@ impl Connection {
             }
             Phase::Refused => {}
             Phase::Body | Phase::Trailers => {
-                if r.data
-                    .fields
-                    .content_length()
-                    .is_some_and(|n| n != r.received)
-                {
+                if r.declared_length().is_some_and(|n| n != r.received) {
                     let reason = Malformed::ContentLengthMismatch.reason();
                     return self.stream_error(id, ErrorCode::Message, reason);
                 }
@@ -1009,10 +1026,73 @@ impl Connection {
         Some(data)
     }
 
+    /// The request of `stream` whose head arrived ([`Event::Request`]), to look at before
+    /// choosing how to take its body.
+    pub fn peek_request(&self, stream: u64) -> Option<&RequestData> {
+        match &self.streams.get(&stream)?.role {
+            Role::Request(r) if r.phase != Phase::Refused => Some(&r.data),
+            _ => None,
+        }
+    }
+
+    /// The body of `stream` is gathered whole, up to `max_body`: a larger declared length, or
+    /// more received already, is answered 413 ([`Event::Refuse`]; false is returned).
+    pub fn gather_body(&mut self, stream: u64) -> bool {
+        let max_body = self.cfg.max_body;
+        let Some(Role::Request(r)) = self.streams.get_mut(&stream).map(|s| &mut s.role) else {
+            return false;
+        };
+        if r.decided || r.phase == Phase::Refused {
+            return !r.streamed && r.phase != Phase::Refused;
+        }
+        r.decided = true;
+        let declared = r.data.fields.content_length().is_some_and(|n| n > max_body);
+        if declared || r.received > max_body {
+            r.phase = Phase::Refused;
+            r.body = Vec::new();
+            self.events.push_back(Event::Refuse {
+                stream,
+                status: 413,
+            });
+            return false;
+        }
+        true
+    }
+
+    /// The body of `stream` is taken as it comes: the request (its fields) is taken now, the
+    /// body with [`Connection::body_chunk`], read from the stream only as far as
+    /// [`Connection::body_room`] says.
+    pub fn stream_body(&mut self, stream: u64) -> Option<RequestData> {
+        let Some(Role::Request(r)) = self.streams.get_mut(&stream).map(|s| &mut s.role) else {
+            return None;
+        };
+        if r.decided || r.phase == Phase::Refused {
+            return None;
+        }
+        r.decided = true;
+        r.streamed = true;
+        r.streamed_length = r.data.fields.content_length();
+        let mut data = std::mem::take(&mut r.data);
+        data.stream = (stream / 4) as u32;
+        Some(data)
+    }
+
+    /// How many more bytes of `stream` the caller should read into the session now: a
+    /// streamed request's room in `streamed_body_buffer`; unbounded for any other stream
+    /// (what they may hold is bounded as it arrives).
+    pub fn body_room(&self, stream: u64) -> usize {
+        match self.streams.get(&stream).map(|s| &s.role) {
+            Some(Role::Request(r)) if r.streamed => {
+                self.cfg.streamed_body_buffer.saturating_sub(r.body.len())
+            }
+            _ => usize::MAX,
+        }
+    }
+
     /// Body bytes not yet consumed, and whether the body is complete.
     pub fn body_chunk(&self, stream: u64) -> Option<(&[u8], bool)> {
         match &self.streams.get(&stream)?.role {
-            Role::Request(r) => Some((&r.body, r.recv_done)),
+            Role::Request(r) if r.phase != Phase::Refused => Some((&r.body, r.recv_done)),
             _ => None,
         }
     }

@@ -623,10 +623,19 @@ fn oversized_heads_and_bodies_are_refused() {
         max_body: 10,
         ..Config::default()
     };
+    // (Judged when the caller gathers the body: a streaming route would take it.)
     let mut c = conn_with(cfg);
     let mut l = GET.to_vec();
     l.push(("content-length", "11"));
     c.recv_stream_data(0, &headers(&l), false).unwrap();
+    assert_eq!(
+        events(&mut c),
+        [Event::Request {
+            stream: 0,
+            end_stream: false
+        }]
+    );
+    assert!(!c.gather_body(0), "refused");
     assert_eq!(
         events(&mut c),
         [Event::Refuse {
@@ -634,12 +643,15 @@ fn oversized_heads_and_bodies_are_refused() {
             status: 413
         }]
     );
-    // An undeclared body past it before the head went out: 413, the rest of the frame dropped.
+    // An undeclared body past it before the caller chose to gather it: 413, the rest of the
+    // frame dropped.
     let mut c = conn_with(cfg);
     let mut v = headers(&GET);
     frame::write_header(&mut v, kind::DATA, 30);
     v.extend([0; 11]);
     c.recv_stream_data(0, &v, false).unwrap();
+    events(&mut c);
+    assert!(!c.gather_body(0), "refused");
     c.recv_stream_data(0, &[0; 19], true).unwrap();
     assert_eq!(
         events(&mut c),
@@ -649,10 +661,11 @@ fn oversized_heads_and_bodies_are_refused() {
         }]
     );
     assert!(!c.answer_sent(0));
-    // An undeclared body that grows past it once the head went out: reset.
+    // An undeclared body that grows past it once gathered: reset.
     let mut c = conn_with(cfg);
     c.recv_stream_data(0, &headers(&GET), false).unwrap();
     events(&mut c);
+    assert!(c.gather_body(0), "gathered");
     c.recv_stream_data(0, &frame_bytes(kind::DATA, &[0; 11]), false)
         .unwrap();
     expect_reset(&mut c, 0, ErrorCode::ExcessiveLoad);
@@ -829,4 +842,60 @@ proptest! {
         prop_assert_eq!(body, b"hello world".to_vec());
         prop_assert_eq!(trailers, vec![(b"x-checksum".to_vec(), b"abc".to_vec())]);
     }
+}
+
+/// A streamed body (a proxy route's upload) is not bound by `max_body`: the caller takes it
+/// in pieces, and `body_room` tells it how much more to read before it has taken some.
+#[test]
+fn a_streamed_body_passes_max_body_in_pieces_within_its_room() {
+    let cfg = Config {
+        max_body: 10,
+        streamed_body_buffer: 64,
+        ..Config::default()
+    };
+    let mut c = conn_with(cfg);
+    let mut l = vec![
+        (":method", "POST"),
+        (":scheme", "https"),
+        (":authority", "a"),
+        (":path", "/up"),
+    ];
+    l.push(("content-length", "200"));
+    c.recv_stream_data(0, &headers(&l), false).unwrap();
+    assert_eq!(
+        events(&mut c),
+        [Event::Request {
+            stream: 0,
+            end_stream: false
+        }]
+    );
+    assert_eq!(c.body_room(0), usize::MAX, "undecided: not bounded yet");
+    let data = c.stream_body(0).expect("the request's fields");
+    assert_eq!(data.fields.content_length(), Some(200));
+    assert!(c.stream_body(0).is_none(), "taken once");
+    assert_eq!(c.body_room(0), 64);
+    let mut taken = Vec::new();
+    for piece in [[1u8; 50], [2; 50], [3; 50], [4; 50]] {
+        c.recv_stream_data(0, &frame_bytes(kind::DATA, &piece), false)
+            .unwrap();
+        assert_eq!(c.body_room(0), 14, "50 of 64 held");
+        let (chunk, done) = c.body_chunk(0).unwrap();
+        assert!(!done);
+        taken.extend_from_slice(chunk);
+        let n = chunk.len();
+        c.consume_body(0, n);
+        assert_eq!(c.body_room(0), 64);
+    }
+    c.recv_stream_data(0, &[], true).unwrap();
+    assert_eq!(c.body_chunk(0), Some((&[][..], true)));
+    assert_eq!(taken.len(), 200);
+    assert!(events(&mut c).iter().all(|e| matches!(e, Event::Body(0))));
+    // The declared length still binds a streamed body.
+    let mut c = conn_with(cfg);
+    c.recv_stream_data(0, &headers(&l), false).unwrap();
+    events(&mut c);
+    c.stream_body(0).unwrap();
+    c.recv_stream_data(0, &frame_bytes(kind::DATA, &[0; 201]), false)
+        .unwrap();
+    expect_reset(&mut c, 0, ErrorCode::Message);
 }

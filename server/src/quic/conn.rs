@@ -14,11 +14,12 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use quinn_proto::{Dir, Event as QuicEvent, ReadError, StreamEvent, StreamId, VarInt, WriteError};
 use tern_codec::{Method, Version};
+use tern_http2::RequestData;
 use tern_http3::{ConnError, ErrorCode, Event};
 use tern_runtime::ratelog;
 
 use crate::access_log::{LogEntry, SavedEntry};
-use crate::conn::relay::{HeldAnswer, Relay, RelayStart};
+use crate::conn::relay::{streams_body, BodyFollows, HeldAnswer, Relay, RelayStart};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Link, Outcome};
 use crate::handler::ExchangeId;
 use crate::response::{status_has_no_body, Body, FileBody, Response};
@@ -82,6 +83,9 @@ pub(crate) struct QuicConn {
     pub upstreams: Vec<(ExchangeId, u64)>,
     /// Request streams whose body is still arriving (the session holds it).
     gathering: Vec<u64>,
+    /// Request streams whose head came without its end, and whose body (if any) has not
+    /// shown how it will be taken yet (`take_body`).
+    undecided: Vec<u64>,
     awaiting: Awaiting,
     /// Established (the handshake completed).
     pub connected: bool,
@@ -126,6 +130,7 @@ impl QuicConn {
             relays: Vec::new(),
             upstreams: Vec::new(),
             gathering: Vec::new(),
+            undecided: Vec::new(),
             awaiting: Awaiting::default(),
             connected: false,
             handshake_over: false,
@@ -183,6 +188,7 @@ impl QuicConn {
             self.fail(e, now, cx);
         }
         self.session_events(now, cx);
+        self.feed_relays(cx);
         self.write_control();
         self.write_answers(cx);
         self.flush_relays(cx);
@@ -267,33 +273,18 @@ impl QuicConn {
         }
     }
 
-    /// Every byte the stream has for us goes into the session, which buffers what it needs.
-    fn read_stream(&mut self, id: StreamId) {
+    /// What the stream has for us goes into the session, which buffers what it needs; a
+    /// streamed request's stream only as far as its room (`body_room`): the rest waits in
+    /// QUIC, whose flow control then holds the client back until its relay takes more.
+    pub(super) fn read_stream(&mut self, id: StreamId) {
         let raw = u64::from(id);
-        let mut recv = self.quic.recv_stream(id);
-        let Ok(mut chunks) = recv.read(true) else {
-            return;
+        let room = self.h3.body_room(raw);
+        let reset = if room == 0 {
+            // Nothing is read, but a reset is seen (its relay must not wait for the rest).
+            matches!(self.quic.recv_stream(id).received_reset(), Ok(Some(_)))
+        } else {
+            self.read_into_session(id, room)
         };
-        let mut reset = false;
-        loop {
-            match chunks.next(usize::MAX) {
-                Ok(Some(chunk)) => {
-                    if self.h3.recv_stream_data(raw, &chunk.bytes, false).is_err() {
-                        break;
-                    }
-                }
-                Ok(None) => {
-                    let _ = self.h3.recv_stream_data(raw, &[], true);
-                    break;
-                }
-                Err(ReadError::Blocked) => break,
-                Err(ReadError::Reset(_)) => {
-                    reset = true;
-                    break;
-                }
-            }
-        }
-        let _ = chunks.finalize();
         if reset {
             // The client abandoned its request: its answer goes too, ended with a reset of
             // ours, without which quinn would keep the stream (and a draining connection
@@ -309,6 +300,38 @@ impl QuicConn {
         }
     }
 
+    /// Reads stream `id` into the session, `room` bytes at most (then as the session's room
+    /// says); true if the client reset it.
+    fn read_into_session(&mut self, id: StreamId, mut room: usize) -> bool {
+        let raw = u64::from(id);
+        let mut recv = self.quic.recv_stream(id);
+        let Ok(mut chunks) = recv.read(true) else {
+            return false;
+        };
+        let mut reset = false;
+        while room > 0 {
+            match chunks.next(room) {
+                Ok(Some(chunk)) => {
+                    if self.h3.recv_stream_data(raw, &chunk.bytes, false).is_err() {
+                        break;
+                    }
+                    room = self.h3.body_room(raw);
+                }
+                Ok(None) => {
+                    let _ = self.h3.recv_stream_data(raw, &[], true);
+                    break;
+                }
+                Err(ReadError::Blocked) => break,
+                Err(ReadError::Reset(_)) => {
+                    reset = true;
+                    break;
+                }
+            }
+        }
+        let _ = chunks.finalize();
+        reset
+    }
+
     fn session_events(&mut self, now: Instant, cx: &mut ConnCx<'_>) {
         while let Some(event) = self.h3.poll_event() {
             if self.closed {
@@ -318,17 +341,21 @@ impl QuicConn {
                 Event::Request { stream, end_stream } => {
                     if end_stream {
                         self.dispatch(stream, now, cx);
-                    } else if self.gathering.len() < GATHERING_LIMIT {
-                        self.gathering.push(stream);
-                        self.body_progress(stream, now, cx);
-                    } else {
+                    } else if self.gathering.len() + self.undecided.len() >= GATHERING_LIMIT {
                         self.reset_stream(stream, ErrorCode::RequestRejected, cx);
+                    } else {
+                        self.undecided.push(stream);
+                        self.take_body(stream, now, cx);
                     }
+                }
+                Event::Body(stream) if self.undecided.contains(&stream) => {
+                    self.take_body(stream, now, cx)
                 }
                 Event::Body(stream) => self.body_progress(stream, now, cx),
                 Event::Trailers(_) => {}
                 Event::Refuse { stream, status } => {
                     self.gathering.retain(|&s| s != stream);
+                    self.undecided.retain(|&s| s != stream);
                     cx.stats.bump(Counter::Requests);
                     let id = quic_id(stream);
                     let facts = Facts::own_answer(ExchangeId(stream), cx.clock.now_us());
@@ -351,6 +378,7 @@ impl QuicConn {
                 Event::ResetStream { stream, code, .. } => {
                     cx.stats.bump(Counter::Http3StreamErrors);
                     self.gathering.retain(|&s| s != stream);
+                    self.undecided.retain(|&s| s != stream);
                     self.reset_stream(stream, code, cx);
                 }
                 Event::StopSending { stream, code } => {
@@ -360,6 +388,7 @@ impl QuicConn {
                 Event::Reset(stream) => {
                     self.forget_relay(quic_id(stream), cx);
                     self.gathering.retain(|&s| s != stream);
+                    self.undecided.retain(|&s| s != stream);
                     self.answers.retain(|a| u64::from(a.stream) != stream);
                     self.awaiting.forget(ExchangeId(stream));
                 }
@@ -368,6 +397,32 @@ impl QuicConn {
         }
         if let Some(e) = self.h3.error() {
             self.fail(e, now, cx);
+        }
+    }
+
+    /// Chooses how the body of a request whose head came without its end is taken, once that
+    /// is known. A body that declares a length or has begun goes to a route that streams
+    /// bodies (the proxy, FastCGI) now, and on as it comes; to any other route whole. A stream
+    /// that ends with no body is a request without one: a GET whose FIN came after its
+    /// HEADERS must not reach its upstream as a chunked upload. Until then it waits.
+    fn take_body(&mut self, stream: u64, now: Instant, cx: &mut ConnCx<'_>) {
+        let Some((chunk, done)) = self.h3.body_chunk(stream) else {
+            return;
+        };
+        let none = chunk.is_empty() && done;
+        let declared = (self.h3.peek_request(stream))
+            .and_then(|d| d.fields.content_length())
+            .is_some_and(|n| n > 0);
+        if chunk.is_empty() && !done && !declared {
+            return;
+        }
+        self.undecided.retain(|&s| s != stream);
+        let streams = !none && (self.h3.peek_request(stream)).is_some_and(|d| streams_body(d, cx));
+        if streams {
+            self.dispatch_streamed(stream, now, cx);
+        } else if self.h3.gather_body(stream) {
+            self.gathering.push(stream);
+            self.body_progress(stream, now, cx);
         }
     }
 
@@ -413,12 +468,43 @@ impl QuicConn {
         let Some(data) = self.h3.take_request(stream) else {
             return;
         };
-        cx.stats.bump(Counter::Requests);
         let body = match self.h3.body_chunk(stream) {
             Some((bytes, _)) if !bytes.is_empty() => bytes.to_vec(),
             _ => Vec::new(),
         };
         self.h3.consume_body(stream, body.len());
+        self.run_exchange(stream, data, body, false, now, cx);
+    }
+
+    /// A request whose route streams its body: dispatched at its head; its relay is fed the
+    /// body as it comes (`feed_relays`).
+    fn dispatch_streamed(&mut self, stream: u64, now: Instant, cx: &mut ConnCx<'_>) {
+        if let Some(data) = self.h3.stream_body(stream) {
+            self.run_exchange(stream, data, Vec::new(), true, now, cx);
+        }
+    }
+
+    /// Runs the exchange of a request; `streamed`: its body is still coming, for its relay.
+    fn run_exchange(
+        &mut self,
+        stream: u64,
+        data: RequestData,
+        body: Vec<u8>,
+        streamed: bool,
+        now: Instant,
+        cx: &mut ConnCx<'_>,
+    ) {
+        cx.stats.bump(Counter::Requests);
+        // A streamed body's length was accepted by its route (see `streams_body`); a gathered
+        // one's was checked by the session.
+        let limits = tern_codec::Limits {
+            max_body: if streamed {
+                u64::MAX
+            } else {
+                cx.config.limits.max_body
+            },
+            ..cx.config.limits
+        };
         let mut few = [httparse::EMPTY_HEADER; 24];
         let mut many;
         let slots: &mut [httparse::Header<'_>] = if data.fields.field_count() <= few.len() {
@@ -439,7 +525,7 @@ impl QuicConn {
         // tern answers itself are answered from it.
         let early = !self.connected;
         let mut entry = None;
-        let outcome = match data.head(slots, &cx.config.limits) {
+        let outcome = match data.head(slots, &limits) {
             Err(e) => {
                 cx.stats.bad_request(e);
                 if ratelog::admit(e.name(), cx.clock.now_ms()) {
@@ -484,7 +570,7 @@ impl QuicConn {
                     head_only: facts.head_only,
                     handshake_is_ours: false,
                     body: &body,
-                    streamed: None,
+                    streamed: streamed.then_some(BodyFollows::Raw(data.fields.content_length())),
                     log: entry.as_ref().and_then(SavedEntry::save),
                     tally: facts.tally,
                     conn: self.link.key,

@@ -887,6 +887,8 @@ fn drive_relays<I: Io>(conn: &mut QuicConn, up: &mut Sockets<'_, I>, cx: &mut Co
     let mut upstreams = std::mem::take(&mut conn.upstreams);
     let mut done = false;
     for _ in 0..RELAY_ROUNDS {
+        // Streamed request bodies go to relays whose upstream took what they had.
+        conn.feed_relays(cx);
         if !relay_driver::step(conn, &mut upstreams, up, cx) {
             done = true;
             break;

@@ -24,7 +24,7 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 
 use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
-use super::relay::{BodyFollows, HeldAnswer, Relay, RelayStart, Relays};
+use super::relay::{streams_body, BodyFollows, HeldAnswer, Relay, RelayStart, Relays};
 use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Outcome};
@@ -792,25 +792,6 @@ fn tunnel_outcome(outcome: Outcome) -> Outcome {
             "WebSocket over HTTP/2 is served only by proxy routes\n",
         )),
     }
-}
-
-/// Whether the route of a request (its head as decoded so far) takes bodies as a stream.
-fn streams_body(data: &RequestData, cx: &ConnCx<'_>) -> bool {
-    let mut few = [httparse::EMPTY_HEADER; 24];
-    let mut many;
-    let slots: &mut [httparse::Header<'_>] = if data.fields.field_count() <= few.len() {
-        &mut few
-    } else {
-        many = vec![httparse::EMPTY_HEADER; data.fields.field_count()];
-        &mut many
-    };
-    // Any declared length: a streaming route takes it (the session checks the others).
-    let limits = tern_codec::Limits {
-        max_body: u64::MAX,
-        ..cx.config.limits
-    };
-    data.head(slots, &limits)
-        .is_ok_and(|head| exchange::streams_body(&head, cx))
 }
 
 /// One `Name: value` line of a response's serialized headers, as an HTTP/2 field.

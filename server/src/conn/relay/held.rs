@@ -175,6 +175,27 @@ fn room_given(own: usize, held: usize) -> usize {
         .min(CONN_BUFFER.saturating_sub(held))
 }
 
+/// Whether the route of a request on a multiplexed stream (its head as decoded so far) takes
+/// its body as a stream (the proxy, FastCGI) rather than whole: HTTP/2 and HTTP/3 ask at the
+/// head, before any body is held.
+pub(crate) fn streams_body(data: &tern_http2::RequestData, cx: &ConnCx<'_>) -> bool {
+    let mut few = [httparse::EMPTY_HEADER; 24];
+    let mut many;
+    let slots: &mut [httparse::Header<'_>] = if data.fields.field_count() <= few.len() {
+        &mut few
+    } else {
+        many = vec![httparse::EMPTY_HEADER; data.fields.field_count()];
+        &mut many
+    };
+    // Any declared length: a streaming route takes it (the session checks the others).
+    let limits = tern_codec::Limits {
+        max_body: u64::MAX,
+        ..cx.config.limits
+    };
+    data.head(slots, &limits)
+        .is_ok_and(|head| crate::exchange::streams_body(&head, cx))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -54,7 +54,40 @@ impl QuicConn {
             head_done: false,
             stream_done: false,
         });
+        self.feed_relays(cx);
         self.flush_relays(cx);
+    }
+
+    /// Hands streamed request bodies to their relays as far as each takes them; then reads
+    /// more of each stream from QUIC as far as its room in the session (the rest, and the
+    /// client's flow-control credit with it, wait for the upstream to take more).
+    pub(crate) fn feed_relays(&mut self, cx: &mut ConnCx<'_>) {
+        let held = self.relays_held();
+        let encoders = self.encoders_held();
+        for i in 0..self.relays.len() {
+            if !self.relays[i].relay.wants_input() {
+                continue;
+            }
+            let stream = self.relays[i].stream;
+            let raw = u64::from(stream);
+            let Some((chunk, ended)) = self.h3.body_chunk(raw) else {
+                continue;
+            };
+            // (The session and the relays are separate fields: the chunk stays borrowed from
+            // the session while the relay takes it.)
+            let r = &mut self.relays[i];
+            let own = r.answer.data.len() + r.frames.len();
+            let encoders_held = encoders - r.relay.encoder_bytes();
+            let mut sink = H3Sink::new(&mut r.answer, own, held, encoders_held);
+            let used = r.relay.client_input(chunk, &mut sink, cx);
+            let all = used == chunk.len();
+            self.h3.consume_body(raw, used);
+            if all && ended {
+                self.relays[i].relay.end_client_body();
+            } else if used > 0 {
+                self.read_stream(stream);
+            }
+        }
     }
 
     fn relays_held(&self) -> usize {
