@@ -2,7 +2,8 @@
 //!
 //! The input is records `[stream, flags, len, bytes...]`: `stream` picks one of a few
 //! client streams (requests 0/4/8/12, unidirectional 2/6/10/14), bit 0 of `flags` ends the
-//! stream with these bytes, bit 1 resets it instead. Every request is answered (a head, a body,
+//! stream with these bytes, bit 1 resets it instead. Request bodies are streamed on streams 0
+//! and 8 and gathered on 4 and 12. Every request is answered (a head, a body,
 //! the answer ended), so the send side runs too. The connection must never panic, must ignore
 //! input once closed, and every request it hands over must build a head an HTTP/1.1 upstream
 //! reads the same way. The whole input is also decoded as one QPACK field section: whatever
@@ -58,8 +59,21 @@ fuzz_target!(|data: &[u8]| {
 
 fn answer(c: &mut Connection, event: Event, out: &mut Vec<u8>) {
     match event {
-        Event::Request { stream, .. } => {
-            let data = c.take_request(stream).expect("a raised request is there");
+        Event::Request { stream, end_stream } => {
+            // A body follows: streams 0 and 8 take it as a stream (a proxy route), 4 and 12
+            // gather it (413 past max_body).
+            let data = if end_stream {
+                c.take_request(stream).expect("a raised request is there")
+            } else if stream % 8 == 0 {
+                let data = c.stream_body(stream).expect("an undecided request is there");
+                assert!(c.stream_body(stream).is_none(), "taken once");
+                data
+            } else {
+                if !c.gather_body(stream) {
+                    return; // refused: an Event::Refuse follows
+                }
+                c.take_request(stream).expect("a gathered request is there")
+            };
             let mut slots = [httparse::EMPTY_HEADER; 128];
             if let Ok(head) = data.head(&mut slots, &tern_codec::Limits::default()) {
                 check_head(&head);
