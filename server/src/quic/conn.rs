@@ -184,6 +184,7 @@ impl QuicConn {
                 QuicEvent::DatagramReceived | QuicEvent::DatagramsUnblocked => {}
             }
         }
+        self.follow_peer(now, cx);
         if let Some(e) = self.h3.error() {
             self.fail(e, now, cx);
         }
@@ -244,6 +245,21 @@ impl QuicConn {
     }
 
     /// Closes the connection with an HTTP/3 code (CONNECTION_CLOSE of type 0x1d).
+    /// A client whose address changed (NAT rebinding, migration: quinn moved the path) is
+    /// named by its new address from here on, in what its requests show (access log,
+    /// handlers, forwarded headers, strikes); one that moved to a banned address is closed.
+    fn follow_peer(&mut self, now: Instant, cx: &mut ConnCx<'_>) {
+        let peer = self.quic.remote_address();
+        if peer == self.link.peer || self.closed {
+            return;
+        }
+        self.link.peer = peer;
+        if cx.bans.is_some_and(|b| b.is_banned(peer.ip())) {
+            cx.stats.bump(Counter::QuicRefusedBanned);
+            self.close(now, ErrorCode::NoError, "address banned");
+        }
+    }
+
     pub fn close(&mut self, now: Instant, code: ErrorCode, reason: &'static str) {
         if self.closed {
             return;

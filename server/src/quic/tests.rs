@@ -198,10 +198,22 @@ fn a_lost_answer_is_sent_again_at_the_probe_timeout_not_a_wheel_tick() {
 #[test]
 fn a_client_behind_a_rebinding_nat_is_answered_at_its_new_address() {
     let (_dir, router) = site();
+    // Who the handlers (and the access log, and forwarded headers) see as the client.
+    let router = router.get(
+        "/peer",
+        |req: &crate::handler::Request<'_>, _: &mut crate::handler::HandlerContext<'_>| {
+            let peer = req.peer.to_string().into_bytes();
+            Reply::Now(Response::new(200).with_body(crate::response::Body::Owned(peer)))
+        },
+    );
     let mut net = net(router, config());
     let c = net.connect(client());
     assert_eq!(fetch(&mut net, c, "/hello.txt").body, HELLO);
     assert_eq!(net.clients[c].received_rebound, 0);
+    assert_eq!(
+        fetch(&mut net, c, "/peer").body,
+        client().to_string().as_bytes()
+    );
 
     let rebound = addr("203.0.113.9:61000");
     net.rebind(c, rebound);
@@ -211,6 +223,10 @@ fn a_client_behind_a_rebinding_nat_is_answered_at_its_new_address() {
     assert!(
         net.clients[c].received_rebound > 0,
         "answered at the new address"
+    );
+    assert_eq!(
+        fetch(&mut net, c, "/peer").body,
+        rebound.to_string().as_bytes()
     );
     net.run_until(SECOND, |net| {
         net.clients[c].conn.stats().frame_tx.path_response > 0
@@ -231,7 +247,7 @@ fn a_client_behind_a_rebinding_nat_is_answered_at_its_new_address() {
         1,
         "the same connection"
     );
-    assert_eq!(net.w.counter(Counter::Requests), 3);
+    assert_eq!(net.w.counter(Counter::Requests), 5);
     assert_eq!(net.w.connections(), 1);
 }
 
