@@ -312,6 +312,12 @@ impl MemoryWorker {
         self.worker.set_quic_retry_above(handshakes);
     }
 
+    /// Superseded QUIC timer entries allowed beyond 4 per connection before the heap of
+    /// deadlines is made again (lowered so that a test makes it again all the time).
+    pub fn set_quic_stale_timers(&mut self, entries: usize) {
+        self.worker.set_quic_stale_timers(entries);
+    }
+
     /// One loop turn; false if there was nothing to do.
     fn turn(&mut self) -> bool {
         let ready = self.io.take_reports();

@@ -369,6 +369,15 @@ impl<I: Io> HttpWorker<I> {
         })
     }
 
+    /// See `MemoryWorker::set_quic_stale_timers`.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn set_quic_stale_timers(&mut self, entries: usize) {
+        self.quic
+            .as_mut()
+            .expect("HTTP/3 on")
+            .set_stale_timers(entries);
+    }
+
     /// See `MemoryWorker::set_quic_retry_above`.
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn set_quic_retry_above(&mut self, handshakes: usize) {

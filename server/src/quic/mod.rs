@@ -23,14 +23,13 @@
 
 mod cid;
 mod conn;
+mod deadlines;
 mod settings;
 #[cfg(test)]
 mod test_client;
 #[cfg(test)]
 mod tests;
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -51,6 +50,7 @@ use crate::response::Response;
 use crate::slab::Slab;
 use crate::stats::Counter;
 use conn::QuicConn;
+use deadlines::Deadlines;
 pub(crate) use settings::server_config;
 
 /// The tag of QUIC connections' keys and sockets' tokens (bit 63 is the upstreams').
@@ -72,6 +72,8 @@ const BLOCKED_LIMIT: usize = 256;
 /// Connection timers run in one turn at most: thousands of idle timeouts due together must not
 /// hold the loop while other connections' datagrams wait (as the worker's wheel does).
 const TIMERS_PER_TURN: usize = 1024;
+/// Superseded timer entries allowed beyond 4 per connection (`deadlines.rs`).
+const STALE_TIMERS: usize = 1024;
 /// Handshakes in progress on a worker above which a new client without a validated address
 /// is sent a Retry first (one round trip more, but no state until it proves its address).
 const RETRY_ABOVE: usize = 256;
@@ -181,11 +183,9 @@ pub(crate) struct QuicSide<I: Io> {
     touched: Vec<u64>,
     /// Connections whose relays yielded for fairness: driven again next turn.
     again: Vec<u64>,
-    /// Connections' timers: (due at, µs on the worker's clock; key), earliest first. An
-    /// entry whose time is not the connection's `armed_us` was superseded and is skipped.
-    /// QUIC's timers (ACK delay, loss, pacing) are a millisecond or less, finer than the
-    /// worker's 100 ms wheel: the loop sleeps until the first ([`QuicSide::next_deadline_us`]).
-    deadlines: BinaryHeap<Reverse<(u64, u64)>>,
+    /// Connections' timers, in µs (`deadlines.rs`): the loop sleeps until the first
+    /// ([`QuicSide::next_deadline_us`]).
+    deadlines: Deadlines,
     /// Handshakes begun and not yet complete or failed.
     handshaking: usize,
     handoff: Option<Handoff>,
@@ -244,7 +244,7 @@ impl<I: Io> QuicSide<I> {
             send_buf: Vec::with_capacity(MAX_GSO * 1500),
             touched: Vec::new(),
             again: Vec::new(),
-            deadlines: BinaryHeap::new(),
+            deadlines: Deadlines::new(STALE_TIMERS),
             handshaking: 0,
             handoff,
             retry_above: RETRY_ABOVE,
@@ -269,9 +269,15 @@ impl<I: Io> QuicSide<I> {
             || self.next_deadline_us().is_some_and(|at| at <= now_us)
     }
 
+    /// See `MemoryWorker::set_quic_stale_timers`.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn set_stale_timers(&mut self, entries: usize) {
+        self.deadlines.stale_allowed = entries;
+    }
+
     /// When the earliest connection timer is due (µs on the worker's clock).
     pub fn next_deadline_us(&self) -> Option<u64> {
-        self.deadlines.peek().map(|Reverse((at, _))| *at)
+        self.deadlines.next()
     }
 
     fn instant(&self, cx: &ConnCx<'_>) -> Instant {
@@ -596,15 +602,33 @@ impl<I: Io> QuicSide<I> {
             return self.remove(up, key, cx);
         }
         let deadline = match conn.quic.poll_timeout() {
-            Some(at) => at.saturating_duration_since(self.epoch).as_micros() as u64,
+            // Rounded up: a timer run a fraction of a µs early finds nothing due, and would
+            // be armed again for the same moment, with the clock not past it yet.
+            Some(at) => (at.saturating_duration_since(self.epoch).as_nanos()).div_ceil(1000) as u64,
             None => u64::MAX,
         }
         .min(conn.relay_deadline().saturating_mul(1000));
         conn.deadline_us = deadline;
         if deadline < conn.armed_us {
             conn.armed_us = deadline;
-            self.deadlines.push(Reverse((deadline, key)));
+            self.arm(key, deadline);
         }
+    }
+
+    /// Puts connection `key`'s timer at `at_us` in the heap of deadlines.
+    fn arm(&mut self, key: u64, at_us: u64) {
+        let conns = &mut self.conns;
+        self.deadlines.arm(key, at_us, conns.len, || {
+            let mut armed = Vec::with_capacity(conns.len);
+            for key in conns.keys() {
+                if let Some(conn) = conns.get_mut(key) {
+                    if conn.armed_us != u64::MAX {
+                        armed.push((key, conn.armed_us));
+                    }
+                }
+            }
+            armed
+        });
     }
 
     /// Sends what connection `key` has to send, as long as its socket takes it.
@@ -727,11 +751,7 @@ impl<I: Io> QuicSide<I> {
     fn fire_due(&mut self, up: &mut Sockets<'_, I>, cx: &mut ConnCx<'_>) {
         let now_us = cx.clock.now_us();
         for _ in 0..TIMERS_PER_TURN {
-            match self.deadlines.peek() {
-                Some(Reverse((at, _))) if *at <= now_us => {}
-                _ => return,
-            }
-            let Some(Reverse((at, key))) = self.deadlines.pop() else {
+            let Some((key, at)) = self.deadlines.pop_due(now_us) else {
                 return;
             };
             self.on_timer(up, key, at, cx);
@@ -751,7 +771,8 @@ impl<I: Io> QuicSide<I> {
         conn.armed_us = u64::MAX;
         if conn.deadline_us > now_us {
             conn.armed_us = conn.deadline_us;
-            self.deadlines.push(Reverse((conn.deadline_us, key)));
+            let at = conn.deadline_us;
+            self.arm(key, at);
             return;
         }
         let now_ms = cx.clock.now_ms();

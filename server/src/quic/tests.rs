@@ -192,6 +192,32 @@ fn a_lost_answer_is_sent_again_at_the_probe_timeout_not_a_wheel_tick() {
     }
 }
 
+/// With the heap of timers made again from the connections' armed times at nearly every
+/// arm, loss recovery (every third datagram lost) and the idle timeout still run on time:
+/// no timer is lost in the rebuilding.
+#[test]
+fn timers_survive_the_heap_being_made_again() {
+    let (_dir, router) = site();
+    let mut net = net(router, config());
+    net.w.set_quic_stale_timers(0);
+    net.peer.drop_every(Direction::FromWorker, 3);
+    let c = net.connect(client());
+    let big = fetch(&mut net, c, "/big.bin");
+    assert!(
+        big.body == big_body(),
+        "{} bytes, not the file",
+        big.body.len()
+    );
+    net.peer.drop_every(Direction::FromWorker, 0);
+    let answered = net.w.now_ms();
+    net.run_until(2 * IDLE, |net| net.w.connections() == 0);
+    let closed_after = net.w.now_ms() - answered;
+    assert!(
+        (IDLE.as_millis() as u64..=IDLE.as_millis() as u64 + 200).contains(&closed_after),
+        "closed {closed_after} ms after the answer"
+    );
+}
+
 /// After its first answer the client's NAT gives it a new address: its next request comes
 /// from there, the server validates the new path (a PATH_CHALLENGE the client answers) and
 /// answers there, on the same connection.
