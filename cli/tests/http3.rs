@@ -491,6 +491,57 @@ fn a_large_upload_streams_to_the_app_over_http3() {
     assert_eq!(refused.answer(0)["status"], 413, "{:?}", refused.lines);
 }
 
+/// A PHP upload over HTTP/3 (3 MiB: over tern's default `max_body`, under PHP's
+/// `post_max_size`) reaches PHP-FPM whole, streamed through the FastCGI route as over TCP.
+#[test]
+fn a_php_upload_over_http3_streams_to_php_fpm() {
+    let Some(client) = h3client() else { return };
+    let fx = Fixture::new();
+    let Some(fpm) = crate::php_support::PhpFpm::start(fx.site.base()) else {
+        return;
+    };
+    fx.site.write(
+        "up.php",
+        "<?php $b = file_get_contents('php://input');\n\
+         echo $_SERVER['REQUEST_METHOD'], ' ', strlen($b), ' ', md5($b), \"\\n\";\n",
+    );
+    let conf = fx.site.base().join("tern.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen = \"127.0.0.1:0\"\nworkers = 1\n\n\
+             [tls]\nlisten = \"127.0.0.1:0\"\n\
+             [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n\
+             [[site]]\nname = \"main\"\ndefault = true\n\n\
+             [[site.route]]\npath = \"/\"\nstatic = {:?}\nfastcgi = \"unix:{}\"\n",
+            fx.cert.0,
+            fx.cert.1,
+            fx.site.root,
+            fpm.socket.display()
+        ),
+    )
+    .unwrap();
+    let tern = Tern::start_run(&conf);
+    let body: Vec<u8> = (0..3u32 << 20).map(|i| (i * 31 % 253) as u8).collect();
+    let upload = fx.site.base().join("php-upload.bin");
+    std::fs::write(&upload, &body).unwrap();
+    let url = format!("https://127.0.0.1:{}/up.php", tern.https().port());
+    let posted = h3(
+        &client,
+        &fx.ca_file,
+        &["--data-file", upload.to_str().unwrap(), &url],
+    );
+    assert_eq!(posted.code, 0, "{:?}", posted.lines);
+    assert_eq!(posted.answer(0)["status"], 200, "{:?}", posted.lines);
+    let md5 = Command::new("md5sum").arg(&upload).output().unwrap();
+    let md5 = String::from_utf8_lossy(&md5.stdout);
+    let md5 = md5.split_whitespace().next().unwrap();
+    assert_eq!(
+        posted.answer(0)["body"],
+        format!("POST {} {md5}\n", body.len())
+    );
+}
+
 #[test]
 fn shutdown_closes_http3_connections_and_tern_exits() {
     let Some(client) = h3client() else { return };
