@@ -104,6 +104,11 @@ pub struct CommonArgs {
     /// one object a line [default: combined].
     #[arg(long, value_enum, value_name = "FORMAT", help_heading = "Access log")]
     pub access_log_format: Option<LogFormatArg>,
+    /// Test hook (tern's HTTP/3 tests, `cli/tests/http3_netns.rs`): send every new QUIC
+    /// client a Retry before its handshake, as tern does only above 256 handshakes in
+    /// progress on a worker.
+    #[arg(long, hide = true)]
+    pub test_quic_retry: bool,
 }
 
 /// `--io` (and `io` in a config file).
@@ -184,6 +189,7 @@ impl CommonArgs {
         if let Some(n) = self.max_connections {
             config.max_connections_per_worker = n.max(1);
         }
+        config.quic_retry_always = self.test_quic_retry;
         config
     }
 }

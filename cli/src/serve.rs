@@ -174,6 +174,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     };
     let lockdown = hardening::plan(&args.common.hardening, Some(&file_hardening), needs)?;
     let probes = args.common.hardening.probes();
+    let quic_retry_always = args.common.test_quic_retry;
     let mut current = settings.clone();
     let reloader = files.clone();
     let reload_tls = acceptor.clone();
@@ -190,6 +191,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
         Ok(changes)
     });
     let mut config = settings.server_config();
+    config.quic_retry_always = quic_retry_always;
     crate::tls::configure(&mut config, settings.listen, plain_given, tls.as_ref());
     crate::service::adopt_inherited_sockets(&mut config)?;
     let mut router = Router::new().fallback(Files(files));

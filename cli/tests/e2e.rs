@@ -35,6 +35,7 @@ mod http;
 mod http2;
 mod http3;
 mod http3_hostile;
+mod http3_netns;
 mod https;
 mod metrics;
 mod panics;

@@ -117,7 +117,7 @@ impl Fixture {
     }
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+pub(crate) fn sha256_hex(data: &[u8]) -> String {
     aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data)
         .as_ref()
         .iter()
@@ -720,7 +720,7 @@ fn ngtcp2_get(fx: &Fixture, port: u16, path: &str, args: &[&str]) -> (String, Op
 
 /// The length of the first CRYPTO frame of the server's Handshake packets in a gtlsclient
 /// log: its certificate is in it unless the session was resumed.
-fn server_handshake_flight(log: &str) -> usize {
+pub(crate) fn server_handshake_flight(log: &str) -> usize {
     log.lines()
         .find_map(|l| {
             let rest = l
@@ -790,6 +790,165 @@ fn ngtcp2_migrates_rebinds_resumes_and_updates_keys() {
         "not resumed: {resumed_flight} bytes against {full_flight}"
     );
     assert_eq!(tern.metric("tern_http3_connection_errors_total"), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// quic-go's example client
+// ---------------------------------------------------------------------------------------------
+
+/// quic-go's example HTTP/3 client (`example/client` of the quic-go module, at the version
+/// `bench/h3load/go.mod` pins), built by `scripts/install-h3-test-deps` into
+/// `${XDG_CACHE_HOME:-~/.cache}/tern/bin/quic-go-client`, or `None` (the test says it skips).
+pub(crate) fn quic_go_client() -> Option<PathBuf> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache"));
+    let path = cache.join("tern/bin/quic-go-client");
+    if !path.exists() {
+        eprintln!("SKIPPED: quic-go's client is not installed (scripts/install-h3-test-deps)");
+        return None;
+    }
+    Some(path)
+}
+
+/// What one quic-go client run got: the bodies in the order they ended, its log, and
+/// whether it exited with 0.
+pub(crate) struct QuicGoRun {
+    pub bodies: Vec<Vec<u8>>,
+    pub log: String,
+    pub ok: bool,
+}
+
+/// Runs quic-go's client (after `prefix`, such as `ip netns exec NAME`) fetching `urls` on
+/// one connection, trusting only `ca_file` (with SSL_CERT_FILE and an empty SSL_CERT_DIR; the
+/// client adds quic-go's own test CA). It writes each body to its log after
+/// `Response Body (N bytes):`; the log goes to a file (the bodies are binary) in `dir`.
+/// Killed after `limit`.
+pub(crate) fn quic_go_get(
+    client: &std::path::Path,
+    prefix: &[&str],
+    dir: &std::path::Path,
+    ca_file: &std::path::Path,
+    urls: &[&str],
+    limit: Duration,
+) -> QuicGoRun {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let no_certs = dir.join("no-certs");
+    std::fs::create_dir_all(&no_certs).unwrap();
+    let log_path = dir.join(format!("quic-go-{run}.log"));
+    let mut cmd = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(client);
+            c
+        }
+        None => Command::new(client),
+    };
+    cmd.args(urls)
+        .env("SSL_CERT_FILE", ca_file)
+        .env("SSL_CERT_DIR", &no_certs)
+        .env_remove("QLOGDIR")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(dir.join(format!("quic-go-{run}.out"))).unwrap())
+        .stderr(std::fs::File::create(&log_path).unwrap());
+    let mut child = cmd.spawn().expect("quic-go's client runs");
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "quic-go's client still running after {limit:?}; its log:\n{}",
+                String::from_utf8_lossy(&std::fs::read(&log_path).unwrap_or_default())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let raw = std::fs::read(&log_path).unwrap();
+    let mut bodies = Vec::new();
+    let mut text = Vec::new();
+    let mut rest = &raw[..];
+    const MARK: &[u8] = b"Response Body (";
+    while let Some(at) = rest.windows(MARK.len()).position(|w| w == MARK) {
+        text.extend_from_slice(&rest[..at + MARK.len()]);
+        rest = &rest[at + MARK.len()..];
+        let close = rest.windows(9).position(|w| w == b" bytes):\n");
+        let Some(close) = close else { break };
+        let Ok(len) = std::str::from_utf8(&rest[..close])
+            .unwrap()
+            .parse::<usize>()
+        else {
+            break;
+        };
+        let body = &rest[close + 9..];
+        let len = len.min(body.len());
+        bodies.push(body[..len].to_vec());
+        text.extend_from_slice(format!("{len} bytes):\n[the body]").as_bytes());
+        rest = &body[len..];
+    }
+    text.extend_from_slice(rest);
+    QuicGoRun {
+        bodies,
+        log: String::from_utf8_lossy(&text).into_owned(),
+        ok: status.success(),
+    }
+}
+
+/// A third QUIC stack, quic-go (Go), verifying tern's certificate against the test CA:
+/// a page and a 1 MiB file on one connection, every byte checked.
+#[test]
+fn quic_go_fetches_a_page_and_a_large_file_over_http3() {
+    let Some(client) = quic_go_client() else {
+        return;
+    };
+    let fx = Fixture::new();
+    let tern = fx.serve(&[]);
+    let urls = [fx.url(&tern, "/hello.txt"), fx.url(&tern, "/big.bin")];
+    let run = quic_go_get(
+        &client,
+        &[],
+        fx.site.base(),
+        &fx.ca_file,
+        &[&urls[0], &urls[1]],
+        Duration::from_secs(30),
+    );
+    assert!(run.ok, "{}", run.log);
+    let mut bodies = run.bodies;
+    bodies.sort_by_key(|b| b.len());
+    assert_eq!(bodies.len(), 2, "{}", run.log);
+    assert_eq!(bodies[0], b"hello over quic\n", "{}", run.log);
+    assert_eq!(bodies[1].len(), fx.big.len());
+    assert!(bodies[1] == fx.big, "the 1 MiB body differs");
+    assert_eq!(
+        run.log.matches("Proto:\"HTTP/3.0\"").count(),
+        2,
+        "{}",
+        run.log
+    );
+    // A client that trusts another CA refuses tern's certificate: the CA above was checked.
+    let other_dir = fx.site.base().join("other-ca");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let other = Ca::named("another CA").write(&other_dir);
+    let refused = quic_go_get(
+        &client,
+        &[],
+        fx.site.base(),
+        &other,
+        &[&urls[0]],
+        Duration::from_secs(30),
+    );
+    assert!(!refused.ok, "{}", refused.log);
+    assert!(
+        refused
+            .log
+            .contains("certificate signed by unknown authority"),
+        "{}",
+        refused.log
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -79,6 +79,10 @@ pub struct ServerConfig {
     /// Serve HTTP/3 (QUIC) on the UDP port of every TLS listener, advertised to TCP clients
     /// with `Alt-Svc`.
     pub http3: bool,
+    /// Test hook (tern's HTTP/3 tests, `--test-quic-retry`): every QUIC client whose address
+    /// is not yet validated gets a Retry before its handshake, as new clients do above 256
+    /// handshakes in progress on a worker.
+    pub quic_retry_always: bool,
 }
 
 impl Default for ServerConfig {
@@ -96,6 +100,7 @@ impl Default for ServerConfig {
             redirect_http: RedirectHttp::default(),
             http2_websocket: false,
             http3: false,
+            quic_retry_always: false,
         }
     }
 }

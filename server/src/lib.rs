@@ -213,7 +213,11 @@ impl Server {
                     .filter(|&i| kinds.get(i) == Some(&ListenerKind::Https))
                     .collect();
                 // The process's CID and stateless-reset keys, the same for every worker.
-                Some(Arc::new(quic::QuicShared::new(config, workers)))
+                let mut shared = quic::QuicShared::new(config, workers);
+                if self.config.quic_retry_always {
+                    shared.retry_above = 0;
+                }
+                Some(Arc::new(shared))
             }
             _ => None,
         };

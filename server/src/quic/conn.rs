@@ -151,7 +151,9 @@ impl QuicConn {
                 QuicEvent::Connected => {
                     self.connected = true;
                     cx.stats.bump(Counter::Http3Connections);
-                    if self.quic.accepted_0rtt() {
+                    // quinn-proto's `accepted_0rtt` is the client's view (always false on a
+                    // server); a server has 0-RTT keys only if rustls accepted the early data.
+                    if self.quic.has_0rtt() {
                         cx.stats.bump(Counter::QuicEarlyDataAccepted);
                     }
                     self.open_control();

@@ -92,6 +92,9 @@ pub(crate) struct QuicShared {
     cids: Arc<cid::CidKey>,
     /// Per worker: datagrams handed to it and not yet taken.
     handed: Box<[HandedCount]>,
+    /// Each worker's [`QuicSide::retry_above`] to start with: [`RETRY_ABOVE`], or 0 (a Retry
+    /// for every new client) with the test hook `ServerConfig::quic_retry_always`.
+    pub(crate) retry_above: usize,
 }
 
 /// Each on its own cache line: the workers that hand datagrams to one worker do not slow
@@ -111,6 +114,7 @@ impl QuicShared {
             endpoint: EndpointConfig::new(Arc::new(reset_key)),
             cids: Arc::new(cid::CidKey::random(workers)),
             handed: (0..workers).map(|_| HandedCount::default()).collect(),
+            retry_above: RETRY_ABOVE,
         }
     }
 
@@ -230,6 +234,7 @@ impl<I: Io> QuicSide<I> {
             });
         }
         let epoch = Instant::now() - Duration::from_micros(now_us);
+        let retry_above = shared.retry_above;
         let handoff = (inboxes.len() > 1).then(|| Handoff {
             shared,
             inboxes: inboxes.to_vec(),
@@ -247,7 +252,7 @@ impl<I: Io> QuicSide<I> {
             deadlines: Deadlines::new(STALE_TIMERS),
             handshaking: 0,
             handoff,
-            retry_above: RETRY_ABOVE,
+            retry_above,
         })
     }
 
