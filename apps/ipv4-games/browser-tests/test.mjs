@@ -180,29 +180,35 @@ async function openPage(opts = {}) {
   page.on('pageerror', (e) => note(`page error: ${e.message}`));
   // A poll still in flight when the page navigates away (a click on a map cell) is cancelled
   // by the browser itself (net::ERR_ABORTED): not a failure of the server's. Those are told
-  // apart by a main-frame navigation having started since the request did, or the document
-  // that sent it being gone.
-  let navigations = 0;
+  // apart by the document that sent it being gone: a main-frame document committed after the
+  // request started. That is judged when the test ends, not when the request fails: the abort
+  // can be reported before the new document's commit is (a poll sent between the navigation's
+  // start and its commit raced the old rule).
+  let commits = 0;
   const started = new Map();
+  const failed = [];
+  page.on('framenavigated', (f) => { if (f === page.mainFrame()) commits += 1; });
   page.on('request', (r) => {
     requests.push(r.url());
-    if (r.isNavigationRequest() && r.frame() === page.mainFrame()) navigations += 1;
-    started.set(r, { navigations, document: page.url() });
+    started.set(r, commits);
   });
   page.on('requestfailed', (r) => {
-    const why = r.failure()?.errorText;
-    const at = started.get(r);
-    const leftBehind = why === 'net::ERR_ABORTED' && !r.isNavigationRequest() && at
-      && (at.navigations < navigations || at.document !== page.url());
-    if (!leftBehind) note(`request failed: ${r.method()} ${r.url()}: ${why}`);
+    if (recording) failed.push({ r, why: r.failure()?.errorText, at: started.get(r) });
   });
+  const judgeFailures = () => {
+    for (const { r, why, at } of failed) {
+      const leftBehind = why === 'net::ERR_ABORTED' && !r.isNavigationRequest() && at !== undefined && at < commits;
+      if (!leftBehind) seen.push(`request failed: ${r.method()} ${r.url()}: ${why}`);
+    }
+    failed.length = 0;
+  };
   page.on('response', (r) => {
     if (r.status() >= 400 && !allow(r.url(), r.status())) note(`HTTP ${r.status()}: ${r.request().method()} ${r.url()}`);
   });
   return {
     page,
     requests,
-    problems() { recording = false; return seen.slice(); },
+    problems() { recording = false; judgeFailures(); return seen.slice(); },
     async close() { recording = false; await context.close(); },
   };
 }
