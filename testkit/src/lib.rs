@@ -39,13 +39,38 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// A port nothing listens on now (the kernel's pick; free again once the probe closes).
+/// A port nothing listens on now, for a server that must be told its port before it starts
+/// (Pebble and tern's ACME challenges): free for TCP and UDP once the probe closes.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    // Not the kernel's pick of a free port (bind to port 0): that is one from its ephemeral
+    // range, which it may hand to another test's socket between this call and the bind that
+    // follows, and tern's listeners take SO_REUSEPORT, so two of them would then share the
+    // port and its connections (one test saw another's HTTPS listener answer its plain
+    // requests). Ports below that range are never given to a socket bound to port 0 nor
+    // used as a client's source port; each call of this process takes the next one, from a
+    // place set by the process id.
+    const FIRST: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral_start.saturating_sub(FIRST);
+    if span < 1_000 {
+        let any = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        return any.local_addr().unwrap().port();
+    }
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    loop {
+        let port = (FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        // Free for TCP and UDP alike (an HTTPS listener of tern's binds both).
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
+    }
 }
 
 #[cfg(test)]
