@@ -88,6 +88,21 @@ pub(crate) struct Fixture {
 }
 
 impl Fixture {
+    /// Writes a `tern run` config to `tern.toml` beside the site and returns its path: `top`
+    /// after the plain listener (workers, an access log), `tls` after the HTTPS listener's
+    /// address, then the test certificate, then `rest` (caches, sites, routes).
+    pub fn run_config(&self, top: &str, tls: &str, rest: &str) -> PathBuf {
+        let conf = self.site.base().join("tern.toml");
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\n{top}\n\
+             [tls]\nlisten = \"127.0.0.1:0\"\n{tls}\
+             [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n{rest}",
+            self.cert.0, self.cert.1
+        );
+        std::fs::write(&conf, text).unwrap();
+        conf
+    }
+
     pub fn new() -> Fixture {
         let site = Site::new();
         site.write("hello.txt", "hello over quic\n");
@@ -220,21 +235,17 @@ fn http3_answers_are_logged_counted_and_compressed_like_the_others() {
     let Some(client) = h3client() else { return };
     let fx = Fixture::new();
     fx.site.write("page.html", "<p>".repeat(2000));
-    let conf = fx.site.base().join("tern.toml");
     let log = fx.site.base().join("access.log");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen = \"127.0.0.1:0\"\nworkers = 2\naccess_log = {log:?}\n\n\
-             [tls]\nlisten = \"127.0.0.1:0\"\nhttp3 = true\n\
-             [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n\
-             [[site]]\nname = \"main\"\ndefault = true\n\n\
+    let conf = fx.run_config(
+        &format!("workers = 2\naccess_log = {log:?}\n"),
+        "http3 = true\n",
+        &format!(
+            "[[site]]\nname = \"main\"\ndefault = true\n\n\
              [[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n\
              [[site.route]]\npath = \"/\"\nstatic = {:?}\ncompress = [\"gzip\"]\n",
-            fx.cert.0, fx.cert.1, fx.site.root
+            fx.site.root
         ),
-    )
-    .unwrap();
+    );
     let tern = Tern::start_run(&conf);
     let url = format!("https://127.0.0.1:{}/page.html", tern.https().port());
     let run = h3(
@@ -359,21 +370,17 @@ fn proxy_and_cache_routes_relay_over_http3() {
     let Some(client) = h3client() else { return };
     let fx = Fixture::new();
     let app = App::start(fx.big.clone());
-    let conf = fx.site.base().join("tern.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen = \"127.0.0.1:0\"\nworkers = 2\n\n\
-             [tls]\nlisten = \"127.0.0.1:0\"\n\
-             [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n\
-             [cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\n\n\
+    let conf = fx.run_config(
+        "workers = 2\n",
+        "",
+        &format!(
+            "[cache.main]\nmemory = \"4M\"\nmax_object = \"256K\"\n\n\
              [[site]]\nname = \"main\"\ndefault = true\n\n\
              [[site.route]]\npath = \"/cached/\"\nproxy = \"{}\"\ncache = \"main\"\ncache_status = true\n\
              [[site.route]]\npath = \"/api/\"\nproxy = \"{}\"\n",
-            fx.cert.0, fx.cert.1, app.addr, app.addr
+            app.addr, app.addr
         ),
-    )
-    .unwrap();
+    );
     let tern = Tern::start_run(&conf);
     let url = |p: &str| format!("https://127.0.0.1:{}{p}", tern.https().port());
     let upload = fx.site.base().join("upload.bin");
@@ -443,20 +450,16 @@ fn a_large_upload_streams_to_the_app_over_http3() {
     let Some(client) = h3client() else { return };
     let fx = Fixture::new();
     let app = App::start(fx.big.clone());
-    let conf = fx.site.base().join("tern.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen = \"127.0.0.1:0\"\nworkers = 1\n\n\
-             [tls]\nlisten = \"127.0.0.1:0\"\n\
-             [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n\
-             [[site]]\nname = \"main\"\ndefault = true\n\n\
+    let conf = fx.run_config(
+        "workers = 1\n",
+        "",
+        &format!(
+            "[[site]]\nname = \"main\"\ndefault = true\n\n\
              [[site.route]]\npath = \"/api/\"\nproxy = \"{}\"\n\
              [[site.route]]\npath = \"/\"\nstatic = {:?}\n",
-            fx.cert.0, fx.cert.1, app.addr, fx.site.root
+            app.addr, fx.site.root
         ),
-    )
-    .unwrap();
+    );
     let tern = Tern::start_run(&conf);
     let url = |p: &str| format!("https://127.0.0.1:{}{p}", tern.https().port());
     const SIZE: usize = 24 << 20;
@@ -505,22 +508,16 @@ fn a_php_upload_over_http3_streams_to_php_fpm() {
         "<?php $b = file_get_contents('php://input');\n\
          echo $_SERVER['REQUEST_METHOD'], ' ', strlen($b), ' ', md5($b), \"\\n\";\n",
     );
-    let conf = fx.site.base().join("tern.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen = \"127.0.0.1:0\"\nworkers = 1\n\n\
-             [tls]\nlisten = \"127.0.0.1:0\"\n\
-             [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n\
-             [[site]]\nname = \"main\"\ndefault = true\n\n\
+    let conf = fx.run_config(
+        "workers = 1\n",
+        "",
+        &format!(
+            "[[site]]\nname = \"main\"\ndefault = true\n\n\
              [[site.route]]\npath = \"/\"\nstatic = {:?}\nfastcgi = \"unix:{}\"\n",
-            fx.cert.0,
-            fx.cert.1,
             fx.site.root,
             fpm.socket.display()
         ),
-    )
-    .unwrap();
+    );
     let tern = Tern::start_run(&conf);
     let body: Vec<u8> = (0..3u32 << 20).map(|i| (i * 31 % 253) as u8).collect();
     let upload = fx.site.base().join("php-upload.bin");
@@ -626,20 +623,16 @@ fn zero_rtt_answers_safe_requests_only_and_only_when_turned_on() {
 
 /// `tern run` with HTTP/3 on `workers` workers, a page and the counters at /metrics.
 fn run_with_counters(fx: &Fixture, workers: usize) -> Tern {
-    let conf = fx.site.base().join("tern.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen = \"127.0.0.1:0\"\n\n\
-             [tls]\nlisten = \"127.0.0.1:0\"\nhttp3 = true\n\
-             [[tls.certificates]]\ncert = {:?}\nkey = {:?}\n\n\
-             [[site]]\nname = \"main\"\ndefault = true\n\n\
+    let conf = fx.run_config(
+        "",
+        "http3 = true\n",
+        &format!(
+            "[[site]]\nname = \"main\"\ndefault = true\n\n\
              [[site.route]]\npath = \"/metrics\"\ncounters = \"metrics\"\n\
              [[site.route]]\npath = \"/\"\nstatic = {:?}\n",
-            fx.cert.0, fx.cert.1, fx.site.root
+            fx.site.root
         ),
-    )
-    .unwrap();
+    );
     Tern::start_run_workers(&conf, workers)
 }
 

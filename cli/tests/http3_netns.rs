@@ -1087,29 +1087,21 @@ fn check_rebinds(net: &Net, tern: &Tern, log: &str, new_address: bool) {
 /// rebind-port: the client's port changes under it (a NAT rebinding) twice mid-transfer.
 #[test]
 fn rebind_port() {
-    let nat = Nat {
-        after: vec![512 * 1024, 1536 * 1024],
-        new_address: false,
-    };
-    let Some(net) = Net::new(Link::rtt30(), Some(nat)) else {
-        return;
-    };
-    if !have_gtlsclient() {
-        return;
-    }
-    let site = Site3::new(&[("3m.bin", 3 * 1024 * 1024)]);
-    let tern = site.start(&net, "", &[]);
-    let (log, dir) = gtls(&net, site.site.base(), &[], &["/3m.bin"]);
-    site.check_downloads(&dir, &["3m.bin"], &log);
-    check_rebinds(&net, &tern, &log, false);
+    rebind(false);
 }
 
 /// rebind-addr: the client's address and port change under it twice mid-transfer.
 #[test]
 fn rebind_addr() {
+    rebind(true);
+}
+
+/// A 3 MiB download during which the NAT gives the client a new port (and, with
+/// `new_address`, a new address) after 512 KiB and after 1.5 MiB.
+fn rebind(new_address: bool) {
     let nat = Nat {
         after: vec![512 * 1024, 1536 * 1024],
-        new_address: true,
+        new_address,
     };
     let Some(net) = Net::new(Link::rtt30(), Some(nat)) else {
         return;
@@ -1121,7 +1113,7 @@ fn rebind_addr() {
     let tern = site.start(&net, "", &[]);
     let (log, dir) = gtls(&net, site.site.base(), &[], &["/3m.bin"]);
     site.check_downloads(&dir, &["3m.bin"], &log);
-    check_rebinds(&net, &tern, &log, true);
+    check_rebinds(&net, &tern, &log, new_address);
 }
 
 /// connectionmigration: 300 ms into a 2 MiB download over a 16 Mbit/s link (about a second),

@@ -427,15 +427,16 @@ impl QuicConn {
         let Some((chunk, done)) = self.h3.body_chunk(stream) else {
             return;
         };
-        let none = chunk.is_empty() && done;
-        let declared = (self.h3.peek_request(stream))
+        let request = self.h3.peek_request(stream);
+        let declared = request
             .and_then(|d| d.fields.content_length())
             .is_some_and(|n| n > 0);
         if chunk.is_empty() && !done && !declared {
             return;
         }
+        let none = chunk.is_empty() && done;
+        let streams = !none && request.is_some_and(|d| streams_body(d, cx));
         self.undecided.retain(|&s| s != stream);
-        let streams = !none && (self.h3.peek_request(stream)).is_some_and(|d| streams_body(d, cx));
         if streams {
             self.dispatch_streamed(stream, now, cx);
         } else if self.h3.gather_body(stream) {
