@@ -1037,6 +1037,146 @@ fn proxy_routes_are_checked_with_line_numbers() {
     assert_eq!(problems, 5, "{}", out.stderr);
 }
 
+/// What an HTTP/2 client's stream became upstream, as the upstream of
+/// [`http2_a_stream_ended_by_an_empty_data_frame_has_no_body_upstream`] echoes it back.
+fn echo_framing(req: &Seen, s: &mut TcpStream) -> bool {
+    let body = format!(
+        "{} te={} cl={} body={}",
+        req.line(),
+        req.header("transfer-encoding").unwrap_or_default(),
+        req.header("content-length").unwrap_or_default(),
+        String::from_utf8_lossy(&req.body)
+    );
+    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    true
+}
+
+/// An HTTP/2 request whose HEADERS lack END_STREAM and whose stream then ends with an empty
+/// DATA frame (how some clients send a GET) has no body: it reaches the upstream as a plain
+/// bodiless request, as over HTTP/1.1 and HTTP/3, not as a chunked upload of nothing
+/// (`Transfer-Encoding: chunked` on a GET). Whether the DATA comes in the same read as the
+/// HEADERS or later (the request then waits undecided), the same. A body that declares its
+/// length or begins still streams as before: with its length, or chunked without one.
+#[test]
+fn http2_a_stream_ended_by_an_empty_data_frame_has_no_body_upstream() {
+    use h2_support::{frame_bytes, RawH2, DATA, END_HEADERS, END_STREAM, HEADERS};
+    let up = Upstream::start(|req, s, _| echo_framing(req, s));
+    let p = Proxy::new();
+    std::fs::create_dir_all(p.dir.path().join("site/files")).unwrap();
+    std::fs::write(p.dir.path().join("site/files/hello.txt"), "static hello\n").unwrap();
+    let routes = format!(
+        "{}[[site.route]]\npath = \"/files\"\nstatic = \"../site\"\n\n\
+         [[site.route]]\npath = \"/fixed\"\nrespond = \"fixed\\n\"\n",
+        proxy_route("/", &[up.addr], "")
+    );
+    let tern = p.start(&routes, &["--workers", "1"]);
+    let mut raw = RawH2::connect(tern.addr(), &[]);
+    let mut hpack = tern_http2::hpack::Decoder::new(4096);
+    // Each answer's status and body, read before the next request is sent (so that the
+    // header blocks are decoded in the order they were written).
+    let mut answer = |raw: &mut RawH2, id: u32| -> (u16, String) {
+        let body = raw.response_body(id);
+        let head = raw
+            .seen
+            .iter()
+            .rev()
+            .find(|f| f.stream == id && f.ty == HEADERS)
+            .expect("the answer's HEADERS")
+            .clone();
+        let mut status = 0;
+        hpack
+            .decode(&head.payload, 1 << 16, |name, value| {
+                if name == b":status" {
+                    status = std::str::from_utf8(value).unwrap().parse().unwrap();
+                }
+                Ok(())
+            })
+            .unwrap();
+        (status, String::from_utf8(body).unwrap())
+    };
+    let pause = || std::thread::sleep(Duration::from_millis(150));
+
+    // A GET: HEADERS, and later (in a read of its own) an empty DATA with END_STREAM.
+    raw.request(1, "GET", "/late-end", &[], true);
+    pause();
+    raw.frame(DATA, END_STREAM, 1, &[]);
+    assert_eq!(
+        answer(&mut raw, 1),
+        (200, "GET /late-end HTTP/1.1 te= cl= body=".to_string())
+    );
+    // The same with both frames in one write.
+    let mut both = frame_bytes(
+        HEADERS,
+        END_HEADERS,
+        3,
+        &h2_support::header_block(&[
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":authority", "localhost"),
+            (":path", "/one-write"),
+        ]),
+    );
+    both.extend(frame_bytes(DATA, END_STREAM, 3, &[]));
+    raw.write(&both);
+    assert_eq!(
+        answer(&mut raw, 3),
+        (200, "GET /one-write HTTP/1.1 te= cl= body=".to_string())
+    );
+    // A POST ended the same way has no body either: a length of 0, as a bodiless POST over
+    // HTTP/1.1 is forwarded.
+    raw.request(5, "POST", "/empty-post", &[], true);
+    pause();
+    raw.frame(DATA, END_STREAM, 5, &[]);
+    assert_eq!(
+        answer(&mut raw, 5),
+        (200, "POST /empty-post HTTP/1.1 te= cl=0 body=".to_string())
+    );
+    // A declared length: streamed with it.
+    raw.request(7, "POST", "/with-length", &[("content-length", "5")], true);
+    pause();
+    raw.frame(DATA, END_STREAM, 7, b"hello");
+    assert_eq!(
+        answer(&mut raw, 7),
+        (
+            200,
+            "POST /with-length HTTP/1.1 te= cl=5 body=hello".to_string()
+        )
+    );
+    // No length, and a body in two DATA frames: chunked.
+    raw.request(9, "POST", "/no-length", &[], true);
+    pause();
+    raw.frame(DATA, 0, 9, b"hello ");
+    pause();
+    raw.frame(DATA, END_STREAM, 9, b"world");
+    assert_eq!(
+        answer(&mut raw, 9),
+        (
+            200,
+            "POST /no-length HTTP/1.1 te=chunked cl= body=hello world".to_string()
+        )
+    );
+    // Routes that take bodies whole answer such a request as before.
+    for (id, path, expected) in [
+        (11, "/files/hello.txt", "static hello\n"),
+        (13, "/fixed", "fixed\n"),
+    ] {
+        raw.request(id, "GET", path, &[], true);
+        pause();
+        raw.frame(DATA, END_STREAM, id, &[]);
+        assert_eq!(answer(&mut raw, id), (200, expected.to_string()), "{path}");
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    for s in &seen[..3] {
+        assert!(
+            s.header("transfer-encoding").is_none() && s.body.is_empty(),
+            "{s:?}"
+        );
+    }
+}
+
 /// Upstream connections of `/slow` that the proxy closed (the client cancelled the stream).
 static SLOW_CLOSED: AtomicUsize = AtomicUsize::new(0);
 

@@ -72,12 +72,15 @@ impl Default for Config {
 pub enum Event {
     /// A request is complete (head and body): take it with [`Session::take_request`].
     Request(u32),
-    /// A request's head arrived and a body follows: the caller must choose, with
-    /// [`Session::gather_body`] (the body is collected, up to `max_body`, and `Request`
+    /// A request's head arrived without END_STREAM: a body may follow. The caller chooses,
+    /// with [`Session::gather_body`] (the body is collected, up to `max_body`, and `Request`
     /// follows) or [`Session::stream_body`] (the request is taken now and its body read as
-    /// it comes with [`Session::body_chunk`]). Until then its window is held.
+    /// it comes with [`Session::body_chunk`]), or leaves the stream undecided until its body
+    /// shows what it is: `Body` follows when its first bytes or its end arrive. Until then
+    /// its window is held.
     Head(u32),
-    /// More of a streamed body arrived, or its end.
+    /// More of a streamed body arrived, or its end; on a stream still undecided, the first
+    /// bytes of its body or its end ([`Session::body_chunk`] says which).
     Body(u32),
     /// A request must be answered with this status without running a handler (431: header
     /// list too large; 413: body too large). Its body, if any, is discarded.
@@ -343,7 +346,20 @@ impl Session {
     }
 
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        while let Some(e) = self.events.pop_front() {
+            // A `Body` raised while its stream was undecided says nothing once the caller has
+            // chosen to gather that body (or it was refused): `Request` follows instead.
+            if let Event::Body(id) = e {
+                if self
+                    .find(id)
+                    .is_some_and(|i| self.streams[i].decided && !self.streams[i].streamed)
+                {
+                    continue;
+                }
+            }
+            return Some(e);
+        }
+        None
     }
 
     /// The connection error that closed the session, if one did.
@@ -736,7 +752,9 @@ impl Session {
             return Ok(());
         }
         if !s.decided {
-            return Ok(()); // `gather_body` raises the request
+            // The caller chooses now (`gather_body` then raises the request).
+            self.events.push_back(Event::Body(s.id));
+            return Ok(());
         }
         s.dispatched = true;
         self.buffered -= s.data.body.len();
@@ -824,6 +842,10 @@ impl Session {
             if s.decided && s.received > max_body {
                 self.refuse(i, 413);
             } else {
+                if !s.decided && s.data.body.is_empty() && !data.is_empty() {
+                    // The body began: the caller waiting to choose can now.
+                    self.events.push_back(Event::Body(s.id));
+                }
                 s.data.body.extend_from_slice(data);
                 self.buffered += data.len();
             }
@@ -1145,11 +1167,17 @@ impl Session {
         Some(data)
     }
 
-    /// The streamed body bytes of `id` not yet consumed, and whether the body has ended.
+    /// The streamed body bytes of `id` not yet consumed, and whether the body has ended; on a
+    /// stream still undecided (see [`Event::Head`]), what came of its body so far.
     pub fn body_chunk(&self, id: u32) -> Option<(&[u8], bool)> {
         let i = self.find(id)?;
         let s = &self.streams[i];
-        s.streamed.then(|| (&s.data.body[..], s.recv_closed))
+        (s.streamed || !s.decided).then(|| (&s.data.body[..], s.recv_closed))
+    }
+
+    /// The caller has not yet chosen how stream `id`'s body is taken (see [`Event::Head`]).
+    pub fn is_undecided(&self, id: u32) -> bool {
+        self.find(id).is_some_and(|i| !self.streams[i].decided)
     }
 
     /// Streamed body bytes received and not yet taken, all streams together.
@@ -1171,6 +1199,9 @@ impl Session {
     fn consume_stream_body(&mut self, id: u32, n: usize, out: &mut Vec<u8>) {
         let Some(i) = self.find(id) else { return };
         let s = &mut self.streams[i];
+        if !s.streamed {
+            return; // an undecided stream's bytes are the session's to count (`buffered`)
+        }
         s.data.body.drain(..n.min(s.data.body.len()));
         // In batches, as for gathered bodies: a peer with less than half its window used
         // still has the other half to send with.

@@ -75,6 +75,9 @@ struct Peer {
     stream_bodies: bool,
     /// The requests taken at their head when `stream_bodies`.
     streamed: Vec<crate::RequestData>,
+    /// Choose nothing at a head: the stream stays undecided (as the server leaves one until
+    /// its body shows what it is).
+    wait_at_head: bool,
 }
 
 impl Peer {
@@ -87,6 +90,7 @@ impl Peer {
             events: Vec::new(),
             stream_bodies: false,
             streamed: Vec::new(),
+            wait_at_head: false,
         };
         let mut hello = PREFACE.to_vec();
         hello.extend(frame_bytes(kind::SETTINGS, 0, 0, &[]));
@@ -101,6 +105,7 @@ impl Peer {
         while let Some(e) = self.session.poll_event() {
             match e {
                 // As the server does for a proxy route, or any other handler.
+                Event::Head(id) if self.wait_at_head => self.events.push(Event::Head(id)),
                 Event::Head(id) if self.stream_bodies => {
                     let data = self.session.stream_body(id, &mut self.out);
                     self.streamed.push(data.expect("a request to stream"));
@@ -789,6 +794,63 @@ fn a_streamed_body_flows_as_it_is_consumed_past_max_body() {
         .events
         .iter()
         .any(|e| matches!(e, Event::Refuse { .. } | Event::Request(_))));
+}
+
+/// A stream left undecided at its head is told when its body shows what it is: `Body` at its
+/// first bytes and at its end (an empty DATA frame with END_STREAM, or trailers), never for
+/// empty DATA before; what came so far is readable with `body_chunk`. Once the caller gathers
+/// the body, `Body` events raised before say nothing and are dropped: `Request` follows.
+#[test]
+fn an_undecided_stream_is_told_when_its_body_begins_or_ends() {
+    let mut p = Peer::new(Config::default());
+    p.wait_at_head = true;
+    p.send(&headers(1, &GET, false)).unwrap();
+    assert_eq!(p.events, [Event::Head(1)]);
+    assert!(p.session.is_undecided(1));
+    assert_eq!(p.session.body_chunk(1), Some((&b""[..], false)));
+    assert_eq!(p.session.body_progress(), Some(0), "the body timeout runs");
+    p.send(&frame_bytes(kind::DATA, 0, 1, b"")).unwrap();
+    assert_eq!(
+        p.events,
+        [Event::Head(1)],
+        "an empty DATA frame shows nothing"
+    );
+    p.send(&frame_bytes(kind::DATA, flag::END_STREAM, 1, b""))
+        .unwrap();
+    assert_eq!(p.events, [Event::Head(1), Event::Body(1)]);
+    assert_eq!(p.session.body_chunk(1), Some((&b""[..], true)));
+    // Gathered now: the request, without a body.
+    p.session.gather_body(1, &mut p.out);
+    assert!(!p.session.is_undecided(1));
+    assert_eq!(p.session.poll_event(), Some(Event::Request(1)));
+    assert!(p.session.take_request(1).unwrap().body.is_empty());
+
+    // Trailers end an undecided stream too.
+    p.events.clear();
+    p.send(&headers(3, &GET, false)).unwrap();
+    p.send(&headers(3, &[("x-t", "1")], true)).unwrap();
+    assert_eq!(p.events, [Event::Head(3), Event::Body(3)]);
+    assert_eq!(p.session.body_chunk(3), Some((&b""[..], true)));
+
+    // The first bytes of a body, once; then the caller streams it.
+    p.events.clear();
+    p.send(&post_headers(5, None)).unwrap();
+    p.send(&frame_bytes(kind::DATA, 0, 5, b"ab")).unwrap();
+    p.send(&frame_bytes(kind::DATA, 0, 5, b"cd")).unwrap();
+    assert_eq!(p.events, [Event::Head(5), Event::Body(5)]);
+    assert_eq!(p.session.body_chunk(5), Some((&b"abcd"[..], false)));
+    let data = p.session.stream_body(5, &mut p.out).expect("the request");
+    assert!(data.body.is_empty(), "the body stays with the stream");
+    assert_eq!(p.session.body_chunk(5), Some((&b"abcd"[..], false)));
+
+    // Gathered at once, with its bytes and end in the same read: no stale `Body`.
+    p.events.clear();
+    p.wait_at_head = false;
+    let mut both = post_headers(7, None);
+    both.extend(frame_bytes(kind::DATA, 0, 7, b"x"));
+    both.extend(frame_bytes(kind::DATA, flag::END_STREAM, 7, b"y"));
+    p.send(&both).unwrap();
+    assert_eq!(p.events, [Event::Request(7)]);
 }
 
 /// Many uploads to a proxy route, none taken (their relays wait for upstream connections):

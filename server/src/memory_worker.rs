@@ -736,6 +736,101 @@ mod tests {
         assert_eq!(w.connections(), 1);
     }
 
+    const END_STREAM: u8 = 0x1;
+    const END_HEADERS: u8 = 0x4;
+
+    /// The preface, an empty SETTINGS and `frames`: what an HTTP/2 client sends first.
+    fn h2_hello(frames: &[Vec<u8>]) -> Vec<u8> {
+        let mut hello = tern_http2::PREFACE.to_vec();
+        hello.extend(frame(4, 0, 0, &[]));
+        for f in frames {
+            hello.extend(f);
+        }
+        hello
+    }
+
+    /// A GET whose HEADERS come without END_STREAM is not forwarded until its stream shows
+    /// whether a body follows; ended by an empty DATA frame, it goes upstream as a GET
+    /// without a body (no `Transfer-Encoding: chunked`), as it does over HTTP/1.1. A POST
+    /// whose body begins without a length goes chunked, at its first byte.
+    #[test]
+    fn an_http2_get_ended_by_an_empty_data_frame_goes_upstream_without_a_body() {
+        let (mut w, addr) = proxy();
+        let c = w.connect(&h2_hello(&[frame(1, END_HEADERS, 1, &get_block("/a"))]));
+        assert!(
+            w.io().accept(&addr).is_none(),
+            "undecided: nothing forwarded yet"
+        );
+        c.write(&frame(0, END_STREAM, 1, &[]));
+        w.settle();
+        let up = w.io().accept(&addr).expect("forwarded at the stream's end");
+        assert_eq!(
+            text(&up.read()),
+            "GET /a HTTP/1.1\r\nHost: upstream\r\n\r\n"
+        );
+        up.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        w.settle();
+        let (_, data) = frames(&c.read());
+        assert_eq!(data, [(1, b"ok".to_vec())]);
+
+        let post = block(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":authority", "a"),
+            (":path", "/p"),
+        ]);
+        c.write(&frame(1, END_HEADERS, 3, &post));
+        w.settle();
+        assert!(up.read().is_empty(), "undecided: nothing forwarded yet");
+        c.write(&frame(0, 0, 3, b"abc"));
+        w.settle();
+        assert_eq!(
+            text(&up.read()),
+            "POST /p HTTP/1.1\r\nHost: upstream\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+            "streamed at its first byte"
+        );
+        c.write(&frame(0, END_STREAM, 3, &[]));
+        w.settle();
+        assert_eq!(text(&up.read()), "0\r\n\r\n");
+    }
+
+    /// A stream waiting undecided (HEADERS without END_STREAM, nothing after) that the client
+    /// resets leaves nothing behind, and one left waiting is cut off at the body timeout,
+    /// even while another stream's relay waits for its upstream (whose own deadline is
+    /// later); neither ever reaches the upstream.
+    #[test]
+    fn an_undecided_http2_stream_is_forgotten_on_reset_and_times_out_as_a_body() {
+        let (mut w, addr) = proxy();
+        let c = w.connect(&h2_hello(&[frame(1, END_HEADERS, 1, &get_block("/reset"))]));
+        const CANCEL: u32 = 0x8;
+        c.write(&frame(3, 0, 1, &CANCEL.to_be_bytes())); // RST_STREAM
+        w.settle();
+        assert!(w.io().accept(&addr).is_none());
+        // The connection goes on: a GET with END_STREAM is relayed at once, and its upstream
+        // stays silent (its first-byte timeout is 60 s away).
+        c.write(&frame(1, END_HEADERS | END_STREAM, 3, &get_block("/slow")));
+        w.settle();
+        let up = w.io().accept(&addr).expect("the relay of stream 3");
+        assert!(text(&up.read()).starts_with("GET /slow HTTP/1.1\r\n"));
+        c.read();
+        // A stream left undecided.
+        c.write(&frame(1, END_HEADERS, 5, &get_block("/stalled")));
+        w.settle();
+        w.advance(9 * SECOND);
+        assert!(!c.closed_by_worker());
+        assert_eq!(w.counter(Counter::TimeoutBody), 0);
+        w.advance(2 * SECOND);
+        let (kinds, _) = frames(&c.read());
+        assert!(kinds.contains(&(7, 0)), "GOAWAY: {kinds:?}");
+        assert_eq!(w.counter(Counter::TimeoutBody), 1);
+        assert!(c.closed_by_worker() || c.shut_by_worker());
+        assert!(w.io().accept(&addr).is_none());
+        assert!(
+            !text(&up.read()).contains("/stalled"),
+            "the undecided stream never went upstream"
+        );
+    }
+
     fn acceptor() -> Arc<tern_tls::TlsAcceptor> {
         Arc::new(
             tern_tls::TlsAcceptor::new(&tern_tls::TlsOptions {

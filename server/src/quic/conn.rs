@@ -19,7 +19,7 @@ use tern_http3::{ConnError, ErrorCode, Event};
 use tern_runtime::ratelog;
 
 use crate::access_log::{LogEntry, SavedEntry};
-use crate::conn::relay::{streams_body, BodyFollows, HeldAnswer, Relay, RelayStart};
+use crate::conn::relay::{body_choice, BodyChoice, BodyFollows, HeldAnswer, Relay, RelayStart};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Link, Outcome};
 use crate::handler::ExchangeId;
 use crate::response::{status_has_no_body, Body, FileBody, Response};
@@ -419,25 +419,23 @@ impl QuicConn {
     }
 
     /// Chooses how the body of a request whose head came without its end is taken, once that
-    /// is known. A body that declares a length or has begun goes to a route that streams
-    /// bodies (the proxy, FastCGI) now, and on as it comes; to any other route whole. A stream
-    /// that ends with no body is a request without one: a GET whose FIN came after its
-    /// HEADERS must not reach its upstream as a chunked upload. Until then it waits.
+    /// is known, by the rule HTTP/2 shares (`conn/relay/held.rs`, `body_choice`): streamed to
+    /// a route that takes bodies so (the proxy, FastCGI) once it declares a length or begins,
+    /// gathered otherwise; a stream that ends with no body is a request without one (a GET
+    /// whose FIN came after its HEADERS must not reach its upstream as a chunked upload).
+    /// Until then it waits.
     fn take_body(&mut self, stream: u64, now: Instant, cx: &mut ConnCx<'_>) {
-        let Some((chunk, done)) = self.h3.body_chunk(stream) else {
+        let (Some((chunk, done)), Some(request)) =
+            (self.h3.body_chunk(stream), self.h3.peek_request(stream))
+        else {
             return;
         };
-        let request = self.h3.peek_request(stream);
-        let declared = request
-            .and_then(|d| d.fields.content_length())
-            .is_some_and(|n| n > 0);
-        if chunk.is_empty() && !done && !declared {
+        let choice = body_choice(request, chunk, done, cx);
+        if choice == BodyChoice::Wait {
             return;
         }
-        let none = chunk.is_empty() && done;
-        let streams = !none && request.is_some_and(|d| streams_body(d, cx));
         self.undecided.retain(|&s| s != stream);
-        if streams {
+        if choice == BodyChoice::Stream {
             self.dispatch_streamed(stream, now, cx);
         } else if self.h3.gather_body(stream) {
             self.gathering.push(stream);

@@ -24,7 +24,7 @@ use tern_runtime::{ratelog, BufPool, ReadBuf};
 
 use super::close::{self, CloseKind, Linger, Next};
 use super::output::Output;
-use super::relay::{streams_body, BodyFollows, HeldAnswer, Relay, RelayStart, Relays};
+use super::relay::{body_choice, BodyChoice, BodyFollows, HeldAnswer, Relay, RelayStart, Relays};
 use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Outcome};
@@ -274,27 +274,8 @@ impl Http2 {
                     self.dispatch(data, false, out, link, cx);
                 }
             }
-            Event::Head(id) => {
-                // A body follows: a route that streams bodies (the proxy) gets the request
-                // now and the body as it comes; any other gets it whole, later. A tunnel
-                // (extended CONNECT) is answered at its head whatever its route.
-                let streams = self
-                    .session
-                    .peek_request(id)
-                    .is_some_and(|data| data.fields.protocol().is_some() || streams_body(data, cx));
-                let buf = out.head_buf(|| cx.buffers.take_write());
-                let before = buf.len();
-                let data = if streams {
-                    self.session.stream_body(id, buf)
-                } else {
-                    self.session.gather_body(id, buf);
-                    None
-                };
-                out.commit(before);
-                if let Some(data) = data {
-                    self.dispatch(data, true, out, link, cx);
-                }
-            }
+            Event::Head(id) => self.take_body(id, out, link, cx),
+            Event::Body(id) if self.session.is_undecided(id) => self.take_body(id, out, link, cx),
             Event::Body(_) => self.feed_relays(out, cx),
             Event::Refuse { stream, status } => {
                 let e = if status == 413 {
@@ -335,6 +316,46 @@ impl Http2 {
                     tracing::info!(peer = %link.peer, "HTTP/2 stream error: {reason}");
                 }
             }
+        }
+    }
+
+    /// Chooses how the body of a request whose HEADERS came without END_STREAM is taken, once
+    /// that is known, by the rule HTTP/3 shares (`conn/relay/held.rs`, `body_choice`): a
+    /// route that streams bodies (the proxy, FastCGI) gets the request as soon as its body
+    /// declares a length or begins, and the body as it comes; any other gets it whole, later.
+    /// A stream that ends with no body (an empty DATA frame or trailers with END_STREAM) is a
+    /// request without one, not a chunked upload of nothing. Until one of those shows, the
+    /// stream waits undecided in the session, which raises `Event::Body` when it does: no list
+    /// of its own here, so a reset stream leaves nothing behind, and the streams waiting are
+    /// bounded by the concurrent-stream limit (100), each holding its head and no body byte.
+    /// The body timeout runs for them as for any body awaited (`Session::body_progress`). A
+    /// tunnel (extended CONNECT) is answered at its head whatever its route: its DATA comes
+    /// only once it is open.
+    fn take_body(&mut self, id: u32, out: &mut Output, link: &Link, cx: &mut ConnCx<'_>) {
+        let (Some(data), Some((body, ended))) =
+            (self.session.peek_request(id), self.session.body_chunk(id))
+        else {
+            return;
+        };
+        let choice = if data.fields.protocol().is_some() {
+            BodyChoice::Stream
+        } else {
+            body_choice(data, body, ended, cx)
+        };
+        if choice == BodyChoice::Wait {
+            return;
+        }
+        let buf = out.head_buf(|| cx.buffers.take_write());
+        let before = buf.len();
+        let data = if choice == BodyChoice::Stream {
+            self.session.stream_body(id, buf)
+        } else {
+            self.session.gather_body(id, buf);
+            None
+        };
+        out.commit(before);
+        if let Some(data) = data {
+            self.dispatch(data, true, out, link, cx);
         }
     }
 
@@ -697,25 +718,33 @@ impl Http2 {
             .min()
             .filter(|&d| d != u64::MAX)
             .map(|d| (d, Timeout::Upstream));
-        if let Some(first) = [stall, relay].into_iter().flatten().min_by_key(|d| d.0) {
-            return first;
+        if let Some(stall) = stall {
+            // While output is owed, a late head or body is not judged: the reading may have
+            // stopped on our side (`READ_HIGH_WATER`).
+            return relay.filter(|r| r.0 < stall.0).unwrap_or(stall);
         }
         let partial = self.rbuf.as_ref().map_or(&[][..], |b| b.data());
         let slow_body = self.session.partial_is_data(partial);
-        if let Some(t) = self.partial_since_ms {
-            if self.session.is_mid_head() || (!partial.is_empty() && !slow_body) {
-                return (t + ms(cfg.header_timeout), Timeout::Header);
-            }
-        }
+        let head = self
+            .partial_since_ms
+            .filter(|_| self.session.is_mid_head() || (!partial.is_empty() && !slow_body))
+            .map(|t| (t + ms(cfg.header_timeout), Timeout::Header));
         // From the stream that has waited longest for its body (a partial DATA frame counts
-        // as waiting from now).
+        // as waiting from now), whatever the relays of other streams wait for: a stream
+        // waiting undecided (`take_body`) or gathering its body is cut off in time even on a
+        // connection whose other streams relay for long.
         let waiting_since = match (self.session.body_progress(), slow_body) {
             (Some(t), _) => Some(t),
             (None, true) => Some(now),
             (None, false) => None,
         };
-        if let Some(t) = waiting_since {
-            return (t + ms(cfg.body_timeout), Timeout::Body);
+        let body = waiting_since.map(|t| (t + ms(cfg.body_timeout), Timeout::Body));
+        if let Some(first) = [relay, head.or(body)]
+            .into_iter()
+            .flatten()
+            .min_by_key(|d| d.0)
+        {
+            return first;
         }
         if !self.is_quiet() {
             return (u64::MAX, Timeout::Idle);

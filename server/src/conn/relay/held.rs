@@ -196,6 +196,42 @@ pub(crate) fn streams_body(data: &tern_http2::RequestData, cx: &ConnCx<'_>) -> b
         .is_ok_and(|head| crate::exchange::streams_body(&head, cx))
 }
 
+/// How a request on a multiplexed stream whose head came without its end takes its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyChoice {
+    /// Not known yet (no declared length, no body byte, no end): the request waits,
+    /// undecided, for its next body event.
+    Wait,
+    /// Its route streams bodies: it runs now, its relay fed the body as it comes.
+    Stream,
+    /// Gathered whole (up to `max_body`), then run; also a stream that ended with no body,
+    /// which is a request without one.
+    Gather,
+}
+
+/// The one rule HTTP/2 and HTTP/3 follow for a request whose HEADERS came without the
+/// stream's end (`body`: what came of its body so far, `ended`: the stream's end came too).
+/// A body that declares a length (over 0) or has begun goes to a route that streams bodies
+/// (the proxy, FastCGI) at once, to any other whole. A stream that ends with no body is a
+/// request without one: a GET whose end came in an empty DATA frame (or a trailers block)
+/// after its HEADERS must not reach its upstream as a chunked upload of nothing
+/// (`Transfer-Encoding: chunked` on a GET), as it would if it were streamed with no length.
+/// Until one of those shows, it waits: the route is asked only once it is known.
+pub(crate) fn body_choice(
+    data: &tern_http2::RequestData,
+    body: &[u8],
+    ended: bool,
+    cx: &ConnCx<'_>,
+) -> BodyChoice {
+    let declared = data.fields.content_length().is_some_and(|n| n > 0);
+    match (body.is_empty(), ended) {
+        (true, false) if !declared => BodyChoice::Wait,
+        (true, true) => BodyChoice::Gather,
+        _ if streams_body(data, cx) => BodyChoice::Stream,
+        _ => BodyChoice::Gather,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,7 +51,7 @@ use crate::handler::{ExchangeId, Handback};
 use crate::stats::{Counter, Tally, UpstreamCounter};
 use crate::upstream::{Forward, UpstreamOutcome, UpstreamRow};
 
-pub(crate) use held::{streams_body, HeldAnswer, HeldSink, Tunnels};
+pub(crate) use held::{body_choice, BodyChoice, HeldAnswer, HeldSink, Tunnels};
 
 /// The largest upstream response head (nginx's default proxy buffer is 4–8 KiB).
 const MAX_UPSTREAM_HEAD: usize = 32 * 1024;
