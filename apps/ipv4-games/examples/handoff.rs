@@ -14,6 +14,9 @@
 //! - futex ping-pong: a token passed back and forth with `thread::park`/`unpark` (a futex
 //!   wait and wake each way), and with a `Mutex` + `Condvar` (what the worker uses to wake the
 //!   syncer).
+//! - the kernel as the syncer: a write and an io_uring fsync of it, waited for on the one
+//!   thread (io_uring runs a blocking fsync on an io-wq thread of its own): what a worker
+//!   that synced through io_uring, with no syncer thread of tern's, would pay per turn.
 //! - tern's `--sync full` path, for 1, 10 and 50 claims per turn: a "worker" thread calls the
 //!   real `JournalStore::commit` with the turn's claims (fresh addresses: each is written),
 //!   then sleeps in `epoll_wait` until the answers arrive (`TestReplies::wait`, the wake-up a
@@ -319,6 +322,36 @@ fn full_sync(k: usize, seconds: f64, syncer_cpu: usize, spin: Option<Duration>) 
     (m, sync_seconds * 1e6 / syncs.max(1.0))
 }
 
+/// The kernel as the syncer: one thread on CPU 0 writes a turn's bytes to a journal on
+/// /dev/shm and waits, in `io_uring_enter`, for an `IORING_OP_FSYNC` (datasync) of it. The
+/// kernel runs a blocking fsync on an io-wq worker thread of its own, so this is a hand-off
+/// too, with no second thread of ours: what a worker syncing through io_uring would pay.
+fn uring_fsync(seconds: f64) -> Measured {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::Builder::new()
+        .prefix("tern-handoff-uring-")
+        .tempdir_in("/dev/shm")
+        .expect("a folder on /dev/shm");
+    let file = std::fs::File::create(dir.path().join("journal")).expect("a journal file");
+    let mut ring = io_uring::IoUring::new(8).expect("an io_uring");
+    let fsync = io_uring::opcode::Fsync::new(io_uring::types::Fd(file.as_raw_fd()))
+        .flags(io_uring::types::FsyncFlags::DATASYNC)
+        .build();
+    let turn = [b'x'; 20];
+    let mut at = 0u64;
+    timed(seconds, &AtomicU32::new(0), || {
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(&turn, at).expect("write");
+        at += turn.len() as u64;
+        // SAFETY: the entry names only `file`'s descriptor, which outlives the ring's use of
+        // it: the completion is waited for below before the next turn or the file's drop.
+        unsafe { ring.submission().push(&fsync) }.expect("room in the ring");
+        ring.submit_and_wait(1).expect("io_uring_enter");
+        let done = ring.completion().next().expect("the fsync's completion");
+        assert!(done.result() >= 0, "fsync failed: {}", done.result());
+    })
+}
+
 /// `--sync normal`: the same turns on one thread, answered by `commit` itself.
 fn normal_sync(k: usize, seconds: f64) -> Measured {
     let (_dir, land, store) = store(SyncMode::Normal, None);
@@ -363,6 +396,10 @@ fn main() {
         (
             "futex ping-pong (Mutex + Condvar)",
             &condvar_ping_pong(seconds),
+        ),
+        (
+            "kernel hand-off: write + io_uring fsync, one thread (io-wq runs the fsync)",
+            &uring_fsync(seconds),
         ),
     ] {
         println!(

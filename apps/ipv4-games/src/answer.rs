@@ -40,18 +40,25 @@ pub const GIF_1X1: &[u8] = &[
 ];
 
 pub fn claimed(kind: AnswerKind, ip: u32, nick: &str) -> Response {
-    let ip = Ipv4Addr::from(ip);
     let r = Response::new(200).with_header("Cache-Control", "no-store");
     match kind {
         AnswerKind::Gif => r
             .with_header("Content-Type", "image/gif")
             .with_body(Body::Static(GIF_1X1)),
-        AnswerKind::Text => r
-            .with_header("Content-Type", "text/plain; charset=utf-8")
-            .with_body(Body::Owned(
-                format!("{ip} is now claimed by {nick}\n").into_bytes(),
-            )),
+        AnswerKind::Text => {
+            // Written piece by piece rather than with format!: the answer is built for every
+            // claim, and Ipv4Addr's Display (padding support, one write per octet) was a
+            // tenth of a claim's own CPU in the profile.
+            let mut line = Vec::with_capacity(15 + 19 + nick.len() + 1);
+            push_ip(&mut line, ip);
+            line.extend_from_slice(b" is now claimed by ");
+            line.extend_from_slice(nick.as_bytes());
+            line.push(b'\n');
+            r.with_header("Content-Type", "text/plain; charset=utf-8")
+                .with_body(Body::Owned(line))
+        }
         AnswerKind::Html => {
+            let ip = Ipv4Addr::from(ip);
             // Names are limited to a charset without <>&"' so they need no escaping; escape
             // anyway in case the rules ever widen.
             let nick = html_escape(nick);
@@ -66,6 +73,22 @@ pub fn claimed(kind: AnswerKind, ip: u32, nick: &str) -> Response {
             r.with_header("Content-Type", "text/html; charset=utf-8")
                 .with_body(Body::Owned(page.into_bytes()))
         }
+    }
+}
+
+/// `ip` in dotted-quad form, as `Ipv4Addr`'s Display writes it.
+fn push_ip(out: &mut Vec<u8>, ip: u32) {
+    for (i, octet) in ip.to_be_bytes().into_iter().enumerate() {
+        if i > 0 {
+            out.push(b'.');
+        }
+        if octet >= 100 {
+            out.push(b'0' + octet / 100);
+        }
+        if octet >= 10 {
+            out.push(b'0' + octet / 10 % 10);
+        }
+        out.push(b'0' + octet % 10);
     }
 }
 
@@ -110,6 +133,34 @@ mod tests {
     fn gif_is_a_gif() {
         assert!(GIF_1X1.starts_with(b"GIF89a"));
         assert_eq!(GIF_1X1.last(), Some(&0x3b));
+    }
+
+    #[test]
+    fn addresses_are_written_as_ipv4addr_displays_them() {
+        for ip in [
+            0u32,
+            1,
+            9,
+            10,
+            99,
+            100,
+            255,
+            0x0a00_0001,
+            0xc0a8_6401,
+            0x6464_6464,
+            u32::MAX,
+        ]
+        .into_iter()
+        .chain((0..100_000u32).map(|i| i.wrapping_mul(0x9E37_79B1)))
+        {
+            let mut out = Vec::new();
+            push_ip(&mut out, ip);
+            assert_eq!(out, Ipv4Addr::from(ip).to_string().as_bytes(), "{ip:#x}");
+        }
+        let Body::Owned(line) = claimed(AnswerKind::Text, 0xc000_0201, "bob").body else {
+            panic!("the text answer owns its body");
+        };
+        assert_eq!(line, b"192.0.2.1 is now claimed by bob\n");
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crossbeam_utils::CachePadded;
 use tern_server::{
     Body, HandlerContext, Pending, Reply, Request, Response, Router, Stats, TurnEnd,
 };
+use tern_services::background::{Yielder, YIELD_EVERY};
 use tern_services::handoff::Refused;
 use tern_services::metrics::{self, Metric};
 use tern_services::{
@@ -211,8 +212,8 @@ impl Game {
     }
 
     /// Measures the state's memory (for /metrics); locks every block once, briefly.
-    fn measure_state(&self) {
-        let used = self.land.bytes();
+    fn measure_state(&self, yielder: &mut Yielder) {
+        let used = self.land.bytes(yielder);
         for (slot, v) in self
             .state_bytes
             .iter()
@@ -422,6 +423,7 @@ pub fn routes(game: Arc<Game>, router: Router) -> Router {
 /// `base * 3`, each stretched so rebuilding stays under a fifth of a core.
 pub fn run_views(game: Arc<Game>, base: Duration, stop: tern_server::StopSignal) {
     tern_services::background::lower_priority();
+    let mut yielder = Yielder::new(YIELD_EVERY);
     let mut short = views::Schedule::new(base);
     let mut long = views::Schedule::new(base * 3);
     let mut rss_at = Instant::now();
@@ -434,7 +436,7 @@ pub fn run_views(game: Arc<Game>, base: Duration, stop: tern_server::StopSignal)
             rss_at = now + Duration::from_secs(1);
         }
         if now >= state_at {
-            game.measure_state();
+            game.measure_state(&mut yielder);
             state_at = now + Duration::from_secs(10);
         }
         let (schedule, windows): (&mut views::Schedule, &[Window]) = if long.due(now) {
@@ -447,7 +449,7 @@ pub fn run_views(game: Arc<Game>, base: Duration, stop: tern_server::StopSignal)
         };
         let unix = unix_now();
         let mut tally = views::Tally::new(unix, windows);
-        tally.fill(&game.land);
+        tally.fill(&game.land, &mut yielder);
         for r in tally.render() {
             let slot = r.window.index();
             if published[slot] == Some(r.content_hash) {

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hashbrown::HashTable;
+use tern_services::background::Yielder;
 
 /// A claim: address, name, time (Unix seconds).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -644,8 +645,10 @@ impl Land {
     /// up claims for long. Ids are resolved afterwards with `names_of`; an id freed and
     /// reused meanwhile resolves to its new name, which a board rebuilt every few seconds
     /// tolerates.
-    pub fn scan_ids(&self, mut f: impl FnMut(u32, u32, u64)) {
+    /// `yielder` is given a point between blocks (the scan shares a core with the workers).
+    pub fn scan_ids(&self, yielder: &mut Yielder, mut f: impl FnMut(u32, u32, u64)) {
         for (hi, block) in self.blocks.iter().enumerate() {
+            yielder.point();
             let block = lock(&block.0);
             block.for_each(|low, held| {
                 f(
@@ -695,11 +698,14 @@ impl Land {
     }
 
     /// Bytes of memory the state holds (allocations, not counting allocator overhead).
-    pub fn bytes(&self) -> MemoryUse {
+    pub fn bytes(&self, yielder: &mut Yielder) -> MemoryUse {
         let blocks: usize = self
             .blocks
             .iter()
-            .map(|b| lock(&b.0).bytes())
+            .map(|b| {
+                yielder.point();
+                lock(&b.0).bytes()
+            })
             .sum::<usize>()
             + self.blocks.len() * std::mem::size_of::<Shard>();
         let names = lock(&self.names);
@@ -743,6 +749,29 @@ mod tests {
 
     fn ip(a: u8, b: u8, c: u8, d: u8) -> u32 {
         u32::from_be_bytes([a, b, c, d])
+    }
+
+    /// The scans of the background threads give the CPU back between /16 blocks (what keeps
+    /// a score rebuild from stalling a worker on a shared core for a whole time slice), and
+    /// see every address whatever the yielder does.
+    #[test]
+    fn scans_offer_the_cpu_back_between_blocks() {
+        let land = Land::new();
+        for i in 0..1000u32 {
+            land.apply(i.wrapping_mul(0x9E37_79B1), "alice", 10);
+        }
+        for (every, yields) in [
+            (std::time::Duration::ZERO, (1 << 16) / 64),
+            (std::time::Duration::MAX, 0),
+        ] {
+            let mut yielder = Yielder::new(every);
+            let mut seen = 0;
+            land.scan_ids(&mut yielder, |_, _, _| seen += 1);
+            assert_eq!((seen, yielder.yields()), (1000, yields));
+            let mut yielder = Yielder::new(every);
+            assert_eq!(land.bytes(&mut yielder).name_count, 1);
+            assert_eq!(yielder.yields(), yields);
+        }
     }
 
     #[test]

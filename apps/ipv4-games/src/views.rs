@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tern_services::background::Yielder;
 use tern_services::Snapshot;
 
 use crate::land::{Claim, Land};
@@ -185,7 +186,8 @@ impl Tally {
     /// counted by id (an array index per address and window, no hashing), each /8's counts
     /// moved into the tally when the scan leaves it, and the ids resolved to names once at
     /// the end.
-    pub fn fill(&mut self, land: &Land) {
+    /// `yielder`: the scan gives the CPU back through it (see `Land::scan_ids`).
+    pub fn fill(&mut self, land: &Land, yielder: &mut Yielder) {
         let windows = self.windows.len();
         let since: Vec<u64> = self
             .windows
@@ -211,7 +213,7 @@ impl Tally {
                 touched[w].clear();
             }
         };
-        land.scan_ids(|ip, global, created| {
+        land.scan_ids(yielder, |ip, global, created| {
             let b = (ip >> 24) as usize;
             if block != Some(b) {
                 if let Some(prev) = block {
@@ -426,7 +428,7 @@ mod tests {
             land.apply(i.wrapping_mul(0x9E37_79B1), &format!("n{}", i % 5), created);
         }
         let mut t = Tally::new(now, &Window::ALL);
-        t.fill(&land);
+        t.fill(&land, &mut Yielder::new(Duration::MAX));
         let total = |w: Window| -> u64 {
             let out = t.render();
             let r = out.iter().find(|r| r.window == w).unwrap();
@@ -511,7 +513,7 @@ mod speed {
         }
         let started = Instant::now();
         let mut t = Tally::new(now, &Window::ALL);
-        t.fill(&land);
+        t.fill(&land, &mut Yielder::new(Duration::MAX));
         let filled = started.elapsed();
         let rendered = t.render();
         let render_took = started.elapsed() - filled;
