@@ -41,7 +41,7 @@ pub fn compact(dir: &Path, old: Option<u64>, upto: u64) -> Result<Compacted, Str
         segments += 1;
         let (frames, end) =
             frame::frames(&bytes, Kind::Journal).map_err(|d| format!("{} {d}", path.display()))?;
-        if end != bytes.len() {
+        if end != bytes.len() && !frame::zero_tail(&bytes, end) {
             return Err(format!("{} ends early (at byte {end})", path.display()));
         }
         for payload in frames {

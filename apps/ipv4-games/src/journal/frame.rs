@@ -158,6 +158,13 @@ pub fn frames(bytes: &[u8], kind: Kind) -> Result<(Vec<&[u8]>, usize), Damage> {
     Ok((out, at))
 }
 
+/// Whether everything from `end` on is zeros: the part of a segment filled with zeros ahead
+/// of its writes (`--sync full`, see `store::journal`) and not written yet. That is a clean
+/// end, not a torn write: no frame begins with a zero byte.
+pub fn zero_tail(bytes: &[u8], end: usize) -> bool {
+    bytes[end..].iter().all(|&b| b == 0)
+}
+
 /// The offset of the first whole, intact frame at or after `from`.
 fn whole_frame_after(bytes: &[u8], from: usize) -> Option<usize> {
     let mut at = from;

@@ -205,7 +205,7 @@ fn recover_with(dir: &Path, land: &Land, repair: bool) -> Result<Recovered, Stri
             continue;
         }
         let (frames, end) = frame::frames(&bytes, Kind::Journal).map_err(|d| refuse(&path, &d))?;
-        if end < bytes.len() {
+        if end < bytes.len() && !frame::zero_tail(&bytes, end) {
             if !last {
                 // A closed segment was complete (and synced) before the next one began.
                 return Err(refuse(&path, &Damage::Truncated { offset: end as u64 }));
@@ -318,6 +318,43 @@ mod tests {
         assert_eq!(r.length, whole);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
         assert_eq!(land.claimed(), 2);
+    }
+
+    /// Zeros after the last frame (a segment filled ahead under `--sync full`) are a clean end
+    /// in any segment, the last or a closed one: nothing cut, nothing refused. A torn write
+    /// before the zeros is cut with them.
+    #[test]
+    fn a_tail_of_zeros_is_a_clean_end_and_a_torn_write_before_it_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let zeros = |path: &Path, extra: &[u8]| {
+            let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+            f.write_all(extra).unwrap();
+            f.write_all(&[0; 5000]).unwrap();
+        };
+        let first = write_segment(dir.path(), 1, &[&[(1, "a", 10)]]);
+        let whole = std::fs::metadata(&first).unwrap().len();
+        zeros(&first, b"");
+        let last = write_segment(dir.path(), 2, &[&[(2, "b", 11)], &[(3, "c", 12)]]);
+        let last_whole = std::fs::metadata(&last).unwrap().len();
+        zeros(&last, b"");
+        let land = Land::new();
+        let r = recover(dir.path(), &land).unwrap();
+        assert_eq!((r.segment, r.length, r.from_journal), (2, last_whole, 3));
+        assert!(r.cut.is_none());
+        assert_eq!(std::fs::metadata(&first).unwrap().len(), whole + 5000);
+        assert_eq!(std::fs::metadata(&last).unwrap().len(), last_whole + 5000);
+        // A partial frame, then the zeros: a torn write, cut with the zeros after it.
+        let mut f = std::fs::OpenOptions::new().write(true).open(&last).unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"TFr1\x10\x00\x00\x00part", last_whole)
+            .unwrap();
+        f.flush().unwrap();
+        let r = recover(dir.path(), &Land::new()).unwrap();
+        assert_eq!(r.cut, Some((last.clone(), last_whole + 5000, last_whole)));
+        assert_eq!(std::fs::metadata(&last).unwrap().len(), last_whole);
+        // Compaction reads the closed segment's zeros as its end too.
+        let done = compact::compact(dir.path(), None, 2).unwrap();
+        assert_eq!(done.claims, 1);
     }
 
     #[test]

@@ -9,6 +9,14 @@
 //! `fdatasync` that covers the journal's end at the time it was decided: a syncer thread
 //! runs one sync for whatever all workers wrote meanwhile, and wakes each worker once.
 //!
+//! Under `--sync full` the segment is filled with zeros ahead of its writes (`ZERO_AHEAD`), so
+//! that a turn's write lands on blocks the file already has and its `fdatasync` writes the
+//! data alone: appending past the end changes the file's size each time, and the sync must
+//! then write the inode too (measured on this machine's ext4: 164-197 µs and 64-68 µs of CPU
+//! per append + fdatasync, against 106-124 µs and 46-48 µs over zeros already synced).
+//! Recovery and compaction read a tail of zeros as a clean end; a closed segment is cut to
+//! its length before the next one begins.
+//!
 //! A failed write is cut off again (so the journal never holds half a frame followed by
 //! more), the turn's claims get a 503 and memory is unchanged. A failed sync is not retried
 //! (the kernel may have dropped the pages it could not write): claims stop with a 503 until
@@ -54,6 +62,11 @@ pub struct JournalOptions {
     /// only keep the worker from running).
     pub sync_spin: Option<Duration>,
 }
+
+/// How far past its end a segment is filled with zeros under `--sync full` (refilled when less
+/// than half is left): one size change and block allocation per this many bytes of claims
+/// (about 60,000) instead of one per sync.
+pub const ZERO_AHEAD: u64 = 1 << 20;
 
 /// The syncer's spin before it sleeps (`JournalOptions::sync_spin`), measured with
 /// `examples/handoff.rs`: longer than a worker's turn between two syncs at a few claims per
@@ -109,6 +122,10 @@ struct Writer {
     file: Arc<File>,
     segment: u64,
     length: u64,
+    /// The file's size: past `length`, zeros written ahead (`--sync full`).
+    zeroed_to: u64,
+    /// `ZERO_AHEAD` zeros to write from, made at the first fill.
+    zeros: Vec<u8>,
     buf: Vec<u8>,
     /// Claims of this turn decided as changes, by address: the index of the latest.
     overlay: HashMap<u32, usize>,
@@ -216,6 +233,11 @@ impl JournalStore {
         }
         let path = journal::segment_path(dir, recovered.segment);
         let file = open_segment(&path, recovered.length, options.sync)?;
+        let zeroed_to = file
+            .metadata()
+            .map_err(|e| format!("cannot read the size of {}: {e}", path.display()))?
+            .len()
+            .max(recovered.length);
         let listing =
             journal::list(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
         let stats = Stats::default();
@@ -233,9 +255,11 @@ impl JournalStore {
                 .unwrap_or(0);
             stats.snapshot_bytes.store(size, Ordering::Relaxed);
         }
-        stats
-            .journal_bytes
-            .store(journal_bytes(dir, snapshot.max(1)), Ordering::Relaxed);
+        // The zeros written ahead in the current segment are not journal.
+        stats.journal_bytes.store(
+            journal_bytes(dir, snapshot.max(1)) - (zeroed_to - recovered.length),
+            Ordering::Relaxed,
+        );
         if recovered.from_snapshot + recovered.from_journal > 0 {
             tracing::info!(
                 from_snapshot = recovered.from_snapshot,
@@ -262,6 +286,8 @@ impl JournalStore {
                 file: Arc::new(file),
                 segment: recovered.segment,
                 length: recovered.length,
+                zeroed_to,
+                zeros: Vec::new(),
                 buf: Vec::with_capacity(64 << 10),
                 overlay: HashMap::new(),
                 outcomes: Vec::new(),
@@ -287,6 +313,14 @@ impl JournalStore {
     /// Closes the current segment and starts the next (under the write lock).
     fn rotate(&self, w: &mut Writer) -> Result<(), String> {
         let full = self.options.sync == SyncMode::Full;
+        if w.zeroed_to > w.length {
+            // A closed segment ends at its last frame (compaction and recovery would read
+            // zeros as a clean end too, but its size then says what it holds).
+            w.file
+                .set_len(w.length)
+                .map_err(|e| format!("cannot cut {}: {e}", self.segment_path(w.segment)))?;
+            w.zeroed_to = w.length;
+        }
         if full {
             // Closed segments must be whole on disk: recovery refuses a short one.
             w.file
@@ -299,6 +333,7 @@ impl JournalStore {
         w.file = Arc::new(file);
         w.segment = next;
         w.length = frame::HEADER_LEN as u64;
+        w.zeroed_to = w.length;
         self.current.store(next, Ordering::Release);
         if let Some(s) = &self.syncer {
             let mut q = lock(&s.queue);
@@ -306,6 +341,31 @@ impl JournalStore {
             self.mark_synced(q.synced);
         }
         Ok(())
+    }
+
+    /// Fills the segment with zeros up to `ZERO_AHEAD` past its end, within its planned size
+    /// (`segment_bytes`), under the write lock,
+    /// so the next turns' writes and syncs change no size and allocate no block. Only an
+    /// optimisation: if it fails (a full disk), the turns append as before, and the failure
+    /// shows where it matters, in the next turn's own write.
+    fn zero_ahead(&self, w: &mut Writer) {
+        let from = w.zeroed_to.max(w.length);
+        // No further than the segment's end: past it, the next segment takes the turns.
+        let to = (w.length + ZERO_AHEAD).min(self.options.segment_bytes);
+        if to <= from {
+            return;
+        }
+        if w.zeros.is_empty() {
+            w.zeros = vec![0; ZERO_AHEAD as usize];
+        }
+        match w.file.write_all_at(&w.zeros[..(to - from) as usize], from) {
+            Ok(()) => w.zeroed_to = to,
+            Err(e) => {
+                // What part landed is zeros past the end: recovery reads them as such.
+                tracing::debug!("filling {} ahead: {e}", self.segment_path(w.segment));
+                w.zeroed_to = w.zeroed_to.max(w.length);
+            }
+        }
     }
 
     fn segment_path(&self, n: u64) -> String {
@@ -556,6 +616,8 @@ impl ClaimStore for JournalStore {
                 self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
                 // Whatever part of the frame landed goes again, so the next write follows
                 // whole frames; if even that fails, nothing more may be appended.
+                // (The cut takes the zeros written ahead with it.)
+                w.zeroed_to = w.length;
                 if let Err(e2) = w.file.set_len(w.length) {
                     self.stopped.store(true, Ordering::Release);
                     tracing::error!(
@@ -574,6 +636,9 @@ impl ClaimStore for JournalStore {
                 return self.refuse_all(claims, answers, Refusal::WriteFailed);
             }
             w.length += w.buf.len() as u64;
+            if self.syncer.is_some() && w.length + ZERO_AHEAD / 2 > w.zeroed_to {
+                self.zero_ahead(w);
+            }
             self.stats.writes.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .written_bytes
@@ -896,6 +961,85 @@ mod tests {
         assert_eq!(store.stats.writes.load(Ordering::Relaxed), 1);
     }
 
+    /// Under `--sync full` the segment is filled with zeros ahead of its writes, which land
+    /// on them; a restart reads the zeros as a clean end (no cut, nothing lost), goes on
+    /// writing over them, and a closed segment is cut to its last frame. `--sync normal`
+    /// has no syncs to spare the size changes of, and fills nothing.
+    #[test]
+    fn full_sync_writes_over_zeros_filled_ahead_and_restarts_cleanly() {
+        let (dir, land, store, replies) = fresh(SyncMode::Full, |o| o.segment_bytes = 2 << 20);
+        let syncer = {
+            let stop = StopSignal::default();
+            let store = Arc::new(store);
+            let s = store.clone();
+            let st = stop.clone();
+            (store, stop, std::thread::spawn(move || s.run_syncer(st)))
+        };
+        let store = &syncer.0;
+        let segment = journal::segment_path(dir.path(), 1);
+        let mut answers = Vec::new();
+        let mut seq = 0;
+        let mut turn = |from: u32, n: u32| {
+            let mut claims: Vec<Staged> = (from..from + n)
+                .map(|ip| {
+                    seq += 1;
+                    staged(&replies, seq, ip, "zed", 1000)
+                })
+                .collect();
+            store.commit(&land, &mut claims, &mut answers);
+            let mut done = Vec::new();
+            while done.len() < n as usize {
+                let more = completed(&replies);
+                assert!(!more.is_empty(), "answers missing: {} of {n}", done.len());
+                done.extend(more);
+            }
+            assert!(done.iter().all(|d| d.1 == 200), "{done:?}");
+        };
+        turn(1, 10);
+        let length = lock(&store.writer).length;
+        let size = std::fs::metadata(&segment).unwrap().len();
+        assert_eq!(size, length + ZERO_AHEAD, "filled ahead");
+        // The turns that follow write over the zeros: the size holds.
+        turn(11, 10);
+        assert_eq!(std::fs::metadata(&segment).unwrap().len(), size);
+        assert_eq!(on_disk(dir.path()), in_memory(&land));
+        // Enough for more fills, then a rotation: the closed segment ends at its last frame.
+        for k in 0..60 {
+            turn(1000 + k * 5000, 5000);
+        }
+        let w = lock(&store.writer);
+        assert!(w.segment >= 2, "rotated");
+        let closed = std::fs::read(&segment).unwrap();
+        let (_, end) = frame::frames(&closed, frame::Kind::Journal).unwrap();
+        assert_eq!(end, closed.len(), "a closed segment holds no zeros");
+        assert!(w.zeroed_to > w.length);
+        drop(w);
+        syncer.1.raise();
+        syncer.2.join().unwrap();
+        let expected = in_memory(&land);
+        drop(syncer.0);
+        let land = Land::new();
+        let again = JournalStore::open(options(dir.path(), SyncMode::Full), &land).unwrap();
+        assert_eq!(in_memory(&land), expected);
+        let r = journal::recover_read_only(dir.path(), &Land::new()).unwrap();
+        assert!(r.cut.is_none(), "zeros are a clean end, not a torn write");
+        // Writing on after the restart: over the zeros, found again.
+        let w = lock(&again.writer);
+        assert!(w.zeroed_to > w.length);
+        drop(w);
+        let (dir, land, store, _) = fresh(SyncMode::Normal, |_| {});
+        let mut claims = vec![staged(&replies, 1, 7, "nil", 1000)];
+        store.commit(&land, &mut claims, &mut answers);
+        let size = std::fs::metadata(journal::segment_path(dir.path(), 1))
+            .unwrap()
+            .len();
+        assert_eq!(
+            size,
+            lock(&store.writer).length,
+            "--sync normal fills nothing ahead"
+        );
+    }
+
     #[test]
     fn a_second_store_on_the_same_folder_is_refused_until_the_first_is_gone() {
         let (dir, _land, store, _replies) = fresh(SyncMode::Normal, |_| {});
@@ -1028,9 +1172,8 @@ mod tests {
         };
         assert_eq!(completed(&replies), [(1, 200)]);
         assert!(store.stats.syncs.load(Ordering::Relaxed) >= 1);
-        let length = std::fs::metadata(journal::segment_path(dir.path(), 1))
-            .unwrap()
-            .len();
+        // (The file is longer: zeros filled ahead.)
+        let length = lock(&store.writer).length;
         assert_eq!(
             std::fs::read_to_string(&mark).unwrap(),
             format!("{:020} {:020}\n", 1, length)
