@@ -353,7 +353,13 @@ mod tests {
         assert_eq!(r.cut, Some((last.clone(), last_whole + 5000, last_whole)));
         assert_eq!(std::fs::metadata(&last).unwrap().len(), last_whole);
         // Compaction reads the closed segment's zeros as its end too.
-        let done = compact::compact(dir.path(), None, 2).unwrap();
+        let done = compact::compact(
+            dir.path(),
+            None,
+            2,
+            &mut tern_services::background::Yielder::new(std::time::Duration::MAX),
+        )
+        .unwrap();
         assert_eq!(done.claims, 1);
     }
 

@@ -506,6 +506,8 @@ impl JournalStore {
     /// rewriting the snapshot stays a small multiple of what the journal took in).
     fn run_compactor(&self, stop: StopSignal) {
         tern_services::background::lower_priority();
+        let mut yielder =
+            tern_services::background::Yielder::new(tern_services::background::YIELD_EVERY);
         while !stop.is_stopped() {
             std::thread::sleep(Duration::from_millis(200));
             let current = self.current.load(Ordering::Acquire);
@@ -521,7 +523,7 @@ impl JournalStore {
             }
             let started = Instant::now();
             let old = (snapshot != 0).then_some(snapshot);
-            match compact::compact(&self.options.dir, old, current) {
+            match compact::compact(&self.options.dir, old, current, &mut yielder) {
                 Ok(done) => {
                     self.snapshot.store(done.covers, Ordering::Release);
                     self.stats.journal_bytes.store(
