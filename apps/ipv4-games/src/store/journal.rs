@@ -344,10 +344,10 @@ impl JournalStore {
     }
 
     /// Fills the segment with zeros up to `ZERO_AHEAD` past its end, within its planned size
-    /// (`segment_bytes`), under the write lock,
-    /// so the next turns' writes and syncs change no size and allocate no block. Only an
-    /// optimisation: if it fails (a full disk), the turns append as before, and the failure
-    /// shows where it matters, in the next turn's own write.
+    /// (`segment_bytes`), under the write lock, so the next turns' writes and syncs change no
+    /// size and allocate no block. Only an optimisation: if it fails (a full disk), the turns
+    /// append as before (it is tried again at the next turn's write), and the failure shows
+    /// where it matters, in the turns' own writes.
     fn zero_ahead(&self, w: &mut Writer) {
         let from = w.zeroed_to.max(w.length);
         // No further than the segment's end: past it, the next segment takes the turns.
