@@ -79,10 +79,12 @@ impl MemoryWorker {
     /// As [`MemoryWorker::with_tls`], serving HTTP/3 too: `config.http3` on, QUIC's settings
     /// made from `tls` as `Server::start` makes them, and one UDP socket at `local` handed to
     /// the worker as the runtime hands over its sockets (`adopt_datagrams`, before the first
-    /// turn). The returned end of that socket plays every client and the network between.
+    /// turn), with `bans` if given. The returned end of that socket plays every client and the
+    /// network between.
     pub fn with_http3(
         router: Router,
         mut config: ServerConfig,
+        bans: Option<Arc<Bans>>,
         tls: Arc<tern_tls::TlsAcceptor>,
         local: SocketAddr,
     ) -> (MemoryWorker, MemoryDatagramPeer) {
@@ -90,7 +92,7 @@ impl MemoryWorker {
         config.listener_kinds = vec![crate::config::ListenerKind::Https];
         let quic = crate::quic::server_config(tls.quic_config(), &config)
             .expect("QUIC settings from the acceptor's TLS configuration");
-        let mut w = MemoryWorker::build(router, config, None, Some(tls), Some(quic));
+        let mut w = MemoryWorker::build(router, config, bans, Some(tls), Some(quic));
         let (sock, peer) = w.io.datagram_socket(local);
         let mut cx = context!(w);
         w.worker.adopt_datagrams(&mut cx, vec![sock]);

@@ -246,7 +246,6 @@ impl QuicConn {
         self.write_control();
     }
 
-    /// Closes the connection with an HTTP/3 code (CONNECTION_CLOSE of type 0x1d).
     /// A client whose address changed (NAT rebinding, migration: quinn moved the path) is
     /// named by its new address from here on, in what its requests show (access log,
     /// handlers, forwarded headers, strikes); one that moved to a banned address is closed.
@@ -262,6 +261,7 @@ impl QuicConn {
         }
     }
 
+    /// Closes the connection with an HTTP/3 code (CONNECTION_CLOSE of type 0x1d).
     pub fn close(&mut self, now: Instant, code: ErrorCode, reason: &'static str) {
         if self.closed {
             return;

@@ -8,10 +8,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use quinn_proto::ConnectionError;
+use quinn_proto::{ApplicationClose, ConnectionError};
 use tern_runtime::io::{Direction, Reorder};
 
 use super::test_client::Net;
+use crate::bans::{BanConfig, Bans};
 use crate::config::ServerConfig;
 use crate::handler::{Pending, Reply};
 use crate::memory_worker::MemoryWorker;
@@ -63,6 +64,11 @@ fn site() -> (tempfile::TempDir, Router) {
 /// A worker serving `router` over HTTP/3 with a self-signed certificate, and the network
 /// to it.
 fn net(router: Router, config: ServerConfig) -> Net {
+    net_with_bans(router, config, None)
+}
+
+/// As [`net`], the worker consulting `bans` (as a server with bans on does).
+fn net_with_bans(router: Router, config: ServerConfig, bans: Option<Arc<Bans>>) -> Net {
     let tls = Arc::new(
         tern_tls::TlsAcceptor::new(&tern_tls::TlsOptions {
             self_signed: true,
@@ -71,7 +77,7 @@ fn net(router: Router, config: ServerConfig) -> Net {
         .unwrap(),
     );
     let fingerprint = tls.self_signed_fingerprint().unwrap().to_string();
-    let (w, peer) = MemoryWorker::with_http3(router, config, tls, server());
+    let (w, peer) = MemoryWorker::with_http3(router, config, bans, tls, server());
     Net::new(w, peer, server(), &fingerprint)
 }
 
@@ -274,6 +280,68 @@ fn a_client_behind_a_rebinding_nat_is_answered_at_its_new_address() {
         "the same connection"
     );
     assert_eq!(net.w.counter(Counter::Requests), 5);
+    assert_eq!(net.w.connections(), 1);
+}
+
+/// As above, but the new address is banned (banned after the connection was accepted from
+/// the old one, before the move): the first packets from there close the connection
+/// (CONNECTION_CLOSE with H3_NO_ERROR, "address banned", sent to the new address), and the
+/// request they carry is never served. Beside it, a client of the same worker moving to an
+/// address that is not banned is followed and served as before.
+#[test]
+fn a_client_rebound_to_a_banned_address_is_closed_there_unserved() {
+    let (_dir, router) = site();
+    let bans = Arc::new(Bans::new(BanConfig::default()));
+    let mut net = net_with_bans(router, config(), Some(bans.clone()));
+    let c = net.connect(client());
+    assert_eq!(fetch(&mut net, c, "/hello.txt").body, HELLO);
+    let other = net.connect(addr("198.51.100.8:50000"));
+    assert_eq!(fetch(&mut net, other, "/hello.txt").body, HELLO);
+    assert_eq!(net.w.counter(Counter::Requests), 2);
+    assert_eq!(net.w.connections(), 2);
+
+    let banned = addr("203.0.113.66:62000");
+    assert!(bans.ban(banned.ip()).is_some());
+    net.rebind(c, banned);
+    let n = net.clients[c].get("/hello.txt");
+    net.run_until(10 * SECOND, |net| net.clients[c].lost.is_some());
+    match &net.clients[c].lost {
+        Some(ConnectionError::ApplicationClosed(ApplicationClose { error_code, reason })) => {
+            assert_eq!(
+                error_code.into_inner(),
+                tern_http3::ErrorCode::NoError.code()
+            );
+            assert_eq!(&reason[..], b"address banned");
+        }
+        lost => panic!("not closed by the server: {lost:?}"),
+    }
+    assert!(
+        net.clients[c].received_rebound > 0,
+        "the close went to the new address"
+    );
+    assert!(
+        net.clients[c].answer(n).is_none(),
+        "served from a banned address"
+    );
+    assert_eq!(net.clients[c].received(n), 0);
+    assert_eq!(net.w.counter(Counter::QuicRefusedBanned), 1);
+    assert_eq!(
+        net.w.counter(Counter::Requests),
+        2,
+        "nothing served from there"
+    );
+    net.run_until(10 * SECOND, |net| net.w.connections() == 1);
+
+    // The control: a move to an address nobody banned is followed, on the same connection.
+    let free = addr("203.0.113.9:61000");
+    net.rebind(other, free);
+    let again = fetch(&mut net, other, "/hello.txt");
+    assert_eq!((again.status, &again.body[..]), (200, HELLO));
+    assert!(net.clients[other].received_rebound > 0);
+    assert!(net.clients[other].lost.is_none());
+    assert_eq!(net.w.counter(Counter::QuicRefusedBanned), 1);
+    assert_eq!(net.w.counter(Counter::QuicAccepted), 2);
+    assert_eq!(net.w.counter(Counter::Requests), 3);
     assert_eq!(net.w.connections(), 1);
 }
 
