@@ -1,5 +1,8 @@
-"""bench/h3load (quic-go; built by scripts/install-h3-test-deps): its command line and its
-output.
+"""The HTTP/3 load clients' command line and output: bench/h3load (quic-go; built by
+scripts/install-h3-test-deps; the answer checks and h3-idle-rss) and bench/h3load-quinn (one
+thread on quinn-proto, a workspace member; the load of h3-small and h3-large unless
+--h3-client quic-go) take the same flags and print the same line (h3load-quinn: no -idle,
+and its tls has no cipher).
 
     h3load -c C -m M -d Ss -ca CA -sni localhost https://127.0.0.1:PORT/PATH
 

@@ -110,11 +110,12 @@ def run_h2load(scenario, server, headers, duration, ctx):
 
 
 def run_h3load(scenario, server, headers, duration, ctx):
-    """bench/h3load -c C -m M for `duration` seconds over HTTP/3 (harness/h3load.py); its
-    own CPU during its window (cpu_seconds) is kept beside the harness's measure of it."""
+    """The HTTP/3 load client (bench/h3load-quinn, or bench/h3load: one command line and one
+    output, harness/h3load.py) -c C -m M for `duration` seconds; its own CPU during its
+    window (cpu_seconds) is kept beside the harness's measure of it."""
     inst = server.instance(scenario)
     argv = ["taskset", "-c", CLIENT_CPU, *h3load.argv(
-        ctx.h3load_bin, inst.port, scenario.path, scenario.connections, scenario.streams,
+        ctx.h3_load_bin, inst.port, scenario.path, scenario.connections, scenario.streams,
         ctx.tls.ca, TLS_NAME, duration=duration)]
     for k, v in headers.items():
         argv[-1:-1] = ["-H", f"{k}: {v}"]  # (flags before the URL)

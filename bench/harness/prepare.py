@@ -217,6 +217,32 @@ def build_tern(repo_dir):
     return os.path.join(target, "release", "tern")
 
 
+def build_h3load_quinn(repo_dir):
+    """bench/h3load-quinn, the HTTP/3 rows' load client (a workspace member: it shares tern's
+    dependencies and target folder)."""
+    log("building bench/h3load-quinn (cargo build --release -p h3load-quinn)")
+    target = os.path.join(repo_dir, "target")
+    r = subprocess.run(["cargo", "build", "--release", "-p", "h3load-quinn", "--target-dir", target],
+                       cwd=repo_dir)
+    if r.returncode != 0:
+        raise BenchError("cargo build --release -p h3load-quinn failed (or run with --h3-client quic-go)")
+    return os.path.join(target, "release", "h3load-quinn")
+
+
+def h3_client_version(repo_dir, client):
+    """The HTTP/3 rows' load client, with its QUIC library's version."""
+    if client == "quic-go":
+        return h3load_version(repo_dir)
+    try:
+        with open(os.path.join(repo_dir, "Cargo.lock")) as f:
+            lock = f.read()
+        i = lock.index('name = "quinn-proto"')
+        version = lock[i:].split("\n")[1].split('"')[1]
+        return f"bench/h3load-quinn, quinn-proto {version}"
+    except (OSError, ValueError, IndexError):
+        return "bench/h3load-quinn"
+
+
 def _index_html():
     """A plausible small page, padded to exactly INDEX_SIZE bytes."""
     head = (
