@@ -290,7 +290,7 @@ impl Stream {
 /// The server side of one HTTP/3 connection.
 pub struct Connection {
     cfg: Config,
-    streams: HashMap<u64, Stream>,
+    streams: HashMap<u64, Stream, foldhash::fast::RandomState>,
     recent: Recent,
     events: VecDeque<Event>,
     /// Request streams in `streams`.
@@ -314,6 +314,10 @@ pub struct Connection {
     scratch: (Vec<u8>, Vec<u8>),
     /// A response section being encoded (kept for reuse).
     section: Vec<u8>,
+    /// A field name lowercased (kept for reuse).
+    lower: Vec<u8>,
+    /// Answer field lines coded before on this connection.
+    lines: qpack::EncodedLines,
     error: Option<ConnError>,
 }
 
@@ -335,7 +339,7 @@ impl Connection {
         }
         frame::write_settings(control_out, &settings);
         Connection {
-            streams: HashMap::new(),
+            streams: HashMap::default(),
             recent: Recent::default(),
             events: VecDeque::new(),
             requests: 0,
@@ -352,6 +356,8 @@ impl Connection {
             overhead_budget: cfg.overhead_budget,
             scratch: (Vec::new(), Vec::new()),
             section: Vec::new(),
+            lower: Vec::new(),
+            lines: qpack::EncodedLines::default(),
             error: None,
             cfg,
         }
@@ -1124,10 +1130,27 @@ impl Connection {
         section.clear();
         qpack::begin_section(&mut section);
         qpack::encode_status(status, &mut section);
-        encode_fields(fields, &mut section);
+        self.encode_fields(fields, &mut section);
         frame::write_header(out, kind::HEADERS, section.len() as u64);
         out.extend_from_slice(&section);
         self.section = section;
+    }
+
+    /// Appends `fields` as field lines, names lowercased, hop-by-hop ones left out (RFC 9114
+    /// §4.2), `set-cookie` and `authorization` with the N bit and never kept.
+    fn encode_fields(&mut self, fields: &[(&[u8], &[u8])], out: &mut Vec<u8>) {
+        for &(name, value) in fields {
+            self.lower.clear();
+            self.lower.extend(name.iter().map(u8::to_ascii_lowercase));
+            match &self.lower[..] {
+                b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding"
+                | b"upgrade" => {}
+                b"set-cookie" | b"authorization" => {
+                    qpack::encode_field(&self.lower, value, true, out)
+                }
+                lower => self.lines.encode(lower, value, out),
+            }
+        }
     }
 
     /// Writes a DATA frame carrying `data` into `out`.
@@ -1144,7 +1167,7 @@ impl Connection {
         let mut section = std::mem::take(&mut self.section);
         section.clear();
         qpack::begin_section(&mut section);
-        encode_fields(fields, &mut section);
+        self.encode_fields(fields, &mut section);
         frame::write_header(out, kind::HEADERS, section.len() as u64);
         out.extend_from_slice(&section);
         self.section = section;
@@ -1205,21 +1228,5 @@ impl Connection {
     /// The peer accepts extended CONNECT (RFC 9220).
     pub fn peer_extended_connect(&self) -> bool {
         self.peer_extended_connect
-    }
-}
-
-/// Encodes answer fields: lowercased, connection-specific ones dropped, secrets marked.
-fn encode_fields(fields: &[(&[u8], &[u8])], out: &mut Vec<u8>) {
-    let mut lower = Vec::new();
-    for &(name, value) in fields {
-        lower.clear();
-        lower.extend(name.iter().map(u8::to_ascii_lowercase));
-        let sensitive = match &lower[..] {
-            b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding"
-            | b"upgrade" => continue,
-            b"set-cookie" | b"authorization" => true,
-            _ => false,
-        };
-        qpack::encode_field(&lower, value, sensitive, out);
     }
 }

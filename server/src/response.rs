@@ -1,7 +1,9 @@
 use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 /// A response body. The connection decides how each kind reaches the socket: small bodies are
 /// copied next to the head so head and body leave in one write, large shared ones go out with
@@ -22,6 +24,43 @@ pub struct FileBody {
     pub file: Arc<File>,
     pub offset: u64,
     pub len: u64,
+}
+
+impl FileBody {
+    /// The next `max` bytes at most, read into memory (`pread`; the offset moves on): for
+    /// answers that must hold their bytes (HTTP/3's streams keep them until acknowledged).
+    /// The buffer is not zeroed first: on h3-large that memset was 5–6 % of tern's CPU.
+    /// A file shorter than the body says is `UnexpectedEof`.
+    pub fn read_piece(&mut self, max: usize) -> io::Result<Bytes> {
+        let n = usize::try_from(self.len).unwrap_or(usize::MAX).min(max);
+        let mut buf = BytesMut::with_capacity(n);
+        while buf.len() < n {
+            let want = n - buf.len();
+            let at = libc::off_t::try_from(self.offset + buf.len() as u64)
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            let spare = &mut buf.spare_capacity_mut()[..want];
+            // SAFETY: `spare` is `want` bytes of the buffer's own spare capacity, valid for
+            // writes; pread writes at most `want` bytes there and keeps no pointer.
+            let got =
+                unsafe { libc::pread(self.file.as_raw_fd(), spare.as_mut_ptr().cast(), want, at) };
+            match got {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                got if got < 0 => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+                got => {
+                    // SAFETY: pread initialised the `got` (≤ `want`) bytes after the length.
+                    unsafe { buf.set_len(buf.len() + got as usize) };
+                }
+            }
+        }
+        self.offset += n as u64;
+        self.len -= n as u64;
+        Ok(buf.freeze())
+    }
 }
 
 impl Body {
@@ -220,6 +259,36 @@ pub fn status_has_no_body(status: u16) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_body_reads_in_pieces_from_its_offset_and_a_short_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let content: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &content).unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
+        let mut body = FileBody {
+            file: file.clone(),
+            offset: 1000,
+            len: 150_000,
+        };
+        let mut read = Vec::new();
+        while body.len > 0 {
+            let piece = body.read_piece(64 * 1024).unwrap();
+            assert!(piece.len() <= 64 * 1024 && !piece.is_empty());
+            read.extend_from_slice(&piece);
+        }
+        assert_eq!(read, content[1000..151_000]);
+        assert!(body.read_piece(64 * 1024).unwrap().is_empty());
+
+        let mut past_the_end = FileBody {
+            file,
+            offset: 190_000,
+            len: 20_000,
+        };
+        let e = past_the_end.read_piece(64 * 1024).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
 
     #[test]
     fn headers_serialize_in_order() {

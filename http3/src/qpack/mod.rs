@@ -14,16 +14,19 @@
 //!   QPACK_DECOMPRESSION_FAILED.
 //! - [`Encoder`] functions: answers from the static table and literals, Huffman-coded when
 //!   shorter (the code is HPACK's, RFC 9204 §4.1.2, shared with `tern_http2::hpack::huffman`).
+//! - [`EncodedLines`]: a connection's answer field lines, each coded once.
 //! - [`EncoderStream`] / [`DecoderStream`]: the peer's instruction streams, which with a
 //!   capacity of 0 may carry only "capacity 0" and Stream Cancellations.
 
 mod decoder;
 mod encoder;
+mod lines;
 mod static_table;
 mod streams;
 
 pub use decoder::{decode_section, Decoded};
 pub use encoder::{begin_section, encode_field, encode_status};
+pub use lines::EncodedLines;
 pub use static_table::STATIC;
 pub use streams::{DecoderStream, EncoderStream};
 
