@@ -21,11 +21,9 @@ use crate::access_log::{LogEntry, SavedEntry};
 use crate::conn::relay::{body_choice, BodyChoice, BodyFollows, HeldAnswer, Relay, RelayStart};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Link, Outcome};
 use crate::handler::ExchangeId;
-use crate::response::{status_has_no_body, Body, FileBody, Response};
+use crate::response::{status_has_no_body, Body, FileBody, Response, PIECE};
 use crate::stats::{Counter, Tally};
 
-/// File bytes read per piece of a DATA frame: what quinn's send buffer takes in one write.
-const FILE_PIECE: usize = 64 * 1024;
 /// Requests whose whole body is still arriving, per connection (the session bounds their
 /// bytes).
 const GATHERING_LIMIT: usize = 128;
@@ -694,7 +692,7 @@ impl QuicConn {
                             if body.len == 0 {
                                 return Written::Done;
                             }
-                            match body.read_piece(FILE_PIECE) {
+                            match body.read_piece(PIECE) {
                                 Ok(bytes) => *read = bytes,
                                 Err(e) => {
                                     // The file shrank or failed under us: the answer cannot be
