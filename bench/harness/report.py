@@ -341,11 +341,13 @@ def _h3_notes(scs, servers, everything=()):
             f"{n} {r['client_cpu_us_per_req']:.1f} µs ({r.get('client_window_cpu_pct') or 0:.0f} % of its core)"
             for n in servers if (r := sc["results"].get(n)) and r.get("client_cpu_us_per_req"))
         notes.append(
-            f"{sc['name']}: bench/h3load -c{sc['connections']} -m{sc.get('streams', 1)} (quic-go; a UDP "
-            "socket per connection; windows 64 MiB per stream, 1 GiB per connection) for the run's "
-            f"duration, the certificate verified; negotiated {got} with every server; p50/p99 from "
-            "h3load's histogram; MB/s from the answer bodies only (no frame or header bytes, unlike "
-            f"h2load's). h3load's own CPU per answer in its window: {client or '–'}: at ≈ 100 % the "
+            f"{sc['name']}: {sc.get('h3_client', 'bench/h3load (quic-go')}; a UDP socket per "
+            f"connection; windows 64 MiB per stream, 1 GiB per connection) -c{sc['connections']} "
+            f"-m{sc.get('streams', 1)} for the run's "
+            f"duration, the certificate verified; negotiated {got} with every server (bench/h3load's "
+            "check); p50/p99 from the client's histogram; MB/s from the answer bodies only (no frame "
+            f"or header bytes, unlike h2load's). The client's own CPU per answer in its window: "
+            f"{client or '–'}: at ≈ 100 % the "
             "client was the limit, so compare the servers' CPU µs per request, not req/s.")
     return [f"- {t}" for t in notes] + [""]
 
