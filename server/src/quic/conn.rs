@@ -627,7 +627,7 @@ impl QuicConn {
             fields.push((b"content-length", length));
         }
         let secure = self.link.secure_lines(cx).unwrap_or_default();
-        for block in [response.headers(), &secure[..]] {
+        for block in [response.headers(), secure] {
             fields.extend(lines(block).filter_map(split_line));
         }
         let mut frames = Vec::with_capacity(128);
