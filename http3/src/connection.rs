@@ -1130,6 +1130,7 @@ impl Connection {
         section.clear();
         qpack::begin_section(&mut section);
         qpack::encode_status(status, &mut section);
+        self.lines.answer_begins();
         self.encode_fields(fields, &mut section);
         frame::write_header(out, kind::HEADERS, section.len() as u64);
         out.extend_from_slice(&section);

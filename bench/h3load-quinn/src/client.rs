@@ -21,10 +21,13 @@ use tern_http3::varint;
 use crate::answer::AnswerReader;
 use crate::Tally;
 
-/// Socket buffers: room for a burst of a server's GSO batches while the client is busy.
+/// Socket buffers asked for: room for a burst of a server's GSO batches while the client is
+/// busy. The kernel caps them at net.core.rmem_max and wmem_max (often about 208 KiB).
 const SOCKET_BUFFER: usize = 4 << 20;
 /// H3_NO_ERROR, for the close at the end.
 const NO_ERROR: u32 = 0x100;
+/// H3_REQUEST_CANCELLED.
+const H3_REQUEST_CANCELLED: u32 = 0x10c;
 
 /// What every connection of the run shares: the requests to send (HEADERS frames, sent in
 /// turn), and whether the clock runs.
@@ -55,12 +58,16 @@ impl Load {
     }
 
     /// The next request to send (the run wants it: [`Load::wants`]).
-    fn take(&mut self) -> &[u8] {
+    fn peek(&self) -> &[u8] {
+        &self.requests[self.next]
+    }
+
+    /// The next request was sent.
+    fn take(&mut self) {
         if let Some(left) = &mut self.left {
             *left -= 1;
         }
         self.next = (self.next + 1) % self.requests.len();
-        &self.requests[self.next]
     }
 }
 
@@ -97,10 +104,13 @@ pub struct Client {
 }
 
 impl Client {
+    /// A connection from a new socket. `gro`: let the kernel coalesce datagrams (quinn-udp
+    /// turns GRO on where it can; false turns it off again, for comparison).
     pub fn connect(
         config: ClientConfig,
         server: SocketAddr,
         server_name: &str,
+        gro: bool,
         now: Instant,
     ) -> io::Result<Client> {
         let domain = socket2::Domain::for_address(server);
@@ -115,6 +125,9 @@ impl Client {
         let std_sock: std::net::UdpSocket = sock.into();
         // GRO, ECN and packet info on, non-blocking (quinn-udp's set-up, as tern's worker's).
         let udp = UdpSocketState::new(UdpSockRef::from(&std_sock))?;
+        if !gro {
+            set_gro(&std_sock, false)?;
+        }
         let socket = mio::net::UdpSocket::from_std(std_sock);
         let mut endpoint = Endpoint::new(Arc::new(EndpointConfig::default()), None, true, None);
         let (handle, conn) = endpoint
@@ -143,8 +156,11 @@ impl Client {
             self.lost.as_deref().unwrap_or("?")
         );
         for (_, (started, _)) in self.in_flight.drain() {
-            tally.finish(Err(why.clone()), started, now, 0);
+            tally.finish(Err(why.clone()), started, now);
         }
+        // A new endpoint: the old connection is dropped undrained, and with it whatever the
+        // old endpoint kept for it.
+        self.endpoint = Endpoint::new(Arc::new(EndpointConfig::default()), None, true, None);
         let (handle, conn) = self
             .endpoint
             .connect(now, self.config.clone(), self.server, &self.server_name)
@@ -238,15 +254,18 @@ impl Client {
             let Some(id) = self.conn.streams().open(Dir::Bi) else {
                 return Ok(());
             };
-            let request = load.take();
             let mut send = self.conn.send_stream(id);
-            let written = send.write(request).map_err(io::Error::other)?;
-            if written != request.len() {
-                return Err(io::Error::other(
-                    "a request head larger than a new stream's window",
-                ));
+            match send.write(load.peek()) {
+                Ok(n) if n == load.peek().len() => {}
+                // Held back (the connection's flow control, or a head larger than a stream's
+                // window): the stream is dropped unsent and the request tried again later.
+                _ => {
+                    let _ = send.reset(VarInt::from_u32(H3_REQUEST_CANCELLED));
+                    return Ok(());
+                }
             }
             send.finish().map_err(io::Error::other)?;
+            load.take();
             self.in_flight.insert(id, (now, AnswerReader::default()));
         }
         Ok(())
@@ -272,6 +291,7 @@ impl Client {
     /// Reads what stream `id` has: an answer's next piece, or (a stream of the server's
     /// own: control, QPACK) bytes that are read and dropped.
     fn read(&mut self, id: StreamId, now: Instant, tally: &mut Tally) {
+        let load_on = tally.counting(now);
         let mut recv = self.conn.recv_stream(id);
         let Ok(mut chunks) = recv.read(true) else {
             return;
@@ -283,7 +303,12 @@ impl Client {
             match chunks.next(usize::MAX) {
                 Ok(Some(chunk)) => {
                     if let Some((_, reader)) = answer.as_mut() {
-                        if let Err(e) = reader.feed(&chunk.bytes) {
+                        let body = reader.body;
+                        let fed = reader.feed(&chunk.bytes);
+                        if load_on {
+                            tally.bytes += reader.body - body;
+                        }
+                        if let Err(e) = fed {
                             ended = Some(Err(e.to_string()));
                             break;
                         }
@@ -310,9 +335,9 @@ impl Client {
         };
         if let Some((started, reader)) = self.in_flight.remove(&id) {
             let cut = outcome.is_err() && reader.finish().is_err();
-            tally.finish(outcome, started, now, reader.body);
+            tally.finish(outcome, started, now);
             if cut {
-                let code = VarInt::from_u32(0x10c); // H3_REQUEST_CANCELLED
+                let code = VarInt::from_u32(H3_REQUEST_CANCELLED);
                 let _ = self.conn.recv_stream(id).stop(code);
             }
         }
@@ -362,5 +387,61 @@ impl Client {
             .ok()?;
         data.protocol
             .map(|p| String::from_utf8_lossy(&p).into_owned())
+    }
+}
+
+/// Turns the kernel's UDP GRO on or off for `sock`.
+pub fn set_gro(sock: &std::net::UdpSocket, on: bool) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value = libc::c_int::from(on);
+    // SAFETY: a setsockopt on a socket this borrow keeps open, with a pointer to a c_int
+    // that lives through the call and its exact size.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            (&raw const value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the kernel coalesces on `sock`, read back with getsockopt.
+    fn gro(sock: &std::net::UdpSocket) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut value: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `value`, a c_int of that size
+        // living through the call, and its length into `len`.
+        let r = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_UDP,
+                libc::UDP_GRO,
+                (&raw mut value).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        value != 0
+    }
+
+    #[test]
+    fn gro_goes_off_and_on() {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        set_gro(&sock, true).unwrap();
+        assert!(gro(&sock));
+        set_gro(&sock, false).unwrap();
+        assert!(!gro(&sock));
     }
 }

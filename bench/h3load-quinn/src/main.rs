@@ -1,18 +1,20 @@
 //! h3load-quinn: an HTTP/3 load generator for tern's benchmark (rows h3-small and h3-large) on
 //! quinn-proto, in one thread, so that one core of load can saturate one core of server.
-//! bench/h3load (quic-go) spends about 16 µs of its core per small answer, more than tern
+//! bench/h3load (quic-go) spends 17–25 µs of its core per small answer, more than tern
 //! spends serving one, so it could not: this client drives every connection from one event
 //! loop, reads datagrams with recvmmsg and GRO, sends with GSO, frames its requests once, and
 //! reads each answer's frames in place (only `:status` decoded, the body counted).
 //!
 //!     h3load-quinn [-c connections] [-m streams] [-d duration | -n requests] -ca FILE
-//!                  [-sni NAME] [-H 'name: value']... [-timeout D] URL [URL...]
+//!                  [-sni NAME] [-H 'name: value']... [-timeout D] [-no-gro] URL [URL...]
 //!
 //! Its command line and its one line of JSON on stdout are bench/h3load's (see its main.go):
 //! requests, ok, errors, bytes, seconds, rps, p50_us, p99_us, cpu_seconds, tls. The
 //! handshakes are made before the clock starts; with -d, requests ending after the deadline
 //! are not counted; a connection that ends is dialled again. TLS 1.3 with x25519 alone, ALPN
 //! h3, the server's certificate checked against -ca. It pins no CPU: run it under taskset.
+//! -no-gro turns the kernel's UDP GRO off on its sockets, to see what receiving each
+//! datagram apart costs (on loopback, the sender pays for splitting its GSO batches then).
 
 mod answer;
 mod client;
@@ -43,23 +45,22 @@ pub struct Tally {
     requests: u64,
     ok: u64,
     errors: u64,
-    bytes: u64,
+    /// Answer body bytes received while the run was on, also those of answers it cut.
+    pub bytes: u64,
     times: Histogram,
     reported: u32,
 }
 
 impl Tally {
-    /// A request opened at `started` ended at `now`, with `body` bytes of answer: `Ok` with
-    /// a 2xx answer read whole, else why not (the first 10 are told on stderr).
-    pub fn finish(
-        &mut self,
-        outcome: Result<(), String>,
-        started: Instant,
-        now: Instant,
-        body: u64,
-    ) {
-        self.bytes += body;
-        if self.start.is_none() || self.deadline.is_some_and(|d| now > d) {
+    /// Whether `now` is inside the run's window.
+    pub fn counting(&self, now: Instant) -> bool {
+        self.start.is_some() && self.deadline.is_none_or(|d| now <= d)
+    }
+
+    /// A request opened at `started` ended at `now`: `Ok` with a 2xx answer read whole,
+    /// else why not (the first 10 are told on stderr).
+    pub fn finish(&mut self, outcome: Result<(), String>, started: Instant, now: Instant) {
+        if !self.counting(now) {
             return;
         }
         self.requests += 1;
@@ -89,11 +90,13 @@ struct Args {
     sni: Option<String>,
     headers: Vec<(String, String)>,
     timeout: Duration,
+    /// -no-gro: the kernel's UDP GRO off (on by default, as quinn-udp sets it).
+    gro: bool,
     urls: Vec<String>,
 }
 
 const USAGE: &str = "usage: h3load-quinn [-c N] [-m N] [-d DURATION | -n N] -ca FILE [-sni NAME] \
-                     [-H 'name: value']... [-timeout D] URL [URL...]";
+                     [-H 'name: value']... [-timeout D] [-no-gro] URL [URL...]";
 
 fn duration(s: &str) -> Option<Duration> {
     let (n, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic())?);
@@ -117,12 +120,17 @@ fn parse_args() -> Result<Args, String> {
         sni: None,
         headers: Vec::new(),
         timeout: Duration::from_secs(30),
+        gro: true,
         urls: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         if !a.starts_with('-') {
             args.urls.push(a);
+            continue;
+        }
+        if a.trim_start_matches('-') == "no-gro" {
+            args.gro = false;
             continue;
         }
         let value = it.next().ok_or(format!("{a} needs a value"))?;
@@ -281,10 +289,10 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         .map_err(|e| format!("{authority}: {e}"))?
         .next()
         .ok_or(format!("{authority}: no address"))?;
-    let host = authority
-        .rsplit_once(':')
-        .map_or(authority, |(h, _)| h)
-        .trim_matches(['[', ']']);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
     let server_name = args.sni.clone().unwrap_or_else(|| host.to_string());
     let config = client_config(&args.ca, args.timeout)?;
 
@@ -305,7 +313,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let now = Instant::now();
     let mut clients = Vec::with_capacity(args.connections);
     for i in 0..args.connections {
-        let mut c = Client::connect(config.clone(), server, &server_name, now)
+        let mut c = Client::connect(config.clone(), server, &server_name, args.gro, now)
             .map_err(|e| format!("connecting: {e}"))?;
         poll.registry()
             .register(&mut c.socket, Token(i), Interest::READABLE)

@@ -2,9 +2,9 @@
 //! costs the same literal, Huffman coding and all, in every answer, and most of an answer's
 //! fields repeat from one answer to the next on a connection (`server`, `content-type`,
 //! `etag`, `alt-svc`, the second's `date`): measured on h3-small, encoding answer heads was a
-//! tenth of tern's CPU, Huffman coding the most of it. Each line is coded once here and
-//! copied after. Nothing is shared between connections, so no entry can say anything about
-//! another connection's answers.
+//! tenth of tern's CPU, Huffman coding the most of it. From a connection's second answer on,
+//! each line is coded once here and copied after. Nothing is shared between connections,
+//! so no entry can say anything about another connection's answers.
 
 use super::encoder::encode_field;
 
@@ -22,17 +22,24 @@ struct Slot {
     bytes: Vec<u8>,
 }
 
-/// One connection's coded lines (empty until its first answer).
+/// One connection's coded lines. Kept only from a connection's second answer on: one that
+/// makes a single request (most idle ones) holds nothing.
 #[derive(Default)]
 pub struct EncodedLines {
     slots: Vec<Slot>,
+    answers: u8,
 }
 
 impl EncodedLines {
+    /// An answer's head is about to be encoded.
+    pub fn answer_begins(&mut self) {
+        self.answers = self.answers.saturating_add(1);
+    }
+
     /// Appends the field line of `name` (lowercase) and `value` to `out`: the same bytes as
     /// [`encode_field`] without the N bit, coded only the first time.
     pub fn encode(&mut self, name: &[u8], value: &[u8], out: &mut Vec<u8>) {
-        if name.len() > MAX_KEY || value.len() > MAX_KEY {
+        if name.len() > MAX_KEY || value.len() > MAX_KEY || self.answers < 2 {
             return encode_field(name, value, false, out);
         }
         if self.slots.is_empty() {
@@ -93,6 +100,12 @@ mod tests {
     #[test]
     fn a_line_reads_as_the_encoder_writes_it_first_time_and_after() {
         let mut lines = EncodedLines::default();
+        lines.answer_begins();
+        let mut out = Vec::new();
+        lines.encode(b"server", b"tern", &mut out);
+        assert_eq!(out, coded(b"server", b"tern"));
+        assert!(lines.slots.is_empty(), "nothing kept for a first answer");
+        lines.answer_begins();
         let fields: Vec<(Vec<u8>, Vec<u8>)> = (0..200)
             .map(|i| {
                 let name = [&b"x-field-"[..], (i % 7).to_string().as_bytes()].concat();
@@ -120,6 +133,8 @@ mod tests {
         // Two fields whose name and value meet at another place: the same bytes in all but
         // where the name ends.
         let mut lines = EncodedLines::default();
+        lines.answer_begins();
+        lines.answer_begins();
         for _ in 0..2 {
             let mut a = Vec::new();
             lines.encode(b"ab", b"c", &mut a);
