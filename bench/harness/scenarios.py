@@ -200,7 +200,7 @@ SCENARIOS = [
     Scenario(
         "h3-small",
         "HTTP/3 (QUIC, ALPN h3): 953-byte index.html, 50 connections × 32 concurrent streams "
-        "(bench/h3load -c50 -m32): h2-small over QUIC",
+        "(bench/h3load-quinn -c50 -m32): h2-small over QUIC",
         kind="h3load",
         tls=True,
         h3=True,
@@ -209,7 +209,7 @@ SCENARIOS = [
     Scenario(
         "h3-large",
         "HTTP/3: 1 MiB file (large.bin), 10 connections × 5 streams, as h2-large "
-        "(bench/h3load -c10 -m5)",
+        "(bench/h3load-quinn -c10 -m5)",
         kind="h3load",
         path="/large.bin",
         connections=10,
