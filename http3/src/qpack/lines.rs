@@ -69,22 +69,11 @@ impl EncodedLines {
     }
 }
 
-/// FxHash's step (a rotate, an xor and a multiply per 8 bytes) over the name, a separator and
-/// the value: answers' fields are short, and a slot's bytes are compared in full anyway.
+/// A fixed-seed foldhash of the name and the value (each with its length, so where the name
+/// ends counts): a slot's bytes are compared in full anyway.
 fn hash(name: &[u8], value: &[u8]) -> u64 {
-    const K: u64 = 0x517c_c1b7_2722_0a95;
-    let mut h = 0u64;
-    for part in [name, &[0xff][..], value] {
-        let mut chunks = part.chunks_exact(8);
-        for c in &mut chunks {
-            let word = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-            h = (h.rotate_left(5) ^ word).wrapping_mul(K);
-        }
-        for &b in chunks.remainder() {
-            h = (h.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
-        }
-    }
-    h
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::default().hash_one((name, value))
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use crate::access_log::{LogEntry, SavedEntry};
 use crate::conn::relay::{body_choice, BodyChoice, BodyFollows, HeldAnswer, Relay, RelayStart};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Link, Outcome};
 use crate::handler::ExchangeId;
-use crate::response::{status_has_no_body, Body, FileBody, Response, PIECE};
+use crate::response::{header_fields, status_has_no_body, Body, FileBody, Response};
 use crate::stats::{Counter, Tally};
 
 /// Requests whose whole body is still arriving, per connection (the session bounds their
@@ -627,9 +627,7 @@ impl QuicConn {
             fields.push((b"content-length", length));
         }
         let secure = self.link.secure_lines(cx).unwrap_or_default();
-        for block in [response.headers(), secure] {
-            fields.extend(lines(block).filter_map(split_line));
-        }
+        fields.extend(header_fields(response.headers()).chain(header_fields(secure)));
         let mut frames = Vec::with_capacity(128);
         self.h3
             .send_response_head(response.status, &fields, &mut frames);
@@ -692,7 +690,7 @@ impl QuicConn {
                             if body.len == 0 {
                                 return Written::Done;
                             }
-                            match body.read_piece(PIECE) {
+                            match body.read_piece() {
                                 Ok(bytes) => *read = bytes,
                                 Err(e) => {
                                     // The file shrank or failed under us: the answer cannot be
@@ -735,56 +733,6 @@ enum Written {
     Gone,
 }
 
-/// The lines of a block of `Name: value\r\n` lines (memchr: this runs for every answer).
-fn lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let mut start = 0;
-    memchr::memchr_iter(b'\n', block)
-        .chain(std::iter::once(block.len()))
-        .map(move |end| {
-            let line = &block[start.min(end)..end];
-            start = end + 1;
-            line
-        })
-}
-
-/// `Name: value` (a response's header line, CR optional) as a field.
-fn split_line(line: &[u8]) -> Option<(&[u8], &[u8])> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let colon = line.iter().position(|&b| b == b':')?;
-    let value = &line[colon + 1..];
-    Some((&line[..colon], value.strip_prefix(b" ").unwrap_or(value)))
-}
-
 fn quic_id(stream: u64) -> StreamId {
     StreamId::from(VarInt::from_u64(stream).unwrap_or(VarInt::MAX))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lines_split_as_a_split_on_newline_does() {
-        for block in [
-            &b""[..],
-            b"\n",
-            b"A: 1\r\n",
-            b"A: 1\r\nB-C: two\r\n",
-            b"A: 1\r\nlast",
-            b"\n\nx\n",
-        ] {
-            let want: Vec<&[u8]> = block.split(|&b| b == b'\n').collect();
-            assert_eq!(lines(block).collect::<Vec<_>>(), want);
-        }
-        let fields: Vec<_> = lines(b"Content-Type: text/html\r\nETag: \"x\"\r\n")
-            .filter_map(split_line)
-            .collect();
-        assert_eq!(
-            fields,
-            [
-                (&b"Content-Type"[..], &b"text/html"[..]),
-                (&b"ETag"[..], &b"\"x\""[..])
-            ]
-        );
-    }
 }

@@ -29,7 +29,7 @@ use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Outcome};
 use crate::handler::ExchangeId;
-use crate::response::{status_has_no_body, Body, FileBody, Response};
+use crate::response::{header_fields, status_has_no_body, Body, FileBody, Response};
 use crate::stats::{Counter, Tally};
 
 /// Body bytes queued ahead of the socket: enough to keep a TLS batch full, little enough that
@@ -556,11 +556,8 @@ impl Http2 {
             if !no_body {
                 h.field(b"content-length", length);
             }
-            for line in response.headers().split(|&b| b == b'\n') {
-                add_line(&mut h, line);
-            }
-            for line in secure.split(|&b| b == b'\n') {
-                add_line(&mut h, line);
+            for (name, value) in header_fields(response.headers()).chain(header_fields(secure)) {
+                h.field(name, value);
             }
             let block = h.finish(end_stream);
             memo.valid = false;
@@ -820,18 +817,5 @@ fn tunnel_outcome(outcome: Outcome) -> Outcome {
             501,
             "WebSocket over HTTP/2 is served only by proxy routes\n",
         )),
-    }
-}
-
-/// One `Name: value` line of a response's serialized headers, as an HTTP/2 field.
-fn add_line(h: &mut tern_http2::ResponseHeaders<'_>, line: &[u8]) {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    if line.is_empty() {
-        return;
-    }
-    if let Some(colon) = line.iter().position(|&b| b == b':') {
-        let value = &line[colon + 1..];
-        let value = value.strip_prefix(b" ").unwrap_or(value);
-        h.field(&line[..colon], value);
     }
 }

@@ -7,13 +7,13 @@
 
 use tern_http2::ErrorCode;
 
-use super::{add_line, Http2, RelayedStream, Remaining, Sending};
+use super::{Http2, RelayedStream, Remaining, Sending};
 use crate::conn::output::Output;
 use crate::conn::relay::{HeldAnswer, HeldSink, Relay, RelayStart, Relays, Tunnels};
 use crate::conn::types::Link;
 use crate::exchange::ConnCx;
 use crate::handler::ExchangeId;
-use crate::response::Response;
+use crate::response::{header_fields, Response};
 use crate::stats::Counter;
 
 /// What a stream's relay writes its answer through (held, see `conn/relay/held.rs`);
@@ -233,15 +233,9 @@ impl Http2 {
         if let Some(n) = length {
             h.field(b"content-length", itoa::Buffer::new().format(n).as_bytes());
         }
-        for line in response.headers().split(|&b| b == b'\n') {
-            add_line(&mut h, line);
-        }
-        for line in link
-            .secure_lines(cx)
-            .unwrap_or_default()
-            .split(|&b| b == b'\n')
-        {
-            add_line(&mut h, line);
+        let secure = link.secure_lines(cx).unwrap_or_default();
+        for (name, value) in header_fields(response.headers()).chain(header_fields(secure)) {
+            h.field(name, value);
         }
         h.finish(end_stream);
         out.commit(before);

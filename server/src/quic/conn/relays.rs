@@ -11,12 +11,12 @@ use bytes::Bytes;
 use quinn_proto::{StreamId, VarInt};
 use tern_http3::ErrorCode;
 
-use super::{quic_id, split_line, QuicConn, Relayed};
+use super::{quic_id, QuicConn, Relayed};
 use crate::conn::relay::{HeldAnswer, HeldSink, Relay, RelayNeed, RelayStart, Tunnels};
 use crate::conn::RelayHost;
 use crate::exchange::{ConnCx, Sink};
 use crate::handler::ExchangeId;
-use crate::response::Response;
+use crate::response::{header_fields, Response};
 use crate::upstream::Upstreams;
 
 /// What a stream's relay writes its answer through (held, see `conn/relay/held.rs`).
@@ -166,12 +166,7 @@ impl QuicConn {
                     fields.push((b"content-length", length_text.format(n).as_bytes()));
                 }
                 let secure = self.link.secure_lines(cx).unwrap_or_default();
-                let lines = response.headers().split(|&b| b == b'\n');
-                for line in lines.chain(secure.split(|&b| b == b'\n')) {
-                    if let Some(field) = split_line(line) {
-                        fields.push(field);
-                    }
-                }
+                fields.extend(header_fields(response.headers()).chain(header_fields(secure)));
                 self.h3
                     .send_response_head(response.status, &fields, &mut frames);
                 let r = &mut self.relays[i];
