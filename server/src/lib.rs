@@ -17,6 +17,7 @@ mod exchange;
 mod fault;
 mod guard;
 mod handler;
+mod head_memo;
 mod identity;
 // The in-memory harness is for tests and fuzz targets only: never in a release build.
 #[cfg(any(test, feature = "testing"))]

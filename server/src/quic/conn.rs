@@ -21,6 +21,7 @@ use crate::access_log::{LogEntry, SavedEntry};
 use crate::conn::relay::{body_choice, BodyChoice, BodyFollows, HeldAnswer, Relay, RelayStart};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Link, Outcome};
 use crate::handler::ExchangeId;
+use crate::head_memo::{HeadMemo, HeadParts};
 use crate::response::{header_fields, status_has_no_body, Body, FileBody, Response};
 use crate::stats::{Counter, Tally};
 
@@ -73,6 +74,8 @@ pub(crate) struct QuicConn {
     control: Option<StreamId>,
     control_out: Vec<u8>,
     answers: Vec<Answer>,
+    /// Last answer's HEADERS frame and what it was made from (`head_memo.rs`).
+    head_memo: HeadMemo,
     /// Streams relayed to upstream servers (`relays.rs`), until their answer is out and
     /// their upstream connection released.
     relays: Vec<Relayed>,
@@ -124,6 +127,7 @@ impl QuicConn {
             control: None,
             control_out,
             answers: Vec::new(),
+            head_memo: HeadMemo::default(),
             relays: Vec::new(),
             upstreams: Vec::new(),
             gathering: Vec::new(),
@@ -620,17 +624,31 @@ impl QuicConn {
         let date = &date_line[6..date_line.len() - 2];
         let mut length = itoa::Buffer::new();
         let length = length.format(len).as_bytes();
-        let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(12);
-        fields.push((b"date", date));
-        fields.push((b"server", b"tern"));
-        if !no_body {
-            fields.push((b"content-length", length));
-        }
         let secure = self.link.secure_lines(cx).unwrap_or_default();
-        fields.extend(header_fields(response.headers()).chain(header_fields(secure)));
+        let parts = HeadParts {
+            status: response.status,
+            no_body,
+            date,
+            length,
+            headers: response.headers(),
+            secure,
+        };
         let mut frames = Vec::with_capacity(128);
-        self.h3
-            .send_response_head(response.status, &fields, &mut frames);
+        // QPACK here uses no dynamic table: a HEADERS frame depends on its fields only.
+        if let Some(head) = self.head_memo.lookup(0, &parts) {
+            frames.extend_from_slice(head);
+        } else {
+            let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(12);
+            fields.push((b"date", date));
+            fields.push((b"server", b"tern"));
+            if !no_body {
+                fields.push((b"content-length", length));
+            }
+            fields.extend(header_fields(response.headers()).chain(header_fields(secure)));
+            self.h3
+                .send_response_head(response.status, &fields, &mut frames);
+            self.head_memo.remember(0, &frames);
+        }
         let body = match (end_stream, response.body) {
             (true, _) | (false, Body::Empty) => Pending::None,
             (false, Body::Static(b)) => Pending::Memory(Bytes::from_static(b)),

@@ -29,6 +29,7 @@ use super::types::{Link, Timeout};
 use crate::access_log::{LogEntry, SavedEntry};
 use crate::exchange::{self, Awaiting, ConnCx, Facts, Outcome};
 use crate::handler::ExchangeId;
+use crate::head_memo::{HeadMemo, HeadParts};
 use crate::response::{header_fields, status_has_no_body, Body, FileBody, Response};
 use crate::stats::{Counter, Tally};
 
@@ -107,18 +108,6 @@ struct Stall {
     since_ms: Option<u64>,
     /// DATA bytes queued since `since_ms`.
     data: usize,
-}
-
-/// The last response head block that changed nothing in the HPACK table, and what it was
-/// made from.
-#[derive(Default)]
-struct HeadMemo {
-    valid: bool,
-    generation: u64,
-    last_key: Vec<u8>,
-    block: Vec<u8>,
-    /// Scratch for the key of the answer being written.
-    key: Vec<u8>,
 }
 
 impl Http2 {
@@ -531,24 +520,21 @@ impl Http2 {
         let mut length = itoa::Buffer::new();
         let length = length.format(len).as_bytes();
         let secure = link.secure_lines(cx).unwrap_or_default();
-        // Answers on a connection repeat (the same file, the same second): when everything
-        // that goes into the head is what it was last time and the HPACK table has not moved,
-        // last time's block is sent again instead of encoding each field.
-        let memo = &mut self.head_memo;
-        memo.key.clear();
-        memo.key.extend_from_slice(&response.status.to_be_bytes());
-        memo.key.push(u8::from(no_body));
-        for part in [date, length, response.headers(), secure] {
-            memo.key
-                .extend_from_slice(&(part.len() as u32).to_be_bytes());
-            memo.key.extend_from_slice(part);
-        }
+        let parts = HeadParts {
+            status: response.status,
+            no_body,
+            date,
+            length,
+            headers: response.headers(),
+            secure,
+        };
         let buf = out.head_buf(|| cx.buffers.take_write());
         let before = buf.len();
+        // A block that changed nothing in the HPACK table can be sent again while the table
+        // stays as it is.
         let generation = self.session.encoder_generation();
-        if memo.valid && memo.generation == generation && memo.key == memo.last_key {
-            self.session
-                .response_block(id, &memo.block, end_stream, buf);
+        if let Some(block) = self.head_memo.lookup(generation, &parts) {
+            self.session.response_block(id, block, end_stream, buf);
         } else {
             let mut h = self.session.response(id, response.status, buf);
             h.field(b"date", date);
@@ -560,15 +546,11 @@ impl Http2 {
                 h.field(name, value);
             }
             let block = h.finish(end_stream);
-            memo.valid = false;
-            if let Some(range) = block {
-                if self.session.encoder_generation() == generation {
-                    memo.block.clear();
-                    memo.block.extend_from_slice(&buf[range]);
-                    std::mem::swap(&mut memo.key, &mut memo.last_key);
-                    memo.generation = generation;
-                    memo.valid = true;
+            match block {
+                Some(range) if self.session.encoder_generation() == generation => {
+                    self.head_memo.remember(generation, &buf[range])
                 }
+                _ => self.head_memo.forget(),
             }
         }
         out.commit(before);
