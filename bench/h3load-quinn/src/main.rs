@@ -296,8 +296,8 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let server_name = args.sni.clone().unwrap_or_else(|| host.to_string());
     let config = client_config(&args.ca, args.timeout)?;
 
-    let mut load = Load::new(requests, args.streams, args.requests);
-    let mut tally = Tally {
+    let load = Load::new(requests, args.streams, args.requests);
+    let tally = Tally {
         start: None,
         deadline: None,
         requests: 0,
@@ -307,9 +307,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         times: Histogram::new(),
         reported: 0,
     };
-    let mut poll = Poll::new().map_err(|e| e.to_string())?;
-    let mut events = Events::with_capacity(1024);
-    let mut rx = RecvBuffers::new();
+    let poll = Poll::new().map_err(|e| e.to_string())?;
     let now = Instant::now();
     let mut clients = Vec::with_capacity(args.connections);
     for i in 0..args.connections {
@@ -320,72 +318,56 @@ fn run(args: &Args) -> Result<ExitCode, String> {
             .map_err(|e| e.to_string())?;
         clients.push(c);
     }
+    let mut run = Run {
+        poll,
+        events: Events::with_capacity(1024),
+        clients,
+        rx: RecvBuffers::new(),
+        load,
+        tally,
+    };
     let io_err = |e: io::Error| e.to_string();
 
     // The handshakes, all at once, before the clock starts.
     let handshake_end = now + args.timeout;
-    for c in &mut clients {
-        c.drive(now, &mut load, &mut tally).map_err(io_err)?;
-    }
-    while !clients.iter().all(|c| c.connected) {
+    run.drive_all(now).map_err(io_err)?;
+    while !run.clients.iter().all(|c| c.connected) {
         let now = Instant::now();
         if now > handshake_end {
             return Err("connecting: handshakes not done within -timeout".into());
         }
-        turn(
-            &mut poll,
-            &mut events,
-            &mut clients,
-            &mut rx,
-            &mut load,
-            &mut tally,
-            handshake_end,
-        )?;
-        if let Some(why) = clients.iter().find_map(|c| c.lost.clone()) {
+        run.turn(handshake_end)?;
+        if let Some(why) = run.clients.iter().find_map(|c| c.lost.clone()) {
             return Err(format!("connecting: {why}"));
         }
     }
-    let alpn = clients[0].alpn().unwrap_or_default();
+    let alpn = run.clients[0].alpn().unwrap_or_default();
 
     let cpu0 = cpu_seconds();
     let start = Instant::now();
     let end_by = start + args.duration.unwrap_or(args.timeout);
-    tally.start = Some(start);
-    tally.deadline = args.duration.map(|d| start + d);
-    load.running = true;
-    for c in &mut clients {
-        c.drive(start, &mut load, &mut tally).map_err(io_err)?;
-    }
+    run.tally.start = Some(start);
+    run.tally.deadline = args.duration.map(|d| start + d);
+    run.load.running = true;
+    run.drive_all(start).map_err(io_err)?;
     let mut redials = 0u64;
     let end = loop {
         let now = Instant::now();
         if now >= end_by {
             break end_by.min(now);
         }
-        if args.requests.is_some_and(|n| tally.requests >= n) {
+        if args.requests.is_some_and(|n| run.tally.requests >= n) {
             break now;
         }
-        turn(
-            &mut poll,
-            &mut events,
-            &mut clients,
-            &mut rx,
-            &mut load,
-            &mut tally,
-            end_by,
-        )?;
-        for c in clients.iter_mut().filter(|c| c.lost.is_some()) {
-            redials += 1;
-            let now = Instant::now();
-            c.redial(now, &mut tally).map_err(io_err)?;
-            c.drive(now, &mut load, &mut tally).map_err(io_err)?;
-        }
+        run.turn(end_by)?;
+        redials += run.redial_lost().map_err(io_err)?;
     };
     let cpu = cpu_seconds() - cpu0;
     let now = Instant::now();
-    for c in &mut clients {
+    for c in &mut run.clients {
         c.close(now);
     }
+    let Run { mut tally, .. } = run;
     if redials > 0 {
         eprintln!("h3load-quinn: {redials} reconnections");
     }
@@ -420,39 +402,70 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     })
 }
 
-/// One turn of the loop: waits for datagrams or the earliest timer (at most until `until`),
-/// reads what came, and drives each connection that had news or a timer due.
-fn turn(
-    poll: &mut Poll,
-    events: &mut Events,
-    clients: &mut [Client],
-    rx: &mut RecvBuffers,
-    load: &mut Load,
-    tally: &mut Tally,
-    until: Instant,
-) -> Result<(), String> {
-    let now = Instant::now();
-    let next = clients
-        .iter_mut()
-        .filter_map(|c| c.timeout())
-        .min()
-        .unwrap_or(until)
-        .min(until);
-    poll.poll(events, Some(next.saturating_duration_since(now)))
-        .map_err(|e| e.to_string())?;
-    let now = Instant::now();
-    let mut touched = vec![false; clients.len()];
-    for event in events.iter() {
-        let i = event.token().0;
-        clients[i].receive(now, rx).map_err(|e| e.to_string())?;
-        touched[i] = true;
-    }
-    for (c, touched) in clients.iter_mut().zip(touched) {
-        if touched || c.timeout().is_some_and(|t| t <= now) {
-            c.drive(now, load, tally).map_err(|e| e.to_string())?;
+/// The connections and what they share: the poll, the receive buffers, the requests still to
+/// send (`load`) and the counts and times of the answers (`tally`).
+struct Run {
+    poll: Poll,
+    events: Events,
+    clients: Vec<Client>,
+    rx: RecvBuffers,
+    load: Load,
+    tally: Tally,
+}
+
+impl Run {
+    /// Lets every connection send what it can at `now`.
+    fn drive_all(&mut self, now: Instant) -> io::Result<()> {
+        for c in &mut self.clients {
+            c.drive(now, &mut self.load, &mut self.tally)?;
         }
+        Ok(())
     }
-    Ok(())
+
+    /// One turn of the loop: waits for datagrams or the earliest timer (at most until
+    /// `until`), reads what came, and drives each connection that had news or a timer due.
+    fn turn(&mut self, until: Instant) -> Result<(), String> {
+        let now = Instant::now();
+        let next = self
+            .clients
+            .iter_mut()
+            .filter_map(|c| c.timeout())
+            .min()
+            .unwrap_or(until)
+            .min(until);
+        self.poll
+            .poll(&mut self.events, Some(next.saturating_duration_since(now)))
+            .map_err(|e| e.to_string())?;
+        let now = Instant::now();
+        let mut touched = vec![false; self.clients.len()];
+        for event in self.events.iter() {
+            let i = event.token().0;
+            self.clients[i]
+                .receive(now, &mut self.rx)
+                .map_err(|e| e.to_string())?;
+            touched[i] = true;
+        }
+        for (c, touched) in self.clients.iter_mut().zip(touched) {
+            if touched || c.timeout().is_some_and(|t| t <= now) {
+                c.drive(now, &mut self.load, &mut self.tally)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Dials again each connection the server closed or that failed, and lets it send: how
+    /// many.
+    fn redial_lost(&mut self) -> io::Result<u64> {
+        let mut redials = 0;
+        for c in self.clients.iter_mut().filter(|c| c.lost.is_some()) {
+            redials += 1;
+            let now = Instant::now();
+            c.redial(now, &mut self.tally)?;
+            c.drive(now, &mut self.load, &mut self.tally)?;
+        }
+        Ok(redials)
+    }
 }
 
 #[cfg(test)]
