@@ -79,6 +79,7 @@ const FILES: &[(&str, &str)] = &[
     ("stats/", "support"),
     ("compression.rs", "support"),
     ("slab.rs", "support"),
+    ("head_memo.rs", "support"),
     ("bans.rs", "support"),
     ("access_log/", "support"),
     ("config.rs", "support"),
