@@ -98,6 +98,14 @@ impl WorkerClock<'_> {
         debug_assert_eq!(self.date.unix_secs, self.clock.unix_secs());
         &self.date.line
     }
+
+    /// The current second's date alone (what HTTP/2 and HTTP/3 send as `date`): the `Date`
+    /// line without its name and CRLF.
+    #[inline]
+    pub fn date_value(&self) -> &[u8] {
+        let line = self.date_line();
+        &line[b"Date: ".len()..line.len() - 2]
+    }
 }
 
 impl Deref for WorkerClock<'_> {

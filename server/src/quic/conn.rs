@@ -620,8 +620,7 @@ impl QuicConn {
             let body_bytes = if end_stream { 0 } else { len };
             log.record(entry, response.status, body_bytes, cx.clock);
         }
-        let date_line = cx.clock.date_line();
-        let date = &date_line[6..date_line.len() - 2];
+        let date = cx.clock.date_value();
         let mut length = itoa::Buffer::new();
         let length = length.format(len).as_bytes();
         let secure = self.link.secure_lines(cx).unwrap_or_default();

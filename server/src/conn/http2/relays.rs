@@ -223,8 +223,7 @@ impl Http2 {
         link: &Link,
         cx: &mut ConnCx<'_>,
     ) {
-        let date_line = cx.clock.date_line();
-        let date = &date_line[6..date_line.len() - 2];
+        let date = cx.clock.date_value();
         let buf = out.head_buf(|| cx.buffers.take_write());
         let before = buf.len();
         let mut h = self.session.response(id, response.status, buf);

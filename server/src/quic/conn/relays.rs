@@ -156,8 +156,7 @@ impl QuicConn {
                     r.answer.end = true;
                 }
                 let mut frames = Vec::with_capacity(256);
-                let date_line = cx.clock.date_line();
-                let date = &date_line[6..date_line.len() - 2];
+                let date = cx.clock.date_value();
                 let mut length_text = itoa::Buffer::new();
                 let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(16);
                 fields.push((b"date", date));
